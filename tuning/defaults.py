@@ -1,0 +1,120 @@
+"""The default beam shape for chat/generate/bench: tuned profile, else chip preset.
+
+Call :func:`resolve_beam_shape` once per command; it never raises for a missing or
+corrupt profile file (that is one warning line) and never runs the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+from tuning.chip import ChipInfo, detect_chip
+from tuning.grid import BeamShape, max_length_for, read_predict_tokens
+from tuning.presets import get_preset, preset_for
+from tuning.profiles import Profile, ProfileKey, ProfileStore
+
+
+@dataclass(frozen=True)
+class BeamChoice:
+    """The shape to decode with and a human sentence saying where it came from.
+
+    ``speculative`` is False when tuning found that speculation does not pay on this
+    machine: then decode without the drafter (``drafter=None``); width/length are 1/1.
+    """
+
+    width: int
+    length: int
+    capacity: int | None
+    source: str
+    speculative: bool = True
+
+    @property
+    def shape(self) -> BeamShape:
+        """The choice as a :class:`BeamShape`."""
+        return BeamShape(self.width, self.length, self.capacity)
+
+    def to_dict(self) -> dict:
+        """JSON-ready fields."""
+        return asdict(self)
+
+
+def _chip_target(chip: ChipInfo | str | None) -> tuple[str | None, str | None]:
+    """(chip id for profile lookup, preset name) for a ChipInfo, a preset/chip-id string, or None."""
+    if chip is None:
+        chip = detect_chip()
+    if isinstance(chip, ChipInfo):
+        return chip.chip_id, chip.preset
+    preset = get_preset(chip)
+    if preset is not None:
+        return None, preset.name
+    return chip, None
+
+
+def _from_profile(profile: Profile) -> BeamChoice:
+    """A BeamChoice from a saved profile."""
+    source = f"tuned profile for {profile.key.chip_id} ({profile.date})"
+    if not profile.speculative:
+        return BeamChoice(1, 1, None, source + ": speculation did not pay, plain decoding", False)
+    shape = profile.shape
+    return BeamChoice(shape.width, shape.length, shape.capacity, source)
+
+
+def _stale_note(profiles: dict[str, Profile], key: ProfileKey) -> str:
+    """A note when a profile exists for this setup but another package version."""
+    for profile in profiles.values():
+        if replace(profile.key, version=key.version) == key:
+            return (f"; the tuned profile is from redrafter-mlx {profile.key.version}, "
+                    f"re-run 'redrafter-mlx tune'")
+    return ""
+
+
+def _from_preset(preset_name: str | None) -> BeamChoice:
+    """A BeamChoice from the chip's preset, or the default preset."""
+    preset, matched = preset_for(preset_name)
+    shape = preset.shape
+    source = f"preset for {preset.name}" if matched else "default preset (no profile for this chip)"
+    return BeamChoice(shape.width, shape.length, shape.capacity, source)
+
+
+def cap_length(choice: BeamChoice, predict_tokens: int | None) -> BeamChoice:
+    """Shorten ``choice`` to what the drafter was trained for (+1 for the init token)."""
+    limit = max_length_for(predict_tokens)
+    if limit is None or not choice.speculative or choice.length <= limit:
+        return choice
+    capacity = choice.capacity
+    if capacity is not None and capacity < limit:
+        capacity = None
+    return replace(
+        choice,
+        length=limit,
+        capacity=capacity,
+        source=f"{choice.source}; length capped at {limit} "
+               f"(the drafter predicts {predict_tokens} tokens)",
+    )
+
+
+def resolve_beam_shape(model_path, drafter_path, dtype, chip: ChipInfo | str | None = None,
+                       store: ProfileStore | None = None) -> BeamChoice:
+    """The beam shape chat/generate/bench should use when the user gives none.
+
+    Order: a tuned profile for exactly this chip, model, drafter, dtype/quantization and
+    package version; else the preset for the chip; else the default preset. The length is
+    capped by the drafter's ``predict_tokens`` (config.json) when present.
+    ``chip``: None detects this machine; a preset name (``"m2-max"``) or chip id also works.
+    """
+    chip_id, preset_name = _chip_target(chip)
+    choice = None
+    note = ""
+    if chip_id is not None:
+        store = store or ProfileStore()
+        key = ProfileKey.build(chip_id, model_path, drafter_path, dtype)
+        profiles = store.load()
+        profile = profiles.get(key.text)
+        if profile is not None:
+            choice = _from_profile(profile)
+        else:
+            note = _stale_note(profiles, key)
+    if choice is None:
+        choice = _from_preset(preset_name)
+        choice = replace(choice, source=choice.source + note)
+    return cap_length(choice, read_predict_tokens(drafter_path))

@@ -1,0 +1,141 @@
+"""Beam shapes and the (W, L[, C]) grid the tuner searches.
+
+``W`` is the beam width, ``L`` the beam length *including* the init token (DESIGN §2) and
+``C`` the optional packing capacity: the most packed tokens the LLM verifies per step.
+``L == 1`` drafts nothing, so ``BeamShape.autoregressive()`` (W=1, L=1) stands for plain
+decoding throughout the tuner.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, order=True)
+class BeamShape:
+    """One beam shape: width, length (counting the init token), optional capacity."""
+
+    width: int
+    length: int
+    capacity: int | None = None
+
+    @classmethod
+    def autoregressive(cls) -> "BeamShape":
+        """The shape that drafts nothing: plain autoregressive decoding."""
+        return cls(1, 1, None)
+
+    @property
+    def is_autoregressive(self) -> bool:
+        """True when no draft tokens are proposed (L == 1)."""
+        return self.length <= 1
+
+    @property
+    def max_packed(self) -> int:
+        """Packed tokens per step without a capacity cap: the shared init token plus
+        ``L - 1`` draft tokens per beam, at worst all distinct."""
+        return 1 + self.width * (self.length - 1)
+
+    @property
+    def label(self) -> str:
+        """``"AR"``, ``"W2 L5"`` or ``"W4 L5 C12"``."""
+        if self.is_autoregressive:
+            return "AR"
+        text = f"W{self.width} L{self.length}"
+        return text if self.capacity is None else f"{text} C{self.capacity}"
+
+    def to_dict(self) -> dict:
+        """``{"width": .., "length": .., "capacity": ..}``."""
+        return {"width": self.width, "length": self.length, "capacity": self.capacity}
+
+
+def parse_int_set(text: str, option: str) -> list[int]:
+    """Parse ``"1-4"``, ``"2,4,8"`` or ``"1-3,6"`` into a sorted list of distinct positive ints.
+
+    ``option`` names the command-line option in the error message.
+    """
+    values: set[int] = set()
+    for part in (p.strip() for p in str(text).split(",")):
+        if not part:
+            continue
+        match = re.fullmatch(r"(\d+)(?:\s*-\s*(\d+))?", part)
+        if not match:
+            raise ValueError(
+                f"{option}: cannot read {part!r}; use a range like 1-4 or a list like 1,2,4"
+            )
+        lo = int(match.group(1))
+        hi = int(match.group(2) or lo)
+        if lo < 1 or hi < lo:
+            raise ValueError(f"{option}: {part!r} must be positive and ascending, e.g. 1-4")
+        values.update(range(lo, hi + 1))
+    if not values:
+        raise ValueError(f"{option}: no values given; use a range like 1-4")
+    return sorted(values)
+
+
+def parse_capacities(text: str | None) -> list[int | None]:
+    """``None``/``""``/``"none"`` -> ``[None]`` (no cap); ``"8,12"`` -> ``[None, 8, 12]``.
+
+    The uncapped variant is always searched, so a cap only wins when it helps.
+    """
+    if text is None or str(text).strip().lower() in ("", "none", "off"):
+        return [None]
+    return [None, *parse_int_set(text, "--capacities")]
+
+
+def build_grid(
+    widths: list[int], lengths: list[int], capacities: list[int | None]
+) -> list[BeamShape]:
+    """Every speculative shape of the grid, skipping capacities that cannot matter.
+
+    A capacity ``C`` is kept only when ``L <= C < max_packed``: below ``L`` the best beam
+    would not fit, at or above ``max_packed`` the cap never binds (same as no cap).
+    Lengths of 1 (no drafting) are left out; autoregressive decoding is measured anyway.
+    """
+    shapes: list[BeamShape] = []
+    for length in lengths:
+        if length < 2:
+            continue
+        for width in widths:
+            base = BeamShape(width, length, None)
+            for capacity in capacities:
+                if capacity is None:
+                    shapes.append(base)
+                elif length <= capacity < base.max_packed:
+                    shapes.append(BeamShape(width, length, capacity))
+    return shapes
+
+
+def read_predict_tokens(drafter_dir: str | Path | None) -> int | None:
+    """``predict_tokens`` from the drafter's config.json (written by our trainer), or None.
+
+    ``None`` means no limit is known: no drafter, no config, or the key is absent.
+    """
+    if drafter_dir is None:
+        return None
+    config = Path(drafter_dir) / "config.json"
+    try:
+        value = json.loads(config.read_text(encoding="utf-8")).get("predict_tokens")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
+def max_length_for(predict_tokens: int | None) -> int | None:
+    """Longest useful beam: the drafter's trained tokens plus the init token."""
+    return None if predict_tokens is None else predict_tokens + 1
+
+
+def limit_lengths(
+    lengths: list[int], predict_tokens: int | None, force: bool = False
+) -> tuple[list[int], list[int]]:
+    """Split ``lengths`` into (kept, dropped) by the drafter's trained length.
+
+    With ``force`` or an unknown limit nothing is dropped.
+    """
+    limit = max_length_for(predict_tokens)
+    if force or limit is None:
+        return list(lengths), []
+    return [n for n in lengths if n <= limit], [n for n in lengths if n > limit]

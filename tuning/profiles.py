@@ -1,0 +1,271 @@
+"""Tuned profiles: the best shape per chip + model + drafter + dtype + package version.
+
+One JSON file holds every profile::
+
+    {"format": 1, "profiles": {"<key>": {"key": {...}, "shape": {...}, ...}}}
+
+It lives in ``$REDRAFTER_MLX_HOME/profiles.json`` when that variable is set, else in
+``$XDG_CACHE_HOME/redrafter-mlx/`` or ``~/.cache/redrafter-mlx/``. Writes are atomic
+(temp file in the same folder, fsync, ``os.replace``) so an interrupted write leaves the
+old file intact. A corrupt file is reported in one warning line and treated as empty.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from tuning.grid import BeamShape
+
+FORMAT = 1
+FILE_NAME = "profiles.json"
+HOME_ENV = "REDRAFTER_MLX_HOME"
+
+
+def default_warn(message: str) -> None:
+    """Print a one-line warning to stderr."""
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def profiles_path() -> Path:
+    """Where profiles are stored (see the module docstring for the lookup order)."""
+    home = os.environ.get(HOME_ENV)
+    if home:
+        return Path(home).expanduser() / FILE_NAME
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache).expanduser() / "redrafter-mlx" / FILE_NAME
+
+
+def package_version() -> str:
+    """``redrafter_mlx.__version__``, else the installed distribution's version, else ``"0+unknown"``."""
+    try:
+        import redrafter_mlx
+
+        version = getattr(redrafter_mlx, "__version__", None)
+        if version:
+            return str(version)
+    except ImportError:
+        pass
+    try:
+        from importlib.metadata import PackageNotFoundError, version as dist_version
+
+        return dist_version("redrafter-mlx")
+    except (ImportError, PackageNotFoundError):
+        return "0+unknown"
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def _config_fingerprint(directory: Path) -> str:
+    """First 12 hex digits of the sha256 of ``directory/config.json`` ("noconfig" if absent)."""
+    try:
+        return hashlib.sha256((directory / "config.json").read_bytes()).hexdigest()[:12]
+    except OSError:
+        return "noconfig"
+
+
+def describe_model(path: str | os.PathLike | None) -> tuple[str, str]:
+    """(identity, fingerprint) of a model or drafter.
+
+    A local directory is identified by its resolved path and the hash of its config.json;
+    anything else (a hub id such as ``mlx-community/...``) by its name, fingerprint ``hub``;
+    ``None`` (no drafter) by ``("none", "-")``.
+    """
+    if path is None:
+        return "none", "-"
+    local = Path(path).expanduser()
+    if local.is_dir():
+        return str(local.resolve()), _config_fingerprint(local)
+    return str(path), "hub"
+
+
+def describe_quantization(path: str | os.PathLike | None) -> str:
+    """``"q4g64"`` from config.json's quantization block, ``"none"`` without one."""
+    if path is None:
+        return "none"
+    try:
+        config = json.loads((Path(path).expanduser() / "config.json").read_text("utf-8"))
+    except (OSError, ValueError):
+        return "unknown"
+    quant = config.get("quantization") if isinstance(config, dict) else None
+    if not isinstance(quant, dict):
+        return "none"
+    return f"q{quant.get('bits', '?')}g{quant.get('group_size', '?')}"
+
+
+@dataclass(frozen=True)
+class ProfileKey:
+    """Everything a tuned shape depends on; two runs share a profile only if all match."""
+
+    chip_id: str
+    model: str
+    model_fingerprint: str
+    drafter: str
+    drafter_fingerprint: str
+    dtype: str
+    quantization: str
+    version: str
+
+    @classmethod
+    def build(cls, chip_id: str, model_path, drafter_path, dtype, version: str | None = None):
+        """The key for a chip, model/drafter paths (or hub ids) and dtype (any printable)."""
+        model, model_fp = describe_model(model_path)
+        drafter, drafter_fp = describe_model(drafter_path)
+        return cls(
+            chip_id=chip_id,
+            model=model,
+            model_fingerprint=model_fp,
+            drafter=drafter,
+            drafter_fingerprint=drafter_fp,
+            dtype=_dtype_name(dtype),
+            quantization=describe_quantization(model_path),
+            version=version or package_version(),
+        )
+
+    @property
+    def text(self) -> str:
+        """The string the profile is stored under."""
+        return "|".join(asdict(self).values())
+
+
+def _dtype_name(dtype: Any) -> str:
+    """``mx.float16`` -> ``"float16"``; strings unchanged; ``None`` -> the platform default
+    (what the engine loads with), so ``tune`` and ``chat`` agree on the key."""
+    if dtype is None:
+        try:
+            from redrafter_mlx.platform import default_dtype
+
+            dtype = default_dtype()
+        except Exception:  # noqa: BLE001 - no MLX: keep a stable placeholder
+            return "default"
+    return str(dtype).rsplit(".", 1)[-1]
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A saved tuning result."""
+
+    key: ProfileKey
+    shape: BeamShape
+    speculative: bool
+    speedup: float | None
+    tokens_per_s: float | None
+    created: str  # ISO date-time, UTC
+    summary: dict
+
+    @property
+    def date(self) -> str:
+        """The creation day, ``YYYY-MM-DD``."""
+        return self.created[:10]
+
+    def to_json(self) -> dict:
+        """The JSON record."""
+        return {
+            "key": asdict(self.key),
+            "shape": self.shape.to_dict(),
+            "speculative": self.speculative,
+            "speedup": self.speedup,
+            "tokens_per_s": self.tokens_per_s,
+            "created": self.created,
+            "summary": self.summary,
+        }
+
+    @classmethod
+    def from_json(cls, record: dict) -> "Profile":
+        """Parse one record; raises KeyError/TypeError/ValueError when malformed."""
+        shape = record["shape"]
+        return cls(
+            key=ProfileKey(**record["key"]),
+            shape=BeamShape(int(shape["width"]), int(shape["length"]),
+                            None if shape.get("capacity") is None else int(shape["capacity"])),
+            speculative=bool(record["speculative"]),
+            speedup=record.get("speedup"),
+            tokens_per_s=record.get("tokens_per_s"),
+            created=str(record["created"]),
+            summary=dict(record.get("summary") or {}),
+        )
+
+
+def now_iso() -> str:
+    """Current UTC time, ISO format, seconds precision."""
+    return _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+
+
+# --------------------------------------------------------------------------- store
+
+
+class ProfileStore:
+    """Load, query and atomically save the profiles file."""
+
+    def __init__(self, path: str | os.PathLike | None = None,
+                 warn: Callable[[str], None] = default_warn):
+        self.path = Path(path) if path is not None else profiles_path()
+        self.warn = warn
+
+    def load(self) -> dict[str, Profile]:
+        """Every valid profile by key text; a missing file is empty, a corrupt one warns."""
+        try:
+            raw = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return {}
+        except OSError as e:
+            self.warn(f"cannot read tuned profiles {self.path} ({e}); using presets")
+            return {}
+        try:
+            data = json.loads(raw)
+            if not isinstance(data, dict) or not isinstance(data.get("profiles"), dict):
+                raise ValueError("no 'profiles' object")
+            profiles = {k: Profile.from_json(v) for k, v in data["profiles"].items()}
+        except (ValueError, KeyError, TypeError) as e:
+            self.warn(f"ignoring corrupt tuned-profile file {self.path} ({e}); "
+                      f"re-run 'redrafter-mlx tune' or 'redrafter-mlx tune --clear'")
+            return {}
+        return profiles
+
+    def get(self, key: ProfileKey) -> Profile | None:
+        """The profile for exactly this key, or None."""
+        return self.load().get(key.text)
+
+    def put(self, profile: Profile) -> None:
+        """Add or replace one profile and save atomically."""
+        profiles = self.load()
+        profiles[profile.key.text] = profile
+        self.save(profiles)
+
+    def save(self, profiles: dict[str, Profile]) -> None:
+        """Write every profile: temp file in the same folder, fsync, then ``os.replace``."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        payload = {"format": FORMAT, "profiles": {k: p.to_json() for k, p in profiles.items()}}
+        fd, tmp = tempfile.mkstemp(prefix=".profiles-", suffix=".tmp", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(payload, f, indent=2, sort_keys=True)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+
+    def clear(self) -> int:
+        """Delete the profiles file; returns how many profiles it held (0 if none/corrupt)."""
+        count = len(ProfileStore(self.path, warn=lambda _msg: None).load())
+        try:
+            self.path.unlink()
+        except FileNotFoundError:
+            pass
+        return count

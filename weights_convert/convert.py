@@ -1,0 +1,273 @@
+"""Convert a Hugging Face / PyTorch Llama checkpoint (and optionally a ReDrafter drafter) to MLX.
+
+Output layout (mlx-lm's, so ``mlx_lm.load(out)`` works)::
+
+    <out>/config.json                    (+ "quantization": {group_size, bits, mode} when quantized)
+    <out>/model.safetensors              or model-0000i-of-0000N.safetensors (≤ 5 GB each)
+    <out>/model.safetensors.index.json
+    <out>/tokenizer.* , generation_config.json   (copied when present)
+    <out>/drafter/config.json, model.safetensors, model.safetensors.index.json   (with --drafter)
+
+Safety: everything is written into a temporary folder beside ``out`` and renamed into place at
+the end; on any error or Ctrl-C the temporary folder is removed and ``out`` is untouched.
+Memory: tensors are read (memory-mapped), converted and written one at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from weights_convert import drafter as drafter_fmt
+from weights_convert import llama
+from weights_convert.errors import ConversionError
+from weights_convert.sources import TOKENIZER_FILES, copy_side_files, open_checkpoint, read_tensor_refs, resolve_source
+from weights_convert.tensors import DTYPE_CODES
+from weights_convert.writer import Job, Quantization, make_job, write_weights
+
+QUANT_BITS = (2, 3, 4, 5, 6, 8)
+QUANT_GROUP_SIZES = (32, 64, 128)
+DRAFTER_SUBDIR = "drafter"
+
+
+@dataclass
+class ConversionSummary:
+    """What a conversion produced (returned by :func:`convert`, printed by the CLI)."""
+
+    out_dir: Path
+    parameters: int
+    dtype: str
+    quantization: dict | None
+    tensors: int
+    quantized_tensors: int
+    bytes_on_disk: int
+    seconds: float
+    drafter_parameters: int = 0
+    drafter_quantization: dict | None = None
+    dropped: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        """Human-readable summary, one fact per line."""
+
+        def quant_text(q: dict | None) -> str:
+            return f"{q['bits']}-bit affine, group size {q['group_size']}" if q else "none"
+
+        out = [
+            f"output         {self.out_dir}",
+            f"parameters     {self.parameters / 1e6:,.2f} M (base model)",
+            f"dtype          {self.dtype}",
+            f"quantization   {quant_text(self.quantization)} ({self.quantized_tensors} of {self.tensors} tensors quantized)",
+        ]
+        if self.drafter_parameters:
+            out.append(f"drafter        {self.drafter_parameters / 1e6:,.2f} M parameters, quantization {quant_text(self.drafter_quantization)}")
+        out += [f"size on disk   {self.bytes_on_disk / 2**20:,.1f} MiB", f"time           {self.seconds:.1f} s"]
+        if self.dropped:
+            shown = ", ".join(self.dropped[:3]) + (f" (+{len(self.dropped) - 3} more)" if len(self.dropped) > 3 else "")
+            out.append(f"dropped        {shown}")
+        out += [f"warning        {w}" for w in self.warnings]
+        return out
+
+
+def _check_options(dtype: str, quantize: bool, quantize_drafter: bool, q_bits: int, q_group_size: int) -> None:
+    if dtype not in DTYPE_CODES:
+        raise ConversionError(f"--dtype {dtype!r} is not supported; choose one of {', '.join(DTYPE_CODES)}")
+    if quantize or quantize_drafter:
+        if q_bits not in QUANT_BITS:
+            raise ConversionError(f"--q-bits {q_bits} is not supported; choose one of {', '.join(map(str, QUANT_BITS))}")
+        if q_group_size not in QUANT_GROUP_SIZES:
+            raise ConversionError(
+                f"--q-group-size {q_group_size} is not supported; choose one of {', '.join(map(str, QUANT_GROUP_SIZES))}"
+            )
+
+
+def _check_out(out: Path, force: bool, sources: list[Path]) -> None:
+    """Refuse an existing non-empty ``out`` (unless ``force``) and any ``out`` holding a source."""
+    for src in sources:
+        if src == out or out in src.parents:
+            raise ConversionError(f"--out {out} would overwrite the source checkpoint {src}; choose another folder")
+    if out.exists() and not out.is_dir():
+        raise ConversionError(f"--out {out} is a file; choose a folder path")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise ConversionError(f"--out {out} exists and is not empty; choose another folder or pass --force to replace it")
+
+
+def _install(tmp: Path, out: Path) -> None:
+    """Move the finished folder into place; a replaced ``out`` is removed only after success."""
+    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
+        os.replace(tmp, out)
+        return
+    backup = Path(tempfile.mkdtemp(prefix=f".{out.name}.replaced-", dir=out.parent))
+    os.replace(out, backup / out.name)
+    try:
+        os.replace(tmp, out)
+    except BaseException:
+        os.replace(backup / out.name, out)
+        raise
+    finally:
+        shutil.rmtree(backup, ignore_errors=True)
+
+
+def _missing_parents(path: Path) -> list[Path]:
+    """Ancestors of ``path`` that do not exist yet, outermost first."""
+    missing = []
+    for parent in [path, *path.parents]:
+        if parent.exists():
+            break
+        missing.append(parent)
+    return missing[::-1]
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def staging_dir(out: Path) -> Iterator[Path]:
+    """Yield a temporary folder beside ``out``; install it as ``out`` on success.
+
+    On any exception (Ctrl-C included) the temporary folder, and any parent folder created for
+    ``out``, are removed and the exception propagates.
+    """
+    created = _missing_parents(out.parent)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.converting-", dir=out.parent))
+    try:
+        os.chmod(tmp, 0o777 & ~_current_umask())  # mkdtemp makes 0700; give out the usual mode
+        yield tmp
+        _install(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        for folder in reversed(created):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
+
+
+@contextlib.contextmanager
+def _progress_bar(total_bytes: int, enabled: bool) -> Iterator[Callable[[Job], None]]:
+    """A rich progress bar over source bytes; yields the per-tensor callback."""
+    if not enabled:
+        yield lambda job: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+    columns = (TextColumn("{task.description:<40.40}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True)) as bar:
+        task = bar.add_task("converting", total=total_bytes)
+
+        def advance(job: Job) -> None:
+            bar.update(task, advance=job.source.nbytes, description=job.source.name)
+
+        yield advance
+        bar.update(task, description="done")
+
+
+def _write_json(path: Path, data: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(data, f, indent=4)
+        f.write("\n")
+
+
+def _folder_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def convert(
+    model: str,
+    out: str | os.PathLike,
+    drafter: str | None = None,
+    quantize: bool = False,
+    q_bits: int = 4,
+    q_group_size: int = 64,
+    dtype: str = "float16",
+    quantize_drafter: bool = False,
+    force: bool = False,
+    progress: bool = True,
+) -> ConversionSummary:
+    """Convert a Llama-family checkpoint (and optionally a ReDrafter drafter) to an MLX folder.
+
+    Args:
+        model: local folder or Hugging Face repo id of the base model (safetensors or ``.bin``).
+        out: output folder; must not exist or be empty unless ``force``.
+        drafter: local folder or repo id of a ReDrafter drafter, written to ``<out>/drafter``.
+        quantize: quantize the base model's Linear/Embedding weights (mlx-lm's rule).
+        q_bits, q_group_size: affine quantization settings (also used for the drafter).
+        dtype: storage dtype of all floating tensors that are not quantized (and of scales).
+        quantize_drafter: quantize the drafter's Linear weights too.
+        force: replace a non-empty ``out`` (only after the new one is complete).
+        progress: show a progress bar on stderr.
+
+    Returns:
+        a :class:`ConversionSummary`.
+
+    Raises:
+        ConversionError: any problem with the inputs or options, with a message naming the fix.
+    """
+    start = time.perf_counter()
+    _check_options(dtype, quantize, quantize_drafter, q_bits, q_group_size)
+    out = Path(out).expanduser().absolute()
+    if out.is_dir() and any(out.iterdir()) and not force:  # fail before any download
+        _check_out(out, force, [])
+    model_dir = resolve_source(model, "model")
+    drafter_dir = resolve_source(drafter, "drafter") if drafter else None
+    _check_out(out, force, [p for p in (model_dir, drafter_dir) if p is not None])
+    code = DTYPE_CODES[dtype]
+    settings = Quantization(q_group_size, q_bits)
+
+    base = open_checkpoint(model_dir, "model")
+    llama.check_config(base.config, model_dir)
+    base_plan = llama.plan_tensors(read_tensor_refs(base), base.config, model_dir)
+    base_quant = settings if quantize else None
+    jobs = [make_job(name, ref, code, base_quant) for name, ref in base_plan.tensors]
+    dropped = list(base_plan.dropped)
+
+    draft_jobs: list[Job] = []
+    draft_quant = settings if quantize_drafter else None
+    if drafter_dir is not None:
+        draft = open_checkpoint(drafter_dir, "drafter")
+        drafter_fmt.check_config(draft.config, base.config, drafter_dir)
+        draft_plan = drafter_fmt.plan_tensors(read_tensor_refs(draft), draft.config, drafter_dir)
+        draft_jobs = [make_job(name, ref, code, draft_quant) for name, ref in draft_plan.tensors]
+        dropped += [f"drafter {name}" for name in draft_plan.dropped]
+
+    warnings = []
+    if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
+        warnings.append(f"no tokenizer files in {model_dir}; copy them into {out} before loading with mlx_lm.load")
+
+    total = sum(job.source.nbytes for job in jobs + draft_jobs)
+    with staging_dir(out) as tmp, _progress_bar(total, progress) as advance:
+        write_weights(jobs, tmp, advance)
+        config = llama.output_config(base.config, base_plan.tied, dtype, base_quant.as_config() if base_quant else None)
+        _write_json(tmp / "config.json", config)
+        copy_side_files(model_dir, tmp)
+        if drafter_dir is not None:
+            (tmp / DRAFTER_SUBDIR).mkdir()
+            write_weights(draft_jobs, tmp / DRAFTER_SUBDIR, advance)
+            draft_config = drafter_fmt.output_config(draft.config, dtype, draft_quant.as_config() if draft_quant else None)
+            _write_json(tmp / DRAFTER_SUBDIR / "config.json", draft_config)
+
+    return ConversionSummary(
+        out_dir=out,
+        parameters=sum(job.source.numel for job in jobs),
+        dtype=dtype,
+        quantization=base_quant.as_config() if base_quant else None,
+        tensors=len(jobs),
+        quantized_tensors=sum(job.quant is not None for job in jobs),
+        bytes_on_disk=_folder_size(out),
+        seconds=time.perf_counter() - start,
+        drafter_parameters=sum(job.source.numel for job in draft_jobs),
+        drafter_quantization=draft_quant.as_config() if draft_quant else None,
+        dropped=dropped,
+        warnings=warnings,
+    )

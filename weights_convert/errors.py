@@ -1,0 +1,11 @@
+"""The one error type the converter raises: a message naming the problem and the fix."""
+
+from __future__ import annotations
+
+
+class ConversionError(Exception):
+    """A checkpoint cannot be converted. ``str(error)`` names the problem and how to fix it."""
+
+
+class UnsafePickleError(ConversionError):
+    """A pickle inside a PyTorch ``.bin`` asked for something outside the allow-list."""

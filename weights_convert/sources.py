@@ -1,0 +1,246 @@
+"""Find a checkpoint's files (local folder or Hugging Face repo) and list its tensors lazily.
+
+Weights are looked up in this order: ``model.safetensors.index.json`` (sharded safetensors),
+``model.safetensors``, ``pytorch_model.bin.index.json`` (sharded ``.bin``),
+``pytorch_model.bin``. A Hugging Face repo id is fetched with ``huggingface_hub`` and only the
+files needed (config, tokenizer, one weight format) are downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from weights_convert.errors import ConversionError
+from weights_convert.tensors import TensorRef
+
+CONFIG_FILE = "config.json"
+SIDE_FILES = (  # copied next to the converted weights when present
+    "tokenizer.model",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "vocab.json",
+    "merges.txt",
+    "generation_config.json",
+)
+TOKENIZER_FILES = frozenset(SIDE_FILES) - {"generation_config.json"}
+WEIGHT_LAYOUTS = (  # (index file or None, single file, shard glob)
+    ("model.safetensors.index.json", "model.safetensors", "model-*.safetensors"),
+    ("pytorch_model.bin.index.json", "pytorch_model.bin", "pytorch_model-*.bin"),
+)
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint on local disk.
+
+    Attributes:
+        root: the folder holding config.json and the weights.
+        config: the parsed config.json.
+        weight_files: the files holding the tensors, in index order.
+        index: the ``*.index.json`` that listed them (None for a single file).
+    """
+
+    root: Path
+    config: dict
+    weight_files: tuple[Path, ...]
+    index: Path | None
+
+    @property
+    def nbytes(self) -> int:
+        return sum(f.stat().st_size for f in self.weight_files)
+
+
+def load_json(path: Path, what: str) -> dict:
+    """Parse a JSON object file, with an error naming the file."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        raise ConversionError(f"{what} {path} is missing") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConversionError(f"{what} {path} is not valid JSON ({e}); re-download it") from None
+    if not isinstance(data, dict):
+        raise ConversionError(f"{what} {path} is not a JSON object; re-download it")
+    return data
+
+
+def _index_shards(root: Path, index_name: str) -> tuple[Path, ...]:
+    """The shard files an index lists, in order of first appearance; all must exist."""
+    index = load_json(root / index_name, "weight index")
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ConversionError(f"weight index {root / index_name} has no 'weight_map'; re-download it")
+    shards = list(dict.fromkeys(weight_map.values()))
+    for shard in shards:
+        if not isinstance(shard, str) or "/" in shard or "\\" in shard or shard.startswith("."):
+            raise ConversionError(f"weight index {root / index_name} names an invalid shard {shard!r}")
+        if not (root / shard).is_file():
+            raise ConversionError(
+                f"shard {shard} listed in {root / index_name} is missing from {root}; "
+                "download all shards the index names (or re-download the model)"
+            )
+    return tuple(root / s for s in shards)
+
+
+def find_weight_files(root: Path) -> tuple[tuple[Path, ...], Path | None]:
+    """Locate the weights in ``root`` -> (files, index path or None)."""
+    for index_name, single, _ in WEIGHT_LAYOUTS:
+        if (root / index_name).is_file():
+            return _index_shards(root, index_name), root / index_name
+        if (root / single).is_file():
+            return (root / single,), None
+    raise ConversionError(
+        f"no weights found in {root}: expected model.safetensors, model.safetensors.index.json, "
+        "pytorch_model.bin or pytorch_model.bin.index.json"
+    )
+
+
+def open_checkpoint(root: Path, what: str) -> Checkpoint:
+    """Read config.json and locate the weights of a local checkpoint folder."""
+    config = load_json(root / CONFIG_FILE, f"{what} config")
+    files, index = find_weight_files(root)
+    return Checkpoint(root, config, files, index)
+
+
+def read_tensor_refs(checkpoint: Checkpoint) -> list[TensorRef]:
+    """All tensors of a checkpoint (metadata only), in file order; names must be unique.
+
+    When an index is present, every tensor it maps must be found in the shard it names.
+    """
+    from weights_convert.safetensors_io import read_safetensors
+    from weights_convert.torch_bin import read_torch_bin
+
+    refs: dict[str, TensorRef] = {}
+    for path in checkpoint.weight_files:
+        reader = read_safetensors if path.suffix == ".safetensors" else read_torch_bin
+        for ref in reader(path):
+            if ref.name in refs:
+                raise ConversionError(
+                    f"tensor {ref.name} appears in both {refs[ref.name].path.name} and {path.name}; "
+                    "the checkpoint is inconsistent, re-download it"
+                )
+            refs[ref.name] = ref
+    if checkpoint.index is not None:
+        weight_map = load_json(checkpoint.index, "weight index")["weight_map"]
+        for name, shard in weight_map.items():
+            if name not in refs or refs[name].path.name != shard:
+                raise ConversionError(
+                    f"{checkpoint.index.name} maps {name} to {shard}, but that shard does not hold it; "
+                    "re-download the model"
+                )
+    return list(refs.values())
+
+
+def copy_side_files(src: Path, dst: Path) -> list[str]:
+    """Copy tokenizer files and generation_config.json that exist in ``src`` -> names copied."""
+    copied = []
+    for name in SIDE_FILES:
+        if (src / name).is_file():
+            shutil.copyfile(src / name, dst / name)
+            copied.append(name)
+    return copied
+
+
+def _hub_cache_dir() -> str | None:
+    """The hub cache the current environment points to (read now, not at import time)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.environ["HF_HUB_CACHE"]
+    if os.environ.get("HF_HOME"):
+        return os.path.join(os.environ["HF_HOME"], "hub")
+    return None
+
+
+def _hub_offline() -> bool:
+    from huggingface_hub import constants
+
+    env = os.environ.get("HF_HUB_OFFLINE", "").strip().upper()
+    return env in {"1", "ON", "YES", "TRUE"} or bool(constants.HF_HUB_OFFLINE)
+
+
+def _download_hint(repo_id: str) -> str:
+    return (
+        f"get the files with network access once (unset HF_HUB_OFFLINE), or run "
+        f"`hf download {repo_id} --include '*.json' '*.safetensors' 'tokenizer.model'` "
+        f"(use '*.bin' for PyTorch-only repos), or pass a local folder holding config.json and the weights"
+    )
+
+
+def _choose_repo_files(repo_id: str, files: list[str]) -> list[str]:
+    """From a repo listing, pick config, tokenizer files and one weight format."""
+    wanted = [f for f in files if f in SIDE_FILES or f == CONFIG_FILE]
+    for index_name, single, pattern in WEIGHT_LAYOUTS:
+        if index_name in files:
+            return wanted + [index_name, pattern]
+        if single in files:
+            return wanted + [single]
+    raise ConversionError(
+        f"Hugging Face repo {repo_id} has no model.safetensors or pytorch_model.bin weights "
+        "(GGUF/other formats are not supported)"
+    )
+
+
+def _fetch_from_hub(repo_id: str) -> Path:
+    """Download (or find in the cache) the files a conversion needs -> snapshot folder."""
+    from huggingface_hub import HfApi, snapshot_download
+
+    cache_dir = _hub_cache_dir()
+    everything = [CONFIG_FILE, *SIDE_FILES, *[p for layout in WEIGHT_LAYOUTS for p in layout]]
+    if _hub_offline():
+        try:
+            return Path(snapshot_download(repo_id, allow_patterns=everything, cache_dir=cache_dir, local_files_only=True))
+        except Exception as e:  # noqa: BLE001 - any hub failure becomes one clear message
+            raise ConversionError(
+                f"model {repo_id} is not in the Hugging Face cache "
+                f"({cache_dir or 'default cache'}) and HF_HUB_OFFLINE=1 forbids downloading "
+                f"({type(e).__name__}); {_download_hint(repo_id)}"
+            ) from None
+    try:
+        files = HfApi().list_repo_files(repo_id)
+    except Exception as e:  # noqa: BLE001
+        name = type(e).__name__
+        if name in {"RepositoryNotFoundError", "GatedRepoError"}:
+            raise ConversionError(
+                f"Hugging Face repo {repo_id} was not found or is gated ({name}); check the id, "
+                "accept its license on the Hub and log in with `hf auth login`, or pass a local folder"
+            ) from None
+        try:  # no network: use the cache if it has the files
+            return Path(snapshot_download(repo_id, allow_patterns=everything, cache_dir=cache_dir, local_files_only=True))
+        except Exception:  # noqa: BLE001
+            raise ConversionError(
+                f"could not reach the Hugging Face Hub for {repo_id} ({name}: {e}) and the files are "
+                f"not cached; {_download_hint(repo_id)}"
+            ) from None
+    patterns = _choose_repo_files(repo_id, files)
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns, cache_dir=cache_dir))
+    except Exception as e:  # noqa: BLE001
+        raise ConversionError(f"downloading {repo_id} failed ({type(e).__name__}: {e}); {_download_hint(repo_id)}") from None
+
+
+def resolve_source(spec: str, what: str) -> Path:
+    """``--model``/``--drafter`` value -> local folder (downloading a Hugging Face repo if needed).
+
+    Args:
+        spec: a local folder, or a Hugging Face repo id ``owner/name``.
+        what: "model" or "drafter", for messages.
+    """
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path.resolve()
+    if path.exists():
+        raise ConversionError(f"--{what} {spec} is a file; pass the folder that holds config.json and the weights")
+    if not _REPO_ID.match(spec):
+        raise ConversionError(
+            f"--{what} {spec}: no such folder, and not a Hugging Face repo id (owner/name)"
+        )
+    return _fetch_from_hub(spec)

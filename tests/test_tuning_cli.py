@@ -239,3 +239,42 @@ def test_engine_measure_passes_shapes_and_reads_stats(monkeypatch):
     assert kwargs == {"temperature": 0.0, "beam_width": 2, "beam_length": 5, "capacity": 7}
     measure(BeamShape.autoregressive(), 16)
     assert calls[-1][0] is None and calls[-1][3] == {"temperature": 0.0}
+
+
+def test_no_model_and_no_demo_drafter_is_explained(app, home, monkeypatch, tmp_path):
+    import redrafter_mlx.demo
+
+    base = tmp_path / "demo_base"
+    base.mkdir()
+    (base / "config.json").write_text("{}")
+    monkeypatch.setattr(redrafter_mlx.demo, "demo_paths", lambda: (base, None))
+    result = invoke(app)
+    assert result.exit_code == 1
+    assert "no drafter" in result.stderr and "--model DIR --drafter DIR" in result.stderr
+    monkeypatch.setattr(redrafter_mlx.demo, "demo_paths", lambda: (tmp_path / "nothing", None))
+    missing = invoke(app)
+    assert missing.exit_code == 1 and "make demo-model" in missing.stderr
+
+
+def test_real_engine_end_to_end_on_a_tiny_random_model():
+    """The search drives the real engine (tiny random Llama + drafter, a 2-second budget).
+
+    Nothing about speed is asserted: only that every figure is real and the outcome coherent.
+    """
+    from tests.helpers import tiny_drafter, tiny_model
+
+    from tuning.search import SearchPlan
+
+    model = tiny_model()
+    tokenizer = SimpleNamespace(eos_token_ids=set(), decode=lambda ids: " ".join(map(str, ids)))
+    measure = EngineMeasure(model, tiny_drafter(model), tokenizer, [[1, 5, 7, 9], [1, 3]])
+    plan = SearchPlan(warmup_tokens=4, min_tokens=8, short_tokens=8, long_tokens=16)
+    shapes = [BeamShape(2, 2), BeamShape(1, 3)]
+    result = successive_halving(measure, shapes, 2.0, plan=plan)
+    assert result.autoregressive.measured
+    assert all(tps > 0 for _, _, tps in result.autoregressive.samples)
+    measured = [r for r in result.results if r.measured]
+    assert all(r.error is None for r in result.results)
+    assert all(min(r.tokens_per_step) >= 1.0 for r in measured)
+    assert result.recommended in {BeamShape.autoregressive(), *(r.shape for r in measured)}
+    json.dumps(result.to_dict())

@@ -99,7 +99,10 @@ def engine_missing_reason() -> str | None:
 
 
 def demo_paths() -> tuple[str, str]:
-    """(model_dir, drafter_dir) of the demo pair shipped with the package."""
+    """(model_dir, drafter_dir) of the demo pair shipped with the package.
+
+    Raises :class:`TuneError` when the demo model or its drafter is not there yet.
+    """
     try:
         from redrafter_mlx.demo import demo_paths as _demo_paths
 
@@ -109,6 +112,16 @@ def demo_paths() -> tuple[str, str]:
             f"no --model given and the demo model is not available ({e}); "
             f"pass --model DIR --drafter DIR, or build the demo with 'make demo-model'"
         ) from None
+    if not (Path(model_dir) / "config.json").is_file():
+        raise TuneError(
+            f"no --model given and the demo model is not built ({model_dir} has no config.json); "
+            f"pass --model DIR --drafter DIR, or build it with 'make demo-model'"
+        )
+    if drafter_dir is None:
+        raise TuneError(
+            "no --model given and the demo model has no drafter yet, so there is nothing to "
+            "speculate with; pass --model DIR --drafter DIR"
+        )
     return str(model_dir), str(drafter_dir)
 
 

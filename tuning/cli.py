@@ -66,13 +66,13 @@ def show_profiles(as_json: bool) -> None:
     current = package_version()
     table = Table(title=f"tuned profiles ({store.path})")
     for column in ("chip", "model", "drafter", "dtype", "version", "shape", "speedup", "date"):
-        table.add_column(column, no_wrap=column in ("chip", "shape", "date"))
+        table.add_column(column, no_wrap=column in ("shape", "date"), overflow="fold")
     for p in sorted(profiles.values(), key=lambda p: (p.key.chip_id, p.created)):
         k = p.key
         version = k.version if k.version == current else f"{k.version} (old, unused)"
         dtype = k.dtype if k.quantization == "none" else f"{k.dtype} {k.quantization}"
         table.add_row(k.chip_id, _short(k.model), _short(k.drafter), dtype, version,
-                      p.shape.label if p.speculative else "AR (no speculation)",
+                      p.shape.label if p.speculative else "AR",
                       f"{p.speedup:.2f}×" if p.speedup else "–", p.date)
     console.print(table)
 

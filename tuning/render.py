@@ -102,10 +102,8 @@ def results_table(result: SearchResult) -> "Table":
     from rich.table import Table
 
     table = Table(title="measured shapes (median, IQR and range over prompts and repeats)")
-    for name, justify in [("shape", "left"), ("tok/s", "right"), ("IQR", "right"),
-                          ("min–max", "right"), ("speedup", "right"), ("speedup IQR", "right"),
-                          ("tok/step", "right"), ("runs", "right"), ("tokens", "right")]:
-        table.add_column(name, justify=justify)
+    for name in ("shape", "tok/s", "IQR", "min–max", "speedup (IQR)", "tok/step", "runs×tok"):
+        table.add_column(name, justify="left" if name == "shape" else "right")
     rows = [result.autoregressive, *sorted(
         (r for r in result.results if r.measured),
         key=lambda r: -result.speedup(r).median)]
@@ -114,12 +112,12 @@ def results_table(result: SearchResult) -> "Table":
         per_step = (f"{sum(r.tokens_per_step) / len(r.tokens_per_step):.2f}"
                     if r.tokens_per_step else "")
         label = ("★ " if r.shape == result.recommended else "") + r.shape.label
+        speedup = f"{sp.median:.2f}× ({_fmt_spread(sp.q1, sp.q3, 2)})"
         table.add_row(label, f"{s.median:.1f}", _fmt_spread(s.q1, s.q3),
-                      _fmt_spread(s.low, s.high), f"{sp.median:.2f}×",
-                      _fmt_spread(sp.q1, sp.q3, 2), per_step, str(r.runs), str(r.final_tokens))
+                      _fmt_spread(s.low, s.high), speedup, per_step, f"{r.runs}×{r.final_tokens}")
     failed = [r for r in result.results if r.error]
     for r in failed:
-        table.add_row(r.shape.label, "failed", r.error or "", "", "", "", "", "", "")
+        table.add_row(r.shape.label, "failed", r.error or "", "", "", "", "")
     return table
 
 

@@ -16,7 +16,7 @@ __all__ = ["ConversionError", "UnsafePickleError", "convert"]
 
 
 def convert(*args, **kwargs):
-    """Convert a checkpoint; see :func:`weights_convert.convert.convert` for the arguments."""
-    from weights_convert.convert import convert as _convert
+    """Convert a checkpoint; see :func:`weights_convert.conversion.convert` for the arguments."""
+    from weights_convert.conversion import convert as _convert
 
     return _convert(*args, **kwargs)

@@ -33,7 +33,7 @@ def convert(
     from rich.console import Console
     from rich.text import Text
 
-    from weights_convert.convert import convert as run_conversion
+    from weights_convert.conversion import convert as run_conversion
     from weights_convert.errors import ConversionError
 
     console, errors = Console(), Console(stderr=True)

@@ -198,3 +198,15 @@ def test_result_to_dict_has_spreads_for_every_measured_shape():
     assert rows["AR"]["speedup"]["median"] == pytest.approx(1.0)
     for row in rows.values():
         assert {"median", "q1", "q3", "min", "max", "n"} <= set(row["tokens_per_s"])
+
+
+def test_a_failing_baseline_stops_with_a_clear_error():
+    from tuning.search import SearchError
+
+    clock = FakeClock()
+
+    def measure(shape, n_tokens):
+        raise RuntimeError("model weights missing")
+
+    with pytest.raises(SearchError, match="baseline.*model weights missing"):
+        successive_halving(measure, GRID, 10.0, clock=clock)

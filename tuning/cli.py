@@ -256,8 +256,12 @@ def tune(
     force_lengths: Annotated[bool, typer.Option(
         "--force-lengths", help="Allow lengths beyond what the drafter was trained for.")] = False,
 ) -> None:
-    """Find the fastest beam shape (width W, length L, capacity C) for this machine."""
+    """Find the fastest beam shape (width W, length L, capacity C) for this machine.
+
+    With --chip NAME, print that chip's built-in preset instead of measuring.
+    """
     from tuning.measure import TuneError
+    from tuning.search import SearchError
 
     if clear:
         clear_profiles(json_output)
@@ -288,7 +292,7 @@ def tune(
                "json": json_output, "plot": plot}
     try:
         run_tuning(info, model, drafter, shapes, note, options)
-    except TuneError as e:
+    except (TuneError, SearchError) as e:
         preset = preset_for(info.preset)[0]
         raise _fail(f"{e}\n(detected {info.chip_id}; its preset is {preset.shape.label}: "
                     f"redrafter-mlx tune --chip {preset.name})") from None

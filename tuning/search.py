@@ -187,6 +187,10 @@ class SearchResult:
         }
 
 
+class SearchError(RuntimeError):
+    """The search cannot produce a result (the baseline itself failed)."""
+
+
 class BudgetExhausted(Exception):
     """Raised internally when the next run would not fit in the budget."""
 
@@ -330,6 +334,9 @@ def _run_rounds(search: _Search, ar: ShapeResult, results: list[ShapeResult],
     """The three rounds; raises :class:`BudgetExhausted` when time runs out."""
     # round 0: baseline, then one short run per shape
     search.run(ar, 0, plan.min_tokens, force=True)
+    if not ar.measured:
+        raise SearchError(f"autoregressive decoding (the baseline) failed: "
+                          f"{ar.error or 'no samples'}; fix that before tuning")
     n0 = search.tokens_for(search.remaining() * plan.first_round_share,
                            search.per_token(results), plan.min_tokens, plan.short_tokens)
     if n0 != plan.min_tokens:

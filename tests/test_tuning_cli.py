@@ -261,8 +261,8 @@ def test_real_engine_end_to_end_on_a_tiny_random_model():
 
     Nothing about speed is asserted: only that every figure is real and the outcome coherent.
     """
-    from tests.helpers import tiny_drafter, tiny_model
-
+    helpers = pytest.importorskip("tests.helpers", reason="the engine's tiny-model helpers")
+    tiny_drafter, tiny_model = helpers.tiny_drafter, helpers.tiny_model
     from tuning.search import SearchPlan
 
     model = tiny_model()

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import struct
 from pathlib import Path
 
 import numpy as np
@@ -361,6 +360,28 @@ def test_existing_output_needs_force_and_sources_are_protected(tmp_path):
     with pytest.raises(ConversionError, match="would overwrite the source"):
         convert(str(src), src.parent, force=True, progress=False)
     assert (src / "pytorch_model.bin").is_file()
+
+
+def test_existing_empty_output_folder_is_used_without_force(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    convert(str(FIXTURES / "llama_bin_sharded"), out, progress=False)
+    assert (out / "model.safetensors").is_file() and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_hub_download_asks_only_for_the_needed_files():
+    from weights_convert.sources import _choose_repo_files
+
+    vicuna = [".gitattributes", "README.md", "config.json", "generation_config.json", "pytorch_model-00001-of-00002.bin",
+              "pytorch_model-00002-of-00002.bin", "pytorch_model.bin.index.json", "special_tokens_map.json",
+              "tokenizer.model", "tokenizer_config.json"]
+    patterns = _choose_repo_files("lmsys/vicuna-7b-v1.3", vicuna)
+    assert sorted(patterns) == sorted(["config.json", "generation_config.json", "special_tokens_map.json", "tokenizer.model",
+                                       "tokenizer_config.json", "pytorch_model.bin.index.json", "pytorch_model-*.bin"])
+    both = ["config.json", "model.safetensors", "pytorch_model.bin", "tokenizer.json", "flax_model.msgpack"]
+    assert sorted(_choose_repo_files("x/y", both)) == ["config.json", "model.safetensors", "tokenizer.json"]
+    with pytest.raises(ConversionError, match="no model.safetensors or pytorch_model.bin"):
+        _choose_repo_files("x/gguf", ["config.json", "model.gguf"])
 
 
 def test_hub_repo_offline_with_empty_cache_says_how_to_get_the_files(tmp_path, monkeypatch):

@@ -1,0 +1,188 @@
+"""One decode step, top to bottom: draft -> pack -> verify -> accept -> cache update.
+
+A step is a pure function of mx arrays with static shapes for a given (B, W, L, C, cache
+slots), so it runs under ``mx.compile`` and never reads the device. The autoregressive
+baseline is the same machinery with one token per step.
+
+State carried between steps (``DecodeState``):
+    init_token (B,)   the token the LLM produced last; not yet in the cache
+    hidden     (B, H) the LLM's normed hidden state at the last cached token
+    lengths    (B,)   committed cache length per row
+    keys/values       per layer (B, n_kv, S, D)
+    rng               a PRNG key (sampling only)
+
+A step's output for the host (``StepOutput``): ``tokens`` (B, L) with ``count`` (B,) valid
+entries per row — the accepted draft tokens followed by the bonus token.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import mlx.core as mx
+
+from .drafter import Drafter, beam_search
+from .model import Model
+from .sampling import SamplerConfig, draw
+from .tree import cache_mask, chain_mask, pack, unpack
+
+
+class DecodeState(NamedTuple):
+    init_token: mx.array
+    hidden: mx.array
+    lengths: mx.array
+    keys: list
+    values: list
+    rng: mx.array
+
+
+class StepOutput(NamedTuple):
+    tokens: mx.array  # (B, L) emitted tokens, first ``count`` valid
+    count: mx.array  # (B,) tokens emitted this step (accepted + bonus)
+    packed: mx.array  # (B,) tree slots in use this step
+
+
+def accept(beams, target, unpacker, capacity):
+    """Longest beam agreeing with the target draws.
+
+    beams: (B, W, L); target: (B, C) one target draw per packed node; unpacker: (B, W, L).
+    Node (i, k) holds the draw for the token after beams[i, :k+1]; beam i accepts the longest
+    run k = 1.. with beams[i, k] == draw(i, k-1) (truncated nodes never match).
+    Returns best beam (B,), accepted draft tokens n (B,), and the draws on beams (B, W, L).
+    """
+    on_beams = unpack(target, unpacker)  # (B, W, L)
+    present = unpacker < capacity
+    match = (beams[:, :, 1:] == on_beams[:, :, :-1]) & present[:, :, 1:]
+    run = mx.cumprod(match.astype(mx.int32), axis=-1).sum(axis=-1)  # (B, W)
+    best = mx.argmax(run, axis=-1).astype(mx.int32)
+    n = mx.take_along_axis(run, best[:, None], axis=1)[:, 0].astype(mx.int32)
+    return best, n, on_beams
+
+
+def commit_path(keys, values, lengths, path_slots):
+    """Move the chosen path's K/V from its packed slots to consecutive slots.
+
+    path_slots: (B, L) packed slot of each path token; K/V for slot c live at len + c and
+    go to len + k. Slots past the accepted run move junk past the new length (masked).
+    """
+    B, L = path_slots.shape
+    rows = mx.arange(B)[:, None]
+    src = lengths[:, None] + path_slots
+    dst = lengths[:, None] + mx.arange(L)[None, :]
+    new_keys, new_values = [], []
+    for k, v in zip(keys, values):
+        k[rows, :, dst] = k[rows, :, src]
+        v[rows, :, dst] = v[rows, :, src]
+        new_keys.append(k)
+        new_values.append(v)
+    return new_keys, new_values
+
+
+def redrafter_step(
+    model: Model, drafter: Drafter, state: DecodeState,
+    width: int, length: int, capacity: int, sampler: SamplerConfig, window: int,
+):
+    """One ReDrafter step. Returns (next DecodeState, StepOutput).
+
+    ``window``: attention covers cache slots [0, window); it must exceed every row's
+    length + capacity (the loop picks it in buckets, so it is a rare compile key).
+    """
+    lengths = state.lengths
+    B = lengths.shape[0]
+    rng, draw_key = mx.random.split(state.rng)
+
+    # 1. Draft: W beams of L tokens from the hidden state and the init token.
+    beams, _, _ = beam_search(
+        drafter, model.embed, state.hidden, state.init_token, width, length
+    )
+
+    # 2. Pack unique prefixes into C slots with their tree mask.
+    tree = pack(beams, capacity)
+
+    # 3. Verify all packed tokens in one forward, written at [len, len+C).
+    positions = lengths[:, None] + tree.depth
+    write_idx = lengths[:, None] + mx.arange(capacity)[None, :]
+    mask = cache_mask(lengths, tree.mask, window)
+    hidden, keys, values = model(
+        tree.tokens, positions, mask, state.keys, state.values, write_idx
+    )
+    target = draw(model.logits(hidden), sampler, draw_key)  # (B, C)
+
+    # 4. Accept the longest agreeing beam; the bonus is the target draw after it.
+    best, n, target_on_beams = accept(beams, target, tree.unpacker, capacity)
+    path_beam = mx.take_along_axis(beams, best[:, None, None], axis=1)[:, 0]  # (B, L)
+    path_target = mx.take_along_axis(target_on_beams, best[:, None, None], axis=1)[:, 0]
+    path_slots = mx.take_along_axis(tree.unpacker, best[:, None, None], axis=1)[:, 0]
+    k = mx.arange(length)[None, :]
+    bonus = mx.take_along_axis(path_target, n[:, None], axis=1)[:, 0]
+    tokens = mx.where(k < n[:, None], mx.roll(path_beam, -1, axis=1), 0)
+    tokens = mx.where(k == n[:, None], bonus[:, None], tokens)
+
+    # 5. Commit the accepted path (init token + n drafts) to the cache.
+    keys, values = commit_path(keys, values, lengths, path_slots)
+    last_slot = mx.take_along_axis(path_slots, n[:, None], axis=1)  # (B, 1)
+    next_hidden = mx.take_along_axis(hidden, last_slot[:, :, None], axis=1)[:, 0]
+    next_state = DecodeState(bonus, next_hidden, lengths + n + 1, keys, values, rng)
+    packed = tree.valid.sum(axis=-1).astype(mx.int32)
+    return next_state, StepOutput(tokens, n + 1, mx.broadcast_to(packed, (B,)))
+
+
+def autoregressive_step(model: Model, state: DecodeState, sampler: SamplerConfig, window: int):
+    """One plain decoding step (the baseline): commit the init token, draw the next."""
+    lengths = state.lengths
+    B = lengths.shape[0]
+    rng, draw_key = mx.random.split(state.rng)
+    tokens = state.init_token[:, None]
+    mask = cache_mask(lengths, chain_mask(1), window)
+    hidden, keys, values = model(
+        tokens, lengths[:, None], mask, state.keys, state.values, lengths[:, None]
+    )
+    nxt = draw(model.logits(hidden[:, 0]), sampler, draw_key)
+    one = mx.ones((B,), dtype=mx.int32)
+    next_state = DecodeState(nxt, hidden[:, 0], lengths + 1, keys, values, rng)
+    return next_state, StepOutput(nxt[:, None], one, one)
+
+
+def prefill_chunk(model: Model, tokens, counts, lengths, keys, values, window: int):
+    """Run T prompt tokens per row (right-padded) at ``[len, len+T)``, attending to [0, window).
+
+    tokens: (B, T); counts: (B,) real tokens per row in this chunk (may be 0).
+    Returns (hidden at each row's last real token (B, H), lengths + counts, keys, values).
+    """
+    B, T = tokens.shape
+    idx = lengths[:, None] + mx.arange(T)[None, :]
+    mask = cache_mask(lengths, chain_mask(T), window)
+    hidden, keys, values = model(tokens, idx, mask, keys, values, idx)
+    last = mx.maximum(counts - 1, 0)[:, None, None]
+    h_last = mx.take_along_axis(hidden, last, axis=1)[:, 0]
+    return h_last, lengths + counts, keys, values
+
+
+def make_step(model: Model, drafter: Drafter | None, width: int, length: int,
+              capacity: int, sampler: SamplerConfig, compiled: bool = True):
+    """A step function ``state -> (state, output)`` for this configuration.
+
+    With ``compiled=True`` it runs under ``mx.compile``; only arrays cross the boundary, and
+    the compile-cache keys are the shapes (B, slots) and the attention ``window`` bucket.
+    ``run.counter["traces"]`` counts tracings (each is a compile).
+    """
+    def step(init_token, hidden, lengths, keys, values, rng, window):
+        counter["traces"] += 1
+        state = DecodeState(init_token, hidden, lengths, keys, values, rng)
+        if drafter is None:
+            nxt, out = autoregressive_step(model, state, sampler, window)
+        else:
+            nxt, out = redrafter_step(
+                model, drafter, state, width, length, capacity, sampler, window
+            )
+        return tuple(nxt[:3]) + (nxt.keys, nxt.values, nxt.rng) + tuple(out)
+
+    counter = {"traces": 0}
+    fn = mx.compile(step) if compiled else step
+
+    def run(state: DecodeState, window: int):
+        out = fn(*state, window)
+        return DecodeState(*out[:6]), StepOutput(*out[6:])
+
+    run.counter = counter
+    return run

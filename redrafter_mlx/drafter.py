@@ -1,0 +1,155 @@
+"""The ReDrafter drafter: an RNN head over the LLM's last hidden state, and its beam search.
+
+Weight and config names follow the reference trainer (DESIGN §4) so reference-trained
+drafters load after conversion:
+
+    input_proj.{weight,bias}          only when exit_dim != 2H
+    lm_head.{i}.linear.{weight,bias}  residual blocks, i < num_draft_layers
+    lm_head.{N}.weight                exit_dim -> V, no bias
+    rnn_u.{weight,bias}, rnn_w.weight the recurrent state update (rnn=True)
+
+Shapes: B rows, W beams, L beam length (counts the init token), H hidden, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+
+# The reference inference keeps the drafter's top-50 logits and floors the rest.
+DRAFT_TOP_K = 50
+DRAFT_FLOOR = -50000.0
+
+
+@dataclass
+class DrafterArgs:
+    vocab_size: int
+    hidden_size: int
+    exit_dim: int
+    num_draft_layers: int = 2
+    rnn: bool = True
+    extra: dict[str, Any] | None = None
+
+    @classmethod
+    def from_config(cls, config: dict) -> "DrafterArgs":
+        names = {"vocab_size", "hidden_size", "exit_dim", "num_draft_layers", "rnn"}
+        missing = [k for k in ("vocab_size", "hidden_size") if k not in config]
+        if missing:
+            raise ValueError(f"drafter config.json lacks {missing}")
+        known = {k: v for k, v in config.items() if k in names}
+        known.setdefault("exit_dim", 2 * config["hidden_size"])
+        return cls(**known, extra={k: v for k, v in config.items() if k not in names})
+
+    def to_config(self) -> dict:
+        cfg = dict(self.extra or {})
+        cfg.update(
+            model_type="recurrent_drafting_drafter", vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size, exit_dim=self.exit_dim,
+            num_draft_layers=self.num_draft_layers, rnn=self.rnn,
+        )
+        return cfg
+
+
+class ResBlock(nn.Module):
+    def __init__(self, dim: int):
+        super().__init__()
+        self.linear = nn.Linear(dim, dim)
+
+    def __call__(self, x):
+        return x + nn.silu(self.linear(x))
+
+
+class Drafter(nn.Module):
+    def __init__(self, args: DrafterArgs):
+        super().__init__()
+        self.args = args
+        H, E = args.hidden_size, args.exit_dim
+        if E != 2 * H:
+            self.input_proj = nn.Linear(2 * H, E)
+        self.lm_head = [ResBlock(E) for _ in range(args.num_draft_layers)] + [
+            nn.Linear(E, args.vocab_size, bias=False)
+        ]
+        if args.rnn:
+            self.rnn_u = nn.Linear(H, H, bias=True)
+            self.rnn_w = nn.Linear(H, H, bias=False)
+
+    def next_state(self, state: mx.array, token_emb: mx.array) -> mx.array:
+        """s_k = SiLU(W·E[t] + U·s_{k-1} + b) (rnn) or s_{k-1} + E[t]; (..., H) -> (..., H)."""
+        if self.args.rnn:
+            return nn.silu(self.rnn_w(token_emb) + self.rnn_u(state))
+        return state + token_emb
+
+    def __call__(self, hidden: mx.array, state: mx.array) -> mx.array:
+        """Plain logits for the next draft token: hidden, state (..., H) -> (..., V) float32."""
+        x = mx.concatenate([hidden, state], axis=-1)
+        if "input_proj" in self:
+            x = self.input_proj(x)
+        for block in self.lm_head:
+            x = block(x)
+        return x.astype(mx.float32)
+
+
+def draft_log_probs(logits: mx.array) -> mx.array:
+    """The reference inference's drafter log-probs: top-50 logits kept, others floored."""
+    V = logits.shape[-1]
+    logits = logits - mx.max(logits, axis=-1, keepdims=True)
+    if V > DRAFT_TOP_K:
+        kth = mx.min(mx.topk(logits, DRAFT_TOP_K, axis=-1), axis=-1, keepdims=True)
+        logits = mx.where(logits >= kth, logits, DRAFT_FLOOR)
+    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+
+def _take_beams(x: mx.array, parent: mx.array) -> mx.array:
+    """Reorder beams by parent index: x (B, W, ...), parent (B, W) -> (B, W, ...)."""
+    idx = parent.reshape(*parent.shape, *([1] * (x.ndim - 2)))
+    return mx.take_along_axis(x, idx, axis=1)
+
+
+def beam_search(
+    drafter: Drafter,
+    embed: Callable[[mx.array], mx.array],
+    hidden: mx.array,
+    init_token: mx.array,
+    width: int,
+    length: int,
+):
+    """Beam search of ``width`` beams of ``length`` tokens (init token included).
+
+    hidden: (B, H) the LLM's last normed hidden state; init_token: (B,) the token the LLM
+    produced at it; embed: the LLM's input embedding lookup.
+    Returns beams (B, W, L) sorted by score (best first) with the init token at position 0,
+    scores (B, W), and the drafter log-probs at each draft step (B, W, L-1, V).
+    """
+    B, H = hidden.shape
+    W = width
+    beams = mx.broadcast_to(init_token[:, None, None], (B, W, 1)).astype(mx.int32)
+    # Only beam 0 is alive at first, so the first step expands into W distinct children.
+    scores = mx.broadcast_to(
+        mx.where(mx.arange(W) == 0, 0.0, -float("inf"))[None], (B, W)
+    ).astype(mx.float32)
+    state = mx.zeros((B, W, H), dtype=hidden.dtype)
+    hidden_w = mx.broadcast_to(hidden[:, None, :], (B, W, H))
+    step_log_probs = []
+    for _ in range(length - 1):
+        state = drafter.next_state(state, embed(beams[:, :, -1]))
+        log_probs = draft_log_probs(drafter(hidden_w, state))  # (B, W, V)
+        V = log_probs.shape[-1]
+        candidates = (scores[:, :, None] + log_probs).reshape(B, W * V)
+        top = mx.argpartition(-candidates, W - 1, axis=-1)[:, :W]
+        top_scores = mx.take_along_axis(candidates, top, axis=-1)
+        order = mx.argsort(-top_scores, axis=-1)
+        top = mx.take_along_axis(top, order, axis=-1)
+        scores = mx.take_along_axis(top_scores, order, axis=-1)
+        parent, token = top // V, (top % V).astype(mx.int32)
+        beams = mx.concatenate([_take_beams(beams, parent), token[:, :, None]], axis=-1)
+        state = _take_beams(state, parent)
+        step_log_probs = [_take_beams(lp, parent) for lp in step_log_probs]
+        step_log_probs.append(_take_beams(log_probs, parent))
+    if step_log_probs:
+        log_probs = mx.stack(step_log_probs, axis=2)
+    else:
+        log_probs = mx.zeros((B, W, 0, drafter.args.vocab_size), dtype=mx.float32)
+    return beams, scores, log_probs

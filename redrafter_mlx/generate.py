@@ -1,0 +1,422 @@
+"""The generation loop and the public API: ``stream_generate``, ``generate``, ``batch_generate``.
+
+The loop keeps the next step queued with ``mx.async_eval`` and reads only arrays of steps
+already computed (text streams one step behind). It stops exactly: no token after EOS or
+beyond ``max_tokens``, even when more were accepted in the same step. A ``Session`` owns
+the KV cache of its rows across calls, so a chat turn prefills only its new tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import mlx.core as mx
+
+from .decode import DecodeState, make_step, prefill_chunk
+from .drafter import Drafter
+from .model import Model
+from .sampling import SamplerConfig, draw
+from .tree import default_capacity
+
+PREFILL_CHUNK = 512
+SLOT_QUANTUM = 256
+DEFAULT_BEAM_WIDTH = 4
+DEFAULT_BEAM_LENGTH = 4
+
+
+@dataclass(frozen=True)
+class BeamShape:
+    width: int
+    length: int
+    capacity: int
+
+    @classmethod
+    def make(cls, width: int, length: int, capacity: int | None) -> "BeamShape":
+        if width < 1:
+            raise ValueError(f"beam width must be >= 1, got {width}")
+        if length < 2:
+            raise ValueError(f"beam length must be >= 2 (it counts the init token), got {length}")
+        capacity = default_capacity(width, length) if capacity is None else capacity
+        if capacity < length:
+            raise ValueError(
+                f"capacity {capacity} < beam length {length}: the best beam must fit; "
+                f"use a capacity in [{length}, {width * length}]"
+            )
+        if capacity > width * length:
+            raise ValueError(
+                f"capacity {capacity} > width*length {width * length}: no tree needs more; "
+                f"use a capacity in [{length}, {width * length}]"
+            )
+        return cls(width, length, capacity)
+
+
+@dataclass
+class GenerationResponse:
+    """One streamed chunk plus running stats. ``text``/``tokens`` are new since the last one."""
+
+    text: str
+    tokens: list[int]
+    accepted: int
+    finish_reason: str | None
+    steps: int
+    prompt_tokens: int
+    prefilled_tokens: int
+    generation_tokens: int
+    prompt_tps: float
+    generation_tps: float
+    tokens_per_step: float
+    mean_packed: float
+    time_to_first_token: float
+    host_ms_per_step: float
+    peak_memory_gb: float
+    accept_hist: list[int] = field(default_factory=list)
+    drafted_tokens: list[bool] = field(default_factory=list)
+
+
+def bucket(n: int) -> int:
+    """Round up to whole SLOT_QUANTUM slots (cache sizes and attention windows)."""
+    return -(-n // SLOT_QUANTUM) * SLOT_QUANTUM
+
+
+def grow(arrays: list, slots: int) -> list:
+    """Zero-extend each (B, n_kv, S, D) cache array to ``slots`` slots (a rare copy)."""
+    def one(a):
+        pad = slots - a.shape[2]
+        if pad <= 0:
+            return a
+        return mx.concatenate([a, mx.zeros((*a.shape[:2], pad, a.shape[3]), a.dtype)], axis=2)
+
+    return [one(a) for a in arrays]
+
+
+class Session:
+    """KV cache for B rows plus, per row, the token ids it holds (for prefix reuse).
+
+    ``cached[r]`` are exactly the tokens whose K/V occupy row r's slots [0, len(cached[r])).
+    """
+
+    def __init__(self, model: Model, batch: int = 1):
+        self.model = model
+        self.batch = batch
+        self.keys, self.values = model.make_cache(batch, SLOT_QUANTUM)
+        self.lengths = mx.zeros((batch,), dtype=mx.int32)
+        self.cached: list[list[int]] = [[] for _ in range(batch)]
+
+    @property
+    def slots(self) -> int:
+        return self.keys[0].shape[2]
+
+    def ensure_slots(self, needed: int) -> None:
+        """Grow the cache (rarely: by whole quanta) so that ``needed`` slots exist."""
+        if needed > self.slots:
+            self.keys, self.values = grow(self.keys, bucket(needed)), grow(self.values, bucket(needed))
+
+    def reuse(self, prompts: list[list[int]]) -> list[list[int]]:
+        """Keep each row's longest cached prefix of its prompt; return the tokens to prefill.
+
+        At least one prompt token is always prefilled (its hidden state starts decoding).
+        """
+        keep = []
+        for cached, prompt in zip(self.cached, prompts):
+            n = 0
+            limit = min(len(cached), len(prompt) - 1)
+            while n < limit and cached[n] == prompt[n]:
+                n += 1
+            keep.append(n)
+        self.lengths = mx.array(keep, dtype=mx.int32)
+        self.cached = [p[:n] for p, n in zip(prompts, keep)]
+        return [p[n:] for p, n in zip(prompts, keep)]
+
+    def reset(self) -> None:
+        self.lengths = mx.zeros((self.batch,), dtype=mx.int32)
+        self.cached = [[] for _ in range(self.batch)]
+
+
+def get_step(model, drafter, shape: BeamShape, sampler: SamplerConfig):
+    """The compiled step for this configuration, kept on the model (compiled once)."""
+    cache = model.__dict__.setdefault("_compiled_steps", {})
+    key = (id(drafter), shape, sampler)
+    if key not in cache:
+        cache[key] = make_step(model, drafter, shape.width, shape.length, shape.capacity, sampler)
+    return cache[key]
+
+
+def _prefill(session: Session, new_tokens: list[list[int]]):
+    """Run each row's new prompt tokens; returns the hidden state at each row's last one."""
+    model = session.model
+    B = session.batch
+    longest = max(len(t) for t in new_tokens)
+    known = [len(c) for c in session.cached]  # exact row lengths before each chunk
+    h_last = mx.zeros((B, model.hidden_size), dtype=session.keys[0].dtype)
+    for start in range(0, longest, PREFILL_CHUNK):
+        chunk = [t[start:start + PREFILL_CHUNK] for t in new_tokens]
+        T = max(len(c) for c in chunk)
+        tokens = mx.array([c + [0] * (T - len(c)) for c in chunk], dtype=mx.int32)
+        counts = mx.array([len(c) for c in chunk], dtype=mx.int32)
+        window = bucket(max(known) + T)
+        session.ensure_slots(window)
+        h, lengths, session.keys, session.values = prefill_chunk(
+            model, tokens, counts, session.lengths, session.keys, session.values, window
+        )
+        known = [k + len(c) for k, c in zip(known, chunk)]
+        h_last = mx.where((counts > 0)[:, None], h, h_last)
+        session.lengths = lengths
+        mx.eval(h_last, session.lengths, *session.keys, *session.values)
+    return h_last
+
+
+def decode(
+    model: Model,
+    drafter: Drafter | None,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_tokens: int = 256,
+    beam_width: int = DEFAULT_BEAM_WIDTH,
+    beam_length: int = DEFAULT_BEAM_LENGTH,
+    capacity: int | None = None,
+    sampler: SamplerConfig = SamplerConfig(),
+    seed: int | None = None,
+    eos_token_ids: Sequence[int] = (),
+    session: Session | None = None,
+) -> Iterator[dict]:
+    """Decode B rows; yield one event per step with each row's new tokens.
+
+    Each event: ``tokens`` (list per row), ``accepted`` (list per row), ``finish`` (list per row,
+    None while running), ``stats`` (dict). Rows that finish stop emitting; the loop ends when
+    all rows have finished.
+    """
+    prompts = [list(map(int, p)) for p in prompts]
+    shape = BeamShape.make(beam_width, beam_length, capacity)
+    if drafter is None:
+        shape = BeamShape(1, 2, 2)  # unused by the AR step; keeps the cache key simple
+    sampler = sampler.validate()
+    _check_prompts(model, prompts, max_tokens)
+    session = session or Session(model, len(prompts))
+    if session.batch != len(prompts):
+        raise ValueError(f"session has {session.batch} rows but {len(prompts)} prompts were given")
+    context = model.max_context or 1 << 30
+    limits = [min(max_tokens, context - len(p)) for p in prompts]
+    eos = set(int(e) for e in eos_token_ids)
+
+    tic = time.perf_counter()
+    new_tokens = session.reuse(prompts)
+    prefilled = sum(len(t) for t in new_tokens)
+    hidden = _prefill(session, new_tokens)
+    rng = mx.random.key(seed if seed is not None else int(time.time_ns() % (1 << 31)))
+    rng, first_key = mx.random.split(rng)
+    first = draw(model.logits(hidden), sampler, first_key)
+    state = DecodeState(first, hidden, session.lengths, session.keys, session.values, rng)
+    session.keys = session.values = None  # the loop owns the cache now (in-place updates)
+    first_tokens = first.tolist()
+    prompt_s = time.perf_counter() - tic
+
+    B = len(prompts)
+    out = [[] for _ in range(B)]
+    finish: list[str | None] = [None] * B
+    stats = _Stats(prompt_tokens=sum(len(p) for p in prompts), prefilled=prefilled,
+                   prompt_s=prompt_s, length=shape.length)
+
+    def emit(row: int, toks: list[int]) -> tuple[list[int], int]:
+        """Append row tokens up to EOS / its limit; return (new tokens, tokens consumed)."""
+        new = []
+        for t in toks:
+            if t in eos:
+                finish[row] = "stop"
+                break
+            new.append(t)
+            if len(out[row]) + len(new) >= limits[row]:
+                finish[row] = "length"
+                break
+        out[row].extend(new)
+        return new, len(new)
+
+    box = {"state": state}  # the newest queued state, handed back to the session
+    try:
+        first_new = [emit(r, [first_tokens[r]])[0] for r in range(B)]
+        stats.generated += sum(len(t) for t in first_new)
+        stats.first_token_s = time.perf_counter() - tic
+        gen_tic = time.perf_counter()
+        yield dict(tokens=first_new, accepted=[0] * B, drafted=[[False] * len(t) for t in first_new],
+                   finish=list(finish), stats=stats.snapshot(gen_tic))
+
+        step = get_step(model, drafter, shape, sampler)
+        per_step = 1 if drafter is None else shape.length  # most a step can add to a row
+        width = 1 if drafter is None else shape.capacity  # slots a step writes past a row
+        lengths = [len(p) for p in prompts]  # exact, as of the last step read
+        inflight = 0
+
+        def queue(state):
+            """Queue one step; attention covers a bucket above every row's possible length."""
+            nonlocal inflight
+            window = bucket(max(lengths) + inflight * per_step + width)
+            if window > state.keys[0].shape[2]:
+                state = state._replace(keys=grow(state.keys, window), values=grow(state.values, window))
+            host = time.perf_counter()
+            state, out = step(state, window)
+            mx.async_eval(out, state)
+            box["state"] = state
+            stats.host_s += time.perf_counter() - host
+            inflight += 1
+            return state, out
+
+        pending = None
+        if not all(finish):
+            state, pending = queue(state)
+        while pending is not None:
+            state, nxt = queue(state)  # queue step k+1 before reading step k
+            toks, counts, packed = pending.tokens.tolist(), pending.count.tolist(), pending.packed.tolist()
+            inflight -= 1
+            lengths = [n + c for n, c in zip(lengths, counts)]
+            stats.steps += 1
+            new_rows, acc_rows, drafted_rows = [], [], []
+            for r in range(B):
+                if finish[r] is not None:
+                    new_rows.append([]), acc_rows.append(0), drafted_rows.append([])
+                    continue
+                new, used = emit(r, toks[r][:counts[r]])
+                stats.record(counts[r], packed[r], used)
+                new_rows.append(new)
+                acc_rows.append(counts[r] - 1)
+                drafted_rows.append([i < counts[r] - 1 for i in range(len(new))])
+            pending = nxt if not all(finish) else None
+            yield dict(tokens=new_rows, accepted=acc_rows, drafted=drafted_rows,
+                       finish=list(finish), stats=stats.snapshot(gen_tic))
+    finally:
+        _hand_back(session, box["state"], prompts, out)
+
+
+def _hand_back(session: Session, state: DecodeState, prompts, out) -> None:
+    """Return the cache to the session: row r holds prompt + a prefix of its raw stream."""
+    mx.eval(state.lengths)
+    lengths = state.lengths.tolist()
+    session.keys, session.values = state.keys, state.values
+    held = [min(n - len(p), len(o)) for n, p, o in zip(lengths, prompts, out)]
+    session.cached = [p + o[:h] for p, o, h in zip(prompts, out, held)]
+    session.lengths = mx.array([len(c) for c in session.cached], dtype=mx.int32)
+
+
+def _check_prompts(model: Model, prompts: list[list[int]], max_tokens: int) -> None:
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    V = model.vocab_size
+    for p in prompts:
+        bad = [t for t in p if not 0 <= t < V]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {V})")
+    context = model.max_context
+    if context is not None:
+        longest = max(len(p) for p in prompts)
+        if longest >= context:
+            raise ValueError(
+                f"prompt of {longest} tokens does not fit the model's context of {context} "
+                f"tokens; shorten the prompt"
+            )
+
+
+@dataclass
+class _Stats:
+    prompt_tokens: int
+    prefilled: int
+    prompt_s: float
+    length: int
+    steps: int = 0
+    generated: int = 0
+    emitted_by_steps: int = 0
+    packed_sum: int = 0
+    row_steps: int = 0
+    host_s: float = 0.0
+    first_token_s: float = 0.0
+    hist: list[int] = field(default_factory=list)
+
+    def record(self, count: int, packed: int, used: int) -> None:
+        if not self.hist:
+            self.hist = [0] * self.length
+        self.hist[min(count, self.length) - 1] += 1
+        self.row_steps += 1
+        self.emitted_by_steps += count
+        self.packed_sum += packed
+        self.generated += used
+
+    def snapshot(self, gen_tic: float) -> dict:
+        elapsed = max(time.perf_counter() - gen_tic, 1e-9)
+        return dict(
+            steps=self.steps,
+            prompt_tokens=self.prompt_tokens,
+            prefilled_tokens=self.prefilled,
+            generation_tokens=self.generated,
+            prompt_tps=self.prefilled / max(self.prompt_s, 1e-9),
+            generation_tps=self.generated / elapsed,
+            tokens_per_step=self.emitted_by_steps / max(self.row_steps, 1),
+            mean_packed=self.packed_sum / max(self.row_steps, 1),
+            time_to_first_token=self.first_token_s,
+            host_ms_per_step=1e3 * self.host_s / max(self.steps, 1),
+            peak_memory_gb=mx.get_peak_memory() / 1e9,
+            accept_hist=list(self.hist),
+        )
+
+
+def _prompt_ids(tokenizer, prompt) -> list[int]:
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt)
+    return [int(t) for t in prompt]
+
+
+def stream_generate(
+    model, drafter, tokenizer, prompt, max_tokens: int = 256,
+    beam_width: int = DEFAULT_BEAM_WIDTH, beam_length: int = DEFAULT_BEAM_LENGTH,
+    capacity: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
+    top_k: int = 0, min_p: float = 0.0, seed: int | None = None,
+    session: Session | None = None,
+) -> Iterator[GenerationResponse]:
+    """Stream one prompt's continuation. ``drafter=None`` decodes autoregressively.
+
+    ``prompt`` is a string (encoded with BOS) or a list of token ids. Pass a ``Session`` to
+    reuse its KV cache across calls (only tokens not already cached are prefilled).
+    """
+    from .tokenizer import StreamDecoder
+
+    ids = _prompt_ids(tokenizer, prompt)
+    detok = StreamDecoder(tokenizer)
+    sampler = SamplerConfig(temperature, top_p, top_k, min_p)
+    events = decode(
+        model, drafter, [ids], max_tokens=max_tokens, beam_width=beam_width,
+        beam_length=beam_length, capacity=capacity, sampler=sampler, seed=seed,
+        eos_token_ids=tokenizer.eos_token_ids, session=session,
+    )
+    for ev in events:
+        toks = ev["tokens"][0]
+        done = ev["finish"][0]
+        text = detok.add(toks) + (detok.flush() if done else "")
+        yield GenerationResponse(
+            text=text, tokens=toks, accepted=ev["accepted"][0], finish_reason=done,
+            drafted_tokens=ev["drafted"][0], **ev["stats"],
+        )
+
+
+def generate(model, drafter, tokenizer, prompt, **kwargs) -> str:
+    """The whole continuation as a string (same arguments as ``stream_generate``)."""
+    return "".join(r.text for r in stream_generate(model, drafter, tokenizer, prompt, **kwargs))
+
+
+def batch_generate(
+    model, drafter, tokenizer, prompts: Sequence, max_tokens: int = 256,
+    beam_width: int = DEFAULT_BEAM_WIDTH, beam_length: int = DEFAULT_BEAM_LENGTH,
+    capacity: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
+    top_k: int = 0, min_p: float = 0.0, seed: int | None = None,
+) -> list[list[int]]:
+    """Token ids generated for each prompt, decoded together as one batch."""
+    ids = [_prompt_ids(tokenizer, p) for p in prompts]
+    out = [[] for _ in ids]
+    sampler = SamplerConfig(temperature, top_p, top_k, min_p)
+    for ev in decode(
+        model, drafter, ids, max_tokens=max_tokens, beam_width=beam_width,
+        beam_length=beam_length, capacity=capacity, sampler=sampler, seed=seed,
+        eos_token_ids=tokenizer.eos_token_ids if tokenizer is not None else (),
+    ):
+        for r, t in enumerate(ev["tokens"]):
+            out[r].extend(t)
+    return out

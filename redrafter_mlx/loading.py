@@ -1,0 +1,172 @@
+"""Load an mlx-lm model directory (the verifier) and a ReDrafter drafter directory.
+
+Model directory: ``config.json`` (+ optional ``quantization`` block), ``model.safetensors``
+or ``model-*.safetensors`` shards with ``model.safetensors.index.json``, tokenizer files.
+Drafter directory: ``config.json`` + ``model.safetensors`` with the reference names.
+A Hugging Face repo id is resolved through the local Hugging Face cache.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .drafter import Drafter, DrafterArgs
+from .model import SUPPORTED_MODEL_TYPES, Model, ModelArgs
+from .platform import default_dtype
+
+
+class LoadError(Exception):
+    """A model or drafter that cannot be loaded; the message names the problem and the fix."""
+
+
+def resolve_path(path_or_repo: str | os.PathLike) -> Path:
+    """A local directory, or a Hugging Face repo id fetched into (or found in) the HF cache."""
+    path = Path(path_or_repo).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise LoadError(f"{path} is a file; pass the model directory that holds config.json")
+        return path
+    text = str(path_or_repo)
+    if text.count("/") != 1 or text.startswith((".", "/", "~")):
+        raise LoadError(f"model directory not found: {path}")
+    try:
+        from huggingface_hub import snapshot_download
+
+        local = snapshot_download(
+            text, allow_patterns=["*.json", "*.safetensors", "tokenizer.model", "*.txt"]
+        )
+    except Exception as e:  # network, offline mode, unknown repo
+        raise LoadError(
+            f"could not get {text!r} from Hugging Face ({type(e).__name__}: {e}). "
+            f"Download it on a machine with network (huggingface-cli download {text}) "
+            f"or pass a local model directory."
+        ) from None
+    return Path(local)
+
+
+def read_config(path: Path) -> dict:
+    config_file = path / "config.json"
+    if not config_file.exists():
+        raise LoadError(f"{path} has no config.json; is it a model directory?")
+    try:
+        return json.loads(config_file.read_text())
+    except json.JSONDecodeError as e:
+        raise LoadError(f"{config_file} is not valid JSON: {e}") from None
+
+
+def read_weights(path: Path) -> dict[str, mx.array]:
+    """All tensors of ``model*.safetensors`` in ``path`` (index-listed shards must exist)."""
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        missing = [s for s in shards if not (path / s).exists()]
+        if missing:
+            raise LoadError(f"{path}: shards listed in the index are missing: {missing}")
+        files = [str(path / s) for s in shards]
+    else:
+        files = sorted(glob.glob(str(path / "model*.safetensors")))
+    if not files:
+        raise LoadError(
+            f"{path} has no model*.safetensors. PyTorch checkpoints must be converted first: "
+            f"redrafter-mlx convert --model {path} --out <dir>"
+        )
+    weights: dict[str, mx.array] = {}
+    for f in files:
+        weights.update(mx.load(f))
+    return weights
+
+
+def _apply_weights(module: nn.Module, weights: dict, config: dict, dtype, where: Path):
+    """Quantize layers that carry scales, cast float weights to ``dtype``, load strictly."""
+    quant = config.get("quantization") or config.get("quantization_config")
+    if quant:
+        nn.quantize(
+            module, group_size=quant["group_size"], bits=quant["bits"],
+            mode=quant.get("mode", "affine"),
+            class_predicate=lambda p, m: f"{p}.scales" in weights,
+        )
+    weights = {
+        k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v
+        for k, v in weights.items()
+    }
+    try:
+        module.load_weights(list(weights.items()), strict=True)
+    except ValueError as e:
+        raise LoadError(f"weights in {where} do not match its config.json: {e}") from None
+    mx.eval(module.parameters())
+
+
+def load_model(path: str | os.PathLike, dtype=None) -> tuple[Model, Path]:
+    path = resolve_path(path)
+    config = read_config(path)
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise LoadError(
+            f"{path}: model_type {model_type!r} is not supported; "
+            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)} (Llama-family models)"
+        )
+    model = Model(ModelArgs.from_config(config))
+    weights = model.sanitize(read_weights(path))
+    _apply_weights(model, weights, config, dtype or default_dtype(), path)
+    model.eval()
+    return model, path
+
+
+def load_drafter(path: str | os.PathLike, dtype=None) -> Drafter:
+    path = resolve_path(path)
+    config = read_config(path)
+    try:
+        args = DrafterArgs.from_config(config)
+    except (TypeError, ValueError) as e:
+        raise LoadError(f"{path}/config.json is not a ReDrafter drafter config: {e}") from None
+    drafter = Drafter(args)
+    weights = read_weights_drafter(path)
+    _apply_weights(drafter, weights, config, dtype or default_dtype(), path)
+    drafter.eval()
+    return drafter
+
+
+def read_weights_drafter(path: Path) -> dict[str, mx.array]:
+    file = path / "model.safetensors"
+    if not file.exists():
+        if (path / "pytorch_model.bin").exists():
+            raise LoadError(
+                f"{path} holds a PyTorch drafter; convert it first: "
+                f"redrafter-mlx convert --model <base> --drafter {path} --out <dir>"
+            )
+        raise LoadError(f"{path} has no model.safetensors")
+    return dict(mx.load(str(file)))
+
+
+def check_pair(model: Model, drafter: Drafter) -> None:
+    """The drafter must read this LLM's hidden states and embeddings and share its vocabulary."""
+    if drafter.args.hidden_size != model.hidden_size:
+        raise LoadError(
+            f"drafter hidden_size {drafter.args.hidden_size} != model hidden_size "
+            f"{model.hidden_size}: this drafter was trained for another base model"
+        )
+    if drafter.args.vocab_size != model.vocab_size:
+        raise LoadError(
+            f"drafter vocab_size {drafter.args.vocab_size} != model vocab_size "
+            f"{model.vocab_size}: this drafter was trained for another base model"
+        )
+
+
+def load(model_path, drafter_path=None, dtype=None):
+    """Load (model, drafter or None, tokenizer). dtype: float16 on Metal, float32 on CPU."""
+    from .tokenizer import load_tokenizer
+
+    if isinstance(dtype, str):
+        dtype = getattr(mx, dtype)
+    model, path = load_model(model_path, dtype)
+    drafter = None
+    if drafter_path is not None:
+        drafter = load_drafter(drafter_path, dtype)
+        check_pair(model, drafter)
+    return model, drafter, load_tokenizer(path)

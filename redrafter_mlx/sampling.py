@@ -1,0 +1,69 @@
+"""Target-token draws: greedy and temperature / top-k / top-p / min-p sampling.
+
+ReDrafter and the autoregressive baseline draw through the same function, so their token
+distributions are the same by construction. One draw per tree node (Gumbel-max on the
+processed logits) is what makes speculative sampling exact (DESIGN §2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    def validate(self) -> "SamplerConfig":
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if not 0.0 <= self.min_p < 1.0:
+            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+        return self
+
+
+def process_logits(logits: mx.array, cfg: SamplerConfig) -> mx.array:
+    """Log-weights of the target distribution: (..., V) float32 -> (..., V), -inf = excluded.
+
+    Order: temperature, top-k, top-p, min-p. ``softmax`` of the result is the exact
+    distribution that ``draw`` samples from.
+    """
+    x = logits.astype(mx.float32) / cfg.temperature
+    neg_inf = mx.array(-float("inf"), dtype=mx.float32)
+    V = x.shape[-1]
+    if 0 < cfg.top_k < V:
+        kth = mx.min(mx.topk(x, cfg.top_k, axis=-1), axis=-1, keepdims=True)
+        x = mx.where(x >= kth, x, neg_inf)
+    if cfg.top_p < 1.0:
+        probs = mx.softmax(x, axis=-1)
+        desc = -mx.sort(-probs, axis=-1)
+        before = mx.cumsum(desc, axis=-1) - desc  # mass strictly above each sorted token
+        thresh = mx.min(mx.where(before < cfg.top_p, desc, 2.0), axis=-1, keepdims=True)
+        x = mx.where(probs >= thresh, x, neg_inf)
+    if cfg.min_p > 0.0:
+        probs = mx.softmax(x, axis=-1)
+        floor = cfg.min_p * mx.max(probs, axis=-1, keepdims=True)
+        x = mx.where(probs >= floor, x, neg_inf)
+    return x
+
+
+def draw(logits: mx.array, cfg: SamplerConfig, key: mx.array | None) -> mx.array:
+    """One independent target draw per row: (..., V) -> (...) int32."""
+    if cfg.greedy:
+        return mx.argmax(logits, axis=-1).astype(mx.int32)
+    x = process_logits(logits, cfg)
+    noise = mx.random.gumbel(x.shape, key=key)
+    return mx.argmax(x + noise, axis=-1).astype(mx.int32)

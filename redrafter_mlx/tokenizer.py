@@ -1,0 +1,118 @@
+"""Tokenizers: LLaMA SentencePiece (``tokenizer.model``) directly, anything else through
+mlx-lm's Hugging Face wrapper; chat prompts (Vicuna v1.1 or the tokenizer's own template);
+and a streaming detokenizer that never emits half a UTF-8 character.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+VICUNA_SYSTEM = (
+    "A chat between a curious user and an artificial intelligence assistant. "
+    "The assistant gives helpful, detailed, and polite answers to the user's questions."
+)
+
+
+class Tokenizer:
+    """encode/decode, special ids and chat prompts over one of two backends."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        config_file = self.path / "tokenizer_config.json"
+        self.config = json.loads(config_file.read_text()) if config_file.exists() else {}
+        self.chat_template = self.config.get("chat_template")
+        if (self.path / "tokenizer.model").exists() and not self.chat_template:
+            import sentencepiece as spm
+
+            self._sp = spm.SentencePieceProcessor(model_file=str(self.path / "tokenizer.model"))
+            self._hf = None
+            self.bos_token_id = self._sp.bos_id()
+            self.eos_token_ids = {self._sp.eos_id()}
+            self.vocab_size = self._sp.get_piece_size()
+        else:
+            from mlx_lm.tokenizer_utils import load_tokenizer as _load
+
+            self._sp = None
+            self._hf = _load(self.path)
+            self.bos_token_id = self._hf.bos_token_id
+            self.eos_token_ids = set(self._hf.eos_token_ids)
+            self.vocab_size = len(self._hf.vocab)
+
+    @property
+    def eos_token_id(self) -> int:
+        return min(self.eos_token_ids)
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        if self._sp is not None:
+            ids = self._sp.encode(text)
+            return ([self.bos_token_id] if add_bos else []) + ids
+        ids = self._hf.encode(text, add_special_tokens=add_bos)
+        return ids
+
+    def decode(self, ids) -> str:
+        ids = [int(i) for i in ids]
+        if self._sp is not None:
+            return self._sp.decode(ids)
+        return self._hf.decode(ids, skip_special_tokens=True)
+
+    def chat_prompt(self, messages: list[dict], system: str | None = None) -> list[int]:
+        """Token ids of a conversation ending with an open assistant turn.
+
+        messages: [{"role": "user"|"assistant", "content": str}, ...]. The tokenizer's chat
+        template is used when it has one; otherwise Vicuna v1.1 (DESIGN §4).
+        """
+        if self.chat_template and self._hf is not None:
+            msgs = ([{"role": "system", "content": system}] if system else []) + messages
+            return list(self._hf.apply_chat_template(msgs, add_generation_prompt=True))
+        return self.encode_with_eos_markers(vicuna_prompt(messages, system))
+
+    def encode_with_eos_markers(self, text: str) -> list[int]:
+        """BOS + text, where each literal ``</s>`` becomes the EOS id (as HF tokenizers do)."""
+        ids = [self.bos_token_id]
+        for i, part in enumerate(text.split("</s>")):
+            if i:
+                ids.append(self.eos_token_id)
+            if part:
+                ids.extend(self.encode(part, add_bos=False))
+        return ids
+
+
+def vicuna_prompt(messages: list[dict], system: str | None = None) -> str:
+    """``{system} USER: {msg} ASSISTANT: {reply}</s>USER: ... ASSISTANT:`` (FastChat v1.1)."""
+    text = (VICUNA_SYSTEM if system is None else system) + " "
+    for m in messages:
+        if m["role"] == "user":
+            text += f"USER: {m['content']} "
+        else:
+            text += f"ASSISTANT: {m['content']}</s>"
+    return text + "ASSISTANT:"
+
+
+def load_tokenizer(path) -> Tokenizer:
+    return Tokenizer(Path(path))
+
+
+class StreamDecoder:
+    """Incremental text for a growing token list, holding back incomplete characters."""
+
+    def __init__(self, tokenizer: Tokenizer):
+        self.tokenizer = tokenizer
+        self.tokens: list[int] = []
+        self.emitted = ""
+
+    def add(self, tokens) -> str:
+        """Append token ids; return the newly completed text."""
+        self.tokens.extend(int(t) for t in tokens)
+        text = self.tokenizer.decode(self.tokens)
+        if text.endswith("\ufffd"):
+            return ""
+        new = text[len(self.emitted):] if text.startswith(self.emitted) else ""
+        self.emitted = text
+        return new
+
+    def flush(self) -> str:
+        text = self.tokenizer.decode(self.tokens)
+        new = text[len(self.emitted):] if text.startswith(self.emitted) else ""
+        self.emitted = text
+        return new

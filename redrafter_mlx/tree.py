@@ -1,0 +1,104 @@
+"""Dynamic tree attention: deduplicate beam prefixes and pack them into a static-capacity buffer.
+
+Beams (B, W, L) share prefixes (all share the init token). We verify each distinct prefix
+once: unique tokens are packed beam-major into C slots (C is static, so no host read and no
+recompile per size). Beams are sorted by score, so when unique tokens overflow C only the
+weakest beams are truncated — a truncated beam is a shorter candidate, never a wrong one.
+
+All functions are tensor ops (no Python loops over beams or tokens, no host reads).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import mlx.core as mx
+
+
+def default_capacity(width: int, length: int) -> int:
+    """Worst case of unique tokens: every beam shares only the init token."""
+    return width * (length - 1) + 1
+
+
+def dedup_prefix(beams: mx.array) -> mx.array:
+    """prefix_tree[b, i, k] = smallest beam j with beams[b, j, :k+1] == beams[b, i, :k+1].
+
+    beams: (B, W, L) int -> (B, W, L) int32.
+    """
+    L = beams.shape[-1]
+    matches = beams[:, :, None, :] == beams[:, None, :, :]  # (B, W, W, L)
+    same_prefix = mx.cumsum(matches.astype(mx.int32), axis=-1) == mx.arange(1, L + 1)
+    return mx.argmax(same_prefix.astype(mx.int32), axis=2).astype(mx.int32)
+
+
+class PackedTree(NamedTuple):
+    tokens: mx.array  # (B, C) packed token ids (0 in unused slots)
+    depth: mx.array  # (B, C) position of each slot inside its beam (0 = init token)
+    valid: mx.array  # (B, C) bool, False for unused slots
+    unpacker: mx.array  # (B, W, L) slot of beam token (i, k); >= C when truncated away
+    mask: mx.array  # (B, C, C) bool, slot c may attend to slot c' (ancestor-or-self)
+
+
+def pack(beams: mx.array, capacity: int) -> PackedTree:
+    """Pack the unique prefix tokens of ``beams`` (B, W, L) beam-major into ``capacity`` slots."""
+    B, W, L = beams.shape
+    C = capacity
+    prefix_tree = dedup_prefix(beams)
+    unique = prefix_tree == mx.arange(W)[None, :, None]  # (B, W, L)
+    flat_unique = unique.reshape(B, W * L)
+    flat_slot = mx.cumsum(flat_unique.astype(mx.int32), axis=-1) - 1  # slot if unique
+    slot = flat_slot.reshape(B, W, L)
+    # A shared token sits in the slot of the first beam holding that prefix.
+    owner_flat = prefix_tree * L + mx.arange(L)[None, None, :]  # (B, W, L) flat index
+    unpacker = mx.take_along_axis(flat_slot, owner_flat.reshape(B, W * L), axis=1)
+    unpacker = unpacker.reshape(B, W, L)
+    # Inverse map: for each slot c, the flat (i, k) whose unique token landed there.
+    hits = (flat_slot[:, None, :] == mx.arange(C)[None, :, None]) & flat_unique[:, None, :]
+    valid = mx.any(hits, axis=-1)  # (B, C)
+    src = mx.argmax(hits.astype(mx.int32), axis=-1)  # (B, C) flat index
+    tokens = mx.where(valid, mx.take_along_axis(beams.reshape(B, W * L), src, axis=1), 0)
+    depth = mx.where(valid, src % L, 0).astype(mx.int32)
+    # Ancestors-or-self of slot c = unpacker[i_c, 0..k_c].
+    ancestors = mx.take_along_axis(unpacker, (src // L)[:, :, None], axis=1)  # (B, C, L)
+    upto = mx.arange(L)[None, None, :] <= depth[:, :, None]  # (B, C, L)
+    is_anc = (ancestors[..., None] == mx.arange(C)) & upto[..., None]  # (B, C, L, C)
+    mask = mx.any(is_anc, axis=2) & valid[:, :, None]
+    mask = mask | mx.eye(C, dtype=mx.bool_)[None]  # unused slots attend to themselves
+    return PackedTree(tokens.astype(mx.int32), depth, valid, unpacker.astype(mx.int32), mask)
+
+
+def unpack(packed: mx.array, unpacker: mx.array) -> mx.array:
+    """Gather per-slot values back onto beams: (B, C, ...) -> (B, W, L, ...).
+
+    Truncated tokens (slot >= C) read slot C-1; callers mask them with ``unpacker < C``.
+    """
+    B, W, L = unpacker.shape
+    C = packed.shape[1]
+    idx = mx.minimum(unpacker, C - 1).reshape(B, W * L)
+    extra = packed.shape[2:]
+    idx = idx.reshape(B, W * L, *([1] * len(extra)))
+    out = mx.take_along_axis(packed, idx, axis=1)
+    return out.reshape(B, W, L, *extra)
+
+
+def chain_mask(T: int) -> mx.array:
+    """The tree mask of a single chain (prefill, AR step): causal, (1, T, T) bool."""
+    return mx.tril(mx.ones((T, T), dtype=mx.bool_))[None]
+
+
+def cache_mask(lengths: mx.array, tree_mask: mx.array, slots: int) -> mx.array:
+    """Attention mask over all cache slots for T new tokens written at ``[len, len+T)``.
+
+    lengths: (B,); tree_mask: (B or 1, T, T) -> (B, 1, T, slots) bool. A new token sees the
+    committed prefix ``[0, len)`` plus the new tokens its tree mask allows.
+    """
+    T = tree_mask.shape[-1]
+    s = mx.arange(slots)[None, :]
+    rel = s - lengths[:, None]  # (B, slots)
+    prefix = rel < 0
+    in_new = (rel >= 0) & (rel < T)
+    B = lengths.shape[0]
+    tm = mx.broadcast_to(tree_mask, (B, T, T))
+    cols = mx.broadcast_to(mx.clip(rel, 0, T - 1)[:, None, :], (B, T, slots))
+    tree = mx.take_along_axis(tm, cols, axis=2) & in_new[:, None, :]
+    return (prefix[:, None, :] | tree)[:, None]

@@ -1,0 +1,130 @@
+"""Tiny random Llama models and drafters for tests."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_map
+
+from redrafter_mlx.drafter import Drafter, DrafterArgs
+from redrafter_mlx.model import Model, ModelArgs
+
+
+def tiny_args(seed=0, vocab=32, hidden=32, layers=2, heads=4, kv_heads=2, **kw) -> ModelArgs:
+    cfg = dict(
+        model_type="llama", hidden_size=hidden, num_hidden_layers=layers,
+        intermediate_size=2 * hidden, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        vocab_size=vocab, rms_norm_eps=1e-5, max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
+    cfg.update(kw)
+    return ModelArgs.from_config(cfg)
+
+
+def _randomize(module: nn.Module, seed: int, scale: float) -> None:
+    key = mx.random.key(seed)
+    params = tree_flatten(module.parameters())
+    keys = mx.random.split(key, len(params))
+    new = []
+    for (name, p), k in zip(params, keys):
+        if "norm" in name:
+            new.append((name, 1.0 + 0.1 * mx.random.normal(p.shape, key=k)))
+        else:
+            new.append((name, scale * mx.random.normal(p.shape, key=k) / (p.shape[-1] ** 0.5)))
+    module.load_weights(new)
+    mx.eval(module.parameters())
+
+
+def tiny_model(seed=0, scale=2.0, **kw) -> Model:
+    """A random Llama whose logits are peaked enough that drafts get accepted sometimes."""
+    model = Model(tiny_args(seed, **kw))
+    _randomize(model, seed, scale)
+    return model
+
+
+def tiny_drafter(model: Model, seed=1, layers=2, exit_dim=None, rnn=True, scale=2.0) -> Drafter:
+    H = model.hidden_size
+    args = DrafterArgs(vocab_size=model.vocab_size, hidden_size=H,
+                       exit_dim=exit_dim or 2 * H, num_draft_layers=layers, rnn=rnn)
+    drafter = Drafter(args)
+    _randomize(drafter, seed, scale)
+    return drafter
+
+
+def near_bigram_model(seed=0, attn_scale=0.02, **kw) -> Model:
+    """A random Llama whose attention output is scaled down: next token ~ f(current token).
+
+    Attention still matters a little, so cache or mask bugs still change outputs sometimes,
+    but an oracle drafter that knows f gets long runs accepted.
+    """
+    model = tiny_model(seed, **kw)
+    for layer in model.model.layers:
+        layer.self_attn.o_proj.weight = layer.self_attn.o_proj.weight * attn_scale
+    mx.eval(model.parameters())
+    return model
+
+
+class OracleDrafter:
+    """A drafter double for ``beam_search``: predicts the model's attention-free next token.
+
+    State is the embedding of the last beam token; logits replay the model's layers without
+    attention, plus a fixed random perturbation of size ``noise`` so some drafts are wrong.
+    """
+
+    def __init__(self, model: Model, noise=0.5, seed=3):
+        self.model = model
+        self.args = DrafterArgs(vocab_size=model.vocab_size, hidden_size=model.hidden_size,
+                                exit_dim=2 * model.hidden_size)
+        self.noise = noise * mx.random.normal((model.hidden_size, model.vocab_size),
+                                              key=mx.random.key(seed))
+
+    def next_state(self, state, token_emb):
+        return token_emb
+
+    def __call__(self, hidden, state):
+        x = state
+        for layer in self.model.model.layers:
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        h = self.model.model.norm(x)
+        return self.model.logits(h) + h @ self.noise
+
+
+def save_model_dir(model: Model, path, tokenizer_dir=None) -> None:
+    """Write an mlx-lm style model dir (config.json + model.safetensors [+ tokenizer])."""
+    import json
+    import shutil
+    from dataclasses import asdict
+    from pathlib import Path
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    cfg = asdict(model.args)
+    cfg.update(cfg.pop("extra"))
+    (path / "config.json").write_text(json.dumps(cfg))
+    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    if tokenizer_dir is not None:
+        for f in Path(tokenizer_dir).iterdir():
+            shutil.copy(f, path / f.name)
+
+
+def save_drafter_dir(drafter: Drafter, path) -> None:
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(drafter.args.to_config()))
+    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(drafter.parameters())))
+
+
+def run_decode(model, drafter, prompts, **kw):
+    """All tokens per row and the final stats of ``redrafter_mlx.generate.decode``."""
+    from redrafter_mlx.generate import decode
+
+    out = [[] for _ in prompts]
+    stats = None
+    for ev in decode(model, drafter, prompts, **kw):
+        for r, t in enumerate(ev["tokens"]):
+            out[r] += t
+        stats = ev["stats"]
+    return out, stats

@@ -1,0 +1,124 @@
+"""Sampling exactness: ReDrafter samples follow the model's own (processed) distribution.
+
+Each batch row is an independent sample (its own Gumbel noise), so one batched decode gives
+thousands of samples. The first 3 tokens are compared with the exact joint distribution,
+computed by enumerating prefixes, with a chi-square test (fixed seeds: deterministic).
+"""
+
+import itertools
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from redrafter_mlx.decode import prefill_chunk
+from redrafter_mlx.sampling import SamplerConfig, process_logits
+from tests.helpers import OracleDrafter, near_bigram_model, run_decode, tiny_drafter
+
+PROMPT = [1, 3, 2]
+DEPTH = 3
+
+
+def next_probs(model, prefixes, cfg):
+    """Processed next-token distribution after PROMPT + each prefix: (N, V) numpy."""
+    seqs = mx.array([PROMPT + list(p) for p in prefixes], dtype=mx.int32)
+    N, T = seqs.shape
+    keys, values = model.make_cache(N, 256)
+    zeros = mx.zeros((N,), dtype=mx.int32)
+    h, _, _, _ = prefill_chunk(model, seqs, zeros + T, zeros, keys, values, 256)
+    return np.array(mx.softmax(process_logits(model.logits(h), cfg), axis=-1))
+
+
+def exact_joint(model, cfg):
+    """{(t1, t2, t3): probability} for the first DEPTH generated tokens."""
+    V = model.vocab_size
+    joint = {(): 1.0}
+    for _ in range(DEPTH):
+        prefixes = list(joint)
+        probs = next_probs(model, prefixes, cfg)
+        joint = {p + (t,): joint[p] * probs[i, t] for i, p in enumerate(prefixes)
+                 for t in range(V) if probs[i, t] > 0}
+    return joint
+
+
+def chi_square_pvalue(counts: dict, expected: dict, n: int) -> float:
+    """Pearson chi-square with cells of expected count < 5 pooled; Wilson–Hilferty p-value."""
+    big = [c for c in expected if expected[c] * n >= 5]
+    observed = [counts.get(c, 0) for c in big]
+    exp = [expected[c] * n for c in big]
+    rest_obs = n - sum(observed)
+    rest_exp = n - sum(exp)
+    assert all(c in expected for c in counts), "sampled a sequence of probability 0"
+    if rest_exp >= 1:
+        observed.append(rest_obs)
+        exp.append(rest_exp)
+    stat = sum((o - e) ** 2 / e for o, e in zip(observed, exp))
+    k = len(exp) - 1
+    z = ((stat / k) ** (1 / 3) - (1 - 2 / (9 * k))) / math.sqrt(2 / (9 * k))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def sample_counts(model, drafter, cfg, n, seed, **beam):
+    out, stats = run_decode(
+        model, drafter, [PROMPT] * n, max_tokens=DEPTH, seed=seed,
+        sampler=cfg, **beam,
+    )
+    counts = {}
+    for row in out:
+        counts[tuple(row)] = counts.get(tuple(row), 0) + 1
+    return counts, stats
+
+
+CONFIGS = [
+    SamplerConfig(temperature=1.0),
+    SamplerConfig(temperature=0.7, top_k=3),
+    SamplerConfig(temperature=1.3, top_p=0.8),
+    SamplerConfig(temperature=1.0, min_p=0.1, top_p=0.95),
+]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"T{c.temperature}-k{c.top_k}-p{c.top_p}-m{c.min_p}")
+def test_redrafter_sampling_matches_exact_distribution(cfg):
+    model = near_bigram_model(7, attn_scale=0.05, vocab=6, hidden=32, scale=1.0)
+    drafter = OracleDrafter(model, noise=0.2)
+    expected = exact_joint(model, cfg)
+    n = 3000
+    counts, stats = sample_counts(model, drafter, cfg, n, seed=123, beam_width=3, beam_length=4)
+    assert stats["tokens_per_step"] > 1.3  # accepted drafts are really being tested
+    assert chi_square_pvalue(counts, expected, n) > 1e-3
+
+
+def test_autoregressive_sampling_matches_exact_distribution():
+    model = near_bigram_model(7, attn_scale=0.05, vocab=6, hidden=32, scale=1.0)
+    cfg = SamplerConfig(temperature=1.0)
+    n = 3000
+    counts, _ = sample_counts(model, None, cfg, n, seed=5)
+    assert chi_square_pvalue(counts, exact_joint(model, cfg), n) > 1e-3
+
+
+def test_random_drafter_small_capacity_is_exact():
+    """Exactness holds for any drafter and any packing capacity (truncated trees)."""
+    model = near_bigram_model(9, attn_scale=0.3, vocab=5, hidden=32, scale=1.0)
+    drafter = tiny_drafter(model, 10)
+    cfg = SamplerConfig(temperature=1.0)
+    n = 3000
+    counts, _ = sample_counts(model, drafter, cfg, n, seed=77, beam_width=4, beam_length=4,
+                              capacity=5)
+    assert chi_square_pvalue(counts, exact_joint(model, cfg), n) > 1e-3
+
+
+def test_chi_square_detects_a_biased_sampler():
+    """The test has power: the distribution at a different temperature is rejected."""
+    model = near_bigram_model(7, attn_scale=0.05, vocab=6, hidden=32, scale=1.0)
+    counts, _ = sample_counts(model, None, SamplerConfig(temperature=1.15), 3000, seed=5)
+    assert chi_square_pvalue(counts, exact_joint(model, SamplerConfig(temperature=1.0)), 3000) < 1e-3
+
+
+def test_top_k_and_top_p_keep_the_right_tokens():
+    logits = mx.log(mx.array([[0.5, 0.3, 0.15, 0.05]]))
+    keep = lambda cfg: (process_logits(logits, cfg) > -mx.inf).tolist()[0]  # noqa: E731
+    assert keep(SamplerConfig(1.0, top_k=2)) == [True, True, False, False]
+    assert keep(SamplerConfig(1.0, top_p=0.8)) == [True, True, False, False]
+    assert keep(SamplerConfig(1.0, top_p=0.81)) == [True, True, True, False]
+    assert keep(SamplerConfig(1.0, min_p=0.35)) == [True, True, False, False]

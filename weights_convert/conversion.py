@@ -162,7 +162,7 @@ def _progress_bar(total_bytes: int, enabled: bool) -> Iterator[Callable[[Job], N
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
-    columns = (TextColumn("{task.description:<40.40}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    columns = (TextColumn("{task.description:<28.28}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
     with Progress(*columns, console=Console(stderr=True)) as bar:
         task = bar.add_task("converting", total=total_bytes)
 

@@ -31,13 +31,13 @@ class Tokenizer:
             self.eos_token_ids = {self._sp.eos_id()}
             self.vocab_size = self._sp.get_piece_size()
         else:
-            from mlx_lm.tokenizer_utils import load_tokenizer as _load
+            from mlx_lm.utils import load_tokenizer as _load
 
             self._sp = None
             self._hf = _load(self.path)
             self.bos_token_id = self._hf.bos_token_id
             self.eos_token_ids = set(self._hf.eos_token_ids)
-            self.vocab_size = len(self._hf.vocab)
+            self.vocab_size = len(self._hf.get_vocab())
 
     @property
     def eos_token_id(self) -> int:

@@ -1,0 +1,125 @@
+"""Engine micro-benchmarks that need no trained weights.
+
+``verify_cost``: how much one tree-verification forward over C packed tokens costs relative
+to one autoregressive decode step, on a random Llama large enough to be memory-bound. With
+a good drafter, speculation pays when tokens/step exceeds this ratio (plus drafting cost).
+Random weights make acceptance meaningless, so this is the figure that stands on its own.
+"""
+
+from __future__ import annotations
+
+import time
+
+import mlx.core as mx
+
+from .decode import DecodeState, make_step, prefill_chunk
+from .model import Model, ModelArgs
+from .platform import default_dtype
+from .sampling import SamplerConfig, draw
+from .tree import cache_mask, chain_mask
+
+
+def random_llama(hidden: int, layers: int, vocab: int = 32000, dtype=None, seed: int = 0) -> Model:
+    """A Llama-shaped model (head_dim 128, MLP 2.6875x like LLaMA-7B) with random weights."""
+    args = ModelArgs(
+        model_type="llama", hidden_size=hidden, num_hidden_layers=layers,
+        intermediate_size=int(hidden * 2.6875) // 64 * 64,
+        num_attention_heads=max(1, hidden // 128), vocab_size=vocab,
+        max_position_embeddings=4096,
+    )
+    model = Model(args)
+    mx.random.seed(seed)
+    dtype = dtype or default_dtype()
+    model.update(_cast(model.parameters(), dtype))
+    mx.eval(model.parameters())
+    return model
+
+
+def _cast(tree, dtype):
+    from mlx.utils import tree_map
+
+    return tree_map(lambda p: (0.02 * mx.random.normal(p.shape)).astype(dtype), tree)
+
+
+def _median_ms(fn, repeats: int) -> float:
+    fn()  # warm-up (compiles)
+    fn()
+    times = []
+    for _ in range(repeats):
+        tic = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - tic)
+    times.sort()
+    return 1e3 * times[len(times) // 2]
+
+
+def _verify_fn(model: Model, capacity: int, window: int):
+    """Compiled verify forward of ``capacity`` chain-masked tokens + target draws."""
+    def verify(tokens, lengths, keys, values):
+        idx = lengths[:, None] + mx.arange(capacity)[None, :]
+        mask = cache_mask(lengths, chain_mask(capacity), window)
+        hidden, keys, values = model(tokens, idx, mask, keys, values, idx)
+        return draw(model.logits(hidden), SamplerConfig(), None), keys, values
+
+    return mx.compile(verify)
+
+
+def verify_cost(hidden: int = 2048, layers: int = 8, capacities=(4, 8, 16, 32),
+                context: int = 512, repeats: int = 20, vocab: int = 32000) -> list[dict]:
+    """Per capacity C: AR step ms, verify ms, and their ratio (same model, cache, context)."""
+    model = random_llama(hidden, layers, vocab)
+    window = 1 << (context + max(capacities)).bit_length()
+    keys, values = model.make_cache(1, window)
+    prompt = mx.random.randint(0, vocab, (1, context)).astype(mx.int32)
+    zeros = mx.zeros((1,), dtype=mx.int32)
+    h, lengths, keys, values = prefill_chunk(
+        model, prompt, zeros + context, zeros, keys, values, window
+    )
+    mx.eval(h, lengths, keys, values)
+    start = DecodeState(mx.array([1]), h, lengths, keys, values, mx.random.key(0))
+    ar_step = make_step(model, None, 1, 2, 2, SamplerConfig())
+
+    def ar():
+        # The step writes at `lengths` but the start state is reused, so the cache stays put.
+        _, out = ar_step(start, window)
+        mx.eval(out)
+
+    ar_ms = _median_ms(ar, repeats)
+    rows = []
+    for C in capacities:
+        fn = _verify_fn(model, C, window)
+        tokens = mx.random.randint(0, vocab, (1, C)).astype(mx.int32)
+
+        def verify():
+            mx.eval(fn(tokens, lengths, keys, values)[0])
+
+        verify_ms = _median_ms(verify, repeats)
+        rows.append(dict(capacity=C, ar_ms=ar_ms, verify_ms=verify_ms, ratio=verify_ms / ar_ms))
+    return rows
+
+
+def main() -> None:  # python -m redrafter_mlx.benchmarks
+    import argparse
+
+    from rich.console import Console
+    from rich.table import Table
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--context", type=int, default=512)
+    parser.add_argument("--repeats", type=int, default=20)
+    args = parser.parse_args()
+    rows = verify_cost(args.hidden, args.layers, context=args.context, repeats=args.repeats)
+    table = Table(title=f"verify cost, hidden {args.hidden}, {args.layers} layers, "
+                        f"{mx.default_device()}, context {args.context}")
+    for col in ("C", "AR step ms", "verify ms", "ratio"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(str(r["capacity"]), f"{r['ar_ms']:.1f}", f"{r['verify_ms']:.1f}",
+                      f"{r['ratio']:.2f}")
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -122,21 +122,26 @@ def beam_search(
     produced at it; embed: the LLM's input embedding lookup.
     Returns beams (B, W, L) sorted by score (best first) with the init token at position 0,
     scores (B, W), and the drafter log-probs at each draft step (B, W, L-1, V).
+    Requires W <= V (W distinct first tokens).
     """
     B, H = hidden.shape
     W = width
-    beams = mx.broadcast_to(init_token[:, None, None], (B, W, 1)).astype(mx.int32)
-    # Only beam 0 is alive at first, so the first step expands into W distinct children.
-    scores = mx.broadcast_to(
-        mx.where(mx.arange(W) == 0, 0.0, -float("inf"))[None], (B, W)
-    ).astype(mx.float32)
-    state = mx.zeros((B, W, H), dtype=hidden.dtype)
+    if length < 2:
+        beams = init_token[:, None, None].astype(mx.int32) * mx.ones((1, W, 1), mx.int32)
+        return beams, mx.zeros((B, W)), mx.zeros((B, W, 0, drafter.args.vocab_size))
+    # First step: all beams are the init token, so run the drafter once and take the top W.
+    state = drafter.next_state(mx.zeros((B, 1, H), dtype=hidden.dtype), embed(init_token)[:, None])
+    log_probs = draft_log_probs(drafter(hidden[:, None], state))  # (B, 1, V)
+    V = log_probs.shape[-1]
+    token = mx.argsort(-log_probs[:, 0], axis=-1)[:, :W].astype(mx.int32)  # (B, W) best first
+    scores = mx.take_along_axis(log_probs[:, 0], token, axis=-1)
+    beams = mx.stack([mx.broadcast_to(init_token[:, None], (B, W)).astype(mx.int32), token], -1)
+    state = mx.broadcast_to(state, (B, W, H))
+    step_log_probs = [mx.broadcast_to(log_probs, (B, W, V))]
     hidden_w = mx.broadcast_to(hidden[:, None, :], (B, W, H))
-    step_log_probs = []
-    for _ in range(length - 1):
+    for _ in range(length - 2):
         state = drafter.next_state(state, embed(beams[:, :, -1]))
         log_probs = draft_log_probs(drafter(hidden_w, state))  # (B, W, V)
-        V = log_probs.shape[-1]
         candidates = (scores[:, :, None] + log_probs).reshape(B, W * V)
         top = mx.argpartition(-candidates, W - 1, axis=-1)[:, :W]
         top_scores = mx.take_along_axis(candidates, top, axis=-1)
@@ -148,8 +153,4 @@ def beam_search(
         state = _take_beams(state, parent)
         step_log_probs = [_take_beams(lp, parent) for lp in step_log_probs]
         step_log_probs.append(_take_beams(log_probs, parent))
-    if step_log_probs:
-        log_probs = mx.stack(step_log_probs, axis=2)
-    else:
-        log_probs = mx.zeros((B, W, 0, drafter.args.vocab_size), dtype=mx.float32)
-    return beams, scores, log_probs
+    return beams, scores, mx.stack(step_log_probs, axis=2)

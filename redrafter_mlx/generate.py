@@ -192,6 +192,8 @@ def decode(
     if drafter is None:
         shape = BeamShape(1, 2, 2)  # unused by the AR step; keeps the cache key simple
     sampler = sampler.validate()
+    if shape.width > model.vocab_size:
+        raise ValueError(f"beam width {shape.width} exceeds the vocabulary ({model.vocab_size})")
     _check_prompts(model, prompts, max_tokens)
     session = session or Session(model, len(prompts))
     if session.batch != len(prompts):

@@ -184,3 +184,27 @@ def test_vicuna_chat_prompt_format():
                            {"role": "user", "content": "Bye"}])
     assert ids[0] == 1 and ids.count(2) == 1  # BOS, and </s> became the EOS id
     assert tok.decode(ids).endswith("Yo USER: Bye ASSISTANT:") or "Bye ASSISTANT:" in tok.decode(ids)
+
+
+def test_beam_search_returns_sorted_scored_beams():
+    import itertools
+
+    from redrafter_mlx.drafter import beam_search
+
+    model = tiny_model(8, vocab=16)
+    drafter = tiny_drafter(model, 9)
+    hidden = mx.random.normal((2, model.hidden_size), key=mx.random.key(1))
+    beams, scores, log_probs = beam_search(drafter, model.embed, hidden, mx.array([3, 4]), 4, 4)
+    assert beams.shape == (2, 4, 4) and log_probs.shape == (2, 4, 3, 16)
+    assert beams[:, :, 0].tolist() == [[3] * 4, [4] * 4]
+    s = scores.tolist()
+    assert all(row == sorted(row, reverse=True) for row in s)
+    # A beam's score is the sum of its tokens' drafter log-probs.
+    lp = np.array(log_probs)
+    b = np.array(beams)
+    for r, i in itertools.product(range(2), range(4)):
+        total = sum(lp[r, i, k, b[r, i, k + 1]] for k in range(3))
+        assert abs(total - s[r][i]) < 1e-4
+    # Beams are distinct, and the first step expands into W distinct children.
+    for r in range(2):
+        assert len({tuple(x) for x in b[r].tolist()}) == 4

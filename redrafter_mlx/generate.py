@@ -163,7 +163,7 @@ def _prefill(session: Session, new_tokens: list[list[int]]):
         known = [k + len(c) for k, c in zip(known, chunk)]
         h_last = mx.where((counts > 0)[:, None], h, h_last)
         session.lengths = lengths
-        mx.eval(h_last, session.lengths, *session.keys, *session.values)
+        mx.eval(h_last, session.lengths, *session.keys, *session.values)  # per chunk, not per step
     return h_last
 
 
@@ -211,7 +211,7 @@ def decode(
     first = draw(model.logits(hidden), sampler, first_key)
     state = DecodeState(first, hidden, session.lengths, session.keys, session.values, rng)
     session.keys = session.values = None  # the loop owns the cache now (in-place updates)
-    first_tokens = first.tolist()
+    first_tokens = first.tolist()  # once per call, before the decode loop
     prompt_s = time.perf_counter() - tic
 
     B = len(prompts)
@@ -268,7 +268,9 @@ def decode(
             state, pending = queue(state)
         while pending is not None:
             state, nxt = queue(state)  # queue step k+1 before reading step k
-            toks, counts, packed = pending.tokens.tolist(), pending.count.tolist(), pending.packed.tolist()
+            # Host reads of step k only, which is computed; step k+1 is already queued.
+            toks, counts, packed = (pending.tokens.tolist(), pending.count.tolist(),
+                                    pending.packed.tolist())
             inflight -= 1
             lengths = [n + c for n, c in zip(lengths, counts)]
             stats.steps += 1
@@ -291,8 +293,7 @@ def decode(
 
 def _hand_back(session: Session, state: DecodeState, prompts, out) -> None:
     """Return the cache to the session: row r holds prompt + a prefix of its raw stream."""
-    mx.eval(state.lengths)
-    lengths = state.lengths.tolist()
+    lengths = state.lengths.tolist()  # once, after the loop
     session.keys, session.values = state.keys, state.values
     held = [min(n - len(p), len(o)) for n, p, o in zip(lengths, prompts, out)]
     session.cached = [p + o[:h] for p, o, h in zip(prompts, out, held)]

@@ -1,0 +1,816 @@
+"""Train a ReDrafter drafter for a frozen LLM by knowledge distillation (DESIGN §3).
+
+    from redrafter_mlx.distill import distill
+    summary = distill("~/models/vicuna-7b", ["sharegpt.json"], "~/models/vicuna-7b-drafter",
+                      predict_tokens=5, steps=20000, batch_size=256)
+
+or ``redrafter-mlx distill --model DIR --data FILE --out DIR``. The output directory is a drafter
+directory (``config.json`` with ``predict_tokens`` + ``model.safetensors``) that
+``redrafter_mlx.load(model_dir, out_dir)`` serves.
+
+Pipeline
+--------
+1. **Data** (``distill_data``): chats rendered in the model's chat format, cut into windows of
+   ``seq_len`` tokens; training positions t are those whose next token is an assistant token
+   (every token for plain text).
+2. **Targets** (cached on disk): for each training position t, the LLM's hidden state h_t (after
+   the final norm, from the weights *as they will serve*: same dtype and quantization) and
+   T+1 tokens. ``targets="distill"`` (default): the LLM's own greedy continuation
+   ŷ_{t+1..t+T+1} of the ground-truth prefix y_{1..t}; x0 = ŷ_{t+1} is the init token the
+   engine gets from the LLM, the drafter learns ŷ_{t+2..t+T+1}. All positions of a sequence
+   roll out together, one forward per depth, through a tree mask (``rollout_targets``).
+   ``targets="ground-truth"``: x0 = y_{t+1}, drafter targets y_{t+2..t+T+1} (the reference
+   trainer's labels). The cache lives in ``cache_dir/<key>`` with key = model fingerprint +
+   data hash + seq_len + T + mode, so epochs, resumed runs and new runs reuse it.
+3. **Training**: only the drafter trains. Loss = Σ_k CE(step k) over the T steps, each step
+   averaged over its valid positions, teacher-forced through the RNN state:
+   s_1 = next_state(0, E[x0]), s_k = next_state(s_{k-1}, E[target_{k-1}]). AdamW with linear
+   warm-up and cosine decay, gradient clipping at 1.0, gradient accumulation.
+   The data order is a pure function of (seed, epoch), so a resumed run replays it exactly.
+4. **Checkpoints**: ``out/checkpoints/step-NNNNNNNN/`` (drafter files + ``training_state.*``:
+   optimizer state, step, run config) written into a temp dir and renamed (atomic); the newest
+   weights are also copied to ``out/`` (each file replaced atomically). ``resume=True``
+   continues from the newest checkpoint and gives the same weights as an uninterrupted run.
+5. **Evaluation**: greedy ReDrafter on held-out prompts (``eval_data``, else prompts from the
+   training data, marked in-sample) at a few beam shapes (W, L ≤ T+1); mean accepted tokens
+   per step is printed, returned and stored in ``out/eval.json``.
+
+Scaling out
+-----------
+Data parallelism with ``mx.distributed``: launch the same command on several processes or Macs,
+e.g. ``mlx.launch --hosts mac1,mac2 -- redrafter-mlx distill ...`` (or ``mlx.launch -n 2`` on
+one machine). Every process builds (or reuses) the same target cache, trains on its own slice of
+every global batch (global batch = batch_size × processes) and the gradients are averaged with
+``mx.distributed.all_sum`` before each update, so all replicas stay identical; only rank 0
+writes checkpoints and evaluates. Put ``--cache-dir`` on local disk of each host (the cache is
+deterministic, so hosts compute the same one). A single process needs nothing of this.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten, tree_map, tree_unflatten
+
+from .distill_data import Sequence, files_digest, load_prompts, load_training_data
+from .drafter import Drafter, DrafterArgs
+from .model import Model
+
+CACHE_VERSION = 1
+DEFAULT_EVAL_SHAPES = ((1, 3), (2, 4), (4, 5))
+KEEP_CHECKPOINTS = 2
+CLIP_GRAD_NORM = 1.0
+TARGET_MODES = ("distill", "ground-truth")
+
+
+@dataclass
+class DistillOptions:
+    """All options of a run; names match the CLI flags (underscored)."""
+
+    predict_tokens: int = 5
+    layers: int = 2
+    exit_dim: int | str = "auto"
+    rnn: bool = True
+    steps: int | None = None
+    epochs: float | None = None
+    batch_size: int = 128
+    seq_len: int = 512
+    lr: float = 1e-3
+    warmup: float = 0.1
+    weight_decay: float = 0.01
+    eval_data: list | None = None
+    eval_prompts: int = 8
+    eval_max_tokens: int = 64
+    eval_shapes: tuple = DEFAULT_EVAL_SHAPES
+    resume: bool = False
+    overwrite: bool = False
+    targets: str = "distill"
+    save_every: int = 500
+    seed: int = 0
+    grad_accum: int = 1
+    cache_dir: str | None = None
+    dtype: str | None = None
+    quiet: bool = False
+
+    def validate(self) -> "DistillOptions":
+        if self.predict_tokens < 1:
+            raise ValueError(f"predict_tokens must be >= 1, got {self.predict_tokens}")
+        if self.layers < 0:
+            raise ValueError(f"layers must be >= 0, got {self.layers}")
+        if self.targets not in TARGET_MODES:
+            raise ValueError(f"targets must be one of {TARGET_MODES}, got {self.targets!r}")
+        if self.steps is not None and self.epochs is not None:
+            raise ValueError("give either steps or epochs, not both")
+        if self.steps is not None and self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+        if self.epochs is not None and self.epochs <= 0:
+            raise ValueError(f"epochs must be > 0, got {self.epochs}")
+        for name in ("batch_size", "grad_accum", "seq_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.warmup:
+            raise ValueError(f"warmup must be >= 0 (a fraction < 1 or a step count), got {self.warmup}")
+        if self.exit_dim != "auto":
+            try:
+                self.exit_dim = int(self.exit_dim)
+            except ValueError:
+                raise ValueError(f"exit_dim must be 'auto' or an integer, got {self.exit_dim!r}") from None
+        return self
+
+
+# ------------------------------------------------------------------------------------------
+# targets
+
+
+def rollout_targets(model: Model, tokens: mx.array, positions: mx.array, depth: int):
+    """The LLM's greedy continuations of every prefix, all branches batched per depth.
+
+    tokens: (N,) the ground-truth sequence; positions: (M,) training positions t (< N);
+    depth: T. Returns hidden (M, H) — the LLM's normed hidden state at each t — and greedy
+    (M, T+1): greedy[j] = ŷ_{t+1..t+T+1} continuing y_{0..t} (t = positions[j]).
+
+    Cache layout: ground truth at slots [0, N); branch j's depth-d token at N + d·M + j. A branch
+    token attends to ground-truth slots <= t and to its own branch's earlier slots, so one forward
+    per depth serves all M branches (T+1 forwards instead of M·T).
+    """
+    N, M = tokens.shape[0], positions.shape[0]
+    keys, values = model.make_cache(1, N + depth * M)
+    idx = mx.arange(N)[None]
+    causal = mx.tril(mx.ones((N, N), dtype=mx.bool_))[None, None]
+    h, keys, values = model(tokens[None], idx, causal, keys, values, idx)
+    hidden = h[0][positions]  # (M, H)
+    current = mx.argmax(model.logits(hidden), axis=-1).astype(mx.int32)  # ŷ_{t+1}
+    greedy = [current]
+    sees_prefix = mx.arange(N)[None, :] <= positions[:, None]  # (M, N)
+    branch = mx.arange(M)
+    for d in range(depth):
+        own = (mx.arange((d + 1) * M) % M)[None, :] == branch[:, None]  # (M, (d+1)·M)
+        mask = mx.concatenate([sees_prefix, own], axis=1)[None, None]  # (1, 1, M, N+(d+1)M)
+        write = (N + d * M + branch)[None]
+        hb, keys, values = model(current[None], (positions + 1 + d)[None], mask, keys, values, write)
+        current = mx.argmax(model.logits(hb[0]), axis=-1).astype(mx.int32)
+        greedy.append(current)
+    return hidden, mx.stack(greedy, axis=1)
+
+
+def ground_truth_targets(seq: Sequence, positions: list[int], depth: int):
+    """Labels from the data: tokens (M, T+1) = y_{t+1..t+T+1} and valid (M, T).
+
+    A drafter step k is valid when its target y_{t+1+k} exists and is a training token.
+    """
+    N = len(seq.tokens)
+    toks = np.zeros((len(positions), depth + 1), dtype=np.int32)
+    valid = np.zeros((len(positions), depth), dtype=bool)
+    for j, t in enumerate(positions):
+        for k in range(depth + 1):
+            i = t + 1 + k
+            if i < N:
+                toks[j, k] = seq.tokens[i]
+                if k:
+                    valid[j, k - 1] = seq.train[i]
+    return toks, valid
+
+
+def sequence_hidden(model: Model, tokens: mx.array, positions: mx.array) -> mx.array:
+    """Hidden states at ``positions`` of one causal forward: tokens (N,), positions (M,) -> (M, H)."""
+    N = tokens.shape[0]
+    keys, values = model.make_cache(1, N)
+    idx = mx.arange(N)[None]
+    causal = mx.tril(mx.ones((N, N), dtype=mx.bool_))[None, None]
+    h, _, _ = model(tokens[None], idx, causal, keys, values, idx)
+    return h[0][positions]
+
+
+def _numpy_float(x: mx.array) -> np.ndarray:
+    """fp16 stays fp16 (half the disk); anything else becomes float32."""
+    if x.dtype == mx.float16:
+        return np.array(x)
+    return np.array(x.astype(mx.float32))
+
+
+# ------------------------------------------------------------------------------------------
+# target cache
+
+
+def model_fingerprint(model_dir: Path, dtype) -> str:
+    """Identifies the serving weights: config, tokenizer files, weight file sizes and ends, dtype."""
+    h = hashlib.sha256(str(dtype).encode())
+    model_dir = Path(model_dir)
+    for f in sorted(model_dir.iterdir()):
+        if not f.is_file():
+            continue
+        h.update(f.name.encode())
+        if f.suffix == ".safetensors":
+            size = f.stat().st_size
+            h.update(size.to_bytes(8, "little"))
+            with open(f, "rb") as fh:
+                h.update(fh.read(1 << 20))
+                fh.seek(max(0, size - (1 << 20)))
+                h.update(fh.read())
+        elif f.suffix in (".json", ".model") or f.name.startswith("tokenizer"):
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def cache_key(fingerprint: str, data_digest: str, seq_len: int, depth: int, mode: str) -> str:
+    blob = json.dumps(dict(v=CACHE_VERSION, model=fingerprint, data=data_digest,
+                           seq_len=seq_len, T=depth, mode=mode), sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+@dataclass
+class TargetCache:
+    """Training positions on disk (memory-mapped).
+
+    hidden (P, H) float16/32; tokens (P, T+1) int32 = [x0, target_1..target_T]; valid (P, T) bool.
+    """
+
+    path: Path
+    hidden: np.ndarray
+    tokens: np.ndarray
+    valid: np.ndarray
+
+    @property
+    def size(self) -> int:
+        return self.tokens.shape[0]
+
+    @classmethod
+    def open(cls, path: Path) -> "TargetCache":
+        load = lambda name: np.load(path / name, mmap_mode="r")  # noqa: E731
+        return cls(path, load("hidden.npy"), load("tokens.npy"), load("valid.npy"))
+
+
+def build_target_cache(model: Model, sequences: list[Sequence], depth: int, mode: str,
+                       path: Path, on_sequence: Callable[[int], None] | None = None) -> TargetCache:
+    """Compute hidden states and targets of every training position into ``path`` (atomically)."""
+    counts = [len(s.positions()) for s in sequences]
+    total = sum(counts)
+    if total == 0:
+        raise ValueError("the training data has no training positions")
+    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        dtype = np.float16 if model.model.norm.weight.dtype == mx.float16 else np.float32
+        mm = np.lib.format.open_memmap
+        hidden = mm(tmp / "hidden.npy", "w+", dtype, (total, model.hidden_size))
+        tokens = mm(tmp / "tokens.npy", "w+", np.int32, (total, depth + 1))
+        valid = mm(tmp / "valid.npy", "w+", np.bool_, (total, depth))
+        at = 0
+        for seq, m in zip(sequences, counts):
+            pos = seq.positions()
+            h, toks, ok = sequence_targets(model, seq, pos, depth, mode)
+            hidden[at:at + m], tokens[at:at + m], valid[at:at + m] = h, toks, ok
+            at += m
+            if on_sequence:
+                on_sequence(len(seq.tokens))
+        for a in (hidden, tokens, valid):
+            a.flush()
+        del hidden, tokens, valid
+        (tmp / "meta.json").write_text(json.dumps(dict(
+            version=CACHE_VERSION, positions=total, sequences=len(sequences), T=depth, mode=mode,
+        )))
+        try:
+            os.rename(tmp, path)
+        except OSError:
+            if not (path / "meta.json").exists():  # another process finished it: use theirs
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return TargetCache.open(path)
+
+
+def sequence_targets(model: Model, seq: Sequence, positions: list[int], depth: int, mode: str):
+    """(hidden (M, H), tokens (M, T+1), valid (M, T)) as numpy for one sequence."""
+    toks = mx.array(seq.tokens, dtype=mx.int32)
+    pos = mx.array(positions, dtype=mx.int32)
+    if mode == "distill":
+        h, greedy = rollout_targets(model, toks, pos, depth)
+        mx.eval(h, greedy)
+        return _numpy_float(h), np.array(greedy), np.ones((len(positions), depth), dtype=bool)
+    h = sequence_hidden(model, toks, pos)
+    mx.eval(h)
+    gt, valid = ground_truth_targets(seq, positions, depth)
+    return _numpy_float(h), gt, valid
+
+
+# ------------------------------------------------------------------------------------------
+# training
+
+
+def drafter_args(model: Model, opts: DistillOptions) -> DrafterArgs:
+    H = model.hidden_size
+    exit_dim = 2 * H if opts.exit_dim == "auto" else int(opts.exit_dim)
+    return DrafterArgs(vocab_size=model.vocab_size, hidden_size=H, exit_dim=exit_dim,
+                       num_draft_layers=opts.layers, rnn=opts.rnn)
+
+
+def new_drafter(args: DrafterArgs, seed: int) -> Drafter:
+    """A freshly initialised float32 drafter (deterministic for a seed)."""
+    mx.random.seed(seed)
+    drafter = Drafter(args)
+    drafter.set_dtype(mx.float32)
+    mx.eval(drafter.parameters())
+    return drafter
+
+
+def drafter_loss(drafter: Drafter, hidden, emb, targets, valid):
+    """Teacher-forced loss over T draft steps.
+
+    hidden: (B, H); emb: (B, T, H) = E[x0], E[target_1..target_{T-1}]; targets: (B, T) int;
+    valid: (B, T) bool. Returns (loss = Σ_k mean CE of step k over its valid rows,
+    per-step losses (T,), per-step top-1 accuracy (T,)).
+    """
+    B, T, H = emb.shape
+    state = mx.zeros((B, H), dtype=hidden.dtype)
+    losses, accs = [], []
+    for k in range(T):
+        state = drafter.next_state(state, emb[:, k])
+        logits = drafter(hidden, state)
+        v = valid[:, k].astype(mx.float32)
+        n = mx.maximum(v.sum(), 1.0)
+        ce = nn.losses.cross_entropy(logits, targets[:, k])
+        losses.append((ce * v).sum() / n)
+        accs.append(((mx.argmax(logits, axis=-1) == targets[:, k]) * v).sum() / n)
+    losses, accs = mx.stack(losses), mx.stack(accs)
+    return losses.sum(), losses, accs
+
+
+def lr_schedule(lr: float, total_steps: int, warmup: float):
+    """Linear warm-up from 0 to lr, then cosine decay to 0. warmup < 1 is a fraction of the steps."""
+    w = int(round(warmup * total_steps)) if warmup < 1 else int(warmup)
+    w = min(w, total_steps - 1) if total_steps > 1 else 0
+    decay = optim.cosine_decay(lr, max(total_steps - w, 1), 0.0)
+    if w == 0:
+        return decay
+    return optim.join_schedules([optim.linear_schedule(0.0, lr, w), decay], [w])
+
+
+class DataOrder:
+    """Which cached positions each micro-batch reads: a pure function of (seed, micro-batch index).
+
+    Epoch e is a permutation drawn from numpy's generator seeded by (seed, e); it is cut into
+    ``positions // global_batch`` batches (the remainder is dropped); each process reads its own
+    slice of a global batch.
+    """
+
+    def __init__(self, positions: int, batch_size: int, seed: int, rank: int = 0, world: int = 1):
+        self.batch_size, self.seed, self.rank, self.world = batch_size, seed, rank, world
+        self.global_batch = batch_size * world
+        self.positions = positions
+        self.per_epoch = positions // self.global_batch
+        if self.per_epoch == 0:
+            raise ValueError(
+                f"{positions} training positions cannot fill one batch of {self.global_batch}; "
+                f"use a smaller batch size or more data"
+            )
+        self._epoch, self._perm = -1, None
+
+    def batch(self, micro: int) -> np.ndarray:
+        """Sorted position indices (batch_size,) of global micro-batch ``micro`` for this rank."""
+        epoch, i = divmod(micro, self.per_epoch)
+        if epoch != self._epoch:
+            self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.positions)
+            self._epoch = epoch
+        start = i * self.global_batch + self.rank * self.batch_size
+        return np.sort(self._perm[start:start + self.batch_size])
+
+
+def read_batch(cache: TargetCache, model: Model, idx: np.ndarray):
+    """Model inputs for cached positions idx: hidden (B, H) f32, emb (B, T, H) f32, targets, valid."""
+    toks = mx.array(cache.tokens[idx])
+    hidden = mx.array(cache.hidden[idx]).astype(mx.float32)
+    emb = model.embed(toks[:, :-1]).astype(mx.float32)
+    return hidden, emb, toks[:, 1:], mx.array(cache.valid[idx])
+
+
+class Trainer:
+    """One drafter, its optimizer and the gradient step (with accumulation and all_sum)."""
+
+    def __init__(self, drafter: Drafter, opts: DistillOptions, total_steps: int, group=None):
+        self.drafter = drafter
+        self.group = group
+        self.accum = opts.grad_accum
+        self.optimizer = optim.AdamW(
+            learning_rate=lr_schedule(opts.lr, total_steps, opts.warmup),
+            weight_decay=opts.weight_decay,
+        )
+        self.optimizer.init(drafter.trainable_parameters())
+        self._value_and_grad = nn.value_and_grad(drafter, drafter_loss)
+
+    def step(self, batches) -> tuple[mx.array, mx.array, mx.array]:
+        """One optimizer update from ``grad_accum`` micro-batches (hidden, emb, targets, valid).
+
+        Returns the mean (loss, per-step losses (T,), per-step accuracy (T,)) over them.
+        """
+        total, loss_sum, steps_sum, acc_sum = None, 0.0, 0.0, 0.0
+        for batch in batches:
+            (loss, step_losses, accs), grads = self._value_and_grad(self.drafter, *batch)
+            total = grads if total is None else tree_map(mx.add, total, grads)
+            loss_sum, steps_sum, acc_sum = loss_sum + loss, steps_sum + step_losses, acc_sum + accs
+        n = len(batches)
+        grads = tree_map(lambda g: g / n, total)
+        if self.group is not None and self.group.size() > 1:
+            world = self.group.size()
+            grads = tree_map(lambda g: mx.distributed.all_sum(g, group=self.group) / world, grads)
+        grads, _ = optim.clip_grad_norm(grads, CLIP_GRAD_NORM)
+        self.optimizer.update(self.drafter, grads)
+        mx.eval(self.drafter.parameters(), self.optimizer.state)
+        return loss_sum / n, steps_sum / n, acc_sum / n
+
+    @property
+    def learning_rate(self) -> float:
+        return float(self.optimizer.learning_rate)
+
+
+# ------------------------------------------------------------------------------------------
+# checkpoints
+
+
+def checkpoint_root(out: Path) -> Path:
+    return Path(out) / "checkpoints"
+
+
+def list_checkpoints(out: Path) -> list[Path]:
+    """Complete checkpoints, oldest first (temp dirs of interrupted writes are never listed)."""
+    root = checkpoint_root(out)
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-"))
+
+
+def drafter_config(args: DrafterArgs, predict_tokens: int, targets: str) -> dict:
+    cfg = args.to_config()
+    cfg.update(predict_tokens=predict_tokens, distill_targets=targets)
+    return cfg
+
+
+def write_drafter_files(path: Path, drafter: Drafter, config: dict) -> None:
+    """The drafter directory format: config.json + model.safetensors (reference names)."""
+    (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(drafter.parameters())))
+
+
+def save_checkpoint(out: Path, trainer: Trainer, step: int, config: dict, run: dict) -> Path:
+    """Write ``checkpoints/step-NNNNNNNN`` atomically (temp dir + rename), then refresh ``out/``.
+
+    Keeps the newest KEEP_CHECKPOINTS checkpoints.
+    """
+    root = checkpoint_root(out)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step:08d}"
+    tmp = root / f".tmp-step-{step:08d}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        write_drafter_files(tmp, trainer.drafter, config)
+        state = dict(tree_flatten(trainer.optimizer.state))
+        mx.save_safetensors(str(tmp / "training_state.safetensors"), state)
+        (tmp / "training_state.json").write_text(json.dumps(dict(step=step, run=run), indent=2) + "\n")
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for name in ("model.safetensors", "config.json"):
+        part = Path(out) / f".{name}.tmp-{os.getpid()}"
+        shutil.copyfile(final / name, part)
+        os.replace(part, Path(out) / name)
+    for old in list_checkpoints(out)[:-KEEP_CHECKPOINTS]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def load_checkpoint(path: Path, trainer: Trainer) -> dict:
+    """Restore drafter weights and optimizer state; returns training_state.json."""
+    info = json.loads((path / "training_state.json").read_text())
+    trainer.drafter.load_weights(str(path / "model.safetensors"), strict=True)
+    state = mx.load(str(path / "training_state.safetensors"))
+    trainer.optimizer.state = tree_unflatten(list(state.items()))
+    mx.eval(trainer.drafter.parameters(), trainer.optimizer.state)
+    return info
+
+
+def clean_stale_temps(out: Path) -> None:
+    """Remove temp dirs/files left by a crashed write."""
+    for root in (checkpoint_root(out), Path(out)):
+        if root.is_dir():
+            for p in root.glob(".*tmp*"):
+                shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+
+# ------------------------------------------------------------------------------------------
+# evaluation
+
+
+def eval_shapes(shapes, predict_tokens: int) -> list[tuple[int, int]]:
+    """Beam shapes (W, L) with L capped at T+1 (the drafter predicts T tokens), deduplicated."""
+    out = []
+    for w, length in shapes:
+        shape = (int(w), min(int(length), predict_tokens + 1))
+        if shape[1] >= 2 and shape not in out:
+            out.append(shape)
+    return out
+
+
+def evaluate(model: Model, drafter: Drafter, prompts: list[list[int]], shapes, max_tokens: int,
+             eos_token_ids=()) -> list[dict]:
+    """Greedy ReDrafter on all prompts (one batch) per beam shape: mean accepted tokens per step.
+
+    Decodes with a snapshot of ``drafter``: the engine caches its compiled step per drafter
+    object and the weights are fixed at trace time, so a drafter trained in place after an
+    earlier evaluation would otherwise draft with its old weights.
+    """
+    from .generate import decode
+
+    snapshot = Drafter(drafter.args)
+    snapshot.load_weights(tree_flatten(drafter.parameters()))
+    drafter = snapshot
+    results = []
+    for w, length in shapes:
+        stats = None
+        for ev in decode(model, drafter, prompts, max_tokens=max_tokens, beam_width=w,
+                         beam_length=length, eos_token_ids=eos_token_ids, seed=0):
+            stats = ev["stats"]
+        results.append(dict(beam_width=w, beam_length=length,
+                            tokens_per_step=round(stats["tokens_per_step"], 4),
+                            steps=stats["steps"], generated=stats["generation_tokens"]))
+    return results
+
+
+# ------------------------------------------------------------------------------------------
+# progress
+
+
+class Progress:
+    """A rich progress bar (or nothing when quiet) for the cache build and training."""
+
+    def __init__(self, quiet: bool):
+        self.quiet = quiet
+        self._bar = None
+        if not quiet:
+            from rich.console import Console
+
+            self.console = Console(stderr=True)
+
+    def print(self, *args, **kw):
+        if not self.quiet:
+            self.console.print(*args, **kw)
+
+    def start(self, description: str, total: int):
+        if self.quiet:
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+        from rich.progress import Progress as Bar
+
+        self._bar = Bar(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
+                        console=self.console, transient=False)
+        self._bar.start()
+        self._task = self._bar.add_task(description, total=total, info="")
+
+    def update(self, advance: int = 1, info: str = ""):
+        if self._bar is not None:
+            self._bar.update(self._task, advance=advance, info=info)
+
+    def stop(self):
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
+
+
+def format_metrics(loss: float, accs: list[float], tok_s: float, lr: float) -> str:
+    acc = " ".join(f"{a:.2f}" for a in accs)
+    return f"loss {loss:.3f}  acc[{acc}]  {tok_s:,.0f} tok/s  lr {lr:.2e}"
+
+
+def eval_table(results: list[dict], title: str):
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("W", "L", "tokens/step"):
+        table.add_column(col, justify="right")
+    for r in results:
+        table.add_row(str(r["beam_width"]), str(r["beam_length"]), f"{r['tokens_per_step']:.3f}")
+    return table
+
+
+# ------------------------------------------------------------------------------------------
+# the run
+
+
+@dataclass
+class RunContext:
+    model: Model
+    tokenizer: object
+    model_dir: Path
+    out: Path
+    cache: TargetCache
+    order: DataOrder
+    total_steps: int
+    sequences: list[Sequence]
+    run: dict = field(default_factory=dict)
+
+
+def distill(model_dir, data_files, out_dir, **options) -> dict:
+    """Train a drafter for ``model_dir`` on ``data_files`` into ``out_dir``; returns a summary.
+
+    Options are the CLI flags, underscored (see ``DistillOptions``). The summary holds the
+    steps run, first and final loss, per-step accuracy, the eval results (tokens/step per beam
+    shape), the cache path and the output paths.
+    """
+    opts = DistillOptions(**options).validate()
+    if isinstance(data_files, (str, os.PathLike)):
+        data_files = [data_files]
+    data_files = [Path(f).expanduser() for f in data_files]
+    out = Path(out_dir).expanduser()
+    progress = Progress(opts.quiet)
+    group = mx.distributed.init() if mx.distributed.is_available() else None
+    rank, world = (group.rank(), group.size()) if group is not None else (0, 1)
+    tic = time.perf_counter()
+
+    ctx = prepare(model_dir, data_files, out, opts, progress, rank, world)
+    trainer = Trainer(new_drafter(drafter_args(ctx.model, opts), opts.seed), opts,
+                      ctx.total_steps, group)
+    start = restore(ctx, trainer, opts, progress)
+    history = train_loop(ctx, trainer, opts, progress, start, rank)
+    config = drafter_config(trainer.drafter.args, opts.predict_tokens, opts.targets)
+    if rank == 0 and (not list_checkpoints(out) or history):
+        save_checkpoint(out, trainer, ctx.total_steps, config, ctx.run)
+    summary = dict(
+        out_dir=str(out), steps=ctx.total_steps, resumed_from=start, positions=ctx.cache.size,
+        cache_dir=str(ctx.cache.path), targets=opts.targets, predict_tokens=opts.predict_tokens,
+        first_loss=history[0]["loss"] if history else None,
+        final_loss=_tail_mean([h["loss"] for h in history]),
+        final_step_accuracy=history[-1]["step_accuracy"] if history else None,
+        history=history, world_size=world,
+    )
+    if rank == 0:
+        summary["eval"] = final_eval(ctx, opts, progress)
+    summary["seconds"] = round(time.perf_counter() - tic, 2)
+    return summary
+
+
+def _tail_mean(values: list[float]) -> float | None:
+    """Mean of the last tenth (at least one) of a list, for a less noisy final loss."""
+    if not values:
+        return None
+    tail = values[-max(1, len(values) // 10):]
+    return sum(tail) / len(tail)
+
+
+def prepare(model_dir, data_files, out: Path, opts: DistillOptions, progress: Progress,
+            rank: int, world: int) -> RunContext:
+    """Load the serving model, render the data, build or reuse the target cache, plan the steps."""
+    from .loading import load_model
+    from .platform import default_dtype
+    from .tokenizer import load_tokenizer
+
+    dtype = getattr(mx, opts.dtype) if opts.dtype else default_dtype()
+    model, path = load_model(model_dir, dtype)
+    model.freeze()
+    tokenizer = load_tokenizer(path)
+    sequences = load_training_data(data_files, tokenizer, opts.seq_len)
+    for f in opts.eval_data or []:  # fail early on a bad eval file
+        load_prompts([f], tokenizer, limit=1)
+    bad = [t for s in sequences for t in s.tokens if not 0 <= t < model.vocab_size]
+    if bad:
+        raise ValueError(f"token ids {bad[:5]} are outside the model's vocabulary "
+                         f"[0, {model.vocab_size}): the tokenizer does not match {path}")
+    key = cache_key(model_fingerprint(path, dtype), files_digest(data_files), opts.seq_len,
+                    opts.predict_tokens, opts.targets)
+    cache_root = Path(opts.cache_dir).expanduser() if opts.cache_dir else out / "cache"
+    cache_path = cache_root / key
+    if (cache_path / "meta.json").exists():
+        progress.print(f"targets: reusing {cache_path}")
+        cache = TargetCache.open(cache_path)
+    else:
+        cache_root.mkdir(parents=True, exist_ok=True)
+        progress.start(f"targets ({opts.targets})", total=len(sequences))
+        t0, seen = time.perf_counter(), [0]
+
+        def tick(n_tokens):
+            seen[0] += n_tokens
+            progress.update(1, f"{seen[0] / max(time.perf_counter() - t0, 1e-9):,.0f} tok/s")
+
+        try:
+            cache = build_target_cache(model, sequences, opts.predict_tokens, opts.targets,
+                                       cache_path, tick)
+        finally:
+            progress.stop()
+    order = DataOrder(cache.size, min(opts.batch_size, cache.size // world or 1), opts.seed,
+                      rank, world)
+    if opts.steps is not None:
+        total = opts.steps
+    else:
+        total = max(1, math.ceil((opts.epochs or 1.0) * order.per_epoch / opts.grad_accum))
+    run = dict(cache_key=key, predict_tokens=opts.predict_tokens, layers=opts.layers,
+               exit_dim=opts.exit_dim, rnn=opts.rnn, targets=opts.targets,
+               batch_size=order.batch_size, grad_accum=opts.grad_accum, lr=opts.lr,
+               warmup=opts.warmup, weight_decay=opts.weight_decay, seed=opts.seed,
+               total_steps=total, seq_len=opts.seq_len, world_size=world)
+    return RunContext(model, tokenizer, path, out, cache, order, total, sequences, run)
+
+
+def restore(ctx: RunContext, trainer: Trainer, opts: DistillOptions, progress: Progress) -> int:
+    """Prepare ``out`` for this run; with resume, load the newest checkpoint. Returns its step."""
+    out = ctx.out
+    out.mkdir(parents=True, exist_ok=True)
+    clean_stale_temps(out)
+    existing = list_checkpoints(out)
+    if existing and not opts.resume:
+        if not opts.overwrite:
+            raise FileExistsError(
+                f"{out} already holds a distillation run ({existing[-1].name}); pass --resume to "
+                f"continue it, --overwrite to start over, or choose another --out"
+            )
+        shutil.rmtree(checkpoint_root(out))
+        existing = []
+    if not existing:
+        if opts.resume:
+            progress.print(f"resume: no checkpoint in {out}, starting from step 0")
+        return 0
+    info = load_checkpoint(existing[-1], trainer)
+    differ = {k: (info["run"].get(k), v) for k, v in ctx.run.items() if info["run"].get(k) != v}
+    if differ:
+        detail = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in differ.items())
+        raise ValueError(f"cannot resume {existing[-1]}: the run settings changed ({detail}); "
+                         f"use the original settings or --overwrite")
+    progress.print(f"resume: {existing[-1].name} (step {info['step']} of {ctx.total_steps})")
+    return int(info["step"])
+
+
+def train_loop(ctx: RunContext, trainer: Trainer, opts: DistillOptions, progress: Progress,
+               start: int, rank: int) -> list[dict]:
+    """Optimizer steps start+1..total with periodic checkpoints; returns per-step metrics."""
+    config = drafter_config(trainer.drafter.args, opts.predict_tokens, opts.targets)
+    history = []
+    progress.start("distill", total=ctx.total_steps)
+    progress.update(start)
+    t0, seen = time.perf_counter(), 0
+    try:
+        for step in range(start + 1, ctx.total_steps + 1):
+            micro = [(step - 1) * opts.grad_accum + k for k in range(opts.grad_accum)]
+            batches = [read_batch(ctx.cache, ctx.model, ctx.order.batch(m)) for m in micro]
+            lr = trainer.learning_rate
+            loss, _, accs = trainer.step(batches)
+            seen += ctx.order.batch_size * opts.grad_accum
+            record = dict(step=step, loss=loss.item(), lr=lr,
+                          step_accuracy=[round(a, 4) for a in accs.tolist()])
+            history.append(record)
+            tok_s = seen / max(time.perf_counter() - t0, 1e-9)
+            progress.update(1, format_metrics(record["loss"], record["step_accuracy"], tok_s, lr))
+            if rank == 0 and opts.save_every and step % opts.save_every == 0 and step < ctx.total_steps:
+                save_checkpoint(ctx.out, trainer, step, config, ctx.run)
+    finally:
+        progress.stop()
+    return history
+
+
+def final_eval(ctx: RunContext, opts: DistillOptions, progress: Progress) -> dict | None:
+    """Serve the saved drafter (as ``load`` would) on held-out prompts; writes ``out/eval.json``.
+
+    None when ``eval_shapes`` is empty (no evaluation)."""
+    from .loading import load_drafter
+
+    shapes = eval_shapes(opts.eval_shapes, opts.predict_tokens)
+    if not shapes:
+        return None
+    if opts.eval_data:
+        prompts = load_prompts(opts.eval_data, ctx.tokenizer, limit=opts.eval_prompts)
+        source = [str(f) for f in opts.eval_data]
+    else:
+        prompts = training_prompts(ctx, opts.eval_prompts)
+        source = "training data (in-sample: pass --eval-data for held-out prompts)"
+    drafter = load_drafter(ctx.out, ctx.model.model.norm.weight.dtype)
+    results = evaluate(ctx.model, drafter, prompts, shapes, opts.eval_max_tokens,
+                       ctx.tokenizer.eos_token_ids)
+    report = dict(source=source, prompts=len(prompts), max_tokens=opts.eval_max_tokens,
+                  greedy=True, results=results)
+    (ctx.out / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
+    if not opts.quiet:
+        progress.console.print(eval_table(results, f"ReDrafter greedy tokens/step ({len(prompts)} prompts)"))
+    return report
+
+
+def training_prompts(ctx: RunContext, limit: int) -> list[list[int]]:
+    """Prompts cut from the training sequences: the tokens before their first training token
+    (for plain text, its first 16 tokens)."""
+    prompts = []
+    for seq in ctx.sequences[:limit]:
+        first = seq.train.index(True)
+        prompts.append(seq.tokens[:first] if first > 1 else seq.tokens[:16])
+    return prompts

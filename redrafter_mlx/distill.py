@@ -422,13 +422,18 @@ class Trainer:
             loss_sum, steps_sum, acc_sum = loss_sum + loss, steps_sum + step_losses, acc_sum + accs
         n = len(batches)
         grads = tree_map(lambda g: g / n, total)
+        metrics = (loss_sum / n, steps_sum / n, acc_sum / n)
         if self.group is not None and self.group.size() > 1:
-            world = self.group.size()
-            grads = tree_map(lambda g: mx.distributed.all_sum(g, group=self.group) / world, grads)
+            grads = tree_map(self._average, grads)
+            metrics = tuple(self._average(m) for m in metrics)
         grads, _ = optim.clip_grad_norm(grads, CLIP_GRAD_NORM)
         self.optimizer.update(self.drafter, grads)
-        mx.eval(self.drafter.parameters(), self.optimizer.state)
-        return loss_sum / n, steps_sum / n, acc_sum / n
+        mx.eval(self.drafter.parameters(), self.optimizer.state, *metrics)
+        return metrics
+
+    def _average(self, x: mx.array) -> mx.array:
+        """Mean over the processes of a data-parallel run."""
+        return mx.distributed.all_sum(x, group=self.group) / self.group.size()
 
     @property
     def learning_rate(self) -> float:
@@ -645,7 +650,7 @@ def distill(model_dir, data_files, out_dir, **options) -> dict:
     ctx = prepare(model_dir, data_files, out, opts, progress, rank, world)
     trainer = Trainer(new_drafter(drafter_args(ctx.model, opts), opts.seed), opts,
                       ctx.total_steps, group)
-    start = restore(ctx, trainer, opts, progress)
+    start = restore(ctx, trainer, opts, progress, rank)
     history = train_loop(ctx, trainer, opts, progress, start, rank)
     config = drafter_config(trainer.drafter.args, opts.predict_tokens, opts.targets)
     if rank == 0 and (not list_checkpoints(out) or history):
@@ -725,11 +730,16 @@ def prepare(model_dir, data_files, out: Path, opts: DistillOptions, progress: Pr
     return RunContext(model, tokenizer, path, out, cache, order, total, sequences, run)
 
 
-def restore(ctx: RunContext, trainer: Trainer, opts: DistillOptions, progress: Progress) -> int:
-    """Prepare ``out`` for this run; with resume, load the newest checkpoint. Returns its step."""
+def restore(ctx: RunContext, trainer: Trainer, opts: DistillOptions, progress: Progress,
+            rank: int = 0) -> int:
+    """Prepare ``out`` for this run; with resume, load the newest checkpoint. Returns its step.
+
+    Only rank 0 deletes anything (temp dirs of a crashed write; old checkpoints on overwrite).
+    """
     out = ctx.out
     out.mkdir(parents=True, exist_ok=True)
-    clean_stale_temps(out)
+    if rank == 0:
+        clean_stale_temps(out)
     existing = list_checkpoints(out)
     if existing and not opts.resume:
         if not opts.overwrite:
@@ -737,7 +747,8 @@ def restore(ctx: RunContext, trainer: Trainer, opts: DistillOptions, progress: P
                 f"{out} already holds a distillation run ({existing[-1].name}); pass --resume to "
                 f"continue it, --overwrite to start over, or choose another --out"
             )
-        shutil.rmtree(checkpoint_root(out))
+        if rank == 0:
+            shutil.rmtree(checkpoint_root(out))
         existing = []
     if not existing:
         if opts.resume:
@@ -802,7 +813,7 @@ def final_eval(ctx: RunContext, opts: DistillOptions, progress: Progress) -> dic
                   greedy=True, results=results)
     (ctx.out / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
     if not opts.quiet:
-        progress.console.print(eval_table(results, f"ReDrafter greedy tokens/step ({len(prompts)} prompts)"))
+        progress.console.print(eval_table(results, f"tokens/step, {len(prompts)} prompts"))
     return report
 
 

@@ -79,11 +79,14 @@ class Attention(nn.Module):
             args.max_position_embeddings,
         )
 
-    def _rotate(self, x: mx.array, positions: mx.array) -> mx.array:
-        """RoPE at per-token positions: fold tokens into rows, one offset per row.
+    def _rotate(self, x: mx.array, positions) -> mx.array:
+        """RoPE at per-token positions. x: (B, T, heads, D) -> (B, T, heads, D).
 
-        x: (B, T, heads, D), positions: (B, T) -> (B, T, heads, D).
+        ``positions`` is either (B, T) int positions (fused kernel: fold tokens into rows,
+        one offset per row) or precomputed ``(cos, sin)`` tables from ``rope_tables``.
         """
+        if isinstance(positions, tuple):
+            return apply_rope(x, *positions, self.rope.traditional)
         B, T, heads, D = x.shape
         rows = x.reshape(B * T, heads, 1, D)
         return self.rope(rows, offset=positions.reshape(-1)).reshape(B, T, heads, D)
@@ -104,6 +107,43 @@ class Attention(nn.Module):
             q.transpose(0, 2, 1, 3), keys[:, :, :A], values[:, :, :A], self.scale, mask
         )
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, T, -1)), keys, values
+
+
+def rope_tables(rope: nn.Module, positions: mx.array):
+    """cos/sin of the rotary angles at ``positions`` (B, T): two (B, T, 1, dims/2) arrays.
+
+    Covers mlx-lm's default/linear (``nn.RoPE``) and llama3 (``_freqs``) rope modules;
+    returns None for other variants (the module's fused kernel is used then). On the CPU
+    backend this is much cheaper than the fused kernel with per-row offsets, and one table
+    serves every layer.
+    """
+    half = rope.dims // 2
+    if isinstance(rope, nn.RoPE):
+        inv_freq = rope.base ** (-mx.arange(0, rope.dims, 2, dtype=mx.float32) / rope.dims)
+        pos = positions.astype(mx.float32) * rope.scale
+    elif "_freqs" in rope.__dict__ or hasattr(rope, "_freqs"):
+        inv_freq = 1.0 / rope._freqs.astype(mx.float32)
+        pos = positions.astype(mx.float32)
+    else:
+        return None
+    angles = pos[..., None] * inv_freq[:half]  # (B, T, half)
+    return mx.cos(angles)[:, :, None, :], mx.sin(angles)[:, :, None, :]
+
+
+def apply_rope(x: mx.array, cos: mx.array, sin: mx.array, traditional: bool) -> mx.array:
+    """Rotate (B, T, heads, D) by tables (B, T, 1, dims/2); dims beyond 2*half pass through."""
+    half = cos.shape[-1]
+    cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
+    rest = x[..., 2 * half:]
+    if traditional:
+        pairs = x[..., : 2 * half].reshape(*x.shape[:-1], half, 2)
+        a, b = pairs[..., 0], pairs[..., 1]
+        rotated = mx.stack([a * cos - b * sin, b * cos + a * sin], axis=-1)
+        rotated = rotated.reshape(*x.shape[:-1], 2 * half)
+    else:
+        a, b = x[..., :half], x[..., half: 2 * half]
+        rotated = mx.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+    return mx.concatenate([rotated, rest], axis=-1) if rest.shape[-1] else rotated
 
 
 def attention(q, k, v, scale: float, mask):
@@ -195,6 +235,8 @@ class Model(nn.Module):
         layer) of (B, n_kv, S, D), A <= S. Returns (hidden (B, T, H) after the final norm, keys, values).
         """
         x = self.embed(tokens)
+        if mx.default_device() == mx.cpu:  # one rope table for all layers (see rope_tables)
+            positions = rope_tables(self.model.layers[0].self_attn.rope, positions) or positions
         new_keys, new_values = [], []
         for layer, k, v in zip(self.model.layers, keys, values):
             x, k, v = layer(x, positions, mask, k, v, write_idx)

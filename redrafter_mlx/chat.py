@@ -1,0 +1,234 @@
+"""The interactive chat loop behind ``redrafter-mlx chat``.
+
+One :class:`ChatLoop` holds the conversation and one engine ``Session``, so each turn
+prefills only the tokens its prompt adds to what the KV cache already holds. When the
+history plus ``max_tokens`` would not fit the model's context, the oldest turns are
+dropped (the cache prefix then changes and ``Session.reuse`` re-prefills from there).
+Ctrl-C during an answer stops that answer, keeps what was said, and returns to the prompt.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable, Optional
+
+from rich.console import Console
+from rich.text import Text
+
+HELP = (
+    "/reset  clear the conversation · /stats  details of the last answer · "
+    "/system <text>  set the system prompt (/system alone shows it) · "
+    "/quit  leave (or Ctrl-D) · Ctrl-C stops an answer"
+)
+DRAFTED_STYLE = "green"
+
+
+def read_line(prompt: str = ">> ") -> Optional[str]:
+    """One line of user input, or None at end of input (Ctrl-D or the end of a pipe).
+
+    The prompt string is shown only on a terminal, so piped transcripts stay clean.
+    """
+    try:
+        return input(prompt if sys.stdin.isatty() else "")
+    except EOFError:
+        return None
+
+
+class ChatLoop:
+    """A multi-turn conversation with KV-cache reuse through one ``Session``."""
+
+    def __init__(self, engine, plan, sampling, max_tokens: int, system: Optional[str] = None,
+                 show_accepted: bool = False, console: Optional[Console] = None):
+        from redrafter_mlx.generate import Session, stream_generate
+
+        self.engine = engine
+        self.plan = plan
+        self.sampling = sampling
+        self.max_tokens = max_tokens
+        self.system = system
+        self.show_accepted = show_accepted
+        self.console = console or Console(highlight=False, soft_wrap=True)
+        self.messages: list[dict] = []
+        self.session = Session(engine.model)
+        self.stream = stream_generate  # replaceable (tests inject interruptions)
+        self.last = None  # the last answer's final GenerationResponse
+        self.dropped_turns = 0
+
+    # ------------------------------------------------------------------ prompt and context
+
+    def prompt_ids(self) -> list[int]:
+        """The whole conversation in the chat format, ending with an open assistant turn."""
+        return self.engine.tokenizer.chat_prompt(self.messages, system=self.system)
+
+    def fit_context(self) -> list[int]:
+        """Drop the oldest turns until history + max_tokens fits the context; return the ids.
+
+        The newest user message is always kept; if it alone is too long the engine reports it.
+        """
+        context = self.engine.model.max_context
+        ids = self.prompt_ids()
+        dropped = 0
+        while context is not None and len(ids) + self.max_tokens > context and len(self.messages) > 1:
+            turn = 2 if self.messages[1]["role"] == "assistant" else 1
+            del self.messages[:turn]
+            dropped += 1
+            ids = self.prompt_ids()
+        if dropped:
+            self.dropped_turns += dropped
+            self.note(f"[dropped the oldest {dropped} turn(s) to fit the model's context of "
+                      f"{context} tokens]")
+        return ids
+
+    # ------------------------------------------------------------------ one answer
+
+    def answer(self, user_text: str) -> str:
+        """Stream the assistant's answer to ``user_text``; return the text kept in history."""
+        self.messages.append({"role": "user", "content": user_text})
+        ids = self.fit_context()
+        text, interrupted = "", False
+        try:
+            text, interrupted = self.stream_answer(ids)
+        except ValueError as e:  # e.g. the message alone exceeds the context
+            self.messages.pop()
+            self.console.print(Text(f"error: {e}", style="bold red"))
+            return ""
+        finally:
+            self.repair_session()
+        if interrupted:
+            self.note("[interrupted]")
+        if text or not interrupted:
+            self.messages.append({"role": "assistant", "content": text})
+        else:
+            self.messages.pop()  # nothing was said: forget the unanswered message
+        if self.last is not None:
+            from redrafter_mlx.commands.common import stats_line
+
+            self.note(stats_line(self.last, self.plan))
+        return text
+
+    def stream_answer(self, ids: list[int]) -> tuple[str, bool]:
+        """Print the answer as steps are accepted; return (text, interrupted by Ctrl-C)."""
+        from redrafter_mlx.tokenizer import StreamDecoder
+
+        e = self.engine
+        decoder = StreamDecoder(e.tokenizer)
+        text = ""
+        self.last = None
+        stream = self.stream(e.model, e.drafter, e.tokenizer, ids, max_tokens=self.max_tokens,
+                             session=self.session, **self.plan.kwargs(), **self.sampling.kwargs())
+        try:
+            for response in stream:
+                text += response.text
+                self.last = response
+                self.show(response, decoder)
+        except KeyboardInterrupt:
+            return text, True
+        finally:
+            stream.close()  # hands the KV cache back to the session
+            self.console.print()
+        return text, False
+
+    def show(self, response, decoder) -> None:
+        """Print one streamed chunk; with --show-accepted, drafter tokens are coloured."""
+        if not self.show_accepted:
+            self.console.print(response.text, end="", markup=False)
+            return
+        k = sum(response.drafted_tokens)  # drafted tokens come first in a step
+        drafted = decoder.add(response.tokens[:k])
+        own = decoder.add(response.tokens[k:])
+        if response.finish_reason:
+            own += decoder.flush()
+        self.console.print(Text(drafted, style=DRAFTED_STYLE) + Text(own), end="")
+
+    def repair_session(self) -> None:
+        """After an interruption at an unlucky moment the session may have lost its cache."""
+        if self.session.keys is None:
+            from redrafter_mlx.generate import Session
+
+            self.session = Session(self.engine.model)
+
+    # ------------------------------------------------------------------ commands
+
+    def command(self, line: str) -> bool:
+        """Run an in-chat ``/command``; return False when the user wants to leave."""
+        name, _, arg = line.strip().partition(" ")
+        if name in ("/quit", "/exit", "/q"):
+            return False
+        if name == "/reset":
+            self.reset()
+        elif name == "/stats":
+            self.console.print(self.stats_text(), markup=False)
+        elif name == "/system":
+            self.set_system(arg.strip())
+        elif name == "/help":
+            self.note(HELP)
+        else:
+            self.note(f"unknown command {name}; {HELP}")
+        return True
+
+    def reset(self) -> None:
+        """Forget the conversation and the KV cache."""
+        self.messages.clear()
+        self.session.reset()
+        self.last = None
+        self.note("[conversation cleared]")
+
+    def set_system(self, text: str) -> None:
+        """Set the system prompt (the next turn re-prefills from where the prompt changes)."""
+        if not text:
+            from redrafter_mlx.tokenizer import VICUNA_SYSTEM
+
+            current = self.system if self.system is not None else f"(default) {VICUNA_SYSTEM}"
+            self.note(f"system prompt: {current}")
+            return
+        self.system = text
+        self.note("[system prompt set; the conversation is kept]")
+
+    def stats_text(self) -> str:
+        """Details of the last answer and the cache (the ``/stats`` command)."""
+        from redrafter_mlx.commands.common import format_hist
+
+        lines = [f"beam: {self.plan.label} ({self.plan.source})",
+                 f"history: {len(self.messages)} messages, {len(self.session.cached[0])} tokens "
+                 f"cached, {self.dropped_turns} turn(s) dropped for context"]
+        r = self.last
+        if r is None:
+            return "\n".join(lines + ["no answer yet"])
+        lines += [
+            f"prompt: {r.prompt_tokens} tokens, {r.prefilled_tokens} prefilled "
+            f"({r.prompt_tokens - r.prefilled_tokens} reused from the cache), "
+            f"{r.prompt_tps:.0f} tok/s",
+            f"answer: {r.generation_tokens} tokens, {r.generation_tps:.1f} tok/s, "
+            f"time to first token {r.time_to_first_token * 1e3:.0f} ms, finish {r.finish_reason}",
+        ]
+        if self.plan.speculative:
+            lines.append(f"steps: {r.steps}, {r.tokens_per_step:.2f} tokens/step, mean packed "
+                         f"{r.mean_packed:.1f} of {self.plan.width * self.plan.length}, "
+                         f"host {r.host_ms_per_step:.2f} ms/step, {format_hist(r.accept_hist)}")
+        lines.append(f"peak memory: {r.peak_memory_gb:.3f} GB")
+        return "\n".join(lines)
+
+    def note(self, message: str) -> None:
+        """A dim status line."""
+        self.console.print(Text(message, style="dim"))
+
+
+def run_chat(loop: ChatLoop, read: Callable[[str], Optional[str]] = read_line) -> None:
+    """Read messages until /quit or end of input; Ctrl-C at the prompt only clears the line."""
+    while True:
+        try:
+            line = read(">> ")
+        except KeyboardInterrupt:
+            loop.console.print()
+            loop.note("(Ctrl-D or /quit leaves)")
+            continue
+        if line is None:
+            loop.console.print()
+            return
+        if not line.strip():
+            continue
+        if line.startswith("/"):
+            if not loop.command(line):
+                return
+            continue
+        loop.answer(line)

@@ -1,0 +1,181 @@
+"""``redrafter-mlx bench``: measure ReDrafter against plain decoding on a prompt set.
+
+Runs AR, each ReDrafter configuration (the tuned/preset shape, or ``--grid``) and, with
+``--mlx-lm``, mlx-lm's own generator on the same base model, interleaved per prompt after
+one warm-up each. Prints a rich table (``--json`` / ``--csv`` for machines); a greedy
+ReDrafter run that does not reproduce AR's tokens is a red error and exit code 1.
+``--verify-cost`` instead times one verify pass per capacity against one AR step.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from redrafter_mlx.commands.common import (
+    BeamLengthOpt, BeamWidthOpt, CapacityOpt, DrafterOpt, DtypeOpt, Engine, FlagError, MinPOpt, ModelOpt,
+    ModelPaths, NoDraftOpt, Sampling, SeedOpt, SystemPromptOpt, TempOpt, TopKOpt, TopPOpt,
+    VerboseOpt, check_dtype, check_max_tokens, cli_errors, err_console, fail, load_engine,
+    out_console, resolve_paths, resolve_plan,
+)
+
+
+def choose_configs(paths: ModelPaths, dtype: Optional[str], grid: Optional[str],
+                   width: Optional[int], length: Optional[int], capacity: Optional[int],
+                   no_draft: bool, with_mlx_lm: bool) -> tuple[list, str]:
+    """(configurations to run, a sentence saying where the ReDrafter shapes came from)."""
+    from redrafter_mlx.bench import AR_NAME, MLX_LM_NAME, Config, parse_grid, redrafter_config
+    from redrafter_mlx.commands.common import check_shape
+    from redrafter_mlx.generate import DEFAULT_BEAM_LENGTH, DEFAULT_BEAM_WIDTH
+
+    configs = [Config(AR_NAME, "ar")]
+    if grid is not None and paths.drafter is not None and not no_draft:
+        shapes = parse_grid(grid)
+        for w, n in shapes:
+            check_shape(w, n, capacity)
+        configs += [redrafter_config(w, n, capacity) for w, n in shapes]
+        source = "beam shapes from --grid"
+    else:
+        plan = resolve_plan(paths, dtype, width, length, capacity, no_draft)
+        source = plan.source
+        if plan.speculative:
+            configs.append(redrafter_config(plan.width, plan.length, plan.capacity))
+        elif paths.drafter is not None and not no_draft:  # tuning found AR faster: show why
+            configs.append(redrafter_config(DEFAULT_BEAM_WIDTH, DEFAULT_BEAM_LENGTH))
+            source += f"; benchmarking the engine default W{DEFAULT_BEAM_WIDTH}×L{DEFAULT_BEAM_LENGTH}"
+    if with_mlx_lm:
+        configs.append(Config(MLX_LM_NAME, "mlx-lm"))
+    return configs, source
+
+
+def make_runner(engine: Engine, max_tokens: int, sampling: Sampling, with_mlx_lm: bool):
+    """A function (config, prompt ids) -> Run that dispatches on the configuration's kind."""
+    from redrafter_mlx import bench as logic
+
+    lm = logic.load_mlx_lm(engine.paths.model, engine.dtype) if with_mlx_lm else None
+
+    def runner(config, ids):
+        if config.kind == "mlx-lm":
+            return logic.run_mlx_lm(lm, ids, max_tokens, sampling)
+        return logic.run_engine(engine, config, ids, max_tokens, sampling)
+
+    return runner
+
+
+def show_verify_cost(hidden: int, layers: int, as_json: bool) -> None:
+    """``--verify-cost``: the engine's verify-vs-AR timing per capacity."""
+    from redrafter_mlx.bench import render_verify_cost, verify_cost_rows
+
+    rows = verify_cost_rows(hidden, layers)
+    if as_json:
+        print(json.dumps({"hidden": hidden, "layers": layers, "rows": rows}))
+    else:
+        out_console().print(render_verify_cost(rows, hidden, layers))
+
+
+def print_mismatches(mismatches: list[dict]) -> None:
+    """One red line per greedy ReDrafter run that differs from AR."""
+    from rich.text import Text
+
+    console = err_console()
+    for m in mismatches:
+        console.print(Text(
+            f"MISMATCH: {m['config']} differs from AR on prompt {m['prompt'] + 1} at token "
+            f"{m['position']} ({m['tokens']} vs {m['ar_tokens']} tokens): greedy speculative "
+            f"decoding must reproduce AR exactly; this is an engine bug", style="bold red"))
+
+
+def bench(
+    model: ModelOpt = None,
+    drafter: DrafterOpt = None,
+    prompts: Annotated[Optional[str], typer.Option(
+        "--prompts", help="mt-bench, vicuna-bench, demo, or a JSONL file of {\"turns\": [...]} "
+                          "[default: demo with the demo model, else mt-bench].",
+        show_default=False)] = None,
+    num_prompts: Annotated[int, typer.Option("--num-prompts", help="How many prompts to run.")] = 8,
+    max_tokens: Annotated[int, typer.Option(
+        "--max-tokens", "-n", help="Most tokens per answer.")] = 128,
+    grid: Annotated[Optional[str], typer.Option(
+        "--grid", help="ReDrafter shapes to compare, widths x lengths: 1,2x4,5 "
+                       "[default: the tuned profile or chip preset].", show_default=False)] = None,
+    with_mlx_lm: Annotated[bool, typer.Option(
+        "--mlx-lm", help="Also run mlx-lm's generator on the same base model.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object to stdout.")] = False,
+    csv_path: Annotated[Optional[Path], typer.Option(
+        "--csv", help="Also write the summary rows to this CSV file.", show_default=False)] = None,
+    verify_cost: Annotated[bool, typer.Option(
+        "--verify-cost", help="Time one verify pass per capacity against one AR step instead.")] = False,
+    hidden: Annotated[int, typer.Option("--hidden", help="--verify-cost: hidden size.")] = 2048,
+    layers: Annotated[int, typer.Option("--layers", help="--verify-cost: layers.")] = 8,
+    temp: TempOpt = 0.0,
+    top_p: TopPOpt = 1.0,
+    top_k: TopKOpt = 0,
+    min_p: MinPOpt = 0.0,
+    seed: SeedOpt = None,
+    system_prompt: SystemPromptOpt = None,
+    beam_width: BeamWidthOpt = None,
+    beam_length: BeamLengthOpt = None,
+    capacity: CapacityOpt = None,
+    no_draft: NoDraftOpt = False,
+    dtype: DtypeOpt = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Benchmark ReDrafter against autoregressive decoding (and mlx-lm) on a prompt set."""
+    from redrafter_mlx import bench as logic
+
+    with cli_errors(verbose):
+        if verify_cost:
+            show_verify_cost(hidden, layers, as_json)
+            return
+        sampling = Sampling.make(temp, top_p, top_k, min_p, seed)
+        check_max_tokens(max_tokens)
+        check_dtype(dtype)
+        if num_prompts < 1:
+            raise FlagError(f"--num-prompts must be >= 1, got {num_prompts}")
+        paths = resolve_paths(model, drafter)
+        prompt_set = prompts or ("demo" if paths.demo else "mt-bench")
+        try:
+            texts = logic.load_prompts(prompt_set, num_prompts)
+            configs, source = choose_configs(paths, dtype, grid, beam_width, beam_length,
+                                             capacity, no_draft, with_mlx_lm)
+        except logic.BenchError as e:  # a bad --prompts or --grid value
+            raise FlagError(str(e)) from None
+        engine = load_engine(paths, dtype, with_drafter=any(c.kind == "redrafter" for c in configs))
+        ids = [engine.tokenizer.chat_prompt([{"role": "user", "content": t}], system=system_prompt)
+               for t in texts]
+        runner = make_runner(engine, max_tokens, sampling, with_mlx_lm)
+        with err_console().status("benchmarking") as status:
+            result = logic.run_bench(configs, ids, runner, texts, sampling.greedy,
+                                     progress=lambda m: status.update(f"benchmarking: {m}"))
+        meta = dict(model=paths.model, drafter=paths.drafter, demo=paths.demo, dtype=engine.dtype,
+                    prompt_set=prompt_set, max_tokens=max_tokens, sampling=sampling.kwargs(),
+                    beam_source=source)
+        data = logic.report(result, meta)
+        if csv_path is not None:
+            logic.write_csv(data["configs"], str(csv_path))
+        if as_json:
+            print(json.dumps(data))
+        else:
+            print_report(data)
+        if data["mismatches"]:
+            print_mismatches(data["mismatches"])
+            raise fail(f"{len(data['mismatches'])} greedy run(s) did not reproduce AR's tokens")
+
+
+def print_report(data: dict) -> None:
+    """The rich table plus notes on the shape source and mlx-lm agreement."""
+    from redrafter_mlx.bench import render_table
+
+    title = (f"{Path(data['model']).name} · {data['prompt_set']} × {data['num_prompts']} · "
+             f"max {data['max_tokens']} tokens · {data['dtype']}"
+             + (" · greedy" if data["greedy"] else f" · temp {data['sampling']['temperature']}"))
+    console = out_console()
+    console.print(render_table(data["configs"], title))
+    console.print(f"[dim]ReDrafter shapes: {data['beam_source']}.[/]")
+    agreement = data["mlx_lm_matching_prompts"]
+    if agreement is not None:
+        console.print(f"[dim]mlx-lm greedy tokens equal AR's on {agreement}/"
+                      f"{data['num_prompts']} prompts (float rounding may differ).[/]")

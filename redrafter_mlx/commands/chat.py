@@ -1,0 +1,70 @@
+"""``redrafter-mlx chat``: a multi-turn terminal chat with ReDrafter speculative decoding.
+
+Answers stream as the verifier accepts them; each turn reuses the KV cache of the
+conversation so far (see :mod:`redrafter_mlx.chat` for the loop and in-chat commands).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from redrafter_mlx.commands.common import (
+    BeamLengthOpt, BeamWidthOpt, CapacityOpt, DrafterOpt, DtypeOpt, MinPOpt, ModelOpt,
+    NoDraftOpt, Sampling, SeedOpt, SystemPromptOpt, TempOpt, TopKOpt, TopPOpt, VerboseOpt,
+    check_dtype, check_max_tokens, cli_errors, load_engine, out_console, resolve_paths,
+    resolve_plan,
+)
+
+
+def greeting(engine, plan, show_accepted: bool) -> str:
+    """The first lines: which model, which beam shape and why, and how to leave."""
+    from redrafter_mlx.chat import DRAFTED_STYLE
+
+    drafter = f" + drafter {engine.paths.drafter}" if plan.speculative else ""
+    lines = [f"[bold]redrafter-mlx chat[/] · {engine.paths.model}{drafter} ({engine.dtype})",
+             f"[dim]beam {plan.label} ({plan.source})[/]",
+             "[dim]Type /help for commands; /quit or Ctrl-D leaves; Ctrl-C stops an answer.[/]"]
+    if show_accepted and plan.speculative:
+        lines.append(f"[dim]Drafter-accepted tokens are shown in [{DRAFTED_STYLE}]"
+                     f"{DRAFTED_STYLE}[/].[/]")
+    return "\n".join(lines)
+
+
+def chat(
+    model: ModelOpt = None,
+    drafter: DrafterOpt = None,
+    max_tokens: Annotated[int, typer.Option(
+        "--max-tokens", "-n", help="Most tokens per answer.")] = 512,
+    temp: TempOpt = 0.0,
+    top_p: TopPOpt = 1.0,
+    top_k: TopKOpt = 0,
+    min_p: MinPOpt = 0.0,
+    seed: SeedOpt = None,
+    system_prompt: SystemPromptOpt = None,
+    beam_width: BeamWidthOpt = None,
+    beam_length: BeamLengthOpt = None,
+    capacity: CapacityOpt = None,
+    no_draft: NoDraftOpt = False,
+    show_accepted: Annotated[bool, typer.Option(
+        "--show-accepted", help="Colour the tokens that came from the drafter.")] = False,
+    dtype: DtypeOpt = None,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Chat with a model in the terminal, sped up by ReDrafter speculative decoding."""
+    with cli_errors(verbose):
+        sampling = Sampling.make(temp, top_p, top_k, min_p, seed)
+        check_max_tokens(max_tokens)
+        check_dtype(dtype)
+        paths = resolve_paths(model, drafter)
+        plan = resolve_plan(paths, dtype, beam_width, beam_length, capacity, no_draft)
+        engine = load_engine(paths, dtype, with_drafter=plan.speculative)
+
+        from redrafter_mlx.chat import ChatLoop, run_chat
+
+        console = out_console()
+        console.print(greeting(engine, plan, show_accepted))
+        loop = ChatLoop(engine, plan, sampling, max_tokens, system=system_prompt,
+                        show_accepted=show_accepted, console=console)
+        run_chat(loop)

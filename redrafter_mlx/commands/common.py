@@ -1,0 +1,359 @@
+"""Shared pieces of the chat / generate / bench commands.
+
+* typer option types (``--model``, ``--drafter``, sampling and beam flags) so every command
+  spells them the same way, following ``mlx_lm.generate`` / ``mlx_lm.chat``;
+* flag validation (a bad value is one red line and exit code 2);
+* model resolution (``--model``, else the bundled demo model) and loading;
+* the beam shape: explicit flags, else the tuned profile or chip preset;
+* error handling: one red ``error:`` line on stderr and exit code 1, a traceback only
+  with ``--verbose``;
+* the dim one-line stats summary printed after an answer.
+
+Only typer and the standard library are imported at module level so ``--help`` is fast.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Annotated, Iterator, Optional
+
+import typer
+
+# --------------------------------------------------------------------------- option types
+
+ModelOpt = Annotated[Optional[str], typer.Option(
+    "--model", "-m", help="MLX model directory or Hugging Face repo id "
+                          "[default: the bundled demo model].", show_default=False)]
+DrafterOpt = Annotated[Optional[str], typer.Option(
+    "--drafter", "-d", help="ReDrafter drafter directory trained for --model "
+                            "[default: the demo drafter with the demo model, else none: "
+                            "plain decoding].", show_default=False)]
+TempOpt = Annotated[float, typer.Option("--temp", help="Sampling temperature (0 = greedy).")]
+TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass in (0, 1].")]
+TopKOpt = Annotated[int, typer.Option("--top-k", help="Keep only the k most likely tokens (0 = off).")]
+MinPOpt = Annotated[float, typer.Option("--min-p", help="Drop tokens below min_p x the top probability.")]
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed for sampling.")]
+SystemPromptOpt = Annotated[Optional[str], typer.Option(
+    "--system-prompt", help="System prompt [default: Vicuna's, or the chat template's].",
+    show_default=False)]
+BeamWidthOpt = Annotated[Optional[int], typer.Option(
+    "--beam-width", help="Beams drafted per step [default: tuned profile or chip preset].",
+    show_default=False)]
+BeamLengthOpt = Annotated[Optional[int], typer.Option(
+    "--beam-length", help="Tokens per beam, counting the init token (>= 2) "
+                          "[default: tuned profile or chip preset].", show_default=False)]
+CapacityOpt = Annotated[Optional[int], typer.Option(
+    "--capacity", help="Packed tree slots verified per step, in [L, W*L] "
+                       "[default: W*(L-1)+1, or the tuned value].", show_default=False)]
+NoDraftOpt = Annotated[bool, typer.Option(
+    "--no-draft", help="Decode autoregressively (the baseline) through the same engine.")]
+DtypeOpt = Annotated[Optional[str], typer.Option(
+    "--dtype", help="float16, bfloat16 or float32 [default: float16 on Metal, float32 on CPU].",
+    show_default=False)]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show tracebacks on errors.")]
+
+DTYPES = ("float16", "bfloat16", "float32")
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class FlagError(ValueError):
+    """A bad command-line value: reported as one line with exit code 2."""
+
+
+def err_console():
+    """A rich console on stderr (errors, stats, notes)."""
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def out_console():
+    """A rich console on stdout (answers and tables)."""
+    from rich.console import Console
+
+    return Console(highlight=False, soft_wrap=True)
+
+
+def fail(message: str, code: int = 1) -> typer.Exit:
+    """Print ``error: message`` in red on stderr; return the typer.Exit to raise."""
+    from rich.text import Text
+
+    err_console().print(Text(f"error: {message}", style="bold red"))
+    return typer.Exit(code=code)
+
+
+@contextlib.contextmanager
+def cli_errors(verbose: bool = False) -> Iterator[None]:
+    """Turn exceptions into one red line and an exit code (traceback only with --verbose).
+
+    FlagError -> 2; LoadError, ValueError, OSError and anything unexpected -> 1;
+    Ctrl-C -> 130. typer's own exits pass through.
+    """
+    from redrafter_mlx.loading import LoadError
+
+    try:
+        yield
+    except (typer.Exit, typer.Abort):
+        raise
+    except FlagError as e:
+        _maybe_traceback(verbose)
+        raise fail(str(e), code=2) from None
+    except (LoadError, ValueError, OSError) as e:
+        _maybe_traceback(verbose)
+        raise fail(str(e)) from None
+    except KeyboardInterrupt:
+        _maybe_traceback(verbose)
+        raise fail("interrupted", code=130) from None
+    except Exception as e:  # a bug: still one line unless asked for details
+        _maybe_traceback(verbose)
+        hint = "" if verbose else " (run with --verbose for the traceback)"
+        raise fail(f"unexpected {type(e).__name__}: {e}{hint}") from None
+
+
+def _maybe_traceback(verbose: bool) -> None:
+    """Print the current exception's traceback on stderr when --verbose is on."""
+    if verbose:
+        traceback.print_exc(file=sys.stderr)
+
+
+# --------------------------------------------------------------------------- flag validation
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Sampling flags, validated; ``kwargs()`` feeds ``stream_generate``."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: Optional[int] = None
+
+    @classmethod
+    def make(cls, temp: float, top_p: float, top_k: int, min_p: float,
+             seed: Optional[int]) -> "Sampling":
+        """Validate the sampling flags; raise FlagError naming the flag and its range."""
+        if temp < 0:
+            raise FlagError(f"--temp must be >= 0 (0 = greedy), got {temp}")
+        if not 0.0 < top_p <= 1.0:
+            raise FlagError(f"--top-p must be in (0, 1], got {top_p}")
+        if top_k < 0:
+            raise FlagError(f"--top-k must be >= 0 (0 disables it), got {top_k}")
+        if not 0.0 <= min_p < 1.0:
+            raise FlagError(f"--min-p must be in [0, 1), got {min_p}")
+        return cls(temp, top_p, top_k, min_p, seed)
+
+    @property
+    def greedy(self) -> bool:
+        """True when decoding is deterministic (argmax)."""
+        return self.temperature <= 0.0
+
+    def kwargs(self) -> dict:
+        """Keyword arguments of ``stream_generate``."""
+        return dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
+                    min_p=self.min_p, seed=self.seed)
+
+
+def check_dtype(dtype: Optional[str]) -> Optional[str]:
+    """The --dtype value, or FlagError listing the valid ones."""
+    if dtype is not None and dtype not in DTYPES:
+        raise FlagError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    return dtype
+
+
+def check_max_tokens(max_tokens: int) -> int:
+    """--max-tokens must be positive."""
+    if max_tokens < 1:
+        raise FlagError(f"--max-tokens must be >= 1, got {max_tokens}")
+    return max_tokens
+
+
+# --------------------------------------------------------------------------- model choice
+
+
+@dataclass(frozen=True)
+class ModelPaths:
+    """Where the model and drafter come from; ``demo`` when the bundled model is used."""
+
+    model: str
+    drafter: Optional[str]
+    demo: bool = False
+
+
+def demo_available() -> Optional[tuple[Path, Optional[Path], str]]:
+    """(base dir, drafter dir or None, note) of the bundled demo model, or None if not built."""
+    try:
+        from redrafter_mlx.demo import DEMO_NOTE, demo_paths
+    except ImportError:
+        return None
+    base, drafter = demo_paths()
+    if not (Path(base) / "config.json").is_file():
+        return None
+    return Path(base), drafter, DEMO_NOTE
+
+
+def resolve_paths(model: Optional[str], drafter: Optional[str]) -> ModelPaths:
+    """``--model``/``--drafter`` as given, else the demo model (and its drafter, if any).
+
+    Raises FlagError when no model is given and no demo model is installed.
+    """
+    if model is not None:
+        return ModelPaths(model, drafter)
+    demo = demo_available()
+    if demo is None:
+        raise FlagError("no --model given and the bundled demo model is not installed; "
+                        "pass --model DIR (an MLX model directory, see 'redrafter-mlx convert')")
+    base, demo_drafter, note = demo
+    err_console().print(note, style="dim")
+    chosen = drafter if drafter is not None else (str(demo_drafter) if demo_drafter else None)
+    return ModelPaths(str(base), chosen, demo=True)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The beam shape to decode with; ``speculative=False`` means plain decoding."""
+
+    width: int
+    length: int
+    capacity: Optional[int]
+    speculative: bool
+    source: str
+
+    @property
+    def label(self) -> str:
+        """``W4×L4 C13`` or ``AR`` (autoregressive)."""
+        if not self.speculative:
+            return "AR"
+        capacity = self.capacity if self.capacity is not None else self.width * (self.length - 1) + 1
+        return f"W{self.width}×L{self.length} C{capacity}"
+
+    def kwargs(self) -> dict:
+        """Beam keyword arguments of ``stream_generate``."""
+        return dict(beam_width=self.width, beam_length=self.length, capacity=self.capacity)
+
+    def to_dict(self) -> dict:
+        """JSON-ready fields plus the label."""
+        return {**asdict(self), "label": self.label}
+
+
+AR_PLAN_WIDTH, AR_PLAN_LENGTH = 1, 2  # placeholder shape for plain decoding (never drafted)
+
+
+def ar_plan(source: str) -> Plan:
+    """A plan for plain autoregressive decoding."""
+    return Plan(AR_PLAN_WIDTH, AR_PLAN_LENGTH, None, False, source)
+
+
+def check_shape(width: int, length: int, capacity: Optional[int]) -> None:
+    """Validate a beam shape with the engine's own rules; FlagError names the flag."""
+    from redrafter_mlx.generate import BeamShape
+
+    try:
+        BeamShape.make(width, length, capacity)
+    except ValueError as e:
+        flag = ("--beam-width" if "width must" in str(e) else
+                "--beam-length" if "length must" in str(e) else "--capacity")
+        raise FlagError(f"{flag}: {e}") from None
+
+
+def resolve_plan(paths: ModelPaths, dtype: Optional[str], width: Optional[int],
+                 length: Optional[int], capacity: Optional[int], no_draft: bool) -> Plan:
+    """The beam shape: flags override the tuned profile / chip preset; no drafter -> AR."""
+    if no_draft:
+        return ar_plan("--no-draft: plain decoding")
+    if paths.drafter is None:
+        why = "the demo model has no drafter yet" if paths.demo else "no --drafter given"
+        return ar_plan(f"{why}: plain decoding")
+    flags_given = any(v is not None for v in (width, length, capacity))
+    if flags_given:
+        from redrafter_mlx.generate import DEFAULT_BEAM_LENGTH, DEFAULT_BEAM_WIDTH
+
+        base = _tuned(paths, dtype)
+        w = width if width is not None else (base.width if base.speculative else DEFAULT_BEAM_WIDTH)
+        n = length if length is not None else (base.length if base.speculative else DEFAULT_BEAM_LENGTH)
+        check_shape(w, n, capacity)
+        return Plan(w, n, capacity, True, "beam shape from flags")
+    return _tuned(paths, dtype)
+
+
+def _tuned(paths: ModelPaths, dtype: Optional[str]) -> Plan:
+    """The tuned profile or chip preset for this model/drafter/dtype, as a Plan."""
+    from tuning import resolve_beam_shape
+
+    choice = resolve_beam_shape(paths.model, paths.drafter, dtype)
+    if not choice.speculative:
+        return ar_plan(choice.source)
+    return Plan(choice.width, choice.length, choice.capacity, True, choice.source)
+
+
+@dataclass
+class Engine:
+    """A loaded model, its drafter (None for plain decoding) and tokenizer."""
+
+    model: object
+    drafter: object
+    tokenizer: object
+    paths: ModelPaths
+    dtype: str
+
+    @property
+    def max_context(self) -> Optional[int]:
+        """The model's context length in tokens (None if unbounded)."""
+        return self.model.max_context
+
+
+def load_engine(paths: ModelPaths, dtype: Optional[str], with_drafter: bool = True) -> Engine:
+    """Load the model (and the drafter when ``with_drafter``); LoadError on any problem."""
+    from redrafter_mlx import load
+
+    drafter_path = paths.drafter if with_drafter else None
+    model, drafter, tokenizer = load(paths.model, drafter_path, dtype)
+    return Engine(model, drafter, tokenizer, paths, dtype_name(model))
+
+
+def dtype_name(model) -> str:
+    """The float dtype the model's weights were loaded in (``float32``...)."""
+    import mlx.core as mx
+
+    dt = model.model.norm.weight.dtype
+    for name in DTYPES:
+        if dt == getattr(mx, name):
+            return name
+    return str(dt)
+
+
+# --------------------------------------------------------------------------- stats rendering
+
+
+def format_hist(hist: list[int]) -> str:
+    """``accept 1:12 2:5 3:2 4:1`` (steps that emitted 1..L tokens); empty without steps."""
+    if not hist or not any(hist):
+        return ""
+    return "accept " + " ".join(f"{i}:{n}" for i, n in enumerate(hist, 1))
+
+
+def stats_line(response, plan: Plan) -> str:
+    """The one-line summary after an answer: tokens, speed, acceptance and the beam shape."""
+    parts = [f"{response.generation_tokens} tokens", f"{response.generation_tps:.1f} tok/s"]
+    if plan.speculative:
+        parts.append(f"{response.tokens_per_step:.2f} tok/step")
+        hist = format_hist(response.accept_hist)
+        if hist:
+            parts.append(hist)
+    parts.append(f"TTFT {response.time_to_first_token * 1e3:.0f} ms")
+    parts.append(f"{plan.label} ({plan.source})")
+    return " · ".join(parts)
+
+
+def response_stats(response) -> dict:
+    """All statistics of a final GenerationResponse as a JSON-ready dict."""
+    keys = ("steps", "prompt_tokens", "prefilled_tokens", "generation_tokens", "prompt_tps",
+            "generation_tps", "tokens_per_step", "mean_packed", "time_to_first_token",
+            "host_ms_per_step", "peak_memory_gb", "accept_hist")
+    return {k: getattr(response, k) for k in keys}

@@ -1,0 +1,130 @@
+"""``redrafter-mlx generate``: one prompt in, the streamed answer out, then a stats line.
+
+Like ``mlx_lm.generate``: the answer streams to stdout and the stats go to stderr;
+``--json`` prints one machine-readable object instead; ``--no-draft`` is the
+autoregressive baseline through the same engine; ``--raw`` skips the chat template.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from typing import Annotated, Optional
+
+import typer
+
+from redrafter_mlx.commands.common import (
+    BeamLengthOpt, BeamWidthOpt, CapacityOpt, DrafterOpt, DtypeOpt, Engine, FlagError, MinPOpt,
+    ModelOpt, NoDraftOpt, Plan, Sampling, SeedOpt, SystemPromptOpt, TempOpt, TopKOpt, TopPOpt,
+    VerboseOpt, check_dtype, check_max_tokens, cli_errors, err_console, load_engine,
+    out_console, resolve_paths, resolve_plan, response_stats, stats_line,
+)
+
+
+def read_prompt(prompt: Optional[str]) -> str:
+    """The prompt text: the flag's value, or all of stdin for ``-``."""
+    if prompt is None:
+        raise FlagError("pass --prompt TEXT (or --prompt - to read it from stdin)")
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    if not prompt.strip():
+        raise FlagError("the prompt is empty; pass --prompt TEXT")
+    return prompt
+
+
+def prompt_ids(tokenizer, text: str, chat: bool, system: Optional[str]) -> list[int]:
+    """Token ids: one user turn in the chat format, or the raw text with BOS (``--raw``)."""
+    if chat:
+        return tokenizer.chat_prompt([{"role": "user", "content": text}], system=system)
+    return tokenizer.encode(text)
+
+
+@dataclass
+class Generation:
+    """The whole answer of one run: text, token ids, which came from the drafter, last stats."""
+
+    text: str = ""
+    tokens: list[int] = field(default_factory=list)
+    drafted: list[bool] = field(default_factory=list)
+    final: object = None
+
+
+def run_generation(engine: Engine, plan: Plan, ids: list[int], max_tokens: int,
+                   sampling: Sampling, echo: bool) -> Generation:
+    """Stream one answer (echoing text to stdout when ``echo``) and collect it."""
+    from redrafter_mlx.generate import stream_generate
+
+    out = Generation()
+    console = out_console()
+    for response in stream_generate(engine.model, engine.drafter, engine.tokenizer, ids,
+                                    max_tokens=max_tokens, **plan.kwargs(), **sampling.kwargs()):
+        out.text += response.text
+        out.tokens += response.tokens
+        out.drafted += response.drafted_tokens
+        out.final = response
+        if echo and response.text:
+            console.print(response.text, end="", markup=False)
+    if echo:
+        console.print()
+    return out
+
+
+def result_json(engine: Engine, plan: Plan, sampling: Sampling, result: Generation,
+                chat: bool) -> dict:
+    """The ``--json`` object: text, token ids, finish reason, stats, beam, paths, dtype."""
+    final = result.final
+    return {
+        "text": result.text,
+        "tokens": result.tokens,
+        "drafted_tokens": sum(result.drafted),
+        "finish_reason": final.finish_reason,
+        "stats": response_stats(final),
+        "beam": plan.to_dict(),
+        "sampling": sampling.kwargs(),
+        "chat_template": chat,
+        "model": engine.paths.model,
+        "drafter": engine.paths.drafter if plan.speculative else None,
+        "demo": engine.paths.demo,
+        "dtype": engine.dtype,
+    }
+
+
+def generate(
+    prompt: Annotated[Optional[str], typer.Option(
+        "--prompt", "-p", help="The prompt text, or - to read it from stdin.",
+        show_default=False)] = None,
+    model: ModelOpt = None,
+    drafter: DrafterOpt = None,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens to generate.")] = 256,
+    temp: TempOpt = 0.0,
+    top_p: TopPOpt = 1.0,
+    top_k: TopKOpt = 0,
+    min_p: MinPOpt = 0.0,
+    seed: SeedOpt = None,
+    system_prompt: SystemPromptOpt = None,
+    beam_width: BeamWidthOpt = None,
+    beam_length: BeamLengthOpt = None,
+    capacity: CapacityOpt = None,
+    no_draft: NoDraftOpt = False,
+    dtype: DtypeOpt = None,
+    chat: Annotated[bool, typer.Option(
+        "--chat/--raw", help="Wrap the prompt in the chat template, or feed it as is.")] = True,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object to stdout.")] = False,
+    verbose: VerboseOpt = False,
+) -> None:
+    """Generate a continuation of one prompt with ReDrafter speculative decoding."""
+    with cli_errors(verbose):
+        sampling = Sampling.make(temp, top_p, top_k, min_p, seed)
+        check_max_tokens(max_tokens)
+        check_dtype(dtype)
+        text = read_prompt(prompt)
+        paths = resolve_paths(model, drafter)
+        plan = resolve_plan(paths, dtype, beam_width, beam_length, capacity, no_draft)
+        engine = load_engine(paths, dtype, with_drafter=plan.speculative)
+        ids = prompt_ids(engine.tokenizer, text, chat, system_prompt)
+        result = run_generation(engine, plan, ids, max_tokens, sampling, echo=not as_json)
+        if as_json:
+            print(json.dumps(result_json(engine, plan, sampling, result, chat)))
+        else:
+            err_console().print(stats_line(result.final, plan), style="dim", markup=False)

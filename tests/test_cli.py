@@ -1,0 +1,341 @@
+"""`redrafter-mlx generate` / `bench` and shared error handling, through typer's CliRunner,
+on a tiny random model + drafter saved with the Vicuna tokenizer."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from tests.helpers import save_drafter_dir, save_model_dir, tiny_drafter, tiny_model
+
+TOKENIZER = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "vicuna-tokenizer"
+CONTEXT = 256  # small, so "prompt over the context" is cheap to provoke
+
+
+@pytest.fixture(scope="session")
+def pair(tmp_path_factory):
+    """(model dir, drafter dir, drafter-for-another-model dir) of tiny random models."""
+    if not TOKENIZER.is_dir():
+        pytest.skip(f"the Vicuna tokenizer is not at {TOKENIZER}")
+    root = tmp_path_factory.mktemp("cli")
+    model = tiny_model(vocab=32000, hidden=32, max_position_embeddings=CONTEXT)
+    save_model_dir(model, root / "model", TOKENIZER)
+    save_drafter_dir(tiny_drafter(model), root / "drafter")
+    other = tiny_model(seed=5, vocab=32000, hidden=64)
+    save_drafter_dir(tiny_drafter(other), root / "other_drafter")
+    return str(root / "model"), str(root / "drafter"), str(root / "other_drafter")
+
+
+@pytest.fixture(scope="session")
+def app():
+    """The typer app with every command registered once."""
+    from redrafter_mlx import cli
+
+    if not any(c.name == "generate" for c in cli.app.registered_commands):
+        cli._register()
+    return cli.app
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    """No real tuned profiles: an empty REDRAFTER_MLX_HOME."""
+    monkeypatch.setenv("REDRAFTER_MLX_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def invoke(app, *args, input=None):
+    """Run ``redrafter-mlx ARGS`` in-process (stdout and stderr captured separately)."""
+    return CliRunner().invoke(app, [str(a) for a in args], input=input,
+                              env={"COLUMNS": "120"})
+
+
+def model_args(pair, drafter=True):
+    """``--model M [--drafter D]`` for the tiny pair."""
+    model, drafter_dir, _ = pair
+    return ["--model", model, *(["--drafter", drafter_dir] if drafter else [])]
+
+
+def run_json(app, *args, input=None) -> dict:
+    """Invoke with ``--json``; assert success; return the parsed object."""
+    result = invoke(app, *args, "--json", input=input)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+# --------------------------------------------------------------------------- help
+
+
+def test_help_lists_the_commands(app):
+    result = invoke(app, "--help")
+    assert result.exit_code == 0
+    for name in ("chat", "generate", "bench"):
+        assert name in result.stdout
+
+
+@pytest.mark.parametrize("command", ["chat", "generate", "bench"])
+def test_command_help_shows_the_shared_flags(app, command):
+    result = invoke(app, command, "--help")
+    assert result.exit_code == 0
+    for flag in ("--model", "--drafter", "--max-tokens", "--temp", "--beam-width", "--no-draft",
+                 "--dtype", "--verbose"):
+        assert flag in result.stdout
+
+
+# --------------------------------------------------------------------------- generate
+
+
+def test_generate_streams_the_answer_then_a_stats_line(app, pair):
+    result = invoke(app, "generate", *model_args(pair), "--prompt", "Hello", "--max-tokens", 6)
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip()  # the answer
+    assert "6 tokens" in result.stderr
+    assert "tok/s" in result.stderr and "preset" in result.stderr
+
+
+def test_generate_json_has_text_tokens_stats_and_config(app, pair):
+    data = run_json(app, "generate", *model_args(pair), "-p", "Hello", "-n", 6)
+    assert set(data) >= {"text", "tokens", "finish_reason", "stats", "beam", "model", "drafter",
+                         "dtype", "sampling"}
+    assert len(data["tokens"]) == 6 and all(isinstance(t, int) for t in data["tokens"])
+    assert data["finish_reason"] == "length"
+    assert data["dtype"] == "float32"
+    assert data["beam"]["speculative"] is True and "preset" in data["beam"]["source"]
+    for key in ("prompt_tokens", "generation_tokens", "generation_tps", "tokens_per_step",
+                "time_to_first_token", "peak_memory_gb"):
+        assert isinstance(data["stats"][key], (int, float))
+    assert sum(data["stats"]["accept_hist"]) == data["stats"]["steps"]
+
+
+def test_no_draft_gives_the_same_greedy_text(app, pair):
+    drafted = run_json(app, "generate", *model_args(pair), "-p", "Tell me a story", "-n", 10)
+    plain = run_json(app, "generate", *model_args(pair), "-p", "Tell me a story", "-n", 10,
+                     "--no-draft")
+    assert plain["beam"]["speculative"] is False and plain["drafter"] is None
+    assert plain["tokens"] == drafted["tokens"]
+    assert plain["text"] == drafted["text"]
+
+
+def test_generate_reads_stdin_and_raw_skips_the_template(app, pair):
+    chat = run_json(app, "generate", *model_args(pair), "-p", "-", "-n", 2, input="Hello\n")
+    raw = run_json(app, "generate", *model_args(pair), "-p", "-", "-n", 2, "--raw",
+                   input="Hello\n")
+    assert raw["chat_template"] is False
+    assert raw["stats"]["prompt_tokens"] < chat["stats"]["prompt_tokens"]  # no system prompt
+
+
+def test_beam_flags_override_the_preset(app, pair):
+    data = run_json(app, "generate", *model_args(pair), "-p", "Hi", "-n", 4,
+                    "--beam-width", 2, "--beam-length", 3, "--capacity", 4)
+    assert data["beam"] == {"width": 2, "length": 3, "capacity": 4, "speculative": True,
+                            "source": "beam shape from flags", "label": "W2×L3 C4"}
+
+
+def test_no_drafter_decodes_plainly_and_says_why(app, pair):
+    data = run_json(app, "generate", *model_args(pair, drafter=False), "-p", "Hi", "-n", 3)
+    assert data["beam"]["speculative"] is False
+    assert "no --drafter" in data["beam"]["source"]
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def one_red_line(result, code: int, needle: str) -> None:
+    """The failure contract: exit code, one ``error:`` line naming the problem, no traceback."""
+    assert result.exit_code == code, result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and needle in errors[0], result.stderr
+    assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("command", ["generate", "chat", "bench"])
+def test_unknown_model_dir(app, tmp_path, command):
+    extra = ["-p", "hi"] if command == "generate" else []
+    result = invoke(app, command, "--model", tmp_path / "missing", *extra)
+    one_red_line(result, 1, "model directory not found")
+
+
+def test_drafter_for_another_base_model(app, pair):
+    model, _, other = pair
+    result = invoke(app, "generate", "--model", model, "--drafter", other, "-p", "hi", "-n", 2)
+    one_red_line(result, 1, "another base model")
+
+
+@pytest.mark.parametrize("flags, needle", [
+    (["--beam-length", "1"], "--beam-length"),
+    (["--beam-width", "0"], "--beam-width"),
+    (["--beam-width", "2", "--beam-length", "3", "--capacity", "9"], "--capacity"),
+    (["--temp", "-1"], "--temp"),
+    (["--top-p", "0"], "--top-p"),
+    (["--max-tokens", "0"], "--max-tokens"),
+    (["--dtype", "int8"], "--dtype"),
+])
+def test_bad_flag_values_exit_2(app, pair, flags, needle):
+    result = invoke(app, "generate", *model_args(pair), "-p", "hi", *flags)
+    one_red_line(result, 2, needle)
+
+
+def test_missing_prompt(app, pair):
+    one_red_line(invoke(app, "generate", *model_args(pair)), 2, "--prompt")
+
+
+def test_prompt_over_the_context(app, pair):
+    result = invoke(app, "generate", *model_args(pair), "-p", "word " * (CONTEXT + 10))
+    one_red_line(result, 1, "does not fit the model's context")
+
+
+def test_verbose_shows_the_traceback(app, tmp_path):
+    result = invoke(app, "generate", "--model", tmp_path / "missing", "-p", "hi", "--verbose")
+    assert result.exit_code == 1
+    assert "Traceback" in result.stderr and "error: model directory not found" in result.stderr
+
+
+def test_no_model_and_no_demo(app, monkeypatch):
+    import redrafter_mlx.commands.common as common
+
+    monkeypatch.setattr(common, "demo_available", lambda: None)
+    one_red_line(invoke(app, "generate", "-p", "hi"), 2, "pass --model")
+
+
+def test_demo_model_is_the_default(app, pair, monkeypatch):
+    import redrafter_mlx.commands.common as common
+
+    model, drafter, _ = pair
+    monkeypatch.setattr(common, "demo_available",
+                        lambda: (Path(model), Path(drafter), "DEMO NOTE"))
+    result = invoke(app, "generate", "-p", "hi", "-n", 3, "--json")
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data["demo"] is True and data["model"] == model and data["drafter"] == drafter
+    assert result.stderr.count("DEMO NOTE") == 1
+
+
+# --------------------------------------------------------------------------- bench: units
+
+
+def test_parse_grid():
+    from redrafter_mlx.bench import BenchError, parse_grid
+
+    assert parse_grid("1,2x3,4") == [(1, 3), (1, 4), (2, 3), (2, 4)]
+    assert parse_grid("2×5") == [(2, 5)]
+    for bad in ("1,2", "ax3", "1x"):
+        with pytest.raises(BenchError, match="--grid"):
+            parse_grid(bad)
+
+
+@pytest.mark.parametrize("name", ["mt-bench", "vicuna-bench", "demo"])
+def test_bundled_prompt_sets(name):
+    from redrafter_mlx.bench import load_prompts
+
+    prompts = load_prompts(name, 3)
+    assert len(prompts) == 3 and all(isinstance(p, str) and p for p in prompts)
+
+
+def test_prompt_file_and_bad_names(tmp_path):
+    from redrafter_mlx.bench import BenchError, load_prompts
+
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"turns": ["first", "second"]}\n\n{"turns": ["again"]}\n')
+    assert load_prompts(str(f)) == ["first", "again"]
+    with pytest.raises(BenchError, match="neither a prompt set"):
+        load_prompts("no-such-set")
+    f.write_text("not json\n")
+    with pytest.raises(BenchError, match="turns"):
+        load_prompts(str(f))
+
+
+# --------------------------------------------------------------------------- bench: command
+
+NUMERIC = ("tokens", "decode_s", "tokens_per_s", "speedup", "tokens_per_step", "efficiency",
+           "ttft_s", "peak_memory_gb")
+
+
+def test_bench_json_schema(app, pair):
+    data = run_json(app, "bench", *model_args(pair), "--num-prompts", 2, "-n", 5)
+    assert data["ok"] is True and data["mismatches"] == [] and data["greedy"] is True
+    assert data["num_prompts"] == 2 and data["prompt_set"] == "mt-bench"
+    assert "preset" in data["beam_source"]
+    names = [c["config"] for c in data["configs"]]
+    assert names == ["AR", "W1×L4"]  # AR, then the linux-cpu preset
+    for row in data["configs"]:
+        for key in NUMERIC:
+            assert isinstance(row[key], (int, float)) and row[key] >= 0, key
+        assert row["prompts"] == 2
+    ar, rd = data["configs"]
+    assert ar["speedup"] == pytest.approx(1.0) and ar["matches_ar"] is None
+    assert rd["matches_ar"] is True and rd["tree_size"] == 4
+    assert isinstance(rd["mean_packed"], float) and rd["mean_packed"] <= rd["tree_size"]
+    assert rd["efficiency"] == pytest.approx(rd["speedup"] / rd["tokens_per_step"])
+    assert [len(v) for v in data["per_prompt"].values()] == [2, 2]
+
+
+def test_bench_grid_table_and_csv(app, pair, tmp_path):
+    out = tmp_path / "bench.csv"
+    result = invoke(app, "bench", *model_args(pair), "--num-prompts", 1, "-n", 4,
+                    "--grid", "1,2x2,3", "--csv", out, "--prompts", "vicuna-bench")
+    assert result.exit_code == 0, result.output
+    for name in ("AR", "W1×L2", "W1×L3", "W2×L2", "W2×L3", "speedup", "tok/step"):
+        assert name in result.stdout
+    rows = list(csv.DictReader(out.open()))
+    assert [r["config"] for r in rows] == ["AR", "W1×L2", "W1×L3", "W2×L2", "W2×L3"]
+    assert all(float(r["tokens_per_s"]) > 0 for r in rows)
+
+
+def test_bench_reports_mismatches_loudly(app, pair, monkeypatch):
+    import redrafter_mlx.bench as logic
+
+    real = logic.run_engine
+
+    def corrupt(engine, config, ids, max_tokens, sampling):
+        run = real(engine, config, ids, max_tokens, sampling)
+        if config.kind == "redrafter":
+            run.tokens = run.tokens[:2] + [run.tokens[2] + 1] + run.tokens[3:]
+        return run
+
+    monkeypatch.setattr(logic, "run_engine", corrupt)
+    result = invoke(app, "bench", *model_args(pair), "--num-prompts", 2, "-n", 4)
+    assert result.exit_code == 1
+    assert result.stderr.count("MISMATCH: W1×L4 differs from AR") == 2
+    assert "at token 2" in result.stderr
+
+    result = invoke(app, "bench", *model_args(pair), "--num-prompts", 1, "-n", 4, "--json")
+    assert result.exit_code == 1
+    data = json.loads(result.stdout)
+    assert data["ok"] is False
+    assert data["mismatches"] == [dict(config="W1×L4", prompt=0, position=2, tokens=4,
+                                       ar_tokens=4)]
+    assert data["configs"][1]["matches_ar"] is False
+
+
+def test_bench_mlx_lm_baseline(app, pair):
+    data = run_json(app, "bench", *model_args(pair), "--num-prompts", 1, "-n", 4, "--mlx-lm")
+    assert [c["config"] for c in data["configs"]] == ["AR", "W1×L4", "mlx-lm"]
+    assert data["mlx_lm_matching_prompts"] == 1  # same greedy tokens as our AR path
+    assert data["configs"][2]["tokens"] == 4
+
+
+def test_bench_bad_grid_and_prompts(app, pair):
+    one_red_line(invoke(app, "bench", *model_args(pair), "--grid", "2,4"), 2, "--grid")
+    one_red_line(invoke(app, "bench", *model_args(pair), "--grid", "1x1"), 2, "--beam-length")
+    one_red_line(invoke(app, "bench", *model_args(pair), "--prompts", "nope"), 2, "nope")
+
+
+def test_bench_verify_cost(app, monkeypatch):
+    import redrafter_mlx.benchmarks as benchmarks
+
+    seen = {}
+
+    def fake(hidden, layers, **kw):
+        seen.update(hidden=hidden, layers=layers)
+        return [dict(capacity=4, ar_ms=2.0, verify_ms=3.0, ratio=1.5)]
+
+    monkeypatch.setattr(benchmarks, "verify_cost", fake)
+    result = invoke(app, "bench", "--verify-cost", "--hidden", 64, "--layers", 2)
+    assert result.exit_code == 0, result.output
+    assert seen == dict(hidden=64, layers=2)
+    assert "1.50×" in result.stdout and "verify" in result.stdout
+    data = run_json(app, "bench", "--verify-cost", "--hidden", 64, "--layers", 2)
+    assert data["rows"][0]["ratio"] == 1.5

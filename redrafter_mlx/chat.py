@@ -131,14 +131,17 @@ class ChatLoop:
     def show(self, response, decoder) -> None:
         """Print one streamed chunk; with --show-accepted, drafter tokens are coloured."""
         if not self.show_accepted:
-            self.console.print(response.text, end="", markup=False)
+            self.console.print(response.text, end="", markup=False, emoji=False)
             return
         k = sum(response.drafted_tokens)  # drafted tokens come first in a step
         drafted = decoder.add(response.tokens[:k])
         own = decoder.add(response.tokens[k:])
         if response.finish_reason:
             own += decoder.flush()
-        self.console.print(Text(drafted, style=DRAFTED_STYLE) + Text(own), end="")
+        chunk = Text()
+        chunk.append(drafted, style=DRAFTED_STYLE)
+        chunk.append(own)
+        self.console.print(chunk, end="")
 
     def repair_session(self) -> None:
         """After an interruption at an unlucky moment the session may have lost its cache."""
@@ -157,7 +160,7 @@ class ChatLoop:
         if name == "/reset":
             self.reset()
         elif name == "/stats":
-            self.console.print(self.stats_text(), markup=False)
+            self.console.print(self.stats_text(), markup=False, emoji=False)
         elif name == "/system":
             self.set_system(arg.strip())
         elif name == "/help":

@@ -64,7 +64,7 @@ def run_generation(engine: Engine, plan: Plan, ids: list[int], max_tokens: int,
         out.drafted += response.drafted_tokens
         out.final = response
         if echo and response.text:
-            console.print(response.text, end="", markup=False)
+            console.print(response.text, end="", markup=False, emoji=False)
     if echo:
         console.print()
     return out

@@ -34,6 +34,15 @@ def read_line(prompt: str = ">> ") -> Optional[str]:
         return None
 
 
+def enable_line_editing() -> None:
+    """On a terminal, give ``input()`` arrow keys and history (GNU readline, if present)."""
+    if sys.stdin.isatty():
+        try:
+            import readline  # noqa: F401 (importing it is what enables editing)
+        except ImportError:
+            pass
+
+
 class ChatLoop:
     """A multi-turn conversation with KV-cache reuse through one ``Session``."""
 
@@ -202,7 +211,8 @@ class ChatLoop:
             f"({r.prompt_tokens - r.prefilled_tokens} reused from the cache), "
             f"{r.prompt_tps:.0f} tok/s",
             f"answer: {r.generation_tokens} tokens, {r.generation_tps:.1f} tok/s, "
-            f"time to first token {r.time_to_first_token * 1e3:.0f} ms, finish {r.finish_reason}",
+            f"time to first token {r.time_to_first_token * 1e3:.0f} ms, "
+            f"finish {r.finish_reason or 'interrupted'}",
         ]
         if self.plan.speculative:
             lines.append(f"steps: {r.steps}, {r.tokens_per_step:.2f} tokens/step, mean packed "

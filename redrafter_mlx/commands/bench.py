@@ -97,7 +97,7 @@ def bench(
         show_default=False)] = None,
     num_prompts: Annotated[int, typer.Option("--num-prompts", help="How many prompts to run.")] = 8,
     max_tokens: Annotated[int, typer.Option(
-        "--max-tokens", "-n", help="Most tokens per answer.")] = 128,
+        "--max-tokens", "-m", "-n", help="Most tokens per answer.")] = 128,
     grid: Annotated[Optional[str], typer.Option(
         "--grid", help="ReDrafter shapes to compare, widths x lengths: 1,2x4,5 "
                        "[default: the tuned profile or chip preset].", show_default=False)] = None,

@@ -36,7 +36,7 @@ def chat(
     model: ModelOpt = None,
     drafter: DrafterOpt = None,
     max_tokens: Annotated[int, typer.Option(
-        "--max-tokens", "-n", help="Most tokens per answer.")] = 512,
+        "--max-tokens", "-m", "-n", help="Most tokens per answer.")] = 512,
     temp: TempOpt = 0.0,
     top_p: TopPOpt = 1.0,
     top_k: TopKOpt = 0,
@@ -61,10 +61,11 @@ def chat(
         plan = resolve_plan(paths, dtype, beam_width, beam_length, capacity, no_draft)
         engine = load_engine(paths, dtype, with_drafter=plan.speculative)
 
-        from redrafter_mlx.chat import ChatLoop, run_chat
+        from redrafter_mlx.chat import ChatLoop, enable_line_editing, run_chat
 
         console = out_console()
         console.print(greeting(engine, plan, show_accepted))
         loop = ChatLoop(engine, plan, sampling, max_tokens, system=system_prompt,
                         show_accepted=show_accepted, console=console)
+        enable_line_editing()
         run_chat(loop)

@@ -26,7 +26,7 @@ import typer
 # --------------------------------------------------------------------------- option types
 
 ModelOpt = Annotated[Optional[str], typer.Option(
-    "--model", "-m", help="MLX model directory or Hugging Face repo id "
+    "--model", help="MLX model directory or Hugging Face repo id "
                           "[default: the bundled demo model].", show_default=False)]
 DrafterOpt = Annotated[Optional[str], typer.Option(
     "--drafter", "-d", help="ReDrafter drafter directory trained for --model "
@@ -301,11 +301,6 @@ class Engine:
     tokenizer: object
     paths: ModelPaths
     dtype: str
-
-    @property
-    def max_context(self) -> Optional[int]:
-        """The model's context length in tokens (None if unbounded)."""
-        return self.model.max_context
 
 
 def load_engine(paths: ModelPaths, dtype: Optional[str], with_drafter: bool = True) -> Engine:

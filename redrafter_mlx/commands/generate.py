@@ -96,7 +96,7 @@ def generate(
         show_default=False)] = None,
     model: ModelOpt = None,
     drafter: DrafterOpt = None,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", "-n", help="Most tokens to generate.")] = 256,
+    max_tokens: Annotated[int, typer.Option("--max-tokens", "-m", "-n", help="Most tokens to generate.")] = 256,
     temp: TempOpt = 0.0,
     top_p: TopPOpt = 1.0,
     top_k: TopKOpt = 0,

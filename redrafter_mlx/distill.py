@@ -598,6 +598,7 @@ class Progress:
 
 
 def format_metrics(loss: float, accs: list[float], tok_s: float, lr: float) -> str:
+    """Progress line: loss, top-1 accuracy per draft step, training positions (tokens) per second."""
     acc = " ".join(f"{a:.2f}" for a in accs)
     return f"loss {loss:.3f}  acc[{acc}]  {tok_s:,.0f} tok/s  lr {lr:.2e}"
 
@@ -640,11 +641,13 @@ def distill(model_dir, data_files, out_dir, **options) -> dict:
     opts = DistillOptions(**options).validate()
     if isinstance(data_files, (str, os.PathLike)):
         data_files = [data_files]
+    if isinstance(opts.eval_data, (str, os.PathLike)):
+        opts.eval_data = [opts.eval_data]
     data_files = [Path(f).expanduser() for f in data_files]
     out = Path(out_dir).expanduser()
-    progress = Progress(opts.quiet)
     group = mx.distributed.init() if mx.distributed.is_available() else None
     rank, world = (group.rank(), group.size()) if group is not None else (0, 1)
+    progress = Progress(opts.quiet or rank != 0)
     tic = time.perf_counter()
 
     ctx = prepare(model_dir, data_files, out, opts, progress, rank, world)
@@ -661,7 +664,7 @@ def distill(model_dir, data_files, out_dir, **options) -> dict:
         first_loss=history[0]["loss"] if history else None,
         final_loss=_tail_mean([h["loss"] for h in history]),
         final_step_accuracy=history[-1]["step_accuracy"] if history else None,
-        history=history, world_size=world,
+        history=history, world_size=world, rank=rank,
     )
     if rank == 0:
         summary["eval"] = final_eval(ctx, opts, progress)

@@ -333,3 +333,17 @@ def test_bad_data_names_file_and_record(tokenizer, tmp_path, name, content, expe
 def test_missing_data_file(tokenizer, tmp_path):
     with pytest.raises(DataError, match="nope.json: data file not found"):
         load_training_data([tmp_path / "nope.json"], tokenizer, seq_len=64)
+
+
+def test_api_accepts_single_paths_and_a_projected_exit_dim(model_dir, tmp_path):
+    from redrafter_mlx.loading import load_drafter
+
+    prompts = tmp_path / "eval.jsonl"
+    prompts.write_text(json.dumps({"prompt": "Hi", "response": "unused"}) + "\n")
+    summary = D.distill(model_dir, str(SHAREGPT), tmp_path / "out", **dict(
+        RUN, steps=2, exit_dim="48", eval_data=str(prompts), eval_shapes=((1, 2), (3, 9))))
+    drafter = load_drafter(tmp_path / "out")
+    assert drafter.args.exit_dim == 48 and "input_proj" in drafter
+    shapes = [(r["beam_width"], r["beam_length"]) for r in summary["eval"]["results"]]
+    assert shapes == [(1, 2), (3, 4)]  # L capped at T+1
+    assert summary["eval"]["source"] == [str(prompts)]

@@ -61,6 +61,8 @@ def distill(
     except (DataError, LoadError, FileExistsError, ValueError) as e:
         console.print(f"error: {e}", markup=False)
         raise typer.Exit(1)
+    if summary["rank"] != 0:
+        return  # data-parallel replicas: rank 0 reports
     loss = summary["final_loss"]
     console.print(
         f"drafter saved to {summary['out_dir']} ({summary['steps']} steps"

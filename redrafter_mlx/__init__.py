@@ -1,11 +1,24 @@
-"""redrafter-mlx: ReDrafter speculative decoding for Llama-family models in MLX."""
+"""redrafter-mlx: ReDrafter speculative decoding for Llama-family models in MLX.
+
+The public names are imported lazily so that ``import redrafter_mlx`` (and every CLI
+command's start-up) stays fast.
+"""
 
 __version__ = "0.1.0"
 
-from .generate import GenerationResponse, batch_generate, generate, stream_generate  # noqa: E402
-from .loading import LoadError, load  # noqa: E402
+_EXPORTS = {
+    "GenerationResponse": "generation", "batch_generate": "generation", "generate": "generation",
+    "stream_generate": "generation", "Session": "generation", "load": "loading",
+    "LoadError": "loading",
+}
 
-__all__ = [
-    "GenerationResponse", "LoadError", "batch_generate", "generate", "load", "stream_generate",
-    "__version__",
-]
+__all__ = [*_EXPORTS, "__version__"]
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        import importlib
+
+        module = importlib.import_module(f".{_EXPORTS[name]}", __name__)
+        return getattr(module, name)
+    raise AttributeError(f"module 'redrafter_mlx' has no attribute {name!r}")

@@ -136,7 +136,7 @@ def run_engine(engine, config: Config, ids: list[int], max_tokens: int, sampling
     """Generate with our engine (AR when ``config.kind == 'ar'``) and measure it."""
     import mlx.core as mx
 
-    from redrafter_mlx.generate import stream_generate
+    from redrafter_mlx.generation import stream_generate
 
     drafter = engine.drafter if config.kind == "redrafter" else None
     beam = dict(beam_width=config.width or 1, beam_length=config.length or 2,

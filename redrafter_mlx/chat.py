@@ -48,7 +48,7 @@ class ChatLoop:
 
     def __init__(self, engine, plan, sampling, max_tokens: int, system: Optional[str] = None,
                  show_accepted: bool = False, console: Optional[Console] = None):
-        from redrafter_mlx.generate import Session, stream_generate
+        from redrafter_mlx.generation import Session, stream_generate
 
         self.engine = engine
         self.plan = plan
@@ -155,7 +155,7 @@ class ChatLoop:
     def repair_session(self) -> None:
         """After an interruption at an unlucky moment the session may have lost its cache."""
         if self.session.keys is None:
-            from redrafter_mlx.generate import Session
+            from redrafter_mlx.generation import Session
 
             self.session = Session(self.engine.model)
 

@@ -539,7 +539,7 @@ def evaluate(model: Model, drafter: Drafter, prompts: list[list[int]], shapes, m
     object and the weights are fixed at trace time, so a drafter trained in place after an
     earlier evaluation would otherwise draft with its old weights.
     """
-    from .generate import decode
+    from .generation import decode
 
     snapshot = Drafter(drafter.args)
     snapshot.load_weights(tree_flatten(drafter.parameters()))

@@ -21,7 +21,8 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.rope_utils import initialize_rope
+
+from .rope import RoPE
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral")
 
@@ -74,10 +75,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(dim, self.n_kv_heads * hd, bias=bias)
         self.v_proj = nn.Linear(dim, self.n_kv_heads * hd, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * hd, dim, bias=bias)
-        self.rope = initialize_rope(
-            hd, args.rope_theta, args.rope_traditional, args.rope_scaling,
-            args.max_position_embeddings,
-        )
+        self.rope = RoPE(hd, args.rope_theta, args.rope_traditional, args.rope_scaling)
 
     def _rotate(self, x: mx.array, positions) -> mx.array:
         """RoPE at per-token positions. x: (B, T, heads, D) -> (B, T, heads, D).
@@ -107,27 +105,6 @@ class Attention(nn.Module):
             q.transpose(0, 2, 1, 3), keys[:, :, :A], values[:, :, :A], self.scale, mask
         )
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, T, -1)), keys, values
-
-
-def rope_tables(rope: nn.Module, positions: mx.array):
-    """cos/sin of the rotary angles at ``positions`` (B, T): two (B, T, 1, dims/2) arrays.
-
-    Covers mlx-lm's default/linear (``nn.RoPE``) and llama3 (``_freqs``) rope modules;
-    returns None for other variants (the module's fused kernel is used then). On the CPU
-    backend this is much cheaper than the fused kernel with per-row offsets, and one table
-    serves every layer.
-    """
-    half = rope.dims // 2
-    if isinstance(rope, nn.RoPE):
-        inv_freq = rope.base ** (-mx.arange(0, rope.dims, 2, dtype=mx.float32) / rope.dims)
-        pos = positions.astype(mx.float32) * rope.scale
-    elif "_freqs" in rope.__dict__ or hasattr(rope, "_freqs"):
-        inv_freq = 1.0 / rope._freqs.astype(mx.float32)
-        pos = positions.astype(mx.float32)
-    else:
-        return None
-    angles = pos[..., None] * inv_freq[:half]  # (B, T, half)
-    return mx.cos(angles)[:, :, None, :], mx.sin(angles)[:, :, None, :]
 
 
 def apply_rope(x: mx.array, cos: mx.array, sin: mx.array, traditional: bool) -> mx.array:
@@ -235,8 +212,10 @@ class Model(nn.Module):
         layer) of (B, n_kv, S, D), A <= S. Returns (hidden (B, T, H) after the final norm, keys, values).
         """
         x = self.embed(tokens)
-        if mx.default_device() == mx.cpu:  # one rope table for all layers (see rope_tables)
-            positions = rope_tables(self.model.layers[0].self_attn.rope, positions) or positions
+        if mx.default_device() == mx.cpu:
+            # One cos/sin table for all layers: on the CPU backend the fused rope kernel with
+            # per-row offsets costs ~7x more than this.
+            positions = self.model.layers[0].self_attn.rope.tables(positions)
         new_keys, new_values = [], []
         for layer, k, v in zip(self.model.layers, keys, values):
             x, k, v = layer(x, positions, mask, k, v, write_idx)

@@ -118,8 +118,8 @@ def save_drafter_dir(drafter: Drafter, path) -> None:
 
 
 def run_decode(model, drafter, prompts, **kw):
-    """All tokens per row and the final stats of ``redrafter_mlx.generate.decode``."""
-    from redrafter_mlx.generate import decode
+    """All tokens per row and the final stats of ``redrafter_mlx.generation.decode``."""
+    from redrafter_mlx.generation import decode
 
     out = [[] for _ in prompts]
     stats = None

@@ -9,7 +9,7 @@ from mlx.utils import tree_flatten
 
 import redrafter_mlx
 from redrafter_mlx.decode import DecodeState, make_step, prefill_chunk
-from redrafter_mlx.generate import BeamShape, Session, decode, get_step
+from redrafter_mlx.generation import BeamShape, Session, decode, get_step
 from redrafter_mlx.loading import LoadError
 from redrafter_mlx.sampling import SamplerConfig
 from tests.helpers import (

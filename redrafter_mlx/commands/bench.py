@@ -29,7 +29,7 @@ def choose_configs(paths: ModelPaths, dtype: Optional[str], grid: Optional[str],
     """(configurations to run, a sentence saying where the ReDrafter shapes came from)."""
     from redrafter_mlx.bench import AR_NAME, MLX_LM_NAME, Config, parse_grid, redrafter_config
     from redrafter_mlx.commands.common import check_shape
-    from redrafter_mlx.generate import DEFAULT_BEAM_LENGTH, DEFAULT_BEAM_WIDTH
+    from redrafter_mlx.generation import DEFAULT_BEAM_LENGTH, DEFAULT_BEAM_WIDTH
 
     configs = [Config(AR_NAME, "ar")]
     if grid is not None and paths.drafter is not None and not no_draft:

@@ -252,7 +252,7 @@ def ar_plan(source: str) -> Plan:
 
 def check_shape(width: int, length: int, capacity: Optional[int]) -> None:
     """Validate a beam shape with the engine's own rules; FlagError names the flag."""
-    from redrafter_mlx.generate import BeamShape
+    from redrafter_mlx.generation import BeamShape
 
     try:
         BeamShape.make(width, length, capacity)
@@ -272,7 +272,7 @@ def resolve_plan(paths: ModelPaths, dtype: Optional[str], width: Optional[int],
         return ar_plan(f"{why}: plain decoding")
     flags_given = any(v is not None for v in (width, length, capacity))
     if flags_given:
-        from redrafter_mlx.generate import DEFAULT_BEAM_LENGTH, DEFAULT_BEAM_WIDTH
+        from redrafter_mlx.generation import DEFAULT_BEAM_LENGTH, DEFAULT_BEAM_WIDTH
 
         base = _tuned(paths, dtype)
         w = width if width is not None else (base.width if base.speculative else DEFAULT_BEAM_WIDTH)

@@ -53,7 +53,7 @@ class Generation:
 def run_generation(engine: Engine, plan: Plan, ids: list[int], max_tokens: int,
                    sampling: Sampling, echo: bool) -> Generation:
     """Stream one answer (echoing text to stdout when ``echo``) and collect it."""
-    from redrafter_mlx.generate import stream_generate
+    from redrafter_mlx.generation import stream_generate
 
     out = Generation()
     console = out_console()

@@ -210,15 +210,12 @@ def decode(
     rng, first_key = mx.random.split(rng)
     first = draw(model.logits(hidden), sampler, first_key)
     state = DecodeState(first, hidden, session.lengths, session.keys, session.values, rng)
-    session.keys = session.values = None  # the loop owns the cache now (in-place updates)
-    first_tokens = first.tolist()  # once per call, before the decode loop
-    prompt_s = time.perf_counter() - tic
 
     B = len(prompts)
     out = [[] for _ in range(B)]
     finish: list[str | None] = [None] * B
     stats = _Stats(prompt_tokens=sum(len(p) for p in prompts), prefilled=prefilled,
-                   prompt_s=prompt_s, length=shape.length)
+                   prompt_s=0.0, length=shape.length)
 
     def emit(row: int, toks: list[int]) -> tuple[list[int], int]:
         """Append row tokens up to EOS / its limit; return (new tokens, tokens consumed)."""
@@ -236,6 +233,9 @@ def decode(
 
     box = {"state": state}  # the newest queued state, handed back to the session
     try:
+        session.keys = session.values = None  # the loop owns the cache now (in-place updates)
+        first_tokens = first.tolist()  # once per call, before the decode loop
+        stats.prompt_s = time.perf_counter() - tic
         first_new = [emit(r, [first_tokens[r]])[0] for r in range(B)]
         stats.generated += sum(len(t) for t in first_new)
         stats.first_token_s = time.perf_counter() - tic

@@ -125,6 +125,10 @@ def _maybe_traceback(verbose: bool) -> None:
 # --------------------------------------------------------------------------- flag validation
 
 
+_SAMPLING_FLAGS = {"temperature": "--temp", "top_p": "--top-p", "top_k": "--top-k",
+                   "min_p": "--min-p"}
+
+
 @dataclass(frozen=True)
 class Sampling:
     """Sampling flags, validated; ``kwargs()`` feeds ``stream_generate``."""
@@ -139,14 +143,13 @@ class Sampling:
     def make(cls, temp: float, top_p: float, top_k: int, min_p: float,
              seed: Optional[int]) -> "Sampling":
         """Validate the sampling flags; raise FlagError naming the flag and its range."""
-        if temp < 0:
-            raise FlagError(f"--temp must be >= 0 (0 = greedy), got {temp}")
-        if not 0.0 < top_p <= 1.0:
-            raise FlagError(f"--top-p must be in (0, 1], got {top_p}")
-        if top_k < 0:
-            raise FlagError(f"--top-k must be >= 0 (0 disables it), got {top_k}")
-        if not 0.0 <= min_p < 1.0:
-            raise FlagError(f"--min-p must be in [0, 1), got {min_p}")
+        from redrafter_mlx.sampling import SamplerConfig
+
+        try:
+            SamplerConfig(temp, top_p, top_k, min_p).validate()
+        except ValueError as e:
+            name, _, rest = str(e).partition(" ")
+            raise FlagError(f"{_SAMPLING_FLAGS.get(name, name)} {rest}") from None
         return cls(temp, top_p, top_k, min_p, seed)
 
     @property

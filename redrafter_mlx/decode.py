@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from .drafter import Drafter, beam_search
 from .model import Model
@@ -178,7 +179,10 @@ def make_step(model: Model, drafter: Drafter | None, width: int, length: int,
         return tuple(nxt[:3]) + (nxt.keys, nxt.values, nxt.rng) + tuple(out)
 
     counter = {"traces": 0}
-    fn = mx.compile(step) if compiled else step
+    # Weights are implicit inputs, read at every call: a model or drafter updated in place
+    # (e.g. by training between evaluations) is never served with stale weights.
+    weights = [m.state for m in (model, drafter) if isinstance(m, nn.Module)]
+    fn = mx.compile(step, inputs=weights) if compiled else step
 
     def run(state: DecodeState, window: int):
         out = fn(*state, window)

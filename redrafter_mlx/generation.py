@@ -24,6 +24,7 @@ PREFILL_CHUNK = 512
 SLOT_QUANTUM = 256
 DEFAULT_BEAM_WIDTH = 4
 DEFAULT_BEAM_LENGTH = 4
+MAX_COMPILED_STEPS = 16  # per model: beam shapes x sampler configs x drafters
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,8 @@ def get_step(model, drafter, shape: BeamShape, sampler: SamplerConfig):
     cache = model.__dict__.setdefault("_compiled_steps", {})
     key = (id(drafter), shape, sampler)
     if key not in cache:
+        while len(cache) >= MAX_COMPILED_STEPS:  # drop the oldest (and the drafter it holds)
+            cache.pop(next(iter(cache)))
         cache[key] = make_step(model, drafter, shape.width, shape.length, shape.capacity, sampler)
     return cache[key]
 

@@ -208,3 +208,19 @@ def test_beam_search_returns_sorted_scored_beams():
     # Beams are distinct, and the first step expands into W distinct children.
     for r in range(2):
         assert len({tuple(x) for x in b[r].tolist()}) == 4
+
+
+def test_drafter_updated_in_place_is_served_with_new_weights():
+    """Compiled steps read weights at every call, not at trace time."""
+    from mlx.utils import tree_flatten
+
+    model = tiny_model(12)
+    drafter = tiny_drafter(model, 13)
+    kwargs = dict(max_tokens=30, beam_width=3, beam_length=4)
+    run_decode(model, drafter, [[1, 2, 3]], **kwargs)
+    donor = tiny_drafter(model, 14)
+    drafter.load_weights(tree_flatten(donor.parameters()))
+    _, in_place = run_decode(model, drafter, [[1, 2, 3]], **kwargs)
+    _, fresh = run_decode(model, donor, [[1, 2, 3]], **kwargs)
+    assert in_place["accept_hist"] == fresh["accept_hist"]
+    assert in_place["mean_packed"] == fresh["mean_packed"]

@@ -709,15 +709,28 @@ class DistillNotAvailable(RuntimeError):
     pass
 
 
-def write_distill_data(work: Path) -> Path:
+def write_distill_data(work: Path, examples: int | None = None, seed: int = 0) -> Path:
     """Training chats for the drafter: the *training-split* chat examples as
-    ``{"prompt", "response"}`` JSONL (redrafter_mlx.distill_data's format)."""
+    ``{"prompt", "response"}`` JSONL (redrafter_mlx.distill_data's format); with ``examples``,
+    a seeded random subset of that many (distillation targets cost T+1 forwards each)."""
+    import random
+
+    rows = [{"prompt": r["request"], "response": r["reply"]} for r in load_corpus(work)
+            if r["split"] == "train" and r["kind"] == "chat"]
+    if examples is not None and examples < len(rows):
+        rows = random.Random(seed).sample(rows, examples)
     path = work / "distill_train.jsonl"
     with open(path, "w", encoding="utf-8", newline="\n") as f:
-        for r in load_corpus(work):
-            if r["split"] == "train" and r["kind"] == "chat":
-                f.write(json.dumps({"prompt": r["request"], "response": r["reply"]}, ensure_ascii=False) + "\n")
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
     return path
+
+
+# The shipped drafter: compact, because on small models and CPU backends the drafter's
+# exit_dim x vocab head dominates the cost of a draft step (an exit_dim of 2H doubles it).
+DRAFTER_OPTIONS = dict(predict_tokens=5, layers=1, exit_dim=256, steps=1200, batch_size=256,
+                       seq_len=512, eval_prompts=24, eval_max_tokens=128)
+DRAFTER_EXAMPLES = 600
 
 
 DRAFTER_FILES = ("config.json", "model.safetensors", "eval.json")
@@ -735,9 +748,9 @@ def build_drafter(work: Path, out: Path, seed: int, steps: int | None = None, lo
         ) from e
     import shutil
 
-    data = write_distill_data(work)
+    data = write_distill_data(work, DRAFTER_EXAMPLES, seed)
     run_dir = work / "drafter_run"
-    options = dict(seed=seed, eval_data=[str(out / "heldout_prompts.jsonl")],
+    options = dict(DRAFTER_OPTIONS, seed=seed, eval_data=[str(out / "heldout_prompts.jsonl")],
                    cache_dir=str(work / "distill_cache"), overwrite=True)
     if steps is not None:
         options["steps"] = steps
@@ -746,7 +759,12 @@ def build_drafter(work: Path, out: Path, seed: int, steps: int | None = None, lo
     dst = out / "drafter"
     dst.mkdir(parents=True, exist_ok=True)
     for name in DRAFTER_FILES:
-        if (run_dir / name).exists():
+        if name == "model.safetensors":  # shipped in float16, like the base model
+            import mlx.core as mx
+
+            weights = {k: v.astype(mx.float16) for k, v in mx.load(str(run_dir / name)).items()}
+            mx.save_safetensors(str(dst / name), weights)
+        elif (run_dir / name).exists():
             shutil.copyfile(run_dir / name, dst / name)
     info = {"options": options, "summary": {k: v for k, v in summary.items() if k != "history"}}
     (work / "drafter_info.json").write_text(json.dumps(info, indent=1, default=str) + "\n")

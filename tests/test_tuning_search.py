@@ -210,3 +210,35 @@ def test_a_failing_baseline_stops_with_a_clear_error():
 
     with pytest.raises(SearchError, match="baseline.*model weights missing"):
         successive_halving(measure, GRID, 10.0, clock=clock)
+
+
+def _result(shape, per_prompt_tps, calls=3):
+    from tuning.search import ShapeResult
+
+    r = ShapeResult(shape)
+    for _ in range(calls):
+        r.samples.extend((0, 128, t) for t in per_prompt_tps)
+    r.prompts = len(per_prompt_tps)
+    return r
+
+
+def test_decision_pairs_prompts_that_differ_in_difficulty():
+    """Faster on every prompt wins even when prompts differ more than the shapes do."""
+    from tuning.grid import BeamShape
+    from tuning.search import SearchPlan, _decide, paired_ratios
+
+    ar = _result(BeamShape.autoregressive(), [100.0, 200.0, 300.0, 400.0])
+    spec = _result(BeamShape(2, 4), [125.0, 250.0, 375.0, 500.0])
+    assert paired_ratios(ar, spec, 128) == [1.25] * 4
+    wins, reason = _decide(ar, spec, SearchPlan())
+    assert wins, reason
+
+
+def test_decision_refuses_a_shape_slower_on_some_prompts():
+    from tuning.grid import BeamShape
+    from tuning.search import SearchPlan, _decide
+
+    ar = _result(BeamShape.autoregressive(), [100.0, 200.0, 300.0, 400.0])
+    spec = _result(BeamShape(2, 4), [60.0, 150.0, 420.0, 560.0])
+    wins, reason = _decide(ar, spec, SearchPlan())
+    assert not wins and "slower on some prompts" in reason

@@ -242,8 +242,9 @@ def tune(
         help="Packing capacities to try besides no cap, e.g. 8,12 (default: none).")] = None,
     budget_seconds: Annotated[float, typer.Option(
         help="Time to spend measuring, in seconds.")] = 120.0,
-    prompts: Annotated[str, typer.Option(
-        help="mt-bench, vicuna-bench or a .jsonl/.txt FILE.")] = "mt-bench",
+    prompts: Annotated[Optional[str], typer.Option(
+        help="mt-bench, vicuna-bench, demo or a .jsonl/.txt FILE (default: demo for the demo "
+             "model, else mt-bench).", show_default=False)] = None,
     num_prompts: Annotated[int, typer.Option(help="Prompts per measurement.")] = 4,
     max_tokens: Annotated[int, typer.Option(help="Tokens per run in the longest runs.")] = 128,
     dtype: Annotated[Optional[str], typer.Option(
@@ -282,11 +283,14 @@ def tune(
 
     info = detect_chip()
     try:
+        using_demo = model is None
         model, drafter = resolve_models(model, drafter)
         shapes, note = grid_for(widths, lengths, capacities, drafter, force_lengths,
                                 preset_for(info.preset)[0].shape)
     except (TuneError, ValueError) as e:
         raise _fail(str(e)) from None
+    if prompts is None:
+        prompts = "demo" if using_demo else "mt-bench"
     options = {"dtype": dtype, "prompts": prompts, "num_prompts": num_prompts,
                "max_tokens": max_tokens, "budget_seconds": budget_seconds,
                "json": json_output, "plot": plot}

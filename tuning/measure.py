@@ -67,16 +67,21 @@ def parse_prompts(text: str, source: str) -> list[str]:
 
 
 def load_prompts(spec: str, num_prompts: int) -> list[str]:
-    """The first ``num_prompts`` prompts of ``mt-bench``, ``vicuna-bench`` or a file."""
+    """The first ``num_prompts`` prompts of ``mt-bench``, ``vicuna-bench``, ``demo`` (the demo
+    model's held-out prompts) or a file."""
     if num_prompts < 1:
         raise TuneError("--num-prompts must be at least 1")
+    if spec == "demo":
+        from redrafter_mlx.demo import heldout_prompts_path
+
+        spec = str(heldout_prompts_path())
     if spec in BUILTIN_PROMPT_SETS:
         prompts = parse_prompts(_read_builtin(BUILTIN_PROMPT_SETS[spec]), spec)
     else:
         path = Path(spec).expanduser()
         if not path.is_file():
             raise TuneError(
-                f"--prompts {spec!r}: not a file; use mt-bench, vicuna-bench or a path to a "
+                f"--prompts {spec!r}: not a file; use mt-bench, vicuna-bench, demo or a path to a "
                 f".jsonl (with 'turns') or .txt (one prompt per line) file"
             )
         prompts = parse_prompts(path.read_text("utf-8"), str(path))

@@ -88,6 +88,7 @@ class ShapeResult:
     samples: list[tuple[int, int, float]] = field(default_factory=list)  # (round, n_tokens, tps)
     tokens_per_step: list[float] = field(default_factory=list)
     mean_packed: list[float] = field(default_factory=list)
+    prompts: int = 0  # samples per measure call (one per prompt, in the same prompt order)
     runs: int = 0
     warmed_up: bool = False
     seconds: float = 0.0
@@ -266,6 +267,7 @@ class _Search:
         self.seconds_per_token[result.shape] = dt / max(n_tokens, 1)
         result.runs += 1
         result.samples.extend((round_index, n_tokens, float(t)) for t in measurement.tokens_per_s)
+        result.prompts = len(measurement.tokens_per_s)
         result.tokens_per_step.extend(measurement.tokens_per_step)
         if measurement.mean_packed is not None:
             result.mean_packed.append(measurement.mean_packed)
@@ -288,19 +290,45 @@ def _rank(results: Iterable[ShapeResult], round_index: int) -> list[ShapeResult]
     return sorted(scored, key=lambda r: -statistics.median(r.samples_in(round_index)))
 
 
+def paired_ratios(ar: ShapeResult, best: ShapeResult, n_tokens: int) -> list[float] | None:
+    """Per-prompt speedups: median tokens/s of ``best`` over the baseline's on the same prompt.
+
+    Prompts differ far more from each other (how predictable each one is) than runs of one
+    prompt do, so shapes are compared prompt by prompt. None when the samples do not pair.
+    """
+    P = best.prompts
+    base, spec = ar.samples_at(n_tokens), best.samples_at(n_tokens)
+    if P < 1 or P != ar.prompts or not base or not spec or len(base) % P or len(spec) % P:
+        return None
+    return [statistics.median(spec[p::P]) / statistics.median(base[p::P]) for p in range(P)]
+
+
 def _decide(ar: ShapeResult, best: ShapeResult | None, plan: SearchPlan) -> tuple[bool, str]:
-    """Does ``best`` beat autoregressive decoding beyond the noise? With a one-line reason."""
+    """Does ``best`` beat autoregressive decoding beyond the noise? With a one-line reason.
+
+    Paired by prompt when possible: the median per-prompt speedup must reach
+    ``plan.min_speedup`` and the lower quartile of per-prompt speedups must exceed 1.
+    Otherwise the unpaired quartiles of tokens/s must not overlap.
+    """
     if best is None:
         return False, "no speculative shape could be measured within the budget"
     n = best.final_tokens
     base = Spread.of(ar.samples_at(n) or ar.samples_at(ar.final_tokens))
     spec = best.spread()
     speedup = spec.median / base.median
+    ratios = paired_ratios(ar, best, n)
+    if ratios is not None:
+        paired = Spread.of(ratios)
+        speedup = paired.median
     summary = (f"{best.shape.label}: {spec.median:.1f} tok/s vs {base.median:.1f} autoregressive "
                f"({speedup:.2f}x)")
     if speedup < plan.min_speedup:
         return False, f"speculation does not pay: best {summary}, below {plan.min_speedup:.2f}x"
-    if spec.q1 <= base.q3:
+    if ratios is not None:
+        if paired.q1 <= 1.0:
+            return False, (f"speculation within the noise: best {summary}, slower on some "
+                           f"prompts (per-prompt speedup q1 {paired.q1:.2f}x)")
+    elif spec.q1 <= base.q3:
         return False, f"speculation within the noise: best {summary}, quartiles overlap"
     return True, f"speculation wins: {summary}"
 

@@ -99,7 +99,7 @@ def _apply_weights(module: nn.Module, weights: dict, config: dict, dtype, where:
         module.load_weights(list(weights.items()), strict=True)
     except ValueError as e:
         raise LoadError(f"weights in {where} do not match its config.json: {e}") from None
-    mx.eval(module.parameters())
+    mx.eval(module.parameters())  # once at load time: weights are resident before timing
 
 
 def load_model(path: str | os.PathLike, dtype=None) -> tuple[Model, Path]:

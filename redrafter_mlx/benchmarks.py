@@ -30,12 +30,12 @@ def random_llama(hidden: int, layers: int, vocab: int = 32000, dtype=None, seed:
     model = Model(args)
     mx.random.seed(seed)
     dtype = dtype or default_dtype()
-    model.update(_cast(model.parameters(), dtype))
+    model.update(_random_weights(model.parameters(), dtype))
     mx.eval(model.parameters())
     return model
 
 
-def _cast(tree, dtype):
+def _random_weights(tree, dtype):
     from mlx.utils import tree_map
 
     return tree_map(lambda p: (0.02 * mx.random.normal(p.shape)).astype(dtype), tree)
@@ -90,10 +90,8 @@ def verify_cost(hidden: int = 2048, layers: int = 8, capacities=(4, 8, 16, 32),
     cache = {"kv": state.pop("ar")[3:5]}
     rows = []
     for C in capacities:
-        fn = _verify_fn(model, C, window)
-        tokens = mx.random.randint(0, vocab, (1, C)).astype(mx.int32)
-
-        def verify():
+        def verify(fn=_verify_fn(model, C, window),
+                   tokens=mx.random.randint(0, vocab, (1, C)).astype(mx.int32)):
             out, k, v = fn(tokens, lengths, *cache.pop("kv"))
             mx.eval(out, k, v)
             cache["kv"] = (k, v)

@@ -47,7 +47,6 @@ def pack(beams: mx.array, capacity: int) -> PackedTree:
     unique = prefix_tree == mx.arange(W)[None, :, None]  # (B, W, L)
     flat_unique = unique.reshape(B, W * L)
     flat_slot = mx.cumsum(flat_unique.astype(mx.int32), axis=-1) - 1  # slot if unique
-    slot = flat_slot.reshape(B, W, L)
     # A shared token sits in the slot of the first beam holding that prefix.
     owner_flat = prefix_tree * L + mx.arange(L)[None, None, :]  # (B, W, L) flat index
     unpacker = mx.take_along_axis(flat_slot, owner_flat.reshape(B, W * L), axis=1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten, tree_map
+from mlx.utils import tree_flatten
 
 from redrafter_mlx.drafter import Drafter, DrafterArgs
 from redrafter_mlx.model import Model, ModelArgs

@@ -13,7 +13,7 @@ from redrafter_mlx.generation import BeamShape, Session, decode, get_step
 from redrafter_mlx.loading import LoadError
 from redrafter_mlx.sampling import SamplerConfig
 from tests.helpers import (
-    save_drafter_dir, save_model_dir, tiny_args, tiny_drafter, tiny_model, run_decode,
+    save_drafter_dir, save_model_dir, tiny_drafter, tiny_model, run_decode,
 )
 
 VICUNA_TOKENIZER = "../shared/data/vicuna-tokenizer"

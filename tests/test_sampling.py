@@ -5,7 +5,6 @@ thousands of samples. The first 3 tokens are compared with the exact joint distr
 computed by enumerating prefixes, with a chi-square test (fixed seeds: deterministic).
 """
 
-import itertools
 import math
 
 import mlx.core as mx

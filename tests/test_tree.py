@@ -11,7 +11,7 @@ from redrafter_mlx.tree import cache_mask, dedup_prefix, default_capacity, pack,
 def brute_force(beams, capacity):
     """Plain-Python trie: slots beam-major, first beam owning each prefix, overflow dropped."""
     W, L = len(beams), len(beams[0])
-    slot_of_prefix, tokens, depth, parent_slots = {}, [], [], []
+    slot_of_prefix, tokens, depth = {}, [], []
     unpacker = [[None] * L for _ in range(W)]
     prefix_tree = [[None] * L for _ in range(W)]
     owner = {}

@@ -34,7 +34,7 @@ test-fast:
 	$(PYTHON) -m pytest tests -x -m "not slow"
 
 demo-model:
-	$(PYTHON) -m redrafter_mlx.demo.build
+	$(PYTHON) -m scripts.build_demo
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache

@@ -7,9 +7,9 @@ command's start-up) stays fast.
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "GenerationResponse": "generation", "batch_generate": "generation", "generate": "generation",
-    "stream_generate": "generation", "Session": "generation", "load": "loading",
-    "LoadError": "loading",
+    "GenerationResponse": "engine.generation", "batch_generate": "engine.generation", "generate": "engine.generation",
+    "stream_generate": "engine.generation", "Session": "engine.generation", "load": "engine.loading",
+    "LoadError": "engine.loading",
 }
 
 __all__ = [*_EXPORTS, "__version__"]

@@ -6,8 +6,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from redrafter_mlx.drafter import Drafter, DrafterArgs
-from redrafter_mlx.model import Model, ModelArgs
+from redrafter_mlx.engine.drafter import Drafter, DrafterArgs
+from redrafter_mlx.engine.model import Model, ModelArgs
 
 
 def tiny_args(seed=0, vocab=32, hidden=32, layers=2, heads=4, kv_heads=2, **kw) -> ModelArgs:
@@ -118,8 +118,8 @@ def save_drafter_dir(drafter: Drafter, path) -> None:
 
 
 def run_decode(model, drafter, prompts, **kw):
-    """All tokens per row and the final stats of ``redrafter_mlx.generation.decode``."""
-    from redrafter_mlx.generation import decode
+    """All tokens per row and the final stats of ``redrafter_mlx.engine.generation.decode``."""
+    from redrafter_mlx.engine.generation import decode
 
     out = [[] for _ in prompts]
     stats = None

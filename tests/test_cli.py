@@ -194,14 +194,14 @@ def test_verbose_shows_the_traceback(app, tmp_path):
 
 
 def test_no_model_and_no_demo(app, monkeypatch):
-    import redrafter_mlx.commands.common as common
+    import redrafter_mlx.cli.common as common
 
     monkeypatch.setattr(common, "demo_available", lambda: None)
     one_red_line(invoke(app, "generate", "-p", "hi"), 2, "pass --model")
 
 
 def test_demo_model_is_the_default(app, pair, monkeypatch):
-    import redrafter_mlx.commands.common as common
+    import redrafter_mlx.cli.common as common
 
     model, drafter, _ = pair
     monkeypatch.setattr(common, "demo_available",
@@ -217,7 +217,7 @@ def test_demo_model_is_the_default(app, pair, monkeypatch):
 
 
 def test_parse_grid():
-    from redrafter_mlx.bench import BenchError, parse_grid
+    from redrafter_mlx.cli.bench_report import BenchError, parse_grid
 
     assert parse_grid("1,2x3,4") == [(1, 3), (1, 4), (2, 3), (2, 4)]
     assert parse_grid("2×5") == [(2, 5)]
@@ -228,14 +228,14 @@ def test_parse_grid():
 
 @pytest.mark.parametrize("name", ["mt-bench", "vicuna-bench", "demo"])
 def test_bundled_prompt_sets(name):
-    from redrafter_mlx.bench import load_prompts
+    from redrafter_mlx.cli.bench_report import load_prompts
 
     prompts = load_prompts(name, 3)
     assert len(prompts) == 3 and all(isinstance(p, str) and p for p in prompts)
 
 
 def test_prompt_file_and_bad_names(tmp_path):
-    from redrafter_mlx.bench import BenchError, load_prompts
+    from redrafter_mlx.cli.bench_report import BenchError, load_prompts
 
     f = tmp_path / "p.jsonl"
     f.write_text('{"turns": ["first", "second"]}\n\n{"turns": ["again"]}\n')
@@ -285,7 +285,7 @@ def test_bench_grid_table_and_csv(app, pair, tmp_path):
 
 
 def test_bench_reports_mismatches_loudly(app, pair, monkeypatch):
-    import redrafter_mlx.bench as logic
+    import redrafter_mlx.cli.bench_report as logic
 
     real = logic.run_engine
 
@@ -324,7 +324,7 @@ def test_bench_bad_grid_and_prompts(app, pair):
 
 
 def test_bench_verify_cost(app, monkeypatch):
-    import redrafter_mlx.benchmarks as benchmarks
+    import redrafter_mlx.engine.measure as benchmarks
 
     seen = {}
 

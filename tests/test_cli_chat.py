@@ -9,8 +9,8 @@ import re
 import pytest
 from rich.console import Console
 
-from redrafter_mlx.chat import ChatLoop, run_chat
-from redrafter_mlx.commands.common import ModelPaths, Sampling, load_engine, resolve_plan
+from redrafter_mlx.cli.chat_ui import ChatLoop, run_chat
+from redrafter_mlx.cli.common import ModelPaths, Sampling, load_engine, resolve_plan
 from tests.test_cli import CONTEXT, app, home, invoke, model_args, pair  # noqa: F401 (fixtures)
 
 MAX_TOKENS = 6
@@ -93,7 +93,7 @@ def test_turns_reuse_the_kv_cache_and_reset_clears_it(engine):
 
 def interrupt_after(n_chunks: int, lose_cache: bool = False):
     """A stream_generate double that yields ``n_chunks`` real chunks, then Ctrl-C."""
-    from redrafter_mlx.generation import stream_generate
+    from redrafter_mlx.engine.generation import stream_generate
 
     def stream(*args, session=None, **kwargs):
         inner = stream_generate(*args, session=session, **kwargs)
@@ -117,7 +117,7 @@ def test_ctrl_c_keeps_the_partial_answer_and_the_conversation(engine):
     cached = len(loop.session.cached[0])
     assert cached > len(loop.prompt_ids()) // 2  # the cache survived the interruption
 
-    from redrafter_mlx.generation import stream_generate
+    from redrafter_mlx.engine.generation import stream_generate
 
     loop.stream = stream_generate
     loop.answer("go on")
@@ -130,7 +130,7 @@ def test_ctrl_c_before_any_text_forgets_the_message(engine):
     loop.stream = interrupt_after(0, lose_cache=True)
     assert loop.answer("hi") == ""
     assert loop.messages == []
-    from redrafter_mlx.generation import stream_generate
+    from redrafter_mlx.engine.generation import stream_generate
 
     loop.stream = stream_generate
     loop.answer("hi")  # a fresh session replaced the lost cache
@@ -177,8 +177,8 @@ def test_commands_quit_help_and_unknown(engine):
 
 
 def test_show_accepted_colours_drafted_tokens(engine):
-    from redrafter_mlx.generation import GenerationResponse
-    from redrafter_mlx.tokenizer import StreamDecoder
+    from redrafter_mlx.engine.generation import GenerationResponse
+    from redrafter_mlx.engine.tokenizer import StreamDecoder
 
     ids = engine.tokenizer.encode("Hello world, how are you", add_bos=False)
     steps = [(ids[:1], [False]), (ids[1:4], [True, True, False]), (ids[4:], [False] * len(ids[4:]))]

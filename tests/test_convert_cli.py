@@ -64,7 +64,7 @@ def test_converted_pair_runs_in_the_engine_and_redrafter_equals_greedy(tmp_path)
     """The engine loads the converted model + drafter (weights strictly, drafter quantized),
     and greedy ReDrafter tokens equal greedy autoregressive tokens."""
     redrafter_mlx = pytest.importorskip("redrafter_mlx")
-    loading = pytest.importorskip("redrafter_mlx.loading")
+    loading = pytest.importorskip("redrafter_mlx.engine.loading")
     if not all(hasattr(m, n) for m, n in [(loading, "load_model"), (loading, "load_drafter"), (redrafter_mlx, "batch_generate")]):
         pytest.skip("the engine's loaders / batch_generate are not available yet")
     import mlx.core as mx

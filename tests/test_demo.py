@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from redrafter_mlx.demo import DEMO_NOTE, demo_paths, heldout_prompts_path
-from redrafter_mlx.demo import build
+from redrafter_mlx.engine.bundled import DEMO_NOTE, demo_paths, heldout_prompts_path
+from scripts import build_demo as build
 
 CODE = (
     "class Foo(Bar):\n"
@@ -158,7 +158,7 @@ def test_corpus_stage_is_deterministic(tmp_path):
 def test_drafter_stage_reports_missing_distill(tmp_path, monkeypatch):
     import sys
 
-    monkeypatch.setitem(sys.modules, "redrafter_mlx.distill", None)  # import now raises ImportError
+    monkeypatch.setitem(sys.modules, "redrafter_mlx.train.distill", None)  # import now raises ImportError
     with pytest.raises(build.DistillNotAvailable, match="not available yet"):
         build.build_drafter(tmp_path, tmp_path, seed=0)
 

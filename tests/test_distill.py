@@ -9,9 +9,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from redrafter_mlx import distill as D
-from redrafter_mlx.distill_data import DataError, Sequence, load_training_data
-from redrafter_mlx.tree import cache_mask, chain_mask
+from redrafter_mlx.train import distill as D
+from redrafter_mlx.train.data import DataError, Sequence, load_training_data
+from redrafter_mlx.engine.tree import cache_mask, chain_mask
 from tests.helpers import near_bigram_model, run_decode, save_model_dir, tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -193,7 +193,7 @@ def test_checkpoint_write_is_atomic(model_dir, tmp_path, monkeypatch):
     [old] = D.list_checkpoints(out)
     before = _weights(old)
 
-    model, _ = __import__("redrafter_mlx.loading", fromlist=["load_model"]).load_model(model_dir)
+    model, _ = __import__("redrafter_mlx.engine.loading", fromlist=["load_model"]).load_model(model_dir)
     opts = D.DistillOptions(predict_tokens=3).validate()
     trainer = D.Trainer(D.new_drafter(D.drafter_args(model, opts), seed=5), opts, 10)
     real = mx.save_safetensors
@@ -270,7 +270,7 @@ def test_cli_reports_bad_data_with_file_and_record(model_dir, tmp_path):
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from redrafter_mlx.tokenizer import load_tokenizer
+    from redrafter_mlx.engine.tokenizer import load_tokenizer
 
     return load_tokenizer(TOKENIZER)
 
@@ -336,7 +336,7 @@ def test_missing_data_file(tokenizer, tmp_path):
 
 
 def test_api_accepts_single_paths_and_a_projected_exit_dim(model_dir, tmp_path):
-    from redrafter_mlx.loading import load_drafter
+    from redrafter_mlx.engine.loading import load_drafter
 
     prompts = tmp_path / "eval.jsonl"
     prompts.write_text(json.dumps({"prompt": "Hi", "response": "unused"}) + "\n")

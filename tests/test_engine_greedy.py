@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from redrafter_mlx.tree import default_capacity
+from redrafter_mlx.engine.tree import default_capacity
 from tests.helpers import (
     OracleDrafter, near_bigram_model, run_decode, tiny_drafter, tiny_model,
 )

@@ -8,10 +8,10 @@ import pytest
 from mlx.utils import tree_flatten
 
 import redrafter_mlx
-from redrafter_mlx.decode import DecodeState, make_step, prefill_chunk
-from redrafter_mlx.generation import BeamShape, Session, decode, get_step
-from redrafter_mlx.loading import LoadError
-from redrafter_mlx.sampling import SamplerConfig
+from redrafter_mlx.engine.decode import DecodeState, make_step, prefill_chunk
+from redrafter_mlx.engine.generation import BeamShape, Session, decode, get_step
+from redrafter_mlx.engine.loading import LoadError
+from redrafter_mlx.engine.sampling import SamplerConfig
 from tests.helpers import (
     save_drafter_dir, save_model_dir, tiny_drafter, tiny_model, run_decode,
 )
@@ -71,7 +71,7 @@ def test_logits_match_mlx_lm(tmp_path, extra):
     T = len(tokens)
     zeros = mx.zeros((1,), dtype=mx.int32)
     idx = mx.arange(T)[None]
-    from redrafter_mlx.tree import cache_mask, chain_mask
+    from redrafter_mlx.engine.tree import cache_mask, chain_mask
 
     hidden, _, _ = mine(mx.array([tokens]), idx, cache_mask(zeros, chain_mask(T), 256),
                         keys, values, idx)
@@ -172,7 +172,7 @@ def test_load_errors(tmp_path):
 
 
 def test_vicuna_chat_prompt_format():
-    from redrafter_mlx.tokenizer import load_tokenizer, vicuna_prompt
+    from redrafter_mlx.engine.tokenizer import load_tokenizer, vicuna_prompt
 
     text = vicuna_prompt([{"role": "user", "content": "Hi"},
                           {"role": "assistant", "content": "Hello!"},
@@ -189,7 +189,7 @@ def test_vicuna_chat_prompt_format():
 def test_beam_search_returns_sorted_scored_beams():
     import itertools
 
-    from redrafter_mlx.drafter import beam_search
+    from redrafter_mlx.engine.drafter import beam_search
 
     model = tiny_model(8, vocab=16)
     drafter = tiny_drafter(model, 9)

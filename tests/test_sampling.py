@@ -11,8 +11,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from redrafter_mlx.decode import prefill_chunk
-from redrafter_mlx.sampling import SamplerConfig, process_logits
+from redrafter_mlx.engine.decode import prefill_chunk
+from redrafter_mlx.engine.sampling import SamplerConfig, process_logits
 from tests.helpers import OracleDrafter, near_bigram_model, run_decode, tiny_drafter
 
 PROMPT = [1, 3, 2]

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
-import tuning.cli
+import redrafter_mlx.cli.tune
 from tuning import resolve_beam_shape
-from tuning.fakes import FakeChip, FakeClock
+from tests.fakes import FakeChip, FakeClock
 from tuning.grid import BeamShape, build_grid
 from tuning.measure import EngineMeasure, TuneError, load_prompts, parse_prompts
 from tuning.search import successive_halving
@@ -54,7 +54,7 @@ def fake_engine(monkeypatch):
     """Replace the engine-backed measure function with the fake cost model."""
     clock = FakeClock()
     chip = FakeChip(clock, per_token=0.004)
-    monkeypatch.setattr(tuning.cli, "build_measure", lambda *a, **k: (chip, clock))
+    monkeypatch.setattr(redrafter_mlx.cli.tune, "build_measure", lambda *a, **k: (chip, clock))
     return chip
 
 
@@ -154,7 +154,7 @@ def test_tune_engine_failure_points_at_presets(app, home, pair, monkeypatch):
     def broken(*_args, **_kwargs):
         raise TuneError("cannot measure: the engine is not installed")
 
-    monkeypatch.setattr(tuning.cli, "build_measure", broken)
+    monkeypatch.setattr(redrafter_mlx.cli.tune, "build_measure", broken)
     result = invoke(app, "--model", pair[0], "--drafter", pair[1])
     assert result.exit_code == 1
     assert "engine is not installed" in result.stderr and "--chip" in result.stderr
@@ -242,16 +242,16 @@ def test_engine_measure_passes_shapes_and_reads_stats(monkeypatch):
 
 
 def test_no_model_and_no_demo_drafter_is_explained(app, home, monkeypatch, tmp_path):
-    import redrafter_mlx.demo
+    import redrafter_mlx.engine.bundled
 
     base = tmp_path / "demo_base"
     base.mkdir()
     (base / "config.json").write_text("{}")
-    monkeypatch.setattr(redrafter_mlx.demo, "demo_paths", lambda: (base, None))
+    monkeypatch.setattr(redrafter_mlx.engine.bundled, "demo_paths", lambda: (base, None))
     result = invoke(app)
     assert result.exit_code == 1
     assert "no drafter" in result.stderr and "--model DIR --drafter DIR" in result.stderr
-    monkeypatch.setattr(redrafter_mlx.demo, "demo_paths", lambda: (tmp_path / "nothing", None))
+    monkeypatch.setattr(redrafter_mlx.engine.bundled, "demo_paths", lambda: (tmp_path / "nothing", None))
     missing = invoke(app)
     assert missing.exit_code == 1 and "make demo-model" in missing.stderr
 

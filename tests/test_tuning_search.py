@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tuning.fakes import FakeChip, FakeClock
+from tests.fakes import FakeChip, FakeClock
 from tuning.grid import (
     BeamShape,
     build_grid,

@@ -72,7 +72,7 @@ def load_prompts(spec: str, num_prompts: int) -> list[str]:
     if num_prompts < 1:
         raise TuneError("--num-prompts must be at least 1")
     if spec == "demo":
-        from redrafter_mlx.demo import heldout_prompts_path
+        from redrafter_mlx.engine.bundled import heldout_prompts_path
 
         spec = str(heldout_prompts_path())
     if spec in BUILTIN_PROMPT_SETS:
@@ -109,7 +109,7 @@ def demo_paths() -> tuple[str, str]:
     Raises :class:`TuneError` when the demo model or its drafter is not there yet.
     """
     try:
-        from redrafter_mlx.demo import demo_paths as _demo_paths
+        from redrafter_mlx.engine.bundled import demo_paths as _demo_paths
 
         model_dir, drafter_dir = _demo_paths()
     except (ImportError, AttributeError, FileNotFoundError, OSError) as e:

@@ -141,7 +141,7 @@ def _dtype_name(dtype: Any) -> str:
     (what the engine loads with), so ``tune`` and ``chat`` agree on the key."""
     if dtype is None:
         try:
-            from redrafter_mlx.platform import default_dtype
+            from redrafter_mlx.engine.platform import default_dtype
 
             dtype = default_dtype()
         except Exception:  # noqa: BLE001 - no MLX: keep a stable placeholder

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from tuning.search import SearchResult, ShapeResult
 
-if TYPE_CHECKING:  # rich is imported lazily to keep `import tuning.cli` cheap
+if TYPE_CHECKING:  # rich is imported lazily to keep `import redrafter_mlx.cli.tune` cheap
     from rich.table import Table
 
 

@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from redrafter_mlx.commands.common import (
+from redrafter_mlx.cli.common import (
     BeamLengthOpt, BeamWidthOpt, CapacityOpt, DrafterOpt, DtypeOpt, Engine, FlagError, MinPOpt, ModelOpt,
     ModelPaths, NoDraftOpt, Sampling, SeedOpt, SystemPromptOpt, TempOpt, TopKOpt, TopPOpt,
     VerboseOpt, check_dtype, check_max_tokens, cli_errors, err_console, fail, load_engine,
@@ -27,9 +27,9 @@ def choose_configs(paths: ModelPaths, dtype: Optional[str], grid: Optional[str],
                    width: Optional[int], length: Optional[int], capacity: Optional[int],
                    no_draft: bool, with_mlx_lm: bool) -> tuple[list, str]:
     """(configurations to run, a sentence saying where the ReDrafter shapes came from)."""
-    from redrafter_mlx.bench import AR_NAME, MLX_LM_NAME, Config, parse_grid, redrafter_config
-    from redrafter_mlx.commands.common import check_shape
-    from redrafter_mlx.generation import DEFAULT_BEAM_LENGTH, DEFAULT_BEAM_WIDTH
+    from redrafter_mlx.cli.bench_report import AR_NAME, MLX_LM_NAME, Config, parse_grid, redrafter_config
+    from redrafter_mlx.cli.common import check_shape
+    from redrafter_mlx.engine.generation import DEFAULT_BEAM_LENGTH, DEFAULT_BEAM_WIDTH
 
     configs = [Config(AR_NAME, "ar")]
     if grid is not None and paths.drafter is not None and not no_draft:
@@ -53,7 +53,7 @@ def choose_configs(paths: ModelPaths, dtype: Optional[str], grid: Optional[str],
 
 def make_runner(engine: Engine, max_tokens: int, sampling: Sampling, with_mlx_lm: bool):
     """A function (config, prompt ids) -> Run that dispatches on the configuration's kind."""
-    from redrafter_mlx import bench as logic
+    from redrafter_mlx.cli import bench_report as logic
 
     lm = logic.load_mlx_lm(engine.paths.model, engine.dtype) if with_mlx_lm else None
 
@@ -67,7 +67,7 @@ def make_runner(engine: Engine, max_tokens: int, sampling: Sampling, with_mlx_lm
 
 def show_verify_cost(hidden: int, layers: int, as_json: bool) -> None:
     """``--verify-cost``: the engine's verify-vs-AR timing per capacity."""
-    from redrafter_mlx.bench import render_verify_cost, verify_cost_rows
+    from redrafter_mlx.cli.bench_report import render_verify_cost, verify_cost_rows
 
     rows = verify_cost_rows(hidden, layers)
     if as_json:
@@ -124,7 +124,7 @@ def bench(
     verbose: VerboseOpt = False,
 ) -> None:
     """Benchmark ReDrafter against autoregressive decoding (and mlx-lm) on a prompt set."""
-    from redrafter_mlx import bench as logic
+    from redrafter_mlx.cli import bench_report as logic
 
     with cli_errors(verbose):
         if verify_cost:
@@ -167,7 +167,7 @@ def bench(
 
 def print_report(data: dict) -> None:
     """The rich table plus notes on the shape source and mlx-lm agreement."""
-    from redrafter_mlx.bench import render_table
+    from redrafter_mlx.cli.bench_report import render_table
 
     title = (f"{Path(data['model']).name} · {data['prompt_set']} × {data['num_prompts']} · "
              f"max {data['max_tokens']} tokens · {data['dtype']}"

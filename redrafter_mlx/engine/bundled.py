@@ -2,7 +2,7 @@
 
 Weights cannot be downloaded on a fresh machine, so the package ships a small *trained* base model
 (and, once distilled, a ReDrafter drafter for it) under ``redrafter_mlx/demo_model/``. Rebuild it with
-``python -m redrafter_mlx.demo.build`` (``make demo-model``); see ``demo_model/BUILD.md``.
+``python -m scripts.build_demo`` (``make demo-model``); see ``demo_model/BUILD.md``.
 """
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ def verify_cost(hidden: int = 2048, layers: int = 8, capacities=(4, 8, 16, 32),
     return rows
 
 
-def main() -> None:  # python -m redrafter_mlx.benchmarks
+def main() -> None:  # python -m redrafter_mlx.engine.measure
     import argparse
 
     from rich.console import Console

@@ -48,7 +48,7 @@ class ChatLoop:
 
     def __init__(self, engine, plan, sampling, max_tokens: int, system: Optional[str] = None,
                  show_accepted: bool = False, console: Optional[Console] = None):
-        from redrafter_mlx.generation import Session, stream_generate
+        from redrafter_mlx.engine.generation import Session, stream_generate
 
         self.engine = engine
         self.plan = plan
@@ -110,14 +110,14 @@ class ChatLoop:
         else:
             self.messages.pop()  # nothing was said: forget the unanswered message
         if self.last is not None:
-            from redrafter_mlx.commands.common import stats_line
+            from redrafter_mlx.cli.common import stats_line
 
             self.note(stats_line(self.last, self.plan))
         return text
 
     def stream_answer(self, ids: list[int]) -> tuple[str, bool]:
         """Print the answer as steps are accepted; return (text, interrupted by Ctrl-C)."""
-        from redrafter_mlx.tokenizer import StreamDecoder
+        from redrafter_mlx.engine.tokenizer import StreamDecoder
 
         e = self.engine
         decoder = StreamDecoder(e.tokenizer)
@@ -155,7 +155,7 @@ class ChatLoop:
     def repair_session(self) -> None:
         """After an interruption at an unlucky moment the session may have lost its cache."""
         if self.session.keys is None:
-            from redrafter_mlx.generation import Session
+            from redrafter_mlx.engine.generation import Session
 
             self.session = Session(self.engine.model)
 
@@ -188,7 +188,7 @@ class ChatLoop:
     def set_system(self, text: str) -> None:
         """Set the system prompt (the next turn re-prefills from where the prompt changes)."""
         if not text:
-            from redrafter_mlx.tokenizer import VICUNA_SYSTEM
+            from redrafter_mlx.engine.tokenizer import VICUNA_SYSTEM
 
             current = self.system if self.system is not None else f"(default) {VICUNA_SYSTEM}"
             self.note(f"system prompt: {current}")
@@ -198,7 +198,7 @@ class ChatLoop:
 
     def stats_text(self) -> str:
         """Details of the last answer and the cache (the ``/stats`` command)."""
-        from redrafter_mlx.commands.common import format_hist
+        from redrafter_mlx.cli.common import format_hist
 
         lines = [f"beam: {self.plan.label} ({self.plan.source})",
                  f"history: {len(self.messages)} messages, {len(self.session.cached[0])} tokens "

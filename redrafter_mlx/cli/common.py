@@ -95,7 +95,7 @@ def cli_errors(verbose: bool = False) -> Iterator[None]:
     FlagError -> 2; LoadError, ValueError, OSError and anything unexpected -> 1;
     Ctrl-C -> 130. typer's own exits pass through.
     """
-    from redrafter_mlx.loading import LoadError
+    from redrafter_mlx.engine.loading import LoadError
 
     try:
         yield
@@ -143,7 +143,7 @@ class Sampling:
     def make(cls, temp: float, top_p: float, top_k: int, min_p: float,
              seed: Optional[int]) -> "Sampling":
         """Validate the sampling flags; raise FlagError naming the flag and its range."""
-        from redrafter_mlx.sampling import SamplerConfig
+        from redrafter_mlx.engine.sampling import SamplerConfig
 
         try:
             SamplerConfig(temp, top_p, top_k, min_p).validate()
@@ -192,7 +192,7 @@ class ModelPaths:
 def demo_available() -> Optional[tuple[Path, Optional[Path], str]]:
     """(base dir, drafter dir or None, note) of the bundled demo model, or None if not built."""
     try:
-        from redrafter_mlx.demo import DEMO_NOTE, demo_paths
+        from redrafter_mlx.engine.bundled import DEMO_NOTE, demo_paths
     except ImportError:
         return None
     base, drafter = demo_paths()
@@ -255,7 +255,7 @@ def ar_plan(source: str) -> Plan:
 
 def check_shape(width: int, length: int, capacity: Optional[int]) -> None:
     """Validate a beam shape with the engine's own rules; FlagError names the flag."""
-    from redrafter_mlx.generation import BeamShape
+    from redrafter_mlx.engine.generation import BeamShape
 
     try:
         BeamShape.make(width, length, capacity)
@@ -275,7 +275,7 @@ def resolve_plan(paths: ModelPaths, dtype: Optional[str], width: Optional[int],
         return ar_plan(f"{why}: plain decoding")
     flags_given = any(v is not None for v in (width, length, capacity))
     if flags_given:
-        from redrafter_mlx.generation import DEFAULT_BEAM_LENGTH, DEFAULT_BEAM_WIDTH
+        from redrafter_mlx.engine.generation import DEFAULT_BEAM_LENGTH, DEFAULT_BEAM_WIDTH
 
         base = _tuned(paths, dtype)
         w = width if width is not None else (base.width if base.speculative else DEFAULT_BEAM_WIDTH)

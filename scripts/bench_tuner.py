@@ -5,7 +5,7 @@ token count, repeated) and the successive-halving search under a budget. Reports
 tuner's pick against the exhaustive best (tokens/s measured by the exhaustive pass, so both
 are judged by the same numbers) and the time each took.
 
-    python -m tuning.bench_tuner [--model DIR --drafter DIR] [--budget-seconds 60]
+    python -m scripts.bench_tuner [--model DIR --drafter DIR] [--budget-seconds 60]
 """
 
 from __future__ import annotations

@@ -136,7 +136,7 @@ def run_engine(engine, config: Config, ids: list[int], max_tokens: int, sampling
     """Generate with our engine (AR when ``config.kind == 'ar'``) and measure it."""
     import mlx.core as mx
 
-    from redrafter_mlx.generation import stream_generate
+    from redrafter_mlx.engine.generation import stream_generate
 
     drafter = engine.drafter if config.kind == "redrafter" else None
     beam = dict(beam_width=config.width or 1, beam_length=config.length or 2,
@@ -350,9 +350,9 @@ def render_table(rows: list[dict], title: str):
 
 
 def verify_cost_rows(hidden: int, layers: int) -> list[dict]:
-    """The engine's verify-cost benchmark (``redrafter_mlx.benchmarks.verify_cost``)."""
+    """The engine's verify-cost benchmark (``redrafter_mlx.engine.measure.verify_cost``)."""
     try:
-        from redrafter_mlx.benchmarks import verify_cost
+        from redrafter_mlx.engine.measure import verify_cost
     except ImportError as e:
         raise BenchError(f"the verify-cost benchmark is not available in this build "
                          f"({e}); update redrafter-mlx") from None

@@ -14,7 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from redrafter_mlx.commands.common import (
+from redrafter_mlx.cli.common import (
     BeamLengthOpt, BeamWidthOpt, CapacityOpt, DrafterOpt, DtypeOpt, Engine, FlagError, MinPOpt,
     ModelOpt, NoDraftOpt, Plan, Sampling, SeedOpt, SystemPromptOpt, TempOpt, TopKOpt, TopPOpt,
     VerboseOpt, check_dtype, check_max_tokens, cli_errors, err_console, load_engine,
@@ -53,7 +53,7 @@ class Generation:
 def run_generation(engine: Engine, plan: Plan, ids: list[int], max_tokens: int,
                    sampling: Sampling, echo: bool) -> Generation:
     """Stream one answer (echoing text to stdout when ``echo``) and collect it."""
-    from redrafter_mlx.generation import stream_generate
+    from redrafter_mlx.engine.generation import stream_generate
 
     out = Generation()
     console = out_console()

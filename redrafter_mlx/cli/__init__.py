@@ -22,12 +22,12 @@ def _register() -> None:
     import importlib
 
     for module_name, command_name in [
-        ("redrafter_mlx.commands.chat", "chat"),
-        ("redrafter_mlx.commands.generate", "generate"),
-        ("redrafter_mlx.commands.bench", "bench"),
-        ("weights_convert.cli", "convert"),
-        ("redrafter_mlx.commands.distill", "distill"),
-        ("tuning.cli", "tune"),
+        ("redrafter_mlx.cli.chat", "chat"),
+        ("redrafter_mlx.cli.generate", "generate"),
+        ("redrafter_mlx.cli.bench", "bench"),
+        ("redrafter_mlx.cli.convert", "convert"),
+        ("redrafter_mlx.cli.distill", "distill"),
+        ("redrafter_mlx.cli.tune", "tune"),
     ]:
         try:
             module = importlib.import_module(module_name)
@@ -39,7 +39,7 @@ def _register() -> None:
 
 
 def main() -> None:
-    from redrafter_mlx.platform import ensure_fast_blas
+    from redrafter_mlx.engine.platform import ensure_fast_blas
 
     ensure_fast_blas()
     _register()

@@ -1,6 +1,6 @@
 """Train a ReDrafter drafter for a frozen LLM by knowledge distillation (DESIGN §3).
 
-    from redrafter_mlx.distill import distill
+    from redrafter_mlx.train.distill import distill
     summary = distill("~/models/vicuna-7b", ["sharegpt.json"], "~/models/vicuna-7b-drafter",
                       predict_tokens=5, steps=20000, batch_size=256)
 
@@ -64,9 +64,9 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
-from .distill_data import Sequence, files_digest, load_prompts, load_training_data
-from .drafter import Drafter, DrafterArgs
-from .model import Model
+from .data import Sequence, files_digest, load_prompts, load_training_data
+from ..engine.drafter import Drafter, DrafterArgs
+from ..engine.model import Model
 
 CACHE_VERSION = 1
 DEFAULT_EVAL_SHAPES = ((1, 3), (2, 4), (4, 5))
@@ -539,7 +539,7 @@ def evaluate(model: Model, drafter: Drafter, prompts: list[list[int]], shapes, m
     object and the weights are fixed at trace time, so a drafter trained in place after an
     earlier evaluation would otherwise draft with its old weights.
     """
-    from .generation import decode
+    from ..engine.generation import decode
 
     snapshot = Drafter(drafter.args)
     snapshot.load_weights(tree_flatten(drafter.parameters()))
@@ -683,9 +683,9 @@ def _tail_mean(values: list[float]) -> float | None:
 def prepare(model_dir, data_files, out: Path, opts: DistillOptions, progress: Progress,
             rank: int, world: int) -> RunContext:
     """Load the serving model, render the data, build or reuse the target cache, plan the steps."""
-    from .loading import load_model
-    from .platform import default_dtype
-    from .tokenizer import load_tokenizer
+    from ..engine.loading import load_model
+    from ..engine.platform import default_dtype
+    from ..engine.tokenizer import load_tokenizer
 
     dtype = getattr(mx, opts.dtype) if opts.dtype else default_dtype()
     model, path = load_model(model_dir, dtype)
@@ -798,7 +798,7 @@ def final_eval(ctx: RunContext, opts: DistillOptions, progress: Progress) -> dic
     """Serve the saved drafter (as ``load`` would) on held-out prompts; writes ``out/eval.json``.
 
     None when ``eval_shapes`` is empty (no evaluation)."""
-    from .loading import load_drafter
+    from ..engine.loading import load_drafter
 
     shapes = eval_shapes(opts.eval_shapes, opts.predict_tokens)
     if not shapes:

@@ -1,7 +1,7 @@
 """``redrafter-mlx chat``: a multi-turn terminal chat with ReDrafter speculative decoding.
 
 Answers stream as the verifier accepts them; each turn reuses the KV cache of the
-conversation so far (see :mod:`redrafter_mlx.chat` for the loop and in-chat commands).
+conversation so far (see :mod:`redrafter_mlx.cli.chat_ui` for the loop and in-chat commands).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from redrafter_mlx.commands.common import (
+from redrafter_mlx.cli.common import (
     BeamLengthOpt, BeamWidthOpt, CapacityOpt, DrafterOpt, DtypeOpt, MinPOpt, ModelOpt,
     NoDraftOpt, Sampling, SeedOpt, SystemPromptOpt, TempOpt, TopKOpt, TopPOpt, VerboseOpt,
     check_dtype, check_max_tokens, cli_errors, load_engine, out_console, resolve_paths,
@@ -20,7 +20,7 @@ from redrafter_mlx.commands.common import (
 
 def greeting(engine, plan, show_accepted: bool) -> str:
     """The first lines: which model, which beam shape and why, and how to leave."""
-    from redrafter_mlx.chat import DRAFTED_STYLE
+    from redrafter_mlx.cli.chat_ui import DRAFTED_STYLE
 
     drafter = f" + drafter {engine.paths.drafter}" if plan.speculative else ""
     lines = [f"[bold]redrafter-mlx chat[/] · {engine.paths.model}{drafter} ({engine.dtype})",
@@ -61,7 +61,7 @@ def chat(
         plan = resolve_plan(paths, dtype, beam_width, beam_length, capacity, no_draft)
         engine = load_engine(paths, dtype, with_drafter=plan.speculative)
 
-        from redrafter_mlx.chat import ChatLoop, enable_line_editing, run_chat
+        from redrafter_mlx.cli.chat_ui import ChatLoop, enable_line_editing, run_chat
 
         console = out_console()
         console.print(greeting(engine, plan, show_accepted))

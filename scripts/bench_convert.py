@@ -1,6 +1,6 @@
 """Benchmark the converter on a synthetic multi-shard fp16 PyTorch checkpoint (no torch needed).
 
-    python -m weights_convert.bench_convert --size-gb 2 --shards 3 [--quantize] [--keep]
+    python -m scripts.bench_convert --size-gb 2 --shards 3 [--quantize] [--keep]
 
 Writes a Llama-shaped checkpoint of about ``--size-gb`` GB as ``pytorch_model-0000i-of-0000N.bin``
 zip shards (torch's layout, written here byte by byte) plus its index, converts it in a
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
         runs = [("fp16", False)] + ([("4-bit", True)] if args.quantize else [])
         for label, quantize in runs:
             out = work / f"out-{label}"
-            cmd = [sys.executable, "-m", "weights_convert.bench_convert", "--child", str(work / "src"), str(out)]
+            cmd = [sys.executable, "-m", "scripts.bench_convert", "--child", str(work / "src"), str(out)]
             result = subprocess.run(cmd + (["--child-quantize"] if quantize else []), capture_output=True, text=True, check=True)
             stats = json.loads(result.stdout.strip().splitlines()[-1])
             mb_s = facts["bytes"] / 1e6 / stats["seconds"]

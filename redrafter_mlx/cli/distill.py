@@ -1,6 +1,6 @@
 """`redrafter-mlx distill`: train a ReDrafter drafter for a model by distillation.
 
-The work happens in ``redrafter_mlx.distill`` (imported when the command runs, so the CLI
+The work happens in ``redrafter_mlx.train.distill`` (imported when the command runs, so the CLI
 starts fast).
 """
 
@@ -41,9 +41,9 @@ def distill(
     """Train a ReDrafter drafter for MODEL by distillation (the LLM stays frozen)."""
     from rich.console import Console
 
-    from redrafter_mlx.distill import distill as run_distill
-    from redrafter_mlx.distill_data import DataError
-    from redrafter_mlx.loading import LoadError
+    from redrafter_mlx.train.distill import distill as run_distill
+    from redrafter_mlx.train.data import DataError
+    from redrafter_mlx.engine.loading import LoadError
 
     console = Console(stderr=True)
     if targets not in ("distill", "ground-truth"):

@@ -1,0 +1,1 @@
+"""Drafter training by distillation, and its data."""

@@ -1,0 +1,1 @@
+"""Build and benchmark scripts, run by make; not part of the installed package."""

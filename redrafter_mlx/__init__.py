@@ -7,8 +7,12 @@ command's start-up) stays fast.
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "GenerationResponse": "engine.generation", "batch_generate": "engine.generation", "generate": "engine.generation",
-    "stream_generate": "engine.generation", "Session": "engine.generation", "load": "engine.loading",
+    "GenerationResponse": "engine.generation",
+    "batch_generate": "engine.generation",
+    "generate": "engine.generation",
+    "stream_generate": "engine.generation",
+    "Session": "engine.generation",
+    "load": "engine.loading",
     "LoadError": "engine.loading",
 }
 

@@ -53,13 +53,21 @@ def _layers_for(size_gb: float) -> int:
 
 def _config(n_layers: int) -> dict:
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HIDDEN,
-        "intermediate_size": INTERMEDIATE, "num_attention_heads": HEADS, "num_hidden_layers": n_layers,
-        "rms_norm_eps": 1e-6, "vocab_size": VOCAB, "tie_word_embeddings": False, "torch_dtype": "float16",
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": HIDDEN,
+        "intermediate_size": INTERMEDIATE,
+        "num_attention_heads": HEADS,
+        "num_hidden_layers": n_layers,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": VOCAB,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float16",
     }
 
 
 # --- torch's pickle layout, protocol 2 opcodes ---------------------------------------------------
+
 
 def _op_global(module: str, name: str) -> bytes:
     return b"c" + f"{module}\n{name}\n".encode()
@@ -85,13 +93,35 @@ def _state_dict_pickle(shapes: dict[str, tuple[int, ...]]) -> bytes:
     for key, (name, shape) in enumerate(shapes.items()):
         numel = int(np.prod(shape))
         stride = [int(np.prod(shape[d + 1 :])) for d in range(len(shape))]
-        pid = _op_tuple([_op_str("storage"), _op_global("torch", "HalfStorage"), _op_str(str(key)), _op_str("cpu"), _op_int(numel)]) + b"Q"
-        args = _op_tuple([pid, _op_int(0), _op_tuple([_op_int(s) for s in shape]), _op_tuple([_op_int(s) for s in stride]), b"\x89", ordered_dict])
+        pid = (
+            _op_tuple(
+                [
+                    _op_str("storage"),
+                    _op_global("torch", "HalfStorage"),
+                    _op_str(str(key)),
+                    _op_str("cpu"),
+                    _op_int(numel),
+                ]
+            )
+            + b"Q"
+        )
+        args = _op_tuple(
+            [
+                pid,
+                _op_int(0),
+                _op_tuple([_op_int(s) for s in shape]),
+                _op_tuple([_op_int(s) for s in stride]),
+                b"\x89",
+                ordered_dict,
+            ]
+        )
         body += _op_str(name) + _op_global("torch._utils", "_rebuild_tensor_v2") + args + b"R"
     return b"\x80\x02" + ordered_dict + b"(" + body + b"u."
 
 
-def _write_bin_shard(path: Path, shapes: dict[str, tuple[int, ...]], rng: np.random.Generator) -> None:
+def _write_bin_shard(
+    path: Path, shapes: dict[str, tuple[int, ...]], rng: np.random.Generator
+) -> None:
     """One fp16 shard in torch's zip layout, streamed tensor by tensor (bounded memory)."""
     block = (rng.standard_normal(1 << 20) * 0.02).astype(np.float16)  # 2 MB of values, reused
     with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
@@ -124,7 +154,9 @@ def write_checkpoint(folder: Path, size_gb: float, shards: int) -> dict:
         file_name = f"pytorch_model-{i:05d}-of-{shards:05d}.bin"
         _write_bin_shard(folder / file_name, group, rng)
         weight_map.update({name: file_name for name in group})
-    (folder / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
+    (folder / "pytorch_model.bin.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map})
+    )
     (folder / "config.json").write_text(json.dumps(_config(n_layers)))
     sizes = [(folder / f).stat().st_size for f in sorted(set(weight_map.values()))]
     return {"layers": n_layers, "bytes": total, "largest_shard": max(sizes), "shards": len(sizes)}
@@ -137,8 +169,12 @@ def _child(src: str, out: str, quantize: bool) -> None:
     start = time.perf_counter()
     summary = convert(src, out, quantize=quantize, progress=False)
     seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)
-    print(json.dumps({"seconds": seconds, "peak_rss": peak, "bytes_on_disk": summary.bytes_on_disk}))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (
+        1 if sys.platform == "darwin" else 1024
+    )
+    print(
+        json.dumps({"seconds": seconds, "peak_rss": peak, "bytes_on_disk": summary.bytes_on_disk})
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -146,7 +182,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size-gb", type=float, default=2.0)
     parser.add_argument("--shards", type=int, default=3)
     parser.add_argument("--quantize", action="store_true", help="also time a 4-bit conversion")
-    parser.add_argument("--workdir", type=Path, default=None, help="where to write (default: a temp folder)")
+    parser.add_argument(
+        "--workdir", type=Path, default=None, help="where to write (default: a temp folder)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the synthetic files")
     parser.add_argument("--child", nargs=2, metavar=("SRC", "OUT"), help=argparse.SUPPRESS)
     parser.add_argument("--child-quantize", action="store_true", help=argparse.SUPPRESS)
@@ -166,8 +204,20 @@ def main(argv: list[str] | None = None) -> None:
         runs = [("fp16", False)] + ([("4-bit", True)] if args.quantize else [])
         for label, quantize in runs:
             out = work / f"out-{label}"
-            cmd = [sys.executable, "-m", "scripts.bench_convert", "--child", str(work / "src"), str(out)]
-            result = subprocess.run(cmd + (["--child-quantize"] if quantize else []), capture_output=True, text=True, check=True)
+            cmd = [
+                sys.executable,
+                "-m",
+                "scripts.bench_convert",
+                "--child",
+                str(work / "src"),
+                str(out),
+            ]
+            result = subprocess.run(
+                cmd + (["--child-quantize"] if quantize else []),
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             stats = json.loads(result.stdout.strip().splitlines()[-1])
             mb_s = facts["bytes"] / 1e6 / stats["seconds"]
             ratio = stats["peak_rss"] / facts["largest_shard"]

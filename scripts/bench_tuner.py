@@ -50,8 +50,9 @@ def main() -> None:
     model_path, drafter_path = (args.model, args.drafter) if args.model else demo_paths()
     model, drafter, tokenizer = load_engine(model_path, drafter_path, None)
     measure = EngineMeasure(model, drafter, tokenizer, load_prompts(args.prompts, args.num_prompts))
-    shapes = build_grid([int(w) for w in args.widths.split(",")],
-                        [int(n) for n in args.lengths.split(",")], [None])
+    shapes = build_grid(
+        [int(w) for w in args.widths.split(",")], [int(n) for n in args.lengths.split(",")], [None]
+    )
     console = Console()
 
     tic = time.perf_counter()

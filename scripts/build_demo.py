@@ -58,7 +58,12 @@ HELDOUT_EVERY = 20  # file i (in sorted order) is held out when i % 20 == 19
 
 # Directories (any path component) that are excluded from the corpus.
 EXCLUDED_DIRS = {
-    "test", "tests", "idle_test", "site-packages", "__pycache__", "lib-dynload",
+    "test",
+    "tests",
+    "idle_test",
+    "site-packages",
+    "__pycache__",
+    "lib-dynload",
     "encodings",  # ~120 generated codec tables; they would dominate the corpus with hex tables
     "__phello__",  # frozen-module test fixtures
 }
@@ -176,11 +181,17 @@ def chat_examples_from_source(text: str) -> list[dict]:
                     if CHAT_MIN_LINES <= n_lines <= CHAT_MAX_LINES and len(src) <= CHAT_MAX_CHARS:
                         if isinstance(node, ast.ClassDef):
                             bases = ", ".join(ast.unparse(b) for b in node.bases)
-                            what = f"class `{node.name}({bases})`" if bases else f"class `{node.name}`"
+                            what = (
+                                f"class `{node.name}({bases})`" if bases else f"class `{node.name}`"
+                            )
                         elif owner is not None:
                             what = f"method `{_signature(node)}` of class `{owner}`"
                         else:
-                            kind = "async function" if isinstance(node, ast.AsyncFunctionDef) else "function"
+                            kind = (
+                                "async function"
+                                if isinstance(node, ast.AsyncFunctionDef)
+                                else "function"
+                            )
                             what = f"{kind} `{_signature(node)}`"
                         request = f"Write a Python {what}: {first}"
                         out.append({"request": request, "reply": src, "name": node.name})
@@ -199,15 +210,22 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def build_corpus(work: Path, root: Path | None = None, files: list[str] | None = None,
-                 out: Path | None = None, n_prompts: int = 50) -> dict:
+def build_corpus(
+    work: Path,
+    root: Path | None = None,
+    files: list[str] | None = None,
+    out: Path | None = None,
+    n_prompts: int = 50,
+) -> dict:
     """Write ``work/corpus.jsonl`` and ``work/corpus_manifest.json``; optionally
     ``out/heldout_prompts.jsonl``. Deterministic for a given stdlib (= Python version)."""
     root = Path(root) if root is not None else stdlib_root()
     files = list_corpus_files(root) if files is None else sorted(files)
     work.mkdir(parents=True, exist_ok=True)
-    stats = {"train": {"files": 0, "chars": 0, "chat": 0, "chat_chars": 0},
-             "heldout": {"files": 0, "chars": 0, "chat": 0, "chat_chars": 0}}
+    stats = {
+        "train": {"files": 0, "chars": 0, "chat": 0, "chat_chars": 0},
+        "heldout": {"files": 0, "chars": 0, "chat": 0, "chat_chars": 0},
+    }
     heldout_chat: list[dict] = []
     skipped = []
     corpus_path = work / "corpus.jsonl"
@@ -218,15 +236,30 @@ def build_corpus(work: Path, root: Path | None = None, files: list[str] | None =
                 skipped.append(rel)
                 continue
             split = "heldout" if i % HELDOUT_EVERY == HELDOUT_EVERY - 1 else "train"
-            f.write(json.dumps({"split": split, "kind": "source", "path": rel, "text": text},
-                               ensure_ascii=False) + "\n")
+            f.write(
+                json.dumps(
+                    {"split": split, "kind": "source", "path": rel, "text": text},
+                    ensure_ascii=False,
+                )
+                + "\n"
+            )
             stats[split]["files"] += 1
             stats[split]["chars"] += len(text)
             for ex in chat_examples_from_source(text):
-                f.write(json.dumps({"split": split, "kind": "chat", "path": rel,
-                                    "request": ex["request"], "reply": ex["reply"],
-                                    "text": chat_text(ex["request"], ex["reply"])},
-                                   ensure_ascii=False) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "split": split,
+                            "kind": "chat",
+                            "path": rel,
+                            "request": ex["request"],
+                            "reply": ex["reply"],
+                            "text": chat_text(ex["request"], ex["reply"]),
+                        },
+                        ensure_ascii=False,
+                    )
+                    + "\n"
+                )
                 stats[split]["chat"] += 1
                 stats[split]["chat_chars"] += len(ex["reply"])
                 if split == "heldout":
@@ -270,30 +303,71 @@ def load_corpus(work: Path) -> list[dict]:
 TOKENIZER_CONFIG = {
     "add_bos_token": True,
     "add_eos_token": False,
-    "bos_token": {"__type": "AddedToken", "content": "<s>", "lstrip": False, "normalized": True,
-                  "rstrip": False, "single_word": False},
+    "bos_token": {
+        "__type": "AddedToken",
+        "content": "<s>",
+        "lstrip": False,
+        "normalized": True,
+        "rstrip": False,
+        "single_word": False,
+    },
     "clean_up_tokenization_spaces": False,
-    "eos_token": {"__type": "AddedToken", "content": "</s>", "lstrip": False, "normalized": True,
-                  "rstrip": False, "single_word": False},
+    "eos_token": {
+        "__type": "AddedToken",
+        "content": "</s>",
+        "lstrip": False,
+        "normalized": True,
+        "rstrip": False,
+        "single_word": False,
+    },
     "legacy": False,
     "model_max_length": 512,
     "pad_token": None,
     "padding_side": "right",
     "sp_model_kwargs": {},
     "tokenizer_class": "LlamaTokenizer",
-    "unk_token": {"__type": "AddedToken", "content": "<unk>", "lstrip": False, "normalized": True,
-                  "rstrip": False, "single_word": False},
+    "unk_token": {
+        "__type": "AddedToken",
+        "content": "<unk>",
+        "lstrip": False,
+        "normalized": True,
+        "rstrip": False,
+        "single_word": False,
+    },
 }
 SPECIAL_TOKENS_MAP = {
-    "bos_token": {"content": "<s>", "lstrip": False, "normalized": True, "rstrip": False, "single_word": False},
-    "eos_token": {"content": "</s>", "lstrip": False, "normalized": True, "rstrip": False, "single_word": False},
+    "bos_token": {
+        "content": "<s>",
+        "lstrip": False,
+        "normalized": True,
+        "rstrip": False,
+        "single_word": False,
+    },
+    "eos_token": {
+        "content": "</s>",
+        "lstrip": False,
+        "normalized": True,
+        "rstrip": False,
+        "single_word": False,
+    },
     "pad_token": "<unk>",
-    "unk_token": {"content": "<unk>", "lstrip": False, "normalized": True, "rstrip": False, "single_word": False},
+    "unk_token": {
+        "content": "<unk>",
+        "lstrip": False,
+        "normalized": True,
+        "rstrip": False,
+        "single_word": False,
+    },
 }
 
 
-def build_tokenizer(work: Path, base_dir: Path, vocab_size: int = 4096, seed: int = 0,
-                    input_sentence_size: int = 2_000_000) -> dict:
+def build_tokenizer(
+    work: Path,
+    base_dir: Path,
+    vocab_size: int = 4096,
+    seed: int = 0,
+    input_sentence_size: int = 2_000_000,
+) -> dict:
     import sentencepiece as spm
 
     records = load_corpus(work)
@@ -326,7 +400,10 @@ def build_tokenizer(work: Path, base_dir: Path, vocab_size: int = 4096, seed: in
         vocab_size=vocab_size,
         character_coverage=1.0,
         byte_fallback=True,
-        unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
         normalization_rule_name="identity",
         remove_extra_whitespaces=False,
         add_dummy_prefix=True,
@@ -350,7 +427,9 @@ def build_tokenizer(work: Path, base_dir: Path, vocab_size: int = 4096, seed: in
     (work / "tokenizer.model").write_bytes(proto.SerializeToString())
     (base_dir / "tokenizer.model").write_bytes(proto.SerializeToString())
     (base_dir / "tokenizer_config.json").write_text(json.dumps(TOKENIZER_CONFIG, indent=2) + "\n")
-    (base_dir / "special_tokens_map.json").write_text(json.dumps(SPECIAL_TOKENS_MAP, indent=2) + "\n")
+    (base_dir / "special_tokens_map.json").write_text(
+        json.dumps(SPECIAL_TOKENS_MAP, indent=2) + "\n"
+    )
     sp = spm.SentencePieceProcessor(model_file=str(base_dir / "tokenizer.model"))
     # Round trip and compression on held-out code.
     held = [r["text"] for r in records if r["split"] == "heldout" and r["kind"] == "source"]
@@ -359,9 +438,12 @@ def build_tokenizer(work: Path, base_dir: Path, vocab_size: int = 4096, seed: in
         raise RuntimeError(f"tokenizer round trip failed on {len(bad)} held-out files")
     chars = sum(len(t) for t in held)
     toks = sum(len(sp.encode(t)) for t in held)
-    info = {"vocab_size": sp.get_piece_size(), "training_sentences": n,
-            "heldout_chars_per_token": round(chars / max(toks, 1), 3),
-            "tokenizer_sha256": _sha256_file(base_dir / "tokenizer.model")}
+    info = {
+        "vocab_size": sp.get_piece_size(),
+        "training_sentences": n,
+        "heldout_chars_per_token": round(chars / max(toks, 1), 3),
+        "tokenizer_sha256": _sha256_file(base_dir / "tokenizer.model"),
+    }
     (work / "tokenizer_info.json").write_text(json.dumps(info, indent=1) + "\n")
     return info
 
@@ -434,11 +516,17 @@ def model_args(cfg: BaseConfig, vocab_size: int):
     from mlx_lm.models import llama
 
     return llama.ModelArgs(
-        model_type="llama", hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_hidden_layers,
-        intermediate_size=cfg.intermediate_size, num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_key_value_heads, rms_norm_eps=cfg.rms_norm_eps,
-        vocab_size=vocab_size, rope_theta=cfg.rope_theta,
-        max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=True,
+        model_type="llama",
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        intermediate_size=cfg.intermediate_size,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads,
+        rms_norm_eps=cfg.rms_norm_eps,
+        vocab_size=vocab_size,
+        rope_theta=cfg.rope_theta,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=True,
     )
 
 
@@ -540,24 +628,39 @@ def save_base(model, cfg: BaseConfig, vocab_size: int, base_dir: Path) -> None:
     (base_dir / "config.json").write_text(json.dumps(hf_config(cfg, vocab_size), indent=2) + "\n")
 
 
-def train_base(work: Path, base_dir: Path, cfg: BaseConfig, tcfg: TrainConfig,
-               minutes: float | None = None, log=print) -> dict:
+def train_base(
+    work: Path,
+    base_dir: Path,
+    cfg: BaseConfig,
+    tcfg: TrainConfig,
+    minutes: float | None = None,
+    log=print,
+) -> dict:
+    from functools import partial
+
     import mlx.core as mx
     import mlx.nn as nn
     import mlx.optimizers as optim
     import sentencepiece as spm
-    from functools import partial
     from mlx.utils import tree_flatten
     from mlx_lm.models import llama
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeElapsedColumn, TimeRemainingColumn)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
     sp = spm.SentencePieceProcessor(model_file=str(base_dir / "tokenizer.model"))
     vocab = sp.get_piece_size()
     t_tok = time.time()
     toks = _tokenize_corpus(work, sp)
-    log(f"tokens: train source {len(toks['train_source']):,}, train chat {len(toks['train_chat']):,}, "
-        f"held-out source {len(toks['heldout_source']):,} ({time.time() - t_tok:.1f}s)")
+    log(
+        f"tokens: train source {len(toks['train_source']):,}, train chat {len(toks['train_chat']):,}, "
+        f"held-out source {len(toks['heldout_source']):,} ({time.time() - t_tok:.1f}s)"
+    )
     held = toks["heldout_source"].astype(np.int32)
     ev_small = eval_windows(held, tcfg.seq_len, tcfg.eval_windows)
 
@@ -573,10 +676,15 @@ def train_base(work: Path, base_dir: Path, cfg: BaseConfig, tcfg: TrainConfig,
     def make(model, total_steps):
         warm = min(tcfg.warmup, max(1, total_steps // 10))
         sched = optim.join_schedules(
-            [optim.linear_schedule(tcfg.lr / warm, tcfg.lr, warm),
-             optim.cosine_decay(tcfg.lr, max(1, total_steps - warm), tcfg.lr * tcfg.min_lr_frac)],
-            [warm])
-        opt = optim.AdamW(learning_rate=sched, betas=list(tcfg.betas), weight_decay=tcfg.weight_decay)
+            [
+                optim.linear_schedule(tcfg.lr / warm, tcfg.lr, warm),
+                optim.cosine_decay(tcfg.lr, max(1, total_steps - warm), tcfg.lr * tcfg.min_lr_frac),
+            ],
+            [warm],
+        )
+        opt = optim.AdamW(
+            learning_rate=sched, betas=list(tcfg.betas), weight_decay=tcfg.weight_decay
+        )
         state = [model.state, opt.state]
 
         @partial(mx.compile, inputs=state, outputs=state)
@@ -604,11 +712,15 @@ def train_base(work: Path, base_dir: Path, cfg: BaseConfig, tcfg: TrainConfig,
                 loss = step(b[:, :-1], b[:, 1:])
                 mx.eval(state, loss)
             times[seq] = (time.time() - t0) / 3
-        per_step = (1 - tcfg.long_frac) * times[tcfg.seq_len] + tcfg.long_frac * times[tcfg.long_seq_len]
+        per_step = (1 - tcfg.long_frac) * times[tcfg.seq_len] + tcfg.long_frac * times[
+            tcfg.long_seq_len
+        ]
         steps = max(10, int(minutes * 60 * 0.95 / per_step))
-        log(f"throughput: {tcfg.tokens_per_step / times[tcfg.seq_len]:.0f} tok/s at T={tcfg.seq_len}, "
+        log(
+            f"throughput: {tcfg.tokens_per_step / times[tcfg.seq_len]:.0f} tok/s at T={tcfg.seq_len}, "
             f"{tcfg.tokens_per_step / times[tcfg.long_seq_len]:.0f} tok/s at T={tcfg.long_seq_len} "
-            f"-> {steps} steps for {minutes} min")
+            f"-> {steps} steps for {minutes} min"
+        )
         del m, state, step
 
     model = fresh()
@@ -621,9 +733,15 @@ def train_base(work: Path, base_dir: Path, cfg: BaseConfig, tcfg: TrainConfig,
     t_start = time.time()
     ema = None
     tokens_seen = 0
-    progress = Progress(TextColumn("[bold]base"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("loss {task.fields[loss]:.3f}"), TextColumn("{task.fields[tps]:.0f} tok/s"),
-                        TimeElapsedColumn(), TimeRemainingColumn())
+    progress = Progress(
+        TextColumn("[bold]base"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]:.3f}"),
+        TextColumn("{task.fields[tps]:.0f} tok/s"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
 
     def plain(msg):
         progress.console.print(msg, markup=False, highlight=False)
@@ -646,13 +764,23 @@ def train_base(work: Path, base_dir: Path, cfg: BaseConfig, tcfg: TrainConfig,
             progress.update(task, advance=1, loss=ema, tps=tps)
             if it % 25 == 0 or it == steps:
                 el = now - t_start
-                plain(f"step {it}/{steps} T={seq} loss {lv:.4f} (ema {ema:.4f}) "
-                      f"lr {opt.learning_rate.item():.2e} {tokens_seen / el:.0f} tok/s elapsed {el / 60:.1f} min")
+                plain(
+                    f"step {it}/{steps} T={seq} loss {lv:.4f} (ema {ema:.4f}) "
+                    f"lr {opt.learning_rate.item():.2e} {tokens_seen / el:.0f} tok/s elapsed {el / 60:.1f} min"
+                )
             if it % tcfg.eval_every == 0 or it == steps:
                 nll, _ = heldout_nll(model, ev_small)
-                history.append({"step": it, "train_loss_ema": round(ema, 4), "heldout_nll_small": round(nll, 4)})
-                plain(f"  eval step {it}: held-out nll {nll:.4f} ppl {math.exp(nll):.2f} "
-                      f"({len(ev_small)} windows)")
+                history.append(
+                    {
+                        "step": it,
+                        "train_loss_ema": round(ema, 4),
+                        "heldout_nll_small": round(nll, 4),
+                    }
+                )
+                plain(
+                    f"  eval step {it}: held-out nll {nll:.4f} ppl {math.exp(nll):.2f} "
+                    f"({len(ev_small)} windows)"
+                )
                 t_last = time.time()
             if it % 300 == 0 and it < steps:
                 save_base(model, cfg, vocab, work / "ckpt")
@@ -672,30 +800,50 @@ def train_base(work: Path, base_dir: Path, cfg: BaseConfig, tcfg: TrainConfig,
         w = eval_windows(held, seq, limit)
         nll, count = heldout_nll(shipped, w)
         res[seq] = {"nll": round(nll, 4), "ppl": round(math.exp(nll), 3), "tokens": count}
-        log(f"held-out (fp16 weights, context {seq}): nll {nll:.4f} ppl {math.exp(nll):.3f} over {count:,} tokens")
+        log(
+            f"held-out (fp16 weights, context {seq}): nll {nll:.4f} ppl {math.exp(nll):.3f} over {count:,} tokens"
+        )
     eval_s = time.time() - t0
     chat_held = toks["heldout_chat"].astype(np.int32)
     chat_nll = None
     if len(chat_held) > tcfg.seq_len + 1:
         chat_nll, _ = heldout_nll(shipped, eval_windows(chat_held, tcfg.seq_len, 200))
-    prompts = [json.loads(l)["turns"][0] for l in (base_dir.parent / "heldout_prompts.jsonl").read_text().splitlines()
-               if l.strip()] if (base_dir.parent / "heldout_prompts.jsonl").exists() else []
-    samples = [{"prompt": p, "greedy": greedy_generate(shipped, sp, chat_prompt(p))} for p in prompts[:3]]
+    prompts = (
+        [
+            json.loads(l)["turns"][0]
+            for l in (base_dir.parent / "heldout_prompts.jsonl").read_text().splitlines()
+            if l.strip()
+        ]
+        if (base_dir.parent / "heldout_prompts.jsonl").exists()
+        else []
+    )
+    samples = [
+        {"prompt": p, "greedy": greedy_generate(shipped, sp, chat_prompt(p))} for p in prompts[:3]
+    ]
     for s in samples:
         log(f"USER: {s['prompt']}\nASSISTANT:{s['greedy']}\n")
     info = {
-        "model": asdict(cfg), "vocab_size": vocab, "params": n_params,
+        "model": asdict(cfg),
+        "vocab_size": vocab,
+        "params": n_params,
         "train": {**asdict(tcfg), "steps": steps, "betas": list(tcfg.betas)},
-        "tokens_seen": tokens_seen, "train_seconds": round(train_s, 1),
+        "tokens_seen": tokens_seen,
+        "train_seconds": round(train_s, 1),
         "tokens_per_second": round(tokens_seen / train_s, 1),
-        "final_train_loss_ema": round(ema, 4), "history": history,
+        "final_train_loss_ema": round(ema, 4),
+        "history": history,
         "heldout": {str(k): v for k, v in res.items()},
         "heldout_chat_nll": None if chat_nll is None else round(chat_nll, 4),
         "eval_seconds": round(eval_s, 1),
-        "corpus_tokens": {k: int(len(toks[k])) for k in ("train_source", "train_chat", "heldout_source", "heldout_chat")},
+        "corpus_tokens": {
+            k: int(len(toks[k]))
+            for k in ("train_source", "train_chat", "heldout_source", "heldout_chat")
+        },
         "samples": samples,
         "safetensors_bytes": (base_dir / "model.safetensors").stat().st_size,
-        "threads": {k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "LD_PRELOAD")},
+        "threads": {
+            k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "LD_PRELOAD")
+        },
     }
     (work / "base_info.json").write_text(json.dumps(info, indent=1) + "\n")
     return info
@@ -715,8 +863,11 @@ def write_distill_data(work: Path, examples: int | None = None, seed: int = 0) -
     a seeded random subset of that many (distillation targets cost T+1 forwards each)."""
     import random
 
-    rows = [{"prompt": r["request"], "response": r["reply"]} for r in load_corpus(work)
-            if r["split"] == "train" and r["kind"] == "chat"]
+    rows = [
+        {"prompt": r["request"], "response": r["reply"]}
+        for r in load_corpus(work)
+        if r["split"] == "train" and r["kind"] == "chat"
+    ]
     if examples is not None and examples < len(rows):
         rows = random.Random(seed).sample(rows, examples)
     path = work / "distill_train.jsonl"
@@ -728,8 +879,16 @@ def write_distill_data(work: Path, examples: int | None = None, seed: int = 0) -
 
 # The shipped drafter: compact, because on small models and CPU backends the drafter's
 # exit_dim x vocab head dominates the cost of a draft step (an exit_dim of 2H doubles it).
-DRAFTER_OPTIONS = dict(predict_tokens=5, layers=1, exit_dim=256, steps=1200, batch_size=256,
-                       seq_len=512, eval_prompts=24, eval_max_tokens=128)
+DRAFTER_OPTIONS = dict(
+    predict_tokens=5,
+    layers=1,
+    exit_dim=256,
+    steps=1200,
+    batch_size=256,
+    seq_len=512,
+    eval_prompts=24,
+    eval_max_tokens=128,
+)
 DRAFTER_EXAMPLES = 600
 
 
@@ -750,8 +909,13 @@ def build_drafter(work: Path, out: Path, seed: int, steps: int | None = None, lo
 
     data = write_distill_data(work, DRAFTER_EXAMPLES, seed)
     run_dir = work / "drafter_run"
-    options = dict(DRAFTER_OPTIONS, seed=seed, eval_data=[str(out / "heldout_prompts.jsonl")],
-                   cache_dir=str(work / "distill_cache"), overwrite=True)
+    options = dict(
+        DRAFTER_OPTIONS,
+        seed=seed,
+        eval_data=[str(out / "heldout_prompts.jsonl")],
+        cache_dir=str(work / "distill_cache"),
+        overwrite=True,
+    )
     if steps is not None:
         options["steps"] = steps
     log(f"drafter: distill({out / 'base'}, {data}, {run_dir}, {options})")
@@ -786,76 +950,113 @@ def write_build_md(out: Path, work: Path, argv: list[str]) -> None:
 
     man, tok, base = rd("corpus_manifest.json"), rd("tokenizer_info.json"), rd("base_info.json")
     cmd_argv = base["argv"] if base and "argv" in base else argv
-    L = ["# Demo model build record", "",
-         "Generated by `python -m scripts.build_demo` (`make demo-model`); do not edit by hand.", "",
-         "## Command", "", "The shipped base model was built with:", "",
-         "```", shlex.join(["python", "-m", "scripts.build_demo", *cmd_argv]), "```", ""]
+    L = [
+        "# Demo model build record",
+        "",
+        "Generated by `python -m scripts.build_demo` (`make demo-model`); do not edit by hand.",
+        "",
+        "## Command",
+        "",
+        "The shipped base model was built with:",
+        "",
+        "```",
+        shlex.join(["python", "-m", "scripts.build_demo", *cmd_argv]),
+        "```",
+        "",
+    ]
     if base and "--minutes" in cmd_argv:
-        L += [f"(`--minutes` sized the run from measured throughput; `--steps {base['train']['steps']}` "
-              "reproduces it exactly.)", ""]
+        L += [
+            f"(`--minutes` sized the run from measured throughput; `--steps {base['train']['steps']}` "
+            "reproduces it exactly.)",
+            "",
+        ]
     L += [
-         f"- Python {platform.python_version()} ({platform.python_implementation()}), "
-         f"{platform.system()} {platform.machine()}",
-         f"- mlx {_version('mlx')}, mlx-lm {_version('mlx-lm')}, sentencepiece {_version('sentencepiece')}, "
-         f"numpy {np.__version__}"]
+        f"- Python {platform.python_version()} ({platform.python_implementation()}), "
+        f"{platform.system()} {platform.machine()}",
+        f"- mlx {_version('mlx')}, mlx-lm {_version('mlx-lm')}, sentencepiece {_version('sentencepiece')}, "
+        f"numpy {np.__version__}",
+    ]
     if base:
         th = base["threads"]
-        L.append(f"- threads: OPENBLAS_NUM_THREADS={th.get('OPENBLAS_NUM_THREADS')}, "
-                 f"OMP_NUM_THREADS={th.get('OMP_NUM_THREADS')}, LD_PRELOAD={th.get('LD_PRELOAD')}")
+        L.append(
+            f"- threads: OPENBLAS_NUM_THREADS={th.get('OPENBLAS_NUM_THREADS')}, "
+            f"OMP_NUM_THREADS={th.get('OMP_NUM_THREADS')}, LD_PRELOAD={th.get('LD_PRELOAD')}"
+        )
     L.append("")
     if man:
         s = man["stats"]
-        L += ["## Corpus", "",
-              f"The `*.py` source of the Python {man['python_version']} standard library (always available "
-              "offline), minus tests (`test/`, `tests/`, `idle_test/`), `site-packages`, the generated codec "
-              "tables in `encodings/`, `pydoc_data/topics.py`, machine-specific `_sysconfigdata*` and "
-              "`config-*`. Files are sorted by relative path; "
-              f"held out: {man['heldout_rule']}. **The corpus depends on the Python version**: a build on "
-              "another version gives a different (equally valid) model.", "",
-              "Chat examples (Vicuna v1.1 format) are made with `ast` from documented functions, methods and "
-              f"classes of {CHAT_MIN_LINES}-{CHAT_MAX_LINES} lines (system prompt, then "
-              "``USER: Write a Python function `name(args)`: <first docstring line> ASSISTANT: <source></s>``). "
-              "Training mixes raw source and these chat examples.", "",
-              "| split | files | chars | chat examples | chat reply chars |", "|---|---|---|---|---|"]
+        L += [
+            "## Corpus",
+            "",
+            f"The `*.py` source of the Python {man['python_version']} standard library (always available "
+            "offline), minus tests (`test/`, `tests/`, `idle_test/`), `site-packages`, the generated codec "
+            "tables in `encodings/`, `pydoc_data/topics.py`, machine-specific `_sysconfigdata*` and "
+            "`config-*`. Files are sorted by relative path; "
+            f"held out: {man['heldout_rule']}. **The corpus depends on the Python version**: a build on "
+            "another version gives a different (equally valid) model.",
+            "",
+            "Chat examples (Vicuna v1.1 format) are made with `ast` from documented functions, methods and "
+            f"classes of {CHAT_MIN_LINES}-{CHAT_MAX_LINES} lines (system prompt, then "
+            "``USER: Write a Python function `name(args)`: <first docstring line> ASSISTANT: <source></s>``). "
+            "Training mixes raw source and these chat examples.",
+            "",
+            "| split | files | chars | chat examples | chat reply chars |",
+            "|---|---|---|---|---|",
+        ]
         for k in ("train", "heldout"):
-            L.append(f"| {k} | {s[k]['files']} | {s[k]['chars']:,} | {s[k]['chat']:,} | {s[k]['chat_chars']:,} |")
+            L.append(
+                f"| {k} | {s[k]['files']} | {s[k]['chars']:,} | {s[k]['chat']:,} | {s[k]['chat_chars']:,} |"
+            )
         L += ["", f"corpus.jsonl sha256: `{man['corpus_sha256']}`", ""]
     if tok:
-        L += ["## Tokenizer", "",
-              f"SentencePiece BPE (LLaMA `tokenizer.model` format), vocab {tok['vocab_size']}, byte fallback, "
-              "identity normalization, dummy prefix, split digits, whitespace-only pieces allowed (indentation "
-              "runs become single pieces), `<unk>`=0 `<s>`=1 `</s>`=2, no pad. Trained on the lines of the "
-              f"training files ({tok['training_sentences']:,} sentences), one thread, input order fixed.", "",
-              f"- held-out: {tok['heldout_chars_per_token']} chars/token; decode(encode(x)) == x on every held-out file",
-              f"- tokenizer.model sha256: `{tok['tokenizer_sha256']}`", ""]
+        L += [
+            "## Tokenizer",
+            "",
+            f"SentencePiece BPE (LLaMA `tokenizer.model` format), vocab {tok['vocab_size']}, byte fallback, "
+            "identity normalization, dummy prefix, split digits, whitespace-only pieces allowed (indentation "
+            "runs become single pieces), `<unk>`=0 `<s>`=1 `</s>`=2, no pad. Trained on the lines of the "
+            f"training files ({tok['training_sentences']:,} sentences), one thread, input order fixed.",
+            "",
+            f"- held-out: {tok['heldout_chars_per_token']} chars/token; decode(encode(x)) == x on every held-out file",
+            f"- tokenizer.model sha256: `{tok['tokenizer_sha256']}`",
+            "",
+        ]
     if base:
         m, t = base["model"], base["train"]
         ho = base["heldout"]
-        L += ["## Base model", "",
-              f"Llama (`mlx_lm.models.llama.Model`): hidden {m['hidden_size']}, {m['num_hidden_layers']} layers, "
-              f"{m['num_attention_heads']} heads (kv {m['num_key_value_heads']}, head dim "
-              f"{m['hidden_size'] // m['num_attention_heads']}), MLP {m['intermediate_size']}, vocab "
-              f"{base['vocab_size']}, tied embeddings, RoPE theta {m['rope_theta']:g}, trained context "
-              f"{m['max_position_embeddings']}. **{base['params']:,} parameters**; "
-              f"model.safetensors (float16) {_fmt_bytes(base['safetensors_bytes'])}.", "",
-              f"Training: {t['steps']} steps x {t['tokens_per_step']} tokens "
-              f"(sequence {t['seq_len']} for the first {1 - t['long_frac']:.0%} of the steps, then {t['long_seq_len']}), "
-              f"random windows from a seeded numpy RNG (seed {t['seed']}); {t['chat_frac']:.0%} of windows start at a "
-              f"chat example, the rest anywhere in the raw source. AdamW (lr {t['lr']:g}, betas {tuple(t['betas'])}, "
-              f"weight decay {t['weight_decay']}), {min(t['warmup'], max(1, t['steps'] // 10))} warm-up steps "
-              f"then cosine to "
-              f"{t['lr'] * t['min_lr_frac']:g}, grad clip {t['grad_clip']}, fp32 compute, saved as float16.", "",
-              f"- corpus tokens: {', '.join(f'{k} {v:,}' for k, v in base['corpus_tokens'].items())}",
-              f"- tokens seen: {base['tokens_seen']:,} in {base['train_seconds'] / 60:.1f} min "
-              f"({base['tokens_per_second']:.0f} tokens/s)",
-              f"- final train loss (EMA): {base['final_train_loss_ema']:.4f}",
-              ]
+        L += [
+            "## Base model",
+            "",
+            f"Llama (`mlx_lm.models.llama.Model`): hidden {m['hidden_size']}, {m['num_hidden_layers']} layers, "
+            f"{m['num_attention_heads']} heads (kv {m['num_key_value_heads']}, head dim "
+            f"{m['hidden_size'] // m['num_attention_heads']}), MLP {m['intermediate_size']}, vocab "
+            f"{base['vocab_size']}, tied embeddings, RoPE theta {m['rope_theta']:g}, trained context "
+            f"{m['max_position_embeddings']}. **{base['params']:,} parameters**; "
+            f"model.safetensors (float16) {_fmt_bytes(base['safetensors_bytes'])}.",
+            "",
+            f"Training: {t['steps']} steps x {t['tokens_per_step']} tokens "
+            f"(sequence {t['seq_len']} for the first {1 - t['long_frac']:.0%} of the steps, then {t['long_seq_len']}), "
+            f"random windows from a seeded numpy RNG (seed {t['seed']}); {t['chat_frac']:.0%} of windows start at a "
+            f"chat example, the rest anywhere in the raw source. AdamW (lr {t['lr']:g}, betas {tuple(t['betas'])}, "
+            f"weight decay {t['weight_decay']}), {min(t['warmup'], max(1, t['steps'] // 10))} warm-up steps "
+            f"then cosine to "
+            f"{t['lr'] * t['min_lr_frac']:g}, grad clip {t['grad_clip']}, fp32 compute, saved as float16.",
+            "",
+            f"- corpus tokens: {', '.join(f'{k} {v:,}' for k, v in base['corpus_tokens'].items())}",
+            f"- tokens seen: {base['tokens_seen']:,} in {base['train_seconds'] / 60:.1f} min "
+            f"({base['tokens_per_second']:.0f} tokens/s)",
+            f"- final train loss (EMA): {base['final_train_loss_ema']:.4f}",
+        ]
         for k, v in ho.items():
-            L.append(f"- **held-out perplexity (context {k}, fp16 weights): {v['ppl']:.2f}** "
-                     f"(nll {v['nll']:.4f} nats/token over {v['tokens']:,} tokens of the held-out files)")
+            L.append(
+                f"- **held-out perplexity (context {k}, fp16 weights): {v['ppl']:.2f}** "
+                f"(nll {v['nll']:.4f} nats/token over {v['tokens']:,} tokens of the held-out files)"
+            )
         if base.get("heldout_chat_nll") is not None:
-            L.append(f"- held-out chat examples: nll {base['heldout_chat_nll']:.4f} "
-                     f"(ppl {math.exp(base['heldout_chat_nll']):.2f})")
+            L.append(
+                f"- held-out chat examples: nll {base['heldout_chat_nll']:.4f} "
+                f"(ppl {math.exp(base['heldout_chat_nll']):.2f})"
+            )
         L += ["", "| step | train loss (EMA) | held-out nll (64 windows) |", "|---|---|---|"]
         for h in base["history"]:
             L.append(f"| {h['step']} | {h['train_loss_ema']:.4f} | {h['heldout_nll_small']:.4f} |")
@@ -867,8 +1068,11 @@ def write_build_md(out: Path, work: Path, argv: list[str]) -> None:
     if dr:
         L += ["```json", json.dumps(dr, indent=1), "```", ""]
     else:
-        L += ["Not built yet: `python -m scripts.build_demo --stages drafter` distils it with "
-              "`redrafter_mlx.train.distill` into `drafter/` (3-8 MB fp16 planned).", ""]
+        L += [
+            "Not built yet: `python -m scripts.build_demo --stages drafter` distils it with "
+            "`redrafter_mlx.train.distill` into `drafter/` (3-8 MB fp16 planned).",
+            "",
+        ]
     (out / "BUILD.md").write_text("\n".join(L))
 
 
@@ -886,27 +1090,53 @@ def _version(dist: str) -> str:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m scripts.build_demo", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--stages", default=",".join(STAGES),
-                   help=f"comma-separated subset of {','.join(STAGES)} (default: all)")
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                   help="package data dir: base/ drafter/ heldout_prompts.jsonl BUILD.md (default: %(default)s)")
-    p.add_argument("--work", type=Path, default=DEFAULT_WORK,
-                   help="scratch dir for corpus dumps and token arrays (default: %(default)s)")
+    p = argparse.ArgumentParser(
+        prog="python -m scripts.build_demo",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "--stages",
+        default=",".join(STAGES),
+        help=f"comma-separated subset of {','.join(STAGES)} (default: all)",
+    )
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help="package data dir: base/ drafter/ heldout_prompts.jsonl BUILD.md (default: %(default)s)",
+    )
+    p.add_argument(
+        "--work",
+        type=Path,
+        default=DEFAULT_WORK,
+        help="scratch dir for corpus dumps and token arrays (default: %(default)s)",
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=TrainConfig.steps,
-                   help="training steps of the base model (default: %(default)s, the committed build)")
-    p.add_argument("--minutes", type=float, default=None,
-                   help="instead of --steps: measure throughput and size the run to this many minutes")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=TrainConfig.steps,
+        help="training steps of the base model (default: %(default)s, the committed build)",
+    )
+    p.add_argument(
+        "--minutes",
+        type=float,
+        default=None,
+        help="instead of --steps: measure throughput and size the run to this many minutes",
+    )
     p.add_argument("--vocab-size", type=int, default=4096)
     p.add_argument("--hidden-size", type=int, default=BaseConfig.hidden_size)
     p.add_argument("--layers", type=int, default=BaseConfig.num_hidden_layers)
     p.add_argument("--intermediate-size", type=int, default=BaseConfig.intermediate_size)
     p.add_argument("--heads", type=int, default=BaseConfig.num_attention_heads)
     p.add_argument("--lr", type=float, default=TrainConfig.lr)
-    p.add_argument("--drafter-steps", type=int, default=None,
-                   help="training steps of the drafter (default: redrafter_mlx.train.distill's default)")
+    p.add_argument(
+        "--drafter-steps",
+        type=int,
+        default=None,
+        help="training steps of the drafter (default: redrafter_mlx.train.distill's default)",
+    )
     return p.parse_args(argv)
 
 
@@ -930,17 +1160,23 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.time()
         man = build_corpus(work, out=out)
         s = man["stats"]
-        log(f"corpus: Python {man['python_version']}: {man['n_files']} files "
+        log(
+            f"corpus: Python {man['python_version']}: {man['n_files']} files "
             f"(train {s['train']['files']}, held-out {s['heldout']['files']}), "
-            f"chat examples {s['train']['chat']} + {s['heldout']['chat']} ({time.time() - t0:.1f}s)")
+            f"chat examples {s['train']['chat']} + {s['heldout']['chat']} ({time.time() - t0:.1f}s)"
+        )
     if "tokenizer" in stages:
         t0 = time.time()
         info = build_tokenizer(work, base_dir, vocab_size=a.vocab_size, seed=a.seed)
         log(f"tokenizer: {info} ({time.time() - t0:.1f}s)")
     if "base" in stages:
-        cfg = BaseConfig(hidden_size=a.hidden_size, num_hidden_layers=a.layers,
-                         intermediate_size=a.intermediate_size, num_attention_heads=a.heads,
-                         num_key_value_heads=a.heads)
+        cfg = BaseConfig(
+            hidden_size=a.hidden_size,
+            num_hidden_layers=a.layers,
+            intermediate_size=a.intermediate_size,
+            num_attention_heads=a.heads,
+            num_key_value_heads=a.heads,
+        )
         tcfg = TrainConfig(steps=a.steps, seed=a.seed, lr=a.lr)
         info = train_base(work, base_dir, cfg, tcfg, minutes=a.minutes, log=log)
         info["argv"] = argv  # BUILD.md records the command line that produced the shipped weights

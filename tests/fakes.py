@@ -33,8 +33,19 @@ class FakeChip:
     and W beams give W chances. Samples carry a seeded multiplicative jitter of ``noise``.
     """
 
-    def __init__(self, clock: FakeClock, *, base_step=0.020, per_token=0.0015, knee=16,
-                 accept=0.7, noise=0.01, warmup_overhead=0.5, samples_per_call=2, seed=0):
+    def __init__(
+        self,
+        clock: FakeClock,
+        *,
+        base_step=0.020,
+        per_token=0.0015,
+        knee=16,
+        accept=0.7,
+        noise=0.01,
+        warmup_overhead=0.5,
+        samples_per_call=2,
+        seed=0,
+    ):
         self.clock = clock
         self.base_step = base_step
         self.per_token = per_token
@@ -56,8 +67,9 @@ class FakeChip:
 
     def step_time(self, shape: BeamShape) -> float:
         """Seconds per verification step."""
-        packed = shape.max_packed if shape.capacity is None else min(shape.capacity,
-                                                                     shape.max_packed)
+        packed = (
+            shape.max_packed if shape.capacity is None else min(shape.capacity, shape.max_packed)
+        )
         t = self.base_step + self.per_token * packed
         return 2 * t if shape.width * shape.length >= self.knee else t
 
@@ -72,8 +84,10 @@ class FakeChip:
         self.tokens[shape] += n_tokens
         true = self.tokens_per_s(shape)
         self.clock.advance((self.warmup_overhead if first else 0.0) + n_tokens / true)
-        samples = tuple(true * (1 + self.rng.uniform(-self.noise, self.noise))
-                        for _ in range(self.samples_per_call))
+        samples = tuple(
+            true * (1 + self.rng.uniform(-self.noise, self.noise))
+            for _ in range(self.samples_per_call)
+        )
         return Measurement(samples, (self.tokens_per_step(shape),) * len(samples))
 
     def best(self, shapes: list[BeamShape]) -> BeamShape:

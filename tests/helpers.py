@@ -12,9 +12,15 @@ from redrafter_mlx.engine.model import Model, ModelArgs
 
 def tiny_args(seed=0, vocab=32, hidden=32, layers=2, heads=4, kv_heads=2, **kw) -> ModelArgs:
     cfg = dict(
-        model_type="llama", hidden_size=hidden, num_hidden_layers=layers,
-        intermediate_size=2 * hidden, num_attention_heads=heads, num_key_value_heads=kv_heads,
-        vocab_size=vocab, rms_norm_eps=1e-5, max_position_embeddings=4096,
+        model_type="llama",
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        intermediate_size=2 * hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        vocab_size=vocab,
+        rms_norm_eps=1e-5,
+        max_position_embeddings=4096,
         tie_word_embeddings=False,
     )
     cfg.update(kw)
@@ -44,8 +50,13 @@ def tiny_model(seed=0, scale=2.0, **kw) -> Model:
 
 def tiny_drafter(model: Model, seed=1, layers=2, exit_dim=None, rnn=True, scale=2.0) -> Drafter:
     H = model.hidden_size
-    args = DrafterArgs(vocab_size=model.vocab_size, hidden_size=H,
-                       exit_dim=exit_dim or 2 * H, num_draft_layers=layers, rnn=rnn)
+    args = DrafterArgs(
+        vocab_size=model.vocab_size,
+        hidden_size=H,
+        exit_dim=exit_dim or 2 * H,
+        num_draft_layers=layers,
+        rnn=rnn,
+    )
     drafter = Drafter(args)
     _randomize(drafter, seed, scale)
     return drafter
@@ -73,10 +84,14 @@ class OracleDrafter:
 
     def __init__(self, model: Model, noise=0.5, seed=3):
         self.model = model
-        self.args = DrafterArgs(vocab_size=model.vocab_size, hidden_size=model.hidden_size,
-                                exit_dim=2 * model.hidden_size)
-        self.noise = noise * mx.random.normal((model.hidden_size, model.vocab_size),
-                                              key=mx.random.key(seed))
+        self.args = DrafterArgs(
+            vocab_size=model.vocab_size,
+            hidden_size=model.hidden_size,
+            exit_dim=2 * model.hidden_size,
+        )
+        self.noise = noise * mx.random.normal(
+            (model.hidden_size, model.vocab_size), key=mx.random.key(seed)
+        )
 
     def next_state(self, state, token_emb):
         return token_emb

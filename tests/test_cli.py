@@ -49,8 +49,7 @@ def home(tmp_path, monkeypatch):
 
 def invoke(app, *args, input=None):
     """Run ``redrafter-mlx ARGS`` in-process (stdout and stderr captured separately)."""
-    return CliRunner().invoke(app, [str(a) for a in args], input=input,
-                              env={"COLUMNS": "120"})
+    return CliRunner().invoke(app, [str(a) for a in args], input=input, env={"COLUMNS": "120"})
 
 
 def model_args(pair, drafter=True):
@@ -80,8 +79,16 @@ def test_help_lists_the_commands(app):
 def test_command_help_shows_the_shared_flags(app, command):
     result = invoke(app, command, "--help")
     assert result.exit_code == 0
-    for flag in ("--model", "--drafter", "--max-tokens", "--temp", "--beam-width", "--no-draft",
-                 "--dtype", "--verbose"):
+    for flag in (
+        "--model",
+        "--drafter",
+        "--max-tokens",
+        "--temp",
+        "--beam-width",
+        "--no-draft",
+        "--dtype",
+        "--verbose",
+    ):
         assert flag in result.stdout
 
 
@@ -98,22 +105,38 @@ def test_generate_streams_the_answer_then_a_stats_line(app, pair):
 
 def test_generate_json_has_text_tokens_stats_and_config(app, pair):
     data = run_json(app, "generate", *model_args(pair), "-p", "Hello", "-n", 6)
-    assert set(data) >= {"text", "tokens", "finish_reason", "stats", "beam", "model", "drafter",
-                         "dtype", "sampling"}
+    assert set(data) >= {
+        "text",
+        "tokens",
+        "finish_reason",
+        "stats",
+        "beam",
+        "model",
+        "drafter",
+        "dtype",
+        "sampling",
+    }
     assert len(data["tokens"]) == 6 and all(isinstance(t, int) for t in data["tokens"])
     assert data["finish_reason"] == "length"
     assert data["dtype"] == "float32"
     assert data["beam"]["speculative"] is True and "preset" in data["beam"]["source"]
-    for key in ("prompt_tokens", "generation_tokens", "generation_tps", "tokens_per_step",
-                "time_to_first_token", "peak_memory_gb"):
+    for key in (
+        "prompt_tokens",
+        "generation_tokens",
+        "generation_tps",
+        "tokens_per_step",
+        "time_to_first_token",
+        "peak_memory_gb",
+    ):
         assert isinstance(data["stats"][key], (int, float))
     assert sum(data["stats"]["accept_hist"]) == data["stats"]["steps"]
 
 
 def test_no_draft_gives_the_same_greedy_text(app, pair):
     drafted = run_json(app, "generate", *model_args(pair), "-p", "Tell me a story", "-n", 10)
-    plain = run_json(app, "generate", *model_args(pair), "-p", "Tell me a story", "-n", 10,
-                     "--no-draft")
+    plain = run_json(
+        app, "generate", *model_args(pair), "-p", "Tell me a story", "-n", 10, "--no-draft"
+    )
     assert plain["beam"]["speculative"] is False and plain["drafter"] is None
     assert plain["tokens"] == drafted["tokens"]
     assert plain["text"] == drafted["text"]
@@ -121,17 +144,35 @@ def test_no_draft_gives_the_same_greedy_text(app, pair):
 
 def test_generate_reads_stdin_and_raw_skips_the_template(app, pair):
     chat = run_json(app, "generate", *model_args(pair), "-p", "-", "-n", 2, input="Hello\n")
-    raw = run_json(app, "generate", *model_args(pair), "-p", "-", "-n", 2, "--raw",
-                   input="Hello\n")
+    raw = run_json(app, "generate", *model_args(pair), "-p", "-", "-n", 2, "--raw", input="Hello\n")
     assert raw["chat_template"] is False
     assert raw["stats"]["prompt_tokens"] < chat["stats"]["prompt_tokens"]  # no system prompt
 
 
 def test_beam_flags_override_the_preset(app, pair):
-    data = run_json(app, "generate", *model_args(pair), "-p", "Hi", "-n", 4,
-                    "--beam-width", 2, "--beam-length", 3, "--capacity", 4)
-    assert data["beam"] == {"width": 2, "length": 3, "capacity": 4, "speculative": True,
-                            "source": "beam shape from flags", "label": "W2×L3 C4"}
+    data = run_json(
+        app,
+        "generate",
+        *model_args(pair),
+        "-p",
+        "Hi",
+        "-n",
+        4,
+        "--beam-width",
+        2,
+        "--beam-length",
+        3,
+        "--capacity",
+        4,
+    )
+    assert data["beam"] == {
+        "width": 2,
+        "length": 3,
+        "capacity": 4,
+        "speculative": True,
+        "source": "beam shape from flags",
+        "label": "W2×L3 C4",
+    }
 
 
 def test_no_drafter_decodes_plainly_and_says_why(app, pair):
@@ -164,15 +205,18 @@ def test_drafter_for_another_base_model(app, pair):
     one_red_line(result, 1, "another base model")
 
 
-@pytest.mark.parametrize("flags, needle", [
-    (["--beam-length", "1"], "--beam-length"),
-    (["--beam-width", "0"], "--beam-width"),
-    (["--beam-width", "2", "--beam-length", "3", "--capacity", "9"], "--capacity"),
-    (["--temp", "-1"], "--temp"),
-    (["--top-p", "0"], "--top-p"),
-    (["--max-tokens", "0"], "--max-tokens"),
-    (["--dtype", "int8"], "--dtype"),
-])
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--beam-length", "1"], "--beam-length"),
+        (["--beam-width", "0"], "--beam-width"),
+        (["--beam-width", "2", "--beam-length", "3", "--capacity", "9"], "--capacity"),
+        (["--temp", "-1"], "--temp"),
+        (["--top-p", "0"], "--top-p"),
+        (["--max-tokens", "0"], "--max-tokens"),
+        (["--dtype", "int8"], "--dtype"),
+    ],
+)
 def test_bad_flag_values_exit_2(app, pair, flags, needle):
     result = invoke(app, "generate", *model_args(pair), "-p", "hi", *flags)
     one_red_line(result, 2, needle)
@@ -204,8 +248,7 @@ def test_demo_model_is_the_default(app, pair, monkeypatch):
     import redrafter_mlx.cli.common as common
 
     model, drafter, _ = pair
-    monkeypatch.setattr(common, "demo_available",
-                        lambda: (Path(model), Path(drafter), "DEMO NOTE"))
+    monkeypatch.setattr(common, "demo_available", lambda: (Path(model), Path(drafter), "DEMO NOTE"))
     result = invoke(app, "generate", "-p", "hi", "-n", 3, "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
@@ -249,8 +292,16 @@ def test_prompt_file_and_bad_names(tmp_path):
 
 # --------------------------------------------------------------------------- bench: command
 
-NUMERIC = ("tokens", "decode_s", "tokens_per_s", "speedup", "tokens_per_step", "efficiency",
-           "ttft_s", "peak_memory_gb")
+NUMERIC = (
+    "tokens",
+    "decode_s",
+    "tokens_per_s",
+    "speedup",
+    "tokens_per_step",
+    "efficiency",
+    "ttft_s",
+    "peak_memory_gb",
+)
 
 
 def test_bench_json_schema(app, pair):
@@ -274,8 +325,21 @@ def test_bench_json_schema(app, pair):
 
 def test_bench_grid_table_and_csv(app, pair, tmp_path):
     out = tmp_path / "bench.csv"
-    result = invoke(app, "bench", *model_args(pair), "--num-prompts", 1, "-n", 4,
-                    "--grid", "1,2x2,3", "--csv", out, "--prompts", "vicuna-bench")
+    result = invoke(
+        app,
+        "bench",
+        *model_args(pair),
+        "--num-prompts",
+        1,
+        "-n",
+        4,
+        "--grid",
+        "1,2x2,3",
+        "--csv",
+        out,
+        "--prompts",
+        "vicuna-bench",
+    )
     assert result.exit_code == 0, result.output
     for name in ("AR", "W1×L2", "W1×L3", "W2×L2", "W2×L3", "speedup", "tok/step"):
         assert name in result.stdout
@@ -305,8 +369,7 @@ def test_bench_reports_mismatches_loudly(app, pair, monkeypatch):
     assert result.exit_code == 1
     data = json.loads(result.stdout)
     assert data["ok"] is False
-    assert data["mismatches"] == [dict(config="W1×L4", prompt=0, position=2, tokens=4,
-                                       ar_tokens=4)]
+    assert data["mismatches"] == [dict(config="W1×L4", prompt=0, position=2, tokens=4, ar_tokens=4)]
     assert data["configs"][1]["matches_ar"] is False
 
 

@@ -25,10 +25,17 @@ def engine(pair):  # noqa: F811
 def make_loop(engine, max_tokens=MAX_TOKENS, show_accepted=False, terminal=False):
     """A ChatLoop printing into a string buffer (``loop.console.file.getvalue()``)."""
     plan = resolve_plan(engine.paths, None, 1, 3, None, False)
-    console = Console(file=io.StringIO(), width=200, highlight=False, soft_wrap=True,
-                      force_terminal=terminal, color_system="standard" if terminal else None)
-    return ChatLoop(engine, plan, Sampling(), max_tokens, show_accepted=show_accepted,
-                    console=console)
+    console = Console(
+        file=io.StringIO(),
+        width=200,
+        highlight=False,
+        soft_wrap=True,
+        force_terminal=terminal,
+        color_system="standard" if terminal else None,
+    )
+    return ChatLoop(
+        engine, plan, Sampling(), max_tokens, show_accepted=show_accepted, console=console
+    )
 
 
 def output(loop) -> str:
@@ -44,8 +51,9 @@ def test_chat_command_over_stdin(app, pair):  # noqa: F811
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert "redrafter-mlx chat" in out and "W1×L4" in out and "preset" in out
-    prompts = [tuple(map(int, m)) for m in
-               re.findall(r"prompt: (\d+) tokens, (\d+) prefilled", out)]
+    prompts = [
+        tuple(map(int, m)) for m in re.findall(r"prompt: (\d+) tokens, (\d+) prefilled", out)
+    ]
     assert len(prompts) == 2
     (first_total, first_prefilled), (second_total, second_prefilled) = prompts
     assert first_prefilled == first_total  # nothing cached yet
@@ -186,16 +194,28 @@ def test_show_accepted_colours_drafted_tokens(engine):
     decoder = StreamDecoder(engine.tokenizer)
     for i, (tokens, drafted) in enumerate(steps):
         response = GenerationResponse(
-            text="", tokens=tokens, accepted=sum(drafted), drafted_tokens=drafted,
-            finish_reason="length" if i == len(steps) - 1 else None, steps=i, prompt_tokens=1,
-            prefilled_tokens=1, generation_tokens=0, prompt_tps=0, generation_tps=0,
-            tokens_per_step=0, mean_packed=0, time_to_first_token=0, host_ms_per_step=0,
-            peak_memory_gb=0)
+            text="",
+            tokens=tokens,
+            accepted=sum(drafted),
+            drafted_tokens=drafted,
+            finish_reason="length" if i == len(steps) - 1 else None,
+            steps=i,
+            prompt_tokens=1,
+            prefilled_tokens=1,
+            generation_tokens=0,
+            prompt_tps=0,
+            generation_tps=0,
+            tokens_per_step=0,
+            mean_packed=0,
+            time_to_first_token=0,
+            host_ms_per_step=0,
+            peak_memory_gb=0,
+        )
         loop.show(response, decoder)
     shown = output(loop)
     plain = re.sub(r"\x1b\[[0-9;]*m", "", shown)
     assert plain == engine.tokenizer.decode(ids)
-    drafted_text = engine.tokenizer.decode(ids[:3])[len(engine.tokenizer.decode(ids[:1])):]
+    drafted_text = engine.tokenizer.decode(ids[:3])[len(engine.tokenizer.decode(ids[:1])) :]
     assert f"\x1b[32m{drafted_text}\x1b[0m" in shown
 
 

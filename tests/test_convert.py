@@ -52,13 +52,19 @@ def _load_output(folder: Path) -> dict[str, np.ndarray]:
     for shard in sorted(set(index["weight_map"].values())):
         for name, array in mx.load(str(folder / shard)).items():
             assert index["weight_map"][name] == shard
-            view = {mx.float32: mx.uint32, mx.float16: mx.uint16, mx.bfloat16: mx.uint16}.get(array.dtype, array.dtype)
+            view = {mx.float32: mx.uint32, mx.float16: mx.uint16, mx.bfloat16: mx.uint16}.get(
+                array.dtype, array.dtype
+            )
             out[name] = np.array(array.view(view))
     return out
 
 
 def _tree_hash(folder: Path) -> dict[str, str]:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _mlx_logits(folder: Path, prompt: np.ndarray) -> np.ndarray:
@@ -76,6 +82,7 @@ def _copy_fixture(name: str, tmp_path: Path) -> Path:
 
 
 # --- exact tensors -------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize(
     "fixture, dtype",
@@ -99,13 +106,24 @@ def test_converted_tensors_equal_the_source_bit_for_bit(tmp_path, expected, fixt
         np.testing.assert_array_equal(got[name], _as_bits(master, dtype), err_msg=name)
     assert _tree_hash(src) == before  # sources never modified
     config = json.loads((out / "config.json").read_text())
-    assert config["tie_word_embeddings"] is False and config["torch_dtype"] == dtype and "quantization" not in config
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"):
+    assert (
+        config["tie_word_embeddings"] is False
+        and config["torch_dtype"] == dtype
+        and "quantization" not in config
+    )
+    for name in (
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "generation_config.json",
+    ):
         assert (out / name).read_bytes() == (src / name).read_bytes()
     assert summary.parameters == sum(v.size for v in weights.values())
     assert summary.bytes_on_disk == sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
     if fixture == "llama_bin":
-        assert sorted(summary.dropped) == [f"model.layers.{i}.self_attn.rotary_emb.inv_freq" for i in range(2)]
+        assert sorted(summary.dropped) == [
+            f"model.layers.{i}.self_attn.rotary_emb.inv_freq" for i in range(2)
+        ]
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp folder left
 
 
@@ -133,10 +151,13 @@ def test_missing_lm_head_means_tied_even_if_config_says_untied(tmp_path, expecte
     out = tmp_path / "out"
     convert(str(src), out, dtype="float32", progress=False)
     assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is True
-    np.testing.assert_allclose(_mlx_logits(out, expected["prompt"]), expected["logits_tied"], atol=2e-4, rtol=1e-4)
+    np.testing.assert_allclose(
+        _mlx_logits(out, expected["prompt"]), expected["logits_tied"], atol=2e-4, rtol=1e-4
+    )
 
 
 # --- quantization --------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_quantized_output_matches_mlx_lm_quantize_model(tmp_path, expected, bits):
@@ -148,16 +169,30 @@ def test_quantized_output_matches_mlx_lm_quantize_model(tmp_path, expected, bits
 
     plain, quant = tmp_path / "plain", tmp_path / "quant"
     convert(str(FIXTURES / "llama_bin"), plain, dtype="float16", progress=False)
-    summary = convert(str(FIXTURES / "llama_bin"), quant, dtype="float16", quantize=True, q_bits=bits, progress=False)
+    summary = convert(
+        str(FIXTURES / "llama_bin"),
+        quant,
+        dtype="float16",
+        quantize=True,
+        q_bits=bits,
+        progress=False,
+    )
 
     model, _, config = mlx_lm.load(str(plain), return_config=True)
     ref_model, ref_config = quantize_model(model, config, group_size=64, bits=bits)
     ours = json.loads((quant / "config.json").read_text())
-    assert ours["quantization"] == {"group_size": 64, "bits": bits, "mode": "affine"} == ref_config["quantization"]
+    assert (
+        ours["quantization"]
+        == {"group_size": 64, "bits": bits, "mode": "affine"}
+        == ref_config["quantization"]
+    )
     assert ours["quantization_config"] == ours["quantization"]
 
     got = _load_output(quant)
-    ref = {k: np.array(v.view({mx.float16: mx.uint16}.get(v.dtype, v.dtype))) for k, v in tree_flatten(ref_model.parameters())}
+    ref = {
+        k: np.array(v.view({mx.float16: mx.uint16}.get(v.dtype, v.dtype)))
+        for k, v in tree_flatten(ref_model.parameters())
+    }
     assert set(got) == set(ref)
     for name in ref:
         np.testing.assert_array_equal(got[name], ref[name], err_msg=name)
@@ -172,9 +207,16 @@ def test_quantized_output_matches_mlx_lm_quantize_model(tmp_path, expected, bits
 
 # --- drafters ------------------------------------------------------------------------------------
 
+
 def test_reference_drafter_bin_is_kept_under_reference_names(tmp_path):
     out = tmp_path / "out"
-    summary = convert(str(FIXTURES / "llama_bin_sharded"), out, drafter=str(FIXTURES / "drafter_bin"), dtype="float32", progress=False)
+    summary = convert(
+        str(FIXTURES / "llama_bin_sharded"),
+        out,
+        drafter=str(FIXTURES / "drafter_bin"),
+        dtype="float32",
+        progress=False,
+    )
     drafter_expected = dict(np.load(FIXTURES / "drafter_bin_expected.npz"))
     got = _load_output(out / "drafter")
     assert set(got) == set(drafter_expected) - {"emb_norm.weight"}
@@ -182,25 +224,46 @@ def test_reference_drafter_bin_is_kept_under_reference_names(tmp_path):
         np.testing.assert_array_equal(value, drafter_expected[name].view(np.uint32), err_msg=name)
     config = json.loads((out / "drafter" / "config.json").read_text())
     source_config = json.loads((FIXTURES / "drafter_bin" / "config.json").read_text())
-    for key in ("vocab_size", "hidden_size", "exit_dim", "num_draft_layers", "rnn", "num_lookback_tokens", "model_type"):
+    for key in (
+        "vocab_size",
+        "hidden_size",
+        "exit_dim",
+        "num_draft_layers",
+        "rnn",
+        "num_lookback_tokens",
+        "model_type",
+    ):
         assert config[key] == source_config[key]
     assert "quantization" not in config and "drafter emb_norm.weight" in summary.dropped
-    assert summary.drafter_parameters == sum(v.size for k, v in drafter_expected.items() if k != "emb_norm.weight")
+    assert summary.drafter_parameters == sum(
+        v.size for k, v in drafter_expected.items() if k != "emb_norm.weight"
+    )
 
 
 def test_quantized_drafter_follows_the_mlx_lm_rule(tmp_path):
     import mlx.core as mx
 
     out = tmp_path / "out"
-    convert(str(FIXTURES / "llama_bin"), out, drafter=str(FIXTURES / "drafter_st"), quantize_drafter=True, q_bits=8, progress=False)
+    convert(
+        str(FIXTURES / "llama_bin"),
+        out,
+        drafter=str(FIXTURES / "drafter_st"),
+        quantize_drafter=True,
+        q_bits=8,
+        progress=False,
+    )
     got = _load_output(out / "drafter")
     config = json.loads((out / "drafter" / "config.json").read_text())
     assert config["quantization"] == {"group_size": 64, "bits": 8, "mode": "affine"}
     quantized = {k[: -len(".scales")] for k in got if k.endswith(".scales")}
     # input dims: input_proj 128, rnn 64 -> quantized; the exit_dim=96 layers are not multiples of 64
     assert quantized == {"input_proj", "rnn_u", "rnn_w"}
-    assert got["lm_head.2.weight"].dtype == np.uint16 and got["input_proj.weight"].dtype == np.uint32
-    source = {r.name: r.load() for r in read_safetensors(FIXTURES / "drafter_st" / "model.safetensors")}
+    assert (
+        got["lm_head.2.weight"].dtype == np.uint16 and got["input_proj.weight"].dtype == np.uint32
+    )
+    source = {
+        r.name: r.load() for r in read_safetensors(FIXTURES / "drafter_st" / "model.safetensors")
+    }
     w = mx.dequantize(
         mx.array(got["rnn_u.weight"]),
         mx.array(got["rnn_u.scales"]).view(mx.float16),
@@ -208,8 +271,12 @@ def test_quantized_drafter_follows_the_mlx_lm_rule(tmp_path):
         group_size=64,
         bits=8,
     )
-    np.testing.assert_allclose(np.array(w.astype(mx.float32)), source["rnn_u.weight"].astype(np.float32), atol=0.02)
-    assert json.loads((out / "config.json").read_text()).get("quantization") is None  # base not quantized
+    np.testing.assert_allclose(
+        np.array(w.astype(mx.float32)), source["rnn_u.weight"].astype(np.float32), atol=0.02
+    )
+    assert (
+        json.loads((out / "config.json").read_text()).get("quantization") is None
+    )  # base not quantized
 
 
 def _write_safetensors(path: Path, arrays: dict[str, np.ndarray]) -> None:
@@ -240,7 +307,10 @@ def test_multi_head_layout_is_mapped_to_reference_names(tmp_path):
 
 # --- errors: a clear message, nothing left behind ------------------------------------------------
 
-def _assert_fails_cleanly(tmp_path: Path, message: str, model: str, drafter: str | None = None) -> None:
+
+def _assert_fails_cleanly(
+    tmp_path: Path, message: str, model: str, drafter: str | None = None
+) -> None:
     outs = tmp_path / "outs"
     with pytest.raises(ConversionError, match=message):
         convert(model, outs / "nested" / "model", drafter=drafter, progress=False)
@@ -266,13 +336,21 @@ def test_error_shape_mismatch_against_config(tmp_path):
     src = _copy_fixture("llama_bin_sharded", tmp_path)
     config = json.loads((src / "config.json").read_text())
     (src / "config.json").write_text(json.dumps({**config, "intermediate_size": 256}))
-    _assert_fails_cleanly(tmp_path, r"mlp\.\w+_proj\.weight .* has shape \[\d+, \d+\] but .*config\.json implies", str(src))
+    _assert_fails_cleanly(
+        tmp_path,
+        r"mlp\.\w+_proj\.weight .* has shape \[\d+, \d+\] but .*config\.json implies",
+        str(src),
+    )
 
 
 def test_error_missing_shard_listed_in_index(tmp_path):
     src = _copy_fixture("llama_bin_sharded", tmp_path)
     (src / "pytorch_model-00002-of-00002.bin").unlink()
-    _assert_fails_cleanly(tmp_path, "shard pytorch_model-00002-of-00002.bin listed in .*index.json is missing", str(src))
+    _assert_fails_cleanly(
+        tmp_path,
+        "shard pytorch_model-00002-of-00002.bin listed in .*index.json is missing",
+        str(src),
+    )
 
 
 def test_error_missing_tensor(tmp_path):
@@ -282,12 +360,23 @@ def test_error_missing_tensor(tmp_path):
     _assert_fails_cleanly(tmp_path, "lacks model.layers.2.", str(src))
 
 
-@pytest.mark.parametrize("key, value, what", [("hidden_size", 32, "hidden_size is 32 but the base model's is 64"), ("vocab_size", 100, "vocab_size is 100 but the base model's is 128")])
+@pytest.mark.parametrize(
+    "key, value, what",
+    [
+        ("hidden_size", 32, "hidden_size is 32 but the base model's is 64"),
+        ("vocab_size", 100, "vocab_size is 100 but the base model's is 128"),
+    ],
+)
 def test_error_drafter_llm_mismatch(tmp_path, key, value, what):
     drafter = _copy_fixture("drafter_bin", tmp_path)
     config = json.loads((drafter / "config.json").read_text())
     (drafter / "config.json").write_text(json.dumps({**config, key: value}))
-    _assert_fails_cleanly(tmp_path, f"drafter/LLM mismatch: the drafter's {what}", str(FIXTURES / "llama_bin"), str(drafter))
+    _assert_fails_cleanly(
+        tmp_path,
+        f"drafter/LLM mismatch: the drafter's {what}",
+        str(FIXTURES / "llama_bin"),
+        str(drafter),
+    )
 
 
 def test_error_second_drafter_head_is_refused(tmp_path):
@@ -306,7 +395,9 @@ def test_error_legacy_format(tmp_path):
 def test_error_malicious_bin_in_a_model_folder(tmp_path):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("_bin_tests", Path(__file__).with_name("test_convert_torch_bin.py"))
+    spec = importlib.util.spec_from_file_location(
+        "_bin_tests", Path(__file__).with_name("test_convert_torch_bin.py")
+    )
     bin_tests = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bin_tests)
     _payloads, _torch_zip = bin_tests._payloads, bin_tests._torch_zip
@@ -322,7 +413,9 @@ def test_error_bad_options_and_missing_folder(tmp_path):
     with pytest.raises(ConversionError, match="--dtype 'int8' is not supported"):
         convert(str(FIXTURES / "llama_bin"), tmp_path / "o", dtype="int8", progress=False)
     with pytest.raises(ConversionError, match="--q-bits 7"):
-        convert(str(FIXTURES / "llama_bin"), tmp_path / "o", quantize=True, q_bits=7, progress=False)
+        convert(
+            str(FIXTURES / "llama_bin"), tmp_path / "o", quantize=True, q_bits=7, progress=False
+        )
 
 
 def test_interrupt_mid_write_leaves_nothing_and_keeps_the_old_output(tmp_path, monkeypatch):
@@ -366,20 +459,50 @@ def test_existing_empty_output_folder_is_used_without_force(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     convert(str(FIXTURES / "llama_bin_sharded"), out, progress=False)
-    assert (out / "model.safetensors").is_file() and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert (out / "model.safetensors").is_file() and sorted(p.name for p in tmp_path.iterdir()) == [
+        "out"
+    ]
 
 
 def test_hub_download_asks_only_for_the_needed_files():
     from weights_convert.sources import _choose_repo_files
 
-    vicuna = [".gitattributes", "README.md", "config.json", "generation_config.json", "pytorch_model-00001-of-00002.bin",
-              "pytorch_model-00002-of-00002.bin", "pytorch_model.bin.index.json", "special_tokens_map.json",
-              "tokenizer.model", "tokenizer_config.json"]
+    vicuna = [
+        ".gitattributes",
+        "README.md",
+        "config.json",
+        "generation_config.json",
+        "pytorch_model-00001-of-00002.bin",
+        "pytorch_model-00002-of-00002.bin",
+        "pytorch_model.bin.index.json",
+        "special_tokens_map.json",
+        "tokenizer.model",
+        "tokenizer_config.json",
+    ]
     patterns = _choose_repo_files("lmsys/vicuna-7b-v1.3", vicuna)
-    assert sorted(patterns) == sorted(["config.json", "generation_config.json", "special_tokens_map.json", "tokenizer.model",
-                                       "tokenizer_config.json", "pytorch_model.bin.index.json", "pytorch_model-*.bin"])
-    both = ["config.json", "model.safetensors", "pytorch_model.bin", "tokenizer.json", "flax_model.msgpack"]
-    assert sorted(_choose_repo_files("x/y", both)) == ["config.json", "model.safetensors", "tokenizer.json"]
+    assert sorted(patterns) == sorted(
+        [
+            "config.json",
+            "generation_config.json",
+            "special_tokens_map.json",
+            "tokenizer.model",
+            "tokenizer_config.json",
+            "pytorch_model.bin.index.json",
+            "pytorch_model-*.bin",
+        ]
+    )
+    both = [
+        "config.json",
+        "model.safetensors",
+        "pytorch_model.bin",
+        "tokenizer.json",
+        "flax_model.msgpack",
+    ]
+    assert sorted(_choose_repo_files("x/y", both)) == [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+    ]
     with pytest.raises(ConversionError, match="no model.safetensors or pytorch_model.bin"):
         _choose_repo_files("x/gguf", ["config.json", "model.gguf"])
 

@@ -25,6 +25,7 @@ FIXTURES = Path(__file__).parent / "fixtures" / "convert"
 
 # --- a tiny pickle assembler (protocol 2 opcodes) --------------------------------------------
 
+
 def _global(module: str, name: str) -> bytes:
     return b"c" + f"{module}\n{name}\n".encode()
 
@@ -50,9 +51,18 @@ def _storage(key: str, numel: int, storage_type: bytes = _global("torch", "Float
     return _tuple([_str("storage"), storage_type, _str(key), _str("cpu"), _int(numel)]) + b"Q"
 
 
-def _tensor(storage: bytes, offset: bytes, shape: tuple[int, ...], stride: tuple[int, ...]) -> bytes:
+def _tensor(
+    storage: bytes, offset: bytes, shape: tuple[int, ...], stride: tuple[int, ...]
+) -> bytes:
     hooks = _call(_global("collections", "OrderedDict"), [])
-    args = [storage, offset, _tuple([_int(s) for s in shape]), _tuple([_int(s) for s in stride]), b"\x89", hooks]
+    args = [
+        storage,
+        offset,
+        _tuple([_int(s) for s in shape]),
+        _tuple([_int(s) for s in stride]),
+        b"\x89",
+        hooks,
+    ]
     return _call(_global("torch._utils", "_rebuild_tensor_v2"), args)
 
 
@@ -88,6 +98,7 @@ class _Reduce:
 
 # --- reading real torch.save files ------------------------------------------------------------
 
+
 def _expected() -> dict[str, np.ndarray]:
     return dict(np.load(FIXTURES / "llama_expected.npz"))
 
@@ -109,11 +120,15 @@ def test_reads_fp32_bin_with_shared_storage_views_exactly():
 def test_reads_fp16_shards_exactly():
     expected = _expected()
     folder = FIXTURES / "llama_bin_sharded"
-    refs = read_torch_bin(folder / "pytorch_model-00001-of-00002.bin") + read_torch_bin(folder / "pytorch_model-00002-of-00002.bin")
+    refs = read_torch_bin(folder / "pytorch_model-00001-of-00002.bin") + read_torch_bin(
+        folder / "pytorch_model-00002-of-00002.bin"
+    )
     assert len(refs) == len(expected) - 3
     for ref in refs:
         assert ref.dtype == "F16"
-        np.testing.assert_array_equal(ref.load().view(np.uint16), expected[ref.name].astype(np.float16).view(np.uint16))
+        np.testing.assert_array_equal(
+            ref.load().view(np.uint16), expected[ref.name].astype(np.float16).view(np.uint16)
+        )
 
 
 def test_hand_built_zip_with_offset_and_stride_views(tmp_path):
@@ -141,16 +156,25 @@ def test_bf16_storage_is_kept_as_raw_bits(tmp_path):
     from weights_convert.tensors import to_mx
 
     bits = np.array([0x3F80, 0xC000, 0x3EAB, 0x0000], dtype=np.uint16)  # 1.0, -2.0, ~0.334, 0
-    pkl = _state_dict({"b": _tensor(_storage("0", 4, _global("torch", "BFloat16Storage")), _int(0), (2, 2), (2, 1))})
+    pkl = _state_dict(
+        {
+            "b": _tensor(
+                _storage("0", 4, _global("torch", "BFloat16Storage")), _int(0), (2, 2), (2, 1)
+            )
+        }
+    )
     (ref,) = read_torch_bin(_torch_zip(tmp_path / "b.bin", pkl, {"0": bits.tobytes()}))
     assert ref.dtype == "BF16"
     array = to_mx(ref.load(), ref.dtype)
     assert array.dtype == mx.bfloat16
     np.testing.assert_array_equal(np.array(array.view(mx.uint16)).ravel(), bits)
-    np.testing.assert_allclose(np.array(array.astype(mx.float32)).ravel(), [1.0, -2.0, 0.333984375, 0.0])
+    np.testing.assert_allclose(
+        np.array(array.astype(mx.float32)).ravel(), [1.0, -2.0, 0.333984375, 0.0]
+    )
 
 
 # --- refusals ------------------------------------------------------------------------------------
+
 
 def _payloads(marker: Path) -> dict[str, tuple[bytes, str]]:
     """name -> (pickle bytes, the global the error must name)."""
@@ -158,23 +182,50 @@ def _payloads(marker: Path) -> dict[str, tuple[bytes, str]]:
     open_marker = f"open({str(marker)!r}, 'w')"
     return {
         "os.system": (pickle.dumps({"w": _Reduce(os.system, (touch,))}, protocol=2), "system"),
-        "os.system protocol 4 (STACK_GLOBAL)": (pickle.dumps({"w": _Reduce(os.system, (touch,))}, protocol=4), "system"),
+        "os.system protocol 4 (STACK_GLOBAL)": (
+            pickle.dumps({"w": _Reduce(os.system, (touch,))}, protocol=4),
+            "system",
+        ),
         "builtins.eval": (pickle.dumps(_Reduce(eval, (open_marker,)), protocol=2), "builtins.eval"),
         "builtins.exec": (pickle.dumps(_Reduce(exec, (open_marker,)), protocol=2), "builtins.exec"),
-        "subprocess.Popen": (pickle.dumps(_Reduce(subprocess.Popen, (["touch", str(marker)],)), protocol=2), "subprocess.Popen"),
+        "subprocess.Popen": (
+            pickle.dumps(_Reduce(subprocess.Popen, (["touch", str(marker)],)), protocol=2),
+            "subprocess.Popen",
+        ),
         "INST opcode": (f"(S'{touch}'\nios\nsystem\n.".encode(), "os.system"),
         "nested __reduce__ inside tensor args": (
             _state_dict({"w": _tensor(_storage("0", 4), _system(touch), (2, 2), (2, 1))}),
             "os.system",
         ),
         "evil storage type in persistent id": (
-            _state_dict({"w": _tensor(_storage("0", 4, _call(_global("builtins", "eval"), [_str(open_marker)])), _int(0), (2, 2), (2, 1))}),
+            _state_dict(
+                {
+                    "w": _tensor(
+                        _storage("0", 4, _call(_global("builtins", "eval"), [_str(open_marker)])),
+                        _int(0),
+                        (2, 2),
+                        (2, 1),
+                    )
+                }
+            ),
             "builtins.eval",
         ),
-        "getattr gadget": (_call(_global("builtins", "getattr"), [_global("os", "path"), _str("join")]) + b".", "builtins.getattr"),
-        "numpy reconstruct": (_call(_global("numpy.core.multiarray", "_reconstruct"), []) + b".", "numpy.core.multiarray._reconstruct"),
-        "torch module that is not allowed": (_call(_global("torch.nn.modules.linear", "Linear"), []) + b".", "torch.nn.modules.linear.Linear"),
-        "legacy _rebuild_tensor": (_call(_global("torch._utils", "_rebuild_tensor"), []) + b".", "torch._utils._rebuild_tensor"),
+        "getattr gadget": (
+            _call(_global("builtins", "getattr"), [_global("os", "path"), _str("join")]) + b".",
+            "builtins.getattr",
+        ),
+        "numpy reconstruct": (
+            _call(_global("numpy.core.multiarray", "_reconstruct"), []) + b".",
+            "numpy.core.multiarray._reconstruct",
+        ),
+        "torch module that is not allowed": (
+            _call(_global("torch.nn.modules.linear", "Linear"), []) + b".",
+            "torch.nn.modules.linear.Linear",
+        ),
+        "legacy _rebuild_tensor": (
+            _call(_global("torch._utils", "_rebuild_tensor"), []) + b".",
+            "torch._utils._rebuild_tensor",
+        ),
     }
 
 
@@ -199,9 +250,28 @@ def test_malicious_pickles_are_refused_and_never_run(tmp_path, case):
 @pytest.mark.parametrize(
     "pid, why",
     [
-        (_tuple([_str("module"), _global("torch", "FloatStorage"), _str("0"), _str("cpu"), _int(4)]), "persistent id"),
-        (_tuple([_str("storage"), _global("torch", "FloatStorage"), _str("../../etc/passwd"), _str("cpu"), _int(4)]), "storage key"),
-        (_tuple([_str("storage"), _str("FloatStorage"), _str("0"), _str("cpu"), _int(4)]), "storage type"),
+        (
+            _tuple(
+                [_str("module"), _global("torch", "FloatStorage"), _str("0"), _str("cpu"), _int(4)]
+            ),
+            "persistent id",
+        ),
+        (
+            _tuple(
+                [
+                    _str("storage"),
+                    _global("torch", "FloatStorage"),
+                    _str("../../etc/passwd"),
+                    _str("cpu"),
+                    _int(4),
+                ]
+            ),
+            "storage key",
+        ),
+        (
+            _tuple([_str("storage"), _str("FloatStorage"), _str("0"), _str("cpu"), _int(4)]),
+            "storage type",
+        ),
     ],
 )
 def test_malformed_persistent_ids_are_refused(tmp_path, pid, why):
@@ -247,6 +317,7 @@ def test_non_dict_pickle_is_refused(tmp_path):
 
 # --- safetensors -------------------------------------------------------------------------------
 
+
 def _bf16_bits(x: np.ndarray) -> np.ndarray:
     """torch's fp32 -> bf16 rounding, from the fixture script (which checked it against torch)."""
     import importlib.util
@@ -272,7 +343,9 @@ def test_corrupt_safetensors_headers_are_refused(tmp_path):
     cases = {
         "huge length": struct.pack("<Q", 1 << 40) + good[8:],
         "bad json": good[:8] + b"{not json" + good[17:],
-        "wrong offsets": good[:8] + good[8 : 8 + n].replace(b'"data_offsets":[0,', b'"data_offsets":[2,', 1) + good[8 + n :],
+        "wrong offsets": good[:8]
+        + good[8 : 8 + n].replace(b'"data_offsets":[0,', b'"data_offsets":[2,', 1)
+        + good[8 + n :],
         "truncated data": good[: len(good) - 100],
     }
     for what, blob in cases.items():
@@ -286,8 +359,16 @@ def test_corrupt_safetensors_headers_are_refused(tmp_path):
 def test_safetensors_writer_round_trips_through_mx_load(tmp_path):
     import mlx.core as mx
 
-    arrays = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.arange(4, dtype=np.float16), "c": np.array([7, 9], np.uint32)}
-    specs = [TensorSpec("a", "F32", (2, 3)), TensorSpec("b", "F16", (4,)), TensorSpec("c", "U32", (2,))]
+    arrays = {
+        "a": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "b": np.arange(4, dtype=np.float16),
+        "c": np.array([7, 9], np.uint32),
+    }
+    specs = [
+        TensorSpec("a", "F32", (2, 3)),
+        TensorSpec("b", "F16", (4,)),
+        TensorSpec("c", "U32", (2,)),
+    ]
     with SafetensorsWriter(tmp_path / "x.safetensors", specs, {"format": "mlx"}) as writer:
         for spec in specs:
             writer.write(spec.name, arrays[spec.name])

@@ -12,7 +12,7 @@ from scripts import build_demo as build
 
 CODE = (
     "class Foo(Bar):\n"
-    "    \"\"\"A docstring.\"\"\"\n"
+    '    """A docstring."""\n'
     "\n"
     "    def f(self, x=1, *args, **kw):\n"
     "        if x:\n"
@@ -26,8 +26,13 @@ CODE = (
 
 def test_demo_paths_point_at_files():
     base, drafter = demo_paths()
-    for name in ("config.json", "model.safetensors", "tokenizer.model", "tokenizer_config.json",
-                 "special_tokens_map.json"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.model",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    ):
         assert (base / name).is_file(), name
     assert drafter is None or (drafter / "config.json").is_file()
     assert "bundled demo model" in DEMO_NOTE and "--model" in DEMO_NOTE
@@ -38,8 +43,17 @@ def test_base_config_and_size():
     cfg = json.loads((base / "config.json").read_text())
     assert cfg["model_type"] == "llama"
     assert cfg["tie_word_embeddings"] is True
-    for k in ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads",
-              "num_key_value_heads", "rms_norm_eps", "vocab_size", "rope_theta", "max_position_embeddings"):
+    for k in (
+        "hidden_size",
+        "num_hidden_layers",
+        "intermediate_size",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "rms_norm_eps",
+        "vocab_size",
+        "rope_theta",
+        "max_position_embeddings",
+    ):
         assert k in cfg, k
     # Shipped package data budget: base <= ~20 MB fp16, leaving room for a drafter.
     assert (base / "model.safetensors").stat().st_size <= 20_000_000
@@ -105,28 +119,34 @@ def test_heldout_prompts():
 def test_chat_examples_format():
     src = (
         "class A(B):\n"
-        "    \"\"\"Doc of A.\"\"\"\n"
+        '    """Doc of A."""\n'
         "    @property\n"
         "    def m(self, k=2):\n"
-        "        \"\"\"Return k times two.\"\"\"\n"
+        '        """Return k times two."""\n'
         "        return k * 2\n"
         "\n"
         "def top(a, *, b=None):\n"
-        "    \"\"\"Top-level function here.\"\"\"\n"
+        '    """Top-level function here."""\n'
         "    return a\n"
     )
     exs = {e["name"]: e for e in build.chat_examples_from_source(src)}
-    assert exs["top"]["request"] == "Write a Python function `top(a, *, b=None)`: Top-level function here."
-    assert exs["m"]["request"] == "Write a Python method `m(self, k=2)` of class `A`: Return k times two."
+    assert (
+        exs["top"]["request"]
+        == "Write a Python function `top(a, *, b=None)`: Top-level function here."
+    )
+    assert (
+        exs["m"]["request"]
+        == "Write a Python method `m(self, k=2)` of class `A`: Return k times two."
+    )
     # Methods are dedented and keep their decorators.
-    assert exs["m"]["reply"].startswith("@property\ndef m(self, k=2):\n    \"\"\"")
+    assert exs["m"]["reply"].startswith('@property\ndef m(self, k=2):\n    """')
     assert exs["A"]["request"] == "Write a Python class `A(B)`: Doc of A."
     text = build.chat_text(exs["top"]["request"], exs["top"]["reply"])
     assert text == (
         "A chat between a curious user and an artificial intelligence assistant. The assistant gives "
         "helpful, detailed, and polite answers to the user's questions. USER: Write a Python function "
         "`top(a, *, b=None)`: Top-level function here. ASSISTANT: def top(a, *, b=None):\n"
-        "    \"\"\"Top-level function here.\"\"\"\n    return a\n"
+        '    """Top-level function here."""\n    return a\n'
     )
     assert build.chat_prompt("hi").endswith(" USER: hi ASSISTANT:")
 
@@ -141,24 +161,34 @@ def test_corpus_excludes_tests_and_is_sorted():
 
 def test_corpus_stage_is_deterministic(tmp_path):
     root = build.stdlib_root()
-    files = [f for f in build.list_corpus_files(root) if f.startswith(("json/", "textwrap", "shlex"))]
+    files = [
+        f for f in build.list_corpus_files(root) if f.startswith(("json/", "textwrap", "shlex"))
+    ]
     assert len(files) >= 5
-    m1 = build.build_corpus(tmp_path / "a", root=root, files=files, out=tmp_path / "a_out", n_prompts=5)
-    m2 = build.build_corpus(tmp_path / "b", root=root, files=list(reversed(files)), out=tmp_path / "b_out",
-                            n_prompts=5)
+    m1 = build.build_corpus(
+        tmp_path / "a", root=root, files=files, out=tmp_path / "a_out", n_prompts=5
+    )
+    m2 = build.build_corpus(
+        tmp_path / "b", root=root, files=list(reversed(files)), out=tmp_path / "b_out", n_prompts=5
+    )
     assert m1["corpus_sha256"] == m2["corpus_sha256"]
-    assert (tmp_path / "a_out/heldout_prompts.jsonl").read_bytes() == \
-        (tmp_path / "b_out/heldout_prompts.jsonl").read_bytes()
+    assert (tmp_path / "a_out/heldout_prompts.jsonl").read_bytes() == (
+        tmp_path / "b_out/heldout_prompts.jsonl"
+    ).read_bytes()
     recs = build.load_corpus(tmp_path / "a")
     assert {r["kind"] for r in recs} == {"source", "chat"}
     held = {r["path"] for r in recs if r["split"] == "heldout"}
-    assert held == {f for i, f in enumerate(files) if i % build.HELDOUT_EVERY == build.HELDOUT_EVERY - 1}
+    assert held == {
+        f for i, f in enumerate(files) if i % build.HELDOUT_EVERY == build.HELDOUT_EVERY - 1
+    }
 
 
 def test_drafter_stage_reports_missing_distill(tmp_path, monkeypatch):
     import sys
 
-    monkeypatch.setitem(sys.modules, "redrafter_mlx.train.distill", None)  # import now raises ImportError
+    monkeypatch.setitem(
+        sys.modules, "redrafter_mlx.train.distill", None
+    )  # import now raises ImportError
     with pytest.raises(build.DistillNotAvailable, match="not available yet"):
         build.build_drafter(tmp_path, tmp_path, seed=0)
 
@@ -167,6 +197,8 @@ def test_distill_data_is_training_chats(tmp_path):
     root = build.stdlib_root()
     files = [f for f in build.list_corpus_files(root) if f.startswith("json/")]
     build.build_corpus(tmp_path, root=root, files=files)
-    recs = [json.loads(line) for line in build.write_distill_data(tmp_path).read_text().splitlines()]
+    recs = [
+        json.loads(line) for line in build.write_distill_data(tmp_path).read_text().splitlines()
+    ]
     assert recs and all(set(r) == {"prompt", "response"} for r in recs)
     assert all(r["prompt"].startswith("Write a Python ") for r in recs)

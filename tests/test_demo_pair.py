@@ -22,16 +22,24 @@ def prompts(pair):
     _, _, tok = pair
     base, _ = demo_paths()
     lines = (base.parent / "heldout_prompts.jsonl").read_text().splitlines()[:6]
-    return [tok.chat_prompt([{"role": "user", "content": json.loads(l)["turns"][0]}])
-            for l in lines]
+    return [
+        tok.chat_prompt([{"role": "user", "content": json.loads(l)["turns"][0]}]) for l in lines
+    ]
 
 
 @pytest.mark.parametrize("width,length", [(1, 3), (2, 4), (4, 5)])
 def test_demo_greedy_redrafter_equals_autoregressive(pair, prompts, width, length):
     model, drafter, tok = pair
     ar, _ = run_decode(model, None, prompts, max_tokens=48, eos_token_ids=tok.eos_token_ids)
-    rd, stats = run_decode(model, drafter, prompts, max_tokens=48,
-                           eos_token_ids=tok.eos_token_ids, beam_width=width, beam_length=length)
+    rd, stats = run_decode(
+        model,
+        drafter,
+        prompts,
+        max_tokens=48,
+        eos_token_ids=tok.eos_token_ids,
+        beam_width=width,
+        beam_length=length,
+    )
     assert rd == ar
     assert stats["tokens_per_step"] > 1.5  # the distilled drafter is really accepted
 
@@ -51,7 +59,8 @@ def test_chat_answers_one_message_on_the_demo(monkeypatch, tmp_path):
     monkeypatch.setenv("REDRAFTER_MLX_HOME", str(tmp_path))
     cli._register()
     result = CliRunner().invoke(
-        cli.app, ["chat", "--max-tokens", "24"],
+        cli.app,
+        ["chat", "--max-tokens", "24"],
         input="Write a Python function `add(a, b)`: Return the sum.\n/quit\n",
     )
     assert result.exit_code == 0, result.output

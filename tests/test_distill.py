@@ -9,9 +9,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from redrafter_mlx.engine.tree import cache_mask, chain_mask
 from redrafter_mlx.train import distill as D
 from redrafter_mlx.train.data import DataError, Sequence, load_training_data
-from redrafter_mlx.engine.tree import cache_mask, chain_mask
 from tests.helpers import near_bigram_model, run_decode, save_model_dir, tiny_model
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,7 +26,7 @@ def naive_rollout(model, tokens: list[int], t: int, depth: int) -> list[int]:
     keys, values = model.make_cache(1, slots)
     idx = mx.arange(t + 1)[None]
     mask = cache_mask(mx.array([0]), chain_mask(t + 1), slots)
-    h, keys, values = model(mx.array(tokens[:t + 1])[None], idx, mask, keys, values, idx)
+    h, keys, values = model(mx.array(tokens[: t + 1])[None], idx, mask, keys, values, idx)
     cur = int(mx.argmax(model.logits(h[0, -1])))
     out, length = [cur], t + 1
     for _ in range(depth):
@@ -72,16 +72,19 @@ def test_sequence_positions_follow_the_training_mask():
 
 def _random_sequences(vocab: int, n: int, length: int, seed: int) -> list[Sequence]:
     rng = np.random.default_rng(seed)
-    return [Sequence(rng.integers(0, vocab, length).tolist(), [False] + [True] * (length - 1))
-            for _ in range(n)]
+    return [
+        Sequence(rng.integers(0, vocab, length).tolist(), [False] + [True] * (length - 1))
+        for _ in range(n)
+    ]
 
 
 def test_training_reduces_loss_and_raises_tokens_per_step(tmp_path):
     model = near_bigram_model(seed=0, attn_scale=0.02)
     model.freeze()
     T = 3
-    cache = D.build_target_cache(model, _random_sequences(model.vocab_size, 12, 48, 0), T,
-                                 "distill", tmp_path / "cache")
+    cache = D.build_target_cache(
+        model, _random_sequences(model.vocab_size, 12, 48, 0), T, "distill", tmp_path / "cache"
+    )
     assert cache.size == 12 * 47
     opts = D.DistillOptions(predict_tokens=T, lr=3e-3, warmup=0.1, batch_size=64).validate()
     steps = 120
@@ -139,8 +142,18 @@ def model_dir(tmp_path_factory):
     return path
 
 
-RUN = dict(predict_tokens=3, steps=6, batch_size=32, seq_len=128, save_every=3, quiet=True,
-           lr=2e-3, eval_prompts=1, eval_max_tokens=8, eval_shapes=((2, 3),))
+RUN = dict(
+    predict_tokens=3,
+    steps=6,
+    batch_size=32,
+    seq_len=128,
+    save_every=3,
+    quiet=True,
+    lr=2e-3,
+    eval_prompts=1,
+    eval_max_tokens=8,
+    eval_shapes=((2, 3),),
+)
 
 
 def _weights(path: Path) -> dict:
@@ -155,7 +168,7 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(model_dir, tmp_pa
     real_save = D.save_checkpoint
 
     def save_then_crash(out, trainer, step, config, run):
-        path = real_save(out, trainer, step, config, run)
+        real_save(out, trainer, step, config, run)
         raise KeyboardInterrupt(f"killed after step {step}")
 
     monkeypatch.setattr(D, "save_checkpoint", save_then_crash)
@@ -164,7 +177,9 @@ def test_resume_gives_the_same_weights_as_an_uninterrupted_run(model_dir, tmp_pa
     monkeypatch.setattr(D, "save_checkpoint", real_save)
     assert [p.name for p in D.list_checkpoints(tmp_path / "split")] == ["step-00000003"]
 
-    resumed = D.distill(model_dir, [SHAREGPT], tmp_path / "split", cache_dir=cache, resume=True, **RUN)
+    resumed = D.distill(
+        model_dir, [SHAREGPT], tmp_path / "split", cache_dir=cache, resume=True, **RUN
+    )
     assert resumed["resumed_from"] == 3
     assert [h["step"] for h in resumed["history"]] == [4, 5, 6]
     assert [h["loss"] for h in resumed["history"]] == [h["loss"] for h in full["history"][3:]]
@@ -193,7 +208,9 @@ def test_checkpoint_write_is_atomic(model_dir, tmp_path, monkeypatch):
     [old] = D.list_checkpoints(out)
     before = _weights(old)
 
-    model, _ = __import__("redrafter_mlx.engine.loading", fromlist=["load_model"]).load_model(model_dir)
+    model, _ = __import__("redrafter_mlx.engine.loading", fromlist=["load_model"]).load_model(
+        model_dir
+    )
     opts = D.DistillOptions(predict_tokens=3).validate()
     trainer = D.Trainer(D.new_drafter(D.drafter_args(model, opts), seed=5), opts, 10)
     real = mx.save_safetensors
@@ -232,20 +249,49 @@ def test_cli_distill_writes_a_loadable_drafter(model_dir, tmp_path):
     out = tmp_path / "drafter"
     eval_file = tmp_path / "eval.jsonl"
     eval_file.write_text(json.dumps({"turns": ["Write a haiku about the sea."]}) + "\n")
-    result = CliRunner().invoke(app, [
-        "distill", "--model", str(model_dir), "--data", str(SHAREGPT), "--out", str(out),
-        "--predict-tokens", "3", "--steps", "4", "--batch-size", "32", "--seq-len", "128",
-        "--layers", "1", "--no-rnn", "--eval-data", str(eval_file), "--eval-max-tokens", "8",
-        "--targets", "ground-truth", "--grad-accum", "2",
-    ])
+    result = CliRunner().invoke(
+        app,
+        [
+            "distill",
+            "--model",
+            str(model_dir),
+            "--data",
+            str(SHAREGPT),
+            "--out",
+            str(out),
+            "--predict-tokens",
+            "3",
+            "--steps",
+            "4",
+            "--batch-size",
+            "32",
+            "--seq-len",
+            "128",
+            "--layers",
+            "1",
+            "--no-rnn",
+            "--eval-data",
+            str(eval_file),
+            "--eval-max-tokens",
+            "8",
+            "--targets",
+            "ground-truth",
+            "--grad-accum",
+            "2",
+        ],
+    )
     assert result.exit_code == 0, result.output
-    model, drafter, tok = redrafter_mlx.load(model_dir, out)
+    model, drafter, _tok = redrafter_mlx.load(model_dir, out)
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["predict_tokens"] == 3 and cfg["rnn"] is False and cfg["num_draft_layers"] == 1
     assert drafter.args.exit_dim == 2 * model.hidden_size and "input_proj" not in drafter
     report = json.loads((out / "eval.json").read_text())
     assert report["prompts"] == 1
-    assert [(r["beam_width"], r["beam_length"]) for r in report["results"]] == [(1, 3), (2, 4), (4, 4)]
+    assert [(r["beam_width"], r["beam_length"]) for r in report["results"]] == [
+        (1, 3),
+        (2, 4),
+        (4, 4),
+    ]
     assert all(1.0 <= r["tokens_per_step"] <= r["beam_length"] for r in report["results"])
 
 
@@ -256,10 +302,27 @@ def test_cli_reports_bad_data_with_file_and_record(model_dir, tmp_path):
 
     _register()
     bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps([{"conversations": [{"from": "human", "value": "hi"}]},
-                               {"conversations": [{"from": "robot", "value": "x"}]}]))
-    result = CliRunner().invoke(app, ["distill", "--model", str(model_dir), "--data", str(bad),
-                                      "--out", str(tmp_path / "o"), "-q"])
+    bad.write_text(
+        json.dumps(
+            [
+                {"conversations": [{"from": "human", "value": "hi"}]},
+                {"conversations": [{"from": "robot", "value": "x"}]},
+            ]
+        )
+    )
+    result = CliRunner().invoke(
+        app,
+        [
+            "distill",
+            "--model",
+            str(model_dir),
+            "--data",
+            str(bad),
+            "--out",
+            str(tmp_path / "o"),
+            "-q",
+        ],
+    )
     assert result.exit_code == 1
     assert "bad.json" in result.output and "record 1" in result.output and "robot" in result.output
 
@@ -278,28 +341,38 @@ def tokenizer():
 def test_sharegpt_renders_vicuna_with_loss_on_replies_only(tokenizer):
     [seq] = load_training_data([SHAREGPT], tokenizer, seq_len=100_000)
     record = json.loads(SHAREGPT.read_text())[0]["conversations"]
-    msgs = [{"role": "user" if t["from"] == "human" else "assistant", "content": t["value"]}
-            for t in record]
+    msgs = [
+        {"role": "user" if t["from"] == "human" else "assistant", "content": t["value"]}
+        for t in record
+    ]
     # The context of the first reply is exactly the chat engine's prompt.
     prompt = tokenizer.chat_prompt(msgs[:1])
-    assert seq.tokens[:len(prompt)] == prompt and not any(seq.train[:len(prompt)])
+    assert seq.tokens[: len(prompt)] == prompt and not any(seq.train[: len(prompt)])
     first_reply = tokenizer.encode(msgs[1]["content"], add_bos=False) + [tokenizer.eos_token_id]
-    span = seq.tokens[len(prompt):len(prompt) + len(first_reply)]
-    assert span == first_reply and all(seq.train[len(prompt):len(prompt) + len(first_reply)])
+    span = seq.tokens[len(prompt) : len(prompt) + len(first_reply)]
+    assert span == first_reply and all(seq.train[len(prompt) : len(prompt) + len(first_reply)])
     # Every reply (and its EOS) is trained; nothing else is.
-    trained = sum(len(tokenizer.encode(m["content"], add_bos=False)) + 1
-                  for m in msgs if m["role"] == "assistant")
+    trained = sum(
+        len(tokenizer.encode(m["content"], add_bos=False)) + 1
+        for m in msgs
+        if m["role"] == "assistant"
+    )
     assert sum(seq.train) == trained
     assert seq.tokens.count(tokenizer.eos_token_id) == 6
 
 
 def test_jsonl_and_txt_formats(tokenizer, tmp_path):
     jl = tmp_path / "d.jsonl"
-    jl.write_text(json.dumps({"prompt": "Hi", "response": "Hello there"}) + "\n\n"
-                  + json.dumps({"text": "plain words here"}) + "\n")
+    jl.write_text(
+        json.dumps({"prompt": "Hi", "response": "Hello there"})
+        + "\n\n"
+        + json.dumps({"text": "plain words here"})
+        + "\n"
+    )
     chat, text = load_training_data([jl], tokenizer, seq_len=512)
-    assert chat.tokens[:len(tokenizer.chat_prompt([{"role": "user", "content": "Hi"}]))] == \
-        tokenizer.chat_prompt([{"role": "user", "content": "Hi"}])
+    assert chat.tokens[
+        : len(tokenizer.chat_prompt([{"role": "user", "content": "Hi"}]))
+    ] == tokenizer.chat_prompt([{"role": "user", "content": "Hi"}])
     assert sum(chat.train) == len(tokenizer.encode("Hello there", add_bos=False)) + 1
     assert text.train == [False] + [True] * (len(text.tokens) - 1)
     txt = tmp_path / "d.txt"
@@ -308,21 +381,33 @@ def test_jsonl_and_txt_formats(tokenizer, tmp_path):
     assert len(seq.tokens) == 4  # cut into windows of seq_len
 
 
-@pytest.mark.parametrize("name, content, expected", [
-    ("a.json", "[{\"conversations\": 5}]", r"a\.json: record 0: 'conversations' must be a list"),
-    ("b.json", "{not json", r"b\.json: invalid JSON at line 1"),
-    ("c.jsonl", "{\"prompt\": \"x\", \"response\": \"y\"}\n{\"prompt\": \"x\"}\n",
-     r"c\.jsonl: line 2: needs both 'prompt' and 'response'"),
-    ("d.json", "[{\"conversations\": [{\"from\": \"human\", \"value\": \"a\"}, "
-               "{\"from\": \"human\", \"value\": \"b\"}]}]",
-     r"d\.json: record 0: turn 1: two user turns in a row"),
-    ("e.jsonl", "{\"turns\": [\"q\"]}\n", r"e\.jsonl: line 1: 'turns' holds user prompts only"),
-    ("f.jsonl", "[1, 2]\n", r"f\.jsonl: line 1: expected an object, got list"),
-    ("g.csv", "a,b\n", r"g\.csv: unknown data format"),
-    ("h.json", "[{\"conversations\": [{\"from\": \"human\", \"value\": \"q\"}]}]",
-     r"h\.json: no training tokens"),
-    ("i.jsonl", "{\"text\": 3}\n", r"i\.jsonl: line 1: 'text' must be a string"),
-])
+@pytest.mark.parametrize(
+    "name, content, expected",
+    [
+        ("a.json", '[{"conversations": 5}]', r"a\.json: record 0: 'conversations' must be a list"),
+        ("b.json", "{not json", r"b\.json: invalid JSON at line 1"),
+        (
+            "c.jsonl",
+            '{"prompt": "x", "response": "y"}\n{"prompt": "x"}\n',
+            r"c\.jsonl: line 2: needs both 'prompt' and 'response'",
+        ),
+        (
+            "d.json",
+            '[{"conversations": [{"from": "human", "value": "a"}, '
+            '{"from": "human", "value": "b"}]}]',
+            r"d\.json: record 0: turn 1: two user turns in a row",
+        ),
+        ("e.jsonl", '{"turns": ["q"]}\n', r"e\.jsonl: line 1: 'turns' holds user prompts only"),
+        ("f.jsonl", "[1, 2]\n", r"f\.jsonl: line 1: expected an object, got list"),
+        ("g.csv", "a,b\n", r"g\.csv: unknown data format"),
+        (
+            "h.json",
+            '[{"conversations": [{"from": "human", "value": "q"}]}]',
+            r"h\.json: no training tokens",
+        ),
+        ("i.jsonl", '{"text": 3}\n', r"i\.jsonl: line 1: 'text' must be a string"),
+    ],
+)
 def test_bad_data_names_file_and_record(tokenizer, tmp_path, name, content, expected):
     path = tmp_path / name
     path.write_text(content)
@@ -340,8 +425,12 @@ def test_api_accepts_single_paths_and_a_projected_exit_dim(model_dir, tmp_path):
 
     prompts = tmp_path / "eval.jsonl"
     prompts.write_text(json.dumps({"prompt": "Hi", "response": "unused"}) + "\n")
-    summary = D.distill(model_dir, str(SHAREGPT), tmp_path / "out", **dict(
-        RUN, steps=2, exit_dim="48", eval_data=str(prompts), eval_shapes=((1, 2), (3, 9))))
+    summary = D.distill(
+        model_dir,
+        str(SHAREGPT),
+        tmp_path / "out",
+        **dict(RUN, steps=2, exit_dim="48", eval_data=str(prompts), eval_shapes=((1, 2), (3, 9))),
+    )
     drafter = load_drafter(tmp_path / "out")
     assert drafter.args.exit_dim == 48 and "input_proj" in drafter
     shapes = [(r["beam_width"], r["beam_length"]) for r in summary["eval"]["results"]]

@@ -6,7 +6,11 @@ import pytest
 
 from redrafter_mlx.engine.tree import default_capacity
 from tests.helpers import (
-    OracleDrafter, near_bigram_model, run_decode, tiny_drafter, tiny_model,
+    OracleDrafter,
+    near_bigram_model,
+    run_decode,
+    tiny_drafter,
+    tiny_model,
 )
 
 
@@ -14,12 +18,22 @@ def make_case(seed):
     rng = random.Random(seed)
     vocab = rng.choice([16, 32, 64])
     kind = ["random", "oracle", "oracle"][seed % 3]
-    shape = dict(vocab=vocab, hidden=rng.choice([32, 48]), layers=rng.randint(1, 2),
-                 heads=4, kv_heads=rng.choice([1, 2, 4]))
+    shape = dict(
+        vocab=vocab,
+        hidden=rng.choice([32, 48]),
+        layers=rng.randint(1, 2),
+        heads=4,
+        kv_heads=rng.choice([1, 2, 4]),
+    )
     if kind == "random":
         model = tiny_model(seed, **shape)
-        drafter = tiny_drafter(model, seed + 1000, layers=rng.randint(0, 2),
-                               exit_dim=rng.choice([None, 40]), rnn=rng.random() < 0.7)
+        drafter = tiny_drafter(
+            model,
+            seed + 1000,
+            layers=rng.randint(0, 2),
+            exit_dim=rng.choice([None, 40]),
+            rnn=rng.random() < 0.7,
+        )
     else:
         model = near_bigram_model(seed, attn_scale=0.005, **shape)
         drafter = OracleDrafter(model, noise=rng.choice([0.0, 0.3, 1.0]), seed=seed)
@@ -39,8 +53,9 @@ def test_greedy_equals_autoregressive(seed):
     if seed % 2 and len(ar[0]) > 3:  # EOS somewhere inside the answer, often inside a run
         eos = (ar[0][rng.randrange(1, len(ar[0]))],)
         ar, _ = run_decode(model, None, prompts, max_tokens=max_tokens, eos_token_ids=eos)
-    rd, stats = run_decode(model, drafter, prompts, max_tokens=max_tokens,
-                           eos_token_ids=eos, **beam)
+    rd, _stats = run_decode(
+        model, drafter, prompts, max_tokens=max_tokens, eos_token_ids=eos, **beam
+    )
     assert rd == ar, f"case {seed}: {beam}, B={len(prompts)}"
     for row in rd:
         assert len(row) <= max_tokens and not set(eos) & set(row)
@@ -53,14 +68,22 @@ def test_stops_inside_accepted_runs():
     full, stats = run_decode(model, drafter, [[1, 2]], max_tokens=30, beam_width=2, beam_length=5)
     assert stats["tokens_per_step"] == 5.0  # every step accepted its whole beam
     for max_tokens in range(1, 12):
-        rd, _ = run_decode(model, drafter, [[1, 2]], max_tokens=max_tokens,
-                           beam_width=2, beam_length=5)
+        rd, _ = run_decode(
+            model, drafter, [[1, 2]], max_tokens=max_tokens, beam_width=2, beam_length=5
+        )
         assert rd[0] == full[0][:max_tokens]
     for stop_at in range(1, 8):
         eos = full[0][stop_at]
         first = full[0].index(eos)
-        rd, _ = run_decode(model, drafter, [[1, 2]], max_tokens=30, eos_token_ids=(eos,),
-                           beam_width=2, beam_length=5)
+        rd, _ = run_decode(
+            model,
+            drafter,
+            [[1, 2]],
+            max_tokens=30,
+            eos_token_ids=(eos,),
+            beam_width=2,
+            beam_length=5,
+        )
         assert rd[0] == full[0][:first]
 
 

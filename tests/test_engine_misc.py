@@ -13,7 +13,11 @@ from redrafter_mlx.engine.generation import BeamShape, Session, decode, get_step
 from redrafter_mlx.engine.loading import LoadError
 from redrafter_mlx.engine.sampling import SamplerConfig
 from tests.helpers import (
-    save_drafter_dir, save_model_dir, tiny_drafter, tiny_model, run_decode,
+    run_decode,
+    save_drafter_dir,
+    save_model_dir,
+    tiny_drafter,
+    tiny_model,
 )
 
 VICUNA_TOKENIZER = "../shared/data/vicuna-tokenizer"
@@ -55,13 +59,23 @@ def _mlx_lm_logits(model_dir, tokens):
     return ref(mx.array([tokens]))[0]
 
 
-@pytest.mark.parametrize("extra", [
-    {},
-    {"rope_theta": 500000.0, "tie_word_embeddings": True},
-    {"rope_scaling": {"type": "linear", "factor": 2.0}},
-    {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                      "high_freq_factor": 4.0, "original_max_position_embeddings": 64}},
-])
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"rope_theta": 500000.0, "tie_word_embeddings": True},
+        {"rope_scaling": {"type": "linear", "factor": 2.0}},
+        {
+            "rope_scaling": {
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            }
+        },
+    ],
+)
 def test_logits_match_mlx_lm(tmp_path, extra):
     model = tiny_model(3, vocab=64, **extra)
     save_model_dir(model, tmp_path, VICUNA_TOKENIZER)
@@ -73,8 +87,9 @@ def test_logits_match_mlx_lm(tmp_path, extra):
     idx = mx.arange(T)[None]
     from redrafter_mlx.engine.tree import cache_mask, chain_mask
 
-    hidden, _, _ = mine(mx.array([tokens]), idx, cache_mask(zeros, chain_mask(T), 256),
-                        keys, values, idx)
+    hidden, _, _ = mine(
+        mx.array([tokens]), idx, cache_mask(zeros, chain_mask(T), 256), keys, values, idx
+    )
     got = np.array(mine.logits(hidden)[0])
     want = np.array(_mlx_lm_logits(tmp_path, tokens).astype(mx.float32))
     assert np.abs(got - want).max() <= 1e-4
@@ -88,8 +103,11 @@ def test_load_pair_and_generate_from_directories(tmp_path):
     m, d, tok = redrafter_mlx.load(tmp_path / "m", tmp_path / "d")
     assert m.model.norm.weight.dtype == mx.float32  # CPU default
     ar = redrafter_mlx.generate(m, None, tok, "Hello there", max_tokens=12)
-    rd_chunks = list(redrafter_mlx.stream_generate(m, d, tok, "Hello there", max_tokens=12,
-                                                   beam_width=2, beam_length=3))
+    rd_chunks = list(
+        redrafter_mlx.stream_generate(
+            m, d, tok, "Hello there", max_tokens=12, beam_width=2, beam_length=3
+        )
+    )
     assert "".join(r.text for r in rd_chunks) == ar
     last = rd_chunks[-1]
     assert last.finish_reason == "length" and last.generation_tokens == 12
@@ -104,9 +122,11 @@ def test_quantized_model_loads_and_generates(tmp_path):
     save_model_dir(model, tmp_path / "m", VICUNA_TOKENIZER)
     config = json.loads((tmp_path / "m/config.json").read_text())
     qmodel, qconfig = quantize_model(model, config, group_size=32, bits=4)
-    mx.save_safetensors(str(tmp_path / "m/model.safetensors"), dict(tree_flatten(qmodel.parameters())))
+    mx.save_safetensors(
+        str(tmp_path / "m/model.safetensors"), dict(tree_flatten(qmodel.parameters()))
+    )
     (tmp_path / "m/config.json").write_text(json.dumps(qconfig))
-    m, _, tok = redrafter_mlx.load(tmp_path / "m")
+    m, _, _tok = redrafter_mlx.load(tmp_path / "m")
     out, _ = run_decode(m, None, [[1, 2, 3]], max_tokens=5)
     assert len(out[0]) == 5
 
@@ -174,16 +194,27 @@ def test_load_errors(tmp_path):
 def test_vicuna_chat_prompt_format():
     from redrafter_mlx.engine.tokenizer import load_tokenizer, vicuna_prompt
 
-    text = vicuna_prompt([{"role": "user", "content": "Hi"},
-                          {"role": "assistant", "content": "Hello!"},
-                          {"role": "user", "content": "Bye"}])
+    text = vicuna_prompt(
+        [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello!"},
+            {"role": "user", "content": "Bye"},
+        ]
+    )
     assert text.endswith("USER: Hi ASSISTANT: Hello!</s>USER: Bye ASSISTANT:")
     assert text.startswith("A chat between a curious user")
     tok = load_tokenizer(VICUNA_TOKENIZER)
-    ids = tok.chat_prompt([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"},
-                           {"role": "user", "content": "Bye"}])
+    ids = tok.chat_prompt(
+        [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Yo"},
+            {"role": "user", "content": "Bye"},
+        ]
+    )
     assert ids[0] == 1 and ids.count(2) == 1  # BOS, and </s> became the EOS id
-    assert tok.decode(ids).endswith("Yo USER: Bye ASSISTANT:") or "Bye ASSISTANT:" in tok.decode(ids)
+    assert tok.decode(ids).endswith("Yo USER: Bye ASSISTANT:") or "Bye ASSISTANT:" in tok.decode(
+        ids
+    )
 
 
 def test_beam_search_returns_sorted_scored_beams():

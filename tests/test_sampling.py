@@ -36,8 +36,12 @@ def exact_joint(model, cfg):
     for _ in range(DEPTH):
         prefixes = list(joint)
         probs = next_probs(model, prefixes, cfg)
-        joint = {p + (t,): joint[p] * probs[i, t] for i, p in enumerate(prefixes)
-                 for t in range(V) if probs[i, t] > 0}
+        joint = {
+            p + (t,): joint[p] * probs[i, t]
+            for i, p in enumerate(prefixes)
+            for t in range(V)
+            if probs[i, t] > 0
+        }
     return joint
 
 
@@ -60,8 +64,13 @@ def chi_square_pvalue(counts: dict, expected: dict, n: int) -> float:
 
 def sample_counts(model, drafter, cfg, n, seed, **beam):
     out, stats = run_decode(
-        model, drafter, [PROMPT] * n, max_tokens=DEPTH, seed=seed,
-        sampler=cfg, **beam,
+        model,
+        drafter,
+        [PROMPT] * n,
+        max_tokens=DEPTH,
+        seed=seed,
+        sampler=cfg,
+        **beam,
     )
     counts = {}
     for row in out:
@@ -77,7 +86,9 @@ CONFIGS = [
 ]
 
 
-@pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"T{c.temperature}-k{c.top_k}-p{c.top_p}-m{c.min_p}")
+@pytest.mark.parametrize(
+    "cfg", CONFIGS, ids=lambda c: f"T{c.temperature}-k{c.top_k}-p{c.top_p}-m{c.min_p}"
+)
 def test_redrafter_sampling_matches_exact_distribution(cfg):
     model = near_bigram_model(7, attn_scale=0.05, vocab=6, hidden=32, scale=1.0)
     drafter = OracleDrafter(model, noise=0.2)
@@ -102,8 +113,9 @@ def test_random_drafter_small_capacity_is_exact():
     drafter = tiny_drafter(model, 10)
     cfg = SamplerConfig(temperature=1.0)
     n = 3000
-    counts, _ = sample_counts(model, drafter, cfg, n, seed=77, beam_width=4, beam_length=4,
-                              capacity=5)
+    counts, _ = sample_counts(
+        model, drafter, cfg, n, seed=77, beam_width=4, beam_length=4, capacity=5
+    )
     assert chi_square_pvalue(counts, exact_joint(model, cfg), n) > 1e-3
 
 
@@ -111,12 +123,14 @@ def test_chi_square_detects_a_biased_sampler():
     """The test has power: the distribution at a different temperature is rejected."""
     model = near_bigram_model(7, attn_scale=0.05, vocab=6, hidden=32, scale=1.0)
     counts, _ = sample_counts(model, None, SamplerConfig(temperature=1.15), 3000, seed=5)
-    assert chi_square_pvalue(counts, exact_joint(model, SamplerConfig(temperature=1.0)), 3000) < 1e-3
+    assert (
+        chi_square_pvalue(counts, exact_joint(model, SamplerConfig(temperature=1.0)), 3000) < 1e-3
+    )
 
 
 def test_top_k_and_top_p_keep_the_right_tokens():
     logits = mx.log(mx.array([[0.5, 0.3, 0.15, 0.05]]))
-    keep = lambda cfg: (process_logits(logits, cfg) > -mx.inf).tolist()[0]  # noqa: E731
+    keep = lambda cfg: (process_logits(logits, cfg) > -mx.inf).tolist()[0]
     assert keep(SamplerConfig(1.0, top_k=2)) == [True, True, False, False]
     assert keep(SamplerConfig(1.0, top_p=0.8)) == [True, True, False, False]
     assert keep(SamplerConfig(1.0, top_p=0.81)) == [True, True, True, False]

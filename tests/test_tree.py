@@ -102,5 +102,11 @@ def test_cache_mask_prefix_and_tree():
     tree_mask = mx.array([[[True, False], [True, True]]] * 2)
     mask = cache_mask(lengths, tree_mask, 5)
     assert mask.shape == (2, 1, 2, 5)
-    assert mask[0, 0].tolist() == [[True, True, True, False, False], [True, True, True, True, False]]
-    assert mask[1, 0].tolist() == [[True, False, False, False, False], [True, True, False, False, False]]
+    assert mask[0, 0].tolist() == [
+        [True, True, True, False, False],
+        [True, True, True, True, False],
+    ]
+    assert mask[1, 0].tolist() == [
+        [True, False, False, False, False],
+        [True, True, False, False, False],
+    ]

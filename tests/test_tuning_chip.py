@@ -35,13 +35,13 @@ APPLE_CHIPS = [
     ("Apple M4 Max", "applegpu_g16c", 40),
 ]
 
-IOREG = '''+-o AGXAcceleratorG14X  <class AGXAcceleratorG14X, id 0x1000003a1>
+IOREG = """+-o AGXAcceleratorG14X  <class AGXAcceleratorG14X, id 0x1000003a1>
     {
       "IOClass" = "AGXAcceleratorG14X"
       "gpu-core-count" = {cores}
       "model" = "{brand}"
     }
-'''
+"""
 
 SYSTEM_PROFILER = """Graphics/Displays:
 
@@ -66,8 +66,12 @@ def _slug(brand: str) -> tuple[str, str]:
 def test_every_apple_variant_from_sysctl_and_ioreg(brand, arch, cores):
     family, tier = _slug(brand)
     facts = {
-        "system": "Darwin", "machine": "arm64", "backend": "metal", "cpu_count": 12,
-        "brand_string": brand + "\n", "memsize": "68719476736\n",
+        "system": "Darwin",
+        "machine": "arm64",
+        "backend": "metal",
+        "cpu_count": 12,
+        "brand_string": brand + "\n",
+        "memsize": "68719476736\n",
         "gpu_cores_text": IOREG.replace("{cores}", str(cores)).replace("{brand}", brand),
         "device_info": {"architecture": arch, "memory_size": 68719476736},
     }
@@ -85,8 +89,9 @@ def test_every_apple_variant_from_sysctl_and_ioreg(brand, arch, cores):
 def test_every_apple_variant_from_device_info_alone(brand, arch, cores):
     """No sysctl brand (sandboxed): the Metal architecture still identifies the chip."""
     family, tier = _slug(brand)
-    chip = chip_from_facts({"system": "Darwin", "backend": "metal",
-                            "device_info": {"architecture": arch}})
+    chip = chip_from_facts(
+        {"system": "Darwin", "backend": "metal", "device_info": {"architecture": arch}}
+    )
     assert (chip.family, chip.tier) == (family, tier)
     assert chip.chip_id == f"apple-{family}-{tier}"
 
@@ -98,9 +103,13 @@ def test_gpu_cores_from_system_profiler(brand, arch, cores):
 
 
 def test_device_name_from_newer_mlx_is_used():
-    chip = chip_from_facts({"system": "Darwin", "backend": "metal",
-                            "device_info": {"device_name": "Apple M3 Max",
-                                            "architecture": "applegpu_g15c"}})
+    chip = chip_from_facts(
+        {
+            "system": "Darwin",
+            "backend": "metal",
+            "device_info": {"device_name": "Apple M3 Max", "architecture": "applegpu_g15c"},
+        }
+    )
     assert chip.preset == "m3-max"
 
 
@@ -117,46 +126,74 @@ def test_brand_parsing_edge_cases():
 
 
 def test_future_apple_family_falls_back_to_default_preset():
-    chip = chip_from_facts({"system": "Darwin", "brand_string": "Apple M5 Max",
-                            "gpu_cores_text": '"gpu-core-count" = 40'})
+    chip = chip_from_facts(
+        {
+            "system": "Darwin",
+            "brand_string": "Apple M5 Max",
+            "gpu_cores_text": '"gpu-core-count" = 40',
+        }
+    )
     assert chip.chip_id == "apple-m5-max-40c"
     preset, matched = preset_for(chip.preset)
     assert not matched and preset.name == "default"
 
 
 def test_rosetta_and_intel_macs_are_cpu_chips_without_preset():
-    rosetta = chip_from_facts({"system": "Darwin", "backend": "cpu", "metal": False,
-                               "brand_string": "VirtualApple @ 2.50GHz processor",
-                               "cpu_count": 8})
+    rosetta = chip_from_facts(
+        {
+            "system": "Darwin",
+            "backend": "cpu",
+            "metal": False,
+            "brand_string": "VirtualApple @ 2.50GHz processor",
+            "cpu_count": 8,
+        }
+    )
     assert rosetta.backend == "cpu" and rosetta.preset is None
     assert rosetta.chip_id == "macos-cpu-virtualapple-8c"
-    intel = chip_from_facts({"system": "Darwin", "backend": "metal",
-                             "brand_string": "Intel(R) Core(TM) i9-9880H CPU @ 2.30GHz",
-                             "cpu_count": 16})
+    intel = chip_from_facts(
+        {
+            "system": "Darwin",
+            "backend": "metal",
+            "brand_string": "Intel(R) Core(TM) i9-9880H CPU @ 2.30GHz",
+            "cpu_count": 16,
+        }
+    )
     assert intel.chip_id == "macos-cpu-intel-core-i9-9880h-16c"
 
 
-@pytest.mark.parametrize("model,slug", [
-    ("AMD EPYC 7B13", "amd-epyc-7b13"),
-    ("AMD EPYC", "amd-epyc"),
-    ("Intel(R) Xeon(R) CPU @ 2.20GHz", "intel-xeon"),
-    ("Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz", "intel-xeon-platinum-8375c"),
-    ("AMD Ryzen 9 5950X 16-Core Processor", "amd-ryzen-9-5950x"),
-    ("13th Gen Intel(R) Core(TM) i7-13700K", "13th-gen-intel-core-i7-13700k"),
-    ("AMD EPYC 7763 64-Core Processor", "amd-epyc-7763"),
-    ("", "unknown"),
-])
+@pytest.mark.parametrize(
+    "model,slug",
+    [
+        ("AMD EPYC 7B13", "amd-epyc-7b13"),
+        ("AMD EPYC", "amd-epyc"),
+        ("Intel(R) Xeon(R) CPU @ 2.20GHz", "intel-xeon"),
+        ("Intel(R) Xeon(R) Platinum 8375C CPU @ 2.90GHz", "intel-xeon-platinum-8375c"),
+        ("AMD Ryzen 9 5950X 16-Core Processor", "amd-ryzen-9-5950x"),
+        ("13th Gen Intel(R) Core(TM) i7-13700K", "13th-gen-intel-core-i7-13700k"),
+        ("AMD EPYC 7763 64-Core Processor", "amd-epyc-7763"),
+        ("", "unknown"),
+    ],
+)
 def test_cpu_model_normalisation(model, slug):
     assert normalise_cpu_model(model) == slug
 
 
 def test_linux_cpu_from_cpuinfo():
-    cpuinfo = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n"
-               "model name\t: AMD EPYC 7B13\nstepping\t: 1\n\nprocessor\t: 1\n"
-               "model name\t: AMD EPYC 7B13\n")
-    chip = chip_from_facts({"system": "Linux", "machine": "x86_64", "backend": "cpu",
-                            "cpuinfo": cpuinfo, "cpu_count": 2,
-                            "device_info": {"architecture": "x86_64", "device_name": "AMD EPYC"}})
+    cpuinfo = (
+        "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n"
+        "model name\t: AMD EPYC 7B13\nstepping\t: 1\n\nprocessor\t: 1\n"
+        "model name\t: AMD EPYC 7B13\n"
+    )
+    chip = chip_from_facts(
+        {
+            "system": "Linux",
+            "machine": "x86_64",
+            "backend": "cpu",
+            "cpuinfo": cpuinfo,
+            "cpu_count": 2,
+            "device_info": {"architecture": "x86_64", "device_name": "AMD EPYC"},
+        }
+    )
     assert chip.chip_id == "linux-cpu-amd-epyc-7b13-2c"
     assert chip.preset == "linux-cpu" and chip.cpu_cores == 2
 
@@ -164,8 +201,9 @@ def test_linux_cpu_from_cpuinfo():
 def test_linux_arm_without_model_name_uses_machine():
     cpuinfo = "processor\t: 0\nBogoMIPS\t: 243.75\nCPU implementer\t: 0x41\n"
     assert parse_cpuinfo_model(cpuinfo) is None
-    chip = chip_from_facts({"system": "Linux", "machine": "aarch64", "cpuinfo": cpuinfo,
-                            "cpu_count": 64})
+    chip = chip_from_facts(
+        {"system": "Linux", "machine": "aarch64", "cpuinfo": cpuinfo, "cpu_count": 64}
+    )
     assert chip.chip_id == "linux-cpu-aarch64-64c"
 
 
@@ -177,10 +215,18 @@ def test_unknown_everything_still_gives_an_id():
 
 
 def test_cuda_device():
-    chip = chip_from_facts({"system": "Linux", "backend": "cuda", "cpu_count": 16,
-                            "device_info": {"device_name": "NVIDIA H100 80GB HBM3",
-                                            "architecture": "sm_90",
-                                            "total_memory": 85899345920}})
+    chip = chip_from_facts(
+        {
+            "system": "Linux",
+            "backend": "cuda",
+            "cpu_count": 16,
+            "device_info": {
+                "device_name": "NVIDIA H100 80GB HBM3",
+                "architecture": "sm_90",
+                "total_memory": 85899345920,
+            },
+        }
+    )
     assert chip.chip_id == "cuda-nvidia-h100-80gb-hbm3"
     assert chip.preset == "cuda" and chip.memory_bytes == 85899345920
 

@@ -11,8 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 import redrafter_mlx.cli.tune
-from tuning import resolve_beam_shape
 from tests.fakes import FakeChip, FakeClock
+from tuning import resolve_beam_shape
 from tuning.grid import BeamShape, build_grid
 from tuning.measure import EngineMeasure, TuneError, load_prompts, parse_prompts
 from tuning.search import successive_halving
@@ -116,8 +116,19 @@ def test_show_with_corrupt_file_warns_and_continues(app, home):
 
 
 def test_tune_measures_saves_and_becomes_the_default(app, home, pair, fake_engine):
-    result = invoke(app, "--model", pair[0], "--drafter", pair[1], "--budget-seconds", "60",
-                    "--widths", "1-4", "--lengths", "2-6")
+    result = invoke(
+        app,
+        "--model",
+        pair[0],
+        "--drafter",
+        pair[1],
+        "--budget-seconds",
+        "60",
+        "--widths",
+        "1-4",
+        "--lengths",
+        "2-6",
+    )
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert "L \\ W" in out and "W=4" in out and "L=5" in out  # the heatmap
@@ -131,8 +142,20 @@ def test_tune_measures_saves_and_becomes_the_default(app, home, pair, fake_engin
 
 
 def test_tune_json_output(app, home, pair, fake_engine):
-    result = invoke(app, "--model", pair[0], "--drafter", pair[1], "--json",
-                    "--capacities", "6", "--widths", "2-3", "--lengths", "3-4")
+    result = invoke(
+        app,
+        "--model",
+        pair[0],
+        "--drafter",
+        pair[1],
+        "--json",
+        "--capacities",
+        "6",
+        "--widths",
+        "2-3",
+        "--lengths",
+        "3-4",
+    )
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
     assert data["mode"] == "tuned" and data["chip"]["chip_id"]
@@ -160,15 +183,18 @@ def test_tune_engine_failure_points_at_presets(app, home, pair, monkeypatch):
     assert "engine is not installed" in result.stderr and "--chip" in result.stderr
 
 
-@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is not None,
-                    reason="matplotlib is installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("matplotlib") is not None, reason="matplotlib is installed"
+)
 def test_plot_without_matplotlib_says_how_to_install(app, home, pair, fake_engine):
     result = invoke(app, "--model", pair[0], "--drafter", pair[1], "--plot", "out.png")
     assert result.exit_code == 1 and "redrafter-mlx[plot]" in result.stderr
 
 
-@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None,
-                    reason="matplotlib (the optional plot extra) is not installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("matplotlib") is None,
+    reason="matplotlib (the optional plot extra) is not installed",
+)
 def test_plot_writes_png(app, home, pair, fake_engine, tmp_path):
     png = tmp_path / "heat.png"
     result = invoke(app, "--model", pair[0], "--drafter", pair[1], "--plot", str(png))
@@ -251,7 +277,9 @@ def test_no_model_and_no_demo_drafter_is_explained(app, home, monkeypatch, tmp_p
     result = invoke(app)
     assert result.exit_code == 1
     assert "no drafter" in result.stderr and "--model DIR --drafter DIR" in result.stderr
-    monkeypatch.setattr(redrafter_mlx.engine.bundled, "demo_paths", lambda: (tmp_path / "nothing", None))
+    monkeypatch.setattr(
+        redrafter_mlx.engine.bundled, "demo_paths", lambda: (tmp_path / "nothing", None)
+    )
     missing = invoke(app)
     assert missing.exit_code == 1 and "make demo-model" in missing.stderr
 

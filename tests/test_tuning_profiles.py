@@ -12,8 +12,9 @@ from tuning.chip import chip_from_facts
 from tuning.grid import BeamShape
 from tuning.profiles import Profile, ProfileKey, ProfileStore, profiles_path
 
-M2_MAX = chip_from_facts({"system": "Darwin", "brand_string": "Apple M2 Max",
-                          "gpu_cores_text": '"gpu-core-count" = 38'})
+M2_MAX = chip_from_facts(
+    {"system": "Darwin", "brand_string": "Apple M2 Max", "gpu_cores_text": '"gpu-core-count" = 38'}
+)
 
 
 @pytest.fixture()
@@ -36,9 +37,15 @@ def pair(tmp_path):
 
 
 def _profile(key: ProfileKey, shape=BeamShape(2, 5), speculative=True) -> Profile:
-    return Profile(key=key, shape=shape, speculative=speculative, speedup=1.6,
-                   tokens_per_s=42.0, created="2026-11-22T10:00:00+00:00",
-                   summary={"reason": "test"})
+    return Profile(
+        key=key,
+        shape=shape,
+        speculative=speculative,
+        speedup=1.6,
+        tokens_per_s=42.0,
+        created="2026-11-22T10:00:00+00:00",
+        summary={"reason": "test"},
+    )
 
 
 def _key(pair, chip_id="apple-m2-max-38c", dtype="float16", version="0.1.0") -> ProfileKey:
@@ -62,15 +69,19 @@ def test_round_trip(home, pair):
 def test_key_tracks_model_config_and_quantization(pair):
     before = _key(pair)
     assert before.quantization == "none"
-    (pair[0] / "config.json").write_text(json.dumps(
-        {"model_type": "llama", "quantization": {"group_size": 64, "bits": 4}}))
+    (pair[0] / "config.json").write_text(
+        json.dumps({"model_type": "llama", "quantization": {"group_size": 64, "bits": 4}})
+    )
     after = _key(pair)
     assert after.quantization == "q4g64"
     assert after.model_fingerprint != before.model_fingerprint
     assert after.text != before.text
     hub = ProfileKey.build("c", "mlx-community/some-model", None, None, version="1")
     assert (hub.model, hub.model_fingerprint, hub.drafter) == (
-        "mlx-community/some-model", "hub", "none")
+        "mlx-community/some-model",
+        "hub",
+        "none",
+    )
 
 
 def test_interrupted_write_keeps_old_file_and_leaves_no_temp(home, pair, monkeypatch):
@@ -106,8 +117,9 @@ def test_crash_while_serialising_keeps_old_file(home, pair, monkeypatch):
     assert os.listdir(store.path.parent) == ["profiles.json"]
 
 
-@pytest.mark.parametrize("content", ["{not json", '{"format": 1}', '{"profiles": {"k": 3}}',
-                                     '[1, 2]'])
+@pytest.mark.parametrize(
+    "content", ["{not json", '{"format": 1}', '{"profiles": {"k": 3}}', "[1, 2]"]
+)
 def test_corrupt_file_warns_once_and_is_ignored(home, pair, content, capsys):
     home.mkdir(parents=True)
     (home / "profiles.json").write_text(content)
@@ -149,10 +161,12 @@ def test_profile_for_another_dtype_or_model_is_not_used(home, pair, tmp_path):
     key = ProfileKey.build(M2_MAX.chip_id, pair[0], pair[1], "float16")
     ProfileStore().put(_profile(key, BeamShape(3, 5)))
     assert resolve_beam_shape(pair[0], pair[1], "bfloat16", chip=M2_MAX).source == (
-        "preset for m2-max")
+        "preset for m2-max"
+    )
     (pair[0] / "config.json").write_text('{"model_type": "llama", "hidden_size": 128}')
     assert resolve_beam_shape(pair[0], pair[1], "float16", chip=M2_MAX).source == (
-        "preset for m2-max")
+        "preset for m2-max"
+    )
 
 
 def test_version_change_ignores_old_profile(home, pair):
@@ -174,8 +188,12 @@ def test_profile_saying_speculation_does_not_pay(home, pair):
 
 def test_presets_and_default(home, pair):
     assert resolve_beam_shape(pair[0], pair[1], None, chip="m2-ultra").to_dict() == {
-        "width": 3, "length": 4, "capacity": None, "source": "preset for m2-ultra",
-        "speculative": True}
+        "width": 3,
+        "length": 4,
+        "capacity": None,
+        "source": "preset for m2-ultra",
+        "speculative": True,
+    }
     unknown = chip_from_facts({"system": "Darwin", "brand_string": "Apple M9 Max"})
     choice = resolve_beam_shape(pair[0], pair[1], None, chip=unknown)
     assert choice.source == "default preset (no profile for this chip)"

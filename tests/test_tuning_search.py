@@ -89,7 +89,8 @@ def test_optimum_moves_with_the_chip():
     _, _, cheap = _search(per_token=0.0003, knee=10**6)
     _, _, costly = _search(per_token=0.004)
     assert cheap.recommended.width * cheap.recommended.length > (
-        costly.recommended.width * costly.recommended.length)
+        costly.recommended.width * costly.recommended.length
+    )
 
 
 def test_prunes_losers():
@@ -156,8 +157,9 @@ class WithinNoise:
 
 def test_a_gain_within_the_noise_is_not_recommended():
     clock = FakeClock()
-    result = successive_halving(WithinNoise(clock), GRID[:6], 30.0, clock=clock,
-                                plan=SearchPlan(min_speedup=1.0))
+    result = successive_halving(
+        WithinNoise(clock), GRID[:6], 30.0, clock=clock, plan=SearchPlan(min_speedup=1.0)
+    )
     assert not result.speculation_wins
     assert result.recommended == AR
     assert "noise" in result.reason

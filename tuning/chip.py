@@ -261,7 +261,7 @@ def _mlx_facts() -> dict[str, Any]:
     """The MLX backend and ``device_info()`` of its default device; empty if MLX fails."""
     try:
         import mlx.core as mx
-    except Exception:  # noqa: BLE001 - a broken MLX install must not break detection
+    except Exception:
         return {}
     facts: dict[str, Any] = {"metal": bool(mx.metal.is_available())}
     cuda = getattr(mx, "cuda", None)
@@ -273,10 +273,10 @@ def _mlx_facts() -> dict[str, Any]:
         facts["backend"] = "cpu"
     try:
         facts["device_info"] = dict(mx.device_info())
-    except Exception:  # noqa: BLE001 - older MLX: fall back to the Metal-only call
+    except Exception:
         try:
             facts["device_info"] = dict(mx.metal.device_info()) if facts["metal"] else {}
-        except Exception:  # noqa: BLE001
+        except Exception:
             facts["device_info"] = {}
     return facts
 

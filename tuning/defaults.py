@@ -63,8 +63,10 @@ def _stale_note(profiles: dict[str, Profile], key: ProfileKey) -> str:
     """A note when a profile exists for this setup but another package version."""
     for profile in profiles.values():
         if replace(profile.key, version=key.version) == key:
-            return (f"; the tuned profile is from redrafter-mlx {profile.key.version}, "
-                    f"re-run 'redrafter-mlx tune'")
+            return (
+                f"; the tuned profile is from redrafter-mlx {profile.key.version}, "
+                f"re-run 'redrafter-mlx tune'"
+            )
     return ""
 
 
@@ -89,12 +91,17 @@ def cap_length(choice: BeamChoice, predict_tokens: int | None) -> BeamChoice:
         length=limit,
         capacity=capacity,
         source=f"{choice.source}; length capped at {limit} "
-               f"(the drafter predicts {predict_tokens} tokens)",
+        f"(the drafter predicts {predict_tokens} tokens)",
     )
 
 
-def resolve_beam_shape(model_path, drafter_path, dtype, chip: ChipInfo | str | None = None,
-                       store: ProfileStore | None = None) -> BeamChoice:
+def resolve_beam_shape(
+    model_path,
+    drafter_path,
+    dtype,
+    chip: ChipInfo | str | None = None,
+    store: ProfileStore | None = None,
+) -> BeamChoice:
     """The beam shape chat/generate/bench should use when the user gives none.
 
     Order: a tuned profile for exactly this chip, model, drafter, dtype/quantization and

@@ -23,7 +23,7 @@ class BeamShape:
     capacity: int | None = None
 
     @classmethod
-    def autoregressive(cls) -> "BeamShape":
+    def autoregressive(cls) -> BeamShape:
         """The shape that drafts nothing: plain autoregressive decoding."""
         return cls(1, 1, None)
 

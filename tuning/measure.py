@@ -11,10 +11,11 @@ Warm-up is the search's job (it discards a short first run of every shape).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from tuning.grid import BeamShape
 from tuning.search import Measurement
@@ -95,7 +96,7 @@ def engine_missing_reason() -> str | None:
     """Why the engine cannot be used (a sentence), or None when it can."""
     try:
         import redrafter_mlx
-    except Exception as e:  # noqa: BLE001 - report any import failure as a reason
+    except Exception as e:
         return f"redrafter_mlx cannot be imported ({type(e).__name__}: {e})"
     for name in ("load", "stream_generate"):
         if not hasattr(redrafter_mlx, name):
@@ -167,8 +168,12 @@ class EngineMeasure:
         """Arguments selecting ``shape`` (plain decoding for the autoregressive shape)."""
         if shape.is_autoregressive:
             return {"drafter": None}
-        return {"drafter": self.drafter, "beam_width": shape.width,
-                "beam_length": shape.length, "capacity": shape.capacity}
+        return {
+            "drafter": self.drafter,
+            "beam_width": shape.width,
+            "beam_length": shape.length,
+            "capacity": shape.capacity,
+        }
 
     def run_one(self, prompt: Any, shape: BeamShape, n_tokens: int):
         """Decode one prompt greedily; the last response carries the final stats."""
@@ -178,8 +183,13 @@ class EngineMeasure:
         drafter = kwargs.pop("drafter")
         last = None
         for last in redrafter_mlx.stream_generate(
-            self.model, drafter, self.tokenizer, prompt, max_tokens=n_tokens,
-            temperature=0.0, **kwargs,
+            self.model,
+            drafter,
+            self.tokenizer,
+            prompt,
+            max_tokens=n_tokens,
+            temperature=0.0,
+            **kwargs,
         ):
             pass
         if last is None:

@@ -12,15 +12,17 @@ old file intact. A corrupt file is reported in one warning line and treated as e
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from tuning.grid import BeamShape
 
@@ -54,7 +56,8 @@ def package_version() -> str:
     except ImportError:
         pass
     try:
-        from importlib.metadata import PackageNotFoundError, version as dist_version
+        from importlib.metadata import PackageNotFoundError
+        from importlib.metadata import version as dist_version
 
         return dist_version("redrafter-mlx")
     except (ImportError, PackageNotFoundError):
@@ -144,7 +147,7 @@ def _dtype_name(dtype: Any) -> str:
             from redrafter_mlx.engine.platform import default_dtype
 
             dtype = default_dtype()
-        except Exception:  # noqa: BLE001 - no MLX: keep a stable placeholder
+        except Exception:
             return "default"
     return str(dtype).rsplit(".", 1)[-1]
 
@@ -182,13 +185,16 @@ class Profile:
         }
 
     @classmethod
-    def from_json(cls, record: dict) -> "Profile":
+    def from_json(cls, record: dict) -> Profile:
         """Parse one record; raises KeyError/TypeError/ValueError when malformed."""
         shape = record["shape"]
         return cls(
             key=ProfileKey(**record["key"]),
-            shape=BeamShape(int(shape["width"]), int(shape["length"]),
-                            None if shape.get("capacity") is None else int(shape["capacity"])),
+            shape=BeamShape(
+                int(shape["width"]),
+                int(shape["length"]),
+                None if shape.get("capacity") is None else int(shape["capacity"]),
+            ),
             speculative=bool(record["speculative"]),
             speedup=record.get("speedup"),
             tokens_per_s=record.get("tokens_per_s"),
@@ -208,8 +214,9 @@ def now_iso() -> str:
 class ProfileStore:
     """Load, query and atomically save the profiles file."""
 
-    def __init__(self, path: str | os.PathLike | None = None,
-                 warn: Callable[[str], None] = default_warn):
+    def __init__(
+        self, path: str | os.PathLike | None = None, warn: Callable[[str], None] = default_warn
+    ):
         self.path = Path(path) if path is not None else profiles_path()
         self.warn = warn
 
@@ -228,8 +235,10 @@ class ProfileStore:
                 raise ValueError("no 'profiles' object")
             profiles = {k: Profile.from_json(v) for k, v in data["profiles"].items()}
         except (ValueError, KeyError, TypeError) as e:
-            self.warn(f"ignoring corrupt tuned-profile file {self.path} ({e}); "
-                      f"re-run 'redrafter-mlx tune' or 'redrafter-mlx tune --clear'")
+            self.warn(
+                f"ignoring corrupt tuned-profile file {self.path} ({e}); "
+                f"re-run 'redrafter-mlx tune' or 'redrafter-mlx tune --clear'"
+            )
             return {}
         return profiles
 
@@ -255,17 +264,13 @@ class ProfileStore:
                 os.fsync(f.fileno())
             os.replace(tmp, self.path)
         except BaseException:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(tmp)
-            except OSError:
-                pass
             raise
 
     def clear(self) -> int:
         """Delete the profiles file; returns how many profiles it held (0 if none/corrupt)."""
         count = len(ProfileStore(self.path, warn=lambda _msg: None).load())
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
-        except FileNotFoundError:
-            pass
         return count

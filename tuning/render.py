@@ -52,7 +52,7 @@ def _axes(result: SearchResult) -> tuple[list[int], list[int]]:
     return widths, lengths
 
 
-def heatmap_table(result: SearchResult) -> "Table":
+def heatmap_table(result: SearchResult) -> Table:
     """A rich table: rows L, columns W, colored cells with tokens/s and speedup."""
     from rich.color import Color
     from rich.style import Style
@@ -62,8 +62,9 @@ def heatmap_table(result: SearchResult) -> "Table":
     cells = heatmap_cells(result)
     best = max((result.speedup(r).median for r in cells.values()), default=1.0)
     ar_tps = result.autoregressive.spread().median if result.autoregressive.measured else 0.0
-    table = Table(title=f"tokens/s and speedup over autoregressive ({ar_tps:.1f} tok/s)",
-                  show_lines=True)
+    table = Table(
+        title=f"tokens/s and speedup over autoregressive ({ar_tps:.1f} tok/s)", show_lines=True
+    )
     table.add_column("L \\ W", justify="right", style="bold")
     for w in widths:
         table.add_column(f"W={w}", justify="center")
@@ -97,24 +98,33 @@ def _fmt_spread(lo: float, hi: float, digits: int = 1) -> str:
     return f"{lo:.{digits}f}–{hi:.{digits}f}"
 
 
-def results_table(result: SearchResult) -> "Table":
+def results_table(result: SearchResult) -> Table:
     """Every shape with its median tokens/s, IQR, range, speedup and how often it ran."""
     from rich.table import Table
 
     table = Table(title="measured shapes (median, IQR and range over prompts and repeats)")
     for name in ("shape", "tok/s", "IQR", "min–max", "speedup (IQR)", "tok/step", "runs×tok"):
         table.add_column(name, justify="left" if name == "shape" else "right")
-    rows = [result.autoregressive, *sorted(
-        (r for r in result.results if r.measured),
-        key=lambda r: -result.speedup(r).median)]
+    rows = [
+        result.autoregressive,
+        *sorted((r for r in result.results if r.measured), key=lambda r: -result.speedup(r).median),
+    ]
     for r in rows:
         s, sp = r.spread(), result.speedup(r)
-        per_step = (f"{sum(r.tokens_per_step) / len(r.tokens_per_step):.2f}"
-                    if r.tokens_per_step else "")
+        per_step = (
+            f"{sum(r.tokens_per_step) / len(r.tokens_per_step):.2f}" if r.tokens_per_step else ""
+        )
         label = ("★ " if r.shape == result.recommended else "") + r.shape.label
         speedup = f"{sp.median:.2f}× ({_fmt_spread(sp.q1, sp.q3, 2)})"
-        table.add_row(label, f"{s.median:.1f}", _fmt_spread(s.q1, s.q3),
-                      _fmt_spread(s.low, s.high), speedup, per_step, f"{r.runs}×{r.final_tokens}")
+        table.add_row(
+            label,
+            f"{s.median:.1f}",
+            _fmt_spread(s.q1, s.q3),
+            _fmt_spread(s.low, s.high),
+            speedup,
+            per_step,
+            f"{r.runs}×{r.final_tokens}",
+        )
     failed = [r for r in result.results if r.error]
     for r in failed:
         table.add_row(r.shape.label, "failed", r.error or "", "", "", "", "")
@@ -138,8 +148,10 @@ def save_heatmap_png(result: SearchResult, path: str) -> None:
         ) from None
     widths, lengths = _axes(result)
     cells = heatmap_cells(result)
-    grid = [[result.speedup(cells[(w, n)]).median if (w, n) in cells else float("nan")
-             for w in widths] for n in lengths]
+    grid = [
+        [result.speedup(cells[(w, n)]).median if (w, n) in cells else float("nan") for w in widths]
+        for n in lengths
+    ]
     fig, ax = plt.subplots(figsize=(1.2 * len(widths) + 2, 0.8 * len(lengths) + 1.5))
     values = [v for row in grid for v in row if v == v]  # v == v drops NaN
     norm = TwoSlopeNorm(vcenter=1.0, vmin=min([0.5, *values]), vmax=max([1.5, *values]))
@@ -148,8 +160,14 @@ def save_heatmap_png(result: SearchResult, path: str) -> None:
         for j, w in enumerate(widths):
             if (w, n) in cells:
                 r = cells[(w, n)]
-                ax.text(j, i, f"{r.spread().median:.1f}\n{grid[i][j]:.2f}×",
-                        ha="center", va="center", fontsize=8)
+                ax.text(
+                    j,
+                    i,
+                    f"{r.spread().median:.1f}\n{grid[i][j]:.2f}×",
+                    ha="center",
+                    va="center",
+                    fontsize=8,
+                )
     ax.set_xticks(range(len(widths)), [str(w) for w in widths])
     ax.set_yticks(range(len(lengths)), [str(n) for n in lengths])
     ax.set_xlabel("beam width W")

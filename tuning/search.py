@@ -24,8 +24,8 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Sequence
 
 from tuning.grid import BeamShape
 
@@ -56,7 +56,7 @@ class Spread:
     n: int
 
     @classmethod
-    def of(cls, samples: Sequence[float]) -> "Spread":
+    def of(cls, samples: Sequence[float]) -> Spread:
         """The spread of ``samples`` (quartiles by linear interpolation; one sample -> zero IQR)."""
         if not samples:
             raise ValueError("cannot summarise an empty list of samples")
@@ -67,17 +67,27 @@ class Spread:
             q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
         return cls(statistics.median(values), q1, q3, values[0], values[-1], len(values))
 
-    def scaled(self, factor: float) -> "Spread":
+    def scaled(self, factor: float) -> Spread:
         """Every figure multiplied by ``factor`` (tokens/s -> speedup)."""
         return Spread(
-            self.median * factor, self.q1 * factor, self.q3 * factor,
-            self.low * factor, self.high * factor, self.n,
+            self.median * factor,
+            self.q1 * factor,
+            self.q3 * factor,
+            self.low * factor,
+            self.high * factor,
+            self.n,
         )
 
     def to_dict(self) -> dict:
         """JSON-ready figures."""
-        return {"median": self.median, "q1": self.q1, "q3": self.q3,
-                "min": self.low, "max": self.high, "n": self.n}
+        return {
+            "median": self.median,
+            "q1": self.q1,
+            "q3": self.q3,
+            "min": self.low,
+            "max": self.high,
+            "n": self.n,
+        }
 
 
 @dataclass
@@ -168,8 +178,13 @@ class SearchResult:
         """JSON-ready summary of the whole search."""
         rows = []
         for r in [self.autoregressive, *self.results]:
-            row: dict = {**r.shape.to_dict(), "label": r.shape.label, "runs": r.runs,
-                         "rounds": r.last_round + 1, "error": r.error}
+            row: dict = {
+                **r.shape.to_dict(),
+                "label": r.shape.label,
+                "runs": r.runs,
+                "rounds": r.last_round + 1,
+                "error": r.error,
+            }
             if r.measured:
                 row["tokens_per_s"] = r.spread().to_dict()
                 row["speedup"] = self.speedup(r).to_dict()
@@ -199,8 +214,14 @@ class BudgetExhausted(Exception):
 class _Search:
     """One search run: owns the clock bookkeeping and per-shape cost estimates."""
 
-    def __init__(self, measure: MeasureFn, budget_s: float, clock: Clock, plan: SearchPlan,
-                 log: Callable[[str], None] | None):
+    def __init__(
+        self,
+        measure: MeasureFn,
+        budget_s: float,
+        clock: Clock,
+        plan: SearchPlan,
+        log: Callable[[str], None] | None,
+    ):
         self.measure = measure
         self.budget_s = float(budget_s)
         self.clock = clock
@@ -260,7 +281,7 @@ class _Search:
             measurement, dt = self._timed(result, n_tokens)
         except BudgetExhausted:
             raise
-        except Exception as e:  # noqa: BLE001 - one broken shape must not end the search
+        except Exception as e:
             result.error = f"{type(e).__name__}: {e}"
             self.log(f"{result.shape.label}: failed ({result.error})")
             return
@@ -298,7 +319,7 @@ def paired_ratios(ar: ShapeResult, best: ShapeResult, n_tokens: int) -> list[flo
     """
     P = best.prompts
     base, spec = ar.samples_at(n_tokens), best.samples_at(n_tokens)
-    if P < 1 or P != ar.prompts or not base or not spec or len(base) % P or len(spec) % P:
+    if P < 1 or ar.prompts != P or not base or not spec or len(base) % P or len(spec) % P:
         return None
     return [statistics.median(spec[p::P]) / statistics.median(base[p::P]) for p in range(P)]
 
@@ -320,14 +341,18 @@ def _decide(ar: ShapeResult, best: ShapeResult | None, plan: SearchPlan) -> tupl
     if ratios is not None:
         paired = Spread.of(ratios)
         speedup = paired.median
-    summary = (f"{best.shape.label}: {spec.median:.1f} tok/s vs {base.median:.1f} autoregressive "
-               f"({speedup:.2f}x)")
+    summary = (
+        f"{best.shape.label}: {spec.median:.1f} tok/s vs {base.median:.1f} autoregressive "
+        f"({speedup:.2f}x)"
+    )
     if speedup < plan.min_speedup:
         return False, f"speculation does not pay: best {summary}, below {plan.min_speedup:.2f}x"
     if ratios is not None:
         if paired.q1 <= 1.0:
-            return False, (f"speculation within the noise: best {summary}, slower on some "
-                           f"prompts (per-prompt speedup q1 {paired.q1:.2f}x)")
+            return False, (
+                f"speculation within the noise: best {summary}, slower on some "
+                f"prompts (per-prompt speedup q1 {paired.q1:.2f}x)"
+            )
     elif spec.q1 <= base.q3:
         return False, f"speculation within the noise: best {summary}, quartiles overlap"
     return True, f"speculation wins: {summary}"
@@ -357,16 +382,23 @@ def successive_halving(
     return _finish(search, ar, results, plan)
 
 
-def _run_rounds(search: _Search, ar: ShapeResult, results: list[ShapeResult],
-                plan: SearchPlan) -> None:
+def _run_rounds(
+    search: _Search, ar: ShapeResult, results: list[ShapeResult], plan: SearchPlan
+) -> None:
     """The three rounds; raises :class:`BudgetExhausted` when time runs out."""
     # round 0: baseline, then one short run per shape
     search.run(ar, 0, plan.min_tokens, force=True)
     if not ar.measured:
-        raise SearchError(f"autoregressive decoding (the baseline) failed: "
-                          f"{ar.error or 'no samples'}; fix that before tuning")
-    n0 = search.tokens_for(search.remaining() * plan.first_round_share,
-                           search.per_token(results), plan.min_tokens, plan.short_tokens)
+        raise SearchError(
+            f"autoregressive decoding (the baseline) failed: "
+            f"{ar.error or 'no samples'}; fix that before tuning"
+        )
+    n0 = search.tokens_for(
+        search.remaining() * plan.first_round_share,
+        search.per_token(results),
+        plan.min_tokens,
+        plan.short_tokens,
+    )
     if n0 != plan.min_tokens:
         search.run(ar, 0, n0, force=True)
     search.log(f"round 1: {len(results)} shapes x {n0} tokens")
@@ -379,8 +411,9 @@ def _run_rounds(search: _Search, ar: ShapeResult, results: list[ShapeResult],
     if not survivors:
         return
     likely_finalists = [ar, *survivors[: plan.finalists]]
-    per_token = (search.per_token([ar, *survivors])
-                 + plan.final_repeats * search.per_token(likely_finalists))
+    per_token = search.per_token([ar, *survivors]) + plan.final_repeats * search.per_token(
+        likely_finalists
+    )
     n1 = search.tokens_for(search.remaining(), per_token, n0, plan.long_tokens)
     search.log(f"round 2: {len(survivors)} shapes x {n1} tokens")
     search.run(ar, 1, n1)
@@ -394,8 +427,9 @@ def _run_rounds(search: _Search, ar: ShapeResult, results: list[ShapeResult],
             search.run(r, 2, n1)
 
 
-def _finish(search: _Search, ar: ShapeResult, results: list[ShapeResult],
-            plan: SearchPlan) -> SearchResult:
+def _finish(
+    search: _Search, ar: ShapeResult, results: list[ShapeResult], plan: SearchPlan
+) -> SearchResult:
     """Pick the best shape among those that reached the furthest round, and decide."""
     best = None
     for round_index in (2, 1, 0):

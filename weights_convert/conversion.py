@@ -21,14 +21,20 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
 
 from weights_convert import drafter as drafter_fmt
 from weights_convert import llama
 from weights_convert.errors import ConversionError
-from weights_convert.sources import TOKENIZER_FILES, copy_side_files, open_checkpoint, read_tensor_refs, resolve_source
+from weights_convert.sources import (
+    TOKENIZER_FILES,
+    copy_side_files,
+    open_checkpoint,
+    read_tensor_refs,
+    resolve_source,
+)
 from weights_convert.tensors import DTYPE_CODES
 from weights_convert.writer import Job, Quantization, make_job, write_weights
 
@@ -67,21 +73,34 @@ class ConversionSummary:
             f"quantization   {quant_text(self.quantization)} ({self.quantized_tensors} of {self.tensors} tensors quantized)",
         ]
         if self.drafter_parameters:
-            out.append(f"drafter        {self.drafter_parameters / 1e6:,.2f} M parameters, quantization {quant_text(self.drafter_quantization)}")
-        out += [f"size on disk   {self.bytes_on_disk / 2**20:,.1f} MiB", f"time           {self.seconds:.1f} s"]
+            out.append(
+                f"drafter        {self.drafter_parameters / 1e6:,.2f} M parameters, quantization {quant_text(self.drafter_quantization)}"
+            )
+        out += [
+            f"size on disk   {self.bytes_on_disk / 2**20:,.1f} MiB",
+            f"time           {self.seconds:.1f} s",
+        ]
         if self.dropped:
-            shown = ", ".join(self.dropped[:3]) + (f" (+{len(self.dropped) - 3} more)" if len(self.dropped) > 3 else "")
+            shown = ", ".join(self.dropped[:3]) + (
+                f" (+{len(self.dropped) - 3} more)" if len(self.dropped) > 3 else ""
+            )
             out.append(f"dropped        {shown}")
         out += [f"warning        {w}" for w in self.warnings]
         return out
 
 
-def _check_options(dtype: str, quantize: bool, quantize_drafter: bool, q_bits: int, q_group_size: int) -> None:
+def _check_options(
+    dtype: str, quantize: bool, quantize_drafter: bool, q_bits: int, q_group_size: int
+) -> None:
     if dtype not in DTYPE_CODES:
-        raise ConversionError(f"--dtype {dtype!r} is not supported; choose one of {', '.join(DTYPE_CODES)}")
+        raise ConversionError(
+            f"--dtype {dtype!r} is not supported; choose one of {', '.join(DTYPE_CODES)}"
+        )
     if quantize or quantize_drafter:
         if q_bits not in QUANT_BITS:
-            raise ConversionError(f"--q-bits {q_bits} is not supported; choose one of {', '.join(map(str, QUANT_BITS))}")
+            raise ConversionError(
+                f"--q-bits {q_bits} is not supported; choose one of {', '.join(map(str, QUANT_BITS))}"
+            )
         if q_group_size not in QUANT_GROUP_SIZES:
             raise ConversionError(
                 f"--q-group-size {q_group_size} is not supported; choose one of {', '.join(map(str, QUANT_GROUP_SIZES))}"
@@ -92,11 +111,15 @@ def _check_out(out: Path, force: bool, sources: list[Path]) -> None:
     """Refuse an existing non-empty ``out`` (unless ``force``) and any ``out`` holding a source."""
     for src in sources:
         if src == out or out in src.parents:
-            raise ConversionError(f"--out {out} would overwrite the source checkpoint {src}; choose another folder")
+            raise ConversionError(
+                f"--out {out} would overwrite the source checkpoint {src}; choose another folder"
+            )
     if out.exists() and not out.is_dir():
         raise ConversionError(f"--out {out} is a file; choose a folder path")
     if out.is_dir() and any(out.iterdir()) and not force:
-        raise ConversionError(f"--out {out} exists and is not empty; choose another folder or pass --force to replace it")
+        raise ConversionError(
+            f"--out {out} exists and is not empty; choose another folder or pass --force to replace it"
+        )
 
 
 def _install(tmp: Path, out: Path) -> None:
@@ -160,9 +183,22 @@ def _progress_bar(total_bytes: int, enabled: bool) -> Iterator[Callable[[Job], N
         yield lambda job: None
         return
     from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+    from rich.progress import (
+        BarColumn,
+        DownloadColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+        TransferSpeedColumn,
+    )
 
-    columns = (TextColumn("{task.description:<28.28}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    columns = (
+        TextColumn("{task.description:<28.28}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+    )
     with Progress(*columns, console=Console(stderr=True)) as bar:
         task = bar.add_task("converting", total=total_bytes)
 
@@ -243,18 +279,24 @@ def convert(
 
     warnings = []
     if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
-        warnings.append(f"no tokenizer files in {model_dir}; copy them into {out} before loading with mlx_lm.load")
+        warnings.append(
+            f"no tokenizer files in {model_dir}; copy them into {out} before loading with mlx_lm.load"
+        )
 
     total = sum(job.source.nbytes for job in jobs + draft_jobs)
     with staging_dir(out) as tmp, _progress_bar(total, progress) as advance:
         write_weights(jobs, tmp, advance)
-        config = llama.output_config(base.config, base_plan.tied, dtype, base_quant.as_config() if base_quant else None)
+        config = llama.output_config(
+            base.config, base_plan.tied, dtype, base_quant.as_config() if base_quant else None
+        )
         _write_json(tmp / "config.json", config)
         copy_side_files(model_dir, tmp)
         if drafter_dir is not None:
             (tmp / DRAFTER_SUBDIR).mkdir()
             write_weights(draft_jobs, tmp / DRAFTER_SUBDIR, advance)
-            draft_config = drafter_fmt.output_config(draft.config, dtype, draft_quant.as_config() if draft_quant else None)
+            draft_config = drafter_fmt.output_config(
+                draft.config, dtype, draft_quant.as_config() if draft_quant else None
+            )
             _write_json(tmp / DRAFTER_SUBDIR / "config.json", draft_config)
 
     return ConversionSummary(

@@ -57,7 +57,12 @@ def check_config(config: dict, base_config: dict, root) -> None:
 
 def expected_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     """Every tensor a drafter config implies -> its shape."""
-    h, v, e, n = config["hidden_size"], config["vocab_size"], config["exit_dim"], config["num_draft_layers"]
+    h, v, e, n = (
+        config["hidden_size"],
+        config["vocab_size"],
+        config["exit_dim"],
+        config["num_draft_layers"],
+    )
     shapes: dict[str, tuple[int, ...]] = {}
     if e != 2 * h:
         shapes["input_proj.weight"] = (e, 2 * h)
@@ -108,12 +113,16 @@ def plan_tensors(refs: list[TensorRef], config: dict, root) -> DrafterPlan:
                 f"{list(shapes[name])}; the config does not match the weights"
             )
         if name in seen:
-            raise ConversionError(f"drafter {root} holds {name} twice (both naming layouts); keep one")
+            raise ConversionError(
+                f"drafter {root} holds {name} twice (both naming layouts); keep one"
+            )
         seen.add(name)
         kept.append((name, ref))
     missing = sorted(set(shapes) - seen)
     if missing:
-        raise ConversionError(f"drafter checkpoint {root} lacks {', '.join(missing)}, which its config implies")
+        raise ConversionError(
+            f"drafter checkpoint {root} lacks {', '.join(missing)}, which its config implies"
+        )
     return DrafterPlan(kept, dropped)
 
 

@@ -14,7 +14,13 @@ from weights_convert.errors import ConversionError
 from weights_convert.tensors import TensorRef
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral")
-_REQUIRED_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size")
+_REQUIRED_KEYS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "vocab_size",
+)
 DEFAULT_RMS_NORM_EPS = 1e-6  # transformers' LlamaConfig default
 
 
@@ -43,7 +49,9 @@ def check_config(config: dict, root) -> None:
         )
     missing = [k for k in _REQUIRED_KEYS if not isinstance(config.get(k), int)]
     if missing:
-        raise ConversionError(f"{root}/config.json lacks integer {', '.join(missing)}; re-download the config")
+        raise ConversionError(
+            f"{root}/config.json lacks integer {', '.join(missing)}; re-download the config"
+        )
     if "quantization_config" in config or "quantization" in config:
         raise ConversionError(
             f"{root} is already quantized (config has a quantization block); convert the "
@@ -57,7 +65,11 @@ def expected_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     n_heads = config["num_attention_heads"]
     n_kv = config.get("num_key_value_heads") or n_heads
     head_dim = config.get("head_dim") or h // n_heads
-    shapes = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,), "lm_head.weight": (v, h)}
+    shapes = {
+        "model.embed_tokens.weight": (v, h),
+        "model.norm.weight": (h,),
+        "lm_head.weight": (v, h),
+    }
     proj = {
         "self_attn.q_proj": (n_heads * head_dim, h),
         "self_attn.k_proj": (n_kv * head_dim, h),
@@ -71,7 +83,11 @@ def expected_shapes(config: dict) -> dict[str, tuple[int, ...]]:
         p = f"model.layers.{i}"
         for name, shape in proj.items():
             shapes[f"{p}.{name}.weight"] = shape
-            has_bias = config.get("attention_bias") if name.startswith("self_attn") else config.get("mlp_bias")
+            has_bias = (
+                config.get("attention_bias")
+                if name.startswith("self_attn")
+                else config.get("mlp_bias")
+            )
             if has_bias:
                 shapes[f"{p}.{name}.bias"] = (shape[0],)
         shapes[f"{p}.input_layernorm.weight"] = (h,)

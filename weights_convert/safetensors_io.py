@@ -27,7 +27,9 @@ _MAX_HEADER = 100 << 20  # safetensors' own limit
 
 
 def _corrupt(path: Path, why: str) -> ConversionError:
-    return ConversionError(f"{path} has a corrupt safetensors header ({why}); re-download or re-export it")
+    return ConversionError(
+        f"{path} has a corrupt safetensors header ({why}); re-download or re-export it"
+    )
 
 
 def _read_header(path: Path) -> tuple[dict, int]:
@@ -50,19 +52,28 @@ def _read_header(path: Path) -> tuple[dict, int]:
     return header, 8 + n
 
 
-def _parse_entry(path: Path, name: str, entry, data_start: int, file_size: int) -> tuple[str, tuple[int, ...], int]:
+def _parse_entry(
+    path: Path, name: str, entry, data_start: int, file_size: int
+) -> tuple[str, tuple[int, ...], int]:
     """Validate one header entry -> (dtype code, shape, absolute byte offset)."""
     try:
         dtype, shape, (begin, end) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
     except (KeyError, TypeError, ValueError):
         raise _corrupt(path, f"entry {name!r} lacks dtype/shape/data_offsets") from None
     if dtype not in NUMPY_DTYPES:
-        raise ConversionError(f"{path}: tensor {name} has dtype {dtype}, which is not supported (use F32/F16/BF16)")
-    if not all(isinstance(d, int) and d >= 0 for d in shape) or not (isinstance(begin, int) and isinstance(end, int)):
+        raise ConversionError(
+            f"{path}: tensor {name} has dtype {dtype}, which is not supported (use F32/F16/BF16)"
+        )
+    if not all(isinstance(d, int) and d >= 0 for d in shape) or not (
+        isinstance(begin, int) and isinstance(end, int)
+    ):
         raise _corrupt(path, f"entry {name!r} has a malformed shape or offsets")
     nbytes = math.prod(shape) * NUMPY_DTYPES[dtype].itemsize
     if end - begin != nbytes or begin < 0:
-        raise _corrupt(path, f"tensor {name} spans {end - begin} bytes but dtype {dtype} shape {list(shape)} needs {nbytes}")
+        raise _corrupt(
+            path,
+            f"tensor {name} spans {end - begin} bytes but dtype {dtype} shape {list(shape)} needs {nbytes}",
+        )
     if data_start + end > file_size:
         raise _corrupt(path, f"tensor {name} ends past the end of the file (truncated download?)")
     return dtype, shape, data_start + begin
@@ -98,7 +109,9 @@ def read_safetensors(path: Path) -> list[TensorRef]:
         if name == "__metadata__":
             continue
         dtype, shape, offset = _parse_entry(path, name, entry, data_start, file_size)
-        refs.append((offset, TensorRef(name, dtype, shape, path, _make_loader(path, dtype, shape, offset))))
+        refs.append(
+            (offset, TensorRef(name, dtype, shape, path, _make_loader(path, dtype, shape, offset)))
+        )
     return [ref for _, ref in sorted(refs, key=lambda item: item[0])]
 
 
@@ -132,7 +145,11 @@ class SafetensorsWriter:
         header: dict = {"__metadata__": dict(metadata)} if metadata else {}
         offset = 0
         for spec in self.specs:
-            header[spec.name] = {"dtype": spec.dtype, "shape": list(spec.shape), "data_offsets": [offset, offset + spec.nbytes]}
+            header[spec.name] = {
+                "dtype": spec.dtype,
+                "shape": list(spec.shape),
+                "data_offsets": [offset, offset + spec.nbytes],
+            }
             offset += spec.nbytes
         blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
         blob += b" " * (-len(blob) % 8)
@@ -155,7 +172,7 @@ class SafetensorsWriter:
         if self._next != len(self.specs):
             raise RuntimeError(f"{self.path}: wrote {self._next} of {len(self.specs)} tensors")
 
-    def __enter__(self) -> "SafetensorsWriter":
+    def __enter__(self) -> SafetensorsWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -79,11 +79,15 @@ def _index_shards(root: Path, index_name: str) -> tuple[Path, ...]:
     index = load_json(root / index_name, "weight index")
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
-        raise ConversionError(f"weight index {root / index_name} has no 'weight_map'; re-download it")
+        raise ConversionError(
+            f"weight index {root / index_name} has no 'weight_map'; re-download it"
+        )
     shards = list(dict.fromkeys(weight_map.values()))
     for shard in shards:
         if not isinstance(shard, str) or "/" in shard or "\\" in shard or shard.startswith("."):
-            raise ConversionError(f"weight index {root / index_name} names an invalid shard {shard!r}")
+            raise ConversionError(
+                f"weight index {root / index_name} names an invalid shard {shard!r}"
+            )
         if not (root / shard).is_file():
             raise ConversionError(
                 f"shard {shard} listed in {root / index_name} is missing from {root}; "
@@ -197,8 +201,12 @@ def _fetch_from_hub(repo_id: str) -> Path:
     everything = [CONFIG_FILE, *SIDE_FILES, *[p for layout in WEIGHT_LAYOUTS for p in layout]]
     if _hub_offline():
         try:
-            return Path(snapshot_download(repo_id, allow_patterns=everything, cache_dir=cache_dir, local_files_only=True))
-        except Exception as e:  # noqa: BLE001 - any hub failure becomes one clear message
+            return Path(
+                snapshot_download(
+                    repo_id, allow_patterns=everything, cache_dir=cache_dir, local_files_only=True
+                )
+            )
+        except Exception as e:
             raise ConversionError(
                 f"model {repo_id} is not in the Hugging Face cache "
                 f"({cache_dir or 'default cache'}) and HF_HUB_OFFLINE=1 forbids downloading "
@@ -206,7 +214,7 @@ def _fetch_from_hub(repo_id: str) -> Path:
             ) from None
     try:
         files = HfApi().list_repo_files(repo_id)
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         name = type(e).__name__
         if name in {"RepositoryNotFoundError", "GatedRepoError"}:
             raise ConversionError(
@@ -214,8 +222,12 @@ def _fetch_from_hub(repo_id: str) -> Path:
                 "accept its license on the Hub and log in with `hf auth login`, or pass a local folder"
             ) from None
         try:  # no network: use the cache if it has the files
-            return Path(snapshot_download(repo_id, allow_patterns=everything, cache_dir=cache_dir, local_files_only=True))
-        except Exception:  # noqa: BLE001
+            return Path(
+                snapshot_download(
+                    repo_id, allow_patterns=everything, cache_dir=cache_dir, local_files_only=True
+                )
+            )
+        except Exception:
             raise ConversionError(
                 f"could not reach the Hugging Face Hub for {repo_id} ({name}: {e}) and the files are "
                 f"not cached; {_download_hint(repo_id)}"
@@ -223,8 +235,10 @@ def _fetch_from_hub(repo_id: str) -> Path:
     patterns = _choose_repo_files(repo_id, files)
     try:
         return Path(snapshot_download(repo_id, allow_patterns=patterns, cache_dir=cache_dir))
-    except Exception as e:  # noqa: BLE001
-        raise ConversionError(f"downloading {repo_id} failed ({type(e).__name__}: {e}); {_download_hint(repo_id)}") from None
+    except Exception as e:
+        raise ConversionError(
+            f"downloading {repo_id} failed ({type(e).__name__}: {e}); {_download_hint(repo_id)}"
+        ) from None
 
 
 def resolve_source(spec: str, what: str) -> Path:
@@ -238,7 +252,9 @@ def resolve_source(spec: str, what: str) -> Path:
     if path.is_dir():
         return path.resolve()
     if path.exists():
-        raise ConversionError(f"--{what} {spec} is a file; pass the folder that holds config.json and the weights")
+        raise ConversionError(
+            f"--{what} {spec} is a file; pass the folder that holds config.json and the weights"
+        )
     if not _REPO_ID.match(spec):
         raise ConversionError(
             f"--{what} {spec}: no such folder, and not a Hugging Face repo id (owner/name)"

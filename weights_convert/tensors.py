@@ -12,9 +12,9 @@ through a bit view (:func:`to_mx`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -69,7 +69,7 @@ class TensorRef:
         """Read the bytes: array of ``shape``, numpy dtype ``NUMPY_DTYPES[dtype]``."""
         return self.loader()
 
-    def renamed(self, name: str) -> "TensorRef":
+    def renamed(self, name: str) -> TensorRef:
         return TensorRef(name, self.dtype, self.shape, self.path, self.loader)
 
 

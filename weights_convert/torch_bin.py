@@ -92,7 +92,11 @@ def _rebuild_tensor_v2(storage, storage_offset, size, stride, *_ignored) -> _Ten
     """Local stand-in for ``torch._utils._rebuild_tensor_v2``: records the view, builds nothing."""
     if not isinstance(storage, _Storage):
         raise UnsafePickleError("_rebuild_tensor_v2 called without a storage from the archive")
-    if not isinstance(storage_offset, int) or isinstance(storage_offset, bool) or storage_offset < 0:
+    if (
+        not isinstance(storage_offset, int)
+        or isinstance(storage_offset, bool)
+        or storage_offset < 0
+    ):
         raise UnsafePickleError(f"malformed tensor offset {storage_offset!r} in the pickle")
     shape = _as_int_tuple(size, "size")
     strides = _as_int_tuple(stride, "stride")
@@ -143,7 +147,9 @@ class RestrictedUnpickler(pickle.Unpickler):
             raise UnsafePickleError(f"refused to load: unexpected persistent id {pid!r:.80}")
         _, storage_type, key, _location, numel = pid
         if not isinstance(storage_type, _StorageType):
-            raise UnsafePickleError(f"refused to load: storage type {storage_type!r:.80} is not a torch Storage")
+            raise UnsafePickleError(
+                f"refused to load: storage type {storage_type!r:.80} is not a torch Storage"
+            )
         if not isinstance(key, str) or not key.isalnum():
             raise UnsafePickleError(f"refused to load: malformed storage key {key!r:.80}")
         if not isinstance(numel, int) or isinstance(numel, bool) or numel < 0:
@@ -162,7 +168,11 @@ def _check_is_zip(path: Path) -> None:
             f"{path} is truncated or corrupt (a zip archive without its central directory); "
             "re-download it"
         )
-    if head[:1] == b"\x80" or head[:4] == b"\x1f\x8b\x08\x00" or path.suffix in {".bin", ".pt", ".pth"}:
+    if (
+        head[:1] == b"\x80"
+        or head[:4] == b"\x1f\x8b\x08\x00"
+        or path.suffix in {".bin", ".pt", ".pth"}
+    ):
         raise ConversionError(
             f"{path} is a legacy (pre-zip, torch < 1.6) PyTorch checkpoint, which cannot be read "
             f"safely without torch; {_RESAVE_HINT}"
@@ -187,7 +197,9 @@ def _entry_data_offset(path: Path, info: zipfile.ZipInfo) -> int:
         f.seek(info.header_offset)
         header = f.read(30)
     if len(header) != 30 or header[:4] != b"PK\x03\x04":
-        raise ConversionError(f"{path} is corrupt (bad zip entry header for {info.filename}); re-download it")
+        raise ConversionError(
+            f"{path} is corrupt (bad zip entry header for {info.filename}); re-download it"
+        )
     name_len, extra_len = struct.unpack("<HH", header[26:30])
     return info.header_offset + 30 + name_len + extra_len
 
@@ -199,12 +211,23 @@ def _unpickle_state_dict(zf: zipfile.ZipFile, pkl_name: str, path: Path) -> dict
         obj = RestrictedUnpickler(io.BytesIO(data)).load()
     except UnsafePickleError as e:
         raise UnsafePickleError(f"{path}: {e}") from None
-    except (zipfile.BadZipFile, EOFError, pickle.UnpicklingError, ValueError, TypeError, KeyError) as e:
-        raise ConversionError(f"{path} is corrupt ({type(e).__name__}: {e}); re-download it") from None
+    except (
+        zipfile.BadZipFile,
+        EOFError,
+        pickle.UnpicklingError,
+        ValueError,
+        TypeError,
+        KeyError,
+    ) as e:
+        raise ConversionError(
+            f"{path} is corrupt ({type(e).__name__}: {e}); re-download it"
+        ) from None
     if isinstance(obj, dict) and len(obj) == 1 and next(iter(obj)) in ("state_dict", "model"):
         obj = next(iter(obj.values()))
     if not isinstance(obj, dict):
-        raise ConversionError(f"{path} holds a {type(obj).__name__}, not a state dict of tensors; {_RESAVE_HINT}")
+        raise ConversionError(
+            f"{path} holds a {type(obj).__name__}, not a state dict of tensors; {_RESAVE_HINT}"
+        )
     for name, value in obj.items():
         if not isinstance(name, str) or not isinstance(value, _TensorRecord):
             raise ConversionError(
@@ -222,9 +245,18 @@ def _make_loader(path: Path, data_start: int, record: _TensorRecord):
         if math.prod(record.shape) == 0:
             return np.zeros(record.shape, dtype)
         extent = 1 + sum((s - 1) * st for s, st in zip(record.shape, record.stride))
-        mm = np.memmap(path, dtype=dtype, mode="r", offset=data_start + record.offset * dtype.itemsize, shape=(extent,))
+        mm = np.memmap(
+            path,
+            dtype=dtype,
+            mode="r",
+            offset=data_start + record.offset * dtype.itemsize,
+            shape=(extent,),
+        )
         view = np.lib.stride_tricks.as_strided(
-            mm, shape=record.shape, strides=[st * dtype.itemsize for st in record.stride], writeable=False
+            mm,
+            shape=record.shape,
+            strides=[st * dtype.itemsize for st in record.stride],
+            writeable=False,
         )
         return np.ascontiguousarray(view)
 
@@ -272,7 +304,9 @@ def read_torch_bin(path: Path) -> list[TensorRef]:
             names = zf.namelist()
             prefix = _archive_prefix(names, path)
             if f"{prefix}byteorder" in names and zf.read(f"{prefix}byteorder").strip() != b"little":
-                raise ConversionError(f"{path} stores big-endian data, which is not supported; {_RESAVE_HINT}")
+                raise ConversionError(
+                    f"{path} stores big-endian data, which is not supported; {_RESAVE_HINT}"
+                )
             records = _unpickle_state_dict(zf, f"{prefix}data.pkl", path)
             infos = {}
             for record in records.values():
@@ -290,10 +324,14 @@ def read_torch_bin(path: Path) -> list[TensorRef]:
     starts = {}
     for key, info in infos.items():
         if info.compress_type != zipfile.ZIP_STORED:
-            raise ConversionError(f"{path}: storage '{key}' is compressed, which torch never writes; {_RESAVE_HINT}")
+            raise ConversionError(
+                f"{path}: storage '{key}' is compressed, which torch never writes; {_RESAVE_HINT}"
+            )
         starts[key] = _entry_data_offset(path, info)
         if starts[key] + info.file_size > file_size:
-            raise ConversionError(f"{path} is truncated (storage '{key}' ends past the end of the file); re-download it")
+            raise ConversionError(
+                f"{path} is truncated (storage '{key}' ends past the end of the file); re-download it"
+            )
     refs = []
     for name, record in records.items():
         info = infos[record.storage.key]

@@ -11,9 +11,9 @@ from __future__ import annotations
 import functools
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -58,15 +58,22 @@ class Job:
 def is_quantizable(name: str, ref: TensorRef, group_size: int) -> bool:
     """mlx-lm's rule: weights of Linear/Embedding layers (2-D ``*.weight``) whose input
     dimension is a multiple of the group size (``mlx_lm.utils.quantize_model``)."""
-    return name.endswith(".weight") and len(ref.shape) == 2 and ref.dtype in FLOAT_CODES and ref.shape[-1] % group_size == 0
+    return (
+        name.endswith(".weight")
+        and len(ref.shape) == 2
+        and ref.dtype in FLOAT_CODES
+        and ref.shape[-1] % group_size == 0
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _packed_widths(in_dim: int, group_size: int, bits: int) -> tuple[int, int]:
     """Widths of (packed weight, scales) for rows of ``in_dim`` values, asked of ``mx.quantize``."""
     import mlx.core as mx
 
-    wq, scales, _ = mx.quantize(mx.zeros((1, in_dim), dtype=mx.float32), group_size=group_size, bits=bits)
+    wq, scales, _ = mx.quantize(
+        mx.zeros((1, in_dim), dtype=mx.float32), group_size=group_size, bits=bits
+    )
     return wq.shape[-1], scales.shape[-1]
 
 
@@ -104,7 +111,11 @@ def materialize(job: Job) -> list[np.ndarray]:
     if job.quant is None:
         arrays = [weight]
     else:
-        arrays = list(mx.quantize(weight, group_size=job.quant.group_size, bits=job.quant.bits, mode=job.quant.mode))
+        arrays = list(
+            mx.quantize(
+                weight, group_size=job.quant.group_size, bits=job.quant.bits, mode=job.quant.mode
+            )
+        )
     return [mx_to_numpy(a)[0] for a in arrays]
 
 

@@ -11,23 +11,59 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from redrafter_mlx.cli.common import (
-    BeamLengthOpt, BeamWidthOpt, CapacityOpt, DrafterOpt, DtypeOpt, Engine, FlagError, MinPOpt, ModelOpt,
-    ModelPaths, NoDraftOpt, Sampling, SeedOpt, SystemPromptOpt, TempOpt, TopKOpt, TopPOpt,
-    VerboseOpt, check_dtype, check_max_tokens, cli_errors, err_console, fail, load_engine,
-    out_console, resolve_paths, resolve_plan,
+    BeamLengthOpt,
+    BeamWidthOpt,
+    CapacityOpt,
+    DrafterOpt,
+    DtypeOpt,
+    Engine,
+    FlagError,
+    MinPOpt,
+    ModelOpt,
+    ModelPaths,
+    NoDraftOpt,
+    Sampling,
+    SeedOpt,
+    SystemPromptOpt,
+    TempOpt,
+    TopKOpt,
+    TopPOpt,
+    VerboseOpt,
+    check_dtype,
+    check_max_tokens,
+    cli_errors,
+    err_console,
+    fail,
+    load_engine,
+    out_console,
+    resolve_paths,
+    resolve_plan,
 )
 
 
-def choose_configs(paths: ModelPaths, dtype: Optional[str], grid: Optional[str],
-                   width: Optional[int], length: Optional[int], capacity: Optional[int],
-                   no_draft: bool, with_mlx_lm: bool) -> tuple[list, str]:
+def choose_configs(
+    paths: ModelPaths,
+    dtype: str | None,
+    grid: str | None,
+    width: int | None,
+    length: int | None,
+    capacity: int | None,
+    no_draft: bool,
+    with_mlx_lm: bool,
+) -> tuple[list, str]:
     """(configurations to run, a sentence saying where the ReDrafter shapes came from)."""
-    from redrafter_mlx.cli.bench_report import AR_NAME, MLX_LM_NAME, Config, parse_grid, redrafter_config
+    from redrafter_mlx.cli.bench_report import (
+        AR_NAME,
+        MLX_LM_NAME,
+        Config,
+        parse_grid,
+        redrafter_config,
+    )
     from redrafter_mlx.cli.common import check_shape
     from redrafter_mlx.engine.generation import DEFAULT_BEAM_LENGTH, DEFAULT_BEAM_WIDTH
 
@@ -45,7 +81,9 @@ def choose_configs(paths: ModelPaths, dtype: Optional[str], grid: Optional[str],
             configs.append(redrafter_config(plan.width, plan.length, plan.capacity))
         elif paths.drafter is not None and not no_draft:  # tuning found AR faster: show why
             configs.append(redrafter_config(DEFAULT_BEAM_WIDTH, DEFAULT_BEAM_LENGTH))
-            source += f"; benchmarking the engine default W{DEFAULT_BEAM_WIDTH}×L{DEFAULT_BEAM_LENGTH}"
+            source += (
+                f"; benchmarking the engine default W{DEFAULT_BEAM_WIDTH}×L{DEFAULT_BEAM_LENGTH}"
+            )
     if with_mlx_lm:
         configs.append(Config(MLX_LM_NAME, "mlx-lm"))
     return configs, source
@@ -82,32 +120,59 @@ def print_mismatches(mismatches: list[dict]) -> None:
 
     console = err_console()
     for m in mismatches:
-        console.print(Text(
-            f"MISMATCH: {m['config']} differs from AR on prompt {m['prompt'] + 1} at token "
-            f"{m['position']} ({m['tokens']} vs {m['ar_tokens']} tokens): greedy speculative "
-            f"decoding must reproduce AR exactly; this is an engine bug", style="bold red"))
+        console.print(
+            Text(
+                f"MISMATCH: {m['config']} differs from AR on prompt {m['prompt'] + 1} at token "
+                f"{m['position']} ({m['tokens']} vs {m['ar_tokens']} tokens): greedy speculative "
+                f"decoding must reproduce AR exactly; this is an engine bug",
+                style="bold red",
+            )
+        )
 
 
 def bench(
     model: ModelOpt = None,
     drafter: DrafterOpt = None,
-    prompts: Annotated[Optional[str], typer.Option(
-        "--prompts", help="mt-bench, vicuna-bench, demo, or a JSONL file of {\"turns\": [...]} "
-                          "[default: demo with the demo model, else mt-bench].",
-        show_default=False)] = None,
+    prompts: Annotated[
+        str | None,
+        typer.Option(
+            "--prompts",
+            help='mt-bench, vicuna-bench, demo, or a JSONL file of {"turns": [...]} '
+            "[default: demo with the demo model, else mt-bench].",
+            show_default=False,
+        ),
+    ] = None,
     num_prompts: Annotated[int, typer.Option("--num-prompts", help="How many prompts to run.")] = 8,
-    max_tokens: Annotated[int, typer.Option(
-        "--max-tokens", "-m", "-n", help="Most tokens per answer.")] = 128,
-    grid: Annotated[Optional[str], typer.Option(
-        "--grid", help="ReDrafter shapes to compare, widths x lengths: 1,2x4,5 "
-                       "[default: the tuned profile or chip preset].", show_default=False)] = None,
-    with_mlx_lm: Annotated[bool, typer.Option(
-        "--mlx-lm", help="Also run mlx-lm's generator on the same base model.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object to stdout.")] = False,
-    csv_path: Annotated[Optional[Path], typer.Option(
-        "--csv", help="Also write the summary rows to this CSV file.", show_default=False)] = None,
-    verify_cost: Annotated[bool, typer.Option(
-        "--verify-cost", help="Time one verify pass per capacity against one AR step instead.")] = False,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", "-m", "-n", help="Most tokens per answer.")
+    ] = 128,
+    grid: Annotated[
+        str | None,
+        typer.Option(
+            "--grid",
+            help="ReDrafter shapes to compare, widths x lengths: 1,2x4,5 "
+            "[default: the tuned profile or chip preset].",
+            show_default=False,
+        ),
+    ] = None,
+    with_mlx_lm: Annotated[
+        bool, typer.Option("--mlx-lm", help="Also run mlx-lm's generator on the same base model.")
+    ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object to stdout.")
+    ] = False,
+    csv_path: Annotated[
+        Path | None,
+        typer.Option(
+            "--csv", help="Also write the summary rows to this CSV file.", show_default=False
+        ),
+    ] = None,
+    verify_cost: Annotated[
+        bool,
+        typer.Option(
+            "--verify-cost", help="Time one verify pass per capacity against one AR step instead."
+        ),
+    ] = False,
     hidden: Annotated[int, typer.Option("--hidden", help="--verify-cost: hidden size.")] = 2048,
     layers: Annotated[int, typer.Option("--layers", help="--verify-cost: layers.")] = 8,
     temp: TempOpt = 0.0,
@@ -139,20 +204,36 @@ def bench(
         prompt_set = prompts or ("demo" if paths.demo else "mt-bench")
         try:
             texts = logic.load_prompts(prompt_set, num_prompts)
-            configs, source = choose_configs(paths, dtype, grid, beam_width, beam_length,
-                                             capacity, no_draft, with_mlx_lm)
+            configs, source = choose_configs(
+                paths, dtype, grid, beam_width, beam_length, capacity, no_draft, with_mlx_lm
+            )
         except logic.BenchError as e:  # a bad --prompts or --grid value
             raise FlagError(str(e)) from None
         engine = load_engine(paths, dtype, with_drafter=any(c.kind == "redrafter" for c in configs))
-        ids = [engine.tokenizer.chat_prompt([{"role": "user", "content": t}], system=system_prompt)
-               for t in texts]
+        ids = [
+            engine.tokenizer.chat_prompt([{"role": "user", "content": t}], system=system_prompt)
+            for t in texts
+        ]
         runner = make_runner(engine, max_tokens, sampling, with_mlx_lm)
         with err_console().status("benchmarking") as status:
-            result = logic.run_bench(configs, ids, runner, texts, sampling.greedy,
-                                     progress=lambda m: status.update(f"benchmarking: {m}"))
-        meta = dict(model=paths.model, drafter=paths.drafter, demo=paths.demo, dtype=engine.dtype,
-                    prompt_set=prompt_set, max_tokens=max_tokens, sampling=sampling.kwargs(),
-                    beam_source=source)
+            result = logic.run_bench(
+                configs,
+                ids,
+                runner,
+                texts,
+                sampling.greedy,
+                progress=lambda m: status.update(f"benchmarking: {m}"),
+            )
+        meta = dict(
+            model=paths.model,
+            drafter=paths.drafter,
+            demo=paths.demo,
+            dtype=engine.dtype,
+            prompt_set=prompt_set,
+            max_tokens=max_tokens,
+            sampling=sampling.kwargs(),
+            beam_source=source,
+        )
         data = logic.report(result, meta)
         if csv_path is not None:
             logic.write_csv(data["configs"], str(csv_path))
@@ -169,13 +250,17 @@ def print_report(data: dict) -> None:
     """The rich table plus notes on the shape source and mlx-lm agreement."""
     from redrafter_mlx.cli.bench_report import render_table
 
-    title = (f"{Path(data['model']).name} · {data['prompt_set']} × {data['num_prompts']} · "
-             f"max {data['max_tokens']} tokens · {data['dtype']}"
-             + (" · greedy" if data["greedy"] else f" · temp {data['sampling']['temperature']}"))
+    title = (
+        f"{Path(data['model']).name} · {data['prompt_set']} × {data['num_prompts']} · "
+        f"max {data['max_tokens']} tokens · {data['dtype']}"
+        + (" · greedy" if data["greedy"] else f" · temp {data['sampling']['temperature']}")
+    )
     console = out_console()
     console.print(render_table(data["configs"], title))
     console.print(f"[dim]ReDrafter shapes: {data['beam_source']}.[/]")
     agreement = data["mlx_lm_matching_prompts"]
     if agreement is not None:
-        console.print(f"[dim]mlx-lm greedy tokens equal AR's on {agreement}/"
-                      f"{data['num_prompts']} prompts (float rounding may differ).[/]")
+        console.print(
+            f"[dim]mlx-lm greedy tokens equal AR's on {agreement}/"
+            f"{data['num_prompts']} prompts (float rounding may differ).[/]"
+        )

@@ -12,9 +12,9 @@ from __future__ import annotations
 import csv
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
 
 PROMPT_SETS = {
     "mt-bench": "mt_bench_questions.jsonl",
@@ -46,7 +46,7 @@ def prompt_source(spec: str):
     return path
 
 
-def load_prompts(spec: str, limit: Optional[int] = None) -> list[str]:
+def load_prompts(spec: str, limit: int | None = None) -> list[str]:
     """First turns of a JSONL prompt set (lines with ``"turns": [str, ...]``)."""
     source = prompt_source(spec)
     try:
@@ -60,8 +60,9 @@ def load_prompts(spec: str, limit: Optional[int] = None) -> list[str]:
         try:
             turns = json.loads(line)["turns"]
         except (ValueError, KeyError, TypeError):
-            raise BenchError(f"{source}:{number}: expected a JSON object with \"turns\": "
-                             f"[str, ...]") from None
+            raise BenchError(
+                f'{source}:{number}: expected a JSON object with "turns": [str, ...]'
+            ) from None
         if turns and isinstance(turns[0], str):
             prompts.append(turns[0])
         if limit is not None and len(prompts) >= limit:
@@ -80,17 +81,17 @@ class Config:
 
     name: str
     kind: str
-    width: Optional[int] = None
-    length: Optional[int] = None
-    capacity: Optional[int] = None
+    width: int | None = None
+    length: int | None = None
+    capacity: int | None = None
 
     @property
-    def tree_size(self) -> Optional[int]:
+    def tree_size(self) -> int | None:
         """W·L, the unpacked tree size (None for plain decoding)."""
         return self.width * self.length if self.kind == "redrafter" else None
 
 
-def redrafter_config(width: int, length: int, capacity: Optional[int] = None) -> Config:
+def redrafter_config(width: int, length: int, capacity: int | None = None) -> Config:
     """A ReDrafter configuration named ``W2×L4`` (``W2×L4 C6`` with a capacity)."""
     name = f"W{width}×L{length}" + (f" C{capacity}" if capacity is not None else "")
     return Config(name, "redrafter", width, length, capacity)
@@ -139,21 +140,35 @@ def run_engine(engine, config: Config, ids: list[int], max_tokens: int, sampling
     from redrafter_mlx.engine.generation import stream_generate
 
     drafter = engine.drafter if config.kind == "redrafter" else None
-    beam = dict(beam_width=config.width or 1, beam_length=config.length or 2,
-                capacity=config.capacity)
+    beam = dict(
+        beam_width=config.width or 1, beam_length=config.length or 2, capacity=config.capacity
+    )
     mx.reset_peak_memory()
     tokens, first_at, last_at, final = [], None, None, None
     start = time.perf_counter()
-    for response in stream_generate(engine.model, drafter, engine.tokenizer, ids,
-                                    max_tokens=max_tokens, **beam, **sampling.kwargs()):
+    for response in stream_generate(
+        engine.model,
+        drafter,
+        engine.tokenizer,
+        ids,
+        max_tokens=max_tokens,
+        **beam,
+        **sampling.kwargs(),
+    ):
         last_at = time.perf_counter()
         first_at = first_at or last_at
         tokens += response.tokens
         final = response
-    return Run(tokens, max(len(tokens) - 1, 0), last_at - first_at, final.steps,
-               final.tokens_per_step if drafter is not None else 1.0,
-               final.mean_packed if drafter is not None else 1.0,
-               first_at - start, mx.get_peak_memory() / 1e9)
+    return Run(
+        tokens,
+        max(len(tokens) - 1, 0),
+        last_at - first_at,
+        final.steps,
+        final.tokens_per_step if drafter is not None else 1.0,
+        final.mean_packed if drafter is not None else 1.0,
+        first_at - start,
+        mx.get_peak_memory() / 1e9,
+    )
 
 
 @dataclass
@@ -182,22 +197,35 @@ def run_mlx_lm(lm: MlxLm, ids: list[int], max_tokens: int, sampling) -> Run:
     from mlx_lm.sample_utils import make_sampler
 
     stream_generate = importlib.import_module("mlx_lm.generate").stream_generate
-    sampler = make_sampler(sampling.temperature, top_p=sampling.top_p if sampling.top_p < 1 else 0.0,
-                           min_p=sampling.min_p, top_k=sampling.top_k)
+    sampler = make_sampler(
+        sampling.temperature,
+        top_p=sampling.top_p if sampling.top_p < 1 else 0.0,
+        min_p=sampling.min_p,
+        top_k=sampling.top_k,
+    )
     if sampling.seed is not None:
         mx.random.seed(sampling.seed)
     mx.reset_peak_memory()
     tokens, first_at, last_at = [], None, None
     start = time.perf_counter()
-    for response in stream_generate(lm.model, lm.tokenizer, ids, max_tokens=max_tokens,
-                                    sampler=sampler):
+    for response in stream_generate(
+        lm.model, lm.tokenizer, ids, max_tokens=max_tokens, sampler=sampler
+    ):
         last_at = time.perf_counter()
         first_at = first_at or last_at
         if response.finish_reason is None or response.finish_reason == "length":
             tokens.append(int(response.token))
     steps = max(len(tokens) - 1, 0)
-    return Run(tokens, steps, last_at - first_at, steps, 1.0, 1.0, first_at - start,
-               mx.get_peak_memory() / 1e9)
+    return Run(
+        tokens,
+        steps,
+        last_at - first_at,
+        steps,
+        1.0,
+        1.0,
+        first_at - start,
+        mx.get_peak_memory() / 1e9,
+    )
 
 
 # --------------------------------------------------------------------------- the benchmark
@@ -216,9 +244,14 @@ class BenchResult:
 Runner = Callable[[Config, list[int]], Run]
 
 
-def run_bench(configs: list[Config], prompt_ids: list[list[int]], runner: Runner,
-              prompts: list[str], greedy: bool,
-              progress: Optional[Callable[[str], None]] = None) -> BenchResult:
+def run_bench(
+    configs: list[Config],
+    prompt_ids: list[list[int]],
+    runner: Runner,
+    prompts: list[str],
+    greedy: bool,
+    progress: Callable[[str], None] | None = None,
+) -> BenchResult:
     """Warm up each configuration once, then run all of them prompt by prompt, interleaved."""
     result = BenchResult(configs, prompts, {c.name: [] for c in configs}, greedy)
     for config in configs:
@@ -244,14 +277,23 @@ def find_mismatches(result: BenchResult) -> list[dict]:
             continue
         for i, (run, ref) in enumerate(zip(result.runs[config.name], reference)):
             if run.tokens != ref.tokens:
-                position = next((k for k, (a, b) in enumerate(zip(run.tokens, ref.tokens))
-                                 if a != b), min(len(run.tokens), len(ref.tokens)))
-                found.append(dict(config=config.name, prompt=i, position=position,
-                                  tokens=len(run.tokens), ar_tokens=len(ref.tokens)))
+                position = next(
+                    (k for k, (a, b) in enumerate(zip(run.tokens, ref.tokens)) if a != b),
+                    min(len(run.tokens), len(ref.tokens)),
+                )
+                found.append(
+                    dict(
+                        config=config.name,
+                        prompt=i,
+                        position=position,
+                        tokens=len(run.tokens),
+                        ar_tokens=len(ref.tokens),
+                    )
+                )
     return found
 
 
-def mlx_lm_agreement(result: BenchResult) -> Optional[int]:
+def mlx_lm_agreement(result: BenchResult) -> int | None:
     """Prompts where mlx-lm's greedy tokens equal AR's (None without an mlx-lm run)."""
     if not result.greedy or MLX_LM_NAME not in result.runs or AR_NAME not in result.runs:
         return None
@@ -274,22 +316,30 @@ def summarize(result: BenchResult) -> list[dict]:
         runs = result.runs[config.name]
         tps = _throughput(runs)
         steps = sum(r.steps for r in runs)
-        tokens_per_step = (sum(r.tokens_per_step * r.steps for r in runs) / steps
-                           if steps else 1.0)
+        tokens_per_step = sum(r.tokens_per_step * r.steps for r in runs) / steps if steps else 1.0
         packed = sum(r.mean_packed * r.steps for r in runs) / steps if steps else 0.0
         speedup = tps / ar_tps if ar_tps > 0 else 0.0
-        rows.append(dict(
-            config=config.name, kind=config.kind, width=config.width, length=config.length,
-            capacity=config.capacity, prompts=len(runs),
-            tokens=sum(len(r.tokens) for r in runs),
-            decode_s=sum(r.decode_s for r in runs), tokens_per_s=tps, speedup=speedup,
-            tokens_per_step=tokens_per_step, efficiency=speedup / tokens_per_step,
-            mean_packed=packed if config.kind == "redrafter" else None,
-            tree_size=config.tree_size,
-            ttft_s=sum(r.ttft_s for r in runs) / len(runs),
-            peak_memory_gb=max(r.peak_memory_gb for r in runs),
-            matches_ar=(config.name not in mismatched) if config.kind == "redrafter" else None,
-        ))
+        rows.append(
+            dict(
+                config=config.name,
+                kind=config.kind,
+                width=config.width,
+                length=config.length,
+                capacity=config.capacity,
+                prompts=len(runs),
+                tokens=sum(len(r.tokens) for r in runs),
+                decode_s=sum(r.decode_s for r in runs),
+                tokens_per_s=tps,
+                speedup=speedup,
+                tokens_per_step=tokens_per_step,
+                efficiency=speedup / tokens_per_step,
+                mean_packed=packed if config.kind == "redrafter" else None,
+                tree_size=config.tree_size,
+                ttft_s=sum(r.ttft_s for r in runs) / len(runs),
+                peak_memory_gb=max(r.peak_memory_gb for r in runs),
+                matches_ar=(config.name not in mismatched) if config.kind == "redrafter" else None,
+            )
+        )
     return rows
 
 
@@ -301,18 +351,38 @@ def report(result: BenchResult, meta: dict) -> dict:
         "greedy": result.greedy,
         "num_prompts": len(result.prompts),
         "configs": summarize(result),
-        "per_prompt": {name: [dict(tokens=len(r.tokens), decode_s=r.decode_s,
-                                   ttft_s=r.ttft_s, steps=r.steps) for r in runs]
-                       for name, runs in result.runs.items()},
+        "per_prompt": {
+            name: [
+                dict(tokens=len(r.tokens), decode_s=r.decode_s, ttft_s=r.ttft_s, steps=r.steps)
+                for r in runs
+            ]
+            for name, runs in result.runs.items()
+        },
         "mismatches": mismatches,
         "mlx_lm_matching_prompts": mlx_lm_agreement(result),
         "ok": not mismatches,
     }
 
 
-CSV_FIELDS = ("config", "kind", "width", "length", "capacity", "prompts", "tokens", "decode_s",
-              "tokens_per_s", "speedup", "tokens_per_step", "efficiency", "mean_packed",
-              "tree_size", "ttft_s", "peak_memory_gb", "matches_ar")
+CSV_FIELDS = (
+    "config",
+    "kind",
+    "width",
+    "length",
+    "capacity",
+    "prompts",
+    "tokens",
+    "decode_s",
+    "tokens_per_s",
+    "speedup",
+    "tokens_per_step",
+    "efficiency",
+    "mean_packed",
+    "tree_size",
+    "ttft_s",
+    "peak_memory_gb",
+    "matches_ar",
+)
 
 
 def write_csv(rows: list[dict], path: str) -> None:
@@ -328,21 +398,44 @@ def render_table(rows: list[dict], title: str):
     from rich import box
     from rich.table import Table
 
-    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False,
-                  caption="speedup: decode tok/s over the same prompts ÷ AR's · eff: speedup ÷ "
-                          "tok/step · packed: mean packed tree / W·L")
-    for column in ("config", "tok/s", "speedup", "tok/step", "eff", "packed", "TTFT ms",
-                   "peak GB", "= AR"):
-        table.add_column(column, justify="left" if column == "config" else "right",
-                         no_wrap=True)
+    table = Table(
+        title=title,
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        caption="speedup: decode tok/s over the same prompts ÷ AR's · eff: speedup ÷ "
+        "tok/step · packed: mean packed tree / W·L",
+    )
+    for column in (
+        "config",
+        "tok/s",
+        "speedup",
+        "tok/step",
+        "eff",
+        "packed",
+        "TTFT ms",
+        "peak GB",
+        "= AR",
+    ):
+        table.add_column(column, justify="left" if column == "config" else "right", no_wrap=True)
     for row in rows:
-        packed = (f"{row['mean_packed']:.1f}/{row['tree_size']}"
-                  if row["mean_packed"] is not None else "–")
+        packed = (
+            f"{row['mean_packed']:.1f}/{row['tree_size']}"
+            if row["mean_packed"] is not None
+            else "–"
+        )
         same = {True: "[green]yes[/]", False: "[bold red]NO[/]", None: "–"}[row["matches_ar"]]
-        table.add_row(row["config"], f"{row['tokens_per_s']:.1f}", f"{row['speedup']:.2f}×",
-                      f"{row['tokens_per_step']:.2f}", f"{row['efficiency']:.2f}", packed,
-                      f"{row['ttft_s'] * 1e3:.0f}", f"{row['peak_memory_gb']:.3f}", same,
-                      style="red" if row["matches_ar"] is False else None)
+        table.add_row(
+            row["config"],
+            f"{row['tokens_per_s']:.1f}",
+            f"{row['speedup']:.2f}×",
+            f"{row['tokens_per_step']:.2f}",
+            f"{row['efficiency']:.2f}",
+            packed,
+            f"{row['ttft_s'] * 1e3:.0f}",
+            f"{row['peak_memory_gb']:.3f}",
+            same,
+            style="red" if row["matches_ar"] is False else None,
+        )
     return table
 
 
@@ -354,8 +447,9 @@ def verify_cost_rows(hidden: int, layers: int) -> list[dict]:
     try:
         from redrafter_mlx.engine.measure import verify_cost
     except ImportError as e:
-        raise BenchError(f"the verify-cost benchmark is not available in this build "
-                         f"({e}); update redrafter-mlx") from None
+        raise BenchError(
+            f"the verify-cost benchmark is not available in this build ({e}); update redrafter-mlx"
+        ) from None
     return verify_cost(hidden=hidden, layers=layers)
 
 
@@ -367,7 +461,10 @@ def render_verify_cost(rows: list[dict], hidden: int, layers: int):
     for column in ("capacity", "AR step ms", "verify ms", "verify / AR"):
         table.add_column(column, justify="right")
     for row in rows:
-        table.add_row(str(row["capacity"]), f"{row['ar_ms']:.2f}", f"{row['verify_ms']:.2f}",
-                      f"{row['ratio']:.2f}×")
+        table.add_row(
+            str(row["capacity"]),
+            f"{row['ar_ms']:.2f}",
+            f"{row['verify_ms']:.2f}",
+            f"{row['ratio']:.2f}×",
+        )
     return table
-

@@ -11,9 +11,27 @@ from typing import Annotated
 import typer
 
 from redrafter_mlx.cli.common import (
-    BeamLengthOpt, BeamWidthOpt, CapacityOpt, DrafterOpt, DtypeOpt, MinPOpt, ModelOpt,
-    NoDraftOpt, Sampling, SeedOpt, SystemPromptOpt, TempOpt, TopKOpt, TopPOpt, VerboseOpt,
-    check_dtype, check_max_tokens, cli_errors, load_engine, out_console, resolve_paths,
+    BeamLengthOpt,
+    BeamWidthOpt,
+    CapacityOpt,
+    DrafterOpt,
+    DtypeOpt,
+    MinPOpt,
+    ModelOpt,
+    NoDraftOpt,
+    Sampling,
+    SeedOpt,
+    SystemPromptOpt,
+    TempOpt,
+    TopKOpt,
+    TopPOpt,
+    VerboseOpt,
+    check_dtype,
+    check_max_tokens,
+    cli_errors,
+    load_engine,
+    out_console,
+    resolve_paths,
     resolve_plan,
 )
 
@@ -23,20 +41,24 @@ def greeting(engine, plan, show_accepted: bool) -> str:
     from redrafter_mlx.cli.chat_ui import DRAFTED_STYLE
 
     drafter = f" + drafter {engine.paths.drafter}" if plan.speculative else ""
-    lines = [f"[bold]redrafter-mlx chat[/] · {engine.paths.model}{drafter} ({engine.dtype})",
-             f"[dim]beam {plan.label} ({plan.source})[/]",
-             "[dim]Type /help for commands; /quit or Ctrl-D leaves; Ctrl-C stops an answer.[/]"]
+    lines = [
+        f"[bold]redrafter-mlx chat[/] · {engine.paths.model}{drafter} ({engine.dtype})",
+        f"[dim]beam {plan.label} ({plan.source})[/]",
+        "[dim]Type /help for commands; /quit or Ctrl-D leaves; Ctrl-C stops an answer.[/]",
+    ]
     if show_accepted and plan.speculative:
-        lines.append(f"[dim]Drafter-accepted tokens are shown in [{DRAFTED_STYLE}]"
-                     f"{DRAFTED_STYLE}[/].[/]")
+        lines.append(
+            f"[dim]Drafter-accepted tokens are shown in [{DRAFTED_STYLE}]{DRAFTED_STYLE}[/].[/]"
+        )
     return "\n".join(lines)
 
 
 def chat(
     model: ModelOpt = None,
     drafter: DrafterOpt = None,
-    max_tokens: Annotated[int, typer.Option(
-        "--max-tokens", "-m", "-n", help="Most tokens per answer.")] = 512,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", "-m", "-n", help="Most tokens per answer.")
+    ] = 512,
     temp: TempOpt = 0.0,
     top_p: TopPOpt = 1.0,
     top_k: TopKOpt = 0,
@@ -47,8 +69,9 @@ def chat(
     beam_length: BeamLengthOpt = None,
     capacity: CapacityOpt = None,
     no_draft: NoDraftOpt = False,
-    show_accepted: Annotated[bool, typer.Option(
-        "--show-accepted", help="Colour the tokens that came from the drafter.")] = False,
+    show_accepted: Annotated[
+        bool, typer.Option("--show-accepted", help="Colour the tokens that came from the drafter.")
+    ] = False,
     dtype: DtypeOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -65,7 +88,14 @@ def chat(
 
         console = out_console()
         console.print(greeting(engine, plan, show_accepted))
-        loop = ChatLoop(engine, plan, sampling, max_tokens, system=system_prompt,
-                        show_accepted=show_accepted, console=console)
+        loop = ChatLoop(
+            engine,
+            plan,
+            sampling,
+            max_tokens,
+            system=system_prompt,
+            show_accepted=show_accepted,
+            console=console,
+        )
         enable_line_editing()
         run_chat(loop)

@@ -10,7 +10,7 @@ Ctrl-C during an answer stops that answer, keeps what was said, and returns to t
 from __future__ import annotations
 
 import sys
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from rich.console import Console
 from rich.text import Text
@@ -23,7 +23,7 @@ HELP = (
 DRAFTED_STYLE = "green"
 
 
-def read_line(prompt: str = ">> ") -> Optional[str]:
+def read_line(prompt: str = ">> ") -> str | None:
     """One line of user input, or None at end of input (Ctrl-D or the end of a pipe).
 
     The prompt string is shown only on a terminal, so piped transcripts stay clean.
@@ -46,8 +46,16 @@ def enable_line_editing() -> None:
 class ChatLoop:
     """A multi-turn conversation with KV-cache reuse through one ``Session``."""
 
-    def __init__(self, engine, plan, sampling, max_tokens: int, system: Optional[str] = None,
-                 show_accepted: bool = False, console: Optional[Console] = None):
+    def __init__(
+        self,
+        engine,
+        plan,
+        sampling,
+        max_tokens: int,
+        system: str | None = None,
+        show_accepted: bool = False,
+        console: Console | None = None,
+    ):
         from redrafter_mlx.engine.generation import Session, stream_generate
 
         self.engine = engine
@@ -77,15 +85,19 @@ class ChatLoop:
         context = self.engine.model.max_context
         ids = self.prompt_ids()
         dropped = 0
-        while context is not None and len(ids) + self.max_tokens > context and len(self.messages) > 1:
+        while (
+            context is not None and len(ids) + self.max_tokens > context and len(self.messages) > 1
+        ):
             turn = 2 if self.messages[1]["role"] == "assistant" else 1
             del self.messages[:turn]
             dropped += 1
             ids = self.prompt_ids()
         if dropped:
             self.dropped_turns += dropped
-            self.note(f"[dropped the oldest {dropped} turn(s) to fit the model's context of "
-                      f"{context} tokens]")
+            self.note(
+                f"[dropped the oldest {dropped} turn(s) to fit the model's context of "
+                f"{context} tokens]"
+            )
         return ids
 
     # ------------------------------------------------------------------ one answer
@@ -123,8 +135,16 @@ class ChatLoop:
         decoder = StreamDecoder(e.tokenizer)
         text = ""
         self.last = None
-        stream = self.stream(e.model, e.drafter, e.tokenizer, ids, max_tokens=self.max_tokens,
-                             session=self.session, **self.plan.kwargs(), **self.sampling.kwargs())
+        stream = self.stream(
+            e.model,
+            e.drafter,
+            e.tokenizer,
+            ids,
+            max_tokens=self.max_tokens,
+            session=self.session,
+            **self.plan.kwargs(),
+            **self.sampling.kwargs(),
+        )
         try:
             for response in stream:
                 text += response.text
@@ -200,9 +220,11 @@ class ChatLoop:
         """Details of the last answer and the cache (the ``/stats`` command)."""
         from redrafter_mlx.cli.common import format_hist
 
-        lines = [f"beam: {self.plan.label} ({self.plan.source})",
-                 f"history: {len(self.messages)} messages, {len(self.session.cached[0])} tokens "
-                 f"cached, {self.dropped_turns} turn(s) dropped for context"]
+        lines = [
+            f"beam: {self.plan.label} ({self.plan.source})",
+            f"history: {len(self.messages)} messages, {len(self.session.cached[0])} tokens "
+            f"cached, {self.dropped_turns} turn(s) dropped for context",
+        ]
         r = self.last
         if r is None:
             return "\n".join(lines + ["no answer yet"])
@@ -215,9 +237,11 @@ class ChatLoop:
             f"finish {r.finish_reason or 'interrupted'}",
         ]
         if self.plan.speculative:
-            lines.append(f"steps: {r.steps}, {r.tokens_per_step:.2f} tokens/step, mean packed "
-                         f"{r.mean_packed:.1f} of {self.plan.width * self.plan.length}, "
-                         f"host {r.host_ms_per_step:.2f} ms/step, {format_hist(r.accept_hist)}")
+            lines.append(
+                f"steps: {r.steps}, {r.tokens_per_step:.2f} tokens/step, mean packed "
+                f"{r.mean_packed:.1f} of {self.plan.width * self.plan.length}, "
+                f"host {r.host_ms_per_step:.2f} ms/step, {format_hist(r.accept_hist)}"
+            )
         lines.append(f"peak memory: {r.peak_memory_gb:.3f} GB")
         return "\n".join(lines)
 
@@ -226,7 +250,7 @@ class ChatLoop:
         self.console.print(Text(message, style="dim"))
 
 
-def run_chat(loop: ChatLoop, read: Callable[[str], Optional[str]] = read_line) -> None:
+def run_chat(loop: ChatLoop, read: Callable[[str], str | None] = read_line) -> None:
     """Read messages until /quit or end of input; Ctrl-C at the prompt only clears the line."""
     while True:
         try:

@@ -17,43 +17,91 @@ from __future__ import annotations
 import contextlib
 import sys
 import traceback
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Annotated, Iterator, Optional
+from typing import Annotated
 
 import typer
 
 # --------------------------------------------------------------------------- option types
 
-ModelOpt = Annotated[Optional[str], typer.Option(
-    "--model", help="MLX model directory or Hugging Face repo id "
-                          "[default: the bundled demo model].", show_default=False)]
-DrafterOpt = Annotated[Optional[str], typer.Option(
-    "--drafter", "-d", help="ReDrafter drafter directory trained for --model "
-                            "[default: the demo drafter with the demo model, else none: "
-                            "plain decoding].", show_default=False)]
+ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        help="MLX model directory or Hugging Face repo id [default: the bundled demo model].",
+        show_default=False,
+    ),
+]
+DrafterOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--drafter",
+        "-d",
+        help="ReDrafter drafter directory trained for --model "
+        "[default: the demo drafter with the demo model, else none: "
+        "plain decoding].",
+        show_default=False,
+    ),
+]
 TempOpt = Annotated[float, typer.Option("--temp", help="Sampling temperature (0 = greedy).")]
 TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass in (0, 1].")]
-TopKOpt = Annotated[int, typer.Option("--top-k", help="Keep only the k most likely tokens (0 = off).")]
-MinPOpt = Annotated[float, typer.Option("--min-p", help="Drop tokens below min_p x the top probability.")]
-SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Random seed for sampling.")]
-SystemPromptOpt = Annotated[Optional[str], typer.Option(
-    "--system-prompt", help="System prompt [default: Vicuna's, or the chat template's].",
-    show_default=False)]
-BeamWidthOpt = Annotated[Optional[int], typer.Option(
-    "--beam-width", help="Beams drafted per step [default: tuned profile or chip preset].",
-    show_default=False)]
-BeamLengthOpt = Annotated[Optional[int], typer.Option(
-    "--beam-length", help="Tokens per beam, counting the init token (>= 2) "
-                          "[default: tuned profile or chip preset].", show_default=False)]
-CapacityOpt = Annotated[Optional[int], typer.Option(
-    "--capacity", help="Packed tree slots verified per step, in [L, W*L] "
-                       "[default: W*(L-1)+1, or the tuned value].", show_default=False)]
-NoDraftOpt = Annotated[bool, typer.Option(
-    "--no-draft", help="Decode autoregressively (the baseline) through the same engine.")]
-DtypeOpt = Annotated[Optional[str], typer.Option(
-    "--dtype", help="float16, bfloat16 or float32 [default: float16 on Metal, float32 on CPU].",
-    show_default=False)]
+TopKOpt = Annotated[
+    int, typer.Option("--top-k", help="Keep only the k most likely tokens (0 = off).")
+]
+MinPOpt = Annotated[
+    float, typer.Option("--min-p", help="Drop tokens below min_p x the top probability.")
+]
+SeedOpt = Annotated[int | None, typer.Option("--seed", help="Random seed for sampling.")]
+SystemPromptOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--system-prompt",
+        help="System prompt [default: Vicuna's, or the chat template's].",
+        show_default=False,
+    ),
+]
+BeamWidthOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--beam-width",
+        help="Beams drafted per step [default: tuned profile or chip preset].",
+        show_default=False,
+    ),
+]
+BeamLengthOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--beam-length",
+        help="Tokens per beam, counting the init token (>= 2) "
+        "[default: tuned profile or chip preset].",
+        show_default=False,
+    ),
+]
+CapacityOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--capacity",
+        help="Packed tree slots verified per step, in [L, W*L] "
+        "[default: W*(L-1)+1, or the tuned value].",
+        show_default=False,
+    ),
+]
+NoDraftOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-draft", help="Decode autoregressively (the baseline) through the same engine."
+    ),
+]
+DtypeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--dtype",
+        help="float16, bfloat16 or float32 [default: float16 on Metal, float32 on CPU].",
+        show_default=False,
+    ),
+]
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show tracebacks on errors.")]
 
 DTYPES = ("float16", "bfloat16", "float32")
@@ -125,8 +173,12 @@ def _maybe_traceback(verbose: bool) -> None:
 # --------------------------------------------------------------------------- flag validation
 
 
-_SAMPLING_FLAGS = {"temperature": "--temp", "top_p": "--top-p", "top_k": "--top-k",
-                   "min_p": "--min-p"}
+_SAMPLING_FLAGS = {
+    "temperature": "--temp",
+    "top_p": "--top-p",
+    "top_k": "--top-k",
+    "min_p": "--min-p",
+}
 
 
 @dataclass(frozen=True)
@@ -137,11 +189,12 @@ class Sampling:
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
-    seed: Optional[int] = None
+    seed: int | None = None
 
     @classmethod
-    def make(cls, temp: float, top_p: float, top_k: int, min_p: float,
-             seed: Optional[int]) -> "Sampling":
+    def make(
+        cls, temp: float, top_p: float, top_k: int, min_p: float, seed: int | None
+    ) -> Sampling:
         """Validate the sampling flags; raise FlagError naming the flag and its range."""
         from redrafter_mlx.engine.sampling import SamplerConfig
 
@@ -159,11 +212,16 @@ class Sampling:
 
     def kwargs(self) -> dict:
         """Keyword arguments of ``stream_generate``."""
-        return dict(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                    min_p=self.min_p, seed=self.seed)
+        return dict(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            min_p=self.min_p,
+            seed=self.seed,
+        )
 
 
-def check_dtype(dtype: Optional[str]) -> Optional[str]:
+def check_dtype(dtype: str | None) -> str | None:
     """The --dtype value, or FlagError listing the valid ones."""
     if dtype is not None and dtype not in DTYPES:
         raise FlagError(f"--dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -185,11 +243,11 @@ class ModelPaths:
     """Where the model and drafter come from; ``demo`` when the bundled model is used."""
 
     model: str
-    drafter: Optional[str]
+    drafter: str | None
     demo: bool = False
 
 
-def demo_available() -> Optional[tuple[Path, Optional[Path], str]]:
+def demo_available() -> tuple[Path, Path | None, str] | None:
     """(base dir, drafter dir or None, note) of the bundled demo model, or None if not built."""
     try:
         from redrafter_mlx.engine.bundled import DEMO_NOTE, demo_paths
@@ -201,7 +259,7 @@ def demo_available() -> Optional[tuple[Path, Optional[Path], str]]:
     return Path(base), drafter, DEMO_NOTE
 
 
-def resolve_paths(model: Optional[str], drafter: Optional[str]) -> ModelPaths:
+def resolve_paths(model: str | None, drafter: str | None) -> ModelPaths:
     """``--model``/``--drafter`` as given, else the demo model (and its drafter, if any).
 
     Raises FlagError when no model is given and no demo model is installed.
@@ -210,8 +268,10 @@ def resolve_paths(model: Optional[str], drafter: Optional[str]) -> ModelPaths:
         return ModelPaths(model, drafter)
     demo = demo_available()
     if demo is None:
-        raise FlagError("no --model given and the bundled demo model is not installed; "
-                        "pass --model DIR (an MLX model directory, see 'redrafter-mlx convert')")
+        raise FlagError(
+            "no --model given and the bundled demo model is not installed; "
+            "pass --model DIR (an MLX model directory, see 'redrafter-mlx convert')"
+        )
     base, demo_drafter, note = demo
     err_console().print(note, style="dim")
     chosen = drafter if drafter is not None else (str(demo_drafter) if demo_drafter else None)
@@ -224,7 +284,7 @@ class Plan:
 
     width: int
     length: int
-    capacity: Optional[int]
+    capacity: int | None
     speculative: bool
     source: str
 
@@ -233,7 +293,9 @@ class Plan:
         """``W4×L4 C13`` or ``AR`` (autoregressive)."""
         if not self.speculative:
             return "AR"
-        capacity = self.capacity if self.capacity is not None else self.width * (self.length - 1) + 1
+        capacity = (
+            self.capacity if self.capacity is not None else self.width * (self.length - 1) + 1
+        )
         return f"W{self.width}×L{self.length} C{capacity}"
 
     def kwargs(self) -> dict:
@@ -253,20 +315,31 @@ def ar_plan(source: str) -> Plan:
     return Plan(AR_PLAN_WIDTH, AR_PLAN_LENGTH, None, False, source)
 
 
-def check_shape(width: int, length: int, capacity: Optional[int]) -> None:
+def check_shape(width: int, length: int, capacity: int | None) -> None:
     """Validate a beam shape with the engine's own rules; FlagError names the flag."""
     from redrafter_mlx.engine.generation import BeamShape
 
     try:
         BeamShape.make(width, length, capacity)
     except ValueError as e:
-        flag = ("--beam-width" if "width must" in str(e) else
-                "--beam-length" if "length must" in str(e) else "--capacity")
+        flag = (
+            "--beam-width"
+            if "width must" in str(e)
+            else "--beam-length"
+            if "length must" in str(e)
+            else "--capacity"
+        )
         raise FlagError(f"{flag}: {e}") from None
 
 
-def resolve_plan(paths: ModelPaths, dtype: Optional[str], width: Optional[int],
-                 length: Optional[int], capacity: Optional[int], no_draft: bool) -> Plan:
+def resolve_plan(
+    paths: ModelPaths,
+    dtype: str | None,
+    width: int | None,
+    length: int | None,
+    capacity: int | None,
+    no_draft: bool,
+) -> Plan:
     """The beam shape: flags override the tuned profile / chip preset; no drafter -> AR."""
     if no_draft:
         return ar_plan("--no-draft: plain decoding")
@@ -279,13 +352,17 @@ def resolve_plan(paths: ModelPaths, dtype: Optional[str], width: Optional[int],
 
         base = _tuned(paths, dtype)
         w = width if width is not None else (base.width if base.speculative else DEFAULT_BEAM_WIDTH)
-        n = length if length is not None else (base.length if base.speculative else DEFAULT_BEAM_LENGTH)
+        n = (
+            length
+            if length is not None
+            else (base.length if base.speculative else DEFAULT_BEAM_LENGTH)
+        )
         check_shape(w, n, capacity)
         return Plan(w, n, capacity, True, "beam shape from flags")
     return _tuned(paths, dtype)
 
 
-def _tuned(paths: ModelPaths, dtype: Optional[str]) -> Plan:
+def _tuned(paths: ModelPaths, dtype: str | None) -> Plan:
     """The tuned profile or chip preset for this model/drafter/dtype, as a Plan."""
     from tuning import resolve_beam_shape
 
@@ -306,7 +383,7 @@ class Engine:
     dtype: str
 
 
-def load_engine(paths: ModelPaths, dtype: Optional[str], with_drafter: bool = True) -> Engine:
+def load_engine(paths: ModelPaths, dtype: str | None, with_drafter: bool = True) -> Engine:
     """Load the model (and the drafter when ``with_drafter``); LoadError on any problem."""
     from redrafter_mlx import load
 
@@ -351,7 +428,18 @@ def stats_line(response, plan: Plan) -> str:
 
 def response_stats(response) -> dict:
     """All statistics of a final GenerationResponse as a JSON-ready dict."""
-    keys = ("steps", "prompt_tokens", "prefilled_tokens", "generation_tokens", "prompt_tps",
-            "generation_tps", "tokens_per_step", "mean_packed", "time_to_first_token",
-            "host_ms_per_step", "peak_memory_gb", "accept_hist")
+    keys = (
+        "steps",
+        "prompt_tokens",
+        "prefilled_tokens",
+        "generation_tokens",
+        "prompt_tps",
+        "generation_tps",
+        "tokens_per_step",
+        "mean_packed",
+        "time_to_first_token",
+        "host_ms_per_step",
+        "peak_memory_gb",
+        "accept_hist",
+    )
     return {k: getattr(response, k) for k in keys}

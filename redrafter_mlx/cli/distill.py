@@ -7,33 +7,68 @@ starts fast).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
 
 def distill(
-    model: Path = typer.Option(..., "--model", "-m", help="MLX model directory (as it will serve: same dtype/quantization)."),
-    data: List[Path] = typer.Option(..., "--data", "-d", help="Training data: ShareGPT .json, .jsonl (conversations | prompt+response | text) or .txt. Repeat for several files."),
-    out: Path = typer.Option(..., "--out", "-o", help="Output drafter directory (checkpoints, eval.json and the target cache go inside)."),
-    predict_tokens: int = typer.Option(5, "--predict-tokens", "-T", help="Draft steps T the drafter learns; serves beam length L <= T+1."),
+    model: Path = typer.Option(
+        ...,
+        "--model",
+        "-m",
+        help="MLX model directory (as it will serve: same dtype/quantization).",
+    ),
+    data: list[Path] = typer.Option(
+        ...,
+        "--data",
+        "-d",
+        help="Training data: ShareGPT .json, .jsonl (conversations | prompt+response | text) or .txt. Repeat for several files.",
+    ),
+    out: Path = typer.Option(
+        ...,
+        "--out",
+        "-o",
+        help="Output drafter directory (checkpoints, eval.json and the target cache go inside).",
+    ),
+    predict_tokens: int = typer.Option(
+        5,
+        "--predict-tokens",
+        "-T",
+        help="Draft steps T the drafter learns; serves beam length L <= T+1.",
+    ),
     layers: int = typer.Option(2, help="Residual blocks in the drafter head."),
     exit_dim: str = typer.Option("auto", help="Drafter width; 'auto' = 2H (no input projection)."),
-    rnn: bool = typer.Option(True, "--rnn/--no-rnn", help="Recurrent state update (else a running sum of embeddings)."),
-    steps: Optional[int] = typer.Option(None, help="Optimizer steps (default: one epoch)."),
-    epochs: Optional[float] = typer.Option(None, help="Epochs over the training positions (instead of --steps)."),
+    rnn: bool = typer.Option(
+        True, "--rnn/--no-rnn", help="Recurrent state update (else a running sum of embeddings)."
+    ),
+    steps: int | None = typer.Option(None, help="Optimizer steps (default: one epoch)."),
+    epochs: float | None = typer.Option(
+        None, help="Epochs over the training positions (instead of --steps)."
+    ),
     batch_size: int = typer.Option(128, help="Training positions per micro-batch (per process)."),
     seq_len: int = typer.Option(512, help="Tokens per training window."),
     lr: float = typer.Option(1e-3, help="Peak learning rate (AdamW)."),
-    warmup: float = typer.Option(0.1, help="Warm-up: a fraction of the steps (< 1) or a step count."),
-    eval_data: Optional[List[Path]] = typer.Option(None, help="Held-out prompts for the tokens/step evaluation (any data format, or {\"turns\": [...]} JSONL)."),
+    warmup: float = typer.Option(
+        0.1, help="Warm-up: a fraction of the steps (< 1) or a step count."
+    ),
+    eval_data: list[Path] | None = typer.Option(
+        None,
+        help='Held-out prompts for the tokens/step evaluation (any data format, or {"turns": [...]} JSONL).',
+    ),
     resume: bool = typer.Option(False, help="Continue from the newest checkpoint in --out."),
     overwrite: bool = typer.Option(False, help="Discard an earlier run's checkpoints in --out."),
-    targets: str = typer.Option("distill", help="'distill' (the LLM's own greedy continuations) or 'ground-truth' (data labels)."),
-    save_every: int = typer.Option(500, help="Checkpoint every N steps (and at the end); 0: only at the end."),
+    targets: str = typer.Option(
+        "distill",
+        help="'distill' (the LLM's own greedy continuations) or 'ground-truth' (data labels).",
+    ),
+    save_every: int = typer.Option(
+        500, help="Checkpoint every N steps (and at the end); 0: only at the end."
+    ),
     seed: int = typer.Option(0, help="Seed for the drafter init and the data order."),
     grad_accum: int = typer.Option(1, help="Micro-batches per optimizer step."),
-    cache_dir: Optional[Path] = typer.Option(None, help="Where the hidden states + targets are cached (default: OUT/cache)."),
+    cache_dir: Path | None = typer.Option(
+        None, help="Where the hidden states + targets are cached (default: OUT/cache)."
+    ),
     eval_prompts: int = typer.Option(8, help="Prompts in the final evaluation."),
     eval_max_tokens: int = typer.Option(64, help="Tokens generated per evaluation prompt."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or table."),
@@ -41,21 +76,41 @@ def distill(
     """Train a ReDrafter drafter for MODEL by distillation (the LLM stays frozen)."""
     from rich.console import Console
 
-    from redrafter_mlx.train.distill import distill as run_distill
-    from redrafter_mlx.train.data import DataError
     from redrafter_mlx.engine.loading import LoadError
+    from redrafter_mlx.train.data import DataError
+    from redrafter_mlx.train.distill import distill as run_distill
 
     console = Console(stderr=True)
     if targets not in ("distill", "ground-truth"):
-        console.print(f"error: --targets must be 'distill' or 'ground-truth', got {targets!r}", markup=False)
+        console.print(
+            f"error: --targets must be 'distill' or 'ground-truth', got {targets!r}", markup=False
+        )
         raise typer.Exit(2)
     try:
         summary = run_distill(
-            model, data, out, predict_tokens=predict_tokens, layers=layers, exit_dim=exit_dim,
-            rnn=rnn, steps=steps, epochs=epochs, batch_size=batch_size, seq_len=seq_len, lr=lr,
-            warmup=warmup, eval_data=eval_data, resume=resume, overwrite=overwrite,
-            targets=targets, save_every=save_every, seed=seed, grad_accum=grad_accum,
-            cache_dir=cache_dir, eval_prompts=eval_prompts, eval_max_tokens=eval_max_tokens,
+            model,
+            data,
+            out,
+            predict_tokens=predict_tokens,
+            layers=layers,
+            exit_dim=exit_dim,
+            rnn=rnn,
+            steps=steps,
+            epochs=epochs,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            lr=lr,
+            warmup=warmup,
+            eval_data=eval_data,
+            resume=resume,
+            overwrite=overwrite,
+            targets=targets,
+            save_every=save_every,
+            seed=seed,
+            grad_accum=grad_accum,
+            cache_dir=cache_dir,
+            eval_prompts=eval_prompts,
+            eval_max_tokens=eval_max_tokens,
             quiet=quiet,
         )
     except (DataError, LoadError, FileExistsError, ValueError) as e:
@@ -66,6 +121,7 @@ def distill(
     loss = summary["final_loss"]
     console.print(
         f"drafter saved to {summary['out_dir']} ({summary['steps']} steps"
-        + (f", final loss {loss:.3f}" if loss is not None else "") + ")",
+        + (f", final loss {loss:.3f}" if loss is not None else "")
+        + ")",
         markup=False,
     )

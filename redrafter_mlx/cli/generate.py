@@ -10,19 +10,43 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass, field
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
 from redrafter_mlx.cli.common import (
-    BeamLengthOpt, BeamWidthOpt, CapacityOpt, DrafterOpt, DtypeOpt, Engine, FlagError, MinPOpt,
-    ModelOpt, NoDraftOpt, Plan, Sampling, SeedOpt, SystemPromptOpt, TempOpt, TopKOpt, TopPOpt,
-    VerboseOpt, check_dtype, check_max_tokens, cli_errors, err_console, load_engine,
-    out_console, resolve_paths, resolve_plan, response_stats, stats_line,
+    BeamLengthOpt,
+    BeamWidthOpt,
+    CapacityOpt,
+    DrafterOpt,
+    DtypeOpt,
+    Engine,
+    FlagError,
+    MinPOpt,
+    ModelOpt,
+    NoDraftOpt,
+    Plan,
+    Sampling,
+    SeedOpt,
+    SystemPromptOpt,
+    TempOpt,
+    TopKOpt,
+    TopPOpt,
+    VerboseOpt,
+    check_dtype,
+    check_max_tokens,
+    cli_errors,
+    err_console,
+    load_engine,
+    out_console,
+    resolve_paths,
+    resolve_plan,
+    response_stats,
+    stats_line,
 )
 
 
-def read_prompt(prompt: Optional[str]) -> str:
+def read_prompt(prompt: str | None) -> str:
     """The prompt text: the flag's value, or all of stdin for ``-``."""
     if prompt is None:
         raise FlagError("pass --prompt TEXT (or --prompt - to read it from stdin)")
@@ -33,7 +57,7 @@ def read_prompt(prompt: Optional[str]) -> str:
     return prompt
 
 
-def prompt_ids(tokenizer, text: str, chat: bool, system: Optional[str]) -> list[int]:
+def prompt_ids(tokenizer, text: str, chat: bool, system: str | None) -> list[int]:
     """Token ids: one user turn in the chat format, or the raw text with BOS (``--raw``)."""
     if chat:
         return tokenizer.chat_prompt([{"role": "user", "content": text}], system=system)
@@ -50,15 +74,23 @@ class Generation:
     final: object = None
 
 
-def run_generation(engine: Engine, plan: Plan, ids: list[int], max_tokens: int,
-                   sampling: Sampling, echo: bool) -> Generation:
+def run_generation(
+    engine: Engine, plan: Plan, ids: list[int], max_tokens: int, sampling: Sampling, echo: bool
+) -> Generation:
     """Stream one answer (echoing text to stdout when ``echo``) and collect it."""
     from redrafter_mlx.engine.generation import stream_generate
 
     out = Generation()
     console = out_console()
-    for response in stream_generate(engine.model, engine.drafter, engine.tokenizer, ids,
-                                    max_tokens=max_tokens, **plan.kwargs(), **sampling.kwargs()):
+    for response in stream_generate(
+        engine.model,
+        engine.drafter,
+        engine.tokenizer,
+        ids,
+        max_tokens=max_tokens,
+        **plan.kwargs(),
+        **sampling.kwargs(),
+    ):
         out.text += response.text
         out.tokens += response.tokens
         out.drafted += response.drafted_tokens
@@ -70,8 +102,9 @@ def run_generation(engine: Engine, plan: Plan, ids: list[int], max_tokens: int,
     return out
 
 
-def result_json(engine: Engine, plan: Plan, sampling: Sampling, result: Generation,
-                chat: bool) -> dict:
+def result_json(
+    engine: Engine, plan: Plan, sampling: Sampling, result: Generation, chat: bool
+) -> dict:
     """The ``--json`` object: text, token ids, finish reason, stats, beam, paths, dtype."""
     final = result.final
     return {
@@ -91,12 +124,20 @@ def result_json(engine: Engine, plan: Plan, sampling: Sampling, result: Generati
 
 
 def generate(
-    prompt: Annotated[Optional[str], typer.Option(
-        "--prompt", "-p", help="The prompt text, or - to read it from stdin.",
-        show_default=False)] = None,
+    prompt: Annotated[
+        str | None,
+        typer.Option(
+            "--prompt",
+            "-p",
+            help="The prompt text, or - to read it from stdin.",
+            show_default=False,
+        ),
+    ] = None,
     model: ModelOpt = None,
     drafter: DrafterOpt = None,
-    max_tokens: Annotated[int, typer.Option("--max-tokens", "-m", "-n", help="Most tokens to generate.")] = 256,
+    max_tokens: Annotated[
+        int, typer.Option("--max-tokens", "-m", "-n", help="Most tokens to generate.")
+    ] = 256,
     temp: TempOpt = 0.0,
     top_p: TopPOpt = 1.0,
     top_k: TopKOpt = 0,
@@ -108,9 +149,15 @@ def generate(
     capacity: CapacityOpt = None,
     no_draft: NoDraftOpt = False,
     dtype: DtypeOpt = None,
-    chat: Annotated[bool, typer.Option(
-        "--chat/--raw", help="Wrap the prompt in the chat template, or feed it as is.")] = True,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object to stdout.")] = False,
+    chat: Annotated[
+        bool,
+        typer.Option(
+            "--chat/--raw", help="Wrap the prompt in the chat template, or feed it as is."
+        ),
+    ] = True,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON object to stdout.")
+    ] = False,
     verbose: VerboseOpt = False,
 ) -> None:
     """Generate a continuation of one prompt with ReDrafter speculative decoding."""

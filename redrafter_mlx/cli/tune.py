@@ -15,12 +15,18 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-from tuning.grid import BeamShape, build_grid, limit_lengths, parse_capacities, parse_int_set
-from tuning.grid import read_predict_tokens
+from tuning.grid import (
+    BeamShape,
+    build_grid,
+    limit_lengths,
+    parse_capacities,
+    parse_int_set,
+    read_predict_tokens,
+)
 from tuning.presets import Preset, get_preset, preset_for, preset_names
 
 PRESET_HELP = "auto (detect and measure this machine) or a preset: " + ", ".join(preset_names())
@@ -54,8 +60,12 @@ def show_profiles(as_json: bool) -> None:
     store = ProfileStore()
     profiles = store.load()
     if as_json:
-        print(json.dumps({"path": str(store.path),
-                          "profiles": [p.to_json() for p in profiles.values()]}, indent=2))
+        print(
+            json.dumps(
+                {"path": str(store.path), "profiles": [p.to_json() for p in profiles.values()]},
+                indent=2,
+            )
+        )
         return
     console = _console()
     if not profiles:
@@ -71,9 +81,16 @@ def show_profiles(as_json: bool) -> None:
         k = p.key
         version = k.version if k.version == current else f"{k.version} (old, unused)"
         dtype = k.dtype if k.quantization == "none" else f"{k.dtype} {k.quantization}"
-        table.add_row(k.chip_id, _short(k.model), _short(k.drafter), dtype, version,
-                      p.shape.label if p.speculative else "AR",
-                      f"{p.speedup:.2f}×" if p.speedup else "–", p.date)
+        table.add_row(
+            k.chip_id,
+            _short(k.model),
+            _short(k.drafter),
+            dtype,
+            version,
+            p.shape.label if p.speculative else "AR",
+            f"{p.speedup:.2f}×" if p.speedup else "–",
+            p.date,
+        )
     console.print(table)
 
 
@@ -92,7 +109,7 @@ def clear_profiles(as_json: bool) -> None:
 # --------------------------------------------------------------------------- presets
 
 
-def preset_report(preset: Preset, drafter: Optional[str], force_lengths: bool) -> dict:
+def preset_report(preset: Preset, drafter: str | None, force_lengths: bool) -> dict:
     """The preset's shape (capped by the drafter's trained length) as a JSON-ready dict."""
     from tuning.defaults import BeamChoice, cap_length
 
@@ -100,8 +117,13 @@ def preset_report(preset: Preset, drafter: Optional[str], force_lengths: bool) -
     choice = BeamChoice(shape.width, shape.length, shape.capacity, f"preset for {preset.name}")
     if not force_lengths:
         choice = cap_length(choice, read_predict_tokens(drafter))
-    return {"mode": "preset", "preset": preset.name, **choice.to_dict(),
-            "label": choice.shape.label, "note": preset.note}
+    return {
+        "mode": "preset",
+        "preset": preset.name,
+        **choice.to_dict(),
+        "label": choice.shape.label,
+        "note": preset.note,
+    }
 
 
 def print_preset(report: dict, as_json: bool) -> None:
@@ -112,15 +134,16 @@ def print_preset(report: dict, as_json: bool) -> None:
     console = _console()
     console.print(f"[bold]{report['label']}[/bold]  ({report['source']})")
     console.print(f"  {report['note']}")
-    console.print("  Presets are not measured; run 'redrafter-mlx tune' on the machine itself "
-                  "to find its best shape.")
+    console.print(
+        "  Presets are not measured; run 'redrafter-mlx tune' on the machine itself "
+        "to find its best shape."
+    )
 
 
 # --------------------------------------------------------------------------- measuring
 
 
-def build_measure(model: str, drafter: str, dtype: Optional[str], prompts: str,
-                  num_prompts: int):
+def build_measure(model: str, drafter: str, dtype: str | None, prompts: str, num_prompts: int):
     """(measure, clock) for the real engine; the tests replace this with a fake cost model."""
     from tuning.measure import EngineMeasure, load_engine, load_prompts
 
@@ -129,7 +152,7 @@ def build_measure(model: str, drafter: str, dtype: Optional[str], prompts: str,
     return EngineMeasure(llm, draft, tokenizer, questions), time.perf_counter
 
 
-def resolve_models(model: Optional[str], drafter: Optional[str]) -> tuple[str, str]:
+def resolve_models(model: str | None, drafter: str | None) -> tuple[str, str]:
     """The model and drafter to tune: the given pair, or the demo pair when none is given."""
     from tuning.measure import TuneError, demo_paths
 
@@ -138,13 +161,21 @@ def resolve_models(model: Optional[str], drafter: Optional[str]) -> tuple[str, s
             raise TuneError("--drafter needs --model (the base model the drafter was trained for)")
         return demo_paths()
     if drafter is None:
-        raise TuneError("tuning compares speculative shapes, so it needs a drafter: "
-                        "pass --drafter DIR along with --model")
+        raise TuneError(
+            "tuning compares speculative shapes, so it needs a drafter: "
+            "pass --drafter DIR along with --model"
+        )
     return model, drafter
 
 
-def grid_for(widths: str, lengths: str, capacities: Optional[str], drafter: str,
-             force_lengths: bool, first: BeamShape | None) -> tuple[list[BeamShape], str]:
+def grid_for(
+    widths: str,
+    lengths: str,
+    capacities: str | None,
+    drafter: str,
+    force_lengths: bool,
+    first: BeamShape | None,
+) -> tuple[list[BeamShape], str]:
     """The shapes to search (``first`` moved to the front) and a note about dropped lengths."""
     width_list = parse_int_set(widths, "--widths")
     length_list = parse_int_set(lengths, "--lengths")
@@ -152,8 +183,10 @@ def grid_for(widths: str, lengths: str, capacities: Optional[str], drafter: str,
     kept, dropped = limit_lengths(length_list, predict, force_lengths)
     note = ""
     if dropped:
-        note = (f"lengths {dropped} skipped: the drafter predicts {predict} tokens "
-                f"(max length {predict + 1}); pass --force-lengths to try them anyway")
+        note = (
+            f"lengths {dropped} skipped: the drafter predicts {predict} tokens "
+            f"(max length {predict + 1}); pass --force-lengths to try them anyway"
+        )
     if not kept:
         raise ValueError(f"--lengths {lengths}: nothing left to try; {note}")
     shapes = build_grid(width_list, kept, parse_capacities(capacities))
@@ -163,7 +196,7 @@ def grid_for(widths: str, lengths: str, capacities: Optional[str], drafter: str,
     return shapes, note
 
 
-def save_profile(chip_id: str, model: str, drafter: str, dtype: Optional[str], result) -> str:
+def save_profile(chip_id: str, model: str, drafter: str, dtype: str | None, result) -> str:
     """Store the search outcome as this setup's profile; returns the file path."""
     from tuning.profiles import Profile, ProfileKey, ProfileStore, now_iso
 
@@ -175,15 +208,18 @@ def save_profile(chip_id: str, model: str, drafter: str, dtype: Optional[str], r
         speedup=result.speedup(best).median if best else None,
         tokens_per_s=(best or result.autoregressive).spread().median,
         created=now_iso(),
-        summary={"reason": result.reason, "budget_s": result.budget_s,
-                 "elapsed_s": round(result.elapsed_s, 2)},
+        summary={
+            "reason": result.reason,
+            "budget_s": result.budget_s,
+            "elapsed_s": round(result.elapsed_s, 2),
+        },
     )
     store = ProfileStore()
     store.put(profile)
     return str(store.path)
 
 
-def print_tuning(result, chip, note: str, profile_path: str, plot: Optional[str]) -> None:
+def print_tuning(result, chip, note: str, profile_path: str, plot: str | None) -> None:
     """Results table, heatmap and the recommendation, for humans."""
     from tuning.render import heatmap_table, results_table
 
@@ -197,32 +233,55 @@ def print_tuning(result, chip, note: str, profile_path: str, plot: Optional[str]
     console.print(f"saved to {profile_path}; chat/generate/bench now use it by default.")
     skipped = result.skipped
     if skipped:
-        console.print(f"{len(skipped)} shape(s) not measured within the budget or failed; "
-                      f"raise --budget-seconds to cover them.")
+        console.print(
+            f"{len(skipped)} shape(s) not measured within the budget or failed; "
+            f"raise --budget-seconds to cover them."
+        )
 
 
-def run_tuning(chip, model: str, drafter: str, shapes: list[BeamShape], note: str,
-               options: dict) -> None:
+def run_tuning(
+    chip, model: str, drafter: str, shapes: list[BeamShape], note: str, options: dict
+) -> None:
     """Measure, decide, save and report."""
     from tuning.search import SearchPlan, successive_halving
 
-    measure, clock = build_measure(model, drafter, options["dtype"], options["prompts"],
-                                   options["num_prompts"])
+    measure, clock = build_measure(
+        model, drafter, options["dtype"], options["prompts"], options["num_prompts"]
+    )
     max_tokens = options["max_tokens"]
-    plan = SearchPlan(min_tokens=min(16, max_tokens), short_tokens=min(64, max_tokens),
-                      long_tokens=max_tokens)
+    plan = SearchPlan(
+        min_tokens=min(16, max_tokens), short_tokens=min(64, max_tokens), long_tokens=max_tokens
+    )
     progress = _console(stderr=True)
-    result = successive_halving(measure, shapes, options["budget_seconds"], clock=clock,
-                                plan=plan, log=lambda m: progress.print(f"[dim]{m}[/dim]"))
+    result = successive_halving(
+        measure,
+        shapes,
+        options["budget_seconds"],
+        clock=clock,
+        plan=plan,
+        log=lambda m: progress.print(f"[dim]{m}[/dim]"),
+    )
     path = save_profile(chip.chip_id, model, drafter, options["dtype"], result)
     if options["plot"]:
         from tuning.render import save_heatmap_png
 
         save_heatmap_png(result, options["plot"])
     if options["json"]:
-        print(json.dumps({"mode": "tuned", "chip": chip.to_dict(), "model": model,
-                          "drafter": drafter, "note": note, "profile_path": path,
-                          "plot": options["plot"], **result.to_dict()}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "mode": "tuned",
+                    "chip": chip.to_dict(),
+                    "model": model,
+                    "drafter": drafter,
+                    "note": note,
+                    "profile_path": path,
+                    "plot": options["plot"],
+                    **result.to_dict(),
+                },
+                indent=2,
+            )
+        )
     else:
         print_tuning(result, chip, note, path, options["plot"])
 
@@ -232,30 +291,50 @@ def run_tuning(chip, model: str, drafter: str, shapes: list[BeamShape], note: st
 
 def tune(
     chip: Annotated[str, typer.Option(help=PRESET_HELP)] = "auto",
-    model: Annotated[Optional[str], typer.Option(
-        help="Model directory or hub id (default: the demo model).")] = None,
-    drafter: Annotated[Optional[str], typer.Option(help="Drafter directory.")] = None,
+    model: Annotated[
+        str | None, typer.Option(help="Model directory or hub id (default: the demo model).")
+    ] = None,
+    drafter: Annotated[str | None, typer.Option(help="Drafter directory.")] = None,
     widths: Annotated[str, typer.Option(help="Beam widths: a range 1-4 or a list 1,2,4.")] = "1-4",
-    lengths: Annotated[str, typer.Option(
-        help="Beam lengths, counting the init token: 2-6 or 2,4,5.")] = "2-6",
-    capacities: Annotated[Optional[str], typer.Option(
-        help="Packing capacities to try besides no cap, e.g. 8,12 (default: none).")] = None,
-    budget_seconds: Annotated[float, typer.Option(
-        help="Time to spend measuring, in seconds.")] = 120.0,
-    prompts: Annotated[Optional[str], typer.Option(
-        help="mt-bench, vicuna-bench, demo or a .jsonl/.txt FILE (default: demo for the demo "
-             "model, else mt-bench).", show_default=False)] = None,
+    lengths: Annotated[
+        str, typer.Option(help="Beam lengths, counting the init token: 2-6 or 2,4,5.")
+    ] = "2-6",
+    capacities: Annotated[
+        str | None,
+        typer.Option(help="Packing capacities to try besides no cap, e.g. 8,12 (default: none)."),
+    ] = None,
+    budget_seconds: Annotated[
+        float, typer.Option(help="Time to spend measuring, in seconds.")
+    ] = 120.0,
+    prompts: Annotated[
+        str | None,
+        typer.Option(
+            help="mt-bench, vicuna-bench, demo or a .jsonl/.txt FILE (default: demo for the demo "
+            "model, else mt-bench).",
+            show_default=False,
+        ),
+    ] = None,
     num_prompts: Annotated[int, typer.Option(help="Prompts per measurement.")] = 4,
     max_tokens: Annotated[int, typer.Option(help="Tokens per run in the longest runs.")] = 128,
-    dtype: Annotated[Optional[str], typer.Option(
-        help="float16, bfloat16 or float32 (default: float16 on Metal, float32 on CPU).")] = None,
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            help="float16, bfloat16 or float32 (default: float16 on Metal, float32 on CPU)."
+        ),
+    ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,
-    plot: Annotated[Optional[str], typer.Option(
-        help="Also save the heatmap as a PNG (needs matplotlib).", metavar="FILE.png")] = None,
+    plot: Annotated[
+        str | None,
+        typer.Option(help="Also save the heatmap as a PNG (needs matplotlib).", metavar="FILE.png"),
+    ] = None,
     show: Annotated[bool, typer.Option("--show", help="List saved profiles.")] = False,
     clear: Annotated[bool, typer.Option("--clear", help="Delete saved profiles.")] = False,
-    force_lengths: Annotated[bool, typer.Option(
-        "--force-lengths", help="Allow lengths beyond what the drafter was trained for.")] = False,
+    force_lengths: Annotated[
+        bool,
+        typer.Option(
+            "--force-lengths", help="Allow lengths beyond what the drafter was trained for."
+        ),
+    ] = False,
 ) -> None:
     """Find the fastest beam shape (width W, length L, capacity C) for this machine.
 
@@ -273,8 +352,9 @@ def tune(
     if chip.lower() != "auto":
         preset = get_preset(chip)
         if preset is None:
-            raise typer.BadParameter(f"unknown chip {chip!r}; use {PRESET_HELP}",
-                                     param_hint="--chip")
+            raise typer.BadParameter(
+                f"unknown chip {chip!r}; use {PRESET_HELP}", param_hint="--chip"
+            )
         print_preset(preset_report(preset, drafter, force_lengths), json_output)
         return
     if plot:
@@ -285,21 +365,30 @@ def tune(
     try:
         using_demo = model is None
         model, drafter = resolve_models(model, drafter)
-        shapes, note = grid_for(widths, lengths, capacities, drafter, force_lengths,
-                                preset_for(info.preset)[0].shape)
+        shapes, note = grid_for(
+            widths, lengths, capacities, drafter, force_lengths, preset_for(info.preset)[0].shape
+        )
     except (TuneError, ValueError) as e:
         raise _fail(str(e)) from None
     if prompts is None:
         prompts = "demo" if using_demo else "mt-bench"
-    options = {"dtype": dtype, "prompts": prompts, "num_prompts": num_prompts,
-               "max_tokens": max_tokens, "budget_seconds": budget_seconds,
-               "json": json_output, "plot": plot}
+    options = {
+        "dtype": dtype,
+        "prompts": prompts,
+        "num_prompts": num_prompts,
+        "max_tokens": max_tokens,
+        "budget_seconds": budget_seconds,
+        "json": json_output,
+        "plot": plot,
+    }
     try:
         run_tuning(info, model, drafter, shapes, note, options)
     except (TuneError, SearchError) as e:
         preset = preset_for(info.preset)[0]
-        raise _fail(f"{e}\n(detected {info.chip_id}; its preset is {preset.shape.label}: "
-                    f"redrafter-mlx tune --chip {preset.name})") from None
+        raise _fail(
+            f"{e}\n(detected {info.chip_id}; its preset is {preset.shape.label}: "
+            f"redrafter-mlx tune --chip {preset.name})"
+        ) from None
 
 
 def _check_plot_available() -> None:
@@ -307,5 +396,6 @@ def _check_plot_available() -> None:
     import importlib.util
 
     if importlib.util.find_spec("matplotlib") is None:
-        raise _fail("--plot needs matplotlib: pip install 'redrafter-mlx[plot]' "
-                    "(or pip install matplotlib)")
+        raise _fail(
+            "--plot needs matplotlib: pip install 'redrafter-mlx[plot]' (or pip install matplotlib)"
+        )

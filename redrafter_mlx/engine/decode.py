@@ -80,8 +80,14 @@ def commit_path(keys, values, lengths, path_slots):
 
 
 def redrafter_step(
-    model: Model, drafter: Drafter, state: DecodeState,
-    width: int, length: int, capacity: int, sampler: SamplerConfig, window: int,
+    model: Model,
+    drafter: Drafter,
+    state: DecodeState,
+    width: int,
+    length: int,
+    capacity: int,
+    sampler: SamplerConfig,
+    window: int,
 ):
     """One ReDrafter step. Returns (next DecodeState, StepOutput).
 
@@ -93,9 +99,7 @@ def redrafter_step(
     rng, draw_key = mx.random.split(state.rng)
 
     # 1. Draft: W beams of L tokens from the hidden state and the init token.
-    beams, _, _ = beam_search(
-        drafter, model.embed, state.hidden, state.init_token, width, length
-    )
+    beams, _, _ = beam_search(drafter, model.embed, state.hidden, state.init_token, width, length)
 
     # 2. Pack unique prefixes into C slots with their tree mask.
     tree = pack(beams, capacity)
@@ -104,9 +108,7 @@ def redrafter_step(
     positions = lengths[:, None] + tree.depth
     write_idx = lengths[:, None] + mx.arange(capacity)[None, :]
     mask = cache_mask(lengths, tree.mask, window)
-    hidden, keys, values = model(
-        tree.tokens, positions, mask, state.keys, state.values, write_idx
-    )
+    hidden, keys, values = model(tree.tokens, positions, mask, state.keys, state.values, write_idx)
     target = draw(model.logits(hidden), sampler, draw_key)  # (B, C)
 
     # 4. Accept the longest agreeing beam; the bonus is the target draw after it.
@@ -150,7 +152,7 @@ def prefill_chunk(model: Model, tokens, counts, lengths, keys, values, window: i
     tokens: (B, T); counts: (B,) real tokens per row in this chunk (may be 0).
     Returns (hidden at each row's last real token (B, H), lengths + counts, keys, values).
     """
-    B, T = tokens.shape
+    _B, T = tokens.shape
     idx = lengths[:, None] + mx.arange(T)[None, :]
     mask = cache_mask(lengths, chain_mask(T), window)
     hidden, keys, values = model(tokens, idx, mask, keys, values, idx)
@@ -159,14 +161,22 @@ def prefill_chunk(model: Model, tokens, counts, lengths, keys, values, window: i
     return h_last, lengths + counts, keys, values
 
 
-def make_step(model: Model, drafter: Drafter | None, width: int, length: int,
-              capacity: int, sampler: SamplerConfig, compiled: bool = True):
+def make_step(
+    model: Model,
+    drafter: Drafter | None,
+    width: int,
+    length: int,
+    capacity: int,
+    sampler: SamplerConfig,
+    compiled: bool = True,
+):
     """A step function ``state -> (state, output)`` for this configuration.
 
     With ``compiled=True`` it runs under ``mx.compile``; only arrays cross the boundary, and
     the compile-cache keys are the shapes (B, slots) and the attention ``window`` bucket.
     ``run.counter["traces"]`` counts tracings (each is a compile).
     """
+
     def step(init_token, hidden, lengths, keys, values, rng, window):
         counter["traces"] += 1
         state = DecodeState(init_token, hidden, lengths, keys, values, rng)

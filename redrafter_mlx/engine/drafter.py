@@ -13,8 +13,9 @@ Shapes: B rows, W beams, L beam length (counts the init token), H hidden, V voca
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -34,7 +35,7 @@ class DrafterArgs:
     extra: dict[str, Any] | None = None
 
     @classmethod
-    def from_config(cls, config: dict) -> "DrafterArgs":
+    def from_config(cls, config: dict) -> DrafterArgs:
         names = {"vocab_size", "hidden_size", "exit_dim", "num_draft_layers", "rnn"}
         missing = [k for k in ("vocab_size", "hidden_size") if k not in config]
         if missing:
@@ -46,9 +47,12 @@ class DrafterArgs:
     def to_config(self) -> dict:
         cfg = dict(self.extra or {})
         cfg.update(
-            model_type="recurrent_drafting_drafter", vocab_size=self.vocab_size,
-            hidden_size=self.hidden_size, exit_dim=self.exit_dim,
-            num_draft_layers=self.num_draft_layers, rnn=self.rnn,
+            model_type="recurrent_drafting_drafter",
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            exit_dim=self.exit_dim,
+            num_draft_layers=self.num_draft_layers,
+            rnn=self.rnn,
         )
         return cfg
 

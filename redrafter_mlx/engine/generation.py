@@ -9,8 +9,8 @@ the KV cache of its rows across calls, so a chat turn prefills only its new toke
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterator, Sequence
 
 import mlx.core as mx
 
@@ -34,7 +34,7 @@ class BeamShape:
     capacity: int
 
     @classmethod
-    def make(cls, width: int, length: int, capacity: int | None) -> "BeamShape":
+    def make(cls, width: int, length: int, capacity: int | None) -> BeamShape:
         if width < 1:
             raise ValueError(f"beam width must be >= 1, got {width}")
         if length < 2:
@@ -83,6 +83,7 @@ def bucket(n: int) -> int:
 
 def grow(arrays: list, slots: int) -> list:
     """Zero-extend each (B, n_kv, S, D) cache array to ``slots`` slots (a rare copy)."""
+
     def one(a):
         pad = slots - a.shape[2]
         if pad <= 0:
@@ -112,7 +113,10 @@ class Session:
     def ensure_slots(self, needed: int) -> None:
         """Grow the cache (rarely: by whole quanta) so that ``needed`` slots exist."""
         if needed > self.slots:
-            self.keys, self.values = grow(self.keys, bucket(needed)), grow(self.values, bucket(needed))
+            self.keys, self.values = (
+                grow(self.keys, bucket(needed)),
+                grow(self.values, bucket(needed)),
+            )
 
     def reuse(self, prompts: list[list[int]]) -> list[list[int]]:
         """Keep each row's longest cached prefix of its prompt; return the tokens to prefill.
@@ -154,7 +158,7 @@ def _prefill(session: Session, new_tokens: list[list[int]]):
     known = [len(c) for c in session.cached]  # exact row lengths before each chunk
     h_last = mx.zeros((B, model.hidden_size), dtype=session.keys[0].dtype)
     for start in range(0, longest, PREFILL_CHUNK):
-        chunk = [t[start:start + PREFILL_CHUNK] for t in new_tokens]
+        chunk = [t[start : start + PREFILL_CHUNK] for t in new_tokens]
         T = max(len(c) for c in chunk)
         tokens = mx.array([c + [0] * (T - len(c)) for c in chunk], dtype=mx.int32)
         counts = mx.array([len(c) for c in chunk], dtype=mx.int32)
@@ -217,8 +221,12 @@ def decode(
     B = len(prompts)
     out = [[] for _ in range(B)]
     finish: list[str | None] = [None] * B
-    stats = _Stats(prompt_tokens=sum(len(p) for p in prompts), prefilled=prefilled,
-                   prompt_s=0.0, length=shape.length)
+    stats = _Stats(
+        prompt_tokens=sum(len(p) for p in prompts),
+        prefilled=prefilled,
+        prompt_s=0.0,
+        length=shape.length,
+    )
 
     def emit(row: int, toks: list[int]) -> tuple[list[int], int]:
         """Append row tokens up to EOS / its limit; return (new tokens, tokens consumed)."""
@@ -243,8 +251,13 @@ def decode(
         stats.generated += sum(len(t) for t in first_new)
         stats.first_token_s = time.perf_counter() - tic
         gen_tic = time.perf_counter()
-        yield dict(tokens=first_new, accepted=[0] * B, drafted=[[False] * len(t) for t in first_new],
-                   finish=list(finish), stats=stats.snapshot(gen_tic))
+        yield dict(
+            tokens=first_new,
+            accepted=[0] * B,
+            drafted=[[False] * len(t) for t in first_new],
+            finish=list(finish),
+            stats=stats.snapshot(gen_tic),
+        )
 
         step = get_step(model, drafter, shape, sampler)
         per_step = 1 if drafter is None else shape.length  # most a step can add to a row
@@ -257,7 +270,9 @@ def decode(
             nonlocal inflight
             window = bucket(max(lengths) + inflight * per_step + width)
             if window > state.keys[0].shape[2]:
-                state = state._replace(keys=grow(state.keys, window), values=grow(state.values, window))
+                state = state._replace(
+                    keys=grow(state.keys, window), values=grow(state.values, window)
+                )
             host = time.perf_counter()
             state, out = step(state, window)
             mx.async_eval(out, state)
@@ -272,8 +287,11 @@ def decode(
         while pending is not None:
             state, nxt = queue(state)  # queue step k+1 before reading step k
             # Host reads of step k only, which is computed; step k+1 is already queued.
-            toks, counts, packed = (pending.tokens.tolist(), pending.count.tolist(),
-                                    pending.packed.tolist())
+            toks, counts, packed = (
+                pending.tokens.tolist(),
+                pending.count.tolist(),
+                pending.packed.tolist(),
+            )
             inflight -= 1
             lengths = [n + c for n, c in zip(lengths, counts)]
             stats.steps += 1
@@ -282,14 +300,19 @@ def decode(
                 if finish[r] is not None:
                     new_rows.append([]), acc_rows.append(0), drafted_rows.append([])
                     continue
-                new, used = emit(r, toks[r][:counts[r]])
+                new, used = emit(r, toks[r][: counts[r]])
                 stats.record(counts[r], packed[r], used)
                 new_rows.append(new)
                 acc_rows.append(counts[r] - 1)
                 drafted_rows.append([i < counts[r] - 1 for i in range(len(new))])
             pending = nxt if not all(finish) else None
-            yield dict(tokens=new_rows, accepted=acc_rows, drafted=drafted_rows,
-                       finish=list(finish), stats=stats.snapshot(gen_tic))
+            yield dict(
+                tokens=new_rows,
+                accepted=acc_rows,
+                drafted=drafted_rows,
+                finish=list(finish),
+                stats=stats.snapshot(gen_tic),
+            )
     finally:
         _hand_back(session, box["state"], prompts, out)
 
@@ -372,10 +395,19 @@ def _prompt_ids(tokenizer, prompt) -> list[int]:
 
 
 def stream_generate(
-    model, drafter, tokenizer, prompt, max_tokens: int = 256,
-    beam_width: int = DEFAULT_BEAM_WIDTH, beam_length: int = DEFAULT_BEAM_LENGTH,
-    capacity: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
-    top_k: int = 0, min_p: float = 0.0, seed: int | None = None,
+    model,
+    drafter,
+    tokenizer,
+    prompt,
+    max_tokens: int = 256,
+    beam_width: int = DEFAULT_BEAM_WIDTH,
+    beam_length: int = DEFAULT_BEAM_LENGTH,
+    capacity: int | None = None,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    min_p: float = 0.0,
+    seed: int | None = None,
     session: Session | None = None,
 ) -> Iterator[GenerationResponse]:
     """Stream one prompt's continuation. ``drafter=None`` decodes autoregressively.
@@ -389,17 +421,29 @@ def stream_generate(
     detok = StreamDecoder(tokenizer)
     sampler = SamplerConfig(temperature, top_p, top_k, min_p)
     events = decode(
-        model, drafter, [ids], max_tokens=max_tokens, beam_width=beam_width,
-        beam_length=beam_length, capacity=capacity, sampler=sampler, seed=seed,
-        eos_token_ids=tokenizer.eos_token_ids, session=session,
+        model,
+        drafter,
+        [ids],
+        max_tokens=max_tokens,
+        beam_width=beam_width,
+        beam_length=beam_length,
+        capacity=capacity,
+        sampler=sampler,
+        seed=seed,
+        eos_token_ids=tokenizer.eos_token_ids,
+        session=session,
     )
     for ev in events:
         toks = ev["tokens"][0]
         done = ev["finish"][0]
         text = detok.add(toks) + (detok.flush() if done else "")
         yield GenerationResponse(
-            text=text, tokens=toks, accepted=ev["accepted"][0], finish_reason=done,
-            drafted_tokens=ev["drafted"][0], **ev["stats"],
+            text=text,
+            tokens=toks,
+            accepted=ev["accepted"][0],
+            finish_reason=done,
+            drafted_tokens=ev["drafted"][0],
+            **ev["stats"],
         )
 
 
@@ -409,18 +453,34 @@ def generate(model, drafter, tokenizer, prompt, **kwargs) -> str:
 
 
 def batch_generate(
-    model, drafter, tokenizer, prompts: Sequence, max_tokens: int = 256,
-    beam_width: int = DEFAULT_BEAM_WIDTH, beam_length: int = DEFAULT_BEAM_LENGTH,
-    capacity: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
-    top_k: int = 0, min_p: float = 0.0, seed: int | None = None,
+    model,
+    drafter,
+    tokenizer,
+    prompts: Sequence,
+    max_tokens: int = 256,
+    beam_width: int = DEFAULT_BEAM_WIDTH,
+    beam_length: int = DEFAULT_BEAM_LENGTH,
+    capacity: int | None = None,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    min_p: float = 0.0,
+    seed: int | None = None,
 ) -> list[list[int]]:
     """Token ids generated for each prompt, decoded together as one batch."""
     ids = [_prompt_ids(tokenizer, p) for p in prompts]
     out = [[] for _ in ids]
     sampler = SamplerConfig(temperature, top_p, top_k, min_p)
     for ev in decode(
-        model, drafter, ids, max_tokens=max_tokens, beam_width=beam_width,
-        beam_length=beam_length, capacity=capacity, sampler=sampler, seed=seed,
+        model,
+        drafter,
+        ids,
+        max_tokens=max_tokens,
+        beam_width=beam_width,
+        beam_length=beam_length,
+        capacity=capacity,
+        sampler=sampler,
+        seed=seed,
         eos_token_ids=tokenizer.eos_token_ids if tokenizer is not None else (),
     ):
         for r, t in enumerate(ev["tokens"]):

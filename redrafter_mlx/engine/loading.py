@@ -87,13 +87,14 @@ def _apply_weights(module: nn.Module, weights: dict, config: dict, dtype, where:
     quant = config.get("quantization") or config.get("quantization_config")
     if quant:
         nn.quantize(
-            module, group_size=quant["group_size"], bits=quant["bits"],
+            module,
+            group_size=quant["group_size"],
+            bits=quant["bits"],
             mode=quant.get("mode", "affine"),
             class_predicate=lambda p, m: f"{p}.scales" in weights,
         )
     weights = {
-        k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v
-        for k, v in weights.items()
+        k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in weights.items()
     }
     try:
         module.load_weights(list(weights.items()), strict=True)

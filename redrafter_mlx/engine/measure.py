@@ -22,9 +22,12 @@ from .tree import cache_mask, chain_mask
 def random_llama(hidden: int, layers: int, vocab: int = 32000, dtype=None, seed: int = 0) -> Model:
     """A Llama-shaped model (head_dim 128, MLP 2.6875x like LLaMA-7B) with random weights."""
     args = ModelArgs(
-        model_type="llama", hidden_size=hidden, num_hidden_layers=layers,
+        model_type="llama",
+        hidden_size=hidden,
+        num_hidden_layers=layers,
         intermediate_size=int(hidden * 2.6875) // 64 * 64,
-        num_attention_heads=max(1, hidden // 128), vocab_size=vocab,
+        num_attention_heads=max(1, hidden // 128),
+        vocab_size=vocab,
         max_position_embeddings=4096,
     )
     model = Model(args)
@@ -55,6 +58,7 @@ def _median_ms(fn, repeats: int) -> float:
 
 def _verify_fn(model: Model, capacity: int, window: int):
     """Compiled verify forward of ``capacity`` chain-masked tokens + target draws."""
+
     def verify(tokens, lengths, keys, values):
         idx = lengths[:, None] + mx.arange(capacity)[None, :]
         mask = cache_mask(lengths, chain_mask(capacity), window)
@@ -64,8 +68,14 @@ def _verify_fn(model: Model, capacity: int, window: int):
     return mx.compile(verify)
 
 
-def verify_cost(hidden: int = 2048, layers: int = 8, capacities=(4, 8, 16, 32),
-                context: int = 512, repeats: int = 20, vocab: int = 32000) -> list[dict]:
+def verify_cost(
+    hidden: int = 2048,
+    layers: int = 8,
+    capacities=(4, 8, 16, 32),
+    context: int = 512,
+    repeats: int = 20,
+    vocab: int = 32000,
+) -> list[dict]:
     """Per capacity C: AR step ms, verify ms, and their ratio (same model, cache, context)."""
     model = random_llama(hidden, layers, vocab)
     window = 1 << (context + max(capacities)).bit_length()
@@ -90,8 +100,11 @@ def verify_cost(hidden: int = 2048, layers: int = 8, capacities=(4, 8, 16, 32),
     cache = {"kv": state.pop("ar")[3:5]}
     rows = []
     for C in capacities:
-        def verify(fn=_verify_fn(model, C, window),
-                   tokens=mx.random.randint(0, vocab, (1, C)).astype(mx.int32)):
+
+        def verify(
+            fn=_verify_fn(model, C, window),
+            tokens=mx.random.randint(0, vocab, (1, C)).astype(mx.int32),
+        ):
             out, k, v = fn(tokens, lengths, *cache.pop("kv"))
             mx.eval(out, k, v)
             cache["kv"] = (k, v)
@@ -114,13 +127,16 @@ def main() -> None:  # python -m redrafter_mlx.engine.measure
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
     rows = verify_cost(args.hidden, args.layers, context=args.context, repeats=args.repeats)
-    table = Table(title=f"verify cost, hidden {args.hidden}, {args.layers} layers, "
-                        f"{mx.default_device()}, context {args.context}")
+    table = Table(
+        title=f"verify cost, hidden {args.hidden}, {args.layers} layers, "
+        f"{mx.default_device()}, context {args.context}"
+    )
     for col in ("C", "AR step ms", "verify ms", "ratio"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(str(r["capacity"]), f"{r['ar_ms']:.1f}", f"{r['verify_ms']:.1f}",
-                      f"{r['ratio']:.2f}")
+        table.add_row(
+            str(r["capacity"]), f"{r['ar_ms']:.1f}", f"{r['verify_ms']:.1f}", f"{r['ratio']:.2f}"
+        )
     Console().print(table)
 
 

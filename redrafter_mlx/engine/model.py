@@ -54,7 +54,7 @@ class ModelArgs:
             self.head_dim = self.hidden_size // self.num_attention_heads
 
     @classmethod
-    def from_config(cls, config: dict) -> "ModelArgs":
+    def from_config(cls, config: dict) -> ModelArgs:
         """Build from a HF / mlx-lm ``config.json`` dict; unknown keys go to ``extra``."""
         names = set(cls.__dataclass_fields__) - {"extra"}
         known = {k: v for k, v in config.items() if k in names}
@@ -101,9 +101,7 @@ class Attention(nn.Module):
         rows = mx.arange(B)[:, None]
         keys[rows, :, write_idx] = k.astype(keys.dtype)
         values[rows, :, write_idx] = v.astype(values.dtype)
-        out = attention(
-            q.transpose(0, 2, 1, 3), keys[:, :, :A], values[:, :, :A], self.scale, mask
-        )
+        out = attention(q.transpose(0, 2, 1, 3), keys[:, :, :A], values[:, :, :A], self.scale, mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, T, -1)), keys, values
 
 
@@ -111,14 +109,14 @@ def apply_rope(x: mx.array, cos: mx.array, sin: mx.array, traditional: bool) -> 
     """Rotate (B, T, heads, D) by tables (B, T, 1, dims/2); dims beyond 2*half pass through."""
     half = cos.shape[-1]
     cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
-    rest = x[..., 2 * half:]
+    rest = x[..., 2 * half :]
     if traditional:
         pairs = x[..., : 2 * half].reshape(*x.shape[:-1], half, 2)
         a, b = pairs[..., 0], pairs[..., 1]
         rotated = mx.stack([a * cos - b * sin, b * cos + a * sin], axis=-1)
         rotated = rotated.reshape(*x.shape[:-1], 2 * half)
     else:
-        a, b = x[..., :half], x[..., half: 2 * half]
+        a, b = x[..., :half], x[..., half : 2 * half]
         rotated = mx.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
     return mx.concatenate([rotated, rest], axis=-1) if rest.shape[-1] else rotated
 

@@ -45,8 +45,15 @@ class RoPE(nn.Module):
 
     def __call__(self, x: mx.array, offset) -> mx.array:
         """Fused kernel: x (N, ..., T, D), offset an int or (N,) array of start positions."""
-        return mx.fast.rope(x, self.dims, traditional=self.traditional, base=None,
-                            scale=1.0, offset=offset, freqs=self._freqs)
+        return mx.fast.rope(
+            x,
+            self.dims,
+            traditional=self.traditional,
+            base=None,
+            scale=1.0,
+            offset=offset,
+            freqs=self._freqs,
+        )
 
     def tables(self, positions: mx.array):
         """cos/sin at ``positions`` (B, T): two (B, T, 1, dims/2) float32 arrays."""

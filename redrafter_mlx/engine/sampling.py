@@ -23,7 +23,7 @@ class SamplerConfig:
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
-    def validate(self) -> "SamplerConfig":
+    def validate(self) -> SamplerConfig:
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:

@@ -107,12 +107,12 @@ class StreamDecoder:
         text = self.tokenizer.decode(self.tokens)
         if text.endswith("\ufffd"):
             return ""
-        new = text[len(self.emitted):] if text.startswith(self.emitted) else ""
+        new = text[len(self.emitted) :] if text.startswith(self.emitted) else ""
         self.emitted = text
         return new
 
     def flush(self) -> str:
         text = self.tokenizer.decode(self.tokens)
-        new = text[len(self.emitted):] if text.startswith(self.emitted) else ""
+        new = text[len(self.emitted) :] if text.startswith(self.emitted) else ""
         self.emitted = text
         return new

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 USER_ROLES = {"human", "user"}
 ASSISTANT_ROLES = {"gpt", "assistant", "chatgpt", "bard", "bing", "model"}
@@ -91,7 +91,9 @@ def _json_records(path: Path, text: str) -> list[Record]:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise DataError(f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}") from None
+        raise DataError(
+            f"{path}: invalid JSON at line {e.lineno} column {e.colno}: {e.msg}"
+        ) from None
     if isinstance(data, dict) and "conversations" in data:
         data = [data]
     if not isinstance(data, list):
@@ -108,7 +110,9 @@ def _jsonl_records(path: Path, text: str) -> Iterator[Record]:
         try:
             data = json.loads(line)
         except json.JSONDecodeError as e:
-            raise DataError(f"{path}: line {i + 1}: invalid JSON at column {e.colno}: {e.msg}") from None
+            raise DataError(
+                f"{path}: line {i + 1}: invalid JSON at column {e.colno}: {e.msg}"
+            ) from None
         yield Record(path, i, f"line {i + 1}", data)
 
 
@@ -149,7 +153,10 @@ def record_messages(rec: Record, need_reply: bool = True) -> tuple[list[dict] | 
         for name, value in (("prompt", prompt), ("response", response)):
             if not isinstance(value, str):
                 raise rec.error(f"'{name}' must be a string, got {type(value).__name__}")
-        return [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}], None
+        return [
+            {"role": "user", "content": prompt},
+            {"role": "assistant", "content": response},
+        ], None
     if "turns" in data:
         turns = data["turns"]
         if not isinstance(turns, list) or not all(isinstance(t, str) for t in turns) or not turns:
@@ -231,7 +238,7 @@ def render_chat(tokenizer, messages: list[dict], system: str | None = None) -> I
             if any(train):
                 yield Sequence(tokens, train)
             tokens, train = [], []
-        new = prompt[len(tokens):]
+        new = prompt[len(tokens) :]
         reply = tokenizer.encode(m["content"], add_bos=False) + [tokenizer.eos_token_id]
         tokens = tokens + new + reply
         train = train + [False] * len(new) + [True] * len(reply)
@@ -248,7 +255,7 @@ def render_text(tokenizer, text: str) -> Sequence:
 def windows(seq: Sequence, seq_len: int) -> Iterator[Sequence]:
     """Cut a sequence into consecutive windows of at most seq_len tokens with training positions."""
     for start in range(0, len(seq.tokens), seq_len):
-        w = Sequence(seq.tokens[start:start + seq_len], seq.train[start:start + seq_len])
+        w = Sequence(seq.tokens[start : start + seq_len], seq.train[start : start + seq_len])
         if len(w.tokens) >= 2 and any(w.train[1:]):
             yield w
 

@@ -54,9 +54,9 @@ import math
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -64,9 +64,9 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
-from .data import Sequence, files_digest, load_prompts, load_training_data
 from ..engine.drafter import Drafter, DrafterArgs
 from ..engine.model import Model
+from .data import Sequence, files_digest, load_prompts, load_training_data
 
 CACHE_VERSION = 1
 DEFAULT_EVAL_SHAPES = ((1, 3), (2, 4), (4, 5))
@@ -104,7 +104,7 @@ class DistillOptions:
     dtype: str | None = None
     quiet: bool = False
 
-    def validate(self) -> "DistillOptions":
+    def validate(self) -> DistillOptions:
         if self.predict_tokens < 1:
             raise ValueError(f"predict_tokens must be >= 1, got {self.predict_tokens}")
         if self.layers < 0:
@@ -120,13 +120,17 @@ class DistillOptions:
         for name in ("batch_size", "grad_accum", "seq_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 0 <= self.warmup:
-            raise ValueError(f"warmup must be >= 0 (a fraction < 1 or a step count), got {self.warmup}")
+        if not self.warmup >= 0:
+            raise ValueError(
+                f"warmup must be >= 0 (a fraction < 1 or a step count), got {self.warmup}"
+            )
         if self.exit_dim != "auto":
             try:
                 self.exit_dim = int(self.exit_dim)
             except ValueError:
-                raise ValueError(f"exit_dim must be 'auto' or an integer, got {self.exit_dim!r}") from None
+                raise ValueError(
+                    f"exit_dim must be 'auto' or an integer, got {self.exit_dim!r}"
+                ) from None
         return self
 
 
@@ -159,7 +163,9 @@ def rollout_targets(model: Model, tokens: mx.array, positions: mx.array, depth: 
         own = (mx.arange((d + 1) * M) % M)[None, :] == branch[:, None]  # (M, (d+1)·M)
         mask = mx.concatenate([sees_prefix, own], axis=1)[None, None]  # (1, 1, M, N+(d+1)M)
         write = (N + d * M + branch)[None]
-        hb, keys, values = model(current[None], (positions + 1 + d)[None], mask, keys, values, write)
+        hb, keys, values = model(
+            current[None], (positions + 1 + d)[None], mask, keys, values, write
+        )
         current = mx.argmax(model.logits(hb[0]), axis=-1).astype(mx.int32)
         greedy.append(current)
     return hidden, mx.stack(greedy, axis=1)
@@ -225,8 +231,17 @@ def model_fingerprint(model_dir: Path, dtype) -> str:
 
 
 def cache_key(fingerprint: str, data_digest: str, seq_len: int, depth: int, mode: str) -> str:
-    blob = json.dumps(dict(v=CACHE_VERSION, model=fingerprint, data=data_digest,
-                           seq_len=seq_len, T=depth, mode=mode), sort_keys=True)
+    blob = json.dumps(
+        dict(
+            v=CACHE_VERSION,
+            model=fingerprint,
+            data=data_digest,
+            seq_len=seq_len,
+            T=depth,
+            mode=mode,
+        ),
+        sort_keys=True,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
@@ -247,13 +262,19 @@ class TargetCache:
         return self.tokens.shape[0]
 
     @classmethod
-    def open(cls, path: Path) -> "TargetCache":
-        load = lambda name: np.load(path / name, mmap_mode="r")  # noqa: E731
+    def open(cls, path: Path) -> TargetCache:
+        load = lambda name: np.load(path / name, mmap_mode="r")
         return cls(path, load("hidden.npy"), load("tokens.npy"), load("valid.npy"))
 
 
-def build_target_cache(model: Model, sequences: list[Sequence], depth: int, mode: str,
-                       path: Path, on_sequence: Callable[[int], None] | None = None) -> TargetCache:
+def build_target_cache(
+    model: Model,
+    sequences: list[Sequence],
+    depth: int,
+    mode: str,
+    path: Path,
+    on_sequence: Callable[[int], None] | None = None,
+) -> TargetCache:
     """Compute hidden states and targets of every training position into ``path`` (atomically)."""
     counts = [len(s.positions()) for s in sequences]
     total = sum(counts)
@@ -272,16 +293,24 @@ def build_target_cache(model: Model, sequences: list[Sequence], depth: int, mode
         for seq, m in zip(sequences, counts):
             pos = seq.positions()
             h, toks, ok = sequence_targets(model, seq, pos, depth, mode)
-            hidden[at:at + m], tokens[at:at + m], valid[at:at + m] = h, toks, ok
+            hidden[at : at + m], tokens[at : at + m], valid[at : at + m] = h, toks, ok
             at += m
             if on_sequence:
                 on_sequence(len(seq.tokens))
         for a in (hidden, tokens, valid):
             a.flush()
         del hidden, tokens, valid
-        (tmp / "meta.json").write_text(json.dumps(dict(
-            version=CACHE_VERSION, positions=total, sequences=len(sequences), T=depth, mode=mode,
-        )))
+        (tmp / "meta.json").write_text(
+            json.dumps(
+                dict(
+                    version=CACHE_VERSION,
+                    positions=total,
+                    sequences=len(sequences),
+                    T=depth,
+                    mode=mode,
+                )
+            )
+        )
         try:
             os.rename(tmp, path)
         except OSError:
@@ -313,8 +342,13 @@ def sequence_targets(model: Model, seq: Sequence, positions: list[int], depth: i
 def drafter_args(model: Model, opts: DistillOptions) -> DrafterArgs:
     H = model.hidden_size
     exit_dim = 2 * H if opts.exit_dim == "auto" else int(opts.exit_dim)
-    return DrafterArgs(vocab_size=model.vocab_size, hidden_size=H, exit_dim=exit_dim,
-                       num_draft_layers=opts.layers, rnn=opts.rnn)
+    return DrafterArgs(
+        vocab_size=model.vocab_size,
+        hidden_size=H,
+        exit_dim=exit_dim,
+        num_draft_layers=opts.layers,
+        rnn=opts.rnn,
+    )
 
 
 def new_drafter(args: DrafterArgs, seed: int) -> Drafter:
@@ -385,7 +419,7 @@ class DataOrder:
             self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.positions)
             self._epoch = epoch
         start = i * self.global_batch + self.rank * self.batch_size
-        return np.sort(self._perm[start:start + self.batch_size])
+        return np.sort(self._perm[start : start + self.batch_size])
 
 
 def read_batch(cache: TargetCache, model: Model, idx: np.ndarray):
@@ -483,7 +517,9 @@ def save_checkpoint(out: Path, trainer: Trainer, step: int, config: dict, run: d
         write_drafter_files(tmp, trainer.drafter, config)
         state = dict(tree_flatten(trainer.optimizer.state))
         mx.save_safetensors(str(tmp / "training_state.safetensors"), state)
-        (tmp / "training_state.json").write_text(json.dumps(dict(step=step, run=run), indent=2) + "\n")
+        (tmp / "training_state.json").write_text(
+            json.dumps(dict(step=step, run=run), indent=2) + "\n"
+        )
         if final.exists():
             shutil.rmtree(final)
         os.rename(tmp, final)
@@ -531,8 +567,14 @@ def eval_shapes(shapes, predict_tokens: int) -> list[tuple[int, int]]:
     return out
 
 
-def evaluate(model: Model, drafter: Drafter, prompts: list[list[int]], shapes, max_tokens: int,
-             eos_token_ids=()) -> list[dict]:
+def evaluate(
+    model: Model,
+    drafter: Drafter,
+    prompts: list[list[int]],
+    shapes,
+    max_tokens: int,
+    eos_token_ids=(),
+) -> list[dict]:
     """Greedy ReDrafter on all prompts (one batch) per beam shape: mean accepted tokens per step.
 
     Decodes with a snapshot of ``drafter``: the engine caches its compiled step per drafter
@@ -547,12 +589,26 @@ def evaluate(model: Model, drafter: Drafter, prompts: list[list[int]], shapes, m
     results = []
     for w, length in shapes:
         stats = None
-        for ev in decode(model, drafter, prompts, max_tokens=max_tokens, beam_width=w,
-                         beam_length=length, eos_token_ids=eos_token_ids, seed=0):
+        for ev in decode(
+            model,
+            drafter,
+            prompts,
+            max_tokens=max_tokens,
+            beam_width=w,
+            beam_length=length,
+            eos_token_ids=eos_token_ids,
+            seed=0,
+        ):
             stats = ev["stats"]
-        results.append(dict(beam_width=w, beam_length=length,
-                            tokens_per_step=round(stats["tokens_per_step"], 4),
-                            steps=stats["steps"], generated=stats["generation_tokens"]))
+        results.append(
+            dict(
+                beam_width=w,
+                beam_length=length,
+                tokens_per_step=round(stats["tokens_per_step"], 4),
+                steps=stats["steps"],
+                generated=stats["generation_tokens"],
+            )
+        )
     return results
 
 
@@ -581,9 +637,15 @@ class Progress:
         from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
         from rich.progress import Progress as Bar
 
-        self._bar = Bar(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
-                        console=self.console, transient=False)
+        self._bar = Bar(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[info]}"),
+            console=self.console,
+            transient=False,
+        )
         self._bar.start()
         self._task = self._bar.add_task(description, total=total, info="")
 
@@ -651,20 +713,28 @@ def distill(model_dir, data_files, out_dir, **options) -> dict:
     tic = time.perf_counter()
 
     ctx = prepare(model_dir, data_files, out, opts, progress, rank, world)
-    trainer = Trainer(new_drafter(drafter_args(ctx.model, opts), opts.seed), opts,
-                      ctx.total_steps, group)
+    trainer = Trainer(
+        new_drafter(drafter_args(ctx.model, opts), opts.seed), opts, ctx.total_steps, group
+    )
     start = restore(ctx, trainer, opts, progress, rank)
     history = train_loop(ctx, trainer, opts, progress, start, rank)
     config = drafter_config(trainer.drafter.args, opts.predict_tokens, opts.targets)
     if rank == 0 and (not list_checkpoints(out) or history):
         save_checkpoint(out, trainer, ctx.total_steps, config, ctx.run)
     summary = dict(
-        out_dir=str(out), steps=ctx.total_steps, resumed_from=start, positions=ctx.cache.size,
-        cache_dir=str(ctx.cache.path), targets=opts.targets, predict_tokens=opts.predict_tokens,
+        out_dir=str(out),
+        steps=ctx.total_steps,
+        resumed_from=start,
+        positions=ctx.cache.size,
+        cache_dir=str(ctx.cache.path),
+        targets=opts.targets,
+        predict_tokens=opts.predict_tokens,
         first_loss=history[0]["loss"] if history else None,
         final_loss=_tail_mean([h["loss"] for h in history]),
         final_step_accuracy=history[-1]["step_accuracy"] if history else None,
-        history=history, world_size=world, rank=rank,
+        history=history,
+        world_size=world,
+        rank=rank,
     )
     if rank == 0:
         summary["eval"] = final_eval(ctx, opts, progress)
@@ -676,12 +746,19 @@ def _tail_mean(values: list[float]) -> float | None:
     """Mean of the last tenth (at least one) of a list, for a less noisy final loss."""
     if not values:
         return None
-    tail = values[-max(1, len(values) // 10):]
+    tail = values[-max(1, len(values) // 10) :]
     return sum(tail) / len(tail)
 
 
-def prepare(model_dir, data_files, out: Path, opts: DistillOptions, progress: Progress,
-            rank: int, world: int) -> RunContext:
+def prepare(
+    model_dir,
+    data_files,
+    out: Path,
+    opts: DistillOptions,
+    progress: Progress,
+    rank: int,
+    world: int,
+) -> RunContext:
     """Load the serving model, render the data, build or reuse the target cache, plan the steps."""
     from ..engine.loading import load_model
     from ..engine.platform import default_dtype
@@ -696,10 +773,17 @@ def prepare(model_dir, data_files, out: Path, opts: DistillOptions, progress: Pr
         load_prompts([f], tokenizer, limit=1)
     bad = [t for s in sequences for t in s.tokens if not 0 <= t < model.vocab_size]
     if bad:
-        raise ValueError(f"token ids {bad[:5]} are outside the model's vocabulary "
-                         f"[0, {model.vocab_size}): the tokenizer does not match {path}")
-    key = cache_key(model_fingerprint(path, dtype), files_digest(data_files), opts.seq_len,
-                    opts.predict_tokens, opts.targets)
+        raise ValueError(
+            f"token ids {bad[:5]} are outside the model's vocabulary "
+            f"[0, {model.vocab_size}): the tokenizer does not match {path}"
+        )
+    key = cache_key(
+        model_fingerprint(path, dtype),
+        files_digest(data_files),
+        opts.seq_len,
+        opts.predict_tokens,
+        opts.targets,
+    )
     cache_root = Path(opts.cache_dir).expanduser() if opts.cache_dir else out / "cache"
     cache_path = cache_root / key
     if (cache_path / "meta.json").exists():
@@ -715,26 +799,41 @@ def prepare(model_dir, data_files, out: Path, opts: DistillOptions, progress: Pr
             progress.update(1, f"{seen[0] / max(time.perf_counter() - t0, 1e-9):,.0f} tok/s")
 
         try:
-            cache = build_target_cache(model, sequences, opts.predict_tokens, opts.targets,
-                                       cache_path, tick)
+            cache = build_target_cache(
+                model, sequences, opts.predict_tokens, opts.targets, cache_path, tick
+            )
         finally:
             progress.stop()
-    order = DataOrder(cache.size, min(opts.batch_size, cache.size // world or 1), opts.seed,
-                      rank, world)
+    order = DataOrder(
+        cache.size, min(opts.batch_size, cache.size // world or 1), opts.seed, rank, world
+    )
     if opts.steps is not None:
         total = opts.steps
     else:
         total = max(1, math.ceil((opts.epochs or 1.0) * order.per_epoch / opts.grad_accum))
-    run = dict(cache_key=key, predict_tokens=opts.predict_tokens, layers=opts.layers,
-               exit_dim=opts.exit_dim, rnn=opts.rnn, targets=opts.targets,
-               batch_size=order.batch_size, grad_accum=opts.grad_accum, lr=opts.lr,
-               warmup=opts.warmup, weight_decay=opts.weight_decay, seed=opts.seed,
-               total_steps=total, seq_len=opts.seq_len, world_size=world)
+    run = dict(
+        cache_key=key,
+        predict_tokens=opts.predict_tokens,
+        layers=opts.layers,
+        exit_dim=opts.exit_dim,
+        rnn=opts.rnn,
+        targets=opts.targets,
+        batch_size=order.batch_size,
+        grad_accum=opts.grad_accum,
+        lr=opts.lr,
+        warmup=opts.warmup,
+        weight_decay=opts.weight_decay,
+        seed=opts.seed,
+        total_steps=total,
+        seq_len=opts.seq_len,
+        world_size=world,
+    )
     return RunContext(model, tokenizer, path, out, cache, order, total, sequences, run)
 
 
-def restore(ctx: RunContext, trainer: Trainer, opts: DistillOptions, progress: Progress,
-            rank: int = 0) -> int:
+def restore(
+    ctx: RunContext, trainer: Trainer, opts: DistillOptions, progress: Progress, rank: int = 0
+) -> int:
     """Prepare ``out`` for this run; with resume, load the newest checkpoint. Returns its step.
 
     Only rank 0 deletes anything (temp dirs of a crashed write; old checkpoints on overwrite).
@@ -761,14 +860,22 @@ def restore(ctx: RunContext, trainer: Trainer, opts: DistillOptions, progress: P
     differ = {k: (info["run"].get(k), v) for k, v in ctx.run.items() if info["run"].get(k) != v}
     if differ:
         detail = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in differ.items())
-        raise ValueError(f"cannot resume {existing[-1]}: the run settings changed ({detail}); "
-                         f"use the original settings or --overwrite")
+        raise ValueError(
+            f"cannot resume {existing[-1]}: the run settings changed ({detail}); "
+            f"use the original settings or --overwrite"
+        )
     progress.print(f"resume: {existing[-1].name} (step {info['step']} of {ctx.total_steps})")
     return int(info["step"])
 
 
-def train_loop(ctx: RunContext, trainer: Trainer, opts: DistillOptions, progress: Progress,
-               start: int, rank: int) -> list[dict]:
+def train_loop(
+    ctx: RunContext,
+    trainer: Trainer,
+    opts: DistillOptions,
+    progress: Progress,
+    start: int,
+    rank: int,
+) -> list[dict]:
     """Optimizer steps start+1..total with periodic checkpoints; returns per-step metrics."""
     config = drafter_config(trainer.drafter.args, opts.predict_tokens, opts.targets)
     history = []
@@ -782,12 +889,21 @@ def train_loop(ctx: RunContext, trainer: Trainer, opts: DistillOptions, progress
             lr = trainer.learning_rate
             loss, _, accs = trainer.step(batches)
             seen += ctx.order.batch_size * opts.grad_accum
-            record = dict(step=step, loss=loss.item(), lr=lr,
-                          step_accuracy=[round(a, 4) for a in accs.tolist()])
+            record = dict(
+                step=step,
+                loss=loss.item(),
+                lr=lr,
+                step_accuracy=[round(a, 4) for a in accs.tolist()],
+            )
             history.append(record)
             tok_s = seen / max(time.perf_counter() - t0, 1e-9)
             progress.update(1, format_metrics(record["loss"], record["step_accuracy"], tok_s, lr))
-            if rank == 0 and opts.save_every and step % opts.save_every == 0 and step < ctx.total_steps:
+            if (
+                rank == 0
+                and opts.save_every
+                and step % opts.save_every == 0
+                and step < ctx.total_steps
+            ):
                 save_checkpoint(ctx.out, trainer, step, config, ctx.run)
     finally:
         progress.stop()
@@ -810,10 +926,16 @@ def final_eval(ctx: RunContext, opts: DistillOptions, progress: Progress) -> dic
         prompts = training_prompts(ctx, opts.eval_prompts)
         source = "training data (in-sample: pass --eval-data for held-out prompts)"
     drafter = load_drafter(ctx.out, ctx.model.model.norm.weight.dtype)
-    results = evaluate(ctx.model, drafter, prompts, shapes, opts.eval_max_tokens,
-                       ctx.tokenizer.eos_token_ids)
-    report = dict(source=source, prompts=len(prompts), max_tokens=opts.eval_max_tokens,
-                  greedy=True, results=results)
+    results = evaluate(
+        ctx.model, drafter, prompts, shapes, opts.eval_max_tokens, ctx.tokenizer.eos_token_ids
+    )
+    report = dict(
+        source=source,
+        prompts=len(prompts),
+        max_tokens=opts.eval_max_tokens,
+        greedy=True,
+        results=results,
+    )
     (ctx.out / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
     if not opts.quiet:
         progress.console.print(eval_table(results, f"tokens/step, {len(prompts)} prompts"))

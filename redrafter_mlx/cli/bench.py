@@ -114,6 +114,25 @@ def show_verify_cost(hidden: int, layers: int, as_json: bool) -> None:
         out_console().print(render_verify_cost(rows, hidden, layers))
 
 
+def show_profile(engine: Engine, configs: list, ids: list[int], as_json: bool) -> None:
+    """``--profile``: per-phase ms and graph ops of one step per shape, greedy, first prompt."""
+    from redrafter_mlx.cli.bench_report import profile_rows, render_profile
+
+    shapes = [(c.width, c.length, c.capacity) for c in configs if c.kind == "redrafter"]
+    with err_console().status("profiling"):
+        data = profile_rows(engine, shapes, ids, repeats=40)
+    if as_json:
+        print(json.dumps(data))
+        return
+    from rich.console import Console
+
+    title = f"{Path(engine.paths.model).name} · {data['device']} · window {data['window']}"
+    console = out_console()
+    wide = Console(width=max(console.width, 112), highlight=False)  # 11 columns of numbers
+    for table in render_profile(data, title):
+        wide.print(table)
+
+
 def print_mismatches(mismatches: list[dict]) -> None:
     """One red line per greedy ReDrafter run that differs from AR."""
     from rich.text import Text
@@ -173,6 +192,14 @@ def bench(
             "--verify-cost", help="Time one verify pass per capacity against one AR step instead."
         ),
     ] = False,
+    profile: Annotated[
+        bool,
+        typer.Option(
+            "--profile",
+            help="Time each phase of one step (draft, pack, verify, accept, commit, host loop) "
+            "and count its graph ops, per beam shape, with the AR step beside it.",
+        ),
+    ] = False,
     hidden: Annotated[int, typer.Option("--hidden", help="--verify-cost: hidden size.")] = 2048,
     layers: Annotated[int, typer.Option("--layers", help="--verify-cost: layers.")] = 8,
     temp: TempOpt = 0.0,
@@ -214,6 +241,9 @@ def bench(
             engine.tokenizer.chat_prompt([{"role": "user", "content": t}], system=system_prompt)
             for t in texts
         ]
+        if profile:
+            show_profile(engine, configs, ids[0], as_json)
+            return
         runner = make_runner(engine, max_tokens, sampling, with_mlx_lm)
         with err_console().status("benchmarking") as status:
             result = logic.run_bench(

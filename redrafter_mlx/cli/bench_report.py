@@ -468,3 +468,57 @@ def render_verify_cost(rows: list[dict], hidden: int, layers: int):
             f"{row['ratio']:.2f}×",
         )
     return table
+
+
+# --------------------------------------------------------------------------- step profile
+
+
+def profile_rows(engine, shapes, ids, repeats: int) -> dict:
+    """The engine's per-phase step profile (``redrafter_mlx.engine.profile.profile_steps``)."""
+    from redrafter_mlx.engine.profile import profile_steps
+    from redrafter_mlx.engine.tree import default_capacity
+
+    full = [(w, n, c if c is not None else default_capacity(w, n)) for w, n, c in shapes]
+    return profile_steps(engine.model, engine.drafter, full, ids, repeats=repeats)
+
+
+def render_profile(data: dict, title: str):
+    """Two rich tables: ms per phase, and graph ops (kernels = ops that compute) per phase."""
+    from rich import box
+    from rich.table import Table
+
+    phases = ("draft", "pack", "verify", "accept", "commit")
+    ms = Table(
+        title=f"{title} · ms per step (medians, interleaved)",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        caption="step: one compiled step · Σ: phases compiled apart · over: step - verify · "
+        "loop: generation loop wall ms/step · host: loop - step",
+    )
+    ops = Table(
+        title=f"{title} · graph ops per step (kernels/all)", box=box.SIMPLE_HEAD, pad_edge=False
+    )
+    for col in ("config", *phases, "Σ", "step", "over", "loop", "host"):
+        ms.add_column(col, justify="left" if col == "config" else "right", no_wrap=True)
+    for col in ("config", *phases, "step"):
+        ops.add_column(col, justify="left" if col == "config" else "right", no_wrap=True)
+    for r in data["rows"]:
+
+        def cell(key, r=r):
+            return f"{r[key]:.2f}" if key in r else "–"
+
+        def op_cell(phase, r=r):
+            k = f"{phase}_kernels"
+            return f"{r[k]}/{r[f'{phase}_ops']}" if k in r else "–"
+
+        ms.add_row(
+            r["config"],
+            *[cell(f"{p}_ms") for p in phases],
+            cell("phases_ms"),
+            cell("step_ms"),
+            cell("overhead_ms"),
+            cell("loop_ms"),
+            cell("host_ms"),
+        )
+        ops.add_row(r["config"], *[op_cell(p) for p in phases], op_cell("step"))
+    return ms, ops

@@ -79,6 +79,53 @@ def commit_path(keys, values, lengths, path_slots):
     return new_keys, new_values
 
 
+def draft_phase(drafter: Drafter, model: Model, state: DecodeState, width: int, length: int):
+    """1. Draft: W beams of L tokens (B, W, L) from the hidden state and the init token."""
+    beams, _, _ = beam_search(drafter, model.embed, state.hidden, state.init_token, width, length)
+    return beams
+
+
+def verify_phase(model: Model, tree, lengths, keys, values, sampler, key, window: int):
+    """3. Verify all C packed tokens in one forward, written at ``[len, len+C)``.
+
+    Returns (hidden (B, C, H), target draws (B, C), keys, values).
+    """
+    capacity = tree.tokens.shape[1]
+    positions = lengths[:, None] + tree.depth
+    write_idx = lengths[:, None] + mx.arange(capacity)[None, :]
+    mask = cache_mask(lengths, tree.mask, window)
+    hidden, keys, values = model(tree.tokens, positions, mask, keys, values, write_idx)
+    return hidden, draw(model.logits(hidden), sampler, key), keys, values
+
+
+def accept_phase(beams, target, unpacker, capacity: int):
+    """4. Accept the longest agreeing beam; the bonus is the target draw after it.
+
+    Returns (tokens (B, L) emitted, n (B,) accepted drafts, bonus (B,), path_slots (B, L)).
+    """
+    length = beams.shape[-1]
+    best, n, target_on_beams = accept(beams, target, unpacker, capacity)
+    path_beam = mx.take_along_axis(beams, best[:, None, None], axis=1)[:, 0]  # (B, L)
+    path_target = mx.take_along_axis(target_on_beams, best[:, None, None], axis=1)[:, 0]
+    path_slots = mx.take_along_axis(unpacker, best[:, None, None], axis=1)[:, 0]
+    k = mx.arange(length)[None, :]
+    bonus = mx.take_along_axis(path_target, n[:, None], axis=1)[:, 0]
+    tokens = mx.where(k < n[:, None], mx.roll(path_beam, -1, axis=1), 0)
+    tokens = mx.where(k == n[:, None], bonus[:, None], tokens)
+    return tokens, n, bonus, path_slots
+
+
+def commit_phase(keys, values, lengths, path_slots, hidden, n):
+    """5. Commit the accepted path (init token + n drafts) to the cache.
+
+    Returns (keys, values, next hidden (B, H) at the last accepted token, next lengths (B,)).
+    """
+    keys, values = commit_path(keys, values, lengths, path_slots)
+    last_slot = mx.take_along_axis(path_slots, n[:, None], axis=1)  # (B, 1)
+    next_hidden = mx.take_along_axis(hidden, last_slot[:, :, None], axis=1)[:, 0]
+    return keys, values, next_hidden, lengths + n + 1
+
+
 def redrafter_step(
     model: Model,
     drafter: Drafter,
@@ -94,38 +141,18 @@ def redrafter_step(
     ``window``: attention covers cache slots [0, window); it must exceed every row's
     length + capacity (the loop picks it in buckets, so it is a rare compile key).
     """
-    lengths = state.lengths
-    B = lengths.shape[0]
+    B = state.lengths.shape[0]
     rng, draw_key = mx.random.split(state.rng)
-
-    # 1. Draft: W beams of L tokens from the hidden state and the init token.
-    beams, _, _ = beam_search(drafter, model.embed, state.hidden, state.init_token, width, length)
-
-    # 2. Pack unique prefixes into C slots with their tree mask.
-    tree = pack(beams, capacity)
-
-    # 3. Verify all packed tokens in one forward, written at [len, len+C).
-    positions = lengths[:, None] + tree.depth
-    write_idx = lengths[:, None] + mx.arange(capacity)[None, :]
-    mask = cache_mask(lengths, tree.mask, window)
-    hidden, keys, values = model(tree.tokens, positions, mask, state.keys, state.values, write_idx)
-    target = draw(model.logits(hidden), sampler, draw_key)  # (B, C)
-
-    # 4. Accept the longest agreeing beam; the bonus is the target draw after it.
-    best, n, target_on_beams = accept(beams, target, tree.unpacker, capacity)
-    path_beam = mx.take_along_axis(beams, best[:, None, None], axis=1)[:, 0]  # (B, L)
-    path_target = mx.take_along_axis(target_on_beams, best[:, None, None], axis=1)[:, 0]
-    path_slots = mx.take_along_axis(tree.unpacker, best[:, None, None], axis=1)[:, 0]
-    k = mx.arange(length)[None, :]
-    bonus = mx.take_along_axis(path_target, n[:, None], axis=1)[:, 0]
-    tokens = mx.where(k < n[:, None], mx.roll(path_beam, -1, axis=1), 0)
-    tokens = mx.where(k == n[:, None], bonus[:, None], tokens)
-
-    # 5. Commit the accepted path (init token + n drafts) to the cache.
-    keys, values = commit_path(keys, values, lengths, path_slots)
-    last_slot = mx.take_along_axis(path_slots, n[:, None], axis=1)  # (B, 1)
-    next_hidden = mx.take_along_axis(hidden, last_slot[:, :, None], axis=1)[:, 0]
-    next_state = DecodeState(bonus, next_hidden, lengths + n + 1, keys, values, rng)
+    beams = draft_phase(drafter, model, state, width, length)
+    tree = pack(beams, capacity)  # 2. unique prefixes in C slots, with their tree mask
+    hidden, target, keys, values = verify_phase(
+        model, tree, state.lengths, state.keys, state.values, sampler, draw_key, window
+    )
+    tokens, n, bonus, path_slots = accept_phase(beams, target, tree.unpacker, capacity)
+    keys, values, next_hidden, lengths = commit_phase(
+        keys, values, state.lengths, path_slots, hidden, n
+    )
+    next_state = DecodeState(bonus, next_hidden, lengths, keys, values, rng)
     packed = tree.valid.sum(axis=-1).astype(mx.int32)
     return next_state, StepOutput(tokens, n + 1, mx.broadcast_to(packed, (B,)))
 

@@ -1,0 +1,301 @@
+"""Per-phase profile of a decode step: time and graph-op count of each phase, AR beside it.
+
+A ReDrafter step is draft -> pack -> verify -> accept -> commit (``decode.py``). Here each
+phase runs as its own compiled function on real inputs (a prefilled prompt), so its time and
+op count can be read apart; the whole step (one compiled function, as the loop runs it) and
+the AR step are timed in the same rounds, interleaved, so machine noise hits all alike.
+``loop`` is the wall time per step of the real generation loop (``generation.decode``), and
+``host`` = loop - step: what the Python loop adds on top of the compiled step.
+
+Op counts are the primitives MLX will dispatch: a compiled function's outputs, before
+evaluation, hang on the graph of the simplified and fused tape, which ``mx.export_to_dot``
+writes out; we count its primitive nodes (``Compiled...`` = one fused elementwise kernel).
+On the CPU backend each costs ~13-20 us, so on a small model the op count sets the step time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .decode import (
+    DecodeState,
+    accept_phase,
+    commit_phase,
+    draft_phase,
+    make_step,
+    verify_phase,
+)
+from .drafter import Drafter
+from .model import Model
+from .sampling import SamplerConfig, draw
+from .tree import PackedTree, pack
+
+PHASES = ("draft", "pack", "verify", "accept", "commit")
+# Primitives that only make a view (no kernel runs; ~1-2 us each on the CPU backend, against
+# ~8-20 us for an op that computes).
+VIEW_OPS = frozenset(
+    ("Reshape", "Squeeze", "ExpandDims", "Transpose", "Unflatten", "Flatten", "Broadcast", "Slice")
+)
+_NODE = re.compile(r'\[label ="([^"]+)", shape=rectangle\]')
+
+
+def graph_ops(*outputs) -> Counter:
+    """Primitives in the unevaluated graph behind ``outputs`` (stops at evaluated arrays).
+
+    Returns a Counter of primitive names. Call on a compiled function's outputs before
+    evaluating them to count what one call dispatches.
+    """
+    arrays = [a for a in _flatten(outputs) if isinstance(a, mx.array)]
+    fd, path = tempfile.mkstemp(suffix=".dot")
+    os.close(fd)
+    try:
+        mx.export_to_dot(path, *arrays)
+        with open(path, encoding="utf-8") as f:
+            return Counter(_NODE.findall(f.read()))
+    finally:
+        os.unlink(path)
+
+
+def _flatten(x):
+    if isinstance(x, (list, tuple)):
+        for item in x:
+            yield from _flatten(item)
+    else:
+        yield x
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+class _Timed:
+    """A thunk timed once per round; ``ops`` counted at the first (post-warm-up) call."""
+
+    def __init__(self, name: str, call: Callable[[], tuple]):
+        self.name, self.call, self.times, self.ops = name, call, [], None
+
+    def run(self, count: bool = False) -> None:
+        tic = time.perf_counter()
+        out = self.call(count and self)
+        mx.eval(out)
+        self.times.append(time.perf_counter() - tic)
+
+    @property
+    def ms(self) -> float:
+        return 1e3 * _median(self.times)
+
+
+def _weights(*modules):
+    return [m.state for m in modules if isinstance(m, nn.Module)]
+
+
+def profile_steps(
+    model: Model,
+    drafter: Drafter | None,
+    shapes: Sequence[tuple[int, int, int]],
+    prompt: Sequence[int],
+    repeats: int = 40,
+    loop_tokens: int = 96,
+    loop_rounds: int = 3,
+) -> dict:
+    """Profile the AR step and a ReDrafter step per (W, L, C) shape on ``prompt`` (greedy).
+
+    Returns ``{"rows": [...], "device": str}``; one row per configuration (AR first) with
+    per-phase ms and op counts, ``step_ms``/``step_ops`` (one compiled step), ``loop_ms``
+    (generation loop wall time per step), ``host_ms`` (loop - step) and
+    ``overhead_ms`` (step - verify). Timings are medians over ``repeats`` interleaved rounds.
+    """
+    from .generation import Session, _prefill, bucket, decode
+
+    sampler = SamplerConfig()
+    session = Session(model, 1)
+    hidden = _prefill(session, [list(prompt)])
+    first = draw(model.logits(hidden), sampler, None)
+    lengths = session.lengths
+    C_max = max([c for _, _, c in shapes] + [1])
+    window = bucket(len(prompt) + C_max + 1)
+    session.ensure_slots(window)
+    mx.eval(first, hidden, lengths, session.keys, session.values)
+    rng = mx.random.key(0)
+    # The cache is carried from call to call so that scatters update it in place, as in
+    # the loop; every call sees the same lengths (and so the same context).
+    kv = {"kv": (session.keys, session.values)}
+    session.keys = session.values = None
+
+    def base_state():
+        keys, values = kv.pop("kv")
+        return DecodeState(first, hidden, lengths, keys, values, rng)
+
+    def keep(state_or_kv):
+        kv["kv"] = state_or_kv
+
+    configs: list[tuple[str, dict[str, _Timed]]] = []
+
+    # --- AR: one compiled step (the loop's own).
+    ar_step = make_step(model, None, 1, 2, 2, sampler)
+
+    def ar_call(counter, step=ar_step):
+        nxt, out = step(base_state(), window)
+        if counter:
+            counter.ops = graph_ops(nxt, out)
+        keep((nxt.keys, nxt.values))
+        return nxt, out
+
+    configs.append(("AR", {"step": _Timed("step", ar_call)}))
+
+    for W, L, C in shapes:
+        timed = _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv)
+        configs.append((f"W{W}×L{L} C{C}", timed))
+
+    # Warm-up (compiles) and op counts, then interleaved timed rounds.
+    for _, timed in configs:
+        for t in timed.values():
+            t.run()
+            t.run(count=True)
+            t.times.clear()
+    for _ in range(repeats):
+        for _, timed in configs:
+            for t in timed.values():
+                t.run()
+
+    # The real loop, interleaved across configurations.
+    loop: dict[str, list[float]] = {name: [] for name, _ in configs}
+    shape_of = {f"W{W}×L{L} C{C}": (W, L, C) for W, L, C in shapes}
+    for r in range(loop_rounds + 1):
+        for name, _ in configs:
+            W, L, C = shape_of.get(name, (1, 2, 2))
+            ms = _loop_ms_per_step(
+                decode, model, None if name == "AR" else drafter, prompt, W, L, C, loop_tokens
+            )
+            if r:  # round 0 warms up
+                loop[name].append(ms)
+
+    rows = []
+    for name, timed in configs:
+        row = dict(config=name, step_ms=timed["step"].ms, step_ops=_total(timed["step"].ops))
+        row["step_kernels"] = kernels(timed["step"].ops)
+        row["step_op_kinds"] = dict(timed["step"].ops.most_common())
+        for phase in PHASES:
+            if phase in timed:
+                row[f"{phase}_ms"] = timed[phase].ms
+                row[f"{phase}_ops"] = _total(timed[phase].ops)
+                row[f"{phase}_kernels"] = kernels(timed[phase].ops)
+        if name != "AR":
+            W, L, C = shape_of[name]
+            row.update(width=W, length=L, capacity=C, draft_steps=L - 1)
+            row["phases_ms"] = sum(row[f"{p}_ms"] for p in PHASES)
+            row["overhead_ms"] = row["step_ms"] - row["verify_ms"]
+        row["loop_ms"] = _median(loop[name])
+        row["host_ms"] = row["loop_ms"] - row["step_ms"]
+        rows.append(row)
+    return {"rows": rows, "device": str(mx.default_device()), "window": window}
+
+
+def _total(ops: Counter | None) -> int:
+    return sum(ops.values()) if ops else 0
+
+
+def kernels(ops: Counter | dict) -> int:
+    """Ops that compute (views excluded)."""
+    return sum(n for name, n in ops.items() if name not in VIEW_OPS)
+
+
+def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv):
+    """Timed thunks for each phase of one shape, plus the whole compiled step."""
+    weights = _weights(model, drafter)
+
+    def draft(init_token, hidden):
+        state = DecodeState(init_token, hidden, None, None, None, None)
+        return draft_phase(drafter, model, state, W, L)
+
+    def verify(tokens, depth, mask, lengths, keys, values, key):
+        tree = PackedTree(tokens, depth, None, None, mask)
+        return verify_phase(model, tree, lengths, keys, values, sampler, key, window)
+
+    def commit(keys, values, lengths, path_slots, hidden, n):
+        return commit_phase(keys, values, lengths, path_slots, hidden, n)
+
+    draft_fn = mx.compile(draft, inputs=weights)
+    pack_fn = mx.compile(lambda beams: tuple(pack(beams, C)))
+    verify_fn = mx.compile(verify, inputs=weights)
+    accept_fn = mx.compile(lambda b, t, u: accept_phase(b, t, u, C))
+    commit_fn = mx.compile(commit)
+    step_fn = make_step(model, drafter, W, L, C, sampler)
+
+    # Fixed inputs for each phase, from one real pass through the phases.
+    s = base_state()
+    beams = draft_fn(s.init_token, s.hidden)
+    tree = PackedTree(*pack_fn(beams))
+    h, target, keys, values = verify_fn(
+        tree.tokens, tree.depth, tree.mask, s.lengths, s.keys, s.values, s.rng
+    )
+    tokens, n, _, path_slots = accept_fn(beams, target, tree.unpacker)
+    mx.eval(beams, tree, h, target, keys, values, tokens, n, path_slots)
+    keep((keys, values))
+    lengths, init_token, hidden, rng = s.lengths, s.init_token, s.hidden, s.rng
+
+    def counted(counter, out):
+        if counter:
+            counter.ops = graph_ops(out)
+        return out
+
+    def t_draft(c):
+        return counted(c, draft_fn(init_token, hidden))
+
+    def t_pack(c):
+        return counted(c, pack_fn(beams))
+
+    def t_verify(c):
+        k, v = kv.pop("kv")
+        out = counted(c, verify_fn(tree.tokens, tree.depth, tree.mask, lengths, k, v, rng))
+        keep(out[2:])
+        return out
+
+    def t_accept(c):
+        return counted(c, accept_fn(beams, target, tree.unpacker))
+
+    def t_commit(c):
+        k, v = kv.pop("kv")
+        out = counted(c, commit_fn(k, v, lengths, path_slots, h, n))
+        keep(out[:2])
+        return out
+
+    def t_step(c):
+        nxt, out = step_fn(base_state(), window)
+        counted(c, (nxt, out))
+        keep((nxt.keys, nxt.values))
+        return nxt, out
+
+    thunks = dict(
+        draft=t_draft, pack=t_pack, verify=t_verify, accept=t_accept, commit=t_commit, step=t_step
+    )
+    return {name: _Timed(name, fn) for name, fn in thunks.items()}
+
+
+def _loop_ms_per_step(decode, model, drafter, prompt, W, L, C, max_tokens) -> float:
+    """Wall ms per step of the generation loop (first token excluded), greedy, no EOS."""
+    steps, start = 0, None
+    for ev in decode(
+        model,
+        drafter,
+        [list(prompt)],
+        max_tokens=max_tokens,
+        beam_width=W,
+        beam_length=L,
+        capacity=C,
+        seed=0,
+    ):
+        if start is None:
+            start = time.perf_counter()
+            continue
+        steps = ev["stats"]["steps"]
+    return 1e3 * (time.perf_counter() - start) / max(steps, 1)

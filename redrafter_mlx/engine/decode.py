@@ -25,7 +25,7 @@ import mlx.nn as nn
 from .drafter import Drafter, beam_search
 from .model import Model
 from .sampling import SamplerConfig, draw
-from .tree import cache_mask, chain_mask, pack, unpack
+from .tree import arange, cache_mask, chain_mask, pack, unpack
 
 
 class DecodeState(NamedTuple):
@@ -66,16 +66,12 @@ def commit_path(keys, values, lengths, path_slots):
     path_slots: (B, L) packed slot of each path token; K/V for slot c live at len + c and
     go to len + k. Slots past the accepted run move junk past the new length (masked).
     """
-    B, L = path_slots.shape
-    rows = mx.arange(B)[:, None]
-    src = lengths[:, None] + path_slots
-    dst = lengths[:, None] + mx.arange(L)[None, :]
+    src = (lengths[:, None] + path_slots)[:, None, :, None]  # (B, 1, L, 1)
+    dst = (lengths[:, None] + arange(path_slots.shape[1])[None, :])[:, None, :, None]
     new_keys, new_values = [], []
     for k, v in zip(keys, values):
-        k[rows, :, dst] = k[rows, :, src]
-        v[rows, :, dst] = v[rows, :, src]
-        new_keys.append(k)
-        new_values.append(v)
+        new_keys.append(mx.put_along_axis(k, dst, mx.take_along_axis(k, src, axis=2), axis=2))
+        new_values.append(mx.put_along_axis(v, dst, mx.take_along_axis(v, src, axis=2), axis=2))
     return new_keys, new_values
 
 
@@ -92,7 +88,7 @@ def verify_phase(model: Model, tree, lengths, keys, values, sampler, key, window
     """
     capacity = tree.tokens.shape[1]
     positions = lengths[:, None] + tree.depth
-    write_idx = lengths[:, None] + mx.arange(capacity)[None, :]
+    write_idx = lengths[:, None] + arange(capacity)[None, :]
     mask = cache_mask(lengths, tree.mask, window)
     hidden, keys, values = model(tree.tokens, positions, mask, keys, values, write_idx)
     return hidden, draw(model.logits(hidden), sampler, key), keys, values
@@ -108,7 +104,7 @@ def accept_phase(beams, target, unpacker, capacity: int):
     path_beam = mx.take_along_axis(beams, best[:, None, None], axis=1)[:, 0]  # (B, L)
     path_target = mx.take_along_axis(target_on_beams, best[:, None, None], axis=1)[:, 0]
     path_slots = mx.take_along_axis(unpacker, best[:, None, None], axis=1)[:, 0]
-    k = mx.arange(length)[None, :]
+    k = arange(length)[None, :]
     bonus = mx.take_along_axis(path_target, n[:, None], axis=1)[:, 0]
     tokens = mx.where(k < n[:, None], mx.roll(path_beam, -1, axis=1), 0)
     tokens = mx.where(k == n[:, None], bonus[:, None], tokens)
@@ -180,7 +176,7 @@ def prefill_chunk(model: Model, tokens, counts, lengths, keys, values, window: i
     Returns (hidden at each row's last real token (B, H), lengths + counts, keys, values).
     """
     _B, T = tokens.shape
-    idx = lengths[:, None] + mx.arange(T)[None, :]
+    idx = lengths[:, None] + arange(T)[None, :]
     mask = cache_mask(lengths, chain_mask(T), window)
     hidden, keys, values = model(tokens, idx, mask, keys, values, idx)
     last = mx.maximum(counts - 1, 0)[:, None, None]

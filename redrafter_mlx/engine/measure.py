@@ -16,7 +16,7 @@ from .decode import DecodeState, make_step, prefill_chunk
 from .model import Model, ModelArgs
 from .platform import default_dtype
 from .sampling import SamplerConfig, draw
-from .tree import cache_mask, chain_mask
+from .tree import arange, cache_mask, chain_mask
 
 
 def random_llama(hidden: int, layers: int, vocab: int = 32000, dtype=None, seed: int = 0) -> Model:
@@ -60,7 +60,7 @@ def _verify_fn(model: Model, capacity: int, window: int):
     """Compiled verify forward of ``capacity`` chain-masked tokens + target draws."""
 
     def verify(tokens, lengths, keys, values):
-        idx = lengths[:, None] + mx.arange(capacity)[None, :]
+        idx = lengths[:, None] + arange(capacity)[None, :]
         mask = cache_mask(lengths, chain_mask(capacity), window)
         hidden, keys, values = model(tokens, idx, mask, keys, values, idx)
         return draw(model.logits(hidden), SamplerConfig(), None), keys, values

@@ -12,7 +12,22 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import functools
+
 import mlx.core as mx
+
+
+@functools.lru_cache(maxsize=256)
+def arange(n: int) -> mx.array:
+    """``mx.arange(n)`` (int32) as a constant: inside ``mx.compile`` it is data captured by the
+    trace, not an op recomputed at every call (each op costs ~10-20 us on the CPU backend)."""
+    return mx.array(list(range(n)), dtype=mx.int32)
+
+
+@functools.lru_cache(maxsize=64)
+def eye(n: int) -> mx.array:
+    """(n, n) bool identity as a constant (see ``arange``)."""
+    return mx.array([[i == j for j in range(n)] for i in range(n)], dtype=mx.bool_)
 
 
 def default_capacity(width: int, length: int) -> int:
@@ -27,7 +42,7 @@ def dedup_prefix(beams: mx.array) -> mx.array:
     """
     L = beams.shape[-1]
     matches = beams[:, :, None, :] == beams[:, None, :, :]  # (B, W, W, L)
-    same_prefix = mx.cumsum(matches.astype(mx.int32), axis=-1) == mx.arange(1, L + 1)
+    same_prefix = mx.cumsum(matches.astype(mx.int32), axis=-1) == arange(L + 1)[1:]
     return mx.argmax(same_prefix.astype(mx.int32), axis=2).astype(mx.int32)
 
 
@@ -44,25 +59,25 @@ def pack(beams: mx.array, capacity: int) -> PackedTree:
     B, W, L = beams.shape
     C = capacity
     prefix_tree = dedup_prefix(beams)
-    unique = prefix_tree == mx.arange(W)[None, :, None]  # (B, W, L)
+    unique = prefix_tree == arange(W)[None, :, None]  # (B, W, L)
     flat_unique = unique.reshape(B, W * L)
     flat_slot = mx.cumsum(flat_unique.astype(mx.int32), axis=-1) - 1  # slot if unique
     # A shared token sits in the slot of the first beam holding that prefix.
-    owner_flat = prefix_tree * L + mx.arange(L)[None, None, :]  # (B, W, L) flat index
+    owner_flat = prefix_tree * L + arange(L)[None, None, :]  # (B, W, L) flat index
     unpacker = mx.take_along_axis(flat_slot, owner_flat.reshape(B, W * L), axis=1)
     unpacker = unpacker.reshape(B, W, L)
     # Inverse map: for each slot c, the flat (i, k) whose unique token landed there.
-    hits = (flat_slot[:, None, :] == mx.arange(C)[None, :, None]) & flat_unique[:, None, :]
+    hits = (flat_slot[:, None, :] == arange(C)[None, :, None]) & flat_unique[:, None, :]
     valid = mx.any(hits, axis=-1)  # (B, C)
     src = mx.argmax(hits.astype(mx.int32), axis=-1)  # (B, C) flat index
     tokens = mx.where(valid, mx.take_along_axis(beams.reshape(B, W * L), src, axis=1), 0)
     depth = mx.where(valid, src % L, 0).astype(mx.int32)
     # Ancestors-or-self of slot c = unpacker[i_c, 0..k_c].
     ancestors = mx.take_along_axis(unpacker, (src // L)[:, :, None], axis=1)  # (B, C, L)
-    upto = mx.arange(L)[None, None, :] <= depth[:, :, None]  # (B, C, L)
-    is_anc = (ancestors[..., None] == mx.arange(C)) & upto[..., None]  # (B, C, L, C)
+    upto = arange(L)[None, None, :] <= depth[:, :, None]  # (B, C, L)
+    is_anc = (ancestors[..., None] == arange(C)) & upto[..., None]  # (B, C, L, C)
     mask = mx.any(is_anc, axis=2) & valid[:, :, None]
-    mask = mask | mx.eye(C, dtype=mx.bool_)[None]  # unused slots attend to themselves
+    mask = mask | eye(C)[None]  # unused slots attend to themselves
     return PackedTree(tokens.astype(mx.int32), depth, valid, unpacker.astype(mx.int32), mask)
 
 
@@ -82,7 +97,12 @@ def unpack(packed: mx.array, unpacker: mx.array) -> mx.array:
 
 def chain_mask(T: int) -> mx.array:
     """The tree mask of a single chain (prefill, AR step): causal, (1, T, T) bool."""
-    return mx.tril(mx.ones((T, T), dtype=mx.bool_))[None]
+    return _chain_mask(T)
+
+
+@functools.lru_cache(maxsize=64)
+def _chain_mask(T: int) -> mx.array:
+    return mx.array([[j <= i for j in range(T)] for i in range(T)], dtype=mx.bool_)[None]
 
 
 def cache_mask(lengths: mx.array, tree_mask: mx.array, slots: int) -> mx.array:
@@ -92,7 +112,7 @@ def cache_mask(lengths: mx.array, tree_mask: mx.array, slots: int) -> mx.array:
     committed prefix ``[0, len)`` plus the new tokens its tree mask allows.
     """
     T = tree_mask.shape[-1]
-    s = mx.arange(slots)[None, :]
+    s = arange(slots)[None, :]
     rel = s - lengths[:, None]  # (B, slots)
     prefix = rel < 0
     in_new = (rel >= 0) & (rel < T)

@@ -80,6 +80,12 @@ class Drafter(nn.Module):
             self.rnn_u = nn.Linear(H, H, bias=True)
             self.rnn_w = nn.Linear(H, H, bias=False)
 
+    def first_state(self, token_emb: mx.array) -> mx.array:
+        """``next_state(0, token_emb)`` without multiplying zeros: (..., H) -> (..., H)."""
+        if self.args.rnn:
+            return nn.silu(self.rnn_w(token_emb) + self.rnn_u.bias)
+        return token_emb
+
     def next_state(self, state: mx.array, token_emb: mx.array) -> mx.array:
         """s_k = SiLU(W·E[t] + U·s_{k-1} + b) (rnn) or s_{k-1} + E[t]; (..., H) -> (..., H)."""
         if self.args.rnn:
@@ -88,9 +94,28 @@ class Drafter(nn.Module):
 
     def __call__(self, hidden: mx.array, state: mx.array) -> mx.array:
         """Plain logits for the next draft token: hidden, state (..., H) -> (..., V) float32."""
-        x = mx.concatenate([hidden, state], axis=-1)
+        return self.head(self.hidden_part(hidden), state)
+
+    def hidden_part(self, hidden: mx.array):
+        """What the head computes from ``hidden`` alone (..., H), hoisted out of draft steps.
+
+        With ``input_proj`` it is ``input_proj`` applied to the hidden half of its input
+        (plus the bias), so a draft step does one (E, H) matmul instead of concatenating and
+        multiplying by (E, 2H); otherwise ``hidden`` itself.
+        """
+        if "input_proj" not in self:
+            return hidden
+        H = self.args.hidden_size
+        proj = self.input_proj
+        return hidden @ proj.weight[:, :H].T + proj.bias
+
+    def head(self, hidden_part, state: mx.array) -> mx.array:
+        """Logits (..., V) float32 from ``hidden_part(hidden)`` and the state (..., H)."""
         if "input_proj" in self:
-            x = self.input_proj(x)
+            H = self.args.hidden_size
+            x = mx.addmm(hidden_part, state, self.input_proj.weight[:, H:].T)
+        else:
+            x = mx.concatenate([mx.broadcast_to(hidden_part, state.shape), state], axis=-1)
         for block in self.lm_head:
             x = block(x)
         return x.astype(mx.float32)
@@ -112,6 +137,47 @@ def _take_beams(x: mx.array, parent: mx.array) -> mx.array:
     return mx.take_along_axis(x, idx, axis=1)
 
 
+def top_draft_log_probs(logits: mx.array, width: int):
+    """The drafter log-probs of the candidates a beam step can keep, without a full sort.
+
+    logits: (..., V) -> (log_probs (..., K), token ids (..., K) or None for all V). With
+    V > 50 and W <= 50 these are the 50 best tokens (one partition), normalised over them:
+    the same values as ``draft_log_probs`` at those tokens (its floored tokens weigh
+    exp(-50000) = 0), and a beam step never keeps a floored token while >= W others remain.
+    """
+    V = logits.shape[-1]
+    if V <= DRAFT_TOP_K or width > DRAFT_TOP_K:
+        return draft_log_probs(logits), None
+    ids = mx.argpartition(logits, V - DRAFT_TOP_K, axis=-1)[..., V - DRAFT_TOP_K :]
+    top = mx.take_along_axis(logits, ids, axis=-1)
+    return top - mx.logsumexp(top, axis=-1, keepdims=True), ids
+
+
+def _best(candidates: mx.array, ids: mx.array | None, width: int):
+    """The ``width`` best of (B, N, K) candidate scores, best first.
+
+    Returns (scores (B, W), parent index in N (B, W), token ids (B, W) int32).
+    """
+    B, N, K = candidates.shape
+    flat = candidates.reshape(B, N * K)
+    order = mx.argsort(flat, axis=-1)[:, ::-1][:, :width]  # descending
+    scores = mx.take_along_axis(flat, order, axis=-1)
+    token = order % K if ids is None else mx.take_along_axis(ids.reshape(B, N * K), order, -1)
+    return scores, order // K, token.astype(mx.int32)
+
+
+def _split_head(drafter, hidden: mx.array):
+    """(hidden part, head) of a ``Drafter``; any other drafter-like object (tests' doubles:
+    ``next_state`` and ``__call__(hidden, state)``) is called whole."""
+    if isinstance(drafter, Drafter):
+        return drafter.hidden_part(hidden), drafter.head
+
+    def head(h, state):
+        return drafter(mx.broadcast_to(h, (*state.shape[:-1], h.shape[-1])), state)
+
+    return hidden, head
+
+
 def beam_search(
     drafter: Drafter,
     embed: Callable[[mx.array], mx.array],
@@ -127,34 +193,54 @@ def beam_search(
     Returns beams (B, W, L) sorted by score (best first) with the init token at position 0,
     scores (B, W), and the drafter log-probs at each draft step (B, W, L-1, V).
     Requires W <= V (W distinct first tokens).
+
+    A step ranks only each beam's 50 best tokens (``top_draft_log_probs``) and sorts the
+    W*50 candidates; the full log-probs are computed only if the caller uses them (under
+    ``mx.compile`` they are dead code for the decode step). W = 1 is greedy: one argmax.
     """
     B, H = hidden.shape
     W = width
     if length < 2:
         beams = init_token[:, None, None].astype(mx.int32) * mx.ones((1, W, 1), mx.int32)
         return beams, mx.zeros((B, W)), mx.zeros((B, W, 0, drafter.args.vocab_size))
+    hidden_part, head = _split_head(drafter, hidden[:, None])  # (B, 1, E or H), once
     # First step: all beams are the init token, so run the drafter once and take the top W.
-    state = drafter.next_state(mx.zeros((B, 1, H), dtype=hidden.dtype), embed(init_token)[:, None])
-    log_probs = draft_log_probs(drafter(hidden[:, None], state))  # (B, 1, V)
-    V = log_probs.shape[-1]
-    token = mx.argsort(-log_probs[:, 0], axis=-1)[:, :W].astype(mx.int32)  # (B, W) best first
-    scores = mx.take_along_axis(log_probs[:, 0], token, axis=-1)
-    beams = mx.stack([mx.broadcast_to(init_token[:, None], (B, W)).astype(mx.int32), token], -1)
-    state = mx.broadcast_to(state, (B, W, H))
-    step_log_probs = [mx.broadcast_to(log_probs, (B, W, V))]
-    hidden_w = mx.broadcast_to(hidden[:, None, :], (B, W, H))
+    if isinstance(drafter, Drafter):
+        state = drafter.first_state(embed(init_token)[:, None])  # (B, 1, H)
+    else:
+        state = drafter.next_state(mx.zeros((B, 1, H), hidden.dtype), embed(init_token)[:, None])
+    logits = head(hidden_part, state)  # (B, 1, V)
+    V = logits.shape[-1]
+    step_log_probs = [draft_log_probs(logits)]  # full log-probs: lazy, unused by the step
+    scores = None
+    if W == 1:
+        token = mx.argmax(logits, axis=-1).astype(mx.int32)  # (B, 1)
+    else:
+        scores, _, token = _best(*top_draft_log_probs(logits, W), W)  # (B, W) best first
+        state = mx.broadcast_to(state, (B, W, H))
+        step_log_probs = [mx.broadcast_to(step_log_probs[0], (B, W, V))]
+    first = mx.broadcast_to(init_token[:, None], (B, W)).astype(mx.int32)
+    beams = mx.stack([first, token], axis=-1)
+    greedy = [first, token]  # W = 1: stacked once at the end
     for _ in range(length - 2):
-        state = drafter.next_state(state, embed(beams[:, :, -1]))
-        log_probs = draft_log_probs(drafter(hidden_w, state))  # (B, W, V)
-        candidates = (scores[:, :, None] + log_probs).reshape(B, W * V)
-        top = mx.argpartition(-candidates, W - 1, axis=-1)[:, :W]
-        top_scores = mx.take_along_axis(candidates, top, axis=-1)
-        order = mx.argsort(-top_scores, axis=-1)
-        top = mx.take_along_axis(top, order, axis=-1)
-        scores = mx.take_along_axis(top_scores, order, axis=-1)
-        parent, token = top // V, (top % V).astype(mx.int32)
+        state = drafter.next_state(state, embed(token if W == 1 else beams[:, :, -1]))
+        logits = head(hidden_part, state)  # (B, W, V)
+        full = draft_log_probs(logits)
+        if W == 1:
+            token = mx.argmax(logits, axis=-1).astype(mx.int32)
+            greedy.append(token)
+            step_log_probs.append(full)
+            continue
+        log_probs, ids = top_draft_log_probs(logits, W)
+        scores, parent, token = _best(scores[:, :, None] + log_probs, ids, W)
         beams = mx.concatenate([_take_beams(beams, parent), token[:, :, None]], axis=-1)
         state = _take_beams(state, parent)
         step_log_probs = [_take_beams(lp, parent) for lp in step_log_probs]
-        step_log_probs.append(_take_beams(log_probs, parent))
-    return beams, scores, mx.stack(step_log_probs, axis=2)
+        step_log_probs.append(_take_beams(full, parent))
+    if W == 1:
+        beams = mx.stack(greedy, axis=-1)
+    step_log_probs = mx.stack(step_log_probs, axis=2)  # (B, W, L-1, V)
+    if scores is None:  # greedy: the sum of the chosen tokens' log-probs
+        picked = mx.take_along_axis(step_log_probs, beams[:, :, 1:, None], axis=-1)
+        scores = picked[..., 0].sum(axis=-1)
+    return beams, scores, step_log_probs

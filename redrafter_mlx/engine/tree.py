@@ -10,9 +10,8 @@ All functions are tensor ops (no Python loops over beams or tokens, no host read
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import functools
+from typing import NamedTuple
 
 import mlx.core as mx
 

@@ -99,24 +99,35 @@ def accept_phase(beams, target, unpacker, capacity: int):
 
     Returns (tokens (B, L) emitted, n (B,) accepted drafts, bonus (B,), path_slots (B, L)).
     """
-    length = beams.shape[-1]
+    B, W, length = beams.shape
+    k = arange(length)[None, :]
+    if W == 1:  # one chain packed in order: slot k is beam token k, nothing to choose
+        path_beam, path_target = beams[:, 0], target
+        match = (path_beam[:, 1:] == target[:, :-1]).astype(mx.int32)
+        n = mx.cumprod(match, axis=-1).sum(axis=-1).astype(mx.int32)
+        bonus = mx.take_along_axis(path_target, n[:, None], axis=1)[:, 0]
+        tokens = mx.where(k < n[:, None], mx.roll(path_beam, -1, axis=1), bonus[:, None])
+        tokens = mx.where(k <= n[:, None], tokens, 0)
+        return tokens, n, bonus, mx.broadcast_to(k, (B, length))
     best, n, target_on_beams = accept(beams, target, unpacker, capacity)
     path_beam = mx.take_along_axis(beams, best[:, None, None], axis=1)[:, 0]  # (B, L)
     path_target = mx.take_along_axis(target_on_beams, best[:, None, None], axis=1)[:, 0]
     path_slots = mx.take_along_axis(unpacker, best[:, None, None], axis=1)[:, 0]
-    k = arange(length)[None, :]
     bonus = mx.take_along_axis(path_target, n[:, None], axis=1)[:, 0]
     tokens = mx.where(k < n[:, None], mx.roll(path_beam, -1, axis=1), 0)
     tokens = mx.where(k == n[:, None], bonus[:, None], tokens)
     return tokens, n, bonus, path_slots
 
 
-def commit_phase(keys, values, lengths, path_slots, hidden, n):
+def commit_phase(keys, values, lengths, path_slots, hidden, n, in_place: bool = False):
     """5. Commit the accepted path (init token + n drafts) to the cache.
 
-    Returns (keys, values, next hidden (B, H) at the last accepted token, next lengths (B,)).
+    ``in_place``: the path already sits in consecutive slots (W = 1: slot k is token k), so
+    no K/V moves. Returns (keys, values, next hidden (B, H) at the last accepted token,
+    next lengths (B,)).
     """
-    keys, values = commit_path(keys, values, lengths, path_slots)
+    if not in_place:
+        keys, values = commit_path(keys, values, lengths, path_slots)
     last_slot = mx.take_along_axis(path_slots, n[:, None], axis=1)  # (B, 1)
     next_hidden = mx.take_along_axis(hidden, last_slot[:, :, None], axis=1)[:, 0]
     return keys, values, next_hidden, lengths + n + 1
@@ -146,7 +157,7 @@ def redrafter_step(
     )
     tokens, n, bonus, path_slots = accept_phase(beams, target, tree.unpacker, capacity)
     keys, values, next_hidden, lengths = commit_phase(
-        keys, values, state.lengths, path_slots, hidden, n
+        keys, values, state.lengths, path_slots, hidden, n, in_place=width == 1
     )
     next_state = DecodeState(bonus, next_hidden, lengths, keys, values, rng)
     packed = tree.valid.sum(axis=-1).astype(mx.int32)

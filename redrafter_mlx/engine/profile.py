@@ -222,7 +222,7 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
         return verify_phase(model, tree, lengths, keys, values, sampler, key, window)
 
     def commit(keys, values, lengths, path_slots, hidden, n):
-        return commit_phase(keys, values, lengths, path_slots, hidden, n)
+        return commit_phase(keys, values, lengths, path_slots, hidden, n, in_place=W == 1)
 
     draft_fn = mx.compile(draft, inputs=weights)
     pack_fn = mx.compile(lambda beams: tuple(pack(beams, C)))

@@ -57,6 +57,8 @@ def pack(beams: mx.array, capacity: int) -> PackedTree:
     """Pack the unique prefix tokens of ``beams`` (B, W, L) beam-major into ``capacity`` slots."""
     B, W, L = beams.shape
     C = capacity
+    if W == 1:  # one chain: nothing to deduplicate, slot k holds token k (C == L)
+        return chain_tree(beams, C)
     prefix_tree = dedup_prefix(beams)
     unique = prefix_tree == arange(W)[None, :, None]  # (B, W, L)
     flat_unique = unique.reshape(B, W * L)
@@ -78,6 +80,20 @@ def pack(beams: mx.array, capacity: int) -> PackedTree:
     mask = mx.any(is_anc, axis=2) & valid[:, :, None]
     mask = mask | eye(C)[None]  # unused slots attend to themselves
     return PackedTree(tokens.astype(mx.int32), depth, valid, unpacker.astype(mx.int32), mask)
+
+
+def chain_tree(beams: mx.array, capacity: int) -> PackedTree:
+    """``pack`` of a single beam (B, 1, L) into C = L slots, from constants and views only."""
+    B, W, L = beams.shape
+    assert W == 1 and capacity == L, (W, capacity, L)
+    k = mx.broadcast_to(arange(L)[None], (B, L))
+    return PackedTree(
+        beams[:, 0].astype(mx.int32),
+        k,
+        mx.broadcast_to(mx.array(True), (B, L)),
+        k[:, None, :],
+        mx.broadcast_to(_chain_mask(L), (B, L, L)),
+    )
 
 
 def unpack(packed: mx.array, unpacker: mx.array) -> mx.array:

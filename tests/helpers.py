@@ -135,11 +135,17 @@ def save_drafter_dir(drafter: Drafter, path) -> None:
 def run_decode(model, drafter, prompts, **kw):
     """All tokens per row and the final stats of ``redrafter_mlx.engine.generation.decode``."""
     from redrafter_mlx.engine.generation import decode
+    from redrafter_mlx.engine.shape import BeamShape
 
+    width, length, capacity = (kw.pop(k, None) for k in ("beam_width", "beam_length", "capacity"))
+    if (width, length, capacity) != (None, None, None):
+        kw["shape"] = BeamShape(
+            4 if width is None else width, 4 if length is None else length, capacity
+        )
     out = [[] for _ in prompts]
     stats = None
     for ev in decode(model, drafter, prompts, **kw):
-        for r, t in enumerate(ev["tokens"]):
+        for r, t in enumerate(ev.tokens):
             out[r] += t
-        stats = ev["stats"]
+        stats = ev.stats.to_dict()
     return out, stats

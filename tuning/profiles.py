@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tuning.grid import BeamShape
+from redrafter_mlx.engine.shape import BeamShape
 
 FORMAT = 1
 FILE_NAME = "profiles.json"

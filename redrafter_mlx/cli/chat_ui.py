@@ -142,7 +142,7 @@ class ChatLoop:
             ids,
             max_tokens=self.max_tokens,
             session=self.session,
-            **self.plan.kwargs(),
+            shape=self.plan.shape,
             **self.sampling.kwargs(),
         )
         try:

@@ -18,11 +18,15 @@ import contextlib
 import sys
 import traceback
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from redrafter_mlx.engine.shape import BeamShape
+    from tuning import ShapeChoice
 
 # --------------------------------------------------------------------------- option types
 
@@ -278,58 +282,20 @@ def resolve_paths(model: str | None, drafter: str | None) -> ModelPaths:
     return ModelPaths(str(base), chosen, demo=True)
 
 
-@dataclass(frozen=True)
-class Plan:
-    """The beam shape to decode with; ``speculative=False`` means plain decoding."""
+def check_shape(shape: BeamShape) -> BeamShape:
+    """Validate a speculative beam shape with the engine's rules; FlagError names the flag."""
+    from redrafter_mlx.engine.shape import ShapeError
 
-    width: int
-    length: int
-    capacity: int | None
-    speculative: bool
-    source: str
-
-    @property
-    def label(self) -> str:
-        """``W4×L4 C13`` or ``AR`` (autoregressive)."""
-        if not self.speculative:
-            return "AR"
-        capacity = (
-            self.capacity if self.capacity is not None else self.width * (self.length - 1) + 1
+    flags = {"width": "--beam-width", "length": "--beam-length", "capacity": "--capacity"}
+    if shape.length < 2:
+        raise FlagError(
+            f"--beam-length must be >= 2 (it counts the init token), got {shape.length}; "
+            f"use --no-draft for plain decoding"
         )
-        return f"W{self.width}×L{self.length} C{capacity}"
-
-    def kwargs(self) -> dict:
-        """Beam keyword arguments of ``stream_generate``."""
-        return dict(beam_width=self.width, beam_length=self.length, capacity=self.capacity)
-
-    def to_dict(self) -> dict:
-        """JSON-ready fields plus the label."""
-        return {**asdict(self), "label": self.label}
-
-
-AR_PLAN_WIDTH, AR_PLAN_LENGTH = 1, 2  # placeholder shape for plain decoding (never drafted)
-
-
-def ar_plan(source: str) -> Plan:
-    """A plan for plain autoregressive decoding."""
-    return Plan(AR_PLAN_WIDTH, AR_PLAN_LENGTH, None, False, source)
-
-
-def check_shape(width: int, length: int, capacity: int | None) -> None:
-    """Validate a beam shape with the engine's own rules; FlagError names the flag."""
-    from redrafter_mlx.engine.generation import BeamShape
-
     try:
-        BeamShape.make(width, length, capacity)
-    except ValueError as e:
-        flag = (
-            "--beam-width"
-            if "width must" in str(e)
-            else "--beam-length"
-            if "length must" in str(e)
-            else "--capacity"
-        )
-        raise FlagError(f"{flag}: {e}") from None
+        return shape.validate()
+    except ShapeError as e:
+        raise FlagError(f"{flags[e.param]}: {e}") from None
 
 
 def resolve_plan(
@@ -339,37 +305,28 @@ def resolve_plan(
     length: int | None,
     capacity: int | None,
     no_draft: bool,
-) -> Plan:
+) -> ShapeChoice:
     """The beam shape: flags override the tuned profile / chip preset; no drafter -> AR."""
+    from redrafter_mlx.engine.shape import AR, BeamShape
+    from tuning import ShapeChoice, resolve_beam_shape
+
     if no_draft:
-        return ar_plan("--no-draft: plain decoding")
+        return ShapeChoice(AR, "--no-draft: plain decoding")
     if paths.drafter is None:
         why = "the demo model has no drafter yet" if paths.demo else "no --drafter given"
-        return ar_plan(f"{why}: plain decoding")
-    flags_given = any(v is not None for v in (width, length, capacity))
-    if flags_given:
-        from redrafter_mlx.engine.generation import DEFAULT_BEAM_LENGTH, DEFAULT_BEAM_WIDTH
+        return ShapeChoice(AR, f"{why}: plain decoding")
+    tuned = resolve_beam_shape(paths.model, paths.drafter, dtype)
+    if all(v is None for v in (width, length, capacity)):
+        return tuned
+    from redrafter_mlx.engine.generation import DEFAULT_SHAPE
 
-        base = _tuned(paths, dtype)
-        w = width if width is not None else (base.width if base.speculative else DEFAULT_BEAM_WIDTH)
-        n = (
-            length
-            if length is not None
-            else (base.length if base.speculative else DEFAULT_BEAM_LENGTH)
-        )
-        check_shape(w, n, capacity)
-        return Plan(w, n, capacity, True, "beam shape from flags")
-    return _tuned(paths, dtype)
-
-
-def _tuned(paths: ModelPaths, dtype: str | None) -> Plan:
-    """The tuned profile or chip preset for this model/drafter/dtype, as a Plan."""
-    from tuning import resolve_beam_shape
-
-    choice = resolve_beam_shape(paths.model, paths.drafter, dtype)
-    if not choice.speculative:
-        return ar_plan(choice.source)
-    return Plan(choice.width, choice.length, choice.capacity, True, choice.source)
+    base = tuned.shape if tuned.speculative else DEFAULT_SHAPE
+    shape = BeamShape(
+        width if width is not None else base.width,
+        length if length is not None else base.length,
+        capacity,
+    )
+    return ShapeChoice(check_shape(shape), "beam shape from flags")
 
 
 @dataclass
@@ -413,7 +370,7 @@ def format_hist(hist: list[int]) -> str:
     return "accept " + " ".join(f"{i}:{n}" for i, n in enumerate(hist, 1))
 
 
-def stats_line(response, plan: Plan) -> str:
+def stats_line(response, plan: ShapeChoice) -> str:
     """The one-line summary after an answer: tokens, speed, acceptance and the beam shape."""
     parts = [f"{response.generation_tokens} tokens", f"{response.generation_tps:.1f} tok/s"]
     if plan.speculative:
@@ -428,18 +385,4 @@ def stats_line(response, plan: Plan) -> str:
 
 def response_stats(response) -> dict:
     """All statistics of a final GenerationResponse as a JSON-ready dict."""
-    keys = (
-        "steps",
-        "prompt_tokens",
-        "prefilled_tokens",
-        "generation_tokens",
-        "prompt_tps",
-        "generation_tps",
-        "tokens_per_step",
-        "mean_packed",
-        "time_to_first_token",
-        "host_ms_per_step",
-        "peak_memory_gb",
-        "accept_hist",
-    )
-    return {k: getattr(response, k) for k in keys}
+    return response.stats.to_dict()

@@ -19,8 +19,8 @@ from typing import Annotated
 
 import typer
 
+from redrafter_mlx.engine.shape import BeamShape
 from tuning.grid import (
-    BeamShape,
     build_grid,
     limit_lengths,
     parse_capacities,
@@ -111,17 +111,15 @@ def clear_profiles(as_json: bool) -> None:
 
 def preset_report(preset: Preset, drafter: str | None, force_lengths: bool) -> dict:
     """The preset's shape (capped by the drafter's trained length) as a JSON-ready dict."""
-    from tuning.defaults import BeamChoice, cap_length
+    from tuning.defaults import ShapeChoice, cap_length
 
-    shape = preset.shape
-    choice = BeamChoice(shape.width, shape.length, shape.capacity, f"preset for {preset.name}")
+    choice = ShapeChoice(preset.shape, f"preset for {preset.name}")
     if not force_lengths:
         choice = cap_length(choice, read_predict_tokens(drafter))
     return {
         "mode": "preset",
         "preset": preset.name,
         **choice.to_dict(),
-        "label": choice.shape.label,
         "note": preset.note,
     }
 

@@ -577,15 +577,12 @@ def evaluate(
 ) -> list[dict]:
     """Greedy ReDrafter on all prompts (one batch) per beam shape: mean accepted tokens per step.
 
-    Decodes with a snapshot of ``drafter``: the engine caches its compiled step per drafter
-    object and the weights are fixed at trace time, so a drafter trained in place after an
-    earlier evaluation would otherwise draft with its old weights.
+    The compiled step reads the drafter's weights at every call, so a drafter trained in place
+    since an earlier evaluation is evaluated with its current weights.
     """
     from ..engine.generation import decode
+    from ..engine.shape import BeamShape
 
-    snapshot = Drafter(drafter.args)
-    snapshot.load_weights(tree_flatten(drafter.parameters()))
-    drafter = snapshot
     results = []
     for w, length in shapes:
         stats = None
@@ -594,19 +591,18 @@ def evaluate(
             drafter,
             prompts,
             max_tokens=max_tokens,
-            beam_width=w,
-            beam_length=length,
+            shape=BeamShape(w, length),
             eos_token_ids=eos_token_ids,
             seed=0,
         ):
-            stats = ev["stats"]
+            stats = ev.stats
         results.append(
             dict(
                 beam_width=w,
                 beam_length=length,
-                tokens_per_step=round(stats["tokens_per_step"], 4),
-                steps=stats["steps"],
-                generated=stats["generation_tokens"],
+                tokens_per_step=round(stats.tokens_per_step, 4),
+                steps=stats.steps,
+                generated=stats.generation_tokens,
             )
         )
     return results

@@ -45,15 +45,13 @@ from pathlib import Path
 
 import numpy as np
 
+from redrafter_mlx.engine.chat_format import VICUNA_SYSTEM, vicuna_prompt
+
 STAGES = ("corpus", "tokenizer", "base", "drafter")
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "demo_model"
 DEFAULT_WORK = Path(tempfile.gettempdir()) / "redrafter_mlx_demo_build"
 
-# Vicuna v1.1 (DESIGN.md section 4).
-SYSTEM_PROMPT = (
-    "A chat between a curious user and an artificial intelligence assistant. "
-    "The assistant gives helpful, detailed, and polite answers to the user's questions."
-)
+SYSTEM_PROMPT = VICUNA_SYSTEM  # the demo model chats in Vicuna v1.1
 HELDOUT_EVERY = 20  # file i (in sorted order) is held out when i % 20 == 19
 
 # Directories (any path component) that are excluded from the corpus.
@@ -125,15 +123,15 @@ def read_source(path: Path) -> str | None:
     return text
 
 
-def chat_text(request: str, reply: str) -> str:
-    """One Vicuna v1.1 exchange, *without* BOS/EOS (the trainer adds token ids 1 and 2; the
-    textual form in DESIGN.md is ``... ASSISTANT: {reply}</s>``)."""
-    return f"{SYSTEM_PROMPT} USER: {request} ASSISTANT: {reply}"
-
-
 def chat_prompt(request: str) -> str:
     """The prompt a chat engine builds for one user turn (generation continues after it)."""
-    return f"{SYSTEM_PROMPT} USER: {request} ASSISTANT:"
+    return vicuna_prompt([{"role": "user", "content": request}])
+
+
+def chat_text(request: str, reply: str) -> str:
+    """One Vicuna v1.1 exchange, *without* BOS/EOS (the trainer adds token ids 1 and 2; the
+    textual form is ``... ASSISTANT: {reply}</s>``)."""
+    return f"{chat_prompt(request)} {reply}"
 
 
 def _first_doc_line(node) -> str | None:
@@ -853,10 +851,6 @@ def train_base(
 # drafter
 
 
-class DistillNotAvailable(RuntimeError):
-    pass
-
-
 def write_distill_data(work: Path, examples: int | None = None, seed: int = 0) -> Path:
     """Training chats for the drafter: the *training-split* chat examples as
     ``{"prompt", "response"}`` JSONL (redrafter_mlx.train.data's format); with ``examples``,
@@ -898,14 +892,9 @@ DRAFTER_FILES = ("config.json", "model.safetensors", "eval.json")
 def build_drafter(work: Path, out: Path, seed: int, steps: int | None = None, log=print) -> dict:
     """Distil a ReDrafter drafter for the demo base model with ``redrafter_mlx.train.distill`` into
     ``out/drafter`` (only the drafter files; checkpoints and target caches stay in ``work``)."""
-    try:
-        from redrafter_mlx.train.distill import distill
-    except ImportError as e:
-        raise DistillNotAvailable(
-            "The 'drafter' stage needs redrafter_mlx.train.distill, which is not available yet "
-            f"({e}). Run the other stages with --stages corpus,tokenizer,base."
-        ) from e
     import shutil
+
+    from redrafter_mlx.train.distill import distill
 
     data = write_distill_data(work, DRAFTER_EXAMPLES, seed)
     run_dir = work / "drafter_run"
@@ -1184,13 +1173,9 @@ def main(argv: list[str] | None = None) -> int:
     if any(s in stages for s in ("corpus", "tokenizer", "base")):
         write_build_md(out, work, argv)
     if "drafter" in stages:
-        try:
-            info = build_drafter(work, out, a.seed, steps=a.drafter_steps, log=log)
-            info["argv"] = argv
-            (work / "drafter_info.json").write_text(json.dumps(info, indent=1, default=str) + "\n")
-        except DistillNotAvailable as e:
-            console.print(f"drafter stage: {e}", markup=False, style="bold red")
-            return 2
+        info = build_drafter(work, out, a.seed, steps=a.drafter_steps, log=log)
+        info["argv"] = argv
+        (work / "drafter_info.json").write_text(json.dumps(info, indent=1, default=str) + "\n")
         write_build_md(out, work, argv)
     return 0
 

@@ -1,6 +1,8 @@
-"""Tiny random Llama models and drafters for tests."""
+"""Tiny random Llama models and drafters for tests, and the committed fixture paths."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -8,6 +10,10 @@ from mlx.utils import tree_flatten
 
 from redrafter_mlx.engine.drafter import Drafter, DrafterArgs
 from redrafter_mlx.engine.model import Model, ModelArgs
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+VICUNA_TOKENIZER = FIXTURES / "vicuna-tokenizer"
+SHAREGPT_SAMPLE = FIXTURES / "sharegpt_tiny.json"
 
 
 def tiny_args(seed=0, vocab=32, hidden=32, layers=2, heads=4, kv_heads=2, **kw) -> ModelArgs:

@@ -10,20 +10,23 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.helpers import save_drafter_dir, save_model_dir, tiny_drafter, tiny_model
+from tests.helpers import (
+    VICUNA_TOKENIZER,
+    save_drafter_dir,
+    save_model_dir,
+    tiny_drafter,
+    tiny_model,
+)
 
-TOKENIZER = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "vicuna-tokenizer"
 CONTEXT = 256  # small, so "prompt over the context" is cheap to provoke
 
 
 @pytest.fixture(scope="session")
 def pair(tmp_path_factory):
     """(model dir, drafter dir, drafter-for-another-model dir) of tiny random models."""
-    if not TOKENIZER.is_dir():
-        pytest.skip(f"the Vicuna tokenizer is not at {TOKENIZER}")
     root = tmp_path_factory.mktemp("cli")
     model = tiny_model(vocab=32000, hidden=32, max_position_embeddings=CONTEXT)
-    save_model_dir(model, root / "model", TOKENIZER)
+    save_model_dir(model, root / "model", VICUNA_TOKENIZER)
     save_drafter_dir(tiny_drafter(model), root / "drafter")
     other = tiny_model(seed=5, vocab=32000, hidden=64)
     save_drafter_dir(tiny_drafter(other), root / "other_drafter")
@@ -31,20 +34,8 @@ def pair(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def app():
-    """The typer app with every command registered once."""
-    from redrafter_mlx import cli
-
-    if not any(c.name == "generate" for c in cli.app.registered_commands):
-        cli._register()
-    return cli.app
-
-
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch):
-    """No real tuned profiles: an empty REDRAFTER_MLX_HOME."""
-    monkeypatch.setenv("REDRAFTER_MLX_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
+def app(cli_app):
+    return cli_app
 
 
 def invoke(app, *args, input=None):

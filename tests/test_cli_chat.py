@@ -11,7 +11,7 @@ from rich.console import Console
 
 from redrafter_mlx.cli.chat_ui import ChatLoop, run_chat
 from redrafter_mlx.cli.common import ModelPaths, Sampling, load_engine, resolve_plan
-from tests.test_cli import CONTEXT, app, home, invoke, model_args, pair  # noqa: F401 (fixtures)
+from tests.test_cli import CONTEXT, app, invoke, model_args, pair  # noqa: F401 (fixtures)
 
 MAX_TOKENS = 6
 

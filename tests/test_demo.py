@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-
 from redrafter_mlx.engine.bundled import DEMO_NOTE, demo_paths, heldout_prompts_path
 from scripts import build_demo as build
 
@@ -181,16 +179,6 @@ def test_corpus_stage_is_deterministic(tmp_path):
     assert held == {
         f for i, f in enumerate(files) if i % build.HELDOUT_EVERY == build.HELDOUT_EVERY - 1
     }
-
-
-def test_drafter_stage_reports_missing_distill(tmp_path, monkeypatch):
-    import sys
-
-    monkeypatch.setitem(
-        sys.modules, "redrafter_mlx.train.distill", None
-    )  # import now raises ImportError
-    with pytest.raises(build.DistillNotAvailable, match="not available yet"):
-        build.build_drafter(tmp_path, tmp_path, seed=0)
 
 
 def test_distill_data_is_training_chats(tmp_path):

@@ -9,6 +9,8 @@ import redrafter_mlx
 from redrafter_mlx.engine.bundled import demo_paths
 from tests.helpers import run_decode
 
+pytestmark = pytest.mark.slow  # make test-fast leaves these out
+
 
 @pytest.fixture(scope="module")
 def pair():

@@ -10,18 +10,17 @@ from mlx.utils import tree_flatten
 import redrafter_mlx
 from redrafter_mlx.engine.decode import DecodeState, make_step, prefill_chunk
 from redrafter_mlx.engine.generation import Session, decode, get_step
-from redrafter_mlx.engine.shape import BeamShape
 from redrafter_mlx.engine.loading import LoadError
 from redrafter_mlx.engine.sampling import SamplerConfig
+from redrafter_mlx.engine.shape import BeamShape
 from tests.helpers import (
+    VICUNA_TOKENIZER,
     run_decode,
     save_drafter_dir,
     save_model_dir,
     tiny_drafter,
     tiny_model,
 )
-
-VICUNA_TOKENIZER = "../shared/data/vicuna-tokenizer"
 
 
 def test_step_compiles_and_never_retraces_per_step():
@@ -193,7 +192,8 @@ def test_load_errors(tmp_path):
 
 
 def test_vicuna_chat_prompt_format():
-    from redrafter_mlx.engine.tokenizer import load_tokenizer, vicuna_prompt
+    from redrafter_mlx.engine.chat_format import vicuna_prompt
+    from redrafter_mlx.engine.tokenizer import load_tokenizer
 
     text = vicuna_prompt(
         [

@@ -19,25 +19,15 @@ from tuning.measure import EngineMeasure, TuneError, load_prompts, parse_prompts
 from tuning.search import successive_halving
 
 
-@pytest.fixture(scope="module")
-def app():
-    from redrafter_mlx import cli
-
-    if not any(c.name == "tune" for c in cli.app.registered_commands):
-        cli._register()
-    return cli.app
+@pytest.fixture(scope="session")
+def app(cli_app):
+    return cli_app
 
 
 def invoke(app, *args):
     """Run ``redrafter-mlx tune ARGS`` (typer drops the command name when it is the only one)."""
     prefix = ["tune"] if len(app.registered_commands) > 1 else []
     return CliRunner().invoke(app, [*prefix, *args], env={"COLUMNS": "200"})
-
-
-@pytest.fixture()
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("REDRAFTER_MLX_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
 
 
 @pytest.fixture()
@@ -185,7 +175,8 @@ def test_tune_engine_failure_points_at_presets(app, home, pair, monkeypatch):
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("matplotlib") is not None, reason="matplotlib is installed"
+    importlib.util.find_spec("matplotlib") is not None,
+    reason="matplotlib (the optional plot extra) is installed",
 )
 def test_plot_without_matplotlib_says_how_to_install(app, home, pair, fake_engine):
     result = invoke(app, "--model", pair[0], "--drafter", pair[1], "--plot", "out.png")
@@ -289,8 +280,7 @@ def test_real_engine_end_to_end_on_a_tiny_random_model():
 
     Nothing about speed is asserted: only that every figure is real and the outcome coherent.
     """
-    helpers = pytest.importorskip("tests.helpers", reason="the engine's tiny-model helpers")
-    tiny_drafter, tiny_model = helpers.tiny_drafter, helpers.tiny_model
+    from tests.helpers import tiny_drafter, tiny_model
     from tuning.search import SearchPlan
 
     model = tiny_model()

@@ -18,13 +18,6 @@ M2_MAX = chip_from_facts(
 
 
 @pytest.fixture()
-def home(tmp_path, monkeypatch):
-    """Profiles under a temporary REDRAFTER_MLX_HOME."""
-    monkeypatch.setenv("REDRAFTER_MLX_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
-
-
-@pytest.fixture()
 def pair(tmp_path):
     """A model dir and a drafter dir with config.json files."""
     model = tmp_path / "model"

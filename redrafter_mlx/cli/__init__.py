@@ -18,8 +18,11 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    """Attach every command module that is present."""
+    """Attach every command (each lives in its own module); a second call does nothing."""
     import importlib
+
+    if app.registered_commands:
+        return
 
     for module_name, command_name in [
         ("redrafter_mlx.cli.chat", "chat"),
@@ -29,12 +32,7 @@ def _register() -> None:
         ("redrafter_mlx.cli.distill", "distill"),
         ("redrafter_mlx.cli.tune", "tune"),
     ]:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:
-            if e.name and module_name.startswith(e.name):
-                continue  # command not built yet
-            raise
+        module = importlib.import_module(module_name)
         app.command(command_name)(getattr(module, command_name))
 
 

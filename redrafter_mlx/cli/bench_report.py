@@ -382,12 +382,8 @@ def render_table(rows: list[dict], title: str):
 
 def verify_cost_rows(hidden: int, layers: int) -> list[dict]:
     """The engine's verify-cost benchmark (``redrafter_mlx.engine.measure.verify_cost``)."""
-    try:
-        from redrafter_mlx.engine.measure import verify_cost
-    except ImportError as e:
-        raise BenchError(
-            f"the verify-cost benchmark is not available in this build ({e}); update redrafter-mlx"
-        ) from None
+    from redrafter_mlx.engine.measure import verify_cost
+
     return verify_cost(hidden=hidden, layers=layers)
 
 

@@ -208,7 +208,7 @@ class ChatLoop:
     def set_system(self, text: str) -> None:
         """Set the system prompt (the next turn re-prefills from where the prompt changes)."""
         if not text:
-            from redrafter_mlx.engine.tokenizer import VICUNA_SYSTEM
+            from redrafter_mlx.engine.chat_format import VICUNA_SYSTEM
 
             current = self.system if self.system is not None else f"(default) {VICUNA_SYSTEM}"
             self.note(f"system prompt: {current}")

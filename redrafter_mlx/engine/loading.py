@@ -16,8 +16,9 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
+from . import config as config_file
 from .drafter import Drafter, DrafterArgs
-from .model import SUPPORTED_MODEL_TYPES, Model, ModelArgs
+from .model import Model, ModelArgs
 from .platform import default_dtype
 
 
@@ -25,39 +26,22 @@ class LoadError(Exception):
     """A model or drafter that cannot be loaded; the message names the problem and the fix."""
 
 
-def resolve_path(path_or_repo: str | os.PathLike) -> Path:
-    """A local directory, or a Hugging Face repo id fetched into (or found in) the HF cache."""
-    path = Path(path_or_repo).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise LoadError(f"{path} is a file; pass the model directory that holds config.json")
-        return path
-    text = str(path_or_repo)
-    if text.count("/") != 1 or text.startswith((".", "/", "~")):
-        raise LoadError(f"model directory not found: {path}")
+def resolve_path(path_or_repo: str | os.PathLike, what: str = "model") -> Path:
+    """A local directory, or a Hugging Face repo id found in (or fetched into) the HF cache."""
+    from .hub import ResolveError, resolve
+
     try:
-        from huggingface_hub import snapshot_download
-
-        local = snapshot_download(
-            text, allow_patterns=["*.json", "*.safetensors", "tokenizer.model", "*.txt"]
-        )
-    except Exception as e:  # network, offline mode, unknown repo
-        raise LoadError(
-            f"could not get {text!r} from Hugging Face ({type(e).__name__}: {e}). "
-            f"Download it on a machine with network (huggingface-cli download {text}) "
-            f"or pass a local model directory."
-        ) from None
-    return Path(local)
+        return resolve(path_or_repo, what)
+    except ResolveError as e:
+        raise LoadError(str(e)) from None
 
 
-def read_config(path: Path) -> dict:
-    config_file = path / "config.json"
-    if not config_file.exists():
-        raise LoadError(f"{path} has no config.json; is it a model directory?")
+def read_config(path: Path, what: str = "model") -> dict:
+    """config.json as a dict, or LoadError (the shared validator's message)."""
     try:
-        return json.loads(config_file.read_text())
-    except json.JSONDecodeError as e:
-        raise LoadError(f"{config_file} is not valid JSON: {e}") from None
+        return config_file.read_config(path, what)
+    except config_file.ConfigError as e:
+        raise LoadError(str(e)) from None
 
 
 def read_weights(path: Path) -> dict[str, mx.array]:
@@ -106,12 +90,10 @@ def _apply_weights(module: nn.Module, weights: dict, config: dict, dtype, where:
 def load_model(path: str | os.PathLike, dtype=None) -> tuple[Model, Path]:
     path = resolve_path(path)
     config = read_config(path)
-    model_type = config.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise LoadError(
-            f"{path}: model_type {model_type!r} is not supported; "
-            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)} (Llama-family models)"
-        )
+    try:
+        config_file.check_model_config(config, path / "config.json")
+    except config_file.ConfigError as e:
+        raise LoadError(str(e)) from None
     model = Model(ModelArgs.from_config(config))
     weights = model.sanitize(read_weights(path))
     _apply_weights(model, weights, config, dtype or default_dtype(), path)
@@ -120,8 +102,8 @@ def load_model(path: str | os.PathLike, dtype=None) -> tuple[Model, Path]:
 
 
 def load_drafter(path: str | os.PathLike, dtype=None) -> Drafter:
-    path = resolve_path(path)
-    config = read_config(path)
+    path = resolve_path(path, "drafter")
+    config = read_config(path, "drafter")
     try:
         args = DrafterArgs.from_config(config)
     except (TypeError, ValueError) as e:

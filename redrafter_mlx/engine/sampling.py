@@ -2,7 +2,7 @@
 
 ReDrafter and the autoregressive baseline draw through the same function, so their token
 distributions are the same by construction. One draw per tree node (Gumbel-max on the
-processed logits) is what makes speculative sampling exact (DESIGN §2).
+processed logits) is what makes speculative sampling exact (docs/design.md, "Exact acceptance").
 """
 
 from __future__ import annotations

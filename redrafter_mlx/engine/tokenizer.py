@@ -8,10 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-VICUNA_SYSTEM = (
-    "A chat between a curious user and an artificial intelligence assistant. "
-    "The assistant gives helpful, detailed, and polite answers to the user's questions."
-)
+from .chat_format import vicuna_prompt
 
 
 class Tokenizer:
@@ -60,7 +57,7 @@ class Tokenizer:
         """Token ids of a conversation ending with an open assistant turn.
 
         messages: [{"role": "user"|"assistant", "content": str}, ...]. The tokenizer's chat
-        template is used when it has one; otherwise Vicuna v1.1 (DESIGN §4).
+        template is used when it has one; otherwise Vicuna v1.1 (docs/design.md, "Formats").
         """
         if self.chat_template and self._hf is not None:
             msgs = ([{"role": "system", "content": system}] if system else []) + messages
@@ -76,17 +73,6 @@ class Tokenizer:
             if part:
                 ids.extend(self.encode(part, add_bos=False))
         return ids
-
-
-def vicuna_prompt(messages: list[dict], system: str | None = None) -> str:
-    """``{system} USER: {msg} ASSISTANT: {reply}</s>USER: ... ASSISTANT:`` (FastChat v1.1)."""
-    text = (VICUNA_SYSTEM if system is None else system) + " "
-    for m in messages:
-        if m["role"] == "user":
-            text += f"USER: {m['content']} "
-        else:
-            text += f"ASSISTANT: {m['content']}</s>"
-    return text + "ASSISTANT:"
 
 
 def load_tokenizer(path) -> Tokenizer:

@@ -1,4 +1,4 @@
-"""Train a ReDrafter drafter for a frozen LLM by knowledge distillation (DESIGN §3).
+"""Train a ReDrafter drafter for a frozen LLM by knowledge distillation (docs/design.md, "Distillation").
 
     from redrafter_mlx.train.distill import distill
     summary = distill("~/models/vicuna-7b", ["sharegpt.json"], "~/models/vicuna-7b-drafter",

@@ -1,4 +1,5 @@
-"""The bundled demo model: artefacts load, tokenizer round-trips code, corpus build is deterministic."""
+"""The bundled demo model: artefacts load, tokenizer round-trips code, corpus build is
+deterministic."""
 
 from __future__ import annotations
 
@@ -141,8 +142,9 @@ def test_chat_examples_format():
     assert exs["A"]["request"] == "Write a Python class `A(B)`: Doc of A."
     text = build.chat_text(exs["top"]["request"], exs["top"]["reply"])
     assert text == (
-        "A chat between a curious user and an artificial intelligence assistant. The assistant gives "
-        "helpful, detailed, and polite answers to the user's questions. USER: Write a Python function "
+        "A chat between a curious user and an artificial intelligence assistant. "
+        "The assistant gives helpful, detailed, and polite answers to the user's questions. "
+        "USER: Write a Python function "
         "`top(a, *, b=None)`: Top-level function here. ASSISTANT: def top(a, *, b=None):\n"
         '    """Top-level function here."""\n    return a\n'
     )

@@ -58,7 +58,7 @@ class ShapeChoice:
 
 
 def _chip_target(chip: ChipInfo | str | None) -> tuple[str | None, str | None]:
-    """(chip id for profile lookup, preset name) for a ChipInfo, a preset/chip-id string, or None."""
+    """(chip id for profile lookup, preset name) for a ChipInfo, preset/chip-id string, or None."""
     if chip is None:
         chip = detect_chip()
     if isinstance(chip, ChipInfo):

@@ -9,6 +9,7 @@ Ctrl-C during an answer stops that answer, keeps what was said, and returns to t
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable
 
@@ -37,10 +38,8 @@ def read_line(prompt: str = ">> ") -> str | None:
 def enable_line_editing() -> None:
     """On a terminal, give ``input()`` arrow keys and history (GNU readline, if present)."""
     if sys.stdin.isatty():
-        try:
+        with contextlib.suppress(ImportError):
             import readline  # noqa: F401 (importing it is what enables editing)
-        except ImportError:
-            pass
 
 
 class ChatLoop:

@@ -140,14 +140,33 @@ def fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code=code)
 
 
-@contextlib.contextmanager
-def cli_errors(verbose: bool = False) -> Iterator[None]:
-    """Turn exceptions into one red line and an exit code (traceback only with --verbose).
+FLAG_NAMES = {"temperature": "--temp", "width": "--beam-width", "length": "--beam-length"}
 
-    FlagError -> 2; LoadError, ValueError, OSError and anything unexpected -> 1;
-    Ctrl-C -> 130. typer's own exits pass through.
-    """
+
+def flag_for(param: str) -> str:
+    """The command-line flag of an engine/feature parameter (``batch_size`` -> ``--batch-size``)."""
+    return FLAG_NAMES.get(param, "--" + param.replace("_", "-"))
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that report a problem the user can fix (one line, exit code 1)."""
     from redrafter_mlx.engine.loading import LoadError
+    from tuning.measure import TuneError
+    from tuning.search import SearchError
+    from weights_convert.errors import ConversionError
+
+    return (LoadError, ConversionError, TuneError, SearchError, ValueError, OSError)
+
+
+@contextlib.contextmanager
+def cli_errors(verbose: bool = False, interrupted: str = "interrupted") -> Iterator[None]:
+    """The one error path of every command: one red ``error:`` line and an exit code.
+
+    FlagError and engine ParamError (named by its flag) -> 2; user errors (load, convert,
+    tune, data, OS) -> 1; Ctrl-C -> 130 with ``interrupted``; anything else is a bug, still one
+    line. ``--verbose`` adds the traceback. typer's own exits pass through.
+    """
+    from redrafter_mlx.engine.errors import ParamError
 
     try:
         yield
@@ -156,14 +175,16 @@ def cli_errors(verbose: bool = False) -> Iterator[None]:
     except FlagError as e:
         _maybe_traceback(verbose)
         raise fail(str(e), code=2) from None
-    except (LoadError, ValueError, OSError) as e:
+    except ParamError as e:
         _maybe_traceback(verbose)
-        raise fail(str(e)) from None
+        raise fail(f"{flag_for(e.param)}: {e.message}", code=2) from None
     except KeyboardInterrupt:
         _maybe_traceback(verbose)
-        raise fail("interrupted", code=130) from None
-    except Exception as e:  # a bug: still one line unless asked for details
+        raise fail(interrupted, code=130) from None
+    except Exception as e:
         _maybe_traceback(verbose)
+        if isinstance(e, user_errors()):
+            raise fail(str(e)) from None
         hint = "" if verbose else " (run with --verbose for the traceback)"
         raise fail(f"unexpected {type(e).__name__}: {e}{hint}") from None
 
@@ -175,14 +196,6 @@ def _maybe_traceback(verbose: bool) -> None:
 
 
 # --------------------------------------------------------------------------- flag validation
-
-
-_SAMPLING_FLAGS = {
-    "temperature": "--temp",
-    "top_p": "--top-p",
-    "top_k": "--top-k",
-    "min_p": "--min-p",
-}
 
 
 @dataclass(frozen=True)
@@ -199,14 +212,10 @@ class Sampling:
     def make(
         cls, temp: float, top_p: float, top_k: int, min_p: float, seed: int | None
     ) -> Sampling:
-        """Validate the sampling flags; raise FlagError naming the flag and its range."""
+        """Validate the sampling flags (a ParamError names the field, cli_errors the flag)."""
         from redrafter_mlx.engine.sampling import SamplerConfig
 
-        try:
-            SamplerConfig(temp, top_p, top_k, min_p).validate()
-        except ValueError as e:
-            name, _, rest = str(e).partition(" ")
-            raise FlagError(f"{_SAMPLING_FLAGS.get(name, name)} {rest}") from None
+        SamplerConfig(temp, top_p, top_k, min_p).validate()
         return cls(temp, top_p, top_k, min_p, seed)
 
     @property
@@ -283,19 +292,13 @@ def resolve_paths(model: str | None, drafter: str | None) -> ModelPaths:
 
 
 def check_shape(shape: BeamShape) -> BeamShape:
-    """Validate a speculative beam shape with the engine's rules; FlagError names the flag."""
-    from redrafter_mlx.engine.shape import ShapeError
-
-    flags = {"width": "--beam-width", "length": "--beam-length", "capacity": "--capacity"}
+    """Validate a speculative beam shape with the engine's rules."""
     if shape.length < 2:
         raise FlagError(
             f"--beam-length must be >= 2 (it counts the init token), got {shape.length}; "
             f"use --no-draft for plain decoding"
         )
-    try:
-        return shape.validate()
-    except ShapeError as e:
-        raise FlagError(f"{flags[e.param]}: {e}") from None
+    return shape.validate()  # a ShapeError names its field: cli_errors names the flag
 
 
 def resolve_plan(

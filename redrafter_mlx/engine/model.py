@@ -215,7 +215,8 @@ class Model(nn.Module):
 
         tokens, positions, write_idx: (B, T) int32; mask: (B, 1, T, A) bool (True = attend)
         over the first A cache slots *after* this call's writes; keys/values: lists (one per
-        layer) of (B, n_kv, S, D), A <= S. Returns (hidden (B, T, H) after the final norm, keys, values).
+        layer) of (B, n_kv, S, D), A <= S. Returns (hidden (B, T, H) after the final norm,
+        keys, values).
         """
         x = self.embed(tokens)
         if not fused_kernels():

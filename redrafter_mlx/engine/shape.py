@@ -9,13 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .errors import ParamError
 
-class ShapeError(ValueError):
+
+class ShapeError(ParamError):
     """An invalid beam shape; ``param`` names the field (width, length or capacity)."""
-
-    def __init__(self, param: str, message: str):
-        super().__init__(message)
-        self.param = param
 
 
 @dataclass(frozen=True, order=True)

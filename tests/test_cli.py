@@ -229,17 +229,18 @@ def test_verbose_shows_the_traceback(app, tmp_path):
 
 
 def test_no_model_and_no_demo(app, monkeypatch):
-    import redrafter_mlx.cli.common as common
+    import redrafter_mlx.engine.bundled as bundled
 
-    monkeypatch.setattr(common, "demo_available", lambda: None)
+    monkeypatch.setattr(bundled, "demo_paths", lambda: (Path("/nonexistent/demo"), None))
     one_red_line(invoke(app, "generate", "-p", "hi"), 2, "pass --model")
 
 
 def test_demo_model_is_the_default(app, pair, monkeypatch):
-    import redrafter_mlx.cli.common as common
+    import redrafter_mlx.engine.bundled as bundled
 
     model, drafter, _ = pair
-    monkeypatch.setattr(common, "demo_available", lambda: (Path(model), Path(drafter), "DEMO NOTE"))
+    monkeypatch.setattr(bundled, "demo_paths", lambda: (Path(model), Path(drafter)))
+    monkeypatch.setattr(bundled, "DEMO_NOTE", "DEMO NOTE")
     result = invoke(app, "generate", "-p", "hi", "-n", 3, "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)

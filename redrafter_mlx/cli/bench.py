@@ -129,7 +129,7 @@ def bench(
         typer.Option(
             "--prompts",
             help='mt-bench, vicuna-bench, demo, or a JSONL file of {"turns": [...]} '
-            "[default: demo with the demo model, else mt-bench].",
+            "(default: demo with the demo model, else mt-bench).",
             show_default=False,
         ),
     ] = None,
@@ -142,7 +142,7 @@ def bench(
         typer.Option(
             "--grid",
             help="ReDrafter shapes to compare, widths x lengths: 1,2x4,5 "
-            "[default: the tuned profile or chip preset].",
+            "(default: the tuned profile or chip preset).",
             show_default=False,
         ),
     ] = None,

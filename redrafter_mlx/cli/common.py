@@ -34,7 +34,7 @@ ModelOpt = Annotated[
     str | None,
     typer.Option(
         "--model",
-        help="MLX model directory or Hugging Face repo id [default: the bundled demo model].",
+        help="MLX model directory or Hugging Face repo id (default: the bundled demo model).",
         show_default=False,
     ),
 ]
@@ -43,9 +43,9 @@ DrafterOpt = Annotated[
     typer.Option(
         "--drafter",
         "-d",
-        help="ReDrafter drafter directory trained for --model "
-        "[default: the demo drafter with the demo model, else none: "
-        "plain decoding].",
+        help="ReDrafter drafter directory trained for --model (default: the model's own "
+        "drafter: OUT/drafter of a conversion, the bundled one for the demo; else none, "
+        "plain decoding).",
         show_default=False,
     ),
 ]
@@ -62,7 +62,7 @@ SystemPromptOpt = Annotated[
     str | None,
     typer.Option(
         "--system-prompt",
-        help="System prompt [default: Vicuna's, or the chat template's].",
+        help="System prompt (default: Vicuna's, or the chat template's).",
         show_default=False,
     ),
 ]
@@ -70,7 +70,7 @@ BeamWidthOpt = Annotated[
     int | None,
     typer.Option(
         "--beam-width",
-        help="Beams drafted per step [default: tuned profile or chip preset].",
+        help="Beams drafted per step (default: tuned profile or chip preset).",
         show_default=False,
     ),
 ]
@@ -79,7 +79,7 @@ BeamLengthOpt = Annotated[
     typer.Option(
         "--beam-length",
         help="Tokens per beam, counting the init token (>= 2) "
-        "[default: tuned profile or chip preset].",
+        "(default: tuned profile or chip preset).",
         show_default=False,
     ),
 ]
@@ -88,7 +88,7 @@ CapacityOpt = Annotated[
     typer.Option(
         "--capacity",
         help="Packed tree slots verified per step, in [L, W*L] "
-        "[default: W*(L-1)+1, or the tuned value].",
+        "(default: W*(L-1)+1, or the tuned value).",
         show_default=False,
     ),
 ]
@@ -102,7 +102,7 @@ DtypeOpt = Annotated[
     str | None,
     typer.Option(
         "--dtype",
-        help="float16, bfloat16 or float32 [default: float16 on Metal, float32 on CPU].",
+        help="float16, bfloat16 or float32 (default: float16 on Metal, float32 on CPU).",
         show_default=False,
     ),
 ]
@@ -253,42 +253,40 @@ def check_max_tokens(max_tokens: int) -> int:
 
 @dataclass(frozen=True)
 class ModelPaths:
-    """Where the model and drafter come from; ``demo`` when the bundled model is used."""
+    """Where the model and drafter come from, and notes to show when they are loaded.
+
+    ``demo`` when the bundled model is used.
+    """
 
     model: str
     drafter: str | None
     demo: bool = False
-
-
-def demo_available() -> tuple[Path, Path | None, str] | None:
-    """(base dir, drafter dir or None, note) of the bundled demo model, or None if not built."""
-    try:
-        from redrafter_mlx.engine.bundled import DEMO_NOTE, demo_paths
-    except ImportError:
-        return None
-    base, drafter = demo_paths()
-    if not (Path(base) / "config.json").is_file():
-        return None
-    return Path(base), drafter, DEMO_NOTE
+    notes: tuple[str, ...] = ()
 
 
 def resolve_paths(model: str | None, drafter: str | None) -> ModelPaths:
-    """``--model``/``--drafter`` as given, else the demo model (and its drafter, if any).
+    """``--model``/``--drafter`` as given, else the bundled demo model and its drafter.
 
-    Raises FlagError when no model is given and no demo model is installed.
+    A converted model directory's own drafter (``MODEL/drafter``, written by ``convert
+    --drafter``) is used when no ``--drafter`` is given. Nothing is printed here: the notes
+    are shown by :func:`load_engine`, after every flag has been checked.
     """
-    if model is not None:
-        return ModelPaths(model, drafter)
-    demo = demo_available()
-    if demo is None:
-        raise FlagError(
-            "no --model given and the bundled demo model is not installed; "
-            "pass --model DIR (an MLX model directory, see 'redrafter-mlx convert')"
-        )
-    base, demo_drafter, note = demo
-    err_console().print(note, style="dim")
-    chosen = drafter if drafter is not None else (str(demo_drafter) if demo_drafter else None)
-    return ModelPaths(str(base), chosen, demo=True)
+    from redrafter_mlx.engine.bundled import DEMO_NOTE, demo_paths
+
+    if model is None:
+        base, demo_drafter = demo_paths()
+        if not (Path(base) / "config.json").is_file():
+            raise FlagError(
+                "no --model given and the bundled demo model is not installed; "
+                "pass --model DIR (an MLX model directory, see 'redrafter-mlx convert')"
+            )
+        chosen = drafter if drafter is not None else (str(demo_drafter) if demo_drafter else None)
+        return ModelPaths(str(base), chosen, demo=True, notes=(DEMO_NOTE,))
+    own = Path(model).expanduser() / "drafter"
+    if drafter is None and (own / "config.json").is_file():
+        note = f"using the drafter converted with the model: {own} (--drafter to choose another)"
+        return ModelPaths(model, str(own), notes=(note,))
+    return ModelPaths(model, drafter)
 
 
 def check_shape(shape: BeamShape) -> BeamShape:
@@ -347,6 +345,8 @@ def load_engine(paths: ModelPaths, dtype: str | None, with_drafter: bool = True)
     """Load the model (and the drafter when ``with_drafter``); LoadError on any problem."""
     from redrafter_mlx import load
 
+    for note in paths.notes:
+        err_console().print(note, style="dim")
     drafter_path = paths.drafter if with_drafter else None
     model, drafter, tokenizer = load(paths.model, drafter_path, dtype)
     return Engine(model, drafter, tokenizer, paths, dtype_name(model))

@@ -19,7 +19,10 @@ from rich.text import Text
 HELP = (
     "/reset  clear the conversation · /stats  details of the last answer · "
     "/system <text>  set the system prompt (/system alone shows it) · "
-    "/quit  leave (or Ctrl-D) · Ctrl-C stops an answer"
+    "/quit  leave (or Ctrl-D) · Ctrl-C stops an answer\n"
+    "The line after an answer: tokens, tok/s, tok/step (tokens per verify step), and "
+    "'steps emitting 1/2/3/4 tokens: a/b/c/d': how many steps emitted 1 token (no draft "
+    "accepted), 2 tokens (one drafted token accepted + the model's own), and so on."
 )
 DRAFTED_STYLE = "green"
 
@@ -198,10 +201,11 @@ class ChatLoop:
         return True
 
     def reset(self) -> None:
-        """Forget the conversation and the KV cache."""
+        """Forget the conversation, the KV cache and the dropped-turns count."""
         self.messages.clear()
         self.session.reset()
         self.last = None
+        self.dropped_turns = 0
         self.note("[conversation cleared]")
 
     def set_system(self, text: str) -> None:

@@ -327,7 +327,23 @@ def resolve_plan(
         length if length is not None else base.length,
         capacity,
     )
-    return ShapeChoice(check_shape(shape), "beam shape from flags")
+    check_shape(shape)
+    warn_untrained_length(shape, paths.drafter)
+    return ShapeChoice(shape, "beam shape from flags")
+
+
+def warn_untrained_length(shape: BeamShape, drafter: str | None) -> None:
+    """Warn when --beam-length asks for more draft steps than the drafter was trained for."""
+    from tuning.grid import max_length_for, read_predict_tokens
+
+    predict = read_predict_tokens(drafter)
+    limit = max_length_for(predict)
+    if limit is not None and shape.length > limit:
+        err_console().print(
+            f"warning: --beam-length {shape.length} exceeds what the drafter was trained for "
+            f"(it predicts {predict} tokens: length <= {limit}); drafts past that are guesses",
+            style="yellow",
+        )
 
 
 @dataclass
@@ -366,15 +382,23 @@ def dtype_name(model) -> str:
 # --------------------------------------------------------------------------- stats rendering
 
 
+FINISH_TEXT = {
+    "stop": None,
+    "length": "stopped at --max-tokens",
+    "context": "stopped: the model's context is full",
+}
+
+
 def format_hist(hist: list[int]) -> str:
-    """``accept 1:12 2:5 3:2 4:1`` (steps that emitted 1..L tokens); empty without steps."""
+    """``steps emitting 1/2/3/4 tokens: 12/5/2/1`` (accepted drafts + the bonus token)."""
     if not hist or not any(hist):
         return ""
-    return "accept " + " ".join(f"{i}:{n}" for i, n in enumerate(hist, 1))
+    sizes = "/".join(str(i) for i in range(1, len(hist) + 1))
+    return f"steps emitting {sizes} tokens: " + "/".join(str(n) for n in hist)
 
 
 def stats_line(response, plan: ShapeChoice) -> str:
-    """The one-line summary after an answer: tokens, speed, acceptance and the beam shape."""
+    """The one-line summary after an answer: tokens, speed, acceptance, why it ended, shape."""
     parts = [f"{response.generation_tokens} tokens", f"{response.generation_tps:.1f} tok/s"]
     if plan.speculative:
         parts.append(f"{response.tokens_per_step:.2f} tok/step")
@@ -382,6 +406,9 @@ def stats_line(response, plan: ShapeChoice) -> str:
         if hist:
             parts.append(hist)
     parts.append(f"TTFT {response.time_to_first_token * 1e3:.0f} ms")
+    finish = FINISH_TEXT.get(response.finish_reason)
+    if finish:
+        parts.append(finish)
     parts.append(f"{plan.label} ({plan.source})")
     return " · ".join(parts)
 

@@ -61,7 +61,8 @@ class DecodeEvent:
     tokens:   per row, the new tokens (after EOS/limit truncation; empty once finished)
     accepted: per row, draft tokens the verifier accepted this step
     drafted:  per row, for each new token, whether it came from the drafter
-    finish:   per row, None while running, then ``"stop"`` (EOS) or ``"length"``
+    finish:   per row, None while running, then ``"stop"`` (EOS), ``"length"`` (max_tokens)
+              or ``"context"`` (the model's context is full)
     stats:    running statistics of the whole call
     """
 
@@ -218,6 +219,8 @@ def decode(
         raise ValueError(f"session has {session.batch} rows but {len(prompts)} prompts were given")
     context = model.max_context or 1 << 30
     limits = [min(max_tokens, context - len(p)) for p in prompts]
+    # Why a row stops at its limit: the answer length asked for, or a full context.
+    at_limit = ["length" if max_tokens <= context - len(p) else "context" for p in prompts]
     eos = set(int(e) for e in eos_token_ids)
 
     tic = time.perf_counter()
@@ -248,7 +251,7 @@ def decode(
                 break
             new.append(t)
             if len(out[row]) + len(new) >= limits[row]:
-                finish[row] = "length"
+                finish[row] = at_limit[row]
                 break
         out[row].extend(new)
         return new, len(new)

@@ -20,6 +20,7 @@ from . import config as config_file
 from .drafter import Drafter, DrafterArgs
 from .model import Model, ModelArgs
 from .platform import default_dtype
+from .safetensors_check import CorruptFileError, check_file
 
 
 class LoadError(Exception):
@@ -62,8 +63,17 @@ def read_weights(path: Path) -> dict[str, mx.array]:
         )
     weights: dict[str, mx.array] = {}
     for f in files:
-        weights.update(mx.load(f))
+        weights.update(_load_checked(Path(f)))
     return weights
+
+
+def _load_checked(file: Path) -> dict[str, mx.array]:
+    """``mx.load`` of a safetensors file checked first, so damage gets a clear LoadError."""
+    try:
+        check_file(file)
+    except CorruptFileError as e:
+        raise LoadError(str(e)) from None
+    return mx.load(str(file))
 
 
 def _apply_weights(module: nn.Module, weights: dict, config: dict, dtype, where: Path):
@@ -124,7 +134,7 @@ def read_weights_drafter(path: Path) -> dict[str, mx.array]:
                 f"redrafter-mlx convert --model <base> --drafter {path} --out <dir>"
             )
         raise LoadError(f"{path} has no model.safetensors")
-    return dict(mx.load(str(file)))
+    return dict(_load_checked(file))
 
 
 def check_pair(model: Model, drafter: Drafter) -> None:

@@ -49,7 +49,7 @@ def test_chat_default_answer_leaves_room_for_a_conversation():
 
 def test_a_full_context_is_reported_as_such():
     model = tiny_model(0, max_position_embeddings=40)
-    out, stats = run_decode(model, None, [[1] * 30], max_tokens=100)
+    out, _ = run_decode(model, None, [[1] * 30], max_tokens=100)
     assert len(out[0]) == 10
     from redrafter_mlx.engine.generation import decode
 

@@ -17,19 +17,24 @@ def _sigterm_as_interrupt(signum, frame) -> None:
 
 
 def convert(
-    model: str = typer.Option(..., "--model", "-m", help="Hugging Face repo id or local folder of a Llama-family model."),
+    model: str = typer.Option(..., "--model", "-m", help="Hugging Face repo id, local folder or .gguf file of a Llama-family model."),
     out: Path = typer.Option(..., "--out", "-o", help="Output folder (mlx-lm layout)."),
     drafter: Optional[str] = typer.Option(None, "--drafter", help="Hugging Face repo id or local folder of a ReDrafter drafter."),
     quantize: bool = typer.Option(False, "-q", "--quantize", help="Quantize the base model (affine, mlx-lm convention)."),
     q_bits: int = typer.Option(4, "--q-bits", help="Bits per quantized weight (4 or 8; 2, 3, 5, 6 also work)."),
     q_group_size: int = typer.Option(64, "--q-group-size", help="Quantization group size (32, 64 or 128)."),
-    dtype: str = typer.Option("float16", "--dtype", help="Storage dtype: float16, bfloat16 or float32."),
+    dtype: Optional[str] = typer.Option(
+        None,
+        "--dtype",
+        help="Storage dtype: float16, bfloat16 or float32. Default: float16; for GGUF input, keep its "
+        "quantization on Metal and float32 on the CPU backend.",
+    ),
     quantize_drafter: bool = typer.Option(False, "--quantize-drafter", help="Quantize the drafter too."),
     force: bool = typer.Option(False, "--force", help="Replace a non-empty --out (after the new one is complete)."),
     no_progress: bool = typer.Option(False, "--no-progress", help="Hide the progress bar."),
     verbose: bool = typer.Option(False, "--verbose", help="Show a traceback on errors."),
 ) -> None:
-    """Convert Hugging Face / PyTorch checkpoints (base model and drafter) to MLX, without torch."""
+    """Convert Hugging Face / PyTorch / GGUF checkpoints (base model and drafter) to MLX, without torch."""
     from rich.console import Console
     from rich.text import Text
 

@@ -185,7 +185,7 @@ def _choose_repo_files(repo_id: str, files: list[str]) -> list[str]:
             return wanted + [single]
     raise ConversionError(
         f"Hugging Face repo {repo_id} has no model.safetensors or pytorch_model.bin weights "
-        "(GGUF/other formats are not supported)"
+        "(for a GGUF-only repo, download the .gguf file and pass it with --model FILE.gguf)"
     )
 
 
@@ -227,18 +227,35 @@ def _fetch_from_hub(repo_id: str) -> Path:
         raise ConversionError(f"downloading {repo_id} failed ({type(e).__name__}: {e}); {_download_hint(repo_id)}") from None
 
 
+def find_gguf(folder: Path) -> Path | None:
+    """The one ``.gguf`` file of a folder without config.json, or None (a Hugging Face folder)."""
+    if (folder / CONFIG_FILE).is_file():
+        return None
+    found = sorted(p for p in folder.iterdir() if p.suffix.lower() == ".gguf" and p.is_file())
+    if len(found) > 1:
+        names = ", ".join(p.name for p in found[:4]) + (" ..." if len(found) > 4 else "")
+        raise ConversionError(f"{folder} holds {len(found)} .gguf files ({names}); pass the one to convert")
+    return found[0].resolve() if found else None
+
+
 def resolve_source(spec: str, what: str) -> Path:
-    """``--model``/``--drafter`` value -> local folder (downloading a Hugging Face repo if needed).
+    """``--model``/``--drafter`` value -> local folder or ``.gguf`` file (downloading a Hugging
+    Face repo if needed).
 
     Args:
-        spec: a local folder, or a Hugging Face repo id ``owner/name``.
+        spec: a local folder, a ``.gguf`` file (or a folder holding exactly one), or a Hugging
+            Face repo id ``owner/name``.
         what: "model" or "drafter", for messages.
     """
     path = Path(spec).expanduser()
     if path.is_dir():
+        return find_gguf(path) or path.resolve()
+    if path.is_file() and path.suffix.lower() == ".gguf":
         return path.resolve()
     if path.exists():
-        raise ConversionError(f"--{what} {spec} is a file; pass the folder that holds config.json and the weights")
+        raise ConversionError(
+            f"--{what} {spec} is a file; pass the folder that holds config.json and the weights, or a .gguf file"
+        )
     if not _REPO_ID.match(spec):
         raise ConversionError(
             f"--{what} {spec}: no such folder, and not a Hugging Face repo id (owner/name)"

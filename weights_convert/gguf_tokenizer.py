@@ -198,8 +198,10 @@ def end_of_turn_id(metadata: dict) -> int | None:
 
 
 def eos_token_ids(metadata: dict) -> list[int]:
-    """The metadata EOS, then the chat template's end-of-turn token when it differs."""
-    ids = [metadata.get("tokenizer.ggml.eos_token_id"), end_of_turn_id(metadata)]
+    """The metadata EOS, then llama.cpp's end-of-turn/-message ids and the chat template's
+    end-of-turn token, each once."""
+    keys = ("eos_token_id", "eot_token_id", "eom_token_id")
+    ids = [metadata.get(f"tokenizer.ggml.{key}") for key in keys] + [end_of_turn_id(metadata)]
     return list(dict.fromkeys(int(i) for i in ids if i is not None))
 
 

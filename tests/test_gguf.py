@@ -275,6 +275,31 @@ def test_engine_tokenizer_reads_chat_template_jinja(files, tmp_path):
     assert ids[0] == 1 and ids.count(2) == 1  # <|im_start|> ... <|im_end|>
 
 
+def test_a_chat_template_cannot_run_code(tmp_path):
+    """The template is rendered in jinja2's sandbox to find the end-of-turn token."""
+    marker = tmp_path / "pwned"
+    evil = (
+        "{{ cycler.__init__.__globals__.os.system('touch " + str(marker) + "') }}"
+        "{{ ''.__class__.__mro__[1].__subclasses__() }}{% for m in messages %}{{ m.content }}"
+        "<|im_end|>{% endfor %}"
+    )
+    tiny = write_llama_gguf(tmp_path / "evil.gguf", "F16", chat_template=evil)
+    convert(str(tiny.path), tmp_path / "out", progress=False)
+    assert not marker.exists()
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["eos_token_id"] == [0]
+
+
+def test_quantize_option_requantizes_the_dequantized_weights(files, tmp_path):
+    out = tmp_path / "out"
+    summary = convert(
+        str(files["Q8_0"].path), out, quantize=True, q_bits=4, q_group_size=64, progress=False
+    )
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization"] == {"group_size": 64, "bits": 4, "mode": "affine"}
+    assert summary.dtype == "float32" and summary.quantized_tensors > 0
+    assert np.isfinite(_mlx_lm_logits(out)).all()
+
+
 # --- sources and CLI -----------------------------------------------------------------------------
 
 

@@ -519,8 +519,8 @@ class GGUFPlan:
         config: the Hugging Face Llama config the metadata describes.
         jobs: one per output tensor group, in file order.
         tied: no ``output.weight``: lm_head is the embedding.
-        quantization: config block for kept quantized tensors (per-layer overrides where a
-            tensor's bits differ from the most common), or None.
+        quantization: config block for quantized tensors, kept or re-quantized (per-layer
+            overrides where a tensor's settings differ from the most common), or None.
     """
 
     source: GGUFFile
@@ -548,18 +548,21 @@ def _kept_job(gguf: GGUFFile, tensor: GGUFTensor, ref: TensorRef, config: dict):
 
 
 def _quantization_block(jobs: list) -> dict | None:
-    """mlx-lm's ``quantization`` block: the most common bits, plus per-layer overrides."""
-    kept = [job for job in jobs if job.produce is not None]
-    if not kept:
+    """mlx-lm's ``quantization`` block: the most common settings, plus per-layer overrides."""
+    quantized = [job for job in jobs if job.quant is not None]
+    if not quantized:
         return None
-    counts: dict[int, int] = {}
-    for job in kept:
-        counts[job.quant.bits] = counts.get(job.quant.bits, 0) + 1
-    bits = max(counts, key=lambda b: (counts[b], b))
-    block = {"group_size": QK, "bits": bits, "mode": "affine"}
-    for job in kept:
-        if job.quant.bits != bits:
-            block[job.source.name[: -len(".weight")]] = {"group_size": QK, "bits": job.quant.bits}
+    counts: dict = {}
+    for job in quantized:
+        counts[job.quant] = counts.get(job.quant, 0) + 1
+    common = max(counts, key=lambda q: (counts[q], q.bits))
+    block = common.as_config()
+    for job in quantized:
+        if job.quant != common:
+            block[job.source.name[: -len(".weight")]] = {
+                "group_size": job.quant.group_size,
+                "bits": job.quant.bits,
+            }
     return block
 
 

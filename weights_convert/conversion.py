@@ -231,7 +231,7 @@ def convert(
     base_quant = settings if quantize else None
     if model_dir.is_file():  # a .gguf
         base, dtype = gguf_input.open_gguf(model_dir, dtype, base_quant)
-        jobs, dropped, out_quant = base.jobs, [], base.quantization
+        jobs, dropped, out_quant, tied = base.jobs, [], base.quantization, base.tied
     else:
         dtype = dtype or "float16"
         base = open_checkpoint(model_dir, "model")
@@ -240,6 +240,7 @@ def convert(
         jobs = [make_job(name, ref, DTYPE_CODES[dtype], base_quant) for name, ref in base_plan.tensors]
         dropped = list(base_plan.dropped)
         out_quant = base_quant.as_config() if base_quant else None
+        tied = base_plan.tied
     code = DTYPE_CODES[dtype]
 
     draft_jobs: list[Job] = []
@@ -258,7 +259,7 @@ def convert(
     total = sum(job.source.nbytes for job in jobs + draft_jobs)
     with staging_dir(out) as tmp, _progress_bar(total, progress) as advance:
         write_weights(jobs, tmp, advance)
-        config = llama.output_config(base.config, base.tied if model_dir.is_file() else base_plan.tied, dtype, out_quant)
+        config = llama.output_config(base.config, tied, dtype, out_quant)
         _write_json(tmp / "config.json", config)
         if model_dir.is_file():
             gguf_input.write_side_files(base, tmp)

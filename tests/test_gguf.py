@@ -380,6 +380,14 @@ def test_a_corrupt_header_is_refused(files, tmp_path, offset, value, match):
     _refused(path, tmp_path, match)
 
 
+def test_invalid_utf8_metadata_is_refused(files, tmp_path):
+    data = bytearray(files["Q4_1"].path.read_bytes())
+    data[data.find(b"general.architecture")] = 0xFF
+    path = tmp_path / "bad.gguf"
+    path.write_bytes(bytes(data))
+    _refused(path, tmp_path, "corrupt.*not valid UTF-8")
+
+
 def test_unpermute_inverts_llama_cpp_permute():
     from weights_convert.gguf import unpermute_rows
 

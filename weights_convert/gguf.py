@@ -152,12 +152,13 @@ class _Cursor:
             "re-download the file"
         )
 
-    def take(self, n: int, what: str) -> memoryview:
+    def take(self, n: int, what: str) -> bytes:
+        """The next ``n`` bytes (a copy, so no view outlives the memory map)."""
         if n < 0 or self.pos + n > len(self.buf):
             raise self.corrupt(f"{what} extends past the end of the file")
-        view = memoryview(self.buf)[self.pos : self.pos + n]
+        data = self.buf[self.pos : self.pos + n]
         self.pos += n
-        return view
+        return data
 
     def scalar(self, fmt: str, what: str):
         return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
@@ -252,12 +253,9 @@ def read_gguf(path: Path) -> GGUFFile:
             )
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
             cur = _Cursor(buf, path)
-            try:
-                version, n_tensors, metadata = _read_metadata(cur)
-                infos = [_read_tensor_info(cur) for _ in range(n_tensors)]
-                header_end = cur.pos
-            finally:
-                del cur  # release the memoryview before the map closes
+            version, n_tensors, metadata = _read_metadata(cur)
+            infos = [_read_tensor_info(cur) for _ in range(n_tensors)]
+            header_end = cur.pos
     alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
     if not isinstance(alignment, int) or alignment <= 0:
         raise ConversionError(

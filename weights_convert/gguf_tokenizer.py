@@ -1,9 +1,12 @@
 """The tokenizer a GGUF file describes in its metadata -> ``tokenizer.json`` + config files.
 
-Only byte-level BPE (``tokenizer.ggml.model == "gpt2"``: SmolLM, Llama 3, Qwen-style
-vocabularies) is supported; it is rebuilt with the ``tokenizers`` library the way
-transformers' GGUF loader builds it (``AutoTokenizer.from_pretrained(dir, gguf_file=...)``), so
-token ids match it. SentencePiece vocabularies (``"llama"``) are refused with a clear message.
+Two vocabularies are supported, rebuilt with the ``tokenizers`` library the way transformers'
+GGUF loader builds them (``AutoTokenizer.from_pretrained(dir, gguf_file=...)``), so token ids
+match it:
+
+- byte-level BPE (``tokenizer.ggml.model == "gpt2"``: SmolLM, Llama 3, Qwen-style), and
+- SentencePiece BPE (``"llama"``: Llama 1/2, Vicuna, TinyLlama, Mistral): byte fallback,
+  ``▁`` for spaces, merges from the file or recovered from the token scores.
 
 End of turn: GGUF metadata often names a document EOS (``<|endoftext|>``) while chat turns end
 with another token (``<|im_end|>``). The chat template is rendered in a sandbox (no code runs)
@@ -68,7 +71,7 @@ def special_token_ids(metadata: dict) -> list[int]:
 
 def _byte_level_backend(metadata: dict):
     """A ``tokenizers.Tokenizer`` for a GPT-2-style vocabulary, as transformers builds it."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
     tokens = _token_strings(metadata)
     alphabet = _bytes_to_unicode()
@@ -98,12 +101,68 @@ def _byte_level_backend(metadata: dict):
     else:
         backend.pre_tokenizer = byte_level
     backend.decoder = decoders.ByteLevel()
+    _add_special_tokens(backend, metadata, spelled)
+    return backend
+
+
+def _merges_from_scores(tokens: list[str], scores) -> list[tuple[str, str]]:
+    """SentencePiece merges implied by the vocabulary: every split of a token into two tokens,
+    best score first (``transformers.tokenization_utils_base.generate_merges``)."""
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = []
+    for merge, score in dict(zip(tokens, (float(x) for x in scores))).items():
+        local = [(merge[:k], merge[k:], score) for k in range(1, len(merge))]
+        local = [m for m in local if m[0] in vocab and m[1] in vocab]
+        merges += sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]]))
+    merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
+    return [(left, right) for left, right, _ in merges]
+
+
+def _sentencepiece_backend(metadata: dict):
+    """A ``tokenizers.Tokenizer`` for a SentencePiece BPE vocabulary, as transformers'
+    ``LlamaTokenizer`` builds it from GGUF metadata."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tokens = _token_strings(metadata)
+    if "tokenizer.ggml.merges" in metadata:
+        merges = [tuple(m.split(" ")) for m in metadata["tokenizer.ggml.merges"]]
+    else:
+        scores = metadata.get("tokenizer.ggml.scores")
+        if scores is None or len(scores) != len(tokens):
+            raise ConversionError(
+                "the GGUF file's SentencePiece vocabulary has no scores or merges"
+            )
+        merges = _merges_from_scores(tokens, scores)
+    vocab = {t: i for i, t in enumerate(tokens)}
+    model = models.BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True)
+    backend = Tokenizer(model)
+    backend.pre_tokenizer = pre_tokenizers.Metaspace(
+        replacement="\u2581", prepend_scheme="first", split=False
+    )
+    backend.decoder = decoders.Sequence(
+        [
+            decoders.Replace("\u2581", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(content=" ", left=1),
+        ]
+    )
+    _add_special_tokens(backend, metadata, None)
+    return backend
+
+
+def _add_special_tokens(backend, metadata: dict, alphabet: set[str] | None) -> None:
+    """Control tokens as special tokens (byte-level: only those spelled in its alphabet, as
+    transformers does), user-defined tokens as plain added tokens."""
+    from tokenizers import AddedToken
+
+    tokens = _token_strings(metadata)
     types = _token_types(metadata, len(tokens))
     backend.add_special_tokens(
         [
             AddedToken(t, normalized=False, special=True)
             for t, kind in zip(tokens, types)
-            if kind == TOKEN_CONTROL and set(t) <= spelled
+            if kind == TOKEN_CONTROL and (alphabet is None or set(t) <= alphabet)
         ]
     )
     backend.add_tokens(
@@ -113,7 +172,6 @@ def _byte_level_backend(metadata: dict):
             if kind == TOKEN_USER_DEFINED
         ]
     )
-    return backend
 
 
 def _post_processor(
@@ -135,22 +193,19 @@ def _post_processor(
     )
 
 
+_BACKENDS = {"gpt2": _byte_level_backend, "llama": _sentencepiece_backend}
+
+
 def check_tokenizer(metadata: dict, name: str) -> None:
     """Refuse vocabularies we cannot rebuild exactly."""
     kind = metadata.get("tokenizer.ggml.model")
-    if kind == "gpt2":
-        _token_strings(metadata)
-        return
-    if kind == "llama":
+    if kind not in _BACKENDS:
         raise ConversionError(
-            f"{name} carries a SentencePiece ('llama') tokenizer, which GGUF conversion does not "
-            "rebuild yet; convert the original Hugging Face checkpoint (it has tokenizer.model), or "
-            "copy its tokenizer files into the output folder"
+            f"{name} carries a {kind!r} tokenizer; only byte-level BPE ('gpt2') and SentencePiece "
+            "BPE ('llama') GGUF tokenizers are supported; convert the original Hugging Face "
+            "checkpoint instead"
         )
-    raise ConversionError(
-        f"{name} carries a {kind!r} tokenizer; only byte-level BPE ('gpt2') GGUF tokenizers are "
-        "supported; convert the original Hugging Face checkpoint instead"
-    )
+    _token_strings(metadata)
 
 
 def _render_sandboxed(template: str, messages: list[dict], tokens: dict[str, str]) -> str:
@@ -214,8 +269,10 @@ def _token_name(metadata: dict, key: str) -> str | None:
 def write_tokenizer(metadata: dict, eos_ids: list[int], out_dir: Path) -> list[str]:
     """Write tokenizer.json, tokenizer_config.json and generation_config.json -> names written."""
     tokens = _token_strings(metadata)
-    backend = _byte_level_backend(metadata)
-    add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", False))
+    kind = metadata.get("tokenizer.ggml.model")
+    backend = _BACKENDS[kind](metadata)
+    # llama.cpp adds BOS to a SentencePiece vocabulary that does not say otherwise
+    add_bos = bool(metadata.get("tokenizer.ggml.add_bos_token", kind == "llama"))
     add_eos = bool(metadata.get("tokenizer.ggml.add_eos_token", False))
     bos, eos = (
         metadata.get("tokenizer.ggml.bos_token_id"),

@@ -501,6 +501,11 @@ def quantized_triple(gguf: GGUFFile, tensor: GGUFTensor, config: dict) -> list[n
     """A quantized tensor as MLX (weight, scales, biases), Q/K rows un-permuted."""
     heads = _qk_heads(tensor.name, config)
     triple = packed_triple(gguf.raw(tensor), tensor.type_name)
+    if not np.isfinite(triple[2]).all():  # -8 d or -128 d beyond float16 (|weights| > 65504)
+        raise ConversionError(
+            f"{gguf.path.name}: {tensor.name} has values too large to keep in MLX's float16 "
+            "quantization; convert with --dtype float32"
+        )
     return [np.ascontiguousarray(unpermute_rows(a, heads) if heads else a) for a in triple]
 
 

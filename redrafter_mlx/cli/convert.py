@@ -22,7 +22,8 @@ def convert(
     model: Annotated[
         str,
         typer.Option(
-            "--model", help="Hugging Face repo id or local folder of a Llama-family model."
+            "--model",
+            help="Hugging Face repo id, local folder or .gguf file of a Llama-family model.",
         ),
     ],
     out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (mlx-lm layout).")],
@@ -48,8 +49,14 @@ def convert(
         int, typer.Option("--q-group-size", help="Quantization group size (32, 64 or 128).")
     ] = 64,
     dtype: Annotated[
-        str, typer.Option("--dtype", help="Storage dtype: float16, bfloat16 or float32.")
-    ] = "float16",
+        str | None,
+        typer.Option(
+            "--dtype",
+            help="Storage dtype: float16, bfloat16 or float32 (default: float16; for GGUF "
+            "input, its own quantization on Metal and float32 on the CPU backend).",
+            show_default=False,
+        ),
+    ] = None,
     quantize_drafter: Annotated[
         bool, typer.Option("--quantize-drafter", help="Quantize the drafter too.")
     ] = False,
@@ -62,7 +69,7 @@ def convert(
     ),
     verbose: VerboseOpt = False,
 ) -> None:
-    """Convert Hugging Face / PyTorch checkpoints (base model and drafter) to MLX, without torch."""
+    """Convert Hugging Face / PyTorch / GGUF checkpoints (and a drafter) to MLX, without torch."""
     previous = signal.getsignal(signal.SIGTERM)
     with_handler = True
     try:

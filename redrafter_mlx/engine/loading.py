@@ -85,7 +85,9 @@ def _apply_weights(module: nn.Module, weights: dict, config: dict, dtype, where:
             group_size=quant["group_size"],
             bits=quant["bits"],
             mode=quant.get("mode", "affine"),
-            class_predicate=lambda p, m: f"{p}.scales" in weights,
+            class_predicate=lambda p, m: (  # mlx-lm's per-layer overrides (e.g. an 8-bit embedding)
+                quant[p] if isinstance(quant.get(p), dict) else f"{p}.scales" in weights
+            ),
         )
     weights = {
         k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in weights.items()

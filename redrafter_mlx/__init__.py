@@ -4,7 +4,18 @@ The public names are imported lazily so that ``import redrafter_mlx`` (and every
 command's start-up) stays fast.
 """
 
-__version__ = "0.1.0"
+
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml is the one source)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("redrafter-mlx")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+__version__ = _version()
 
 _EXPORTS = {
     "GenerationResponse": "engine.generation",

@@ -199,7 +199,8 @@ def main(argv: list[str] | None = None) -> None:
         facts = write_checkpoint(work / "src", args.size_gb, args.shards)
         print(
             f"synthetic checkpoint: {facts['bytes'] / 1e9:.2f} GB fp16, {facts['layers']} layers, "
-            f"{facts['shards']} .bin shards (largest {facts['largest_shard'] / 1e6:.0f} MB), written in {time.perf_counter() - t0:.1f} s"
+            f"{facts['shards']} .bin shards (largest {facts['largest_shard'] / 1e6:.0f} MB), "
+            f"written in {time.perf_counter() - t0:.1f} s"
         )
         runs = [("fp16", False)] + ([("4-bit", True)] if args.quantize else [])
         for label, quantize in runs:
@@ -222,8 +223,10 @@ def main(argv: list[str] | None = None) -> None:
             mb_s = facts["bytes"] / 1e6 / stats["seconds"]
             ratio = stats["peak_rss"] / facts["largest_shard"]
             print(
-                f"{label:>5}: {stats['seconds']:.1f} s, {mb_s:.0f} MB/s, peak RSS {stats['peak_rss'] / 1e6:.0f} MB "
-                f"= {ratio:.2f} x largest shard (target <= 2.5), output {stats['bytes_on_disk'] / 1e9:.2f} GB"
+                f"{label:>5}: {stats['seconds']:.1f} s, {mb_s:.0f} MB/s, "
+                f"peak RSS {stats['peak_rss'] / 1e6:.0f} MB "
+                f"= {ratio:.2f} x largest shard (target <= 2.5), "
+                f"output {stats['bytes_on_disk'] / 1e9:.2f} GB"
             )
             shutil.rmtree(out)
     finally:

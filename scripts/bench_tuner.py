@@ -31,7 +31,8 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from tuning.grid import BeamShape, build_grid
+    from redrafter_mlx.engine.shape import BeamShape
+    from tuning.grid import build_grid
     from tuning.measure import EngineMeasure, demo_paths, load_engine, load_prompts
     from tuning.search import SearchPlan, successive_halving
 

@@ -13,7 +13,8 @@ corpus     The Python standard library's own ``*.py`` source (always present off
            signature + first docstring line, reply = the source). NOTE: the corpus depends on the
            Python version the build runs on; the build records it (manifest.json, BUILD.md).
 tokenizer  SentencePiece BPE in LLaMA's ``tokenizer.model`` format (byte fallback, <unk>=0, <s>=1,
-           </s>=2, no pad), trained on the training files only, deterministic (one thread, fixed order).
+           </s>=2, no pad), trained on the training files only, deterministic (one thread,
+           fixed order).
 base       A small Llama (``mlx_lm.models.llama.Model``) trained with MLX on a mix of raw source and
            chat examples (AdamW, warm-up + cosine, fp32 compute), saved as an mlx-lm model directory
            in float16 (``out/base``).
@@ -45,15 +46,13 @@ from pathlib import Path
 
 import numpy as np
 
+from redrafter_mlx.engine.chat_format import VICUNA_SYSTEM, vicuna_prompt
+
 STAGES = ("corpus", "tokenizer", "base", "drafter")
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "demo_model"
 DEFAULT_WORK = Path(tempfile.gettempdir()) / "redrafter_mlx_demo_build"
 
-# Vicuna v1.1 (DESIGN.md section 4).
-SYSTEM_PROMPT = (
-    "A chat between a curious user and an artificial intelligence assistant. "
-    "The assistant gives helpful, detailed, and polite answers to the user's questions."
-)
+SYSTEM_PROMPT = VICUNA_SYSTEM  # the demo model chats in Vicuna v1.1
 HELDOUT_EVERY = 20  # file i (in sorted order) is held out when i % 20 == 19
 
 # Directories (any path component) that are excluded from the corpus.
@@ -125,15 +124,15 @@ def read_source(path: Path) -> str | None:
     return text
 
 
-def chat_text(request: str, reply: str) -> str:
-    """One Vicuna v1.1 exchange, *without* BOS/EOS (the trainer adds token ids 1 and 2; the
-    textual form in DESIGN.md is ``... ASSISTANT: {reply}</s>``)."""
-    return f"{SYSTEM_PROMPT} USER: {request} ASSISTANT: {reply}"
-
-
 def chat_prompt(request: str) -> str:
     """The prompt a chat engine builds for one user turn (generation continues after it)."""
-    return f"{SYSTEM_PROMPT} USER: {request} ASSISTANT:"
+    return vicuna_prompt([{"role": "user", "content": request}])
+
+
+def chat_text(request: str, reply: str) -> str:
+    """One Vicuna v1.1 exchange, *without* BOS/EOS (the trainer adds token ids 1 and 2; the
+    textual form is ``... ASSISTANT: {reply}</s>``)."""
+    return f"{chat_prompt(request)} {reply}"
 
 
 def _first_doc_line(node) -> str | None:
@@ -270,7 +269,9 @@ def build_corpus(
         "stdlib": str(root),
         "n_files": len(files) - len(skipped),
         "skipped": skipped,
-        "heldout_rule": f"file index i (sorted relative paths) with i % {HELDOUT_EVERY} == {HELDOUT_EVERY - 1}",
+        "heldout_rule": (
+            f"file index i (sorted relative paths) with i % {HELDOUT_EVERY} == {HELDOUT_EVERY - 1}"
+        ),
         "stats": stats,
         "corpus_sha256": _sha256_file(corpus_path),
     }
@@ -658,7 +659,8 @@ def train_base(
     t_tok = time.time()
     toks = _tokenize_corpus(work, sp)
     log(
-        f"tokens: train source {len(toks['train_source']):,}, train chat {len(toks['train_chat']):,}, "
+        f"tokens: train source {len(toks['train_source']):,}, "
+        f"train chat {len(toks['train_chat']):,}, "
         f"held-out source {len(toks['heldout_source']):,} ({time.time() - t_tok:.1f}s)"
     )
     held = toks["heldout_source"].astype(np.int32)
@@ -717,7 +719,8 @@ def train_base(
         ]
         steps = max(10, int(minutes * 60 * 0.95 / per_step))
         log(
-            f"throughput: {tcfg.tokens_per_step / times[tcfg.seq_len]:.0f} tok/s at T={tcfg.seq_len}, "
+            f"throughput: {tcfg.tokens_per_step / times[tcfg.seq_len]:.0f} tok/s "
+            f"at T={tcfg.seq_len}, "
             f"{tcfg.tokens_per_step / times[tcfg.long_seq_len]:.0f} tok/s at T={tcfg.long_seq_len} "
             f"-> {steps} steps for {minutes} min"
         )
@@ -766,7 +769,8 @@ def train_base(
                 el = now - t_start
                 plain(
                     f"step {it}/{steps} T={seq} loss {lv:.4f} (ema {ema:.4f}) "
-                    f"lr {opt.learning_rate.item():.2e} {tokens_seen / el:.0f} tok/s elapsed {el / 60:.1f} min"
+                    f"lr {opt.learning_rate.item():.2e} {tokens_seen / el:.0f} tok/s "
+                    f"elapsed {el / 60:.1f} min"
                 )
             if it % tcfg.eval_every == 0 or it == steps:
                 nll, _ = heldout_nll(model, ev_small)
@@ -801,7 +805,8 @@ def train_base(
         nll, count = heldout_nll(shipped, w)
         res[seq] = {"nll": round(nll, 4), "ppl": round(math.exp(nll), 3), "tokens": count}
         log(
-            f"held-out (fp16 weights, context {seq}): nll {nll:.4f} ppl {math.exp(nll):.3f} over {count:,} tokens"
+            f"held-out (fp16 weights, context {seq}): nll {nll:.4f} ppl {math.exp(nll):.3f} "
+            f"over {count:,} tokens"
         )
     eval_s = time.time() - t0
     chat_held = toks["heldout_chat"].astype(np.int32)
@@ -810,9 +815,9 @@ def train_base(
         chat_nll, _ = heldout_nll(shipped, eval_windows(chat_held, tcfg.seq_len, 200))
     prompts = (
         [
-            json.loads(l)["turns"][0]
-            for l in (base_dir.parent / "heldout_prompts.jsonl").read_text().splitlines()
-            if l.strip()
+            json.loads(line)["turns"][0]
+            for line in (base_dir.parent / "heldout_prompts.jsonl").read_text().splitlines()
+            if line.strip()
         ]
         if (base_dir.parent / "heldout_prompts.jsonl").exists()
         else []
@@ -851,10 +856,6 @@ def train_base(
 
 # ----------------------------------------------------------------------------------------------
 # drafter
-
-
-class DistillNotAvailable(RuntimeError):
-    pass
 
 
 def write_distill_data(work: Path, examples: int | None = None, seed: int = 0) -> Path:
@@ -898,14 +899,9 @@ DRAFTER_FILES = ("config.json", "model.safetensors", "eval.json")
 def build_drafter(work: Path, out: Path, seed: int, steps: int | None = None, log=print) -> dict:
     """Distil a ReDrafter drafter for the demo base model with ``redrafter_mlx.train.distill`` into
     ``out/drafter`` (only the drafter files; checkpoints and target caches stay in ``work``)."""
-    try:
-        from redrafter_mlx.train.distill import distill
-    except ImportError as e:
-        raise DistillNotAvailable(
-            "The 'drafter' stage needs redrafter_mlx.train.distill, which is not available yet "
-            f"({e}). Run the other stages with --stages corpus,tokenizer,base."
-        ) from e
     import shutil
+
+    from redrafter_mlx.train.distill import distill
 
     data = write_distill_data(work, DRAFTER_EXAMPLES, seed)
     run_dir = work / "drafter_run"
@@ -966,15 +962,15 @@ def write_build_md(out: Path, work: Path, argv: list[str]) -> None:
     ]
     if base and "--minutes" in cmd_argv:
         L += [
-            f"(`--minutes` sized the run from measured throughput; `--steps {base['train']['steps']}` "
-            "reproduces it exactly.)",
+            "(`--minutes` sized the run from measured throughput; "
+            f"`--steps {base['train']['steps']}` reproduces it exactly.)",
             "",
         ]
     L += [
         f"- Python {platform.python_version()} ({platform.python_implementation()}), "
         f"{platform.system()} {platform.machine()}",
-        f"- mlx {_version('mlx')}, mlx-lm {_version('mlx-lm')}, sentencepiece {_version('sentencepiece')}, "
-        f"numpy {np.__version__}",
+        f"- mlx {_version('mlx')}, mlx-lm {_version('mlx-lm')}, "
+        f"sentencepiece {_version('sentencepiece')}, numpy {np.__version__}",
     ]
     if base:
         th = base["threads"]
@@ -988,16 +984,18 @@ def write_build_md(out: Path, work: Path, argv: list[str]) -> None:
         L += [
             "## Corpus",
             "",
-            f"The `*.py` source of the Python {man['python_version']} standard library (always available "
-            "offline), minus tests (`test/`, `tests/`, `idle_test/`), `site-packages`, the generated codec "
-            "tables in `encodings/`, `pydoc_data/topics.py`, machine-specific `_sysconfigdata*` and "
-            "`config-*`. Files are sorted by relative path; "
-            f"held out: {man['heldout_rule']}. **The corpus depends on the Python version**: a build on "
+            f"The `*.py` source of the Python {man['python_version']} standard library "
+            "(always available offline), minus tests (`test/`, `tests/`, `idle_test/`), "
+            "`site-packages`, the generated codec tables in `encodings/`, `pydoc_data/topics.py`, "
+            "machine-specific `_sysconfigdata*` and `config-*`. Files are sorted by relative path; "
+            f"held out: {man['heldout_rule']}. "
+            "**The corpus depends on the Python version**: a build on "
             "another version gives a different (equally valid) model.",
             "",
-            "Chat examples (Vicuna v1.1 format) are made with `ast` from documented functions, methods and "
-            f"classes of {CHAT_MIN_LINES}-{CHAT_MAX_LINES} lines (system prompt, then "
-            "``USER: Write a Python function `name(args)`: <first docstring line> ASSISTANT: <source></s>``). "
+            "Chat examples (Vicuna v1.1 format) are made with `ast` from documented functions, "
+            f"methods and classes of {CHAT_MIN_LINES}-{CHAT_MAX_LINES} lines (system prompt, then "
+            "``USER: Write a Python function `name(args)`: <first docstring line> "
+            "ASSISTANT: <source></s>``). "
             "Training mixes raw source and these chat examples.",
             "",
             "| split | files | chars | chat examples | chat reply chars |",
@@ -1005,19 +1003,24 @@ def write_build_md(out: Path, work: Path, argv: list[str]) -> None:
         ]
         for k in ("train", "heldout"):
             L.append(
-                f"| {k} | {s[k]['files']} | {s[k]['chars']:,} | {s[k]['chat']:,} | {s[k]['chat_chars']:,} |"
+                f"| {k} | {s[k]['files']} | {s[k]['chars']:,} | {s[k]['chat']:,} "
+                f"| {s[k]['chat_chars']:,} |"
             )
         L += ["", f"corpus.jsonl sha256: `{man['corpus_sha256']}`", ""]
     if tok:
         L += [
             "## Tokenizer",
             "",
-            f"SentencePiece BPE (LLaMA `tokenizer.model` format), vocab {tok['vocab_size']}, byte fallback, "
-            "identity normalization, dummy prefix, split digits, whitespace-only pieces allowed (indentation "
-            "runs become single pieces), `<unk>`=0 `<s>`=1 `</s>`=2, no pad. Trained on the lines of the "
-            f"training files ({tok['training_sentences']:,} sentences), one thread, input order fixed.",
+            "SentencePiece BPE (LLaMA `tokenizer.model` format), "
+            f"vocab {tok['vocab_size']}, byte fallback, "
+            "identity normalization, dummy prefix, split digits, whitespace-only pieces allowed "
+            "(indentation runs become single pieces), `<unk>`=0 `<s>`=1 `</s>`=2, no pad. "
+            "Trained on the lines of the "
+            f"training files ({tok['training_sentences']:,} sentences), "
+            "one thread, input order fixed.",
             "",
-            f"- held-out: {tok['heldout_chars_per_token']} chars/token; decode(encode(x)) == x on every held-out file",
+            f"- held-out: {tok['heldout_chars_per_token']} chars/token; "
+            "decode(encode(x)) == x on every held-out file",
             f"- tokenizer.model sha256: `{tok['tokenizer_sha256']}`",
             "",
         ]
@@ -1027,20 +1030,26 @@ def write_build_md(out: Path, work: Path, argv: list[str]) -> None:
         L += [
             "## Base model",
             "",
-            f"Llama (`mlx_lm.models.llama.Model`): hidden {m['hidden_size']}, {m['num_hidden_layers']} layers, "
+            f"Llama (`mlx_lm.models.llama.Model`): hidden {m['hidden_size']}, "
+            f"{m['num_hidden_layers']} layers, "
             f"{m['num_attention_heads']} heads (kv {m['num_key_value_heads']}, head dim "
             f"{m['hidden_size'] // m['num_attention_heads']}), MLP {m['intermediate_size']}, vocab "
-            f"{base['vocab_size']}, tied embeddings, RoPE theta {m['rope_theta']:g}, trained context "
-            f"{m['max_position_embeddings']}. **{base['params']:,} parameters**; "
+            f"{base['vocab_size']}, tied embeddings, RoPE theta {m['rope_theta']:g}, "
+            f"trained context {m['max_position_embeddings']}. **{base['params']:,} parameters**; "
             f"model.safetensors (float16) {_fmt_bytes(base['safetensors_bytes'])}.",
             "",
             f"Training: {t['steps']} steps x {t['tokens_per_step']} tokens "
-            f"(sequence {t['seq_len']} for the first {1 - t['long_frac']:.0%} of the steps, then {t['long_seq_len']}), "
-            f"random windows from a seeded numpy RNG (seed {t['seed']}); {t['chat_frac']:.0%} of windows start at a "
-            f"chat example, the rest anywhere in the raw source. AdamW (lr {t['lr']:g}, betas {tuple(t['betas'])}, "
-            f"weight decay {t['weight_decay']}), {min(t['warmup'], max(1, t['steps'] // 10))} warm-up steps "
+            f"(sequence {t['seq_len']} for the first {1 - t['long_frac']:.0%} of the steps, "
+            f"then {t['long_seq_len']}), "
+            f"random windows from a seeded numpy RNG (seed {t['seed']}); "
+            f"{t['chat_frac']:.0%} of windows start at a "
+            "chat example, the rest anywhere in the raw source. "
+            f"AdamW (lr {t['lr']:g}, betas {tuple(t['betas'])}, "
+            f"weight decay {t['weight_decay']}), "
+            f"{min(t['warmup'], max(1, t['steps'] // 10))} warm-up steps "
             f"then cosine to "
-            f"{t['lr'] * t['min_lr_frac']:g}, grad clip {t['grad_clip']}, fp32 compute, saved as float16.",
+            f"{t['lr'] * t['min_lr_frac']:g}, grad clip {t['grad_clip']}, fp32 compute, "
+            "saved as float16.",
             "",
             f"- corpus tokens: {', '.join(f'{k} {v:,}' for k, v in base['corpus_tokens'].items())}",
             f"- tokens seen: {base['tokens_seen']:,} in {base['train_seconds'] / 60:.1f} min "
@@ -1104,7 +1113,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--out",
         type=Path,
         default=DEFAULT_OUT,
-        help="package data dir: base/ drafter/ heldout_prompts.jsonl BUILD.md (default: %(default)s)",
+        help=(
+            "package data dir: base/ drafter/ heldout_prompts.jsonl BUILD.md (default: %(default)s)"
+        ),
     )
     p.add_argument(
         "--work",
@@ -1184,13 +1195,9 @@ def main(argv: list[str] | None = None) -> int:
     if any(s in stages for s in ("corpus", "tokenizer", "base")):
         write_build_md(out, work, argv)
     if "drafter" in stages:
-        try:
-            info = build_drafter(work, out, a.seed, steps=a.drafter_steps, log=log)
-            info["argv"] = argv
-            (work / "drafter_info.json").write_text(json.dumps(info, indent=1, default=str) + "\n")
-        except DistillNotAvailable as e:
-            console.print(f"drafter stage: {e}", markup=False, style="bold red")
-            return 2
+        info = build_drafter(work, out, a.seed, steps=a.drafter_steps, log=log)
+        info["argv"] = argv
+        (work / "drafter_info.json").write_text(json.dumps(info, indent=1, default=str) + "\n")
         write_build_md(out, work, argv)
     return 0
 

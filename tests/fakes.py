@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from tuning.grid import BeamShape
+from redrafter_mlx.engine.shape import BeamShape
 from tuning.search import Measurement
 
 

@@ -1,6 +1,8 @@
-"""Tiny random Llama models and drafters for tests."""
+"""Tiny random Llama models and drafters for tests, and the committed fixture paths."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -8,6 +10,10 @@ from mlx.utils import tree_flatten
 
 from redrafter_mlx.engine.drafter import Drafter, DrafterArgs
 from redrafter_mlx.engine.model import Model, ModelArgs
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+VICUNA_TOKENIZER = FIXTURES / "vicuna-tokenizer"
+SHAREGPT_SAMPLE = FIXTURES / "sharegpt_tiny.json"
 
 
 def tiny_args(seed=0, vocab=32, hidden=32, layers=2, heads=4, kv_heads=2, **kw) -> ModelArgs:
@@ -135,11 +141,17 @@ def save_drafter_dir(drafter: Drafter, path) -> None:
 def run_decode(model, drafter, prompts, **kw):
     """All tokens per row and the final stats of ``redrafter_mlx.engine.generation.decode``."""
     from redrafter_mlx.engine.generation import decode
+    from redrafter_mlx.engine.shape import BeamShape
 
+    width, length, capacity = (kw.pop(k, None) for k in ("beam_width", "beam_length", "capacity"))
+    if (width, length, capacity) != (None, None, None):
+        kw["shape"] = BeamShape(
+            4 if width is None else width, 4 if length is None else length, capacity
+        )
     out = [[] for _ in prompts]
     stats = None
     for ev in decode(model, drafter, prompts, **kw):
-        for r, t in enumerate(ev["tokens"]):
+        for r, t in enumerate(ev.tokens):
             out[r] += t
-        stats = ev["stats"]
+        stats = ev.stats.to_dict()
     return out, stats

@@ -10,20 +10,23 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tests.helpers import save_drafter_dir, save_model_dir, tiny_drafter, tiny_model
+from tests.helpers import (
+    VICUNA_TOKENIZER,
+    save_drafter_dir,
+    save_model_dir,
+    tiny_drafter,
+    tiny_model,
+)
 
-TOKENIZER = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "vicuna-tokenizer"
 CONTEXT = 256  # small, so "prompt over the context" is cheap to provoke
 
 
 @pytest.fixture(scope="session")
 def pair(tmp_path_factory):
     """(model dir, drafter dir, drafter-for-another-model dir) of tiny random models."""
-    if not TOKENIZER.is_dir():
-        pytest.skip(f"the Vicuna tokenizer is not at {TOKENIZER}")
     root = tmp_path_factory.mktemp("cli")
     model = tiny_model(vocab=32000, hidden=32, max_position_embeddings=CONTEXT)
-    save_model_dir(model, root / "model", TOKENIZER)
+    save_model_dir(model, root / "model", VICUNA_TOKENIZER)
     save_drafter_dir(tiny_drafter(model), root / "drafter")
     other = tiny_model(seed=5, vocab=32000, hidden=64)
     save_drafter_dir(tiny_drafter(other), root / "other_drafter")
@@ -31,20 +34,8 @@ def pair(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def app():
-    """The typer app with every command registered once."""
-    from redrafter_mlx import cli
-
-    if not any(c.name == "generate" for c in cli.app.registered_commands):
-        cli._register()
-    return cli.app
-
-
-@pytest.fixture(autouse=True)
-def home(tmp_path, monkeypatch):
-    """No real tuned profiles: an empty REDRAFTER_MLX_HOME."""
-    monkeypatch.setenv("REDRAFTER_MLX_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
+def app(cli_app):
+    return cli_app
 
 
 def invoke(app, *args, input=None):
@@ -238,17 +229,18 @@ def test_verbose_shows_the_traceback(app, tmp_path):
 
 
 def test_no_model_and_no_demo(app, monkeypatch):
-    import redrafter_mlx.cli.common as common
+    import redrafter_mlx.engine.bundled as bundled
 
-    monkeypatch.setattr(common, "demo_available", lambda: None)
+    monkeypatch.setattr(bundled, "demo_paths", lambda: (Path("/nonexistent/demo"), None))
     one_red_line(invoke(app, "generate", "-p", "hi"), 2, "pass --model")
 
 
 def test_demo_model_is_the_default(app, pair, monkeypatch):
-    import redrafter_mlx.cli.common as common
+    import redrafter_mlx.engine.bundled as bundled
 
     model, drafter, _ = pair
-    monkeypatch.setattr(common, "demo_available", lambda: (Path(model), Path(drafter), "DEMO NOTE"))
+    monkeypatch.setattr(bundled, "demo_paths", lambda: (Path(model), Path(drafter)))
+    monkeypatch.setattr(bundled, "DEMO_NOTE", "DEMO NOTE")
     result = invoke(app, "generate", "-p", "hi", "-n", 3, "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from redrafter_mlx.cli.chat_ui import ChatLoop, run_chat
 from redrafter_mlx.cli.common import ModelPaths, Sampling, load_engine, resolve_plan
-from tests.test_cli import CONTEXT, app, home, invoke, model_args, pair  # noqa: F401 (fixtures)
+from tests.test_cli import CONTEXT, app, invoke, model_args, pair  # noqa: F401 (fixtures)
 
 MAX_TOKENS = 6
 
@@ -60,7 +60,7 @@ def test_chat_command_over_stdin(app, pair):  # noqa: F811
     assert second_total > first_total
     assert second_prefilled < second_total - first_total + MAX_TOKENS  # the first turn was reused
     assert out.count(f"{MAX_TOKENS} tokens ·") == 2  # one dim stats line per answer
-    assert "accept 1:" in out
+    assert "steps emitting 1/2/3/4 tokens: " in out
     assert "[conversation cleared]" in out
     assert "history: 0 messages, 0 tokens cached" in out and "no answer yet" in out
 

@@ -256,7 +256,7 @@ def test_quantized_drafter_follows_the_mlx_lm_rule(tmp_path):
     config = json.loads((out / "drafter" / "config.json").read_text())
     assert config["quantization"] == {"group_size": 64, "bits": 8, "mode": "affine"}
     quantized = {k[: -len(".scales")] for k in got if k.endswith(".scales")}
-    # input dims: input_proj 128, rnn 64 -> quantized; the exit_dim=96 layers are not multiples of 64
+    # input dims: input_proj 128, rnn 64 -> quantized; exit_dim=96 layers aren't multiples of 64
     assert quantized == {"input_proj", "rnn_u", "rnn_w"}
     assert (
         got["lm_head.2.weight"].dtype == np.uint16 and got["input_proj.weight"].dtype == np.uint32

@@ -12,11 +12,8 @@ FIXTURES = Path(__file__).parent / "fixtures" / "convert"
 
 
 @pytest.fixture(scope="module")
-def app():
-    from redrafter_mlx import cli
-
-    cli._register()
-    return cli.app
+def app(cli_app):
+    return cli_app
 
 
 def _run(app, *args: str):
@@ -101,19 +98,10 @@ def test_cli_bad_input_exits_1_with_one_line_and_no_traceback(app, tmp_path):
 def test_converted_pair_runs_in_the_engine_and_redrafter_equals_greedy(tmp_path):
     """The engine loads the converted model + drafter (weights strictly, drafter quantized),
     and greedy ReDrafter tokens equal greedy autoregressive tokens."""
-    redrafter_mlx = pytest.importorskip("redrafter_mlx")
-    loading = pytest.importorskip("redrafter_mlx.engine.loading")
-    if not all(
-        hasattr(m, n)
-        for m, n in [
-            (loading, "load_model"),
-            (loading, "load_drafter"),
-            (redrafter_mlx, "batch_generate"),
-        ]
-    ):
-        pytest.skip("the engine's loaders / batch_generate are not available yet")
     import mlx.core as mx
 
+    import redrafter_mlx
+    from redrafter_mlx.engine import loading
     from weights_convert import convert
 
     out = tmp_path / "pair"

@@ -1,11 +1,10 @@
-"""The bundled demo model: artefacts load, tokenizer round-trips code, corpus build is deterministic."""
+"""The bundled demo model: artefacts load, tokenizer round-trips code, corpus build is
+deterministic."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-
-import pytest
 
 from redrafter_mlx.engine.bundled import DEMO_NOTE, demo_paths, heldout_prompts_path
 from scripts import build_demo as build
@@ -143,8 +142,9 @@ def test_chat_examples_format():
     assert exs["A"]["request"] == "Write a Python class `A(B)`: Doc of A."
     text = build.chat_text(exs["top"]["request"], exs["top"]["reply"])
     assert text == (
-        "A chat between a curious user and an artificial intelligence assistant. The assistant gives "
-        "helpful, detailed, and polite answers to the user's questions. USER: Write a Python function "
+        "A chat between a curious user and an artificial intelligence assistant. "
+        "The assistant gives helpful, detailed, and polite answers to the user's questions. "
+        "USER: Write a Python function "
         "`top(a, *, b=None)`: Top-level function here. ASSISTANT: def top(a, *, b=None):\n"
         '    """Top-level function here."""\n    return a\n'
     )
@@ -181,16 +181,6 @@ def test_corpus_stage_is_deterministic(tmp_path):
     assert held == {
         f for i, f in enumerate(files) if i % build.HELDOUT_EVERY == build.HELDOUT_EVERY - 1
     }
-
-
-def test_drafter_stage_reports_missing_distill(tmp_path, monkeypatch):
-    import sys
-
-    monkeypatch.setitem(
-        sys.modules, "redrafter_mlx.train.distill", None
-    )  # import now raises ImportError
-    with pytest.raises(build.DistillNotAvailable, match="not available yet"):
-        build.build_drafter(tmp_path, tmp_path, seed=0)
 
 
 def test_distill_data_is_training_chats(tmp_path):

@@ -9,6 +9,8 @@ import redrafter_mlx
 from redrafter_mlx.engine.bundled import demo_paths
 from tests.helpers import run_decode
 
+pytestmark = pytest.mark.slow  # make test-fast leaves these out
+
 
 @pytest.fixture(scope="module")
 def pair():
@@ -23,7 +25,8 @@ def prompts(pair):
     base, _ = demo_paths()
     lines = (base.parent / "heldout_prompts.jsonl").read_text().splitlines()[:6]
     return [
-        tok.chat_prompt([{"role": "user", "content": json.loads(l)["turns"][0]}]) for l in lines
+        tok.chat_prompt([{"role": "user", "content": json.loads(line)["turns"][0]}])
+        for line in lines
     ]
 
 

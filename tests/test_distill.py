@@ -12,12 +12,20 @@ import pytest
 from redrafter_mlx.engine.tree import cache_mask, chain_mask
 from redrafter_mlx.train import distill as D
 from redrafter_mlx.train.data import DataError, Sequence, load_training_data
-from tests.helpers import near_bigram_model, run_decode, save_model_dir, tiny_model
+from tests.helpers import (
+    SHAREGPT_SAMPLE,
+    VICUNA_TOKENIZER,
+    near_bigram_model,
+    run_decode,
+    save_model_dir,
+    tiny_model,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED = ROOT.parent / "shared" / "data"
-TOKENIZER = SHARED / "vicuna-tokenizer"
-SHAREGPT = SHARED / "sharegpt_tiny.json"
+TOKENIZER = VICUNA_TOKENIZER
+SHAREGPT = SHAREGPT_SAMPLE
+
+pytestmark = pytest.mark.slow  # make test-fast leaves these out
 
 
 def naive_rollout(model, tokens: list[int], t: int, depth: int) -> list[int]:

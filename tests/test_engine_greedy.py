@@ -44,6 +44,7 @@ def make_case(seed):
     return rng, model, drafter, prompts, dict(beam_width=W, beam_length=L, capacity=C)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(54))
 def test_greedy_equals_autoregressive(seed):
     rng, model, drafter, prompts, beam = make_case(seed)

@@ -9,10 +9,12 @@ from mlx.utils import tree_flatten
 
 import redrafter_mlx
 from redrafter_mlx.engine.decode import DecodeState, make_step, prefill_chunk
-from redrafter_mlx.engine.generation import BeamShape, Session, decode, get_step
+from redrafter_mlx.engine.generation import Session, decode, get_step
 from redrafter_mlx.engine.loading import LoadError
 from redrafter_mlx.engine.sampling import SamplerConfig
+from redrafter_mlx.engine.shape import BeamShape
 from tests.helpers import (
+    VICUNA_TOKENIZER,
     run_decode,
     save_drafter_dir,
     save_model_dir,
@@ -20,16 +22,14 @@ from tests.helpers import (
     tiny_model,
 )
 
-VICUNA_TOKENIZER = "../shared/data/vicuna-tokenizer"
-
 
 def test_step_compiles_and_never_retraces_per_step():
     model = tiny_model(0)
     drafter = tiny_drafter(model, 1)
-    events = decode(model, drafter, [[1, 2, 3]], max_tokens=120, beam_width=3, beam_length=4)
+    events = decode(model, drafter, [[1, 2, 3]], max_tokens=120, shape=BeamShape(3, 4))
     for _ in events:
         pass
-    step = get_step(model, drafter, BeamShape.make(3, 4, None), SamplerConfig())
+    step = get_step(model, drafter, BeamShape(3, 4), SamplerConfig())
     # One trace per attention-window bucket (256 slots), never one per step.
     assert 1 <= step.counter["traces"] <= 2
 
@@ -192,7 +192,8 @@ def test_load_errors(tmp_path):
 
 
 def test_vicuna_chat_prompt_format():
-    from redrafter_mlx.engine.tokenizer import load_tokenizer, vicuna_prompt
+    from redrafter_mlx.engine.chat_format import vicuna_prompt
+    from redrafter_mlx.engine.tokenizer import load_tokenizer
 
     text = vicuna_prompt(
         [

@@ -18,6 +18,8 @@ from tests.helpers import OracleDrafter, near_bigram_model, run_decode, tiny_dra
 PROMPT = [1, 3, 2]
 DEPTH = 3
 
+pytestmark = pytest.mark.slow  # make test-fast leaves these out
+
 
 def next_probs(model, prefixes, cfg):
     """Processed next-token distribution after PROMPT + each prefix: (N, V) numpy."""

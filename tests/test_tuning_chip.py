@@ -239,9 +239,9 @@ def test_detect_chip_on_this_machine():
 
 
 def test_reference_presets_match_the_paper():
-    assert PRESETS["m1-max"].shape.label == "W1 L5"
-    assert PRESETS["m2"].shape.label == "W2 L5"
-    assert PRESETS["m2-ultra"].shape.label == "W3 L4"
+    assert PRESETS["m1-max"].shape.label == "W1×L5"
+    assert PRESETS["m2"].shape.label == "W2×L5"
+    assert PRESETS["m2-ultra"].shape.label == "W3×L4"
     for name in ("m1", "m1-pro", "m1-ultra", "m3", "m3-max", "m4", "m4-pro", "m4-max"):
         assert get_preset(name) is not None, name
     apple = [p for n, p in PRESETS.items() if n.startswith("m")]

@@ -11,32 +11,23 @@ import pytest
 from typer.testing import CliRunner
 
 import redrafter_mlx.cli.tune
+from redrafter_mlx.engine.shape import BeamShape
 from tests.fakes import FakeChip, FakeClock
 from tuning import resolve_beam_shape
-from tuning.grid import BeamShape, build_grid
+from tuning.grid import build_grid
 from tuning.measure import EngineMeasure, TuneError, load_prompts, parse_prompts
 from tuning.search import successive_halving
 
 
-@pytest.fixture(scope="module")
-def app():
-    from redrafter_mlx import cli
-
-    if not any(c.name == "tune" for c in cli.app.registered_commands):
-        cli._register()
-    return cli.app
+@pytest.fixture(scope="session")
+def app(cli_app):
+    return cli_app
 
 
 def invoke(app, *args):
     """Run ``redrafter-mlx tune ARGS`` (typer drops the command name when it is the only one)."""
     prefix = ["tune"] if len(app.registered_commands) > 1 else []
     return CliRunner().invoke(app, [*prefix, *args], env={"COLUMNS": "200"})
-
-
-@pytest.fixture()
-def home(tmp_path, monkeypatch):
-    monkeypatch.setenv("REDRAFTER_MLX_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
 
 
 @pytest.fixture()
@@ -73,7 +64,7 @@ def test_preset_json(app, home):
 def test_preset_text_and_drafter_cap(app, home, pair):
     result = invoke(app, "--chip", "m1-max", "--drafter", pair[1])
     assert result.exit_code == 0, result.output
-    assert "W1 L5" in result.output and "preset for m1-max" in result.output
+    assert "W1×L5" in result.output and "preset for m1-max" in result.output
     capped = json.loads(invoke(app, "--chip", "m2", "--drafter", pair[1], "--json").stdout)
     assert capped["length"] == 5  # predict_tokens 4 -> max length 5: no cap needed
     forced = invoke(app, "--chip", "m2-ultra", "--json", "--force-lengths").stdout
@@ -160,7 +151,7 @@ def test_tune_json_output(app, home, pair, fake_engine):
     data = json.loads(result.stdout)
     assert data["mode"] == "tuned" and data["chip"]["chip_id"]
     labels = {row["label"] for row in data["shapes"]}
-    assert {"AR", "W2 L4", "W3 L4", "W3 L4 C6", "W2 L4 C6"} <= labels
+    assert {"AR", "W2×L4", "W3×L4", "W3×L4 C6", "W2×L4 C6"} <= labels
     assert data["recommended"]["label"] in labels
 
 
@@ -184,7 +175,8 @@ def test_tune_engine_failure_points_at_presets(app, home, pair, monkeypatch):
 
 
 @pytest.mark.skipif(
-    importlib.util.find_spec("matplotlib") is not None, reason="matplotlib is installed"
+    importlib.util.find_spec("matplotlib") is not None,
+    reason="matplotlib (the optional plot extra) is installed",
 )
 def test_plot_without_matplotlib_says_how_to_install(app, home, pair, fake_engine):
     result = invoke(app, "--model", pair[0], "--drafter", pair[1], "--plot", "out.png")
@@ -244,27 +236,26 @@ def test_prompt_files(tmp_path):
 
 
 def test_engine_measure_passes_shapes_and_reads_stats(monkeypatch):
-    """EngineMeasure drives stream_generate: greedy, drafter=None for the AR shape."""
-    import redrafter_mlx
+    """EngineMeasure drives the engine's measurement: greedy, drafter=None for the AR shape."""
+    import redrafter_mlx.engine.throughput as throughput
 
     calls = []
 
-    def fake_stream_generate(model, drafter, tokenizer, prompt, max_tokens=256, **kwargs):
-        calls.append((drafter, prompt, max_tokens, kwargs))
-        yield SimpleNamespace(generation_tps=1.0, tokens_per_step=1.0, mean_packed=1.0)
-        yield SimpleNamespace(generation_tps=50.0, tokens_per_step=2.5, mean_packed=7.0)
+    def fake_measure(model, drafter, tokenizer, prompt, shape, max_tokens, **sampling):
+        calls.append((drafter, prompt, max_tokens, shape, sampling))
+        return throughput.Run([1] * 11, 10, 0.2, 4, 2.5, 7.0, 0.01, 0.0)
 
-    monkeypatch.setattr(redrafter_mlx, "stream_generate", fake_stream_generate, raising=False)
+    monkeypatch.setattr(throughput, "measure_generation", fake_measure)
     tokenizer = SimpleNamespace(chat_prompt=lambda messages: [1, len(messages[0]["content"])])
     measure = EngineMeasure("model", "drafter", tokenizer, ["abc", "hello"])
     m = measure(BeamShape(2, 5, 7), 32)
     assert m.tokens_per_s == (50.0, 50.0) and m.tokens_per_step == (2.5, 2.5)
     assert m.mean_packed == 7.0
-    drafter, prompt, max_tokens, kwargs = calls[0]
+    drafter, prompt, max_tokens, shape, sampling = calls[0]
     assert (drafter, prompt, max_tokens) == ("drafter", [1, 3], 32)
-    assert kwargs == {"temperature": 0.0, "beam_width": 2, "beam_length": 5, "capacity": 7}
+    assert shape == BeamShape(2, 5, 7) and sampling == {"temperature": 0.0}
     measure(BeamShape.autoregressive(), 16)
-    assert calls[-1][0] is None and calls[-1][3] == {"temperature": 0.0}
+    assert calls[-1][0] is None and calls[-1][4] == {"temperature": 0.0}
 
 
 def test_no_model_and_no_demo_drafter_is_explained(app, home, monkeypatch, tmp_path):
@@ -289,8 +280,7 @@ def test_real_engine_end_to_end_on_a_tiny_random_model():
 
     Nothing about speed is asserted: only that every figure is real and the outcome coherent.
     """
-    helpers = pytest.importorskip("tests.helpers", reason="the engine's tiny-model helpers")
-    tiny_drafter, tiny_model = helpers.tiny_drafter, helpers.tiny_model
+    from tests.helpers import tiny_drafter, tiny_model
     from tuning.search import SearchPlan
 
     model = tiny_model()

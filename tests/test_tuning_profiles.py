@@ -7,21 +7,14 @@ import os
 
 import pytest
 
-from tuning import BeamChoice, resolve_beam_shape
+from redrafter_mlx.engine.shape import BeamShape
+from tuning import ShapeChoice, resolve_beam_shape
 from tuning.chip import chip_from_facts
-from tuning.grid import BeamShape
 from tuning.profiles import Profile, ProfileKey, ProfileStore, profiles_path
 
 M2_MAX = chip_from_facts(
     {"system": "Darwin", "brand_string": "Apple M2 Max", "gpu_cores_text": '"gpu-core-count" = 38'}
 )
-
-
-@pytest.fixture()
-def home(tmp_path, monkeypatch):
-    """Profiles under a temporary REDRAFTER_MLX_HOME."""
-    monkeypatch.setenv("REDRAFTER_MLX_HOME", str(tmp_path / "home"))
-    return tmp_path / "home"
 
 
 @pytest.fixture()
@@ -151,7 +144,7 @@ def test_tuned_profile_wins(home, pair):
     key = ProfileKey.build(M2_MAX.chip_id, pair[0], pair[1], "float16")
     ProfileStore().put(_profile(key, BeamShape(3, 5, 9)))
     choice = resolve_beam_shape(pair[0], pair[1], "float16", chip=M2_MAX)
-    assert isinstance(choice, BeamChoice)
+    assert isinstance(choice, ShapeChoice)
     assert (choice.width, choice.length, choice.capacity) == (3, 5, 9)
     assert choice.speculative
     assert choice.source == "tuned profile for apple-m2-max-38c (2026-11-22)"
@@ -173,7 +166,7 @@ def test_version_change_ignores_old_profile(home, pair):
     old = ProfileKey.build(M2_MAX.chip_id, pair[0], pair[1], "float16", version="0.0.1")
     ProfileStore().put(_profile(old, BeamShape(4, 6)))
     choice = resolve_beam_shape(pair[0], pair[1], "float16", chip=M2_MAX)
-    assert (choice.width, choice.length) == (2, 5)  # the m2-max preset, not W4 L6
+    assert (choice.width, choice.length) == (2, 5)  # the m2-max preset, not W4×L6
     assert choice.source.startswith("preset for m2-max")
     assert "0.0.1" in choice.source and "re-run" in choice.source
 
@@ -193,6 +186,7 @@ def test_presets_and_default(home, pair):
         "capacity": None,
         "source": "preset for m2-ultra",
         "speculative": True,
+        "label": "W3×L4",
     }
     unknown = chip_from_facts({"system": "Darwin", "brand_string": "Apple M9 Max"})
     choice = resolve_beam_shape(pair[0], pair[1], None, chip=unknown)
@@ -202,7 +196,7 @@ def test_presets_and_default(home, pair):
 
 def test_length_capped_by_drafter_training(home, pair):
     (pair[1] / "config.json").write_text(json.dumps({"hidden_size": 64, "predict_tokens": 2}))
-    choice = resolve_beam_shape(pair[0], pair[1], None, chip="m2")  # preset W2 L5
+    choice = resolve_beam_shape(pair[0], pair[1], None, chip="m2")  # preset W2×L5
     assert (choice.width, choice.length) == (2, 3)
     assert "capped at 3" in choice.source
 

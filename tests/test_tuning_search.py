@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from redrafter_mlx.engine.shape import BeamShape
 from tests.fakes import FakeChip, FakeClock
 from tuning.grid import (
-    BeamShape,
     build_grid,
     limit_lengths,
     parse_capacities,
@@ -40,8 +40,8 @@ def test_capacities_always_include_no_cap():
 def test_grid_keeps_only_binding_capacities():
     shapes = build_grid([1, 3], [1, 4], [None, 4, 8, 20])
     labels = [s.label for s in shapes]
-    # L=1 never appears; W1 L4 packs at most 4 so no cap binds; W3 L4 packs at most 10.
-    assert labels == ["W1 L4", "W3 L4", "W3 L4 C4", "W3 L4 C8"]
+    # L=1 never appears; W1×L4 packs at most 4 so no cap binds; W3×L4 packs at most 10.
+    assert labels == ["W1×L4", "W3×L4", "W3×L4 C4", "W3×L4 C8"]
 
 
 def test_lengths_limited_by_trained_predict_tokens(tmp_path):
@@ -226,7 +226,7 @@ def _result(shape, per_prompt_tps, calls=3):
 
 def test_decision_pairs_prompts_that_differ_in_difficulty():
     """Faster on every prompt wins even when prompts differ more than the shapes do."""
-    from tuning.grid import BeamShape
+    from redrafter_mlx.engine.shape import BeamShape
     from tuning.search import SearchPlan, _decide, paired_ratios
 
     ar = _result(BeamShape.autoregressive(), [100.0, 200.0, 300.0, 400.0])
@@ -237,7 +237,7 @@ def test_decision_pairs_prompts_that_differ_in_difficulty():
 
 
 def test_decision_refuses_a_shape_slower_on_some_prompts():
-    from tuning.grid import BeamShape
+    from redrafter_mlx.engine.shape import BeamShape
     from tuning.search import SearchPlan, _decide
 
     ar = _result(BeamShape.autoregressive(), [100.0, 200.0, 300.0, 400.0])

@@ -6,40 +6,59 @@ corrupt profile file (that is one warning line) and never runs the engine.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
+from redrafter_mlx.engine.shape import AR, BeamShape
 from tuning.chip import ChipInfo, detect_chip
-from tuning.grid import BeamShape, max_length_for, read_predict_tokens
+from tuning.grid import max_length_for, read_predict_tokens
 from tuning.presets import get_preset, preset_for
 from tuning.profiles import Profile, ProfileKey, ProfileStore
 
 
 @dataclass(frozen=True)
-class BeamChoice:
-    """The shape to decode with and a human sentence saying where it came from.
+class ShapeChoice:
+    """The beam shape to decode with and a human sentence saying where it came from.
 
-    ``speculative`` is False when tuning found that speculation does not pay on this
-    machine: then decode without the drafter (``drafter=None``); width/length are 1/1.
+    An autoregressive ``shape`` means plain decoding (the drafter is not loaded): tuning found
+    that speculation does not pay here, or the user asked for it.
     """
 
-    width: int
-    length: int
-    capacity: int | None
+    shape: BeamShape
     source: str
-    speculative: bool = True
 
     @property
-    def shape(self) -> BeamShape:
-        """The choice as a :class:`BeamShape`."""
-        return BeamShape(self.width, self.length, self.capacity)
+    def speculative(self) -> bool:
+        """False for plain decoding."""
+        return not self.shape.is_autoregressive
+
+    @property
+    def width(self) -> int:
+        return self.shape.width
+
+    @property
+    def length(self) -> int:
+        return self.shape.length
+
+    @property
+    def capacity(self) -> int | None:
+        return self.shape.capacity
+
+    @property
+    def label(self) -> str:
+        return self.shape.label
 
     def to_dict(self) -> dict:
-        """JSON-ready fields."""
-        return asdict(self)
+        """JSON-ready: the shape's fields, ``speculative``, ``source`` and ``label``."""
+        return {
+            **self.shape.to_dict(),
+            "speculative": self.speculative,
+            "source": self.source,
+            "label": self.label,
+        }
 
 
 def _chip_target(chip: ChipInfo | str | None) -> tuple[str | None, str | None]:
-    """(chip id for profile lookup, preset name) for a ChipInfo, a preset/chip-id string, or None."""
+    """(chip id for profile lookup, preset name) for a ChipInfo, preset/chip-id string, or None."""
     if chip is None:
         chip = detect_chip()
     if isinstance(chip, ChipInfo):
@@ -50,13 +69,12 @@ def _chip_target(chip: ChipInfo | str | None) -> tuple[str | None, str | None]:
     return chip, None
 
 
-def _from_profile(profile: Profile) -> BeamChoice:
-    """A BeamChoice from a saved profile."""
+def _from_profile(profile: Profile) -> ShapeChoice:
+    """A ShapeChoice from a saved profile."""
     source = f"tuned profile for {profile.key.chip_id} ({profile.date})"
     if not profile.speculative:
-        return BeamChoice(1, 1, None, source + ": speculation did not pay, plain decoding", False)
-    shape = profile.shape
-    return BeamChoice(shape.width, shape.length, shape.capacity, source)
+        return ShapeChoice(AR, source + ": speculation did not pay, plain decoding")
+    return ShapeChoice(profile.shape, source)
 
 
 def _stale_note(profiles: dict[str, Profile], key: ProfileKey) -> str:
@@ -70,15 +88,14 @@ def _stale_note(profiles: dict[str, Profile], key: ProfileKey) -> str:
     return ""
 
 
-def _from_preset(preset_name: str | None) -> BeamChoice:
-    """A BeamChoice from the chip's preset, or the default preset."""
+def _from_preset(preset_name: str | None) -> ShapeChoice:
+    """A ShapeChoice from the chip's preset, or the default preset."""
     preset, matched = preset_for(preset_name)
-    shape = preset.shape
     source = f"preset for {preset.name}" if matched else "default preset (no profile for this chip)"
-    return BeamChoice(shape.width, shape.length, shape.capacity, source)
+    return ShapeChoice(preset.shape, source)
 
 
-def cap_length(choice: BeamChoice, predict_tokens: int | None) -> BeamChoice:
+def cap_length(choice: ShapeChoice, predict_tokens: int | None) -> ShapeChoice:
     """Shorten ``choice`` to what the drafter was trained for (+1 for the init token)."""
     limit = max_length_for(predict_tokens)
     if limit is None or not choice.speculative or choice.length <= limit:
@@ -86,12 +103,9 @@ def cap_length(choice: BeamChoice, predict_tokens: int | None) -> BeamChoice:
     capacity = choice.capacity
     if capacity is not None and capacity < limit:
         capacity = None
-    return replace(
-        choice,
-        length=limit,
-        capacity=capacity,
-        source=f"{choice.source}; length capped at {limit} "
-        f"(the drafter predicts {predict_tokens} tokens)",
+    return ShapeChoice(
+        BeamShape(choice.width, limit, capacity),
+        f"{choice.source}; length capped at {limit} (the drafter predicts {predict_tokens} tokens)",
     )
 
 
@@ -101,7 +115,7 @@ def resolve_beam_shape(
     dtype,
     chip: ChipInfo | str | None = None,
     store: ProfileStore | None = None,
-) -> BeamChoice:
+) -> ShapeChoice:
     """The beam shape chat/generate/bench should use when the user gives none.
 
     Order: a tuned profile for exactly this chip, model, drafter, dtype/quantization and

@@ -1,54 +1,17 @@
 """Beam shapes and the (W, L[, C]) grid the tuner searches.
 
-``W`` is the beam width, ``L`` the beam length *including* the init token (DESIGN §2) and
-``C`` the optional packing capacity: the most packed tokens the LLM verifies per step.
-``L == 1`` drafts nothing, so ``BeamShape.autoregressive()`` (W=1, L=1) stands for plain
-decoding throughout the tuner.
+The shape itself is the engine's :class:`~redrafter_mlx.engine.shape.BeamShape` (``W`` beams
+of ``L`` tokens counting the init token, optional capacity ``C``); ``BeamShape.autoregressive()``
+stands for plain decoding throughout the tuner.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
-
-@dataclass(frozen=True, order=True)
-class BeamShape:
-    """One beam shape: width, length (counting the init token), optional capacity."""
-
-    width: int
-    length: int
-    capacity: int | None = None
-
-    @classmethod
-    def autoregressive(cls) -> BeamShape:
-        """The shape that drafts nothing: plain autoregressive decoding."""
-        return cls(1, 1, None)
-
-    @property
-    def is_autoregressive(self) -> bool:
-        """True when no draft tokens are proposed (L == 1)."""
-        return self.length <= 1
-
-    @property
-    def max_packed(self) -> int:
-        """Packed tokens per step without a capacity cap: the shared init token plus
-        ``L - 1`` draft tokens per beam, at worst all distinct."""
-        return 1 + self.width * (self.length - 1)
-
-    @property
-    def label(self) -> str:
-        """``"AR"``, ``"W2 L5"`` or ``"W4 L5 C12"``."""
-        if self.is_autoregressive:
-            return "AR"
-        text = f"W{self.width} L{self.length}"
-        return text if self.capacity is None else f"{text} C{self.capacity}"
-
-    def to_dict(self) -> dict:
-        """``{"width": .., "length": .., "capacity": ..}``."""
-        return {"width": self.width, "length": self.length, "capacity": self.capacity}
+from redrafter_mlx.engine.shape import BeamShape
 
 
 def parse_int_set(text: str, option: str) -> list[int]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tuning.grid import BeamShape
+from redrafter_mlx.engine.shape import BeamShape
 
 
 @dataclass(frozen=True)

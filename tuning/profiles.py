@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tuning.grid import BeamShape
+from redrafter_mlx.engine.shape import BeamShape
 
 FORMAT = 1
 FILE_NAME = "profiles.json"
@@ -46,22 +46,10 @@ def profiles_path() -> Path:
 
 
 def package_version() -> str:
-    """``redrafter_mlx.__version__``, else the installed distribution's version, else ``"0+unknown"``."""
-    try:
-        import redrafter_mlx
+    """The installed redrafter-mlx version (profiles are keyed by it)."""
+    from redrafter_mlx import __version__
 
-        version = getattr(redrafter_mlx, "__version__", None)
-        if version:
-            return str(version)
-    except ImportError:
-        pass
-    try:
-        from importlib.metadata import PackageNotFoundError
-        from importlib.metadata import version as dist_version
-
-        return dist_version("redrafter-mlx")
-    except (ImportError, PackageNotFoundError):
-        return "0+unknown"
+    return __version__
 
 
 # --------------------------------------------------------------------------- keys

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from tuning.grid import BeamShape
+from redrafter_mlx.engine.shape import BeamShape
 
 
 @dataclass(frozen=True)

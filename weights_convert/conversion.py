@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from weights_convert import drafter as drafter_fmt
+from weights_convert import gguf as gguf_input
 from weights_convert import llama
 from weights_convert.errors import ConversionError
 from weights_convert.sources import (
@@ -90,9 +91,9 @@ class ConversionSummary:
 
 
 def _check_options(
-    dtype: str, quantize: bool, quantize_drafter: bool, q_bits: int, q_group_size: int
+    dtype: str | None, quantize: bool, quantize_drafter: bool, q_bits: int, q_group_size: int
 ) -> None:
-    if dtype not in DTYPE_CODES:
+    if dtype is not None and dtype not in DTYPE_CODES:
         raise ConversionError(
             f"--dtype {dtype!r} is not supported; choose one of {', '.join(DTYPE_CODES)}"
         )
@@ -226,7 +227,7 @@ def convert(
     quantize: bool = False,
     q_bits: int = 4,
     q_group_size: int = 64,
-    dtype: str = "float16",
+    dtype: str | None = None,
     quantize_drafter: bool = False,
     force: bool = False,
     progress: bool = True,
@@ -234,12 +235,14 @@ def convert(
     """Convert a Llama-family checkpoint (and optionally a ReDrafter drafter) to an MLX folder.
 
     Args:
-        model: local folder or Hugging Face repo id of the base model (safetensors or ``.bin``).
+        model: local folder or Hugging Face repo id of the base model (safetensors or ``.bin``),
+            or a ``.gguf`` file (or a folder holding exactly one; see :mod:`weights_convert.gguf`).
         out: output folder; must not exist or be empty unless ``force``.
         drafter: local folder or repo id of a ReDrafter drafter, written to ``<out>/drafter``.
         quantize: quantize the base model's Linear/Embedding weights (mlx-lm's rule).
         q_bits, q_group_size: affine quantization settings (also used for the drafter).
         dtype: storage dtype of all floating tensors that are not quantized (and of scales).
+            None: float16, except for GGUF input (see :func:`gguf_input.resolve_dtype`).
         quantize_drafter: quantize the drafter's Linear weights too.
         force: replace a non-empty ``out`` (only after the new one is complete).
         progress: show a progress bar on stderr.
@@ -257,16 +260,28 @@ def convert(
         _check_out(out, force, [])
     model_dir = resolve_source(model, "model")
     drafter_dir = resolve_source(drafter, "drafter") if drafter else None
+    if drafter_dir is not None and drafter_dir.is_file():
+        raise ConversionError(
+            f"--drafter {drafter} is a GGUF file; drafters come as a folder with config.json"
+        )
     _check_out(out, force, [p for p in (model_dir, drafter_dir) if p is not None])
-    code = DTYPE_CODES[dtype]
     settings = Quantization(q_group_size, q_bits)
-
-    base = open_checkpoint(model_dir, "model")
-    llama.check_config(base.config, model_dir)
-    base_plan = llama.plan_tensors(read_tensor_refs(base), base.config, model_dir)
     base_quant = settings if quantize else None
-    jobs = [make_job(name, ref, code, base_quant) for name, ref in base_plan.tensors]
-    dropped = list(base_plan.dropped)
+    if model_dir.is_file():  # a .gguf
+        base, dtype = gguf_input.open_gguf(model_dir, dtype, base_quant)
+        jobs, dropped, out_quant, tied = base.jobs, [], base.quantization, base.tied
+    else:
+        dtype = dtype or "float16"
+        base = open_checkpoint(model_dir, "model")
+        llama.check_config(base.config, model_dir)
+        base_plan = llama.plan_tensors(read_tensor_refs(base), base.config, model_dir)
+        jobs = [
+            make_job(name, ref, DTYPE_CODES[dtype], base_quant) for name, ref in base_plan.tensors
+        ]
+        dropped = list(base_plan.dropped)
+        out_quant = base_quant.as_config() if base_quant else None
+        tied = base_plan.tied
+    code = DTYPE_CODES[dtype]
 
     draft_jobs: list[Job] = []
     draft_quant = settings if quantize_drafter else None
@@ -278,19 +293,21 @@ def convert(
         dropped += [f"drafter {name}" for name in draft_plan.dropped]
 
     warnings = []
-    if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
+    if model_dir.is_dir() and not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
         warnings.append(
-            f"no tokenizer files in {model_dir}; copy them into {out} before loading with mlx_lm.load"
+            f"no tokenizer files in {model_dir}; copy them into {out} before loading with "
+            "mlx_lm.load"
         )
 
     total = sum(job.source.nbytes for job in jobs + draft_jobs)
     with staging_dir(out) as tmp, _progress_bar(total, progress) as advance:
         write_weights(jobs, tmp, advance)
-        config = llama.output_config(
-            base.config, base_plan.tied, dtype, base_quant.as_config() if base_quant else None
-        )
+        config = llama.output_config(base.config, tied, dtype, out_quant)
         _write_json(tmp / "config.json", config)
-        copy_side_files(model_dir, tmp)
+        if model_dir.is_file():
+            gguf_input.write_side_files(base, tmp)
+        else:
+            copy_side_files(model_dir, tmp)
         if drafter_dir is not None:
             (tmp / DRAFTER_SUBDIR).mkdir()
             write_weights(draft_jobs, tmp / DRAFTER_SUBDIR, advance)
@@ -303,7 +320,7 @@ def convert(
         out_dir=out,
         parameters=sum(job.source.numel for job in jobs),
         dtype=dtype,
-        quantization=base_quant.as_config() if base_quant else None,
+        quantization=out_quant,
         tensors=len(jobs),
         quantized_tensors=sum(job.quant is not None for job in jobs),
         bytes_on_disk=_folder_size(out),

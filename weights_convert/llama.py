@@ -13,14 +13,6 @@ from dataclasses import dataclass
 from weights_convert.errors import ConversionError
 from weights_convert.tensors import TensorRef
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral")
-_REQUIRED_KEYS = (
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "intermediate_size",
-    "vocab_size",
-)
 DEFAULT_RMS_NORM_EPS = 1e-6  # transformers' LlamaConfig default
 
 
@@ -41,17 +33,12 @@ class LlamaPlan:
 
 def check_config(config: dict, root) -> None:
     """Refuse configs that are not a (non-quantized) Llama-family model."""
-    model_type = config.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ConversionError(
-            f"{root}/config.json has model_type {model_type!r}; only Llama-family models "
-            f"({', '.join(SUPPORTED_MODEL_TYPES)}) are supported"
-        )
-    missing = [k for k in _REQUIRED_KEYS if not isinstance(config.get(k), int)]
-    if missing:
-        raise ConversionError(
-            f"{root}/config.json lacks integer {', '.join(missing)}; re-download the config"
-        )
+    from redrafter_mlx.engine.config import ConfigError, check_model_config
+
+    try:
+        check_model_config(config, f"{root}/config.json")
+    except ConfigError as e:
+        raise ConversionError(str(e)) from None
     if "quantization_config" in config or "quantization" in config:
         raise ConversionError(
             f"{root} is already quantized (config has a quantization block); convert the "

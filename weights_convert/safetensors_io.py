@@ -20,36 +20,21 @@ from pathlib import Path
 
 import numpy as np
 
+from redrafter_mlx.engine.safetensors_check import CorruptFileError, corrupt, read_header
 from weights_convert.errors import ConversionError
 from weights_convert.tensors import NUMPY_DTYPES, TensorRef
 
-_MAX_HEADER = 100 << 20  # safetensors' own limit
-
 
 def _corrupt(path: Path, why: str) -> ConversionError:
-    return ConversionError(
-        f"{path} has a corrupt safetensors header ({why}); re-download or re-export it"
-    )
+    return ConversionError(str(corrupt(path, why)))
 
 
 def _read_header(path: Path) -> tuple[dict, int]:
     """Parse the JSON header -> (header dict, byte offset of the data buffer)."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        raw_len = f.read(8)
-        if len(raw_len) != 8:
-            raise _corrupt(path, "file shorter than 8 bytes")
-        (n,) = struct.unpack("<Q", raw_len)
-        if n > _MAX_HEADER or 8 + n > size:
-            raise _corrupt(path, f"header length {n} does not fit a {size}-byte file")
-        blob = f.read(n)
     try:
-        header = json.loads(blob.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise _corrupt(path, f"invalid JSON: {e}") from None
-    if not isinstance(header, dict):
-        raise _corrupt(path, "header is not a JSON object")
-    return header, 8 + n
+        return read_header(path)
+    except CorruptFileError as e:
+        raise ConversionError(str(e)) from None
 
 
 def _parse_entry(

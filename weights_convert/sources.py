@@ -9,8 +9,6 @@ files needed (config, tokenizer, one weight format) are downloaded.
 from __future__ import annotations
 
 import json
-import os
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +34,6 @@ WEIGHT_LAYOUTS = (  # (index file or None, single file, shard glob)
     ("model.safetensors.index.json", "model.safetensors", "model-*.safetensors"),
     ("pytorch_model.bin.index.json", "pytorch_model.bin", "pytorch_model-*.bin"),
 )
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
 @dataclass(frozen=True)
@@ -155,30 +152,6 @@ def copy_side_files(src: Path, dst: Path) -> list[str]:
     return copied
 
 
-def _hub_cache_dir() -> str | None:
-    """The hub cache the current environment points to (read now, not at import time)."""
-    if os.environ.get("HF_HUB_CACHE"):
-        return os.environ["HF_HUB_CACHE"]
-    if os.environ.get("HF_HOME"):
-        return os.path.join(os.environ["HF_HOME"], "hub")
-    return None
-
-
-def _hub_offline() -> bool:
-    from huggingface_hub import constants
-
-    env = os.environ.get("HF_HUB_OFFLINE", "").strip().upper()
-    return env in {"1", "ON", "YES", "TRUE"} or bool(constants.HF_HUB_OFFLINE)
-
-
-def _download_hint(repo_id: str) -> str:
-    return (
-        f"get the files with network access once (unset HF_HUB_OFFLINE), or run "
-        f"`hf download {repo_id} --include '*.json' '*.safetensors' 'tokenizer.model'` "
-        f"(use '*.bin' for PyTorch-only repos), or pass a local folder holding config.json and the weights"
-    )
-
-
 def _choose_repo_files(repo_id: str, files: list[str]) -> list[str]:
     """From a repo listing, pick config, tokenizer files and one weight format."""
     wanted = [f for f in files if f in SIDE_FILES or f == CONFIG_FILE]
@@ -189,74 +162,44 @@ def _choose_repo_files(repo_id: str, files: list[str]) -> list[str]:
             return wanted + [single]
     raise ConversionError(
         f"Hugging Face repo {repo_id} has no model.safetensors or pytorch_model.bin weights "
-        "(GGUF/other formats are not supported)"
+        "(for a GGUF-only repo, download the .gguf file and pass it with --model FILE.gguf)"
     )
 
 
-def _fetch_from_hub(repo_id: str) -> Path:
-    """Download (or find in the cache) the files a conversion needs -> snapshot folder."""
-    from huggingface_hub import HfApi, snapshot_download
-
-    cache_dir = _hub_cache_dir()
-    everything = [CONFIG_FILE, *SIDE_FILES, *[p for layout in WEIGHT_LAYOUTS for p in layout]]
-    if _hub_offline():
-        try:
-            return Path(
-                snapshot_download(
-                    repo_id, allow_patterns=everything, cache_dir=cache_dir, local_files_only=True
-                )
-            )
-        except Exception as e:
-            raise ConversionError(
-                f"model {repo_id} is not in the Hugging Face cache "
-                f"({cache_dir or 'default cache'}) and HF_HUB_OFFLINE=1 forbids downloading "
-                f"({type(e).__name__}); {_download_hint(repo_id)}"
-            ) from None
-    try:
-        files = HfApi().list_repo_files(repo_id)
-    except Exception as e:
-        name = type(e).__name__
-        if name in {"RepositoryNotFoundError", "GatedRepoError"}:
-            raise ConversionError(
-                f"Hugging Face repo {repo_id} was not found or is gated ({name}); check the id, "
-                "accept its license on the Hub and log in with `hf auth login`, or pass a local folder"
-            ) from None
-        try:  # no network: use the cache if it has the files
-            return Path(
-                snapshot_download(
-                    repo_id, allow_patterns=everything, cache_dir=cache_dir, local_files_only=True
-                )
-            )
-        except Exception:
-            raise ConversionError(
-                f"could not reach the Hugging Face Hub for {repo_id} ({name}: {e}) and the files are "
-                f"not cached; {_download_hint(repo_id)}"
-            ) from None
-    patterns = _choose_repo_files(repo_id, files)
-    try:
-        return Path(snapshot_download(repo_id, allow_patterns=patterns, cache_dir=cache_dir))
-    except Exception as e:
+def find_gguf(folder: Path) -> Path | None:
+    """The one ``.gguf`` file of a folder without config.json, or None (a Hugging Face folder)."""
+    if (folder / CONFIG_FILE).is_file():
+        return None
+    found = sorted(p for p in folder.iterdir() if p.suffix.lower() == ".gguf" and p.is_file())
+    if len(found) > 1:
+        names = ", ".join(p.name for p in found[:4]) + (" ..." if len(found) > 4 else "")
         raise ConversionError(
-            f"downloading {repo_id} failed ({type(e).__name__}: {e}); {_download_hint(repo_id)}"
-        ) from None
+            f"{folder} holds {len(found)} .gguf files ({names}); pass the one to convert"
+        )
+    return found[0].resolve() if found else None
 
 
 def resolve_source(spec: str, what: str) -> Path:
-    """``--model``/``--drafter`` value -> local folder (downloading a Hugging Face repo if needed).
+    """``--model``/``--drafter`` value -> local folder or ``.gguf`` file (downloading a Hugging
+    Face repo if needed).
 
     Args:
-        spec: a local folder, or a Hugging Face repo id ``owner/name``.
+        spec: a local folder, a ``.gguf`` file (or a folder holding exactly one), or a Hugging
+            Face repo id ``owner/name`` (the engine's one rule, :mod:`redrafter_mlx.engine.hub`).
         what: "model" or "drafter", for messages.
     """
+    from redrafter_mlx.engine.hub import ResolveError, resolve
+
     path = Path(spec).expanduser()
-    if path.is_dir():
+    if path.is_file() and path.suffix.lower() == ".gguf":
         return path.resolve()
-    if path.exists():
-        raise ConversionError(
-            f"--{what} {spec} is a file; pass the folder that holds config.json and the weights"
+    try:
+        path = resolve(
+            spec,
+            f"--{what}",
+            patterns=("*.json", "*.safetensors", "tokenizer.model"),
+            choose=lambda files: _choose_repo_files(spec, files),
         )
-    if not _REPO_ID.match(spec):
-        raise ConversionError(
-            f"--{what} {spec}: no such folder, and not a Hugging Face repo id (owner/name)"
-        )
-    return _fetch_from_hub(spec)
+    except ResolveError as e:
+        raise ConversionError(str(e)) from None
+    return find_gguf(path) or path.resolve()

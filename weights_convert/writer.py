@@ -12,7 +12,7 @@ import functools
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -44,11 +44,13 @@ class Job:
         source: the tensor in the checkpoint.
         specs: output tensors: ``(name, dtype, shape)`` once, or weight/scales/biases.
         quant: the quantization applied, or None.
+        produce: makes the output arrays itself (already-quantized sources), or None.
     """
 
     source: TensorRef
     specs: tuple[TensorSpec, ...]
     quant: Quantization | None
+    produce: Callable[[], list[np.ndarray]] | None = field(default=None, compare=False, repr=False)
 
     @property
     def nbytes(self) -> int:
@@ -100,6 +102,8 @@ def materialize(job: Job) -> list[np.ndarray]:
     A tensor already in the output dtype is passed through byte for byte; otherwise it is cast
     with MLX (round to nearest even) and, if planned, quantized with ``mx.quantize``.
     """
+    if job.produce is not None:
+        return job.produce()
     raw = job.source.load()
     spec = job.specs[0]
     if job.quant is None and spec.dtype == job.source.dtype:

@@ -1,15 +1,23 @@
 """The `redrafter-mlx` command line: one typer app; each command lives in its own module.
 
-Commands register here so that modules owned by different parts of the project
-(engine, converter, tuner, trainer) never edit the same file.
+Commands register here by module name (imported when the CLI starts; each module imports
+its heavy dependencies only when its command runs). Help shows a metavar on every value option
+(``--model MODEL``) and none on flags, and the program always names itself ``redrafter-mlx``
+(also when the CLI re-executes itself with OpenBLAS preloaded).
 """
 
 from __future__ import annotations
 
+import sys
+from typing import Annotated
+
 import typer
 
+PROG_NAME = "redrafter-mlx"
+COMMANDS = ("chat", "generate", "bench", "convert", "distill", "tune")
+
 app = typer.Typer(
-    name="redrafter-mlx",
+    name=PROG_NAME,
     help="Fast local LLM inference with ReDrafter speculative decoding (MLX).",
     no_args_is_help=True,
     add_completion=False,
@@ -17,33 +25,62 @@ app = typer.Typer(
 )
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        from redrafter_mlx import __version__
+
+        print(f"{PROG_NAME} {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_show_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Fast local LLM inference with ReDrafter speculative decoding (MLX)."""
+
+
 def _register() -> None:
-    """Attach every command module that is present."""
+    """Attach every command (each lives in its own module); a second call does nothing."""
     import importlib
 
-    for module_name, command_name in [
-        ("redrafter_mlx.cli.chat", "chat"),
-        ("redrafter_mlx.cli.generate", "generate"),
-        ("redrafter_mlx.cli.bench", "bench"),
-        ("redrafter_mlx.cli.convert", "convert"),
-        ("redrafter_mlx.cli.distill", "distill"),
-        ("redrafter_mlx.cli.tune", "tune"),
-    ]:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as e:
-            if e.name and module_name.startswith(e.name):
-                continue  # command not built yet
-            raise
-        app.command(command_name)(getattr(module, command_name))
+    if app.registered_commands:
+        return
+    for name in COMMANDS:
+        module = importlib.import_module(f"redrafter_mlx.cli.{name}")
+        app.command(name)(getattr(module, name))
+
+
+def get_command():
+    """The click command behind the app: a metavar on value options (``--model MODEL``), none
+    on flags (typer would show ``<str>``/``<bool>`` type tags)."""
+    _register()
+    root = typer.main.get_command(app)
+    for command in [root, *getattr(root, "commands", {}).values()]:
+        help_option = command.get_help_option(
+            command.make_context(PROG_NAME, [], resilient_parsing=True)
+        )
+        for param in [*command.params, help_option]:
+            if getattr(param, "param_type_name", "") == "option" and param.metavar is None:
+                param.metavar = "" if param.is_flag else param.name.upper()
+    return root
 
 
 def main() -> None:
-    from redrafter_mlx.engine.platform import ensure_fast_blas
+    """Entry point of the ``redrafter-mlx`` script."""
+    try:
+        from redrafter_mlx.engine.platform import ensure_fast_blas
 
-    ensure_fast_blas()
-    _register()
-    app()
+        ensure_fast_blas()
+        get_command()(prog_name=PROG_NAME)
+    except KeyboardInterrupt:  # Ctrl-C before a command's own error handling took over
+        print("error: interrupted", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

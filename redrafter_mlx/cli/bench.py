@@ -57,35 +57,26 @@ def choose_configs(
     with_mlx_lm: bool,
 ) -> tuple[list, str]:
     """(configurations to run, a sentence saying where the ReDrafter shapes came from)."""
-    from redrafter_mlx.cli.bench_report import (
-        AR_NAME,
-        MLX_LM_NAME,
-        Config,
-        parse_grid,
-        redrafter_config,
-    )
+    from redrafter_mlx.cli.bench_report import AR_CONFIG, MLX_LM_CONFIG, Config, parse_grid
     from redrafter_mlx.cli.common import check_shape
-    from redrafter_mlx.engine.generation import DEFAULT_BEAM_LENGTH, DEFAULT_BEAM_WIDTH
+    from redrafter_mlx.engine.generation import DEFAULT_SHAPE
+    from redrafter_mlx.engine.shape import BeamShape
 
-    configs = [Config(AR_NAME, "ar")]
+    configs = [AR_CONFIG]
     if grid is not None and paths.drafter is not None and not no_draft:
-        shapes = parse_grid(grid)
-        for w, n in shapes:
-            check_shape(w, n, capacity)
-        configs += [redrafter_config(w, n, capacity) for w, n in shapes]
+        shapes = [check_shape(BeamShape(w, n, capacity)) for w, n in parse_grid(grid)]
+        configs += [Config(shape) for shape in shapes]
         source = "beam shapes from --grid"
     else:
         plan = resolve_plan(paths, dtype, width, length, capacity, no_draft)
         source = plan.source
         if plan.speculative:
-            configs.append(redrafter_config(plan.width, plan.length, plan.capacity))
+            configs.append(Config(plan.shape))
         elif paths.drafter is not None and not no_draft:  # tuning found AR faster: show why
-            configs.append(redrafter_config(DEFAULT_BEAM_WIDTH, DEFAULT_BEAM_LENGTH))
-            source += (
-                f"; benchmarking the engine default W{DEFAULT_BEAM_WIDTH}×L{DEFAULT_BEAM_LENGTH}"
-            )
+            configs.append(Config(DEFAULT_SHAPE))
+            source += f"; benchmarking the engine default {DEFAULT_SHAPE.label}"
     if with_mlx_lm:
-        configs.append(Config(MLX_LM_NAME, "mlx-lm"))
+        configs.append(MLX_LM_CONFIG)
     return configs, source
 
 
@@ -157,7 +148,7 @@ def bench(
         typer.Option(
             "--prompts",
             help='mt-bench, vicuna-bench, demo, or a JSONL file of {"turns": [...]} '
-            "[default: demo with the demo model, else mt-bench].",
+            "(default: demo with the demo model, else mt-bench).",
             show_default=False,
         ),
     ] = None,
@@ -170,7 +161,7 @@ def bench(
         typer.Option(
             "--grid",
             help="ReDrafter shapes to compare, widths x lengths: 1,2x4,5 "
-            "[default: the tuned profile or chip preset].",
+            "(default: the tuned profile or chip preset).",
             show_default=False,
         ),
     ] = None,

@@ -10,16 +10,13 @@ difference is a mismatch (a bug), reported per prompt.
 from __future__ import annotations
 
 import csv
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
-PROMPT_SETS = {
-    "mt-bench": "mt_bench_questions.jsonl",
-    "vicuna-bench": "vicuna_bench_questions.jsonl",
-}
+from redrafter_mlx.engine.shape import AR, BeamShape
+from redrafter_mlx.engine.throughput import Run, measure_generation
+
 AR_NAME = "AR"
 MLX_LM_NAME = "mlx-lm"
 
@@ -31,45 +28,15 @@ class BenchError(ValueError):
 # --------------------------------------------------------------------------- prompts
 
 
-def prompt_source(spec: str):
-    """The file behind a prompt-set name (mt-bench, vicuna-bench, demo) or a path."""
-    from importlib import resources
-
-    if spec in PROMPT_SETS:
-        return resources.files("redrafter_mlx") / "data" / PROMPT_SETS[spec]
-    if spec == "demo":
-        return resources.files("redrafter_mlx") / "demo_model" / "heldout_prompts.jsonl"
-    path = Path(spec).expanduser()
-    if not path.is_file():
-        names = ", ".join([*PROMPT_SETS, "demo"])
-        raise BenchError(f"--prompts {spec!r} is neither a prompt set ({names}) nor a file")
-    return path
-
-
 def load_prompts(spec: str, limit: int | None = None) -> list[str]:
-    """First turns of a JSONL prompt set (lines with ``"turns": [str, ...]``)."""
-    source = prompt_source(spec)
+    """The engine's prompt-set reader, with its errors as BenchError."""
+    from redrafter_mlx.engine.prompts import PromptSetError
+    from redrafter_mlx.engine.prompts import load_prompts as read
+
     try:
-        text = source.read_text(encoding="utf-8")
-    except (OSError, FileNotFoundError):
-        raise BenchError(f"prompt set {spec!r} is not installed ({source})") from None
-    prompts = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            turns = json.loads(line)["turns"]
-        except (ValueError, KeyError, TypeError):
-            raise BenchError(
-                f'{source}:{number}: expected a JSON object with "turns": [str, ...]'
-            ) from None
-        if turns and isinstance(turns[0], str):
-            prompts.append(turns[0])
-        if limit is not None and len(prompts) >= limit:
-            break
-    if not prompts:
-        raise BenchError(f"no prompts in {source}")
-    return prompts
+        return read(spec, limit)
+    except PromptSetError as e:
+        raise BenchError(f"--prompts: {e}") from None
 
 
 # --------------------------------------------------------------------------- configurations
@@ -77,24 +44,34 @@ def load_prompts(spec: str, limit: int | None = None) -> list[str]:
 
 @dataclass(frozen=True)
 class Config:
-    """One decoding configuration: ``kind`` is ``ar``, ``redrafter`` or ``mlx-lm``."""
+    """One decoding configuration: our engine at ``shape`` (AR: plain decoding), or mlx-lm."""
 
-    name: str
-    kind: str
-    width: int | None = None
-    length: int | None = None
-    capacity: int | None = None
+    shape: BeamShape | None  # None: mlx-lm's own generator
+
+    @property
+    def kind(self) -> str:
+        """``ar``, ``redrafter`` or ``mlx-lm``."""
+        if self.shape is None:
+            return "mlx-lm"
+        return "ar" if self.shape.is_autoregressive else "redrafter"
+
+    @property
+    def name(self) -> str:
+        """``AR``, ``W2×L4``, ``W2×L4 C6`` or ``mlx-lm``."""
+        return MLX_LM_NAME if self.shape is None else self.shape.label
+
+    def field(self, name: str) -> int | None:
+        """``width``/``length``/``capacity`` of a ReDrafter shape (None otherwise)."""
+        return getattr(self.shape, name) if self.kind == "redrafter" else None
 
     @property
     def tree_size(self) -> int | None:
         """W·L, the unpacked tree size (None for plain decoding)."""
-        return self.width * self.length if self.kind == "redrafter" else None
+        return self.shape.width * self.shape.length if self.kind == "redrafter" else None
 
 
-def redrafter_config(width: int, length: int, capacity: int | None = None) -> Config:
-    """A ReDrafter configuration named ``W2×L4`` (``W2×L4 C6`` with a capacity)."""
-    name = f"W{width}×L{length}" + (f" C{capacity}" if capacity is not None else "")
-    return Config(name, "redrafter", width, length, capacity)
+AR_CONFIG = Config(AR)
+MLX_LM_CONFIG = Config(None)
 
 
 def _int_list(text: str, what: str) -> list[int]:
@@ -119,55 +96,16 @@ def parse_grid(text: str) -> list[tuple[int, int]]:
 # --------------------------------------------------------------------------- one run
 
 
-@dataclass
-class Run:
-    """One timed generation: its tokens and measurements."""
-
-    tokens: list[int]
-    decode_tokens: int  # tokens after the first (those the decode loop produced)
-    decode_s: float  # time from the first token to the last
-    steps: int
-    tokens_per_step: float
-    mean_packed: float
-    ttft_s: float
-    peak_memory_gb: float
-
-
 def run_engine(engine, config: Config, ids: list[int], max_tokens: int, sampling) -> Run:
     """Generate with our engine (AR when ``config.kind == 'ar'``) and measure it."""
-    import mlx.core as mx
-
-    from redrafter_mlx.engine.generation import stream_generate
-
-    drafter = engine.drafter if config.kind == "redrafter" else None
-    beam = dict(
-        beam_width=config.width or 1, beam_length=config.length or 2, capacity=config.capacity
-    )
-    mx.reset_peak_memory()
-    tokens, first_at, last_at, final = [], None, None, None
-    start = time.perf_counter()
-    for response in stream_generate(
+    return measure_generation(
         engine.model,
-        drafter,
+        engine.drafter,
         engine.tokenizer,
         ids,
-        max_tokens=max_tokens,
-        **beam,
+        config.shape,
+        max_tokens,
         **sampling.kwargs(),
-    ):
-        last_at = time.perf_counter()
-        first_at = first_at or last_at
-        tokens += response.tokens
-        final = response
-    return Run(
-        tokens,
-        max(len(tokens) - 1, 0),
-        last_at - first_at,
-        final.steps,
-        final.tokens_per_step if drafter is not None else 1.0,
-        final.mean_packed if drafter is not None else 1.0,
-        first_at - start,
-        mx.get_peak_memory() / 1e9,
     )
 
 
@@ -323,9 +261,9 @@ def summarize(result: BenchResult) -> list[dict]:
             dict(
                 config=config.name,
                 kind=config.kind,
-                width=config.width,
-                length=config.length,
-                capacity=config.capacity,
+                width=config.field("width"),
+                length=config.field("length"),
+                capacity=config.field("capacity"),
                 prompts=len(runs),
                 tokens=sum(len(r.tokens) for r in runs),
                 decode_s=sum(r.decode_s for r in runs),
@@ -444,12 +382,8 @@ def render_table(rows: list[dict], title: str):
 
 def verify_cost_rows(hidden: int, layers: int) -> list[dict]:
     """The engine's verify-cost benchmark (``redrafter_mlx.engine.measure.verify_cost``)."""
-    try:
-        from redrafter_mlx.engine.measure import verify_cost
-    except ImportError as e:
-        raise BenchError(
-            f"the verify-cost benchmark is not available in this build ({e}); update redrafter-mlx"
-        ) from None
+    from redrafter_mlx.engine.measure import verify_cost
+
     return verify_cost(hidden=hidden, layers=layers)
 
 

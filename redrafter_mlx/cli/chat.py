@@ -53,12 +53,29 @@ def greeting(engine, plan, show_accepted: bool) -> str:
     return "\n".join(lines)
 
 
+MAX_ANSWER_TOKENS = 1024
+
+
+def answer_budget(context: int | None) -> int:
+    """Default answer length: a quarter of the context (at most MAX_ANSWER_TOKENS), leaving
+    room for the conversation so follow-ups keep earlier turns (and their cached K/V)."""
+    return MAX_ANSWER_TOKENS if context is None else max(1, min(MAX_ANSWER_TOKENS, context // 4))
+
+
 def chat(
     model: ModelOpt = None,
     drafter: DrafterOpt = None,
     max_tokens: Annotated[
-        int, typer.Option("--max-tokens", "-m", "-n", help="Most tokens per answer.")
-    ] = 512,
+        int | None,
+        typer.Option(
+            "--max-tokens",
+            "-m",
+            "-n",
+            help="Most tokens per answer (default: a quarter of the model's context, at most "
+            f"{MAX_ANSWER_TOKENS}, so a conversation fits).",
+            show_default=False,
+        ),
+    ] = None,
     temp: TempOpt = 0.0,
     top_p: TopPOpt = 1.0,
     top_k: TopKOpt = 0,
@@ -78,11 +95,14 @@ def chat(
     """Chat with a model in the terminal, sped up by ReDrafter speculative decoding."""
     with cli_errors(verbose):
         sampling = Sampling.make(temp, top_p, top_k, min_p, seed)
-        check_max_tokens(max_tokens)
+        if max_tokens is not None:
+            check_max_tokens(max_tokens)
         check_dtype(dtype)
         paths = resolve_paths(model, drafter)
         plan = resolve_plan(paths, dtype, beam_width, beam_length, capacity, no_draft)
         engine = load_engine(paths, dtype, with_drafter=plan.speculative)
+        if max_tokens is None:
+            max_tokens = answer_budget(engine.model.max_context)
 
         from redrafter_mlx.cli.chat_ui import ChatLoop, enable_line_editing, run_chat
 

@@ -9,6 +9,7 @@ Ctrl-C during an answer stops that answer, keeps what was said, and returns to t
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable
 
@@ -18,7 +19,10 @@ from rich.text import Text
 HELP = (
     "/reset  clear the conversation · /stats  details of the last answer · "
     "/system <text>  set the system prompt (/system alone shows it) · "
-    "/quit  leave (or Ctrl-D) · Ctrl-C stops an answer"
+    "/quit  leave (or Ctrl-D) · Ctrl-C stops an answer\n"
+    "The line after an answer: tokens, tok/s, tok/step (tokens per verify step), and "
+    "'steps emitting 1/2/3/4 tokens: a/b/c/d': how many steps emitted 1 token (no draft "
+    "accepted), 2 tokens (one drafted token accepted + the model's own), and so on."
 )
 DRAFTED_STYLE = "green"
 
@@ -37,10 +41,8 @@ def read_line(prompt: str = ">> ") -> str | None:
 def enable_line_editing() -> None:
     """On a terminal, give ``input()`` arrow keys and history (GNU readline, if present)."""
     if sys.stdin.isatty():
-        try:
+        with contextlib.suppress(ImportError):
             import readline  # noqa: F401 (importing it is what enables editing)
-        except ImportError:
-            pass
 
 
 class ChatLoop:
@@ -142,7 +144,7 @@ class ChatLoop:
             ids,
             max_tokens=self.max_tokens,
             session=self.session,
-            **self.plan.kwargs(),
+            shape=self.plan.shape,
             **self.sampling.kwargs(),
         )
         try:
@@ -199,16 +201,17 @@ class ChatLoop:
         return True
 
     def reset(self) -> None:
-        """Forget the conversation and the KV cache."""
+        """Forget the conversation, the KV cache and the dropped-turns count."""
         self.messages.clear()
         self.session.reset()
         self.last = None
+        self.dropped_turns = 0
         self.note("[conversation cleared]")
 
     def set_system(self, text: str) -> None:
         """Set the system prompt (the next turn re-prefills from where the prompt changes)."""
         if not text:
-            from redrafter_mlx.engine.tokenizer import VICUNA_SYSTEM
+            from redrafter_mlx.engine.chat_format import VICUNA_SYSTEM
 
             current = self.system if self.system is not None else f"(default) {VICUNA_SYSTEM}"
             self.note(f"system prompt: {current}")

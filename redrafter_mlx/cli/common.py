@@ -18,11 +18,15 @@ import contextlib
 import sys
 import traceback
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+if TYPE_CHECKING:
+    from redrafter_mlx.engine.shape import BeamShape
+    from tuning import ShapeChoice
 
 # --------------------------------------------------------------------------- option types
 
@@ -30,7 +34,7 @@ ModelOpt = Annotated[
     str | None,
     typer.Option(
         "--model",
-        help="MLX model directory or Hugging Face repo id [default: the bundled demo model].",
+        help="MLX model directory or Hugging Face repo id (default: the bundled demo model).",
         show_default=False,
     ),
 ]
@@ -39,9 +43,9 @@ DrafterOpt = Annotated[
     typer.Option(
         "--drafter",
         "-d",
-        help="ReDrafter drafter directory trained for --model "
-        "[default: the demo drafter with the demo model, else none: "
-        "plain decoding].",
+        help="ReDrafter drafter directory trained for --model (default: the model's own "
+        "drafter: OUT/drafter of a conversion, the bundled one for the demo; else none, "
+        "plain decoding).",
         show_default=False,
     ),
 ]
@@ -58,7 +62,7 @@ SystemPromptOpt = Annotated[
     str | None,
     typer.Option(
         "--system-prompt",
-        help="System prompt [default: Vicuna's, or the chat template's].",
+        help="System prompt (default: Vicuna's, or the chat template's).",
         show_default=False,
     ),
 ]
@@ -66,7 +70,7 @@ BeamWidthOpt = Annotated[
     int | None,
     typer.Option(
         "--beam-width",
-        help="Beams drafted per step [default: tuned profile or chip preset].",
+        help="Beams drafted per step (default: tuned profile or chip preset).",
         show_default=False,
     ),
 ]
@@ -75,7 +79,7 @@ BeamLengthOpt = Annotated[
     typer.Option(
         "--beam-length",
         help="Tokens per beam, counting the init token (>= 2) "
-        "[default: tuned profile or chip preset].",
+        "(default: tuned profile or chip preset).",
         show_default=False,
     ),
 ]
@@ -84,7 +88,7 @@ CapacityOpt = Annotated[
     typer.Option(
         "--capacity",
         help="Packed tree slots verified per step, in [L, W*L] "
-        "[default: W*(L-1)+1, or the tuned value].",
+        "(default: W*(L-1)+1, or the tuned value).",
         show_default=False,
     ),
 ]
@@ -98,7 +102,7 @@ DtypeOpt = Annotated[
     str | None,
     typer.Option(
         "--dtype",
-        help="float16, bfloat16 or float32 [default: float16 on Metal, float32 on CPU].",
+        help="float16, bfloat16 or float32 (default: float16 on Metal, float32 on CPU).",
         show_default=False,
     ),
 ]
@@ -136,14 +140,33 @@ def fail(message: str, code: int = 1) -> typer.Exit:
     return typer.Exit(code=code)
 
 
-@contextlib.contextmanager
-def cli_errors(verbose: bool = False) -> Iterator[None]:
-    """Turn exceptions into one red line and an exit code (traceback only with --verbose).
+FLAG_NAMES = {"temperature": "--temp", "width": "--beam-width", "length": "--beam-length"}
 
-    FlagError -> 2; LoadError, ValueError, OSError and anything unexpected -> 1;
-    Ctrl-C -> 130. typer's own exits pass through.
-    """
+
+def flag_for(param: str) -> str:
+    """The command-line flag of an engine/feature parameter (``batch_size`` -> ``--batch-size``)."""
+    return FLAG_NAMES.get(param, "--" + param.replace("_", "-"))
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """Exceptions that report a problem the user can fix (one line, exit code 1)."""
     from redrafter_mlx.engine.loading import LoadError
+    from tuning.measure import TuneError
+    from tuning.search import SearchError
+    from weights_convert.errors import ConversionError
+
+    return (LoadError, ConversionError, TuneError, SearchError, ValueError, OSError)
+
+
+@contextlib.contextmanager
+def cli_errors(verbose: bool = False, interrupted: str = "interrupted") -> Iterator[None]:
+    """The one error path of every command: one red ``error:`` line and an exit code.
+
+    FlagError and engine ParamError (named by its flag) -> 2; user errors (load, convert,
+    tune, data, OS) -> 1; Ctrl-C -> 130 with ``interrupted``; anything else is a bug, still one
+    line. ``--verbose`` adds the traceback. typer's own exits pass through.
+    """
+    from redrafter_mlx.engine.errors import ParamError
 
     try:
         yield
@@ -152,14 +175,16 @@ def cli_errors(verbose: bool = False) -> Iterator[None]:
     except FlagError as e:
         _maybe_traceback(verbose)
         raise fail(str(e), code=2) from None
-    except (LoadError, ValueError, OSError) as e:
+    except ParamError as e:
         _maybe_traceback(verbose)
-        raise fail(str(e)) from None
+        raise fail(f"{flag_for(e.param)}: {e.message}", code=2) from None
     except KeyboardInterrupt:
         _maybe_traceback(verbose)
-        raise fail("interrupted", code=130) from None
-    except Exception as e:  # a bug: still one line unless asked for details
+        raise fail(interrupted, code=130) from None
+    except Exception as e:
         _maybe_traceback(verbose)
+        if isinstance(e, user_errors()):
+            raise fail(str(e)) from None
         hint = "" if verbose else " (run with --verbose for the traceback)"
         raise fail(f"unexpected {type(e).__name__}: {e}{hint}") from None
 
@@ -171,14 +196,6 @@ def _maybe_traceback(verbose: bool) -> None:
 
 
 # --------------------------------------------------------------------------- flag validation
-
-
-_SAMPLING_FLAGS = {
-    "temperature": "--temp",
-    "top_p": "--top-p",
-    "top_k": "--top-k",
-    "min_p": "--min-p",
-}
 
 
 @dataclass(frozen=True)
@@ -195,14 +212,10 @@ class Sampling:
     def make(
         cls, temp: float, top_p: float, top_k: int, min_p: float, seed: int | None
     ) -> Sampling:
-        """Validate the sampling flags; raise FlagError naming the flag and its range."""
+        """Validate the sampling flags (a ParamError names the field, cli_errors the flag)."""
         from redrafter_mlx.engine.sampling import SamplerConfig
 
-        try:
-            SamplerConfig(temp, top_p, top_k, min_p).validate()
-        except ValueError as e:
-            name, _, rest = str(e).partition(" ")
-            raise FlagError(f"{_SAMPLING_FLAGS.get(name, name)} {rest}") from None
+        SamplerConfig(temp, top_p, top_k, min_p).validate()
         return cls(temp, top_p, top_k, min_p, seed)
 
     @property
@@ -240,96 +253,50 @@ def check_max_tokens(max_tokens: int) -> int:
 
 @dataclass(frozen=True)
 class ModelPaths:
-    """Where the model and drafter come from; ``demo`` when the bundled model is used."""
+    """Where the model and drafter come from, and notes to show when they are loaded.
+
+    ``demo`` when the bundled model is used.
+    """
 
     model: str
     drafter: str | None
     demo: bool = False
-
-
-def demo_available() -> tuple[Path, Path | None, str] | None:
-    """(base dir, drafter dir or None, note) of the bundled demo model, or None if not built."""
-    try:
-        from redrafter_mlx.engine.bundled import DEMO_NOTE, demo_paths
-    except ImportError:
-        return None
-    base, drafter = demo_paths()
-    if not (Path(base) / "config.json").is_file():
-        return None
-    return Path(base), drafter, DEMO_NOTE
+    notes: tuple[str, ...] = ()
 
 
 def resolve_paths(model: str | None, drafter: str | None) -> ModelPaths:
-    """``--model``/``--drafter`` as given, else the demo model (and its drafter, if any).
+    """``--model``/``--drafter`` as given, else the bundled demo model and its drafter.
 
-    Raises FlagError when no model is given and no demo model is installed.
+    A converted model directory's own drafter (``MODEL/drafter``, written by ``convert
+    --drafter``) is used when no ``--drafter`` is given. Nothing is printed here: the notes
+    are shown by :func:`load_engine`, after every flag has been checked.
     """
-    if model is not None:
-        return ModelPaths(model, drafter)
-    demo = demo_available()
-    if demo is None:
+    from redrafter_mlx.engine.bundled import DEMO_NOTE, demo_paths
+
+    if model is None:
+        base, demo_drafter = demo_paths()
+        if not (Path(base) / "config.json").is_file():
+            raise FlagError(
+                "no --model given and the bundled demo model is not installed; "
+                "pass --model DIR (an MLX model directory, see 'redrafter-mlx convert')"
+            )
+        chosen = drafter if drafter is not None else (str(demo_drafter) if demo_drafter else None)
+        return ModelPaths(str(base), chosen, demo=True, notes=(DEMO_NOTE,))
+    own = Path(model).expanduser() / "drafter"
+    if drafter is None and (own / "config.json").is_file():
+        note = f"using the drafter converted with the model: {own} (--drafter to choose another)"
+        return ModelPaths(model, str(own), notes=(note,))
+    return ModelPaths(model, drafter)
+
+
+def check_shape(shape: BeamShape) -> BeamShape:
+    """Validate a speculative beam shape with the engine's rules."""
+    if shape.length < 2:
         raise FlagError(
-            "no --model given and the bundled demo model is not installed; "
-            "pass --model DIR (an MLX model directory, see 'redrafter-mlx convert')"
+            f"--beam-length must be >= 2 (it counts the init token), got {shape.length}; "
+            f"use --no-draft for plain decoding"
         )
-    base, demo_drafter, note = demo
-    err_console().print(note, style="dim")
-    chosen = drafter if drafter is not None else (str(demo_drafter) if demo_drafter else None)
-    return ModelPaths(str(base), chosen, demo=True)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """The beam shape to decode with; ``speculative=False`` means plain decoding."""
-
-    width: int
-    length: int
-    capacity: int | None
-    speculative: bool
-    source: str
-
-    @property
-    def label(self) -> str:
-        """``W4×L4 C13`` or ``AR`` (autoregressive)."""
-        if not self.speculative:
-            return "AR"
-        capacity = (
-            self.capacity if self.capacity is not None else self.width * (self.length - 1) + 1
-        )
-        return f"W{self.width}×L{self.length} C{capacity}"
-
-    def kwargs(self) -> dict:
-        """Beam keyword arguments of ``stream_generate``."""
-        return dict(beam_width=self.width, beam_length=self.length, capacity=self.capacity)
-
-    def to_dict(self) -> dict:
-        """JSON-ready fields plus the label."""
-        return {**asdict(self), "label": self.label}
-
-
-AR_PLAN_WIDTH, AR_PLAN_LENGTH = 1, 2  # placeholder shape for plain decoding (never drafted)
-
-
-def ar_plan(source: str) -> Plan:
-    """A plan for plain autoregressive decoding."""
-    return Plan(AR_PLAN_WIDTH, AR_PLAN_LENGTH, None, False, source)
-
-
-def check_shape(width: int, length: int, capacity: int | None) -> None:
-    """Validate a beam shape with the engine's own rules; FlagError names the flag."""
-    from redrafter_mlx.engine.generation import BeamShape
-
-    try:
-        BeamShape.make(width, length, capacity)
-    except ValueError as e:
-        flag = (
-            "--beam-width"
-            if "width must" in str(e)
-            else "--beam-length"
-            if "length must" in str(e)
-            else "--capacity"
-        )
-        raise FlagError(f"{flag}: {e}") from None
+    return shape.validate()  # a ShapeError names its field: cli_errors names the flag
 
 
 def resolve_plan(
@@ -339,37 +306,44 @@ def resolve_plan(
     length: int | None,
     capacity: int | None,
     no_draft: bool,
-) -> Plan:
+) -> ShapeChoice:
     """The beam shape: flags override the tuned profile / chip preset; no drafter -> AR."""
+    from redrafter_mlx.engine.shape import AR, BeamShape
+    from tuning import ShapeChoice, resolve_beam_shape
+
     if no_draft:
-        return ar_plan("--no-draft: plain decoding")
+        return ShapeChoice(AR, "--no-draft: plain decoding")
     if paths.drafter is None:
         why = "the demo model has no drafter yet" if paths.demo else "no --drafter given"
-        return ar_plan(f"{why}: plain decoding")
-    flags_given = any(v is not None for v in (width, length, capacity))
-    if flags_given:
-        from redrafter_mlx.engine.generation import DEFAULT_BEAM_LENGTH, DEFAULT_BEAM_WIDTH
+        return ShapeChoice(AR, f"{why}: plain decoding")
+    tuned = resolve_beam_shape(paths.model, paths.drafter, dtype)
+    if all(v is None for v in (width, length, capacity)):
+        return tuned
+    from redrafter_mlx.engine.generation import DEFAULT_SHAPE
 
-        base = _tuned(paths, dtype)
-        w = width if width is not None else (base.width if base.speculative else DEFAULT_BEAM_WIDTH)
-        n = (
-            length
-            if length is not None
-            else (base.length if base.speculative else DEFAULT_BEAM_LENGTH)
+    base = tuned.shape if tuned.speculative else DEFAULT_SHAPE
+    shape = BeamShape(
+        width if width is not None else base.width,
+        length if length is not None else base.length,
+        capacity,
+    )
+    check_shape(shape)
+    warn_untrained_length(shape, paths.drafter)
+    return ShapeChoice(shape, "beam shape from flags")
+
+
+def warn_untrained_length(shape: BeamShape, drafter: str | None) -> None:
+    """Warn when --beam-length asks for more draft steps than the drafter was trained for."""
+    from tuning.grid import max_length_for, read_predict_tokens
+
+    predict = read_predict_tokens(drafter)
+    limit = max_length_for(predict)
+    if limit is not None and shape.length > limit:
+        err_console().print(
+            f"warning: --beam-length {shape.length} exceeds what the drafter was trained for "
+            f"(it predicts {predict} tokens: length <= {limit}); drafts past that are guesses",
+            style="yellow",
         )
-        check_shape(w, n, capacity)
-        return Plan(w, n, capacity, True, "beam shape from flags")
-    return _tuned(paths, dtype)
-
-
-def _tuned(paths: ModelPaths, dtype: str | None) -> Plan:
-    """The tuned profile or chip preset for this model/drafter/dtype, as a Plan."""
-    from tuning import resolve_beam_shape
-
-    choice = resolve_beam_shape(paths.model, paths.drafter, dtype)
-    if not choice.speculative:
-        return ar_plan(choice.source)
-    return Plan(choice.width, choice.length, choice.capacity, True, choice.source)
 
 
 @dataclass
@@ -387,6 +361,8 @@ def load_engine(paths: ModelPaths, dtype: str | None, with_drafter: bool = True)
     """Load the model (and the drafter when ``with_drafter``); LoadError on any problem."""
     from redrafter_mlx import load
 
+    for note in paths.notes:
+        err_console().print(note, style="dim")
     drafter_path = paths.drafter if with_drafter else None
     model, drafter, tokenizer = load(paths.model, drafter_path, dtype)
     return Engine(model, drafter, tokenizer, paths, dtype_name(model))
@@ -406,15 +382,23 @@ def dtype_name(model) -> str:
 # --------------------------------------------------------------------------- stats rendering
 
 
+FINISH_TEXT = {
+    "stop": None,
+    "length": "stopped at --max-tokens",
+    "context": "stopped: the model's context is full",
+}
+
+
 def format_hist(hist: list[int]) -> str:
-    """``accept 1:12 2:5 3:2 4:1`` (steps that emitted 1..L tokens); empty without steps."""
+    """``steps emitting 1/2/3/4 tokens: 12/5/2/1`` (accepted drafts + the bonus token)."""
     if not hist or not any(hist):
         return ""
-    return "accept " + " ".join(f"{i}:{n}" for i, n in enumerate(hist, 1))
+    sizes = "/".join(str(i) for i in range(1, len(hist) + 1))
+    return f"steps emitting {sizes} tokens: " + "/".join(str(n) for n in hist)
 
 
-def stats_line(response, plan: Plan) -> str:
-    """The one-line summary after an answer: tokens, speed, acceptance and the beam shape."""
+def stats_line(response, plan: ShapeChoice) -> str:
+    """The one-line summary after an answer: tokens, speed, acceptance, why it ended, shape."""
     parts = [f"{response.generation_tokens} tokens", f"{response.generation_tps:.1f} tok/s"]
     if plan.speculative:
         parts.append(f"{response.tokens_per_step:.2f} tok/step")
@@ -422,24 +406,13 @@ def stats_line(response, plan: Plan) -> str:
         if hist:
             parts.append(hist)
     parts.append(f"TTFT {response.time_to_first_token * 1e3:.0f} ms")
+    finish = FINISH_TEXT.get(response.finish_reason)
+    if finish:
+        parts.append(finish)
     parts.append(f"{plan.label} ({plan.source})")
     return " · ".join(parts)
 
 
 def response_stats(response) -> dict:
     """All statistics of a final GenerationResponse as a JSON-ready dict."""
-    keys = (
-        "steps",
-        "prompt_tokens",
-        "prefilled_tokens",
-        "generation_tokens",
-        "prompt_tps",
-        "generation_tps",
-        "tokens_per_step",
-        "mean_packed",
-        "time_to_first_token",
-        "host_ms_per_step",
-        "peak_memory_gb",
-        "accept_hist",
-    )
-    return {k: getattr(response, k) for k in keys}
+    return response.stats.to_dict()

@@ -1,4 +1,4 @@
-"""``redrafter-mlx convert``: the typer command (registered by ``redrafter_mlx.cli``).
+"""``redrafter-mlx convert``: Hugging Face / PyTorch checkpoints (and drafters) to MLX.
 
 Kept light to import: the conversion code (and MLX) loads only when the command runs.
 """
@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import signal
 from pathlib import Path
+from typing import Annotated
 
 import typer
+
+from redrafter_mlx.cli.common import VerboseOpt, cli_errors, out_console
 
 
 def _sigterm_as_interrupt(signum, frame) -> None:
@@ -16,42 +19,57 @@ def _sigterm_as_interrupt(signum, frame) -> None:
 
 
 def convert(
-    model: str = typer.Option(
-        ..., "--model", "-m", help="Hugging Face repo id or local folder of a Llama-family model."
+    model: Annotated[
+        str,
+        typer.Option(
+            "--model",
+            help="Hugging Face repo id, local folder or .gguf file of a Llama-family model.",
+        ),
+    ],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Output folder (mlx-lm layout).")],
+    drafter: Annotated[
+        str | None,
+        typer.Option(
+            "--drafter",
+            "-d",
+            help="Hugging Face repo id or local folder of a ReDrafter drafter "
+            "(written to OUT/drafter).",
+        ),
+    ] = None,
+    quantize: Annotated[
+        bool,
+        typer.Option(
+            "--quantize", "-q", help="Quantize the base model (affine, mlx-lm convention)."
+        ),
+    ] = False,
+    q_bits: Annotated[
+        int, typer.Option("--q-bits", help="Bits per quantized weight (4 or 8; 2, 3, 5, 6 too).")
+    ] = 4,
+    q_group_size: Annotated[
+        int, typer.Option("--q-group-size", help="Quantization group size (32, 64 or 128).")
+    ] = 64,
+    dtype: Annotated[
+        str | None,
+        typer.Option(
+            "--dtype",
+            help="Storage dtype: float16, bfloat16 or float32 (default: float16; for GGUF "
+            "input, its own quantization on Metal and float32 on the CPU backend).",
+            show_default=False,
+        ),
+    ] = None,
+    quantize_drafter: Annotated[
+        bool, typer.Option("--quantize-drafter", help="Quantize the drafter too.")
+    ] = False,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Replace a non-empty --out (after the new one is complete)."),
+    ] = False,
+    no_progress: Annotated[bool, typer.Option("--no-progress", help="Hide the progress bar.")] = (
+        False
     ),
-    out: Path = typer.Option(..., "--out", "-o", help="Output folder (mlx-lm layout)."),
-    drafter: str | None = typer.Option(
-        None, "--drafter", help="Hugging Face repo id or local folder of a ReDrafter drafter."
-    ),
-    quantize: bool = typer.Option(
-        False, "-q", "--quantize", help="Quantize the base model (affine, mlx-lm convention)."
-    ),
-    q_bits: int = typer.Option(
-        4, "--q-bits", help="Bits per quantized weight (4 or 8; 2, 3, 5, 6 also work)."
-    ),
-    q_group_size: int = typer.Option(
-        64, "--q-group-size", help="Quantization group size (32, 64 or 128)."
-    ),
-    dtype: str = typer.Option(
-        "float16", "--dtype", help="Storage dtype: float16, bfloat16 or float32."
-    ),
-    quantize_drafter: bool = typer.Option(
-        False, "--quantize-drafter", help="Quantize the drafter too."
-    ),
-    force: bool = typer.Option(
-        False, "--force", help="Replace a non-empty --out (after the new one is complete)."
-    ),
-    no_progress: bool = typer.Option(False, "--no-progress", help="Hide the progress bar."),
-    verbose: bool = typer.Option(False, "--verbose", help="Show a traceback on errors."),
+    verbose: VerboseOpt = False,
 ) -> None:
-    """Convert Hugging Face / PyTorch checkpoints (base model and drafter) to MLX, without torch."""
-    from rich.console import Console
-    from rich.text import Text
-
-    from weights_convert.conversion import convert as run_conversion
-    from weights_convert.errors import ConversionError
-
-    console, errors = Console(), Console(stderr=True)
+    """Convert Hugging Face / PyTorch / GGUF checkpoints (and a drafter) to MLX, without torch."""
     previous = signal.getsignal(signal.SIGTERM)
     with_handler = True
     try:
@@ -59,29 +77,25 @@ def convert(
     except ValueError:  # not in the main thread
         with_handler = False
     try:
-        summary = run_conversion(
-            model,
-            out,
-            drafter=drafter,
-            quantize=quantize,
-            q_bits=q_bits,
-            q_group_size=q_group_size,
-            dtype=dtype,
-            quantize_drafter=quantize_drafter,
-            force=force,
-            progress=not no_progress,
-        )
-    except ConversionError as e:
-        if verbose:
-            errors.print_exception()
-        errors.print(Text.assemble(("error: ", "bold red"), (str(e), "red")), soft_wrap=True)
-        raise typer.Exit(1) from None
-    except KeyboardInterrupt:
-        errors.print("[red]interrupted:[/red] nothing was written", soft_wrap=True)
-        raise typer.Exit(130) from None
+        with cli_errors(verbose, interrupted="interrupted: nothing was written"):
+            from weights_convert.conversion import convert as run_conversion
+
+            summary = run_conversion(
+                model,
+                out,
+                drafter=drafter,
+                quantize=quantize,
+                q_bits=q_bits,
+                q_group_size=q_group_size,
+                dtype=dtype,
+                quantize_drafter=quantize_drafter,
+                force=force,
+                progress=not no_progress,
+            )
     finally:
         if with_handler:
             signal.signal(signal.SIGTERM, previous)
-    console.print("[green]converted[/green]", highlight=False)
+    console = out_console()
+    console.print("[green]converted[/green]")
     for line in summary.lines():
-        console.print(line, highlight=False, markup=False, soft_wrap=True)
+        console.print(line, markup=False)

@@ -10,19 +10,20 @@ from pathlib import Path
 
 import typer
 
+from redrafter_mlx.cli.common import FlagError, cli_errors, err_console
+
 
 def distill(
     model: Path = typer.Option(
         ...,
         "--model",
-        "-m",
         help="MLX model directory (as it will serve: same dtype/quantization).",
     ),
     data: list[Path] = typer.Option(
         ...,
         "--data",
-        "-d",
-        help="Training data: ShareGPT .json, .jsonl (conversations | prompt+response | text) or .txt. Repeat for several files.",
+        help="Training data: ShareGPT .json, .jsonl (conversations | prompt+response | text) "
+        "or .txt. Repeat for several files.",
     ),
     out: Path = typer.Option(
         ...,
@@ -53,7 +54,8 @@ def distill(
     ),
     eval_data: list[Path] | None = typer.Option(
         None,
-        help='Held-out prompts for the tokens/step evaluation (any data format, or {"turns": [...]} JSONL).',
+        help="Held-out prompts for the tokens/step evaluation (any data format, or "
+        '{"turns": [...]} JSONL).',
     ),
     resume: bool = typer.Option(False, help="Continue from the newest checkpoint in --out."),
     overwrite: bool = typer.Option(False, help="Discard an earlier run's checkpoints in --out."),
@@ -71,22 +73,15 @@ def distill(
     ),
     eval_prompts: int = typer.Option(8, help="Prompts in the final evaluation."),
     eval_max_tokens: int = typer.Option(64, help="Tokens generated per evaluation prompt."),
-    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or table."),
+    quiet: bool = typer.Option(False, "--quiet", help="No progress bar or table."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks on errors."),
 ) -> None:
     """Train a ReDrafter drafter for MODEL by distillation (the LLM stays frozen)."""
-    from rich.console import Console
+    with cli_errors(verbose):
+        if targets not in ("distill", "ground-truth"):
+            raise FlagError(f"--targets must be 'distill' or 'ground-truth', got {targets!r}")
+        from redrafter_mlx.train.distill import distill as run_distill
 
-    from redrafter_mlx.engine.loading import LoadError
-    from redrafter_mlx.train.data import DataError
-    from redrafter_mlx.train.distill import distill as run_distill
-
-    console = Console(stderr=True)
-    if targets not in ("distill", "ground-truth"):
-        console.print(
-            f"error: --targets must be 'distill' or 'ground-truth', got {targets!r}", markup=False
-        )
-        raise typer.Exit(2)
-    try:
         summary = run_distill(
             model,
             data,
@@ -113,13 +108,10 @@ def distill(
             eval_max_tokens=eval_max_tokens,
             quiet=quiet,
         )
-    except (DataError, LoadError, FileExistsError, ValueError) as e:
-        console.print(f"error: {e}", markup=False)
-        raise typer.Exit(1)
     if summary["rank"] != 0:
         return  # data-parallel replicas: rank 0 reports
     loss = summary["final_loss"]
-    console.print(
+    err_console().print(
         f"drafter saved to {summary['out_dir']} ({summary['steps']} steps"
         + (f", final loss {loss:.3f}" if loss is not None else "")
         + ")",

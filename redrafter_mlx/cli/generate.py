@@ -25,7 +25,6 @@ from redrafter_mlx.cli.common import (
     MinPOpt,
     ModelOpt,
     NoDraftOpt,
-    Plan,
     Sampling,
     SeedOpt,
     SystemPromptOpt,
@@ -44,6 +43,7 @@ from redrafter_mlx.cli.common import (
     response_stats,
     stats_line,
 )
+from tuning import ShapeChoice
 
 
 def read_prompt(prompt: str | None) -> str:
@@ -75,7 +75,12 @@ class Generation:
 
 
 def run_generation(
-    engine: Engine, plan: Plan, ids: list[int], max_tokens: int, sampling: Sampling, echo: bool
+    engine: Engine,
+    plan: ShapeChoice,
+    ids: list[int],
+    max_tokens: int,
+    sampling: Sampling,
+    echo: bool,
 ) -> Generation:
     """Stream one answer (echoing text to stdout when ``echo``) and collect it."""
     from redrafter_mlx.engine.generation import stream_generate
@@ -88,7 +93,7 @@ def run_generation(
         engine.tokenizer,
         ids,
         max_tokens=max_tokens,
-        **plan.kwargs(),
+        shape=plan.shape,
         **sampling.kwargs(),
     ):
         out.text += response.text
@@ -103,7 +108,7 @@ def run_generation(
 
 
 def result_json(
-    engine: Engine, plan: Plan, sampling: Sampling, result: Generation, chat: bool
+    engine: Engine, plan: ShapeChoice, sampling: Sampling, result: Generation, chat: bool
 ) -> dict:
     """The ``--json`` object: text, token ids, finish reason, stats, beam, paths, dtype."""
     final = result.final

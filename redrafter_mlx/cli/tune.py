@@ -12,22 +12,24 @@ Heavy modules (MLX, the engine, rich, matplotlib) are imported only when needed.
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from redrafter_mlx.cli.common import FlagError, VerboseOpt, cli_errors
+from redrafter_mlx.engine.shape import BeamShape
 from tuning.grid import (
-    BeamShape,
     build_grid,
     limit_lengths,
     parse_capacities,
     parse_int_set,
     read_predict_tokens,
 )
+from tuning.measure import TuneError
 from tuning.presets import Preset, get_preset, preset_for, preset_names
+from tuning.search import SearchError
 
 PRESET_HELP = "auto (detect and measure this machine) or a preset: " + ", ".join(preset_names())
 
@@ -37,12 +39,6 @@ def _console(stderr: bool = False):
     from rich.console import Console
 
     return Console(stderr=stderr, highlight=False)
-
-
-def _fail(message: str) -> typer.Exit:
-    """Print ``error: message`` to stderr and return the exit to raise."""
-    print(f"error: {message}", file=sys.stderr)
-    return typer.Exit(code=1)
 
 
 # --------------------------------------------------------------------------- --show / --clear
@@ -111,17 +107,15 @@ def clear_profiles(as_json: bool) -> None:
 
 def preset_report(preset: Preset, drafter: str | None, force_lengths: bool) -> dict:
     """The preset's shape (capped by the drafter's trained length) as a JSON-ready dict."""
-    from tuning.defaults import BeamChoice, cap_length
+    from tuning.defaults import ShapeChoice, cap_length
 
-    shape = preset.shape
-    choice = BeamChoice(shape.width, shape.length, shape.capacity, f"preset for {preset.name}")
+    choice = ShapeChoice(preset.shape, f"preset for {preset.name}")
     if not force_lengths:
         choice = cap_length(choice, read_predict_tokens(drafter))
     return {
         "mode": "preset",
         "preset": preset.name,
         **choice.to_dict(),
-        "label": choice.shape.label,
         "note": preset.note,
     }
 
@@ -154,7 +148,7 @@ def build_measure(model: str, drafter: str, dtype: str | None, prompts: str, num
 
 def resolve_models(model: str | None, drafter: str | None) -> tuple[str, str]:
     """The model and drafter to tune: the given pair, or the demo pair when none is given."""
-    from tuning.measure import TuneError, demo_paths
+    from tuning.measure import demo_paths
 
     if model is None:
         if drafter is not None:
@@ -261,6 +255,11 @@ def run_tuning(
         plan=plan,
         log=lambda m: progress.print(f"[dim]{m}[/dim]"),
     )
+    if result.best is None:
+        raise TuneError(
+            f"no speculative shape could be measured within {options['budget_seconds']:g} s, so "
+            f"no profile was saved; raise --budget-seconds"
+        )
     path = save_profile(chip.chip_id, model, drafter, options["dtype"], result)
     if options["plot"]:
         from tuning.render import save_heatmap_png
@@ -294,7 +293,9 @@ def tune(
     model: Annotated[
         str | None, typer.Option(help="Model directory or hub id (default: the demo model).")
     ] = None,
-    drafter: Annotated[str | None, typer.Option(help="Drafter directory.")] = None,
+    drafter: Annotated[
+        str | None, typer.Option("--drafter", "-d", help="Drafter directory.")
+    ] = None,
     widths: Annotated[str, typer.Option(help="Beam widths: a range 1-4 or a list 1,2,4.")] = "1-4",
     lengths: Annotated[
         str, typer.Option(help="Beam lengths, counting the init token: 2-6 or 2,4,5.")
@@ -335,60 +336,54 @@ def tune(
             "--force-lengths", help="Allow lengths beyond what the drafter was trained for."
         ),
     ] = False,
+    verbose: VerboseOpt = False,
 ) -> None:
     """Find the fastest beam shape (width W, length L, capacity C) for this machine.
 
     With --chip NAME, print that chip's built-in preset instead of measuring.
     """
-    from tuning.measure import TuneError
-    from tuning.search import SearchError
+    with cli_errors(verbose):
+        if clear:
+            clear_profiles(json_output)
+            return
+        if show:
+            show_profiles(json_output)
+            return
+        if chip.lower() != "auto":
+            preset = get_preset(chip)
+            if preset is None:
+                raise FlagError(f"--chip: unknown chip {chip!r}; use {PRESET_HELP}")
+            print_preset(preset_report(preset, drafter, force_lengths), json_output)
+            return
+        if budget_seconds <= 0:
+            raise FlagError(f"--budget-seconds must be > 0, got {budget_seconds:g}")
+        if plot:
+            _check_plot_available()
+        from tuning.chip import detect_chip
 
-    if clear:
-        clear_profiles(json_output)
-        return
-    if show:
-        show_profiles(json_output)
-        return
-    if chip.lower() != "auto":
-        preset = get_preset(chip)
-        if preset is None:
-            raise typer.BadParameter(
-                f"unknown chip {chip!r}; use {PRESET_HELP}", param_hint="--chip"
-            )
-        print_preset(preset_report(preset, drafter, force_lengths), json_output)
-        return
-    if plot:
-        _check_plot_available()
-    from tuning.chip import detect_chip
-
-    info = detect_chip()
-    try:
+        info = detect_chip()
         using_demo = model is None
         model, drafter = resolve_models(model, drafter)
         shapes, note = grid_for(
             widths, lengths, capacities, drafter, force_lengths, preset_for(info.preset)[0].shape
         )
-    except (TuneError, ValueError) as e:
-        raise _fail(str(e)) from None
-    if prompts is None:
-        prompts = "demo" if using_demo else "mt-bench"
-    options = {
-        "dtype": dtype,
-        "prompts": prompts,
-        "num_prompts": num_prompts,
-        "max_tokens": max_tokens,
-        "budget_seconds": budget_seconds,
-        "json": json_output,
-        "plot": plot,
-    }
-    try:
-        run_tuning(info, model, drafter, shapes, note, options)
-    except (TuneError, SearchError) as e:
-        preset = preset_for(info.preset)[0]
-        raise _fail(
-            f"{e}\n(detected {info.chip_id}; its preset is {preset.shape.label}: "
-            f"redrafter-mlx tune --chip {preset.name})"
-        ) from None
+        options = {
+            "dtype": dtype,
+            "prompts": prompts or ("demo" if using_demo else "mt-bench"),
+            "num_prompts": num_prompts,
+            "max_tokens": max_tokens,
+            "budget_seconds": budget_seconds,
+            "json": json_output,
+            "plot": plot,
+        }
+        try:
+            run_tuning(info, model, drafter, shapes, note, options)
+        except (TuneError, SearchError) as e:
+            preset = preset_for(info.preset)[0]
+            raise TuneError(
+                f"{e} (detected {info.chip_id}; its preset is {preset.shape.label}: "
+                f"redrafter-mlx tune --chip {preset.name})"
+            ) from None
 
 
 def _check_plot_available() -> None:
@@ -396,6 +391,6 @@ def _check_plot_available() -> None:
     import importlib.util
 
     if importlib.util.find_spec("matplotlib") is None:
-        raise _fail(
+        raise TuneError(
             "--plot needs matplotlib: pip install 'redrafter-mlx[plot]' (or pip install matplotlib)"
         )

@@ -1,8 +1,8 @@
 """The bundled demo model: a small Llama trained on Python's standard library.
 
-Weights cannot be downloaded on a fresh machine, so the package ships a small *trained* base model
-(and, once distilled, a ReDrafter drafter for it) under ``redrafter_mlx/demo_model/``. Rebuild it with
-``python -m scripts.build_demo`` (``make demo-model``); see ``demo_model/BUILD.md``.
+Weights cannot be downloaded on a fresh machine, so the package ships a small *trained* base
+model (and, once distilled, a ReDrafter drafter for it) under ``redrafter_mlx/demo_model/``.
+Rebuild it with ``python -m scripts.build_demo`` (``make demo-model``); see ``demo_model/BUILD.md``.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import mlx.core as mx
 
@@ -18,62 +18,79 @@ from .decode import DecodeState, make_step, prefill_chunk
 from .drafter import Drafter
 from .model import Model
 from .sampling import SamplerConfig, draw
-from .tree import default_capacity
+from .shape import AR, BeamShape
 
 PREFILL_CHUNK = 512
 SLOT_QUANTUM = 256
-DEFAULT_BEAM_WIDTH = 4
-DEFAULT_BEAM_LENGTH = 4
 MAX_COMPILED_STEPS = 16  # per model: beam shapes x sampler configs x drafters
 
 
-@dataclass(frozen=True)
-class BeamShape:
-    width: int
-    length: int
-    capacity: int
-
-    @classmethod
-    def make(cls, width: int, length: int, capacity: int | None) -> BeamShape:
-        if width < 1:
-            raise ValueError(f"beam width must be >= 1, got {width}")
-        if length < 2:
-            raise ValueError(f"beam length must be >= 2 (it counts the init token), got {length}")
-        capacity = default_capacity(width, length) if capacity is None else capacity
-        if capacity < length:
-            raise ValueError(
-                f"capacity {capacity} < beam length {length}: the best beam must fit; "
-                f"use a capacity in [{length}, {width * length}]"
-            )
-        if capacity > width * length:
-            raise ValueError(
-                f"capacity {capacity} > width*length {width * length}: no tree needs more; "
-                f"use a capacity in [{length}, {width * length}]"
-            )
-        return cls(width, length, capacity)
+DEFAULT_SHAPE = BeamShape(4, 4)
 
 
 @dataclass
-class GenerationResponse:
-    """One streamed chunk plus running stats. ``text``/``tokens`` are new since the last one."""
+class DecodeStats:
+    """Running statistics of one ``decode`` call, as of the latest event.
 
-    text: str
-    tokens: list[int]
-    accepted: int
-    finish_reason: str | None
-    steps: int
-    prompt_tokens: int
-    prefilled_tokens: int
-    generation_tokens: int
-    prompt_tps: float
-    generation_tps: float
-    tokens_per_step: float
-    mean_packed: float
-    time_to_first_token: float
-    host_ms_per_step: float
-    peak_memory_gb: float
+    ``tokens_per_step`` and ``mean_packed`` average over row-steps; ``accept_hist[i]`` counts
+    row-steps that emitted ``i + 1`` tokens (accepted drafts + the bonus token).
+    """
+
+    steps: int = 0
+    prompt_tokens: int = 0
+    prefilled_tokens: int = 0
+    generation_tokens: int = 0
+    prompt_tps: float = 0.0
+    generation_tps: float = 0.0
+    tokens_per_step: float = 1.0
+    mean_packed: float = 1.0
+    time_to_first_token: float = 0.0
+    host_ms_per_step: float = 0.0
+    peak_memory_gb: float = 0.0
     accept_hist: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """The statistics as a JSON-ready dict (this class's fields)."""
+        return {f.name: getattr(self, f.name) for f in fields(DecodeStats)}
+
+
+@dataclass
+class DecodeEvent:
+    """What one step of ``decode`` produced for its B rows (the first event: the first token).
+
+    tokens:   per row, the new tokens (after EOS/limit truncation; empty once finished)
+    accepted: per row, draft tokens the verifier accepted this step
+    drafted:  per row, for each new token, whether it came from the drafter
+    finish:   per row, None while running, then ``"stop"`` (EOS), ``"length"`` (max_tokens)
+              or ``"context"`` (the model's context is full)
+    stats:    running statistics of the whole call
+    """
+
+    tokens: list[list[int]]
+    accepted: list[int]
+    drafted: list[list[bool]]
+    finish: list[str | None]
+    stats: DecodeStats
+
+
+@dataclass
+class GenerationResponse(DecodeStats):
+    """One streamed chunk of one prompt plus the running stats (``DecodeStats`` fields).
+
+    ``text``/``tokens`` are new since the previous response; ``drafted_tokens`` marks which of
+    ``tokens`` came from the drafter; ``finish_reason`` is None until the last response.
+    """
+
+    text: str = ""
+    tokens: list[int] = field(default_factory=list)
+    accepted: int = 0
+    finish_reason: str | None = None
     drafted_tokens: list[bool] = field(default_factory=list)
+
+    @property
+    def stats(self) -> DecodeStats:
+        """The statistics alone."""
+        return DecodeStats(**DecodeStats.to_dict(self))
 
 
 def bucket(n: int) -> int:
@@ -146,7 +163,7 @@ def get_step(model, drafter, shape: BeamShape, sampler: SamplerConfig):
     if key not in cache:
         while len(cache) >= MAX_COMPILED_STEPS:  # drop the oldest (and the drafter it holds)
             cache.pop(next(iter(cache)))
-        cache[key] = make_step(model, drafter, shape.width, shape.length, shape.capacity, sampler)
+        cache[key] = make_step(model, drafter, shape.width, shape.length, shape.slots, sampler)
     return cache[key]
 
 
@@ -180,33 +197,30 @@ def decode(
     prompts: Sequence[Sequence[int]],
     *,
     max_tokens: int = 256,
-    beam_width: int = DEFAULT_BEAM_WIDTH,
-    beam_length: int = DEFAULT_BEAM_LENGTH,
-    capacity: int | None = None,
+    shape: BeamShape = DEFAULT_SHAPE,
     sampler: SamplerConfig = SamplerConfig(),
     seed: int | None = None,
     eos_token_ids: Sequence[int] = (),
     session: Session | None = None,
-) -> Iterator[dict]:
-    """Decode B rows; yield one event per step with each row's new tokens.
+) -> Iterator[DecodeEvent]:
+    """Decode B rows; yield one :class:`DecodeEvent` per step with each row's new tokens.
 
-    Each event: ``tokens`` (list per row), ``accepted`` (list per row), ``finish`` (list per row,
-    None while running), ``stats`` (dict). Rows that finish stop emitting; the loop ends when
-    all rows have finished.
+    ``drafter=None`` or an autoregressive ``shape`` decodes plainly (one token per step).
+    Rows that finish stop emitting; the loop ends when all rows have finished.
     """
     prompts = [list(map(int, p)) for p in prompts]
-    shape = BeamShape.make(beam_width, beam_length, capacity)
-    if drafter is None:
-        shape = BeamShape(1, 2, 2)  # unused by the AR step; keeps the cache key simple
+    shape = shape.validate(model.vocab_size)
+    if drafter is None or shape.is_autoregressive:
+        drafter, shape = None, AR
     sampler = sampler.validate()
-    if shape.width > model.vocab_size:
-        raise ValueError(f"beam width {shape.width} exceeds the vocabulary ({model.vocab_size})")
     _check_prompts(model, prompts, max_tokens)
     session = session or Session(model, len(prompts))
     if session.batch != len(prompts):
         raise ValueError(f"session has {session.batch} rows but {len(prompts)} prompts were given")
     context = model.max_context or 1 << 30
     limits = [min(max_tokens, context - len(p)) for p in prompts]
+    # Why a row stops at its limit: the answer length asked for, or a full context.
+    at_limit = ["length" if max_tokens <= context - len(p) else "context" for p in prompts]
     eos = set(int(e) for e in eos_token_ids)
 
     tic = time.perf_counter()
@@ -225,7 +239,7 @@ def decode(
         prompt_tokens=sum(len(p) for p in prompts),
         prefilled=prefilled,
         prompt_s=0.0,
-        length=shape.length,
+        length=max(shape.length, 2),
     )
 
     def emit(row: int, toks: list[int]) -> tuple[list[int], int]:
@@ -237,7 +251,7 @@ def decode(
                 break
             new.append(t)
             if len(out[row]) + len(new) >= limits[row]:
-                finish[row] = "length"
+                finish[row] = at_limit[row]
                 break
         out[row].extend(new)
         return new, len(new)
@@ -251,17 +265,17 @@ def decode(
         stats.generated += sum(len(t) for t in first_new)
         stats.first_token_s = time.perf_counter() - tic
         gen_tic = time.perf_counter()
-        yield dict(
-            tokens=first_new,
-            accepted=[0] * B,
-            drafted=[[False] * len(t) for t in first_new],
-            finish=list(finish),
-            stats=stats.snapshot(gen_tic),
+        yield DecodeEvent(
+            first_new,
+            [0] * B,
+            [[False] * len(t) for t in first_new],
+            list(finish),
+            stats.snapshot(gen_tic),
         )
 
         step = get_step(model, drafter, shape, sampler)
-        per_step = 1 if drafter is None else shape.length  # most a step can add to a row
-        width = 1 if drafter is None else shape.capacity  # slots a step writes past a row
+        per_step = max(shape.length, 1)  # most a step can add to a row
+        width = shape.slots  # slots a step writes past a row
         lengths = [len(p) for p in prompts]  # exact, as of the last step read
         inflight = 0
 
@@ -306,12 +320,8 @@ def decode(
                 acc_rows.append(counts[r] - 1)
                 drafted_rows.append([i < counts[r] - 1 for i in range(len(new))])
             pending = nxt if not all(finish) else None
-            yield dict(
-                tokens=new_rows,
-                accepted=acc_rows,
-                drafted=drafted_rows,
-                finish=list(finish),
-                stats=stats.snapshot(gen_tic),
+            yield DecodeEvent(
+                new_rows, acc_rows, drafted_rows, list(finish), stats.snapshot(gen_tic)
             )
     finally:
         _hand_back(session, box["state"], prompts, out)
@@ -370,9 +380,9 @@ class _Stats:
         self.packed_sum += packed
         self.generated += used
 
-    def snapshot(self, gen_tic: float) -> dict:
+    def snapshot(self, gen_tic: float) -> DecodeStats:
         elapsed = max(time.perf_counter() - gen_tic, 1e-9)
-        return dict(
+        return DecodeStats(
             steps=self.steps,
             prompt_tokens=self.prompt_tokens,
             prefilled_tokens=self.prefilled,
@@ -400,8 +410,8 @@ def stream_generate(
     tokenizer,
     prompt,
     max_tokens: int = 256,
-    beam_width: int = DEFAULT_BEAM_WIDTH,
-    beam_length: int = DEFAULT_BEAM_LENGTH,
+    beam_width: int = DEFAULT_SHAPE.width,
+    beam_length: int = DEFAULT_SHAPE.length,
     capacity: int | None = None,
     temperature: float = 0.0,
     top_p: float = 1.0,
@@ -409,9 +419,12 @@ def stream_generate(
     min_p: float = 0.0,
     seed: int | None = None,
     session: Session | None = None,
+    shape: BeamShape | None = None,
 ) -> Iterator[GenerationResponse]:
     """Stream one prompt's continuation. ``drafter=None`` decodes autoregressively.
 
+    The beam shape is ``shape`` when given, else ``beam_width`` x ``beam_length`` (with an
+    optional packing ``capacity``).
     ``prompt`` is a string (encoded with BOS) or a list of token ids. Pass a ``Session`` to
     reuse its KV cache across calls (only tokens not already cached are prefilled).
     """
@@ -425,25 +438,22 @@ def stream_generate(
         drafter,
         [ids],
         max_tokens=max_tokens,
-        beam_width=beam_width,
-        beam_length=beam_length,
-        capacity=capacity,
+        shape=shape or BeamShape(beam_width, beam_length, capacity),
         sampler=sampler,
         seed=seed,
         eos_token_ids=tokenizer.eos_token_ids,
         session=session,
     )
     for ev in events:
-        toks = ev["tokens"][0]
-        done = ev["finish"][0]
+        toks, done = ev.tokens[0], ev.finish[0]
         text = detok.add(toks) + (detok.flush() if done else "")
         yield GenerationResponse(
+            **ev.stats.to_dict(),
             text=text,
             tokens=toks,
-            accepted=ev["accepted"][0],
+            accepted=ev.accepted[0],
             finish_reason=done,
-            drafted_tokens=ev["drafted"][0],
-            **ev["stats"],
+            drafted_tokens=ev.drafted[0],
         )
 
 
@@ -458,14 +468,15 @@ def batch_generate(
     tokenizer,
     prompts: Sequence,
     max_tokens: int = 256,
-    beam_width: int = DEFAULT_BEAM_WIDTH,
-    beam_length: int = DEFAULT_BEAM_LENGTH,
+    beam_width: int = DEFAULT_SHAPE.width,
+    beam_length: int = DEFAULT_SHAPE.length,
     capacity: int | None = None,
     temperature: float = 0.0,
     top_p: float = 1.0,
     top_k: int = 0,
     min_p: float = 0.0,
     seed: int | None = None,
+    shape: BeamShape | None = None,
 ) -> list[list[int]]:
     """Token ids generated for each prompt, decoded together as one batch."""
     ids = [_prompt_ids(tokenizer, p) for p in prompts]
@@ -476,13 +487,11 @@ def batch_generate(
         drafter,
         ids,
         max_tokens=max_tokens,
-        beam_width=beam_width,
-        beam_length=beam_length,
-        capacity=capacity,
+        shape=shape or BeamShape(beam_width, beam_length, capacity),
         sampler=sampler,
         seed=seed,
         eos_token_ids=tokenizer.eos_token_ids if tokenizer is not None else (),
     ):
-        for r, t in enumerate(ev["tokens"]):
+        for r, t in enumerate(ev.tokens):
             out[r].extend(t)
     return out

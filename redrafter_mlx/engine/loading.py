@@ -16,48 +16,33 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
+from . import config as config_file
 from .drafter import Drafter, DrafterArgs
-from .model import SUPPORTED_MODEL_TYPES, Model, ModelArgs
+from .model import Model, ModelArgs
 from .platform import default_dtype
+from .safetensors_check import CorruptFileError, check_file
 
 
 class LoadError(Exception):
     """A model or drafter that cannot be loaded; the message names the problem and the fix."""
 
 
-def resolve_path(path_or_repo: str | os.PathLike) -> Path:
-    """A local directory, or a Hugging Face repo id fetched into (or found in) the HF cache."""
-    path = Path(path_or_repo).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise LoadError(f"{path} is a file; pass the model directory that holds config.json")
-        return path
-    text = str(path_or_repo)
-    if text.count("/") != 1 or text.startswith((".", "/", "~")):
-        raise LoadError(f"model directory not found: {path}")
+def resolve_path(path_or_repo: str | os.PathLike, what: str = "model") -> Path:
+    """A local directory, or a Hugging Face repo id found in (or fetched into) the HF cache."""
+    from .hub import ResolveError, resolve
+
     try:
-        from huggingface_hub import snapshot_download
-
-        local = snapshot_download(
-            text, allow_patterns=["*.json", "*.safetensors", "tokenizer.model", "*.txt"]
-        )
-    except Exception as e:  # network, offline mode, unknown repo
-        raise LoadError(
-            f"could not get {text!r} from Hugging Face ({type(e).__name__}: {e}). "
-            f"Download it on a machine with network (huggingface-cli download {text}) "
-            f"or pass a local model directory."
-        ) from None
-    return Path(local)
+        return resolve(path_or_repo, what)
+    except ResolveError as e:
+        raise LoadError(str(e)) from None
 
 
-def read_config(path: Path) -> dict:
-    config_file = path / "config.json"
-    if not config_file.exists():
-        raise LoadError(f"{path} has no config.json; is it a model directory?")
+def read_config(path: Path, what: str = "model") -> dict:
+    """config.json as a dict, or LoadError (the shared validator's message)."""
     try:
-        return json.loads(config_file.read_text())
-    except json.JSONDecodeError as e:
-        raise LoadError(f"{config_file} is not valid JSON: {e}") from None
+        return config_file.read_config(path, what)
+    except config_file.ConfigError as e:
+        raise LoadError(str(e)) from None
 
 
 def read_weights(path: Path) -> dict[str, mx.array]:
@@ -78,8 +63,17 @@ def read_weights(path: Path) -> dict[str, mx.array]:
         )
     weights: dict[str, mx.array] = {}
     for f in files:
-        weights.update(mx.load(f))
+        weights.update(_load_checked(Path(f)))
     return weights
+
+
+def _load_checked(file: Path) -> dict[str, mx.array]:
+    """``mx.load`` of a safetensors file checked first, so damage gets a clear LoadError."""
+    try:
+        check_file(file)
+    except CorruptFileError as e:
+        raise LoadError(str(e)) from None
+    return mx.load(str(file))
 
 
 def _apply_weights(module: nn.Module, weights: dict, config: dict, dtype, where: Path):
@@ -91,7 +85,9 @@ def _apply_weights(module: nn.Module, weights: dict, config: dict, dtype, where:
             group_size=quant["group_size"],
             bits=quant["bits"],
             mode=quant.get("mode", "affine"),
-            class_predicate=lambda p, m: f"{p}.scales" in weights,
+            class_predicate=lambda p, m: (  # mlx-lm's per-layer overrides (e.g. an 8-bit embedding)
+                quant[p] if isinstance(quant.get(p), dict) else f"{p}.scales" in weights
+            ),
         )
     weights = {
         k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v for k, v in weights.items()
@@ -106,12 +102,10 @@ def _apply_weights(module: nn.Module, weights: dict, config: dict, dtype, where:
 def load_model(path: str | os.PathLike, dtype=None) -> tuple[Model, Path]:
     path = resolve_path(path)
     config = read_config(path)
-    model_type = config.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise LoadError(
-            f"{path}: model_type {model_type!r} is not supported; "
-            f"supported: {', '.join(SUPPORTED_MODEL_TYPES)} (Llama-family models)"
-        )
+    try:
+        config_file.check_model_config(config, path / "config.json")
+    except config_file.ConfigError as e:
+        raise LoadError(str(e)) from None
     model = Model(ModelArgs.from_config(config))
     weights = model.sanitize(read_weights(path))
     _apply_weights(model, weights, config, dtype or default_dtype(), path)
@@ -120,8 +114,8 @@ def load_model(path: str | os.PathLike, dtype=None) -> tuple[Model, Path]:
 
 
 def load_drafter(path: str | os.PathLike, dtype=None) -> Drafter:
-    path = resolve_path(path)
-    config = read_config(path)
+    path = resolve_path(path, "drafter")
+    config = read_config(path, "drafter")
     try:
         args = DrafterArgs.from_config(config)
     except (TypeError, ValueError) as e:
@@ -142,7 +136,7 @@ def read_weights_drafter(path: Path) -> dict[str, mx.array]:
                 f"redrafter-mlx convert --model <base> --drafter {path} --out <dir>"
             )
         raise LoadError(f"{path} has no model.safetensors")
-    return dict(mx.load(str(file)))
+    return dict(_load_checked(file))
 
 
 def check_pair(model: Model, drafter: Drafter) -> None:

@@ -24,7 +24,15 @@ import mlx.nn as nn
 
 from .rope import RoPE
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral")
+# Fused kernels (mx.fast rope with per-row offsets, scaled_dot_product_attention) on Metal and
+# CUDA; composed ops on the CPU backend, where they measured several times faster. None picks
+# by device; tests set True/False to run both paths on any backend.
+FUSED_KERNELS: bool | None = None
+
+
+def fused_kernels() -> bool:
+    """Whether this forward uses the fused kernels (see ``FUSED_KERNELS``)."""
+    return mx.default_device() != mx.cpu if FUSED_KERNELS is None else FUSED_KERNELS
 
 
 @dataclass
@@ -138,7 +146,7 @@ def attention(q, k, v, scale: float, mask):
     On Metal/CUDA the fused kernel; on the CPU backend two matmuls, which are several times
     faster there for multi-token (tree) queries.
     """
-    if mx.default_device() != mx.cpu:
+    if fused_kernels():
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
     B, n_heads, T, D = q.shape
     n_kv = k.shape[1]
@@ -217,11 +225,11 @@ class Model(nn.Module):
 
         tokens, positions, write_idx: (B, T) int32; mask: (B, 1, T, A) bool (True = attend)
         over the first A cache slots *after* this call's writes; keys/values: lists (one per
-        layer) of (B, n_kv, S, D), A <= S.
-        Returns (hidden (B, T, H) after the final norm, keys, values).
+        layer) of (B, n_kv, S, D), A <= S. Returns (hidden (B, T, H) after the final norm,
+        keys, values).
         """
         x = self.embed(tokens)
-        if mx.default_device() == mx.cpu:
+        if not fused_kernels():
             # One cos/sin table for all layers: on the CPU backend the fused rope kernel with
             # per-row offsets costs ~7x more than this.
             positions = self.model.layers[0].self_attn.rope.tables(positions)

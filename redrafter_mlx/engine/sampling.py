@@ -2,7 +2,7 @@
 
 ReDrafter and the autoregressive baseline draw through the same function, so their token
 distributions are the same by construction. One draw per tree node (Gumbel-max on the
-processed logits) is what makes speculative sampling exact (DESIGN §2).
+processed logits) is what makes speculative sampling exact (docs/design.md, "Exact acceptance").
 """
 
 from __future__ import annotations
@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import mlx.core as mx
+
+from .errors import ParamError
 
 
 @dataclass(frozen=True)
@@ -24,14 +26,17 @@ class SamplerConfig:
         return self.temperature <= 0.0
 
     def validate(self) -> SamplerConfig:
+        """Return self, or raise ParamError naming the field and its range."""
         if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+            raise ParamError(
+                "temperature", f"temperature must be >= 0 (0 = greedy), got {self.temperature}"
+            )
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise ParamError("top_p", f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+            raise ParamError("top_k", f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if not 0.0 <= self.min_p < 1.0:
-            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+            raise ParamError("min_p", f"min_p must be in [0, 1), got {self.min_p}")
         return self
 
 

@@ -8,10 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-VICUNA_SYSTEM = (
-    "A chat between a curious user and an artificial intelligence assistant. "
-    "The assistant gives helpful, detailed, and polite answers to the user's questions."
-)
+from .chat_format import vicuna_prompt
 
 
 class Tokenizer:
@@ -21,20 +18,20 @@ class Tokenizer:
         self.path = Path(path)
         config_file = self.path / "tokenizer_config.json"
         self.config = json.loads(config_file.read_text()) if config_file.exists() else {}
-        self.chat_template = self.config.get("chat_template")
+        self.chat_template = self.config.get("chat_template") or _template_file(self.path)
         if (self.path / "tokenizer.model").exists() and not self.chat_template:
             import sentencepiece as spm
 
             self._sp = spm.SentencePieceProcessor(model_file=str(self.path / "tokenizer.model"))
             self._hf = None
             self.bos_token_id = self._sp.bos_id()
-            self.eos_token_ids = {self._sp.eos_id()}
+            self.eos_token_ids = {self._sp.eos_id(), *_config_eos_ids(self.path)}
             self.vocab_size = self._sp.get_piece_size()
         else:
             from mlx_lm.utils import load_tokenizer as _load
 
             self._sp = None
-            self._hf = _load(self.path)
+            self._hf = _load(self.path, eos_token_ids=_config_eos_ids(self.path) or None)
             self.bos_token_id = self._hf.bos_token_id
             self.eos_token_ids = set(self._hf.eos_token_ids)
             self.vocab_size = len(self._hf.get_vocab())
@@ -60,7 +57,7 @@ class Tokenizer:
         """Token ids of a conversation ending with an open assistant turn.
 
         messages: [{"role": "user"|"assistant", "content": str}, ...]. The tokenizer's chat
-        template is used when it has one; otherwise Vicuna v1.1 (DESIGN §4).
+        template is used when it has one; otherwise Vicuna v1.1 (docs/design.md, "Formats").
         """
         if self.chat_template and self._hf is not None:
             msgs = ([{"role": "system", "content": system}] if system else []) + messages
@@ -78,15 +75,21 @@ class Tokenizer:
         return ids
 
 
-def vicuna_prompt(messages: list[dict], system: str | None = None) -> str:
-    """``{system} USER: {msg} ASSISTANT: {reply}</s>USER: ... ASSISTANT:`` (FastChat v1.1)."""
-    text = (VICUNA_SYSTEM if system is None else system) + " "
-    for m in messages:
-        if m["role"] == "user":
-            text += f"USER: {m['content']} "
-        else:
-            text += f"ASSISTANT: {m['content']}</s>"
-    return text + "ASSISTANT:"
+def _template_file(path: Path) -> str | None:
+    """``chat_template.jinja`` beside tokenizer_config.json (where current transformers saves it)."""
+    file = path / "chat_template.jinja"
+    return file.read_text() if file.is_file() else None
+
+
+def _config_eos_ids(path: Path) -> list[int]:
+    """``eos_token_id`` (an int or a list: end of text and end of turn) of config.json and
+    generation_config.json, so generation stops at either."""
+    ids: list[int] = []
+    for name in ("config.json", "generation_config.json"):
+        file = path / name
+        value = json.loads(file.read_text()).get("eos_token_id") if file.is_file() else None
+        ids += [value] if isinstance(value, int) else [i for i in value or [] if isinstance(i, int)]
+    return list(dict.fromkeys(ids))
 
 
 def load_tokenizer(path) -> Tokenizer:

@@ -1,4 +1,6 @@
-"""Train a ReDrafter drafter for a frozen LLM by knowledge distillation (DESIGN §3).
+"""Train a ReDrafter drafter for a frozen LLM by knowledge distillation.
+
+See docs/design.md, "Distillation".
 
     from redrafter_mlx.train.distill import distill
     summary = distill("~/models/vicuna-7b", ["sharegpt.json"], "~/models/vicuna-7b-drafter",
@@ -65,6 +67,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
 from ..engine.drafter import Drafter, DrafterArgs
+from ..engine.errors import ParamError
 from ..engine.model import Model
 from .data import Sequence, files_digest, load_prompts, load_training_data
 
@@ -105,31 +108,39 @@ class DistillOptions:
     quiet: bool = False
 
     def validate(self) -> DistillOptions:
+        """Return self, or raise ParamError naming the option and its allowed values."""
         if self.predict_tokens < 1:
-            raise ValueError(f"predict_tokens must be >= 1, got {self.predict_tokens}")
+            raise ParamError(
+                "predict_tokens", f"predicted tokens must be >= 1, got {self.predict_tokens}"
+            )
         if self.layers < 0:
-            raise ValueError(f"layers must be >= 0, got {self.layers}")
+            raise ParamError("layers", f"layers must be >= 0, got {self.layers}")
         if self.targets not in TARGET_MODES:
-            raise ValueError(f"targets must be one of {TARGET_MODES}, got {self.targets!r}")
+            raise ParamError(
+                "targets", f"targets must be one of {TARGET_MODES}, got {self.targets!r}"
+            )
         if self.steps is not None and self.epochs is not None:
-            raise ValueError("give either steps or epochs, not both")
+            raise ParamError("epochs", "give either steps or epochs, not both")
         if self.steps is not None and self.steps < 1:
-            raise ValueError(f"steps must be >= 1, got {self.steps}")
+            raise ParamError("steps", f"steps must be >= 1, got {self.steps}")
         if self.epochs is not None and self.epochs <= 0:
-            raise ValueError(f"epochs must be > 0, got {self.epochs}")
+            raise ParamError("epochs", f"epochs must be > 0, got {self.epochs}")
         for name in ("batch_size", "grad_accum", "seq_len"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                raise ParamError(
+                    name, f"{name.replace('_', ' ')} must be >= 1, got {getattr(self, name)}"
+                )
         if not self.warmup >= 0:
-            raise ValueError(
-                f"warmup must be >= 0 (a fraction < 1 or a step count), got {self.warmup}"
+            raise ParamError(
+                "warmup",
+                f"warmup must be >= 0 (a fraction < 1 or a step count), got {self.warmup}",
             )
         if self.exit_dim != "auto":
             try:
                 self.exit_dim = int(self.exit_dim)
             except ValueError:
-                raise ValueError(
-                    f"exit_dim must be 'auto' or an integer, got {self.exit_dim!r}"
+                raise ParamError(
+                    "exit_dim", f"exit dim must be 'auto' or an integer, got {self.exit_dim!r}"
                 ) from None
         return self
 
@@ -190,7 +201,10 @@ def ground_truth_targets(seq: Sequence, positions: list[int], depth: int):
 
 
 def sequence_hidden(model: Model, tokens: mx.array, positions: mx.array) -> mx.array:
-    """Hidden states at ``positions`` of one causal forward: tokens (N,), positions (M,) -> (M, H)."""
+    """Hidden states at ``positions`` of one causal forward.
+
+    tokens (N,), positions (M,) -> (M, H).
+    """
     N = tokens.shape[0]
     keys, values = model.make_cache(1, N)
     idx = mx.arange(N)[None]
@@ -211,7 +225,7 @@ def _numpy_float(x: mx.array) -> np.ndarray:
 
 
 def model_fingerprint(model_dir: Path, dtype) -> str:
-    """Identifies the serving weights: config, tokenizer files, weight file sizes and ends, dtype."""
+    """Identifies the serving weights: config, tokenizer files, weight sizes and ends, dtype."""
     h = hashlib.sha256(str(dtype).encode())
     model_dir = Path(model_dir)
     for f in sorted(model_dir.iterdir()):
@@ -383,7 +397,7 @@ def drafter_loss(drafter: Drafter, hidden, emb, targets, valid):
 
 
 def lr_schedule(lr: float, total_steps: int, warmup: float):
-    """Linear warm-up from 0 to lr, then cosine decay to 0. warmup < 1 is a fraction of the steps."""
+    """Linear warm-up from 0 to lr, then cosine decay to 0; warmup < 1 is a fraction of steps."""
     w = int(round(warmup * total_steps)) if warmup < 1 else int(warmup)
     w = min(w, total_steps - 1) if total_steps > 1 else 0
     decay = optim.cosine_decay(lr, max(total_steps - w, 1), 0.0)
@@ -423,7 +437,10 @@ class DataOrder:
 
 
 def read_batch(cache: TargetCache, model: Model, idx: np.ndarray):
-    """Model inputs for cached positions idx: hidden (B, H) f32, emb (B, T, H) f32, targets, valid."""
+    """Model inputs for cached positions idx.
+
+    Returns hidden (B, H) f32, emb (B, T, H) f32, targets, valid.
+    """
     toks = mx.array(cache.tokens[idx])
     hidden = mx.array(cache.hidden[idx]).astype(mx.float32)
     emb = model.embed(toks[:, :-1]).astype(mx.float32)
@@ -577,15 +594,12 @@ def evaluate(
 ) -> list[dict]:
     """Greedy ReDrafter on all prompts (one batch) per beam shape: mean accepted tokens per step.
 
-    Decodes with a snapshot of ``drafter``: the engine caches its compiled step per drafter
-    object and the weights are fixed at trace time, so a drafter trained in place after an
-    earlier evaluation would otherwise draft with its old weights.
+    The compiled step reads the drafter's weights at every call, so a drafter trained in place
+    since an earlier evaluation is evaluated with its current weights.
     """
     from ..engine.generation import decode
+    from ..engine.shape import BeamShape
 
-    snapshot = Drafter(drafter.args)
-    snapshot.load_weights(tree_flatten(drafter.parameters()))
-    drafter = snapshot
     results = []
     for w, length in shapes:
         stats = None
@@ -594,19 +608,18 @@ def evaluate(
             drafter,
             prompts,
             max_tokens=max_tokens,
-            beam_width=w,
-            beam_length=length,
+            shape=BeamShape(w, length),
             eos_token_ids=eos_token_ids,
             seed=0,
         ):
-            stats = ev["stats"]
+            stats = ev.stats
         results.append(
             dict(
                 beam_width=w,
                 beam_length=length,
-                tokens_per_step=round(stats["tokens_per_step"], 4),
-                steps=stats["steps"],
-                generated=stats["generation_tokens"],
+                tokens_per_step=round(stats.tokens_per_step, 4),
+                steps=stats.steps,
+                generated=stats.generation_tokens,
             )
         )
     return results
@@ -660,7 +673,7 @@ class Progress:
 
 
 def format_metrics(loss: float, accs: list[float], tok_s: float, lr: float) -> str:
-    """Progress line: loss, top-1 accuracy per draft step, training positions (tokens) per second."""
+    """Progress line: loss, top-1 accuracy per draft step, training positions (tokens) / s."""
     acc = " ".join(f"{a:.2f}" for a in accs)
     return f"loss {loss:.3f}  acc[{acc}]  {tok_s:,.0f} tok/s  lr {lr:.2e}"
 

@@ -1,0 +1,28 @@
+"""The Vicuna v1.1 chat format (FastChat), used when a tokenizer has no chat template.
+
+``{system} USER: {msg} ASSISTANT: {reply}</s>USER: ... ASSISTANT:`` with BOS at the start; the
+literal ``</s>`` is the EOS token. Models with a chat template in their tokenizer files use that
+instead (``engine/tokenizer.py``).
+"""
+
+from __future__ import annotations
+
+VICUNA_SYSTEM = (
+    "A chat between a curious user and an artificial intelligence assistant. "
+    "The assistant gives helpful, detailed, and polite answers to the user's questions."
+)
+
+
+def vicuna_prompt(messages: list[dict], system: str | None = None) -> str:
+    """The conversation as Vicuna v1.1 text ending with an open assistant turn.
+
+    messages: [{"role": "user"|"assistant", "content": str}, ...]; ``system`` replaces the
+    default system prompt.
+    """
+    text = (VICUNA_SYSTEM if system is None else system) + " "
+    for m in messages:
+        if m["role"] == "user":
+            text += f"USER: {m['content']} "
+        else:
+            text += f"ASSISTANT: {m['content']}</s>"
+    return text + "ASSISTANT:"

@@ -1,0 +1,65 @@
+"""One tokens/s measurement, shared by ``redrafter-mlx bench`` and the tuner.
+
+A run is timed from its first token to its last, so prompt processing (prefill) is excluded
+and reported apart as time to first token. Decode throughput is the tokens after the first
+divided by that time: the figure speculation changes.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from .generation import stream_generate
+from .shape import BeamShape
+
+
+@dataclass
+class Run:
+    """One timed generation: its tokens and measurements."""
+
+    tokens: list[int]
+    decode_tokens: int  # tokens after the first (those the decode loop produced)
+    decode_s: float  # time from the first token to the last
+    steps: int
+    tokens_per_step: float
+    mean_packed: float
+    ttft_s: float
+    peak_memory_gb: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        """Decode throughput (0 when fewer than two tokens were generated)."""
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else 0.0
+
+
+def measure_generation(
+    model, drafter, tokenizer, prompt_ids: list[int], shape: BeamShape, max_tokens: int, **sampling
+) -> Run:
+    """Generate ``prompt_ids``' continuation at ``shape`` (AR: plain decoding) and time it.
+
+    ``sampling``: temperature, top_p, top_k, min_p, seed (as ``stream_generate``).
+    """
+    mx.reset_peak_memory()
+    tokens, first_at, last_at, final = [], None, None, None
+    start = time.perf_counter()
+    for response in stream_generate(
+        model, drafter, tokenizer, prompt_ids, max_tokens=max_tokens, shape=shape, **sampling
+    ):
+        last_at = time.perf_counter()
+        first_at = first_at or last_at
+        tokens += response.tokens
+        final = response
+    speculative = drafter is not None and not shape.is_autoregressive
+    return Run(
+        tokens,
+        max(len(tokens) - 1, 0),
+        last_at - first_at,
+        final.steps,
+        final.tokens_per_step if speculative else 1.0,
+        final.mean_packed if speculative else 1.0,
+        first_at - start,
+        mx.get_peak_memory() / 1e9,
+    )

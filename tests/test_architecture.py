@@ -1,0 +1,124 @@
+"""The layers' dependency rule, checked by parsing every module's imports with ``ast``.
+
+Layers, lowest first: ``redrafter_mlx.engine`` -> (``redrafter_mlx.train``, ``redrafter_mlx.serve``,
+``tuning``, ``weights_convert``) -> ``redrafter_mlx.cli``. A module may import its own layer or
+lower ones, never a higher one; nothing imports the CLI; features do not import each other; the
+build scripts and tests sit outside the product and nothing in it imports them.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("redrafter_mlx", "weights_convert", "tuning")
+ENGINE = "engine"
+CLI = "cli"
+OUTSIDE = "outside"  # scripts/ and tests/: may import anything, imported by nothing
+
+
+def layer_of(module: str) -> str:
+    """The layer a dotted module name belongs to."""
+    parts = module.split(".")
+    if parts[0] in ("scripts", "tests"):
+        return OUTSIDE
+    if parts[0] == "redrafter_mlx":
+        if len(parts) == 1:  # the package's lazy public API re-exports the engine
+            return ENGINE
+        return {"engine": ENGINE, "cli": CLI}.get(parts[1], f"redrafter_mlx.{parts[1]}")
+    return parts[0]  # tuning, weights_convert: feature packages
+
+
+def allowed(importer: str, imported: str) -> bool:
+    """Whether a module of layer ``importer`` may import one of layer ``imported``."""
+    if importer == imported or imported == ENGINE:
+        return True
+    if imported in (CLI, OUTSIDE):
+        return importer in (CLI, OUTSIDE) and (imported != OUTSIDE or importer == OUTSIDE)
+    return importer in (CLI, OUTSIDE)  # a feature package: only the CLI and scripts use it
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute module name) for every import in the file, relative ones resolved."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.append((node.lineno, target))
+            if node.module is None or node.level:  # "from . import x": x may be a module
+                found += [(node.lineno, f"{target}.{a.name}") for a in node.names]
+    return found
+
+
+def product_files() -> list[Path]:
+    return sorted(p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py"))
+
+
+def ours(module: str) -> bool:
+    return module.split(".")[0] in (*PACKAGES, "scripts", "tests")
+
+
+def test_the_layers_are_folders():
+    engine = {p.stem for p in (ROOT / "redrafter_mlx" / "engine").glob("*.py")}
+    assert {"model", "drafter", "tree", "sampling", "decode", "generation", "loading"} <= engine
+    assert (ROOT / "redrafter_mlx" / "cli" / "__init__.py").is_file()
+    assert (ROOT / "redrafter_mlx" / "train" / "distill.py").is_file()
+    top = {p.name for p in (ROOT / "redrafter_mlx").glob("*.py")}
+    assert top == {"__init__.py"}, f"modules outside a layer folder: {sorted(top)}"
+
+
+@pytest.mark.parametrize("path", product_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_imports_point_down_the_layers(path):
+    importer = layer_of(module_name(path))
+    wrong = [
+        f"line {line}: {module} ({layer_of(module)})"
+        for line, module in imports_of(path)
+        if ours(module) and not allowed(importer, layer_of(module))
+    ]
+    assert not wrong, f"{path.relative_to(ROOT)} ({importer}) imports upward: {wrong}"
+
+
+def test_no_cycle_between_packages():
+    """Package-level graph (engine, train, tuning, weights_convert, cli, ...) has no cycle."""
+    graph: dict[str, set[str]] = {}
+    for path in product_files():
+        src = layer_of(module_name(path))
+        for _, module in imports_of(path):
+            if ours(module) and layer_of(module) != src:
+                graph.setdefault(src, set()).add(layer_of(module))
+
+    def visit(node: str, trail: tuple[str, ...]) -> None:
+        assert node not in trail, f"import cycle: {' -> '.join((*trail, node))}"
+        for nxt in graph.get(node, ()):
+            visit(nxt, (*trail, node))
+
+    for node in list(graph):
+        visit(node, ())
+
+
+def test_the_checker_sees_an_upward_import(tmp_path):
+    """The rule is not vacuous: an engine module importing the CLI is flagged."""
+    assert not allowed(layer_of("redrafter_mlx.engine.decode"), layer_of("redrafter_mlx.cli"))
+    assert not allowed(layer_of("tuning.search"), layer_of("redrafter_mlx.cli.common"))
+    assert not allowed(layer_of("weights_convert.sources"), layer_of("tuning"))
+    assert allowed(layer_of("tuning.search"), layer_of("redrafter_mlx.engine.shape"))
+    assert not allowed(layer_of("redrafter_mlx.engine.model"), layer_of("scripts.build_demo"))

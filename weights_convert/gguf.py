@@ -1,0 +1,641 @@
+"""GGUF input (llama.cpp, Ollama, LM Studio files): ``llama`` architecture -> mlx-lm folder.
+
+The file is parsed here with bounds checks on every read (no ``gguf`` package at run time, and
+no ``mx.load``: MLX's GGUF reader crashes on a corrupt header, turns BF16 into float16 and
+silently dequantizes K-quants). Tensor data is memory-mapped and read one tensor at a time.
+
+Supported tensor types: F32, F16, BF16, Q8_0, Q4_0, Q4_1 (blocks of 32 values along a row).
+A block quantizes as ``x = d * q + m``, which is MLX's affine form with group size 32:
+
+    Q8_0   d: f16, q: int8          -> MLX 8-bit  q + 128, scale d, bias -128 d
+    Q4_0   d: f16, q: 4-bit         -> MLX 4-bit  q,       scale d, bias -8 d
+    Q4_1   d, m: f16, q: 4-bit      -> MLX 4-bit  q,       scale d, bias m
+
+so quantized tensors can be kept exactly (:func:`packed_triple`) or dequantized
+(:func:`dequantize`, the ``gguf`` package's arithmetic, bit for bit).
+
+llama.cpp's converter permutes the rows of Q and K for its interleaved rope; they are
+un-permuted here (:func:`unpermute_rows`) so the output uses the Hugging Face layout.
+"""
+
+from __future__ import annotations
+
+import mmap
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from weights_convert.errors import ConversionError
+from weights_convert.tensors import TensorRef
+
+GGUF_MAGIC = b"GGUF"
+GGUF_VERSIONS = (2, 3)
+DEFAULT_ALIGNMENT = 32
+QK = 32  # values per quantization block (Q8_0, Q4_0, Q4_1)
+MAX_DIMS = 4
+
+# ggml type id -> (name, values per block, bytes per block) for the types we read.
+SUPPORTED_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4),
+    1: ("F16", 1, 2),
+    2: ("Q4_0", QK, 2 + QK // 2),
+    3: ("Q4_1", QK, 4 + QK // 2),
+    8: ("Q8_0", QK, 2 + QK),
+    30: ("BF16", 1, 2),
+}
+QUANT_BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}
+# Names of the other ggml types, for error messages only.
+OTHER_TYPE_NAMES = {
+    6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K",
+    15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL",
+    21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64",
+    28: "F64", 29: "IQ1_M", 34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4",
+}  # fmt: skip
+
+# GGUF metadata value types: id -> struct format of a scalar.
+_SCALARS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
+_STRING, _ARRAY = 8, 9
+
+# GGUF tensor name -> Hugging Face Llama name ({i} = layer).
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+_LAYER_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+_GLOBAL_RE = re.compile(r"^(\w+)\.(weight|bias)$")
+
+CONVERT_HINT = (
+    "re-export it with llama.cpp (convert_hf_to_gguf.py --outtype f16|bf16|q8_0, or llama-quantize "
+    "to Q8_0/Q4_0/Q4_1), or convert the original Hugging Face checkpoint instead"
+)
+
+
+@dataclass(frozen=True)
+class GGUFTensor:
+    """One tensor of a GGUF file.
+
+    Attributes:
+        name: GGUF name (``blk.0.attn_q.weight``).
+        type_name: ggml type (``"Q4_1"``).
+        shape: numpy order (rows, columns), i.e. ggml's dims reversed.
+        offset: absolute byte offset of the data in the file.
+        nbytes: size of the data in the file.
+    """
+
+    name: str
+    type_name: str
+    shape: tuple[int, ...]
+    offset: int
+    nbytes: int
+
+    @property
+    def quantized(self) -> bool:
+        return self.type_name in QUANT_BITS
+
+
+@dataclass(frozen=True)
+class GGUFFile:
+    """A parsed GGUF header: metadata and the tensor table (data is not read)."""
+
+    path: Path
+    version: int
+    metadata: dict
+    tensors: dict[str, GGUFTensor]
+
+    def raw(self, tensor: GGUFTensor) -> np.ndarray:
+        """The tensor's bytes as a read-only uint8 array of shape (rows, bytes per row)."""
+        data = np.memmap(
+            self.path, dtype=np.uint8, mode="r", offset=tensor.offset, shape=(tensor.nbytes,)
+        )
+        return data.reshape(*tensor.shape[:-1], -1)
+
+
+# --- header parsing ------------------------------------------------------------------------------
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads over the file's bytes."""
+
+    def __init__(self, buf, path: Path):
+        self.buf, self.pos, self.path = buf, 0, path
+
+    def corrupt(self, what: str) -> ConversionError:
+        return ConversionError(
+            f"{self.path} is truncated or corrupt ({what}, at byte {self.pos} of {len(self.buf)}); "
+            "re-download the file"
+        )
+
+    def take(self, n: int, what: str) -> bytes:
+        """The next ``n`` bytes (a copy, so no view outlives the memory map)."""
+        if n < 0 or self.pos + n > len(self.buf):
+            raise self.corrupt(f"{what} extends past the end of the file")
+        data = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return data
+
+    def scalar(self, fmt: str, what: str):
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
+
+    def string(self, what: str) -> str:
+        length = self.scalar("<Q", what)
+        try:
+            return str(self.take(length, what), "utf-8")
+        except UnicodeDecodeError:
+            raise self.corrupt(f"{what} is not valid UTF-8") from None
+
+    def count(self, min_item_bytes: int, what: str) -> int:
+        """A uint64 element count, refused when the rest of the file cannot hold that many."""
+        n = self.scalar("<Q", what)
+        if n * min_item_bytes > len(self.buf) - self.pos:
+            raise self.corrupt(f"{what} claims {n} entries")
+        return n
+
+    def value(self, kind: int, what: str):
+        if kind in _SCALARS:
+            return self.scalar(_SCALARS[kind], what)
+        if kind == _STRING:
+            return self.string(what)
+        if kind == _ARRAY:
+            return self.array(what)
+        raise self.corrupt(f"{what} has unknown value type {kind}")
+
+    def array(self, what: str):
+        kind = self.scalar("<I", what)
+        if kind in _SCALARS:
+            fmt = _SCALARS[kind]
+            n = self.count(struct.calcsize(fmt), what)
+            return np.frombuffer(
+                self.take(n * struct.calcsize(fmt), what), dtype=np.dtype(fmt)
+            ).copy()
+        n = self.count(8 if kind == _STRING else 4, what)
+        return [self.value(kind, what) for _ in range(n)]
+
+
+def _read_metadata(cur: _Cursor) -> tuple[int, int, dict]:
+    """Header and key/value metadata -> (version, tensor count, metadata)."""
+    if bytes(cur.take(4, "magic")) != GGUF_MAGIC:
+        raise ConversionError(f"{cur.path} is not a GGUF file (it does not start with 'GGUF')")
+    version = cur.scalar("<I", "version")
+    if version not in GGUF_VERSIONS:
+        raise ConversionError(
+            f"{cur.path} is GGUF version {version}; only versions 2 and 3 (little-endian) are "
+            f"supported; {CONVERT_HINT}"
+        )
+    n_tensors = cur.count(24, "tensor count")
+    n_kv = cur.count(12, "metadata count")
+    metadata = {}
+    for _ in range(n_kv):
+        key = cur.string("metadata key")
+        metadata[key] = cur.value(cur.scalar("<I", key), key)
+    return version, n_tensors, metadata
+
+
+def _type_of(name: str, type_id: int, path: Path) -> tuple[str, int, int]:
+    if type_id in SUPPORTED_TYPES:
+        return SUPPORTED_TYPES[type_id]
+    type_name = OTHER_TYPE_NAMES.get(type_id, f"ggml type {type_id}")
+    raise ConversionError(
+        f"{path.name}: tensor {name} is {type_name}, which is not supported (supported: F32, F16, "
+        f"BF16, Q8_0, Q4_0, Q4_1; K-quants and i-quants are not); {CONVERT_HINT}"
+    )
+
+
+def _read_tensor_info(cur: _Cursor) -> tuple[str, int, tuple[int, ...], int]:
+    """One tensor-table entry -> (name, ggml type id, numpy shape, offset in the data section)."""
+    name = cur.string("tensor name")
+    n_dims = cur.scalar("<I", f"tensor {name}")
+    if not 1 <= n_dims <= MAX_DIMS:
+        raise cur.corrupt(f"tensor {name} has {n_dims} dimensions")
+    dims = struct.unpack(f"<{n_dims}Q", cur.take(8 * n_dims, f"tensor {name}"))
+    type_id = cur.scalar("<I", f"tensor {name}")
+    offset = cur.scalar("<Q", f"tensor {name}")
+    return name, type_id, tuple(reversed(dims)), offset
+
+
+def read_gguf(path: Path) -> GGUFFile:
+    """Parse a GGUF header; every tensor must be of a supported type and lie inside the file.
+
+    Raises:
+        ConversionError: not GGUF, unsupported version or tensor type, truncated or corrupt.
+    """
+    with open(path, "rb") as f:
+        size = f.seek(0, 2)
+        if size < 24:
+            raise ConversionError(
+                f"{path} is truncated or corrupt ({size} bytes); re-download the file"
+            )
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            cur = _Cursor(buf, path)
+            version, n_tensors, metadata = _read_metadata(cur)
+            infos = [_read_tensor_info(cur) for _ in range(n_tensors)]
+            header_end = cur.pos
+    alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    if not isinstance(alignment, int) or alignment <= 0:
+        raise ConversionError(
+            f"{path} is corrupt (general.alignment = {alignment!r}); re-download the file"
+        )
+    data_start = -(-header_end // alignment) * alignment
+    tensors = {}
+    for name, type_id, shape, offset in infos:
+        type_name, block, block_bytes = _type_of(name, type_id, path)
+        if shape[-1] % block or offset % alignment:
+            raise ConversionError(
+                f"{path} is corrupt (tensor {name} has shape {list(shape)}); re-download the file"
+            )
+        nbytes = int(np.prod(shape, dtype=np.int64)) // block * block_bytes
+        start = data_start + offset
+        if start + nbytes > size:
+            raise ConversionError(
+                f"{path} is truncated: tensor {name} needs bytes up to {start + nbytes:,} but the file "
+                f"has {size:,}; the download is incomplete, re-download it"
+            )
+        if name in tensors:
+            raise ConversionError(
+                f"{path} is corrupt (tensor {name} appears twice); re-download the file"
+            )
+        tensors[name] = GGUFTensor(name, type_name, shape, start, nbytes)
+    return GGUFFile(path, version, metadata, tensors)
+
+
+# --- tensor data ---------------------------------------------------------------------------------
+
+
+def _blocks(raw: np.ndarray, block_bytes: int) -> np.ndarray:
+    """(rows, row bytes) -> (rows, blocks per row, block bytes)."""
+    return raw.reshape(*raw.shape[:-1], -1, block_bytes)
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """(..., 16) packed bytes -> (..., 32) 4-bit values in ggml order (low nibbles, then high)."""
+    return np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=-1)
+
+
+def _scale_bias(blocks: np.ndarray, type_name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per-block (d, m) with ``x = d * q + m`` for q the unsigned stored value, as float16.
+
+    Shapes: (rows, blocks) each. Q8_0 and Q4_0 store signed values (q - 128, q - 8), so their
+    bias is ``-128 d`` / ``-8 d``: exact in float16 (a power-of-two multiple).
+    """
+    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
+    if type_name == "Q4_1":
+        return d, blocks[..., 2:4].copy().view(np.float16)[..., 0]
+    offset = 128 if type_name == "Q8_0" else 8
+    with np.errstate(over="ignore"):
+        return d, (d.astype(np.float32) * -offset).astype(np.float16)
+
+
+def _unsigned_values(blocks: np.ndarray, type_name: str) -> np.ndarray:
+    """(rows, blocks, block bytes) -> (rows, blocks, 32) uint8 q with ``x = d * q + m``."""
+    if type_name == "Q8_0":
+        return blocks[..., 2:] ^ np.uint8(0x80)  # int8 v -> v + 128
+    return _nibbles(blocks[..., 4:] if type_name == "Q4_1" else blocks[..., 2:])
+
+
+def dequantize(raw: np.ndarray, type_name: str) -> np.ndarray:
+    """Quantized rows -> float32, with the ``gguf`` package's arithmetic (bit-identical).
+
+    Shapes: raw (rows, row bytes) -> (rows, columns).
+    """
+    _, _, block_bytes = next(t for t in SUPPORTED_TYPES.values() if t[0] == type_name)
+    blocks = _blocks(raw, block_bytes)
+    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)
+    if type_name == "Q8_0":
+        x = blocks[..., 2:].copy().view(np.int8).astype(np.float32) * d
+    elif type_name == "Q4_0":
+        x = d * (_nibbles(blocks[..., 2:]).astype(np.int8) - np.int8(8)).astype(np.float32)
+    else:
+        m = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
+        x = d * _nibbles(blocks[..., 4:]).astype(np.float32) + m
+    return x.reshape(*raw.shape[:-1], -1)
+
+
+def packed_triple(raw: np.ndarray, type_name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Quantized rows -> MLX affine (weight uint32, scales f16, biases f16), group size 32.
+
+    Lossless: ``mx.dequantize`` of the triple equals :func:`dequantize` up to float32 rounding.
+    Shapes: raw (rows, row bytes) -> (rows, columns * bits / 32), (rows, columns / 32) twice.
+    """
+    _, _, block_bytes = next(t for t in SUPPORTED_TYPES.values() if t[0] == type_name)
+    blocks = _blocks(raw, block_bytes)
+    q = _unsigned_values(blocks, type_name).reshape(*raw.shape[:-1], -1)
+    if QUANT_BITS[type_name] == 4:
+        q = q[..., 0::2] | (q[..., 1::2] << np.uint8(4))  # MLX: value i at bits 4*(i % 8)
+    weight = np.ascontiguousarray(q).view("<u4")
+    scales, biases = _scale_bias(blocks, type_name)
+    return weight, np.ascontiguousarray(scales), np.ascontiguousarray(biases)
+
+
+def float_values(gguf: GGUFFile, tensor: GGUFTensor) -> tuple[np.ndarray, str]:
+    """A float tensor's data -> (array, safetensors code); BF16 comes as its uint16 bits."""
+    raw = gguf.raw(tensor)
+    dtype = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}[tensor.type_name]
+    return raw.view(dtype).reshape(tensor.shape), tensor.type_name
+
+
+def unpermute_rows(x: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation (interleaved rope -> rotate-half rope).
+
+    Works on any array whose first axis is the output rows (weights, packed weights, scales,
+    biases, bias vectors): whole rows move. Shape (rows, ...) -> same.
+    """
+    head_dim = x.shape[0] // n_heads
+    return x.reshape(n_heads, head_dim // 2, 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
+
+
+# --- Llama structure -----------------------------------------------------------------------------
+
+
+def hf_name(name: str) -> str | None:
+    """GGUF tensor name -> Hugging Face Llama name, or None when it has no Llama counterpart."""
+    if m := _LAYER_RE.match(name):
+        layer, part, kind = m.groups()
+        return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}" if part in _LAYER_NAMES else None
+    if (m := _GLOBAL_RE.match(name)) and m.group(1) in _GLOBAL_NAMES:
+        return f"{_GLOBAL_NAMES[m.group(1)]}.{m.group(2)}"
+    return None
+
+
+def _meta(gguf: GGUFFile, key: str, default=None, required: bool = False):
+    value = gguf.metadata.get(key, default)
+    if required and value is None:
+        raise ConversionError(f"{gguf.path.name} lacks metadata {key}; {CONVERT_HINT}")
+    return value
+
+
+def check_llama(gguf: GGUFFile) -> None:
+    """Refuse files that are not a plain ``llama`` architecture model we can map to Hugging Face."""
+    arch = _meta(gguf, "general.architecture")
+    if arch != "llama":
+        raise ConversionError(
+            f"{gguf.path.name} has architecture {arch!r}; only 'llama' GGUF files are supported "
+            "(Llama 1/2, Vicuna, SmolLM, TinyLlama, ...); convert the original Hugging Face "
+            "checkpoint instead"
+        )
+    unknown = sorted(n for n in gguf.tensors if hf_name(n) is None)
+    if unknown:
+        extra = (
+            " (Llama 3.1-style rope scaling is not supported)"
+            if "rope_freqs.weight" in unknown
+            else ""
+        )
+        raise ConversionError(
+            f"{gguf.path.name} holds tensors a Llama model does not have: {', '.join(unknown[:5])}"
+            f"{extra}; convert the original Hugging Face checkpoint instead"
+        )
+    if _meta(gguf, "llama.expert_count", 0):
+        raise ConversionError(
+            f"{gguf.path.name} is a mixture-of-experts model, which is not supported"
+        )
+
+
+def _float32_repr(x) -> float:
+    """A float32 metadata value as the shortest decimal that round-trips (1e-05, not 9.99e-06)."""
+    return float(str(np.float32(x)))
+
+
+def _rope_scaling(gguf: GGUFFile) -> dict | None:
+    kind = _meta(gguf, "llama.rope.scaling.type", "none")
+    if kind == "none":
+        return None
+    if kind == "linear":
+        return {
+            "rope_type": "linear",
+            "factor": _float32_repr(_meta(gguf, "llama.rope.scaling.factor", required=True)),
+        }
+    raise ConversionError(
+        f"{gguf.path.name} uses rope scaling {kind!r}, which is not supported; {CONVERT_HINT}"
+    )
+
+
+def llama_config(gguf: GGUFFile, eos_ids: list[int]) -> dict:
+    """A Hugging Face Llama config.json from the metadata (shapes are checked against it later)."""
+    embed = gguf.tensors.get("token_embd.weight")
+    if embed is None:
+        raise ConversionError(f"{gguf.path.name} has no token_embd.weight; {CONVERT_HINT}")
+    hidden = int(_meta(gguf, "llama.embedding_length", required=True))
+    heads = int(_meta(gguf, "llama.attention.head_count", required=True))
+    head_dim = int(_meta(gguf, "llama.attention.key_length", hidden // heads))
+    rope_dim = int(_meta(gguf, "llama.rope.dimension_count", head_dim))
+    if rope_dim != head_dim:
+        raise ConversionError(
+            f"{gguf.path.name} uses partial rope ({rope_dim} of {head_dim}), which Llama does not"
+        )
+    names = set(gguf.tensors)
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_act": "silu",
+        "hidden_size": hidden,
+        "intermediate_size": int(_meta(gguf, "llama.feed_forward_length", required=True)),
+        "num_hidden_layers": int(_meta(gguf, "llama.block_count", required=True)),
+        "num_attention_heads": heads,
+        "num_key_value_heads": int(_meta(gguf, "llama.attention.head_count_kv", heads)),
+        "rms_norm_eps": _float32_repr(_meta(gguf, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
+        "rope_theta": _float32_repr(_meta(gguf, "llama.rope.freq_base", 10000.0)),
+        "rope_scaling": _rope_scaling(gguf),
+        "max_position_embeddings": int(_meta(gguf, "llama.context_length", 4096)),
+        "vocab_size": int(embed.shape[0]),
+        "tie_word_embeddings": "output.weight" not in names,
+        "attention_bias": any(n.endswith(("attn_q.bias", "attn_k.bias")) for n in names),
+        "mlp_bias": any(n.endswith(("ffn_up.bias", "ffn_down.bias")) for n in names),
+        "bos_token_id": _meta(gguf, "tokenizer.ggml.bos_token_id"),
+        "eos_token_id": eos_ids,
+    }
+    if head_dim != hidden // heads:
+        config["head_dim"] = head_dim
+    return config
+
+
+def _qk_heads(name: str, config: dict) -> int | None:
+    """How many heads to un-permute over for a Q/K tensor, None for other tensors."""
+    if ".attn_q." in name:
+        return config["num_attention_heads"]
+    if ".attn_k." in name:
+        return config["num_key_value_heads"]
+    return None
+
+
+def float_ref(gguf: GGUFFile, tensor: GGUFTensor, config: dict) -> TensorRef:
+    """A lazy Hugging Face-named tensor: floats pass as stored, quantized ones dequantize to F32."""
+    heads = _qk_heads(tensor.name, config)
+    code = "F32" if tensor.quantized else tensor.type_name
+
+    def load() -> np.ndarray:
+        if tensor.quantized:
+            x = dequantize(gguf.raw(tensor), tensor.type_name)
+        else:
+            x = float_values(gguf, tensor)[0]
+        return np.ascontiguousarray(unpermute_rows(x, heads) if heads else x)
+
+    return TensorRef(hf_name(tensor.name), code, tensor.shape, gguf.path, load)
+
+
+def quantized_triple(gguf: GGUFFile, tensor: GGUFTensor, config: dict) -> list[np.ndarray]:
+    """A quantized tensor as MLX (weight, scales, biases), Q/K rows un-permuted."""
+    heads = _qk_heads(tensor.name, config)
+    triple = packed_triple(gguf.raw(tensor), tensor.type_name)
+    if not np.isfinite(triple[2]).all():  # -8 d or -128 d beyond float16 (|weights| > 65504)
+        raise ConversionError(
+            f"{gguf.path.name}: {tensor.name} has values too large to keep in MLX's float16 "
+            "quantization; convert with --dtype float32"
+        )
+    return [np.ascontiguousarray(unpermute_rows(a, heads) if heads else a) for a in triple]
+
+
+# --- conversion plan -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GGUFPlan:
+    """What a GGUF conversion writes.
+
+    Attributes:
+        source: the parsed file.
+        eos_ids: metadata EOS plus the chat template's end-of-turn token.
+        config: the Hugging Face Llama config the metadata describes.
+        jobs: one per output tensor group, in file order.
+        tied: no ``output.weight``: lm_head is the embedding.
+        quantization: config block for quantized tensors, kept or re-quantized (per-layer
+            overrides where a tensor's settings differ from the most common), or None.
+    """
+
+    source: GGUFFile
+    eos_ids: list[int]
+    config: dict
+    jobs: list
+    tied: bool
+    quantization: dict | None
+
+
+def _kept_job(gguf: GGUFFile, tensor: GGUFTensor, ref: TensorRef, config: dict):
+    """A job writing a quantized tensor as MLX's affine triple, exactly as stored."""
+    from weights_convert.safetensors_io import TensorSpec
+    from weights_convert.writer import Job, Quantization
+
+    bits = QUANT_BITS[tensor.type_name]
+    rows, cols = tensor.shape
+    prefix = ref.name[: -len(".weight")]
+    specs = (
+        TensorSpec(ref.name, "U32", (rows, cols * bits // 32)),
+        TensorSpec(f"{prefix}.scales", "F16", (rows, cols // QK)),
+        TensorSpec(f"{prefix}.biases", "F16", (rows, cols // QK)),
+    )
+    return Job(ref, specs, Quantization(QK, bits), lambda: quantized_triple(gguf, tensor, config))
+
+
+def _quantization_block(jobs: list) -> dict | None:
+    """mlx-lm's ``quantization`` block: the most common settings, plus per-layer overrides."""
+    quantized = [job for job in jobs if job.quant is not None]
+    if not quantized:
+        return None
+    counts: dict = {}
+    for job in quantized:
+        counts[job.quant] = counts.get(job.quant, 0) + 1
+    common = max(counts, key=lambda q: (counts[q], q.bits))
+    block = common.as_config()
+    for job in quantized:
+        if job.quant != common:
+            block[job.source.name[: -len(".weight")]] = {
+                "group_size": job.quant.group_size,
+                "bits": job.quant.bits,
+            }
+    return block
+
+
+def plan_gguf(
+    gguf: GGUFFile, eos_ids: list[int], dtype_code: str, quant, keep_quantized: bool
+) -> GGUFPlan:
+    """Check the file (already through :func:`check_llama`) against its Llama config and plan
+    every output tensor.
+
+    Args:
+        eos_ids: the EOS ids for config.json.
+        dtype_code: safetensors code of float outputs (and of dequantized tensors).
+        quant: :class:`~weights_convert.writer.Quantization` to (re)quantize with, or None.
+        keep_quantized: write Q8_0/Q4_0/Q4_1 tensors as MLX affine triples instead of floats.
+    """
+    from weights_convert import llama
+    from weights_convert.writer import make_job
+
+    config = llama_config(gguf, eos_ids)
+    llama.check_config(config, gguf.path)
+    by_hf = {hf_name(t.name): t for t in gguf.tensors.values()}
+    refs = [float_ref(gguf, t, config) for t in gguf.tensors.values()]
+    plan = llama.plan_tensors(refs, config, gguf.path.name)
+    jobs = []
+    for name, ref in plan.tensors:
+        tensor = by_hf[name]
+        if keep_quantized and tensor.quantized and len(tensor.shape) == 2:
+            jobs.append(_kept_job(gguf, tensor, ref, config))
+        else:
+            jobs.append(make_job(name, ref, dtype_code, quant))
+    return GGUFPlan(gguf, eos_ids, config, jobs, plan.tied, _quantization_block(jobs))
+
+
+def resolve_dtype(dtype: str | None, quantize: bool) -> tuple[str, bool]:
+    """``--dtype`` for GGUF input -> (dtype, keep quantized tensors as they are).
+
+    An explicit dtype dequantizes. Without one: on Metal, quantized tensors stay quantized
+    (other floats float16) unless ``--quantize`` asks for new settings; on the CPU backend,
+    everything becomes float32 (MLX's CPU quantized and half-precision matmuls are slow).
+    """
+    if dtype is not None:
+        return dtype, False
+    import mlx.core as mx
+
+    on_metal = mx.metal.is_available()
+    if on_metal:
+        return "float16", not quantize
+    return "float32", False
+
+
+def open_gguf(path: Path, dtype: str | None, quant) -> tuple[GGUFPlan, str]:
+    """Parse and check a GGUF file and plan its conversion -> (plan, resolved dtype).
+
+    Args:
+        dtype: ``--dtype`` or None (see :func:`resolve_dtype`).
+        quant: ``--quantize`` settings or None.
+    """
+    from weights_convert import gguf_tokenizer
+    from weights_convert.tensors import DTYPE_CODES
+
+    dtype, keep = resolve_dtype(dtype, quant is not None)
+    gguf = read_gguf(path)
+    check_llama(gguf)
+    gguf_tokenizer.check_tokenizer(gguf.metadata, path.name)
+    eos_ids = gguf_tokenizer.eos_token_ids(gguf.metadata)
+    return plan_gguf(gguf, eos_ids, DTYPE_CODES[dtype], quant, keep), dtype
+
+
+def write_side_files(plan: GGUFPlan, out_dir: Path) -> list[str]:
+    """Tokenizer files and generation_config.json from the metadata -> names written."""
+    from weights_convert import gguf_tokenizer
+
+    return gguf_tokenizer.write_tokenizer(plan.source.metadata, plan.eos_ids, out_dir)

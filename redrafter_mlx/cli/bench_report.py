@@ -391,15 +391,20 @@ def render_verify_cost(rows: list[dict], hidden: int, layers: int):
     """A rich table: verify time per capacity vs one autoregressive step."""
     from rich.table import Table
 
-    table = Table(title=f"verify cost vs one AR step (hidden {hidden}, {layers} layers)")
-    for column in ("capacity", "AR step ms", "verify ms", "verify / AR"):
+    table = Table(
+        title=f"verify cost vs one AR step (hidden {hidden}, {layers} layers)",
+        caption="timed in interleaved rounds; paired: median of per-round verify/AR ratios",
+    )
+    for column in ("capacity", "AR step ms", "verify ms", "verify / AR", "paired"):
         table.add_column(column, justify="right")
     for row in rows:
+        paired = row.get("paired_ratio")
         table.add_row(
             str(row["capacity"]),
             f"{row['ar_ms']:.2f}",
             f"{row['verify_ms']:.2f}",
             f"{row['ratio']:.2f}×",
+            "–" if paired is None else f"{paired:.2f}×",
         )
     return table
 

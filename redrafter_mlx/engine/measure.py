@@ -44,16 +44,28 @@ def _random_weights(tree, dtype):
     return tree_map(lambda p: (0.02 * mx.random.normal(p.shape)).astype(dtype), tree)
 
 
-def _median_ms(fn, repeats: int) -> float:
-    fn()  # warm-up (compiles)
-    fn()
-    times = []
-    for _ in range(repeats):
-        tic = time.perf_counter()
+def _interleaved_ms(fns: dict, repeats: int) -> dict:
+    """Median ms of each thunk, timed in interleaved rounds (noise hits all alike), plus the
+    per-round times under ``"rounds"`` for paired ratios."""
+    for fn in fns.values():  # warm-up (compiles)
         fn()
-        times.append(time.perf_counter() - tic)
-    times.sort()
-    return 1e3 * times[len(times) // 2]
+        fn()
+    rounds = []
+    for _ in range(repeats):
+        times = {}
+        for name, fn in fns.items():
+            tic = time.perf_counter()
+            fn()
+            times[name] = 1e3 * (time.perf_counter() - tic)
+        rounds.append(times)
+    out = {name: _median([r[name] for r in rounds]) for name in fns}
+    out["rounds"] = rounds
+    return out
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
 
 
 def _verify_fn(model: Model, capacity: int, window: int):
@@ -96,21 +108,32 @@ def verify_cost(
         mx.eval(out, nxt)
         state["ar"] = nxt._replace(lengths=lengths)
 
-    ar_ms = _median_ms(ar, repeats)
-    cache = {"kv": state.pop("ar")[3:5]}
+    def verify_thunk(C):
+        fn = _verify_fn(model, C, window)
+        tokens = mx.random.randint(0, vocab, (1, C)).astype(mx.int32)
+
+        def verify():
+            nxt = state.pop("ar")
+            out, k, v = fn(tokens, lengths, nxt.keys, nxt.values)
+            mx.eval(out, k, v)
+            state["ar"] = nxt._replace(keys=k, values=v)
+
+        return verify
+
+    fns = {"ar": ar, **{C: verify_thunk(C) for C in capacities}}
+    timed = _interleaved_ms(fns, repeats)
     rows = []
     for C in capacities:
-
-        def verify(
-            fn=_verify_fn(model, C, window),
-            tokens=mx.random.randint(0, vocab, (1, C)).astype(mx.int32),
-        ):
-            out, k, v = fn(tokens, lengths, *cache.pop("kv"))
-            mx.eval(out, k, v)
-            cache["kv"] = (k, v)
-
-        verify_ms = _median_ms(verify, repeats)
-        rows.append(dict(capacity=C, ar_ms=ar_ms, verify_ms=verify_ms, ratio=verify_ms / ar_ms))
+        paired = _median([r[C] / r["ar"] for r in timed["rounds"]])
+        rows.append(
+            dict(
+                capacity=C,
+                ar_ms=timed["ar"],
+                verify_ms=timed[C],
+                ratio=timed[C] / timed["ar"],
+                paired_ratio=paired,
+            )
+        )
     return rows
 
 

@@ -7,6 +7,7 @@ with ``LD_PRELOAD`` set when the library is present (docs/design.md, "Performanc
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -15,6 +16,7 @@ OPENBLAS_PATHS = (
     "/usr/lib/aarch64-linux-gnu/openblas-pthread/libblas.so.3",
 )
 _HINT_ENV = "REDRAFTER_MLX_BLAS_HINTED"
+THREADS_ENV = "REDRAFTER_MLX_BLAS_THREADS"
 
 
 def find_openblas() -> str | None:
@@ -30,6 +32,7 @@ def ensure_fast_blas() -> None:
         return
     preload = os.environ.get("LD_PRELOAD", "")
     if "openblas" in preload or "libblas" in preload:
+        limit_blas_threads()
         return
     path = find_openblas()
     if path is None:
@@ -44,7 +47,34 @@ def ensure_fast_blas() -> None:
     env = dict(os.environ)
     env["LD_PRELOAD"] = f"{path}:{preload}" if preload else path
     env["REDRAFTER_MLX_NO_REEXEC"] = "1"
+    env.setdefault("OPENBLAS_NUM_THREADS", str(blas_threads()))
     os.execvpe(sys.executable, [sys.executable, "-m", "redrafter_mlx.cli", *sys.argv[1:]], env)
+
+
+def blas_threads() -> int:
+    """OpenBLAS threads for the engine: ``$REDRAFTER_MLX_BLAS_THREADS``, else all cores but
+    one. MLX's CPU backend runs ops on a stream thread while the host thread dispatches the
+    next step; BLAS threads that take every core (and spin) contend with both. Measured on 2
+    cores: a 4-16 token verify forward 15-40% faster with one BLAS thread, the AR step equal.
+    """
+    value = os.environ.get(THREADS_ENV)
+    if value and value.isdigit() and int(value) > 0:
+        return int(value)
+    return max(1, (os.cpu_count() or 2) - 1)
+
+
+def limit_blas_threads() -> None:
+    """Apply ``blas_threads()`` to an OpenBLAS already loaded (LD_PRELOAD), unless the user
+    set ``OPENBLAS_NUM_THREADS``."""
+    if os.environ.get("OPENBLAS_NUM_THREADS") and not os.environ.get(THREADS_ENV):
+        return
+    import ctypes
+
+    for path in OPENBLAS_PATHS:
+        if os.path.exists(path):
+            with contextlib.suppress(OSError, AttributeError):
+                ctypes.CDLL(path).openblas_set_num_threads(blas_threads())
+            return
 
 
 def default_dtype():

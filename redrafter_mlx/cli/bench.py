@@ -55,6 +55,7 @@ def choose_configs(
     capacity: int | None,
     no_draft: bool,
     with_mlx_lm: bool,
+    no_adapt: bool = True,
 ) -> tuple[list, str]:
     """(configurations to run, a sentence saying where the ReDrafter shapes came from)."""
     from redrafter_mlx.cli.bench_report import AR_CONFIG, MLX_LM_CONFIG, Config, parse_grid
@@ -75,6 +76,11 @@ def choose_configs(
         elif paths.drafter is not None and not no_draft:  # tuning found AR faster: show why
             configs.append(Config(DEFAULT_SHAPE))
             source += f"; benchmarking the engine default {DEFAULT_SHAPE.label}"
+    speculative = [c for c in configs if c.kind == "redrafter"]
+    if speculative and not no_adapt:  # adaptive decoding, from the shape chat would use
+        plan = None if grid is None else resolve_plan(paths, dtype, None, None, None, no_draft)
+        start = plan.shape if plan is not None and plan.speculative else speculative[0].shape
+        configs.append(Config(start, adapt=True))
     if with_mlx_lm:
         configs.append(MLX_LM_CONFIG)
     return configs, source
@@ -109,7 +115,7 @@ def show_profile(engine: Engine, configs: list, ids: list[int], as_json: bool) -
     """``--profile``: per-phase ms and graph ops of one step per shape, greedy, first prompt."""
     from redrafter_mlx.cli.bench_report import profile_rows, render_profile
 
-    shapes = [(c.width, c.length, c.capacity) for c in configs if c.kind == "redrafter"]
+    shapes = [c.shape for c in configs if c.kind == "redrafter"]
     with err_console().status("profiling"):
         data = profile_rows(engine, shapes, ids, repeats=40)
     if as_json:
@@ -203,6 +209,15 @@ def bench(
     beam_length: BeamLengthOpt = None,
     capacity: CapacityOpt = None,
     no_draft: NoDraftOpt = False,
+    adapt: Annotated[
+        bool,
+        typer.Option(
+            "--adapt/--no-adapt",
+            help="Also run adaptive decoding (the loop switches between the chosen shape, its "
+            "width-1 variant and plain decoding by measured tokens/s) as one more row; "
+            "--no-adapt: only pinned shapes.",
+        ),
+    ] = False,
     dtype: DtypeOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -223,7 +238,15 @@ def bench(
         try:
             texts = logic.load_prompts(prompt_set, num_prompts)
             configs, source = choose_configs(
-                paths, dtype, grid, beam_width, beam_length, capacity, no_draft, with_mlx_lm
+                paths,
+                dtype,
+                grid,
+                beam_width,
+                beam_length,
+                capacity,
+                no_draft,
+                with_mlx_lm,
+                not adapt or profile,
             )
         except logic.BenchError as e:  # a bad --prompts or --grid value
             raise FlagError(str(e)) from None

@@ -47,6 +47,7 @@ class Config:
     """One decoding configuration: our engine at ``shape`` (AR: plain decoding), or mlx-lm."""
 
     shape: BeamShape | None  # None: mlx-lm's own generator
+    adapt: bool = False  # adaptive decoding starting from ``shape`` (engine/adaptive.py)
 
     @property
     def kind(self) -> str:
@@ -57,8 +58,10 @@ class Config:
 
     @property
     def name(self) -> str:
-        """``AR``, ``W2×L4``, ``W2×L4 C6`` or ``mlx-lm``."""
-        return MLX_LM_NAME if self.shape is None else self.shape.label
+        """``AR``, ``W2×L4``, ``W2×L4 C6``, ``adaptive W4×L4`` or ``mlx-lm``."""
+        if self.shape is None:
+            return MLX_LM_NAME
+        return f"adaptive {self.shape.label}" if self.adapt else self.shape.label
 
     def field(self, name: str) -> int | None:
         """``width``/``length``/``capacity`` of a ReDrafter shape (None otherwise)."""
@@ -105,6 +108,7 @@ def run_engine(engine, config: Config, ids: list[int], max_tokens: int, sampling
         ids,
         config.shape,
         max_tokens,
+        adapt=config.adapt,
         **sampling.kwargs(),
     )
 
@@ -415,9 +419,8 @@ def render_verify_cost(rows: list[dict], hidden: int, layers: int):
 def profile_rows(engine, shapes, ids, repeats: int) -> dict:
     """The engine's per-phase step profile (``redrafter_mlx.engine.profile.profile_steps``)."""
     from redrafter_mlx.engine.profile import profile_steps
-    from redrafter_mlx.engine.tree import default_capacity
 
-    full = [(w, n, c if c is not None else default_capacity(w, n)) for w, n, c in shapes]
+    full = [(s.width, s.length, s.slots) for s in shapes]
     return profile_steps(engine.model, engine.drafter, full, ids, repeats=repeats)
 
 

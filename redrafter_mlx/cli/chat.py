@@ -18,6 +18,7 @@ from redrafter_mlx.cli.common import (
     DtypeOpt,
     MinPOpt,
     ModelOpt,
+    NoAdaptOpt,
     NoDraftOpt,
     Sampling,
     SeedOpt,
@@ -86,6 +87,7 @@ def chat(
     beam_length: BeamLengthOpt = None,
     capacity: CapacityOpt = None,
     no_draft: NoDraftOpt = False,
+    no_adapt: NoAdaptOpt = False,
     show_accepted: Annotated[
         bool, typer.Option("--show-accepted", help="Colour the tokens that came from the drafter.")
     ] = False,
@@ -117,5 +119,6 @@ def chat(
             show_accepted=show_accepted,
             console=console,
         )
+        loop.adapt = not no_adapt
         enable_line_editing()
         run_chat(loop)

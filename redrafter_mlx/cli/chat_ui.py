@@ -70,6 +70,7 @@ class ChatLoop:
         self.messages: list[dict] = []
         self.session = Session(engine.model)
         self.stream = stream_generate  # replaceable (tests inject interruptions)
+        self.adapt = True  # switch beam shapes by measured tokens/s (chat --no-adapt: False)
         self.last = None  # the last answer's final GenerationResponse
         self.dropped_turns = 0
 
@@ -145,6 +146,7 @@ class ChatLoop:
             max_tokens=self.max_tokens,
             session=self.session,
             shape=self.plan.shape,
+            adapt=self.adapt,
             **self.sampling.kwargs(),
         )
         try:

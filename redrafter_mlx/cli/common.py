@@ -98,6 +98,14 @@ NoDraftOpt = Annotated[
         "--no-draft", help="Decode autoregressively (the baseline) through the same engine."
     ),
 ]
+NoAdaptOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-adapt",
+        help="Pin the beam shape. By default the loop switches between it, its width-1 "
+        "variant and plain decoding, whichever gives the most tokens/s as measured.",
+    ),
+]
 DtypeOpt = Annotated[
     str | None,
     typer.Option(

@@ -24,6 +24,7 @@ from redrafter_mlx.cli.common import (
     FlagError,
     MinPOpt,
     ModelOpt,
+    NoAdaptOpt,
     NoDraftOpt,
     Sampling,
     SeedOpt,
@@ -81,8 +82,10 @@ def run_generation(
     max_tokens: int,
     sampling: Sampling,
     echo: bool,
+    adapt: bool = True,
 ) -> Generation:
-    """Stream one answer (echoing text to stdout when ``echo``) and collect it."""
+    """Stream one answer (echoing text to stdout when ``echo``) and collect it; ``adapt``:
+    let the loop switch beam shapes by measured tokens/s (``--no-adapt`` pins)."""
     from redrafter_mlx.engine.generation import stream_generate
 
     out = Generation()
@@ -94,6 +97,7 @@ def run_generation(
         ids,
         max_tokens=max_tokens,
         shape=plan.shape,
+        adapt=adapt,
         **sampling.kwargs(),
     ):
         out.text += response.text
@@ -153,6 +157,7 @@ def generate(
     beam_length: BeamLengthOpt = None,
     capacity: CapacityOpt = None,
     no_draft: NoDraftOpt = False,
+    no_adapt: NoAdaptOpt = False,
     dtype: DtypeOpt = None,
     chat: Annotated[
         bool,
@@ -175,7 +180,9 @@ def generate(
         plan = resolve_plan(paths, dtype, beam_width, beam_length, capacity, no_draft)
         engine = load_engine(paths, dtype, with_drafter=plan.speculative)
         ids = prompt_ids(engine.tokenizer, text, chat, system_prompt)
-        result = run_generation(engine, plan, ids, max_tokens, sampling, echo=not as_json)
+        result = run_generation(
+            engine, plan, ids, max_tokens, sampling, echo=not as_json, adapt=not no_adapt
+        )
         if as_json:
             print(json.dumps(result_json(engine, plan, sampling, result, chat)))
         else:

@@ -11,11 +11,12 @@ finished steps, one step behind; no new device sync) and wall-clock time:
 * cost per shape: an EMA of measured seconds per step (seeded by ``costs``, e.g. from a
   tuning profile, else by the first steps run with it); a time far above the EMA (a
   compile, a stall) is ignored once;
-* tokens per step: acceptance is modelled per beam width as a chain in which each draft
-  position is accepted with probability ``a`` when the previous one was. From the recent
-  (decayed) steps of that width, censored at L-1, ``a = accepted / (accepted + misses)``;
-  a shape of length L then emits ``sum(a**k for k < L)`` tokens per step. A width not
-  measured lately borrows the latest estimate of any width.
+* tokens per step: acceptance is modelled as a chain in which each draft position is
+  accepted with probability ``a`` when the previous one was. From recent (decayed) steps,
+  censored at L-1, ``a = accepted / (accepted + misses)``; a shape of length L then emits
+  ``sum(a**k for k < L)`` tokens per step. ``a`` is kept over all speculative steps and per
+  beam width; a width not measured lately is estimated as the overall ``a`` times the ratio
+  of its own ``a`` to the overall one when it last ran (never run: ratio 1).
 * While AR runs nothing is drafted, so every ``probe`` AR steps one step of the best
   speculative shape re-measures acceptance; the interval doubles (up to ``max_probe``)
   while probes lose, and resets when one wins.
@@ -23,10 +24,12 @@ finished steps, one step behind; no new device sync) and wall-clock time:
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+import time
+from collections import deque
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
-AR = "AR"  # the key of plain decoding
+from .shape import AR, BeamShape
 
 
 @dataclass
@@ -34,42 +37,53 @@ class _Width:
     accepted: float = 0.0  # decayed accepted drafts
     misses: float = 0.0  # decayed steps that stopped before the end of their beam
     last_step: int = -(10**9)  # step index of the latest observation
+    ratio: float = 1.0  # own acceptance / overall acceptance, when it last ran
 
     @property
     def accept(self) -> float | None:
         total = self.accepted + self.misses
         return None if total <= 0 else self.accepted / total
 
+    def add(self, counts: Sequence[int], length: int, decay: float, step: int) -> None:
+        self.accepted *= decay
+        self.misses *= decay
+        for c in counts:
+            self.accepted += (c - 1) / len(counts)
+            self.misses += (c - 1 < length - 1) / len(counts)
+        self.last_step = step
+
 
 @dataclass
 class ShapeChooser:
-    """Chooses the next step's shape among ``shapes``: ``{key: (width, length)}`` with
-    ``AR`` present (its width/length are ignored); ``start``: the first shape to run."""
+    """Chooses the next step's shape among ``shapes`` (``AR`` among them); ``start``: the
+    first shape to run (default: the first speculative one)."""
 
-    shapes: dict[Hashable, tuple[int, int]]
+    shapes: Sequence[BeamShape]
     start: Hashable | None = None
     costs: dict[Hashable, float] | None = None
     every: int = 4
     probe: int = 16
-    max_probe: int = 256
+    max_probe: int = 128
     decay: float = 0.8  # weight of the past in acceptance counts, per observed step
     cost_ema: float = 0.25  # weight of a new step time in the cost EMA
     outlier: float = 3.0  # a step this many times the EMA is ignored once
-    stale: int = 48  # steps after which a width's acceptance borrows the latest one
+    stale: int = 16  # steps after which a width's acceptance follows the overall one
     switches: list = field(default_factory=list)  # (observed steps, from key, to key)
     current: Hashable = None
 
     def __post_init__(self):
+        self.shapes = list(dict.fromkeys(self.shapes))
         if AR not in self.shapes:
             raise ValueError("the adaptive shapes must include plain decoding (AR)")
         self.cost: dict[Hashable, float | None] = {k: None for k in self.shapes}
         for k, c in (self.costs or {}).items():
             if k in self.cost and c and c > 0:
                 self.cost[k] = float(c)
-        self.widths = {w: _Width() for k, (w, _) in self.shapes.items() if k != AR}
-        self.current = self.start if self.start is not None else next(iter(self.shapes))
+        self.widths = {k.width: _Width() for k in self.shapes if k != AR}
+        spec = [k for k in self.shapes if k != AR]
+        self.current = self.start if self.start is not None else (spec[0] if spec else AR)
         self.steps = 0  # observed steps
-        self._latest: _Width | None = None
+        self._all = _Width()  # over all speculative steps
         self._queued = 0  # steps queued since the last choice
         self._probe_every = self.probe
         self._ar_queued = 0
@@ -80,19 +94,18 @@ class ShapeChooser:
 
     def acceptance(self, key: Hashable) -> float:
         """Per-position acceptance estimate for a speculative shape (0 when unknown)."""
-        w = self.widths[self.shapes[key][0]]
-        a = w.accept
-        fresh = self.steps - w.last_step <= self.stale
-        if (a is None or not fresh) and self._latest is not None:
-            a = self._latest.accept
-        return 0.0 if a is None else a
+        w = self.widths[key.width]
+        if w.accept is not None and self.steps - w.last_step <= self.stale:
+            return w.accept
+        overall = self._all.accept
+        return 0.0 if overall is None else min(overall * w.ratio, 0.999)
 
     def tokens_per_step(self, key: Hashable) -> float:
         """Expected tokens per step (1 for AR)."""
         if key == AR:
             return 1.0
         a = self.acceptance(key)
-        return sum(a**k for k in range(self.shapes[key][1]))
+        return sum(a**k for k in range(key.length))
 
     def rate(self, key: Hashable) -> float | None:
         """Expected tokens per second; None while the shape's cost is unknown."""
@@ -122,15 +135,11 @@ class ShapeChooser:
         self.steps += 1
         self._observe_cost(key, seconds)
         if key != AR and counts:
-            width, length = self.shapes[key]
-            w = self.widths[width]
-            w.accepted *= self.decay
-            w.misses *= self.decay
-            for c in counts:
-                w.accepted += (c - 1) / len(counts)
-                w.misses += (c - 1 < length - 1) / len(counts)
-            w.last_step = self.steps
-            self._latest = w
+            w = self.widths[key.width]
+            w.add(counts, key.length, self.decay, self.steps)
+            self._all.add(counts, key.length, self.decay, self.steps)
+            if self._all.accept:
+                w.ratio = w.accept / self._all.accept
         if key == self._probe:  # the probe from AR is back: keep it if it wins
             self._probe = None
             ar, spec = self.rate(AR), self.rate(key)
@@ -150,8 +159,8 @@ class ShapeChooser:
             self._outlier_seen.add(key)  # a compile or a stall: ignore it once
             return
         self._outlier_seen.discard(key)
-        self.cost[key] = seconds if old is None else (1 - self.cost_ema) * old + (
-            self.cost_ema * seconds
+        self.cost[key] = (
+            seconds if old is None else (1 - self.cost_ema) * old + (self.cost_ema * seconds)
         )
 
     def _best(self, speculative: bool = False) -> Hashable | None:
@@ -174,3 +183,93 @@ class ShapeChooser:
         self.switches.append((self.steps, self.current, key))
         self.current = key
         self._ar_queued = 0
+
+
+@dataclass
+class Adaptive:
+    """Settings of adaptive decoding, ``decode(..., adapt=Adaptive(...))`` (or ``True``).
+
+    ``shapes``: speculative candidates (default: the requested shape and its width-1
+    variant); plain decoding is always one. ``costs``: seed seconds per step per shape
+    (e.g. from a tuning profile). ``step_cost``: a function of the shape that replaces the
+    measured wall time (tests inject costs for determinism). After a run, ``chooser``
+    holds the decisions and ``history`` the shape of every step, in order.
+    """
+
+    shapes: Sequence[BeamShape] | None = None
+    costs: dict[BeamShape, float] | None = None
+    every: int = 4
+    probe: int = 16
+    max_probe: int = 128
+    step_cost: Callable[[BeamShape], float] | None = None
+    chooser: ShapeChooser | None = None
+    history: list[BeamShape] = field(default_factory=list)
+
+    def candidates(self, shape: BeamShape) -> list[BeamShape]:
+        """The shapes a run with requested ``shape`` chooses among (AR first)."""
+        spec = list(self.shapes) if self.shapes else [shape, BeamShape(1, shape.length)]
+        spec = [s for s in spec if not s.is_autoregressive]
+        if not self.shapes and shape.is_autoregressive:
+            spec = []
+        return [AR, *dict.fromkeys(spec)]
+
+
+class StepPlan:
+    """The compiled step(s) a decode loop runs: one fixed shape, or adaptive among several.
+
+    ``next()`` returns the step function for the next queued step; ``finished(counts)``
+    reports the oldest queued step's tokens per active row once the loop has read them.
+    ``per_step`` / ``slots``: the most tokens a step can add to a row / slots it writes.
+    """
+
+    def __init__(self, get_step, model, drafter, shape: BeamShape, sampler, adapt):
+        if adapt is True:
+            adapt = Adaptive()
+        self.adapt = adapt if drafter is not None and adapt else None
+        shapes = self.adapt.candidates(shape) if self.adapt else [shape]
+        self.steps = {
+            s: get_step(model, None if s.is_autoregressive else drafter, s, sampler) for s in shapes
+        }
+        self.shape = shape
+        self.per_step = max(max(s.length, 1) for s in shapes)
+        self.slots = max(s.slots for s in shapes)
+        self.chooser = None
+        if self.adapt:
+            start = shape if shape in self.steps else None
+            self.chooser = ShapeChooser(
+                shapes,
+                start=start,
+                costs=self.adapt.costs,
+                every=self.adapt.every,
+                probe=self.adapt.probe,
+                max_probe=self.adapt.max_probe,
+            )
+            self.adapt.chooser = self.chooser
+            self.adapt.history = []
+        self._queued: deque = deque()
+        self._last_read: float | None = None
+
+    def next(self):
+        """The step function for the next step to queue."""
+        shape = self.chooser.next_shape() if self.chooser else self.shape
+        self._queued.append(shape)
+        return self.steps[shape]
+
+    def finished(self, counts: Sequence[int]) -> None:
+        """The oldest queued step was read: ``counts`` tokens per active row."""
+        shape = self._queued.popleft()
+        now = time.perf_counter()
+        if self.chooser is None:
+            return
+        self.adapt.history.append(shape)
+        if self.adapt.step_cost is not None:
+            seconds = self.adapt.step_cost(shape)
+        else:
+            seconds = None if self._last_read is None else now - self._last_read
+        self._last_read = now
+        self.chooser.observe(shape, counts, seconds)
+
+    def pause(self) -> None:
+        """The consumer held the loop (e.g. between streamed events): the next read's wall
+        time is not a step time."""
+        self._last_read = None

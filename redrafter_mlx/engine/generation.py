@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields
 
 import mlx.core as mx
 
+from .adaptive import Adaptive, StepPlan
 from .decode import DecodeState, make_step, prefill_chunk
 from .drafter import Drafter
 from .model import Model
@@ -202,11 +203,15 @@ def decode(
     seed: int | None = None,
     eos_token_ids: Sequence[int] = (),
     session: Session | None = None,
+    adapt: Adaptive | bool = False,
 ) -> Iterator[DecodeEvent]:
     """Decode B rows; yield one :class:`DecodeEvent` per step with each row's new tokens.
 
     ``drafter=None`` or an autoregressive ``shape`` decodes plainly (one token per step).
-    Rows that finish stop emitting; the loop ends when all rows have finished.
+    ``adapt``: every few steps run the shape with the best measured tokens/s among plain
+    decoding, ``shape`` and its width-1 variant (``True``), or as an :class:`Adaptive` says;
+    ``False`` pins ``shape``. Rows that finish stop emitting; the loop ends when all rows
+    have finished.
     """
     prompts = [list(map(int, p)) for p in prompts]
     shape = shape.validate(model.vocab_size)
@@ -235,11 +240,12 @@ def decode(
     B = len(prompts)
     out = [[] for _ in range(B)]
     finish: list[str | None] = [None] * B
+    plan = StepPlan(get_step, model, drafter, shape, sampler, adapt)
     stats = _Stats(
         prompt_tokens=sum(len(p) for p in prompts),
         prefilled=prefilled,
         prompt_s=0.0,
-        length=max(shape.length, 2),
+        length=max(plan.per_step, 2),
     )
 
     def emit(row: int, toks: list[int]) -> tuple[list[int], int]:
@@ -273,9 +279,8 @@ def decode(
             stats.snapshot(gen_tic),
         )
 
-        step = get_step(model, drafter, shape, sampler)
-        per_step = max(shape.length, 1)  # most a step can add to a row
-        width = shape.slots  # slots a step writes past a row
+        per_step = plan.per_step  # most a step can add to a row
+        width = plan.slots  # slots a step writes past a row
         lengths = [len(p) for p in prompts]  # exact, as of the last step read
         inflight = 0
 
@@ -288,7 +293,7 @@ def decode(
                     keys=grow(state.keys, window), values=grow(state.values, window)
                 )
             host = time.perf_counter()
-            state, out = step(state, window)
+            state, out = plan.next()(state, window)
             mx.async_eval(out, state)
             box["state"] = state
             stats.host_s += time.perf_counter() - host
@@ -307,6 +312,7 @@ def decode(
                 pending.packed.tolist(),
             )
             inflight -= 1
+            plan.finished([c for c, f in zip(counts, finish) if f is None])
             lengths = [n + c for n, c in zip(lengths, counts)]
             stats.steps += 1
             new_rows, acc_rows, drafted_rows = [], [], []
@@ -420,11 +426,13 @@ def stream_generate(
     seed: int | None = None,
     session: Session | None = None,
     shape: BeamShape | None = None,
+    adapt: Adaptive | bool = True,
 ) -> Iterator[GenerationResponse]:
     """Stream one prompt's continuation. ``drafter=None`` decodes autoregressively.
 
     The beam shape is ``shape`` when given, else ``beam_width`` x ``beam_length`` (with an
-    optional packing ``capacity``).
+    optional packing ``capacity``); with ``adapt`` (the default) the loop switches between
+    it, its width-1 variant and plain decoding by measured tokens/s (``decode``).
     ``prompt`` is a string (encoded with BOS) or a list of token ids. Pass a ``Session`` to
     reuse its KV cache across calls (only tokens not already cached are prefilled).
     """
@@ -443,6 +451,7 @@ def stream_generate(
         seed=seed,
         eos_token_ids=tokenizer.eos_token_ids,
         session=session,
+        adapt=adapt,
     )
     for ev in events:
         toks, done = ev.tokens[0], ev.finish[0]
@@ -477,8 +486,10 @@ def batch_generate(
     min_p: float = 0.0,
     seed: int | None = None,
     shape: BeamShape | None = None,
+    adapt: Adaptive | bool = True,
 ) -> list[list[int]]:
-    """Token ids generated for each prompt, decoded together as one batch."""
+    """Token ids generated for each prompt, decoded together as one batch (``adapt``: as
+    ``stream_generate``)."""
     ids = [_prompt_ids(tokenizer, p) for p in prompts]
     out = [[] for _ in ids]
     sampler = SamplerConfig(temperature, top_p, top_k, min_p)
@@ -491,6 +502,7 @@ def batch_generate(
         sampler=sampler,
         seed=seed,
         eos_token_ids=tokenizer.eos_token_ids if tokenizer is not None else (),
+        adapt=adapt,
     ):
         for r, t in enumerate(ev.tokens):
             out[r].extend(t)

@@ -283,19 +283,13 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
 
 def _loop_ms_per_step(decode, model, drafter, prompt, W, L, C, max_tokens) -> float:
     """Wall ms per step of the generation loop (first token excluded), greedy, no EOS."""
+    from .shape import AR, BeamShape
+
+    shape = AR if drafter is None else BeamShape(W, L, C)
     steps, start = 0, None
-    for ev in decode(
-        model,
-        drafter,
-        [list(prompt)],
-        max_tokens=max_tokens,
-        beam_width=W,
-        beam_length=L,
-        capacity=C,
-        seed=0,
-    ):
+    for ev in decode(model, drafter, [list(prompt)], max_tokens=max_tokens, shape=shape, seed=0):
         if start is None:
             start = time.perf_counter()
             continue
-        steps = ev["stats"]["steps"]
+        steps = ev.stats.steps
     return 1e3 * (time.perf_counter() - start) / max(steps, 1)

@@ -36,9 +36,19 @@ class Run:
 
 
 def measure_generation(
-    model, drafter, tokenizer, prompt_ids: list[int], shape: BeamShape, max_tokens: int, **sampling
+    model,
+    drafter,
+    tokenizer,
+    prompt_ids: list[int],
+    shape: BeamShape,
+    max_tokens: int,
+    adapt=False,
+    **sampling,
 ) -> Run:
     """Generate ``prompt_ids``' continuation at ``shape`` (AR: plain decoding) and time it.
+
+    ``adapt``: pinned to ``shape`` by default (a measurement of that shape); True or an
+    ``Adaptive`` measures adaptive decoding starting from ``shape``.
 
     ``sampling``: temperature, top_p, top_k, min_p, seed (as ``stream_generate``).
     """
@@ -46,13 +56,20 @@ def measure_generation(
     tokens, first_at, last_at, final = [], None, None, None
     start = time.perf_counter()
     for response in stream_generate(
-        model, drafter, tokenizer, prompt_ids, max_tokens=max_tokens, shape=shape, **sampling
+        model,
+        drafter,
+        tokenizer,
+        prompt_ids,
+        max_tokens=max_tokens,
+        shape=shape,
+        adapt=adapt,
+        **sampling,
     ):
         last_at = time.perf_counter()
         first_at = first_at or last_at
         tokens += response.tokens
         final = response
-    speculative = drafter is not None and not shape.is_autoregressive
+    speculative = drafter is not None and (not shape.is_autoregressive or bool(adapt))
     return Run(
         tokens,
         max(len(tokens) - 1, 0),

@@ -1,0 +1,139 @@
+"""Adaptive beam shape: switching shapes mid-generation stays exact, and the chooser goes to
+plain decoding when drafts stop being accepted and back when they are accepted again.
+
+Step costs are injected (``Adaptive(step_cost=...)``) so the decisions are deterministic.
+"""
+
+import random
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+
+from redrafter_mlx.engine.adaptive import Adaptive, ShapeChooser
+from redrafter_mlx.engine.drafter import DrafterArgs
+from redrafter_mlx.engine.generation import decode
+from redrafter_mlx.engine.shape import AR, BeamShape
+from tests.helpers import near_bigram_model, run_decode, tiny_drafter, tiny_model
+
+
+class NoisyOracle(nn.Module):
+    """An oracle drafter (the model's attention-free next token) plus ``noise``, as a module:
+    the compiled step reads ``noise`` at every call, so a test can change it mid-generation."""
+
+    def __init__(self, model, noise: float, seed: int = 3):
+        super().__init__()
+        self.args = DrafterArgs(model.vocab_size, model.hidden_size, 2 * model.hidden_size)
+        self.noise = noise * mx.random.normal(
+            (model.hidden_size, model.vocab_size), key=mx.random.key(seed)
+        )
+
+        def oracle(state):
+            x = state
+            for layer in model.model.layers:
+                x = x + layer.mlp(layer.post_attention_layernorm(x))
+            return model.model.norm(x)
+
+        self._oracle = oracle
+        self._logits = model.logits
+
+    def next_state(self, state, token_emb):
+        return token_emb
+
+    def __call__(self, hidden, state):
+        h = self._oracle(state)
+        return self._logits(h) + h @ self.noise
+
+
+def toggling_costs(period: int):
+    """Step costs that flip every ``period`` observed steps between 'AR cheap' and
+    'speculation cheap', so an adaptive run keeps switching."""
+    calls = {"n": 0}
+
+    def cost(shape):
+        calls["n"] += 1
+        ar_cheap = (calls["n"] // period) % 2 == 0
+        if shape.is_autoregressive:
+            return 0.2 if ar_cheap else 1.0
+        return 5.0 if ar_cheap else 0.3
+
+    return cost
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_switching_mid_generation_equals_autoregressive(seed):
+    rng = random.Random(seed)
+    vocab = rng.choice([16, 32, 64])
+    if seed % 2:
+        model = tiny_model(seed, vocab=vocab, hidden=32, layers=2, kv_heads=rng.choice([1, 2]))
+        drafter = tiny_drafter(model, seed + 100, layers=1)
+    else:
+        model = near_bigram_model(seed, attn_scale=0.005, vocab=vocab, hidden=32)
+        drafter = NoisyOracle(model, noise=rng.choice([0.0, 0.3]), seed=seed)
+    B = rng.randint(1, 3)
+    prompts = [[1] + [rng.randrange(vocab) for _ in range(rng.randint(0, 10))] for _ in range(B)]
+    W, L = rng.randint(1, 4), rng.randint(2, 5)
+    adapt = Adaptive(every=1, probe=2, step_cost=toggling_costs(3))
+    ar, _ = run_decode(model, None, prompts, max_tokens=40)
+    rd, _ = run_decode(model, drafter, prompts, max_tokens=40, shape=BeamShape(W, L), adapt=adapt)
+    assert rd == ar, f"case {seed}: W{W} L{L} B={B}"
+    ran = set(adapt.history)
+    assert AR in ran and ran - {AR}, adapt.history  # it really switched mid-generation
+
+
+def test_batch_rows_equal_rows_alone_while_switching():
+    model = near_bigram_model(4, attn_scale=0.005, vocab=32, hidden=32)
+    drafter = NoisyOracle(model, noise=0.3)
+    prompts = [[1, 4, 5, 6, 7, 8, 9], [1], [1, 3, 3]]
+    kw = dict(max_tokens=30, shape=BeamShape(3, 4))
+    together, _ = run_decode(
+        model, drafter, prompts, adapt=Adaptive(every=1, probe=2, step_cost=toggling_costs(2)), **kw
+    )
+    for p, row in zip(prompts, together):
+        alone, _ = run_decode(model, None, [p], max_tokens=30)
+        assert alone[0] == row
+
+
+def test_goes_to_plain_decoding_when_drafts_fail_and_back_when_they_return():
+    """Drafts turn useless (huge noise) mid-generation, then good again (no noise)."""
+    model = near_bigram_model(2, attn_scale=0.005, vocab=32, hidden=32)
+    drafter = NoisyOracle(model, noise=0.0)
+    good = drafter.noise
+    # A speculative step costs 1.5 AR steps: it pays with >= 2 tokens/step, not with 1.
+    adapt = Adaptive(
+        every=2, probe=4, max_probe=8, step_cost=lambda s: 1.0 if s.is_autoregressive else 1.5
+    )
+    prompt = [[1] + list(range(2, 12))]
+    tokens, phases = [], []
+    events = decode(model, drafter, prompt, max_tokens=260, shape=BeamShape(2, 4), adapt=adapt)
+    for i, ev in enumerate(events):
+        tokens += ev.tokens[0]
+        if i == 20:  # unpredictable from here on
+            drafter.noise = 50.0 * mx.random.normal(good.shape, key=mx.random.key(7))
+            phases.append(len(adapt.history))
+        if i == 80:  # predictable again
+            drafter.noise = good
+            phases.append(len(adapt.history))
+    ar, _ = run_decode(model, None, prompt, max_tokens=260)
+    assert tokens == ar[0]
+    h = adapt.history
+    first, bad, back = h[: phases[0]], h[phases[0] + 4 : phases[1]], h[phases[1] + 4 :]
+    assert first.count(AR) <= 2  # good drafts: speculating (AR measured once at most)
+    assert bad[-20:].count(AR) >= 15  # useless drafts: mostly plain decoding (with probes)
+    assert back[-20:].count(AR) <= 2  # drafts are good again: back to speculating
+    moves = [(a.is_autoregressive, b.is_autoregressive) for _, a, b in adapt.chooser.switches]
+    assert (False, True) in moves and (True, False) in moves
+
+
+def test_chooser_prefers_the_best_expected_rate():
+    W1L4, W2L4 = BeamShape(1, 4), BeamShape(2, 4)
+    c = ShapeChooser([AR, W2L4, W1L4], costs={AR: 1.0, W2L4: 2.0, W1L4: 1.5}, every=1)
+    assert c.current == W2L4
+    for _ in range(10):  # every W2L4 step accepts its whole beam: a -> 1, 4 tokens/step
+        c.observe(W2L4, [4], 2.0)
+    assert c.tokens_per_step(W2L4) == pytest.approx(4.0, rel=0.01)
+    # W1L4 borrows the estimate (same length, unseen width): 4 / 1.5 beats 4 / 2.
+    assert c.next_shape() == W1L4
+    for _ in range(20):  # nothing accepted any more: AR (1 / 1.0) is best
+        c.observe(W1L4, [1], 1.5)
+    assert c.next_shape() == AR

@@ -108,7 +108,12 @@ def find_weight_files(root: Path) -> tuple[tuple[Path, ...], Path | None]:
 
 def open_checkpoint(root: Path, what: str) -> Checkpoint:
     """Read config.json and locate the weights of a local checkpoint folder."""
-    config = load_json(root / CONFIG_FILE, f"{what} config")
+    from redrafter_mlx.engine.config import ConfigError, read_config
+
+    try:
+        config = read_config(root, what)
+    except ConfigError as e:
+        raise ConversionError(str(e)) from None
     files, index = find_weight_files(root)
     return Checkpoint(root, config, files, index)
 

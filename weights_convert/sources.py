@@ -132,7 +132,8 @@ def read_tensor_refs(checkpoint: Checkpoint) -> list[TensorRef]:
         for ref in reader(path):
             if ref.name in refs:
                 raise ConversionError(
-                    f"tensor {ref.name} appears in both {refs[ref.name].path.name} and {path.name}; "
+                    f"tensor {ref.name} appears in both {refs[ref.name].path.name} and "
+                    f"{path.name}; "
                     "the checkpoint is inconsistent, re-download it"
                 )
             refs[ref.name] = ref
@@ -141,7 +142,8 @@ def read_tensor_refs(checkpoint: Checkpoint) -> list[TensorRef]:
         for name, shard in weight_map.items():
             if name not in refs or refs[name].path.name != shard:
                 raise ConversionError(
-                    f"{checkpoint.index.name} maps {name} to {shard}, but that shard does not hold it; "
+                    f"{checkpoint.index.name} maps {name} to {shard}, but that shard does not "
+                    "hold it; "
                     "re-download the model"
                 )
     return list(refs.values())

@@ -156,6 +156,22 @@ class ServerStats:
         self.max_rows_per_step = max(self.max_rows_per_step, rows)
 
 
+def materialize(*modules) -> None:
+    """Evaluate every array a module holds, parameters or not (e.g. RoPE frequencies).
+
+    A lazy array is tied to the stream of the thread that built it; evaluated here, the
+    engine thread can use it (MLX raises "There is no Stream(cpu, 0) in current thread").
+    """
+    arrays = []
+    for module in modules:
+        if module is None:
+            continue
+        for _, sub in module.named_modules():
+            held = [*vars(sub).values(), *sub.values()]  # attributes and module entries
+            arrays += [v for v in held if isinstance(v, mx.array)]
+    mx.eval(arrays)
+
+
 class Scheduler:
     """Continuous batching over ``max_batch`` rows; drive with ``run_once`` or a thread."""
 
@@ -175,6 +191,7 @@ class Scheduler:
         self.shape = shape if drafter is not None else None
         if drafter is not None and shape is None:
             raise ValueError("a drafter needs a beam shape")
+        materialize(model, drafter)
         self.B = max_batch
         self.eos = {int(e) for e in eos_token_ids}
         self.compiled = compiled
@@ -187,7 +204,10 @@ class Scheduler:
         self._drain_deadline = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._reset()
+        self.ready = threading.Event()
+        self.state = None  # built by the first run_once, on the thread that runs the loop
+        self.rows: list[Row | None] = [None] * self.B
+        self._pending = None
 
     # ------------------------------------------------------------------ public API
 
@@ -241,15 +261,27 @@ class Scheduler:
             draining=self._draining,
         )
 
-    def start(self) -> None:
-        """Run the loop on its own thread (the only thread that touches the model)."""
+    def start(self, warmup_prompt: list[int] | None = None, wait: bool = True) -> None:
+        """Run the loop on its own thread, the only one that touches the model.
+
+        MLX streams belong to threads, so the batch state is built (and the step compiled by
+        ``warmup_prompt``) on that thread; ``wait`` blocks until it is ready.
+        """
         if self._thread is None:
             self._thread = threading.Thread(
-                target=self.serve_forever, name="redrafter-engine", daemon=True
+                target=self.serve_forever, args=(warmup_prompt,), name="redrafter-engine"
             )
+            self._thread.daemon = True
             self._thread.start()
+        if wait:
+            self.ready.wait()
 
-    def serve_forever(self) -> None:
+    def serve_forever(self, warmup_prompt: list[int] | None = None) -> None:
+        """The engine loop (returns after ``stop``, or once drained)."""
+        self._reset()
+        if warmup_prompt is not None:
+            self.warmup(warmup_prompt)
+        self.ready.set()
         while not self._stop.is_set():
             self.run_once()
             if self._draining and not self._busy() and self.queue.empty():
@@ -280,6 +312,8 @@ class Scheduler:
 
     def run_once(self, idle_wait: float = 0.05) -> None:
         """One iteration: leaves, joins, queue the next step, read the previous one."""
+        if self.state is None:
+            self._reset()
         try:
             self._drain_step()
             self._drop_cancelled()

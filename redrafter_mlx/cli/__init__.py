@@ -28,6 +28,7 @@ def _register() -> None:
         ("redrafter_mlx.cli.convert", "convert"),
         ("redrafter_mlx.cli.distill", "distill"),
         ("redrafter_mlx.cli.tune", "tune"),
+        ("redrafter_mlx.cli.serve", "serve"),
     ]:
         try:
             module = importlib.import_module(module_name)

@@ -147,6 +147,7 @@ class ServerStats:
     row_steps: int = 0
     requests_done: int = 0
     requests_failed: int = 0
+    requests_cancelled: int = 0
     generated: int = 0
     engine_errors: int = 0
 
@@ -255,6 +256,7 @@ class Scheduler:
             mean_rows_per_step=round(s.row_steps / max(s.steps, 1), 3),
             requests_done=s.requests_done,
             requests_failed=s.requests_failed,
+            requests_cancelled=s.requests_cancelled,
             generated_tokens=s.generated,
             engine_errors=s.engine_errors,
             speculative=self.shape is not None,
@@ -518,6 +520,7 @@ class Scheduler:
         for r, row in enumerate(self.rows):
             if row is not None and row.request.cancelled.is_set():
                 row.finished = True
+                self.stats.requests_cancelled += 1
                 log.debug("%s cancelled after %d tokens", row.request.id, row.out)
                 self._leave(r)
 

@@ -83,6 +83,25 @@ def test_rows_joining_mid_generation_equal_solo_runs(pair, prompts):
     assert sched.health()["max_rows_per_step"] == 3
 
 
+def test_batch_grows_and_shrinks_with_rows_in_flight(pair, prompts):
+    """Six requests at once (1 -> 2 -> 4 -> 8 rows), then only the long one is left: the
+    batch shrinks to one row under it, and every output still equals its solo run."""
+    model, drafter, tok = pair
+    shape = BeamShape.make(2, 4, None)
+    sched = Scheduler(model, drafter, shape, tok.eos_token_ids, max_batch=8)
+    lengths = [6, 6, 6, 6, 6, 70]
+    sinks = [Collector() for _ in lengths]
+    for prompt, n, sink in zip(prompts, lengths, sinks):
+        sched.submit(Request(prompt, n, sink))
+    sizes = []
+    while sched.active_rows or sched._pending is not None or sched.queue.qsize():
+        sched.run_once()
+        sizes.append(len(sched.rows))
+    assert max(sizes) == 8 and 1 in sizes[sizes.index(8) :]
+    for prompt, n, sink in zip(prompts, lengths, sinks):
+        assert sink.tokens == solo(pair, prompt, n, shape)
+
+
 @pytest.mark.parametrize("speculative", [True, False])
 def test_mixed_sampling_rows_equal_seeded_solo_runs(pair, prompts, speculative):
     """Greedy and seeded sampled rows share steps; each equals its request alone."""

@@ -1,7 +1,8 @@
 """The server's decode step: the engine's step over fixed batch rows, each active or free.
 
 Rows join and leave between steps, so nothing about them may be a compile key: the batch
-size B (``--max-batch``) is fixed, and per-row settings travel as arrays:
+size B is one of a few fixed sizes (the scheduler's row buckets), and per-row settings
+travel as arrays:
 
     active      (B,) bool     free rows compute but never advance their cache length
     temperature (B,) float32  0 = greedy row

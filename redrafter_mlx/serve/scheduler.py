@@ -14,6 +14,11 @@ Each loop iteration, at a step boundary:
 4. the previous step, already computed, is read: each row owned by the same request when
    the step was queued gets its tokens, stops exactly at EOS or its limit, and leaves.
 
+Batch size: the step is compiled for a few row counts (1, 2, 4, ... up to ``max_batch``),
+so a lone request does not pay for seven idle rows. The batch grows when a request finds no
+free row and shrinks once at most a quarter of its rows are busy; both re-lay the cache
+(a copy, at a step boundary, rare) and never recompile per join or leave.
+
 Every row's output is what the same request alone produces (``redrafter_mlx.generate`` with
 the same beam shape, seed and sampling settings): rows never read each other's cache, free
 rows never advance, and each row's draws use its own key sequence.
@@ -134,6 +139,7 @@ class Row:
     stats: RowStats
     length: int
     joined: float
+    slot: int
     out: int = 0
     finished: bool = False
 
@@ -150,11 +156,20 @@ class ServerStats:
     requests_cancelled: int = 0
     generated: int = 0
     engine_errors: int = 0
+    resizes: int = 0
 
     def record_step(self, rows: int) -> None:
         self.steps += 1
         self.row_steps += rows
         self.max_rows_per_step = max(self.max_rows_per_step, rows)
+
+
+def row_buckets(max_batch: int) -> list[int]:
+    """Batch sizes the step is compiled for: 1, 2, 4, ... below ``max_batch``, then it."""
+    sizes = [1]
+    while sizes[-1] * 2 < max_batch:
+        sizes.append(sizes[-1] * 2)
+    return sizes + ([max_batch] if max_batch > 1 else [])
 
 
 def materialize(*modules) -> None:
@@ -193,7 +208,8 @@ class Scheduler:
         if drafter is not None and shape is None:
             raise ValueError("a drafter needs a beam shape")
         materialize(model, drafter)
-        self.B = max_batch
+        self.max_batch = max_batch
+        self.buckets = row_buckets(max_batch)
         self.eos = {int(e) for e in eos_token_ids}
         self.compiled = compiled
         self.queue: queue.Queue[Request] = queue.Queue(maxsize=max(max_queue, 1))
@@ -207,7 +223,7 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self.ready = threading.Event()
         self.state = None  # built by the first run_once, on the thread that runs the loop
-        self.rows: list[Row | None] = [None] * self.B
+        self.rows: list[Row | None] = [None]
         self._pending = None
 
     # ------------------------------------------------------------------ public API
@@ -247,18 +263,21 @@ class Scheduler:
         """Live counters for ``GET /health``."""
         s = self.stats
         return dict(
-            max_batch=self.B,
+            max_batch=self.max_batch,
+            batch_rows=len(self.rows),
             active_rows=self.active_rows,
             queued=self.queue.qsize(),
             max_queue=self.queue.maxsize,
             steps=s.steps,
             max_rows_per_step=s.max_rows_per_step,
+            row_steps=s.row_steps,
             mean_rows_per_step=round(s.row_steps / max(s.steps, 1), 3),
             requests_done=s.requests_done,
             requests_failed=s.requests_failed,
             requests_cancelled=s.requests_cancelled,
             generated_tokens=s.generated,
             engine_errors=s.engine_errors,
+            resizes=s.resizes,
             speculative=self.shape is not None,
             draining=self._draining,
         )
@@ -320,6 +339,7 @@ class Scheduler:
             self._drain_step()
             self._drop_cancelled()
             self._admit(block=not self._busy(), timeout=idle_wait)
+            self._fit()
             nxt = self._queue_step() if self.active_rows else None
             if self._pending is not None:
                 self._read(*self._pending)
@@ -332,7 +352,7 @@ class Scheduler:
 
     def _reset(self) -> None:
         """Fresh batch state: every row free, empty cache (also after an engine failure)."""
-        B, model = self.B, self.model
+        B, model = self.buckets[0], self.model
         keys, values = model.make_cache(B, SLOT_QUANTUM)
         dtype = keys[0].dtype
         self.state = DecodeState(
@@ -366,7 +386,7 @@ class Scheduler:
 
     def _admit(self, block: bool, timeout: float) -> None:
         """Join queued requests into free rows (waiting up to ``timeout`` when idle)."""
-        while None in self.rows:
+        while None in self.rows or len(self.rows) < self.max_batch:
             try:
                 request = self.queue.get(block=block, timeout=timeout if block else None)
             except queue.Empty:
@@ -377,6 +397,8 @@ class Scheduler:
             if self._draining:
                 self._reject(request, "the server is shutting down", 503)
                 continue
+            if None not in self.rows:
+                self._resize(self._bucket_for(len(self.rows) + 1))
             self._joining = request
             self._join(self.rows.index(None), request)
             self._joining = None
@@ -392,7 +414,7 @@ class Scheduler:
         context = self.model.max_context or 1 << 30
         limit = min(request.max_tokens, context - len(request.prompt))
         stats = RowStats(len(request.prompt), queued_s=joined - request.submitted)
-        row = Row(request, limit, stats, len(request.prompt), joined)
+        row = Row(request, limit, stats, len(request.prompt), joined, r)
         self._place(r, session, hidden, first, rng)
         self.rows[r] = row
         self._params = None
@@ -402,7 +424,7 @@ class Scheduler:
     def _place(self, r: int, session: Session, hidden, first, rng) -> None:
         """Write a prefilled one-row session into batch row ``r`` (lazy array updates)."""
         self._ensure_slots(session.slots)
-        at = mx.arange(self.B) == r  # (B,)
+        at = mx.arange(len(self.rows)) == r  # (B,)
         keys, values = self.state.keys, self.state.values
         for cache, row_cache in ((keys, session.keys), (values, session.values)):
             for layer, src in enumerate(row_cache):
@@ -464,14 +486,14 @@ class Scheduler:
         """Deliver a computed step's tokens to the rows still owned by the same request."""
         tokens, counts = out.tokens.tolist(), out.count.tolist()  # this step is computed
         self._inflight -= 1
-        for r, row in enumerate(owners):
-            if row is None or row.finished or self.rows[r] is not row:
+        for r, row in enumerate(owners):  # r: the row's index when the step was queued
+            if row is None or row.finished:
                 continue
             row.length += counts[r]
             row.stats.steps += 1
             row.stats.emitted_by_steps += counts[r]
             row.stats.accepted_drafts += counts[r] - 1
-            self._deliver(r, row, tokens[r][: counts[r]])
+            self._deliver(row.slot, row, tokens[r][: counts[r]])
 
     def _deliver(self, r: int, row: Row, tokens: list[int]) -> None:
         """Send tokens up to EOS / the row's limit; a finished row leaves."""
@@ -507,13 +529,60 @@ class Scheduler:
             request.sink(Event([], RowStats(len(request.prompt)), error=message, status=status))
         self.stats.requests_failed += 1
 
+    # ------------------------------------------------------------------ batch size
+
+    def _bucket_for(self, rows: int) -> int:
+        return next(b for b in self.buckets if b >= rows)
+
+    def _fit(self) -> None:
+        """Shrink the batch once at most a quarter of its rows are in use (hysteresis)."""
+        n, active = len(self.rows), self.active_rows
+        if n > 1 and active <= n // 4:
+            self._resize(self._bucket_for(max(active, 1)))
+
+    def _resize(self, n: int) -> None:
+        """Re-lay the batch over ``n`` rows, active rows first (a copy of the cache; rare).
+
+        Growing appends free rows; shrinking keeps the active rows in order. Rows are
+        independent, so moving one changes none of its values.
+        """
+        rows = self.rows
+        self.stats.resizes += 1
+        if n > len(rows):
+            order, extra = list(range(len(rows))), n - len(rows)
+        else:
+            used = [i for i, row in enumerate(rows) if row is not None]
+            order = (used + [i for i, row in enumerate(rows) if row is None])[:n]
+            extra = 0
+        idx = mx.array(order, dtype=mx.int32)
+
+        def pick(a):  # (len(rows), ...) -> (n, ...)
+            if extra:
+                return mx.concatenate([a, mx.zeros((extra, *a.shape[1:]), a.dtype)])
+            return a[idx]
+
+        s = self.state
+        self.state = s._replace(
+            init_token=pick(s.init_token),
+            hidden=pick(s.hidden),
+            lengths=pick(s.lengths),
+            keys=[pick(k) for k in s.keys],
+            values=[pick(v) for v in s.values],
+        )
+        self.row_keys = pick(self.row_keys)
+        self.rows = [rows[i] for i in order] + [None] * extra
+        for i, row in enumerate(self.rows):
+            if row is not None:
+                row.slot = i
+        self._params = None
+
     # ------------------------------------------------------------------ rows leaving
 
     def _leave(self, r: int) -> None:
         """Free row ``r``: it stops emitting now and its cache length returns to 0."""
         self.rows[r] = None
         self._params = None
-        at = mx.arange(self.B) == r
+        at = mx.arange(len(self.rows)) == r
         self.state = self.state._replace(lengths=mx.where(at, 0, self.state.lengths))
 
     def _drop_cancelled(self) -> None:

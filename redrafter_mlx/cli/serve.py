@@ -62,7 +62,7 @@ def serve(
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="TCP port (0 = any free port).")] = 8080,
     max_batch: Annotated[
-        int, typer.Option("--max-batch", help="Batch rows decoded together (fixed shape).")
+        int, typer.Option("--max-batch", help="Most requests decoded together (batch rows).")
     ] = 8,
     max_queue: Annotated[
         int, typer.Option("--max-queue", help="Requests waiting for a row; beyond it: 429.")

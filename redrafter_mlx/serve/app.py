@@ -144,8 +144,11 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
             yield "data: [DONE]\n\n"
             run.log()
         except EngineFailure as e:
+            run.finish = "error"
             yield _data(error_body(str(e), ERROR_TYPES.get(e.status, "server_error")))
         finally:
+            if run.finish is None and not run.request.cancelled.is_set():
+                log.info("%s: client disconnected after %d tokens", run.request.id, run.tokens)
             run.request.cancel()  # a no-op once finished; frees the row after a disconnect
 
     async def _collect(http: HTTPRequest, run: _Run) -> Response:

@@ -147,6 +147,16 @@ def test_single_request_equals_engine_alone(live, references, case, stream):
     assert spec["enabled"] and spec["beam_width"] == W and spec["tokens_per_step"] >= 1.0
 
 
+def test_seeded_sampling_equals_the_engine_alone(live, pair):
+    model, drafter, tok = pair
+    content = CASES[1][1]
+    kw = dict(max_tokens=40, temperature=0.8, top_p=0.95, seed=1234)
+    ids = tok.chat_prompt(chat_messages(content))
+    alone = redrafter_mlx.generate(model, drafter, tok, ids, beam_width=W, beam_length=L, **kw)
+    resp = live.client.chat.completions.create(model="demo", messages=chat_messages(content), **kw)
+    assert resp.choices[0].message.content == alone
+
+
 def test_eight_concurrent_requests_each_equal_alone(live, references):
     before = live.health()["steps"]
     results = [None] * len(CASES)
@@ -249,7 +259,8 @@ def test_full_queue_is_a_429(pair):
         server.close()
 
 
-def test_sigterm_drains_and_exits_zero(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_drains_and_exits_zero(tmp_path, sig):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -270,7 +281,7 @@ def test_sigterm_drains_and_exits_zero(tmp_path):
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30) as r:
             lines = r.iter_lines()
             next(lines)
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(sig)
             tail = list(lines)  # the stream ends: finished or cut at the grace period
         assert proc.wait(15) == 0
         assert any(line.startswith("data: ") for line in tail)

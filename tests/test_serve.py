@@ -38,6 +38,7 @@ CASES = [("chat", q, 24 + 9 * i) for i, q in enumerate(questions(6))] + [
     ("completion", "def fibonacci(n):", 40),
     ("completion", "import os\n\n\ndef walk(path):", 64),
 ]
+SAMPLED = dict(max_tokens=40, temperature=0.8, top_p=0.95, seed=1234)
 
 
 def chat_messages(content):
@@ -63,6 +64,10 @@ def references(pair):
         ):
             text, n = text + r.text, n + len(r.tokens)
         refs[(kind, content, max_tokens)] = (text, n, len(ids))
+    ids = tok.chat_prompt(chat_messages(CASES[1][1]))
+    refs["sampled"] = redrafter_mlx.generate(
+        model, drafter, tok, ids, beam_width=W, beam_length=L, **SAMPLED
+    )
     return refs
 
 
@@ -147,14 +152,11 @@ def test_single_request_equals_engine_alone(live, references, case, stream):
     assert spec["enabled"] and spec["beam_width"] == W and spec["tokens_per_step"] >= 1.0
 
 
-def test_seeded_sampling_equals_the_engine_alone(live, pair):
-    model, drafter, tok = pair
-    content = CASES[1][1]
-    kw = dict(max_tokens=40, temperature=0.8, top_p=0.95, seed=1234)
-    ids = tok.chat_prompt(chat_messages(content))
-    alone = redrafter_mlx.generate(model, drafter, tok, ids, beam_width=W, beam_length=L, **kw)
-    resp = live.client.chat.completions.create(model="demo", messages=chat_messages(content), **kw)
-    assert resp.choices[0].message.content == alone
+def test_seeded_sampling_equals_the_engine_alone(live, references):
+    resp = live.client.chat.completions.create(
+        model="demo", messages=chat_messages(CASES[1][1]), **SAMPLED
+    )
+    assert resp.choices[0].message.content == references["sampled"]
 
 
 def test_eight_concurrent_requests_each_equal_alone(live, references):

@@ -1,6 +1,7 @@
 """The serving scheduler without HTTP: rows joining mid-generation equal solo runs."""
 
 import json
+import random
 
 import pytest
 
@@ -9,7 +10,7 @@ from redrafter_mlx.engine.bundled import demo_paths
 from redrafter_mlx.engine.generation import BeamShape
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.serve.scheduler import QueueFull, Request, Scheduler
-from tests.helpers import run_decode
+from tests.helpers import run_decode, tiny_drafter, tiny_model
 
 
 @pytest.fixture(scope="module")
@@ -161,3 +162,29 @@ def test_queue_full_and_engine_failure(pair, prompts, monkeypatch):
     assert failed.last.error and "injected" in failed.last.error and failed.last.status == 500
     assert queued.tokens == solo(pair, prompts[1], 25, shape)
     assert sched.health()["engine_errors"] == 1
+
+
+def test_long_prompt_prefills_a_chunk_per_step_while_rows_decode():
+    """A 1100-token prompt (three chunks) joins while a row decodes: that row keeps getting
+    tokens during the prefill, and both outputs equal their solo runs."""
+    model = tiny_model(3, vocab=64, hidden=32)
+    drafter = tiny_drafter(model, 4)
+    shape = BeamShape.make(2, 3, None)
+    rng = random.Random(0)
+    short = [1] + [rng.randrange(64) for _ in range(10)]
+    long = [1] + [rng.randrange(64) for _ in range(1100)]
+    sched = Scheduler(model, drafter, shape, (), max_batch=2)
+    a, b = Collector(), Collector()
+    sched.submit(Request(short, 60, a))
+    for _ in range(3):
+        sched.run_once()
+    sched.submit(Request(long, 20, b))
+    during = []
+    while not b.tokens:
+        sched.run_once()
+        during.append((len(a.tokens), sched.health()["prefilling"]))
+    assert any(p for _, p in during) and during[-1][0] > during[0][0]
+    drain(sched)
+    beam = dict(beam_width=2, beam_length=3)
+    assert a.tokens == run_decode(model, drafter, [short], max_tokens=60, **beam)[0][0]
+    assert b.tokens == run_decode(model, drafter, [long], max_tokens=20, **beam)[0][0]

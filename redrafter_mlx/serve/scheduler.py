@@ -7,9 +7,11 @@ One thread owns the model and the KV cache (``Scheduler.serve_forever``). HTTP h
 Each loop iteration, at a step boundary:
 
 1. cancelled rows leave (their slot is free again);
-2. queued requests join free rows: the prompt is prefilled alone in a one-row cache (exactly
-   as a solo run prefills it), its first token drawn with the request's own key, and the row's
-   K/V, hidden state, init token, length and key are written into the batch;
+2. queued requests take free rows: each prompt is prefilled alone in a one-row cache (exactly
+   as a solo run prefills it), about one chunk (``PREFILL_CHUNK`` tokens) per iteration so a
+   long prompt pauses the other rows one chunk at a time; once prefilled, its first token is
+   drawn with the request's own key, and the row's K/V, hidden state, init token, length and
+   key are written into the batch;
 3. the next step is queued (``mx.async_eval``) for all rows, with the ``active`` mask;
 4. the previous step, already computed, is read: each row owned by the same request when
    the step was queued gets its tokens, stops exactly at EOS or its limit, and leaves.
@@ -38,7 +40,15 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from redrafter_mlx.engine.decode import DecodeState, StepOutput
-from redrafter_mlx.engine.generation import SLOT_QUANTUM, BeamShape, Session, _prefill, bucket, grow
+from redrafter_mlx.engine.generation import (
+    PREFILL_CHUNK,
+    SLOT_QUANTUM,
+    BeamShape,
+    Session,
+    _prefill,
+    bucket,
+    grow,
+)
 from redrafter_mlx.engine.sampling import SamplerConfig, draw
 
 from .batch_step import RowParams, StepMode, make_batch_step
@@ -145,6 +155,34 @@ class Row:
 
 
 @dataclass
+class Prefill:
+    """A request being prefilled alone, one chunk at a time, before it takes a row."""
+
+    request: Request
+    session: Session
+    started: float
+    done: int = 0  # prompt tokens prefilled so far
+    hidden: mx.array | None = None  # (1, H) at the last prefilled token
+
+    def advance(self) -> int:
+        """Prefill the next chunk; returns its token count.
+
+        Chunk by chunk through the engine's own prefill, with the session's cached tokens
+        kept current, this computes exactly what one solo prefill of the prompt computes.
+        """
+        prompt = self.request.prompt
+        chunk = prompt[self.done : self.done + PREFILL_CHUNK]
+        self.hidden = _prefill(self.session, [chunk])
+        self.done += len(chunk)
+        self.session.cached = [prompt[: self.done]]
+        return len(chunk)
+
+    @property
+    def complete(self) -> bool:
+        return self.done == len(self.request.prompt)
+
+
+@dataclass
 class ServerStats:
     """Whole-server counters (``GET /health``)."""
 
@@ -225,6 +263,7 @@ class Scheduler:
         self.state = None  # built by the first run_once, on the thread that runs the loop
         self.rows: list[Row | None] = [None]
         self._pending = None
+        self._prefills: list[Prefill] = []
 
     # ------------------------------------------------------------------ public API
 
@@ -267,6 +306,7 @@ class Scheduler:
             batch_rows=len(self.rows),
             active_rows=self.active_rows,
             queued=self.queue.qsize(),
+            prefilling=len(self._prefills),
             max_queue=self.queue.maxsize,
             steps=s.steps,
             max_rows_per_step=s.max_rows_per_step,
@@ -348,7 +388,7 @@ class Scheduler:
             self._fail_all(e)
 
     def _busy(self) -> bool:
-        return self.active_rows > 0 or self._pending is not None
+        return self.active_rows > 0 or self._pending is not None or bool(self._prefills)
 
     def _reset(self) -> None:
         """Fresh batch state: every row free, empty cache (also after an engine failure)."""
@@ -368,7 +408,7 @@ class Scheduler:
         self._pending: tuple[StepOutput, tuple[Row | None, ...]] | None = None
         self._inflight = 0
         self._params: RowParams | None = None
-        self._joining: Request | None = None
+        self._prefills = []
 
     def _fail_all(self, error: Exception) -> None:
         """Fail every request in flight with a 500 and start over with an empty batch."""
@@ -378,44 +418,55 @@ class Scheduler:
         for row in self.rows:
             if row is not None and not row.finished:
                 self._send(row, [], error=message)
-        if self._joining is not None:
-            self._reject(self._joining, message, 500)
+        for job in self._prefills:
+            self._reject(job.request, message, 500)
         self._reset()
 
     # ------------------------------------------------------------------ rows joining
 
     def _admit(self, block: bool, timeout: float) -> None:
-        """Join queued requests into free rows (waiting up to ``timeout`` when idle)."""
-        while None in self.rows or len(self.rows) < self.max_batch:
+        """Take queued requests while rows are left for them (waiting up to ``timeout`` when
+        idle), then prefill about one chunk's worth of their prompts."""
+        while self.active_rows + len(self._prefills) < self.max_batch:
             try:
                 request = self.queue.get(block=block, timeout=timeout if block else None)
             except queue.Empty:
-                return
+                break
             block = False
             if request.cancelled.is_set():
                 continue
             if self._draining:
                 self._reject(request, "the server is shutting down", 503)
                 continue
-            if None not in self.rows:
-                self._resize(self._bucket_for(len(self.rows) + 1))
-            self._joining = request
-            self._join(self.rows.index(None), request)
-            self._joining = None
+            self._prefills.append(Prefill(request, Session(self.model, 1), time.perf_counter()))
+        self._prefill_some()
 
-    def _join(self, r: int, request: Request) -> None:
-        """Prefill ``request`` alone, draw its first token, and move it into row ``r``."""
+    def _prefill_some(self) -> None:
+        """Up to ``PREFILL_CHUNK`` prompt tokens (at least one chunk) per loop iteration, so a
+        long prompt pauses the other rows for one chunk at a time, not for all of it."""
+        budget = PREFILL_CHUNK
+        while self._prefills and budget > 0:
+            job = self._prefills[0]
+            budget -= job.advance()
+            if job.complete:
+                self._prefills.pop(0)
+                self._join(job)
+
+    def _join(self, job: Prefill) -> None:
+        """Draw a prefilled request's first token and move it into a free row."""
+        if None not in self.rows:
+            self._resize(self._bucket_for(len(self.rows) + 1))
+        r = self.rows.index(None)
+        request = job.request
         joined = time.perf_counter()
-        session = Session(self.model, 1)
-        hidden = _prefill(session, [request.prompt])  # (1, H), exactly a solo prefill
         seed = request.seed if request.seed is not None else time.time_ns() % (1 << 31)
         rng, first_key = mx.random.split(mx.random.key(seed))
-        first = draw(self.model.logits(hidden), request.sampler, first_key)
+        first = draw(self.model.logits(job.hidden), request.sampler, first_key)
         context = self.model.max_context or 1 << 30
         limit = min(request.max_tokens, context - len(request.prompt))
-        stats = RowStats(len(request.prompt), queued_s=joined - request.submitted)
+        stats = RowStats(len(request.prompt), queued_s=job.started - request.submitted)
         row = Row(request, limit, stats, len(request.prompt), joined, r)
-        self._place(r, session, hidden, first, rng)
+        self._place(r, job.session, job.hidden, first, rng)
         self.rows[r] = row
         self._params = None
         stats.ttft_s = time.perf_counter() - request.submitted
@@ -586,6 +637,10 @@ class Scheduler:
         self.state = self.state._replace(lengths=mx.where(at, 0, self.state.lengths))
 
     def _drop_cancelled(self) -> None:
+        """Free the rows (and drop the prefills) of cancelled requests."""
+        waiting = [job for job in self._prefills if not job.request.cancelled.is_set()]
+        self.stats.requests_cancelled += len(self._prefills) - len(waiting)
+        self._prefills = waiting
         for r, row in enumerate(self.rows):
             if row is not None and row.request.cancelled.is_set():
                 row.finished = True
@@ -603,6 +658,9 @@ class Scheduler:
             except queue.Empty:
                 break
         if time.perf_counter() >= self._drain_deadline:
+            for job in self._prefills:
+                self._reject(job.request, "the server is shutting down", 503)
+            self._prefills = []
             for r, row in enumerate(self.rows):
                 if row is not None:
                     self._send(row, [], error="the server is shutting down", status=503)

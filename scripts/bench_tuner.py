@@ -31,13 +31,14 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from redrafter_mlx.cli.common import resolve_paths
     from redrafter_mlx.engine.shape import BeamShape
     from tuning.grid import build_grid
-    from tuning.measure import EngineMeasure, demo_paths, load_engine, load_prompts
+    from tuning.measure import EngineMeasure, load_engine, load_prompts
     from tuning.search import SearchPlan, successive_halving
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model")
+    parser.add_argument("--model", help="a model directory, smollm2 or demo (default: demo)")
     parser.add_argument("--drafter")
     parser.add_argument("--widths", default="1,2,4")
     parser.add_argument("--lengths", default="2,3,4,5,6")
@@ -48,7 +49,8 @@ def main() -> None:
     parser.add_argument("--budget-seconds", type=float, default=60.0)
     args = parser.parse_args()
 
-    model_path, drafter_path = (args.model, args.drafter) if args.model else demo_paths()
+    paths = resolve_paths(args.model or "demo", args.drafter)
+    model_path, drafter_path = paths.model, paths.drafter
     model, drafter, tokenizer = load_engine(model_path, drafter_path, None)
     measure = EngineMeasure(model, drafter, tokenizer, load_prompts(args.prompts, args.num_prompts))
     shapes = build_grid(

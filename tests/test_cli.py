@@ -232,7 +232,7 @@ def test_no_model_and_no_demo(app, monkeypatch):
     import redrafter_mlx.engine.bundled as bundled
 
     monkeypatch.setattr(bundled, "demo_paths", lambda: (Path("/nonexistent/demo"), None))
-    one_red_line(invoke(app, "generate", "-p", "hi"), 2, "pass --model")
+    one_red_line(invoke(app, "generate", "-p", "hi"), 1, "pass --model")  # install, not usage
 
 
 def test_demo_model_is_the_default(app, pair, monkeypatch):

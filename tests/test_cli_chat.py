@@ -17,7 +17,7 @@ MAX_TOKENS = 6
 
 
 @pytest.fixture(scope="module")
-def engine(pair):  # noqa: F811
+def engine(pair):
     model, drafter, _ = pair
     return load_engine(ModelPaths(model, drafter), None)
 
@@ -45,7 +45,7 @@ def output(loop) -> str:
 # --------------------------------------------------------------------------- the command
 
 
-def test_chat_command_over_stdin(app, pair):  # noqa: F811
+def test_chat_command_over_stdin(app, pair):
     script = "hi\n/stats\nhello again\n/stats\n/reset\n/stats\n/quit\nnever read\n"
     result = invoke(app, "chat", *model_args(pair), "-n", MAX_TOKENS, input=script)
     assert result.exit_code == 0, result.output
@@ -65,14 +65,14 @@ def test_chat_command_over_stdin(app, pair):  # noqa: F811
     assert "history: 0 messages, 0 tokens cached" in out and "no answer yet" in out
 
 
-def test_chat_ends_at_end_of_input_and_rejects_bad_flags(app, pair):  # noqa: F811
+def test_chat_ends_at_end_of_input_and_rejects_bad_flags(app, pair):
     result = invoke(app, "chat", *model_args(pair), "-n", 2, input="hi\n")
     assert result.exit_code == 0, result.output
     result = invoke(app, "chat", *model_args(pair), "--beam-length", "1", input="hi\n")
     assert result.exit_code == 2 and "error: --beam-length" in result.stderr
 
 
-def test_chat_no_draft(app, pair):  # noqa: F811
+def test_chat_no_draft(app, pair):
     result = invoke(app, "chat", *model_args(pair), "--no-draft", "-n", 3, input="hi\n/quit\n")
     assert result.exit_code == 0, result.output
     assert "AR (--no-draft: plain decoding)" in result.stdout

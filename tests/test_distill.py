@@ -328,7 +328,7 @@ def test_cli_reports_bad_data_with_file_and_record(model_dir, tmp_path):
             str(bad),
             "--out",
             str(tmp_path / "o"),
-            "-q",
+            "--quiet",
         ],
     )
     assert result.exit_code == 1

@@ -61,7 +61,8 @@ def _mlx_lm_logits(folder: Path) -> np.ndarray:
 
 def _hf_checkpoint(tiny: TinyGGUF, folder: Path, half_norms: bool = False) -> Path:
     """The reference weights (dequantized, HF layout) as a float32 safetensors checkpoint;
-    ``half_norms``: norm weights rounded to float16 as a kept-quantized (Metal) output stores them."""
+    ``half_norms``: norm weights rounded to float16, as a kept-quantized (Metal) output
+    stores them."""
     import mlx.core as mx
 
     folder.mkdir()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from redrafter_mlx.engine.shape import BeamShape
@@ -51,27 +50,6 @@ def load_prompts(spec: str, num_prompts: int) -> list[str]:
 
 
 # --------------------------------------------------------------------------- engine
-
-
-def demo_paths() -> tuple[str, str]:
-    """(model_dir, drafter_dir) of the demo pair shipped with the package.
-
-    Raises :class:`TuneError` when the demo model or its drafter is not there.
-    """
-    from redrafter_mlx.engine import bundled
-
-    model_dir, drafter_dir = bundled.demo_paths()
-    if not (Path(model_dir) / "config.json").is_file():
-        raise TuneError(
-            f"no --model given and the demo model is not built ({model_dir} has no config.json); "
-            f"pass --model DIR --drafter DIR, or build it with 'make demo-model'"
-        )
-    if drafter_dir is None:
-        raise TuneError(
-            "no --model given and the demo model has no drafter yet, so there is nothing to "
-            "speculate with; pass --model DIR --drafter DIR"
-        )
-    return str(model_dir), str(drafter_dir)
 
 
 def load_engine(model_path: str, drafter_path: str, dtype: str | None):

@@ -71,11 +71,13 @@ class ConversionSummary:
             f"output         {self.out_dir}",
             f"parameters     {self.parameters / 1e6:,.2f} M (base model)",
             f"dtype          {self.dtype}",
-            f"quantization   {quant_text(self.quantization)} ({self.quantized_tensors} of {self.tensors} tensors quantized)",
+            f"quantization   {quant_text(self.quantization)} ({self.quantized_tensors} of "
+            f"{self.tensors} tensors quantized)",
         ]
         if self.drafter_parameters:
             out.append(
-                f"drafter        {self.drafter_parameters / 1e6:,.2f} M parameters, quantization {quant_text(self.drafter_quantization)}"
+                f"drafter        {self.drafter_parameters / 1e6:,.2f} M parameters, quantization "
+                f"{quant_text(self.drafter_quantization)}"
             )
         out += [
             f"size on disk   {self.bytes_on_disk / 2**20:,.1f} MiB",
@@ -100,11 +102,13 @@ def _check_options(
     if quantize or quantize_drafter:
         if q_bits not in QUANT_BITS:
             raise ConversionError(
-                f"--q-bits {q_bits} is not supported; choose one of {', '.join(map(str, QUANT_BITS))}"
+                f"--q-bits {q_bits} is not supported; choose one of "
+                f"{', '.join(map(str, QUANT_BITS))}"
             )
         if q_group_size not in QUANT_GROUP_SIZES:
             raise ConversionError(
-                f"--q-group-size {q_group_size} is not supported; choose one of {', '.join(map(str, QUANT_GROUP_SIZES))}"
+                f"--q-group-size {q_group_size} is not supported; choose one of "
+                f"{', '.join(map(str, QUANT_GROUP_SIZES))}"
             )
 
 
@@ -119,7 +123,8 @@ def _check_out(out: Path, force: bool, sources: list[Path]) -> None:
         raise ConversionError(f"--out {out} is a file; choose a folder path")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise ConversionError(
-            f"--out {out} exists and is not empty; choose another folder or pass --force to replace it"
+            f"--out {out} exists and is not empty; choose another folder or pass --force to "
+            "replace it"
         )
 
 

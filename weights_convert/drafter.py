@@ -41,7 +41,8 @@ def check_config(config: dict, base_config: dict, root) -> None:
     if model_type != MODEL_TYPE:
         raise ConversionError(
             f"--drafter {root} has model_type {model_type!r}, not {MODEL_TYPE!r}; pass a ReDrafter "
-            "drafter checkpoint (config.json with vocab_size, hidden_size, exit_dim, num_draft_layers, rnn)"
+            "drafter checkpoint (config.json with vocab_size, hidden_size, exit_dim, "
+            "num_draft_layers, rnn)"
         )
     missing = [k for k in _REQUIRED_KEYS if not isinstance(config.get(k), int) or config[k] <= 0]
     if missing or not isinstance(config.get("rnn"), bool):
@@ -50,8 +51,10 @@ def check_config(config: dict, base_config: dict, root) -> None:
     for key, what in (("hidden_size", "hidden size"), ("vocab_size", "vocabulary size")):
         if config[key] != base_config[key]:
             raise ConversionError(
-                f"drafter/LLM mismatch: the drafter's {key} is {config[key]} but the base model's is "
-                f"{base_config[key]}; a drafter only works with the LLM (same {what}) it was trained for"
+                f"drafter/LLM mismatch: the drafter's {key} is {config[key]} but the base "
+                "model's is "
+                f"{base_config[key]}; a drafter only works with the LLM (same {what}) it was "
+                "trained for"
             )
 
 
@@ -109,7 +112,8 @@ def plan_tensors(refs: list[TensorRef], config: dict, root) -> DrafterPlan:
             )
         if ref.shape != shapes[name]:
             raise ConversionError(
-                f"drafter tensor {ref.name} has shape {list(ref.shape)} but {root}/config.json implies "
+                f"drafter tensor {ref.name} has shape {list(ref.shape)} but {root}/config.json "
+                "implies "
                 f"{list(shapes[name])}; the config does not match the weights"
             )
         if name in seen:

@@ -273,7 +273,8 @@ def read_gguf(path: Path) -> GGUFFile:
         start = data_start + offset
         if start + nbytes > size:
             raise ConversionError(
-                f"{path} is truncated: tensor {name} needs bytes up to {start + nbytes:,} but the file "
+                f"{path} is truncated: tensor {name} needs bytes up to {start + nbytes:,} but "
+                "the file "
                 f"has {size:,}; the download is incomplete, re-download it"
             )
         if name in tensors:

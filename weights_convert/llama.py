@@ -98,7 +98,8 @@ def plan_tensors(refs: list[TensorRef], config: dict, root) -> LlamaPlan:
             continue
         if ref.name not in shapes:
             raise ConversionError(
-                f"tensor {ref.name} in {ref.path.name} is not a weight of a Llama model as described by "
+                f"tensor {ref.name} in {ref.path.name} is not a weight of a Llama model as "
+                "described by "
                 f"{root}/config.json; is --model the right checkpoint?"
             )
         if ref.shape != shapes[ref.name]:
@@ -112,7 +113,8 @@ def plan_tensors(refs: list[TensorRef], config: dict, root) -> LlamaPlan:
     if missing:
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
         raise ConversionError(
-            f"checkpoint {root} lacks {', '.join(missing[:5])}{more}, which its config.json implies; "
+            f"checkpoint {root} lacks {', '.join(missing[:5])}{more}, which its config.json "
+            "implies; "
             "download all weight shards (or fix num_hidden_layers in config.json)"
         )
     return LlamaPlan(kept, dropped, tied)

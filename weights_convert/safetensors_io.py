@@ -57,7 +57,8 @@ def _parse_entry(
     if end - begin != nbytes or begin < 0:
         raise _corrupt(
             path,
-            f"tensor {name} spans {end - begin} bytes but dtype {dtype} shape {list(shape)} needs {nbytes}",
+            f"tensor {name} spans {end - begin} bytes but dtype {dtype} shape {list(shape)} "
+            f"needs {nbytes}",
         )
     if data_start + end > file_size:
         raise _corrupt(path, f"tensor {name} ends past the end of the file (truncated download?)")
@@ -138,7 +139,7 @@ class SafetensorsWriter:
             offset += spec.nbytes
         blob = json.dumps(header, separators=(",", ":")).encode("utf-8")
         blob += b" " * (-len(blob) % 8)
-        self._file = open(self.path, "wb")
+        self._file = open(self.path, "wb")  # noqa: SIM115 (the writer owns it until close())
         self._file.write(struct.pack("<Q", len(blob)) + blob)
 
     def write(self, name: str, array: np.ndarray) -> None:
@@ -147,7 +148,8 @@ class SafetensorsWriter:
         expected = NUMPY_DTYPES[spec.dtype]
         if name != spec.name or tuple(array.shape) != spec.shape or array.dtype != expected:
             raise RuntimeError(
-                f"writer expected {spec.name} {spec.dtype}{list(spec.shape)}, got {name} {array.dtype}{list(array.shape)}"
+                f"writer expected {spec.name} {spec.dtype}{list(spec.shape)}, got {name} "
+                f"{array.dtype}{list(array.shape)}"
             )
         self._file.write(np.ascontiguousarray(array).data)
         self._next += 1

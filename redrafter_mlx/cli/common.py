@@ -34,7 +34,9 @@ ModelOpt = Annotated[
     str | None,
     typer.Option(
         "--model",
-        help="MLX model directory or Hugging Face repo id (default: the bundled demo model).",
+        help="MLX model directory, Hugging Face repo id, or a bundled model: smollm2 "
+        "(installed by make install) or demo (default: smollm2 when installed with its "
+        "drafter, else demo).",
         show_default=False,
     ),
 ]
@@ -273,23 +275,31 @@ class ModelPaths:
 
 
 def resolve_paths(model: str | None, drafter: str | None) -> ModelPaths:
-    """``--model``/``--drafter`` as given, else the bundled demo model and its drafter.
+    """``--model``/``--drafter`` as given; ``demo``/``smollm2`` name the bundled models; no
+    ``--model`` is SmolLM2 when installed with its drafter, else the demo model.
 
     A converted model directory's own drafter (``MODEL/drafter``, written by ``convert
     --drafter``) is used when no ``--drafter`` is given. Nothing is printed here: the notes
     are shown by :func:`load_engine`, after every flag has been checked.
     """
-    from redrafter_mlx.engine.bundled import DEMO_NOTE, demo_paths
+    from redrafter_mlx.engine.bundled import bundled, default_model
 
-    if model is None:
-        base, demo_drafter = demo_paths()
-        if not (Path(base) / "config.json").is_file():
-            raise FlagError(
-                "no --model given and the bundled demo model is not installed; "
-                "pass --model DIR (an MLX model directory, see 'redrafter-mlx convert')"
+    named = default_model() if model is None else bundled(model)
+    if named is not None:
+        if not named.installed:
+            from redrafter_mlx.engine.loading import LoadError
+
+            fix = (
+                "run 'make smollm2' (part of make install)"
+                if named.name == "smollm2"
+                else "rebuild it with 'make demo-model'"
             )
-        chosen = drafter if drafter is not None else (str(demo_drafter) if demo_drafter else None)
-        return ModelPaths(str(base), chosen, demo=True, notes=(DEMO_NOTE,))
+            raise LoadError(
+                f"the {named.name} model is not installed ({named.base} has no config.json); "
+                f"{fix}, or pass --model DIR --drafter DIR"
+            )
+        chosen = drafter if drafter is not None else (str(named.drafter) if named.drafter else None)
+        return ModelPaths(str(named.base), chosen, demo=named.name == "demo", notes=(named.note,))
     own = Path(model).expanduser() / "drafter"
     if drafter is None and (own / "config.json").is_file():
         note = f"using the drafter converted with the model: {own} (--drafter to choose another)"

@@ -18,7 +18,7 @@ from typing import Annotated
 
 import typer
 
-from redrafter_mlx.cli.common import FlagError, VerboseOpt, cli_errors
+from redrafter_mlx.cli.common import FlagError, ModelPaths, VerboseOpt, cli_errors, resolve_paths
 from redrafter_mlx.engine.shape import BeamShape
 from tuning.grid import (
     build_grid,
@@ -146,20 +146,18 @@ def build_measure(model: str, drafter: str, dtype: str | None, prompts: str, num
     return EngineMeasure(llm, draft, tokenizer, questions), time.perf_counter
 
 
-def resolve_models(model: str | None, drafter: str | None) -> tuple[str, str]:
-    """The model and drafter to tune: the given pair, or the demo pair when none is given."""
-    from tuning.measure import demo_paths
-
-    if model is None:
-        if drafter is not None:
-            raise TuneError("--drafter needs --model (the base model the drafter was trained for)")
-        return demo_paths()
-    if drafter is None:
+def resolve_models(model: str | None, drafter: str | None) -> ModelPaths:
+    """The model and drafter to tune (the CLI's one resolver: no --model is the default
+    bundled model); tuning compares speculative shapes, so a drafter is required."""
+    if model is None and drafter is not None:
+        raise TuneError("--drafter needs --model (the base model the drafter was trained for)")
+    paths = resolve_paths(model, drafter)
+    if paths.drafter is None:
         raise TuneError(
-            "tuning compares speculative shapes, so it needs a drafter: "
-            "pass --drafter DIR along with --model"
+            f"{paths.model} has no drafter, so there is nothing to speculate with; "
+            "pass --model DIR --drafter DIR"
         )
-    return model, drafter
+    return paths
 
 
 def grid_for(
@@ -291,7 +289,10 @@ def run_tuning(
 def tune(
     chip: Annotated[str, typer.Option(help=PRESET_HELP)] = "auto",
     model: Annotated[
-        str | None, typer.Option(help="Model directory or hub id (default: the demo model).")
+        str | None,
+        typer.Option(
+            help="Model directory, hub id, smollm2 or demo (default: as for chat).",
+        ),
     ] = None,
     drafter: Annotated[
         str | None, typer.Option("--drafter", "-d", help="Drafter directory.")
@@ -362,14 +363,14 @@ def tune(
         from tuning.chip import detect_chip
 
         info = detect_chip()
-        using_demo = model is None
-        model, drafter = resolve_models(model, drafter)
+        paths = resolve_models(model, drafter)
+        model, drafter = paths.model, paths.drafter
         shapes, note = grid_for(
             widths, lengths, capacities, drafter, force_lengths, preset_for(info.preset)[0].shape
         )
         options = {
             "dtype": dtype,
-            "prompts": prompts or ("demo" if using_demo else "mt-bench"),
+            "prompts": prompts or ("demo" if paths.demo else "mt-bench"),
             "num_prompts": num_prompts,
             "max_tokens": max_tokens,
             "budget_seconds": budget_seconds,

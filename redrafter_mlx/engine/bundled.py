@@ -1,32 +1,65 @@
-"""The bundled demo model: a small Llama trained on Python's standard library.
+"""Models that come with redrafter-mlx, by name: ``demo`` and ``smollm2``.
 
-Weights cannot be downloaded on a fresh machine, so the package ships a small *trained* base
-model (and, once distilled, a ReDrafter drafter for it) under ``redrafter_mlx/demo_model/``.
-Rebuild it with ``python -m scripts.build_demo`` (``make demo-model``); see ``demo_model/BUILD.md``.
+* ``demo``: a 4.3M-parameter Llama trained on Python's standard library, with its distilled
+  drafter, shipped inside the package (``redrafter_mlx/demo_model/``; rebuilt by
+  ``make demo-model``, see its BUILD.md). It runs anywhere, fast: tests use it.
+* ``smollm2``: SmolLM2-135M-Instruct, converted by ``make install`` (``make smollm2``) into
+  ``$REDRAFTER_MLX_HOME/models`` (default ``~/.cache/redrafter-mlx``), with the drafter shipped
+  in ``redrafter_mlx/smollm2_drafter/`` once one has been distilled.
+
+With no ``--model`` the CLI uses ``smollm2`` when it is installed with a drafter, else ``demo``.
 """
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from pathlib import Path
+
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+DEMO_ROOT = PACKAGE_ROOT / "demo_model"
+SMOLLM2_NAME = "smollm2-135m-instruct"
+SMOLLM2_DRAFTER = PACKAGE_ROOT / "smollm2_drafter"
 
 DEMO_NOTE = (
     "Using the bundled demo model (a small Llama trained on Python's standard library); "
-    "pass --model for a real one."
+    "pass --model for a real one (--model smollm2 after make install)."
 )
+SMOLLM2_NOTE = "Using SmolLM2-135M-Instruct (installed by make install); --model demo for the toy."
 
-DEMO_ROOT = Path(__file__).resolve().parent.parent / "demo_model"
+
+@dataclass(frozen=True)
+class BundledModel:
+    """A named model: its directory, its drafter directory (None without one) and a note."""
+
+    name: str
+    base: Path
+    drafter: Path | None
+    note: str
+
+    @property
+    def installed(self) -> bool:
+        return (self.base / "config.json").is_file()
+
+
+def home() -> Path:
+    """``$REDRAFTER_MLX_HOME`` or ``~/.cache/redrafter-mlx`` (profiles, models, caches)."""
+    return Path(os.environ.get("REDRAFTER_MLX_HOME") or "~/.cache/redrafter-mlx").expanduser()
+
+
+def smollm2_path(root: Path | None = None) -> Path:
+    """Where ``make smollm2`` converts SmolLM2-135M-Instruct (whether or not it exists yet)."""
+    return (root or home()) / "models" / SMOLLM2_NAME
+
+
+def _drafter_dir(path: Path) -> Path | None:
+    has = (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+    return path if has else None
 
 
 def demo_paths() -> tuple[Path, Path | None]:
-    """Return ``(base_dir, drafter_dir)`` of the bundled demo model.
-
-    ``base_dir`` is an mlx-lm model directory (config.json, model.safetensors, tokenizer files).
-    ``drafter_dir`` is the ReDrafter drafter directory, or ``None`` until one has been distilled.
-    """
-    base = DEMO_ROOT / "base"
-    drafter = DEMO_ROOT / "drafter"
-    has_drafter = (drafter / "config.json").is_file() and any(drafter.glob("*.safetensors"))
-    return base, (drafter if has_drafter else None)
+    """``(base_dir, drafter_dir)`` of the bundled demo model (drafter None if not distilled)."""
+    return DEMO_ROOT / "base", _drafter_dir(DEMO_ROOT / "drafter")
 
 
 def heldout_prompts_path() -> Path:
@@ -34,4 +67,19 @@ def heldout_prompts_path() -> Path:
     return DEMO_ROOT / "heldout_prompts.jsonl"
 
 
-__all__ = ["DEMO_NOTE", "DEMO_ROOT", "demo_paths", "heldout_prompts_path"]
+def bundled(name: str) -> BundledModel | None:
+    """The bundled model called ``name`` (``demo``, ``smollm2``), or None for other names."""
+    if name == "demo":
+        base, drafter = demo_paths()
+        return BundledModel("demo", base, drafter, DEMO_NOTE)
+    if name == "smollm2":
+        return BundledModel("smollm2", smollm2_path(), _drafter_dir(SMOLLM2_DRAFTER), SMOLLM2_NOTE)
+    return None
+
+
+def default_model() -> BundledModel:
+    """SmolLM2 when it is installed and has a drafter, else the demo model."""
+    smollm2 = bundled("smollm2")
+    if smollm2.installed and smollm2.drafter is not None:
+        return smollm2
+    return bundled("demo")

@@ -168,7 +168,7 @@ def get_step(model, drafter, shape: BeamShape, sampler: SamplerConfig):
     return cache[key]
 
 
-def _prefill(session: Session, new_tokens: list[list[int]]):
+def prefill_session(session: Session, new_tokens: list[list[int]]):
     """Run each row's new prompt tokens; returns the hidden state at each row's last one."""
     model = session.model
     B = session.batch
@@ -231,7 +231,7 @@ def decode(
     tic = time.perf_counter()
     new_tokens = session.reuse(prompts)
     prefilled = sum(len(t) for t in new_tokens)
-    hidden = _prefill(session, new_tokens)
+    hidden = prefill_session(session, new_tokens)
     rng = mx.random.key(seed if seed is not None else int(time.time_ns() % (1 << 31)))
     rng, first_key = mx.random.split(rng)
     first = draw(model.logits(hidden), sampler, first_key)

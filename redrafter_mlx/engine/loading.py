@@ -96,7 +96,24 @@ def _apply_weights(module: nn.Module, weights: dict, config: dict, dtype, where:
         module.load_weights(list(weights.items()), strict=True)
     except ValueError as e:
         raise LoadError(f"weights in {where} do not match its config.json: {e}") from None
-    mx.eval(module.parameters())  # once at load time: weights are resident before timing
+    materialize(module)  # once at load time: weights are resident before timing
+
+
+def materialize(*modules) -> None:
+    """Evaluate every array the modules hold, parameters or not (e.g. RoPE frequencies).
+
+    Weights are resident before anything is timed, and a lazy array is no longer tied to the
+    thread that built it (MLX raises "There is no Stream(cpu, 0) in current thread" when another
+    thread, such as the server's engine loop, evaluates it).
+    """
+    arrays = []
+    for module in modules:
+        if module is None:
+            continue
+        for _, sub in module.named_modules():
+            held = [*vars(sub).values(), *sub.values()]  # attributes and module entries
+            arrays += [v for v in held if isinstance(v, mx.array)]
+    mx.eval(arrays)
 
 
 def load_model(path: str | os.PathLike, dtype=None) -> tuple[Model, Path]:

@@ -8,6 +8,7 @@ processed logits) is what makes speculative sampling exact (docs/design.md, "Exa
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import mlx.core as mx
 
@@ -53,11 +54,7 @@ def process_logits(logits: mx.array, cfg: SamplerConfig) -> mx.array:
         kth = mx.min(mx.topk(x, cfg.top_k, axis=-1), axis=-1, keepdims=True)
         x = mx.where(x >= kth, x, neg_inf)
     if cfg.top_p < 1.0:
-        probs = mx.softmax(x, axis=-1)
-        desc = -mx.sort(-probs, axis=-1)
-        before = mx.cumsum(desc, axis=-1) - desc  # mass strictly above each sorted token
-        thresh = mx.min(mx.where(before < cfg.top_p, desc, 2.0), axis=-1, keepdims=True)
-        x = mx.where(probs >= thresh, x, neg_inf)
+        x = nucleus_filter(x, cfg.top_p)
     if cfg.min_p > 0.0:
         probs = mx.softmax(x, axis=-1)
         floor = cfg.min_p * mx.max(probs, axis=-1, keepdims=True)
@@ -65,8 +62,58 @@ def process_logits(logits: mx.array, cfg: SamplerConfig) -> mx.array:
     return x
 
 
+def nucleus_filter(x: mx.array, top_p) -> mx.array:
+    """Keep the smallest set of tokens holding ``top_p`` of the mass: (..., V) -> (..., V).
+
+    ``top_p`` is a float or an array broadcasting against ``x[..., :1]`` (one value per row).
+    """
+    neg_inf = mx.array(-float("inf"), dtype=mx.float32)
+    probs = mx.softmax(x, axis=-1)
+    desc = -mx.sort(-probs, axis=-1)
+    before = mx.cumsum(desc, axis=-1) - desc  # mass strictly above each sorted token
+    thresh = mx.min(mx.where(before < top_p, desc, 2.0), axis=-1, keepdims=True)
+    return mx.where(probs >= thresh, x, neg_inf)
+
+
+class RowSampler(NamedTuple):
+    """Per-row sampling settings for a batch whose rows differ (the server's batch).
+
+    temperature, top_p: (B,) float32, temperature 0 = greedy row; keys: (B, 2) one PRNG key
+    per row for this draw. ``sample`` / ``nucleus`` are static switches (any row samples /
+    any sampling row has top_p < 1) so an all-greedy batch pays for an argmax only.
+    A row's draw equals ``draw`` with that row's ``SamplerConfig`` and key, alone.
+    """
+
+    temperature: mx.array
+    top_p: mx.array
+    keys: mx.array
+    sample: bool
+    nucleus: bool
+
+
+def draw_rows(logits: mx.array, rows: RowSampler) -> mx.array:
+    """One draw per position with each row's own settings: (B, ..., V) -> (B, ...) int32."""
+    greedy = mx.argmax(logits, axis=-1).astype(mx.int32)
+    if not rows.sample:
+        return greedy
+    per_row = (-1,) + (1,) * (logits.ndim - 1)  # broadcast (B,) over (B, ..., V)
+    temperature = rows.temperature.reshape(per_row)
+    x = logits.astype(mx.float32) / mx.where(temperature > 0, temperature, 1.0)
+    if rows.nucleus:
+        top_p = rows.top_p.reshape(per_row)
+        x = mx.where(top_p < 1.0, nucleus_filter(x, top_p), x)
+    noise = mx.vmap(lambda key: mx.random.gumbel(x.shape[1:], key=key))(rows.keys)
+    sampled = mx.argmax(x + noise, axis=-1).astype(mx.int32)
+    return mx.where(rows.temperature.reshape(per_row[:-1]) > 0, sampled, greedy)
+
+
 def draw(logits: mx.array, cfg: SamplerConfig, key: mx.array | None) -> mx.array:
-    """One independent target draw per row: (..., V) -> (...) int32."""
+    """One independent target draw per row: (..., V) -> (...) int32.
+
+    With a ``RowSampler`` each row draws with its own settings and key (``key`` unused).
+    """
+    if isinstance(cfg, RowSampler):
+        return draw_rows(logits, cfg)
     if cfg.greedy:
         return mx.argmax(logits, axis=-1).astype(mx.int32)
     x = process_logits(logits, cfg)

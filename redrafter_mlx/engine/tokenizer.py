@@ -76,7 +76,8 @@ class Tokenizer:
 
 
 def _template_file(path: Path) -> str | None:
-    """``chat_template.jinja`` beside tokenizer_config.json (where current transformers saves it)."""
+    """``chat_template.jinja`` beside tokenizer_config.json (where current transformers saves "
+    "it)."""
     file = path / "chat_template.jinja"
     return file.read_text() if file.is_file() else None
 

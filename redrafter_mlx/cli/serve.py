@@ -1,0 +1,133 @@
+"""``redrafter-mlx serve``: an OpenAI-compatible server with continuous batching.
+
+Loads the model (and drafter) once, compiles the batched step, and serves
+``/v1/chat/completions``, ``/v1/completions``, ``/v1/models`` and ``/health`` on localhost
+(see :mod:`redrafter_mlx.serve`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from redrafter_mlx.cli.common import (
+    BeamLengthOpt,
+    BeamWidthOpt,
+    CapacityOpt,
+    DrafterOpt,
+    DtypeOpt,
+    FlagError,
+    ModelOpt,
+    NoDraftOpt,
+    VerboseOpt,
+    check_dtype,
+    cli_errors,
+    err_console,
+    load_engine,
+    resolve_paths,
+    resolve_plan,
+)
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+def check_serve_flags(port: int, max_batch: int, max_queue: int, limit: int, log_level: str):
+    """FlagError naming the first bad server flag."""
+    if not 0 <= port <= 65535:
+        raise FlagError(f"--port must be in [0, 65535], got {port}")
+    if max_batch < 1:
+        raise FlagError(f"--max-batch must be >= 1, got {max_batch}")
+    if max_queue < 1:
+        raise FlagError(f"--max-queue must be >= 1, got {max_queue}")
+    if limit < 1:
+        raise FlagError(f"--max-tokens-limit must be >= 1, got {limit}")
+    if log_level.lower() not in LOG_LEVELS:
+        raise FlagError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}")
+
+
+def model_id(paths) -> str:
+    """The name clients see in ``/v1/models``: ``demo`` or the model directory / repo id."""
+    from pathlib import Path
+
+    if paths.demo:
+        return "redrafter-mlx-demo"
+    path = Path(paths.model).expanduser()
+    return path.name if path.exists() else paths.model
+
+
+def serve(
+    model: ModelOpt = None,
+    drafter: DrafterOpt = None,
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port (0 = any free port).")] = 8080,
+    max_batch: Annotated[
+        int, typer.Option("--max-batch", help="Most requests decoded together (batch rows).")
+    ] = 8,
+    max_queue: Annotated[
+        int, typer.Option("--max-queue", help="Requests waiting for a row; beyond it: 429.")
+    ] = 64,
+    max_tokens_limit: Annotated[
+        int,
+        typer.Option("--max-tokens-limit", help="Largest max_tokens a request may ask for."),
+    ] = 4096,
+    beam_width: BeamWidthOpt = None,
+    beam_length: BeamLengthOpt = None,
+    capacity: CapacityOpt = None,
+    no_draft: NoDraftOpt = False,
+    dtype: DtypeOpt = None,
+    shutdown_grace: Annotated[
+        float,
+        typer.Option(
+            "--shutdown-grace", help="Seconds in-flight requests get to finish on SIGINT/SIGTERM."
+        ),
+    ] = 3.0,
+    log_level: Annotated[
+        str, typer.Option("--log-level", help="critical, error, warning, info or debug.")
+    ] = "info",
+    verbose: VerboseOpt = False,
+) -> None:
+    """Serve the model over an OpenAI-compatible HTTP API with continuous batching."""
+    with cli_errors(verbose):
+        check_serve_flags(port, max_batch, max_queue, max_tokens_limit, log_level)
+        check_dtype(dtype)
+        paths = resolve_paths(model, drafter)
+        plan = resolve_plan(paths, dtype, beam_width, beam_length, capacity, no_draft)
+        engine = load_engine(paths, dtype, with_drafter=plan.speculative)
+        server = build(engine, plan, max_batch, max_queue, max_tokens_limit, log_level)
+        err_console().print(
+            f"[bold]redrafter-mlx serve[/] · {model_id(paths)} ({engine.dtype}) · "
+            f"beam {plan.label} ({plan.source}) · {max_batch} rows · "
+            f"http://{host}:{port}/v1",
+        )
+        server(host, port, shutdown_grace)
+
+
+def build(engine, plan, max_batch: int, max_queue: int, limit: int, log_level: str):
+    """Scheduler + app, warmed up; returns ``run(host, port, grace)``."""
+    import logging
+
+    from redrafter_mlx.serve.app import ServeConfig, create_app, make_server
+    from redrafter_mlx.serve.scheduler import Scheduler
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    shape = plan.shape if plan.speculative else None
+    tok = engine.tokenizer
+    scheduler = Scheduler(
+        engine.model, engine.drafter, shape, tok.eos_token_ids, max_batch, max_queue
+    )
+    scheduler.start(warmup_prompt=tok.chat_prompt([{"role": "user", "content": "Hello"}]))
+    beam = {}
+    if shape is not None:
+        beam = dict(beam_width=shape.width, beam_length=shape.length, capacity=shape.slots)
+    config = ServeConfig(
+        tok, model_id(engine.paths), limit, engine.model.max_context, engine.model.vocab_size, beam
+    )
+    app = create_app(scheduler, config)
+
+    def run(host: str, port: int, grace: float) -> None:
+        make_server(app, scheduler, host, port, log_level, grace).run()
+
+    return run

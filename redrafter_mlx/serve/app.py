@@ -1,0 +1,339 @@
+"""The ASGI app (Starlette) and its runner (uvicorn).
+
+Handlers never touch the model: they validate, tokenize, ``submit`` to the scheduler and read
+the request's events from an ``asyncio.Queue`` that the engine thread fills through
+``loop.call_soon_threadsafe``. A streaming response is Server-Sent Events (``data: {...}``
+then ``data: [DONE]``); a client that goes away cancels its request, which frees its row at
+the next step.
+
+Status codes: 400 bad request (OpenAI error body), 429 queue full, 500 engine failure,
+503 shutting down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request as HTTPRequest
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .protocol import (
+    ProtocolError,
+    Reply,
+    TextStream,
+    check_context,
+    error_body,
+    new_id,
+    parse_chat,
+    parse_completion,
+    prompt_ids,
+    usage,
+)
+from .scheduler import Event, QueueFull, Request, Scheduler, ShuttingDown
+
+log = logging.getLogger("redrafter_mlx.serve")
+
+
+class EngineFailure(Exception):
+    """An error event from the engine (status 500 or 503)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class ServeConfig:
+    """What the app needs besides the scheduler."""
+
+    tokenizer: object
+    model_id: str
+    max_tokens_limit: int
+    context: int | None
+    vocab_size: int
+    beam: dict  # {"beam_width", "beam_length", "capacity"} or {} for plain decoding
+
+
+def error_response(message: str, status: int, type: str, param=None, code=None) -> JSONResponse:
+    return JSONResponse(error_body(message, type, param, code), status_code=status)
+
+
+ERROR_TYPES = {429: "rate_limit_error", 500: "server_error", 503: "server_error"}
+
+
+def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = True) -> Starlette:
+    """The OpenAI-compatible app over one scheduler (started and stopped with the app)."""
+    started = int(time.time())
+
+    async def chat_completions(request: HTTPRequest) -> Response:
+        return await _complete(request, parse_chat)
+
+    async def completions(request: HTTPRequest) -> Response:
+        return await _complete(request, parse_completion)
+
+    async def _complete(request: HTTPRequest, parse) -> Response:
+        try:
+            params = parse(await _json(request), config.max_tokens_limit)
+            ids = prompt_ids(params, config.tokenizer)
+            param = "messages" if params.kind == "chat" else "prompt"
+            check_context(ids, config.context, config.vocab_size, param)
+        except ProtocolError as e:
+            return JSONResponse(e.body(), status_code=e.status)
+        return await _generate(request, params, ids)
+
+    async def _generate(http: HTTPRequest, params, ids: list[int]) -> Response:
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Event] = asyncio.Queue()
+        room = (config.context or 1 << 30) - len(ids)
+        request = Request(
+            ids,
+            params.max_tokens or min(config.max_tokens_limit, room),
+            sink=lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
+            temperature=params.temperature,
+            top_p=params.top_p,
+            seed=params.seed,
+            id=new_id(params.kind),
+        )
+        try:
+            scheduler.submit(request)
+        except QueueFull as e:
+            return error_response(str(e), 429, "rate_limit_error", code="queue_full")
+        except ShuttingDown as e:
+            return error_response(str(e), 503, "server_error")
+        except ValueError as e:
+            return error_response(str(e), 400, "invalid_request_error")
+        run = _Run(request, events, TextStream(config.tokenizer, params.stop), params)
+        if params.stream:
+            return await _stream(http, run)
+        return await _collect(http, run)
+
+    async def _stream(http: HTTPRequest, run: _Run) -> Response:
+        """SSE; the first event is awaited first so that early failures keep their status."""
+        try:
+            first = await _until_disconnect(http, run.events.get(), run)
+        except asyncio.CancelledError:
+            run.request.cancel()
+            raise
+        if first is None:
+            return Response(status_code=499)
+        if first.error is not None:
+            return _failure(first.error, first.status)
+        return StreamingResponse(_sse(run, first), media_type="text/event-stream")
+
+    async def _sse(run: _Run, first: Event):
+        reply = Reply(run.params.kind, run.request.id, config.model_id)
+        try:
+            yield _data(reply.chunk(None, first=True))
+            async for delta, finish in run.pieces(first):
+                if delta:
+                    yield _data(reply.chunk(delta))
+                if finish is not None:
+                    yield _data(reply.chunk(None, finish=finish))
+            if run.params.include_usage:
+                yield _data(reply.usage_chunk(run.usage(), run.speculation(config.beam)))
+            yield "data: [DONE]\n\n"
+            run.log()
+        except EngineFailure as e:
+            run.finish = "error"
+            yield _data(error_body(str(e), ERROR_TYPES.get(e.status, "server_error")))
+        finally:
+            if run.finish is None and not run.request.cancelled.is_set():
+                log.info("%s: client disconnected after %d tokens", run.request.id, run.tokens)
+            run.request.cancel()  # a no-op once finished; frees the row after a disconnect
+
+    async def _collect(http: HTTPRequest, run: _Run) -> Response:
+        async def gather():
+            parts, finish = [], None
+            async for delta, fin in run.pieces(None):
+                parts.append(delta)
+                finish = fin or finish
+            return "".join(parts), finish
+
+        try:
+            result = await _until_disconnect(http, gather(), run)
+        except EngineFailure as e:
+            return _failure(str(e), e.status)
+        if result is None:
+            return Response(status_code=499)
+        text, finish = result
+        reply = Reply(run.params.kind, run.request.id, config.model_id)
+        run.log()
+        return JSONResponse(reply.full(text, finish, run.usage(), run.speculation(config.beam)))
+
+    async def models(request: HTTPRequest) -> Response:
+        card = dict(id=config.model_id, object="model", created=started, owned_by="redrafter-mlx")
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def health(request: HTTPRequest) -> Response:
+        stats = scheduler.health()
+        status = "draining" if stats["draining"] else "ok"
+        return JSONResponse({"status": status, "model": config.model_id, **stats})
+
+    async def http_error(request: HTTPRequest, exc: HTTPException) -> Response:
+        return error_response(exc.detail, exc.status_code, "invalid_request_error")
+
+    async def server_error(request: HTTPRequest, exc: Exception) -> Response:
+        log.exception("unhandled error in a handler")
+        return error_response(f"internal error: {type(exc).__name__}", 500, "server_error")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        if start_engine:
+            scheduler.start()
+        yield
+        scheduler.begin_drain(0.0)
+        await asyncio.to_thread(scheduler.stop)
+
+    routes = [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+    ]
+    handlers = {HTTPException: http_error, Exception: server_error}
+    return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+
+
+class _Run:
+    """One request in flight on the HTTP side: its events, text and counters."""
+
+    def __init__(self, request: Request, events: asyncio.Queue, text: TextStream, params):
+        self.request, self.events, self.text, self.params = request, events, text, params
+        self.tokens = 0
+        self.finish: str | None = None
+        self.stats = None
+
+    async def pieces(self, first: Event | None):
+        """Yield (text delta, finish reason or None) until the request ends.
+
+        A stop string ends it early (the engine row is cancelled); an engine error raises.
+        """
+        event = first if first is not None else await self.events.get()
+        while True:
+            self.stats = event.stats
+            if event.error is not None:
+                raise EngineFailure(event.error, event.status)
+            self.tokens += len(event.tokens)
+            delta, stopped = self.text.add(event.tokens)
+            if stopped:
+                self.request.cancel()
+                self.finish = "stop"
+                yield delta, "stop"
+                return
+            if event.finish is not None:
+                self.finish = event.finish
+                yield delta + self.text.finish(), event.finish
+                return
+            yield delta, None
+            event = await self.events.get()
+
+    def usage(self) -> dict:
+        return usage(len(self.request.prompt), self.tokens)
+
+    def speculation(self, beam: dict) -> dict:
+        draft = beam["beam_length"] - 1 if beam else 0
+        stats = self.stats.to_dict(draft) if self.stats is not None else {}
+        return {"enabled": bool(beam), **beam, **stats}
+
+    def log(self) -> None:
+        s = self.stats
+        if s is None:
+            return
+        log.info(
+            "%s: prompt %d tok, generated %d tok, %.1f tok/s, %.2f tok/step, "
+            "ttft %.3f s, queued %.3f s, finish %s",
+            self.request.id,
+            len(self.request.prompt),
+            self.tokens,
+            s.generated / max(s.decode_s, 1e-9),
+            s.tokens_per_step,
+            s.ttft_s,
+            s.queued_s,
+            self.finish,
+        )
+
+
+async def _json(request: HTTPRequest):
+    """The body as JSON, or ProtocolError (400)."""
+    raw = await request.body()
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ProtocolError(f"the request body is not valid JSON: {e}") from None
+
+
+async def _until_disconnect(http: HTTPRequest, work, run: _Run):
+    """Await ``work``; if the client disconnects first, cancel the request and return None."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(http))
+    try:
+        done, _ = await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    run.request.cancel()
+    log.info("%s: client disconnected", run.request.id)
+    return None
+
+
+async def _disconnected(http: HTTPRequest) -> None:
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
+
+
+def _data(obj: dict) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def _failure(message: str, status: int) -> JSONResponse:
+    return error_response(message, status, ERROR_TYPES.get(status, "server_error"))
+
+
+# --------------------------------------------------------------------------- runner
+
+
+def make_server(app, scheduler: Scheduler, host: str, port: int, log_level: str, grace_s: float):
+    """A uvicorn server whose SIGINT/SIGTERM drains the scheduler and exits cleanly (code 0)."""
+    import uvicorn
+
+    class DrainingServer(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            scheduler.begin_drain(grace_s)
+            super().handle_exit(sig, frame)
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            """Like uvicorn's, minus re-raising the signal afterwards: a requested stop is a
+            clean exit, not a death by signal."""
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            sigs = (signal.SIGINT, signal.SIGTERM)
+            original = {s: signal.signal(s, self.handle_exit) for s in sigs}
+            try:
+                yield
+            finally:
+                for s, handler in original.items():
+                    signal.signal(s, handler)
+
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level.lower(),
+        timeout_graceful_shutdown=grace_s + 2.0,
+        access_log=log_level.lower() == "debug",
+    )
+    return DrainingServer(config)

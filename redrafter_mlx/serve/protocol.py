@@ -1,0 +1,338 @@
+"""The OpenAI wire format: request parsing and validation, response bodies, stop strings.
+
+Parsing never touches the engine: a request either becomes ``Params`` or raises
+``ProtocolError`` (HTTP 400 with an OpenAI-style error body naming the bad parameter).
+Supported: ``max_tokens`` (``max_completion_tokens``), ``temperature`` (0 = greedy),
+``top_p``, ``stop``, ``seed``, ``n=1``, ``stream`` with ``stream_options.include_usage``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+
+DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; send 0 for greedy decoding
+MAX_STOP = 4
+ROLES = ("system", "developer", "user", "assistant")
+# Parameters that would change the output in ways this server does not implement.
+UNSUPPORTED = {
+    "tools": None,
+    "functions": None,
+    "logit_bias": None,
+    "logprobs": (None, False, 0),
+    "top_logprobs": (None, 0),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "best_of": (None, 1),
+    "presence_penalty": (None, 0, 0.0),
+    "frequency_penalty": (None, 0, 0.0),
+}
+
+
+class ProtocolError(Exception):
+    """A request the server refuses; ``status`` and ``body()`` are the HTTP answer."""
+
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        status: int = 400,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+    ):
+        super().__init__(message)
+        self.message, self.param, self.status, self.type, self.code = (
+            message,
+            param,
+            status,
+            type,
+            code,
+        )
+
+    def body(self) -> dict:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str, param: str | None = None, code: str | None = None):
+    """``{"error": {"message", "type", "param", "code"}}``."""
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+@dataclass
+class Params:
+    """A validated request. ``messages`` for chat, ``prompt`` (text or ids) for completions."""
+
+    kind: str  # "chat" | "completion"
+    model: str | None
+    messages: list[dict] | None = None
+    prompt: str | list[int] | None = None
+    max_tokens: int | None = None
+    temperature: float = DEFAULT_TEMPERATURE
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+    stream: bool = False
+    include_usage: bool = False
+
+
+# --------------------------------------------------------------------------- field checks
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+def _get(body: dict, name: str, check, expected: str, default=None):
+    """``body[name]`` (None/missing -> default) if ``check`` accepts it, else ProtocolError."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if not check(value):
+        raise ProtocolError(f"'{name}' must be {expected}, got {value!r}", name)
+    return value
+
+
+def _common(body: dict, kind: str, max_tokens_limit: int) -> Params:
+    """The fields chat and completions share."""
+    for name, allowed in UNSUPPORTED.items():
+        if name in body and (allowed is None or body[name] not in allowed):
+            raise ProtocolError(f"'{name}' is not supported by this server", name)
+    n = _get(body, "n", _is_int, "an integer", 1)
+    if n != 1:
+        raise ProtocolError(f"only n=1 is supported, got n={n}", "n")
+    name = (
+        "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    )
+    max_tokens = _get(body, name, _is_int, "an integer")
+    if max_tokens is not None and not 1 <= max_tokens <= max_tokens_limit:
+        raise ProtocolError(
+            f"'{name}' must be in [1, {max_tokens_limit}] (the server's limit), got {max_tokens}",
+            name,
+        )
+    temperature = _get(body, "temperature", _is_number, "a number", DEFAULT_TEMPERATURE)
+    if not 0.0 <= temperature <= 2.0:
+        raise ProtocolError(f"'temperature' must be in [0, 2], got {temperature}", "temperature")
+    top_p = _get(body, "top_p", _is_number, "a number", 1.0)
+    if not 0.0 < top_p <= 1.0:
+        raise ProtocolError(f"'top_p' must be in (0, 1], got {top_p}", "top_p")
+    stream = _get(body, "stream", lambda v: isinstance(v, bool), "a boolean", False)
+    options = _get(body, "stream_options", lambda v: isinstance(v, dict), "an object", {})
+    include_usage = options.get("include_usage", False)
+    if not isinstance(include_usage, bool):
+        raise ProtocolError("'stream_options.include_usage' must be a boolean", "stream_options")
+    model = _get(body, "model", lambda v: isinstance(v, str), "a string")
+    return Params(
+        kind,
+        model,
+        max_tokens=max_tokens,
+        temperature=float(temperature),
+        top_p=float(top_p),
+        stop=_stop(body.get("stop")),
+        seed=_get(body, "seed", _is_int, "an integer"),
+        stream=stream,
+        include_usage=include_usage,
+    )
+
+
+def _stop(value) -> list[str]:
+    """``stop``: a string or up to 4 non-empty strings."""
+    if value is None:
+        return []
+    stops = [value] if isinstance(value, str) else value
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise ProtocolError("'stop' must be a non-empty string or a list of them", "stop")
+    if len(stops) > MAX_STOP:
+        raise ProtocolError(f"'stop' takes at most {MAX_STOP} strings", "stop")
+    return stops
+
+
+def _text_content(content, i: int) -> str:
+    """A message's content: a string or a list of ``{"type": "text", "text": ...}`` parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+        for p in content
+    ):
+        return "".join(p["text"] for p in content)
+    raise ProtocolError(
+        f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}]"
+    )
+
+
+def _messages(value) -> list[dict]:
+    if not isinstance(value, list) or not value:
+        raise ProtocolError("'messages' must be a non-empty list of messages", "messages")
+    out = []
+    for i, m in enumerate(value):
+        if not isinstance(m, dict) or m.get("role") not in ROLES:
+            raise ProtocolError(
+                f"messages[{i}] must be an object with a role in {', '.join(ROLES)}",
+                f"messages[{i}]",
+            )
+        role = "system" if m["role"] == "developer" else m["role"]
+        out.append({"role": role, "content": _text_content(m.get("content"), i)})
+    if out[-1]["role"] != "user":
+        raise ProtocolError("the last message must come from the user", "messages")
+    return out
+
+
+def _prompt(value) -> str | list[int]:
+    """A completion prompt: a string or token ids (or a list holding exactly one of those)."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | list):
+        value = value[0]
+    if isinstance(value, str) and value:
+        return value
+    if isinstance(value, list) and value and all(_is_int(t) for t in value):
+        return value
+    raise ProtocolError(
+        "'prompt' must be a non-empty string or token id list (one prompt per request)",
+        "prompt",
+    )
+
+
+def parse_chat(body, max_tokens_limit: int) -> Params:
+    """Validate a ``POST /v1/chat/completions`` body."""
+    if not isinstance(body, dict):
+        raise ProtocolError("the request body must be a JSON object")
+    params = _common(body, "chat", max_tokens_limit)
+    params.messages = _messages(body.get("messages"))
+    return params
+
+
+def parse_completion(body, max_tokens_limit: int) -> Params:
+    """Validate a ``POST /v1/completions`` body."""
+    if not isinstance(body, dict):
+        raise ProtocolError("the request body must be a JSON object")
+    params = _common(body, "completion", max_tokens_limit)
+    params.prompt = _prompt(body.get("prompt"))
+    return params
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+def prompt_ids(params: Params, tokenizer) -> list[int]:
+    """Token ids: chat through the tokenizer's chat format, text with BOS, ids as given."""
+    if params.kind == "chat":
+        system = [m["content"] for m in params.messages if m["role"] == "system"]
+        turns = [m for m in params.messages if m["role"] != "system"]
+        return tokenizer.chat_prompt(turns, "\n".join(system) if system else None)
+    if isinstance(params.prompt, str):
+        return tokenizer.encode(params.prompt)
+    return list(params.prompt)
+
+
+def check_context(ids: list[int], context: int | None, vocab_size: int, param: str) -> None:
+    """The prompt must leave room for one generated token and use known token ids."""
+    if context is not None and len(ids) >= context:
+        raise ProtocolError(
+            f"the prompt is {len(ids)} tokens; this model's context is {context} tokens",
+            param,
+            code="context_length_exceeded",
+        )
+    if any(not 0 <= t < vocab_size for t in ids):
+        raise ProtocolError(f"prompt token ids must be in [0, {vocab_size})", param)
+
+
+# --------------------------------------------------------------------------- responses
+
+
+def new_id(kind: str) -> str:
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex[:24]
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return dict(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+    )
+
+
+@dataclass
+class Reply:
+    """The fixed fields of one response (id, created, model) and its body shapes."""
+
+    kind: str
+    id: str
+    model: str
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def _head(self, obj: str) -> dict:
+        return dict(id=self.id, object=obj, created=self.created, model=self.model)
+
+    def full(self, text: str, finish: str, usage_: dict, speculation: dict) -> dict:
+        """The non-streaming body."""
+        if self.kind == "chat":
+            choice = dict(
+                index=0,
+                message=dict(role="assistant", content=text),
+                finish_reason=finish,
+                logprobs=None,
+            )
+            head = self._head("chat.completion")
+        else:
+            choice = dict(index=0, text=text, finish_reason=finish, logprobs=None)
+            head = self._head("text_completion")
+        return {**head, "choices": [choice], "usage": usage_, "speculation": speculation}
+
+    def chunk(self, text: str | None, finish: str | None = None, first: bool = False) -> dict:
+        """One streamed chunk (``first`` carries the chat role)."""
+        if self.kind == "chat":
+            delta = {"role": "assistant", "content": ""} if first else {}
+            if text:
+                delta["content"] = text
+            choice = dict(index=0, delta=delta, finish_reason=finish, logprobs=None)
+            return {**self._head("chat.completion.chunk"), "choices": [choice]}
+        choice = dict(index=0, text=text or "", finish_reason=finish, logprobs=None)
+        return {**self._head("text_completion"), "choices": [choice]}
+
+    def usage_chunk(self, usage_: dict, speculation: dict) -> dict:
+        """The final chunk of ``stream_options.include_usage``: no choices, the usage."""
+        obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
+        return {**self._head(obj), "choices": [], "usage": usage_, "speculation": speculation}
+
+
+# --------------------------------------------------------------------------- stop strings
+
+
+class TextStream:
+    """Token ids -> text deltas, cut at the first stop string.
+
+    Text that could still become the start of a stop string is held back until it cannot.
+    """
+
+    def __init__(self, tokenizer, stop: list[str]):
+        from redrafter_mlx.engine.tokenizer import StreamDecoder
+
+        self.decoder = StreamDecoder(tokenizer)
+        self.stop = stop
+        self.hold = max((len(s) for s in stop), default=1) - 1
+        self.text = ""
+        self.sent = 0
+
+    def add(self, tokens: list[int]) -> tuple[str, bool]:
+        """New text safe to send, and whether a stop string ended the text."""
+        self.text += self.decoder.add(tokens)
+        return self._release(final=False)
+
+    def finish(self) -> str:
+        """The rest of the text once generation ended."""
+        self.text += self.decoder.flush()
+        return self._release(final=True)[0]
+
+    def _release(self, final: bool) -> tuple[str, bool]:
+        hits = [i for i in (self.text.find(s) for s in self.stop) if i >= 0]
+        stopped = bool(hits)
+        if stopped:
+            self.text = self.text[: min(hits)]
+        end = len(self.text) if (final or stopped) else max(len(self.text) - self.hold, 0)
+        delta = self.text[self.sent : end] if end > self.sent else ""
+        self.sent = max(self.sent, end)
+        return delta, stopped

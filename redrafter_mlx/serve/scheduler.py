@@ -1,0 +1,653 @@
+"""The engine loop: continuous batching of speculative decoding over fixed batch rows.
+
+One thread owns the model and the KV cache (``Scheduler.serve_forever``). HTTP handlers only
+``submit`` requests into a bounded queue and receive ``Event``s through each request's
+``sink`` (called on the engine thread; the app forwards them to asyncio).
+
+Each loop iteration, at a step boundary:
+
+1. cancelled rows leave (their slot is free again);
+2. queued requests take free rows: each prompt is prefilled alone in a one-row cache (exactly
+   as a solo run prefills it), about one chunk (``PREFILL_CHUNK`` tokens) per iteration so a
+   long prompt pauses the other rows one chunk at a time; once prefilled, its first token is
+   drawn with the request's own key, and the row's K/V, hidden state, init token, length and
+   key are written into the batch;
+3. the next step is queued (``mx.async_eval``) for all rows, with the ``active`` mask;
+4. the previous step, already computed, is read: each row owned by the same request when
+   the step was queued gets its tokens, stops exactly at EOS or its limit, and leaves.
+
+Batch size: the step is compiled for a few row counts (1, 2, 4, ... up to ``max_batch``),
+so a lone request does not pay for seven idle rows. The batch grows when a request finds no
+free row and shrinks once at most a quarter of its rows are busy; both re-lay the cache
+(a copy, at a step boundary, rare) and never recompile per join or leave.
+
+Every row's output is what the same request alone produces (``redrafter_mlx.generate`` with
+the same beam shape, seed and sampling settings): rows never read each other's cache, free
+rows never advance, and each row's draws use its own key sequence.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from redrafter_mlx.engine.decode import DecodeState, StepOutput
+from redrafter_mlx.engine.generation import (
+    PREFILL_CHUNK,
+    SLOT_QUANTUM,
+    Session,
+    bucket,
+    grow,
+    prefill_session,
+)
+from redrafter_mlx.engine.loading import materialize
+from redrafter_mlx.engine.sampling import SamplerConfig, draw
+from redrafter_mlx.engine.shape import BeamShape
+
+from .batch_step import RowParams, StepMode, make_batch_step
+
+log = logging.getLogger("redrafter_mlx.serve")
+
+
+class QueueFull(Exception):
+    """The request queue is at ``max_queue``: try again later (HTTP 429)."""
+
+
+class ShuttingDown(Exception):
+    """The server is draining and accepts no new requests (HTTP 503)."""
+
+
+@dataclass
+class RowStats:
+    """One request's counters; ``tokens_per_step`` counts tokens each step emitted."""
+
+    prompt_tokens: int
+    generated: int = 0
+    steps: int = 0
+    emitted_by_steps: int = 0
+    accepted_drafts: int = 0
+    queued_s: float = 0.0
+    ttft_s: float = 0.0
+    decode_s: float = 0.0
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.emitted_by_steps / max(self.steps, 1)
+
+    def to_dict(self, draft_length: int) -> dict:
+        """JSON-ready speculation stats; ``acceptance_rate`` = accepted / drafted tokens."""
+        drafted = self.steps * max(draft_length, 0)
+        return dict(
+            steps=self.steps,
+            tokens_per_step=round(self.tokens_per_step, 4),
+            accepted_draft_tokens=self.accepted_drafts,
+            acceptance_rate=round(self.accepted_drafts / drafted, 4) if drafted else 0.0,
+            generation_tps=round(self.generated / max(self.decode_s, 1e-9), 2),
+            time_to_first_token=round(self.ttft_s, 4),
+            queue_s=round(self.queued_s, 4),
+        )
+
+
+@dataclass
+class Event:
+    """What a request receives: new tokens, then one event with ``finish`` or ``error``.
+
+    finish: "stop" (EOS) or "length"; error: a message, with ``status`` the HTTP code
+    (500 engine failure, 503 shutdown).
+    """
+
+    tokens: list[int]
+    stats: RowStats
+    finish: str | None = None
+    error: str | None = None
+    status: int = 200
+
+    @property
+    def done(self) -> bool:
+        return self.finish is not None or self.error is not None
+
+
+_ids = itertools.count()
+
+
+@dataclass
+class Request:
+    """One generation. ``sink`` is called on the engine thread with each ``Event``."""
+
+    prompt: list[int]
+    max_tokens: int
+    sink: Callable[[Event], None]
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    id: str = field(default_factory=lambda: f"req-{next(_ids)}")
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    submitted: float = field(default_factory=time.perf_counter)
+
+    def cancel(self) -> None:
+        """Ask the engine to free this request's row at the next step boundary."""
+        self.cancelled.set()
+
+    @property
+    def sampler(self) -> SamplerConfig:
+        return SamplerConfig(self.temperature, self.top_p)
+
+
+@dataclass
+class Row:
+    """A request occupying a batch row; ``length`` is its exact cache length as last read."""
+
+    request: Request
+    limit: int
+    stats: RowStats
+    length: int
+    joined: float
+    slot: int
+    out: int = 0
+    finished: bool = False
+
+
+@dataclass
+class Prefill:
+    """A request being prefilled alone, one chunk at a time, before it takes a row."""
+
+    request: Request
+    session: Session
+    started: float
+    done: int = 0  # prompt tokens prefilled so far
+    hidden: mx.array | None = None  # (1, H) at the last prefilled token
+
+    def advance(self) -> int:
+        """Prefill the next chunk; returns its token count.
+
+        Chunk by chunk through the engine's own prefill, with the session's cached tokens
+        kept current, this computes exactly what one solo prefill of the prompt computes.
+        """
+        prompt = self.request.prompt
+        chunk = prompt[self.done : self.done + PREFILL_CHUNK]
+        self.hidden = prefill_session(self.session, [chunk])
+        self.done += len(chunk)
+        self.session.cached = [prompt[: self.done]]
+        return len(chunk)
+
+    @property
+    def complete(self) -> bool:
+        return self.done == len(self.request.prompt)
+
+
+@dataclass
+class ServerStats:
+    """Whole-server counters (``GET /health``)."""
+
+    steps: int = 0
+    max_rows_per_step: int = 0
+    row_steps: int = 0
+    requests_done: int = 0
+    requests_failed: int = 0
+    requests_cancelled: int = 0
+    generated: int = 0
+    engine_errors: int = 0
+    resizes: int = 0
+
+    def record_step(self, rows: int) -> None:
+        self.steps += 1
+        self.row_steps += rows
+        self.max_rows_per_step = max(self.max_rows_per_step, rows)
+
+
+def row_buckets(max_batch: int) -> list[int]:
+    """Batch sizes the step is compiled for: 1, 2, 4, ... below ``max_batch``, then it."""
+    sizes = [1]
+    while sizes[-1] * 2 < max_batch:
+        sizes.append(sizes[-1] * 2)
+    return sizes + ([max_batch] if max_batch > 1 else [])
+
+
+class Scheduler:
+    """Continuous batching over ``max_batch`` rows; drive with ``run_once`` or a thread."""
+
+    def __init__(
+        self,
+        model,
+        drafter,
+        shape: BeamShape | None,
+        eos_token_ids=(),
+        max_batch: int = 8,
+        max_queue: int = 64,
+        compiled: bool = True,
+    ):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.model, self.drafter = model, drafter
+        speculative = drafter is not None and shape is not None and not shape.is_autoregressive
+        self.shape = shape if speculative else None
+        if drafter is not None and shape is None:
+            raise ValueError("a drafter needs a beam shape")
+        materialize(model, drafter)
+        self.max_batch = max_batch
+        self.buckets = row_buckets(max_batch)
+        self.eos = {int(e) for e in eos_token_ids}
+        self.compiled = compiled
+        self.queue: queue.Queue[Request] = queue.Queue(maxsize=max(max_queue, 1))
+        self.per_step = 1 if self.shape is None else self.shape.length  # most tokens per step
+        self.width = 1 if self.shape is None else self.shape.slots  # slots written per step
+        self.stats = ServerStats()
+        self._steps: dict[StepMode, Callable] = {}
+        self._draining = False
+        self._drain_deadline = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.ready = threading.Event()
+        self.state = None  # built by the first run_once, on the thread that runs the loop
+        self.rows: list[Row | None] = [None]
+        self._pending = None
+        self._prefills: list[Prefill] = []
+
+    # ------------------------------------------------------------------ public API
+
+    def submit(self, request: Request) -> None:
+        """Enqueue a request; raises QueueFull (queue at capacity) or ShuttingDown."""
+        if self._draining:
+            raise ShuttingDown("the server is shutting down")
+        self.check(request)
+        try:
+            self.queue.put_nowait(request)
+        except queue.Full:
+            raise QueueFull(f"the request queue is full ({self.queue.maxsize} waiting)") from None
+
+    def check(self, request: Request) -> None:
+        """Raise ValueError for a request the engine cannot run (empty, off-vocab, too long)."""
+        if not request.prompt:
+            raise ValueError("the prompt has no tokens")
+        V = self.model.vocab_size
+        if any(not 0 <= t < V for t in request.prompt):
+            raise ValueError(f"prompt token ids must be in [0, {V})")
+        if request.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {request.max_tokens}")
+        context = self.model.max_context
+        if context is not None and len(request.prompt) >= context:
+            raise ValueError(
+                f"the prompt has {len(request.prompt)} tokens; the model's context is "
+                f"{context} tokens"
+            )
+        request.sampler.validate()
+
+    @property
+    def active_rows(self) -> int:
+        return sum(r is not None for r in self.rows)
+
+    def health(self) -> dict:
+        """Live counters for ``GET /health``."""
+        s = self.stats
+        return dict(
+            max_batch=self.max_batch,
+            batch_rows=len(self.rows),
+            active_rows=self.active_rows,
+            queued=self.queue.qsize(),
+            prefilling=len(self._prefills),
+            max_queue=self.queue.maxsize,
+            steps=s.steps,
+            max_rows_per_step=s.max_rows_per_step,
+            row_steps=s.row_steps,
+            mean_rows_per_step=round(s.row_steps / max(s.steps, 1), 3),
+            requests_done=s.requests_done,
+            requests_failed=s.requests_failed,
+            requests_cancelled=s.requests_cancelled,
+            generated_tokens=s.generated,
+            engine_errors=s.engine_errors,
+            resizes=s.resizes,
+            speculative=self.shape is not None,
+            draining=self._draining,
+        )
+
+    def start(self, warmup_prompt: list[int] | None = None, wait: bool = True) -> None:
+        """Run the loop on its own thread, the only one that touches the model.
+
+        MLX streams belong to threads, so the batch state is built (and the step compiled by
+        ``warmup_prompt``) on that thread; ``wait`` blocks until it is ready.
+        """
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self.serve_forever, args=(warmup_prompt,), name="redrafter-engine"
+            )
+            self._thread.daemon = True
+            self._thread.start()
+        if wait:
+            self.ready.wait()
+
+    def serve_forever(self, warmup_prompt: list[int] | None = None) -> None:
+        """The engine loop (returns after ``stop``, or once drained)."""
+        self._reset()
+        if warmup_prompt is not None:
+            self.warmup(warmup_prompt)
+        self.ready.set()
+        while not self._stop.is_set():
+            self.run_once()
+            if self._draining and not self._busy() and self.queue.empty():
+                break
+
+    def begin_drain(self, grace_s: float) -> None:
+        """Stop accepting; queued requests fail (503); active rows get ``grace_s`` to finish."""
+        self._drain_deadline = time.perf_counter() + grace_s
+        self._draining = True
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """End the loop thread (after ``begin_drain`` it ends by itself once rows are done)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def warmup(self, prompt: list[int], max_tokens: int = 8) -> None:
+        """Compile the greedy step once (a short request run to completion on this thread)."""
+        done = threading.Event()
+        self.submit(Request(prompt, max_tokens, lambda ev: ev.done and done.set()))
+        while not done.is_set():
+            self.run_once()
+        while self._pending is not None:
+            self.run_once()
+        self.stats = ServerStats()
+
+    # ------------------------------------------------------------------ the loop
+
+    def run_once(self, idle_wait: float = 0.05) -> None:
+        """One iteration: leaves, joins, queue the next step, read the previous one."""
+        if self.state is None:
+            self._reset()
+        try:
+            self._drain_step()
+            self._drop_cancelled()
+            self._admit(block=not self._busy(), timeout=idle_wait)
+            self._fit()
+            nxt = self._queue_step() if self.active_rows else None
+            if self._pending is not None:
+                self._read(*self._pending)
+            self._pending = nxt
+        except Exception as e:  # an engine failure fails the rows in flight, not the server
+            self._fail_all(e)
+
+    def _busy(self) -> bool:
+        return self.active_rows > 0 or self._pending is not None or bool(self._prefills)
+
+    def _reset(self) -> None:
+        """Fresh batch state: every row free, empty cache (also after an engine failure)."""
+        B, model = self.buckets[0], self.model
+        keys, values = model.make_cache(B, SLOT_QUANTUM)
+        dtype = keys[0].dtype
+        self.state = DecodeState(
+            mx.zeros((B,), mx.int32),
+            mx.zeros((B, model.hidden_size), dtype),
+            mx.zeros((B,), mx.int32),
+            keys,
+            values,
+            mx.random.key(0),  # unused: rows draw with row_keys
+        )
+        self.row_keys = mx.zeros((B, 2), mx.uint32)
+        self.rows: list[Row | None] = [None] * B
+        self._pending: tuple[StepOutput, tuple[Row | None, ...]] | None = None
+        self._inflight = 0
+        self._params: RowParams | None = None
+        self._prefills = []
+
+    def _fail_all(self, error: Exception) -> None:
+        """Fail every request in flight with a 500 and start over with an empty batch."""
+        log.exception("engine failure; failing %d request(s) in flight", self.active_rows)
+        self.stats.engine_errors += 1
+        message = f"engine error: {type(error).__name__}: {error}"
+        for row in self.rows:
+            if row is not None and not row.finished:
+                self._send(row, [], error=message)
+        for job in self._prefills:
+            self._reject(job.request, message, 500)
+        self._reset()
+
+    # ------------------------------------------------------------------ rows joining
+
+    def _admit(self, block: bool, timeout: float) -> None:
+        """Take queued requests while rows are left for them (waiting up to ``timeout`` when
+        idle), then prefill about one chunk's worth of their prompts."""
+        while self.active_rows + len(self._prefills) < self.max_batch:
+            try:
+                request = self.queue.get(block=block, timeout=timeout if block else None)
+            except queue.Empty:
+                break
+            block = False
+            if request.cancelled.is_set():
+                continue
+            if self._draining:
+                self._reject(request, "the server is shutting down", 503)
+                continue
+            self._prefills.append(Prefill(request, Session(self.model, 1), time.perf_counter()))
+        self._prefill_some()
+
+    def _prefill_some(self) -> None:
+        """Up to ``PREFILL_CHUNK`` prompt tokens (at least one chunk) per loop iteration, so a
+        long prompt pauses the other rows for one chunk at a time, not for all of it."""
+        budget = PREFILL_CHUNK
+        while self._prefills and budget > 0:
+            job = self._prefills[0]
+            budget -= job.advance()
+            if job.complete:
+                self._prefills.pop(0)
+                self._join(job)
+
+    def _join(self, job: Prefill) -> None:
+        """Draw a prefilled request's first token and move it into a free row."""
+        if None not in self.rows:
+            self._resize(self._bucket_for(len(self.rows) + 1))
+        r = self.rows.index(None)
+        request = job.request
+        joined = time.perf_counter()
+        seed = request.seed if request.seed is not None else time.time_ns() % (1 << 31)
+        rng, first_key = mx.random.split(mx.random.key(seed))
+        first = draw(self.model.logits(job.hidden), request.sampler, first_key)
+        context = self.model.max_context or 1 << 30
+        limit = min(request.max_tokens, context - len(request.prompt))
+        stats = RowStats(len(request.prompt), queued_s=job.started - request.submitted)
+        row = Row(request, limit, stats, len(request.prompt), joined, r)
+        self._place(r, job.session, job.hidden, first, rng)
+        self.rows[r] = row
+        self._params = None
+        stats.ttft_s = time.perf_counter() - request.submitted
+        self._deliver(r, row, first.tolist())  # once per request, at its join
+
+    def _place(self, r: int, session: Session, hidden, first, rng) -> None:
+        """Write a prefilled one-row session into batch row ``r`` (lazy array updates)."""
+        self._ensure_slots(session.slots)
+        at = mx.arange(len(self.rows)) == r  # (B,)
+        keys, values = self.state.keys, self.state.values
+        for cache, row_cache in ((keys, session.keys), (values, session.values)):
+            for layer, src in enumerate(row_cache):
+                cache[layer][r : r + 1, :, : src.shape[2]] = src
+        s = self.state
+        self.state = s._replace(
+            init_token=mx.where(at, first, s.init_token),
+            hidden=mx.where(at[:, None], hidden, s.hidden),
+            lengths=mx.where(at, session.lengths, s.lengths),
+        )
+        self.row_keys = mx.where(at[:, None], rng[None], self.row_keys)
+
+    def _ensure_slots(self, slots: int) -> None:
+        """Grow the batch cache by whole quanta (a rare copy and a new compile key)."""
+        if slots > self.state.keys[0].shape[2]:
+            slots = bucket(slots)
+            self.state = self.state._replace(
+                keys=grow(self.state.keys, slots), values=grow(self.state.values, slots)
+            )
+
+    # ------------------------------------------------------------------ stepping
+
+    def _row_params(self) -> RowParams:
+        """Per-row arrays (rebuilt only after rows join or leave)."""
+        if self._params is None:
+            rows = self.rows
+            self._params = RowParams(
+                mx.array([r is not None for r in rows]),
+                mx.array([r.request.temperature if r else 0.0 for r in rows], mx.float32),
+                mx.array([r.request.top_p if r else 1.0 for r in rows], mx.float32),
+            )
+        return self._params
+
+    def _mode(self) -> StepMode:
+        sampling = [r.request for r in self.rows if r is not None and r.request.temperature > 0]
+        return StepMode(bool(sampling), any(q.top_p < 1.0 for q in sampling))
+
+    def _step_fn(self, mode: StepMode):
+        if mode not in self._steps:
+            self._steps[mode] = make_batch_step(
+                self.model, self.drafter, self.shape, mode, self.compiled
+            )
+        return self._steps[mode]
+
+    def _queue_step(self) -> tuple[StepOutput, tuple[Row | None, ...]]:
+        """Queue one step for all rows; attention covers every active row's possible length."""
+        longest = max(row.length for row in self.rows if row is not None)
+        window = bucket(longest + self._inflight * self.per_step + self.width)
+        self._ensure_slots(window)
+        step = self._step_fn(self._mode())
+        self.state, self.row_keys, out = step(self.state, self.row_keys, self._row_params(), window)
+        mx.async_eval(out, self.state, self.row_keys)
+        self._inflight += 1
+        owners = tuple(self.rows)
+        self.stats.record_step(sum(r is not None for r in owners))
+        return out, owners
+
+    def _read(self, out: StepOutput, owners: tuple[Row | None, ...]) -> None:
+        """Deliver a computed step's tokens to the rows still owned by the same request."""
+        tokens, counts = out.tokens.tolist(), out.count.tolist()  # this step is computed
+        self._inflight -= 1
+        for r, row in enumerate(owners):  # r: the row's index when the step was queued
+            if row is None or row.finished:
+                continue
+            row.length += counts[r]
+            row.stats.steps += 1
+            row.stats.emitted_by_steps += counts[r]
+            row.stats.accepted_drafts += counts[r] - 1
+            self._deliver(row.slot, row, tokens[r][: counts[r]])
+
+    def _deliver(self, r: int, row: Row, tokens: list[int]) -> None:
+        """Send tokens up to EOS / the row's limit; a finished row leaves."""
+        new, finish = [], None
+        for t in tokens:
+            if t in self.eos:
+                finish = "stop"
+                break
+            new.append(t)
+            if row.out + len(new) >= row.limit:
+                finish = "length"
+                break
+        row.out += len(new)
+        row.stats.generated += len(new)
+        self.stats.generated += len(new)
+        row.stats.decode_s = time.perf_counter() - row.joined
+        self._send(row, new, finish=finish)
+        if finish is not None:
+            self.stats.requests_done += 1
+            self._leave(r)
+
+    def _send(self, row: Row, tokens: list[int], finish=None, error=None, status=500) -> None:
+        if finish is not None or error is not None:
+            row.finished = True
+            if error is not None:
+                self.stats.requests_failed += 1
+        event = Event(tokens, row.stats, finish, error, status if error else 200)
+        with contextlib.suppress(Exception):  # a broken sink must not stop the engine
+            row.request.sink(event)
+
+    def _reject(self, request: Request, message: str, status: int) -> None:
+        with contextlib.suppress(Exception):
+            request.sink(Event([], RowStats(len(request.prompt)), error=message, status=status))
+        self.stats.requests_failed += 1
+
+    # ------------------------------------------------------------------ batch size
+
+    def _bucket_for(self, rows: int) -> int:
+        return next(b for b in self.buckets if b >= rows)
+
+    def _fit(self) -> None:
+        """Shrink the batch once at most a quarter of its rows are in use (hysteresis)."""
+        n, active = len(self.rows), self.active_rows
+        if n > 1 and active <= n // 4:
+            self._resize(self._bucket_for(max(active, 1)))
+
+    def _resize(self, n: int) -> None:
+        """Re-lay the batch over ``n`` rows, active rows first (a copy of the cache; rare).
+
+        Growing appends free rows; shrinking keeps the active rows in order. Rows are
+        independent, so moving one changes none of its values.
+        """
+        rows = self.rows
+        self.stats.resizes += 1
+        if n > len(rows):
+            order, extra = list(range(len(rows))), n - len(rows)
+        else:
+            used = [i for i, row in enumerate(rows) if row is not None]
+            order = (used + [i for i, row in enumerate(rows) if row is None])[:n]
+            extra = 0
+        idx = mx.array(order, dtype=mx.int32)
+
+        def pick(a):  # (len(rows), ...) -> (n, ...)
+            if extra:
+                return mx.concatenate([a, mx.zeros((extra, *a.shape[1:]), a.dtype)])
+            return a[idx]
+
+        s = self.state
+        self.state = s._replace(
+            init_token=pick(s.init_token),
+            hidden=pick(s.hidden),
+            lengths=pick(s.lengths),
+            keys=[pick(k) for k in s.keys],
+            values=[pick(v) for v in s.values],
+        )
+        self.row_keys = pick(self.row_keys)
+        self.rows = [rows[i] for i in order] + [None] * extra
+        for i, row in enumerate(self.rows):
+            if row is not None:
+                row.slot = i
+        self._params = None
+
+    # ------------------------------------------------------------------ rows leaving
+
+    def _leave(self, r: int) -> None:
+        """Free row ``r``: it stops emitting now and its cache length returns to 0."""
+        self.rows[r] = None
+        self._params = None
+        at = mx.arange(len(self.rows)) == r
+        self.state = self.state._replace(lengths=mx.where(at, 0, self.state.lengths))
+
+    def _drop_cancelled(self) -> None:
+        """Free the rows (and drop the prefills) of cancelled requests."""
+        waiting = [job for job in self._prefills if not job.request.cancelled.is_set()]
+        self.stats.requests_cancelled += len(self._prefills) - len(waiting)
+        self._prefills = waiting
+        for r, row in enumerate(self.rows):
+            if row is not None and row.request.cancelled.is_set():
+                row.finished = True
+                self.stats.requests_cancelled += 1
+                log.debug("%s cancelled after %d tokens", row.request.id, row.out)
+                self._leave(r)
+
+    def _drain_step(self) -> None:
+        """While draining: refuse queued requests; past the grace period, stop active rows."""
+        if not self._draining:
+            return
+        while True:
+            try:
+                self._reject(self.queue.get_nowait(), "the server is shutting down", 503)
+            except queue.Empty:
+                break
+        if time.perf_counter() >= self._drain_deadline:
+            for job in self._prefills:
+                self._reject(job.request, "the server is shutting down", 503)
+            self._prefills = []
+            for r, row in enumerate(self.rows):
+                if row is not None:
+                    self._send(row, [], error="the server is shutting down", status=503)
+                    self._leave(r)

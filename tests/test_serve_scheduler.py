@@ -1,0 +1,190 @@
+"""The serving scheduler without HTTP: rows joining mid-generation equal solo runs."""
+
+import json
+import random
+
+import pytest
+
+import redrafter_mlx
+from redrafter_mlx.engine.bundled import demo_paths
+from redrafter_mlx.engine.sampling import SamplerConfig
+from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.serve.scheduler import QueueFull, Request, Scheduler
+from tests.helpers import run_decode, tiny_drafter, tiny_model
+
+
+@pytest.fixture(scope="module")
+def pair():
+    base, drafter = demo_paths()
+    return redrafter_mlx.load(base, drafter)
+
+
+@pytest.fixture(scope="module")
+def prompts(pair):
+    _, _, tok = pair
+    lines = (demo_paths()[0].parent / "heldout_prompts.jsonl").read_text().splitlines()[:6]
+    return [
+        tok.chat_prompt([{"role": "user", "content": json.loads(line)["turns"][0]}])
+        for line in lines
+    ]
+
+
+class Collector:
+    """A request sink gathering tokens and the final event."""
+
+    def __init__(self):
+        self.tokens, self.last = [], None
+
+    def __call__(self, event):
+        self.tokens += event.tokens
+        self.last = event
+
+
+def drain(sched):
+    """Run the loop until nothing is queued, active or in flight."""
+    for _ in range(10_000):
+        if not (sched.active_rows or sched._pending is not None or sched.queue.qsize()):
+            return
+        sched.run_once()
+    raise AssertionError("scheduler did not finish")
+
+
+def solo(pair, prompt, max_tokens, shape, temperature=0.0, top_p=1.0, seed=None):
+    model, drafter, tok = pair
+    beam = dict(beam_width=shape.width, beam_length=shape.length) if shape else {}
+    out, _ = run_decode(
+        model,
+        drafter if shape else None,
+        [prompt],
+        max_tokens=max_tokens,
+        eos_token_ids=tok.eos_token_ids,
+        sampler=SamplerConfig(temperature, top_p),
+        seed=seed,
+        **beam,
+    )
+    return out[0]
+
+
+def test_rows_joining_mid_generation_equal_solo_runs(pair, prompts):
+    """Three rows, six requests joining every few steps: slots are reused, outputs exact."""
+    model, drafter, tok = pair
+    shape = BeamShape(2, 4)
+    sched = Scheduler(model, drafter, shape, tok.eos_token_ids, max_batch=3)
+    runs = []
+    for i, prompt in enumerate(prompts):
+        sink = Collector()
+        sched.submit(Request(prompt, 20 + 12 * i, sink))
+        runs.append((prompt, 20 + 12 * i, sink))
+        for _ in range(2 + i % 3):
+            sched.run_once()
+    drain(sched)
+    for prompt, max_tokens, sink in runs:
+        assert sink.tokens == solo(pair, prompt, max_tokens, shape)
+        assert sink.last.finish in ("stop", "length")
+    assert sched.health()["max_rows_per_step"] == 3
+
+
+def test_batch_grows_and_shrinks_with_rows_in_flight(pair, prompts):
+    """Six requests at once (1 -> 2 -> 4 -> 8 rows), then only the long one is left: the
+    batch shrinks to one row under it, and every output still equals its solo run."""
+    model, drafter, tok = pair
+    shape = BeamShape(2, 4)
+    sched = Scheduler(model, drafter, shape, tok.eos_token_ids, max_batch=8)
+    lengths = [6, 6, 6, 6, 6, 70]
+    sinks = [Collector() for _ in lengths]
+    for prompt, n, sink in zip(prompts, lengths, sinks):
+        sched.submit(Request(prompt, n, sink))
+    sizes = []
+    while sched.active_rows or sched._pending is not None or sched.queue.qsize():
+        sched.run_once()
+        sizes.append(len(sched.rows))
+    assert max(sizes) == 8 and 1 in sizes[sizes.index(8) :]
+    for prompt, n, sink in zip(prompts, lengths, sinks):
+        assert sink.tokens == solo(pair, prompt, n, shape)
+
+
+@pytest.mark.parametrize("speculative", [True, False])
+def test_mixed_sampling_rows_equal_seeded_solo_runs(pair, prompts, speculative):
+    """Greedy and seeded sampled rows share steps; each equals its request alone."""
+    model, drafter, tok = pair
+    shape = BeamShape(2, 5) if speculative else None
+    sched = Scheduler(model, drafter if speculative else None, shape, tok.eos_token_ids, 4)
+    settings = [(0.0, 1.0), (0.8, 1.0), (1.0, 0.9), (0.7, 0.5)]
+    runs = []
+    for i, (temperature, top_p) in enumerate(settings):
+        sink = Collector()
+        sched.submit(Request(prompts[i], 40, sink, temperature, top_p, seed=100 + i))
+        runs.append((prompts[i], temperature, top_p, 100 + i, sink))
+        sched.run_once()
+    drain(sched)
+    for prompt, temperature, top_p, seed, sink in runs:
+        assert sink.tokens == solo(pair, prompt, 40, shape, temperature, top_p, seed)
+
+
+def test_cancel_frees_the_row_and_the_next_request_is_exact(pair, prompts):
+    model, drafter, tok = pair
+    shape = BeamShape(2, 4)
+    sched = Scheduler(model, drafter, shape, tok.eos_token_ids, max_batch=1)
+    first, second = Collector(), Collector()
+    long = Request(prompts[0], 200, first)
+    sched.submit(long)
+    sched.submit(Request(prompts[1], 30, second))
+    for _ in range(3):
+        sched.run_once()
+    assert sched.active_rows == 1 and sched.queue.qsize() == 1
+    long.cancel()
+    drain(sched)
+    assert 0 < len(first.tokens) < 200 and first.last.finish is None
+    assert second.tokens == solo(pair, prompts[1], 30, shape)
+    assert sched.health()["requests_cancelled"] == 1
+
+
+def test_queue_full_and_engine_failure(pair, prompts, monkeypatch):
+    """A full queue refuses; an engine exception fails the rows in flight, not the queue."""
+    model, drafter, tok = pair
+    shape = BeamShape(2, 4)
+    sched = Scheduler(model, drafter, shape, tok.eos_token_ids, max_batch=1, max_queue=1)
+    failed, queued = Collector(), Collector()
+    sched.submit(Request(prompts[0], 50, failed))
+    sched.run_once()  # joins row 0
+    sched.submit(Request(prompts[1], 25, queued))
+    with pytest.raises(QueueFull):
+        sched.submit(Request(prompts[2], 5, Collector()))
+
+    original = sched._queue_step
+
+    def boom():
+        monkeypatch.setattr(sched, "_queue_step", original)
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(sched, "_queue_step", boom)
+    drain(sched)
+    assert failed.last.error and "injected" in failed.last.error and failed.last.status == 500
+    assert queued.tokens == solo(pair, prompts[1], 25, shape)
+    assert sched.health()["engine_errors"] == 1
+
+
+def test_long_prompt_prefills_a_chunk_per_step_while_rows_decode():
+    """A 1100-token prompt (three chunks) joins while a row decodes: that row keeps getting
+    tokens during the prefill, and both outputs equal their solo runs."""
+    model = tiny_model(3, vocab=64, hidden=32)
+    drafter = tiny_drafter(model, 4)
+    shape = BeamShape(2, 3)
+    rng = random.Random(0)
+    short = [1] + [rng.randrange(64) for _ in range(10)]
+    long = [1] + [rng.randrange(64) for _ in range(1100)]
+    sched = Scheduler(model, drafter, shape, (), max_batch=2)
+    a, b = Collector(), Collector()
+    sched.submit(Request(short, 60, a))
+    for _ in range(3):
+        sched.run_once()
+    sched.submit(Request(long, 20, b))
+    during = []
+    while not b.tokens:
+        sched.run_once()
+        during.append((len(a.tokens), sched.health()["prefilling"]))
+    assert any(p for _, p in during) and during[-1][0] > during[0][0]
+    drain(sched)
+    beam = dict(beam_width=2, beam_length=3)
+    assert a.tokens == run_decode(model, drafter, [short], max_tokens=60, **beam)[0][0]
+    assert b.tokens == run_decode(model, drafter, [long], max_tokens=20, **beam)[0][0]

@@ -210,8 +210,10 @@ def decode(
     ``drafter=None`` or an autoregressive ``shape`` decodes plainly (one token per step).
     ``adapt``: every few steps run the shape with the best measured tokens/s among plain
     decoding, ``shape`` and its width-1 variant (``True``), or as an :class:`Adaptive` says;
-    ``False`` pins ``shape``. Rows that finish stop emitting; the loop ends when all rows
-    have finished.
+    ``False`` pins ``shape``. Greedy output is the same whatever shape runs; a seeded sample
+    depends on the shapes (one draw per tree node), so ``True`` pins when sampling with a
+    ``seed`` (reproducible), while an explicit :class:`Adaptive` still adapts.
+    Rows that finish stop emitting; the loop ends when all rows have finished.
     """
     prompts = [list(map(int, p)) for p in prompts]
     shape = shape.validate(model.vocab_size)
@@ -240,6 +242,8 @@ def decode(
     B = len(prompts)
     out = [[] for _ in range(B)]
     finish: list[str | None] = [None] * B
+    if adapt is True and seed is not None and not sampler.greedy:
+        adapt = False  # the schedule follows wall time: a seeded sample must be reproducible
     plan = StepPlan(get_step, model, drafter, shape, sampler, adapt)
     stats = _Stats(
         prompt_tokens=sum(len(p) for p in prompts),

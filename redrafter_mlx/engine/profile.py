@@ -114,11 +114,11 @@ def profile_steps(
     (generation loop wall time per step), ``host_ms`` (loop - step) and
     ``overhead_ms`` (step - verify). Timings are medians over ``repeats`` interleaved rounds.
     """
-    from .generation import Session, _prefill, bucket, decode
+    from .generation import Session, bucket, decode, prefill_session
 
     sampler = SamplerConfig()
     session = Session(model, 1)
-    hidden = _prefill(session, [list(prompt)])
+    hidden = prefill_session(session, [list(prompt)])
     first = draw(model.logits(hidden), sampler, None)
     lengths = session.lengths
     C_max = max([c for _, _, c in shapes] + [1])

@@ -68,6 +68,7 @@ class ShapeChooser:
     cost_ema: float = 0.25  # weight of a new step time in the cost EMA
     outlier: float = 3.0  # a step this many times the EMA is ignored once
     stale: int = 16  # steps after which a width's acceptance follows the overall one
+    margin: float = 0.1  # switch only to a shape expected this much faster (hysteresis)
     switches: list = field(default_factory=list)  # (observed steps, from key, to key)
     current: Hashable = None
 
@@ -143,7 +144,7 @@ class ShapeChooser:
         if key == self._probe:  # the probe from AR is back: keep it if it wins
             self._probe = None
             ar, spec = self.rate(AR), self.rate(key)
-            if spec is not None and (ar is None or spec > ar):
+            if spec is not None and (ar is None or spec > ar * (1 + self.margin)):
                 self._switch(key)
                 self._probe_every = self.probe
             else:
@@ -174,10 +175,20 @@ class ShapeChooser:
         if self._probe is not None:
             return
         best = self._best()
-        if best is not None and best != self.current:
-            if self.current == AR:
-                self._probe_every = self.probe
-            self._switch(best)
+        if best is None or best == self.current:
+            return
+        now, new = self.rate(self.current), self.rate(best)
+        if now is not None and new is not None and new <= now * (1 + self.margin):
+            return  # not clearly better: noise in step times must not flip shapes
+        if self.current == AR:
+            self._probe_every = self.probe
+        self._switch(best)
+
+    def resume(self) -> None:
+        """Start a new generation with what was learnt (costs, acceptance, the shape
+        chosen, the probe back-off); a probe still in flight is forgotten."""
+        self._probe = None
+        self._queued = 0
 
     def _switch(self, key: Hashable) -> None:
         self.switches.append((self.steps, self.current, key))
@@ -214,6 +225,22 @@ class Adaptive:
         return [AR, *dict.fromkeys(spec)]
 
 
+MAX_LEARNT = 16  # per model: (drafter, shape, sampler) configurations remembered
+
+
+def learnt(model, drafter, shape: BeamShape, sampler) -> Adaptive:
+    """The default ``Adaptive`` of this configuration, kept on the model across calls, so a
+    new generation (a chat turn, the next prompt) starts from the measured costs and
+    acceptance instead of exploring again."""
+    store = model.__dict__.setdefault("_adaptive", {})
+    key = (id(drafter), shape, sampler)
+    if key not in store:
+        while len(store) >= MAX_LEARNT:
+            store.pop(next(iter(store)))
+        store[key] = Adaptive()
+    return store[key]
+
+
 class StepPlan:
     """The compiled step(s) a decode loop runs: one fixed shape, or adaptive among several.
 
@@ -223,8 +250,8 @@ class StepPlan:
     """
 
     def __init__(self, get_step, model, drafter, shape: BeamShape, sampler, adapt):
-        if adapt is True:
-            adapt = Adaptive()
+        if adapt is True and drafter is not None:
+            adapt = learnt(model, drafter, shape, sampler)
         self.adapt = adapt if drafter is not None and adapt else None
         shapes = self.adapt.candidates(shape) if self.adapt else [shape]
         self.steps = {
@@ -234,7 +261,12 @@ class StepPlan:
         self.per_step = max(max(s.length, 1) for s in shapes)
         self.slots = max(s.slots for s in shapes)
         self.chooser = None
-        if self.adapt:
+        previous = self.adapt.chooser if self.adapt else None
+        if previous is not None and previous.shapes == shapes:
+            self.chooser = previous
+            previous.resume()
+            self.adapt.history = []
+        elif self.adapt:
             start = shape if shape in self.steps else None
             self.chooser = ShapeChooser(
                 shapes,

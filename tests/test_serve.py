@@ -22,7 +22,7 @@ import redrafter_mlx
 from redrafter_mlx.engine.bundled import demo_paths
 from redrafter_mlx.engine.shape import BeamShape
 from redrafter_mlx.serve.app import ServeConfig, create_app, make_server
-from redrafter_mlx.serve.scheduler import Scheduler
+from redrafter_mlx.serve.scheduler import Request, Scheduler
 
 W, L = 2, 4
 LIMIT = 256
@@ -90,7 +90,9 @@ class LiveServer:
         )
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]})
         self.thread.start()
+        deadline = time.time() + 60
         while not self.server.started:
+            assert time.time() < deadline, "the server did not start within 60 s"
             time.sleep(0.02)
         self.client = openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0)
 
@@ -242,22 +244,39 @@ def test_models_and_health(live):
     assert health["status"] == "ok" and health["max_batch"] == 8
 
 
-def test_full_queue_is_a_429(pair):
+def test_full_queue_is_a_429(pair, monkeypatch):
+    """With admission held, a request waiting in the queue (size 1) makes the next one a 429;
+    once admission resumes, the queued request is answered and the server keeps serving."""
     server = LiveServer(pair, max_batch=1, max_queue=1)
+    gate, holding = threading.Event(), threading.Event()
+    admit = server.scheduler._admit
+
+    def held(block, timeout):
+        if gate.is_set():
+            return admit(block, timeout)
+        holding.set()
+        time.sleep(0.01)
+        return None
+
+    monkeypatch.setattr(server.scheduler, "_admit", held)
     try:
-        body = dict(prompt="class Parser:", max_tokens=LIMIT, temperature=0, stream=True)
-        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=30) as r:
-            next(r.iter_lines())  # the row is taken
-            waiting = []
-            thread = threading.Thread(target=lambda: waiting.append(ask(server.client, *CASES[6])))
-            thread.start()
-            while server.health()["queued"] < 1:
-                time.sleep(0.02)
-            with pytest.raises(openai.RateLimitError):
-                ask(server.client, *CASES[6])
-        thread.join(30)  # the row is freed by the disconnect; the queued request runs
-        assert waiting and waiting[0][1] in ("stop", "length")
+        # the engine thread may still be inside the original _admit, waiting on the queue:
+        # the queue is closed once it has come round to the held one
+        assert holding.wait(30)
+        events = []
+        tok = pair[2]
+        server.scheduler.submit(Request(tok.encode("def fibonacci(n):"), 8, events.append))
+        assert server.health()["queued"] == 1
+        with pytest.raises(openai.RateLimitError):
+            ask(server.client, *CASES[6])
+        gate.set()
+        deadline = time.time() + 60
+        while not (events and events[-1].finish):
+            assert time.time() < deadline, "the queued request was not answered"
+            time.sleep(0.02)
+        assert ask(server.client, *CASES[6])[1] in ("stop", "length")
     finally:
+        gate.set()
         server.close()
 
 

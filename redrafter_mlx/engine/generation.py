@@ -267,6 +267,7 @@ def decode(
         return new, len(new)
 
     box = {"state": state}  # the newest queued state, handed back to the session
+    del state
     try:
         session.keys = session.values = None  # the loop owns the cache now (in-place updates)
         first_tokens = first.tolist()  # once per call, before the decode loop
@@ -288,27 +289,34 @@ def decode(
         lengths = [len(p) for p in prompts]  # exact, as of the last step read
         inflight = 0
 
-        def queue(state):
-            """Queue one step; attention covers a bucket above every row's possible length."""
+        def queue():
+            """Queue one step; attention covers a bucket above every row's possible length.
+
+            The state is taken out of ``box`` so that, while the step is dispatched, nothing
+            but its graph holds the cache: a held reference makes every K/V write copy it.
+            """
             nonlocal inflight
-            window = bucket(max(lengths) + inflight * per_step + width)
-            if window > state.keys[0].shape[2]:
-                state = state._replace(
-                    keys=grow(state.keys, window), values=grow(state.values, window)
-                )
-            host = time.perf_counter()
-            state, out = plan.next()(state, window)
-            mx.async_eval(out, state)
-            box["state"] = state
+            state = box.pop("state")
+            try:
+                window = bucket(max(lengths) + inflight * per_step + width)
+                if window > state.keys[0].shape[2]:
+                    state = state._replace(
+                        keys=grow(state.keys, window), values=grow(state.values, window)
+                    )
+                host = time.perf_counter()
+                state, out = plan.next()(state, window)
+                mx.async_eval(out, state)
+            finally:
+                box["state"] = state  # handed back to the session even if interrupted
             stats.host_s += time.perf_counter() - host
             inflight += 1
-            return state, out
+            return out
 
         pending = None
         if not all(finish):
-            state, pending = queue(state)
+            pending = queue()
         while pending is not None:
-            state, nxt = queue(state)  # queue step k+1 before reading step k
+            nxt = queue()  # queue step k+1 before reading step k
             # Host reads of step k only, which is computed; step k+1 is already queued.
             toks, counts, packed = (
                 pending.tokens.tolist(),

@@ -109,9 +109,18 @@ class ShapeChooser:
         return sum(a**k for k in range(key.length))
 
     def rate(self, key: Hashable) -> float | None:
-        """Expected tokens per second; None while the shape's cost is unknown."""
+        """Expected tokens per second; None while the shape's cost is unknown.
+
+        A speculative step does at least an AR step's work (its verify forward), so its cost
+        is taken as at least AR's: noise in step times never makes a step that drafts
+        nothing useful look faster than plain decoding.
+        """
         cost = self.cost[key]
-        return None if cost is None else self.tokens_per_step(key) / cost
+        if cost is None:
+            return None
+        if key != AR and self.cost[AR] is not None:
+            cost = max(cost, self.cost[AR])
+        return self.tokens_per_step(key) / cost
 
     # ------------------------------------------------------------------ the loop's calls
 

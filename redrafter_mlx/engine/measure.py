@@ -90,7 +90,12 @@ def verify_cost(
 ) -> list[dict]:
     """Per capacity C: AR step ms, verify ms, and their ratio (same model, cache, context)."""
     model = random_llama(hidden, layers, vocab)
-    window = 1 << (context + max(capacities)).bit_length()
+    from .generation import bucket
+
+    # The attention window the decode loop itself would use at this context (it rounds up
+    # to whole SLOT_QUANTUM slots), not a power of two that would make every query attend to
+    # up to twice the slots the loop does.
+    window = bucket(context + max(capacities))
     keys, values = model.make_cache(1, window)
     prompt = mx.random.randint(0, vocab, (1, context)).astype(mx.int32)
     zeros = mx.zeros((1,), dtype=mx.int32)

@@ -8,7 +8,14 @@ reference-trained drafters load after conversion:
     lm_head.{N}.weight                exit_dim -> V, no bias
     rnn_u.{weight,bias}, rnn_w.weight the recurrent state update (rnn=True)
 
-Shapes: B rows, W beams, L beam length (counts the init token), H hidden, V vocabulary.
+Optional shortlist vocabulary (FR-Spec, 2025): config ``draft_vocab`` lists K token ids (the
+most frequent ones of the training responses); the head is then exit_dim -> K and the beam
+search drafts over those K ids only, mapping them back to full ids. Verification still uses
+the LLM's full vocabulary, so output is unchanged; only drafts outside the list are impossible.
+Without ``draft_vocab`` the head covers the full vocabulary (the reference format).
+
+Shapes: B rows, W beams, L beam length (counts the init token), H hidden, V vocabulary
+(the drafter's own: K with a shortlist).
 """
 
 from __future__ import annotations
@@ -33,10 +40,16 @@ class DrafterArgs:
     num_draft_layers: int = 2
     rnn: bool = True
     extra: dict[str, Any] | None = None
+    draft_vocab: list[int] | None = None  # shortlist of K full-vocabulary ids, or None
+
+    @property
+    def head_size(self) -> int:
+        """Rows of the vocabulary head: K with a shortlist, else vocab_size."""
+        return len(self.draft_vocab) if self.draft_vocab else self.vocab_size
 
     @classmethod
     def from_config(cls, config: dict) -> DrafterArgs:
-        names = {"vocab_size", "hidden_size", "exit_dim", "num_draft_layers", "rnn"}
+        names = {"vocab_size", "hidden_size", "exit_dim", "num_draft_layers", "rnn", "draft_vocab"}
         missing = [k for k in ("vocab_size", "hidden_size") if k not in config]
         if missing:
             raise ValueError(f"drafter config.json lacks {missing}")
@@ -54,6 +67,8 @@ class DrafterArgs:
             num_draft_layers=self.num_draft_layers,
             rnn=self.rnn,
         )
+        if self.draft_vocab:
+            cfg["draft_vocab"] = [int(i) for i in self.draft_vocab]
         return cfg
 
 
@@ -74,8 +89,10 @@ class Drafter(nn.Module):
         if E != 2 * H:
             self.input_proj = nn.Linear(2 * H, E)
         self.lm_head = [ResBlock(E) for _ in range(args.num_draft_layers)] + [
-            nn.Linear(E, args.vocab_size, bias=False)
+            nn.Linear(E, args.head_size, bias=False)
         ]
+        if args.draft_vocab:  # not a parameter (underscore): a constant of the drafter
+            self._draft_ids = mx.array(args.draft_vocab, dtype=mx.int32)
         if args.rnn:
             self.rnn_u = nn.Linear(H, H, bias=True)
             self.rnn_w = nn.Linear(H, H, bias=False)
@@ -86,8 +103,16 @@ class Drafter(nn.Module):
             return nn.silu(self.rnn_w(token_emb) + self.rnn_u(state))
         return state + token_emb
 
+    def full_ids(self, index: mx.array) -> mx.array:
+        """Head indices (...,) -> full-vocabulary token ids (...,) (identity without shortlist)."""
+        if "_draft_ids" in self:
+            return self._draft_ids[index]
+        return index
+
     def __call__(self, hidden: mx.array, state: mx.array) -> mx.array:
-        """Plain logits for the next draft token: hidden, state (..., H) -> (..., V) float32."""
+        """Plain logits for the next draft token: hidden, state (..., H) -> (..., V) float32.
+
+        V is the head size: K shortlist entries (``full_ids`` maps them) or the vocabulary."""
         x = mx.concatenate([hidden, state], axis=-1)
         if "input_proj" in self:
             x = self.input_proj(x)
@@ -124,21 +149,23 @@ def beam_search(
 
     hidden: (B, H) the LLM's last normed hidden state; init_token: (B,) the token the LLM
     produced at it; embed: the LLM's input embedding lookup.
-    Returns beams (B, W, L) sorted by score (best first) with the init token at position 0,
-    scores (B, W), and the drafter log-probs at each draft step (B, W, L-1, V).
+    Returns beams (B, W, L) of full-vocabulary ids sorted by score (best first) with the init
+    token at position 0, scores (B, W), and the drafter log-probs at each draft step
+    (B, W, L-1, V) over the drafter's head (V = K entries of its shortlist when it has one).
     Requires W <= V (W distinct first tokens).
     """
     B, H = hidden.shape
     W = width
     if length < 2:
         beams = init_token[:, None, None].astype(mx.int32) * mx.ones((1, W, 1), mx.int32)
-        return beams, mx.zeros((B, W)), mx.zeros((B, W, 0, drafter.args.vocab_size))
+        return beams, mx.zeros((B, W)), mx.zeros((B, W, 0, drafter.args.head_size))
     # First step: all beams are the init token, so run the drafter once and take the top W.
     state = drafter.next_state(mx.zeros((B, 1, H), dtype=hidden.dtype), embed(init_token)[:, None])
     log_probs = draft_log_probs(drafter(hidden[:, None], state))  # (B, 1, V)
     V = log_probs.shape[-1]
     token = mx.argsort(-log_probs[:, 0], axis=-1)[:, :W].astype(mx.int32)  # (B, W) best first
     scores = mx.take_along_axis(log_probs[:, 0], token, axis=-1)
+    token = drafter.full_ids(token)
     beams = mx.stack([mx.broadcast_to(init_token[:, None], (B, W)).astype(mx.int32), token], -1)
     state = mx.broadcast_to(state, (B, W, H))
     step_log_probs = [mx.broadcast_to(log_probs, (B, W, V))]
@@ -152,7 +179,7 @@ def beam_search(
         order = mx.argsort(-top_scores, axis=-1)
         top = mx.take_along_axis(top, order, axis=-1)
         scores = mx.take_along_axis(top_scores, order, axis=-1)
-        parent, token = top // V, (top % V).astype(mx.int32)
+        parent, token = top // V, drafter.full_ids((top % V).astype(mx.int32))
         beams = mx.concatenate([_take_beams(beams, parent), token[:, :, None]], axis=-1)
         state = _take_beams(state, parent)
         step_log_probs = [_take_beams(lp, parent) for lp in step_log_probs]

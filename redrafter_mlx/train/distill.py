@@ -348,7 +348,7 @@ def build_target_cache(
         hidden = mm(tmp / "hidden.npy", "w+", dtype, (total, model.hidden_size))
         tokens = mm(tmp / "tokens.npy", "w+", np.int32, (total, depth + 1))
         valid = mm(tmp / "valid.npy", "w+", np.bool_, (total, depth))
-        at = 0
+        at, tic = 0, time.perf_counter()
         for seq, m in zip(sequences, counts):
             pos = seq.positions()
             h, toks, ok = sequence_targets(model, seq, pos, depth, mode)
@@ -358,6 +358,7 @@ def build_target_cache(
                 on_sequence(len(seq.tokens))
         for a in (hidden, tokens, valid):
             a.flush()
+        valid_share = [round(float(v), 4) for v in np.asarray(valid).mean(axis=0)]
         del hidden, tokens, valid
         (tmp / "meta.json").write_text(
             json.dumps(
@@ -367,6 +368,9 @@ def build_target_cache(
                     sequences=len(sequences),
                     T=depth,
                     mode=mode,
+                    tokens=sum(len(s.tokens) for s in sequences),
+                    seconds=round(time.perf_counter() - tic, 2),
+                    valid_per_step=valid_share,
                 )
             )
         )
@@ -825,7 +829,9 @@ def distill(model_dir, data_files, out_dir, **options) -> dict:
         group,
     )
     start = restore(ctx, trainer, opts, progress, rank)
+    train_tic = time.perf_counter()
     history = train_loop(ctx, trainer, opts, progress, start, rank)
+    train_seconds = time.perf_counter() - train_tic
     config = drafter_config(trainer.drafter.args, opts.predict_tokens, opts.targets)
     if rank == 0 and (not list_checkpoints(out) or history):
         save_checkpoint(out, trainer, ctx.total_steps, config, ctx.run)
@@ -835,6 +841,9 @@ def distill(model_dir, data_files, out_dir, **options) -> dict:
         resumed_from=start,
         positions=ctx.cache.size,
         cache_dir=str(ctx.cache.path),
+        train_seconds=round(train_seconds, 2),
+        trained_positions=len(history) * ctx.order.batch_size * opts.grad_accum * world,
+        draft_vocab=len(ctx.draft_vocab) if ctx.draft_vocab else None,
         targets=opts.targets,
         predict_tokens=opts.predict_tokens,
         first_loss=history[0]["loss"] if history else None,

@@ -193,3 +193,36 @@ def test_shortlist_drafter_directory_round_trip(tmp_path):
     (tmp_path / "d" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(LoadError, match="draft_vocab"):
         check_pair(model, load_drafter(tmp_path / "d", mx.float32))
+
+
+def test_the_packaged_smollm2_drafter_is_offered_only_for_the_unquantized_install(tmp_path):
+    from redrafter_mlx.engine import bundled
+    from weights_convert import smollm2
+
+    assert bundled.SMOLLM2_MARKER == smollm2.MARKER
+    folder = tmp_path / "smollm2"
+    folder.mkdir()
+    assert bundled.bundled_drafter_for(folder) is None  # any other model folder
+    (folder / smollm2.MARKER).write_text(json.dumps({"quantization": None}))
+    expected = (
+        bundled.SMOLLM2_DRAFTER if (bundled.SMOLLM2_DRAFTER / "config.json").exists() else None
+    )
+    assert bundled.bundled_drafter_for(folder) == expected
+    (folder / smollm2.MARKER).write_text(json.dumps({"quantization": {"bits": 4}}))
+    assert bundled.bundled_drafter_for(folder) is None  # trained on float32 hidden states
+
+
+def test_shipped_smollm2_drafter_loads_and_pairs_with_the_model_config():
+    """The packaged drafter (when built) is a valid shortlist drafter for SmolLM2's shapes."""
+    from redrafter_mlx.engine import bundled
+    from redrafter_mlx.engine.loading import load_drafter
+
+    if not (bundled.SMOLLM2_DRAFTER / "config.json").exists():
+        pytest.skip("the SmolLM2 drafter is not built (make smollm2-drafter)")
+    drafter = load_drafter(bundled.SMOLLM2_DRAFTER, mx.float32)
+    args = drafter.args
+    assert (args.vocab_size, args.hidden_size) == (49152, 576)
+    assert args.draft_vocab and all(0 <= i < 49152 for i in args.draft_vocab)
+    assert 2 in args.draft_vocab  # <|im_end|> can be drafted
+    size = sum(f.stat().st_size for f in bundled.SMOLLM2_DRAFTER.iterdir())
+    assert size <= 16 * 2**20

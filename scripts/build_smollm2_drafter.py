@@ -23,10 +23,11 @@ continued when its outputs exist; everything is seeded):
 3. ``distill``  -> WORK/drafter: ``redrafter_mlx.train.distill`` with ``targets="self"``
    (greedy self-generated responses ARE the model's greedy continuations: one forward per
    sequence), a frequency-ranked shortlist vocabulary (``--draft-vocab``), resumable.
-4. ``eval``     -> WORK/eval.json: tokens/step at a few shapes on held-out MT-Bench prompts,
-   greedy and at temperature 0.7.
-5. ``ship``     -> redrafter_mlx/smollm2_drafter/: the drafter in float16, eval.json and
-   BUILD.md (how it was made, data sizes, steps, times, positions/s per stage).
+4. ``ship``     -> redrafter_mlx/smollm2_drafter/: the drafter in float16 (config.json with its
+   ``draft_vocab`` shortlist, model.safetensors) and BUILD.md.
+5. ``eval``     -> WORK/eval.json (+ the shipped eval.json and BUILD.md): tokens/step at a few
+   shapes on held-out MT-Bench prompts, greedy and at temperature 0.7, for the shipped float16
+   drafter and (greedy) the float32 training output.
 
 WORK defaults to ~/.cache/redrafter-mlx/build/smollm2-drafter; the small artefacts (prompts,
 generations, metrics) can be committed under scripts/smollm2_build/ with --snapshot.
@@ -53,7 +54,7 @@ HELDOUT = [
     for f in ("mt_bench_questions.jsonl", "vicuna_bench_questions.jsonl")
 ]
 DEFAULT_WORK = Path.home() / ".cache/redrafter-mlx/build/smollm2-drafter"
-STAGES = ("prompts", "generate", "distill", "eval", "ship")
+STAGES = ("prompts", "generate", "distill", "ship", "eval")
 
 TOPICS = (
     "cooking",
@@ -518,7 +519,9 @@ def stage_distill(work: Path, a) -> None:
 # stage 4: evaluation
 
 
-def stage_eval(work: Path, a, drafter_dir: Path | None = None) -> dict:
+def stage_eval(work: Path, a) -> dict:
+    """Tokens/step on held-out MT-Bench prompts (one batch): the shipped float16 drafter at
+    greedy and temperature 0.7, and the float32 training output at greedy (does fp16 hold?)."""
     from redrafter_mlx.engine.generation import decode
     from redrafter_mlx.engine.loading import load_drafter
     from redrafter_mlx.engine.prompts import load_prompts
@@ -526,36 +529,41 @@ def stage_eval(work: Path, a, drafter_dir: Path | None = None) -> dict:
     from redrafter_mlx.engine.shape import BeamShape
 
     _, model, tok = load_engine()
-    drafter = load_drafter(drafter_dir or work / "drafter")
     texts = load_prompts("mt-bench", a.eval_prompts)
     prompts = [tok.chat_prompt([{"role": "user", "content": t}]) for t in texts]
+    runs = [("float32 (trained)", work / "drafter", (0.0,))]
+    if (SHIP / "config.json").exists():
+        runs.insert(0, ("float16 (shipped)", SHIP, (0.0, 0.7)))
     results = []
-    for temp in (0.0, 0.7):
-        for w, length in ((1, 4), (2, 5), (4, 5)):
-            t0 = time.perf_counter()
-            stats = None
-            for ev in decode(
-                model,
-                drafter,
-                prompts,
-                max_tokens=a.eval_tokens,
-                shape=BeamShape(w, length),
-                sampler=SamplerConfig(temperature=temp),
-                eos_token_ids=sorted(tok.eos_token_ids),
-                seed=0,
-            ):
-                stats = ev.stats
-            results.append(
-                dict(
-                    temperature=temp,
-                    beam_width=w,
-                    beam_length=length,
-                    tokens_per_step=round(stats.tokens_per_step, 3),
-                    generated=stats.generation_tokens,
-                    seconds=round(time.perf_counter() - t0, 1),
+    for label, path, temps in runs:
+        drafter = load_drafter(path)
+        for temp in temps:
+            for w, length in ((1, 4), (2, 5), (4, 5)):
+                t0 = time.perf_counter()
+                stats = None
+                for ev in decode(
+                    model,
+                    drafter,
+                    prompts,
+                    max_tokens=a.eval_tokens,
+                    shape=BeamShape(w, length),
+                    sampler=SamplerConfig(temperature=temp),
+                    eos_token_ids=sorted(tok.eos_token_ids),
+                    seed=0,
+                ):
+                    stats = ev.stats
+                results.append(
+                    dict(
+                        drafter=label,
+                        temperature=temp,
+                        beam_width=w,
+                        beam_length=length,
+                        tokens_per_step=round(stats.tokens_per_step, 3),
+                        generated=stats.generation_tokens,
+                        seconds=round(time.perf_counter() - t0, 1),
+                    )
                 )
-            )
-            log(f"eval: T={temp} W{w} L{length}: {stats.tokens_per_step:.3f} tokens/step")
+                log(f"eval: {label} T={temp} W{w} L{length}: {stats.tokens_per_step:.3f} tok/step")
     report = dict(
         prompts="mt-bench (held out)",
         num_prompts=len(prompts),
@@ -564,11 +572,10 @@ def stage_eval(work: Path, a, drafter_dir: Path | None = None) -> dict:
         results=results,
     )
     write_json_atomic(work / "eval.json", report)
+    if (SHIP / "config.json").exists():
+        write_json_atomic(SHIP / "eval.json", report)
+        write_build_md(work, a)
     return report
-
-
-# ------------------------------------------------------------------------------------------
-# stage 5: ship
 
 
 def stage_ship(work: Path, a) -> None:
@@ -587,9 +594,6 @@ def stage_ship(work: Path, a) -> None:
     config = json.loads((src / "config.json").read_text())
     config["torch_dtype"] = "float16"
     write_json_atomic(SHIP / "config.json", config)
-    for name in ("eval.json",):
-        if (work / name).exists():
-            write_json_atomic(SHIP / name, json.loads((work / name).read_text()))
     write_build_md(work, a)
     log(f"ship: {SHIP} ({(SHIP / 'model.safetensors').stat().st_size / 1e6:.1f} MB)")
 
@@ -643,19 +647,19 @@ def write_build_md(work: Path, a) -> None:
         "| --- | ---: | ---: | ---: |",
     ]
     for name, s in stats.items():
-        rate = s["positions"] / s["seconds"] if s.get("seconds") else 0
+        rate = s["positions"] / s["seconds"] if s.get("seconds") else 0  # noqa: RUF100
         lines.append(f"| {name} | {s['seconds']:.0f} | {s['positions']} | {rate:.1f} |")
     lines += ["", "## Held-out evaluation (MT-Bench, tokens/step)", ""]
     if ev:
         lines += [
             f"{ev['num_prompts']} prompts, {ev['max_tokens']} tokens, one batch.",
             "",
-            "| temperature | W | L | tokens/step |",
-            "| ---: | ---: | ---: | ---: |",
+            "| drafter | temperature | W | L | tokens/step |",
+            "| --- | ---: | ---: | ---: | ---: |",
         ]
         lines += [
-            f"| {r['temperature']} | {r['beam_width']} | {r['beam_length']} | "
-            f"{r['tokens_per_step']:.3f} |"
+            f"| {r.get('drafter', '')} | {r['temperature']} | {r['beam_width']} | "
+            f"{r['beam_length']} | {r['tokens_per_step']:.3f} |"
             for r in ev["results"]
         ]
     lines.append("")

@@ -647,7 +647,7 @@ def write_build_md(work: Path, a) -> None:
         "| --- | ---: | ---: | ---: |",
     ]
     for name, s in stats.items():
-        rate = s["positions"] / s["seconds"] if s.get("seconds") else 0  # noqa: RUF100
+        rate = s["positions"] / s["seconds"] if s.get("seconds") else 0
         lines.append(f"| {name} | {s['seconds']:.0f} | {s['positions']} | {rate:.1f} |")
     lines += ["", "## Held-out evaluation (MT-Bench, tokens/step)", ""]
     if ev:

@@ -80,7 +80,7 @@ def distill(
     ),
     eval_prompts: int = typer.Option(8, help="Prompts in the final evaluation."),
     eval_max_tokens: int = typer.Option(64, help="Tokens generated per evaluation prompt."),
-    quiet: bool = typer.Option(False, "--quiet", help="No progress bar or table."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar or table."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks on errors."),
 ) -> None:
     """Train a ReDrafter drafter for MODEL by distillation (the LLM stays frozen)."""

@@ -29,6 +29,11 @@ continued when its outputs exist; everything is seeded):
    shapes on held-out MT-Bench prompts, greedy and at temperature 0.7, for the shipped float16
    drafter and (greedy) the float32 training output.
 
+More data later: the generation stage answers every prompt of prompts.jsonl whose text has no
+answer yet, so move prompts.jsonl away and rerun with larger --model-prompts/--stdlib-prompts
+(or another --seed): old answers are kept, new prompts are answered, and the target cache is
+rebuilt for the new data (its key hashes the data file).
+
 WORK defaults to ~/.cache/redrafter-mlx/build/smollm2-drafter; the small artefacts (prompts,
 generations, metrics) can be committed under scripts/smollm2_build/ with --snapshot.
 """
@@ -410,8 +415,8 @@ def deadline_ts(spec: str | None) -> float | None:
 def stage_generate(work: Path, a) -> None:
     prompts = read_jsonl(work / "prompts.jsonl")
     path = work / "generations.jsonl"
-    done = {r["id"] for r in read_jsonl(path)}
-    todo = [p for p in prompts if p["id"] not in done][: a.max_prompts]
+    done = {r["prompt"] for r in read_jsonl(path)}  # by text: prompt files may be rebuilt
+    todo = [p for p in prompts if p["prompt"] not in done][: a.max_prompts]
     if not todo:
         log(f"generate: all {len(done)} prompts answered, skipped")
         return

@@ -741,7 +741,8 @@ def main(argv=None) -> int:
     bad = [s for s in stages if s not in STAGES]
     if bad:
         raise SystemExit(f"unknown stage(s) {bad}; choose from {STAGES}")
-    if not (work / "prompts.jsonl").exists() and SNAPSHOT.joinpath("prompts.jsonl").exists():
+    fresh = not any((work / n).exists() for n in ("prompts.jsonl", "generations.jsonl"))
+    if fresh and SNAPSHOT.joinpath("prompts.jsonl").exists():
         # continue a committed build: start from its small artefacts
         for name in (
             "prompts.jsonl",

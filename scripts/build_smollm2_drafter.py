@@ -59,7 +59,7 @@ HELDOUT = [
     for f in ("mt_bench_questions.jsonl", "vicuna_bench_questions.jsonl")
 ]
 DEFAULT_WORK = Path.home() / ".cache/redrafter-mlx/build/smollm2-drafter"
-STAGES = ("prompts", "generate", "distill", "ship", "eval")
+STAGES = ("prompts", "generate", "distill", "ship", "eval", "coverage")
 
 TOPICS = (
     "cooking",
@@ -583,6 +583,32 @@ def stage_eval(work: Path, a) -> dict:
     return report
 
 
+def stage_coverage(work: Path, a) -> dict:
+    """Share of the model's greedy held-out answers (MT-Bench) that the shortlist can draft."""
+    from redrafter_mlx.engine.prompts import load_prompts
+
+    _, model, tok = load_engine()
+    ids = set(json.loads((work / "drafter" / "config.json").read_text()).get("draft_vocab") or [])
+    texts = load_prompts("mt-bench", a.coverage_prompts)
+    prompts = [tok.chat_prompt([{"role": "user", "content": t}]) for t in texts]
+    res, _ = greedy_batch(model, tok, prompts, a.max_answer)
+    answer = [t for toks, _ in res for t in toks]
+    inside = sum(t in ids for t in answer) if ids else len(answer)
+    report = dict(
+        prompts="mt-bench (held out)",
+        num_prompts=len(prompts),
+        answer_tokens=len(answer),
+        in_shortlist=inside,
+        coverage=round(inside / max(len(answer), 1), 4),
+        shortlist_size=len(ids) or None,
+    )
+    write_json_atomic(work / "coverage.json", report)
+    log(f"coverage: {report['coverage']:.1%} of {len(answer)} held-out answer tokens")
+    if (SHIP / "config.json").exists():
+        write_build_md(work, a)
+    return report
+
+
 def stage_ship(work: Path, a) -> None:
     import mlx.core as mx
 
@@ -609,9 +635,15 @@ def _read(work: Path, name: str) -> dict:
 
 
 def write_build_md(work: Path, a) -> None:
-    pm, gm, ds, ev = (
+    pm, gm, ds, ev, cov = (
         _read(work, n)
-        for n in ("prompts_meta.json", "generate_meta.json", "distill_summary.json", "eval.json")
+        for n in (
+            "prompts_meta.json",
+            "generate_meta.json",
+            "distill_summary.json",
+            "eval.json",
+            "coverage.json",
+        )
     )
     gens = read_jsonl(work / "generations.jsonl")
     cfg = json.loads((SHIP / "config.json").read_text())
@@ -644,6 +676,10 @@ def write_build_md(work: Path, a) -> None:
         f"rnn {cfg.get('rnn')}, predict_tokens {cfg.get('predict_tokens')}, shortlist "
         f"vocabulary {len(cfg.get('draft_vocab') or []) or 'none (full)'} of "
         f"{cfg.get('vocab_size')} ids; shipped in float16",
+        f"- shortlist coverage of the model's greedy held-out answers: "
+        f"{cov.get('coverage', 'not measured')} ({cov.get('in_shortlist')} of "
+        f"{cov.get('answer_tokens')} tokens, {cov.get('num_prompts')} MT-Bench prompts; a token "
+        f"outside it can still be emitted, as the bonus token, but never drafted)",
         f"- wall time {ds.get('wall_seconds')} s",
         "",
         "## Stage times and throughput",
@@ -708,6 +744,7 @@ def parse_args(argv=None):
     p.add_argument("--save-every", type=int, default=200)
     p.add_argument("--eval-prompts", type=int, default=8)
     p.add_argument("--eval-tokens", type=int, default=64)
+    p.add_argument("--coverage-prompts", type=int, default=32)
     p.add_argument(
         "--snapshot",
         action="store_true",
@@ -762,6 +799,7 @@ def main(argv=None) -> int:
             "generate": stage_generate,
             "distill": stage_distill,
             "eval": stage_eval,
+            "coverage": stage_coverage,
             "ship": stage_ship,
         }[s](work, a)
         if s in ("prompts", "generate", "eval"):

@@ -47,6 +47,7 @@ import os
 import random
 import sys
 import sysconfig
+from collections import Counter
 import time
 from pathlib import Path
 
@@ -360,16 +361,60 @@ def model_prompts(model, tok, n: int, seed: int, batch: int) -> tuple[list[dict]
     return rows[:n], dict(asks=i + len(chunk), tokens=tokens, seconds=round(secs, 1))
 
 
+TEMPLATES = (
+    "Write a short story about {t}.",
+    "Explain {t} to a complete beginner.",
+    "Give me five practical tips about {t}.",
+    "Write a polite email to a colleague about {t}.",
+    "What are the pros and cons of {t}?",
+    "Write a short poem about {t}.",
+    "Summarize the most important facts about {t} in a paragraph.",
+    "What are common misconceptions about {t}?",
+    "Describe a typical day for someone who works in {t}.",
+    "Write a persuasive paragraph about why people should learn about {t}.",
+    "Create a simple step-by-step plan for getting started with {t}.",
+    "Answer as a friendly expert: what should I know first about {t}?",
+)
+
+
+def template_prompts(n: int, seed: int) -> list[dict]:
+    """User turns from (template x topic) combinations: writing, advice, explanation, roleplay."""
+    combos = [tpl.format(t=t) for tpl in TEMPLATES for t in TOPICS]
+    random.Random(seed + 1).shuffle(combos)
+    return [dict(source="template", prompt=p) for p in combos[:n]]
+
+
+def extend_prompts(path: Path, n: int, seed: int) -> int:
+    """Append up to n template prompts not yet in prompts.jsonl (atomically); returns how many."""
+    rows = read_jsonl(path)
+    have = {normalize(r["prompt"]) for r in rows}
+    held = heldout_turns()
+    new = [
+        r
+        for r in template_prompts(n, seed)
+        if normalize(r["prompt"]) not in have and normalize(r["prompt"]) not in held
+    ]
+    if not new:
+        return 0
+    start = max(r["id"] for r in rows) + 1
+    for i, r in enumerate(new):
+        r["id"] = start + i
+    write_jsonl_atomic(path, rows + new)
+    return len(new)
+
+
 def stage_prompts(work: Path, a) -> None:
     path = work / "prompts.jsonl"
     if path.exists():
-        log(f"prompts: {path} exists, skipped")
+        added = extend_prompts(path, a.template_prompts, a.seed) if a.template_prompts else 0
+        log(f"prompts: {path} exists; template prompts added: {added}")
         return
     t0 = time.perf_counter()
     _, model, tok = load_engine()
     rows, gen = model_prompts(model, tok, a.model_prompts, a.seed, a.batch)
     rows += stdlib_prompts(a.stdlib_prompts, a.seed)
     rows += sharegpt_prompts()
+    rows += template_prompts(a.template_prompts, a.seed)
     held = heldout_turns()
     seen, kept, dropped = set(), [], 0
     for r in rows:
@@ -385,7 +430,9 @@ def stage_prompts(work: Path, a) -> None:
     for i, r in enumerate(kept):
         r["id"] = i
     write_jsonl_atomic(path, kept)
-    counts = {s: sum(r["source"] == s for r in kept) for s in ("model", "stdlib", "sharegpt")}
+    counts = {
+        s: sum(r["source"] == s for r in kept) for s in ("model", "stdlib", "sharegpt", "template")
+    }
     write_json_atomic(
         work / "prompts_meta.json",
         dict(
@@ -646,6 +693,7 @@ def write_build_md(work: Path, a) -> None:
         )
     )
     gens = read_jsonl(work / "generations.jsonl")
+    prompts = read_jsonl(work / "prompts.jsonl")
     cfg = json.loads((SHIP / "config.json").read_text())
     stats = _read(work, "stage_times.json")
     lines = [
@@ -658,7 +706,7 @@ def write_build_md(work: Path, a) -> None:
         "",
         "## Data",
         "",
-        f"- prompts: {sum(pm.get('counts', {}).values())} ({pm.get('counts')}); "
+        f"- prompts: {len(prompts)} ({dict(Counter(r['source'] for r in prompts))}); "
         f"held-out MT-Bench / Vicuna-bench turns dropped: {pm.get('heldout_dropped')}",
         f"- model-written prompts: {pm.get('model_generation')}",
         f"- greedy answers: {len(gens)} (<= {gm.get('max_answer')} tokens, batches of "
@@ -730,6 +778,12 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model-prompts", type=int, default=160)
     p.add_argument("--stdlib-prompts", type=int, default=240)
+    p.add_argument(
+        "--template-prompts",
+        type=int,
+        default=0,
+        help="(topic x template) user turns; added to an existing prompts.jsonl too",
+    )
     p.add_argument("--batch", type=int, default=32, help="decode rows per batch")
     p.add_argument("--max-answer", type=int, default=160)
     p.add_argument("--max-prompts", type=int, default=None, help="answer at most this many now")

@@ -47,8 +47,8 @@ import os
 import random
 import sys
 import sysconfig
-from collections import Counter
 import time
+from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent

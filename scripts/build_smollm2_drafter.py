@@ -583,7 +583,7 @@ def stage_eval(work: Path, a) -> dict:
     _, model, tok = load_engine()
     texts = load_prompts("mt-bench", a.eval_prompts)
     prompts = [tok.chat_prompt([{"role": "user", "content": t}]) for t in texts]
-    runs = [("float32 (trained)", work / "drafter", (0.0,))]
+    runs = [("float32 (trained)", drafter_dir(work, a), (0.0,))]
     if (SHIP / "config.json").exists():
         runs.insert(0, ("float16 (shipped)", SHIP, (0.0, 0.7)))
     results = []
@@ -635,7 +635,8 @@ def stage_coverage(work: Path, a) -> dict:
     from redrafter_mlx.engine.prompts import load_prompts
 
     _, model, tok = load_engine()
-    ids = set(json.loads((work / "drafter" / "config.json").read_text()).get("draft_vocab") or [])
+    config = json.loads((drafter_dir(work, a) / "config.json").read_text())
+    ids = set(config.get("draft_vocab") or [])
     texts = load_prompts("mt-bench", a.coverage_prompts)
     prompts = [tok.chat_prompt([{"role": "user", "content": t}]) for t in texts]
     res, _ = greedy_batch(model, tok, prompts, a.max_answer)
@@ -659,7 +660,7 @@ def stage_coverage(work: Path, a) -> dict:
 def stage_ship(work: Path, a) -> None:
     import mlx.core as mx
 
-    src = work / "drafter"
+    src = drafter_dir(work, a)
     SHIP.mkdir(parents=True, exist_ok=True)
     weights = mx.load(str(src / "model.safetensors"))
     weights = {
@@ -676,9 +677,42 @@ def stage_ship(work: Path, a) -> None:
     log(f"ship: {SHIP} ({(SHIP / 'model.safetensors').stat().st_size / 1e6:.1f} MB)")
 
 
+def drafter_dir(work: Path, a) -> Path:
+    """The drafter that ships: --drafter-dir (e.g. a selection run's output) or WORK/drafter."""
+    return Path(a.drafter_dir).expanduser() if a.drafter_dir else work / "drafter"
+
+
 def _read(work: Path, name: str) -> dict:
     p = work / name
     return json.loads(p.read_text()) if p.exists() else {}
+
+
+def selection_lines(cfg: dict, src: Path) -> list[str]:
+    """BUILD.md lines for a drafter picked by scripts/smollm2_select.py (if it was)."""
+    sel = _read(src, "selection.json")
+    if not cfg.get("selected") or not sel:
+        return []
+    args = sel["args"]
+    lines = [
+        "",
+        "### The shipped drafter: a re-trained, selected run",
+        "",
+        f"The run above over-fitted (in-sample W1 L4 3.89 tokens/step, held-out ~1.2). The "
+        f"shipped weights come from `python -m scripts.smollm2_select` (steps {args['steps']}, "
+        f"lr {args['lr']}, weight decay {args['weight_decay']}, batch {args['batch']}, "
+        f"exit_dim {args['exit_dim']}, layers {args['layers']}, extra answers: "
+        f"{args.get('extra_sources') or 'none'}), keeping the step with the best greedy W1 L4 "
+        f"tokens/step on {args['prompts']} Vicuna-bench prompts (selection only; MT-Bench stays "
+        f"the report): step {cfg['selected']['step']}.",
+        "",
+        "| step | loss | train acc per draft step | Vicuna-bench W1 L4 | seconds |",
+        "| ---: | ---: | --- | ---: | ---: |",
+    ]
+    lines += [
+        f"| {h['step']} | {h['loss']} | {h['acc']} | {h['vicuna_w1l4']} | {h['seconds']} |"
+        for h in sel["history"]
+    ]
+    return lines
 
 
 def write_build_md(work: Path, a) -> None:
@@ -729,6 +763,7 @@ def write_build_md(work: Path, a) -> None:
         f"{cov.get('answer_tokens')} tokens, {cov.get('num_prompts')} MT-Bench prompts; a token "
         f"outside it can still be emitted, as the bonus token, but never drafted)",
         f"- wall time {ds.get('wall_seconds')} s",
+        *selection_lines(cfg, drafter_dir(work, a)),
         "",
         "## Stage times and throughput",
         "",
@@ -799,6 +834,12 @@ def parse_args(argv=None):
     p.add_argument("--eval-prompts", type=int, default=8)
     p.add_argument("--eval-tokens", type=int, default=64)
     p.add_argument("--coverage-prompts", type=int, default=32)
+    p.add_argument(
+        "--drafter-dir",
+        default=None,
+        help="ship/eval/coverage this drafter (default WORK/drafter), e.g. "
+        "WORK/drafter_selected from scripts/smollm2_select.py",
+    )
     p.add_argument(
         "--snapshot",
         action="store_true",

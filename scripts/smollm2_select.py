@@ -19,6 +19,37 @@ from redrafter_mlx.train import distill as D
 from scripts.build_smollm2_drafter import DEFAULT_WORK, load_engine, log, write_json_atomic
 
 
+def add_answers(work: Path, cache, model, tok, sources: list[str], a):
+    """Join a self-target cache of the answers from ``sources`` to ``cache``; new shortlist."""
+    import numpy as np
+
+    from redrafter_mlx.train.data import load_training_data
+    from scripts.build_smollm2_drafter import read_jsonl, write_jsonl_atomic
+
+    rows = [r for r in read_jsonl(work / "generations.jsonl") if r["source"] in sources]
+    extra = work / f"generations-{'-'.join(sources)}.jsonl"
+    write_jsonl_atomic(extra, rows)
+    seqs = load_training_data([extra], tok, 512)
+    key = D.cache_key("extra", D.files_digest([extra]), 512, cache.tokens.shape[1] - 1, "self")
+    path = work / "cache" / f"extra-{key}"
+    if (path / "meta.json").exists():
+        more = D.TargetCache.open(path)
+    else:
+        t0 = time.perf_counter()
+        more = D.build_target_cache(model, seqs, cache.tokens.shape[1] - 1, "self", path)
+        log(f"extra targets: {more.size} positions in {time.perf_counter() - t0:.0f} s")
+    joined = D.TargetCache(
+        path,
+        np.concatenate([np.asarray(cache.hidden), np.asarray(more.hidden)]),
+        np.concatenate([np.asarray(cache.tokens), np.asarray(more.tokens)]),
+        np.concatenate([np.asarray(cache.valid), np.asarray(more.valid)]),
+    )
+    everything = load_training_data([work / "generations.jsonl"], tok, 512)
+    vocab = D.shortlist_vocab(everything, a.draft_vocab, model.vocab_size, [2])
+    log(f"joined {joined.size} positions ({len(rows)} extra answers); shortlist {len(vocab)}")
+    return joined, vocab
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--work", default=str(DEFAULT_WORK))
@@ -32,12 +63,22 @@ def main(argv=None) -> int:
     p.add_argument("--prompts", type=int, default=6)
     p.add_argument("--tokens", type=int, default=40)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--extra-sources",
+        default="",
+        help="prompt sources answered after the first cache was built (e.g. template): their "
+        "targets are cached separately and joined; the shortlist is re-ranked over all answers",
+    )
+    p.add_argument("--draft-vocab", type=int, default=8192)
     a = p.parse_args(argv)
     work = Path(a.work).expanduser()
     summary = json.loads((work / "distill_summary.json").read_text())
     cache = D.TargetCache.open(Path(summary["cache_dir"]))
     base = json.loads((work / "drafter" / "config.json").read_text())
     _, model, tok = load_engine()
+    vocab = base["draft_vocab"]
+    if a.extra_sources:
+        cache, vocab = add_answers(work, cache, model, tok, a.extra_sources.split(","), a)
     from redrafter_mlx.engine.prompts import load_prompts
 
     texts = load_prompts("vicuna-bench", a.prompts)
@@ -51,7 +92,6 @@ def main(argv=None) -> int:
         batch_size=a.batch,
         seed=a.seed,
     ).validate()
-    vocab = base["draft_vocab"]
     drafter = D.new_drafter(D.drafter_args(model, opts, vocab), a.seed)
     trainer = D.Trainer(drafter, opts, a.steps)
     order = D.DataOrder(cache.size, a.batch, a.seed)

@@ -705,6 +705,10 @@ def selection_lines(cfg: dict, src: Path) -> list[str]:
         f"tokens/step on {args['prompts']} Vicuna-bench prompts (selection only; MT-Bench stays "
         f"the report): step {cfg['selected']['step']}.",
         "",
+        f"Targets of the extra answers: {sel.get('extra_targets')}; training throughput "
+        f"{args['steps'] * args['batch'] / sel['history'][-1]['seconds']:.0f} positions/s "
+        f"(including the periodic evaluations).",
+        "",
         "| step | loss | train acc per draft step | Vicuna-bench W1 L4 | seconds |",
         "| ---: | ---: | --- | ---: | ---: |",
     ]

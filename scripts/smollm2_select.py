@@ -18,6 +18,8 @@ from pathlib import Path
 from redrafter_mlx.train import distill as D
 from scripts.build_smollm2_drafter import DEFAULT_WORK, load_engine, log, write_json_atomic
 
+EXTRA: dict = {}  # facts of the run for selection.json
+
 
 def add_answers(work: Path, cache, model, tok, sources: list[str], a):
     """Join a self-target cache of the answers from ``sources`` to ``cache``; new shortlist."""
@@ -37,7 +39,9 @@ def add_answers(work: Path, cache, model, tok, sources: list[str], a):
     else:
         t0 = time.perf_counter()
         more = D.build_target_cache(model, seqs, cache.tokens.shape[1] - 1, "self", path)
-        log(f"extra targets: {more.size} positions in {time.perf_counter() - t0:.0f} s")
+        secs = time.perf_counter() - t0
+        log(f"extra targets: {more.size} positions in {secs:.0f} s")
+        EXTRA["extra_targets"] = dict(positions=more.size, seconds=round(secs, 1))
     joined = D.TargetCache(
         path,
         np.concatenate([np.asarray(cache.hidden), np.asarray(more.hidden)]),
@@ -117,7 +121,7 @@ def main(argv=None) -> int:
                 cfg = D.drafter_config(drafter.args, opts.predict_tokens, "self")
                 cfg["selected"] = dict(step=step, vicuna_bench_w1l4=best)
                 D.write_drafter_files(out, drafter, cfg)
-            write_json_atomic(out / "selection.json", dict(args=vars(a), history=history))
+            write_json_atomic(out / "selection.json", dict(args=vars(a), history=history, **EXTRA))
     log(f"best vicuna-bench W1L4 {best} -> {out}")
     return 0
 

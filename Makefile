@@ -9,7 +9,7 @@ ifeq ($(UNAME_S),Linux)
   endif
 endif
 
-.PHONY: install openblas smollm2 lint test test-fast demo-model clean
+.PHONY: install openblas smollm2 smollm2-drafter lint test test-fast demo-model clean
 
 install: openblas
 	$(PYTHON) -m pip install -e ".[dev]"
@@ -19,6 +19,13 @@ install: openblas
 # $REDRAFTER_MLX_HOME/models (default ~/.cache/redrafter-mlx); a no-op once done.
 smollm2:
 	$(PYTHON) -m weights_convert.smollm2
+
+# The bundled SmolLM2 drafter (redrafter_mlx/smollm2_drafter/): prompts -> greedy answers ->
+# self-distillation -> held-out eval -> ship. Seeded and resumable: run it again to continue
+# (work files in ~/.cache/redrafter-mlx/build/smollm2-drafter; small artefacts are committed
+# in scripts/smollm2_build/). See redrafter_mlx/smollm2_drafter/BUILD.md.
+smollm2-drafter: smollm2
+	$(PYTHON) -m scripts.build_smollm2_drafter --snapshot
 
 openblas:
 ifeq ($(UNAME_S),Linux)

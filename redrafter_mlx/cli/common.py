@@ -304,6 +304,12 @@ def resolve_paths(model: str | None, drafter: str | None) -> ModelPaths:
     if drafter is None and (own / "config.json").is_file():
         note = f"using the drafter converted with the model: {own} (--drafter to choose another)"
         return ModelPaths(model, str(own), notes=(note,))
+    from redrafter_mlx.engine.bundled import bundled_drafter_for
+
+    packaged = bundled_drafter_for(model) if drafter is None else None
+    if packaged is not None:
+        note = f"using the packaged SmolLM2 drafter: {packaged} (--drafter to choose another)"
+        return ModelPaths(model, str(packaged), notes=(note,))
     return ModelPaths(model, drafter)
 
 

@@ -61,7 +61,14 @@ def distill(
     overwrite: bool = typer.Option(False, help="Discard an earlier run's checkpoints in --out."),
     targets: str = typer.Option(
         "distill",
-        help="'distill' (the LLM's own greedy continuations) or 'ground-truth' (data labels).",
+        help="'distill' (the LLM's own greedy continuations, rolled out), 'self' (the data "
+        "is the model's own greedy output with exact prompt_ids/response_ids: its next tokens "
+        "are the continuations, one forward per sequence) or 'ground-truth' (data labels).",
+    ),
+    draft_vocab: int | None = typer.Option(
+        None,
+        help="Shortlist vocabulary: the drafter's head covers only the N most frequent "
+        "training tokens (e.g. 8192); drafting is cheaper, output is unchanged.",
     ),
     save_every: int = typer.Option(
         500, help="Checkpoint every N steps (and at the end); 0: only at the end."
@@ -78,8 +85,10 @@ def distill(
 ) -> None:
     """Train a ReDrafter drafter for MODEL by distillation (the LLM stays frozen)."""
     with cli_errors(verbose):
-        if targets not in ("distill", "ground-truth"):
-            raise FlagError(f"--targets must be 'distill' or 'ground-truth', got {targets!r}")
+        if targets not in ("distill", "self", "ground-truth"):
+            raise FlagError(
+                f"--targets must be 'distill', 'self' or 'ground-truth', got {targets!r}"
+            )
         from redrafter_mlx.train.distill import distill as run_distill
 
         summary = run_distill(
@@ -100,6 +109,7 @@ def distill(
             resume=resume,
             overwrite=overwrite,
             targets=targets,
+            draft_vocab=draft_vocab,
             save_every=save_every,
             seed=seed,
             grad_accum=grad_accum,

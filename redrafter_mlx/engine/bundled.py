@@ -20,6 +20,8 @@ PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 DEMO_ROOT = PACKAGE_ROOT / "demo_model"
 SMOLLM2_NAME = "smollm2-135m-instruct"
 SMOLLM2_DRAFTER = PACKAGE_ROOT / "smollm2_drafter"
+# Written by weights_convert.smollm2 into the SmolLM2-135M-Instruct folder it converts.
+SMOLLM2_MARKER = ".redrafter-smollm2.json"
 
 DEMO_NOTE = (
     "Using the bundled demo model (a small Llama trained on Python's standard library); "
@@ -62,9 +64,41 @@ def demo_paths() -> tuple[Path, Path | None]:
     return DEMO_ROOT / "base", _drafter_dir(DEMO_ROOT / "drafter")
 
 
+def bundled_drafter_for(model_dir) -> Path | None:
+    """The packaged drafter for ``model_dir`` when it is the SmolLM2-135M-Instruct folder that
+    ``weights_convert.smollm2`` converted unquantized (the weights the drafter was trained on);
+    else None. See ``redrafter_mlx/smollm2_drafter/BUILD.md``."""
+    import json
+
+    marker = Path(model_dir).expanduser() / SMOLLM2_MARKER
+    if not marker.is_file() or not (SMOLLM2_DRAFTER / "config.json").is_file():
+        return None
+    try:
+        info = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None
+    return SMOLLM2_DRAFTER if not info.get("quantization") else None
+
+
 def heldout_prompts_path() -> Path:
     """JSONL of chat requests made from held-out stdlib files (``{"turns": [...]}`` per line)."""
     return DEMO_ROOT / "heldout_prompts.jsonl"
+
+
+def bundled_drafter_for(model_dir) -> Path | None:
+    """The packaged drafter for ``model_dir`` when it is the SmolLM2-135M-Instruct folder that
+    ``weights_convert.smollm2`` converted unquantized (the weights the drafter was trained on);
+    else None. See ``redrafter_mlx/smollm2_drafter/BUILD.md``."""
+    import json
+
+    marker = Path(model_dir).expanduser() / SMOLLM2_MARKER
+    if not marker.is_file() or _drafter_dir(SMOLLM2_DRAFTER) is None:
+        return None
+    try:
+        info = json.loads(marker.read_text())
+    except (OSError, ValueError):
+        return None
+    return SMOLLM2_DRAFTER if not info.get("quantization") else None
 
 
 def bundled(name: str) -> BundledModel | None:
@@ -73,7 +107,8 @@ def bundled(name: str) -> BundledModel | None:
         base, drafter = demo_paths()
         return BundledModel("demo", base, drafter, DEMO_NOTE)
     if name == "smollm2":
-        return BundledModel("smollm2", smollm2_path(), _drafter_dir(SMOLLM2_DRAFTER), SMOLLM2_NOTE)
+        path = smollm2_path()
+        return BundledModel("smollm2", path, bundled_drafter_for(path), SMOLLM2_NOTE)
     return None
 
 

@@ -33,10 +33,16 @@ class DrafterArgs:
     num_draft_layers: int = 2
     rnn: bool = True
     extra: dict[str, Any] | None = None
+    draft_vocab: list[int] | None = None  # shortlist of K full-vocabulary ids, or None
+
+    @property
+    def head_size(self) -> int:
+        """Rows of the vocabulary head: K with a shortlist, else vocab_size."""
+        return len(self.draft_vocab) if self.draft_vocab else self.vocab_size
 
     @classmethod
     def from_config(cls, config: dict) -> DrafterArgs:
-        names = {"vocab_size", "hidden_size", "exit_dim", "num_draft_layers", "rnn"}
+        names = {"vocab_size", "hidden_size", "exit_dim", "num_draft_layers", "rnn", "draft_vocab"}
         missing = [k for k in ("vocab_size", "hidden_size") if k not in config]
         if missing:
             raise ValueError(f"drafter config.json lacks {missing}")
@@ -54,6 +60,8 @@ class DrafterArgs:
             num_draft_layers=self.num_draft_layers,
             rnn=self.rnn,
         )
+        if self.draft_vocab:
+            cfg["draft_vocab"] = [int(i) for i in self.draft_vocab]
         return cfg
 
 
@@ -74,8 +82,10 @@ class Drafter(nn.Module):
         if E != 2 * H:
             self.input_proj = nn.Linear(2 * H, E)
         self.lm_head = [ResBlock(E) for _ in range(args.num_draft_layers)] + [
-            nn.Linear(E, args.vocab_size, bias=False)
+            nn.Linear(E, args.head_size, bias=False)
         ]
+        if args.draft_vocab:  # not a parameter (underscore): a constant of the drafter
+            self._draft_ids = mx.array(args.draft_vocab, dtype=mx.int32)
         if args.rnn:
             self.rnn_u = nn.Linear(H, H, bias=True)
             self.rnn_w = nn.Linear(H, H, bias=False)
@@ -92,8 +102,16 @@ class Drafter(nn.Module):
             return nn.silu(self.rnn_w(token_emb) + self.rnn_u(state))
         return state + token_emb
 
+    def full_ids(self, index: mx.array) -> mx.array:
+        """Head indices (...,) -> full-vocabulary token ids (...,) (identity without shortlist)."""
+        if "_draft_ids" in self:
+            return self._draft_ids[index]
+        return index
+
     def __call__(self, hidden: mx.array, state: mx.array) -> mx.array:
-        """Plain logits for the next draft token: hidden, state (..., H) -> (..., V) float32."""
+        """Plain logits for the next draft token: hidden, state (..., H) -> (..., V) float32.
+
+        V is the head size: K shortlist entries (``full_ids`` maps them) or the vocabulary."""
         return self.head(self.hidden_part(hidden), state)
 
     def hidden_part(self, hidden: mx.array):
@@ -186,7 +204,8 @@ def beam_search(
     hidden: (B, H) the LLM's last normed hidden state; init_token: (B,) the token the LLM
     produced at it; embed: the LLM's input embedding lookup.
     Returns beams (B, W, L) sorted by score (best first) with the init token at position 0,
-    scores (B, W), and the drafter log-probs at each draft step (B, W, L-1, V).
+    scores (B, W), and the drafter log-probs at each draft step (B, W, L-1, V), V being the
+    head size (the shortlist's K for a shortlist drafter, whose beams still hold full ids).
     Requires W <= V (W distinct first tokens).
 
     A step ranks only each beam's 50 best tokens (``top_draft_log_probs``) and sorts the
@@ -197,8 +216,10 @@ def beam_search(
     W = width
     if length < 2:
         beams = init_token[:, None, None].astype(mx.int32) * mx.ones((1, W, 1), mx.int32)
-        return beams, mx.zeros((B, W)), mx.zeros((B, W, 0, drafter.args.vocab_size))
+        return beams, mx.zeros((B, W)), mx.zeros((B, W, 0, drafter.args.head_size))
     hidden_part, head = _split_head(drafter, hidden[:, None])  # (B, 1, E or H), once
+    # A shortlist head (FR-Spec) scores K ids: beams hold full-vocabulary ids.
+    to_full = drafter.full_ids if isinstance(drafter, Drafter) else (lambda index: index)
     # First step: all beams are the init token, so run the drafter once and take the top W.
     if isinstance(drafter, Drafter):
         state = drafter.first_state(embed(init_token)[:, None])  # (B, 1, H)
@@ -209,25 +230,30 @@ def beam_search(
     step_log_probs = [draft_log_probs(logits)]  # full log-probs: lazy, unused by the step
     scores = None
     if W == 1:
-        token = mx.argmax(logits, axis=-1).astype(mx.int32)  # (B, 1)
+        index = mx.argmax(logits, axis=-1).astype(mx.int32)  # (B, 1) head index
+        token = to_full(index)
     else:
-        scores, _, token = _best(*top_draft_log_probs(logits, W), W)  # (B, W) best first
+        scores, _, index = _best(*top_draft_log_probs(logits, W), W)  # (B, W) best first
+        token = to_full(index)
         state = mx.broadcast_to(state, (B, W, H))
         step_log_probs = [mx.broadcast_to(step_log_probs[0], (B, W, V))]
     first = mx.broadcast_to(init_token[:, None], (B, W)).astype(mx.int32)
     beams = mx.stack([first, token], axis=-1)
-    greedy = [first, token]  # W = 1: stacked once at the end
+    greedy, greedy_index = [first, token], [index]  # W = 1: stacked once at the end
     for _ in range(length - 2):
         state = drafter.next_state(state, embed(token if W == 1 else beams[:, :, -1]))
         logits = head(hidden_part, state)  # (B, W, V)
         full = draft_log_probs(logits)
         if W == 1:
-            token = mx.argmax(logits, axis=-1).astype(mx.int32)
+            index = mx.argmax(logits, axis=-1).astype(mx.int32)
+            token = to_full(index)
             greedy.append(token)
+            greedy_index.append(index)
             step_log_probs.append(full)
             continue
         log_probs, ids = top_draft_log_probs(logits, W)
-        scores, parent, token = _best(scores[:, :, None] + log_probs, ids, W)
+        scores, parent, index = _best(scores[:, :, None] + log_probs, ids, W)
+        token = to_full(index)
         beams = mx.concatenate([_take_beams(beams, parent), token[:, :, None]], axis=-1)
         state = _take_beams(state, parent)
         step_log_probs = [_take_beams(lp, parent) for lp in step_log_probs]
@@ -235,7 +261,8 @@ def beam_search(
     if W == 1:
         beams = mx.stack(greedy, axis=-1)
     step_log_probs = mx.stack(step_log_probs, axis=2)  # (B, W, L-1, V)
-    if scores is None:  # greedy: the sum of the chosen tokens' log-probs
-        picked = mx.take_along_axis(step_log_probs, beams[:, :, 1:, None], axis=-1)
+    if scores is None:  # greedy: the sum of the chosen tokens' log-probs (by head index)
+        chosen = mx.stack(greedy_index, axis=-1)  # (B, 1, L-1)
+        picked = mx.take_along_axis(step_log_probs, chosen[..., None], axis=-1)
         scores = picked[..., 0].sum(axis=-1)
     return beams, scores, step_log_probs

@@ -168,6 +168,12 @@ def check_pair(model: Model, drafter: Drafter) -> None:
             f"drafter vocab_size {drafter.args.vocab_size} != model vocab_size "
             f"{model.vocab_size}: this drafter was trained for another base model"
         )
+    ids = drafter.args.draft_vocab or []
+    if ids and not all(0 <= int(i) < model.vocab_size for i in ids):
+        raise LoadError(
+            f"the drafter's draft_vocab holds ids outside the model's vocabulary "
+            f"[0, {model.vocab_size}): it was trained for another base model"
+        )
 
 
 def load(model_path, drafter_path=None, dtype=None):

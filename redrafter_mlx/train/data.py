@@ -8,6 +8,9 @@ Accepted files (the format is chosen by the file name):
   ``{"conversations": [...]}`` (as above), ``{"prompt": str, "response": str}``
   (``request``/``reply`` too), ``{"text": str}``; for evaluation also ``{"turns": [str, ...]}``
   (user turns only, the MT-Bench / demo held-out layout).
+  A record may also carry exact token ids, ``{"prompt_ids": [int], "response_ids": [int]}``
+  (the model's own rendered prompt and its answer, EOS included when it ended): they are used
+  as they are, without rendering or re-tokenizing (``--targets self`` needs exact ids).
 * ``.txt``: plain text, split into chunks at blank lines.
 
 Conversations are rendered with the model's chat format (``Tokenizer.chat_prompt``: Vicuna v1.1
@@ -260,6 +263,21 @@ def windows(seq: Sequence, seq_len: int) -> Iterator[Sequence]:
             yield w
 
 
+def record_ids(rec: Record) -> Sequence | None:
+    """A record's exact token ids (``prompt_ids`` + ``response_ids``) as a Sequence whose
+    response tokens are the training tokens; None when the record has no ids."""
+    data = rec.data
+    if not isinstance(data, dict) or "response_ids" not in data:
+        return None
+    prompt, response = data.get("prompt_ids"), data["response_ids"]
+    for name, ids in (("prompt_ids", prompt), ("response_ids", response)):
+        if not isinstance(ids, list) or not all(isinstance(i, int) and i >= 0 for i in ids):
+            raise rec.error(f"'{name}' must be a list of non-negative token ids")
+    if not prompt:
+        raise rec.error("'prompt_ids' must not be empty (the answer needs a context)")
+    return Sequence(prompt + response, [False] * len(prompt) + [True] * len(response))
+
+
 def load_training_data(files, tokenizer, seq_len: int) -> list[Sequence]:
     """All training sequences (windows of <= seq_len tokens) of the given files, in order."""
     if seq_len < 2:
@@ -268,6 +286,10 @@ def load_training_data(files, tokenizer, seq_len: int) -> list[Sequence]:
     for f in files:
         n_before = len(out)
         for rec in read_records(f):
+            ids = record_ids(rec)
+            if ids is not None:
+                out.extend(windows(ids, seq_len))
+                continue
             messages, extra = record_messages(rec, need_reply=True)
             if messages is None:
                 rendered = [render_text(tokenizer, extra)]

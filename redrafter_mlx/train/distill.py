@@ -75,7 +75,7 @@ CACHE_VERSION = 1
 DEFAULT_EVAL_SHAPES = ((1, 3), (2, 4), (4, 5))
 KEEP_CHECKPOINTS = 2
 CLIP_GRAD_NORM = 1.0
-TARGET_MODES = ("distill", "ground-truth")
+TARGET_MODES = ("distill", "self", "ground-truth")
 
 
 @dataclass
@@ -105,6 +105,7 @@ class DistillOptions:
     grad_accum: int = 1
     cache_dir: str | None = None
     dtype: str | None = None
+    draft_vocab: int | None = None
     quiet: bool = False
 
     def validate(self) -> DistillOptions:
@@ -134,6 +135,10 @@ class DistillOptions:
             raise ParamError(
                 "warmup",
                 f"warmup must be >= 0 (a fraction < 1 or a step count), got {self.warmup}",
+            )
+        if self.draft_vocab is not None and self.draft_vocab < 1:
+            raise ParamError(
+                "draft_vocab", f"draft vocab must be >= 1 token ids, got {self.draft_vocab}"
             )
         if self.exit_dim != "auto":
             try:
@@ -180,6 +185,46 @@ def rollout_targets(model: Model, tokens: mx.array, positions: mx.array, depth: 
         current = mx.argmax(model.logits(hb[0]), axis=-1).astype(mx.int32)
         greedy.append(current)
     return hidden, mx.stack(greedy, axis=1)
+
+
+def self_targets(model: Model, tokens: mx.array, positions: mx.array, depth: int):
+    """Greedy continuations read off one forward, for sequences the model generated greedily.
+
+    tokens: (N,); positions: (M,) training positions t; depth: T. Returns hidden (M, H), greedy
+    (M, T+1) and valid (M, T) (valid[:, k-1] covers greedy[:, k]).
+
+    With g_i = argmax of the LLM at position i (one causal forward), the greedy continuation
+    of y_{0..t} is ŷ_{t+1+k} = g_{t+k} as long as the data agrees with it before
+    (y_{t+1+j} = g_{t+j} for j < k): then the prefix it continues is the data's own. So for a
+    response that is the model's greedy output (same weights and chat template) every target
+    inside the sequence is exact without rollouts; where the data departs from the model's
+    greedy choice, the targets stop after the departing step (still exact: that step's target
+    is g), and targets past the end of the sequence are not valid.
+    """
+    N = tokens.shape[0]
+    keys, values = model.make_cache(1, N)
+    idx = mx.arange(N)[None]
+    causal = mx.tril(mx.ones((N, N), dtype=mx.bool_))[None, None]
+    h, _, _ = model(tokens[None], idx, causal, keys, values, idx)
+    first = int(mx.min(positions).item())
+    g = mx.argmax(model.logits(h[0, first:]), axis=-1).astype(mx.int32)  # g_i for i >= first
+    hidden = h[0][positions]
+    mx.eval(hidden, g)
+    g = np.concatenate([np.zeros(first, np.int32), np.array(g)])
+    y = np.array(tokens)
+    agree = np.zeros(N, dtype=bool)
+    agree[:-1] = g[:-1] == y[1:]  # agree[i]: the data's next token is the greedy one
+    pos = np.array(positions)
+    greedy = np.zeros((len(pos), depth + 1), dtype=np.int32)
+    valid = np.zeros((len(pos), depth), dtype=bool)
+    for j, t in enumerate(pos):
+        greedy[j, 0] = g[t]
+        for k in range(1, depth + 1):
+            i = t + k
+            if i >= N or not agree[i - 1]:
+                break
+            greedy[j, k], valid[j, k - 1] = g[i], True
+    return hidden, greedy, valid
 
 
 def ground_truth_targets(seq: Sequence, positions: list[int], depth: int):
@@ -303,7 +348,7 @@ def build_target_cache(
         hidden = mm(tmp / "hidden.npy", "w+", dtype, (total, model.hidden_size))
         tokens = mm(tmp / "tokens.npy", "w+", np.int32, (total, depth + 1))
         valid = mm(tmp / "valid.npy", "w+", np.bool_, (total, depth))
-        at = 0
+        at, tic = 0, time.perf_counter()
         for seq, m in zip(sequences, counts):
             pos = seq.positions()
             h, toks, ok = sequence_targets(model, seq, pos, depth, mode)
@@ -313,6 +358,7 @@ def build_target_cache(
                 on_sequence(len(seq.tokens))
         for a in (hidden, tokens, valid):
             a.flush()
+        valid_share = [round(float(v), 4) for v in np.asarray(valid).mean(axis=0)]
         del hidden, tokens, valid
         (tmp / "meta.json").write_text(
             json.dumps(
@@ -322,6 +368,9 @@ def build_target_cache(
                     sequences=len(sequences),
                     T=depth,
                     mode=mode,
+                    tokens=sum(len(s.tokens) for s in sequences),
+                    seconds=round(time.perf_counter() - tic, 2),
+                    valid_per_step=valid_share,
                 )
             )
         )
@@ -343,6 +392,9 @@ def sequence_targets(model: Model, seq: Sequence, positions: list[int], depth: i
         h, greedy = rollout_targets(model, toks, pos, depth)
         mx.eval(h, greedy)
         return _numpy_float(h), np.array(greedy), np.ones((len(positions), depth), dtype=bool)
+    if mode == "self":
+        h, greedy, valid = self_targets(model, toks, pos, depth)
+        return _numpy_float(h), greedy, valid
     h = sequence_hidden(model, toks, pos)
     mx.eval(h)
     gt, valid = ground_truth_targets(seq, positions, depth)
@@ -353,7 +405,9 @@ def sequence_targets(model: Model, seq: Sequence, positions: list[int], depth: i
 # training
 
 
-def drafter_args(model: Model, opts: DistillOptions) -> DrafterArgs:
+def drafter_args(
+    model: Model, opts: DistillOptions, draft_vocab: list[int] | None = None
+) -> DrafterArgs:
     H = model.hidden_size
     exit_dim = 2 * H if opts.exit_dim == "auto" else int(opts.exit_dim)
     return DrafterArgs(
@@ -362,7 +416,38 @@ def drafter_args(model: Model, opts: DistillOptions) -> DrafterArgs:
         exit_dim=exit_dim,
         num_draft_layers=opts.layers,
         rnn=opts.rnn,
+        draft_vocab=draft_vocab,
     )
+
+
+def shortlist_vocab(sequences: list[Sequence], size: int, vocab_size: int, always=()) -> list[int]:
+    """The ``size`` most frequent training tokens (FR-Spec), ascending ids.
+
+    Frequencies count the training tokens (responses) of ``sequences``; ties go to the lower
+    id; ``always`` (e.g. the end-of-turn ids) are included first. Ids never seen are not
+    listed, so the list may be shorter than ``size``.
+    """
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for seq in sequences:
+        toks = np.asarray(seq.tokens)[np.asarray(seq.train, dtype=bool)]
+        np.add.at(counts, toks, 1)
+    keep = [int(i) for i in always if 0 <= int(i) < vocab_size][:size]
+    order = np.lexsort((np.arange(vocab_size), -counts))  # by count desc, then id asc
+    for i in order:
+        if len(keep) >= size or counts[i] == 0:
+            break
+        if int(i) not in keep:
+            keep.append(int(i))
+    return sorted(keep)
+
+
+def shortlist_index(draft_vocab: list[int] | None, vocab_size: int) -> np.ndarray | None:
+    """(V,) int32: the head index of each full id, -1 for ids outside the shortlist."""
+    if not draft_vocab:
+        return None
+    index = np.full(vocab_size, -1, dtype=np.int32)
+    index[np.asarray(draft_vocab)] = np.arange(len(draft_vocab), dtype=np.int32)
+    return index
 
 
 def new_drafter(args: DrafterArgs, seed: int) -> Drafter:
@@ -436,15 +521,25 @@ class DataOrder:
         return np.sort(self._perm[start : start + self.batch_size])
 
 
-def read_batch(cache: TargetCache, model: Model, idx: np.ndarray):
+def read_batch(cache: TargetCache, model: Model, idx: np.ndarray, head_index=None):
     """Model inputs for cached positions idx.
 
-    Returns hidden (B, H) f32, emb (B, T, H) f32, targets, valid.
+    Returns hidden (B, H) f32, emb (B, T, H) f32, targets (B, T), valid (B, T). With a
+    shortlist (``head_index``, see ``shortlist_index``) targets are head indices and a target
+    outside the shortlist is not valid (the drafter cannot propose it); the RNN input stays
+    the true token's embedding.
     """
-    toks = mx.array(cache.tokens[idx])
+    raw = cache.tokens[idx]
+    valid = np.array(cache.valid[idx])
+    targets = raw[:, 1:]
+    if head_index is not None:
+        targets = head_index[targets]
+        valid &= targets >= 0
+        targets = np.maximum(targets, 0)
+    toks = mx.array(raw)
     hidden = mx.array(cache.hidden[idx]).astype(mx.float32)
     emb = model.embed(toks[:, :-1]).astype(mx.float32)
-    return hidden, emb, toks[:, 1:], mx.array(cache.valid[idx])
+    return hidden, emb, mx.array(targets), mx.array(valid)
 
 
 class Trainer:
@@ -704,6 +799,7 @@ class RunContext:
     total_steps: int
     sequences: list[Sequence]
     run: dict = field(default_factory=dict)
+    draft_vocab: list[int] | None = None
 
 
 def distill(model_dir, data_files, out_dir, **options) -> dict:
@@ -727,10 +823,15 @@ def distill(model_dir, data_files, out_dir, **options) -> dict:
 
     ctx = prepare(model_dir, data_files, out, opts, progress, rank, world)
     trainer = Trainer(
-        new_drafter(drafter_args(ctx.model, opts), opts.seed), opts, ctx.total_steps, group
+        new_drafter(drafter_args(ctx.model, opts, ctx.draft_vocab), opts.seed),
+        opts,
+        ctx.total_steps,
+        group,
     )
     start = restore(ctx, trainer, opts, progress, rank)
+    train_tic = time.perf_counter()
     history = train_loop(ctx, trainer, opts, progress, start, rank)
+    train_seconds = time.perf_counter() - train_tic
     config = drafter_config(trainer.drafter.args, opts.predict_tokens, opts.targets)
     if rank == 0 and (not list_checkpoints(out) or history):
         save_checkpoint(out, trainer, ctx.total_steps, config, ctx.run)
@@ -740,6 +841,9 @@ def distill(model_dir, data_files, out_dir, **options) -> dict:
         resumed_from=start,
         positions=ctx.cache.size,
         cache_dir=str(ctx.cache.path),
+        train_seconds=round(train_seconds, 2),
+        trained_positions=len(history) * ctx.order.batch_size * opts.grad_accum * world,
+        draft_vocab=len(ctx.draft_vocab) if ctx.draft_vocab else None,
         targets=opts.targets,
         predict_tokens=opts.predict_tokens,
         first_loss=history[0]["loss"] if history else None,
@@ -841,7 +945,18 @@ def prepare(
         seq_len=opts.seq_len,
         world_size=world,
     )
-    return RunContext(model, tokenizer, path, out, cache, order, total, sequences, run)
+    draft_vocab = None
+    if opts.draft_vocab:
+        draft_vocab = shortlist_vocab(
+            sequences, opts.draft_vocab, model.vocab_size, sorted(tokenizer.eos_token_ids)
+        )
+        run["draft_vocab"] = opts.draft_vocab
+        covered = shortlist_index(draft_vocab, model.vocab_size)[cache.tokens[:, 1:]] >= 0
+        share = float((covered & cache.valid).sum() / max(int(cache.valid.sum()), 1))
+        progress.print(
+            f"shortlist: {len(draft_vocab)} ids cover {share:.1%} of the training targets"
+        )
+    return RunContext(model, tokenizer, path, out, cache, order, total, sequences, run, draft_vocab)
 
 
 def restore(
@@ -891,6 +1006,7 @@ def train_loop(
 ) -> list[dict]:
     """Optimizer steps start+1..total with periodic checkpoints; returns per-step metrics."""
     config = drafter_config(trainer.drafter.args, opts.predict_tokens, opts.targets)
+    head_index = shortlist_index(ctx.draft_vocab, ctx.model.vocab_size)
     history = []
     progress.start("distill", total=ctx.total_steps)
     progress.update(start)
@@ -898,7 +1014,9 @@ def train_loop(
     try:
         for step in range(start + 1, ctx.total_steps + 1):
             micro = [(step - 1) * opts.grad_accum + k for k in range(opts.grad_accum)]
-            batches = [read_batch(ctx.cache, ctx.model, ctx.order.batch(m)) for m in micro]
+            batches = [
+                read_batch(ctx.cache, ctx.model, ctx.order.batch(m), head_index) for m in micro
+            ]
             lr = trainer.learning_rate
             loss, _, accs = trainer.step(batches)
             seen += ctx.order.batch_size * opts.grad_accum

@@ -64,22 +64,6 @@ def demo_paths() -> tuple[Path, Path | None]:
     return DEMO_ROOT / "base", _drafter_dir(DEMO_ROOT / "drafter")
 
 
-def bundled_drafter_for(model_dir) -> Path | None:
-    """The packaged drafter for ``model_dir`` when it is the SmolLM2-135M-Instruct folder that
-    ``weights_convert.smollm2`` converted unquantized (the weights the drafter was trained on);
-    else None. See ``redrafter_mlx/smollm2_drafter/BUILD.md``."""
-    import json
-
-    marker = Path(model_dir).expanduser() / SMOLLM2_MARKER
-    if not marker.is_file() or not (SMOLLM2_DRAFTER / "config.json").is_file():
-        return None
-    try:
-        info = json.loads(marker.read_text())
-    except (OSError, ValueError):
-        return None
-    return SMOLLM2_DRAFTER if not info.get("quantization") else None
-
-
 def heldout_prompts_path() -> Path:
     """JSONL of chat requests made from held-out stdlib files (``{"turns": [...]}`` per line)."""
     return DEMO_ROOT / "heldout_prompts.jsonl"

@@ -131,6 +131,12 @@ def draft_log_probs(logits: mx.array) -> mx.array:
     return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 
 
+def _full_ids(drafter, index: mx.array) -> mx.array:
+    """Head indices -> full ids; drafters without a shortlist (or ``full_ids``) are identity."""
+    to_full = getattr(drafter, "full_ids", None)
+    return to_full(index) if to_full is not None else index
+
+
 def _take_beams(x: mx.array, parent: mx.array) -> mx.array:
     """Reorder beams by parent index: x (B, W, ...), parent (B, W) -> (B, W, ...)."""
     idx = parent.reshape(*parent.shape, *([1] * (x.ndim - 2)))
@@ -165,7 +171,7 @@ def beam_search(
     V = log_probs.shape[-1]
     token = mx.argsort(-log_probs[:, 0], axis=-1)[:, :W].astype(mx.int32)  # (B, W) best first
     scores = mx.take_along_axis(log_probs[:, 0], token, axis=-1)
-    token = drafter.full_ids(token)
+    token = _full_ids(drafter, token)
     beams = mx.stack([mx.broadcast_to(init_token[:, None], (B, W)).astype(mx.int32), token], -1)
     state = mx.broadcast_to(state, (B, W, H))
     step_log_probs = [mx.broadcast_to(log_probs, (B, W, V))]
@@ -179,7 +185,7 @@ def beam_search(
         order = mx.argsort(-top_scores, axis=-1)
         top = mx.take_along_axis(top, order, axis=-1)
         scores = mx.take_along_axis(top_scores, order, axis=-1)
-        parent, token = top // V, drafter.full_ids((top % V).astype(mx.int32))
+        parent, token = top // V, _full_ids(drafter, (top % V).astype(mx.int32))
         beams = mx.concatenate([_take_beams(beams, parent), token[:, :, None]], axis=-1)
         state = _take_beams(state, parent)
         step_log_probs = [_take_beams(lp, parent) for lp in step_log_probs]

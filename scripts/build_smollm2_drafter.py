@@ -51,6 +51,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from scripts.smollm2_prompts import diverse_prompts
+
 ROOT = Path(__file__).resolve().parent.parent
 SHIP = ROOT / "redrafter_mlx" / "smollm2_drafter"
 SNAPSHOT = ROOT / "scripts" / "smollm2_build"
@@ -384,16 +386,18 @@ def template_prompts(n: int, seed: int) -> list[dict]:
     return [dict(source="template", prompt=p) for p in combos[:n]]
 
 
-def extend_prompts(path: Path, n: int, seed: int) -> int:
-    """Append up to n template prompts not yet in prompts.jsonl (atomically); returns how many."""
+def extend_prompts(path: Path, candidates: list[dict]) -> int:
+    """Append the candidates not yet in prompts.jsonl (atomically, in their order; held-out
+    turns dropped); returns how many."""
     rows = read_jsonl(path)
     have = {normalize(r["prompt"]) for r in rows}
     held = heldout_turns()
-    new = [
-        r
-        for r in template_prompts(n, seed)
-        if normalize(r["prompt"]) not in have and normalize(r["prompt"]) not in held
-    ]
+    new = []
+    for r in candidates:
+        key = normalize(r["prompt"])
+        if key not in have and key not in held:
+            have.add(key)
+            new.append(r)
     if not new:
         return 0
     start = max(r["id"] for r in rows) + 1
@@ -406,8 +410,9 @@ def extend_prompts(path: Path, n: int, seed: int) -> int:
 def stage_prompts(work: Path, a) -> None:
     path = work / "prompts.jsonl"
     if path.exists():
-        added = extend_prompts(path, a.template_prompts, a.seed) if a.template_prompts else 0
-        log(f"prompts: {path} exists; template prompts added: {added}")
+        added = extend_prompts(path, template_prompts(a.template_prompts, a.seed))
+        more = extend_prompts(path, diverse_prompts(a.diverse_prompts, a.seed))
+        log(f"prompts: {path} exists; added {added} template and {more} diverse prompts")
         return
     t0 = time.perf_counter()
     _, model, tok = load_engine()
@@ -415,6 +420,7 @@ def stage_prompts(work: Path, a) -> None:
     rows += stdlib_prompts(a.stdlib_prompts, a.seed)
     rows += sharegpt_prompts()
     rows += template_prompts(a.template_prompts, a.seed)
+    rows += diverse_prompts(a.diverse_prompts, a.seed)
     held = heldout_turns()
     seen, kept, dropped = set(), [], 0
     for r in rows:
@@ -430,9 +436,7 @@ def stage_prompts(work: Path, a) -> None:
     for i, r in enumerate(kept):
         r["id"] = i
     write_jsonl_atomic(path, kept)
-    counts = {
-        s: sum(r["source"] == s for r in kept) for s in ("model", "stdlib", "sharegpt", "template")
-    }
+    counts = dict(Counter(r["source"] for r in kept))
     write_json_atomic(
         work / "prompts_meta.json",
         dict(
@@ -459,6 +463,40 @@ def deadline_ts(spec: str | None) -> float | None:
     return time.mktime((now.tm_year, now.tm_mon, now.tm_mday, h, m, 0, 0, 0, 0)) - time.timezone
 
 
+def answer_batch(model, tok, chunk: list[dict], max_answer: int, shards: Path) -> list[dict]:
+    """Greedy answers to a batch of prompt rows, as generations.jsonl rows; their hidden
+    states go to ``shards/<first id>.npy`` (rows point into it: ``hidden.shard/offset``)."""
+    import numpy as np
+
+    from redrafter_mlx.train.selfgen import greedy_with_hidden
+
+    ids = [tok.chat_prompt([{"role": "user", "content": p["prompt"]}]) for p in chunk]
+    answers = greedy_with_hidden(model, ids, max_answer, sorted(tok.eos_token_ids))
+    # The hidden states first (a whole file, atomically), then the rows that point at it:
+    # a crash in between leaves an unreferenced shard that the next run overwrites.
+    shard = f"{chunk[0]['id']:07d}.npy"
+    tmp = shards / f".{shard}.tmp-{os.getpid()}.npy"
+    np.save(tmp, np.concatenate([ans.hidden for ans in answers]))
+    os.replace(tmp, shards / shard)
+    rows, offset = [], 0
+    for p, pid, ans in zip(chunk, ids, answers):
+        text_ids = ans.ids[:-1] if ans.finish == "stop" else ans.ids
+        rows.append(
+            dict(
+                id=p["id"],
+                source=p["source"],
+                prompt=p["prompt"],
+                response=tok.decode(text_ids),
+                finish=ans.finish,
+                prompt_ids=pid,
+                response_ids=ans.ids,
+                hidden=dict(shard=shard, offset=offset),
+            )
+        )
+        offset += len(ans.ids)
+    return rows
+
+
 def stage_generate(work: Path, a) -> None:
     prompts = read_jsonl(work / "prompts.jsonl")
     path = work / "generations.jsonl"
@@ -476,31 +514,18 @@ def stage_generate(work: Path, a) -> None:
         else dict(tokens=0, seconds=0.0, batches=0, batch=a.batch, max_answer=a.max_answer)
     )
     log(f"generate: {len(done)} done, {len(todo)} to go, batches of {a.batch}")
+    shards = work / "hidden"
+    shards.mkdir(exist_ok=True)
     for i in range(0, len(todo), a.batch):
         if stop_at is not None and time.time() > stop_at:
             log("generate: deadline reached; run again to continue")
             break
         chunk = todo[i : i + a.batch]
-        ids = [tok.chat_prompt([{"role": "user", "content": p["prompt"]}]) for p in chunk]
         t0 = time.perf_counter()
-        res, _ = greedy_batch(model, tok, ids, a.max_answer)
+        rows = answer_batch(model, tok, chunk, a.max_answer, shards)
         secs = time.perf_counter() - t0
-        rows = []
-        for p, pid, (toks, fin) in zip(chunk, ids, res):
-            resp = list(toks) + ([tok.eos_token_id] if fin == "stop" else [])
-            rows.append(
-                dict(
-                    id=p["id"],
-                    source=p["source"],
-                    prompt=p["prompt"],
-                    response=tok.decode(toks),
-                    finish=fin,
-                    prompt_ids=pid,
-                    response_ids=resp,
-                )
-            )
         append_jsonl(path, rows)
-        n_tok = sum(len(t) for t, _ in res)
+        n_tok = sum(len(r["response_ids"]) for r in rows)
         meta.update(
             tokens=meta["tokens"] + n_tok,
             seconds=round(meta["seconds"] + secs, 1),
@@ -510,7 +535,7 @@ def stage_generate(work: Path, a) -> None:
         write_json_atomic(meta_path, meta)
         log(
             f"generate: {len(done) + i + len(chunk)}/{len(prompts)} answers, "
-            f"{n_tok / secs:.1f} tok/s this batch"
+            f"{n_tok / secs:.1f} tok/s this batch (hidden states kept)"
         )
 
 
@@ -519,52 +544,31 @@ def stage_generate(work: Path, a) -> None:
 
 
 def stage_distill(work: Path, a) -> None:
-    from redrafter_mlx.train.distill import distill
-    from weights_convert.smollm2 import smollm2_path
+    """Targets (from generation, or one forward for older answers) and training with held-out
+    selection: scripts/smollm2_train.py."""
+    from scripts.smollm2_train import train
 
-    data = work / "generations.jsonl"
-    out = work / "drafter"
     t0 = time.perf_counter()
-    summary = distill(
-        smollm2_path(),
-        [data],
-        out,
-        targets="self",
-        predict_tokens=a.predict_tokens,
-        layers=a.layers,
-        exit_dim=a.exit_dim,
-        draft_vocab=a.draft_vocab,
-        steps=a.steps,
-        batch_size=a.train_batch,
-        lr=a.lr,
-        seq_len=512,
-        save_every=a.save_every,
-        seed=a.seed,
-        resume=True,
-        cache_dir=str(work / "cache"),
-        eval_shapes=(),
-        quiet=False,
-    )
-    summary.pop("history", None)
-    summary["wall_seconds"] = round(time.perf_counter() - t0, 1)
-    meta = json.loads((Path(summary["cache_dir"]) / "meta.json").read_text())
-    summary["cache_meta"] = meta
-    prev = _read(work, "distill_summary.json")
-    if prev.get("cache_dir") != summary["cache_dir"]:  # the cache was built by this run
+    result = train(work, a)
+    data, history = result["data"], result["history"]
+    if "forward_seconds" in data:
         record_time(
-            work, "distill: targets (one forward per sequence)", meta["seconds"], meta["positions"]
+            work, "distill: targets (one forward per older answer)", data["forward_seconds"], 0
         )
-    record_time(
-        work,
-        "distill: training (positions seen)",
-        summary["train_seconds"],
-        summary["trained_positions"],
-    )
-    write_json_atomic(work / "distill_summary.json", summary)
-    log(
-        f"distill: {summary['steps']} steps, {summary['positions']} positions, "
-        f"final loss {summary['final_loss']}"
-    )
+    if history:
+        last = history[-1]
+        summary = dict(
+            run=result["run"],
+            data=data,
+            best_score=result["best"],
+            steps=last["step"],
+            final_loss=last["loss"],
+            final_train_acc=last["train_acc"],
+            positions_per_s=last["positions_per_s"],
+            wall_seconds=round(time.perf_counter() - t0, 1),
+        )
+        write_json_atomic(work / "distill_summary.json", summary)
+        log(f"distill: {last['step']} steps, best held-out chain score {result['best']}")
 
 
 # ------------------------------------------------------------------------------------------
@@ -832,9 +836,16 @@ def parse_args(argv=None):
     p.add_argument("--model-prompts", type=int, default=160)
     p.add_argument("--stdlib-prompts", type=int, default=240)
     p.add_argument(
+        "--diverse-prompts",
+        type=int,
+        default=6000,
+        help="synthetic offline user turns (scripts/smollm2_prompts.py); added to an existing "
+        "prompts.jsonl too",
+    )
+    p.add_argument(
         "--template-prompts",
         type=int,
-        default=0,
+        default=960,
         help="(topic x template) user turns; added to an existing prompts.jsonl too",
     )
     p.add_argument("--batch", type=int, default=32, help="decode rows per batch")
@@ -848,7 +859,12 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--train-batch", type=int, default=128)
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--save-every", type=int, default=200)
+    p.add_argument("--weight-decay", type=float, default=0.1)
+    p.add_argument("--every", type=int, default=200, help="steps between held-out scores")
+    p.add_argument("--head-init", choices=("random", "base"), default="base")
+    p.add_argument("--freeze-head", action="store_true")
+    p.add_argument("--val-prompts", type=int, default=24, help="Vicuna-bench prompts (selection)")
+    p.add_argument("--val-tokens", type=int, default=96)
     p.add_argument("--eval-prompts", type=int, default=8)
     p.add_argument("--eval-tokens", type=int, default=64)
     p.add_argument("--coverage-prompts", type=int, default=32)

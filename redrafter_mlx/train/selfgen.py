@@ -1,0 +1,101 @@
+"""Self-distillation data in one pass: greedy answers with the hidden states that made them.
+
+For a response that is the model's own greedy output, the greedy continuation of every prefix
+is the response itself (docs/design.md, "Distillation"), so a drafter's training targets are
+read off the answer, and the hidden state of each position is the one decoding computed
+anyway. Keeping it saves the separate forward over every sequence that ``targets="self"``
+otherwise needs (the slowest stage of a large build).
+
+Shapes: B rows, n answer tokens of a row, H hidden, T drafter steps (predict_tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from ..engine.decode import DecodeState
+from ..engine.generation import Session, bucket, get_step, grow, prefill_session
+from ..engine.model import Model
+from ..engine.sampling import SamplerConfig
+from ..engine.shape import AR
+
+CHECK_EVERY = 16  # steps between host reads of "have all rows ended?"
+
+
+@dataclass
+class Answer:
+    """One row's greedy answer: ids (n,) with the end-of-turn id when it ended, and hidden
+    (n, H): hidden[j] is the state whose greedy token is ids[j] (the last prompt token's for
+    j = 0)."""
+
+    ids: list[int]
+    finish: str  # "stop" (an end-of-turn id was emitted) or "length"
+    hidden: np.ndarray
+
+
+def greedy_with_hidden(
+    model: Model, prompts: list[list[int]], max_tokens: int, eos_token_ids
+) -> list[Answer]:
+    """Batched greedy decoding of ``prompts`` (B rows) keeping every step's hidden state.
+
+    Tokens equal the engine's greedy decoding (the same compiled autoregressive step); rows
+    run until all have ended or ``max_tokens``; a row's answer is cut after its first
+    end-of-turn id.
+    """
+    B = len(prompts)
+    session = Session(model, B)
+    hidden = prefill_session(session, [list(p) for p in prompts])  # (B, H)
+    first = mx.argmax(model.logits(hidden), axis=-1).astype(mx.int32)
+    state = DecodeState(
+        first, hidden, session.lengths, session.keys, session.values, mx.random.key(0)
+    )
+    session.keys = session.values = None  # the loop owns the cache (in-place K/V writes)
+    step = get_step(model, None, AR, SamplerConfig())
+    eos = mx.array(sorted(int(e) for e in eos_token_ids) or [-1], dtype=mx.int32)
+    hs, toks = [hidden], [first]
+    longest = max(len(p) for p in prompts)
+    ended = np.zeros(B, dtype=bool)
+    for i in range(1, max_tokens):
+        window = bucket(longest + i + 1)
+        if window > state.keys[0].shape[2]:
+            state = state._replace(keys=grow(state.keys, window), values=grow(state.values, window))
+        state, _ = step(state, window)
+        # state.hidden is the state at the token just committed, whose greedy draw is the
+        # state's init_token: the same pairing as (hidden, first).
+        hs.append(state.hidden)
+        toks.append(state.init_token)
+        mx.async_eval(state)
+        if i % CHECK_EVERY == 0:
+            recent = mx.stack(toks[-CHECK_EVERY:], axis=1)  # (B, CHECK_EVERY)
+            ended |= np.array(mx.any(recent[..., None] == eos, axis=(1, 2)))
+            if ended.all():
+                break
+    ids = np.array(mx.stack(toks, axis=1))  # (B, steps)
+    hid = np.array(mx.stack(hs, axis=1).astype(mx.float16))  # (B, steps, H)
+    stops = set(int(e) for e in eos_token_ids)
+    out = []
+    for r in range(B):
+        row = [int(t) for t in ids[r]]
+        n = next((j + 1 for j, t in enumerate(row) if t in stops), None)
+        finish = "stop" if n is not None else "length"
+        n = n if n is not None else min(len(row), max_tokens)
+        out.append(Answer(row[:n], finish, hid[r, :n]))
+    return out
+
+
+def answer_targets(answer: Answer, depth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Training positions of one greedy answer: hidden (n, H), tokens (n, T+1), valid (n, T).
+
+    Position j holds hidden[j], its greedy token x0 = ids[j], and targets ids[j+1..j+T]
+    (valid while inside the answer): exactly ``distill.self_targets`` on prompt + answer.
+    """
+    ids = np.asarray(answer.ids, dtype=np.int32)
+    n = len(ids)
+    pad = np.concatenate([ids, np.zeros(depth, dtype=np.int32)])
+    offs = np.arange(n)[:, None] + np.arange(depth + 1)[None, :]
+    tokens = pad[offs]
+    valid = offs[:, 1:] < n
+    return answer.hidden, tokens, valid

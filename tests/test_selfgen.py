@@ -1,0 +1,50 @@
+"""Greedy answers with their hidden states (train/selfgen.py): one-pass self-distillation data."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from redrafter_mlx.train import distill as D
+from redrafter_mlx.train.selfgen import answer_targets, greedy_with_hidden
+from tests.helpers import run_decode, tiny_model
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_answers_equal_engine_greedy_and_targets_equal_self_targets(seed):
+    model = tiny_model(seed=seed, vocab=48)
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(3, model.vocab_size, n).tolist() for n in (5, 9, 3)]
+    eos = [int(rng.integers(3, model.vocab_size))]
+    answers = greedy_with_hidden(model, prompts, 40, eos)
+    ref, _ = run_decode(model, None, prompts, max_tokens=40, eos_token_ids=eos)
+    depth = 4
+    for prompt, ans, want in zip(prompts, answers, ref):
+        ended = ans.finish == "stop"
+        assert ans.ids == want + (eos if ended else [])
+        assert len(ans.ids) == (len(want) + 1 if ended else 40)
+        assert ans.hidden.shape == (len(ans.ids), model.hidden_size)
+        # The targets read off the answer are self_targets' on prompt + answer, hidden included.
+        tokens = prompt + ans.ids
+        positions = list(range(len(prompt) - 1, len(tokens) - 1))
+        h_ref, g_ref, v_ref = D.self_targets(model, mx.array(tokens), mx.array(positions), depth)
+        hidden, toks, valid = answer_targets(ans, depth)
+        n = len(positions)
+        assert (toks[:n, 0] == g_ref[:, 0]).all()
+        assert (toks[:n, 1:][valid[:n]] == g_ref[:, 1:][valid[:n]]).all()
+        # Same valid targets, except that self_targets also reads the greedy token after the
+        # answer's last one (decoding stopped before drawing it): one more per depth.
+        assert (valid[:n] <= v_ref).all()
+        assert (v_ref & ~valid[:n]).sum() == min(depth, n)
+        np.testing.assert_allclose(hidden[:n], np.array(h_ref), atol=2e-2, rtol=1e-2)
+
+
+def test_a_row_that_ends_at_once_and_all_rows_ending_stop_early():
+    model = tiny_model(seed=3, vocab=48)
+    prompts = [[4, 5, 6], [7, 8]]
+    first = greedy_with_hidden(model, prompts, 1, [])
+    eos = [first[0].ids[0]]  # row 0's first token is an end-of-turn id
+    answers = greedy_with_hidden(model, prompts, 64, eos)
+    assert answers[0].ids == eos and answers[0].finish == "stop"
+    assert answers[0].hidden.shape == (1, model.hidden_size)

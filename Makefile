@@ -20,10 +20,11 @@ install: openblas
 smollm2:
 	$(PYTHON) -m weights_convert.smollm2
 
-# The bundled SmolLM2 drafter (redrafter_mlx/smollm2_drafter/): prompts -> greedy answers ->
-# self-distillation -> held-out eval -> ship. Seeded and resumable: run it again to continue
-# (work files in ~/.cache/redrafter-mlx/build/smollm2-drafter; small artefacts are committed
-# in scripts/smollm2_build/). See redrafter_mlx/smollm2_drafter/BUILD.md.
+# The bundled SmolLM2 drafter (redrafter_mlx/smollm2_drafter/): prompts -> greedy answers with
+# their hidden states -> self-distillation with held-out selection -> ship -> held-out eval.
+# Hours of CPU; seeded and resumable: run it again to continue (work files in
+# ~/.cache/redrafter-mlx/build/smollm2-drafter; small artefacts are committed in
+# scripts/smollm2_build/). See redrafter_mlx/smollm2_drafter/BUILD.md.
 smollm2-drafter: smollm2
 	$(PYTHON) -m scripts.build_smollm2_drafter --snapshot
 

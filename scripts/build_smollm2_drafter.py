@@ -7,41 +7,49 @@
 Stages (each writes its outputs atomically, or appends whole batches, and is skipped or
 continued when its outputs exist; everything is seeded):
 
-1. ``prompts``  -> WORK/prompts.jsonl: diverse offline user turns from three sources:
-   ``model``   the model itself writing user turns for (topic x style x kind) combinations,
-   ``stdlib``  instructions derived from the Python standard library's docstrings (present on
-               every machine: read with ``ast``, nothing imported),
-   ``sharegpt`` the human turns of tests/fixtures/sharegpt_tiny.json.
+1. ``prompts``  -> WORK/prompts.jsonl: diverse offline user turns:
+   ``model``    the model itself writing user turns for (topic x style x kind) combinations,
+   ``stdlib``   instructions derived from the Python standard library's docstrings (present on
+                every machine: read with ``ast``, nothing imported),
+   ``sharegpt`` the human turns of tests/fixtures/sharegpt_tiny.json,
+   ``template`` (template x topic) turns,
+   and scripts/smollm2_prompts.py's synthetic turns over MT-Bench-like kinds of request
+   (``topic``, ``roleplay``, ``math``, ``reasoning``, ``coding``, ``extraction``,
+   ``knowledge``; --diverse-prompts of them, interleaved).
    MT-Bench and Vicuna-bench (redrafter_mlx/data/*.jsonl) are held out for evaluation: any
    prompt that equals one of their turns (case- and space-insensitive) is dropped.
-2. ``generate`` -> WORK/generations.jsonl: the model's greedy answers (<= --max-answer tokens)
-   decoded in batches of --batch rows with the engine's batched decoding; one JSON line per
-   prompt, appended per batch (a torn last line is dropped on resume), with the exact token ids
-   (``prompt_ids``, ``response_ids``: EOS included when the answer ended), so distillation
-   trains on the ids the model produced, not on a re-tokenization. Stops at --deadline and
-   continues where it stopped on the next run.
-3. ``distill``  -> WORK/drafter: ``redrafter_mlx.train.distill`` with ``targets="self"``
-   (greedy self-generated responses ARE the model's greedy continuations: one forward per
-   sequence), a frequency-ranked shortlist vocabulary (``--draft-vocab``), resumable.
+2. ``generate`` -> WORK/generations.jsonl + WORK/hidden/*.npy: the model's greedy answers
+   (<= --max-answer tokens) decoded in batches of --batch rows, one JSON line per prompt,
+   appended per batch (a torn last line is dropped on resume), with the exact token ids
+   (``prompt_ids``, ``response_ids``: the end-of-turn id included when the answer ended),
+   and the hidden state of every answer position kept from decoding
+   (``redrafter_mlx.train.selfgen``): self-distillation needs no further forward pass. Stops
+   at --deadline and continues where it stopped on the next run.
+3. ``distill``  -> WORK/drafter: scripts/smollm2_train.py: targets read off the answers
+   (``targets="self"``) with the model's distribution at each target as a soft target
+   (--soft-targets), a frequency-ranked shortlist vocabulary (--draft-vocab), trained with a
+   held-out score every --every steps (Vicuna-bench answers; selection only), keeping the
+   best; resumable from WORK/train/checkpoints.
 4. ``ship``     -> redrafter_mlx/smollm2_drafter/: the drafter in float16 (config.json with its
    ``draft_vocab`` shortlist, model.safetensors) and BUILD.md.
 5. ``eval``     -> WORK/eval.json (+ the shipped eval.json and BUILD.md): tokens/step at a few
    shapes on held-out MT-Bench prompts, greedy and at temperature 0.7, for the shipped float16
    drafter and (greedy) the float32 training output.
+6. ``coverage`` -> WORK/coverage.json: the share of held-out greedy answer tokens the
+   shortlist can draft.
 
-More data later: the generation stage answers every prompt of prompts.jsonl whose text has no
-answer yet, so move prompts.jsonl away and rerun with larger --model-prompts/--stdlib-prompts
-(or another --seed): old answers are kept, new prompts are answered, and the target cache is
-rebuilt for the new data (its key hashes the data file).
+More data later: raise --diverse-prompts (or --template-prompts) and rerun: new prompts are
+appended to prompts.jsonl and answered; old answers are kept.
 
 WORK defaults to ~/.cache/redrafter-mlx/build/smollm2-drafter; the small artefacts (prompts,
-generations, metrics) can be committed under scripts/smollm2_build/ with --snapshot.
+metrics, the training history) can be committed under scripts/smollm2_build/ with --snapshot.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import gzip
 import json
 import os
 import random
@@ -691,49 +699,50 @@ def _read(work: Path, name: str) -> dict:
     return json.loads(p.read_text()) if p.exists() else {}
 
 
-def selection_lines(cfg: dict, src: Path) -> list[str]:
-    """BUILD.md lines for a drafter picked by scripts/smollm2_select.py (if it was)."""
-    sel = _read(src, "selection.json")
-    if not cfg.get("selected") or not sel:
-        return []
-    args = sel["args"]
+def training_lines(sel: dict) -> list[str]:
+    """BUILD.md lines for the training run and its held-out selection (WORK/drafter)."""
+    if not sel:
+        return ["- training: not run yet"]
+    run, data, hist = sel["run"], sel["data"], sel["history"]
+    best = max(hist, key=lambda h: h["score"]) if hist else {}
     lines = [
+        f"- positions: {data['positions']} ({data['from_generation']} answers with the hidden "
+        f"states kept from generation, {data['from_forward']} with one forward each"
+        + (f", {data['forward_seconds']} s" if "forward_seconds" in data else "")
+        + ")",
+        f"- run: {run['steps']} steps of {run['batch']} positions, AdamW lr {run['lr']} "
+        f"(warm-up, cosine), weight decay {run['weight_decay']}, {run['layers']} layers, "
+        f"exit_dim {run['exit_dim']}, head init {run['head_init']}"
+        + (" (frozen)" if run.get("freeze_head") else "")
+        + (
+            ", soft targets (cross-entropy to the model's distribution at each target position)"
+            if run.get("soft_targets")
+            else ", hard targets (the greedy tokens)"
+        )
+        + f", seed {run['seed']}",
+        f"- selection: every scored step on {data['val_positions']} held-out positions (greedy "
+        f"answers to Vicuna-bench prompts; MT-Bench is only the report); kept: step "
+        f"{best.get('step')}, chain score {best.get('score')} (teacher-forced W1 L4 "
+        f"tokens/step estimate)",
         "",
-        "### The shipped drafter: a re-trained, selected run",
-        "",
-        f"The run above over-fitted (in-sample W1 L4 3.89 tokens/step, held-out ~1.2). The "
-        f"shipped weights come from `python -m scripts.smollm2_select` (steps {args['steps']}, "
-        f"lr {args['lr']}, weight decay {args['weight_decay']}, batch {args['batch']}, "
-        f"exit_dim {args['exit_dim']}, layers {args['layers']}, extra answers: "
-        f"{args.get('extra_sources') or 'none'}), keeping the step with the best greedy W1 L4 "
-        f"tokens/step on {args['prompts']} Vicuna-bench prompts (selection only; MT-Bench stays "
-        f"the report): step {cfg['selected']['step']}.",
-        "",
-        f"Targets of the extra answers: {sel.get('extra_targets')}; training throughput "
-        f"{args['steps'] * args['batch'] / sel['history'][-1]['seconds']:.0f} positions/s "
-        f"(including the periodic evaluations).",
-        "",
-        "| step | loss | train acc per draft step | Vicuna-bench W1 L4 | seconds |",
-        "| ---: | ---: | --- | ---: | ---: |",
+        "| step | loss | train acc per draft step | held-out acc per draft step | score "
+        "| positions/s |",
+        "| ---: | ---: | --- | --- | ---: | ---: |",
     ]
     lines += [
-        f"| {h['step']} | {h['loss']} | {h['acc']} | {h['vicuna_w1l4']} | {h['seconds']} |"
-        for h in sel["history"]
+        f"| {h['step']} | {h['loss']} | {h['train_acc']} | {h['val_acc']} | {h['score']} | "
+        f"{h['positions_per_s']} |"
+        for h in hist
     ]
     return lines
 
 
 def write_build_md(work: Path, a) -> None:
-    pm, gm, ds, ev, cov = (
+    pm, gm, ev, cov = (
         _read(work, n)
-        for n in (
-            "prompts_meta.json",
-            "generate_meta.json",
-            "distill_summary.json",
-            "eval.json",
-            "coverage.json",
-        )
+        for n in ("prompts_meta.json", "generate_meta.json", "eval.json", "coverage.json")
     )
+    sel = _read(drafter_dir(work, a), "selection.json")
     gens = read_jsonl(work / "generations.jsonl")
     prompts = read_jsonl(work / "prompts.jsonl")
     cfg = json.loads((SHIP / "config.json").read_text())
@@ -741,37 +750,41 @@ def write_build_md(work: Path, a) -> None:
     lines = [
         "# How the SmolLM2-135M-Instruct drafter was built",
         "",
-        "`python -m scripts.build_smollm2_drafter` (`make smollm2-drafter`); every stage is "
-        "seeded and resumable (see the script's docstring). Base model: SmolLM2-135M-Instruct "
-        "converted to float32 (`python -m weights_convert.smollm2`), served on the MLX CPU "
-        "backend with OpenBLAS (2-core x86 VM shared with other jobs, so times are upper bounds).",
+        "`make smollm2-drafter` (`python -m scripts.build_smollm2_drafter --snapshot`); every "
+        "stage is seeded and resumable (see the script's docstring). Base model: "
+        "SmolLM2-135M-Instruct converted to float32 (`python -m weights_convert.smollm2`), "
+        "served on the MLX CPU backend with OpenBLAS on a 2-core x86 VM.",
         "",
         "## Data",
         "",
         f"- prompts: {len(prompts)} ({dict(Counter(r['source'] for r in prompts))}); "
-        f"held-out MT-Bench / Vicuna-bench turns dropped: {pm.get('heldout_dropped')}",
+        f"held-out MT-Bench / Vicuna-bench turns dropped: {pm.get('heldout_dropped')}. Sources: "
+        "the model writing user turns (`model`), the standard library's docstrings (`stdlib`), "
+        "the ShareGPT sample (`sharegpt`), (template x topic) turns (`template`) and "
+        "scripts/smollm2_prompts.py's synthetic turns (`topic`, `roleplay`, `math`, "
+        "`reasoning`, `coding`, `extraction`, `knowledge`)",
         f"- model-written prompts: {pm.get('model_generation')}",
-        f"- greedy answers: {len(gens)} (<= {gm.get('max_answer')} tokens, batches of "
-        f"{gm.get('batch')} rows), {gm.get('tokens')} answer tokens in {gm.get('seconds')} s "
+        f"- greedy answers: {len(gens)} of the prompts (<= {gm.get('max_answer')} tokens, "
+        f"batches of {gm.get('batch')} rows), {gm.get('tokens')} answer tokens in "
+        f"{gm.get('seconds')} s of generation "
         f"= {gm.get('tokens', 0) / max(gm.get('seconds', 1), 1e-9):.1f} tokens/s; "
-        f"ended by EOS: {sum(g['finish'] == 'stop' for g in gens)}",
+        f"ended by end-of-turn: {sum(g['finish'] == 'stop' for g in gens)}; by source: "
+        f"{dict(Counter(g['source'] for g in gens))}",
         "",
         "## Distillation",
         "",
         "- targets: `self` (the answers are the model's own greedy output, so their next T "
-        "tokens are its greedy continuations: one forward per sequence, no rollouts)",
-        f"- positions: {ds.get('positions')}; steps: {ds.get('steps')}; final loss "
-        f"{ds.get('final_loss')}; per-step accuracy {ds.get('final_step_accuracy')}",
+        "tokens are its greedy continuations; no rollouts)",
+        *training_lines(sel),
+        "",
         f"- drafter: exit_dim {cfg.get('exit_dim')}, {cfg.get('num_draft_layers')} layers, "
         f"rnn {cfg.get('rnn')}, predict_tokens {cfg.get('predict_tokens')}, shortlist "
         f"vocabulary {len(cfg.get('draft_vocab') or []) or 'none (full)'} of "
-        f"{cfg.get('vocab_size')} ids; shipped in float16",
+        f"{cfg.get('vocab_size')} ids (the most frequent answer tokens); shipped in float16",
         f"- shortlist coverage of the model's greedy held-out answers: "
         f"{cov.get('coverage', 'not measured')} ({cov.get('in_shortlist')} of "
         f"{cov.get('answer_tokens')} tokens, {cov.get('num_prompts')} MT-Bench prompts; a token "
         f"outside it can still be emitted, as the bonus token, but never drafted)",
-        f"- wall time {ds.get('wall_seconds')} s",
-        *selection_lines(cfg, drafter_dir(work, a)),
         "",
         "## Stage times and throughput",
         "",
@@ -861,8 +874,14 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--every", type=int, default=200, help="steps between held-out scores")
-    p.add_argument("--head-init", choices=("random", "base"), default="base")
+    p.add_argument("--head-init", choices=("random", "base"), default="random")
     p.add_argument("--freeze-head", action="store_true")
+    p.add_argument(
+        "--soft-targets",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="train on the model's distribution at each target (from the kept hidden states)",
+    )
     p.add_argument("--val-prompts", type=int, default=24, help="Vicuna-bench prompts (selection)")
     p.add_argument("--val-tokens", type=int, default=96)
     p.add_argument("--eval-prompts", type=int, default=8)
@@ -871,8 +890,7 @@ def parse_args(argv=None):
     p.add_argument(
         "--drafter-dir",
         default=None,
-        help="ship/eval/coverage this drafter (default WORK/drafter), e.g. "
-        "WORK/drafter_selected from scripts/smollm2_select.py",
+        help="ship/eval/coverage this drafter (default WORK/drafter)",
     )
     p.add_argument(
         "--snapshot",
@@ -882,24 +900,32 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+SNAPSHOT_FILES = (
+    "prompts.jsonl",  # gzipped in the snapshot
+    "prompts_meta.json",
+    "generate_meta.json",
+    "distill_summary.json",
+    "eval.json",
+    "coverage.json",
+    "stage_times.json",
+    "drafter/selection.json",
+)
+
+
 def snapshot(work: Path) -> None:
+    """Copy the small artefacts to scripts/smollm2_build/ (the answers are regenerated, not
+    committed: thousands of rows of token ids)."""
     SNAPSHOT.mkdir(parents=True, exist_ok=True)
-    for name in (
-        "prompts.jsonl",
-        "prompts_meta.json",
-        "generations.jsonl",
-        "generate_meta.json",
-        "distill_summary.json",
-        "eval.json",
-        "coverage.json",
-        "stage_times.json",
-        "drafter_selected/selection.json",
-    ):
-        if (work / name).exists():
-            dest = SNAPSHOT / name.replace("/", "_")
-            tmp = SNAPSHOT / f".{dest.name}.tmp"
-            tmp.write_bytes((work / name).read_bytes())
-            os.replace(tmp, dest)
+    for name in SNAPSHOT_FILES:
+        if not (work / name).exists():
+            continue
+        data = (work / name).read_bytes()
+        dest = SNAPSHOT / name.replace("/", "_")
+        if name == "prompts.jsonl":
+            data, dest = gzip.compress(data, mtime=0), SNAPSHOT / "prompts.jsonl.gz"
+        tmp = SNAPSHOT / f".{dest.name}.tmp"
+        tmp.write_bytes(data)
+        os.replace(tmp, dest)
 
 
 def main(argv=None) -> int:
@@ -911,18 +937,12 @@ def main(argv=None) -> int:
     if bad:
         raise SystemExit(f"unknown stage(s) {bad}; choose from {STAGES}")
     fresh = not any((work / n).exists() for n in ("prompts.jsonl", "generations.jsonl"))
-    if fresh and SNAPSHOT.joinpath("prompts.jsonl").exists():
-        # continue a committed build: start from its small artefacts
-        for name in (
-            "prompts.jsonl",
-            "prompts_meta.json",
-            "generations.jsonl",
-            "generate_meta.json",
-            "stage_times.json",
-        ):
-            if (SNAPSHOT / name).exists():
-                (work / name).write_bytes((SNAPSHOT / name).read_bytes())
-        log(f"started from the committed artefacts in {SNAPSHOT}")
+    if fresh and SNAPSHOT.joinpath("prompts.jsonl.gz").exists():
+        # answer the committed build's prompts (the model-written ones included)
+        data = gzip.decompress((SNAPSHOT / "prompts.jsonl.gz").read_bytes())
+        (work / "prompts.jsonl").write_bytes(data)
+        (work / "prompts_meta.json").write_bytes((SNAPSHOT / "prompts_meta.json").read_bytes())
+        log(f"started from the committed prompts in {SNAPSHOT}")
     for s in stages:
         t0 = time.perf_counter()
         before = _count_positions(work, s)

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 
@@ -251,3 +252,57 @@ def test_shipped_drafter_on_the_real_smollm2_is_lossless():
     )
     assert spec == ar
     assert stats["tokens_per_step"] > 1.0  # the drafter is accepted sometimes
+
+
+# soft targets
+
+
+def test_teacher_targets_are_the_models_distribution_at_the_targets_position(tmp_path):
+    """On self-generated data, row t+k of the cache is the position whose greedy draw is step
+    k's target: the teacher there is the LLM's log-softmax, its argmax the hard target."""
+    model = tiny_model(seed=7, vocab=48)
+    seqs = []
+    for s in range(2):
+        prompt = np.random.default_rng(s).integers(0, model.vocab_size, 5).tolist()
+        tokens = _greedy_sequence(model, prompt, 12)
+        seqs.append(Sequence(tokens, [False] * len(prompt) + [True] * 12))
+    depth = 3
+    cache = D.build_target_cache(model, seqs, depth, "self", tmp_path / "c")
+    idx = np.arange(cache.size)
+    teacher, soft = D.teacher_targets(cache, model, idx)
+    soft = np.array(soft)
+    valid = np.asarray(cache.valid)
+    # Soft targets exist exactly where the target position is a cached row of the same answer:
+    # every valid step but the read-past-the-end one at each answer's last positions.
+    assert (soft <= valid).all()
+    assert valid.sum() - 2 * depth <= soft.sum() <= valid.sum()
+    hard = np.asarray(cache.tokens)[:, 1:]
+    assert (np.array(mx.argmax(teacher, axis=-1))[soft] == hard[soft]).all()
+    j, k = np.argwhere(soft)[5]
+    want = nn.log_softmax(model.logits(mx.array(cache.hidden[j + k + 1])), axis=-1)
+    assert mx.allclose(teacher[j, k], want, atol=1e-5).item()
+    # Over a shortlist: renormalised over its ids.
+    ids = list(range(0, 48, 3))
+    short, _ = D.teacher_targets(cache, model, idx[:4], ids)
+    full = model.logits(mx.array(cache.hidden[1:5]))[:, mx.array(ids)]
+    assert mx.allclose(short[:, 0], nn.log_softmax(full, axis=-1), atol=1e-5).item()
+
+
+def test_soft_loss_is_the_cross_entropy_to_the_teacher_where_given():
+    model = tiny_model(seed=8, vocab=32)
+    drafter = shortlist_drafter(model, range(32))
+    B, T, H = 4, 2, model.hidden_size
+    hidden = mx.random.normal((B, H), key=mx.random.key(1))
+    emb = mx.random.normal((B, T, H), key=mx.random.key(2))
+    targets = mx.array(np.random.default_rng(0).integers(0, 32, (B, T)), dtype=mx.int32)
+    valid = mx.ones((B, T), dtype=mx.bool_)
+    teacher = nn.log_softmax(mx.random.normal((B, T, 32), key=mx.random.key(3)), axis=-1)
+    none = mx.zeros((B, T), dtype=mx.bool_)
+    hard, _, _ = D.drafter_loss(drafter, hidden, emb, targets, valid)
+    same, _, _ = D.drafter_loss(drafter, hidden, emb, targets, valid, teacher, none)
+    assert mx.allclose(hard, same).item()
+    onehot = mx.log(mx.maximum(mx.eye(32)[targets], 1e-30))  # a one-hot teacher = hard CE
+    one, _, _ = D.drafter_loss(drafter, hidden, emb, targets, valid, onehot, ~none)
+    assert mx.allclose(hard, one, atol=1e-4).item()
+    soft, _, _ = D.drafter_loss(drafter, hidden, emb, targets, valid, teacher, ~none)
+    assert not mx.allclose(hard, soft).item()

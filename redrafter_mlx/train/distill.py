@@ -459,12 +459,16 @@ def new_drafter(args: DrafterArgs, seed: int) -> Drafter:
     return drafter
 
 
-def drafter_loss(drafter: Drafter, hidden, emb, targets, valid):
+def drafter_loss(drafter: Drafter, hidden, emb, targets, valid, teacher=None, soft=None):
     """Teacher-forced loss over T draft steps.
 
     hidden: (B, H); emb: (B, T, H) = E[x0], E[target_1..target_{T-1}]; targets: (B, T) int;
-    valid: (B, T) bool. Returns (loss = Σ_k mean CE of step k over its valid rows,
-    per-step losses (T,), per-step top-1 accuracy (T,)).
+    valid: (B, T) bool. Optional soft targets: teacher (B, T, V) the LLM's log-probabilities
+    for each step's token (over the drafter's head ids) and soft (B, T) bool, the rows that
+    have them; there the loss is the cross-entropy to the teacher's distribution instead of
+    to its greedy token (more signal per position: which other tokens were likely).
+    Returns (loss = Σ_k mean loss of step k over its valid rows, per-step losses (T,),
+    per-step top-1 accuracy (T,)).
     """
     B, T, H = emb.shape
     state = mx.zeros((B, H), dtype=hidden.dtype)
@@ -475,6 +479,10 @@ def drafter_loss(drafter: Drafter, hidden, emb, targets, valid):
         v = valid[:, k].astype(mx.float32)
         n = mx.maximum(v.sum(), 1.0)
         ce = nn.losses.cross_entropy(logits, targets[:, k])
+        if teacher is not None:
+            p = mx.exp(teacher[:, k])
+            soft_ce = -(p * nn.log_softmax(logits, axis=-1)).sum(axis=-1)
+            ce = mx.where(soft[:, k], soft_ce, ce)
         losses.append((ce * v).sum() / n)
         accs.append(((mx.argmax(logits, axis=-1) == targets[:, k]) * v).sum() / n)
     losses, accs = mx.stack(losses), mx.stack(accs)
@@ -540,6 +548,34 @@ def read_batch(cache: TargetCache, model: Model, idx: np.ndarray, head_index=Non
     hidden = mx.array(cache.hidden[idx]).astype(mx.float32)
     emb = model.embed(toks[:, :-1]).astype(mx.float32)
     return hidden, emb, mx.array(targets), mx.array(valid)
+
+
+def teacher_targets(cache: TargetCache, model: Model, idx: np.ndarray, head_ids=None):
+    """Soft targets for cached positions idx, for caches whose rows run along each sequence.
+
+    Step k's token at position t is the LLM's draw at position t+k, so its distribution is
+    the LLM's head applied to the hidden state of cache row idx+k, when that row is position
+    t+k of the same sequence (checked: rows idx+1..idx+k hold steps 1..k's targets as their
+    x0; a chance match past a sequence's end remains possible but rare). Returns teacher (B, T, V)
+    log-probabilities over ``head_ids`` (a shortlist, renormalised; None = the vocabulary)
+    and soft (B, T) bool.
+    """
+    T = cache.tokens.shape[1] - 1
+    P = cache.size
+    rows = idx[:, None] + np.arange(1, T + 1)[None, :]  # (B, T)
+    inside = rows < P
+    rows = np.minimum(rows, P - 1)
+    match = inside & np.asarray(cache.valid[idx]) & (cache.tokens[rows, 0] == cache.tokens[idx, 1:])
+    soft = np.cumprod(match, axis=1).astype(bool)  # rows t+1..t+k all continue the sequence
+    h = mx.array(cache.hidden[rows.reshape(-1)]).astype(mx.float32)
+    if head_ids is None:
+        logits = model.logits(h)
+    else:
+        w = model.model.embed_tokens.weight if model.args.tie_word_embeddings else None
+        w = w if w is not None else model.lm_head.weight
+        logits = (h @ w[mx.array(head_ids)].T).astype(mx.float32)
+    teacher = nn.log_softmax(logits, axis=-1).reshape(len(idx), T, -1)
+    return teacher, mx.array(soft)
 
 
 class Trainer:

@@ -720,8 +720,9 @@ def training_lines(sel: dict) -> list[str]:
             else ", hard targets (the greedy tokens)"
         )
         + f", seed {run['seed']}",
-        f"- selection: every scored step on {data['val_positions']} held-out positions (greedy "
-        f"answers to Vicuna-bench prompts; MT-Bench is only the report); kept: step "
+        f"- selection: a score every {run.get('every', '?')} steps on {data['val_positions']} "
+        f"held-out positions (the model's greedy answers to Vicuna-bench prompts; MT-Bench is "
+        f"only the report); kept: step "
         f"{best.get('step')}, chain score {best.get('score')} (teacher-forced W1 L4 "
         f"tokens/step estimate)",
         "",

@@ -191,6 +191,7 @@ def train(work: Path, a) -> dict:
         positions=cache.size,
         steps=a.steps,
         batch=a.train_batch,
+        every=a.every,
         lr=a.lr,
         weight_decay=a.weight_decay,
         layers=a.layers,

@@ -9,6 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from redrafter_mlx.engine.errors import ParamError
 from redrafter_mlx.engine.tree import cache_mask, chain_mask
 from redrafter_mlx.train import distill as D
 from redrafter_mlx.train.data import DataError, Sequence, load_training_data
@@ -444,3 +445,11 @@ def test_api_accepts_single_paths_and_a_projected_exit_dim(model_dir, tmp_path):
     shapes = [(r["beam_width"], r["beam_length"]) for r in summary["eval"]["results"]]
     assert shapes == [(1, 2), (3, 4)]  # L capped at T+1
     assert summary["eval"]["source"] == [str(prompts)]
+
+
+def test_soft_targets_train_in_self_mode_and_are_refused_elsewhere(model_dir, tmp_path):
+    run = dict(RUN, steps=3, eval_shapes=(), targets="self", soft_targets=True)
+    summary = D.distill(model_dir, [SHAREGPT], tmp_path / "soft", **run)
+    assert summary["steps"] == 3 and np.isfinite(summary["final_loss"])
+    with pytest.raises(ParamError, match="--targets self"):
+        D.distill(model_dir, [SHAREGPT], tmp_path / "x", **dict(run, targets="distill"))

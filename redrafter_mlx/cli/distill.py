@@ -70,6 +70,11 @@ def distill(
         help="Shortlist vocabulary: the drafter's head covers only the N most frequent "
         "training tokens (e.g. 8192); drafting is cheaper, output is unchanged.",
     ),
+    soft_targets: bool = typer.Option(
+        False,
+        help="With --targets self: train on the model's whole distribution at each target "
+        "(read from the cached hidden states), not only its greedy token.",
+    ),
     save_every: int = typer.Option(
         500, help="Checkpoint every N steps (and at the end); 0: only at the end."
     ),
@@ -110,6 +115,7 @@ def distill(
             overwrite=overwrite,
             targets=targets,
             draft_vocab=draft_vocab,
+            soft_targets=soft_targets,
             save_every=save_every,
             seed=seed,
             grad_accum=grad_accum,

@@ -106,6 +106,7 @@ class DistillOptions:
     cache_dir: str | None = None
     dtype: str | None = None
     draft_vocab: int | None = None
+    soft_targets: bool = False
     quiet: bool = False
 
     def validate(self) -> DistillOptions:
@@ -139,6 +140,13 @@ class DistillOptions:
         if self.draft_vocab is not None and self.draft_vocab < 1:
             raise ParamError(
                 "draft_vocab", f"draft vocab must be >= 1 token ids, got {self.draft_vocab}"
+            )
+        if self.soft_targets and self.targets != "self":
+            raise ParamError(
+                "soft_targets",
+                "soft targets need --targets self (the model's distribution at a target is "
+                "read from the cached hidden state where the data drew it: exact only when the "
+                "data is the model's own greedy output)",
             )
         if self.exit_dim != "auto":
             try:
@@ -981,6 +989,8 @@ def prepare(
         seq_len=opts.seq_len,
         world_size=world,
     )
+    if opts.soft_targets:  # only when on: runs checkpointed before the option still resume
+        run["soft_targets"] = True
     draft_vocab = None
     if opts.draft_vocab:
         draft_vocab = shortlist_vocab(
@@ -1050,9 +1060,7 @@ def train_loop(
     try:
         for step in range(start + 1, ctx.total_steps + 1):
             micro = [(step - 1) * opts.grad_accum + k for k in range(opts.grad_accum)]
-            batches = [
-                read_batch(ctx.cache, ctx.model, ctx.order.batch(m), head_index) for m in micro
-            ]
+            batches = [training_batch(ctx, opts, m, head_index) for m in micro]
             lr = trainer.learning_rate
             loss, _, accs = trainer.step(batches)
             seen += ctx.order.batch_size * opts.grad_accum
@@ -1075,6 +1083,15 @@ def train_loop(
     finally:
         progress.stop()
     return history
+
+
+def training_batch(ctx: RunContext, opts: DistillOptions, micro: int, head_index) -> tuple:
+    """The drafter_loss inputs of one micro-batch (with soft targets when asked for)."""
+    idx = ctx.order.batch(micro)
+    batch = read_batch(ctx.cache, ctx.model, idx, head_index)
+    if opts.soft_targets:
+        batch += teacher_targets(ctx.cache, ctx.model, idx, ctx.draft_vocab)
+    return batch
 
 
 def final_eval(ctx: RunContext, opts: DistillOptions, progress: Progress) -> dict | None:

@@ -420,6 +420,9 @@ def stage_prompts(work: Path, a) -> None:
     if path.exists():
         added = extend_prompts(path, template_prompts(a.template_prompts, a.seed))
         more = extend_prompts(path, diverse_prompts(a.diverse_prompts, a.seed))
+        meta = _read(work, "prompts_meta.json")
+        meta["counts"] = dict(Counter(r["source"] for r in read_jsonl(path)))
+        write_json_atomic(work / "prompts_meta.json", meta)
         log(f"prompts: {path} exists; added {added} template and {more} diverse prompts")
         return
     t0 = time.perf_counter()
@@ -565,6 +568,12 @@ def stage_distill(work: Path, a) -> None:
         )
     if history:
         last = history[-1]
+        seen = last["step"] * result["run"]["batch"]
+        times = _read(work, "stage_times.json")
+        times["distill: training (positions seen, held-out scoring included)"] = dict(
+            seconds=round(seen / last["positions_per_s"], 1), positions=seen
+        )
+        write_json_atomic(work / "stage_times.json", times)
         summary = dict(
             run=result["run"],
             data=data,
@@ -770,7 +779,8 @@ def write_build_md(work: Path, a) -> None:
         f"{gm.get('seconds')} s of generation "
         f"= {gm.get('tokens', 0) / max(gm.get('seconds', 1), 1e-9):.1f} tokens/s; "
         f"ended by end-of-turn: {sum(g['finish'] == 'stop' for g in gens)}; by source: "
-        f"{dict(Counter(g['source'] for g in gens))}",
+        f"{dict(Counter(g['source'] for g in gens))}"
+        + (f". {gm['note']}" if gm.get("note") else ""),
         "",
         "## Distillation",
         "",

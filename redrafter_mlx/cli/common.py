@@ -384,11 +384,13 @@ class Engine:
 def load_engine(paths: ModelPaths, dtype: str | None, with_drafter: bool = True) -> Engine:
     """Load the model (and the drafter when ``with_drafter``); LoadError on any problem."""
     from redrafter_mlx import load
+    from redrafter_mlx.engine.platform import fit_blas_threads
 
     for note in paths.notes:
         err_console().print(note, style="dim")
     drafter_path = paths.drafter if with_drafter else None
     model, drafter, tokenizer = load(paths.model, drafter_path, dtype)
+    fit_blas_threads(model, drafter)
     return Engine(model, drafter, tokenizer, paths, dtype_name(model))
 
 

@@ -139,10 +139,12 @@ def print_preset(report: dict, as_json: bool) -> None:
 
 def build_measure(model: str, drafter: str, dtype: str | None, prompts: str, num_prompts: int):
     """(measure, clock) for the real engine; the tests replace this with a fake cost model."""
+    from redrafter_mlx.engine.platform import fit_blas_threads
     from tuning.measure import EngineMeasure, load_engine, load_prompts
 
     questions = load_prompts(prompts, num_prompts)
     llm, draft, tokenizer = load_engine(model, drafter, dtype)
+    fit_blas_threads(llm, draft)
     return EngineMeasure(llm, draft, tokenizer, questions), time.perf_counter
 
 

@@ -8,6 +8,7 @@ with ``LD_PRELOAD`` set when the library is present (docs/design.md, "Performanc
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import sys
 
@@ -17,6 +18,10 @@ OPENBLAS_PATHS = (
 )
 _HINT_ENV = "REDRAFTER_MLX_BLAS_HINTED"
 THREADS_ENV = "REDRAFTER_MLX_BLAS_THREADS"
+_AUTO_ENV = "REDRAFTER_MLX_BLAS_AUTO"
+# A model whose weights take more than this is weight-bound on the CPU backend: each step
+# streams every weight, and a core's memory bandwidth, not op dispatch, sets its time.
+WEIGHT_BOUND_BYTES = 64 * 2**20
 
 
 def find_openblas() -> str | None:
@@ -47,34 +52,55 @@ def ensure_fast_blas() -> None:
     env = dict(os.environ)
     env["LD_PRELOAD"] = f"{path}:{preload}" if preload else path
     env["REDRAFTER_MLX_NO_REEXEC"] = "1"
-    env.setdefault("OPENBLAS_NUM_THREADS", str(blas_threads()))
+    if "OPENBLAS_NUM_THREADS" not in env:
+        env["OPENBLAS_NUM_THREADS"] = str(blas_threads())
+        env[_AUTO_ENV] = "1"  # ours, not the user's: fit_blas_threads may change it
     os.execvpe(sys.executable, [sys.executable, "-m", "redrafter_mlx.cli", *sys.argv[1:]], env)
 
 
-def blas_threads() -> int:
-    """OpenBLAS threads for the engine: ``$REDRAFTER_MLX_BLAS_THREADS``, else all cores but
-    one. MLX's CPU backend runs ops on a stream thread while the host thread dispatches the
-    next step; BLAS threads that take every core (and spin) contend with both. Measured on 2
-    cores: a 4-16 token verify forward 15-40% faster with one BLAS thread, the AR step equal.
+def blas_threads(weight_bytes: int | None = None) -> int:
+    """OpenBLAS threads for the engine: ``$REDRAFTER_MLX_BLAS_THREADS``, else by the model.
+
+    A small model's step is bound by op dispatch: MLX's CPU backend runs ops on a stream
+    thread while the host thread dispatches the next step, and BLAS threads that take every
+    core (and spin) contend with both, so it gets all cores but one (measured on 2 cores: a
+    4-16 token verify forward of the 4M demo model 15-40% faster with one BLAS thread). A
+    model over ``WEIGHT_BOUND_BYTES`` streams its weights every step, and one core's memory
+    bandwidth is the limit, so it gets every core (measured on 2 cores, SmolLM2-135M fp32:
+    an AR step 92 ms with two BLAS threads against 130 ms with one; the fastest decoding,
+    speculative or not, 10-11 tok/s against 9). ``weight_bytes=None``: not known yet (at
+    start-up), all cores but one.
     """
     value = os.environ.get(THREADS_ENV)
     if value and value.isdigit() and int(value) > 0:
         return int(value)
-    return max(1, (os.cpu_count() or 2) - 1)
+    cores = os.cpu_count() or 2
+    if weight_bytes is not None and weight_bytes > WEIGHT_BOUND_BYTES:
+        return cores
+    return max(1, cores - 1)
 
 
-def limit_blas_threads() -> None:
-    """Apply ``blas_threads()`` to an OpenBLAS already loaded (LD_PRELOAD), unless the user
-    set ``OPENBLAS_NUM_THREADS``."""
-    if os.environ.get("OPENBLAS_NUM_THREADS") and not os.environ.get(THREADS_ENV):
+def limit_blas_threads(weight_bytes: int | None = None) -> None:
+    """Apply ``blas_threads(weight_bytes)`` to the OpenBLAS preloaded for MLX (LD_PRELOAD),
+    unless the user set ``OPENBLAS_NUM_THREADS`` themselves. OpenBLAS grows or shrinks its
+    pool at run time, so this may be called again once the model is known."""
+    user_set = os.environ.get("OPENBLAS_NUM_THREADS") and not os.environ.get(_AUTO_ENV)
+    if user_set and not os.environ.get(THREADS_ENV):
         return
-    import ctypes
-
+    preload = os.environ.get("LD_PRELOAD", "")
     for path in OPENBLAS_PATHS:
-        if os.path.exists(path):
+        if path in preload:
             with contextlib.suppress(OSError, AttributeError):
-                ctypes.CDLL(path).openblas_set_num_threads(blas_threads())
+                ctypes.CDLL(path).openblas_set_num_threads(blas_threads(weight_bytes))
             return
+
+
+def fit_blas_threads(*modules) -> None:
+    """Set the BLAS threads for the loaded model(s) (see ``blas_threads``)."""
+    from mlx.utils import tree_flatten
+
+    total = sum(v.nbytes for m in modules if m is not None for _, v in tree_flatten(m.parameters()))
+    limit_blas_threads(total)
 
 
 def default_dtype():

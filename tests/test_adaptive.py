@@ -137,3 +137,61 @@ def test_chooser_prefers_the_best_expected_rate():
     for _ in range(20):  # nothing accepted any more: AR (1 / 1.0) is best
         c.observe(W1L4, [1], 1.5)
     assert c.next_shape() == AR
+
+
+def test_default_candidates_are_the_shape_and_every_shorter_single_beam():
+    W2L4 = BeamShape(2, 4)
+    assert Adaptive().candidates(W2L4) == [
+        AR,
+        W2L4,
+        BeamShape(1, 4),
+        BeamShape(1, 3),
+        BeamShape(1, 2),
+    ]
+    assert Adaptive().candidates(BeamShape(1, 2)) == [AR, BeamShape(1, 2)]
+    assert Adaptive().candidates(AR) == [AR]
+
+
+def test_chooser_takes_a_shorter_beam_when_verifying_more_tokens_costs_their_price():
+    """CPU-like costs: each verified token adds ~20% of an AR step. With 40% acceptance
+    W1xL4 (1.62 tokens / 1.6) barely beats AR, W1xL2 (1.4 tokens / 1.2) clearly does."""
+    W1L4, W1L2 = BeamShape(1, 4), BeamShape(1, 2)
+    c = ShapeChooser([AR, W1L4, W1L2], costs={AR: 1.0, W1L4: 1.6, W1L2: 1.2}, every=1)
+    rng = random.Random(0)
+    for _ in range(40):  # each draft position accepted with probability 0.4 (a chain)
+        n = 1
+        while n < 4 and rng.random() < 0.4:
+            n += 1
+        c.observe(W1L4, [n], 1.6)
+    assert 0.3 < c.acceptance(W1L2) < 0.5
+    assert c.next_shape() == W1L2
+
+
+def test_a_shapes_first_call_is_not_timed_as_a_step():
+    """The loop keeps one step in flight: it queues a step, then reads the one before it. A
+    shape's first call compiles it inside that interval, which is no step time of the shape
+    being read."""
+    import time
+
+    from redrafter_mlx.engine.adaptive import StepPlan
+
+    W1L2 = BeamShape(1, 2)
+    plan = StepPlan(
+        lambda *_: None, object(), object(), W1L2, None, Adaptive(shapes=[W1L2], every=10**6)
+    )
+    plan.next()
+    for _ in range(4):  # W1L2 steps of ~10 ms
+        plan.next()
+        time.sleep(0.01)
+        plan.finished([1])
+    before = plan.chooser.cost[W1L2]
+    assert before is not None and before < 0.03
+    plan.chooser._switch(AR)
+    plan.next()  # AR's first call "compiles" for 25 ms before the last W1L2 step is read
+    time.sleep(0.025)
+    plan.finished([1])
+    assert plan.chooser.cost[W1L2] == before
+    plan.next()
+    time.sleep(0.01)
+    plan.finished([1])  # AR's own step is timed
+    assert plan.chooser.cost[AR] is not None and plan.chooser.cost[AR] < 0.03

@@ -213,8 +213,9 @@ def bench(
         bool,
         typer.Option(
             "--adapt/--no-adapt",
-            help="Also run adaptive decoding (the loop switches between the chosen shape, its "
-            "width-1 variant and plain decoding by measured tokens/s) as one more row; "
+            help="Also run adaptive decoding (the loop switches between the chosen shape, the "
+            "single beams of each length up to it and plain decoding by measured tokens/s) as "
+            "one more row; "
             "--no-adapt: only pinned shapes.",
         ),
     ] = False,

@@ -104,8 +104,9 @@ NoAdaptOpt = Annotated[
     bool,
     typer.Option(
         "--no-adapt",
-        help="Pin the beam shape. By default the loop switches between it, its width-1 "
-        "variant and plain decoding, whichever gives the most tokens/s as measured.",
+        help="Pin the beam shape. By default the loop switches between it, the single "
+        "beams of each length up to it and plain decoding, whichever gives the most "
+        "tokens/s as measured.",
     ),
 ]
 DtypeOpt = Annotated[

@@ -209,8 +209,10 @@ class ShapeChooser:
 class Adaptive:
     """Settings of adaptive decoding, ``decode(..., adapt=Adaptive(...))`` (or ``True``).
 
-    ``shapes``: speculative candidates (default: the requested shape and its width-1
-    variant); plain decoding is always one. ``costs``: seed seconds per step per shape
+    ``shapes``: speculative candidates (default: the requested shape and the single beam
+    of every shorter length, ``W1×L`` down to ``W1×L2``: where verifying more tokens costs
+    nearly their full price, as on a CPU, a shorter beam can beat both plain decoding and
+    the requested one); plain decoding is always one. ``costs``: seed seconds per step per shape
     (e.g. from a tuning profile). ``step_cost``: a function of the shape that replaces the
     measured wall time (tests inject costs for determinism). After a run, ``chooser``
     holds the decisions and ``history`` the shape of every step, in order.
@@ -227,11 +229,16 @@ class Adaptive:
 
     def candidates(self, shape: BeamShape) -> list[BeamShape]:
         """The shapes a run with requested ``shape`` chooses among (AR first)."""
-        spec = list(self.shapes) if self.shapes else [shape, BeamShape(1, shape.length)]
+        spec = list(self.shapes) if self.shapes else [shape, *single_beams(shape.length)]
         spec = [s for s in spec if not s.is_autoregressive]
         if not self.shapes and shape.is_autoregressive:
             spec = []
         return [AR, *dict.fromkeys(spec)]
+
+
+def single_beams(length: int) -> list[BeamShape]:
+    """``W1×L`` for L = ``length`` down to 2: the shorter single beams an adaptive run tries."""
+    return [BeamShape(1, n) for n in range(length, 1, -1)]
 
 
 MAX_LEARNT = 16  # per model: (drafter, shape, sampler) configurations remembered
@@ -289,10 +296,17 @@ class StepPlan:
             self.adapt.history = []
         self._queued: deque = deque()
         self._last_read: float | None = None
+        self._queued_once: set = set()
 
     def next(self):
-        """The step function for the next step to queue."""
+        """The step function for the next step to queue.
+
+        A shape's first call compiles it, in the interval that ends at the next read (the
+        loop queues a step, then reads the one before it): that interval is no step time."""
         shape = self.chooser.next_shape() if self.chooser else self.shape
+        if shape not in self._queued_once:
+            self._queued_once.add(shape)
+            self.pause()
         self._queued.append(shape)
         return self.steps[shape]
 

@@ -209,7 +209,8 @@ def decode(
 
     ``drafter=None`` or an autoregressive ``shape`` decodes plainly (one token per step).
     ``adapt``: every few steps run the shape with the best measured tokens/s among plain
-    decoding, ``shape`` and its width-1 variant (``True``), or as an :class:`Adaptive` says;
+    decoding, ``shape`` and the single beams ``W1×L``..``W1×L2`` (``True``), or as an
+    :class:`Adaptive` says;
     ``False`` pins ``shape``. Greedy output is the same whatever shape runs; a seeded sample
     depends on the shapes (one draw per tree node), so ``True`` pins when sampling with a
     ``seed`` (reproducible), while an explicit :class:`Adaptive` still adapts.
@@ -444,7 +445,7 @@ def stream_generate(
 
     The beam shape is ``shape`` when given, else ``beam_width`` x ``beam_length`` (with an
     optional packing ``capacity``); with ``adapt`` (the default) the loop switches between
-    it, its width-1 variant and plain decoding by measured tokens/s (``decode``).
+    it, the shorter single beams and plain decoding by measured tokens/s (``decode``).
     ``prompt`` is a string (encoded with BOS) or a list of token ids. Pass a ``Session`` to
     reuse its KV cache across calls (only tokens not already cached are prefilled).
     """

@@ -341,9 +341,10 @@ def _decide(ar: ShapeResult, best: ShapeResult | None, plan: SearchPlan) -> tupl
     if ratios is not None:
         paired = Spread.of(ratios)
         speedup = paired.median
+    kind = "median per-prompt speedup" if ratios is not None else "speedup"
     summary = (
         f"{best.shape.label}: {spec.median:.1f} tok/s vs {base.median:.1f} autoregressive "
-        f"({speedup:.2f}x)"
+        f"({kind} {speedup:.2f}x)"
     )
     if speedup < plan.min_speedup:
         return False, f"speculation does not pay: best {summary}, below {plan.min_speedup:.2f}x"

@@ -6,6 +6,8 @@ tuner's pick against the exhaustive best (tokens/s measured by the exhaustive pa
 are judged by the same numbers) and the time each took.
 
     python -m scripts.bench_tuner [--model DIR --drafter DIR] [--budget-seconds 60]
+
+Without --budget-seconds the search sizes its own budget, as ``redrafter-mlx tune`` does.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--budget-seconds", type=float, default=60.0)
+    parser.add_argument("--budget-seconds", type=float, default=None)
     args = parser.parse_args()
 
     paths = resolve_paths(args.model or "demo", args.drafter)

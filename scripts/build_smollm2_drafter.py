@@ -70,6 +70,13 @@ HELDOUT = [
     for f in ("mt_bench_questions.jsonl", "vicuna_bench_questions.jsonl")
 ]
 DEFAULT_WORK = Path.home() / ".cache/redrafter-mlx/build/smollm2-drafter"
+# Benchmarks of the shipped drafter quoted in BUILD.md: scripts/smollm2_build/NAME.txt (and
+# .csv) are the output of the command beside the name, run by hand after a build.
+_BENCH = "redrafter-mlx bench --model smollm2 --prompts mt-bench --num-prompts 8 --max-tokens 96"
+BENCHES = (
+    ("bench_mt_bench", f"{_BENCH} --grid 1,2,4x2,3,4,5 --adapt --mlx-lm"),
+    ("bench_mt_bench_t07", f"{_BENCH} --temp 0.7 --seed 0 --grid 1x2,3,4"),
+)
 STAGES = ("prompts", "generate", "distill", "ship", "eval", "coverage")
 
 TOPICS = (
@@ -818,15 +825,15 @@ def write_build_md(work: Path, a) -> None:
             f"{r['beam_length']} | {r['tokens_per_step']:.3f} |"
             for r in ev["results"]
         ]
-    bench = SNAPSHOT / "bench_mt_bench_4x64.txt"
-    if bench.exists():
+    for name, command in BENCHES:
+        bench = SNAPSHOT / f"{name}.txt"
+        if not bench.exists():
+            continue
         lines += [
             "",
-            "## Benchmark (shipped drafter)",
+            f"## Benchmark (shipped drafter, {name})",
             "",
-            "`redrafter-mlx bench --model <smollm2> --drafter redrafter_mlx/smollm2_drafter "
-            "--prompts mt-bench --num-prompts 4 --max-tokens 64 --grid 1,2,4x3,4,5 --mlx-lm` "
-            "(CSV beside it in scripts/smollm2_build/):",
+            f"`{command}` (CSV beside it in scripts/smollm2_build/):",
             "",
             "```",
             *[line.rstrip() for line in bench.read_text().splitlines() if line.strip()],

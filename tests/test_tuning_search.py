@@ -13,7 +13,7 @@ from tuning.grid import (
     parse_int_set,
     read_predict_tokens,
 )
-from tuning.search import Measurement, SearchPlan, Spread, successive_halving
+from tuning.search import AUTO_BUDGET_S, Measurement, SearchPlan, Spread, successive_halving
 
 GRID = build_grid([1, 2, 3, 4], [2, 3, 4, 5, 6], [None])
 AR = BeamShape.autoregressive()
@@ -120,6 +120,26 @@ def test_small_budget_measures_fewer_shapes_and_leaves_the_rest():
     assert sum(chip_small.calls.values()) < sum(chip_big.calls.values())
     assert small.skipped and not big.skipped
     assert all(not r.measured for r in small.results if r.shape in small.skipped)
+
+
+def test_automatic_budget_fits_all_three_rounds_on_a_slow_model():
+    """A real model on a CPU (70 ms AR steps, 3 s compiles, 35% acceptance): 120 s only
+    covers one short run per shape; the automatic budget, sized from the baseline, reaches
+    the finals."""
+    slow = dict(base_step=0.07, per_token=0.015, warmup_overhead=3.0, accept=0.35)
+    _, _, fixed = _search(budget=120.0, **slow)
+    assert fixed.autoregressive.last_round < 2
+    chip, _, auto = _search(budget=None, **slow)
+    assert 120.0 < auto.budget_s <= AUTO_BUDGET_S[1]
+    assert auto.elapsed_s <= auto.budget_s
+    assert not auto.skipped and auto.autoregressive.last_round == 2
+    assert auto.recommended == chip.best(GRID)
+
+
+def test_automatic_budget_stays_at_its_floor_for_a_fast_model():
+    _, _, result = _search(budget=None, per_token=0.004)
+    assert result.budget_s == AUTO_BUDGET_S[0]
+    assert result.autoregressive.last_round == 2
 
 
 def test_tiny_budget_still_measures_baseline_and_recommends_plain_decoding():

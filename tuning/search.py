@@ -14,7 +14,9 @@ each speedup compares like with like):
 
 Token counts are chosen from cost estimates: the first round gets ``first_round_share``
 of the budget, rounds 2 and 3 share the rest; a run only starts when its estimated cost
-fits in what is left. Speculation
+fits in what is left. With no budget given, it is sized once the baseline is measured: what
+the three rounds need at their smallest token counts on this model and machine (a real
+model on a CPU needs minutes, a toy seconds), within ``AUTO_BUDGET_S``. Speculation
 is recommended only when the best shape beats the baseline beyond the noise: its lower
 quartile above the baseline's upper quartile and a median speedup of ``min_speedup``.
 """
@@ -146,6 +148,9 @@ class SearchPlan:
     first_round_share: float = 0.4
     min_speedup: float = 1.03
     unknown_cost_factor: float = 2.0  # untried shape: assume this x the baseline's s/token
+
+
+AUTO_BUDGET_S = (120.0, 600.0)  # floor and cap of the automatic budget, seconds
 
 
 @dataclass
@@ -362,29 +367,48 @@ def _decide(ar: ShapeResult, best: ShapeResult | None, plan: SearchPlan) -> tupl
 def successive_halving(
     measure: MeasureFn,
     shapes: Sequence[BeamShape],
-    budget_s: float,
+    budget_s: float | None,
     clock: Clock = time.perf_counter,
     plan: SearchPlan | None = None,
     log: Callable[[str], None] | None = None,
 ) -> SearchResult:
     """Search ``shapes`` within ``budget_s`` seconds of ``clock`` and recommend a shape.
 
+    ``budget_s=None`` sizes the budget from the baseline's speed (:func:`auto_budget`).
     ``shapes`` are measured in the given order in the first round, so put the likeliest
     (the chip's preset) first: if the budget runs out, it has been measured.
     """
     plan = plan or SearchPlan()
-    search = _Search(measure, budget_s, clock, plan, log)
+    auto = budget_s is None
+    search = _Search(measure, AUTO_BUDGET_S[1] if auto else budget_s, clock, plan, log)
     ar = ShapeResult(BeamShape.autoregressive())
     results = [ShapeResult(s) for s in dict.fromkeys(shapes) if not s.is_autoregressive]
     try:
-        _run_rounds(search, ar, results, plan)
+        _run_rounds(search, ar, results, plan, auto)
     except BudgetExhausted:
         search.log("budget spent; deciding on what was measured")
     return _finish(search, ar, results, plan)
 
 
+def auto_budget(search: _Search, n_shapes: int, plan: SearchPlan) -> float:
+    """Seconds (from the search's start) the three rounds need at their smallest token
+    counts, judged from the measured baseline: every untried shape at ``unknown_cost_factor``
+    times its seconds per token, one warm-up each as long as the baseline's; within
+    ``AUTO_BUDGET_S``."""
+    per_token = search.seconds_per_token[BeamShape.autoregressive()] * plan.unknown_cost_factor
+    keep = max(min(plan.finalists, n_shapes), math.ceil(n_shapes * plan.keep_fraction))
+    first = n_shapes * (
+        search.estimate_warmup() + per_token * (plan.warmup_tokens + plan.min_tokens)
+    )
+    later = (keep + 1 + plan.final_repeats * (min(plan.finalists, n_shapes) + 1)) * (
+        per_token * plan.short_tokens
+    )
+    needed = search.clock() - search.start + max(first / plan.first_round_share, first + later)
+    return min(max(needed, AUTO_BUDGET_S[0]), AUTO_BUDGET_S[1])
+
+
 def _run_rounds(
-    search: _Search, ar: ShapeResult, results: list[ShapeResult], plan: SearchPlan
+    search: _Search, ar: ShapeResult, results: list[ShapeResult], plan: SearchPlan, auto: bool
 ) -> None:
     """The three rounds; raises :class:`BudgetExhausted` when time runs out."""
     # round 0: baseline, then one short run per shape
@@ -394,6 +418,9 @@ def _run_rounds(
             f"autoregressive decoding (the baseline) failed: "
             f"{ar.error or 'no samples'}; fix that before tuning"
         )
+    if auto:
+        search.budget_s = auto_budget(search, len(results), plan)
+        search.log(f"budget: {search.budget_s:.0f} s (sized from the baseline's speed)")
     n0 = search.tokens_for(
         search.remaining() * plan.first_round_share,
         search.per_token(results),

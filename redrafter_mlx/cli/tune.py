@@ -1,8 +1,9 @@
 """``redrafter-mlx tune``: find the best beam shape for this machine, or show a preset.
 
 * ``tune`` (``--chip auto``) measures autoregressive decoding and the (W, L[, C]) grid on
-  this machine within ``--budget-seconds``, prints a table and a W x L heatmap, and saves
-  a profile that chat/generate/bench then use by default.
+  this machine within ``--budget-seconds`` (default: sized from plain decoding's speed),
+  prints a table and a W x L heatmap, and saves a profile that chat/generate/bench then use
+  by default.
 * ``tune --chip m2`` prints the built-in preset for that chip without measuring.
 * ``tune --show`` lists saved profiles, ``tune --clear`` deletes them.
 
@@ -257,7 +258,7 @@ def run_tuning(
     )
     if result.best is None:
         raise TuneError(
-            f"no speculative shape could be measured within {options['budget_seconds']:g} s, so "
+            f"no speculative shape could be measured within {result.budget_s:g} s, so "
             f"no profile was saved; raise --budget-seconds"
         )
     path = save_profile(chip.chip_id, model, drafter, options["dtype"], result)
@@ -308,8 +309,13 @@ def tune(
         typer.Option(help="Packing capacities to try besides no cap, e.g. 8,12 (default: none)."),
     ] = None,
     budget_seconds: Annotated[
-        float, typer.Option(help="Time to spend measuring, in seconds.")
-    ] = 120.0,
+        float | None,
+        typer.Option(
+            help="Time to spend measuring, in seconds (default: what the search needs on this "
+            "model and machine, judged from plain decoding's speed, 120-600 s).",
+            show_default=False,
+        ),
+    ] = None,
     prompts: Annotated[
         str | None,
         typer.Option(
@@ -358,7 +364,7 @@ def tune(
                 raise FlagError(f"--chip: unknown chip {chip!r}; use {PRESET_HELP}")
             print_preset(preset_report(preset, drafter, force_lengths), json_output)
             return
-        if budget_seconds <= 0:
+        if budget_seconds is not None and budget_seconds <= 0:
             raise FlagError(f"--budget-seconds must be > 0, got {budget_seconds:g}")
         if plot:
             _check_plot_available()

@@ -315,6 +315,15 @@ def test_bench_json_schema(app, pair):
     assert [len(v) for v in data["per_prompt"].values()] == [2, 2]
 
 
+def test_bench_sampling_does_not_claim_equality_with_ar(app, pair):
+    """Samples are not compared with AR's tokens, so '= AR' must not say yes."""
+    data = run_json(
+        app, "bench", *model_args(pair), "--num-prompts", 1, "-n", 4, "--temp", 0.7, "--seed", 0
+    )
+    assert data["greedy"] is False and data["mismatches"] == []
+    assert [row["matches_ar"] for row in data["configs"]] == [None, None]
+
+
 def test_bench_grid_table_and_csv(app, pair, tmp_path):
     out = tmp_path / "bench.csv"
     result = invoke(

@@ -215,8 +215,7 @@ def bench(
             "--adapt/--no-adapt",
             help="Also run adaptive decoding (the loop switches between the chosen shape, the "
             "single beams of each length up to it and plain decoding by measured tokens/s) as "
-            "one more row; "
-            "--no-adapt: only pinned shapes.",
+            "one more row; --no-adapt: only pinned shapes.",
         ),
     ] = False,
     dtype: DtypeOpt = None,

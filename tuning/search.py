@@ -245,8 +245,13 @@ class _Search:
         """Expected seconds for ``n_tokens`` tokens of ``shape`` (pessimistic if untried)."""
         if shape in self.seconds_per_token:
             return self.seconds_per_token[shape] * n_tokens
+        return self.untried_per_token() * n_tokens
+
+    def untried_per_token(self) -> float:
+        """Seconds per token assumed for an untried shape: ``unknown_cost_factor`` x the
+        baseline's (0 before the baseline is measured)."""
         base = self.seconds_per_token.get(BeamShape.autoregressive(), 0.0)
-        return base * self.plan.unknown_cost_factor * n_tokens
+        return base * self.plan.unknown_cost_factor
 
     def estimate_warmup(self) -> float:
         """Expected seconds of a warm-up: the longest warm-up seen so far."""
@@ -390,13 +395,18 @@ def successive_halving(
     return _finish(search, ar, results, plan)
 
 
+def _kept(n_shapes: int, plan: SearchPlan) -> int:
+    """Shapes of round 1 that go on to round 2: the best third, at least the finalists."""
+    return max(min(plan.finalists, n_shapes), math.ceil(n_shapes * plan.keep_fraction))
+
+
 def auto_budget(search: _Search, n_shapes: int, plan: SearchPlan) -> float:
     """Seconds (from the search's start) the three rounds need at their smallest token
     counts, judged from the measured baseline: every untried shape at ``unknown_cost_factor``
     times its seconds per token, one warm-up each as long as the baseline's; within
     ``AUTO_BUDGET_S``."""
-    per_token = search.seconds_per_token[BeamShape.autoregressive()] * plan.unknown_cost_factor
-    keep = max(min(plan.finalists, n_shapes), math.ceil(n_shapes * plan.keep_fraction))
+    per_token = search.untried_per_token()
+    keep = _kept(n_shapes, plan)
     first = n_shapes * (
         search.estimate_warmup() + per_token * (plan.warmup_tokens + plan.min_tokens)
     )
@@ -434,8 +444,7 @@ def _run_rounds(
         search.run(r, 0, n0)
     # round 1: the best third, longer; its token count also serves round 2's repeats
     ranked = _rank(results, 0)
-    keep = max(min(plan.finalists, len(ranked)), math.ceil(len(ranked) * plan.keep_fraction))
-    survivors = ranked[:keep]
+    survivors = ranked[: _kept(len(ranked), plan)]
     if not survivors:
         return
     likely_finalists = [ar, *survivors[: plan.finalists]]

@@ -22,7 +22,7 @@ _EXPORTS = {
     "batch_generate": "engine.generation",
     "generate": "engine.generation",
     "stream_generate": "engine.generation",
-    "Session": "engine.generation",
+    "Session": "engine.cache",
     "load": "engine.loading",
     "LoadError": "engine.loading",
 }

@@ -7,8 +7,8 @@ import mlx.core as mx
 import pytest
 
 import redrafter_mlx.engine.model as model_mod
+from redrafter_mlx.engine.cache import Session
 from redrafter_mlx.engine.decode import prefill_chunk
-from redrafter_mlx.engine.generation import Session
 from redrafter_mlx.engine.tree import cache_mask, pack
 from tests.helpers import run_decode, tiny_drafter, tiny_model
 

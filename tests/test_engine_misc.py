@@ -8,8 +8,9 @@ import pytest
 from mlx.utils import tree_flatten
 
 import redrafter_mlx
+from redrafter_mlx.engine.cache import Session
 from redrafter_mlx.engine.decode import DecodeState, make_step, prefill_chunk
-from redrafter_mlx.engine.generation import Session, decode, get_step
+from redrafter_mlx.engine.generation import decode, get_step
 from redrafter_mlx.engine.loading import LoadError
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import BeamShape

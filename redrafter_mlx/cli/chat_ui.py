@@ -58,7 +58,8 @@ class ChatLoop:
         show_accepted: bool = False,
         console: Console | None = None,
     ):
-        from redrafter_mlx.engine.generation import Session, stream_generate
+        from redrafter_mlx.engine.cache import Session
+        from redrafter_mlx.engine.generation import stream_generate
 
         self.engine = engine
         self.plan = plan
@@ -179,7 +180,7 @@ class ChatLoop:
     def repair_session(self) -> None:
         """After an interruption at an unlucky moment the session may have lost its cache."""
         if self.session.keys is None:
-            from redrafter_mlx.engine.generation import Session
+            from redrafter_mlx.engine.cache import Session
 
             self.session = Session(self.engine.model)
 

@@ -2,8 +2,9 @@
 
 The loop keeps the next step queued with ``mx.async_eval`` and reads only arrays of steps
 already computed (text streams one step behind). It stops exactly: no token after EOS or
-beyond ``max_tokens``, even when more were accepted in the same step. A ``Session`` owns
-the KV cache of its rows across calls, so a chat turn prefills only its new tokens.
+beyond ``max_tokens``, even when more were accepted in the same step (``cache.stop_at``). A
+``Session`` (``engine/cache.py``) owns the KV cache of its rows across calls, so a chat turn
+prefills only its new tokens.
 """
 
 from __future__ import annotations
@@ -15,14 +16,13 @@ from dataclasses import dataclass, field, fields
 import mlx.core as mx
 
 from .adaptive import Adaptive, StepPlan
-from .decode import DecodeState, make_step, prefill_chunk
+from .cache import Session, ensure_slots, prefill_session, step_window, stop_at, token_limit
+from .decode import DecodeState, make_step
 from .drafter import Drafter
 from .model import Model
 from .sampling import SamplerConfig, draw
 from .shape import AR, BeamShape
 
-PREFILL_CHUNK = 512
-SLOT_QUANTUM = 256
 MAX_COMPILED_STEPS = 16  # per model: beam shapes x sampler configs x drafters
 
 
@@ -94,69 +94,6 @@ class GenerationResponse(DecodeStats):
         return DecodeStats(**DecodeStats.to_dict(self))
 
 
-def bucket(n: int) -> int:
-    """Round up to whole SLOT_QUANTUM slots (cache sizes and attention windows)."""
-    return -(-n // SLOT_QUANTUM) * SLOT_QUANTUM
-
-
-def grow(arrays: list, slots: int) -> list:
-    """Zero-extend each (B, n_kv, S, D) cache array to ``slots`` slots (a rare copy)."""
-
-    def one(a):
-        pad = slots - a.shape[2]
-        if pad <= 0:
-            return a
-        return mx.concatenate([a, mx.zeros((*a.shape[:2], pad, a.shape[3]), a.dtype)], axis=2)
-
-    return [one(a) for a in arrays]
-
-
-class Session:
-    """KV cache for B rows plus, per row, the token ids it holds (for prefix reuse).
-
-    ``cached[r]`` are exactly the tokens whose K/V occupy row r's slots [0, len(cached[r])).
-    """
-
-    def __init__(self, model: Model, batch: int = 1):
-        self.model = model
-        self.batch = batch
-        self.keys, self.values = model.make_cache(batch, SLOT_QUANTUM)
-        self.lengths = mx.zeros((batch,), dtype=mx.int32)
-        self.cached: list[list[int]] = [[] for _ in range(batch)]
-
-    @property
-    def slots(self) -> int:
-        return self.keys[0].shape[2]
-
-    def ensure_slots(self, needed: int) -> None:
-        """Grow the cache (rarely: by whole quanta) so that ``needed`` slots exist."""
-        if needed > self.slots:
-            self.keys, self.values = (
-                grow(self.keys, bucket(needed)),
-                grow(self.values, bucket(needed)),
-            )
-
-    def reuse(self, prompts: list[list[int]]) -> list[list[int]]:
-        """Keep each row's longest cached prefix of its prompt; return the tokens to prefill.
-
-        At least one prompt token is always prefilled (its hidden state starts decoding).
-        """
-        keep = []
-        for cached, prompt in zip(self.cached, prompts):
-            n = 0
-            limit = min(len(cached), len(prompt) - 1)
-            while n < limit and cached[n] == prompt[n]:
-                n += 1
-            keep.append(n)
-        self.lengths = mx.array(keep, dtype=mx.int32)
-        self.cached = [p[:n] for p, n in zip(prompts, keep)]
-        return [p[n:] for p, n in zip(prompts, keep)]
-
-    def reset(self) -> None:
-        self.lengths = mx.zeros((self.batch,), dtype=mx.int32)
-        self.cached = [[] for _ in range(self.batch)]
-
-
 def get_step(model, drafter, shape: BeamShape, sampler: SamplerConfig):
     """The compiled step for this configuration, kept on the model (compiled once)."""
     cache = model.__dict__.setdefault("_compiled_steps", {})
@@ -166,30 +103,6 @@ def get_step(model, drafter, shape: BeamShape, sampler: SamplerConfig):
             cache.pop(next(iter(cache)))
         cache[key] = make_step(model, drafter, shape.width, shape.length, shape.slots, sampler)
     return cache[key]
-
-
-def prefill_session(session: Session, new_tokens: list[list[int]]):
-    """Run each row's new prompt tokens; returns the hidden state at each row's last one."""
-    model = session.model
-    B = session.batch
-    longest = max(len(t) for t in new_tokens)
-    known = [len(c) for c in session.cached]  # exact row lengths before each chunk
-    h_last = mx.zeros((B, model.hidden_size), dtype=session.keys[0].dtype)
-    for start in range(0, longest, PREFILL_CHUNK):
-        chunk = [t[start : start + PREFILL_CHUNK] for t in new_tokens]
-        T = max(len(c) for c in chunk)
-        tokens = mx.array([c + [0] * (T - len(c)) for c in chunk], dtype=mx.int32)
-        counts = mx.array([len(c) for c in chunk], dtype=mx.int32)
-        window = bucket(max(known) + T)
-        session.ensure_slots(window)
-        h, lengths, session.keys, session.values = prefill_chunk(
-            model, tokens, counts, session.lengths, session.keys, session.values, window
-        )
-        known = [k + len(c) for k, c in zip(known, chunk)]
-        h_last = mx.where((counts > 0)[:, None], h, h_last)
-        session.lengths = lengths
-        mx.eval(h_last, session.lengths, *session.keys, *session.values)  # per chunk, not per step
-    return h_last
 
 
 def decode(
@@ -225,10 +138,8 @@ def decode(
     session = session or Session(model, len(prompts))
     if session.batch != len(prompts):
         raise ValueError(f"session has {session.batch} rows but {len(prompts)} prompts were given")
-    context = model.max_context or 1 << 30
-    limits = [min(max_tokens, context - len(p)) for p in prompts]
-    # Why a row stops at its limit: the answer length asked for, or a full context.
-    at_limit = ["length" if max_tokens <= context - len(p) else "context" for p in prompts]
+    # Per row: most tokens, and why it stops there (the length asked for, or a full context).
+    limits, at_limit = zip(*(token_limit(model, len(p), max_tokens) for p in prompts))
     eos = set(int(e) for e in eos_token_ids)
 
     tic = time.perf_counter()
@@ -255,15 +166,9 @@ def decode(
 
     def emit(row: int, toks: list[int]) -> tuple[list[int], int]:
         """Append row tokens up to EOS / its limit; return (new tokens, tokens consumed)."""
-        new = []
-        for t in toks:
-            if t in eos:
-                finish[row] = "stop"
-                break
-            new.append(t)
-            if len(out[row]) + len(new) >= limits[row]:
-                finish[row] = at_limit[row]
-                break
+        new, done = stop_at(toks, eos, limits[row] - len(out[row]), at_limit[row])
+        if done is not None:
+            finish[row] = done
         out[row].extend(new)
         return new, len(new)
 
@@ -299,11 +204,8 @@ def decode(
             nonlocal inflight
             state = box.pop("state")
             try:
-                window = bucket(max(lengths) + inflight * per_step + width)
-                if window > state.keys[0].shape[2]:
-                    state = state._replace(
-                        keys=grow(state.keys, window), values=grow(state.values, window)
-                    )
+                window = step_window(max(lengths), inflight, per_step, width)
+                state = ensure_slots(state, window)
                 host = time.perf_counter()
                 state, out = plan.next()(state, window)
                 mx.async_eval(out, state)

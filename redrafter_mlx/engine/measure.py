@@ -90,7 +90,7 @@ def verify_cost(
 ) -> list[dict]:
     """Per capacity C: AR step ms, verify ms, and their ratio (same model, cache, context)."""
     model = random_llama(hidden, layers, vocab)
-    from .generation import bucket
+    from .cache import bucket
 
     # The attention window the decode loop itself would use at this context (it rounds up
     # to whole SLOT_QUANTUM slots), not a power of two that would make every query attend to

@@ -114,7 +114,8 @@ def profile_steps(
     (generation loop wall time per step), ``host_ms`` (loop - step) and
     ``overhead_ms`` (step - verify). Timings are medians over ``repeats`` interleaved rounds.
     """
-    from .generation import Session, bucket, decode, prefill_session
+    from .cache import Session, bucket, prefill_session
+    from .generation import decode
 
     sampler = SamplerConfig()
     session = Session(model, 1)

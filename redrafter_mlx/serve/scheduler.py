@@ -39,15 +39,17 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from redrafter_mlx.engine.decode import DecodeState, StepOutput
-from redrafter_mlx.engine.generation import (
+from redrafter_mlx.engine.cache import (
     PREFILL_CHUNK,
     SLOT_QUANTUM,
     Session,
-    bucket,
-    grow,
+    ensure_slots,
     prefill_session,
+    step_window,
+    stop_at,
+    token_limit,
 )
+from redrafter_mlx.engine.decode import DecodeState, StepOutput
 from redrafter_mlx.engine.loading import materialize
 from redrafter_mlx.engine.sampling import SamplerConfig, draw
 from redrafter_mlx.engine.shape import BeamShape
@@ -448,8 +450,7 @@ class Scheduler:
         seed = request.seed if request.seed is not None else time.time_ns() % (1 << 31)
         rng, first_key = mx.random.split(mx.random.key(seed))
         first = draw(self.model.logits(job.hidden), request.sampler, first_key)
-        context = self.model.max_context or 1 << 30
-        limit = min(request.max_tokens, context - len(request.prompt))
+        limit, _ = token_limit(self.model, len(request.prompt), request.max_tokens)
         stats = RowStats(len(request.prompt), queued_s=job.started - request.submitted)
         row = Row(request, limit, stats, len(request.prompt), joined, r)
         self._place(r, job.session, job.hidden, first, rng)
@@ -476,11 +477,7 @@ class Scheduler:
 
     def _ensure_slots(self, slots: int) -> None:
         """Grow the batch cache by whole quanta (a rare copy and a new compile key)."""
-        if slots > self.state.keys[0].shape[2]:
-            slots = bucket(slots)
-            self.state = self.state._replace(
-                keys=grow(self.state.keys, slots), values=grow(self.state.values, slots)
-            )
+        self.state = ensure_slots(self.state, slots)
 
     # ------------------------------------------------------------------ stepping
 
@@ -509,7 +506,7 @@ class Scheduler:
     def _queue_step(self) -> tuple[StepOutput, tuple[Row | None, ...]]:
         """Queue one step for all rows; attention covers every active row's possible length."""
         longest = max(row.length for row in self.rows if row is not None)
-        window = bucket(longest + self._inflight * self.per_step + self.width)
+        window = step_window(longest, self._inflight, self.per_step, self.width)
         self._ensure_slots(window)
         step = self._step_fn(self._mode())
         self.state, self.row_keys, out = step(self.state, self.row_keys, self._row_params(), window)
@@ -534,15 +531,7 @@ class Scheduler:
 
     def _deliver(self, r: int, row: Row, tokens: list[int]) -> None:
         """Send tokens up to EOS / the row's limit; a finished row leaves."""
-        new, finish = [], None
-        for t in tokens:
-            if t in self.eos:
-                finish = "stop"
-                break
-            new.append(t)
-            if row.out + len(new) >= row.limit:
-                finish = "length"
-                break
+        new, finish = stop_at(tokens, self.eos, row.limit - row.out)  # a full context: "length"
         row.out += len(new)
         row.stats.generated += len(new)
         self.stats.generated += len(new)

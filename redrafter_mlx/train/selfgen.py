@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from ..engine.cache import Session, bucket, grow, prefill_session
 from ..engine.decode import DecodeState
-from ..engine.generation import Session, bucket, get_step, grow, prefill_session
+from ..engine.generation import get_step
 from ..engine.model import Model
 from ..engine.sampling import SamplerConfig
 from ..engine.shape import AR

@@ -1,0 +1,153 @@
+"""The KV-cache session and the rules every decode loop shares.
+
+A :class:`Session` holds the KV cache of B rows across calls, with the token ids each row
+holds, so a chat turn prefills only its new tokens. The cache is preallocated per layer as
+(B, n_kv_heads, slots, head_dim) and grown rarely, by whole quanta of ``SLOT_QUANTUM`` slots
+(docs/design.md, "KV cache and positions").
+
+The two loops over it, ``engine.generation.decode`` and the server's ``Scheduler``, share
+three rules from here: how many tokens a row may emit (:func:`token_limit`), where its
+output stops exactly (:func:`stop_at`: no token after EOS or beyond the limit, even inside
+an accepted run), and how far attention reaches for a queued step (:func:`step_window`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Sequence
+
+import mlx.core as mx
+
+from .decode import DecodeState, prefill_chunk
+from .model import Model
+
+PREFILL_CHUNK = 512
+SLOT_QUANTUM = 256
+
+
+def bucket(n: int) -> int:
+    """Round up to whole SLOT_QUANTUM slots (cache sizes and attention windows)."""
+    return -(-n // SLOT_QUANTUM) * SLOT_QUANTUM
+
+
+def grow(arrays: list, slots: int) -> list:
+    """Zero-extend each (B, n_kv, S, D) cache array to ``slots`` slots (a rare copy)."""
+
+    def one(a):
+        pad = slots - a.shape[2]
+        if pad <= 0:
+            return a
+        return mx.concatenate([a, mx.zeros((*a.shape[:2], pad, a.shape[3]), a.dtype)], axis=2)
+
+    return [one(a) for a in arrays]
+
+
+def ensure_slots(state: DecodeState, needed: int) -> DecodeState:
+    """``state`` with at least ``needed`` cache slots (grown, rarely, by whole quanta)."""
+    if needed > state.keys[0].shape[2]:
+        slots = bucket(needed)
+        state = state._replace(keys=grow(state.keys, slots), values=grow(state.values, slots))
+    return state
+
+
+def step_window(longest: int, inflight: int, per_step: int, slots: int) -> int:
+    """The attention window of a step queued now: a bucket above every row's possible length.
+
+    ``longest``: the longest row as last read; ``inflight`` steps already queued may each add
+    up to ``per_step`` tokens to it, and the new step writes ``slots`` slots past it.
+    """
+    return bucket(longest + inflight * per_step + slots)
+
+
+def token_limit(model: Model, prompt_len: int, max_tokens: int) -> tuple[int, str]:
+    """(most tokens a row may emit, why it stops there): ``max_tokens`` (``"length"``) or
+    what is left of the model's context (``"context"``)."""
+    room = (model.max_context or 1 << 30) - prompt_len
+    return min(max_tokens, room), "length" if max_tokens <= room else "context"
+
+
+def stop_at(
+    tokens: Sequence[int], eos: Container[int], room: int, at_limit: str = "length"
+) -> tuple[list[int], str | None]:
+    """The tokens of one row's step that are emitted, and why the row finished (or None).
+
+    Stops exactly: at EOS (``"stop"``, the EOS token itself is not emitted) or once ``room``
+    more tokens are emitted (``at_limit``), even when the step accepted more.
+    """
+    new = []
+    for t in tokens:
+        if t in eos:
+            return new, "stop"
+        new.append(t)
+        if len(new) >= room:
+            return new, at_limit
+    return new, None
+
+
+class Session:
+    """KV cache for B rows plus, per row, the token ids it holds (for prefix reuse).
+
+    ``cached[r]`` are exactly the tokens whose K/V occupy row r's slots [0, len(cached[r])).
+    """
+
+    def __init__(self, model: Model, batch: int = 1):
+        self.model = model
+        self.batch = batch
+        self.keys, self.values = model.make_cache(batch, SLOT_QUANTUM)
+        self.lengths = mx.zeros((batch,), dtype=mx.int32)
+        self.cached: list[list[int]] = [[] for _ in range(batch)]
+
+    @property
+    def slots(self) -> int:
+        return self.keys[0].shape[2]
+
+    def ensure_slots(self, needed: int) -> None:
+        """Grow the cache (rarely: by whole quanta) so that ``needed`` slots exist."""
+        if needed > self.slots:
+            self.keys, self.values = (
+                grow(self.keys, bucket(needed)),
+                grow(self.values, bucket(needed)),
+            )
+
+    def reuse(self, prompts: list[list[int]]) -> list[list[int]]:
+        """Keep each row's longest cached prefix of its prompt; return the tokens to prefill.
+
+        At least one prompt token is always prefilled (its hidden state starts decoding).
+        """
+        keep = []
+        for cached, prompt in zip(self.cached, prompts):
+            n = 0
+            limit = min(len(cached), len(prompt) - 1)
+            while n < limit and cached[n] == prompt[n]:
+                n += 1
+            keep.append(n)
+        self.lengths = mx.array(keep, dtype=mx.int32)
+        self.cached = [p[:n] for p, n in zip(prompts, keep)]
+        return [p[n:] for p, n in zip(prompts, keep)]
+
+    def reset(self) -> None:
+        self.lengths = mx.zeros((self.batch,), dtype=mx.int32)
+        self.cached = [[] for _ in range(self.batch)]
+
+
+def prefill_session(session: Session, new_tokens: list[list[int]]):
+    """Run each row's new prompt tokens; returns the hidden state at each row's last one."""
+    model = session.model
+    B = session.batch
+    longest = max(len(t) for t in new_tokens)
+    known = [len(c) for c in session.cached]  # exact row lengths before each chunk
+    h_last = mx.zeros((B, model.hidden_size), dtype=session.keys[0].dtype)
+    for start in range(0, longest, PREFILL_CHUNK):
+        chunk = [t[start : start + PREFILL_CHUNK] for t in new_tokens]
+        T = max(len(c) for c in chunk)
+        tokens = mx.array([c + [0] * (T - len(c)) for c in chunk], dtype=mx.int32)
+        counts = mx.array([len(c) for c in chunk], dtype=mx.int32)
+        window = bucket(max(known) + T)
+        session.ensure_slots(window)
+        h, lengths, session.keys, session.values = prefill_chunk(
+            model, tokens, counts, session.lengths, session.keys, session.values, window
+        )
+        known = [k + len(c) for k, c in zip(known, chunk)]
+        h_last = mx.where((counts > 0)[:, None], h, h_last)
+        session.lengths = lengths
+        mx.eval(h_last, session.lengths, *session.keys, *session.values)  # per chunk, not per step
+    return h_last

@@ -18,6 +18,8 @@ def _version() -> str:
 __version__ = _version()
 
 _EXPORTS = {
+    "BeamShape": "engine.shape",
+    "SamplerConfig": "engine.sampling",
     "GenerationResponse": "engine.generation",
     "batch_generate": "engine.generation",
     "generate": "engine.generation",

@@ -119,6 +119,6 @@ def test_converted_pair_runs_in_the_engine_and_redrafter_equals_greedy(tmp_path)
     prompt = [1, 17, 42, 99, 5, 63]
     plain = redrafter_mlx.batch_generate(model, None, None, [prompt], max_tokens=12)[0]
     drafted = redrafter_mlx.batch_generate(
-        model, drafter, None, [prompt], max_tokens=12, beam_width=3, beam_length=4
+        model, drafter, None, [prompt], max_tokens=12, shape=redrafter_mlx.BeamShape(3, 4)
     )[0]
     assert len(plain) == 12 and drafted == plain

@@ -106,7 +106,7 @@ def test_load_pair_and_generate_from_directories(tmp_path):
     ar = redrafter_mlx.generate(m, None, tok, "Hello there", max_tokens=12)
     rd_chunks = list(
         redrafter_mlx.stream_generate(
-            m, d, tok, "Hello there", max_tokens=12, beam_width=2, beam_length=3
+            m, d, tok, "Hello there", max_tokens=12, shape=BeamShape(2, 3)
         )
     )
     assert "".join(r.text for r in rd_chunks) == ar

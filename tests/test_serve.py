@@ -20,6 +20,7 @@ import pytest
 
 import redrafter_mlx
 from redrafter_mlx.engine.bundled import demo_paths
+from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import BeamShape
 from redrafter_mlx.serve.app import ServeConfig, create_app, make_server
 from redrafter_mlx.serve.scheduler import Request, Scheduler
@@ -60,13 +61,20 @@ def references(pair):
         ids = tok.chat_prompt(chat_messages(content)) if kind == "chat" else tok.encode(content)
         text, n = "", 0
         for r in redrafter_mlx.stream_generate(
-            model, drafter, tok, ids, max_tokens=max_tokens, beam_width=W, beam_length=L
+            model, drafter, tok, ids, max_tokens=max_tokens, shape=BeamShape(W, L)
         ):
             text, n = text + r.text, n + len(r.tokens)
         refs[(kind, content, max_tokens)] = (text, n, len(ids))
     ids = tok.chat_prompt(chat_messages(CASES[1][1]))
     refs["sampled"] = redrafter_mlx.generate(
-        model, drafter, tok, ids, beam_width=W, beam_length=L, **SAMPLED
+        model,
+        drafter,
+        tok,
+        ids,
+        max_tokens=SAMPLED["max_tokens"],
+        shape=BeamShape(W, L),
+        sampler=SamplerConfig(SAMPLED["temperature"], SAMPLED["top_p"]),
+        seed=SAMPLED["seed"],
     )
     return refs
 

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 import redrafter_mlx.cli.tune
+from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import BeamShape
 from tests.fakes import FakeChip, FakeClock
 from tuning import resolve_beam_shape
@@ -253,9 +254,10 @@ def test_engine_measure_passes_shapes_and_reads_stats(monkeypatch):
     assert m.mean_packed == 7.0
     drafter, prompt, max_tokens, shape, sampling = calls[0]
     assert (drafter, prompt, max_tokens) == ("drafter", [1, 3], 32)
-    assert shape == BeamShape(2, 5, 7) and sampling == {"temperature": 0.0}
+    greedy = {"sampler": SamplerConfig(temperature=0.0)}
+    assert shape == BeamShape(2, 5, 7) and sampling == greedy
     measure(BeamShape.autoregressive(), 16)
-    assert calls[-1][0] is None and calls[-1][4] == {"temperature": 0.0}
+    assert calls[-1][0] is None and calls[-1][4] == greedy
 
 
 def test_no_model_and_no_demo_drafter_is_explained(app, home, monkeypatch, tmp_path):

@@ -14,8 +14,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import BeamShape
 from tuning.search import Measurement
+
+GREEDY = SamplerConfig(temperature=0.0)
 
 
 class TuneError(Exception):
@@ -90,7 +93,7 @@ class EngineMeasure:
         tps, per_step, packed = [], [], []
         for prompt in self._encoded:
             run = measure_generation(
-                self.model, drafter, self.tokenizer, prompt, shape, n_tokens, temperature=0.0
+                self.model, drafter, self.tokenizer, prompt, shape, n_tokens, sampler=GREEDY
             )
             tps.append(run.tokens_per_s)
             per_step.append(run.tokens_per_step)

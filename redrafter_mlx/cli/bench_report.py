@@ -109,7 +109,8 @@ def run_engine(engine, config: Config, ids: list[int], max_tokens: int, sampling
         config.shape,
         max_tokens,
         adapt=config.adapt,
-        **sampling.kwargs(),
+        sampler=sampling.sampler,
+        seed=sampling.seed,
     )
 
 

@@ -147,8 +147,9 @@ class ChatLoop:
             max_tokens=self.max_tokens,
             session=self.session,
             shape=self.plan.shape,
+            sampler=self.sampling.sampler,
+            seed=self.sampling.seed,
             adapt=self.adapt,
-            **self.sampling.kwargs(),
         )
         try:
             for response in stream:

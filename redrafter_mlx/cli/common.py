@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 if TYPE_CHECKING:
+    from redrafter_mlx.engine.sampling import SamplerConfig
     from redrafter_mlx.engine.shape import BeamShape
     from tuning import ShapeChoice
 
@@ -211,7 +212,7 @@ def _maybe_traceback(verbose: bool) -> None:
 
 @dataclass(frozen=True)
 class Sampling:
-    """Sampling flags, validated; ``kwargs()`` feeds ``stream_generate``."""
+    """Sampling flags, validated; ``sampler`` and ``seed`` feed ``stream_generate``."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -224,18 +225,24 @@ class Sampling:
         cls, temp: float, top_p: float, top_k: int, min_p: float, seed: int | None
     ) -> Sampling:
         """Validate the sampling flags (a ParamError names the field, cli_errors the flag)."""
-        from redrafter_mlx.engine.sampling import SamplerConfig
-
-        SamplerConfig(temp, top_p, top_k, min_p).validate()
-        return cls(temp, top_p, top_k, min_p, seed)
+        sampling = cls(temp, top_p, top_k, min_p, seed)
+        sampling.sampler.validate()
+        return sampling
 
     @property
     def greedy(self) -> bool:
         """True when decoding is deterministic (argmax)."""
         return self.temperature <= 0.0
 
+    @property
+    def sampler(self) -> SamplerConfig:
+        """The engine's :class:`SamplerConfig` of these flags."""
+        from redrafter_mlx.engine.sampling import SamplerConfig
+
+        return SamplerConfig(self.temperature, self.top_p, self.top_k, self.min_p)
+
     def kwargs(self) -> dict:
-        """Keyword arguments of ``stream_generate``."""
+        """The flags as a JSON-ready dict (``--json`` output)."""
         return dict(
             temperature=self.temperature,
             top_p=self.top_p,

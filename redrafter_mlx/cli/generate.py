@@ -97,8 +97,9 @@ def run_generation(
         ids,
         max_tokens=max_tokens,
         shape=plan.shape,
+        sampler=sampling.sampler,
+        seed=sampling.seed,
         adapt=adapt,
-        **sampling.kwargs(),
     ):
         out.text += response.text
         out.tokens += response.tokens

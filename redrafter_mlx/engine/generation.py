@@ -330,38 +330,33 @@ def stream_generate(
     drafter,
     tokenizer,
     prompt,
+    *,
     max_tokens: int = 256,
-    beam_width: int = DEFAULT_SHAPE.width,
-    beam_length: int = DEFAULT_SHAPE.length,
-    capacity: int | None = None,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    min_p: float = 0.0,
+    shape: BeamShape = DEFAULT_SHAPE,
+    sampler: SamplerConfig = SamplerConfig(),
     seed: int | None = None,
     session: Session | None = None,
-    shape: BeamShape | None = None,
     adapt: Adaptive | bool = True,
 ) -> Iterator[GenerationResponse]:
     """Stream one prompt's continuation. ``drafter=None`` decodes autoregressively.
 
-    The beam shape is ``shape`` when given, else ``beam_width`` x ``beam_length`` (with an
-    optional packing ``capacity``); with ``adapt`` (the default) the loop switches between
-    it, the shorter single beams and plain decoding by measured tokens/s (``decode``).
-    ``prompt`` is a string (encoded with BOS) or a list of token ids. Pass a ``Session`` to
-    reuse its KV cache across calls (only tokens not already cached are prefilled).
+    ``shape``: the beam shape (:class:`BeamShape`, W beams of L tokens, optional packing
+    capacity); with ``adapt`` (the default) the loop switches between it, the shorter single
+    beams and plain decoding by measured tokens/s (``decode``). ``sampler``: greedy by
+    default, else temperature / top-p / top-k / min-p (:class:`SamplerConfig`), drawn from
+    ``seed``. ``prompt`` is a string (encoded with BOS) or a list of token ids. Pass a
+    ``Session`` to reuse its KV cache across calls (only tokens not already cached are
+    prefilled).
     """
     from .tokenizer import StreamDecoder
 
-    ids = _prompt_ids(tokenizer, prompt)
     detok = StreamDecoder(tokenizer)
-    sampler = SamplerConfig(temperature, top_p, top_k, min_p)
     events = decode(
         model,
         drafter,
-        [ids],
+        [_prompt_ids(tokenizer, prompt)],
         max_tokens=max_tokens,
-        shape=shape or BeamShape(beam_width, beam_length, capacity),
+        shape=shape,
         sampler=sampler,
         seed=seed,
         eos_token_ids=tokenizer.eos_token_ids,
@@ -381,9 +376,9 @@ def stream_generate(
         )
 
 
-def generate(model, drafter, tokenizer, prompt, **kwargs) -> str:
-    """The whole continuation as a string (same arguments as ``stream_generate``)."""
-    return "".join(r.text for r in stream_generate(model, drafter, tokenizer, prompt, **kwargs))
+def generate(model, drafter, tokenizer, prompt, **options) -> str:
+    """The whole continuation as a string (the keyword arguments of ``stream_generate``)."""
+    return "".join(r.text for r in stream_generate(model, drafter, tokenizer, prompt, **options))
 
 
 def batch_generate(
@@ -391,32 +386,29 @@ def batch_generate(
     drafter,
     tokenizer,
     prompts: Sequence,
+    *,
     max_tokens: int = 256,
-    beam_width: int = DEFAULT_SHAPE.width,
-    beam_length: int = DEFAULT_SHAPE.length,
-    capacity: int | None = None,
-    temperature: float = 0.0,
-    top_p: float = 1.0,
-    top_k: int = 0,
-    min_p: float = 0.0,
+    shape: BeamShape = DEFAULT_SHAPE,
+    sampler: SamplerConfig = SamplerConfig(),
     seed: int | None = None,
-    shape: BeamShape | None = None,
+    session: Session | None = None,
     adapt: Adaptive | bool = True,
 ) -> list[list[int]]:
-    """Token ids generated for each prompt, decoded together as one batch (``adapt``: as
-    ``stream_generate``)."""
+    """Token ids generated for each prompt, decoded together as one batch (the arguments of
+    ``stream_generate``; a ``session`` has one row per prompt). ``tokenizer=None``: the
+    prompts are token ids and no EOS stops a row."""
     ids = [_prompt_ids(tokenizer, p) for p in prompts]
     out = [[] for _ in ids]
-    sampler = SamplerConfig(temperature, top_p, top_k, min_p)
     for ev in decode(
         model,
         drafter,
         ids,
         max_tokens=max_tokens,
-        shape=shape or BeamShape(beam_width, beam_length, capacity),
+        shape=shape,
         sampler=sampler,
         seed=seed,
         eos_token_ids=tokenizer.eos_token_ids if tokenizer is not None else (),
+        session=session,
         adapt=adapt,
     ):
         for r, t in enumerate(ev.tokens):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from .generation import stream_generate
+from .sampling import SamplerConfig
 from .shape import BeamShape
 
 
@@ -43,14 +44,15 @@ def measure_generation(
     shape: BeamShape,
     max_tokens: int,
     adapt=False,
-    **sampling,
+    sampler: SamplerConfig = SamplerConfig(),
+    seed: int | None = None,
 ) -> Run:
     """Generate ``prompt_ids``' continuation at ``shape`` (AR: plain decoding) and time it.
 
     ``adapt``: pinned to ``shape`` by default (a measurement of that shape); True or an
     ``Adaptive`` measures adaptive decoding starting from ``shape``.
 
-    ``sampling``: temperature, top_p, top_k, min_p, seed (as ``stream_generate``).
+    ``sampler``, ``seed``: as ``stream_generate`` (greedy by default).
     """
     mx.reset_peak_memory()
     tokens, first_at, last_at, final = [], None, None, None
@@ -62,8 +64,9 @@ def measure_generation(
         prompt_ids,
         max_tokens=max_tokens,
         shape=shape,
+        sampler=sampler,
+        seed=seed,
         adapt=adapt,
-        **sampling,
     ):
         last_at = time.perf_counter()
         first_at = first_at or last_at

@@ -34,14 +34,11 @@ from redrafter_mlx.cli.common import (
     TopKOpt,
     TopPOpt,
     VerboseOpt,
-    check_dtype,
-    check_max_tokens,
     cli_errors,
     err_console,
     fail,
-    load_engine,
     out_console,
-    resolve_paths,
+    prepare_engine,
     resolve_plan,
 )
 
@@ -228,29 +225,44 @@ def bench(
         if verify_cost:
             show_verify_cost(hidden, layers, as_json)
             return
-        sampling = Sampling.make(temp, top_p, top_k, min_p, seed)
-        check_max_tokens(max_tokens)
-        check_dtype(dtype)
-        if num_prompts < 1:
-            raise FlagError(f"--num-prompts must be >= 1, got {num_prompts}")
-        paths = resolve_paths(model, drafter)
-        prompt_set = prompts or ("demo" if paths.demo else "mt-bench")
-        try:
-            texts = logic.load_prompts(prompt_set, num_prompts)
-            configs, source = choose_configs(
-                paths,
-                dtype,
-                grid,
-                beam_width,
-                beam_length,
-                capacity,
-                no_draft,
-                with_mlx_lm,
-                not adapt or profile,
-            )
-        except logic.BenchError as e:  # a bad --prompts or --grid value
-            raise FlagError(str(e)) from None
-        engine = load_engine(paths, dtype, with_drafter=any(c.kind == "redrafter" for c in configs))
+
+        def check_count() -> None:
+            if num_prompts < 1:
+                raise FlagError(f"--num-prompts must be >= 1, got {num_prompts}")
+
+        def choose(paths: ModelPaths) -> tuple[tuple, bool]:
+            """(prompt set, its prompts, the configurations, their source), and whether one
+            of the configurations speculates."""
+            prompt_set = prompts or ("demo" if paths.demo else "mt-bench")
+            try:
+                texts = logic.load_prompts(prompt_set, num_prompts)
+                configs, source = choose_configs(
+                    paths,
+                    dtype,
+                    grid,
+                    beam_width,
+                    beam_length,
+                    capacity,
+                    no_draft,
+                    with_mlx_lm,
+                    not adapt or profile,
+                )
+            except logic.BenchError as e:  # a bad --prompts or --grid value
+                raise FlagError(str(e)) from None
+            speculative = any(c.kind == "redrafter" for c in configs)
+            return (prompt_set, texts, configs, source), speculative
+
+        ready = prepare_engine(
+            model,
+            drafter,
+            dtype,
+            sampling=(temp, top_p, top_k, min_p, seed),
+            max_tokens=max_tokens,
+            check=check_count,
+            choose=choose,
+        )
+        engine, sampling, paths = ready.engine, ready.sampling, ready.engine.paths
+        prompt_set, texts, configs, source = ready.plan
         ids = [
             engine.tokenizer.chat_prompt([{"role": "user", "content": t}], system=system_prompt)
             for t in texts

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from redrafter_mlx.cli.common import (
+    BeamFlags,
     BeamLengthOpt,
     BeamWidthOpt,
     CapacityOpt,
@@ -20,20 +21,15 @@ from redrafter_mlx.cli.common import (
     ModelOpt,
     NoAdaptOpt,
     NoDraftOpt,
-    Sampling,
     SeedOpt,
     SystemPromptOpt,
     TempOpt,
     TopKOpt,
     TopPOpt,
     VerboseOpt,
-    check_dtype,
-    check_max_tokens,
     cli_errors,
-    load_engine,
     out_console,
-    resolve_paths,
-    resolve_plan,
+    prepare_engine,
 )
 
 
@@ -96,13 +92,15 @@ def chat(
 ) -> None:
     """Chat with a model in the terminal, sped up by ReDrafter speculative decoding."""
     with cli_errors(verbose):
-        sampling = Sampling.make(temp, top_p, top_k, min_p, seed)
-        if max_tokens is not None:
-            check_max_tokens(max_tokens)
-        check_dtype(dtype)
-        paths = resolve_paths(model, drafter)
-        plan = resolve_plan(paths, dtype, beam_width, beam_length, capacity, no_draft)
-        engine = load_engine(paths, dtype, with_drafter=plan.speculative)
+        ready = prepare_engine(
+            model,
+            drafter,
+            dtype,
+            BeamFlags(beam_width, beam_length, capacity, no_draft),
+            sampling=(temp, top_p, top_k, min_p, seed),
+            max_tokens=max_tokens,
+        )
+        engine, plan, sampling = ready.engine, ready.plan, ready.sampling
         if max_tokens is None:
             max_tokens = answer_budget(engine.model.max_context)
 

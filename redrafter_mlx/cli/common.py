@@ -5,6 +5,7 @@
 * flag validation (a bad value is one red line and exit code 2);
 * model resolution (``--model``, else the bundled demo model) and loading;
 * the beam shape: explicit flags, else the tuned profile or chip preset;
+* ``prepare_engine``: those steps, in one order, for chat, generate, serve and bench;
 * error handling: one red ``error:`` line on stderr and exit code 1, a traceback only
   with ``--verbose``;
 * the dim one-line stats summary printed after an answer.
@@ -17,10 +18,10 @@ from __future__ import annotations
 import contextlib
 import sys
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -400,6 +401,60 @@ def load_engine(paths: ModelPaths, dtype: str | None, with_drafter: bool = True)
     model, drafter, tokenizer = load(paths.model, drafter_path, dtype)
     fit_blas_threads(model, drafter)
     return Engine(model, drafter, tokenizer, paths, dtype_name(model))
+
+
+@dataclass(frozen=True)
+class BeamFlags:
+    """``--beam-width``, ``--beam-length``, ``--capacity`` and ``--no-draft`` as given."""
+
+    width: int | None = None
+    length: int | None = None
+    capacity: int | None = None
+    no_draft: bool = False
+
+
+@dataclass
+class Prepared:
+    """What :func:`prepare_engine` set up: the loaded engine, its plan and the checked flags."""
+
+    engine: Engine
+    plan: Any  # a ShapeChoice, or what the command's ``choose`` returned
+    sampling: Sampling | None  # None when no sampling flags were given
+    checked: Any = None  # what the command's ``check`` returned
+
+
+def prepare_engine(
+    model: str | None,
+    drafter: str | None,
+    dtype: str | None,
+    beam: BeamFlags = BeamFlags(),
+    *,
+    sampling: tuple[float, float, int, float, int | None] | None = None,
+    max_tokens: int | None = None,
+    check: Callable[[], Any] | None = None,
+    choose: Callable[[ModelPaths], tuple[Any, bool]] | None = None,
+) -> Prepared:
+    """The set-up of chat, generate, serve and bench: check the flags, resolve, plan, load.
+
+    In this order (the first bad flag is the one reported): the sampling flags
+    ``(temp, top_p, top_k, min_p, seed)``, ``--max-tokens``, ``--dtype``, the command's own
+    ``check()`` (its result is ``Prepared.checked``), the model and drafter paths, the beam
+    plan (``resolve_plan`` from ``beam``, or the command's ``choose(paths) -> (plan,
+    speculative)``), then loading, with the drafter only when the plan speculates.
+    """
+    flags = Sampling.make(*sampling) if sampling is not None else None
+    if max_tokens is not None:
+        check_max_tokens(max_tokens)
+    check_dtype(dtype)
+    checked = check() if check is not None else None
+    paths = resolve_paths(model, drafter)
+    if choose is None:
+        plan = resolve_plan(paths, dtype, beam.width, beam.length, beam.capacity, beam.no_draft)
+        speculative = plan.speculative
+    else:
+        plan, speculative = choose(paths)
+    engine = load_engine(paths, dtype, with_drafter=speculative)
+    return Prepared(engine, plan, flags, checked)
 
 
 def dtype_name(model) -> str:

@@ -15,6 +15,7 @@ from typing import Annotated
 import typer
 
 from redrafter_mlx.cli.common import (
+    BeamFlags,
     BeamLengthOpt,
     BeamWidthOpt,
     CapacityOpt,
@@ -33,14 +34,10 @@ from redrafter_mlx.cli.common import (
     TopKOpt,
     TopPOpt,
     VerboseOpt,
-    check_dtype,
-    check_max_tokens,
     cli_errors,
     err_console,
-    load_engine,
     out_console,
-    resolve_paths,
-    resolve_plan,
+    prepare_engine,
     response_stats,
     stats_line,
 )
@@ -173,14 +170,17 @@ def generate(
 ) -> None:
     """Generate a continuation of one prompt with ReDrafter speculative decoding."""
     with cli_errors(verbose):
-        sampling = Sampling.make(temp, top_p, top_k, min_p, seed)
-        check_max_tokens(max_tokens)
-        check_dtype(dtype)
-        text = read_prompt(prompt)
-        paths = resolve_paths(model, drafter)
-        plan = resolve_plan(paths, dtype, beam_width, beam_length, capacity, no_draft)
-        engine = load_engine(paths, dtype, with_drafter=plan.speculative)
-        ids = prompt_ids(engine.tokenizer, text, chat, system_prompt)
+        ready = prepare_engine(
+            model,
+            drafter,
+            dtype,
+            BeamFlags(beam_width, beam_length, capacity, no_draft),
+            sampling=(temp, top_p, top_k, min_p, seed),
+            max_tokens=max_tokens,
+            check=lambda: read_prompt(prompt),
+        )
+        engine, plan, sampling = ready.engine, ready.plan, ready.sampling
+        ids = prompt_ids(engine.tokenizer, ready.checked, chat, system_prompt)
         result = run_generation(
             engine, plan, ids, max_tokens, sampling, echo=not as_json, adapt=not no_adapt
         )

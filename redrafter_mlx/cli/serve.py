@@ -12,6 +12,7 @@ from typing import Annotated
 import typer
 
 from redrafter_mlx.cli.common import (
+    BeamFlags,
     BeamLengthOpt,
     BeamWidthOpt,
     CapacityOpt,
@@ -21,12 +22,9 @@ from redrafter_mlx.cli.common import (
     ModelOpt,
     NoDraftOpt,
     VerboseOpt,
-    check_dtype,
     cli_errors,
     err_console,
-    load_engine,
-    resolve_paths,
-    resolve_plan,
+    prepare_engine,
 )
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
@@ -90,10 +88,10 @@ def serve(
     """Serve the model over an OpenAI-compatible HTTP API with continuous batching."""
     with cli_errors(verbose):
         check_serve_flags(port, max_batch, max_queue, max_tokens_limit, log_level)
-        check_dtype(dtype)
-        paths = resolve_paths(model, drafter)
-        plan = resolve_plan(paths, dtype, beam_width, beam_length, capacity, no_draft)
-        engine = load_engine(paths, dtype, with_drafter=plan.speculative)
+        ready = prepare_engine(
+            model, drafter, dtype, BeamFlags(beam_width, beam_length, capacity, no_draft)
+        )
+        engine, plan, paths = ready.engine, ready.plan, ready.engine.paths
         server = build(engine, plan, max_batch, max_queue, max_tokens_limit, log_level)
         err_console().print(
             f"[bold]redrafter-mlx serve[/] · {model_id(paths)} ({engine.dtype}) · "

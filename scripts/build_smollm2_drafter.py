@@ -41,7 +41,8 @@ continued when its outputs exist; everything is seeded):
 More data later: raise --diverse-prompts (or --template-prompts) and rerun: new prompts are
 appended to prompts.jsonl and answered; old answers are kept.
 
-WORK defaults to ~/.cache/redrafter-mlx/build/smollm2-drafter; the small artefacts (prompts,
+WORK defaults to HOME/build/smollm2-drafter (HOME: $REDRAFTER_MLX_HOME, else
+$XDG_CACHE_HOME/redrafter-mlx, else ~/.cache/redrafter-mlx); the small artefacts (prompts,
 metrics, the training history) can be committed under scripts/smollm2_build/ with --snapshot.
 """
 
@@ -69,7 +70,6 @@ HELDOUT = [
     ROOT / "redrafter_mlx" / "data" / f
     for f in ("mt_bench_questions.jsonl", "vicuna_bench_questions.jsonl")
 ]
-DEFAULT_WORK = Path.home() / ".cache/redrafter-mlx/build/smollm2-drafter"
 # Benchmarks of the shipped drafter quoted in BUILD.md: scripts/smollm2_build/NAME.txt (and
 # .csv) are the output of the command beside the name, run by hand after a build.
 _BENCH = "redrafter-mlx bench --model smollm2 --prompts mt-bench --num-prompts 8 --max-tokens 96"
@@ -857,12 +857,17 @@ def record_time(work: Path, name: str, seconds: float, positions: int) -> None:
     write_json_atomic(path, times)
 
 
+def default_work() -> Path:
+    """The build's work folder in the one home folder (``engine.bundled.home()``)."""
+    from redrafter_mlx.engine.bundled import home
+
+    return home() / "build" / "smollm2-drafter"
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--stages", default=",".join(STAGES))
-    p.add_argument(
-        "--work", default=str(Path.home() / ".cache/redrafter-mlx/build/smollm2-drafter")
-    )
+    p.add_argument("--work", default=None, help="default: HOME/build/smollm2-drafter")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--model-prompts", type=int, default=160)
     p.add_argument("--stdlib-prompts", type=int, default=240)
@@ -948,7 +953,7 @@ def snapshot(work: Path) -> None:
 
 def main(argv=None) -> int:
     a = parse_args(argv)
-    work = Path(a.work).expanduser()
+    work = Path(a.work).expanduser() if a.work is not None else default_work()
     work.mkdir(parents=True, exist_ok=True)
     stages = [s.strip() for s in a.stages.split(",") if s.strip()]
     bad = [s for s in stages if s not in STAGES]

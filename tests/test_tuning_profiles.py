@@ -49,6 +49,32 @@ def test_path_honours_env(home):
     assert profiles_path() == home / "profiles.json"
 
 
+def test_one_home_folder_for_everything(tmp_path, monkeypatch):
+    """$REDRAFTER_MLX_HOME, else $XDG_CACHE_HOME/redrafter-mlx, else ~/.cache/redrafter-mlx:
+    the same folder for profiles, models and the build scripts' work."""
+    from redrafter_mlx.engine.bundled import home, smollm2_path
+    from scripts.build_smollm2_drafter import default_work
+
+    def every_use() -> set:
+        here = home()
+        uses = {
+            profiles_path().parent,
+            smollm2_path().parent.parent,
+            default_work().parent.parent,
+        }
+        assert uses == {here}
+        return here
+
+    monkeypatch.setenv("REDRAFTER_MLX_HOME", str(tmp_path / "explicit"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert every_use() == tmp_path / "explicit"
+    monkeypatch.delenv("REDRAFTER_MLX_HOME")
+    assert every_use() == tmp_path / "xdg" / "redrafter-mlx"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "user"))
+    assert every_use() == tmp_path / "user" / ".cache" / "redrafter-mlx"
+
+
 def test_round_trip(home, pair):
     store = ProfileStore()
     profile = _profile(_key(pair))

@@ -4,8 +4,8 @@ One JSON file holds every profile::
 
     {"format": 1, "profiles": {"<key>": {"key": {...}, "shape": {...}, ...}}}
 
-It lives in ``$REDRAFTER_MLX_HOME/profiles.json`` when that variable is set, else in
-``$XDG_CACHE_HOME/redrafter-mlx/`` or ``~/.cache/redrafter-mlx/``. Writes are atomic
+It lives in the home folder (``redrafter_mlx.engine.bundled.home()``: ``$REDRAFTER_MLX_HOME``,
+else ``$XDG_CACHE_HOME/redrafter-mlx/``, else ``~/.cache/redrafter-mlx/``). Writes are atomic
 (temp file in the same folder, fsync, ``os.replace``) so an interrupted write leaves the
 old file intact. A corrupt file is reported in one warning line and treated as empty.
 """
@@ -24,11 +24,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from redrafter_mlx.engine.bundled import home
 from redrafter_mlx.engine.shape import BeamShape
 
 FORMAT = 1
 FILE_NAME = "profiles.json"
-HOME_ENV = "REDRAFTER_MLX_HOME"
 
 
 def default_warn(message: str) -> None:
@@ -37,12 +37,8 @@ def default_warn(message: str) -> None:
 
 
 def profiles_path() -> Path:
-    """Where profiles are stored (see the module docstring for the lookup order)."""
-    home = os.environ.get(HOME_ENV)
-    if home:
-        return Path(home).expanduser() / FILE_NAME
-    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(cache).expanduser() / "redrafter-mlx" / FILE_NAME
+    """Where profiles are stored: ``profiles.json`` in the home folder."""
+    return home() / FILE_NAME
 
 
 def package_version() -> str:

@@ -9,7 +9,8 @@ finds the converted folder and does nothing::
 
     python -m weights_convert.smollm2          # or: make smollm2
 
-``home`` is ``$REDRAFTER_MLX_HOME``, else ``~/.cache/redrafter-mlx``.
+``home`` is ``redrafter_mlx.engine.bundled.home()``: ``$REDRAFTER_MLX_HOME``, else
+``$XDG_CACHE_HOME/redrafter-mlx``, else ``~/.cache/redrafter-mlx``.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@
   drafter, shipped inside the package (``redrafter_mlx/demo_model/``; rebuilt by
   ``make demo-model``, see its BUILD.md). It runs anywhere, fast: tests use it.
 * ``smollm2``: SmolLM2-135M-Instruct, converted by ``make install`` (``make smollm2``) into
-  ``$REDRAFTER_MLX_HOME/models`` (default ``~/.cache/redrafter-mlx``), with the drafter shipped
+  ``home()/models`` (``$REDRAFTER_MLX_HOME``, else ``$XDG_CACHE_HOME/redrafter-mlx``, else
+  ``~/.cache/redrafter-mlx``), with the drafter shipped
   in ``redrafter_mlx/smollm2_drafter/`` once one has been distilled.
 
 With no ``--model`` the CLI uses ``smollm2`` when it is installed with a drafter, else ``demo``.
@@ -45,8 +46,14 @@ class BundledModel:
 
 
 def home() -> Path:
-    """``$REDRAFTER_MLX_HOME`` or ``~/.cache/redrafter-mlx`` (profiles, models, caches)."""
-    return Path(os.environ.get("REDRAFTER_MLX_HOME") or "~/.cache/redrafter-mlx").expanduser()
+    """The one home folder (tuned profiles, converted models, caches, build work):
+    ``$REDRAFTER_MLX_HOME``, else ``$XDG_CACHE_HOME/redrafter-mlx``, else
+    ``~/.cache/redrafter-mlx``."""
+    explicit = os.environ.get("REDRAFTER_MLX_HOME")
+    if explicit:
+        return Path(explicit).expanduser()
+    cache = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
+    return Path(cache).expanduser() / "redrafter-mlx"
 
 
 def smollm2_path(root: Path | None = None) -> Path:

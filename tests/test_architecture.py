@@ -1,9 +1,10 @@
 """The layers' dependency rule, checked by parsing every module's imports with ``ast``.
 
-Layers, lowest first: ``redrafter_mlx.engine`` -> (``redrafter_mlx.train``, ``redrafter_mlx.serve``,
-``tuning``, ``weights_convert``) -> ``redrafter_mlx.cli``. A module may import its own layer or
-lower ones, never a higher one; nothing imports the CLI; features do not import each other; the
-build scripts and tests sit outside the product and nothing in it imports them.
+Layers, lowest first: ``redrafter_mlx.engine`` -> ``redrafter_mlx.measure`` (the measuring tools
+over the engine) -> (``redrafter_mlx.train``, ``redrafter_mlx.serve``, ``tuning``,
+``weights_convert``) -> ``redrafter_mlx.cli``. A module may import its own layer or lower ones,
+never a higher one; nothing imports the CLI; features do not import each other; the build
+scripts and tests sit outside the product and nothing in it imports them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("redrafter_mlx", "weights_convert", "tuning")
 ENGINE = "engine"
+MEASURE = "measure"  # bench's and the tuner's measuring tools: above the engine, below features
 CLI = "cli"
 OUTSIDE = "outside"  # scripts/ and tests/: may import anything, imported by nothing
 
@@ -28,7 +30,8 @@ def layer_of(module: str) -> str:
     if parts[0] == "redrafter_mlx":
         if len(parts) == 1:  # the package's lazy public API re-exports the engine
             return ENGINE
-        return {"engine": ENGINE, "cli": CLI}.get(parts[1], f"redrafter_mlx.{parts[1]}")
+        named = {"engine": ENGINE, "measure": MEASURE, "cli": CLI}
+        return named.get(parts[1], f"redrafter_mlx.{parts[1]}")
     return parts[0]  # tuning, weights_convert: feature packages
 
 
@@ -36,6 +39,8 @@ def allowed(importer: str, imported: str) -> bool:
     """Whether a module of layer ``importer`` may import one of layer ``imported``."""
     if importer == imported or imported == ENGINE:
         return True
+    if imported == MEASURE:
+        return importer != ENGINE
     if imported in (CLI, OUTSIDE):
         return importer in (CLI, OUTSIDE) and (imported != OUTSIDE or importer == OUTSIDE)
     return importer in (CLI, OUTSIDE)  # a feature package: only the CLI and scripts use it
@@ -80,10 +85,27 @@ def ours(module: str) -> bool:
 def test_the_layers_are_folders():
     engine = {p.stem for p in (ROOT / "redrafter_mlx" / "engine").glob("*.py")}
     assert {"model", "drafter", "tree", "sampling", "decode", "generation", "loading"} <= engine
+    assert not engine & {"measure", "profile", "throughput"}, "measuring tools live in measure/"
+    assert {"throughput", "profile", "verify_cost"} <= {
+        p.stem for p in (ROOT / "redrafter_mlx" / "measure").glob("*.py")
+    }
     assert (ROOT / "redrafter_mlx" / "cli" / "__init__.py").is_file()
     assert (ROOT / "redrafter_mlx" / "train" / "distill.py").is_file()
     top = {p.name for p in (ROOT / "redrafter_mlx").glob("*.py")}
     assert top == {"__init__.py"}, f"modules outside a layer folder: {sorted(top)}"
+
+
+def test_the_design_map_names_every_folder():
+    """docs/design.md's table of folders lists every code folder, and only existing ones."""
+    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    mapped = {
+        line.split("`")[1].rstrip("/") for line in text.splitlines() if line.startswith("| `")
+    }
+    code = {"scripts", "tests", *PACKAGES}
+    code |= {
+        f"redrafter_mlx/{p.parent.name}" for p in (ROOT / "redrafter_mlx").glob("*/__init__.py")
+    }
+    assert mapped == code - {"redrafter_mlx"}
 
 
 @pytest.mark.parametrize("path", product_files(), ids=lambda p: str(p.relative_to(ROOT)))
@@ -122,3 +144,9 @@ def test_the_checker_sees_an_upward_import(tmp_path):
     assert not allowed(layer_of("weights_convert.sources"), layer_of("tuning"))
     assert allowed(layer_of("tuning.search"), layer_of("redrafter_mlx.engine.shape"))
     assert not allowed(layer_of("redrafter_mlx.engine.model"), layer_of("scripts.build_demo"))
+    assert not allowed(
+        layer_of("redrafter_mlx.engine.generation"), layer_of("redrafter_mlx.measure")
+    )
+    assert allowed(layer_of("tuning.measure"), layer_of("redrafter_mlx.measure.throughput"))
+    assert allowed(layer_of("redrafter_mlx.cli.bench"), layer_of("redrafter_mlx.measure.profile"))
+    assert not allowed(layer_of("redrafter_mlx.measure.profile"), layer_of("tuning.search"))

@@ -388,7 +388,7 @@ def test_bench_bad_grid_and_prompts(app, pair):
 
 
 def test_bench_verify_cost(app, monkeypatch):
-    import redrafter_mlx.engine.measure as benchmarks
+    import redrafter_mlx.measure.verify_cost as benchmarks
 
     seen = {}
 

@@ -2,7 +2,7 @@
 
 import mlx.core as mx
 
-from redrafter_mlx.engine.profile import PHASES, graph_ops, kernels, profile_steps
+from redrafter_mlx.measure.profile import PHASES, graph_ops, kernels, profile_steps
 from tests.helpers import tiny_drafter, tiny_model
 
 

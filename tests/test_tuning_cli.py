@@ -238,7 +238,7 @@ def test_prompt_files(tmp_path):
 
 def test_engine_measure_passes_shapes_and_reads_stats(monkeypatch):
     """EngineMeasure drives the engine's measurement: greedy, drafter=None for the AR shape."""
-    import redrafter_mlx.engine.throughput as throughput
+    import redrafter_mlx.measure.throughput as throughput
 
     calls = []
 

@@ -87,7 +87,7 @@ class EngineMeasure:
 
     def __call__(self, shape: BeamShape, n_tokens: int) -> Measurement:
         """One greedy tokens/s sample per prompt, plus tokens per step and mean packed tokens."""
-        from redrafter_mlx.engine.throughput import measure_generation
+        from redrafter_mlx.measure.throughput import measure_generation
 
         drafter = None if shape.is_autoregressive else self.drafter
         tps, per_step, packed = [], [], []

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from redrafter_mlx.engine.shape import AR, BeamShape
-from redrafter_mlx.engine.throughput import Run, measure_generation
+from redrafter_mlx.measure.throughput import Run, measure_generation
 
 AR_NAME = "AR"
 MLX_LM_NAME = "mlx-lm"
@@ -389,8 +389,8 @@ def render_table(rows: list[dict], title: str):
 
 
 def verify_cost_rows(hidden: int, layers: int) -> list[dict]:
-    """The engine's verify-cost benchmark (``redrafter_mlx.engine.measure.verify_cost``)."""
-    from redrafter_mlx.engine.measure import verify_cost
+    """The verify-cost benchmark (``redrafter_mlx.measure.verify_cost.verify_cost``)."""
+    from redrafter_mlx.measure.verify_cost import verify_cost
 
     return verify_cost(hidden=hidden, layers=layers)
 
@@ -421,8 +421,8 @@ def render_verify_cost(rows: list[dict], hidden: int, layers: int):
 
 
 def profile_rows(engine, shapes, ids, repeats: int) -> dict:
-    """The engine's per-phase step profile (``redrafter_mlx.engine.profile.profile_steps``)."""
-    from redrafter_mlx.engine.profile import profile_steps
+    """The per-phase step profile (``redrafter_mlx.measure.profile.profile_steps``)."""
+    from redrafter_mlx.measure.profile import profile_steps
 
     full = [(s.width, s.length, s.slots) for s in shapes]
     return profile_steps(engine.model, engine.drafter, full, ids, repeats=repeats)

@@ -12,11 +12,11 @@ import time
 
 import mlx.core as mx
 
-from .decode import DecodeState, make_step, prefill_chunk
-from .model import Model, ModelArgs
-from .platform import default_dtype
-from .sampling import SamplerConfig, draw
-from .tree import arange, cache_mask, chain_mask
+from redrafter_mlx.engine.decode import DecodeState, make_step, prefill_chunk
+from redrafter_mlx.engine.model import Model, ModelArgs
+from redrafter_mlx.engine.platform import default_dtype
+from redrafter_mlx.engine.sampling import SamplerConfig, draw
+from redrafter_mlx.engine.tree import arange, cache_mask, chain_mask
 
 
 def random_llama(hidden: int, layers: int, vocab: int = 32000, dtype=None, seed: int = 0) -> Model:
@@ -90,7 +90,7 @@ def verify_cost(
 ) -> list[dict]:
     """Per capacity C: AR step ms, verify ms, and their ratio (same model, cache, context)."""
     model = random_llama(hidden, layers, vocab)
-    from .cache import bucket
+    from redrafter_mlx.engine.cache import bucket
 
     # The attention window the decode loop itself would use at this context (it rounds up
     # to whole SLOT_QUANTUM slots), not a power of two that would make every query attend to
@@ -145,7 +145,7 @@ def verify_cost(
     return rows
 
 
-def main() -> None:  # python -m redrafter_mlx.engine.measure
+def main() -> None:  # python -m redrafter_mlx.measure.verify_cost
     import argparse
 
     from rich.console import Console

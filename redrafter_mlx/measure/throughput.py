@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from .generation import stream_generate
-from .sampling import SamplerConfig
-from .shape import BeamShape
+from redrafter_mlx.engine.generation import stream_generate
+from redrafter_mlx.engine.sampling import SamplerConfig
+from redrafter_mlx.engine.shape import BeamShape
 
 
 @dataclass

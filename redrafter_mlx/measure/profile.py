@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 import mlx.core as mx
 import mlx.nn as nn
 
-from .decode import (
+from redrafter_mlx.engine.decode import (
     DecodeState,
     accept_phase,
     commit_phase,
@@ -33,10 +33,10 @@ from .decode import (
     make_step,
     verify_phase,
 )
-from .drafter import Drafter
-from .model import Model
-from .sampling import SamplerConfig, draw
-from .tree import PackedTree, pack
+from redrafter_mlx.engine.drafter import Drafter
+from redrafter_mlx.engine.model import Model
+from redrafter_mlx.engine.sampling import SamplerConfig, draw
+from redrafter_mlx.engine.tree import PackedTree, pack
 
 PHASES = ("draft", "pack", "verify", "accept", "commit")
 # Primitives that only make a view (no kernel runs; ~1-2 us each on the CPU backend, against
@@ -114,8 +114,8 @@ def profile_steps(
     (generation loop wall time per step), ``host_ms`` (loop - step) and
     ``overhead_ms`` (step - verify). Timings are medians over ``repeats`` interleaved rounds.
     """
-    from .cache import Session, bucket, prefill_session
-    from .generation import decode
+    from redrafter_mlx.engine.cache import Session, bucket, prefill_session
+    from redrafter_mlx.engine.generation import decode
 
     sampler = SamplerConfig()
     session = Session(model, 1)
@@ -284,7 +284,7 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
 
 def _loop_ms_per_step(decode, model, drafter, prompt, W, L, C, max_tokens) -> float:
     """Wall ms per step of the generation loop (first token excluded), greedy, no EOS."""
-    from .shape import AR, BeamShape
+    from redrafter_mlx.engine.shape import AR, BeamShape
 
     shape = AR if drafter is None else BeamShape(W, L, C)
     steps, start = 0, None

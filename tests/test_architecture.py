@@ -46,36 +46,104 @@ def allowed(importer: str, imported: str) -> bool:
     return importer in (CLI, OUTSIDE)  # a feature package: only the CLI and scripts use it
 
 
-def module_name(path: Path) -> str:
-    rel = path.relative_to(ROOT).with_suffix("")
+def module_name(path: Path, root: Path = ROOT) -> str:
+    rel = path.relative_to(root).with_suffix("")
     parts = list(rel.parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
 
 
-def imports_of(path: Path) -> list[tuple[int, str]]:
-    """(line, absolute module name) for every import in the file, relative ones resolved."""
-    name = module_name(path)
+def _import_nodes(tree: ast.AST, module_level: bool):
+    """Every import statement, or (``module_level``) those that run when the module is imported:
+    not inside a function, nor under ``if TYPE_CHECKING:``."""
+    for node in ast.iter_child_nodes(tree):
+        if module_level and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if module_level and isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for branch in node.orelse:
+                yield from _import_nodes(ast.Module([branch], []), module_level)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        yield from _import_nodes(node, module_level)
+
+
+def imports_of(
+    path: Path, root: Path = ROOT, module_level: bool = False, names: bool = False
+) -> list[tuple[int, str]]:
+    """(line, absolute module name) for every import in the file, relative ones resolved.
+
+    ``names``: also ``module.name`` for each ``from module import name`` (it may be a module).
+    """
+    name = module_name(path, root)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in _import_nodes(ast.parse(path.read_text(encoding="utf-8")), module_level):
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                target = ".".join(base + ([node.module] if node.module else []))
-            else:
-                target = node.module or ""
-            found.append((node.lineno, target))
-            if node.module is None or node.level:  # "from . import x": x may be a module
-                found += [(node.lineno, f"{target}.{a.name}") for a in node.names]
+            continue
+        if node.level:
+            base = package.split(".")[: len(package.split(".")) - node.level + 1]
+            target = ".".join(base + ([node.module] if node.module else []))
+        else:
+            target = node.module or ""
+        found.append((node.lineno, target))
+        if names or node.module is None or node.level:  # "from . import x": x may be a module
+            found += [(node.lineno, f"{target}.{a.name}") for a in node.names]
     return found
 
 
-def product_files() -> list[Path]:
-    return sorted(p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py"))
+def product_files(root: Path = ROOT) -> list[Path]:
+    return sorted(p for pkg in PACKAGES for p in (root / pkg).rglob("*.py"))
+
+
+def all_files(root: Path = ROOT) -> list[Path]:
+    """The product, the build scripts and the tests."""
+    outside = [p for d in ("scripts", "tests") for p in (root / d).rglob("*.py")]
+    return product_files(root) + sorted(outside)
+
+
+def upward_imports(path: Path, root: Path = ROOT) -> list[str]:
+    """This file's imports of a layer above its own (empty when it keeps the rule)."""
+    importer = layer_of(module_name(path, root))
+    return [
+        f"line {line}: {module} ({layer_of(module)})"
+        for line, module in imports_of(path, root)
+        if ours(module) and not allowed(importer, layer_of(module))
+    ]
+
+
+def import_graph(files: list[Path], root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the modules among ``files`` it imports when it is imported (module level)."""
+    modules = {module_name(p, root): p for p in files}
+    return {
+        name: {m for _, m in imports_of(path, root, True, True) if m in modules and m != name}
+        for name, path in modules.items()
+    }
+
+
+def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle of ``graph`` as [a, b, ..., a], or None when there is none."""
+    done: set[str] = set()
+
+    def visit(node: str, trail: list[str]) -> list[str] | None:
+        if node in trail:
+            return [*trail[trail.index(node) :], node]
+        if node in done:
+            return None
+        for nxt in sorted(graph.get(node, ())):
+            circle = visit(nxt, [*trail, node])
+            if circle:
+                return circle
+        done.add(node)
+        return None
+
+    for node in sorted(graph):
+        circle = visit(node, [])
+        if circle:
+            return circle
+    return None
 
 
 def ours(module: str) -> bool:
@@ -110,13 +178,15 @@ def test_the_design_map_names_every_folder():
 
 @pytest.mark.parametrize("path", product_files(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_imports_point_down_the_layers(path):
+    wrong = upward_imports(path)
     importer = layer_of(module_name(path))
-    wrong = [
-        f"line {line}: {module} ({layer_of(module)})"
-        for line, module in imports_of(path)
-        if ours(module) and not allowed(importer, layer_of(module))
-    ]
     assert not wrong, f"{path.relative_to(ROOT)} ({importer}) imports upward: {wrong}"
+
+
+def test_no_import_circle_anywhere():
+    """No module-level import circle between any two modules: product, scripts or tests."""
+    circle = find_circle(import_graph(all_files()))
+    assert circle is None, f"import circle: {' -> '.join(circle)}"
 
 
 def test_no_cycle_between_packages():
@@ -135,6 +205,54 @@ def test_no_cycle_between_packages():
 
     for node in list(graph):
         visit(node, ())
+
+
+def _write(root: Path, files: dict[str, str]) -> None:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+
+
+def test_the_checker_sees_a_circle_and_an_upward_import(tmp_path):
+    """On a synthetic tree: a module-level circle (through a package and a relative import)
+    and an engine module importing the CLI are caught; an import inside a function, under
+    TYPE_CHECKING, or pointing down is not."""
+    _write(
+        tmp_path,
+        {
+            "redrafter_mlx/__init__.py": "",
+            "redrafter_mlx/engine/__init__.py": "",
+            "redrafter_mlx/engine/a.py": "from redrafter_mlx.engine import b\n",
+            "redrafter_mlx/engine/b.py": "import redrafter_mlx.engine.c\n",
+            "redrafter_mlx/engine/c.py": "from .a import thing\n",
+            "redrafter_mlx/engine/d.py": "def f():\n    from redrafter_mlx.engine import e\n",
+            "redrafter_mlx/engine/e.py": (
+                "from typing import TYPE_CHECKING\n"
+                "from redrafter_mlx.engine import d\n"
+                "if TYPE_CHECKING:\n    from redrafter_mlx.cli import x\n"
+            ),
+            "redrafter_mlx/engine/up.py": "def f():\n    from redrafter_mlx.cli.common import x\n",
+            "redrafter_mlx/cli/__init__.py": "",
+            "redrafter_mlx/cli/common.py": "from redrafter_mlx.engine import up\n",
+            "tuning/__init__.py": "",
+            "weights_convert/__init__.py": "",
+        },
+    )
+    graph = import_graph(all_files(tmp_path), tmp_path)
+    circle = find_circle(graph)
+    assert circle is not None and circle[0] == circle[-1]
+    assert set(circle) == {
+        "redrafter_mlx.engine.a",
+        "redrafter_mlx.engine.b",
+        "redrafter_mlx.engine.c",
+    }
+    del graph["redrafter_mlx.engine.c"]  # d <-> e meets only inside a function: no circle
+    assert find_circle(graph) is None
+    up = tmp_path / "redrafter_mlx" / "engine" / "up.py"
+    assert upward_imports(up, tmp_path) == ["line 2: redrafter_mlx.cli.common (cli)"]
+    down = tmp_path / "redrafter_mlx" / "cli" / "common.py"
+    assert upward_imports(down, tmp_path) == []
 
 
 def test_the_checker_sees_an_upward_import(tmp_path):

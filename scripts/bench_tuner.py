@@ -34,9 +34,11 @@ def main() -> None:
     from rich.table import Table
 
     from redrafter_mlx.cli.common import resolve_paths
+    from redrafter_mlx.engine.loading import load
+    from redrafter_mlx.engine.prompts import load_prompts
     from redrafter_mlx.engine.shape import BeamShape
     from tuning.grid import build_grid
-    from tuning.measure import EngineMeasure, load_engine, load_prompts
+    from tuning.measure import EngineMeasure
     from tuning.search import SearchPlan, successive_halving
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -53,7 +55,7 @@ def main() -> None:
 
     paths = resolve_paths(args.model or "demo", args.drafter)
     model_path, drafter_path = paths.model, paths.drafter
-    model, drafter, tokenizer = load_engine(model_path, drafter_path, None)
+    model, drafter, tokenizer = load(model_path, drafter_path)
     measure = EngineMeasure(model, drafter, tokenizer, load_prompts(args.prompts, args.num_prompts))
     shapes = build_grid(
         [int(w) for w in args.widths.split(",")], [int(n) for n in args.lengths.split(",")], [None]

@@ -263,22 +263,22 @@ def test_parse_grid():
 
 @pytest.mark.parametrize("name", ["mt-bench", "vicuna-bench", "demo"])
 def test_bundled_prompt_sets(name):
-    from redrafter_mlx.cli.bench_report import load_prompts
+    from redrafter_mlx.engine.prompts import load_prompts
 
     prompts = load_prompts(name, 3)
     assert len(prompts) == 3 and all(isinstance(p, str) and p for p in prompts)
 
 
 def test_prompt_file_and_bad_names(tmp_path):
-    from redrafter_mlx.cli.bench_report import BenchError, load_prompts
+    from redrafter_mlx.engine.prompts import PromptSetError, load_prompts
 
     f = tmp_path / "p.jsonl"
     f.write_text('{"turns": ["first", "second"]}\n\n{"turns": ["again"]}\n')
     assert load_prompts(str(f)) == ["first", "again"]
-    with pytest.raises(BenchError, match="neither a prompt set"):
+    with pytest.raises(PromptSetError, match="neither a prompt set"):
         load_prompts("no-such-set")
     f.write_text("not json\n")
-    with pytest.raises(BenchError, match="turns"):
+    with pytest.raises(PromptSetError, match="turns"):
         load_prompts(str(f))
 
 

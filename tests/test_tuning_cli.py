@@ -11,12 +11,13 @@ import pytest
 from typer.testing import CliRunner
 
 import redrafter_mlx.cli.tune
+from redrafter_mlx.engine.prompts import PromptSetError, load_prompts, parse_prompts
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import BeamShape
 from tests.fakes import FakeChip, FakeClock
 from tuning import resolve_beam_shape
 from tuning.grid import build_grid
-from tuning.measure import EngineMeasure, TuneError, load_prompts, parse_prompts
+from tuning.measure import EngineMeasure, TuneError
 from tuning.search import successive_halving
 
 
@@ -228,12 +229,14 @@ def test_prompt_files(tmp_path):
     txt = tmp_path / "q.txt"
     txt.write_text("one\n\ntwo\n")
     assert load_prompts(str(txt), 10) == ["one", "two"]
-    with pytest.raises(TuneError, match="not a file"):
+    with pytest.raises(PromptSetError, match="not a file"):
         load_prompts(str(tmp_path / "missing.jsonl"), 1)
-    with pytest.raises(TuneError, match="no 'turns'"):
+    with pytest.raises(PromptSetError, match="no 'turns'"):
         parse_prompts('{"x": 1}', "bad.jsonl")
-    with pytest.raises(TuneError, match="at least 1"):
-        load_prompts(str(txt), 0)
+    with pytest.raises(TuneError, match="at least 1"):  # tune's check, before any loading
+        redrafter_mlx.cli.tune.build_measure("model", "drafter", None, str(txt), 0)
+    with pytest.raises(TuneError, match="--prompts: .*not a file"):
+        redrafter_mlx.cli.tune.build_measure("model", "drafter", None, "missing.jsonl", 1)
 
 
 def test_engine_measure_passes_shapes_and_reads_stats(monkeypatch):

@@ -1,8 +1,8 @@
-"""The engine-backed measure function, and the prompts and models it runs on.
+"""The engine-backed measure function.
 
 ``EngineMeasure(model, drafter, tokenizer, prompts)`` is a ``measure(shape, n_tokens)``
 for :func:`tuning.search.successive_halving`: it decodes each prompt greedily for
-``n_tokens`` tokens with the engine's ``measure_generation`` (the same measurement as
+``n_tokens`` tokens with ``redrafter_mlx.measure.throughput.measure_generation`` (the same as
 ``redrafter-mlx bench``: decode tokens/s, prompt processing excluded), one sample per prompt.
 The autoregressive shape (L == 1) runs with ``drafter=None`` through the same API.
 Warm-up is the search's job (it discards a short first run of every shape).
@@ -25,44 +25,7 @@ class TuneError(Exception):
     """A problem the user can fix; the message names it and the fix."""
 
 
-# --------------------------------------------------------------------------- prompts
-
-
-def parse_prompts(text: str, source: str) -> list[str]:
-    """The engine's prompt parser, with its errors as TuneError."""
-    from redrafter_mlx.engine.prompts import PromptSetError
-    from redrafter_mlx.engine.prompts import parse_prompts as parse
-
-    try:
-        return parse(text, source)
-    except PromptSetError as e:
-        raise TuneError(str(e)) from None
-
-
-def load_prompts(spec: str, num_prompts: int) -> list[str]:
-    """The first ``num_prompts`` prompts of a prompt set (mt-bench, vicuna-bench, demo) or file."""
-    from redrafter_mlx.engine.prompts import PromptSetError
-    from redrafter_mlx.engine.prompts import load_prompts as read
-
-    if num_prompts < 1:
-        raise TuneError("--num-prompts must be at least 1")
-    try:
-        return read(spec, num_prompts)
-    except PromptSetError as e:
-        raise TuneError(f"--prompts: {e}") from None
-
-
 # --------------------------------------------------------------------------- engine
-
-
-def load_engine(model_path: str, drafter_path: str, dtype: str | None):
-    """``redrafter_mlx.load`` with errors turned into :class:`TuneError`."""
-    from redrafter_mlx.engine.loading import LoadError, load
-
-    try:
-        return load(model_path, drafter_path, dtype=dtype)
-    except LoadError as e:
-        raise TuneError(str(e)) from None
 
 
 def encode_prompt(tokenizer: Any, question: str) -> Any:
@@ -75,7 +38,7 @@ def encode_prompt(tokenizer: Any, question: str) -> Any:
 
 @dataclass
 class EngineMeasure:
-    """``measure(shape, n_tokens)`` backed by the engine's one tokens/s measurement."""
+    """``measure(shape, n_tokens)`` backed by the one tokens/s measurement (``throughput``)."""
 
     model: Any
     drafter: Any

@@ -233,9 +233,14 @@ def bench(
         def choose(paths: ModelPaths) -> tuple[tuple, bool]:
             """(prompt set, its prompts, the configurations, their source), and whether one
             of the configurations speculates."""
+            from redrafter_mlx.engine.prompts import PromptSetError, load_prompts
+
             prompt_set = prompts or ("demo" if paths.demo else "mt-bench")
             try:
-                texts = logic.load_prompts(prompt_set, num_prompts)
+                texts = load_prompts(prompt_set, num_prompts)
+            except PromptSetError as e:  # a bad --prompts value
+                raise FlagError(f"--prompts: {e}") from None
+            try:
                 configs, source = choose_configs(
                     paths,
                     dtype,
@@ -247,7 +252,7 @@ def bench(
                     with_mlx_lm,
                     not adapt or profile,
                 )
-            except logic.BenchError as e:  # a bad --prompts or --grid value
+            except logic.BenchError as e:  # a bad --grid value
                 raise FlagError(str(e)) from None
             speculative = any(c.kind == "redrafter" for c in configs)
             return (prompt_set, texts, configs, source), speculative

@@ -25,20 +25,6 @@ class BenchError(ValueError):
     """A bad benchmark request (prompt set, grid); the message says how to fix it."""
 
 
-# --------------------------------------------------------------------------- prompts
-
-
-def load_prompts(spec: str, limit: int | None = None) -> list[str]:
-    """The engine's prompt-set reader, with its errors as BenchError."""
-    from redrafter_mlx.engine.prompts import PromptSetError
-    from redrafter_mlx.engine.prompts import load_prompts as read
-
-    try:
-        return read(spec, limit)
-    except PromptSetError as e:
-        raise BenchError(f"--prompts: {e}") from None
-
-
 # --------------------------------------------------------------------------- configurations
 
 

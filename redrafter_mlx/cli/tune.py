@@ -140,11 +140,18 @@ def print_preset(report: dict, as_json: bool) -> None:
 
 def build_measure(model: str, drafter: str, dtype: str | None, prompts: str, num_prompts: int):
     """(measure, clock) for the real engine; the tests replace this with a fake cost model."""
+    from redrafter_mlx.engine.loading import load
     from redrafter_mlx.engine.platform import fit_blas_threads
-    from tuning.measure import EngineMeasure, load_engine, load_prompts
+    from redrafter_mlx.engine.prompts import PromptSetError, load_prompts
+    from tuning.measure import EngineMeasure
 
-    questions = load_prompts(prompts, num_prompts)
-    llm, draft, tokenizer = load_engine(model, drafter, dtype)
+    if num_prompts < 1:
+        raise TuneError("--num-prompts must be at least 1")
+    try:
+        questions = load_prompts(prompts, num_prompts)
+    except PromptSetError as e:
+        raise TuneError(f"--prompts: {e}") from None
+    llm, draft, tokenizer = load(model, drafter, dtype=dtype)  # a LoadError: as a TuneError
     fit_blas_threads(llm, draft)
     return EngineMeasure(llm, draft, tokenizer, questions), time.perf_counter
 
@@ -368,6 +375,7 @@ def tune(
             raise FlagError(f"--budget-seconds must be > 0, got {budget_seconds:g}")
         if plot:
             _check_plot_available()
+        from redrafter_mlx.engine.loading import LoadError
         from tuning.chip import detect_chip
 
         info = detect_chip()
@@ -387,7 +395,7 @@ def tune(
         }
         try:
             run_tuning(info, model, drafter, shapes, note, options)
-        except (TuneError, SearchError) as e:
+        except (TuneError, SearchError, LoadError) as e:
             preset = preset_for(info.preset)[0]
             raise TuneError(
                 f"{e} (detected {info.chip_id}; its preset is {preset.shape.label}: "

@@ -13,6 +13,7 @@ import pytest
 
 from redrafter_mlx.engine.decode import prefill_chunk
 from redrafter_mlx.engine.sampling import SamplerConfig, process_logits
+from redrafter_mlx.engine.shape import BeamShape
 from tests.helpers import OracleDrafter, near_bigram_model, run_decode, tiny_drafter
 
 PROMPT = [1, 3, 2]
@@ -137,3 +138,20 @@ def test_top_k_and_top_p_keep_the_right_tokens():
     assert keep(SamplerConfig(1.0, top_p=0.8)) == [True, True, False, False]
     assert keep(SamplerConfig(1.0, top_p=0.81)) == [True, True, True, False]
     assert keep(SamplerConfig(1.0, min_p=0.35)) == [True, True, False, False]
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [BeamShape(2, 3, None, 2, 4), BeamShape.lookup_only(2, 4), BeamShape(1, 4, 4, 1, 4)],
+    ids=lambda s: s.label,
+)
+def test_sampling_with_lookup_matches_exact_distribution(shape):
+    """Lookup chains in the tree (beside the drafter, alone, or competing for short capacity)
+    keep every emitted token the target's own draw."""
+    model = near_bigram_model(7, attn_scale=0.05, vocab=6, hidden=32, scale=1.0)
+    drafter = OracleDrafter(model, noise=0.2) if shape.drafts else None
+    cfg = SamplerConfig(temperature=1.0)
+    n = 3000
+    counts, stats = sample_counts(model, drafter, cfg, n, seed=321, shape=shape, adapt=False)
+    assert stats["lookup_tokens"] > 0.005 * n  # lookup chains were accepted
+    assert chi_square_pvalue(counts, exact_joint(model, cfg), n) > 1e-3

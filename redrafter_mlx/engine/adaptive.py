@@ -266,15 +266,14 @@ class StepPlan:
     """
 
     def __init__(self, get_step, model, drafter, shape: BeamShape, sampler, adapt):
-        if adapt is True and drafter is not None:
+        speculates = not shape.is_autoregressive
+        if adapt is True and speculates:
             adapt = learnt(model, drafter, shape, sampler)
-        self.adapt = adapt if drafter is not None and adapt else None
+        self.adapt = adapt if speculates and adapt else None
         shapes = self.adapt.candidates(shape) if self.adapt else [shape]
-        self.steps = {
-            s: get_step(model, None if s.is_autoregressive else drafter, s, sampler) for s in shapes
-        }
+        self.steps = {s: get_step(model, drafter if s.drafts else None, s, sampler) for s in shapes}
         self.shape = shape
-        self.per_step = max(max(s.length, 1) for s in shapes)
+        self.per_step = max(s.longest for s in shapes)
         self.slots = max(s.slots for s in shapes)
         self.chooser = None
         previous = self.adapt.chooser if self.adapt else None

@@ -45,8 +45,25 @@ def ensure_slots(state: DecodeState, needed: int) -> DecodeState:
     """``state`` with at least ``needed`` cache slots (grown, rarely, by whole quanta)."""
     if needed > state.keys[0].shape[2]:
         slots = bucket(needed)
-        state = state._replace(keys=grow(state.keys, slots), values=grow(state.values, slots))
+        state = state._replace(
+            keys=grow(state.keys, slots),
+            values=grow(state.values, slots),
+            history=grow_history(state.history, slots),
+        )
     return state
+
+
+def text_history(rows: list[list[int]], slots: int) -> mx.array:
+    """Each row's token ids in a (B, slots) array, zero-padded: the lookup's history."""
+    return mx.array([r + [0] * (slots - len(r)) for r in rows], dtype=mx.int32)
+
+
+def grow_history(history: mx.array | None, slots: int) -> mx.array | None:
+    """Zero-extend a (B, S) history to ``slots`` columns (None stays None)."""
+    if history is None or history.shape[1] >= slots:
+        return history
+    pad = mx.zeros((history.shape[0], slots - history.shape[1]), mx.int32)
+    return mx.concatenate([history, pad], axis=1)
 
 
 def step_window(longest: int, inflight: int, per_step: int, slots: int) -> int:

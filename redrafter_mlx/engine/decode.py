@@ -1,8 +1,9 @@
 """One decode step, top to bottom: draft -> pack -> verify -> accept -> cache update.
 
-A step is a pure function of mx arrays with static shapes for a given (B, W, L, C, cache
-slots), so it runs under ``mx.compile`` and never reads the device. The autoregressive
-baseline is the same machinery with one token per step.
+A step is a pure function of mx arrays with static shapes for a given (B, W, L, K, Lk, C,
+cache slots), so it runs under ``mx.compile`` and never reads the device. The candidates
+are the drafter's W beams and K context-lookup chains (``lookup.py``), in one tree. The
+autoregressive baseline is the same machinery with one token per step.
 
 State carried between steps (``DecodeState``):
     init_token (B,)   the token the LLM produced last; not yet in the cache
@@ -10,6 +11,7 @@ State carried between steps (``DecodeState``):
     lengths    (B,)   committed cache length per row
     keys/values       per layer (B, n_kv, S, D)
     rng               a PRNG key (sampling only)
+    history    (B, S) the committed token ids, slot by slot (None: no lookup)
 
 A step's output for the host (``StepOutput``): ``tokens`` (B, L) with ``count`` (B,) valid
 entries per row — the accepted draft tokens followed by the bonus token.
@@ -23,6 +25,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .drafter import Drafter, beam_search
+from .lookup import ABSENT, STRONG_MATCH, lookup_chains, write_history
 from .model import Model
 from .sampling import SamplerConfig, draw
 from .tree import arange, cache_mask, chain_mask, pack, unpack
@@ -35,12 +38,22 @@ class DecodeState(NamedTuple):
     keys: list
     values: list
     rng: mx.array
+    history: mx.array | None = None
 
 
 class StepOutput(NamedTuple):
     tokens: mx.array  # (B, L) emitted tokens, first ``count`` valid
     count: mx.array  # (B,) tokens emitted this step (accepted + bonus)
     packed: mx.array  # (B,) tree slots in use this step
+    looked_up: mx.array | None = None  # (B,) accepted draft tokens from a lookup chain
+
+
+class Candidates(NamedTuple):
+    """The draft phase's output: every candidate of the tree, in packing order."""
+
+    beams: mx.array  # (B, N, L) token ids, init token first; ABSENT past a candidate's end
+    present: mx.array | None  # (B, N, L) bool, None when every candidate fills L
+    from_lookup: mx.array | None  # (B, N) bool, which candidates are lookup chains
 
 
 def accept(beams, target, unpacker, capacity):
@@ -75,10 +88,54 @@ def commit_path(keys, values, lengths, path_slots):
     return new_keys, new_values
 
 
-def draft_phase(drafter: Drafter, model: Model, state: DecodeState, width: int, length: int):
-    """1. Draft: W beams of L tokens (B, W, L) from the hidden state and the init token."""
-    beams, _, _ = beam_search(drafter, model.embed, state.hidden, state.init_token, width, length)
-    return beams
+def draft_phase(
+    drafter: Drafter | None,
+    model: Model,
+    state: DecodeState,
+    width: int,
+    length: int,
+    lookup: int = 0,
+    lookup_length: int = 0,
+) -> Candidates:
+    """1. Draft: the drafter's W beams of L tokens and K lookup chains of Lk tokens.
+
+    Both sources start at the init token. Packing is candidate-major and truncates the last
+    candidates first, so the order is the ranking: a row whose best lookup match is at least
+    ``STRONG_MATCH`` tokens puts its lookup chains first, any other row its drafter beams.
+    """
+    drafted = None
+    if drafter is not None and width >= 1 and length >= 2:
+        drafted, _, _ = beam_search(
+            drafter, model.embed, state.hidden, state.init_token, width, length
+        )
+    if not lookup:
+        return Candidates(drafted, None, None)
+    found = lookup_chains(state.history, state.lengths, state.init_token, lookup, lookup_length)
+    if drafted is None:
+        return Candidates(found.tokens, found.present, mx.ones(found.present.shape[:2], mx.bool_))
+    B, W, _ = drafted.shape
+    n = max(length, lookup_length)
+    chains, present = _pad(found.tokens, n, ABSENT), _pad(found.present, n, False)
+    drafted_present = mx.broadcast_to(arange(n)[None, None, :] < length, (B, W, n))
+    drafted = _pad(drafted, n, ABSENT)
+    strong = (found.match[:, 0] >= STRONG_MATCH)[:, None, None]  # (B, 1, 1)
+
+    def ranked(first, second):
+        return mx.where(strong, mx.concatenate(first, 1), mx.concatenate(second, 1))
+
+    beams = ranked([chains, drafted], [drafted, chains])
+    present = ranked([present, drafted_present], [drafted_present, present])
+    is_chain = mx.array([True] * lookup + [False] * W + [True] * lookup)
+    from_lookup = mx.where(strong[:, :, 0], is_chain[None, : lookup + W], is_chain[None, lookup:])
+    return Candidates(beams, present, from_lookup)
+
+
+def _pad(x: mx.array, n: int, value) -> mx.array:
+    """Extend (B, N, L) along its last axis to ``n`` with ``value``."""
+    B, N, L = x.shape
+    if n <= L:
+        return x
+    return mx.concatenate([x, mx.full((B, N, n - L), value, dtype=x.dtype)], axis=-1)
 
 
 def verify_phase(model: Model, tree, lengths, keys, values, sampler, key, window: int):
@@ -97,10 +154,13 @@ def verify_phase(model: Model, tree, lengths, keys, values, sampler, key, window
 def accept_phase(beams, target, unpacker, capacity: int):
     """4. Accept the longest agreeing beam; the bonus is the target draw after it.
 
-    Returns (tokens (B, L) emitted, n (B,) accepted drafts, bonus (B,), path_slots (B, L)).
+    Returns (tokens (B, L) emitted, n (B,) accepted drafts, bonus (B,), path_slots (B, P),
+    path (B, P) the committed path's tokens (init token first), best beam (B,) or None),
+    where P = min(L, C): an accepted path never holds more tokens than the tree's slots.
     """
     B, W, length = beams.shape
     k = arange(length)[None, :]
+    P = min(length, capacity)
     if W == 1:  # one chain packed in order: slot k is beam token k, nothing to choose
         path_beam, path_target = beams[:, 0], target
         match = (path_beam[:, 1:] == target[:, :-1]).astype(mx.int32)
@@ -108,15 +168,16 @@ def accept_phase(beams, target, unpacker, capacity: int):
         bonus = mx.take_along_axis(path_target, n[:, None], axis=1)[:, 0]
         tokens = mx.where(k < n[:, None], mx.roll(path_beam, -1, axis=1), bonus[:, None])
         tokens = mx.where(k <= n[:, None], tokens, 0)
-        return tokens, n, bonus, mx.broadcast_to(k, (B, length))
+        return tokens, n, bonus, mx.broadcast_to(k, (B, length)), path_beam, None
     best, n, target_on_beams = accept(beams, target, unpacker, capacity)
     path_beam = mx.take_along_axis(beams, best[:, None, None], axis=1)[:, 0]  # (B, L)
     path_target = mx.take_along_axis(target_on_beams, best[:, None, None], axis=1)[:, 0]
     path_slots = mx.take_along_axis(unpacker, best[:, None, None], axis=1)[:, 0]
+    path_slots = mx.minimum(path_slots, capacity - 1)  # past the run: any slot in the tree
     bonus = mx.take_along_axis(path_target, n[:, None], axis=1)[:, 0]
     tokens = mx.where(k < n[:, None], mx.roll(path_beam, -1, axis=1), 0)
     tokens = mx.where(k == n[:, None], bonus[:, None], tokens)
-    return tokens, n, bonus, path_slots
+    return tokens, n, bonus, path_slots[:, :P], path_beam[:, :P], best
 
 
 def commit_phase(keys, values, lengths, path_slots, hidden, n, in_place: bool = False):
@@ -135,33 +196,50 @@ def commit_phase(keys, values, lengths, path_slots, hidden, n, in_place: bool = 
 
 def redrafter_step(
     model: Model,
-    drafter: Drafter,
+    drafter: Drafter | None,
     state: DecodeState,
     width: int,
     length: int,
     capacity: int,
     sampler: SamplerConfig,
     window: int,
+    lookup: int = 0,
+    lookup_length: int = 0,
 ):
-    """One ReDrafter step. Returns (next DecodeState, StepOutput).
+    """One speculative step. Returns (next DecodeState, StepOutput).
 
     ``window``: attention covers cache slots [0, window); it must exceed every row's
     length + capacity (the loop picks it in buckets, so it is a rare compile key).
+    ``lookup`` chains of ``lookup_length`` tokens join the drafter's beams (``drafter=None``:
+    lookup alone); they need ``state.history``.
     """
     B = state.lengths.shape[0]
     rng, draw_key = mx.random.split(state.rng)
-    beams = draft_phase(drafter, model, state, width, length)
-    tree = pack(beams, capacity)  # 2. unique prefixes in C slots, with their tree mask
+    cand = draft_phase(drafter, model, state, width, length, lookup, lookup_length)
+    beams = cand.beams
+    if beams.shape[1] == 1 and cand.present is not None:  # a lone chain fills its C slots
+        beams = mx.where(cand.present, beams, 0)[:, :, :capacity]
+    tree = pack(beams, capacity, cand.present if beams.shape[1] > 1 else None)  # 2. pack
     hidden, target, keys, values = verify_phase(
         model, tree, state.lengths, state.keys, state.values, sampler, draw_key, window
     )
-    tokens, n, bonus, path_slots = accept_phase(beams, target, tree.unpacker, capacity)
+    tokens, n, bonus, path_slots, path, best = accept_phase(beams, target, tree.unpacker, capacity)
+    history = state.history
+    if history is not None:
+        history = write_history(history, state.lengths, path)
     keys, values, next_hidden, lengths = commit_phase(
-        keys, values, state.lengths, path_slots, hidden, n, in_place=width == 1
+        keys, values, state.lengths, path_slots, hidden, n, in_place=beams.shape[1] == 1
     )
-    next_state = DecodeState(bonus, next_hidden, lengths, keys, values, rng)
-    packed = tree.valid.sum(axis=-1).astype(mx.int32)
-    return next_state, StepOutput(tokens, n + 1, mx.broadcast_to(packed, (B,)))
+    next_state = DecodeState(bonus, next_hidden, lengths, keys, values, rng, history)
+    packed = mx.broadcast_to(tree.valid.sum(axis=-1).astype(mx.int32), (B,))
+    looked_up = None
+    if cand.from_lookup is not None:
+        if best is None:
+            chosen = cand.from_lookup[:, 0]
+        else:
+            chosen = mx.take_along_axis(cand.from_lookup, best[:, None], axis=1)[:, 0]
+        looked_up = mx.where(chosen, n, 0).astype(mx.int32)
+    return next_state, StepOutput(tokens, n + 1, packed, looked_up)
 
 
 def autoregressive_step(model: Model, state: DecodeState, sampler: SamplerConfig, window: int):
@@ -176,7 +254,10 @@ def autoregressive_step(model: Model, state: DecodeState, sampler: SamplerConfig
     )
     nxt = draw(model.logits(hidden[:, 0]), sampler, draw_key)
     one = mx.ones((B,), dtype=mx.int32)
-    next_state = DecodeState(nxt, hidden[:, 0], lengths + 1, keys, values, rng)
+    history = state.history
+    if history is not None:
+        history = write_history(history, lengths, tokens)
+    next_state = DecodeState(nxt, hidden[:, 0], lengths + 1, keys, values, rng, history)
     return next_state, StepOutput(nxt[:, None], one, one)
 
 
@@ -203,24 +284,38 @@ def make_step(
     capacity: int,
     sampler: SamplerConfig,
     compiled: bool = True,
+    lookup: int = 0,
+    lookup_length: int = 0,
 ):
     """A step function ``state -> (state, output)`` for this configuration.
 
-    With ``compiled=True`` it runs under ``mx.compile``; only arrays cross the boundary, and
-    the compile-cache keys are the shapes (B, slots) and the attention ``window`` bucket.
-    ``run.counter["traces"]`` counts tracings (each is a compile).
+    ``drafter=None`` without ``lookup`` decodes autoregressively; with ``lookup`` it
+    speculates from the context alone. With ``compiled=True`` the step runs under
+    ``mx.compile``; only arrays cross the boundary, and the compile-cache keys are the
+    shapes (B, slots) and the attention ``window`` bucket. ``run.counter["traces"]`` counts
+    tracings (each is a compile).
     """
+    fields = len(DecodeState._fields)
 
-    def step(init_token, hidden, lengths, keys, values, rng, window):
+    def step(*args):
         counter["traces"] += 1
-        state = DecodeState(init_token, hidden, lengths, keys, values, rng)
-        if drafter is None:
+        state, window = DecodeState(*args[:fields]), args[fields]
+        if drafter is None and not lookup:
             nxt, out = autoregressive_step(model, state, sampler, window)
         else:
             nxt, out = redrafter_step(
-                model, drafter, state, width, length, capacity, sampler, window
+                model,
+                drafter,
+                state,
+                width,
+                length,
+                capacity,
+                sampler,
+                window,
+                lookup,
+                lookup_length or length,
             )
-        return tuple(nxt[:3]) + (nxt.keys, nxt.values, nxt.rng) + tuple(out)
+        return tuple(nxt) + tuple(out)
 
     counter = {"traces": 0}
     # Weights are implicit inputs, read at every call: a model or drafter updated in place
@@ -230,7 +325,7 @@ def make_step(
 
     def run(state: DecodeState, window: int):
         out = fn(*state, window)
-        return DecodeState(*out[:6]), StepOutput(*out[6:])
+        return DecodeState(*out[:fields]), StepOutput(*out[fields:])
 
     run.counter = counter
     return run

@@ -16,12 +16,20 @@ from dataclasses import dataclass, field, fields
 import mlx.core as mx
 
 from .adaptive import Adaptive, StepPlan
-from .cache import Session, ensure_slots, prefill_session, step_window, stop_at, token_limit
+from .cache import (
+    Session,
+    ensure_slots,
+    prefill_session,
+    step_window,
+    stop_at,
+    text_history,
+    token_limit,
+)
 from .decode import DecodeState, make_step
 from .drafter import Drafter
 from .model import Model
 from .sampling import SamplerConfig, draw
-from .shape import AR, BeamShape
+from .shape import BeamShape
 
 MAX_COMPILED_STEPS = 16  # per model: beam shapes x sampler configs x drafters
 
@@ -49,6 +57,8 @@ class DecodeStats:
     host_ms_per_step: float = 0.0
     peak_memory_gb: float = 0.0
     accept_hist: list[int] = field(default_factory=list)
+    accepted_tokens: int = 0  # draft tokens the verifier accepted, over all row-steps
+    lookup_tokens: int = 0  # of those, taken from a context-lookup chain
 
     def to_dict(self) -> dict:
         """The statistics as a JSON-ready dict (this class's fields)."""
@@ -61,7 +71,8 @@ class DecodeEvent:
 
     tokens:   per row, the new tokens (after EOS/limit truncation; empty once finished)
     accepted: per row, draft tokens the verifier accepted this step
-    drafted:  per row, for each new token, whether it came from the drafter
+    drafted:  per row, for each new token, whether it was a draft (drafter or lookup)
+    looked_up: per row, accepted draft tokens that came from a context-lookup chain
     finish:   per row, None while running, then ``"stop"`` (EOS), ``"length"`` (max_tokens)
               or ``"context"`` (the model's context is full)
     stats:    running statistics of the whole call
@@ -72,6 +83,7 @@ class DecodeEvent:
     drafted: list[list[bool]]
     finish: list[str | None]
     stats: DecodeStats
+    looked_up: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -87,6 +99,7 @@ class GenerationResponse(DecodeStats):
     accepted: int = 0
     finish_reason: str | None = None
     drafted_tokens: list[bool] = field(default_factory=list)
+    looked_up: int = 0
 
     @property
     def stats(self) -> DecodeStats:
@@ -101,7 +114,16 @@ def get_step(model, drafter, shape: BeamShape, sampler: SamplerConfig):
     if key not in cache:
         while len(cache) >= MAX_COMPILED_STEPS:  # drop the oldest (and the drafter it holds)
             cache.pop(next(iter(cache)))
-        cache[key] = make_step(model, drafter, shape.width, shape.length, shape.slots, sampler)
+        cache[key] = make_step(
+            model,
+            drafter,
+            shape.width,
+            shape.length,
+            shape.slots,
+            sampler,
+            lookup=shape.lookup,
+            lookup_length=shape.chain_length,
+        )
     return cache[key]
 
 
@@ -130,9 +152,9 @@ def decode(
     Rows that finish stop emitting; the loop ends when all rows have finished.
     """
     prompts = [list(map(int, p)) for p in prompts]
-    shape = shape.validate(model.vocab_size)
-    if drafter is None or shape.is_autoregressive:
-        drafter, shape = None, AR
+    shape = shape.validate(model.vocab_size).runnable(drafter is not None)
+    if not shape.drafts:
+        drafter = None
     sampler = sampler.validate()
     _check_prompts(model, prompts, max_tokens)
     session = session or Session(model, len(prompts))
@@ -149,7 +171,8 @@ def decode(
     rng = mx.random.key(seed if seed is not None else int(time.time_ns() % (1 << 31)))
     rng, first_key = mx.random.split(rng)
     first = draw(model.logits(hidden), sampler, first_key)
-    state = DecodeState(first, hidden, session.lengths, session.keys, session.values, rng)
+    history = text_history(prompts, session.slots)
+    state = DecodeState(first, hidden, session.lengths, session.keys, session.values, rng, history)
 
     B = len(prompts)
     out = [[] for _ in range(B)]
@@ -188,6 +211,7 @@ def decode(
             [[False] * len(t) for t in first_new],
             list(finish),
             stats.snapshot(gen_tic),
+            [0] * B,
         )
 
         per_step = plan.per_step  # most a step can add to a row
@@ -226,6 +250,7 @@ def decode(
                 pending.count.tolist(),
                 pending.packed.tolist(),
             )
+            looked = [0] * B if pending.looked_up is None else pending.looked_up.tolist()
             inflight -= 1
             plan.finished([c for c, f in zip(counts, finish) if f is None])
             lengths = [n + c for n, c in zip(lengths, counts)]
@@ -234,15 +259,16 @@ def decode(
             for r in range(B):
                 if finish[r] is not None:
                     new_rows.append([]), acc_rows.append(0), drafted_rows.append([])
+                    looked[r] = 0
                     continue
                 new, used = emit(r, toks[r][: counts[r]])
-                stats.record(counts[r], packed[r], used)
+                stats.record(counts[r], packed[r], used, looked[r])
                 new_rows.append(new)
                 acc_rows.append(counts[r] - 1)
                 drafted_rows.append([i < counts[r] - 1 for i in range(len(new))])
             pending = nxt if not all(finish) else None
             yield DecodeEvent(
-                new_rows, acc_rows, drafted_rows, list(finish), stats.snapshot(gen_tic)
+                new_rows, acc_rows, drafted_rows, list(finish), stats.snapshot(gen_tic), looked
             )
     finally:
         _hand_back(session, box["state"], prompts, out)
@@ -291,11 +317,13 @@ class _Stats:
     host_s: float = 0.0
     first_token_s: float = 0.0
     hist: list[int] = field(default_factory=list)
+    looked_up: int = 0
 
-    def record(self, count: int, packed: int, used: int) -> None:
+    def record(self, count: int, packed: int, used: int, looked_up: int = 0) -> None:
         if not self.hist:
             self.hist = [0] * self.length
         self.hist[min(count, self.length) - 1] += 1
+        self.looked_up += looked_up
         self.row_steps += 1
         self.emitted_by_steps += count
         self.packed_sum += packed
@@ -316,6 +344,8 @@ class _Stats:
             host_ms_per_step=1e3 * self.host_s / max(self.steps, 1),
             peak_memory_gb=mx.get_peak_memory() / 1e9,
             accept_hist=list(self.hist),
+            accepted_tokens=self.emitted_by_steps - self.row_steps,
+            lookup_tokens=self.looked_up,
         )
 
 
@@ -373,6 +403,7 @@ def stream_generate(
             accepted=ev.accepted[0],
             finish_reason=done,
             drafted_tokens=ev.drafted[0],
+            looked_up=ev.looked_up[0] if ev.looked_up else 0,
         )
 
 

@@ -1,8 +1,11 @@
 """The beam shape: one type from the command line through the tuner to the decode step.
 
-``W`` beams of ``L`` tokens each (``L`` counts the init token, the token the LLM itself
-produced), verified in at most ``C`` packed tree slots. ``L == 1`` drafts nothing: that is
-plain autoregressive decoding, :meth:`BeamShape.autoregressive`.
+``W`` drafter beams of ``L`` tokens each (``L`` counts the init token, the token the LLM
+itself produced) and ``K`` context-lookup chains of ``Lk`` tokens (continuations of the
+latest earlier matches of the text's suffix, ``engine/lookup.py``), verified together in at
+most ``C`` packed tree slots. ``W1×L1`` with no lookup drafts nothing: that is plain
+autoregressive decoding, :meth:`BeamShape.autoregressive`. ``W0`` with ``K >= 1`` speculates
+from the context alone (models without a drafter).
 """
 
 from __future__ import annotations
@@ -18,26 +21,58 @@ class ShapeError(ParamError):
 
 @dataclass(frozen=True, order=True)
 class BeamShape:
-    """W beams of L tokens, verified in ``capacity`` packed slots (None: the worst case)."""
+    """W drafter beams of L tokens and K lookup chains of ``lookup_length`` tokens (0: L),
+    verified in ``capacity`` packed slots (None: the worst case)."""
 
     width: int
     length: int
     capacity: int | None = None
+    lookup: int = 0
+    lookup_length: int = 0
 
     @classmethod
     def autoregressive(cls) -> BeamShape:
         """The shape that drafts nothing: plain autoregressive decoding."""
         return cls(1, 1, None)
 
+    @classmethod
+    def lookup_only(cls, chains: int, length: int, capacity: int | None = None) -> BeamShape:
+        """``chains`` lookup chains of ``length`` tokens and no drafter beam."""
+        return cls(0, 1, capacity, chains, length)
+
     @property
     def is_autoregressive(self) -> bool:
-        """True for the plain-decoding shape (W1, L1): no draft tokens are proposed."""
-        return self.width == 1 and self.length == 1
+        """True for the plain-decoding shape (W1, L1, no lookup): no draft is proposed."""
+        return self.width == 1 and self.length == 1 and self.lookup == 0
+
+    @property
+    def drafts(self) -> bool:
+        """Whether the drafter proposes beams (W >= 1 and L >= 2)."""
+        return self.width >= 1 and self.length >= 2
+
+    @property
+    def chain_length(self) -> int:
+        """Tokens of each lookup chain, the init token included (0 without lookup)."""
+        if not self.lookup:
+            return 0
+        return self.lookup_length or self.length
+
+    @property
+    def beams(self) -> int:
+        """Candidates in the tree: drafter beams plus lookup chains."""
+        return (self.width if self.drafts else 0) + self.lookup
+
+    @property
+    def longest(self) -> int:
+        """Tokens of the longest candidate (init token included): most a step emits."""
+        return max(self.length if self.drafts else 1, self.chain_length)
 
     @property
     def max_packed(self) -> int:
-        """Packed tokens of the worst-case tree: the shared init token plus L-1 per beam."""
-        return 1 + self.width * (self.length - 1)
+        """Packed tokens of the worst-case tree: the shared init token plus the rest of
+        every beam and chain."""
+        drafted = self.width * (self.length - 1) if self.drafts else 0
+        return 1 + drafted + self.lookup * max(self.chain_length - 1, 0)
 
     @property
     def slots(self) -> int:
@@ -46,19 +81,44 @@ class BeamShape:
 
     @property
     def label(self) -> str:
-        """``AR``, ``W2×L5`` or ``W4×L5 C12``."""
+        """``AR``, ``W2×L5``, ``W4×L5 C12``, ``W1×L4+K1×L8`` or ``K2×L6`` (lookup only)."""
         if self.is_autoregressive:
             return "AR"
-        text = f"W{self.width}×L{self.length}"
+        parts = [f"W{self.width}×L{self.length}"] if self.drafts else []
+        if self.lookup:
+            parts.append(f"K{self.lookup}×L{self.chain_length}")
+        text = "+".join(parts)
         return text if self.capacity is None else f"{text} C{self.capacity}"
+
+    def without_lookup(self) -> BeamShape:
+        """The drafter's part alone (plain decoding when there is none)."""
+        if not self.drafts:
+            return AR
+        return BeamShape(self.width, self.length)
+
+    def runnable(self, has_drafter: bool) -> BeamShape:
+        """The shape a run can use: without a drafter, only the lookup chains (or AR)."""
+        if has_drafter or self.is_autoregressive:
+            return self
+        if self.lookup:
+            return BeamShape.lookup_only(self.lookup, self.chain_length)
+        return AR
 
     def validate(self, vocab_size: int | None = None) -> BeamShape:
         """Return self, or raise :class:`ShapeError` naming the field and its valid range."""
         if self.is_autoregressive:
             return self
-        if self.width < 1:
+        if self.lookup < 0:
+            raise ShapeError("lookup", f"lookup chains must be >= 0, got {self.lookup}")
+        if self.lookup and self.chain_length < 2:
+            raise ShapeError(
+                "lookup_length",
+                f"lookup chain length must be >= 2 (it counts the init token), "
+                f"got {self.chain_length}",
+            )
+        if self.width < (0 if self.lookup else 1):
             raise ShapeError("width", f"beam width must be >= 1, got {self.width}")
-        if self.length < 2:
+        if self.width >= 1 and self.length < 2:
             raise ShapeError(
                 "length", f"beam length must be >= 2 (it counts the init token), got {self.length}"
             )
@@ -66,24 +126,26 @@ class BeamShape:
             raise ShapeError(
                 "width", f"beam width {self.width} exceeds the vocabulary ({vocab_size})"
             )
-        upper = self.width * self.length
-        allowed = f"use a capacity in [{self.length}, {upper}]"
-        if self.capacity is not None and self.capacity < self.length:
-            raise ShapeError(
-                "capacity",
-                f"capacity {self.capacity} < beam length {self.length}: the best beam must fit; "
-                f"{allowed}",
-            )
+        lower = self.length if self.drafts else 2
+        upper = self.max_packed if self.lookup else self.width * self.length
+        most = "the tree's tokens" if self.lookup else "width*length"
+        allowed = f"use a capacity in [{lower}, {upper}]"
+        if self.capacity is not None and self.capacity < lower:
+            what = f"beam length {self.length}: the best beam must fit" if self.drafts else "2"
+            raise ShapeError("capacity", f"capacity {self.capacity} < {what}; {allowed}")
         if self.capacity is not None and self.capacity > upper:
             raise ShapeError(
                 "capacity",
-                f"capacity {self.capacity} > width*length {upper}: no tree needs more; {allowed}",
+                f"capacity {self.capacity} > {most} {upper}: no tree needs more; {allowed}",
             )
         return self
 
     def to_dict(self) -> dict:
-        """``{"width": .., "length": .., "capacity": ..}``."""
-        return {"width": self.width, "length": self.length, "capacity": self.capacity}
+        """``{"width": .., "length": .., "capacity": ..}`` (+ ``lookup``, ``lookup_length``)."""
+        out = {"width": self.width, "length": self.length, "capacity": self.capacity}
+        if self.lookup:
+            out.update(lookup=self.lookup, lookup_length=self.chain_length)
+        return out
 
 
 AR = BeamShape.autoregressive()

@@ -53,20 +53,30 @@ class PackedTree(NamedTuple):
     mask: mx.array  # (B, C, C) bool, slot c may attend to slot c' (ancestor-or-self)
 
 
-def pack(beams: mx.array, capacity: int) -> PackedTree:
-    """Pack the unique prefix tokens of ``beams`` (B, W, L) beam-major into ``capacity`` slots."""
+def pack(beams: mx.array, capacity: int, present: mx.array | None = None) -> PackedTree:
+    """Pack the unique prefix tokens of ``beams`` (B, W, L) beam-major into ``capacity`` slots.
+
+    ``present`` (B, W, L) bool, a prefix of each beam: beams shorter than L (lookup chains,
+    a drafter's beams beside longer chains) hold absent tokens after their end, which take
+    no slot and never match (their ``unpacker`` entry is C). Absent tokens must differ from
+    every real token id (e.g. -1), so that no real prefix is shared with them.
+    """
     B, W, L = beams.shape
     C = capacity
-    if W == 1:  # one chain: nothing to deduplicate, slot k holds token k (C == L)
+    if W == 1 and present is None:  # one chain: nothing to deduplicate, slot k holds token k
         return chain_tree(beams, C)
     prefix_tree = dedup_prefix(beams)
     unique = prefix_tree == arange(W)[None, :, None]  # (B, W, L)
+    if present is not None:
+        unique = unique & present
     flat_unique = unique.reshape(B, W * L)
     flat_slot = mx.cumsum(flat_unique.astype(mx.int32), axis=-1) - 1  # slot if unique
     # A shared token sits in the slot of the first beam holding that prefix.
     owner_flat = prefix_tree * L + arange(L)[None, None, :]  # (B, W, L) flat index
     unpacker = mx.take_along_axis(flat_slot, owner_flat.reshape(B, W * L), axis=1)
     unpacker = unpacker.reshape(B, W, L)
+    if present is not None:
+        unpacker = mx.where(present, unpacker, C)
     # Inverse map: for each slot c, the flat (i, k) whose unique token landed there.
     hits = (flat_slot[:, None, :] == arange(C)[None, :, None]) & flat_unique[:, None, :]
     valid = mx.any(hits, axis=-1)  # (B, C)

@@ -216,7 +216,7 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
 
     def draft(init_token, hidden):
         state = DecodeState(init_token, hidden, None, None, None, None)
-        return draft_phase(drafter, model, state, W, L)
+        return draft_phase(drafter, model, state, W, L).beams
 
     def verify(tokens, depth, mask, lengths, keys, values, key):
         tree = PackedTree(tokens, depth, None, None, mask)
@@ -228,7 +228,7 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
     draft_fn = mx.compile(draft, inputs=weights)
     pack_fn = mx.compile(lambda beams: tuple(pack(beams, C)))
     verify_fn = mx.compile(verify, inputs=weights)
-    accept_fn = mx.compile(lambda b, t, u: accept_phase(b, t, u, C))
+    accept_fn = mx.compile(lambda b, t, u: accept_phase(b, t, u, C)[:4])
     commit_fn = mx.compile(commit)
     step_fn = make_step(model, drafter, W, L, C, sampler)
 

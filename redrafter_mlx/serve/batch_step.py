@@ -54,29 +54,41 @@ def split_row_keys(row_keys: mx.array) -> tuple[mx.array, mx.array]:
 def make_batch_step(model, drafter, shape, mode: StepMode, compiled: bool = True):
     """A step ``(state, row_keys, params, window) -> (state, row_keys, StepOutput)``.
 
-    ``drafter=None`` decodes autoregressively (``shape`` unused). ``state.rng`` is unused
+    ``shape=None`` decodes autoregressively; a shape without drafter beams speculates from
+    lookup chains alone (they read ``state.history``). ``state.rng`` is unused
     (rows draw with ``row_keys``) and passes through. Compile keys: B, cache slots, window.
     """
 
-    def step(init_token, hidden, lengths, keys, values, rng, row_keys, params, window):
+    def step(init_token, hidden, lengths, keys, values, rng, history, row_keys, params, window):
         row_keys, draw_keys = split_row_keys(row_keys)
         active, temperature, top_p = params
         sampler = RowSampler(temperature, top_p, draw_keys, mode.sample, mode.nucleus)
-        state = DecodeState(init_token, hidden, lengths, keys, values, rng)
-        if drafter is None:
+        state = DecodeState(init_token, hidden, lengths, keys, values, rng, history)
+        if shape is None:
             nxt, out = autoregressive_step(model, state, sampler, window)
         else:
             nxt, out = redrafter_step(
-                model, drafter, state, shape.width, shape.length, shape.slots, sampler, window
+                model,
+                drafter if shape.drafts else None,
+                state,
+                shape.width,
+                shape.length,
+                shape.slots,
+                sampler,
+                window,
+                shape.lookup,
+                shape.chain_length,
             )
         held = mx.where(active, nxt.lengths, 0)  # free rows stay empty
-        return (nxt.init_token, nxt.hidden, held, nxt.keys, nxt.values, rng, row_keys, *out)
+        nxt = nxt._replace(lengths=held, rng=rng)
+        return (*nxt, row_keys, *out)
 
     weights = [m.state for m in (model, drafter) if isinstance(m, nn.Module)]
     fn = mx.compile(step, inputs=weights) if compiled else step
 
     def run(state: DecodeState, row_keys: mx.array, params: RowParams, window: int):
         out = fn(*state, row_keys, tuple(params), window)
-        return DecodeState(*out[:6]), out[6], StepOutput(*out[7:])
+        fields = len(DecodeState._fields)
+        return DecodeState(*out[:fields]), out[fields], StepOutput(*out[fields + 1 :])
 
     return run

@@ -47,12 +47,13 @@ from redrafter_mlx.engine.cache import (
     prefill_session,
     step_window,
     stop_at,
+    text_history,
     token_limit,
 )
 from redrafter_mlx.engine.decode import DecodeState, StepOutput
 from redrafter_mlx.engine.loading import materialize
 from redrafter_mlx.engine.sampling import SamplerConfig, draw
-from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.shape import AR, BeamShape
 
 from .batch_step import RowParams, StepMode, make_batch_step
 
@@ -229,17 +230,18 @@ class Scheduler:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.model, self.drafter = model, drafter
-        speculative = drafter is not None and shape is not None and not shape.is_autoregressive
-        self.shape = shape if speculative else None
         if drafter is not None and shape is None:
             raise ValueError("a drafter needs a beam shape")
+        shape = (shape or AR).runnable(drafter is not None)
+        self.shape = None if shape.is_autoregressive else shape
+        self.lookup = shape.lookup > 0
         materialize(model, drafter)
         self.max_batch = max_batch
         self.buckets = row_buckets(max_batch)
         self.eos = {int(e) for e in eos_token_ids}
         self.compiled = compiled
         self.queue: queue.Queue[Request] = queue.Queue(maxsize=max(max_queue, 1))
-        self.per_step = 1 if self.shape is None else self.shape.length  # most tokens per step
+        self.per_step = 1 if self.shape is None else self.shape.longest  # most tokens per step
         self.width = 1 if self.shape is None else self.shape.slots  # slots written per step
         self.stats = ServerStats()
         self._steps: dict[StepMode, Callable] = {}
@@ -390,6 +392,7 @@ class Scheduler:
             keys,
             values,
             mx.random.key(0),  # unused: rows draw with row_keys
+            mx.zeros((B, SLOT_QUANTUM), mx.int32) if self.lookup else None,
         )
         self.row_keys = mx.zeros((B, 2), mx.uint32)
         self.rows: list[Row | None] = [None] * B
@@ -468,10 +471,15 @@ class Scheduler:
             for layer, src in enumerate(row_cache):
                 cache[layer][r : r + 1, :, : src.shape[2]] = src
         s = self.state
+        history = s.history
+        if history is not None:  # the row's text so far: its prompt, all in the cache
+            text = text_history(session.cached, history.shape[1])
+            history = mx.where(at[:, None], text, history)
         self.state = s._replace(
             init_token=mx.where(at, first, s.init_token),
             hidden=mx.where(at[:, None], hidden, s.hidden),
             lengths=mx.where(at, session.lengths, s.lengths),
+            history=history,
         )
         self.row_keys = mx.where(at[:, None], rng[None], self.row_keys)
 
@@ -594,6 +602,7 @@ class Scheduler:
             lengths=pick(s.lengths),
             keys=[pick(k) for k in s.keys],
             values=[pick(v) for v in s.values],
+            history=None if s.history is None else pick(s.history),
         )
         self.row_keys = pick(self.row_keys)
         self.rows = [rows[i] for i in order] + [None] * extra

@@ -1,0 +1,117 @@
+"""Context lookup: draft candidates copied from the text itself (prompt + output so far).
+
+Much of what a chat model writes is already in its context: the text it is asked to rewrite,
+fix or summarise, the code it changes, its own earlier answer, its own repetitions. Each step
+takes the text's suffix (the committed tokens followed by the init token), finds its latest
+earlier occurrences, matching up to ``MAX_NGRAM`` tokens, and proposes what followed them as
+candidate chains in the verification tree beside the drafter's beams. The verifier checks
+every candidate against the model's own draws, so their origin never changes the output.
+
+All tensor ops with static shapes (no host read, no per-step recompile), on:
+
+    history   (B, S) int32  committed token ids per cache slot (slots >= len are junk)
+    lengths   (B,)   int32  committed tokens per row
+    init      (B,)   int32  the token the model produced last, at position ``len``
+
+A chain is ``[init, t_{p+1}, ..., t_{p+Lk-1}]`` for the occurrence ending at position ``p``.
+Chains rank by match length, then recency; the K chains have K distinct first draft tokens
+(a second chain that starts like the first would add no branch to the tree). A position
+without a match (or past the text's end) is absent: it takes no tree slot.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import mlx.core as mx
+
+from .tree import arange
+
+MAX_NGRAM = 4  # longest suffix matched
+MIN_NGRAM = 1  # shortest suffix that proposes a chain
+STRONG_MATCH = 2  # a match this long ranks lookup chains before the drafter's beams
+ABSENT = -1  # token id of a chain position that holds nothing
+
+
+class LookupChains(NamedTuple):
+    tokens: mx.array  # (B, K, Lk) int32, ABSENT where ``present`` is False
+    present: mx.array  # (B, K, Lk) bool, a prefix of each chain (position 0 always)
+    match: mx.array  # (B, K) int32 suffix tokens matched (0: no candidate)
+
+
+def text_with_init(history: mx.array, lengths: mx.array, init: mx.array) -> mx.array:
+    """The row's text: history with the init token at position ``len``: (B, S) -> (B, S + 1).
+
+    Slots past ``len`` hold junk; one slot is added so ``len`` fits when the cache is full.
+    """
+    B = history.shape[0]
+    text = mx.concatenate([history, mx.full((B, 1), ABSENT, dtype=mx.int32)], axis=1)
+    at_end = arange(text.shape[1])[None, :] == lengths[:, None]
+    return mx.where(at_end, init[:, None], text)
+
+
+def match_lengths(text: mx.array, lengths: mx.array, max_ngram: int) -> mx.array:
+    """Suffix tokens matched by the text ending at each earlier position: (B, S) int32.
+
+    ``m[b, p]`` is the largest n <= max_ngram with text[p-n+1 .. p] == text[len-n+1 .. len],
+    for every position p < len (0 elsewhere). text: (B, S) from ``text_with_init``.
+    """
+    B, S = text.shape
+    run = total = mx.zeros((B, S), mx.int32)
+    for j in range(max_ngram):
+        # text[p - j] at each position p (a token that never matches before the start)
+        pad = mx.full((B, j), ABSENT - 1, mx.int32)
+        shifted = mx.concatenate([pad, text[:, : S - j]], axis=1) if j else text
+        query = mx.take_along_axis(text, mx.maximum(lengths - j, 0)[:, None], axis=1)
+        query = mx.where(lengths[:, None] >= j, query, ABSENT)  # (B, 1) text[len - j]
+        eq = (shifted == query).astype(mx.int32)
+        run = eq if j == 0 else run * eq  # matched all of the last j + 1 tokens
+        total = total + run
+    earlier = arange(S)[None, :] < lengths[:, None]
+    return mx.where(earlier, total, 0)
+
+
+def lookup_chains(
+    history: mx.array,
+    lengths: mx.array,
+    init: mx.array,
+    chains: int,
+    length: int,
+    max_ngram: int = MAX_NGRAM,
+    min_ngram: int = MIN_NGRAM,
+) -> LookupChains:
+    """Up to ``chains`` continuations of the text's suffix, ``length`` tokens each with the
+    init token first: (B, K, Lk). See the module docstring for the ranking."""
+    text = text_with_init(history, lengths, init)  # (B, S + 1)
+    B, S1 = text.shape
+    m = match_lengths(text, lengths, max_ngram)  # (B, S + 1)
+    pos = arange(S1)[None, :]
+    score = mx.where(m >= min_ngram, m * S1 + pos, -1)  # longer match first, then latest
+    following = mx.concatenate([text[:, 1:], mx.full((B, 1), ABSENT, mx.int32)], axis=1)
+    steps = arange(length)[None, 1:]  # (1, Lk - 1)
+    tokens, present, match = [], [], []
+    for _ in range(chains):
+        best = mx.argmax(score, axis=1).astype(mx.int32)  # (B,)
+        found = mx.take_along_axis(score, best[:, None], axis=1) >= 0  # (B, 1)
+        at = best[:, None] + steps  # (B, Lk - 1) positions of the continuation
+        cont = mx.take_along_axis(text, mx.minimum(at, S1 - 1), axis=1)
+        known = found & (at <= lengths[:, None])
+        tokens.append(mx.concatenate([init[:, None], mx.where(known, cont, ABSENT)], axis=1))
+        present.append(mx.concatenate([mx.ones((B, 1), mx.bool_), known], axis=1))
+        match.append(mx.where(found[:, 0], mx.take_along_axis(m, best[:, None], axis=1)[:, 0], 0))
+        # The next chain must branch at its first draft token.
+        score = mx.where(following == cont[:, :1], -1, score)
+    return LookupChains(
+        mx.stack(tokens, axis=1).astype(mx.int32),
+        mx.stack(present, axis=1),
+        mx.stack(match, axis=1).astype(mx.int32),
+    )
+
+
+def write_history(history: mx.array, lengths: mx.array, tokens: mx.array) -> mx.array:
+    """Write each row's committed tokens (B, T) at ``[len, len+T)``: (B, S) -> (B, S).
+
+    Entries past a row's accepted path are junk past its new length (overwritten later).
+    """
+    at = lengths[:, None] + arange(tokens.shape[1])[None, :]
+    return mx.put_along_axis(history, at, tokens.astype(mx.int32), axis=1)

@@ -1,0 +1,208 @@
+"""Context lookup: chains against a brute-force search, packing with absent tokens against a
+trie, and losslessness with lookup in the tree (greedy identity, exact sampling)."""
+
+import random
+
+import mlx.core as mx
+import pytest
+
+from redrafter_mlx.engine.adaptive import Adaptive
+from redrafter_mlx.engine.cache import Session
+from redrafter_mlx.engine.generation import decode, get_step
+from redrafter_mlx.engine.lookup import ABSENT, lookup_chains
+from redrafter_mlx.engine.sampling import SamplerConfig
+from redrafter_mlx.engine.shape import AR, BeamShape
+from redrafter_mlx.engine.tree import pack
+from tests.helpers import OracleDrafter, near_bigram_model, run_decode, tiny_drafter, tiny_model
+from tests.test_tree import brute_force
+
+
+def brute_chains(text, chains, length, max_ngram=4):
+    """Plain Python: rank earlier positions by (suffix match, position), distinct next tokens."""
+    end = len(text) - 1  # the init token's position
+    found = []
+    for p in range(end):
+        m = 0
+        while m < max_ngram and p - m >= 0 and text[p - m] == text[end - m]:
+            m += 1
+        if m >= 1:
+            found.append((m, p))
+    found.sort(reverse=True)
+    out, firsts = [], set()
+    for m, p in found:
+        if len(out) == chains:
+            break
+        if text[p + 1] in firsts:
+            continue
+        firsts.add(text[p + 1])
+        cont = text[p + 1 : p + length]
+        out.append(([text[end]] + cont + [ABSENT] * (length - 1 - len(cont)), m))
+    while len(out) < chains:
+        out.append(([text[end]] + [ABSENT] * (length - 1), 0))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_lookup_chains_match_brute_force(seed):
+    rng = random.Random(seed)
+    vocab = rng.choice([2, 3, 5, 12])
+    B, K, Lk = rng.randint(1, 3), rng.randint(1, 3), rng.randint(2, 7)
+    texts = [[rng.randrange(vocab) for _ in range(rng.randint(1, 30))] for _ in range(B)]
+    S = 40
+    history = mx.array(
+        [t[:-1] + [rng.randrange(vocab) for _ in range(S - len(t) + 1)] for t in texts]
+    )
+    lengths = mx.array([len(t) - 1 for t in texts])
+    init = mx.array([t[-1] for t in texts])
+    got = lookup_chains(history, lengths, init, K, Lk)
+    for b, text in enumerate(texts):
+        want = brute_chains(text, K, Lk)
+        for k, (tokens, m) in enumerate(want):
+            assert got.tokens[b, k].tolist() == tokens, (b, k, text)
+            assert got.match[b, k].item() == m
+            assert got.present[b, k].tolist() == [t != ABSENT for t in tokens]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_pack_with_absent_tokens_matches_trie(seed):
+    """Absent tokens take no slot: the tree equals the trie of the present prefixes."""
+    rng = random.Random(seed)
+    W, L = rng.randint(2, 6), rng.randint(2, 6)
+    rows, present = [], []
+    for _ in range(rng.randint(1, 3)):
+        beams, keep = [], []
+        for _ in range(W):
+            n = rng.randint(1, L)
+            beams.append([7] + [rng.randrange(3) for _ in range(n - 1)] + [ABSENT] * (L - n))
+            keep.append([k < n for k in range(L)])
+        rows.append(beams), present.append(keep)
+    C = rng.randint(L, W * L)
+    tree = pack(mx.array(rows), C, mx.array(present))
+    for b, beams in enumerate(rows):
+        # The trie of present tokens only: absent ones never own a prefix.
+        trimmed = [[t for t in beam if t != ABSENT] for beam in beams]
+        slots, tokens = {}, []
+        for beam in trimmed:
+            for k in range(len(beam)):
+                if tuple(beam[: k + 1]) not in slots:
+                    slots[tuple(beam[: k + 1])] = len(slots)
+                    tokens.append(beam[k])
+        n = min(len(tokens), C)
+        assert tree.tokens[b, :n].tolist() == tokens[:n]
+        assert tree.valid[b].tolist() == [True] * n + [False] * (C - n)
+        for i, beam in enumerate(trimmed):
+            for k in range(L):
+                slot = tree.unpacker[b, i, k].item()
+                if k >= len(beam):
+                    assert slot == C  # absent: no slot, never matches
+                elif slots[tuple(beam[: k + 1])] < C:
+                    assert slot == slots[tuple(beam[: k + 1])]
+    # With every token present the result is the plain pack's.
+    full = [[[7] + [rng.randrange(3) for _ in range(L - 1)] for _ in range(W)]]
+    a, b = pack(mx.array(full), C), pack(mx.array(full), C, mx.ones((1, W, L), mx.bool_))
+    assert all(mx.array_equal(x, y).item() for x, y in zip(a, b))
+    assert brute_force(full[0], C)[1] == a.tokens[0, : len(brute_force(full[0], C)[1])].tolist()
+
+
+LOOKUP_SHAPES = [
+    BeamShape(1, 3, None, 1, 5),
+    BeamShape(2, 3, None, 2, 4),
+    BeamShape(1, 4, 4, 1, 6),  # capacity short: the ranking decides who keeps the slots
+    BeamShape(2, 4, 5, 2, 8),
+    BeamShape.lookup_only(1, 5),
+    BeamShape.lookup_only(2, 4),
+    BeamShape.lookup_only(1, 6, 4),
+]
+
+
+def repetitive_prompts(rng, vocab, B):
+    """Prompts that repeat a phrase, so lookup finds matches (and sometimes wrong ones)."""
+    rows = []
+    for _ in range(B):
+        phrase = [rng.randrange(vocab) for _ in range(rng.randint(2, 6))]
+        noise = [rng.randrange(vocab) for _ in range(rng.randint(0, 6))]
+        rows.append([1] + phrase * rng.randint(1, 3) + noise + phrase[: rng.randint(0, 3)])
+    return rows
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_greedy_with_lookup_equals_autoregressive(seed):
+    rng = random.Random(seed)
+    vocab = rng.choice([12, 16, 32])
+    bigram = seed % 3 != 0  # its answers cycle, so lookup chains get accepted
+    if bigram:
+        model = near_bigram_model(seed, attn_scale=0.005, vocab=vocab, hidden=32, layers=1)
+        drafter = OracleDrafter(model, noise=1.0, seed=seed)
+    else:
+        model = tiny_model(seed, vocab=vocab, hidden=32, layers=rng.randint(1, 2))
+        drafter = tiny_drafter(model, seed + 1)
+    prompts = repetitive_prompts(rng, vocab, rng.randint(1, 3))
+    max_tokens = rng.randint(16, 40)
+    ar, _ = run_decode(model, None, prompts, max_tokens=max_tokens)
+    eos = ()
+    if seed % 2 == 0 and len(ar[0]) > 8:  # EOS inside the answer, often inside a run
+        eos = (ar[0][rng.randrange(6, len(ar[0]))],)
+        ar, _ = run_decode(model, None, prompts, max_tokens=max_tokens, eos_token_ids=eos)
+    looked = 0
+    for shape in LOOKUP_SHAPES:
+        for d in (drafter, None):
+            out, stats = run_decode(
+                model,
+                d,
+                prompts,
+                max_tokens=max_tokens,
+                shape=shape,
+                eos_token_ids=eos,
+                adapt=False,
+            )
+            assert out == ar, f"case {seed}: {shape.label}, drafter={d is not None}"
+            looked += stats["lookup_tokens"]
+            assert stats["lookup_tokens"] <= stats["accepted_tokens"]
+    assert looked > 0 or not bigram or eos  # lookup chains were accepted: the path is tested
+
+
+def test_lookup_across_chat_turns_reusing_the_cache():
+    """Turn 2 prefills only its new tokens; its history is the whole conversation."""
+    model = near_bigram_model(3, attn_scale=0.005, vocab=16, hidden=32, layers=1)
+    shape = BeamShape.lookup_only(2, 6)
+    session = Session(model, 1)
+    turn1 = [1, 4, 5, 6, 7, 4, 5]
+    kw = dict(shape=shape, session=session, adapt=False)
+    out1, _ = run_decode(model, None, [turn1], max_tokens=20, **kw)
+    turn2 = turn1 + out1[0] + [2, 4, 5]
+    assert len(session.cached[0]) > len(turn1)  # the cache holds turn 1's answer
+    out2, stats = run_decode(model, None, [turn2], max_tokens=30, **kw)
+    ar2, _ = run_decode(model, None, [turn2], max_tokens=30)
+    assert out2 == ar2
+    assert stats["prefilled_tokens"] < len(turn2)
+    assert stats["lookup_tokens"] > 0
+
+
+def test_adaptive_switching_with_lookup_is_lossless():
+    """Costs that make every shape win for a while: the loop switches among AR, drafter
+    and lookup shapes mid-answer, and the output stays AR's."""
+    model = tiny_model(4, vocab=16, hidden=32, layers=1)
+    drafter = tiny_drafter(model, 5)
+    shapes = [BeamShape(1, 3), BeamShape(1, 3, None, 1, 6), BeamShape.lookup_only(1, 6)]
+    ticks = {"n": 0}
+
+    def cost(shape):
+        ticks["n"] += 1
+        phase = (ticks["n"] // 6) % 4
+        return 1.0 if [AR, *shapes][phase] == shape else 3.0
+
+    prompts = repetitive_prompts(random.Random(4), 16, 2)
+    ar, _ = run_decode(model, None, prompts, max_tokens=60)
+    adapt = Adaptive(shapes=shapes, step_cost=cost, every=2, probe=2)
+    out, _ = run_decode(model, drafter, prompts, max_tokens=60, shape=shapes[1], adapt=adapt)
+    assert out == ar
+    assert len(set(adapt.history)) >= 3  # it really switched
+
+
+def test_lookup_step_compiles_once():
+    model = tiny_model(0)
+    shape = BeamShape.lookup_only(2, 5)
+    for _ in decode(model, None, [[1, 2, 3, 1, 2]], max_tokens=100, shape=shape, adapt=False):
+        pass
+    step = get_step(model, None, shape, SamplerConfig())
+    assert 1 <= step.counter["traces"] <= 2  # one per attention-window bucket

@@ -155,6 +155,7 @@ def test_beam_flags_override_the_preset(app, pair):
         3,
         "--capacity",
         4,
+        "--no-lookup",
     )
     assert data["beam"] == {
         "width": 2,
@@ -166,8 +167,28 @@ def test_beam_flags_override_the_preset(app, pair):
     }
 
 
-def test_no_drafter_decodes_plainly_and_says_why(app, pair):
+def test_lookup_flags_join_the_beam_shape(app, pair):
+    """The chains get their own slots beside the drafter's capacity."""
+    args = [*model_args(pair), "-p", "Hi", "-n", 4, "--beam-width", 2, "--beam-length", 3]
+    data = run_json(app, "generate", *args, "--capacity", 4, "--lookup", 2, "--lookup-length", 5)
+    assert data["beam"]["label"] == "W2×L3+K2×L5 C12"
+    assert data["beam"]["source"] == "beam shape from flags, with context lookup"
+    assert run_json(app, "generate", *args)["beam"]["label"] == "W2×L3+K1×L8"  # the default
+    result = invoke(app, "generate", *args, "--lookup", 1, "--no-lookup")
+    one_red_line(result, 2, "--no-lookup contradicts --lookup 1")
+    result = invoke(app, "generate", *args, "--lookup-length", 1)
+    one_red_line(result, 2, "--lookup-length must be >= 2")
+
+
+def test_no_drafter_speculates_with_lookup_alone(app, pair):
     data = run_json(app, "generate", *model_args(pair, drafter=False), "-p", "Hi", "-n", 3)
+    assert data["beam"]["speculative"] is True and data["beam"]["label"] == "K1×L8"
+    assert "no --drafter given: context lookup alone" in data["beam"]["source"]
+
+
+def test_no_drafter_no_lookup_decodes_plainly_and_says_why(app, pair):
+    args = [*model_args(pair, drafter=False), "-p", "Hi", "-n", 3, "--no-lookup"]
+    data = run_json(app, "generate", *args)
     assert data["beam"]["speculative"] is False
     assert "no --drafter" in data["beam"]["source"]
 
@@ -302,7 +323,7 @@ def test_bench_json_schema(app, pair):
     assert data["num_prompts"] == 2 and data["prompt_set"] == "mt-bench"
     assert "preset" in data["beam_source"]
     names = [c["config"] for c in data["configs"]]
-    assert names == ["AR", "W1×L4"]  # AR, then the linux-cpu preset
+    assert names == ["AR", "W1×L4+K1×L8"]  # AR, then the linux-cpu preset with lookup
     for row in data["configs"]:
         for key in NUMERIC:
             assert isinstance(row[key], (int, float)) and row[key] >= 0, key
@@ -363,20 +384,22 @@ def test_bench_reports_mismatches_loudly(app, pair, monkeypatch):
     monkeypatch.setattr(logic, "run_engine", corrupt)
     result = invoke(app, "bench", *model_args(pair), "--num-prompts", 2, "-n", 4)
     assert result.exit_code == 1
-    assert result.stderr.count("MISMATCH: W1×L4 differs from AR") == 2
+    assert result.stderr.count("MISMATCH: W1×L4+K1×L8 differs from AR") == 2
     assert "at token 2" in result.stderr
 
     result = invoke(app, "bench", *model_args(pair), "--num-prompts", 1, "-n", 4, "--json")
     assert result.exit_code == 1
     data = json.loads(result.stdout)
     assert data["ok"] is False
-    assert data["mismatches"] == [dict(config="W1×L4", prompt=0, position=2, tokens=4, ar_tokens=4)]
+    assert data["mismatches"] == [
+        dict(config="W1×L4+K1×L8", prompt=0, position=2, tokens=4, ar_tokens=4)
+    ]
     assert data["configs"][1]["matches_ar"] is False
 
 
 def test_bench_mlx_lm_baseline(app, pair):
     data = run_json(app, "bench", *model_args(pair), "--num-prompts", 1, "-n", 4, "--mlx-lm")
-    assert [c["config"] for c in data["configs"]] == ["AR", "W1×L4", "mlx-lm"]
+    assert [c["config"] for c in data["configs"]] == ["AR", "W1×L4+K1×L8", "mlx-lm"]
     assert data["mlx_lm_matching_prompts"] == 1  # same greedy tokens as our AR path
     assert data["configs"][2]["tokens"] == 4
 

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from redrafter_mlx.cli.chat_ui import ChatLoop, run_chat
-from redrafter_mlx.cli.common import ModelPaths, Sampling, load_engine, resolve_plan
+from redrafter_mlx.cli.common import BeamFlags, ModelPaths, Sampling, load_engine, resolve_plan
 from tests.test_cli import CONTEXT, app, invoke, model_args, pair  # noqa: F401 (fixtures)
 
 MAX_TOKENS = 6
@@ -24,7 +24,7 @@ def engine(pair):
 
 def make_loop(engine, max_tokens=MAX_TOKENS, show_accepted=False, terminal=False):
     """A ChatLoop printing into a string buffer (``loop.console.file.getvalue()``)."""
-    plan = resolve_plan(engine.paths, None, 1, 3, None, False)
+    plan = resolve_plan(engine.paths, None, BeamFlags(1, 3))
     console = Console(
         file=io.StringIO(),
         width=200,
@@ -60,7 +60,8 @@ def test_chat_command_over_stdin(app, pair):
     assert second_total > first_total
     assert second_prefilled < second_total - first_total + MAX_TOKENS  # the first turn was reused
     assert out.count(f"{MAX_TOKENS} tokens ·") == 2  # one dim stats line per answer
-    assert "steps emitting 1/2/3/4 tokens: " in out
+    assert re.search(r"steps emitting 1/2/3/4(/\d+)* tokens: ", out)
+    assert "accepted drafts: " in out and " lookup" in out  # lookup is on by default
     assert "[conversation cleared]" in out
     assert "history: 0 messages, 0 tokens cached" in out and "no answer yet" in out
 

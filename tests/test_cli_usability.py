@@ -89,11 +89,17 @@ def test_the_acceptance_histogram_needs_no_explanation_and_help_gives_one():
 
 def test_reset_clears_the_dropped_turns_count(app, pair):
     from redrafter_mlx.cli.chat_ui import ChatLoop
-    from redrafter_mlx.cli.common import ModelPaths, Sampling, load_engine, resolve_plan
+    from redrafter_mlx.cli.common import (
+        BeamFlags,
+        ModelPaths,
+        Sampling,
+        load_engine,
+        resolve_plan,
+    )
 
     model, drafter, _ = pair
     engine = load_engine(ModelPaths(model, drafter), None)
-    plan = resolve_plan(engine.paths, None, 1, 3, None, False)
+    plan = resolve_plan(engine.paths, None, BeamFlags(1, 3))
     loop = ChatLoop(engine, plan, Sampling(), 4)
     loop.dropped_turns = 3
     loop.reset()

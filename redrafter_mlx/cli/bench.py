@@ -16,6 +16,7 @@ from typing import Annotated
 import typer
 
 from redrafter_mlx.cli.common import (
+    BeamFlags,
     BeamLengthOpt,
     BeamWidthOpt,
     CapacityOpt,
@@ -66,7 +67,7 @@ def choose_configs(
         configs += [Config(shape) for shape in shapes]
         source = "beam shapes from --grid"
     else:
-        plan = resolve_plan(paths, dtype, width, length, capacity, no_draft)
+        plan = resolve_plan(paths, dtype, BeamFlags(width, length, capacity, no_draft))
         source = plan.source
         if plan.speculative:
             configs.append(Config(plan.shape))
@@ -75,7 +76,7 @@ def choose_configs(
             source += f"; benchmarking the engine default {DEFAULT_SHAPE.label}"
     speculative = [c for c in configs if c.kind == "redrafter"]
     if speculative and not no_adapt:  # adaptive decoding, from the shape chat would use
-        plan = None if grid is None else resolve_plan(paths, dtype, None, None, None, no_draft)
+        plan = None if grid is None else resolve_plan(paths, dtype, BeamFlags(no_draft=no_draft))
         start = plan.shape if plan is not None and plan.speculative else speculative[0].shape
         configs.append(Config(start, adapt=True))
     if with_mlx_lm:

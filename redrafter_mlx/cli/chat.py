@@ -17,10 +17,13 @@ from redrafter_mlx.cli.common import (
     CapacityOpt,
     DrafterOpt,
     DtypeOpt,
+    LookupLengthOpt,
+    LookupOpt,
     MinPOpt,
     ModelOpt,
     NoAdaptOpt,
     NoDraftOpt,
+    NoLookupOpt,
     SeedOpt,
     SystemPromptOpt,
     TempOpt,
@@ -83,6 +86,9 @@ def chat(
     beam_length: BeamLengthOpt = None,
     capacity: CapacityOpt = None,
     no_draft: NoDraftOpt = False,
+    lookup: LookupOpt = None,
+    lookup_length: LookupLengthOpt = None,
+    no_lookup: NoLookupOpt = False,
     no_adapt: NoAdaptOpt = False,
     show_accepted: Annotated[
         bool, typer.Option("--show-accepted", help="Colour the tokens that came from the drafter.")
@@ -96,7 +102,9 @@ def chat(
             model,
             drafter,
             dtype,
-            BeamFlags(beam_width, beam_length, capacity, no_draft),
+            BeamFlags(
+                beam_width, beam_length, capacity, no_draft, lookup, lookup_length, no_lookup
+            ),
             sampling=(temp, top_p, top_k, min_p, seed),
             max_tokens=max_tokens,
         )

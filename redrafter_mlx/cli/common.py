@@ -102,6 +102,28 @@ NoDraftOpt = Annotated[
         "--no-draft", help="Decode autoregressively (the baseline) through the same engine."
     ),
 ]
+LookupOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--lookup",
+        help="Context-lookup chains per step: continuations of earlier matches of the text's "
+        "last tokens, verified beside the drafter's beams (0 = off; default 1). A model "
+        "without a drafter speculates with them alone.",
+        show_default=False,
+    ),
+]
+LookupLengthOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--lookup-length",
+        help="Tokens per lookup chain, counting the init token (>= 2; default 8).",
+        show_default=False,
+    ),
+]
+NoLookupOpt = Annotated[
+    bool,
+    typer.Option("--no-lookup", help="No context-lookup chains (same as --lookup 0)."),
+]
 NoAdaptOpt = Annotated[
     bool,
     typer.Option(
@@ -332,37 +354,43 @@ def check_shape(shape: BeamShape) -> BeamShape:
     return shape.validate()  # a ShapeError names its field: cli_errors names the flag
 
 
-def resolve_plan(
-    paths: ModelPaths,
-    dtype: str | None,
-    width: int | None,
-    length: int | None,
-    capacity: int | None,
-    no_draft: bool,
-) -> ShapeChoice:
-    """The beam shape: flags override the tuned profile / chip preset; no drafter -> AR."""
+def resolve_plan(paths: ModelPaths, dtype: str | None, beam: BeamFlags) -> ShapeChoice:
+    """The beam shape: flags override the tuned profile / chip preset; context-lookup chains
+    join it unless ``--no-lookup``; no drafter -> lookup alone, or AR."""
+    from dataclasses import replace
+
     from redrafter_mlx.engine.shape import AR, BeamShape
     from tuning import ShapeChoice, resolve_beam_shape
 
-    if no_draft:
+    chains, chain_length = beam.lookup_chains()
+    if beam.no_draft:
         return ShapeChoice(AR, "--no-draft: plain decoding")
     if paths.drafter is None:
         why = "the demo model has no drafter yet" if paths.demo else "no --drafter given"
+        if chains:
+            lookup = BeamShape.lookup_only(chains, chain_length)
+            return ShapeChoice(lookup, f"{why}: context lookup alone (--no-lookup: plain)")
         return ShapeChoice(AR, f"{why}: plain decoding")
-    tuned = resolve_beam_shape(paths.model, paths.drafter, dtype)
-    if all(v is None for v in (width, length, capacity)):
-        return tuned
-    from redrafter_mlx.engine.generation import DEFAULT_SHAPE
+    choice = resolve_beam_shape(paths.model, paths.drafter, dtype)
+    if any(v is not None for v in (beam.width, beam.length, beam.capacity)):
+        from redrafter_mlx.engine.generation import DEFAULT_SHAPE
 
-    base = tuned.shape if tuned.speculative else DEFAULT_SHAPE
-    shape = BeamShape(
-        width if width is not None else base.width,
-        length if length is not None else base.length,
-        capacity,
-    )
-    check_shape(shape)
-    warn_untrained_length(shape, paths.drafter)
-    return ShapeChoice(shape, "beam shape from flags")
+        base = choice.shape if choice.speculative else DEFAULT_SHAPE
+        shape = BeamShape(
+            beam.width if beam.width is not None else base.width,
+            beam.length if beam.length is not None else base.length,
+            beam.capacity,
+        )
+        check_shape(shape)
+        warn_untrained_length(shape, paths.drafter)
+        choice = ShapeChoice(shape, "beam shape from flags")
+    if not chains or not choice.speculative:
+        return choice
+    shape = replace(choice.shape, lookup=chains, lookup_length=chain_length)
+    capacity = choice.shape.capacity
+    if capacity is not None:  # the drafter's slots, plus the chains' own
+        shape = replace(shape, capacity=capacity + chains * (chain_length - 1))
+    return ShapeChoice(shape.validate(), f"{choice.source}, with context lookup")
 
 
 def warn_untrained_length(shape: BeamShape, drafter: str | None) -> None:
@@ -405,12 +433,32 @@ def load_engine(paths: ModelPaths, dtype: str | None, with_drafter: bool = True)
 
 @dataclass(frozen=True)
 class BeamFlags:
-    """``--beam-width``, ``--beam-length``, ``--capacity`` and ``--no-draft`` as given."""
+    """``--beam-width``, ``--beam-length``, ``--capacity``, ``--no-draft``, ``--lookup``,
+    ``--lookup-length`` and ``--no-lookup`` as given."""
 
     width: int | None = None
     length: int | None = None
     capacity: int | None = None
     no_draft: bool = False
+    lookup: int | None = None
+    lookup_length: int | None = None
+    no_lookup: bool = False
+
+    def lookup_chains(self) -> tuple[int, int]:
+        """(chains, chain length) asked for, defaults filled in; FlagError when invalid."""
+        from redrafter_mlx.engine.lookup import DEFAULT_CHAIN_LENGTH, DEFAULT_CHAINS
+
+        if self.no_lookup and self.lookup:
+            raise FlagError(f"--no-lookup contradicts --lookup {self.lookup}; give one of them")
+        chains = 0 if self.no_lookup else (DEFAULT_CHAINS if self.lookup is None else self.lookup)
+        if chains < 0:
+            raise FlagError(f"--lookup must be >= 0 (0 = off), got {chains}")
+        length = DEFAULT_CHAIN_LENGTH if self.lookup_length is None else self.lookup_length
+        if length < 2:
+            raise FlagError(
+                f"--lookup-length must be >= 2 (it counts the init token), got {length}"
+            )
+        return chains, length
 
 
 @dataclass
@@ -449,7 +497,7 @@ def prepare_engine(
     checked = check() if check is not None else None
     paths = resolve_paths(model, drafter)
     if choose is None:
-        plan = resolve_plan(paths, dtype, beam.width, beam.length, beam.capacity, beam.no_draft)
+        plan = resolve_plan(paths, dtype, beam)
         speculative = plan.speculative
     else:
         plan, speculative = choose(paths)
@@ -486,6 +534,11 @@ def format_hist(hist: list[int]) -> str:
     return f"steps emitting {sizes} tokens: " + "/".join(str(n) for n in hist)
 
 
+def lookup_share(accepted: int, looked_up: int) -> str:
+    """``accepted drafts: 12 drafter + 30 lookup``: where the accepted tokens came from."""
+    return f"accepted drafts: {accepted - looked_up} drafter + {looked_up} lookup"
+
+
 def stats_line(response, plan: ShapeChoice) -> str:
     """The one-line summary after an answer: tokens, speed, acceptance, why it ended, shape."""
     parts = [f"{response.generation_tokens} tokens", f"{response.generation_tps:.1f} tok/s"]
@@ -494,6 +547,8 @@ def stats_line(response, plan: ShapeChoice) -> str:
         hist = format_hist(response.accept_hist)
         if hist:
             parts.append(hist)
+        if plan.shape.lookup:
+            parts.append(lookup_share(response.accepted_tokens, response.lookup_tokens))
     parts.append(f"TTFT {response.time_to_first_token * 1e3:.0f} ms")
     finish = FINISH_TEXT.get(response.finish_reason)
     if finish:

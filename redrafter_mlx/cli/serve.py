@@ -19,8 +19,11 @@ from redrafter_mlx.cli.common import (
     DrafterOpt,
     DtypeOpt,
     FlagError,
+    LookupLengthOpt,
+    LookupOpt,
     ModelOpt,
     NoDraftOpt,
+    NoLookupOpt,
     VerboseOpt,
     cli_errors,
     err_console,
@@ -73,6 +76,9 @@ def serve(
     beam_length: BeamLengthOpt = None,
     capacity: CapacityOpt = None,
     no_draft: NoDraftOpt = False,
+    lookup: LookupOpt = None,
+    lookup_length: LookupLengthOpt = None,
+    no_lookup: NoLookupOpt = False,
     dtype: DtypeOpt = None,
     shutdown_grace: Annotated[
         float,
@@ -89,7 +95,12 @@ def serve(
     with cli_errors(verbose):
         check_serve_flags(port, max_batch, max_queue, max_tokens_limit, log_level)
         ready = prepare_engine(
-            model, drafter, dtype, BeamFlags(beam_width, beam_length, capacity, no_draft)
+            model,
+            drafter,
+            dtype,
+            BeamFlags(
+                beam_width, beam_length, capacity, no_draft, lookup, lookup_length, no_lookup
+            ),
         )
         engine, plan, paths = ready.engine, ready.plan, ready.engine.paths
         server = build(engine, plan, max_batch, max_queue, max_tokens_limit, log_level)

@@ -11,12 +11,16 @@ finished steps, one step behind; no new device sync) and wall-clock time:
 * cost per shape: an EMA of measured seconds per step (seeded by ``costs``, e.g. from a
   tuning profile, else by the first steps run with it); a time far above the EMA (a
   compile, a stall) is ignored once;
-* tokens per step: acceptance is modelled as a chain in which each draft position is
-  accepted with probability ``a`` when the previous one was. From recent (decayed) steps,
-  censored at L-1, ``a = accepted / (accepted + misses)``; a shape of length L then emits
-  ``sum(a**k for k < L)`` tokens per step. ``a`` is kept over all speculative steps and per
-  beam width; a width not measured lately is estimated as the overall ``a`` times the ratio
-  of its own ``a`` to the overall one when it last ran (never run: ratio 1).
+* tokens per step: a shape run lately is judged by its own decayed mean of tokens per step
+  (context lookup makes acceptance bursty: long runs on text the model copies, none
+  elsewhere, which no per-position rate describes). Other shapes use a chain model in which
+  each draft position is accepted with probability ``a`` when the previous one was. From
+  recent (decayed) steps, censored at the longest candidate, ``a = accepted / (accepted +
+  misses)``; a shape whose longest candidate has L tokens then emits ``sum(a**k for k < L)``
+  tokens per step. ``a`` is kept over all speculative steps and per family (beam width and
+  lookup chains: shapes that differ only in length share it); a family not measured lately
+  is estimated as the overall ``a`` times the ratio of its own ``a`` to the overall one when
+  it last ran (never run: ratio 1).
 * While AR runs nothing is drafted, so every ``probe`` AR steps one step of the best
   speculative shape re-measures acceptance; the interval doubles (up to ``max_probe``)
   while probes lose, and resets when one wins.
@@ -34,8 +38,12 @@ from .shape import AR, BeamShape
 
 @dataclass
 class _Width:
+    """Decayed acceptance of one family of shapes (or of all speculative steps)."""
+
     accepted: float = 0.0  # decayed accepted drafts
     misses: float = 0.0  # decayed steps that stopped before the end of their beam
+    emitted: float = 0.0  # decayed tokens per step (accepted + 1)
+    weight: float = 0.0  # decayed steps observed
     last_step: int = -(10**9)  # step index of the latest observation
     ratio: float = 1.0  # own acceptance / overall acceptance, when it last ran
 
@@ -44,13 +52,27 @@ class _Width:
         total = self.accepted + self.misses
         return None if total <= 0 else self.accepted / total
 
+    @property
+    def mean(self) -> float | None:
+        """Decayed mean tokens per step."""
+        return None if self.weight <= 0 else self.emitted / self.weight
+
     def add(self, counts: Sequence[int], length: int, decay: float, step: int) -> None:
         self.accepted *= decay
         self.misses *= decay
+        self.emitted *= decay
+        self.weight *= decay
         for c in counts:
             self.accepted += (c - 1) / len(counts)
             self.misses += (c - 1 < length - 1) / len(counts)
+            self.emitted += c / len(counts)
+        self.weight += 1.0
         self.last_step = step
+
+
+def family(shape: BeamShape) -> tuple[int, int, int]:
+    """Shapes whose acceptance is modelled together: same drafter width and lookup chains."""
+    return (shape.width if shape.drafts else 0, shape.lookup, shape.chain_length)
 
 
 @dataclass
@@ -80,7 +102,8 @@ class ShapeChooser:
         for k, c in (self.costs or {}).items():
             if k in self.cost and c and c > 0:
                 self.cost[k] = float(c)
-        self.widths = {k.width: _Width() for k in self.shapes if k != AR}
+        self.widths = {family(k): _Width() for k in self.shapes if k != AR}
+        self.own = {k: _Width() for k in self.shapes if k != AR}  # each shape's own record
         spec = [k for k in self.shapes if k != AR]
         self.current = self.start if self.start is not None else (spec[0] if spec else AR)
         self.steps = 0  # observed steps
@@ -95,7 +118,7 @@ class ShapeChooser:
 
     def acceptance(self, key: Hashable) -> float:
         """Per-position acceptance estimate for a speculative shape (0 when unknown)."""
-        w = self.widths[key.width]
+        w = self.widths[family(key)]
         if w.accept is not None and self.steps - w.last_step <= self.stale:
             return w.accept
         overall = self._all.accept
@@ -105,8 +128,11 @@ class ShapeChooser:
         """Expected tokens per step (1 for AR)."""
         if key == AR:
             return 1.0
+        own = self.own[key]
+        if own.mean is not None and self.steps - own.last_step <= self.stale:
+            return own.mean
         a = self.acceptance(key)
-        return sum(a**k for k in range(key.length))
+        return sum(a**k for k in range(key.longest))
 
     def rate(self, key: Hashable) -> float | None:
         """Expected tokens per second; None while the shape's cost is unknown.
@@ -145,9 +171,10 @@ class ShapeChooser:
         self.steps += 1
         self._observe_cost(key, seconds)
         if key != AR and counts:
-            w = self.widths[key.width]
-            w.add(counts, key.length, self.decay, self.steps)
-            self._all.add(counts, key.length, self.decay, self.steps)
+            w = self.widths[family(key)]
+            w.add(counts, key.longest, self.decay, self.steps)
+            self.own[key].add(counts, key.longest, self.decay, self.steps)
+            self._all.add(counts, key.longest, self.decay, self.steps)
             if self._all.accept:
                 w.ratio = w.accept / self._all.accept
         if key == self._probe:  # the probe from AR is back: keep it if it wins
@@ -228,11 +255,21 @@ class Adaptive:
     history: list[BeamShape] = field(default_factory=list)
 
     def candidates(self, shape: BeamShape) -> list[BeamShape]:
-        """The shapes a run with requested ``shape`` chooses among (AR first)."""
-        spec = list(self.shapes) if self.shapes else [shape, *single_beams(shape.length)]
-        spec = [s for s in spec if not s.is_autoregressive]
-        if not self.shapes and shape.is_autoregressive:
+        """The shapes a run with requested ``shape`` chooses among (AR first).
+
+        By default: ``shape``; its drafter part alone and the shorter single beams; and with
+        lookup chains, the chains alone (no drafter cost: where the text repeats itself
+        they may beat every tree with drafter beams, and where it does not, AR wins)."""
+        if self.shapes:
+            spec = list(self.shapes)
+        elif shape.is_autoregressive:
             spec = []
+        else:
+            drafted = shape.without_lookup()
+            spec = [shape, drafted, *single_beams(drafted.length)]
+            if shape.lookup and shape.drafts:
+                spec.append(BeamShape.lookup_only(shape.lookup, shape.chain_length))
+        spec = [s for s in spec if not s.is_autoregressive]
         return [AR, *dict.fromkeys(spec)]
 
 

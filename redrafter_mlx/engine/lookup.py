@@ -27,6 +27,8 @@ import mlx.core as mx
 
 from .tree import arange
 
+DEFAULT_CHAINS = 1  # lookup chains per step by default (the CLI's --lookup)
+DEFAULT_CHAIN_LENGTH = 8  # tokens per chain, the init token included (--lookup-length)
 MAX_NGRAM = 4  # longest suffix matched
 MIN_NGRAM = 1  # shortest suffix that proposes a chain
 STRONG_MATCH = 2  # a match this long ranks lookup chains before the drafter's beams

@@ -10,9 +10,15 @@ from the context alone (models without a drafter).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from .errors import ParamError
+
+_LABEL = re.compile(
+    r"^(?:W(?P<w>\d+)[x×]L(?P<l>\d+))?(?:\+?K(?P<k>\d+)[x×]L(?P<lk>\d+))?(?:[\s/]*C(?P<c>\d+))?$",
+    re.IGNORECASE,
+)
 
 
 class ShapeError(ParamError):
@@ -39,6 +45,25 @@ class BeamShape:
     def lookup_only(cls, chains: int, length: int, capacity: int | None = None) -> BeamShape:
         """``chains`` lookup chains of ``length`` tokens and no drafter beam."""
         return cls(0, 1, capacity, chains, length)
+
+    @classmethod
+    def parse(cls, label: str) -> BeamShape:
+        """The shape of a ``label``: ``AR``, ``W2xL5``, ``W4xL5 C12``, ``W1xL4+K1xL8`` or
+        ``K2xL6`` (``x`` or ``×``; the capacity after a space or ``/``). Not validated."""
+        text = label.strip()
+        if text.upper() == "AR":
+            return AR
+        m = _LABEL.match(text)
+        if not m or not (m["w"] or m["k"]):
+            raise ShapeError(
+                "label",
+                f"{label!r} is not a beam shape; write AR, W2xL5, W4xL5/C12, W1xL4+K1xL8 or K1xL8",
+            )
+        capacity = int(m["c"]) if m["c"] else None
+        chains, chain_length = (int(m["k"]), int(m["lk"])) if m["k"] else (0, 0)
+        if not m["w"]:
+            return cls.lookup_only(chains, chain_length, capacity)
+        return cls(int(m["w"]), int(m["l"]), capacity, chains, chain_length)
 
     @property
     def is_autoregressive(self) -> bool:

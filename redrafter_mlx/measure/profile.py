@@ -4,6 +4,7 @@ A ReDrafter step is draft -> pack -> verify -> accept -> commit (``decode.py``).
 phase runs as its own compiled function on real inputs (a prefilled prompt), so its time and
 op count can be read apart; the whole step (one compiled function, as the loop runs it) and
 the AR step are timed in the same rounds, interleaved, so machine noise hits all alike.
+A shape with context-lookup chains is timed as its whole step only (no phases apart).
 ``loop`` is the wall time per step of the real generation loop (``generation.decode``), and
 ``host`` = loop - step: what the Python loop adds on top of the compiled step.
 
@@ -21,6 +22,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -36,6 +38,7 @@ from redrafter_mlx.engine.decode import (
 from redrafter_mlx.engine.drafter import Drafter
 from redrafter_mlx.engine.model import Model
 from redrafter_mlx.engine.sampling import SamplerConfig, draw
+from redrafter_mlx.engine.shape import AR, BeamShape
 from redrafter_mlx.engine.tree import PackedTree, pack
 
 PHASES = ("draft", "pack", "verify", "accept", "commit")
@@ -98,34 +101,49 @@ def _weights(*modules):
     return [m.state for m in modules if isinstance(m, nn.Module)]
 
 
+def _as_shape(shape) -> BeamShape:
+    """A :class:`BeamShape` with its capacity filled in, from a shape or a (W, L, C) tuple."""
+    if not isinstance(shape, BeamShape):
+        shape = BeamShape(*shape)
+    return replace(shape, capacity=shape.slots)
+
+
 def profile_steps(
     model: Model,
     drafter: Drafter | None,
-    shapes: Sequence[tuple[int, int, int]],
+    shapes: Sequence[BeamShape | tuple[int, int, int]],
     prompt: Sequence[int],
     repeats: int = 40,
     loop_tokens: int = 96,
     loop_rounds: int = 3,
 ) -> dict:
-    """Profile the AR step and a ReDrafter step per (W, L, C) shape on ``prompt`` (greedy).
+    """Profile the AR step and a speculative step per shape on ``prompt`` (greedy).
+
+    ``shapes``: :class:`BeamShape` values or (W, L, C) tuples. A shape with context-lookup
+    chains (or lookup alone) is timed as its whole compiled step and loop only: its phases
+    are not compiled apart, so its row has no per-phase keys.
 
     Returns ``{"rows": [...], "device": str}``; one row per configuration (AR first) with
     per-phase ms and op counts, ``step_ms``/``step_ops`` (one compiled step), ``loop_ms``
     (generation loop wall time per step), ``host_ms`` (loop - step) and
     ``overhead_ms`` (step - verify). Timings are medians over ``repeats`` interleaved rounds.
     """
-    from redrafter_mlx.engine.cache import Session, bucket, prefill_session
+    from redrafter_mlx.engine.cache import Session, bucket, prefill_session, text_history
     from redrafter_mlx.engine.generation import decode
 
+    shapes = [_as_shape(s) for s in shapes]
     sampler = SamplerConfig()
     session = Session(model, 1)
     hidden = prefill_session(session, [list(prompt)])
     first = draw(model.logits(hidden), sampler, None)
     lengths = session.lengths
-    C_max = max([c for _, _, c in shapes] + [1])
+    C_max = max([s.slots for s in shapes] + [1])
     window = bucket(len(prompt) + C_max + 1)
     session.ensure_slots(window)
-    mx.eval(first, hidden, lengths, session.keys, session.values)
+    # The committed text, as the loop keeps it for context lookup (every step writes it, as
+    # in the loop; the lookup chains read it).
+    history = text_history([list(prompt)], window)
+    mx.eval(first, hidden, lengths, session.keys, session.values, history)
     rng = mx.random.key(0)
     # The cache is carried from call to call so that scatters update it in place, as in
     # the loop; every call sees the same lengths (and so the same context).
@@ -134,7 +152,7 @@ def profile_steps(
 
     def base_state():
         keys, values = kv.pop("kv")
-        return DecodeState(first, hidden, lengths, keys, values, rng)
+        return DecodeState(first, hidden, lengths, keys, values, rng, history)
 
     def keep(state_or_kv):
         kv["kv"] = state_or_kv
@@ -153,9 +171,17 @@ def profile_steps(
 
     configs.append(("AR", {"step": _Timed("step", ar_call)}))
 
-    for W, L, C in shapes:
-        timed = _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv)
-        configs.append((f"W{W}×L{L} C{C}", timed))
+    shape_of = {}
+    for shape in shapes:
+        if shape.label in shape_of:
+            continue
+        shape_of[shape.label] = shape
+        if shape.lookup:
+            timed = _lookup_thunks(model, drafter, shape, sampler, window, base_state, keep)
+        else:
+            W, L, C = shape.width, shape.length, shape.slots
+            timed = _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv)
+        configs.append((shape.label, timed))
 
     # Warm-up (compiles) and op counts, then interleaved timed rounds.
     for _, timed in configs:
@@ -170,13 +196,10 @@ def profile_steps(
 
     # The real loop, interleaved across configurations.
     loop: dict[str, list[float]] = {name: [] for name, _ in configs}
-    shape_of = {f"W{W}×L{L} C{C}": (W, L, C) for W, L, C in shapes}
     for r in range(loop_rounds + 1):
         for name, _ in configs:
-            W, L, C = shape_of.get(name, (1, 2, 2))
-            ms = _loop_ms_per_step(
-                decode, model, None if name == "AR" else drafter, prompt, W, L, C, loop_tokens
-            )
+            shape = shape_of.get(name, AR)
+            ms = _loop_ms_per_step(decode, model, drafter, prompt, shape, loop_tokens)
             if r:  # round 0 warms up
                 loop[name].append(ms)
 
@@ -191,10 +214,14 @@ def profile_steps(
                 row[f"{phase}_ops"] = _total(timed[phase].ops)
                 row[f"{phase}_kernels"] = kernels(timed[phase].ops)
         if name != "AR":
-            W, L, C = shape_of[name]
-            row.update(width=W, length=L, capacity=C, draft_steps=L - 1)
-            row["phases_ms"] = sum(row[f"{p}_ms"] for p in PHASES)
-            row["overhead_ms"] = row["step_ms"] - row["verify_ms"]
+            shape = shape_of[name]
+            W, L, C = shape.width, shape.length, shape.slots
+            row.update(width=W, length=L, capacity=C, draft_steps=L - 1 if shape.drafts else 0)
+            if shape.lookup:
+                row.update(lookup=shape.lookup, lookup_length=shape.chain_length)
+            if all(f"{p}_ms" in row for p in PHASES):
+                row["phases_ms"] = sum(row[f"{p}_ms"] for p in PHASES)
+                row["overhead_ms"] = row["step_ms"] - row["verify_ms"]
         row["loop_ms"] = _median(loop[name])
         row["host_ms"] = row["loop_ms"] - row["step_ms"]
         rows.append(row)
@@ -282,11 +309,32 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
     return {name: _Timed(name, fn) for name, fn in thunks.items()}
 
 
-def _loop_ms_per_step(decode, model, drafter, prompt, W, L, C, max_tokens) -> float:
-    """Wall ms per step of the generation loop (first token excluded), greedy, no EOS."""
-    from redrafter_mlx.engine.shape import AR, BeamShape
+def _lookup_thunks(model, drafter, shape: BeamShape, sampler, window, base_state, keep):
+    """The whole compiled step of a shape with lookup chains (its phases are not split)."""
+    step_fn = make_step(
+        model,
+        drafter if shape.drafts else None,
+        shape.width,
+        shape.length,
+        shape.slots,
+        sampler,
+        lookup=shape.lookup,
+        lookup_length=shape.chain_length,
+    )
 
-    shape = AR if drafter is None else BeamShape(W, L, C)
+    def t_step(counter):
+        nxt, out = step_fn(base_state(), window)
+        if counter:
+            counter.ops = graph_ops(nxt, out)
+        keep((nxt.keys, nxt.values))
+        return nxt, out
+
+    return {"step": _Timed("step", t_step)}
+
+
+def _loop_ms_per_step(decode, model, drafter, prompt, shape: BeamShape, max_tokens) -> float:
+    """Wall ms per step of the generation loop (first token excluded), greedy, no EOS."""
+    drafter = drafter if shape.drafts else None
     steps, start = 0, None
     for ev in decode(model, drafter, [list(prompt)], max_tokens=max_tokens, shape=shape, seed=0):
         if start is None:

@@ -29,6 +29,8 @@ class Run:
     mean_packed: float
     ttft_s: float
     peak_memory_gb: float
+    accepted_tokens: int = 0  # draft tokens the verifier accepted
+    lookup_tokens: int = 0  # of those, taken from a context-lookup chain
 
     @property
     def tokens_per_s(self) -> float:
@@ -72,7 +74,8 @@ def measure_generation(
         first_at = first_at or last_at
         tokens += response.tokens
         final = response
-    speculative = drafter is not None and (not shape.is_autoregressive or bool(adapt))
+    runs = shape.runnable(drafter is not None)  # without a drafter: the lookup chains, or AR
+    speculative = not runs.is_autoregressive or (drafter is not None and bool(adapt))
     return Run(
         tokens,
         max(len(tokens) - 1, 0),
@@ -82,4 +85,6 @@ def measure_generation(
         final.mean_packed if speculative else 1.0,
         first_at - start,
         mx.get_peak_memory() / 1e9,
+        final.accepted_tokens,
+        final.lookup_tokens,
     )

@@ -282,7 +282,7 @@ def test_parse_grid():
             parse_grid(bad)
 
 
-@pytest.mark.parametrize("name", ["mt-bench", "vicuna-bench", "demo"])
+@pytest.mark.parametrize("name", ["mt-bench", "vicuna-bench", "edit", "demo"])
 def test_bundled_prompt_sets(name):
     from redrafter_mlx.engine.prompts import load_prompts
 
@@ -328,11 +328,16 @@ def test_bench_json_schema(app, pair):
         for key in NUMERIC:
             assert isinstance(row[key], (int, float)) and row[key] >= 0, key
         assert row["prompts"] == 2
+        assert row["turn"] == 1
+    assert data["turns"] == [1] and data["num_runs"] == 2 and data["spread"] is False
     ar, rd = data["configs"]
     assert ar["speedup"] == pytest.approx(1.0) and ar["matches_ar"] is None
-    assert rd["matches_ar"] is True and rd["tree_size"] == 4
+    assert rd["matches_ar"] is True and rd["tree_size"] == 4 + 8  # W·L + K·Lk
+    assert (rd["lookup_chains"], rd["lookup_length"]) == (1, 8)
     assert isinstance(rd["mean_packed"], float) and rd["mean_packed"] <= rd["tree_size"]
     assert rd["efficiency"] == pytest.approx(rd["speedup"] / rd["tokens_per_step"])
+    assert ar["lookup_share"] is None and 0.0 <= rd["lookup_share"] <= 1.0
+    assert isinstance(rd["lookup_share"], float)
     assert [len(v) for v in data["per_prompt"].values()] == [2, 2]
 
 
@@ -361,13 +366,32 @@ def test_bench_grid_table_and_csv(app, pair, tmp_path):
         out,
         "--prompts",
         "vicuna-bench",
+        "--lookup-length",
+        4,
     )
     assert result.exit_code == 0, result.output
-    for name in ("AR", "W1×L2", "W1×L3", "W2×L2", "W2×L3", "speedup", "tok/step"):
+    names = ["AR", "W1×L2+K1×L4", "W1×L3+K1×L4", "W2×L2+K1×L4", "W2×L3+K1×L4"]
+    for name in (*names, "speedup", "tok/step", "lookup"):
         assert name in result.stdout
     rows = list(csv.DictReader(out.open()))
-    assert [r["config"] for r in rows] == ["AR", "W1×L2", "W1×L3", "W2×L2", "W2×L3"]
+    assert [r["config"] for r in rows] == names
     assert all(float(r["tokens_per_s"]) > 0 for r in rows)
+    assert [r["turn"] for r in rows] == ["1"] * 5
+    assert rows[0]["lookup_share"] == "" and 0 <= float(rows[1]["lookup_share"]) <= 1
+    data = run_json(
+        app,
+        "bench",
+        *model_args(pair),
+        "--num-prompts",
+        1,
+        "-n",
+        3,
+        "--grid",
+        "1x2,3",
+        "--no-lookup",
+    )
+    assert [c["config"] for c in data["configs"]] == ["AR", "W1×L2", "W1×L3"]
+    assert data["configs"][1]["lookup_share"] is None
 
 
 def test_bench_reports_mismatches_loudly(app, pair, monkeypatch):
@@ -392,7 +416,7 @@ def test_bench_reports_mismatches_loudly(app, pair, monkeypatch):
     data = json.loads(result.stdout)
     assert data["ok"] is False
     assert data["mismatches"] == [
-        dict(config="W1×L4+K1×L8", prompt=0, position=2, tokens=4, ar_tokens=4)
+        dict(config="W1×L4+K1×L8", prompt=0, turn=1, position=2, tokens=4, ar_tokens=4)
     ]
     assert data["configs"][1]["matches_ar"] is False
 
@@ -408,6 +432,59 @@ def test_bench_bad_grid_and_prompts(app, pair):
     one_red_line(invoke(app, "bench", *model_args(pair), "--grid", "2,4"), 2, "--grid")
     one_red_line(invoke(app, "bench", *model_args(pair), "--grid", "1x1"), 2, "--beam-length")
     one_red_line(invoke(app, "bench", *model_args(pair), "--prompts", "nope"), 2, "nope")
+    one_red_line(invoke(app, "bench", *model_args(pair), "--turns", 3), 2, "--turns")
+
+
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--configs", "W1xL3,W1xL4 junk"], "--configs 'W1xL4 junk': 'W1xL4 junk' is not a beam"),
+        (["--configs", "W2xL1"], "--configs 'W2xL1': beam length must be >= 2"),
+        (["--configs", "K1xL1"], "--configs 'K1xL1': lookup chain length must be >= 2"),
+        (["--configs", "W1xL4 C2"], "--configs 'W1xL4 C2': capacity 2"),
+        (["--configs", " , "], "--configs ' , ' must be comma-separated shapes"),
+        (["--configs", "W1xL3", "--grid", "1x3"], "--grid and --configs"),
+        (["--configs", "W1xL3,K1xL8", "--no-draft"], "--configs W1×L3 need the drafter"),
+        (["--lookup", 1, "--no-lookup"], "--no-lookup contradicts --lookup 1"),
+    ],
+)
+def test_bench_bad_configs_exit_2(app, pair, flags, needle):
+    one_red_line(invoke(app, "bench", *model_args(pair), "--num-prompts", 1, *flags), 2, needle)
+
+
+def test_bench_configs_run_lookup_alone_without_the_drafter(app, pair, monkeypatch):
+    import redrafter_mlx.cli.bench_report as logic
+
+    real, drafters = logic.measure_generation, {}
+
+    def spy(model, drafter, tokenizer, ids, shape, max_tokens, **kw):
+        drafters[shape.label] = drafter
+        return real(model, drafter, tokenizer, ids, shape, max_tokens, **kw)
+
+    monkeypatch.setattr(logic, "measure_generation", spy)
+    args = [*model_args(pair), "--num-prompts", 1, "-n", 4]
+    data = run_json(app, "bench", *args, "--configs", "AR,W1xL3,W1xL3+K2xL4 C7,k1xl6")
+    names = [c["config"] for c in data["configs"]]
+    assert names == ["AR", "W1×L3", "W1×L3+K2×L4 C7", "K1×L6"]
+    assert data["beam_source"] == "beam shapes from --configs" and data["ok"] is True
+    assert drafters["K1×L6"] is None and drafters["AR"] is None
+    assert drafters["W1×L3"] is not None and drafters["W1×L3+K2×L4 C7"] is not None
+    shares = [c["lookup_share"] for c in data["configs"]]
+    assert shares[:2] == [None, None] and all(isinstance(v, float) for v in shares[2:])
+    # lookup alone on a model without a drafter; --adapt starts from the plan (K1×L8)
+    data = run_json(
+        app,
+        "bench",
+        *model_args(pair, drafter=False),
+        "--num-prompts",
+        1,
+        "-n",
+        4,
+        "--configs",
+        "K1xL6",
+        "--adapt",
+    )
+    assert [c["config"] for c in data["configs"]] == ["AR", "K1×L6", "adaptive K1×L8"]
 
 
 def test_bench_verify_cost(app, monkeypatch):
@@ -426,3 +503,89 @@ def test_bench_verify_cost(app, monkeypatch):
     assert "1.50×" in result.stdout and "verify" in result.stdout
     data = run_json(app, "bench", "--verify-cost", "--hidden", 64, "--layers", 2)
     assert data["rows"][0]["ratio"] == 1.5
+
+
+def test_bench_turns_2_continues_with_the_models_own_answer(app, pair, monkeypatch):
+    """Turn 2 is [user turn 1, assistant: AR's greedy answer, user turn 2], run by every
+    configuration and reported apart; a one-turn prompt stays turn 1 only."""
+    import redrafter_mlx.cli.bench_report as logic
+
+    real, calls = logic.run_engine, []
+
+    def spy(engine, config, ids, max_tokens, sampling):
+        run = real(engine, config, ids, max_tokens, sampling)
+        calls.append((engine, config.name, list(ids), run.tokens))
+        return run
+
+    monkeypatch.setattr(logic, "run_engine", spy)
+    args = ["--num-prompts", 2, "-n", 5, "--turns", 2, "--spread", "--mlx-lm"]
+    data = run_json(app, "bench", *model_args(pair), *args)
+    assert data["ok"] is True and data["turns"] == [1, 2] and data["num_runs"] == 4
+    rows = [(c["turn"], c["config"]) for c in data["configs"]]
+    configs = ["AR", "W1×L4+K1×L8", "mlx-lm"]
+    assert rows == [(1, name) for name in configs] + [(2, name) for name in configs]
+    assert all(c["prompts"] == 2 for c in data["configs"])
+    assert all(c["matches_ar"] is True for c in data["configs"] if c["kind"] == "redrafter")
+    assert [(e["prompt"], e["turn"]) for e in data["per_prompt"]["AR"]] == [
+        (0, 1),
+        (0, 2),
+        (1, 1),
+        (1, 2),
+    ]
+    assert data["mlx_lm_matching_prompts"] == 4
+
+    from redrafter_mlx.engine.prompts import load_records
+
+    spread = load_records("mt-bench", 2, spread_categories=True)
+    assert [r.category for r in spread] == ["writing", "roleplay"]
+    engine = calls[0][0]
+    ar = [(ids, tokens) for _, name, ids, tokens in calls[1:] if name == "AR"]  # no warm-up
+    for record, (first_ids, answer), (second_ids, _) in zip(spread, ar[0::2], ar[1::2]):
+        user = {"role": "user", "content": record.turns[0]}
+        assert first_ids == engine.tokenizer.chat_prompt([user])
+        conversation = [
+            user,
+            {"role": "assistant", "content": engine.tokenizer.decode(answer)},
+            {"role": "user", "content": record.turns[1]},
+        ]
+        assert second_ids == engine.tokenizer.chat_prompt(conversation)
+
+    result = invoke(app, "bench", *model_args(pair), "--num-prompts", 1, "-n", 3, "--turns", 2)
+    assert result.exit_code == 0, result.output
+    assert "turn 1" in result.stdout and "turn 2" in result.stdout
+
+
+def test_bench_turns_2_with_one_turn_prompts(app, pair, tmp_path):
+    f = tmp_path / "mixed.jsonl"
+    f.write_text('{"turns": ["Hi", "More"]}\n{"turns": ["Bye"]}\n{"prompt": "Why"}\n')
+    args = [*model_args(pair), "--prompts", f, "-n", 3, "--turns", 2, "--configs", "K1xL4"]
+    data = run_json(app, "bench", *args)
+    runs = [(e["prompt"], e["turn"]) for e in data["per_prompt"]["K1×L4"]]
+    assert runs == [(0, 1), (0, 2), (1, 1), (2, 1)] and data["num_prompts"] == 3
+    assert [(c["turn"], c["prompts"]) for c in data["configs"]] == [(1, 3), (1, 3), (2, 1), (2, 1)]
+    f.write_text('{"turns": ["Bye"]}\n')
+    result = invoke(app, "bench", *args)
+    assert result.exit_code == 0, result.output
+    assert "no prompt of" in result.stderr and "turn 2" not in result.stdout
+
+
+def test_bench_profile_times_lookup_shapes_as_a_whole_step(app, pair, monkeypatch):
+    import redrafter_mlx.measure.profile as profile
+
+    real = profile.profile_steps
+
+    def quick(model, drafter, shapes, prompt, repeats):
+        return real(model, drafter, shapes, prompt, repeats=2, loop_tokens=6, loop_rounds=1)
+
+    monkeypatch.setattr(profile, "profile_steps", quick)
+    args = [*model_args(pair), "--profile", "--configs", "W1xL3,W1xL3+K1xL4,K1xL4"]
+    data = run_json(app, "bench", *args)
+    _, drafted, mixed, alone = data["rows"]
+    assert [r["config"] for r in data["rows"]] == ["AR", "W1×L3 C3", "W1×L3+K1×L4 C6", "K1×L4 C4"]
+    assert "verify_ms" in drafted and "phases_ms" in drafted
+    for row in (mixed, alone):
+        assert row["step_ms"] > 0 and row["loop_ms"] > 0 and row["lookup"] == 1
+        assert "verify_ms" not in row and "phases_ms" not in row
+    result = invoke(app, "bench", *args)
+    assert result.exit_code == 0, result.output
+    assert "K1×L4 C4" in result.stdout

@@ -1,15 +1,19 @@
 """``redrafter-mlx bench``: measure ReDrafter against plain decoding on a prompt set.
 
-Runs AR, each ReDrafter configuration (the tuned/preset shape, or ``--grid``) and, with
-``--mlx-lm``, mlx-lm's own generator on the same base model, interleaved per prompt after
-one warm-up each. Prints a rich table (``--json`` / ``--csv`` for machines); a greedy
-ReDrafter run that does not reproduce AR's tokens is a red error and exit code 1.
-``--verify-cost`` instead times one verify pass per capacity against one AR step.
+Runs AR, each speculative configuration (the tuned/preset shape with its context-lookup
+chains, ``--grid`` or ``--configs``) and, with ``--mlx-lm``, mlx-lm's own generator on the
+same base model, interleaved per prompt after one warm-up each. ``--spread`` picks the
+prompts across the set's categories; ``--turns 2`` also runs each prompt's second turn after
+the model's own (greedy, plain) first answer, as a chat does, reported apart. Prints a rich
+table (``--json`` / ``--csv`` for machines); a greedy speculative run that does not
+reproduce AR's tokens is a red error and exit code 1. ``--verify-cost`` instead times one
+verify pass per capacity against one AR step.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -24,10 +28,13 @@ from redrafter_mlx.cli.common import (
     DtypeOpt,
     Engine,
     FlagError,
+    LookupLengthOpt,
+    LookupOpt,
     MinPOpt,
     ModelOpt,
     ModelPaths,
     NoDraftOpt,
+    NoLookupOpt,
     Sampling,
     SeedOpt,
     SystemPromptOpt,
@@ -44,41 +51,84 @@ from redrafter_mlx.cli.common import (
 )
 
 
+def with_lookup(shape, chains: int, chain_length: int):
+    """``shape`` with ``chains`` lookup chains of ``chain_length`` tokens (a capacity grows
+    by the chains' own slots, as ``resolve_plan`` does)."""
+    if not chains:
+        return shape
+    out = replace(shape, lookup=chains, lookup_length=chain_length)
+    if shape.capacity is not None:
+        out = replace(out, capacity=shape.capacity + chains * (chain_length - 1))
+    return out.validate()
+
+
 def choose_configs(
     paths: ModelPaths,
     dtype: str | None,
-    grid: str | None,
-    width: int | None,
-    length: int | None,
-    capacity: int | None,
-    no_draft: bool,
-    with_mlx_lm: bool,
+    beam: BeamFlags,
+    *,
+    grid: str | None = None,
+    shapes: str | None = None,
+    with_mlx_lm: bool = False,
     no_adapt: bool = True,
 ) -> tuple[list, str]:
-    """(configurations to run, a sentence saying where the ReDrafter shapes came from)."""
-    from redrafter_mlx.cli.bench_report import AR_CONFIG, MLX_LM_CONFIG, Config, parse_grid
+    """(configurations to run, a sentence saying where the speculative shapes came from).
+
+    AR first; then the ``--configs`` shapes (``shapes``), the ``--grid`` shapes (each with
+    the lookup chains of ``beam``) or the plan ``resolve_plan`` makes of ``beam``; adaptive
+    decoding from the plan unless ``no_adapt``; mlx-lm last.
+    """
+    from redrafter_mlx.cli.bench_report import (
+        AR_CONFIG,
+        MLX_LM_CONFIG,
+        Config,
+        parse_configs,
+        parse_grid,
+    )
     from redrafter_mlx.cli.common import check_shape
     from redrafter_mlx.engine.generation import DEFAULT_SHAPE
     from redrafter_mlx.engine.shape import BeamShape
 
+    if grid is not None and shapes is not None:
+        raise FlagError("--grid and --configs both choose the shapes to compare; give one of them")
+    chains, chain_length = beam.lookup_chains()
+    has_drafter = paths.drafter is not None and not beam.no_draft
     configs = [AR_CONFIG]
-    if grid is not None and paths.drafter is not None and not no_draft:
-        shapes = [check_shape(BeamShape(w, n, capacity)) for w, n in parse_grid(grid)]
-        configs += [Config(shape) for shape in shapes]
-        source = "beam shapes from --grid"
+    plan = None
+    if shapes is not None:
+        chosen = parse_configs(shapes)
+        needs = [s.label for s in chosen if s.drafts]
+        if needs and not has_drafter:
+            why = "--no-draft was given" if beam.no_draft else "there is no drafter (--drafter)"
+            raise FlagError(
+                f"--configs {', '.join(needs)} need the drafter, but {why}; lookup-only "
+                f"shapes (K1xL8) run without it"
+            )
+        for shape in dict.fromkeys(s for s in chosen if not s.is_autoregressive):
+            configs.append(Config(shape))
+        source = "beam shapes from --configs"
+    elif grid is not None and has_drafter:
+        grid_shapes = [check_shape(BeamShape(w, n, beam.capacity)) for w, n in parse_grid(grid)]
+        configs += [Config(with_lookup(s, chains, chain_length)) for s in grid_shapes]
+        source = "beam shapes from --grid" + (", with context lookup" if chains else "")
     else:
-        plan = resolve_plan(paths, dtype, BeamFlags(width, length, capacity, no_draft))
+        plan = resolve_plan(paths, dtype, beam)
         source = plan.source
+        if grid is not None:
+            source += " (--grid needs a drafter)"
         if plan.speculative:
             configs.append(Config(plan.shape))
-        elif paths.drafter is not None and not no_draft:  # tuning found AR faster: show why
-            configs.append(Config(DEFAULT_SHAPE))
-            source += f"; benchmarking the engine default {DEFAULT_SHAPE.label}"
-    speculative = [c for c in configs if c.kind == "redrafter"]
-    if speculative and not no_adapt:  # adaptive decoding, from the shape chat would use
-        plan = None if grid is None else resolve_plan(paths, dtype, BeamFlags(no_draft=no_draft))
-        start = plan.shape if plan is not None and plan.speculative else speculative[0].shape
-        configs.append(Config(start, adapt=True))
+        elif has_drafter:  # tuning found AR faster: show why
+            fallback = with_lookup(DEFAULT_SHAPE, chains, chain_length)
+            configs.append(Config(fallback))
+            source += f"; benchmarking the engine default {fallback.label}"
+    if not no_adapt:  # adaptive decoding, from the shape chat would use
+        if plan is None:  # the shape flags were the grid's: the plan without them
+            plan = resolve_plan(paths, dtype, replace(beam, width=None, length=None, capacity=None))
+        speculative = [c for c in configs if c.kind == "redrafter"]
+        start = plan.shape if plan.speculative else (speculative[0].shape if speculative else None)
+        if start is not None:
+            configs.append(Config(start, adapt=True))
     if with_mlx_lm:
         configs.append(MLX_LM_CONFIG)
     return configs, source
@@ -110,10 +160,11 @@ def show_verify_cost(hidden: int, layers: int, as_json: bool) -> None:
 
 
 def show_profile(engine: Engine, configs: list, ids: list[int], as_json: bool) -> None:
-    """``--profile``: per-phase ms and graph ops of one step per shape, greedy, first prompt."""
+    """``--profile``: per-phase ms and graph ops of one step per shape, greedy, first prompt
+    (shapes with lookup chains: the whole step only)."""
     from redrafter_mlx.cli.bench_report import profile_rows, render_profile
 
-    shapes = [c.shape for c in configs if c.kind == "redrafter"]
+    shapes = list(dict.fromkeys(c.shape for c in configs if c.kind == "redrafter"))
     with err_console().status("profiling"):
         data = profile_rows(engine, shapes, ids, repeats=40)
     if as_json:
@@ -134,14 +185,49 @@ def print_mismatches(mismatches: list[dict]) -> None:
 
     console = err_console()
     for m in mismatches:
+        where = f"prompt {m['prompt'] + 1}" + (f", turn {m['turn']}" if m["turn"] > 1 else "")
         console.print(
             Text(
-                f"MISMATCH: {m['config']} differs from AR on prompt {m['prompt'] + 1} at token "
+                f"MISMATCH: {m['config']} differs from AR on {where} at token "
                 f"{m['position']} ({m['tokens']} vs {m['ar_tokens']} tokens): greedy speculative "
                 f"decoding must reproduce AR exactly; this is an engine bug",
                 style="bold red",
             )
         )
+
+
+def first_turn_answer(engine: Engine, ids: list[int], max_tokens: int) -> str:
+    """The model's own answer to a first turn: greedy plain decoding, as ``--turns 2`` puts
+    it in the second turn's conversation."""
+    from redrafter_mlx.engine.generation import generate
+    from redrafter_mlx.engine.shape import AR
+
+    return generate(
+        engine.model, None, engine.tokenizer, ids, max_tokens=max_tokens, shape=AR, adapt=False
+    )
+
+
+def build_prompts(
+    engine: Engine, records: list, turns: int, system: str | None, max_tokens: int
+) -> list:
+    """The prompts to benchmark, each prompt's turns in order: turn 1 (the first user turn
+    through the chat template) and, with ``turns == 2`` and a second turn in the record,
+    turn 2: [user turn 1, assistant: the model's own greedy answer, user turn 2]."""
+    from redrafter_mlx.cli.bench_report import BenchPrompt
+
+    items = []
+    for index, record in enumerate(records):
+        conversation = [{"role": "user", "content": record.turns[0]}]
+        first = engine.tokenizer.chat_prompt(conversation, system=system)
+        items.append(BenchPrompt(first, index, 1))
+        if turns < 2 or len(record.turns) < 2:
+            continue
+        conversation += [
+            {"role": "assistant", "content": first_turn_answer(engine, first, max_tokens)},
+            {"role": "user", "content": record.turns[1]},
+        ]
+        items.append(BenchPrompt(engine.tokenizer.chat_prompt(conversation, system), index, 2))
+    return items
 
 
 def bench(
@@ -151,12 +237,28 @@ def bench(
         str | None,
         typer.Option(
             "--prompts",
-            help='mt-bench, vicuna-bench, demo, or a JSONL file of {"turns": [...]} '
-            "(default: demo with the demo model, else mt-bench).",
+            help='mt-bench, vicuna-bench, edit, demo, or a JSONL file of {"turns": [...], '
+            '"category": ...} (default: demo with the demo model, else mt-bench).',
             show_default=False,
         ),
     ] = None,
     num_prompts: Annotated[int, typer.Option("--num-prompts", help="How many prompts to run.")] = 8,
+    spread: Annotated[
+        bool,
+        typer.Option(
+            "--spread",
+            help="Pick the --num-prompts prompts across the set's categories (round-robin: "
+            "the first of each category, then the second...) instead of the first N.",
+        ),
+    ] = False,
+    turns: Annotated[
+        int,
+        typer.Option(
+            "--turns",
+            help="1, or 2: also run each prompt's second turn, after the model's own greedy "
+            "answer to the first (as in a chat); each turn is reported apart.",
+        ),
+    ] = 1,
     max_tokens: Annotated[
         int, typer.Option("--max-tokens", "-m", "-n", help="Most tokens per answer.")
     ] = 128,
@@ -164,8 +266,18 @@ def bench(
         str | None,
         typer.Option(
             "--grid",
-            help="ReDrafter shapes to compare, widths x lengths: 1,2x4,5 "
-            "(default: the tuned profile or chip preset).",
+            help="ReDrafter shapes to compare, widths x lengths: 1,2x4,5, each with the "
+            "lookup chains (--lookup, --no-lookup) (default: the tuned profile or chip preset).",
+            show_default=False,
+        ),
+    ] = None,
+    configs: Annotated[
+        str | None,
+        typer.Option(
+            "--configs",
+            help='Shapes to compare, comma-separated labels: "W1xL3,W1xL4+K1xL8 C12,K1xL8" '
+            "(W beams of L tokens, + K lookup chains of L tokens, C packed slots; K alone: "
+            "lookup without the drafter). AR always runs. Instead of --grid.",
             show_default=False,
         ),
     ] = None,
@@ -192,7 +304,8 @@ def bench(
         typer.Option(
             "--profile",
             help="Time each phase of one step (draft, pack, verify, accept, commit, host loop) "
-            "and count its graph ops, per beam shape, with the AR step beside it.",
+            "and count its graph ops, per beam shape, with the AR step beside it (shapes with "
+            "lookup chains: the whole step only).",
         ),
     ] = False,
     hidden: Annotated[int, typer.Option("--hidden", help="--verify-cost: hidden size.")] = 2048,
@@ -207,13 +320,17 @@ def bench(
     beam_length: BeamLengthOpt = None,
     capacity: CapacityOpt = None,
     no_draft: NoDraftOpt = False,
+    lookup: LookupOpt = None,
+    lookup_length: LookupLengthOpt = None,
+    no_lookup: NoLookupOpt = False,
     adapt: Annotated[
         bool,
         typer.Option(
             "--adapt/--no-adapt",
             help="Also run adaptive decoding (the loop switches between the chosen shape, the "
-            "single beams of each length up to it and plain decoding by measured tokens/s) as "
-            "one more row; --no-adapt: only pinned shapes.",
+            "single beams of each length up to it, the lookup chains alone and plain decoding "
+            "by measured tokens/s), from the shape chat would use, as one more row; "
+            "--no-adapt: only pinned shapes.",
         ),
     ] = False,
     dtype: DtypeOpt = None,
@@ -226,37 +343,39 @@ def bench(
         if verify_cost:
             show_verify_cost(hidden, layers, as_json)
             return
+        beam = BeamFlags(
+            beam_width, beam_length, capacity, no_draft, lookup, lookup_length, no_lookup
+        )
 
-        def check_count() -> None:
+        def check() -> None:
             if num_prompts < 1:
                 raise FlagError(f"--num-prompts must be >= 1, got {num_prompts}")
+            if turns not in (1, 2):
+                raise FlagError(f"--turns must be 1 or 2, got {turns}")
 
         def choose(paths: ModelPaths) -> tuple[tuple, bool]:
-            """(prompt set, its prompts, the configurations, their source), and whether one
-            of the configurations speculates."""
-            from redrafter_mlx.engine.prompts import PromptSetError, load_prompts
+            """(prompt set, its records, the configurations, their source), and whether one
+            of the configurations needs the drafter."""
+            from redrafter_mlx.engine.prompts import PromptSetError, load_records
 
             prompt_set = prompts or ("demo" if paths.demo else "mt-bench")
             try:
-                texts = load_prompts(prompt_set, num_prompts)
+                records = load_records(prompt_set, num_prompts, spread_categories=spread)
             except PromptSetError as e:  # a bad --prompts value
                 raise FlagError(f"--prompts: {e}") from None
             try:
-                configs, source = choose_configs(
+                chosen, source = choose_configs(
                     paths,
                     dtype,
-                    grid,
-                    beam_width,
-                    beam_length,
-                    capacity,
-                    no_draft,
-                    with_mlx_lm,
-                    not adapt or profile,
+                    beam,
+                    grid=grid,
+                    shapes=configs,
+                    with_mlx_lm=with_mlx_lm,
+                    no_adapt=not adapt or profile,
                 )
-            except logic.BenchError as e:  # a bad --grid value
+            except logic.BenchError as e:  # a bad --grid / --configs value
                 raise FlagError(str(e)) from None
-            speculative = any(c.kind == "redrafter" for c in configs)
-            return (prompt_set, texts, configs, source), speculative
+            return (prompt_set, records, chosen, source), any(c.drafts for c in chosen)
 
         ready = prepare_engine(
             model,
@@ -264,25 +383,30 @@ def bench(
             dtype,
             sampling=(temp, top_p, top_k, min_p, seed),
             max_tokens=max_tokens,
-            check=check_count,
+            check=check,
             choose=choose,
         )
         engine, sampling, paths = ready.engine, ready.sampling, ready.engine.paths
-        prompt_set, texts, configs, source = ready.plan
-        ids = [
-            engine.tokenizer.chat_prompt([{"role": "user", "content": t}], system=system_prompt)
-            for t in texts
-        ]
+        prompt_set, records, chosen, source = ready.plan
         if profile:
-            show_profile(engine, configs, ids[0], as_json)
+            ids = engine.tokenizer.chat_prompt(
+                [{"role": "user", "content": records[0].prompt}], system=system_prompt
+            )
+            show_profile(engine, chosen, ids, as_json)
             return
+        with err_console().status("answering the first turns" if turns > 1 else "preparing"):
+            items = build_prompts(engine, records, turns, system_prompt, max_tokens)
+        if turns > 1 and all(item.turn == 1 for item in items):
+            err_console().print(
+                f"--turns 2: no prompt of {prompt_set} has a second turn; turn 1 only",
+                style="yellow",
+            )
         runner = make_runner(engine, max_tokens, sampling, with_mlx_lm)
         with err_console().status("benchmarking") as status:
             result = logic.run_bench(
-                configs,
-                ids,
+                chosen,
+                items,
                 runner,
-                texts,
                 sampling.greedy,
                 progress=lambda m: status.update(f"benchmarking: {m}"),
             )
@@ -292,6 +416,7 @@ def bench(
             demo=paths.demo,
             dtype=engine.dtype,
             prompt_set=prompt_set,
+            spread=spread,
             max_tokens=max_tokens,
             sampling=sampling.kwargs(),
             beam_source=source,
@@ -309,20 +434,26 @@ def bench(
 
 
 def print_report(data: dict) -> None:
-    """The rich table plus notes on the shape source and mlx-lm agreement."""
+    """The rich table (one per turn) plus notes on the shape source and mlx-lm agreement."""
     from redrafter_mlx.cli.bench_report import render_table
 
-    title = (
-        f"{Path(data['model']).name} · {data['prompt_set']} × {data['num_prompts']} · "
-        f"max {data['max_tokens']} tokens · {data['dtype']}"
-        + (" · greedy" if data["greedy"] else f" · temp {data['sampling']['temperature']}")
-    )
     console = out_console()
-    console.print(render_table(data["configs"], title))
+    several = len(data["turns"]) > 1
+    for turn in data["turns"]:
+        rows = [row for row in data["configs"] if row["turn"] == turn]
+        count = rows[0]["prompts"] if rows else 0
+        title = (
+            f"{Path(data['model']).name} · {data['prompt_set']} × {count}"
+            + (f" · turn {turn}" if several else "")
+            + f" · max {data['max_tokens']} tokens · {data['dtype']}"
+            + (" · greedy" if data["greedy"] else f" · temp {data['sampling']['temperature']}")
+        )
+        console.print(render_table(rows, title))
     console.print(f"[dim]ReDrafter shapes: {data['beam_source']}.[/]")
     agreement = data["mlx_lm_matching_prompts"]
     if agreement is not None:
+        what = "prompt turns" if several else "prompts"
         console.print(
             f"[dim]mlx-lm greedy tokens equal AR's on {agreement}/"
-            f"{data['num_prompts']} prompts (float rounding may differ).[/]"
+            f"{data['num_runs']} {what} (float rounding may differ).[/]"
         )

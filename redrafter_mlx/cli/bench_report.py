@@ -2,9 +2,11 @@
 
 Every configuration gets one warm-up run, then the timed runs are interleaved per prompt
 (prompt 1: AR, cfg1, cfg2, ...; prompt 2: ...) so machine noise hits all configurations
-alike. Speedup is paired: each configuration's total decode tokens / total decode time over
-the same prompts, divided by AR's. Greedy runs must reproduce AR's tokens exactly; any
-difference is a mismatch (a bug), reported per prompt.
+alike. A prompt may have a second turn (the conversation so far, with the model's own first
+answer): it runs right after the first and is summarised apart, one set of rows per turn.
+Speedup is paired: each configuration's total decode tokens / total decode time over the
+same prompts (of the same turn), divided by AR's. Greedy runs must reproduce AR's tokens
+exactly; any difference is a mismatch (a bug), reported per prompt and turn.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ MLX_LM_NAME = "mlx-lm"
 
 
 class BenchError(ValueError):
-    """A bad benchmark request (prompt set, grid); the message says how to fix it."""
+    """A bad benchmark request (prompt set, grid, configs); the message says how to fix it."""
 
 
 # --------------------------------------------------------------------------- configurations
@@ -50,13 +52,28 @@ class Config:
         return f"adaptive {self.shape.label}" if self.adapt else self.shape.label
 
     def field(self, name: str) -> int | None:
-        """``width``/``length``/``capacity`` of a ReDrafter shape (None otherwise)."""
+        """``width``/``length``/``capacity``/``lookup``/``chain_length`` of a speculative
+        shape (None otherwise)."""
         return getattr(self.shape, name) if self.kind == "redrafter" else None
 
     @property
+    def drafts(self) -> bool:
+        """Whether runs need the drafter (its shape, or adaptive decoding from it, has
+        drafter beams); lookup-only shapes run without it."""
+        return self.kind == "redrafter" and self.shape.drafts
+
+    @property
+    def has_lookup(self) -> bool:
+        """Whether the shape verifies context-lookup chains."""
+        return self.kind == "redrafter" and self.shape.lookup > 0
+
+    @property
     def tree_size(self) -> int | None:
-        """W·L, the unpacked tree size (None for plain decoding)."""
-        return self.shape.width * self.shape.length if self.kind == "redrafter" else None
+        """W·L + K·Lk, the unpacked tree size (None for plain decoding)."""
+        if self.kind != "redrafter":
+            return None
+        s = self.shape
+        return (s.width * s.length if s.drafts else 0) + s.lookup * s.chain_length
 
 
 AR_CONFIG = Config(AR)
@@ -74,6 +91,23 @@ def _int_list(text: str, what: str) -> list[int]:
     return values
 
 
+def parse_configs(text: str) -> list[BeamShape]:
+    """``"AR,W1xL4,W1xL4+K1xL8 C12,K1xL8"`` -> the shapes (``BeamShape.parse`` labels),
+    validated; BenchError naming ``--configs`` otherwise."""
+    from redrafter_mlx.engine.shape import ShapeError
+
+    labels = [label.strip() for label in text.split(",") if label.strip()]
+    if not labels:
+        raise BenchError(f"--configs {text!r} must be comma-separated shapes, e.g. AR,W1xL4,K1xL8")
+    shapes = []
+    for label in labels:
+        try:
+            shapes.append(BeamShape.parse(label).validate())
+        except ShapeError as e:
+            raise BenchError(f"--configs {label!r}: {e.message}") from None
+    return shapes
+
+
 def parse_grid(text: str) -> list[tuple[int, int]]:
     """``"1,2x3,4"`` -> [(1, 3), (1, 4), (2, 3), (2, 4)]: widths x lengths."""
     widths, sep, lengths = text.lower().replace("×", "x").partition("x")
@@ -86,10 +120,11 @@ def parse_grid(text: str) -> list[tuple[int, int]]:
 
 
 def run_engine(engine, config: Config, ids: list[int], max_tokens: int, sampling) -> Run:
-    """Generate with our engine (AR when ``config.kind == 'ar'``) and measure it."""
+    """Generate with our engine (AR when ``config.kind == 'ar'``) and measure it; the
+    drafter only for shapes with drafter beams (lookup alone runs without it)."""
     return measure_generation(
         engine.model,
-        engine.drafter,
+        engine.drafter if config.drafts else None,
         engine.tokenizer,
         ids,
         config.shape,
@@ -160,14 +195,34 @@ def run_mlx_lm(lm: MlxLm, ids: list[int], max_tokens: int, sampling) -> Run:
 # --------------------------------------------------------------------------- the benchmark
 
 
+@dataclass(frozen=True)
+class BenchPrompt:
+    """One prompt as benchmarked: its token ids, the prompt it comes from (its index in the
+    set) and the turn (1, or 2: the conversation with the model's own first answer)."""
+
+    ids: list[int]
+    prompt: int
+    turn: int = 1
+
+
 @dataclass
 class BenchResult:
-    """All runs: ``runs[config name][prompt index]``, plus what was benchmarked."""
+    """All runs: ``runs[config name][i]`` is the run of ``items[i]``."""
 
     configs: list[Config]
-    prompts: list[str]
+    items: list[BenchPrompt]
     runs: dict[str, list[Run]] = field(default_factory=dict)
     greedy: bool = True
+
+    @property
+    def turns(self) -> list[int]:
+        """The turns benchmarked, in order (``[1]`` or ``[1, 2]``)."""
+        return sorted({item.turn for item in self.items})
+
+    @property
+    def num_prompts(self) -> int:
+        """Prompts of the set benchmarked (each with one or two turns)."""
+        return len({item.prompt for item in self.items})
 
 
 Runner = Callable[[Config, list[int]], Run]
@@ -175,28 +230,31 @@ Runner = Callable[[Config, list[int]], Run]
 
 def run_bench(
     configs: list[Config],
-    prompt_ids: list[list[int]],
+    items: list[BenchPrompt],
     runner: Runner,
-    prompts: list[str],
     greedy: bool,
     progress: Callable[[str], None] | None = None,
 ) -> BenchResult:
-    """Warm up each configuration once, then run all of them prompt by prompt, interleaved."""
-    result = BenchResult(configs, prompts, {c.name: [] for c in configs}, greedy)
+    """Warm up each configuration once, then run all of them prompt by prompt (each turn of
+    a prompt in order), interleaved."""
+    result = BenchResult(configs, items, {c.name: [] for c in configs}, greedy)
     for config in configs:
         if progress:
             progress(f"warm-up {config.name}")
-        runner(config, prompt_ids[0])
-    for i, ids in enumerate(prompt_ids):
+        runner(config, items[0].ids)
+    total = result.num_prompts
+    for item in items:
         if progress:
-            progress(f"prompt {i + 1}/{len(prompt_ids)}")
+            turn = f", turn {item.turn}" if len(result.turns) > 1 else ""
+            progress(f"prompt {item.prompt + 1}/{total}{turn}")
         for config in configs:
-            result.runs[config.name].append(runner(config, ids))
+            result.runs[config.name].append(runner(config, item.ids))
     return result
 
 
 def find_mismatches(result: BenchResult) -> list[dict]:
-    """Greedy ReDrafter runs whose tokens differ from AR's: config, prompt, first position."""
+    """Greedy ReDrafter runs whose tokens differ from AR's: config, prompt, turn, first
+    position."""
     if not result.greedy or AR_NAME not in result.runs:
         return []
     reference = result.runs[AR_NAME]
@@ -204,7 +262,7 @@ def find_mismatches(result: BenchResult) -> list[dict]:
     for config in result.configs:
         if config.kind != "redrafter":
             continue
-        for i, (run, ref) in enumerate(zip(result.runs[config.name], reference)):
+        for item, run, ref in zip(result.items, result.runs[config.name], reference):
             if run.tokens != ref.tokens:
                 position = next(
                     (k for k, (a, b) in enumerate(zip(run.tokens, ref.tokens)) if a != b),
@@ -213,7 +271,8 @@ def find_mismatches(result: BenchResult) -> list[dict]:
                 found.append(
                     dict(
                         config=config.name,
-                        prompt=i,
+                        prompt=item.prompt,
+                        turn=item.turn,
                         position=position,
                         tokens=len(run.tokens),
                         ar_tokens=len(ref.tokens),
@@ -223,7 +282,7 @@ def find_mismatches(result: BenchResult) -> list[dict]:
 
 
 def mlx_lm_agreement(result: BenchResult) -> int | None:
-    """Prompts where mlx-lm's greedy tokens equal AR's (None without an mlx-lm run)."""
+    """Runs (prompt turns) where mlx-lm's greedy tokens equal AR's (None without mlx-lm)."""
     if not result.greedy or MLX_LM_NAME not in result.runs or AR_NAME not in result.runs:
         return None
     pairs = zip(result.runs[MLX_LM_NAME], result.runs[AR_NAME])
@@ -236,57 +295,87 @@ def _throughput(runs: list[Run]) -> float:
     return sum(r.decode_tokens for r in runs) / seconds if seconds > 0 else 0.0
 
 
+def lookup_share(runs: list[Run]) -> float:
+    """The share of accepted draft tokens that came from context lookup (0 when none were
+    accepted)."""
+    accepted = sum(r.accepted_tokens for r in runs)
+    return sum(r.lookup_tokens for r in runs) / accepted if accepted else 0.0
+
+
 def summarize(result: BenchResult) -> list[dict]:
-    """One row per configuration: tokens/s, paired speedup, tokens/step, efficiency, ..."""
-    ar_tps = _throughput(result.runs[AR_NAME]) if AR_NAME in result.runs else 0.0
-    mismatched = {m["config"] for m in find_mismatches(result)}
+    """One row per turn and configuration: tokens/s, paired speedup (against AR on the same
+    turn's prompts), tokens/step, efficiency, lookup share, ..."""
+    mismatched = {(m["config"], m["turn"]) for m in find_mismatches(result)}
     rows = []
-    for config in result.configs:
-        runs = result.runs[config.name]
-        tps = _throughput(runs)
-        steps = sum(r.steps for r in runs)
-        tokens_per_step = sum(r.tokens_per_step * r.steps for r in runs) / steps if steps else 1.0
-        packed = sum(r.mean_packed * r.steps for r in runs) / steps if steps else 0.0
-        speedup = tps / ar_tps if ar_tps > 0 else 0.0
-        rows.append(
-            dict(
-                config=config.name,
-                kind=config.kind,
-                width=config.field("width"),
-                length=config.field("length"),
-                capacity=config.field("capacity"),
-                prompts=len(runs),
-                tokens=sum(len(r.tokens) for r in runs),
-                decode_s=sum(r.decode_s for r in runs),
-                tokens_per_s=tps,
-                speedup=speedup,
-                tokens_per_step=tokens_per_step,
-                efficiency=speedup / tokens_per_step,
-                mean_packed=packed if config.kind == "redrafter" else None,
-                tree_size=config.tree_size,
-                ttft_s=sum(r.ttft_s for r in runs) / len(runs),
-                peak_memory_gb=max(r.peak_memory_gb for r in runs),
-                # checked for greedy runs only: a sample differs from AR's by design
-                matches_ar=(config.name not in mismatched)
-                if config.kind == "redrafter" and result.greedy
-                else None,
-            )
-        )
+    for turn in result.turns:
+        picked = [i for i, item in enumerate(result.items) if item.turn == turn]
+        ar_runs = [result.runs[AR_NAME][i] for i in picked] if AR_NAME in result.runs else []
+        ar_tps = _throughput(ar_runs) if ar_runs else 0.0
+        for config in result.configs:
+            runs = [result.runs[config.name][i] for i in picked]
+            rows.append(_summary_row(config, turn, runs, ar_tps, result.greedy, mismatched))
     return rows
 
 
+def _summary_row(
+    config: Config, turn: int, runs: list[Run], ar_tps: float, greedy: bool, mismatched: set
+) -> dict:
+    tps = _throughput(runs)
+    steps = sum(r.steps for r in runs)
+    tokens_per_step = sum(r.tokens_per_step * r.steps for r in runs) / steps if steps else 1.0
+    packed = sum(r.mean_packed * r.steps for r in runs) / steps if steps else 0.0
+    speedup = tps / ar_tps if ar_tps > 0 else 0.0
+    return dict(
+        config=config.name,
+        turn=turn,
+        kind=config.kind,
+        width=config.field("width"),
+        length=config.field("length"),
+        capacity=config.field("capacity"),
+        lookup_chains=config.field("lookup"),
+        lookup_length=config.field("chain_length") if config.has_lookup else None,
+        prompts=len(runs),
+        tokens=sum(len(r.tokens) for r in runs),
+        decode_s=sum(r.decode_s for r in runs),
+        tokens_per_s=tps,
+        speedup=speedup,
+        tokens_per_step=tokens_per_step,
+        efficiency=speedup / tokens_per_step,
+        mean_packed=packed if config.kind == "redrafter" else None,
+        tree_size=config.tree_size,
+        lookup_share=lookup_share(runs) if config.has_lookup else None,
+        ttft_s=sum(r.ttft_s for r in runs) / len(runs),
+        peak_memory_gb=max(r.peak_memory_gb for r in runs),
+        # checked for greedy runs only: a sample differs from AR's by design
+        matches_ar=((config.name, turn) not in mismatched)
+        if config.kind == "redrafter" and greedy
+        else None,
+    )
+
+
 def report(result: BenchResult, meta: dict) -> dict:
-    """The ``--json`` object: metadata, one row per configuration, mismatches."""
+    """The ``--json`` object: metadata, one row per turn and configuration, mismatches."""
     mismatches = find_mismatches(result)
     return {
         **meta,
         "greedy": result.greedy,
-        "num_prompts": len(result.prompts),
+        "num_prompts": result.num_prompts,
+        "turns": result.turns,
+        "num_runs": len(result.items),
         "configs": summarize(result),
         "per_prompt": {
             name: [
-                dict(tokens=len(r.tokens), decode_s=r.decode_s, ttft_s=r.ttft_s, steps=r.steps)
-                for r in runs
+                dict(
+                    prompt=item.prompt,
+                    turn=item.turn,
+                    tokens=len(r.tokens),
+                    decode_s=r.decode_s,
+                    ttft_s=r.ttft_s,
+                    steps=r.steps,
+                    accepted_tokens=r.accepted_tokens,
+                    lookup_tokens=r.lookup_tokens,
+                )
+                for item, r in zip(result.items, runs)
             ]
             for name, runs in result.runs.items()
         },
@@ -298,10 +387,13 @@ def report(result: BenchResult, meta: dict) -> dict:
 
 CSV_FIELDS = (
     "config",
+    "turn",
     "kind",
     "width",
     "length",
     "capacity",
+    "lookup_chains",
+    "lookup_length",
     "prompts",
     "tokens",
     "decode_s",
@@ -311,6 +403,7 @@ CSV_FIELDS = (
     "efficiency",
     "mean_packed",
     "tree_size",
+    "lookup_share",
     "ttft_s",
     "peak_memory_gb",
     "matches_ar",
@@ -318,7 +411,7 @@ CSV_FIELDS = (
 
 
 def write_csv(rows: list[dict], path: str) -> None:
-    """One line per configuration with the summary columns."""
+    """One line per turn and configuration with the summary columns."""
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
         writer.writeheader()
@@ -334,8 +427,10 @@ def render_table(rows: list[dict], title: str):
         title=title,
         box=box.SIMPLE_HEAD,
         pad_edge=False,
+        padding=0,
         caption="speedup: decode tok/s over the same prompts ÷ AR's · eff: speedup ÷ "
-        "tok/step · packed: mean packed tree / W·L",
+        "tok/step · packed: mean packed tree / W·L+K·Lk · lookup: share of accepted drafts "
+        "from context lookup · TTFT in ms · GB: peak memory",
     )
     for column in (
         "config",
@@ -344,11 +439,18 @@ def render_table(rows: list[dict], title: str):
         "tok/step",
         "eff",
         "packed",
-        "TTFT ms",
-        "peak GB",
+        "lookup",
+        "TTFT",
+        "GB",
         "= AR",
     ):
-        table.add_column(column, justify="left" if column == "config" else "right", no_wrap=True)
+        # a long config name wraps (at its space, else anywhere) before any number is cut
+        table.add_column(
+            column,
+            justify="left" if column == "config" else "right",
+            no_wrap=column != "config",
+            overflow="fold",
+        )
     for row in rows:
         packed = (
             f"{row['mean_packed']:.1f}/{row['tree_size']}"
@@ -356,6 +458,7 @@ def render_table(rows: list[dict], title: str):
             else "–"
         )
         same = {True: "[green]yes[/]", False: "[bold red]NO[/]", None: "–"}[row["matches_ar"]]
+        share = row.get("lookup_share")
         table.add_row(
             row["config"],
             f"{row['tokens_per_s']:.1f}",
@@ -363,6 +466,7 @@ def render_table(rows: list[dict], title: str):
             f"{row['tokens_per_step']:.2f}",
             f"{row['efficiency']:.2f}",
             packed,
+            "–" if share is None else f"{share:.0%}",
             f"{row['ttft_s'] * 1e3:.0f}",
             f"{row['peak_memory_gb']:.3f}",
             same,
@@ -407,11 +511,11 @@ def render_verify_cost(rows: list[dict], hidden: int, layers: int):
 
 
 def profile_rows(engine, shapes, ids, repeats: int) -> dict:
-    """The per-phase step profile (``redrafter_mlx.measure.profile.profile_steps``)."""
+    """The per-phase step profile (``redrafter_mlx.measure.profile.profile_steps``); shapes
+    with lookup chains get their whole step and loop timed, their phases left out."""
     from redrafter_mlx.measure.profile import profile_steps
 
-    full = [(s.width, s.length, s.slots) for s in shapes]
-    return profile_steps(engine.model, engine.drafter, full, ids, repeats=repeats)
+    return profile_steps(engine.model, engine.drafter, list(shapes), ids, repeats=repeats)
 
 
 def render_profile(data: dict, title: str):
@@ -425,7 +529,8 @@ def render_profile(data: dict, title: str):
         box=box.SIMPLE_HEAD,
         pad_edge=False,
         caption="step: one compiled step · Σ: phases compiled apart · over: step - verify · "
-        "loop: generation loop wall ms/step · host: loop - step",
+        "loop: generation loop wall ms/step · host: loop - step · lookup shapes: "
+        "whole step only",
     )
     ops = Table(
         title=f"{title} · graph ops per step (kernels/all)", box=box.SIMPLE_HEAD, pad_edge=False

@@ -158,7 +158,7 @@ def test_tune_json_output(app, home, pair, fake_engine):
 
 
 def test_tune_errors_are_clear(app, home, pair):
-    no_drafter = invoke(app, "--model", pair[0])
+    no_drafter = invoke(app, "--model", pair[0], "--no-lookup")  # nothing to speculate with
     assert no_drafter.exit_code == 1 and "--drafter" in no_drafter.stderr
     bad_widths = invoke(app, "--model", pair[0], "--drafter", pair[1], "--widths", "x")
     assert bad_widths.exit_code == 1 and "--widths" in bad_widths.stderr
@@ -261,6 +261,10 @@ def test_engine_measure_passes_shapes_and_reads_stats(monkeypatch):
     assert shape == BeamShape(2, 5, 7) and sampling == greedy
     measure(BeamShape.autoregressive(), 16)
     assert calls[-1][0] is None and calls[-1][4] == greedy
+    measure(BeamShape.lookup_only(1, 8), 16)  # no drafter beam: the drafter is not run
+    assert calls[-1][0] is None and calls[-1][3] == BeamShape.lookup_only(1, 8)
+    measure(BeamShape(1, 4, None, 1, 8), 16)
+    assert calls[-1][0] == "drafter"
 
 
 def test_no_model_and_no_demo_drafter_is_explained(app, home, monkeypatch, tmp_path):
@@ -270,7 +274,7 @@ def test_no_model_and_no_demo_drafter_is_explained(app, home, monkeypatch, tmp_p
     base.mkdir()
     (base / "config.json").write_text("{}")
     monkeypatch.setattr(redrafter_mlx.engine.bundled, "demo_paths", lambda: (base, None))
-    result = invoke(app)
+    result = invoke(app, "--no-lookup")  # without --no-lookup: tuned for lookup alone
     assert result.exit_code == 1
     assert "no drafter" in result.stderr and "--model DIR --drafter DIR" in result.stderr
     monkeypatch.setattr(

@@ -4,6 +4,6 @@ saved profiles, and :func:`resolve_beam_shape` for the chat/generate/bench comma
 Only the standard library is imported here, so importing ``tuning`` stays cheap.
 """
 
-from tuning.defaults import ShapeChoice, resolve_beam_shape
+from tuning.defaults import ShapeChoice, preset_choice, resolve_beam_shape, tuned_choice
 
-__all__ = ["ShapeChoice", "resolve_beam_shape"]
+__all__ = ["ShapeChoice", "preset_choice", "resolve_beam_shape", "tuned_choice"]

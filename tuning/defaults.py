@@ -25,6 +25,8 @@ class ShapeChoice:
 
     shape: BeamShape
     source: str
+    lookup_tuned: bool = False  # from a profile whose search tried context lookup: the
+    # shape's lookup fields (none included) were measured; do not add the default chain
 
     @property
     def speculative(self) -> bool:
@@ -73,8 +75,10 @@ def _from_profile(profile: Profile) -> ShapeChoice:
     """A ShapeChoice from a saved profile."""
     source = f"tuned profile for {profile.key.chip_id} ({profile.date})"
     if not profile.speculative:
-        return ShapeChoice(AR, source + ": speculation did not pay, plain decoding")
-    return ShapeChoice(profile.shape, source)
+        return ShapeChoice(
+            AR, source + ": speculation did not pay, plain decoding", profile.lookup_searched
+        )
+    return ShapeChoice(profile.shape, source, profile.lookup_searched)
 
 
 def _stale_note(profiles: dict[str, Profile], key: ProfileKey) -> str:
@@ -96,17 +100,45 @@ def _from_preset(preset_name: str | None) -> ShapeChoice:
 
 
 def cap_length(choice: ShapeChoice, predict_tokens: int | None) -> ShapeChoice:
-    """Shorten ``choice`` to what the drafter was trained for (+1 for the init token)."""
+    """Shorten ``choice``'s drafter beams to what the drafter was trained for (+1 for the init
+    token); lookup chains are kept (they do not come from the drafter)."""
     limit = max_length_for(predict_tokens)
-    if limit is None or not choice.speculative or choice.length <= limit:
+    if limit is None or not choice.shape.drafts or choice.length <= limit:
         return choice
-    capacity = choice.capacity
-    if capacity is not None and capacity < limit:
-        capacity = None
-    return ShapeChoice(
-        BeamShape(choice.width, limit, capacity),
-        f"{choice.source}; length capped at {limit} (the drafter predicts {predict_tokens} tokens)",
+    shape = replace(choice.shape, length=limit)
+    capacity = shape.capacity
+    if capacity is not None and not limit <= capacity <= shape.max_packed:
+        shape = replace(shape, capacity=None)
+    return replace(
+        choice,
+        shape=shape,
+        source=f"{choice.source}; length capped at {limit} "
+        f"(the drafter predicts {predict_tokens} tokens)",
     )
+
+
+def preset_choice(drafter_path, chip: ChipInfo | str | None = None) -> ShapeChoice:
+    """The chip's preset (else the default preset), capped by the drafter's trained length:
+    what a drafter runs with when no usable profile says otherwise."""
+    _, preset_name = _chip_target(chip)
+    return cap_length(_from_preset(preset_name), read_predict_tokens(drafter_path))
+
+
+def tuned_choice(
+    model_path,
+    drafter_path,
+    dtype,
+    chip: ChipInfo | str | None = None,
+    store: ProfileStore | None = None,
+) -> ShapeChoice | None:
+    """The tuned profile's choice for exactly this setup (``drafter_path`` None: a model
+    tuned without a drafter, lookup alone), or None; no preset, no length cap."""
+    chip_id, _ = _chip_target(chip)
+    if chip_id is None:
+        return None
+    key = ProfileKey.build(chip_id, model_path, drafter_path, dtype)
+    profile = (store or ProfileStore()).load().get(key.text)
+    return None if profile is None else _from_profile(profile)
 
 
 def resolve_beam_shape(

@@ -1,8 +1,10 @@
-"""Beam shapes and the (W, L[, C]) grid the tuner searches.
+"""Beam shapes and the (W, L[, C]) grid the tuner searches, with context-lookup variants.
 
 The shape itself is the engine's :class:`~redrafter_mlx.engine.shape.BeamShape` (``W`` beams
-of ``L`` tokens counting the init token, optional capacity ``C``); ``BeamShape.autoregressive()``
-stands for plain decoding throughout the tuner.
+of ``L`` tokens counting the init token, optional capacity ``C``, ``K`` lookup chains of
+``Lk`` tokens); ``BeamShape.autoregressive()`` stands for plain decoding throughout the tuner.
+With lookup, :func:`with_lookup` adds to every drafter shape ``W×L`` its variants
+``W×L+K×Lk`` and the lookup-only shapes ``K×Lk`` (which need no drafter).
 """
 
 from __future__ import annotations
@@ -69,6 +71,46 @@ def build_grid(
                 elif length <= capacity < base.max_packed:
                     shapes.append(BeamShape(width, length, capacity))
     return shapes
+
+
+def parse_lookup(text: str | None, default: str) -> list[int]:
+    """``--lookup``: chain counts to try (``"1"``, ``"1-2"``); ``"0"``/``"off"`` -> ``[]``.
+
+    ``None`` reads ``default``."""
+    text = default if text is None else str(text).strip()
+    if text.lower() in ("0", "off", "none"):
+        return []
+    return parse_int_set(text, "--lookup")
+
+
+def parse_lookup_lengths(text: str | None, default: str) -> list[int]:
+    """``--lookup-length``: chain lengths to try, counting the init token (each >= 2)."""
+    lengths = parse_int_set(default if text is None else text, "--lookup-length")
+    if lengths[0] < 2:
+        raise ValueError(
+            f"--lookup-length: {lengths[0]} is too short; a chain counts the init token, so >= 2"
+        )
+    return lengths
+
+
+def with_lookup(
+    shapes: list[BeamShape], chains: list[int], chain_lengths: list[int]
+) -> list[BeamShape]:
+    """The lookup-only shapes ``K×Lk``, then every shape of ``shapes`` followed by its
+    variants with ``K`` chains of ``Lk`` tokens added, for every ``K`` and ``Lk``.
+
+    A capped variant keeps the drafter's ``C`` slots and adds the chains' own
+    (``C + K*(Lk-1)``), as ``chat`` does when it adds chains to a capped shape. No ``chains``:
+    ``shapes`` unchanged.
+    """
+    pairs = [(k, n) for k in chains for n in chain_lengths]
+    out = [BeamShape.lookup_only(k, n) for k, n in pairs]
+    for shape in shapes:
+        out.append(shape)
+        for k, n in pairs:
+            capacity = None if shape.capacity is None else shape.capacity + k * (n - 1)
+            out.append(BeamShape(shape.width, shape.length, capacity, k, n))
+    return list(dict.fromkeys(out)) if pairs else list(shapes)
 
 
 def read_predict_tokens(drafter_dir: str | Path | None) -> int | None:

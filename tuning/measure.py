@@ -4,7 +4,9 @@
 for :func:`tuning.search.successive_halving`: it decodes each prompt greedily for
 ``n_tokens`` tokens with ``redrafter_mlx.measure.throughput.measure_generation`` (the same as
 ``redrafter-mlx bench``: decode tokens/s, prompt processing excluded), one sample per prompt.
-The autoregressive shape (L == 1) runs with ``drafter=None`` through the same API.
+The autoregressive shape and the lookup-only shapes (no drafter beam) run with
+``drafter=None`` through the same API; ``drafter`` itself may be None (a model tuned for
+context lookup alone).
 Warm-up is the search's job (it discards a short first run of every shape).
 """
 
@@ -52,7 +54,7 @@ class EngineMeasure:
         """One greedy tokens/s sample per prompt, plus tokens per step and mean packed tokens."""
         from redrafter_mlx.measure.throughput import measure_generation
 
-        drafter = None if shape.is_autoregressive else self.drafter
+        drafter = self.drafter if shape.drafts else None
         tps, per_step, packed = [], [], []
         for prompt in self._encoded:
             run = measure_generation(

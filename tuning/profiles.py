@@ -150,6 +150,8 @@ class Profile:
     tokens_per_s: float | None
     created: str  # ISO date-time, UTC
     summary: dict
+    lookup_searched: bool = False  # the search tried context lookup: the shape's lookup
+    # fields (none included) were measured, so commands must not add the default chain
 
     @property
     def date(self) -> str:
@@ -166,25 +168,37 @@ class Profile:
             "tokens_per_s": self.tokens_per_s,
             "created": self.created,
             "summary": self.summary,
+            "lookup_searched": self.lookup_searched,
         }
 
     @classmethod
     def from_json(cls, record: dict) -> Profile:
-        """Parse one record; raises KeyError/TypeError/ValueError when malformed."""
-        shape = record["shape"]
+        """Parse one record; raises KeyError/TypeError/ValueError when malformed. A record
+        written before context lookup (no ``lookup`` keys) loads without lookup."""
         return cls(
             key=ProfileKey(**record["key"]),
-            shape=BeamShape(
-                int(shape["width"]),
-                int(shape["length"]),
-                None if shape.get("capacity") is None else int(shape["capacity"]),
-            ),
+            shape=shape_from_dict(record["shape"]),
             speculative=bool(record["speculative"]),
             speedup=record.get("speedup"),
             tokens_per_s=record.get("tokens_per_s"),
             created=str(record["created"]),
             summary=dict(record.get("summary") or {}),
+            lookup_searched=bool(record.get("lookup_searched", False)),
         )
+
+
+def shape_from_dict(shape: dict) -> BeamShape:
+    """The inverse of ``BeamShape.to_dict``; absent ``lookup``/``lookup_length`` mean none.
+    Raises KeyError/TypeError/ValueError when malformed."""
+    capacity = shape.get("capacity")
+    chains = int(shape.get("lookup") or 0)
+    return BeamShape(
+        int(shape["width"]),
+        int(shape["length"]),
+        None if capacity is None else int(capacity),
+        chains,
+        int(shape.get("lookup_length") or 0) if chains else 0,
+    )
 
 
 def now_iso() -> str:

@@ -2,8 +2,9 @@
 
 The heatmap follows Figure 7 of the ReDrafter paper: rows are beam lengths L, columns
 beam widths W, each cell colored by the speedup over autoregressive decoding and showing
-tokens/s and the speedup. When several capacities were tried for one (W, L), the cell
-shows the best and names its capacity.
+tokens/s and the speedup. When several variants of one (W, L) were tried (capacities,
+context-lookup chains added), the cell shows the best and names its capacity and chains.
+Lookup-only shapes (no drafter beam) have no cell: they are in the results table only.
 """
 
 from __future__ import annotations
@@ -33,10 +34,11 @@ def speedup_rgb(speedup: float, best: float) -> tuple[int, int, int]:
 
 
 def heatmap_cells(result: SearchResult) -> dict[tuple[int, int], ShapeResult]:
-    """The best measured result for every (width, length) cell of the grid."""
+    """The best measured result for every (width, length) cell of the grid (drafter shapes,
+    with or without lookup chains)."""
     cells: dict[tuple[int, int], ShapeResult] = {}
     for r in result.results:
-        if not r.measured:
+        if not r.measured or not r.shape.drafts:
             continue
         key = (r.shape.width, r.shape.length)
         current = cells.get(key)
@@ -46,10 +48,22 @@ def heatmap_cells(result: SearchResult) -> dict[tuple[int, int], ShapeResult]:
 
 
 def _axes(result: SearchResult) -> tuple[list[int], list[int]]:
-    """Sorted widths and lengths of the searched grid."""
-    widths = sorted({r.shape.width for r in result.results})
-    lengths = sorted({r.shape.length for r in result.results})
+    """Sorted widths and lengths of the searched grid's drafter shapes."""
+    widths = sorted({r.shape.width for r in result.results if r.shape.drafts})
+    lengths = sorted({r.shape.length for r in result.results if r.shape.drafts})
     return widths, lengths
+
+
+def has_heatmap(result: SearchResult) -> bool:
+    """True when the grid has drafter shapes (a lookup-only search has no W x L map)."""
+    return any(r.shape.drafts for r in result.results)
+
+
+def variant_note(r: ShapeResult) -> str:
+    """What a cell's best shape adds to its W x L: `` C12``, `` +K1×L8``, both, or nothing."""
+    shape = r.shape
+    note = f" +K{shape.lookup}×L{shape.chain_length}" if shape.lookup else ""
+    return note + (f" C{shape.capacity}" if shape.capacity is not None else "")
 
 
 def heatmap_table(result: SearchResult) -> Table:
@@ -62,8 +76,13 @@ def heatmap_table(result: SearchResult) -> Table:
     cells = heatmap_cells(result)
     best = max((result.speedup(r).median for r in cells.values()), default=1.0)
     ar_tps = result.autoregressive.spread().median if result.autoregressive.measured else 0.0
+    lookup = any(r.shape.lookup for r in result.results)
     table = Table(
-        title=f"tokens/s and speedup over autoregressive ({ar_tps:.1f} tok/s)", show_lines=True
+        title=f"tokens/s and speedup over autoregressive ({ar_tps:.1f} tok/s)",
+        caption="each cell: its best variant (+K: with lookup chains); lookup alone: the table"
+        if lookup
+        else None,
+        show_lines=True,
     )
     table.add_column("L \\ W", justify="right", style="bold")
     for w in widths:
@@ -76,10 +95,10 @@ def heatmap_table(result: SearchResult) -> Table:
                 row.append("–")
                 continue
             speed = result.speedup(r).median
-            cap = f" C{r.shape.capacity}" if r.shape.capacity is not None else ""
+            note = variant_note(r)
             mark = "★ " if r.shape == result.recommended else ""
             style = Style(color="black", bgcolor=Color.from_rgb(*speedup_rgb(speed, best)))
-            row.append((f"{mark}{r.spread().median:.1f}{cap}\n{speed:.2f}×", style))
+            row.append((f"{mark}{r.spread().median:.1f}{note}\n{speed:.2f}×", style))
         table.add_row(f"L={length}", *[_cell(c) for c in row])
     return table
 
@@ -148,6 +167,8 @@ def save_heatmap_png(result: SearchResult, path: str) -> None:
         ) from None
     widths, lengths = _axes(result)
     cells = heatmap_cells(result)
+    if not cells:
+        raise ValueError("no drafter shape was measured, so there is no W x L heatmap to plot")
     grid = [
         [result.speedup(cells[(w, n)]).median if (w, n) in cells else float("nan") for w in widths]
         for n in lengths
@@ -163,7 +184,7 @@ def save_heatmap_png(result: SearchResult, path: str) -> None:
                 ax.text(
                     j,
                     i,
-                    f"{r.spread().median:.1f}\n{grid[i][j]:.2f}×",
+                    f"{r.spread().median:.1f}{variant_note(r)}\n{grid[i][j]:.2f}×",
                     ha="center",
                     va="center",
                     fontsize=8,

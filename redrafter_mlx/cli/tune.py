@@ -3,7 +3,10 @@
 * ``tune`` (``--chip auto``) measures autoregressive decoding and the (W, L[, C]) grid on
   this machine within ``--budget-seconds`` (default: sized from plain decoding's speed),
   prints a table and a W x L heatmap, and saves a profile that chat/generate/bench then use
-  by default.
+  by default. Context lookup is part of the shape: beside every W×L the grid holds W×L with
+  ``--lookup`` K chains of ``--lookup-length`` tokens added (W×L+K×Lk) and the chains alone
+  (K×Lk), so the profile says whether lookup pays here; ``--no-lookup`` searches W×L only. A
+  model without a drafter is tuned over the lookup-only shapes (against plain decoding).
 * ``tune --chip m2`` prints the built-in preset for that chip without measuring.
 * ``tune --show`` lists saved profiles, ``tune --clear`` deletes them.
 
@@ -26,13 +29,19 @@ from tuning.grid import (
     limit_lengths,
     parse_capacities,
     parse_int_set,
+    parse_lookup,
+    parse_lookup_lengths,
     read_predict_tokens,
+    with_lookup,
 )
 from tuning.measure import TuneError
 from tuning.presets import Preset, get_preset, preset_for, preset_names
 from tuning.search import SearchError
 
 PRESET_HELP = "auto (detect and measure this machine) or a preset: " + ", ".join(preset_names())
+# Lookup chains tried by default: the commands' default chain (engine.lookup's DEFAULT_CHAINS
+# and DEFAULT_CHAIN_LENGTH) beside a drafter; a few more shapes without one (cheap to measure).
+LOOKUP_DEFAULTS = {True: ("1", "8"), False: ("1-2", "4,8")}  # has a drafter -> (K, Lk)
 
 
 def _console(stderr: bool = False):
@@ -138,7 +147,9 @@ def print_preset(report: dict, as_json: bool) -> None:
 # --------------------------------------------------------------------------- measuring
 
 
-def build_measure(model: str, drafter: str, dtype: str | None, prompts: str, num_prompts: int):
+def build_measure(
+    model: str, drafter: str | None, dtype: str | None, prompts: str, num_prompts: int
+):
     """(measure, clock) for the real engine; the tests replace this with a fake cost model."""
     from redrafter_mlx.engine.loading import load
     from redrafter_mlx.engine.platform import fit_blas_threads
@@ -156,29 +167,59 @@ def build_measure(model: str, drafter: str, dtype: str | None, prompts: str, num
     return EngineMeasure(llm, draft, tokenizer, questions), time.perf_counter
 
 
-def resolve_models(model: str | None, drafter: str | None) -> ModelPaths:
+def resolve_models(model: str | None, drafter: str | None, lookup: bool) -> ModelPaths:
     """The model and drafter to tune (the CLI's one resolver: no --model is the default
-    bundled model); tuning compares speculative shapes, so a drafter is required."""
+    bundled model). Without a drafter only context lookup speculates, so ``lookup`` must
+    be on."""
     if model is None and drafter is not None:
         raise TuneError("--drafter needs --model (the base model the drafter was trained for)")
     paths = resolve_paths(model, drafter)
-    if paths.drafter is None:
+    if paths.drafter is None and not lookup:
         raise TuneError(
-            f"{paths.model} has no drafter, so there is nothing to speculate with; "
-            "pass --model DIR --drafter DIR"
+            f"{paths.model} has no drafter and --no-lookup leaves nothing to speculate with; "
+            "pass --model DIR --drafter DIR, or drop --no-lookup to tune context lookup alone"
         )
     return paths
+
+
+def lookup_on(lookup: str | None, no_lookup: bool) -> bool:
+    """Whether the grid tries context lookup (not --no-lookup, not --lookup 0)."""
+    asked = parse_lookup(lookup, "1")
+    if no_lookup and lookup is not None and asked:
+        raise FlagError(f"--no-lookup contradicts --lookup {lookup}; give one of them")
+    return bool(asked) and not no_lookup
+
+
+def lookup_grid(
+    lookup: str | None, lookup_length: str | None, no_lookup: bool, has_drafter: bool
+) -> tuple[list[int], list[int]]:
+    """(chain counts, chain lengths) to try; ``([], [])`` with --no-lookup or --lookup 0."""
+    if not lookup_on(lookup, no_lookup):
+        return [], []
+    chains_default, lengths_default = LOOKUP_DEFAULTS[has_drafter]
+    return (
+        parse_lookup(lookup, chains_default),
+        parse_lookup_lengths(lookup_length, lengths_default),
+    )
 
 
 def grid_for(
     widths: str,
     lengths: str,
     capacities: str | None,
-    drafter: str,
+    drafter: str | None,
     force_lengths: bool,
     first: BeamShape | None,
+    chains: list[int] = (),
+    chain_lengths: list[int] = (),
 ) -> tuple[list[BeamShape], str]:
-    """The shapes to search (``first`` moved to the front) and a note about dropped lengths."""
+    """The shapes to search and a note about dropped lengths: the W×L[ C] grid, each with
+    its lookup variants (``chains`` × ``chain_lengths``) and the lookup-only shapes first;
+    ``first`` (the chip's preset) and its lookup variants moved to the very front. Without
+    a drafter: the lookup-only shapes alone."""
+    chains, chain_lengths = list(chains), list(chain_lengths)
+    if drafter is None:
+        return with_lookup([], chains, chain_lengths), ""
     width_list = parse_int_set(widths, "--widths")
     length_list = parse_int_set(lengths, "--lengths")
     predict = read_predict_tokens(drafter)
@@ -191,15 +232,20 @@ def grid_for(
         )
     if not kept:
         raise ValueError(f"--lengths {lengths}: nothing left to try; {note}")
-    shapes = build_grid(width_list, kept, parse_capacities(capacities))
+    shapes = with_lookup(
+        build_grid(width_list, kept, parse_capacities(capacities)), chains, chain_lengths
+    )
     if first in shapes:
-        shapes.remove(first)
-        shapes.insert(0, first)
+        front = with_lookup([first], chains, chain_lengths)[len(chains) * len(chain_lengths) :]
+        shapes = front + [s for s in shapes if s not in front]
     return shapes, note
 
 
-def save_profile(chip_id: str, model: str, drafter: str, dtype: str | None, result) -> str:
-    """Store the search outcome as this setup's profile; returns the file path."""
+def save_profile(
+    chip_id: str, model: str, drafter: str | None, dtype: str | None, result, lookup: bool
+) -> str:
+    """Store the search outcome as this setup's profile (``lookup``: the grid tried context
+    lookup, so the shape's lookup fields are measured); returns the file path."""
     from tuning.profiles import Profile, ProfileKey, ProfileStore, now_iso
 
     best = result.best if result.speculation_wins else None
@@ -215,6 +261,7 @@ def save_profile(chip_id: str, model: str, drafter: str, dtype: str | None, resu
             "budget_s": result.budget_s,
             "elapsed_s": round(result.elapsed_s, 2),
         },
+        lookup_searched=lookup,
     )
     store = ProfileStore()
     store.put(profile)
@@ -223,14 +270,15 @@ def save_profile(chip_id: str, model: str, drafter: str, dtype: str | None, resu
 
 def print_tuning(result, chip, note: str, profile_path: str, plot: str | None) -> None:
     """Results table, heatmap and the recommendation, for humans."""
-    from tuning.render import heatmap_table, results_table
+    from tuning.render import has_heatmap, heatmap_table, results_table
 
     console = _console()
     console.print(f"chip: [bold]{chip.chip_id}[/bold] ({chip.name}, {chip.backend})")
     if note:
         console.print(f"note: {note}")
     console.print(results_table(result))
-    console.print(heatmap_table(result))
+    if has_heatmap(result):
+        console.print(heatmap_table(result))
     console.print(f"[bold]recommended: {result.recommended.label}[/bold] — {result.reason}")
     console.print(f"saved to {profile_path}; chat/generate/bench now use it by default.")
     skipped = result.skipped
@@ -242,7 +290,7 @@ def print_tuning(result, chip, note: str, profile_path: str, plot: str | None) -
 
 
 def run_tuning(
-    chip, model: str, drafter: str, shapes: list[BeamShape], note: str, options: dict
+    chip, model: str, drafter: str | None, shapes: list[BeamShape], note: str, options: dict
 ) -> None:
     """Measure, decide, save and report."""
     from tuning.search import SearchPlan, successive_halving
@@ -268,7 +316,10 @@ def run_tuning(
             f"no speculative shape could be measured within {result.budget_s:g} s, so "
             f"no profile was saved; raise --budget-seconds"
         )
-    path = save_profile(chip.chip_id, model, drafter, options["dtype"], result)
+    lookup = options.get("lookup") or {}
+    path = save_profile(
+        chip.chip_id, model, drafter, options["dtype"], result, bool(lookup.get("chains"))
+    )
     if options["plot"]:
         from tuning.render import save_heatmap_png
 
@@ -281,6 +332,7 @@ def run_tuning(
                     "chip": chip.to_dict(),
                     "model": model,
                     "drafter": drafter,
+                    "lookup": lookup or None,
                     "note": note,
                     "profile_path": path,
                     "plot": options["plot"],
@@ -315,6 +367,28 @@ def tune(
         str | None,
         typer.Option(help="Packing capacities to try besides no cap, e.g. 8,12 (default: none)."),
     ] = None,
+    lookup: Annotated[
+        str | None,
+        typer.Option(
+            "--lookup",
+            help="Context-lookup chains to try beside every drafter shape and alone: K, or a "
+            "set like 1-2 (0 = off; default 1, without a drafter 1-2).",
+            show_default=False,
+        ),
+    ] = None,
+    lookup_length: Annotated[
+        str | None,
+        typer.Option(
+            "--lookup-length",
+            help="Tokens per lookup chain, counting the init token: 8 or a set like 4,8 "
+            "(default 8, without a drafter 4,8).",
+            show_default=False,
+        ),
+    ] = None,
+    no_lookup: Annotated[
+        bool,
+        typer.Option("--no-lookup", help="Search drafter shapes only, no context lookup."),
+    ] = False,
     budget_seconds: Annotated[
         float | None,
         typer.Option(
@@ -354,7 +428,8 @@ def tune(
     ] = False,
     verbose: VerboseOpt = False,
 ) -> None:
-    """Find the fastest beam shape (width W, length L, capacity C) for this machine.
+    """Find the fastest beam shape (width W, length L, capacity C, lookup chains K×Lk) for
+    this machine.
 
     With --chip NAME, print that chip's built-in preset instead of measuring.
     """
@@ -379,10 +454,20 @@ def tune(
         from tuning.chip import detect_chip
 
         info = detect_chip()
-        paths = resolve_models(model, drafter)
+        paths = resolve_models(model, drafter, lookup_on(lookup, no_lookup))
         model, drafter = paths.model, paths.drafter
+        if plot and drafter is None:
+            raise FlagError("--plot draws the W x L heatmap of drafter shapes; this has no drafter")
+        chains, chain_lengths = lookup_grid(lookup, lookup_length, no_lookup, drafter is not None)
         shapes, note = grid_for(
-            widths, lengths, capacities, drafter, force_lengths, preset_for(info.preset)[0].shape
+            widths,
+            lengths,
+            capacities,
+            drafter,
+            force_lengths,
+            preset_for(info.preset)[0].shape,
+            chains,
+            chain_lengths,
         )
         options = {
             "dtype": dtype,
@@ -392,6 +477,7 @@ def tune(
             "budget_seconds": budget_seconds,
             "json": json_output,
             "plot": plot,
+            "lookup": {"chains": chains, "lengths": chain_lengths} if chains else None,
         }
         try:
             run_tuning(info, model, drafter, shapes, note, options)

@@ -107,7 +107,8 @@ def test_pack_with_absent_tokens_matches_trie(seed):
 LOOKUP_SHAPES = [
     BeamShape(1, 3, None, 1, 5),
     BeamShape(2, 3, None, 2, 4),
-    BeamShape(1, 4, 4, 1, 6),  # capacity short: the ranking decides who keeps the slots
+    BeamShape(1, 4, 4, 1, 6),  # room for one chain: each row picks the beam or the chain
+    BeamShape(1, 4, 6, 1, 8),  # capacity short: the ranking decides who keeps the slots
     BeamShape(2, 4, 5, 2, 8),
     BeamShape.lookup_only(1, 5),
     BeamShape.lookup_only(2, 4),

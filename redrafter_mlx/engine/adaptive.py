@@ -259,7 +259,9 @@ class Adaptive:
 
         By default: ``shape``; its drafter part alone and the shorter single beams; and with
         lookup chains, the chains alone (no drafter cost: where the text repeats itself
-        they may beat every tree with drafter beams, and where it does not, AR wins)."""
+        they may beat every tree with drafter beams, and where it does not, AR wins) and,
+        for one beam and one chain, room for one of them (each row verifies its beam or
+        its chain, whichever the match says, at the cost of the beam alone)."""
         if self.shapes:
             spec = list(self.shapes)
         elif shape.is_autoregressive:
@@ -269,6 +271,9 @@ class Adaptive:
             spec = [shape, drafted, *single_beams(drafted.length)]
             if shape.lookup and shape.drafts:
                 spec.append(BeamShape.lookup_only(shape.lookup, shape.chain_length))
+                if shape.width == 1 and shape.lookup == 1:  # one chain, the drafter's cost
+                    room = min(shape.length, shape.chain_length)
+                    spec.append(BeamShape(1, shape.length, room, 1, shape.chain_length))
         spec = [s for s in spec if not s.is_autoregressive]
         return [AR, *dict.fromkeys(spec)]
 

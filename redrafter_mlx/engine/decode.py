@@ -96,13 +96,17 @@ def draft_phase(
     length: int,
     lookup: int = 0,
     lookup_length: int = 0,
+    capacity: int | None = None,
 ) -> Candidates:
     """1. Draft: the drafter's W beams of L tokens and K lookup chains of Lk tokens.
 
     Both sources start at the init token. Packing is candidate-major and truncates the last
     candidates first, so the order is the ranking: a row whose best lookup match is at least
     ``STRONG_MATCH`` tokens puts its lookup chains first, any other row its drafter beams.
+    One beam and one chain in a ``capacity`` that holds only one of them: each row picks its
+    chain by that rule, and the step verifies a single chain (no tree to pack or commit).
     """
+    capacity = capacity or length + lookup_length
     drafted = None
     if drafter is not None and width >= 1 and length >= 2:
         drafted, _, _ = beam_search(
@@ -114,19 +118,25 @@ def draft_phase(
     if drafted is None:
         return Candidates(found.tokens, found.present, mx.ones(found.present.shape[:2], mx.bool_))
     B, W, _ = drafted.shape
+    strong = found.match[:, 0] >= STRONG_MATCH  # (B,)
+    if W == 1 and lookup == 1 and capacity <= min(length, lookup_length):
+        # Room for one chain only: the other could add no slot, so pick it per row.
+        chain = mx.where(found.present, found.tokens, 0)[:, :, :capacity]  # absent: any id
+        pick = mx.where(strong[:, None, None], chain, drafted[:, :, :capacity])
+        return Candidates(pick, None, strong[:, None])
     n = max(length, lookup_length)
     chains, present = _pad(found.tokens, n, ABSENT), _pad(found.present, n, False)
     drafted_present = mx.broadcast_to(arange(n)[None, None, :] < length, (B, W, n))
     drafted = _pad(drafted, n, ABSENT)
-    strong = (found.match[:, 0] >= STRONG_MATCH)[:, None, None]  # (B, 1, 1)
 
     def ranked(first, second):
-        return mx.where(strong, mx.concatenate(first, 1), mx.concatenate(second, 1))
+        where = strong[:, None, None]
+        return mx.where(where, mx.concatenate(first, 1), mx.concatenate(second, 1))
 
     beams = ranked([chains, drafted], [drafted, chains])
     present = ranked([present, drafted_present], [drafted_present, present])
     is_chain = mx.array([True] * lookup + [False] * W + [True] * lookup)
-    from_lookup = mx.where(strong[:, :, 0], is_chain[None, : lookup + W], is_chain[None, lookup:])
+    from_lookup = mx.where(strong[:, None], is_chain[None, : lookup + W], is_chain[None, lookup:])
     return Candidates(beams, present, from_lookup)
 
 
@@ -215,7 +225,7 @@ def redrafter_step(
     """
     B = state.lengths.shape[0]
     rng, draw_key = mx.random.split(state.rng)
-    cand = draft_phase(drafter, model, state, width, length, lookup, lookup_length)
+    cand = draft_phase(drafter, model, state, width, length, lookup, lookup_length, capacity)
     beams = cand.beams
     if beams.shape[1] == 1 and cand.present is not None:  # a lone chain fills its C slots
         beams = mx.where(cand.present, beams, 0)[:, :, :capacity]

@@ -188,3 +188,29 @@ def test_long_prompt_prefills_a_chunk_per_step_while_rows_decode():
     beam = dict(beam_width=2, beam_length=3)
     assert a.tokens == run_decode(model, drafter, [short], max_tokens=60, **beam)[0][0]
     assert b.tokens == run_decode(model, drafter, [long], max_tokens=20, **beam)[0][0]
+
+
+@pytest.mark.parametrize("with_drafter", [True, False], ids=["drafter+lookup", "lookup-alone"])
+def test_rows_with_lookup_equal_solo_runs(pair, prompts, with_drafter):
+    """Rows with different histories join and leave; each row's lookup reads its own text
+    (its prompt from the join on), and greedy output equals plain decoding."""
+    model, drafter, tok = pair
+    shape = BeamShape(1, 3, None, 1, 6) if with_drafter else BeamShape.lookup_only(2, 5)
+    sched = Scheduler(model, drafter if with_drafter else None, shape, tok.eos_token_ids, 3)
+    runs = []
+    for i, prompt in enumerate(prompts):
+        sink = Collector()
+        sched.submit(Request(prompt, 24 + 10 * i, sink))
+        runs.append((prompt, 24 + 10 * i, sink))
+        for _ in range(1 + i % 3):
+            sched.run_once()
+    drain(sched)
+    for prompt, max_tokens, sink in runs:
+        assert sink.tokens == solo(pair, prompt, max_tokens, None)
+    stats = [sink.last.stats for _, _, sink in runs]
+    assert sum(s.lookup_drafts for s in stats) > 0  # lookup chains were accepted
+    spec = stats[0].to_dict(5)
+    assert (
+        spec["accepted_from_lookup"] + spec["accepted_from_drafter"]
+        == spec["accepted_draft_tokens"]
+    )

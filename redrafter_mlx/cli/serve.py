@@ -131,6 +131,7 @@ def build(engine, plan, max_batch: int, max_queue: int, limit: int, log_level: s
     beam = {}
     if shape is not None:
         beam = dict(beam_width=shape.width, beam_length=shape.length, capacity=shape.slots)
+        beam.update(lookup=shape.lookup, lookup_length=shape.chain_length)
     config = ServeConfig(
         tok, model_id(engine.paths), limit, engine.model.max_context, engine.model.vocab_size, beam
     )

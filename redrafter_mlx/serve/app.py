@@ -61,7 +61,7 @@ class ServeConfig:
     max_tokens_limit: int
     context: int | None
     vocab_size: int
-    beam: dict  # {"beam_width", "beam_length", "capacity"} or {} for plain decoding
+    beam: dict  # {"beam_width", "beam_length", "capacity", "lookup", "lookup_length"}; {}: AR
 
 
 def error_response(message: str, status: int, type: str, param=None, code=None) -> JSONResponse:
@@ -241,7 +241,7 @@ class _Run:
         return usage(len(self.request.prompt), self.tokens)
 
     def speculation(self, beam: dict) -> dict:
-        draft = beam["beam_length"] - 1 if beam else 0
+        draft = max(beam["beam_length"], beam.get("lookup_length", 0)) - 1 if beam else 0
         stats = self.stats.to_dict(draft) if self.stats is not None else {}
         return {"enabled": bool(beam), **beam, **stats}
 

@@ -77,6 +77,7 @@ class RowStats:
     steps: int = 0
     emitted_by_steps: int = 0
     accepted_drafts: int = 0
+    lookup_drafts: int = 0  # accepted drafts that came from a context-lookup chain
     queued_s: float = 0.0
     ttft_s: float = 0.0
     decode_s: float = 0.0
@@ -92,6 +93,8 @@ class RowStats:
             steps=self.steps,
             tokens_per_step=round(self.tokens_per_step, 4),
             accepted_draft_tokens=self.accepted_drafts,
+            accepted_from_drafter=self.accepted_drafts - self.lookup_drafts,
+            accepted_from_lookup=self.lookup_drafts,
             acceptance_rate=round(self.accepted_drafts / drafted, 4) if drafted else 0.0,
             generation_tps=round(self.generated / max(self.decode_s, 1e-9), 2),
             time_to_first_token=round(self.ttft_s, 4),
@@ -527,6 +530,7 @@ class Scheduler:
     def _read(self, out: StepOutput, owners: tuple[Row | None, ...]) -> None:
         """Deliver a computed step's tokens to the rows still owned by the same request."""
         tokens, counts = out.tokens.tolist(), out.count.tolist()  # this step is computed
+        looked = out.looked_up.tolist() if out.looked_up is not None else [0] * len(counts)
         self._inflight -= 1
         for r, row in enumerate(owners):  # r: the row's index when the step was queued
             if row is None or row.finished:
@@ -535,6 +539,7 @@ class Scheduler:
             row.stats.steps += 1
             row.stats.emitted_by_steps += counts[r]
             row.stats.accepted_drafts += counts[r] - 1
+            row.stats.lookup_drafts += looked[r]
             self._deliver(row.slot, row, tokens[r][: counts[r]])
 
     def _deliver(self, r: int, row: Row, tokens: list[int]) -> None:

@@ -356,17 +356,23 @@ def check_shape(shape: BeamShape) -> BeamShape:
 
 def resolve_plan(paths: ModelPaths, dtype: str | None, beam: BeamFlags) -> ShapeChoice:
     """The beam shape: flags override the tuned profile / chip preset; context-lookup chains
-    join it unless ``--no-lookup``; no drafter -> lookup alone, or AR."""
+    join it unless ``--no-lookup`` or the tuner measured them (its profile's chains, or their
+    absence, stand unless --lookup/--lookup-length/--no-lookup say otherwise); no drafter ->
+    the tuned lookup-only profile, else lookup alone, or AR."""
     from dataclasses import replace
 
     from redrafter_mlx.engine.shape import AR, BeamShape
-    from tuning import ShapeChoice, resolve_beam_shape
+    from tuning import ShapeChoice, preset_choice, resolve_beam_shape, tuned_choice
 
     chains, chain_length = beam.lookup_chains()
+    lookup_flags = beam.no_lookup or beam.lookup is not None or beam.lookup_length is not None
     if beam.no_draft:
         return ShapeChoice(AR, "--no-draft: plain decoding")
     if paths.drafter is None:
         why = "the demo model has no drafter yet" if paths.demo else "no --drafter given"
+        tuned = None if lookup_flags else tuned_choice(paths.model, None, dtype)
+        if tuned is not None and tuned.lookup_tuned:
+            return tuned  # tune measured lookup alone here: its chains, or plain decoding
         if chains:
             lookup = BeamShape.lookup_only(chains, chain_length)
             return ShapeChoice(lookup, f"{why}: context lookup alone (--no-lookup: plain)")
@@ -375,7 +381,7 @@ def resolve_plan(paths: ModelPaths, dtype: str | None, beam: BeamFlags) -> Shape
     if any(v is not None for v in (beam.width, beam.length, beam.capacity)):
         from redrafter_mlx.engine.generation import DEFAULT_SHAPE
 
-        base = choice.shape if choice.speculative else DEFAULT_SHAPE
+        base = choice.shape if choice.shape.drafts else DEFAULT_SHAPE
         shape = BeamShape(
             beam.width if beam.width is not None else base.width,
             beam.length if beam.length is not None else base.length,
@@ -384,12 +390,26 @@ def resolve_plan(paths: ModelPaths, dtype: str | None, beam: BeamFlags) -> Shape
         check_shape(shape)
         warn_untrained_length(shape, paths.drafter)
         choice = ShapeChoice(shape, "beam shape from flags")
-    if not chains or not choice.speculative:
+    if choice.lookup_tuned and not lookup_flags:
+        return choice  # tune measured the chains: keep them (or their absence) as tuned
+    if not choice.speculative:
         return choice
-    shape = replace(choice.shape, lookup=chains, lookup_length=chain_length)
-    capacity = choice.shape.capacity
-    if capacity is not None:  # the drafter's slots, plus the chains' own
-        shape = replace(shape, capacity=capacity + chains * (chain_length - 1))
+    drafted = choice.shape
+    if drafted.lookup:  # the tuned chains give way to the flags': the drafter's part alone
+        capacity = drafted.capacity
+        if capacity is not None:
+            capacity -= drafted.lookup * (drafted.chain_length - 1)
+        drafted = replace(drafted, capacity=capacity, lookup=0, lookup_length=0)
+        source = choice.source if chains else f"{choice.source}, without lookup chains"
+        if not drafted.drafts and not chains:  # --no-lookup, lookup alone tuned: the preset
+            preset = preset_choice(paths.drafter)
+            drafted, source = preset.shape, f"{source}; drafter shape from the {preset.source}"
+        choice = ShapeChoice(drafted, source)
+    if not chains:
+        return choice
+    shape = replace(drafted, lookup=chains, lookup_length=chain_length)
+    if drafted.capacity is not None:  # the drafter's slots, plus the chains' own
+        shape = replace(shape, capacity=drafted.capacity + chains * (chain_length - 1))
     return ShapeChoice(shape.validate(), f"{choice.source}, with context lookup")
 
 

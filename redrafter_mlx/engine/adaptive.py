@@ -21,6 +21,10 @@ finished steps, one step behind; no new device sync) and wall-clock time:
   lookup chains: shapes that differ only in length share it); a family not measured lately
   is estimated as the overall ``a`` times the ratio of its own ``a`` to the overall one when
   it last ran (never run: ratio 1).
+* lookup shapes not run lately are judged by the lookup shadow (``lookup.LookupShadow``):
+  at every step, whatever shape ran, what a lookup chain would have had accepted, read
+  from the text once it is written (decayed like acceptance). A shape with drafter beams
+  and chains is taken as the better of its two parts.
 * While AR runs nothing is drafted, so every ``probe`` AR steps one step of the best
   speculative shape re-measures acceptance; the interval doubles (up to ``max_probe``)
   while probes lose, and resets when one wins.
@@ -113,6 +117,7 @@ class ShapeChooser:
         self._ar_queued = 0
         self._probe: Hashable | None = None
         self._outlier_seen: set = set()
+        self._shadow: list[float] = []  # decayed counts of lookup drafts accepted: k -> weight
 
     # ------------------------------------------------------------------ estimates
 
@@ -132,7 +137,26 @@ class ShapeChooser:
         if own.mean is not None and self.steps - own.last_step <= self.stale:
             return own.mean
         a = self.acceptance(key)
-        return sum(a**k for k in range(key.longest))
+        chain = sum(a**k for k in range(key.longest))
+        shadow = self.lookup_tokens(key)
+        if shadow is None:
+            return chain
+        if not key.drafts:
+            return shadow
+        part = key.without_lookup()  # the better of the drafter's part and the chains
+        drafted = (
+            self.tokens_per_step(part) if part in self.own else sum(a**k for k in range(key.length))
+        )
+        return max(shadow, drafted)
+
+    def lookup_tokens(self, key: Hashable) -> float | None:
+        """Tokens per step a shape's lookup chain would give, from the shadow (None: no
+        lookup in ``key``, or nothing observed yet)."""
+        total = sum(self._shadow)
+        if not key.lookup or total <= 0:
+            return None
+        room = min(key.chain_length, key.slots) - 1  # draft tokens the chain can hold
+        return sum(w * (1 + min(k, room)) for k, w in enumerate(self._shadow)) / total
 
     def rate(self, key: Hashable) -> float | None:
         """Expected tokens per second; None while the shape's cost is unknown.
@@ -185,6 +209,14 @@ class ShapeChooser:
                 self._probe_every = self.probe
             else:
                 self._probe_every = min(2 * self._probe_every, self.max_probe)
+
+    def observe_lookup(self, accepted: Sequence[int]) -> None:
+        """Lookup drafts a chain would have had accepted at recent step starts (the shadow)."""
+        for k in accepted:
+            self._shadow = [w * self.decay for w in self._shadow]
+            if k >= len(self._shadow):
+                self._shadow += [0.0] * (k + 1 - len(self._shadow))
+            self._shadow[k] += 1.0
 
     # ------------------------------------------------------------------ internals
 
@@ -338,6 +370,10 @@ class StepPlan:
         self._queued: deque = deque()
         self._last_read: float | None = None
         self._queued_once: set = set()
+        # The longest lookup chain among the candidates: the shadow's horizon (0: none).
+        self.lookup_horizon = max((s.chain_length - 1 for s in shapes if s.lookup), default=0)
+        if self.chooser is None:
+            self.lookup_horizon = 0
 
     def next(self):
         """The step function for the next step to queue.
@@ -364,6 +400,11 @@ class StepPlan:
             seconds = None if self._last_read is None else now - self._last_read
         self._last_read = now
         self.chooser.observe(shape, counts, seconds)
+
+    def lookup_seen(self, accepted: Sequence[int]) -> None:
+        """The shadow resolved these steps' counterfactual lookup acceptances."""
+        if self.chooser is not None and accepted:
+            self.chooser.observe_lookup(accepted)
 
     def pause(self) -> None:
         """The consumer held the loop (e.g. between streamed events): the next read's wall

@@ -27,6 +27,7 @@ from .cache import (
 )
 from .decode import DecodeState, make_step
 from .drafter import Drafter
+from .lookup import LookupShadow
 from .model import Model
 from .sampling import SamplerConfig, draw
 from .shape import BeamShape
@@ -215,6 +216,8 @@ def decode(
         )
 
         per_step = plan.per_step  # most a step can add to a row
+        horizon = plan.lookup_horizon
+        shadow = LookupShadow([p + o for p, o in zip(prompts, out)], horizon) if horizon else None
         width = plan.slots  # slots a step writes past a row
         lengths = [len(p) for p in prompts]  # exact, as of the last step read
         inflight = 0
@@ -253,6 +256,9 @@ def decode(
             looked = [0] * B if pending.looked_up is None else pending.looked_up.tolist()
             inflight -= 1
             plan.finished([c for c, f in zip(counts, finish) if f is None])
+            if shadow is not None:  # what a lookup chain would have given, rows still going
+                seen = [shadow.step(r, toks[r][: counts[r]]) for r in range(B) if not finish[r]]
+                plan.lookup_seen([k for row in seen for k in row])
             lengths = [n + c for n, c in zip(lengths, counts)]
             stats.steps += 1
             new_rows, acc_rows, drafted_rows = [], [], []

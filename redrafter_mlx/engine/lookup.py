@@ -117,3 +117,72 @@ def write_history(history: mx.array, lengths: mx.array, tokens: mx.array) -> mx.
     """
     at = lengths[:, None] + arange(tokens.shape[1])[None, :]
     return mx.put_along_axis(history, at, tokens.astype(mx.int32), axis=1)
+
+
+class LookupShadow:
+    """What one lookup chain would have had accepted at each step, whatever shape ran.
+
+    The host mirror of ``lookup_chains``' first chain (longest match of the last
+    ``MAX_NGRAM`` tokens, then the latest), over the text the loop has already read. At each
+    step start it records the chain the step could have verified; once the text has grown
+    past it, the chain's accepted drafts are the leading tokens it shares with what the model
+    actually wrote. The adaptive loop judges lookup shapes by these counterfactuals, so it
+    notices text worth copying (a second turn, an editing task) while it runs plain decoding
+    or the drafter, and notices it stopping. Plain Python on tokens already read: no device
+    work, and an n-gram index makes each step O(new tokens).
+    """
+
+    def __init__(self, rows: list[list[int]], horizon: int, max_ngram: int = MAX_NGRAM):
+        self.horizon = horizon  # draft tokens a chain holds (its length minus the init token)
+        self.max_ngram = max_ngram
+        self.text = [list(r) for r in rows]
+        self.index: list[dict[tuple, int]] = [{} for _ in rows]
+        self.indexed = [0] * len(rows)  # positions < this are in the index
+        self.pending: list[list[tuple[int, list[int]]]] = [[] for _ in rows]
+        for r in range(len(rows)):
+            self._index_upto(r)
+
+    def _index_upto(self, r: int) -> None:
+        """Index the n-grams ending at every position before the last (the init token)."""
+        text, index = self.text[r], self.index[r]
+        for p in range(self.indexed[r], len(text) - 1):
+            for n in range(1, self.max_ngram + 1):
+                if p - n + 1 < 0:
+                    break
+                index[tuple(text[p - n + 1 : p + 1])] = p
+        self.indexed[r] = max(len(text) - 1, self.indexed[r])
+
+    def chain(self, r: int) -> list[int]:
+        """The draft tokens lookup proposes now for row ``r`` (empty: no match)."""
+        text, index = self.text[r], self.index[r]
+        for n in range(min(self.max_ngram, len(text)), 0, -1):
+            p = index.get(tuple(text[-n:]))
+            if p is not None:
+                return text[p + 1 : p + 1 + self.horizon]
+        return []
+
+    def step(self, r: int, tokens: list[int]) -> list[int]:
+        """Row ``r``'s step emitted ``tokens``: returns the accepted-draft counts of the
+        chains whose outcome is now known (one per earlier step start)."""
+        start = len(self.text[r])
+        self.pending[r].append((start, self.chain(r)))
+        self.text[r].extend(tokens)
+        self._index_upto(r)
+        return self._resolve(r, final=False)
+
+    def finish(self, r: int) -> list[int]:
+        """Row ``r`` ended: resolve its remaining chains with the text as it is."""
+        return self._resolve(r, final=True)
+
+    def _resolve(self, r: int, final: bool) -> list[int]:
+        text, done, keep = self.text[r], [], []
+        for start, chain in self.pending[r]:
+            if not final and len(text) < start + len(chain):
+                keep.append((start, chain))
+                continue
+            n = 0
+            while n < len(chain) and start + n < len(text) and chain[n] == text[start + n]:
+                n += 1
+            done.append(n)
+        self.pending[r] = keep
+        return done

@@ -207,3 +207,74 @@ def test_lookup_step_compiles_once():
         pass
     step = get_step(model, None, shape, SamplerConfig())
     assert 1 <= step.counter["traces"] <= 2  # one per attention-window bucket
+
+
+def brute_shadow(text, start, horizon, max_ngram=4):
+    """The chain lookup proposes at ``start`` (text[:start] read), scored against the rest."""
+    seen = text[:start]
+    best = None
+    for p in range(len(seen) - 1):
+        m = 0
+        while m < max_ngram and p - m >= 0 and seen[p - m] == seen[len(seen) - 1 - m]:
+            m += 1
+        if m and (best is None or (m, p) >= best):
+            best = (m, p)
+    chain = [] if best is None else seen[best[1] + 1 : best[1] + 1 + horizon]
+    n = 0
+    while n < len(chain) and start + n < len(text) and chain[n] == text[start + n]:
+        n += 1
+    return n
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_lookup_shadow_counts_what_the_first_chain_would_have_accepted(seed):
+    rng = random.Random(seed)
+    vocab = rng.choice([3, 5, 9])
+    text = [rng.randrange(vocab) for _ in range(rng.randint(2, 60))]
+    prompt = rng.randint(1, len(text) - 1)
+    from redrafter_mlx.engine.lookup import LookupShadow
+
+    horizon = rng.randint(1, 7)
+    shadow = LookupShadow([text[:prompt]], horizon)
+    starts, got, at = [], [], prompt
+    while at < len(text):
+        step = text[at : at + rng.randint(1, 4)]
+        starts.append(at)
+        got += shadow.step(0, step)
+        at += len(step)
+    got += shadow.finish(0)
+    assert got == [brute_shadow(text, s, horizon) for s in starts]
+
+
+def test_the_shadow_moves_a_run_from_plain_decoding_to_lookup():
+    """Step costs where plain decoding wins until the text starts repeating: the chooser,
+    running AR, sees through the shadow that a chain would be accepted, and switches."""
+    from redrafter_mlx.engine.adaptive import ShapeChooser
+
+    lookup = BeamShape.lookup_only(1, 8)
+    chooser = ShapeChooser([AR, lookup], start=AR, costs={AR: 1.0, lookup: 1.5})
+    for _ in range(12):  # nothing repeats: the shadow sees no accepted chain
+        chooser.next_shape()
+        chooser.observe(AR, [1], 1.0)
+        chooser.observe_lookup([0])
+    assert chooser.current == AR
+    for _ in range(8):  # a repeated passage: chains of 7 would be accepted
+        chooser.next_shape()
+        chooser.observe(AR, [1], 1.0)
+        chooser.observe_lookup([7])
+    assert chooser.tokens_per_step(lookup) > 5
+    assert chooser.current == lookup
+
+
+def test_adaptive_candidates_with_lookup():
+    shape = BeamShape(1, 4, None, 1, 8)
+    assert Adaptive().candidates(shape) == [
+        AR,
+        shape,
+        BeamShape(1, 4),
+        BeamShape(1, 3),
+        BeamShape(1, 2),
+        BeamShape.lookup_only(1, 8),
+        BeamShape(1, 4, 4, 1, 8),  # room for one: the beam or the chain, per row
+    ]
+    assert Adaptive().candidates(BeamShape.lookup_only(2, 6)) == [AR, BeamShape.lookup_only(2, 6)]

@@ -317,3 +317,17 @@ def test_signal_drains_and_exits_zero(tmp_path, sig):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_serve_gives_one_beam_and_one_chain_room_for_one():
+    """Serve has no adaptive loop: the default beam + chain verifies one of them per row."""
+    from redrafter_mlx.cli.serve import serving_plan
+    from redrafter_mlx.engine.shape import BeamShape
+    from tuning import ShapeChoice
+
+    plan = serving_plan(ShapeChoice(BeamShape(1, 4, None, 1, 8), "preset"))
+    assert (
+        plan.shape == BeamShape(1, 4, 4, 1, 8) and "room for the beam or the chain" in plan.source
+    )
+    for kept in (BeamShape(1, 4, 11, 1, 8), BeamShape(2, 4, None, 1, 8), BeamShape(1, 4)):
+        assert serving_plan(ShapeChoice(kept, "flags")).shape == kept

@@ -102,7 +102,7 @@ def serve(
                 beam_width, beam_length, capacity, no_draft, lookup, lookup_length, no_lookup
             ),
         )
-        engine, plan, paths = ready.engine, ready.plan, ready.engine.paths
+        engine, plan, paths = ready.engine, serving_plan(ready.plan), ready.engine.paths
         server = build(engine, plan, max_batch, max_queue, max_tokens_limit, log_level)
         err_console().print(
             f"[bold]redrafter-mlx serve[/] · {model_id(paths)} ({engine.dtype}) · "
@@ -110,6 +110,22 @@ def serve(
             f"http://{host}:{port}/v1",
         )
         server(host, port, shutdown_grace)
+
+
+def serving_plan(plan):
+    """Serve runs one shape for every row (no adaptive loop): one drafter beam with one
+    lookup chain and no --capacity gets room for one of them, so each row verifies its beam
+    or its chain (the chain when its match is strong) and rows whose text does not repeat pay
+    no more than the drafter alone. ``--capacity`` gives the tree more room."""
+    from dataclasses import replace
+
+    from tuning import ShapeChoice
+
+    shape = plan.shape
+    if not (shape.drafts and shape.width == 1 and shape.lookup == 1 and shape.capacity is None):
+        return plan
+    room = replace(shape, capacity=min(shape.length, shape.chain_length))
+    return ShapeChoice(room, f"{plan.source}; room for the beam or the chain per row")
 
 
 def build(engine, plan, max_batch: int, max_queue: int, limit: int, log_level: str):

@@ -46,7 +46,7 @@ def test_step_is_a_pure_graph_under_compile():
         model, mx.array([[1, 2, 3], [1, 4, 0]]), mx.array([3, 2]), zeros, keys, values, 256
     )
     state = DecodeState(mx.array([5, 6]), h, lengths, keys, values, mx.random.key(0))
-    step = make_step(model, drafter, 2, 3, 5, SamplerConfig(temperature=0.8, top_p=0.9))
+    step = make_step(model, drafter, BeamShape(2, 3, 5), SamplerConfig(temperature=0.8, top_p=0.9))
     for _ in range(3):
         state, out = step(state, 256)
     mx.eval(out)

@@ -28,6 +28,7 @@ from .drafter import Drafter, beam_search
 from .lookup import ABSENT, STRONG_MATCH, lookup_chains, write_history
 from .model import Model
 from .sampling import SamplerConfig, draw
+from .shape import BeamShape
 from .tree import arange, cache_mask, chain_mask, pack, unpack
 
 
@@ -208,22 +209,21 @@ def redrafter_step(
     model: Model,
     drafter: Drafter | None,
     state: DecodeState,
-    width: int,
-    length: int,
-    capacity: int,
+    shape: BeamShape,
     sampler: SamplerConfig,
     window: int,
-    lookup: int = 0,
-    lookup_length: int = 0,
 ):
-    """One speculative step. Returns (next DecodeState, StepOutput).
+    """One speculative step of ``shape``. Returns (next DecodeState, StepOutput).
 
     ``window``: attention covers cache slots [0, window); it must exceed every row's
     length + capacity (the loop picks it in buckets, so it is a rare compile key).
-    ``lookup`` chains of ``lookup_length`` tokens join the drafter's beams (``drafter=None``:
-    lookup alone); they need ``state.history``.
+    The shape's lookup chains join the drafter's beams (a shape without drafter beams, or
+    ``drafter=None``: lookup alone); they need ``state.history``.
     """
     B = state.lengths.shape[0]
+    capacity = shape.slots
+    width, length = (shape.width, shape.length) if shape.drafts else (0, 1)
+    lookup, lookup_length = shape.lookup, shape.chain_length
     rng, draw_key = mx.random.split(state.rng)
     cand = draft_phase(drafter, model, state, width, length, lookup, lookup_length, capacity)
     beams = cand.beams
@@ -289,42 +289,29 @@ def prefill_chunk(model: Model, tokens, counts, lengths, keys, values, window: i
 def make_step(
     model: Model,
     drafter: Drafter | None,
-    width: int,
-    length: int,
-    capacity: int,
+    shape: BeamShape,
     sampler: SamplerConfig,
     compiled: bool = True,
-    lookup: int = 0,
-    lookup_length: int = 0,
 ):
-    """A step function ``state -> (state, output)`` for this configuration.
+    """A step function ``state -> (state, output)`` for ``shape``.
 
-    ``drafter=None`` without ``lookup`` decodes autoregressively; with ``lookup`` it
-    speculates from the context alone. With ``compiled=True`` the step runs under
+    Plain decoding for an autoregressive shape (or ``drafter=None`` without lookup chains);
+    a shape with lookup chains alone needs no drafter. With ``compiled=True`` the step runs under
     ``mx.compile``; only arrays cross the boundary, and the compile-cache keys are the
     shapes (B, slots) and the attention ``window`` bucket. ``run.counter["traces"]`` counts
     tracings (each is a compile).
     """
     fields = len(DecodeState._fields)
+    plain = shape.is_autoregressive or (drafter is None and not shape.lookup)
+    drafter = drafter if shape.drafts else None
 
     def step(*args):
         counter["traces"] += 1
         state, window = DecodeState(*args[:fields]), args[fields]
-        if drafter is None and not lookup:
+        if plain:
             nxt, out = autoregressive_step(model, state, sampler, window)
         else:
-            nxt, out = redrafter_step(
-                model,
-                drafter,
-                state,
-                width,
-                length,
-                capacity,
-                sampler,
-                window,
-                lookup,
-                lookup_length or length,
-            )
+            nxt, out = redrafter_step(model, drafter, state, shape, sampler, window)
         return tuple(nxt) + tuple(out)
 
     counter = {"traces": 0}

@@ -115,16 +115,7 @@ def get_step(model, drafter, shape: BeamShape, sampler: SamplerConfig):
     if key not in cache:
         while len(cache) >= MAX_COMPILED_STEPS:  # drop the oldest (and the drafter it holds)
             cache.pop(next(iter(cache)))
-        cache[key] = make_step(
-            model,
-            drafter,
-            shape.width,
-            shape.length,
-            shape.slots,
-            sampler,
-            lookup=shape.lookup,
-            lookup_length=shape.chain_length,
-        )
+        cache[key] = make_step(model, drafter, shape, sampler)
     return cache[key]
 
 

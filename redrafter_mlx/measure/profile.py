@@ -160,7 +160,7 @@ def profile_steps(
     configs: list[tuple[str, dict[str, _Timed]]] = []
 
     # --- AR: one compiled step (the loop's own).
-    ar_step = make_step(model, None, 1, 2, 2, sampler)
+    ar_step = make_step(model, None, AR, sampler)
 
     def ar_call(counter, step=ar_step):
         nxt, out = step(base_state(), window)
@@ -257,7 +257,7 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
     verify_fn = mx.compile(verify, inputs=weights)
     accept_fn = mx.compile(lambda b, t, u: accept_phase(b, t, u, C)[:4])
     commit_fn = mx.compile(commit)
-    step_fn = make_step(model, drafter, W, L, C, sampler)
+    step_fn = make_step(model, drafter, BeamShape(W, L, C), sampler)
 
     # Fixed inputs for each phase, from one real pass through the phases.
     s = base_state()
@@ -311,16 +311,7 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
 
 def _lookup_thunks(model, drafter, shape: BeamShape, sampler, window, base_state, keep):
     """The whole compiled step of a shape with lookup chains (its phases are not split)."""
-    step_fn = make_step(
-        model,
-        drafter if shape.drafts else None,
-        shape.width,
-        shape.length,
-        shape.slots,
-        sampler,
-        lookup=shape.lookup,
-        lookup_length=shape.chain_length,
-    )
+    step_fn = make_step(model, drafter, shape, sampler)
 
     def t_step(counter):
         nxt, out = step_fn(base_state(), window)

@@ -16,6 +16,7 @@ from redrafter_mlx.engine.decode import DecodeState, make_step, prefill_chunk
 from redrafter_mlx.engine.model import Model, ModelArgs
 from redrafter_mlx.engine.platform import default_dtype
 from redrafter_mlx.engine.sampling import SamplerConfig, draw
+from redrafter_mlx.engine.shape import AR
 from redrafter_mlx.engine.tree import arange, cache_mask, chain_mask
 
 
@@ -106,7 +107,7 @@ def verify_cost(
     # Carry the cache from call to call (so it is updated in place, as in the decode loop)
     # but reset the length, so every call sees the same context.
     state = {"ar": DecodeState(mx.array([1]), h, lengths, keys, values, mx.random.key(0))}
-    ar_step = make_step(model, None, 1, 2, 2, SamplerConfig())
+    ar_step = make_step(model, None, AR, SamplerConfig())
 
     def ar():
         nxt, out = ar_step(state.pop("ar"), window)

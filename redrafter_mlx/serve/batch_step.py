@@ -68,16 +68,7 @@ def make_batch_step(model, drafter, shape, mode: StepMode, compiled: bool = True
             nxt, out = autoregressive_step(model, state, sampler, window)
         else:
             nxt, out = redrafter_step(
-                model,
-                drafter if shape.drafts else None,
-                state,
-                shape.width,
-                shape.length,
-                shape.slots,
-                sampler,
-                window,
-                shape.lookup,
-                shape.chain_length,
+                model, drafter if shape.drafts else None, state, shape, sampler, window
             )
         held = mx.where(active, nxt.lengths, 0)  # free rows stay empty
         nxt = nxt._replace(lengths=held, rng=rng)

@@ -91,7 +91,6 @@ class ShapeChooser:
     probe: int = 16
     max_probe: int = 128
     decay: float = 0.8  # weight of the past in acceptance counts, per observed step
-    run_decay: float = 0.95  # weight of the past in the shadow's accepted-run lengths
     cost_ema: float = 0.25  # weight of a new step time in the cost EMA
     outlier: float = 3.0  # a step this many times the EMA is ignored once
     stale: int = 16  # steps after which a width's acceptance follows the overall one
@@ -118,8 +117,7 @@ class ShapeChooser:
         self._ar_queued = 0
         self._probe: Hashable | None = None
         self._outlier_seen: set = set()
-        self._hits = _Width()  # decayed first-draft hits of the shadow's chains
-        self._runs: list[float] = []  # decayed counts of accepted runs of a hit chain: k -> weight
+        self._shadow: list[float] = []  # decayed counts of lookup drafts accepted: k -> weight
 
     # ------------------------------------------------------------------ estimates
 
@@ -136,36 +134,29 @@ class ShapeChooser:
         if key == AR:
             return 1.0
         own = self.own[key]
-        recent = own.mean if self.steps - own.last_step <= self.stale else None
+        if own.mean is not None and self.steps - own.last_step <= self.stale:
+            return own.mean
+        a = self.acceptance(key)
+        chain = sum(a**k for k in range(key.longest))
         shadow = self.lookup_tokens(key)
         if shadow is None:
-            if recent is not None:
-                return recent
-            a = self.acceptance(key)
-            return sum(a**k for k in range(key.longest))
-        if not key.drafts:  # the shadow replays exactly this rule, at every step
+            return chain
+        if not key.drafts:
             return shadow
         part = key.without_lookup()  # the better of the drafter's part and the chains
-        if part in self.own:
-            drafted = self.tokens_per_step(part)
-        else:
-            drafted = sum(self.acceptance(key) ** k for k in range(key.length))
-        return max(shadow, drafted, recent or 0.0)
+        drafted = (
+            self.tokens_per_step(part) if part in self.own else sum(a**k for k in range(key.length))
+        )
+        return max(shadow, drafted)
 
     def lookup_tokens(self, key: Hashable) -> float | None:
-        """Tokens per step a shape's lookup chain would give, from the shadow: 1 + (how often
-        a chain's first draft is accepted now) x (its mean accepted run, capped by the room
-        the shape gives it). None: no lookup in ``key``, or nothing observed yet."""
-        hit = self._hits.mean
-        if not key.lookup or hit is None:
+        """Tokens per step a shape's lookup chain would give, from the shadow (None: no
+        lookup in ``key``, or nothing observed yet)."""
+        total = sum(self._shadow)
+        if not key.lookup or total <= 0:
             return None
-        hit -= 1.0  # _Width counts tokens per step: 1 + hit
         room = min(key.chain_length, key.slots) - 1  # draft tokens the chain can hold
-        total = sum(self._runs)
-        if total <= 0:
-            return 1.0 + hit
-        run = sum(w * min(k, room) for k, w in enumerate(self._runs)) / total
-        return 1.0 + hit * run
+        return sum(w * (1 + min(k, room)) for k, w in enumerate(self._shadow)) / total
 
     def rate(self, key: Hashable) -> float | None:
         """Expected tokens per second; None while the shape's cost is unknown.
@@ -219,19 +210,13 @@ class ShapeChooser:
             else:
                 self._probe_every = min(2 * self._probe_every, self.max_probe)
 
-    def observe_lookup(self, hits: Sequence[int], runs: Sequence[int]) -> None:
-        """The shadow's news: per row, whether this step's chain had its first draft
-        accepted; the accepted drafts of chains resolved since (runs of 0 are misses, already
-        counted as such)."""
-        for hit in hits:
-            self._hits.add([1 + hit], 2, self.decay, self.steps)
-        for k in runs:
-            if k < 1:
-                continue
-            self._runs = [w * self.run_decay for w in self._runs]
-            if k >= len(self._runs):
-                self._runs += [0.0] * (k + 1 - len(self._runs))
-            self._runs[k] += 1.0
+    def observe_lookup(self, accepted: Sequence[int]) -> None:
+        """Lookup drafts a chain would have had accepted at recent step starts (the shadow)."""
+        for k in accepted:
+            self._shadow = [w * self.decay for w in self._shadow]
+            if k >= len(self._shadow):
+                self._shadow += [0.0] * (k + 1 - len(self._shadow))
+            self._shadow[k] += 1.0
 
     # ------------------------------------------------------------------ internals
 
@@ -416,10 +401,10 @@ class StepPlan:
         self._last_read = now
         self.chooser.observe(shape, counts, seconds)
 
-    def lookup_seen(self, hits: Sequence[int], runs: Sequence[int]) -> None:
-        """The shadow's news after a step (``ShapeChooser.observe_lookup``)."""
-        if self.chooser is not None:
-            self.chooser.observe_lookup(hits, runs)
+    def lookup_seen(self, accepted: Sequence[int]) -> None:
+        """The shadow resolved these steps' counterfactual lookup acceptances."""
+        if self.chooser is not None and accepted:
+            self.chooser.observe_lookup(accepted)
 
     def pause(self) -> None:
         """The consumer held the loop (e.g. between streamed events): the next read's wall

@@ -249,7 +249,7 @@ def decode(
             plan.finished([c for c, f in zip(counts, finish) if f is None])
             if shadow is not None:  # what a lookup chain would have given, rows still going
                 seen = [shadow.step(r, toks[r][: counts[r]]) for r in range(B) if not finish[r]]
-                plan.lookup_seen([h for h, _ in seen], [k for _, runs in seen for k in runs])
+                plan.lookup_seen([k for row in seen for k in row])
             lengths = [n + c for n, c in zip(lengths, counts)]
             stats.steps += 1
             new_rows, acc_rows, drafted_rows = [], [], []

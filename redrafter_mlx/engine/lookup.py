@@ -124,14 +124,12 @@ class LookupShadow:
 
     The host mirror of ``lookup_chains``' first chain (longest match of the last
     ``MAX_NGRAM`` tokens, then the latest), over the text the loop has already read. At each
-    step start it records the chain the step could have verified; its first draft is judged
-    by the step's own first token, and its accepted drafts (the leading tokens it shares with
-    what the model actually wrote) are known at its first mismatch or once all of it is
-    written. The adaptive loop judges lookup shapes by these counterfactuals (how often a
-    chain's first draft is accepted, now, and how long its accepted runs are), so it notices
-    text worth copying (a second turn, an editing task) one step after it starts, while it
-    runs plain decoding or the drafter, and notices it stopping. Plain Python on tokens
-    already read: no device work, and an n-gram index makes each step O(new tokens).
+    step start it records the chain the step could have verified; once the text has grown
+    past it, the chain's accepted drafts are the leading tokens it shares with what the model
+    actually wrote. The adaptive loop judges lookup shapes by these counterfactuals, so it
+    notices text worth copying (a second turn, an editing task) while it runs plain decoding
+    or the drafter, and notices it stopping. Plain Python on tokens already read: no device
+    work, and an n-gram index makes each step O(new tokens).
     """
 
     def __init__(self, rows: list[list[int]], horizon: int, max_ngram: int = MAX_NGRAM):
@@ -163,17 +161,14 @@ class LookupShadow:
                 return text[p + 1 : p + 1 + self.horizon]
         return []
 
-    def step(self, r: int, tokens: list[int]) -> tuple[int, list[int]]:
-        """Row ``r``'s step emitted ``tokens`` (at least one). Returns (whether the chain
-        this step could have verified had its first draft accepted, the accepted drafts of
-        the chains whose outcome is now known: a mismatch, or the whole chain written)."""
+    def step(self, r: int, tokens: list[int]) -> list[int]:
+        """Row ``r``'s step emitted ``tokens``: returns the accepted-draft counts of the
+        chains whose outcome is now known (one per earlier step start)."""
         start = len(self.text[r])
-        chain = self.chain(r)
-        self.pending[r].append((start, chain))
+        self.pending[r].append((start, self.chain(r)))
         self.text[r].extend(tokens)
         self._index_upto(r)
-        hit = int(bool(chain) and chain[0] == tokens[0])
-        return hit, self._resolve(r, final=False)
+        return self._resolve(r, final=False)
 
     def finish(self, r: int) -> list[int]:
         """Row ``r`` ended: resolve its remaining chains with the text as it is."""
@@ -182,12 +177,12 @@ class LookupShadow:
     def _resolve(self, r: int, final: bool) -> list[int]:
         text, done, keep = self.text[r], [], []
         for start, chain in self.pending[r]:
+            if not final and len(text) < start + len(chain):
+                keep.append((start, chain))
+                continue
             n = 0
             while n < len(chain) and start + n < len(text) and chain[n] == text[start + n]:
                 n += 1
-            if n < len(chain) and start + n >= len(text) and not final:
-                keep.append((start, chain))  # every token written so far matches: wait
-            else:
-                done.append(n)
+            done.append(n)
         self.pending[r] = keep
         return done

@@ -278,3 +278,13 @@ def test_adaptive_candidates_with_lookup():
         BeamShape(1, 4, 4, 1, 8),  # room for one: the beam or the chain, per row
     ]
     assert Adaptive().candidates(BeamShape.lookup_only(2, 6)) == [AR, BeamShape.lookup_only(2, 6)]
+
+
+def test_history_grows_with_the_cache():
+    """A prompt and answer past one 256-slot quantum: cache and history grow together."""
+    model = near_bigram_model(8, attn_scale=0.005, vocab=16, hidden=32, layers=1)
+    prompt = [[1, 2, 3, 4, 5, 6] * 40]
+    ar, _ = run_decode(model, None, prompt, max_tokens=300)
+    shape = BeamShape.lookup_only(1, 8)
+    out, stats = run_decode(model, None, prompt, max_tokens=300, shape=shape, adapt=False)
+    assert out == ar and stats["lookup_tokens"] > 0

@@ -29,14 +29,17 @@ def bucket(n: int) -> int:
     return -(-n // SLOT_QUANTUM) * SLOT_QUANTUM
 
 
-def grow(arrays: list, slots: int) -> list:
-    """Zero-extend each (B, n_kv, S, D) cache array to ``slots`` slots (a rare copy)."""
+def grow(arrays: list, slots: int, axis: int = 2) -> list:
+    """Zero-extend each array to ``slots`` along its slot ``axis`` (a rare copy): the
+    (B, n_kv, S, D) K/V caches (axis 2) or the (B, S) token history (axis 1)."""
 
     def one(a):
-        pad = slots - a.shape[2]
+        pad = slots - a.shape[axis]
         if pad <= 0:
             return a
-        return mx.concatenate([a, mx.zeros((*a.shape[:2], pad, a.shape[3]), a.dtype)], axis=2)
+        shape = list(a.shape)
+        shape[axis] = pad
+        return mx.concatenate([a, mx.zeros(shape, a.dtype)], axis=axis)
 
     return [one(a) for a in arrays]
 
@@ -48,7 +51,7 @@ def ensure_slots(state: DecodeState, needed: int) -> DecodeState:
         state = state._replace(
             keys=grow(state.keys, slots),
             values=grow(state.values, slots),
-            history=grow_history(state.history, slots),
+            history=None if state.history is None else grow([state.history], slots, 1)[0],
         )
     return state
 
@@ -56,14 +59,6 @@ def ensure_slots(state: DecodeState, needed: int) -> DecodeState:
 def text_history(rows: list[list[int]], slots: int) -> mx.array:
     """Each row's token ids in a (B, slots) array, zero-padded: the lookup's history."""
     return mx.array([r + [0] * (slots - len(r)) for r in rows], dtype=mx.int32)
-
-
-def grow_history(history: mx.array | None, slots: int) -> mx.array | None:
-    """Zero-extend a (B, S) history to ``slots`` columns (None stays None)."""
-    if history is None or history.shape[1] >= slots:
-        return history
-    pad = mx.zeros((history.shape[0], slots - history.shape[1]), mx.int32)
-    return mx.concatenate([history, pad], axis=1)
 
 
 def step_window(longest: int, inflight: int, per_step: int, slots: int) -> int:

@@ -18,13 +18,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from redrafter_mlx.engine import output_dir
+from redrafter_mlx.engine.output_dir import staging_dir
 from weights_convert import drafter as drafter_fmt
 from weights_convert import gguf as gguf_input
 from weights_convert import llama
@@ -114,72 +114,9 @@ def _check_options(
 
 def _check_out(out: Path, force: bool, sources: list[Path]) -> None:
     """Refuse an existing non-empty ``out`` (unless ``force``) and any ``out`` holding a source."""
-    for src in sources:
-        if src == out or out in src.parents:
-            raise ConversionError(
-                f"--out {out} would overwrite the source checkpoint {src}; choose another folder"
-            )
-    if out.exists() and not out.is_dir():
-        raise ConversionError(f"--out {out} is a file; choose a folder path")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise ConversionError(
-            f"--out {out} exists and is not empty; choose another folder or pass --force to "
-            "replace it"
-        )
-
-
-def _install(tmp: Path, out: Path) -> None:
-    """Move the finished folder into place; a replaced ``out`` is removed only after success."""
-    if not out.exists() or (out.is_dir() and not any(out.iterdir())):
-        os.replace(tmp, out)
-        return
-    backup = Path(tempfile.mkdtemp(prefix=f".{out.name}.replaced-", dir=out.parent))
-    os.replace(out, backup / out.name)
-    try:
-        os.replace(tmp, out)
-    except BaseException:
-        os.replace(backup / out.name, out)
-        raise
-    finally:
-        shutil.rmtree(backup, ignore_errors=True)
-
-
-def _missing_parents(path: Path) -> list[Path]:
-    """Ancestors of ``path`` that do not exist yet, outermost first."""
-    missing = []
-    for parent in [path, *path.parents]:
-        if parent.exists():
-            break
-        missing.append(parent)
-    return missing[::-1]
-
-
-def _current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-@contextlib.contextmanager
-def staging_dir(out: Path) -> Iterator[Path]:
-    """Yield a temporary folder beside ``out``; install it as ``out`` on success.
-
-    On any exception (Ctrl-C included) the temporary folder, and any parent folder created for
-    ``out``, are removed and the exception propagates.
-    """
-    created = _missing_parents(out.parent)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.converting-", dir=out.parent))
-    try:
-        os.chmod(tmp, 0o777 & ~_current_umask())  # mkdtemp makes 0700; give out the usual mode
-        yield tmp
-        _install(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        for folder in reversed(created):
-            with contextlib.suppress(OSError):
-                folder.rmdir()
-        raise
+    problem = output_dir.refusal(out, force, sources, "--force")
+    if problem:
+        raise ConversionError(problem)
 
 
 @contextlib.contextmanager

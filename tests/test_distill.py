@@ -429,6 +429,11 @@ def test_missing_data_file(tokenizer, tmp_path):
         load_training_data([tmp_path / "nope.json"], tokenizer, seq_len=64)
 
 
+def test_a_folder_as_data_file_says_it_is_a_folder(tokenizer, tmp_path):
+    with pytest.raises(DataError, match="is a folder, not a data file; give a .json"):
+        load_training_data([tmp_path], tokenizer, seq_len=64)
+
+
 def test_api_accepts_single_paths_and_a_projected_exit_dim(model_dir, tmp_path):
     from redrafter_mlx.engine.loading import load_drafter
 

@@ -74,6 +74,11 @@ class Record:
 def read_records(path: str | Path) -> list[Record]:
     """All records of one data file, by extension (.json, .jsonl, .txt)."""
     path = Path(path)
+    if path.is_dir():
+        raise DataError(
+            f"{path}: is a folder, not a data file; give a .json (ShareGPT), .jsonl or .txt file "
+            "(repeat the option for several files)"
+        )
     if not path.is_file():
         raise DataError(f"{path}: data file not found")
     try:

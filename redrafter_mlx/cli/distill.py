@@ -58,7 +58,11 @@ def distill(
         '{"turns": [...]} JSONL).',
     ),
     resume: bool = typer.Option(False, help="Continue from the newest checkpoint in --out."),
-    overwrite: bool = typer.Option(False, help="Discard an earlier run's checkpoints in --out."),
+    overwrite: bool = typer.Option(
+        False,
+        help="Replace what --out holds (a model, a drafter, other files or an earlier run); "
+        "the new drafter is built beside it and renamed into place only when complete.",
+    ),
     targets: str = typer.Option(
         "distill",
         help="'distill' (the LLM's own greedy continuations, rolled out), 'self' (the data "

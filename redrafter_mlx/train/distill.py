@@ -33,6 +33,11 @@ Pipeline
    optimizer state, step, run config) written into a temp dir and renamed (atomic); the newest
    weights are also copied to ``out/`` (each file replaced atomically). ``resume=True``
    continues from the newest checkpoint and gives the same weights as an uninterrupted run.
+   ``out`` is written in place when it is new, empty or this command's own run; a folder
+   holding anything else (a model, a drafter, other files), or a finished run started over, is
+   replaced only with ``overwrite``, and then the run writes into a staging folder beside
+   ``out`` that is renamed into place at the end (``plan_output``): a failed run leaves the
+   old drafter and checkpoints as they were (a reused target cache may gain entries).
 5. **Evaluation**: greedy ReDrafter on held-out prompts (``eval_data``, else prompts from the
    training data, marked in-sample) at a few beam shapes (W, L ≤ T+1); mean accepted tokens
    per step is printed, returned and stored in ``out/eval.json``.
@@ -69,6 +74,7 @@ from mlx.utils import tree_flatten, tree_map, tree_unflatten
 from ..engine.drafter import Drafter, DrafterArgs
 from ..engine.errors import ParamError
 from ..engine.model import Model
+from ..engine.output_dir import holds, install, refusal
 from .data import Sequence, files_digest, load_prompts, load_training_data
 
 CACHE_VERSION = 1
@@ -829,6 +835,84 @@ def eval_table(results: list[dict], title: str):
 
 
 # ------------------------------------------------------------------------------------------
+# the output folder
+
+RUN_ENTRIES = {"checkpoints", "cache", "config.json", "model.safetensors", "eval.json"}
+STAGING_SUFFIX = "distilling"
+
+
+def is_temp_name(name: str) -> bool:
+    """A temp file or folder of a crashed write (what ``clean_stale_temps`` removes)."""
+    return name.startswith(".") and "tmp" in name
+
+
+def is_own_run(out: Path) -> bool:
+    """``out`` holds a distill run: its ``checkpoints/`` or ``cache/`` folder, and nothing but
+    what a run writes (the drafter files, eval.json, temp files of a crashed write)."""
+    if not out.is_dir():
+        return False
+    names = {p.name for p in out.iterdir() if not is_temp_name(p.name)}
+    return bool(names & {"checkpoints", "cache"}) and names <= RUN_ENTRIES
+
+
+@dataclass
+class OutputPlan:
+    """Where a run writes. ``work``: ``out`` itself, or a staging folder beside it that
+    replaces ``out`` at the end (``install_output``). ``cache_root``: where target caches go
+    during the run; ``final_cache_root``: where they are once the run is installed."""
+
+    out: Path
+    work: Path
+    cache_root: Path
+    final_cache_root: Path
+
+    @property
+    def staged(self) -> bool:
+        return self.work != self.out
+
+
+def plan_output(out: Path, opts: DistillOptions, sources: list[Path]) -> OutputPlan:
+    """Check ``out`` against what this run may do to it and choose where the run writes.
+
+    In place: a new or empty folder, or this command's own run (resumed with ``resume``, or
+    continued when it has no checkpoint yet). Staged (``overwrite``): a folder holding a model,
+    a drafter or other files, or a finished run started over. Anything else, and any ``out``
+    holding one of ``sources`` (the model, the data), raises FileExistsError naming the flag.
+    """
+    own = is_own_run(out)
+    problem = refusal(out, opts.overwrite or own, sources, "--overwrite")
+    if problem:
+        raise FileExistsError(problem)
+    existing = list_checkpoints(out) if own else []
+    if existing and not opts.resume and not opts.overwrite:
+        raise FileExistsError(
+            f"{out} already holds a distillation run ({existing[-1].name}); pass --resume to "
+            f"continue it, --overwrite to start over, or choose another --out"
+        )
+    in_place = holds(out) is None or (own and (opts.resume or not existing))
+    where = out.resolve()
+    work = out if in_place else where.parent / f".{where.name}.{STAGING_SUFFIX}"
+    if opts.cache_dir:
+        cache = Path(opts.cache_dir).expanduser()
+        return OutputPlan(out, work, cache, cache)
+    reuse = own and (out / "cache").is_dir()  # an earlier run's targets move to the new folder
+    return OutputPlan(out, work, (out if reuse else work) / "cache", out / "cache")
+
+
+def install_output(plan: OutputPlan) -> None:
+    """Replace ``plan.out`` by the finished staging folder, the reused target cache with it."""
+    carry = plan.cache_root == plan.out / "cache" and not (plan.work / "cache").exists()
+    if carry:
+        os.replace(plan.cache_root, plan.work / "cache")
+    try:
+        install(plan.work, plan.out)
+    except BaseException:
+        if carry:
+            os.replace(plan.work / "cache", plan.cache_root)
+        raise
+
+
+# ------------------------------------------------------------------------------------------
 # the run
 
 
@@ -851,7 +935,8 @@ def distill(model_dir, data_files, out_dir, **options) -> dict:
 
     Options are the CLI flags, underscored (see ``DistillOptions``). The summary holds the
     steps run, first and final loss, per-step accuracy, the eval results (tokens/step per beam
-    shape), the cache path and the output paths.
+    shape), the cache path and the output paths. What ``out_dir`` already holds is kept unless
+    ``overwrite``, and then replaced only when the new drafter is complete (``plan_output``).
     """
     opts = DistillOptions(**options).validate()
     if isinstance(data_files, (str, os.PathLike)):
@@ -860,12 +945,32 @@ def distill(model_dir, data_files, out_dir, **options) -> dict:
         opts.eval_data = [opts.eval_data]
     data_files = [Path(f).expanduser() for f in data_files]
     out = Path(out_dir).expanduser()
+    inputs = [Path(model_dir).expanduser(), *data_files, *map(Path, opts.eval_data or [])]
+    plan = plan_output(out, opts, [p for p in inputs if p.exists()])
     group = mx.distributed.init() if mx.distributed.is_available() else None
+    rank = group.rank() if group is not None else 0
+    if not plan.staged:
+        return run_distill(model_dir, data_files, plan, opts, group)
+    if rank == 0:
+        shutil.rmtree(plan.work, ignore_errors=True)  # left by a killed run
+    try:
+        summary = run_distill(model_dir, data_files, plan, opts, group)
+        if rank == 0:
+            install_output(plan)
+    except BaseException:
+        if rank == 0:
+            shutil.rmtree(plan.work, ignore_errors=True)
+        raise
+    return summary
+
+
+def run_distill(model_dir, data_files, plan: OutputPlan, opts: DistillOptions, group) -> dict:
+    """Prepare, train, save and evaluate into ``plan.work``; returns the summary of ``distill``."""
     rank, world = (group.rank(), group.size()) if group is not None else (0, 1)
     progress = Progress(opts.quiet or rank != 0)
     tic = time.perf_counter()
 
-    ctx = prepare(model_dir, data_files, out, opts, progress, rank, world)
+    ctx = prepare(model_dir, data_files, plan, opts, progress, rank, world)
     trainer = Trainer(
         new_drafter(drafter_args(ctx.model, opts, ctx.draft_vocab), opts.seed),
         opts,
@@ -877,14 +982,14 @@ def distill(model_dir, data_files, out_dir, **options) -> dict:
     history = train_loop(ctx, trainer, opts, progress, start, rank)
     train_seconds = time.perf_counter() - train_tic
     config = drafter_config(trainer.drafter.args, opts.predict_tokens, opts.targets)
-    if rank == 0 and (not list_checkpoints(out) or history):
-        save_checkpoint(out, trainer, ctx.total_steps, config, ctx.run)
+    if rank == 0 and (not list_checkpoints(ctx.out) or history):
+        save_checkpoint(ctx.out, trainer, ctx.total_steps, config, ctx.run)
     summary = dict(
-        out_dir=str(out),
+        out_dir=str(plan.out),
         steps=ctx.total_steps,
         resumed_from=start,
         positions=ctx.cache.size,
-        cache_dir=str(ctx.cache.path),
+        cache_dir=str(plan.final_cache_root / ctx.cache.path.name),
         train_seconds=round(train_seconds, 2),
         trained_positions=len(history) * ctx.order.batch_size * opts.grad_accum * world,
         draft_vocab=len(ctx.draft_vocab) if ctx.draft_vocab else None,
@@ -914,7 +1019,7 @@ def _tail_mean(values: list[float]) -> float | None:
 def prepare(
     model_dir,
     data_files,
-    out: Path,
+    plan: OutputPlan,
     opts: DistillOptions,
     progress: Progress,
     rank: int,
@@ -945,7 +1050,7 @@ def prepare(
         opts.predict_tokens,
         opts.targets,
     )
-    cache_root = Path(opts.cache_dir).expanduser() if opts.cache_dir else out / "cache"
+    cache_root = plan.cache_root
     cache_path = cache_root / key
     if (cache_path / "meta.json").exists():
         progress.print(f"targets: reusing {cache_path}")
@@ -1002,30 +1107,24 @@ def prepare(
         progress.print(
             f"shortlist: {len(draft_vocab)} ids cover {share:.1%} of the training targets"
         )
-    return RunContext(model, tokenizer, path, out, cache, order, total, sequences, run, draft_vocab)
+    return RunContext(
+        model, tokenizer, path, plan.work, cache, order, total, sequences, run, draft_vocab
+    )
 
 
 def restore(
     ctx: RunContext, trainer: Trainer, opts: DistillOptions, progress: Progress, rank: int = 0
 ) -> int:
-    """Prepare ``out`` for this run; with resume, load the newest checkpoint. Returns its step.
+    """Prepare ``ctx.out`` for this run; with resume, load the newest checkpoint. Returns its step.
 
-    Only rank 0 deletes anything (temp dirs of a crashed write; old checkpoints on overwrite).
+    ``plan_output`` has chosen the folder: new, empty, or a run to resume. Only rank 0 deletes
+    anything (temp dirs of a crashed write).
     """
     out = ctx.out
     out.mkdir(parents=True, exist_ok=True)
     if rank == 0:
         clean_stale_temps(out)
     existing = list_checkpoints(out)
-    if existing and not opts.resume:
-        if not opts.overwrite:
-            raise FileExistsError(
-                f"{out} already holds a distillation run ({existing[-1].name}); pass --resume to "
-                f"continue it, --overwrite to start over, or choose another --out"
-            )
-        if rank == 0:
-            shutil.rmtree(checkpoint_root(out))
-        existing = []
     if not existing:
         if opts.resume:
             progress.print(f"resume: no checkpoint in {out}, starting from step 0")

@@ -1,0 +1,249 @@
+"""Qwen2, Qwen3, Gemma 2 and Gemma 3 (text) through the one forward: logits equal mlx-lm's own
+model classes on the same weights (prefill and single-token steps, sliding windows crossed),
+greedy ReDrafter equals plain decoding, and the families load from mlx-lm and Hugging Face
+folders. GGUF round trips per family are in tests/test_gguf.py."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+from redrafter_mlx.engine import model as model_module
+from redrafter_mlx.engine.model import Model, ModelArgs
+from redrafter_mlx.engine.tree import cache_mask, chain_mask
+from tests.helpers import _randomize, run_decode, tiny_drafter
+
+BASE = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=96,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=512,
+)
+WINDOW = 4  # smaller than the prompt, so sliding layers drop keys in prefill and in steps
+CONFIGS = {
+    "qwen2": dict(
+        BASE, model_type="qwen2", architectures=["Qwen2ForCausalLM"], rope_theta=1e6,
+        tie_word_embeddings=False, use_sliding_window=False,
+    ),
+    "qwen2_tied": dict(
+        BASE, model_type="qwen2", architectures=["Qwen2ForCausalLM"], rope_theta=1e6,
+        tie_word_embeddings=True,
+    ),
+    "qwen3": dict(
+        BASE, model_type="qwen3", architectures=["Qwen3ForCausalLM"], head_dim=32,
+        rope_theta=1e6, attention_bias=False, tie_word_embeddings=True,
+    ),
+    "qwen3_untied": dict(
+        BASE, model_type="qwen3", architectures=["Qwen3ForCausalLM"], head_dim=8,
+        rope_theta=1e6, attention_bias=False, tie_word_embeddings=False,
+    ),
+    "gemma2": dict(
+        BASE, model_type="gemma2", architectures=["Gemma2ForCausalLM"], num_hidden_layers=3,
+        head_dim=16, query_pre_attn_scalar=24, attn_logit_softcapping=5.0,
+        final_logit_softcapping=3.0, sliding_window=WINDOW, rope_theta=10000.0,
+        hidden_activation="gelu_pytorch_tanh",
+    ),
+    "gemma3_text": dict(
+        BASE, model_type="gemma3_text", architectures=["Gemma3ForCausalLM"],
+        num_hidden_layers=4, num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16,
+        sliding_window=WINDOW, sliding_window_pattern=2, rope_theta=1e6,
+        rope_local_base_freq=10000.0, rope_scaling={"rope_type": "linear", "factor": 2.0},
+    ),
+}  # fmt: skip
+PROMPT = [1, 17, 50, 42, 3, 29, 88, 21, 5, 64]
+STEPS = [7, 91, 33, 12, 60, 2]
+
+
+def family_model(name: str, seed: int = 0, scale: float = 2.0) -> Model:
+    """Our model for ``CONFIGS[name]`` with random weights (Gemma norms near zero: 1 + w)."""
+    model = Model(ModelArgs.from_config(CONFIGS[name]))
+    _randomize(model, seed, scale)
+    if model.args.family.gemma_norm:
+        model.load_weights(
+            [(k, v - 1.0) for k, v in tree_flatten(model.parameters()) if "norm" in k],
+            strict=False,
+        )
+    mx.eval(model.parameters())
+    return model
+
+
+def mlx_lm_model(name: str, weights: dict):
+    """mlx-lm's own class for the config, holding ``weights``."""
+    module = importlib.import_module(f"mlx_lm.models.{CONFIGS[name]['model_type']}")
+    ref = module.Model(module.ModelArgs.from_dict(CONFIGS[name]))
+    if hasattr(ref, "sanitize"):
+        weights = ref.sanitize(dict(weights))
+    ref.load_weights(list(weights.items()), strict=True)
+    mx.eval(ref.parameters())
+    return ref
+
+
+def gemma2_windowed(ref, tokens: mx.array) -> mx.array:
+    """mlx-lm's Gemma 2 layers over a whole sequence with the sliding-window mask on its even
+    layers (mlx-lm's Gemma 2 forward ignores the window). tokens (1, N) -> logits (1, N, V)."""
+    from mlx_lm.models.base import create_causal_mask
+
+    N = tokens.shape[1]
+    h = ref.model.embed_tokens(tokens) * (ref.args.hidden_size**0.5)
+    for i, layer in enumerate(ref.model.layers):
+        h = layer(h, create_causal_mask(N, window_size=WINDOW if i % 2 == 0 else None), None)
+    out = ref.model.embed_tokens.as_linear(ref.model.norm(h))
+    cap = ref.final_logit_softcapping
+    return mx.tanh(out / cap) * cap
+
+
+def reference_logits(name: str, ref) -> list[np.ndarray]:
+    """mlx-lm's logits at the prompt's positions, then after each of ``STEPS``: (V,) each."""
+    if CONFIGS[name]["model_type"] == "gemma2":
+        full = gemma2_windowed(ref, mx.array([PROMPT + STEPS]))[0]
+        return [np.array(full[i]) for i in range(len(PROMPT) + len(STEPS))]
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(ref)
+    out = list(np.array(ref(mx.array([PROMPT]), cache=cache)[0]))
+    for t in STEPS:
+        out.append(np.array(ref(mx.array([[t]]), cache=cache)[0, 0]))
+    return out
+
+
+def our_logits(model: Model) -> list[np.ndarray]:
+    """Our forward: the prompt in one call, then one token per call, against the cache."""
+    slots = 256
+    keys, values = model.make_cache(1, slots)
+    T = len(PROMPT)
+    idx = mx.arange(T, dtype=mx.int32)[None]
+    mask = cache_mask(mx.zeros((1,), mx.int32), chain_mask(T), slots)
+    h, keys, values = model(mx.array([PROMPT]), idx, mask, keys, values, idx)
+    out = list(np.array(model.logits(h[0])))
+    for p, t in enumerate(STEPS, start=T):
+        pos = mx.array([[p]], dtype=mx.int32)
+        mask = cache_mask(mx.array([p], dtype=mx.int32), chain_mask(1), slots)
+        h, keys, values = model(mx.array([[t]]), pos, mask, keys, values, pos)
+        out.append(np.array(model.logits(h[0, 0])))
+    return out
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_logits_equal_mlx_lm_in_prefill_and_steps(name, fused, monkeypatch):
+    monkeypatch.setattr(model_module, "FUSED_KERNELS", fused)
+    model = family_model(name)
+    ref = mlx_lm_model(name, dict(tree_flatten(model.parameters())))
+    want, got = reference_logits(name, ref), our_logits(model)
+    assert len(got) == len(want) == len(PROMPT) + len(STEPS)
+    for i, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(g, w, atol=1e-4, rtol=1e-4, err_msg=f"{name} position {i}")
+
+
+def test_sliding_window_changes_the_logits():
+    """The window is really applied: without it the later positions differ."""
+    model = family_model("gemma3_text")
+    windowed = our_logits(model)
+    model.args.sliding_window = 10_000
+    wide = our_logits(model)
+    assert np.allclose(windowed[WINDOW - 1], wide[WINDOW - 1], atol=1e-5)
+    assert not np.allclose(windowed[-1], wide[-1], atol=1e-3)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_greedy_redrafter_equals_plain_decoding(name):
+    model = family_model(name, seed=3)
+    drafter = tiny_drafter(model, seed=4)
+    prompts = [PROMPT, PROMPT[:3] + [9, 9]]  # two rows of different lengths
+    plain, _ = run_decode(model, None, prompts, max_tokens=16)
+    for width, length in ((1, 4), (3, 3)):
+        fast, _ = run_decode(
+            model, drafter, prompts, max_tokens=16, beam_width=width, beam_length=length
+        )
+        assert fast == plain, (name, width, length)
+
+
+def _write_folder(folder: Path, config: dict, weights: dict) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    return folder
+
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen3", "gemma2", "gemma3_text"])
+def test_loads_from_an_mlx_lm_folder_and_converts_from_a_hf_folder(name, tmp_path):
+    from mlx_lm.utils import load_model as mlx_lm_load
+
+    from redrafter_mlx.engine.loading import load_model
+    from weights_convert import convert
+
+    model = family_model(name)
+    weights = dict(tree_flatten(model.parameters()))
+    hf = _write_folder(tmp_path / "hf", CONFIGS[name], weights)
+    convert(str(hf), tmp_path / "out", dtype="float32", progress=False)
+    tokens = mx.array([PROMPT])
+    ref, _ = mlx_lm_load(tmp_path / "out")
+    want = np.array(ref(tokens)[0]) if name != "gemma2" else None
+    for folder in (hf, tmp_path / "out"):
+        ours, _ = load_model(folder, mx.float32)
+        got = np.array(ours.logits(_prefill_hidden(ours)))
+        np.testing.assert_allclose(got, np.stack(our_logits(model)[: len(PROMPT)]), atol=1e-5)
+        if want is not None:
+            np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+def _prefill_hidden(model: Model) -> mx.array:
+    """Hidden states of PROMPT from an empty cache: (T, H)."""
+    T = len(PROMPT)
+    keys, values = model.make_cache(1, 256)
+    idx = mx.arange(T, dtype=mx.int32)[None]
+    mask = cache_mask(mx.zeros((1,), mx.int32), chain_mask(T), 256)
+    return model(mx.array([PROMPT]), idx, mask, keys, values, idx)[0][0]
+
+
+# --- the config validator ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_every_family_config_passes_the_validator(name):
+    from redrafter_mlx.engine.config import check_model_config
+
+    check_model_config(CONFIGS[name], "config.json")
+
+
+def test_architectures_must_agree_with_model_type():
+    from redrafter_mlx.engine.config import ConfigError, check_model_config
+
+    config = dict(CONFIGS["qwen2"], model_type="llama")
+    with pytest.raises(ConfigError, match=r"model_type 'llama' but architectures \['Qwen2"):
+        check_model_config(config, "config.json")
+    with pytest.raises(ConfigError, match="Qwen3ForCausalLM"):
+        check_model_config(dict(CONFIGS["qwen2"], architectures=["Qwen3ForCausalLM"]), "c")
+    check_model_config({k: v for k, v in config.items() if k != "architectures"}, "c")
+
+
+def test_unsupported_types_are_listed_and_qwen2_windows_refused():
+    from redrafter_mlx.engine.config import ConfigError, check_model_config
+
+    with pytest.raises(ConfigError, match="llama, mistral, qwen2, qwen3, gemma2, gemma3_text"):
+        check_model_config(dict(CONFIGS["qwen2"], model_type="phi3"), "c")
+    with pytest.raises(ConfigError, match="Gemma3ForCausalLM"):
+        check_model_config(dict(CONFIGS["gemma3_text"], model_type="gemma3"), "c")
+    with pytest.raises(ConfigError, match="use_sliding_window"):
+        check_model_config(dict(CONFIGS["qwen2"], use_sliding_window=True), "c")
+
+
+def test_convert_refuses_mismatched_architectures(tmp_path):
+    from weights_convert import ConversionError, convert
+
+    model = family_model("qwen2")
+    config = dict(CONFIGS["qwen2"], model_type="llama")
+    src = _write_folder(tmp_path / "hf", config, dict(tree_flatten(model.parameters())))
+    with pytest.raises(ConversionError, match="Qwen2ForCausalLM"):
+        convert(str(src), tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()

@@ -247,3 +247,141 @@ def test_convert_refuses_mismatched_architectures(tmp_path):
     with pytest.raises(ConversionError, match="Qwen2ForCausalLM"):
         convert(str(src), tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+# --- GGUF round trips, written as llama.cpp's convert_hf_to_gguf.py writes each family ----------
+
+GGUF_ARCH = {
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma2": "gemma2",
+    "gemma3_text": "gemma3",
+}
+GGUF_LAYER = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+GGUF_GEMMA_LAYER = {
+    **GGUF_LAYER,
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
+GGUF_GLOBAL = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+# What llama.cpp stores for Gemma (no query_pre_attn_scalar: it is head_dim below 27B; no
+# sliding pattern for Gemma 3: every 6th layer is global), so the source config says the same.
+GGUF_CONFIGS = {
+    "qwen2": CONFIGS["qwen2"],
+    "qwen3": CONFIGS["qwen3"],
+    "gemma2": dict(CONFIGS["gemma2"], query_pre_attn_scalar=16),
+    "gemma3_text": {
+        **{k: v for k, v in CONFIGS["gemma3_text"].items() if k != "sliding_window_pattern"},
+        "num_hidden_layers": 7,
+    },
+}
+
+
+def _gguf_name(hf: str, gemma: bool) -> str:
+    if hf in GGUF_GLOBAL:
+        return GGUF_GLOBAL[hf]
+    _, _, layer, *rest = hf.split(".")
+    names = GGUF_GEMMA_LAYER if gemma else GGUF_LAYER
+    return f"blk.{layer}.{names['.'.join(rest[:-1])]}.{rest[-1]}"
+
+
+def write_family_gguf(path: Path, name: str, qtype: str) -> Model:
+    """A GGUF of a random ``GGUF_CONFIGS[name]`` model; returns the model it should convert to
+    (2-D weights through ``qtype``'s quantization, norms as llama.cpp rounds ``w + 1``)."""
+    import gguf
+
+    from tests.fixtures.gguf_files import CHATML, byte_level_vocab
+
+    tokens, merges, types = byte_level_vocab()
+    config = dict(GGUF_CONFIGS[name], vocab_size=len(tokens))
+    model = Model(ModelArgs.from_config(config))
+    _randomize(model, 5, 2.0)
+    args, arch = model.args, GGUF_ARCH[name]
+    gemma = args.family.gemma_norm
+    Q = gguf.GGMLQuantizationType
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(args.num_hidden_layers)
+    writer.add_context_length(args.max_position_embeddings)
+    writer.add_embedding_length(args.hidden_size)
+    writer.add_feed_forward_length(args.intermediate_size)
+    writer.add_head_count(args.num_attention_heads)
+    writer.add_head_count_kv(args.num_key_value_heads)
+    writer.add_key_length(args.head_dim)
+    writer.add_value_length(args.head_dim)
+    writer.add_rope_freq_base(args.rope_theta)
+    writer.add_layer_norm_rms_eps(args.rms_norm_eps)
+    if name == "gemma2":
+        writer.add_attn_logit_softcapping(args.attn_logit_softcapping)
+        writer.add_final_logit_softcapping(args.final_logit_softcapping)
+    if gemma:
+        writer.add_sliding_window(args.sliding_window)
+    if args.rope_scaling:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(args.rope_scaling["factor"])
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2" if name.startswith("qwen") else "default")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(0)
+    writer.add_chat_template(CHATML)
+    reference = {}
+    for hf, w in tree_flatten(model.parameters()):
+        x = np.array(w, dtype=np.float32)
+        if gemma and hf.endswith("norm.weight"):
+            x = x - 1.0  # our model holds HF's zero-centred weight; the file holds w + 1
+            stored = x + np.float32(1.0)
+            reference[hf] = stored - np.float32(1.0)
+            writer.add_tensor(_gguf_name(hf, gemma), stored)
+        elif x.ndim == 2 and qtype != "F32":
+            q = gguf.quants.quantize(x, Q[qtype])
+            reference[hf] = gguf.quants.dequantize(q, Q[qtype]).astype(np.float32)
+            writer.add_tensor(_gguf_name(hf, gemma), q, raw_dtype=Q[qtype])
+        else:
+            reference[hf] = x
+            writer.add_tensor(_gguf_name(hf, gemma), x)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    model.load_weights([(k, mx.array(v)) for k, v in reference.items()])
+    mx.eval(model.parameters())
+    return model
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+@pytest.mark.parametrize("name", list(GGUF_ARCH))
+def test_gguf_round_trip_gives_the_same_logits(name, qtype, tmp_path):
+    pytest.importorskip("gguf")
+    from redrafter_mlx.engine.loading import load_model
+    from weights_convert import convert
+
+    model = write_family_gguf(tmp_path / "m.gguf", name, qtype)
+    convert(str(tmp_path / "m.gguf"), tmp_path / "out", dtype="float32", progress=False)
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["model_type"] == CONFIGS[name]["model_type"]
+    loaded, _ = load_model(tmp_path / "out", mx.float32)
+    want = model.logits(_prefill_hidden(model))
+    got = loaded.logits(_prefill_hidden(loaded))
+    np.testing.assert_allclose(np.array(got), np.array(want), atol=1e-4, rtol=1e-4)
+    assert [layer.sliding for layer in loaded.model.layers] == [
+        layer.sliding for layer in model.model.layers
+    ]

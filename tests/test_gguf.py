@@ -401,9 +401,9 @@ def test_k_quants_are_refused_with_a_way_out(tmp_path):
 
 
 def test_other_architectures_are_refused(tmp_path):
-    path = tmp_path / "qwen.gguf"
-    write_llama_gguf(path, "F16", arch="qwen2")
-    _refused(path, tmp_path, "architecture 'qwen2'.*only 'llama'")
+    path = tmp_path / "phi3.gguf"
+    write_llama_gguf(path, "F16", arch="phi3")
+    _refused(path, tmp_path, "architecture 'phi3'.*supported GGUF architectures: llama, qwen2")
 
 
 def test_other_tokenizer_kinds_are_refused_clearly(tmp_path):

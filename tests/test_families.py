@@ -385,3 +385,20 @@ def test_gguf_round_trip_gives_the_same_logits(name, qtype, tmp_path):
     assert [layer.sliding for layer in loaded.model.layers] == [
         layer.sliding for layer in model.model.layers
     ]
+
+
+def test_rope_parameters_blocks_are_read():
+    config = dict(CONFIGS["gemma3_text"])
+    for key in ("rope_theta", "rope_scaling", "rope_local_base_freq"):
+        config.pop(key)
+    config["rope_parameters"] = {
+        "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    }
+    args = ModelArgs.from_config(config)
+    assert args.rope_theta == 1e6 and args.rope_local_base_freq == 10000.0
+    assert args.rope_scaling == {"rope_type": "linear", "factor": 2.0}
+    qwen = dict(CONFIGS["qwen3"], rope_parameters={"rope_type": "default", "rope_theta": 5e5})
+    qwen.pop("rope_theta")
+    assert ModelArgs.from_config(qwen).rope_theta == 5e5
+    assert ModelArgs.from_config(qwen).rope_scaling is None

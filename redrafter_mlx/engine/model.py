@@ -150,11 +150,35 @@ class ModelArgs:
     def from_config(cls, config: dict) -> ModelArgs:
         """Build from a HF / mlx-lm ``config.json`` dict; unknown keys go to ``extra``."""
         names = set(cls.__dataclass_fields__) - {"extra"}
+        config = {**rope_parameters(config), **config}
         known = {k: v for k, v in config.items() if k in names}
         extra = {k: v for k, v in config.items() if k not in names}
         # transformers' default is tied; Llama checkpoints always say, Gemma's often do not.
         known.setdefault("tie_word_embeddings", config.get("model_type") in GEMMA_TYPES)
         return cls(**known, extra=extra)
+
+
+def rope_parameters(config: dict) -> dict:
+    """``rope_theta`` / ``rope_scaling`` / ``rope_local_base_freq`` read from the
+    ``rope_parameters`` block newer transformers write instead (per layer type for Gemma 3)."""
+    params = config.get("rope_parameters")
+    if not isinstance(params, dict):
+        return {}
+    if "full_attention" in params or "sliding_attention" in params:
+        out = _rope_settings(params.get("full_attention") or {})
+        local = params.get("sliding_attention") or {}
+        if "rope_theta" in local:
+            out["rope_local_base_freq"] = local["rope_theta"]
+        return out
+    return _rope_settings(params)
+
+
+def _rope_settings(params: dict) -> dict:
+    """One ``rope_parameters`` entry -> ``rope_theta`` and, unless default, ``rope_scaling``."""
+    out = {"rope_theta": params["rope_theta"]} if "rope_theta" in params else {}
+    if params.get("rope_type", "default") != "default":
+        out["rope_scaling"] = {k: v for k, v in params.items() if k != "rope_theta"}
+    return out
 
 
 class GemmaRMSNorm(nn.Module):

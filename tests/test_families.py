@@ -402,3 +402,21 @@ def test_rope_parameters_blocks_are_read():
     qwen.pop("rope_theta")
     assert ModelArgs.from_config(qwen).rope_theta == 5e5
     assert ModelArgs.from_config(qwen).rope_scaling is None
+
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen3", "gemma3_text"])
+def test_quantized_folders_load_and_match_mlx_lm(name, tmp_path):
+    from mlx_lm.utils import load_model as mlx_lm_load
+
+    from redrafter_mlx.engine.loading import load_model
+    from weights_convert import convert
+
+    model = family_model(name)
+    hf = _write_folder(tmp_path / "hf", CONFIGS[name], dict(tree_flatten(model.parameters())))
+    convert(str(hf), tmp_path / "q", quantize=True, q_bits=4, q_group_size=32, progress=False)
+    ours, _ = load_model(tmp_path / "q", mx.float32)
+    ref, _ = mlx_lm_load(tmp_path / "q")
+    ref.set_dtype(mx.float32)
+    got = np.array(ours.logits(_prefill_hidden(ours)))
+    want = np.array(ref(mx.array([PROMPT]))[0].astype(mx.float32))
+    np.testing.assert_allclose(got, want, atol=1e-3, rtol=1e-3)

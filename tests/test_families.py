@@ -155,17 +155,62 @@ def test_sliding_window_changes_the_logits():
     assert not np.allclose(windowed[-1], wide[-1], atol=1e-3)
 
 
+def near_bigram(name: str, seed: int, attn: float = 0.01) -> Model:
+    """A family model whose attention output is scaled by ``attn``: the next token is nearly
+    a function of the current one, so :class:`FamilyOracle` gets long runs accepted, while
+    attention (and the sliding window) still changes some tokens."""
+    model = family_model(name, seed)
+    for layer in model.model.layers:
+        if "pre_feedforward_layernorm" in layer:  # Gemma: the attention output is normed
+            norm = layer.post_attention_layernorm
+            norm.weight = (1.0 + norm.weight) * attn - 1.0
+        else:
+            layer.self_attn.o_proj.weight = layer.self_attn.o_proj.weight * attn
+    mx.eval(model.parameters())
+    return model
+
+
+class FamilyOracle:
+    """A drafter double predicting the model's attention-free next token (any family), its
+    hidden state perturbed by ``noise`` so that some drafts are wrong."""
+
+    def __init__(self, model: Model, noise: float = 0.3, seed: int = 3):
+        self.model = model
+        self.args = tiny_drafter(model).args
+        H = model.hidden_size
+        self.noise = noise * mx.random.normal((H, H), key=mx.random.key(seed))
+
+    def next_state(self, state, token_emb):
+        return token_emb
+
+    def __call__(self, hidden, state):
+        args = self.model.args
+        x = state * args.hidden_size**0.5 if args.family.scale_embed else state
+        for layer in self.model.model.layers:
+            if "pre_feedforward_layernorm" in layer:
+                x = x + layer.post_feedforward_layernorm(
+                    layer.mlp(layer.pre_feedforward_layernorm(x))
+                )
+            else:
+                x = x + layer.mlp(layer.post_attention_layernorm(x))
+        h = self.model.model.norm(x)
+        return self.model.logits(h + h @ self.noise)  # perturbed inside any logit soft cap
+
+
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_greedy_redrafter_equals_plain_decoding(name):
-    model = family_model(name, seed=3)
-    drafter = tiny_drafter(model, seed=4)
     prompts = [PROMPT, PROMPT[:3] + [9, 9]]  # two rows of different lengths
-    plain, _ = run_decode(model, None, prompts, max_tokens=16)
-    for width, length in ((1, 4), (3, 3)):
-        fast, _ = run_decode(
-            model, drafter, prompts, max_tokens=16, beam_width=width, beam_length=length
-        )
-        assert fast == plain, (name, width, length)
+    accepted = 0
+    for model in (family_model(name, seed=3), near_bigram(name, seed=3)):
+        plain, _ = run_decode(model, None, prompts, max_tokens=24)
+        for drafter in (tiny_drafter(model, seed=4), FamilyOracle(model, noise=0.05)):
+            for width, length in ((1, 4), (3, 3)):
+                fast, stats = run_decode(
+                    model, drafter, prompts, max_tokens=24, beam_width=width, beam_length=length
+                )
+                assert fast == plain, (name, width, length)
+                accepted += stats["accepted_tokens"]
+    assert accepted > 40  # runs of drafted tokens were verified, accepted and committed
 
 
 def _write_folder(folder: Path, config: dict, weights: dict) -> Path:

@@ -405,7 +405,7 @@ def unpermute_rows(x: np.ndarray, n_heads: int) -> np.ndarray:
     return x.reshape(n_heads, head_dim // 2, 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
 
 
-# --- Llama structure -----------------------------------------------------------------------------
+# --- model structure -----------------------------------------------------------------------------
 
 
 def hf_name(name: str, arch: str = "llama") -> str | None:
@@ -619,7 +619,7 @@ class GGUFPlan:
     Attributes:
         source: the parsed file.
         eos_ids: metadata EOS plus the chat template's end-of-turn token.
-        config: the Hugging Face Llama config the metadata describes.
+        config: the Hugging Face config the metadata describes.
         jobs: one per output tensor group, in file order.
         tied: no ``output.weight``: lm_head is the embedding.
         quantization: config block for quantized tensors, kept or re-quantized (per-layer
@@ -672,7 +672,7 @@ def _quantization_block(jobs: list) -> dict | None:
 def plan_gguf(
     gguf: GGUFFile, eos_ids: list[int], dtype_code: str, quant, keep_quantized: bool
 ) -> GGUFPlan:
-    """Check the file (already through :func:`check_llama`) against its Llama config and plan
+    """Check the file (already through :func:`check_llama`) against its config and plan
     every output tensor.
 
     Args:

@@ -465,3 +465,13 @@ def test_quantized_folders_load_and_match_mlx_lm(name, tmp_path):
     got = np.array(ours.logits(_prefill_hidden(ours)))
     want = np.array(ref(mx.array([PROMPT]))[0].astype(mx.float32))
     np.testing.assert_allclose(got, want, atol=1e-3, rtol=1e-3)
+
+
+def test_an_unsupported_rope_scaling_is_a_load_error(tmp_path):
+    from redrafter_mlx.engine.loading import LoadError, load_model
+
+    model = family_model("qwen2")
+    config = dict(CONFIGS["qwen2"], rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    _write_folder(tmp_path / "m", config, dict(tree_flatten(model.parameters())))
+    with pytest.raises(LoadError, match="rope_scaling type 'yarn' is not supported"):
+        load_model(tmp_path / "m")

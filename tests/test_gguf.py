@@ -401,9 +401,9 @@ def test_k_quants_are_refused_with_a_way_out(tmp_path):
 
 
 def test_other_architectures_are_refused(tmp_path):
-    path = tmp_path / "qwen.gguf"
-    write_llama_gguf(path, "F16", arch="qwen2")
-    _refused(path, tmp_path, "architecture 'qwen2'.*only 'llama'")
+    path = tmp_path / "phi3.gguf"
+    write_llama_gguf(path, "F16", arch="phi3")
+    _refused(path, tmp_path, "architecture 'phi3'.*supported GGUF architectures: llama, qwen2")
 
 
 def test_other_tokenizer_kinds_are_refused_clearly(tmp_path):
@@ -450,3 +450,26 @@ def test_unpermute_inverts_llama_cpp_permute():
 
     w = np.arange(8 * 16 * 3, dtype=np.float32).reshape(8 * 16, 3)
     np.testing.assert_array_equal(unpermute_rows(llama_cpp_permute(w, 8), 8), w)
+
+
+def test_sentencepiece_without_space_prefix_as_gemma_files_say(tmp_path):
+    """Gemma's GGUF files set tokenizer.ggml.add_space_prefix false: no leading '▁' is added
+    to the text, and decoding strips none."""
+    from tests.fixtures.gguf_files import sentencepiece_model, sentencepiece_vocab
+    from weights_convert.gguf_tokenizer import _sentencepiece_backend
+
+    tokens, scores, types = sentencepiece_vocab(sentencepiece_model())
+    meta = {
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": scores,
+        "tokenizer.ggml.token_type": types,
+    }
+    llama = _sentencepiece_backend(meta)
+    gemma = _sentencepiece_backend({**meta, "tokenizer.ggml.add_space_prefix": False})
+    text = "The capital of France is Paris."
+    assert llama.encode(text).tokens[0].startswith("\u2581")
+    assert not gemma.encode(text).tokens[0].startswith("\u2581")
+    assert gemma.encode(" " + text).tokens == llama.encode(text).tokens
+    for backend in (llama, gemma):
+        assert backend.decode(backend.encode(text).ids) == text
+    assert gemma.decode(gemma.encode(" x").ids) == " x"

@@ -1,4 +1,4 @@
-"""Checkpoint conversion: Hugging Face / PyTorch Llama models and ReDrafter drafters -> MLX.
+"""Checkpoint conversion: Hugging Face / PyTorch / GGUF base models and ReDrafter drafters -> MLX.
 
 Public API::
 

@@ -1,4 +1,4 @@
-"""Convert a Hugging Face / PyTorch Llama checkpoint (and optionally a ReDrafter drafter) to MLX.
+"""Convert a Hugging Face / PyTorch base checkpoint (and optionally a ReDrafter drafter) to MLX.
 
 Output layout (mlx-lm's, so ``mlx_lm.load(out)`` works)::
 
@@ -174,7 +174,7 @@ def convert(
     force: bool = False,
     progress: bool = True,
 ) -> ConversionSummary:
-    """Convert a Llama-family checkpoint (and optionally a ReDrafter drafter) to an MLX folder.
+    """Convert a base model checkpoint (and optionally a ReDrafter drafter) to an MLX folder.
 
     Args:
         model: local folder or Hugging Face repo id of the base model (safetensors or ``.bin``),

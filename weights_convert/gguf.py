@@ -1,4 +1,13 @@
-"""GGUF input (llama.cpp, Ollama, LM Studio files): ``llama`` architecture -> mlx-lm folder.
+"""GGUF input (llama.cpp, Ollama, LM Studio files) -> mlx-lm folder.
+
+Architectures (``general.architecture``): ``llama``, ``qwen2``, ``qwen3``, ``gemma2`` and
+``gemma3`` (the text model: model_type ``gemma3_text``). Per family, llama.cpp's
+conventions are undone here: Llama's Q/K row permutation (below), and the ``+1`` that
+``convert_hf_to_gguf.py`` adds to every Gemma ``*norm.weight`` (Gemma's RMSNorm scales by
+``1 + w``; llama.cpp bakes the 1 in), subtracted again in float32. Gemma hyperparameters
+llama.cpp does not store are set as llama.cpp sets them: the attention scale (head_dim,
+but hidden / heads for the 27B models), Gemma 3's sliding pattern (every 6th layer global)
+and local rope base (10000), Gemma 2's soft caps (50, 30) when absent.
 
 The file is parsed here with bounds checks on every read (no ``gguf`` package at run time, and
 no ``mx.load``: MLX's GGUF reader crashes on a corrupt header, turns BF16 into float16 and
@@ -71,7 +80,25 @@ _SCALARS = {
 }
 _STRING, _ARRAY = 8, 9
 
-# GGUF tensor name -> Hugging Face Llama name ({i} = layer).
+# general.architecture -> config model_type.
+MODEL_TYPES = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma2": "gemma2",
+    "gemma3": "gemma3_text",
+}
+GEMMA_ARCHS = ("gemma2", "gemma3")
+ARCH_CLASSES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM",
+}
+GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}  # llama.cpp's 27B rule for the attention scale
+
+# GGUF tensor name -> Hugging Face name ({i} = layer); Gemma renames the norms below.
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "ffn_norm": "post_attention_layernorm",
@@ -82,6 +109,14 @@ _LAYER_NAMES = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+}
+_GEMMA_LAYER_NAMES = {
+    **_LAYER_NAMES,
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
 }
 _GLOBAL_NAMES = {
     "token_embd": "model.embed_tokens",
@@ -370,14 +405,15 @@ def unpermute_rows(x: np.ndarray, n_heads: int) -> np.ndarray:
     return x.reshape(n_heads, head_dim // 2, 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
 
 
-# --- Llama structure -----------------------------------------------------------------------------
+# --- model structure -----------------------------------------------------------------------------
 
 
-def hf_name(name: str) -> str | None:
-    """GGUF tensor name -> Hugging Face Llama name, or None when it has no Llama counterpart."""
+def hf_name(name: str, arch: str = "llama") -> str | None:
+    """GGUF tensor name -> Hugging Face name, or None when it has no counterpart."""
     if m := _LAYER_RE.match(name):
         layer, part, kind = m.groups()
-        return f"model.layers.{layer}.{_LAYER_NAMES[part]}.{kind}" if part in _LAYER_NAMES else None
+        names = _GEMMA_LAYER_NAMES if arch in GEMMA_ARCHS else _LAYER_NAMES
+        return f"model.layers.{layer}.{names[part]}.{kind}" if part in names else None
     if (m := _GLOBAL_RE.match(name)) and m.group(1) in _GLOBAL_NAMES:
         return f"{_GLOBAL_NAMES[m.group(1)]}.{m.group(2)}"
     return None
@@ -390,16 +426,23 @@ def _meta(gguf: GGUFFile, key: str, default=None, required: bool = False):
     return value
 
 
-def check_llama(gguf: GGUFFile) -> None:
-    """Refuse files that are not a plain ``llama`` architecture model we can map to Hugging Face."""
+def architecture(gguf: GGUFFile) -> str:
+    """``general.architecture``, refused unless it is one we map to Hugging Face."""
     arch = _meta(gguf, "general.architecture")
-    if arch != "llama":
+    if arch not in MODEL_TYPES:
         raise ConversionError(
-            f"{gguf.path.name} has architecture {arch!r}; only 'llama' GGUF files are supported "
-            "(Llama 1/2, Vicuna, SmolLM, TinyLlama, ...); convert the original Hugging Face "
-            "checkpoint instead"
+            f"{gguf.path.name} has architecture {arch!r}; supported GGUF architectures: "
+            f"{', '.join(MODEL_TYPES)} (Llama 1/2, Vicuna, SmolLM, TinyLlama, Qwen2/2.5, "
+            "Qwen3, Gemma 2, Gemma 3); convert the original Hugging Face checkpoint instead"
         )
-    unknown = sorted(n for n in gguf.tensors if hf_name(n) is None)
+    return arch
+
+
+def check_llama(gguf: GGUFFile) -> None:
+    """Refuse files that are not a plain model of a supported architecture we can map to
+    Hugging Face names (no unknown tensors, no experts)."""
+    arch = architecture(gguf)
+    unknown = sorted(n for n in gguf.tensors if hf_name(n, arch) is None)
     if unknown:
         extra = (
             " (Llama 3.1-style rope scaling is not supported)"
@@ -407,10 +450,10 @@ def check_llama(gguf: GGUFFile) -> None:
             else ""
         )
         raise ConversionError(
-            f"{gguf.path.name} holds tensors a Llama model does not have: {', '.join(unknown[:5])}"
+            f"{gguf.path.name} holds tensors a {arch} model does not have: {', '.join(unknown[:5])}"
             f"{extra}; convert the original Hugging Face checkpoint instead"
         )
-    if _meta(gguf, "llama.expert_count", 0):
+    if _meta(gguf, f"{arch}.expert_count", 0):
         raise ConversionError(
             f"{gguf.path.name} is a mixture-of-experts model, which is not supported"
         )
@@ -421,14 +464,14 @@ def _float32_repr(x) -> float:
     return float(str(np.float32(x)))
 
 
-def _rope_scaling(gguf: GGUFFile) -> dict | None:
-    kind = _meta(gguf, "llama.rope.scaling.type", "none")
+def _rope_scaling(gguf: GGUFFile, arch: str) -> dict | None:
+    kind = _meta(gguf, f"{arch}.rope.scaling.type", "none")
     if kind == "none":
         return None
     if kind == "linear":
         return {
             "rope_type": "linear",
-            "factor": _float32_repr(_meta(gguf, "llama.rope.scaling.factor", required=True)),
+            "factor": _float32_repr(_meta(gguf, f"{arch}.rope.scaling.factor", required=True)),
         }
     raise ConversionError(
         f"{gguf.path.name} uses rope scaling {kind!r}, which is not supported; {CONVERT_HINT}"
@@ -436,46 +479,85 @@ def _rope_scaling(gguf: GGUFFile) -> dict | None:
 
 
 def llama_config(gguf: GGUFFile, eos_ids: list[int]) -> dict:
-    """A Hugging Face Llama config.json from the metadata (shapes are checked against it later)."""
+    """A Hugging Face config.json from the metadata (shapes are checked against it later)."""
+    arch = architecture(gguf)
     embed = gguf.tensors.get("token_embd.weight")
     if embed is None:
         raise ConversionError(f"{gguf.path.name} has no token_embd.weight; {CONVERT_HINT}")
-    hidden = int(_meta(gguf, "llama.embedding_length", required=True))
-    heads = int(_meta(gguf, "llama.attention.head_count", required=True))
-    head_dim = int(_meta(gguf, "llama.attention.key_length", hidden // heads))
-    rope_dim = int(_meta(gguf, "llama.rope.dimension_count", head_dim))
+    hidden = int(_meta(gguf, f"{arch}.embedding_length", required=True))
+    heads = int(_meta(gguf, f"{arch}.attention.head_count", required=True))
+    head_dim = int(_meta(gguf, f"{arch}.attention.key_length", hidden // heads))
+    rope_dim = int(_meta(gguf, f"{arch}.rope.dimension_count", head_dim))
     if rope_dim != head_dim:
         raise ConversionError(
-            f"{gguf.path.name} uses partial rope ({rope_dim} of {head_dim}), which Llama does not"
+            f"{gguf.path.name} uses partial rope ({rope_dim} of {head_dim}), which {arch} does not"
         )
     names = set(gguf.tensors)
     config = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_act": "silu",
+        "architectures": [ARCH_CLASSES[arch]],
+        "model_type": MODEL_TYPES[arch],
+        "hidden_act": "gelu_pytorch_tanh" if arch in GEMMA_ARCHS else "silu",
         "hidden_size": hidden,
-        "intermediate_size": int(_meta(gguf, "llama.feed_forward_length", required=True)),
-        "num_hidden_layers": int(_meta(gguf, "llama.block_count", required=True)),
+        "intermediate_size": int(_meta(gguf, f"{arch}.feed_forward_length", required=True)),
+        "num_hidden_layers": int(_meta(gguf, f"{arch}.block_count", required=True)),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(_meta(gguf, "llama.attention.head_count_kv", heads)),
-        "rms_norm_eps": _float32_repr(_meta(gguf, "llama.attention.layer_norm_rms_epsilon", 1e-5)),
-        "rope_theta": _float32_repr(_meta(gguf, "llama.rope.freq_base", 10000.0)),
-        "rope_scaling": _rope_scaling(gguf),
-        "max_position_embeddings": int(_meta(gguf, "llama.context_length", 4096)),
+        "num_key_value_heads": int(_meta(gguf, f"{arch}.attention.head_count_kv", heads)),
+        "rms_norm_eps": _float32_repr(
+            _meta(gguf, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+        ),
+        "rope_theta": _float32_repr(_meta(gguf, f"{arch}.rope.freq_base", 10000.0)),
+        "rope_scaling": _rope_scaling(gguf, arch),
+        "max_position_embeddings": int(_meta(gguf, f"{arch}.context_length", 4096)),
         "vocab_size": int(embed.shape[0]),
         "tie_word_embeddings": "output.weight" not in names,
-        "attention_bias": any(n.endswith(("attn_q.bias", "attn_k.bias")) for n in names),
-        "mlp_bias": any(n.endswith(("ffn_up.bias", "ffn_down.bias")) for n in names),
         "bos_token_id": _meta(gguf, "tokenizer.ggml.bos_token_id"),
         "eos_token_id": eos_ids,
     }
-    if head_dim != hidden // heads:
+    if arch == "llama":
+        config["attention_bias"] = any(n.endswith(("attn_q.bias", "attn_k.bias")) for n in names)
+        config["mlp_bias"] = any(n.endswith(("ffn_up.bias", "ffn_down.bias")) for n in names)
+    if arch in GEMMA_ARCHS:
+        config.update(_gemma_config(gguf, arch, config, head_dim))
+    if head_dim != hidden // heads or arch in GEMMA_ARCHS:
         config["head_dim"] = head_dim
     return config
 
 
+def _gemma_config(gguf: GGUFFile, arch: str, config: dict, head_dim: int) -> dict:
+    """Gemma's settings, from the metadata or as llama.cpp sets them when it stores none."""
+    layers, heads = config["num_hidden_layers"], config["num_attention_heads"]
+    big = layers == GEMMA_27B_LAYERS[arch]  # llama.cpp: 27B scales by hidden / heads
+    out = {"query_pre_attn_scalar": config["hidden_size"] // heads if big else head_dim}
+    window = _meta(gguf, f"{arch}.attention.sliding_window", 4096 if arch == "gemma2" else None)
+    pattern = _meta(gguf, f"{arch}.attention.sliding_window_pattern")
+    if window:
+        out["sliding_window"] = int(window)
+        if pattern is not None and not isinstance(pattern, (int, np.integer)):
+            out["layer_types"] = [
+                "sliding_attention" if bool(p) else "full_attention" for p in pattern
+            ]
+        elif arch == "gemma3":
+            out["sliding_window_pattern"] = int(pattern) if pattern is not None else 6
+    if arch == "gemma2":
+        soft = _meta(gguf, "gemma2.attn_logit_softcapping", 50.0)
+        final = _meta(gguf, "gemma2.final_logit_softcapping", 30.0)
+        out["attn_logit_softcapping"] = _float32_repr(soft)
+        out["final_logit_softcapping"] = _float32_repr(final)
+    else:
+        out["rope_local_base_freq"] = _float32_repr(
+            _meta(gguf, "gemma3.rope.freq_base_swa", 10000.0)
+        )
+        final = _meta(gguf, "gemma3.final_logit_softcapping")
+        if final:
+            out["final_logit_softcapping"] = _float32_repr(final)
+    return out
+
+
 def _qk_heads(name: str, config: dict) -> int | None:
-    """How many heads to un-permute over for a Q/K tensor, None for other tensors."""
+    """How many heads to un-permute over for a Q/K tensor (Llama only: llama.cpp permutes no
+    other family's rows), None for other tensors."""
+    if config["model_type"] != "llama":
+        return None
     if ".attn_q." in name:
         return config["num_attention_heads"]
     if ".attn_k." in name:
@@ -483,19 +565,36 @@ def _qk_heads(name: str, config: dict) -> int | None:
     return None
 
 
+def _norm_shift(name: str, config: dict) -> bool:
+    """Whether llama.cpp stored this tensor as ``w + 1`` (every Gemma ``*norm.weight``)."""
+    return config["model_type"] in ("gemma2", "gemma3_text") and name.endswith("norm.weight")
+
+
+def _as_float32(x: np.ndarray, code: str) -> np.ndarray:
+    """Float data of safetensors ``code`` (BF16 as uint16 bits) -> float32 values."""
+    if code == "BF16":
+        return (x.astype(np.uint32) << np.uint32(16)).view(np.float32)
+    return x.astype(np.float32)
+
+
 def float_ref(gguf: GGUFFile, tensor: GGUFTensor, config: dict) -> TensorRef:
-    """A lazy Hugging Face-named tensor: floats pass as stored, quantized ones dequantize to F32."""
+    """A lazy Hugging Face-named tensor: floats pass as stored, quantized ones dequantize to F32
+    (and Gemma's norms, ``w + 1`` in the file, become ``w`` in float32)."""
     heads = _qk_heads(tensor.name, config)
-    code = "F32" if tensor.quantized else tensor.type_name
+    shift = _norm_shift(tensor.name, config)
+    code = "F32" if tensor.quantized or shift else tensor.type_name
 
     def load() -> np.ndarray:
         if tensor.quantized:
             x = dequantize(gguf.raw(tensor), tensor.type_name)
         else:
             x = float_values(gguf, tensor)[0]
+        if shift:
+            x = _as_float32(x, tensor.type_name) - np.float32(1.0)
         return np.ascontiguousarray(unpermute_rows(x, heads) if heads else x)
 
-    return TensorRef(hf_name(tensor.name), code, tensor.shape, gguf.path, load)
+    name = hf_name(tensor.name, architecture(gguf))
+    return TensorRef(name, code, tensor.shape, gguf.path, load)
 
 
 def quantized_triple(gguf: GGUFFile, tensor: GGUFTensor, config: dict) -> list[np.ndarray]:
@@ -520,7 +619,7 @@ class GGUFPlan:
     Attributes:
         source: the parsed file.
         eos_ids: metadata EOS plus the chat template's end-of-turn token.
-        config: the Hugging Face Llama config the metadata describes.
+        config: the Hugging Face config the metadata describes.
         jobs: one per output tensor group, in file order.
         tied: no ``output.weight``: lm_head is the embedding.
         quantization: config block for quantized tensors, kept or re-quantized (per-layer
@@ -573,7 +672,7 @@ def _quantization_block(jobs: list) -> dict | None:
 def plan_gguf(
     gguf: GGUFFile, eos_ids: list[int], dtype_code: str, quant, keep_quantized: bool
 ) -> GGUFPlan:
-    """Check the file (already through :func:`check_llama`) against its Llama config and plan
+    """Check the file (already through :func:`check_llama`) against its config and plan
     every output tensor.
 
     Args:
@@ -587,7 +686,8 @@ def plan_gguf(
 
     config = llama_config(gguf, eos_ids)
     llama.check_config(config, gguf.path)
-    by_hf = {hf_name(t.name): t for t in gguf.tensors.values()}
+    arch = architecture(gguf)
+    by_hf = {hf_name(t.name, arch): t for t in gguf.tensors.values()}
     refs = [float_ref(gguf, t, config) for t in gguf.tensors.values()]
     plan = llama.plan_tensors(refs, config, gguf.path.name)
     jobs = []

@@ -28,8 +28,13 @@ _LLAMA3_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+_QWEN2_SPLIT = (  # Qwen2TokenizerFast's: digits one by one
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 PRE_TOKENIZER_SPLITS = {
-    name: _LLAMA3_SPLIT for name in ("llama3", "llama-v3", "llama-bpe", "smaug-bpe", "dbrx")
+    **{name: _LLAMA3_SPLIT for name in ("llama3", "llama-v3", "llama-bpe", "smaug-bpe", "dbrx")},
+    "qwen2": _QWEN2_SPLIT,
 }
 _USER, _ASSISTANT = "\x00user-text\x00", "\x00assistant-text\x00"
 
@@ -136,16 +141,14 @@ def _sentencepiece_backend(metadata: dict):
     vocab = {t: i for i, t in enumerate(tokens)}
     model = models.BPE(vocab=vocab, merges=merges, fuse_unk=True, byte_fallback=True)
     backend = Tokenizer(model)
+    # Llama prepends a space to the text; Gemma (add_space_prefix false) does not.
+    prefix = bool(metadata.get("tokenizer.ggml.add_space_prefix", True))
     backend.pre_tokenizer = pre_tokenizers.Metaspace(
-        replacement="\u2581", prepend_scheme="first", split=False
+        replacement="\u2581", prepend_scheme="first" if prefix else "never", split=False
     )
+    steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
     backend.decoder = decoders.Sequence(
-        [
-            decoders.Replace("\u2581", " "),
-            decoders.ByteFallback(),
-            decoders.Fuse(),
-            decoders.Strip(content=" ", left=1),
-        ]
+        steps + ([decoders.Strip(content=" ", left=1)] if prefix else [])
     )
     _add_special_tokens(backend, metadata, None)
     return backend

@@ -1,8 +1,9 @@
-"""Llama-family base models: which tensors to keep, their expected shapes, the output config.
+"""Base models (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3 text): which tensors to keep,
+their expected shapes, the output config.
 
-Hugging Face Llama names are the mlx-lm ``models/llama.py`` names, so tensors keep their
-names. Dropped: ``*.rotary_emb.inv_freq`` buffers, and ``lm_head.weight`` when embeddings are
-tied (as mlx-lm's ``sanitize`` does). Every other tensor must match the shape the config
+Hugging Face names are the mlx-lm model names, so tensors keep their names. Dropped:
+``*.rotary_emb.inv_freq`` buffers, and ``lm_head.weight`` when embeddings are tied (as
+mlx-lm's ``sanitize`` does). Every other tensor must match the shape the config
 implies; unknown tensors are refused (mlx-lm would refuse them at load time).
 """
 
@@ -32,7 +33,7 @@ class LlamaPlan:
 
 
 def check_config(config: dict, root) -> None:
-    """Refuse configs that are not a (non-quantized) Llama-family model."""
+    """Refuse configs that are not a (non-quantized) supported model."""
     from redrafter_mlx.engine.config import ConfigError, check_model_config
 
     try:
@@ -47,39 +48,20 @@ def check_config(config: dict, root) -> None:
 
 
 def expected_shapes(config: dict) -> dict[str, tuple[int, ...]]:
-    """Every tensor a Llama config implies -> its shape (out, in) / (dim,). Includes lm_head."""
-    h, v, inter = config["hidden_size"], config["vocab_size"], config["intermediate_size"]
-    n_heads = config["num_attention_heads"]
-    n_kv = config.get("num_key_value_heads") or n_heads
-    head_dim = config.get("head_dim") or h // n_heads
-    shapes = {
-        "model.embed_tokens.weight": (v, h),
-        "model.norm.weight": (h,),
-        "lm_head.weight": (v, h),
-    }
-    proj = {
-        "self_attn.q_proj": (n_heads * head_dim, h),
-        "self_attn.k_proj": (n_kv * head_dim, h),
-        "self_attn.v_proj": (n_kv * head_dim, h),
-        "self_attn.o_proj": (h, n_heads * head_dim),
-        "mlp.gate_proj": (inter, h),
-        "mlp.up_proj": (inter, h),
-        "mlp.down_proj": (h, inter),
-    }
-    for i in range(config["num_hidden_layers"]):
-        p = f"model.layers.{i}"
-        for name, shape in proj.items():
-            shapes[f"{p}.{name}.weight"] = shape
-            has_bias = (
-                config.get("attention_bias")
-                if name.startswith("self_attn")
-                else config.get("mlp_bias")
-            )
-            if has_bias:
-                shapes[f"{p}.{name}.bias"] = (shape[0],)
-        shapes[f"{p}.input_layernorm.weight"] = (h,)
-        shapes[f"{p}.post_attention_layernorm.weight"] = (h,)
-    return shapes
+    """Every tensor a config implies -> its shape (out, in) / (dim,). Includes lm_head.
+
+    Asked of the engine's model definition itself (its arrays are lazy and never computed),
+    so each family's biases, q/k norms and sandwich norms are known in one place.
+    """
+    from mlx.utils import tree_flatten
+
+    from redrafter_mlx.engine.model import Model, ModelArgs
+
+    try:
+        model = Model(ModelArgs.from_config({**config, "tie_word_embeddings": False}))
+    except (TypeError, ValueError) as e:
+        raise ConversionError(f"config.json cannot describe a model we run: {e}") from None
+    return {name: tuple(p.shape) for name, p in tree_flatten(model.parameters())}
 
 
 def _is_rotary_buffer(name: str) -> bool:
@@ -90,7 +72,10 @@ def plan_tensors(refs: list[TensorRef], config: dict, root) -> LlamaPlan:
     """Match checkpoint tensors to the config: keep, drop, or refuse with a clear error."""
     shapes = expected_shapes(config)
     names = {r.name for r in refs}
-    tied = bool(config.get("tie_word_embeddings", False)) or "lm_head.weight" not in names
+    from redrafter_mlx.engine.model import GEMMA_TYPES
+
+    tied_default = config.get("model_type") in GEMMA_TYPES  # transformers' Gemma default
+    tied = bool(config.get("tie_word_embeddings", tied_default)) or "lm_head.weight" not in names
     kept, dropped = [], []
     for ref in refs:
         if _is_rotary_buffer(ref.name) or (tied and ref.name == "lm_head.weight"):
@@ -98,8 +83,8 @@ def plan_tensors(refs: list[TensorRef], config: dict, root) -> LlamaPlan:
             continue
         if ref.name not in shapes:
             raise ConversionError(
-                f"tensor {ref.name} in {ref.path.name} is not a weight of a Llama model as "
-                "described by "
+                f"tensor {ref.name} in {ref.path.name} is not a weight of a "
+                f"{config.get('model_type')} model as described by "
                 f"{root}/config.json; is --model the right checkpoint?"
             )
         if ref.shape != shapes[ref.name]:

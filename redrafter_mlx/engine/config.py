@@ -1,8 +1,9 @@
 """Reading and checking a model's ``config.json``: one validator for loading and converting.
 
-The supported model types are listed here once. A config that is not a JSON object, names
-another architecture, or lacks a size the Llama forward needs gets a :class:`ConfigError`
-naming the file, the problem and the fix, never an internal error.
+The supported model types are listed here once, with the Hugging Face ``architectures`` class
+of each. A config that is not a JSON object, names another architecture (in ``model_type``
+or ``architectures``, or the two disagree), or lacks a size the forward needs gets a
+:class:`ConfigError` naming the file, the problem and the fix, never an internal error.
 """
 
 from __future__ import annotations
@@ -10,7 +11,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral")
+# model_type -> the Hugging Face causal-LM classes that name it in ``architectures``.
+ARCHITECTURES = {
+    "llama": ("LlamaForCausalLM",),
+    "mistral": ("MistralForCausalLM",),
+    "qwen2": ("Qwen2ForCausalLM",),
+    "qwen3": ("Qwen3ForCausalLM",),
+    "gemma2": ("Gemma2ForCausalLM",),
+    "gemma3_text": ("Gemma3ForCausalLM",),
+}
+SUPPORTED_MODEL_TYPES = tuple(ARCHITECTURES)
 REQUIRED_INT_KEYS = (
     "hidden_size",
     "num_hidden_layers",
@@ -42,12 +52,25 @@ def read_config(folder: Path, what: str = "model") -> dict:
 
 
 def check_model_config(config: dict, file: Path | str) -> None:
-    """Refuse a config that is not a Llama-family model with integer sizes."""
+    """Refuse a config that is not a supported model type with integer sizes."""
     model_type = config.get("model_type")
     if model_type not in SUPPORTED_MODEL_TYPES:
+        hint = (
+            "; for Gemma 3 (multimodal checkpoints), convert a text-only Gemma3ForCausalLM "
+            "checkpoint (model_type gemma3_text)"
+            if model_type == "gemma3"
+            else ""
+        )
         raise ConfigError(
-            f"{file} has model_type {model_type!r}, which is not supported; only Llama-family "
-            f"models ({', '.join(SUPPORTED_MODEL_TYPES)}) are supported"
+            f"{file} has model_type {model_type!r}, which is not supported; supported model "
+            f"types: {', '.join(SUPPORTED_MODEL_TYPES)}{hint}"
+        )
+    _check_architectures(config, model_type, file)
+    if config.get("use_sliding_window"):
+        raise ConfigError(
+            f"{file} sets use_sliding_window for a {model_type} model, which is not supported "
+            "(only Gemma's sliding-window layers are); set it to false only if the model was "
+            "trained without it"
         )
     missing = [
         k
@@ -57,4 +80,20 @@ def check_model_config(config: dict, file: Path | str) -> None:
     if missing:
         raise ConfigError(
             f"{file} lacks positive integer {', '.join(missing)}; re-download the config"
+        )
+
+
+def _check_architectures(config: dict, model_type: str, file: Path | str) -> None:
+    """``architectures``, when present, must name ``model_type``'s causal-LM class."""
+    names = config.get("architectures")
+    if names is None:
+        return
+    if isinstance(names, str):
+        names = [names]
+    expected = ARCHITECTURES[model_type]
+    if not isinstance(names, list) or not names or any(n not in expected for n in names):
+        raise ConfigError(
+            f"{file} has model_type {model_type!r} but architectures {names!r}; a "
+            f"{model_type} model is {' or '.join(expected)}. The config does not describe one "
+            "model: re-download it, or fix model_type or architectures to match the weights"
         )

@@ -123,7 +123,10 @@ def load_model(path: str | os.PathLike, dtype=None) -> tuple[Model, Path]:
         config_file.check_model_config(config, path / "config.json")
     except config_file.ConfigError as e:
         raise LoadError(str(e)) from None
-    model = Model(ModelArgs.from_config(config))
+    try:
+        model = Model(ModelArgs.from_config(config))
+    except (TypeError, ValueError) as e:  # e.g. a rope_scaling type we do not implement
+        raise LoadError(f"{path}/config.json describes a model we cannot run: {e}") from None
     weights = model.sanitize(read_weights(path))
     _apply_weights(model, weights, config, dtype or default_dtype(), path)
     model.eval()

@@ -1,4 +1,10 @@
-"""The verifier: a Llama-family transformer with explicit per-token positions and masks.
+"""The verifier: one decoder-only transformer with explicit per-token positions and masks.
+
+One definition serves Llama / Mistral, Qwen2 / Qwen2.5, Qwen3, Gemma 2 and Gemma 3 (text):
+where the families differ, :class:`Family` (derived from ``model_type`` in one place,
+:func:`family_of`) names the option: q/k/v and o biases, per-head q/k RMSNorm, Gemma's
+``(1 + w)`` norms and sandwich norms, the GELU-tanh MLP, scaled embeddings, attention and
+final logit soft-capping, and sliding-window layers (with Gemma 3's local rope base).
 
 Weight names are mlx-lm's (``model.embed_tokens``, ``model.layers.{i}.self_attn.q_proj``,
 ..., ``lm_head``) so mlx-lm model directories load unchanged, quantized ones included.
@@ -10,6 +16,14 @@ Unlike mlx-lm's forward, ours is a pure function of arrays that suits tree verif
   (in place under ``mx.compile``), and attention uses an explicit boolean mask over all
   cache slots, so prefill, autoregressive steps, tree verification and the trainer's
   branch rollouts are one code path.
+
+Sliding-window layers attend to keys whose position is within ``sliding_window`` of the
+query's. A key's position is known exactly without being stored: a slot this call writes
+holds the token at the ``positions`` entry written there, and every other slot of the cache
+holds the token at position == slot (committed tokens sit at ``[0, len)``; docs/design.md,
+"KV cache and positions"). The trainer's branch rollouts keep earlier branch tokens at slots
+above their positions; those are ancestors less than ``depth`` positions back, inside any
+window larger than the rollout depth, so they are attended exactly as before.
 
 Shapes: B batch rows, T new tokens, S cache slots, H hidden size, V vocabulary.
 """
@@ -35,6 +49,46 @@ def fused_kernels() -> bool:
     return mx.default_device() != mx.cpu if FUSED_KERNELS is None else FUSED_KERNELS
 
 
+GEMMA_TYPES = ("gemma2", "gemma3_text")
+
+
+@dataclass(frozen=True)
+class Family:
+    """How a model type departs from Llama (all False: Llama / Mistral).
+
+    Attributes:
+        qkv_bias, o_bias: biases on the q/k/v and on the output projection.
+        qk_norm: per-head RMSNorm of q and k before RoPE (Qwen3, Gemma 3).
+        gemma_norm: RMSNorm weights are zero-centred, the scale is ``1 + w``.
+        sandwich_norms: norms after attention and the MLP too (``pre_``/``post_feedforward``).
+        gelu: GELU (tanh approximation) gate instead of SiLU.
+        scale_embed: embeddings times sqrt(H), rounded to the model's dtype.
+    """
+
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+    gemma_norm: bool = False
+    sandwich_norms: bool = False
+    gelu: bool = False
+    scale_embed: bool = False
+
+
+def family_of(args: ModelArgs) -> Family:
+    """The options of ``args.model_type`` (config keys such as ``attention_bias`` still count)."""
+    t = args.model_type
+    gemma = t in GEMMA_TYPES
+    return Family(
+        qkv_bias=args.attention_bias or t == "qwen2",
+        o_bias=args.attention_bias,
+        qk_norm=t in ("qwen3", "gemma3_text"),
+        gemma_norm=gemma,
+        sandwich_norms=gemma,
+        gelu=gemma,
+        scale_embed=gemma,
+    )
+
+
 @dataclass
 class ModelArgs:
     model_type: str
@@ -53,6 +107,13 @@ class ModelArgs:
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     mlp_bias: bool = False
+    query_pre_attn_scalar: float | None = None  # Gemma: attention scale is its -1/2 power
+    attn_logit_softcapping: float | None = None  # cap * tanh(score / cap) (Gemma 2)
+    final_logit_softcapping: float | None = None  # the same on the logits (Gemma 2)
+    sliding_window: int | None = None  # Gemma: keys within this many positions
+    sliding_window_pattern: int | None = None  # Gemma 3: every n-th layer is global
+    layer_types: list[str] | None = None  # "sliding_attention" / "full_attention" per layer
+    rope_local_base_freq: float | None = None  # Gemma 3: rope base of sliding layers
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
@@ -60,30 +121,104 @@ class ModelArgs:
             self.num_key_value_heads = self.num_attention_heads
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
+        if self.model_type == "gemma2":  # transformers' Gemma2Config defaults
+            self.attn_logit_softcapping = self.attn_logit_softcapping or 50.0
+            self.final_logit_softcapping = self.final_logit_softcapping or 30.0
+        self.family = family_of(self)  # not a field: config.json never holds it
+
+    @property
+    def attention_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    def is_sliding(self, layer: int) -> bool:
+        """Whether ``layer`` attends only within ``sliding_window`` positions."""
+        if self.model_type not in GEMMA_TYPES or not self.sliding_window:
+            return False
+        if self.layer_types is not None:
+            return self.layer_types[layer] == "sliding_attention"
+        if self.model_type == "gemma2":
+            return layer % 2 == 0
+        return (layer + 1) % (self.sliding_window_pattern or 6) != 0
+
+    def rope_for(self, layer: int) -> tuple[float, dict | None]:
+        """(base, scaling) of ``layer``'s RoPE: Gemma 3's sliding layers use the local base."""
+        if self.model_type == "gemma3_text" and self.is_sliding(layer):
+            return self.rope_local_base_freq or 10000.0, None
+        return self.rope_theta, self.rope_scaling
 
     @classmethod
     def from_config(cls, config: dict) -> ModelArgs:
         """Build from a HF / mlx-lm ``config.json`` dict; unknown keys go to ``extra``."""
         names = set(cls.__dataclass_fields__) - {"extra"}
+        config = {**rope_parameters(config), **config}
         known = {k: v for k, v in config.items() if k in names}
         extra = {k: v for k, v in config.items() if k not in names}
-        known.setdefault("tie_word_embeddings", False)
+        # transformers' default is tied; Llama checkpoints always say, Gemma's often do not.
+        known.setdefault("tie_word_embeddings", config.get("model_type") in GEMMA_TYPES)
         return cls(**known, extra=extra)
 
 
-class Attention(nn.Module):
-    def __init__(self, args: ModelArgs):
+def rope_parameters(config: dict) -> dict:
+    """``rope_theta`` / ``rope_scaling`` / ``rope_local_base_freq`` read from the
+    ``rope_parameters`` block newer transformers write instead (per layer type for Gemma 3)."""
+    params = config.get("rope_parameters")
+    if not isinstance(params, dict):
+        return {}
+    if "full_attention" in params or "sliding_attention" in params:
+        out = _rope_settings(params.get("full_attention") or {})
+        local = params.get("sliding_attention") or {}
+        if "rope_theta" in local:
+            out["rope_local_base_freq"] = local["rope_theta"]
+        return out
+    return _rope_settings(params)
+
+
+def _rope_settings(params: dict) -> dict:
+    """One ``rope_parameters`` entry -> ``rope_theta`` and, unless default, ``rope_scaling``."""
+    out = {"rope_theta": params["rope_theta"]} if "rope_theta" in params else {}
+    if params.get("rope_type", "default") != "default":
+        out["rope_scaling"] = {k: v for k, v in params.items() if k != "rope_theta"}
+    return out
+
+
+class GemmaRMSNorm(nn.Module):
+    """RMSNorm with a zero-centred weight: the scale is ``1 + weight`` (Gemma's checkpoints)."""
+
+    def __init__(self, dims: int, eps: float):
         super().__init__()
+        self.weight = mx.zeros((dims,))
+        self.eps = eps
+
+    def __call__(self, x):
+        return mx.fast.rms_norm(x, 1.0 + self.weight, self.eps)
+
+
+def rms_norm(args: ModelArgs, dims: int) -> nn.Module:
+    """The family's RMSNorm over the last ``dims`` values."""
+    cls = GemmaRMSNorm if args.family.gemma_norm else nn.RMSNorm
+    return cls(dims, eps=args.rms_norm_eps)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, layer: int):
+        super().__init__()
+        family = args.family
         self.n_heads = args.num_attention_heads
         self.n_kv_heads = args.num_key_value_heads
         self.head_dim = args.head_dim
-        self.scale = self.head_dim**-0.5
-        dim, hd, bias = args.hidden_size, args.head_dim, args.attention_bias
+        self.scale = args.attention_scale
+        self.softcap = args.attn_logit_softcapping
+        dim, hd, bias = args.hidden_size, args.head_dim, family.qkv_bias
         self.q_proj = nn.Linear(dim, self.n_heads * hd, bias=bias)
         self.k_proj = nn.Linear(dim, self.n_kv_heads * hd, bias=bias)
         self.v_proj = nn.Linear(dim, self.n_kv_heads * hd, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * hd, dim, bias=bias)
-        self.rope = RoPE(hd, args.rope_theta, args.rope_traditional, args.rope_scaling)
+        self.o_proj = nn.Linear(self.n_heads * hd, dim, bias=family.o_bias)
+        if family.qk_norm:
+            self.q_norm = rms_norm(args, hd)
+            self.k_norm = rms_norm(args, hd)
+        base, scaling = args.rope_for(layer)
+        self.rope = RoPE(hd, base, args.rope_traditional, scaling)
+        self.rope_key = (base, repr(scaling))  # layers with equal keys share one cos/sin table
 
     def _rotate(self, x: mx.array, positions) -> mx.array:
         """RoPE at per-token positions. x: (B, T, heads, D) -> (B, T, heads, D).
@@ -103,12 +238,22 @@ class Attention(nn.Module):
         Returns (out (B, T, H), keys, values)."""
         B, T, _ = x.shape
         A = mask.shape[-1]
-        q = self._rotate(self.q_proj(x).reshape(B, T, self.n_heads, -1), positions)
-        k = self._rotate(self.k_proj(x).reshape(B, T, self.n_kv_heads, -1), positions)
+        q = self.q_proj(x).reshape(B, T, self.n_heads, -1)
+        k = self.k_proj(x).reshape(B, T, self.n_kv_heads, -1)
+        if "q_norm" in self:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self._rotate(q, positions), self._rotate(k, positions)
         v = self.v_proj(x).reshape(B, T, self.n_kv_heads, -1)
         keys = write_slots(keys, write_idx, k)
         values = write_slots(values, write_idx, v)
-        out = attention(q.transpose(0, 2, 1, 3), keys[:, :, :A], values[:, :, :A], self.scale, mask)
+        out = attention(
+            q.transpose(0, 2, 1, 3),
+            keys[:, :, :A],
+            values[:, :, :A],
+            self.scale,
+            mask,
+            self.softcap,
+        )
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, T, -1)), keys, values
 
 
@@ -139,20 +284,24 @@ def apply_rope(x: mx.array, cos: mx.array, sin: mx.array, traditional: bool) -> 
     return mx.concatenate([rotated, rest], axis=-1) if rest.shape[-1] else rotated
 
 
-def attention(q, k, v, scale: float, mask):
-    """Masked attention with grouped K/V heads.
+def attention(q, k, v, scale: float, mask, softcap: float | None = None):
+    """Masked attention with grouped K/V heads, scores optionally soft-capped
+    (``softcap * tanh(score / softcap)``, Gemma 2).
 
     q: (B, n_heads, T, D); k, v: (B, n_kv, A, D); mask: (B, 1, T, A) bool -> (B, n_heads, T, D).
-    On Metal/CUDA the fused kernel; on the CPU backend two matmuls, which are several times
-    faster there for multi-token (tree) queries.
+    On Metal/CUDA the fused kernel (which cannot soft-cap); on the CPU backend two matmuls,
+    which are several times faster there for multi-token (tree) queries.
     """
-    if fused_kernels():
+    if fused_kernels() and softcap is None:
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
     B, n_heads, T, D = q.shape
     n_kv = k.shape[1]
     q = (q * scale).reshape(B, n_kv, (n_heads // n_kv) * T, D)
     scores = (q @ k.transpose(0, 1, 3, 2)).reshape(B, n_kv, n_heads // n_kv, T, -1)
-    scores = mx.where(mask[:, :, None], scores.astype(mx.float32), -mx.inf)
+    scores = scores.astype(mx.float32)
+    if softcap is not None:
+        scores = mx.tanh(scores / softcap) * softcap
+    scores = mx.where(mask[:, :, None], scores, -mx.inf)
     probs = mx.softmax(scores, axis=-1).astype(v.dtype).reshape(B, n_kv, -1, k.shape[2])
     return (probs @ v).reshape(B, n_heads, T, D)
 
@@ -164,37 +313,68 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(dim, hidden, bias=bias)
         self.down_proj = nn.Linear(hidden, dim, bias=bias)
         self.up_proj = nn.Linear(dim, hidden, bias=bias)
+        self.act = nn.gelu_approx if args.family.gelu else nn.silu
 
     def __call__(self, x):
-        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, args: ModelArgs):
+    """Pre-norm block; with ``sandwich_norms`` (Gemma) each branch's output is normed too.
+
+    Names follow the checkpoints: Llama's ``post_attention_layernorm`` is the norm before the
+    MLP, Gemma's normalizes the attention output and ``pre_feedforward_layernorm`` precedes
+    the MLP.
+    """
+
+    def __init__(self, args: ModelArgs, layer: int):
         super().__init__()
-        self.self_attn = Attention(args)
+        self.sliding = args.is_sliding(layer)
+        self.self_attn = Attention(args, layer)
         self.mlp = MLP(args)
-        self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
-        self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.input_layernorm = rms_norm(args, args.hidden_size)
+        self.post_attention_layernorm = rms_norm(args, args.hidden_size)
+        if args.family.sandwich_norms:
+            self.pre_feedforward_layernorm = rms_norm(args, args.hidden_size)
+            self.post_feedforward_layernorm = rms_norm(args, args.hidden_size)
 
     def __call__(self, x, positions, mask, keys, values, write_idx):
         r, keys, values = self.self_attn(
             self.input_layernorm(x), positions, mask, keys, values, write_idx
         )
-        h = x + r
-        return h + self.mlp(self.post_attention_layernorm(h)), keys, values
+        if "pre_feedforward_layernorm" not in self:
+            h = x + r
+            return h + self.mlp(self.post_attention_layernorm(h)), keys, values
+        h = x + self.post_attention_layernorm(r)
+        r = self.mlp(self.pre_feedforward_layernorm(h))
+        return h + self.post_feedforward_layernorm(r), keys, values
 
 
 class LlamaModel(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = [TransformerBlock(args) for _ in range(args.num_hidden_layers)]
-        self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.layers = [TransformerBlock(args, i) for i in range(args.num_hidden_layers)]
+        self.norm = rms_norm(args, args.hidden_size)
+
+
+def window_mask(mask: mx.array, positions: mx.array, write_idx: mx.array, window: int):
+    """``mask`` narrowed to keys less than ``window`` positions before each query.
+
+    mask: (B or 1, 1, T, A) bool; positions, write_idx: (B, T) -> (B, 1, T, A) bool. The key
+    at a slot this call writes is at the position written there, any other at its slot's
+    index (see the module docstring).
+    """
+    B = positions.shape[0]
+    A = mask.shape[-1]
+    key_pos = mx.broadcast_to(mx.arange(A, dtype=mx.int32)[None], (B, A))
+    key_pos = mx.put_along_axis(key_pos, write_idx, positions.astype(mx.int32), axis=1)
+    near = key_pos[:, None, :] > positions[:, :, None] - window  # (B, T, A)
+    return mask & near[:, None]
 
 
 class Model(nn.Module):
-    """Llama-family causal LM. ``__call__`` returns final normed hidden states and the cache."""
+    """The causal LM. ``__call__`` returns final normed hidden states and the cache."""
 
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -217,7 +397,8 @@ class Model(nn.Module):
         return self.args.max_position_embeddings
 
     def embed(self, tokens: mx.array) -> mx.array:
-        """The LLM's input embedding table lookup, (...) -> (..., H). The drafter reads it too."""
+        """The LLM's input embedding table lookup, (...) -> (..., H). The drafter reads it too
+        (unscaled: Gemma's sqrt(H) factor is applied in ``__call__`` only)."""
         return self.model.embed_tokens(tokens)
 
     def __call__(self, tokens, positions, mask, keys, values, write_idx):
@@ -229,24 +410,36 @@ class Model(nn.Module):
         keys, values).
         """
         x = self.embed(tokens)
+        if self.args.family.scale_embed:
+            x = x * mx.array(self.args.hidden_size**0.5, dtype=x.dtype)
+        layers = self.model.layers
+        rotations = {layer.self_attn.rope_key: positions for layer in layers}
         if not fused_kernels():
-            # One cos/sin table for all layers: on the CPU backend the fused rope kernel with
-            # per-row offsets costs ~7x more than this.
-            positions = self.model.layers[0].self_attn.rope.tables(positions)
+            # One cos/sin table per rope (not per layer): on the CPU backend the fused rope
+            # kernel with per-row offsets costs ~7x more than this.
+            for layer in layers:
+                if rotations[layer.self_attn.rope_key] is positions:
+                    rotations[layer.self_attn.rope_key] = layer.self_attn.rope.tables(positions)
+        masks = {False: mask}
+        if any(layer.sliding for layer in layers):
+            masks[True] = window_mask(mask, positions, write_idx, self.args.sliding_window)
         new_keys, new_values = [], []
-        for layer, k, v in zip(self.model.layers, keys, values):
-            x, k, v = layer(x, positions, mask, k, v, write_idx)
+        for layer, k, v in zip(layers, keys, values):
+            rotation = rotations[layer.self_attn.rope_key]
+            x, k, v = layer(x, rotation, masks[layer.sliding], k, v, write_idx)
             new_keys.append(k)
             new_values.append(v)
         return self.model.norm(x), new_keys, new_values
 
     def logits(self, hidden: mx.array) -> mx.array:
-        """(..., H) -> (..., V) float32 logits."""
+        """(..., H) -> (..., V) float32 logits (soft-capped for Gemma 2)."""
         if self.args.tie_word_embeddings:
             out = self.model.embed_tokens.as_linear(hidden)
         else:
             out = self.lm_head(hidden)
-        return out.astype(mx.float32)
+        out = out.astype(mx.float32)
+        cap = self.args.final_logit_softcapping
+        return mx.tanh(out / cap) * cap if cap else out
 
     def make_cache(self, batch: int, slots: int, dtype=None):
         """Zeroed K/V lists, each (batch, n_kv, slots, D)."""

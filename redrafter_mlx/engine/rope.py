@@ -1,4 +1,4 @@
-"""Rotary position embeddings for Llama-family configs: default, linear and llama3 scaling.
+"""Rotary position embeddings for every supported family: default, linear and llama3 scaling.
 
 Our own small module (instead of mlx-lm's) so that importing the engine does not import
 mlx-lm and transformers (seconds of start-up for every command). Parity with mlx-lm's rope
@@ -32,7 +32,7 @@ def rope_periods(dims: int, base: float, scaling: dict | None) -> mx.array:
         return mx.where(medium, scaled / ((1 - smooth) / factor + smooth), scaled)
     raise ValueError(
         f"rope_scaling type {kind!r} is not supported (supported: linear, llama3); "
-        f"this model is not a Llama-family configuration we can run"
+        f"this model is not a configuration we can run"
     )
 
 

@@ -1,0 +1,477 @@
+"""Qwen2, Qwen3, Gemma 2 and Gemma 3 (text) through the one forward: logits equal mlx-lm's own
+model classes on the same weights (prefill and single-token steps, sliding windows crossed),
+greedy ReDrafter equals plain decoding, and the families load from mlx-lm and Hugging Face
+folders. GGUF round trips per family are in tests/test_gguf.py."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+from redrafter_mlx.engine import model as model_module
+from redrafter_mlx.engine.model import Model, ModelArgs
+from redrafter_mlx.engine.tree import cache_mask, chain_mask
+from tests.helpers import _randomize, run_decode, tiny_drafter
+
+BASE = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=96,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=512,
+)
+WINDOW = 4  # smaller than the prompt, so sliding layers drop keys in prefill and in steps
+CONFIGS = {
+    "qwen2": dict(
+        BASE, model_type="qwen2", architectures=["Qwen2ForCausalLM"], rope_theta=1e6,
+        tie_word_embeddings=False, use_sliding_window=False,
+    ),
+    "qwen2_tied": dict(
+        BASE, model_type="qwen2", architectures=["Qwen2ForCausalLM"], rope_theta=1e6,
+        tie_word_embeddings=True,
+    ),
+    "qwen3": dict(
+        BASE, model_type="qwen3", architectures=["Qwen3ForCausalLM"], head_dim=32,
+        rope_theta=1e6, attention_bias=False, tie_word_embeddings=True,
+    ),
+    "qwen3_untied": dict(
+        BASE, model_type="qwen3", architectures=["Qwen3ForCausalLM"], head_dim=8,
+        rope_theta=1e6, attention_bias=False, tie_word_embeddings=False,
+    ),
+    "gemma2": dict(
+        BASE, model_type="gemma2", architectures=["Gemma2ForCausalLM"], num_hidden_layers=3,
+        head_dim=16, query_pre_attn_scalar=24, attn_logit_softcapping=5.0,
+        final_logit_softcapping=3.0, sliding_window=WINDOW, rope_theta=10000.0,
+        hidden_activation="gelu_pytorch_tanh",
+    ),
+    "gemma3_text": dict(
+        BASE, model_type="gemma3_text", architectures=["Gemma3ForCausalLM"],
+        num_hidden_layers=4, num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16,
+        sliding_window=WINDOW, sliding_window_pattern=2, rope_theta=1e6,
+        rope_local_base_freq=10000.0, rope_scaling={"rope_type": "linear", "factor": 2.0},
+    ),
+}  # fmt: skip
+PROMPT = [1, 17, 50, 42, 3, 29, 88, 21, 5, 64]
+STEPS = [7, 91, 33, 12, 60, 2]
+
+
+def family_model(name: str, seed: int = 0, scale: float = 2.0) -> Model:
+    """Our model for ``CONFIGS[name]`` with random weights (Gemma norms near zero: 1 + w)."""
+    model = Model(ModelArgs.from_config(CONFIGS[name]))
+    _randomize(model, seed, scale)
+    if model.args.family.gemma_norm:
+        model.load_weights(
+            [(k, v - 1.0) for k, v in tree_flatten(model.parameters()) if "norm" in k],
+            strict=False,
+        )
+    mx.eval(model.parameters())
+    return model
+
+
+def mlx_lm_model(name: str, weights: dict):
+    """mlx-lm's own class for the config, holding ``weights``."""
+    module = importlib.import_module(f"mlx_lm.models.{CONFIGS[name]['model_type']}")
+    ref = module.Model(module.ModelArgs.from_dict(CONFIGS[name]))
+    if hasattr(ref, "sanitize"):
+        weights = ref.sanitize(dict(weights))
+    ref.load_weights(list(weights.items()), strict=True)
+    mx.eval(ref.parameters())
+    return ref
+
+
+def gemma2_windowed(ref, tokens: mx.array) -> mx.array:
+    """mlx-lm's Gemma 2 layers over a whole sequence with the sliding-window mask on its even
+    layers (mlx-lm's Gemma 2 forward ignores the window). tokens (1, N) -> logits (1, N, V)."""
+    from mlx_lm.models.base import create_causal_mask
+
+    N = tokens.shape[1]
+    h = ref.model.embed_tokens(tokens) * (ref.args.hidden_size**0.5)
+    for i, layer in enumerate(ref.model.layers):
+        h = layer(h, create_causal_mask(N, window_size=WINDOW if i % 2 == 0 else None), None)
+    out = ref.model.embed_tokens.as_linear(ref.model.norm(h))
+    cap = ref.final_logit_softcapping
+    return mx.tanh(out / cap) * cap
+
+
+def reference_logits(name: str, ref) -> list[np.ndarray]:
+    """mlx-lm's logits at the prompt's positions, then after each of ``STEPS``: (V,) each."""
+    if CONFIGS[name]["model_type"] == "gemma2":
+        full = gemma2_windowed(ref, mx.array([PROMPT + STEPS]))[0]
+        return [np.array(full[i]) for i in range(len(PROMPT) + len(STEPS))]
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(ref)
+    out = list(np.array(ref(mx.array([PROMPT]), cache=cache)[0]))
+    for t in STEPS:
+        out.append(np.array(ref(mx.array([[t]]), cache=cache)[0, 0]))
+    return out
+
+
+def our_logits(model: Model) -> list[np.ndarray]:
+    """Our forward: the prompt in one call, then one token per call, against the cache."""
+    slots = 256
+    keys, values = model.make_cache(1, slots)
+    T = len(PROMPT)
+    idx = mx.arange(T, dtype=mx.int32)[None]
+    mask = cache_mask(mx.zeros((1,), mx.int32), chain_mask(T), slots)
+    h, keys, values = model(mx.array([PROMPT]), idx, mask, keys, values, idx)
+    out = list(np.array(model.logits(h[0])))
+    for p, t in enumerate(STEPS, start=T):
+        pos = mx.array([[p]], dtype=mx.int32)
+        mask = cache_mask(mx.array([p], dtype=mx.int32), chain_mask(1), slots)
+        h, keys, values = model(mx.array([[t]]), pos, mask, keys, values, pos)
+        out.append(np.array(model.logits(h[0, 0])))
+    return out
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_logits_equal_mlx_lm_in_prefill_and_steps(name, fused, monkeypatch):
+    monkeypatch.setattr(model_module, "FUSED_KERNELS", fused)
+    model = family_model(name)
+    ref = mlx_lm_model(name, dict(tree_flatten(model.parameters())))
+    want, got = reference_logits(name, ref), our_logits(model)
+    assert len(got) == len(want) == len(PROMPT) + len(STEPS)
+    for i, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(g, w, atol=1e-4, rtol=1e-4, err_msg=f"{name} position {i}")
+
+
+def test_sliding_window_changes_the_logits():
+    """The window is really applied: without it the later positions differ."""
+    model = family_model("gemma3_text")
+    windowed = our_logits(model)
+    model.args.sliding_window = 10_000
+    wide = our_logits(model)
+    assert np.allclose(windowed[WINDOW - 1], wide[WINDOW - 1], atol=1e-5)
+    assert not np.allclose(windowed[-1], wide[-1], atol=1e-3)
+
+
+def near_bigram(name: str, seed: int, attn: float = 0.01) -> Model:
+    """A family model whose attention output is scaled by ``attn``: the next token is nearly
+    a function of the current one, so :class:`FamilyOracle` gets long runs accepted, while
+    attention (and the sliding window) still changes some tokens."""
+    model = family_model(name, seed)
+    for layer in model.model.layers:
+        if "pre_feedforward_layernorm" in layer:  # Gemma: the attention output is normed
+            norm = layer.post_attention_layernorm
+            norm.weight = (1.0 + norm.weight) * attn - 1.0
+        else:
+            layer.self_attn.o_proj.weight = layer.self_attn.o_proj.weight * attn
+    mx.eval(model.parameters())
+    return model
+
+
+class FamilyOracle:
+    """A drafter double predicting the model's attention-free next token (any family), its
+    hidden state perturbed by ``noise`` so that some drafts are wrong."""
+
+    def __init__(self, model: Model, noise: float = 0.3, seed: int = 3):
+        self.model = model
+        self.args = tiny_drafter(model).args
+        H = model.hidden_size
+        self.noise = noise * mx.random.normal((H, H), key=mx.random.key(seed))
+
+    def next_state(self, state, token_emb):
+        return token_emb
+
+    def __call__(self, hidden, state):
+        args = self.model.args
+        x = state * args.hidden_size**0.5 if args.family.scale_embed else state
+        for layer in self.model.model.layers:
+            if "pre_feedforward_layernorm" in layer:
+                x = x + layer.post_feedforward_layernorm(
+                    layer.mlp(layer.pre_feedforward_layernorm(x))
+                )
+            else:
+                x = x + layer.mlp(layer.post_attention_layernorm(x))
+        h = self.model.model.norm(x)
+        return self.model.logits(h + h @ self.noise)  # perturbed inside any logit soft cap
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_greedy_redrafter_equals_plain_decoding(name):
+    prompts = [PROMPT, PROMPT[:3] + [9, 9]]  # two rows of different lengths
+    accepted = 0
+    for model in (family_model(name, seed=3), near_bigram(name, seed=3)):
+        plain, _ = run_decode(model, None, prompts, max_tokens=24)
+        for drafter in (tiny_drafter(model, seed=4), FamilyOracle(model, noise=0.05)):
+            for width, length in ((1, 4), (3, 3)):
+                fast, stats = run_decode(
+                    model, drafter, prompts, max_tokens=24, beam_width=width, beam_length=length
+                )
+                assert fast == plain, (name, width, length)
+                accepted += stats["accepted_tokens"]
+    assert accepted > 40  # runs of drafted tokens were verified, accepted and committed
+
+
+def _write_folder(folder: Path, config: dict, weights: dict) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(config))
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    return folder
+
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen3", "gemma2", "gemma3_text"])
+def test_loads_from_an_mlx_lm_folder_and_converts_from_a_hf_folder(name, tmp_path):
+    from mlx_lm.utils import load_model as mlx_lm_load
+
+    from redrafter_mlx.engine.loading import load_model
+    from weights_convert import convert
+
+    model = family_model(name)
+    weights = dict(tree_flatten(model.parameters()))
+    hf = _write_folder(tmp_path / "hf", CONFIGS[name], weights)
+    convert(str(hf), tmp_path / "out", dtype="float32", progress=False)
+    tokens = mx.array([PROMPT])
+    ref, _ = mlx_lm_load(tmp_path / "out")
+    want = np.array(ref(tokens)[0]) if name != "gemma2" else None
+    for folder in (hf, tmp_path / "out"):
+        ours, _ = load_model(folder, mx.float32)
+        got = np.array(ours.logits(_prefill_hidden(ours)))
+        np.testing.assert_allclose(got, np.stack(our_logits(model)[: len(PROMPT)]), atol=1e-5)
+        if want is not None:
+            np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
+def _prefill_hidden(model: Model) -> mx.array:
+    """Hidden states of PROMPT from an empty cache: (T, H)."""
+    T = len(PROMPT)
+    keys, values = model.make_cache(1, 256)
+    idx = mx.arange(T, dtype=mx.int32)[None]
+    mask = cache_mask(mx.zeros((1,), mx.int32), chain_mask(T), 256)
+    return model(mx.array([PROMPT]), idx, mask, keys, values, idx)[0][0]
+
+
+# --- the config validator ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_every_family_config_passes_the_validator(name):
+    from redrafter_mlx.engine.config import check_model_config
+
+    check_model_config(CONFIGS[name], "config.json")
+
+
+def test_architectures_must_agree_with_model_type():
+    from redrafter_mlx.engine.config import ConfigError, check_model_config
+
+    config = dict(CONFIGS["qwen2"], model_type="llama")
+    with pytest.raises(ConfigError, match=r"model_type 'llama' but architectures \['Qwen2"):
+        check_model_config(config, "config.json")
+    with pytest.raises(ConfigError, match="Qwen3ForCausalLM"):
+        check_model_config(dict(CONFIGS["qwen2"], architectures=["Qwen3ForCausalLM"]), "c")
+    check_model_config({k: v for k, v in config.items() if k != "architectures"}, "c")
+
+
+def test_unsupported_types_are_listed_and_qwen2_windows_refused():
+    from redrafter_mlx.engine.config import ConfigError, check_model_config
+
+    with pytest.raises(ConfigError, match="llama, mistral, qwen2, qwen3, gemma2, gemma3_text"):
+        check_model_config(dict(CONFIGS["qwen2"], model_type="phi3"), "c")
+    with pytest.raises(ConfigError, match="Gemma3ForCausalLM"):
+        check_model_config(dict(CONFIGS["gemma3_text"], model_type="gemma3"), "c")
+    with pytest.raises(ConfigError, match="use_sliding_window"):
+        check_model_config(dict(CONFIGS["qwen2"], use_sliding_window=True), "c")
+
+
+def test_convert_refuses_mismatched_architectures(tmp_path):
+    from weights_convert import ConversionError, convert
+
+    model = family_model("qwen2")
+    config = dict(CONFIGS["qwen2"], model_type="llama")
+    src = _write_folder(tmp_path / "hf", config, dict(tree_flatten(model.parameters())))
+    with pytest.raises(ConversionError, match="Qwen2ForCausalLM"):
+        convert(str(src), tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+# --- GGUF round trips, written as llama.cpp's convert_hf_to_gguf.py writes each family ----------
+
+GGUF_ARCH = {
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma2": "gemma2",
+    "gemma3_text": "gemma3",
+}
+GGUF_LAYER = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+GGUF_GEMMA_LAYER = {
+    **GGUF_LAYER,
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
+GGUF_GLOBAL = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+# What llama.cpp stores for Gemma (no query_pre_attn_scalar: it is head_dim below 27B; no
+# sliding pattern for Gemma 3: every 6th layer is global), so the source config says the same.
+GGUF_CONFIGS = {
+    "qwen2": CONFIGS["qwen2"],
+    "qwen3": CONFIGS["qwen3"],
+    "gemma2": dict(CONFIGS["gemma2"], query_pre_attn_scalar=16),
+    "gemma3_text": {
+        **{k: v for k, v in CONFIGS["gemma3_text"].items() if k != "sliding_window_pattern"},
+        "num_hidden_layers": 7,
+    },
+}
+
+
+def _gguf_name(hf: str, gemma: bool) -> str:
+    if hf in GGUF_GLOBAL:
+        return GGUF_GLOBAL[hf]
+    _, _, layer, *rest = hf.split(".")
+    names = GGUF_GEMMA_LAYER if gemma else GGUF_LAYER
+    return f"blk.{layer}.{names['.'.join(rest[:-1])]}.{rest[-1]}"
+
+
+def write_family_gguf(path: Path, name: str, qtype: str) -> Model:
+    """A GGUF of a random ``GGUF_CONFIGS[name]`` model; returns the model it should convert to
+    (2-D weights through ``qtype``'s quantization, norms as llama.cpp rounds ``w + 1``)."""
+    import gguf
+
+    from tests.fixtures.gguf_files import CHATML, byte_level_vocab
+
+    tokens, merges, types = byte_level_vocab()
+    config = dict(GGUF_CONFIGS[name], vocab_size=len(tokens))
+    model = Model(ModelArgs.from_config(config))
+    _randomize(model, 5, 2.0)
+    args, arch = model.args, GGUF_ARCH[name]
+    gemma = args.family.gemma_norm
+    Q = gguf.GGMLQuantizationType
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(args.num_hidden_layers)
+    writer.add_context_length(args.max_position_embeddings)
+    writer.add_embedding_length(args.hidden_size)
+    writer.add_feed_forward_length(args.intermediate_size)
+    writer.add_head_count(args.num_attention_heads)
+    writer.add_head_count_kv(args.num_key_value_heads)
+    writer.add_key_length(args.head_dim)
+    writer.add_value_length(args.head_dim)
+    writer.add_rope_freq_base(args.rope_theta)
+    writer.add_layer_norm_rms_eps(args.rms_norm_eps)
+    if name == "gemma2":
+        writer.add_attn_logit_softcapping(args.attn_logit_softcapping)
+        writer.add_final_logit_softcapping(args.final_logit_softcapping)
+    if gemma:
+        writer.add_sliding_window(args.sliding_window)
+    if args.rope_scaling:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(args.rope_scaling["factor"])
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("qwen2" if name.startswith("qwen") else "default")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(0)
+    writer.add_eos_token_id(0)
+    writer.add_chat_template(CHATML)
+    reference = {}
+    for hf, w in tree_flatten(model.parameters()):
+        x = np.array(w, dtype=np.float32)
+        if gemma and hf.endswith("norm.weight"):
+            x = x - 1.0  # our model holds HF's zero-centred weight; the file holds w + 1
+            stored = x + np.float32(1.0)
+            reference[hf] = stored - np.float32(1.0)
+            writer.add_tensor(_gguf_name(hf, gemma), stored)
+        elif x.ndim == 2 and qtype != "F32":
+            q = gguf.quants.quantize(x, Q[qtype])
+            reference[hf] = gguf.quants.dequantize(q, Q[qtype]).astype(np.float32)
+            writer.add_tensor(_gguf_name(hf, gemma), q, raw_dtype=Q[qtype])
+        else:
+            reference[hf] = x
+            writer.add_tensor(_gguf_name(hf, gemma), x)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    model.load_weights([(k, mx.array(v)) for k, v in reference.items()])
+    mx.eval(model.parameters())
+    return model
+
+
+@pytest.mark.parametrize("qtype", ["F32", "Q8_0"])
+@pytest.mark.parametrize("name", list(GGUF_ARCH))
+def test_gguf_round_trip_gives_the_same_logits(name, qtype, tmp_path):
+    pytest.importorskip("gguf")
+    from redrafter_mlx.engine.loading import load_model
+    from weights_convert import convert
+
+    model = write_family_gguf(tmp_path / "m.gguf", name, qtype)
+    convert(str(tmp_path / "m.gguf"), tmp_path / "out", dtype="float32", progress=False)
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["model_type"] == CONFIGS[name]["model_type"]
+    loaded, _ = load_model(tmp_path / "out", mx.float32)
+    want = model.logits(_prefill_hidden(model))
+    got = loaded.logits(_prefill_hidden(loaded))
+    np.testing.assert_allclose(np.array(got), np.array(want), atol=1e-4, rtol=1e-4)
+    assert [layer.sliding for layer in loaded.model.layers] == [
+        layer.sliding for layer in model.model.layers
+    ]
+
+
+def test_rope_parameters_blocks_are_read():
+    config = dict(CONFIGS["gemma3_text"])
+    for key in ("rope_theta", "rope_scaling", "rope_local_base_freq"):
+        config.pop(key)
+    config["rope_parameters"] = {
+        "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+    }
+    args = ModelArgs.from_config(config)
+    assert args.rope_theta == 1e6 and args.rope_local_base_freq == 10000.0
+    assert args.rope_scaling == {"rope_type": "linear", "factor": 2.0}
+    qwen = dict(CONFIGS["qwen3"], rope_parameters={"rope_type": "default", "rope_theta": 5e5})
+    qwen.pop("rope_theta")
+    assert ModelArgs.from_config(qwen).rope_theta == 5e5
+    assert ModelArgs.from_config(qwen).rope_scaling is None
+
+
+@pytest.mark.parametrize("name", ["qwen2", "qwen3", "gemma3_text"])
+def test_quantized_folders_load_and_match_mlx_lm(name, tmp_path):
+    from mlx_lm.utils import load_model as mlx_lm_load
+
+    from redrafter_mlx.engine.loading import load_model
+    from weights_convert import convert
+
+    model = family_model(name)
+    hf = _write_folder(tmp_path / "hf", CONFIGS[name], dict(tree_flatten(model.parameters())))
+    convert(str(hf), tmp_path / "q", quantize=True, q_bits=4, q_group_size=32, progress=False)
+    ours, _ = load_model(tmp_path / "q", mx.float32)
+    ref, _ = mlx_lm_load(tmp_path / "q")
+    ref.set_dtype(mx.float32)
+    got = np.array(ours.logits(_prefill_hidden(ours)))
+    want = np.array(ref(mx.array([PROMPT]))[0].astype(mx.float32))
+    np.testing.assert_allclose(got, want, atol=1e-3, rtol=1e-3)
+
+
+def test_an_unsupported_rope_scaling_is_a_load_error(tmp_path):
+    from redrafter_mlx.engine.loading import LoadError, load_model
+
+    model = family_model("qwen2")
+    config = dict(CONFIGS["qwen2"], rope_scaling={"rope_type": "yarn", "factor": 4.0})
+    _write_folder(tmp_path / "m", config, dict(tree_flatten(model.parameters())))
+    with pytest.raises(LoadError, match="rope_scaling type 'yarn' is not supported"):
+        load_model(tmp_path / "m")

@@ -150,7 +150,9 @@ def _pad(x: mx.array, n: int, value) -> mx.array:
     return mx.concatenate([x, mx.full((B, N, n - L), value, dtype=x.dtype)], axis=-1)
 
 
-def verify_phase(model: Model, tree, lengths, keys, values, sampler, key, window: int, history):
+def verify_phase(
+    model: Model, tree, lengths, keys, values, sampler, key, window: int, history=None
+):
     """3. Verify all C packed tokens in one forward, written at ``[len, len+C)``.
 
     Each node draws from the target given its own path (penalties read that path too).

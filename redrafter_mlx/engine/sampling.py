@@ -229,3 +229,40 @@ def draw(logits: mx.array, cfg: SamplerConfig, key: mx.array | None) -> mx.array
     x = process_logits(logits, cfg)
     noise = mx.random.gumbel(x.shape, key=key)
     return mx.argmax(x + noise, axis=-1).astype(mx.int32)
+
+
+GENERATION_CONFIG = "generation_config.json"
+# generation_config.json keys that set a SamplerConfig field (Hugging Face's names).
+MODEL_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def model_defaults(folder) -> dict:
+    """The sampling values a model's ``generation_config.json`` recommends, as SamplerConfig
+    fields: ``{}`` when there is none, ``do_sample: false`` means greedy (temperature 0, as
+    in transformers), and a value out of range is left out (the engine's default holds)."""
+    import json
+    from pathlib import Path
+
+    file = Path(folder) / GENERATION_CONFIG
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(config, dict):
+        return {}
+    found = {}
+    for key in MODEL_DEFAULT_KEYS:
+        value = config.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            found[key] = int(value) if key == "top_k" else float(value)
+    if config.get("do_sample") is False:
+        found = {k: v for k, v in found.items() if k == "repetition_penalty"}
+        found["temperature"] = 0.0
+    good = {}
+    for key, value in found.items():
+        try:
+            SamplerConfig(**{key: value}).validate()
+        except ParamError:
+            continue
+        good[key] = value
+    return good

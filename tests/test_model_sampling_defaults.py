@@ -35,5 +35,5 @@ def test_smollm2_folder_gets_its_card_sampling_once(tmp_path):
     config = json.loads((tmp_path / "generation_config.json").read_text())
     assert config == {"bos_token_id": 1, "eos_token_id": [2], **CARD_SAMPLING}
     assert write_card_sampling(tmp_path) is False  # idempotent
-    assert model_defaults(tmp_path) == {"temperature": 0.2, "top_p": 0.9}
+    assert model_defaults(tmp_path) == {"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1}
     assert not list(tmp_path.glob("*.part"))

@@ -38,9 +38,12 @@ def _cache_dir(home: Path) -> Path:
     return home / "cache" / f"{PACKAGE}-{VERSION}"
 
 
-# The model card's recommended sampling (huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct):
-# chat, generate and serve use it by default (greedy decoding loops on open-ended prompts).
-CARD_SAMPLING = {"do_sample": True, "temperature": 0.2, "top_p": 0.9}
+# The model card's recommended sampling (huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct:
+# temperature 0.2, top-p 0.9) plus a light repetition penalty over the last 20 tokens: chat,
+# generate and serve use these by default. Measured on "Write a short poem about the ocean"
+# (256 tokens, seeds 1-3): greedy and the card's values alone loop (one line 15-25 times);
+# with the penalty 1.1 no line repeats (1.2 ends answers early; 1.3 loops again).
+CARD_SAMPLING = {"do_sample": True, "temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1}
 
 
 def write_card_sampling(out: Path) -> bool:

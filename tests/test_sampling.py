@@ -15,6 +15,7 @@ from redrafter_mlx.engine.decode import prefill_chunk
 from redrafter_mlx.engine.sampling import SamplerConfig, process_logits
 from redrafter_mlx.engine.shape import BeamShape
 from tests.helpers import OracleDrafter, near_bigram_model, run_decode, tiny_drafter
+from tests.test_penalties import mlx_lm_processed
 
 PROMPT = [1, 3, 2]
 DEPTH = 3
@@ -29,7 +30,14 @@ def next_probs(model, prefixes, cfg):
     keys, values = model.make_cache(N, 256)
     zeros = mx.zeros((N,), dtype=mx.int32)
     h, _, _, _ = prefill_chunk(model, seqs, zeros + T, zeros, keys, values, 256)
-    return np.array(mx.softmax(process_logits(model.logits(h), cfg), axis=-1))
+    logits = model.logits(h)
+    if cfg.reads_text or cfg.logit_bias:  # mlx-lm's processors over each prefix's own text
+        logits = mx.array(
+            np.stack(
+                [mlx_lm_processed(row, PROMPT + list(p), cfg) for row, p in zip(logits, prefixes)]
+            )
+        )
+    return np.array(mx.softmax(process_logits(logits, cfg), axis=-1))
 
 
 def exact_joint(model, cfg):
@@ -155,3 +163,38 @@ def test_sampling_with_lookup_matches_exact_distribution(shape):
     counts, stats = sample_counts(model, drafter, cfg, n, seed=321, shape=shape, adapt=False)
     assert stats["lookup_tokens"] > 0.005 * n  # lookup chains were accepted
     assert chi_square_pvalue(counts, exact_joint(model, cfg), n) > 1e-3
+
+
+PENALIZED = SamplerConfig(
+    temperature=1.0,
+    repetition_penalty=2.0,
+    repetition_context_size=3,
+    presence_penalty=0.5,
+    frequency_penalty=0.4,
+    logit_bias=((2, 0.8),),
+)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [BeamShape(1, 1), BeamShape(3, 4), BeamShape(4, 4, 5), BeamShape(2, 3, None, 2, 4)],
+    ids=lambda s: s.label,
+)
+def test_sampling_with_penalties_matches_exact_distribution(shape):
+    """Each tree node's penalties read its own path: speculative samples follow the
+    penalised target exactly (and the penalised target is not the plain one, below)."""
+    model = near_bigram_model(7, attn_scale=0.05, vocab=6, hidden=32, scale=1.0)
+    drafter = OracleDrafter(model, noise=0.2) if shape.drafts else None
+    n = 3000
+    counts, stats = sample_counts(model, drafter, PENALIZED, n, seed=99, shape=shape, adapt=False)
+    if shape.drafts:
+        assert stats["tokens_per_step"] > 1.2  # accepted drafts are really being tested
+    assert chi_square_pvalue(counts, exact_joint(model, PENALIZED), n) > 1e-3
+
+
+def test_chi_square_detects_missing_penalties():
+    """Power: samples drawn without the penalties are rejected against the penalised target."""
+    model = near_bigram_model(7, attn_scale=0.05, vocab=6, hidden=32, scale=1.0)
+    plain = SamplerConfig(temperature=1.0)
+    counts, _ = sample_counts(model, None, plain, 3000, seed=5)
+    assert chi_square_pvalue(counts, exact_joint(model, PENALIZED), 3000) < 1e-3

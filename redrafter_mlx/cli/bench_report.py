@@ -158,7 +158,7 @@ def run_mlx_lm(lm: MlxLm, ids: list[int], max_tokens: int, sampling) -> Run:
     import importlib
 
     import mlx.core as mx
-    from mlx_lm.sample_utils import make_sampler
+    from mlx_lm.sample_utils import make_logits_processors, make_sampler
 
     stream_generate = importlib.import_module("mlx_lm.generate").stream_generate
     sampler = make_sampler(
@@ -167,13 +167,24 @@ def run_mlx_lm(lm: MlxLm, ids: list[int], max_tokens: int, sampling) -> Run:
         min_p=sampling.min_p,
         top_k=sampling.top_k,
     )
+    context = sampling.repetition_context_size
+    processors = make_logits_processors(
+        dict(sampling.logit_bias) or None,
+        sampling.repetition_penalty if sampling.repetition_penalty != 1.0 else None,
+        context,
+    )
     if sampling.seed is not None:
         mx.random.seed(sampling.seed)
     mx.reset_peak_memory()
     tokens, first_at, last_at = [], None, None
     start = time.perf_counter()
     for response in stream_generate(
-        lm.model, lm.tokenizer, ids, max_tokens=max_tokens, sampler=sampler
+        lm.model,
+        lm.tokenizer,
+        ids,
+        max_tokens=max_tokens,
+        sampler=sampler,
+        logits_processors=processors,
     ):
         last_at = time.perf_counter()
         first_at = first_at or last_at

@@ -17,6 +17,7 @@ from redrafter_mlx.cli.common import (
     CapacityOpt,
     DrafterOpt,
     DtypeOpt,
+    LogitBiasOpt,
     LookupLengthOpt,
     LookupOpt,
     MinPOpt,
@@ -24,6 +25,9 @@ from redrafter_mlx.cli.common import (
     NoAdaptOpt,
     NoDraftOpt,
     NoLookupOpt,
+    RepetitionContextOpt,
+    RepetitionPenaltyOpt,
+    SamplingFlags,
     SeedOpt,
     SystemPromptOpt,
     TempOpt,
@@ -36,14 +40,15 @@ from redrafter_mlx.cli.common import (
 )
 
 
-def greeting(engine, plan, show_accepted: bool) -> str:
-    """The first lines: which model, which beam shape and why, and how to leave."""
+def greeting(engine, plan, show_accepted: bool, sampling=None) -> str:
+    """The first lines: which model, which beam shape and sampling and why, how to leave."""
     from redrafter_mlx.cli.chat_ui import DRAFTED_STYLE
 
     drafter = f" + drafter {engine.paths.drafter}" if plan.speculative else ""
     lines = [
         f"[bold]redrafter-mlx chat[/] · {engine.paths.model}{drafter} ({engine.dtype})",
         f"[dim]beam {plan.label} ({plan.source})[/]",
+        *([f"[dim]sampling: {sampling.describe()}[/]"] if sampling is not None else []),
         "[dim]Type /help for commands; /quit or Ctrl-D leaves; Ctrl-C stops an answer.[/]",
     ]
     if show_accepted and plan.speculative:
@@ -76,11 +81,14 @@ def chat(
             show_default=False,
         ),
     ] = None,
-    temp: TempOpt = 0.0,
-    top_p: TopPOpt = 1.0,
-    top_k: TopKOpt = 0,
-    min_p: MinPOpt = 0.0,
+    temp: TempOpt = None,
+    top_p: TopPOpt = None,
+    top_k: TopKOpt = None,
+    min_p: MinPOpt = None,
     seed: SeedOpt = None,
+    repetition_penalty: RepetitionPenaltyOpt = None,
+    repetition_context_size: RepetitionContextOpt = 20,
+    logit_bias: LogitBiasOpt = None,
     system_prompt: SystemPromptOpt = None,
     beam_width: BeamWidthOpt = None,
     beam_length: BeamLengthOpt = None,
@@ -105,7 +113,16 @@ def chat(
             BeamFlags(
                 beam_width, beam_length, capacity, no_draft, lookup, lookup_length, no_lookup
             ),
-            sampling=(temp, top_p, top_k, min_p, seed),
+            sampling=SamplingFlags(
+                temp,
+                top_p,
+                top_k,
+                min_p,
+                seed,
+                repetition_penalty,
+                repetition_context_size,
+                logit_bias,
+            ),
             max_tokens=max_tokens,
         )
         engine, plan, sampling = ready.engine, ready.plan, ready.sampling
@@ -115,7 +132,7 @@ def chat(
         from redrafter_mlx.cli.chat_ui import ChatLoop, enable_line_editing, run_chat
 
         console = out_console()
-        console.print(greeting(engine, plan, show_accepted))
+        console.print(greeting(engine, plan, show_accepted, sampling))
         loop = ChatLoop(
             engine,
             plan,

@@ -53,15 +53,67 @@ DrafterOpt = Annotated[
         show_default=False,
     ),
 ]
-TempOpt = Annotated[float, typer.Option("--temp", help="Sampling temperature (0 = greedy).")]
-TopPOpt = Annotated[float, typer.Option("--top-p", help="Nucleus sampling mass in (0, 1].")]
+TempOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--temp",
+        help="Sampling temperature, 0 = greedy (default: the model's generation_config.json, "
+        "else 0).",
+        show_default=False,
+    ),
+]
+TopPOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--top-p",
+        help="Nucleus sampling mass in (0, 1] (default: the model's, else 1).",
+        show_default=False,
+    ),
+]
 TopKOpt = Annotated[
-    int, typer.Option("--top-k", help="Keep only the k most likely tokens (0 = off).")
+    int | None,
+    typer.Option(
+        "--top-k",
+        help="Keep only the k most likely tokens, 0 = off (default: the model's, else 0).",
+        show_default=False,
+    ),
 ]
 MinPOpt = Annotated[
-    float, typer.Option("--min-p", help="Drop tokens below min_p x the top probability.")
+    float | None,
+    typer.Option(
+        "--min-p",
+        help="Drop tokens below min_p x the top probability (default: the model's, else 0).",
+        show_default=False,
+    ),
 ]
-SeedOpt = Annotated[int | None, typer.Option("--seed", help="Random seed for sampling.")]
+SeedOpt = Annotated[
+    int | None, typer.Option("--seed", help="Random seed for sampling, in [0, 2**64 - 1].")
+]
+RepetitionPenaltyOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--repetition-penalty",
+        help="Penalise tokens seen in the last --repetition-context-size tokens: positive "
+        "logits divided by it, negative multiplied (> 1 discourages repeats; 1 = off; "
+        "default: the model's, else off).",
+        show_default=False,
+    ),
+]
+RepetitionContextOpt = Annotated[
+    int,
+    typer.Option(
+        "--repetition-context-size", help="Tokens the repetition penalty looks back over."
+    ),
+]
+LogitBiasOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--logit-bias",
+        help='Add to token logits: "ID:BIAS,ID:BIAS" or a JSON object {"ID": BIAS} '
+        "(-100 all but bans a token).",
+        show_default=False,
+    ),
+]
 SystemPromptOpt = Annotated[
     str | None,
     typer.Option(
@@ -234,23 +286,71 @@ def _maybe_traceback(verbose: bool) -> None:
 
 
 @dataclass(frozen=True)
+class SamplingFlags:
+    """The sampling flags as typed, None where not given (the model's defaults fill them)."""
+
+    temp: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    repetition_penalty: float | None = None
+    repetition_context_size: int = 20
+    logit_bias: str | None = None
+
+
+@dataclass(frozen=True)
 class Sampling:
-    """Sampling flags, validated; ``sampler`` and ``seed`` feed ``stream_generate``."""
+    """Sampling settings, validated; ``sampler`` and ``seed`` feed ``stream_generate``.
+
+    ``given``: the fields set by flags; ``origin``: where the others came from when a model's
+    ``generation_config.json`` set them (empty: the engine's defaults).
+    """
 
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
     seed: int | None = None
+    repetition_penalty: float = 1.0
+    repetition_context_size: int = 20
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    given: frozenset[str] = frozenset()
+    origin: str = ""
 
     @classmethod
-    def make(
-        cls, temp: float, top_p: float, top_k: int, min_p: float, seed: int | None
-    ) -> Sampling:
-        """Validate the sampling flags (a ParamError names the field, cli_errors the flag)."""
-        sampling = cls(temp, top_p, top_k, min_p, seed)
+    def make(cls, flags: SamplingFlags = SamplingFlags()) -> Sampling:
+        """Validate the flags (a ParamError names the field, cli_errors the flag)."""
+        from redrafter_mlx.engine.sampling import check_seed
+
+        values = dict(
+            temperature=flags.temp,
+            top_p=flags.top_p,
+            top_k=flags.top_k,
+            min_p=flags.min_p,
+            repetition_penalty=flags.repetition_penalty,
+        )
+        set_ = {k: v for k, v in values.items() if v is not None}
+        sampling = cls(
+            **set_,
+            seed=check_seed(flags.seed),
+            repetition_context_size=flags.repetition_context_size,
+            logit_bias=parse_logit_bias(flags.logit_bias),
+            given=frozenset(set_),
+        )
         sampling.sampler.validate()
         return sampling
+
+    def with_model_defaults(self, folder) -> Sampling:
+        """Fields not given by a flag take the model's ``generation_config.json`` values."""
+        from dataclasses import replace
+
+        from redrafter_mlx.engine.sampling import GENERATION_CONFIG, model_defaults
+
+        found = {k: v for k, v in model_defaults(folder).items() if k not in self.given}
+        if not found:
+            return self
+        return replace(self, **found, origin=GENERATION_CONFIG)
 
     @property
     def greedy(self) -> bool:
@@ -259,20 +359,76 @@ class Sampling:
 
     @property
     def sampler(self) -> SamplerConfig:
-        """The engine's :class:`SamplerConfig` of these flags."""
+        """The engine's :class:`SamplerConfig` of these settings."""
         from redrafter_mlx.engine.sampling import SamplerConfig
 
-        return SamplerConfig(self.temperature, self.top_p, self.top_k, self.min_p)
+        return SamplerConfig(
+            self.temperature,
+            self.top_p,
+            self.top_k,
+            self.min_p,
+            repetition_penalty=self.repetition_penalty,
+            repetition_context_size=self.repetition_context_size,
+            logit_bias=self.logit_bias,
+        )
+
+    def describe(self) -> str:
+        """``temp 0.2 · top-p 0.9 (generation_config.json)``: the values in force, and whence."""
+        parts = ["greedy"] if self.greedy else [f"temp {self.temperature:g}"]
+        if not self.greedy:
+            parts += [f"top-p {self.top_p:g}"] if self.top_p < 1 else []
+            parts += [f"top-k {self.top_k}"] if self.top_k else []
+            parts += [f"min-p {self.min_p:g}"] if self.min_p else []
+        if self.repetition_penalty != 1.0:
+            parts.append(
+                f"repetition penalty {self.repetition_penalty:g} over "
+                f"{self.repetition_context_size} tokens"
+            )
+        if self.logit_bias:
+            parts.append(f"logit bias on {len(self.logit_bias)} tokens")
+        defaults = {"temperature", "top_p", "top_k", "min_p", "repetition_penalty"} - self.given
+        if self.origin and defaults:
+            whence = "model's " + self.origin + (", flags" if self.given else "")
+        else:
+            whence = "flags" if self.given else "default"
+        return " · ".join(parts) + f" ({whence})"
 
     def kwargs(self) -> dict:
-        """The flags as a JSON-ready dict (``--json`` output)."""
+        """The settings as a JSON-ready dict (``--json`` output)."""
         return dict(
             temperature=self.temperature,
             top_p=self.top_p,
             top_k=self.top_k,
             min_p=self.min_p,
             seed=self.seed,
+            repetition_penalty=self.repetition_penalty,
+            repetition_context_size=self.repetition_context_size,
+            logit_bias={str(t): b for t, b in self.logit_bias},
         )
+
+
+def parse_logit_bias(text: str | None) -> tuple[tuple[int, float], ...]:
+    """``--logit-bias``: ``"ID:BIAS,ID:BIAS"`` or a JSON object -> ((id, bias), ...)."""
+    import json
+    import math
+
+    if text is None or not text.strip():
+        return ()
+    form = 'use "ID:BIAS,ID:BIAS" (e.g. "13:-100,42:2.5") or a JSON object {"13": -100}'
+    try:
+        if text.lstrip().startswith("{"):
+            pairs = list(json.loads(text).items())
+        else:
+            pairs = [item.split(":" if ":" in item else "=", 1) for item in text.split(",")]
+        bias = tuple((int(str(t).strip()), float(b)) for t, b in pairs)
+    except (ValueError, TypeError, AttributeError):
+        raise FlagError(f"--logit-bias {text!r} is not understood; {form}") from None
+    for token, value in bias:
+        if token < 0 or not math.isfinite(value):
+            raise FlagError(
+                f"--logit-bias needs token ids >= 0 and finite biases, got {token}:{value}"
+            )
+    return bias
 
 
 def check_dtype(dtype: str | None) -> str | None:
@@ -436,6 +592,7 @@ class Engine:
     tokenizer: object
     paths: ModelPaths
     dtype: str
+    folder: Path | None = None  # the model's local folder (a Hub id resolved)
 
 
 def load_engine(paths: ModelPaths, dtype: str | None, with_drafter: bool = True) -> Engine:
@@ -446,9 +603,11 @@ def load_engine(paths: ModelPaths, dtype: str | None, with_drafter: bool = True)
     for note in paths.notes:
         err_console().print(note, style="dim")
     drafter_path = paths.drafter if with_drafter else None
+    from redrafter_mlx.engine.loading import resolve_path
+
     model, drafter, tokenizer = load(paths.model, drafter_path, dtype)
     fit_blas_threads(model, drafter)
-    return Engine(model, drafter, tokenizer, paths, dtype_name(model))
+    return Engine(model, drafter, tokenizer, paths, dtype_name(model), resolve_path(paths.model))
 
 
 @dataclass(frozen=True)
@@ -497,20 +656,24 @@ def prepare_engine(
     dtype: str | None,
     beam: BeamFlags = BeamFlags(),
     *,
-    sampling: tuple[float, float, int, float, int | None] | None = None,
+    sampling: SamplingFlags | None = None,
     max_tokens: int | None = None,
     check: Callable[[], Any] | None = None,
     choose: Callable[[ModelPaths], tuple[Any, bool]] | None = None,
+    model_defaults: bool = True,
 ) -> Prepared:
     """The set-up of chat, generate, serve and bench: check the flags, resolve, plan, load.
 
     In this order (the first bad flag is the one reported): the sampling flags
-    ``(temp, top_p, top_k, min_p, seed)``, ``--max-tokens``, ``--dtype``, the command's own
+    (``SamplingFlags``), ``--max-tokens``, ``--dtype``, the command's own
     ``check()`` (its result is ``Prepared.checked``), the model and drafter paths, the beam
     plan (``resolve_plan`` from ``beam``, or the command's ``choose(paths) -> (plan,
     speculative)``), then loading, with the drafter only when the plan speculates.
+    Sampling settings not given by a flag then take the model's ``generation_config.json``
+    values (``model_defaults``; bench keeps the engine's greedy default), and logit-bias ids
+    are checked against the vocabulary.
     """
-    flags = Sampling.make(*sampling) if sampling is not None else None
+    flags = Sampling.make(sampling) if sampling is not None else None
     if max_tokens is not None:
         check_max_tokens(max_tokens)
     check_dtype(dtype)
@@ -522,6 +685,10 @@ def prepare_engine(
     else:
         plan, speculative = choose(paths)
     engine = load_engine(paths, dtype, with_drafter=speculative)
+    if flags is not None:
+        if model_defaults:
+            flags = flags.with_model_defaults(engine.folder)
+        flags.sampler.validate(engine.model.vocab_size)
     return Prepared(engine, plan, flags, checked)
 
 

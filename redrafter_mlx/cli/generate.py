@@ -23,6 +23,7 @@ from redrafter_mlx.cli.common import (
     DtypeOpt,
     Engine,
     FlagError,
+    LogitBiasOpt,
     LookupLengthOpt,
     LookupOpt,
     MinPOpt,
@@ -30,7 +31,10 @@ from redrafter_mlx.cli.common import (
     NoAdaptOpt,
     NoDraftOpt,
     NoLookupOpt,
+    RepetitionContextOpt,
+    RepetitionPenaltyOpt,
     Sampling,
+    SamplingFlags,
     SeedOpt,
     SystemPromptOpt,
     TempOpt,
@@ -148,11 +152,14 @@ def generate(
     max_tokens: Annotated[
         int, typer.Option("--max-tokens", "-m", "-n", help="Most tokens to generate.")
     ] = 256,
-    temp: TempOpt = 0.0,
-    top_p: TopPOpt = 1.0,
-    top_k: TopKOpt = 0,
-    min_p: MinPOpt = 0.0,
+    temp: TempOpt = None,
+    top_p: TopPOpt = None,
+    top_k: TopKOpt = None,
+    min_p: MinPOpt = None,
     seed: SeedOpt = None,
+    repetition_penalty: RepetitionPenaltyOpt = None,
+    repetition_context_size: RepetitionContextOpt = 20,
+    logit_bias: LogitBiasOpt = None,
     system_prompt: SystemPromptOpt = None,
     beam_width: BeamWidthOpt = None,
     beam_length: BeamLengthOpt = None,
@@ -183,11 +190,22 @@ def generate(
             BeamFlags(
                 beam_width, beam_length, capacity, no_draft, lookup, lookup_length, no_lookup
             ),
-            sampling=(temp, top_p, top_k, min_p, seed),
+            sampling=SamplingFlags(
+                temp,
+                top_p,
+                top_k,
+                min_p,
+                seed,
+                repetition_penalty,
+                repetition_context_size,
+                logit_bias,
+            ),
             max_tokens=max_tokens,
             check=lambda: read_prompt(prompt),
         )
         engine, plan, sampling = ready.engine, ready.plan, ready.sampling
+        if sampling.origin and not as_json:  # values the user did not type: say so
+            err_console().print(f"sampling: {sampling.describe()}", style="dim", markup=False)
         ids = prompt_ids(engine.tokenizer, ready.checked, chat, system_prompt)
         result = run_generation(
             engine, plan, ids, max_tokens, sampling, echo=not as_json, adapt=not no_adapt

@@ -27,7 +27,8 @@ import mlx.nn as nn
 from .drafter import Drafter, beam_search
 from .lookup import ABSENT, STRONG_MATCH, lookup_chains, write_history
 from .model import Model
-from .sampling import SamplerConfig, draw
+from .penalties import NodeText, node_text
+from .sampling import SamplerConfig, draw, process_text
 from .shape import BeamShape
 from .tree import arange, cache_mask, chain_mask, pack, unpack
 
@@ -149,9 +150,12 @@ def _pad(x: mx.array, n: int, value) -> mx.array:
     return mx.concatenate([x, mx.full((B, N, n - L), value, dtype=x.dtype)], axis=-1)
 
 
-def verify_phase(model: Model, tree, lengths, keys, values, sampler, key, window: int):
+def verify_phase(
+    model: Model, tree, lengths, keys, values, sampler, key, window: int, history=None
+):
     """3. Verify all C packed tokens in one forward, written at ``[len, len+C)``.
 
+    Each node draws from the target given its own path (penalties read that path too).
     Returns (hidden (B, C, H), target draws (B, C), keys, values).
     """
     capacity = tree.tokens.shape[1]
@@ -159,7 +163,22 @@ def verify_phase(model: Model, tree, lengths, keys, values, sampler, key, window
     write_idx = lengths[:, None] + arange(capacity)[None, :]
     mask = cache_mask(lengths, tree.mask, window)
     hidden, keys, values = model(tree.tokens, positions, mask, keys, values, write_idx)
-    return hidden, draw(model.logits(hidden), sampler, key), keys, values
+    text = tree_text(sampler, history, lengths, tree.tokens, tree.depth, tree.mask)
+    logits = process_text(model.logits(hidden), sampler, text)
+    return hidden, draw(logits, sampler, key), keys, values
+
+
+def tree_text(sampler, history, lengths, tokens, depth, ancestors) -> NodeText | None:
+    """Each node's penalty window (``penalties.node_text``); None when no penalty reads text.
+
+    tokens, depth: (B, C); ancestors: (B or 1, C, C) bool ancestor-or-self.
+    """
+    if not getattr(sampler, "reads_text", False):
+        return None
+    if history is None:
+        raise ValueError("a repetition, presence or frequency penalty needs the token history")
+    span = sampler.repetition_context_size
+    return node_text(history, lengths, span, span, tokens, depth, ancestors)
 
 
 def accept_phase(beams, target, unpacker, capacity: int):
@@ -231,7 +250,15 @@ def redrafter_step(
         beams = mx.where(cand.present, beams, 0)[:, :, :capacity]
     tree = pack(beams, capacity, cand.present if beams.shape[1] > 1 else None)  # 2. pack
     hidden, target, keys, values = verify_phase(
-        model, tree, state.lengths, state.keys, state.values, sampler, draw_key, window
+        model,
+        tree,
+        state.lengths,
+        state.keys,
+        state.values,
+        sampler,
+        draw_key,
+        window,
+        state.history,
     )
     tokens, n, bonus, path_slots, path, best = accept_phase(beams, target, tree.unpacker, capacity)
     history = state.history
@@ -262,13 +289,31 @@ def autoregressive_step(model: Model, state: DecodeState, sampler: SamplerConfig
     hidden, keys, values = model(
         tokens, lengths[:, None], mask, state.keys, state.values, lengths[:, None]
     )
-    nxt = draw(model.logits(hidden[:, 0]), sampler, draw_key)
+    logits = model.logits(hidden)  # (B, 1, V)
+    text = tree_text(
+        sampler, state.history, lengths, tokens, 0 * tokens, mx.ones((1, 1, 1), mx.bool_)
+    )
+    nxt = draw(process_text(logits, sampler, text)[:, 0], sampler, draw_key)
     one = mx.ones((B,), dtype=mx.int32)
     history = state.history
     if history is not None:
         history = write_history(history, lengths, tokens)
     next_state = DecodeState(nxt, hidden[:, 0], lengths + 1, keys, values, rng, history)
     return next_state, StepOutput(nxt[:, None], one, one)
+
+
+def first_draw(model: Model, hidden, sampler, key, history, lengths) -> mx.array:
+    """The token after the prompt: hidden (B, H) at each row's last prompt token -> (B,).
+
+    Penalties read the last tokens of the prompt (``history`` (B, S) holds it, ``lengths``
+    (B,) its length per row).
+    """
+    logits = model.logits(hidden)[:, None]  # (B, 1, V)
+    text = None
+    if getattr(sampler, "reads_text", False):
+        span = sampler.repetition_context_size
+        text = node_text(history, lengths, span, span)
+    return draw(process_text(logits, sampler, text)[:, 0], sampler, key)
 
 
 def prefill_chunk(model: Model, tokens, counts, lengths, keys, values, window: int):

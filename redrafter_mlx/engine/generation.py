@@ -25,11 +25,11 @@ from .cache import (
     text_history,
     token_limit,
 )
-from .decode import DecodeState, make_step
+from .decode import DecodeState, first_draw, make_step
 from .drafter import Drafter
 from .lookup import LookupShadow
 from .model import Model
-from .sampling import SamplerConfig, draw
+from .sampling import SamplerConfig, check_seed
 from .shape import BeamShape
 
 MAX_COMPILED_STEPS = 16  # per model: beam shapes x sampler configs x drafters
@@ -147,7 +147,8 @@ def decode(
     shape = shape.validate(model.vocab_size).runnable(drafter is not None)
     if not shape.drafts:
         drafter = None
-    sampler = sampler.validate()
+    sampler = sampler.validate(model.vocab_size)
+    check_seed(seed)
     _check_prompts(model, prompts, max_tokens)
     session = session or Session(model, len(prompts))
     if session.batch != len(prompts):
@@ -162,8 +163,8 @@ def decode(
     hidden = prefill_session(session, new_tokens)
     rng = mx.random.key(seed if seed is not None else int(time.time_ns() % (1 << 31)))
     rng, first_key = mx.random.split(rng)
-    first = draw(model.logits(hidden), sampler, first_key)
     history = text_history(prompts, session.slots)
+    first = first_draw(model, hidden, sampler, first_key, history, session.lengths)
     state = DecodeState(first, hidden, session.lengths, session.keys, session.values, rng, history)
 
     B = len(prompts)

@@ -1,33 +1,63 @@
-"""Target-token draws: greedy and temperature / top-k / top-p / min-p sampling.
+"""Target-token draws: greedy and temperature / top-k / top-p / min-p sampling, after the
+text-reading processors (logit bias; repetition, presence and frequency penalties).
 
 ReDrafter and the autoregressive baseline draw through the same function, so their token
 distributions are the same by construction. One draw per tree node (Gumbel-max on the
-processed logits) is what makes speculative sampling exact (docs/design.md, "Exact acceptance").
+processed logits) is what makes speculative sampling exact (docs/design.md, "Exact acceptance");
+the penalties read each node's own text (``penalties.py``), so they stay exact too.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import mlx.core as mx
 
 from .errors import ParamError
+from .penalties import NodeText, bias_vector, penalize
+
+MAX_SEED = 2**64 - 1
+MAX_PENALTY_CONTEXT = 1024  # the window is read per tree node: (B, C, M, M) compares
 
 
 @dataclass(frozen=True)
 class SamplerConfig:
+    """How the target's next token is drawn (hashable: a compiled step's key).
+
+    ``repetition_penalty`` (1 = off), ``presence_penalty`` and ``frequency_penalty`` (0 = off)
+    read the last ``repetition_context_size`` tokens of prompt + output, as mlx-lm's logits
+    processors do; ``logit_bias`` is ``((token id, bias), ...)`` added to the logits first.
+    """
+
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    repetition_context_size: int = 20
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
 
-    def validate(self) -> SamplerConfig:
+    @property
+    def reads_text(self) -> bool:
+        """Whether a draw depends on the text before it (a penalty is on)."""
+        return (
+            self.repetition_penalty != 1.0
+            or self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+        )
+
+    def validate(self, vocab_size: int | None = None) -> SamplerConfig:
         """Return self, or raise ParamError naming the field and its range."""
+        _finite(self, "temperature", "top_p", "min_p", "repetition_penalty")
+        _finite(self, "presence_penalty", "frequency_penalty")
         if self.temperature < 0:
             raise ParamError(
                 "temperature", f"temperature must be >= 0 (0 = greedy), got {self.temperature}"
@@ -38,7 +68,87 @@ class SamplerConfig:
             raise ParamError("top_k", f"top_k must be >= 0 (0 disables it), got {self.top_k}")
         if not 0.0 <= self.min_p < 1.0:
             raise ParamError("min_p", f"min_p must be in [0, 1), got {self.min_p}")
+        if self.repetition_penalty <= 0:
+            raise ParamError(
+                "repetition_penalty",
+                f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}",
+            )
+        size = self.repetition_context_size
+        if (
+            isinstance(size, bool)
+            or not isinstance(size, int)
+            or not 1 <= size <= MAX_PENALTY_CONTEXT
+        ):
+            raise ParamError(
+                "repetition_context_size",
+                f"repetition_context_size must be an integer in [1, {MAX_PENALTY_CONTEXT}], "
+                f"got {size!r}",
+            )
+        check_logit_bias(self.logit_bias, vocab_size)
         return self
+
+
+def _finite(cfg, *names: str) -> None:
+    for name in names:
+        value = getattr(cfg, name)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+        ):
+            raise ParamError(name, f"{name} must be a finite number, got {value!r}")
+
+
+def check_logit_bias(bias, vocab_size: int | None = None) -> None:
+    """Raise ParamError unless ``bias`` is ``((token id, finite bias), ...)`` within the vocab."""
+    for entry in bias:
+        token, value = entry
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise ParamError("logit_bias", f"logit_bias keys must be token ids >= 0, got {token!r}")
+        if vocab_size is not None and token >= vocab_size:
+            raise ParamError(
+                "logit_bias",
+                f"logit_bias token id {token} is outside the vocabulary [0, {vocab_size})",
+            )
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+        ):
+            raise ParamError(
+                "logit_bias", f"logit_bias for token {token} must be a finite number, got {value!r}"
+            )
+
+
+def check_seed(seed) -> int | None:
+    """``seed`` if it is None or an integer in [0, 2**64 - 1], else ParamError."""
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ParamError("seed", f"seed must be an integer in [0, 2**64 - 1], got {seed!r}")
+    return seed
+
+
+def process_text(logits: mx.array, cfg: SamplerConfig, text: NodeText | None) -> mx.array:
+    """The logit bias and the penalties of ``cfg``: (B, C, V) -> (B, C, V), raw logits.
+
+    ``text`` is each node's window (``penalties.node_text``), needed when ``cfg.reads_text``.
+    """
+    if isinstance(cfg, RowSampler):
+        return logits
+    if cfg.logit_bias:
+        logits = logits.astype(mx.float32) + bias_vector(cfg.logit_bias, logits.shape[-1])
+    if cfg.reads_text:
+        if text is None:
+            raise ValueError("a repetition, presence or frequency penalty needs the token history")
+        logits = penalize(
+            logits.astype(mx.float32),
+            text,
+            cfg.repetition_penalty,
+            cfg.presence_penalty,
+            cfg.frequency_penalty,
+        )
+    return logits
 
 
 def process_logits(logits: mx.array, cfg: SamplerConfig) -> mx.array:
@@ -119,3 +229,40 @@ def draw(logits: mx.array, cfg: SamplerConfig, key: mx.array | None) -> mx.array
     x = process_logits(logits, cfg)
     noise = mx.random.gumbel(x.shape, key=key)
     return mx.argmax(x + noise, axis=-1).astype(mx.int32)
+
+
+GENERATION_CONFIG = "generation_config.json"
+# generation_config.json keys that set a SamplerConfig field (Hugging Face's names).
+MODEL_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def model_defaults(folder) -> dict:
+    """The sampling values a model's ``generation_config.json`` recommends, as SamplerConfig
+    fields: ``{}`` when there is none, ``do_sample: false`` means greedy (temperature 0, as
+    in transformers), and a value out of range is left out (the engine's default holds)."""
+    import json
+    from pathlib import Path
+
+    file = Path(folder) / GENERATION_CONFIG
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(config, dict):
+        return {}
+    found = {}
+    for key in MODEL_DEFAULT_KEYS:
+        value = config.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            found[key] = int(value) if key == "top_k" else float(value)
+    if config.get("do_sample") is False:
+        found = {k: v for k, v in found.items() if k == "repetition_penalty"}
+        found["temperature"] = 0.0
+    good = {}
+    for key, value in found.items():
+        try:
+            SamplerConfig(**{key: value}).validate()
+        except ParamError:
+            continue
+        good[key] = value
+    return good

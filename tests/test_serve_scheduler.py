@@ -284,3 +284,40 @@ def test_scheduler_refuses_seeds_it_cannot_key(pair, prompts):
         with pytest.raises(ValueError, match="seed"):
             sched.submit(Request(prompts[0], 5, Collector(), seed=seed))
     sched.submit(Request(prompts[0], 5, Collector(), seed=2**64 - 1))
+
+
+def test_a_dead_engine_loop_answers_everyone_and_refuses_new_requests(monkeypatch):
+    """A failure while recovering from a failure ends the loop: the request in flight and
+    the queued one get an error event (none waits forever); new ones get ShuttingDown."""
+    import threading
+
+    from redrafter_mlx.engine import tree
+    from redrafter_mlx.serve.scheduler import ShuttingDown
+
+    tree._chain_mask.cache_clear()  # see the note in test_serve_hostile.server
+    model = tiny_model(3, vocab=64, hidden=32)
+    sched = Scheduler(model, None, None, (), max_batch=1)
+    gate = threading.Event()
+
+    def boom():
+        gate.wait(10)  # until both requests are in
+        monkeypatch.setattr(sched, "_reset", lambda: 1 / 0)
+        raise RuntimeError("injected step fault")
+
+    monkeypatch.setattr(sched, "_queue_step", boom)
+    sched.start()
+    try:
+        running, queued = Collector(), Collector()
+        sched.submit(Request([1, 2, 3], 50, running))
+        sched.submit(Request([1, 4, 5], 50, queued))
+        gate.set()
+        sched._thread.join(10)
+        assert not sched._thread.is_alive() and "ZeroDivisionError" in sched.failure
+        assert "injected" in running.last.error and "ZeroDivisionError" in queued.last.error
+        with pytest.raises(ShuttingDown, match="engine stopped"):
+            sched.submit(Request([1, 2], 5, Collector()))
+        assert sched.health()["failure"] == sched.failure
+    finally:
+        gate.set()
+        sched.stop()
+        tree._chain_mask.cache_clear()

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -107,6 +108,8 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
                 await _discard_body(request, DISCARD_LIMIT)
                 return JSONResponse(e.body(), e.status, headers={"Connection": "close"})
             return JSONResponse(e.body(), status_code=e.status)
+        except ClientDisconnect:  # gone while sending its body: nobody to answer
+            return Response(status_code=499)
         return await _generate(request, params, ids)
 
     async def _generate(http: HTTPRequest, params, ids: list[int]) -> Response:
@@ -197,9 +200,11 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
         return JSONResponse({"object": "list", "data": cards})
 
     async def health(request: HTTPRequest) -> Response:
+        """200 ``ok`` or ``draining``; 503 ``failed`` once the engine loop has died."""
         stats = scheduler.health()
-        status = "draining" if stats["draining"] else "ok"
-        return JSONResponse({"status": status, "model": config.model_id, **stats})
+        status = "failed" if stats["failure"] else "draining" if stats["draining"] else "ok"
+        body = {"status": status, "model": config.model_id, **stats}
+        return JSONResponse(body, status_code=503 if stats["failure"] else 200)
 
     async def http_error(request: HTTPRequest, exc: HTTPException) -> Response:
         return error_response(exc.detail, exc.status_code, "invalid_request_error")

@@ -260,6 +260,7 @@ class Scheduler:
         self._drain_deadline = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.failure: str | None = None  # why the engine loop stopped, if it died
         self.ready = threading.Event()
         self.state = None  # built by the first run_once, on the thread that runs the loop
         self.rows: list[Row | None] = [None]
@@ -271,12 +272,14 @@ class Scheduler:
     def submit(self, request: Request) -> None:
         """Enqueue a request; raises QueueFull (queue at capacity) or ShuttingDown."""
         if self._draining:
-            raise ShuttingDown("the server is shutting down")
+            raise ShuttingDown(self.failure or "the server is shutting down")
         self.check(request)
         try:
             self.queue.put_nowait(request)
         except queue.Full:
             raise QueueFull(f"the request queue is full ({self.queue.maxsize} waiting)") from None
+        if self.failure is not None:  # the loop died while this request went in
+            self._reject_queued(self.failure, 500)
 
     def check(self, request: Request) -> None:
         """Raise ValueError for a request the engine cannot run (empty, off-vocab, too long)."""
@@ -327,6 +330,7 @@ class Scheduler:
             resizes=s.resizes,
             speculative=self.shape is not None,
             draining=self._draining,
+            failure=self.failure,
         )
 
     def start(self, warmup_prompt: list[int] | None = None, wait: bool = True) -> None:
@@ -343,17 +347,29 @@ class Scheduler:
             self._thread.start()
         if wait:
             self.ready.wait()
+            if self.failure is not None:
+                raise RuntimeError(self.failure)
 
     def serve_forever(self, warmup_prompt: list[int] | None = None) -> None:
-        """The engine loop (returns after ``stop``, or once drained)."""
-        self._reset()
-        if warmup_prompt is not None:
-            self.warmup(warmup_prompt)
-        self.ready.set()
-        while not self._stop.is_set():
-            self.run_once()
-            if self._draining and not self._busy() and self.queue.empty():
-                break
+        """The engine loop (returns after ``stop``, or once drained).
+
+        Should the loop itself die (a failure while recovering from a failure), every request
+        waiting is answered with an error and new ones are refused (503), so none waits
+        forever; ``failure`` says why and ``/health`` reports it.
+        """
+        try:
+            self._reset()
+            if warmup_prompt is not None:
+                self.warmup(warmup_prompt)
+            self.ready.set()
+            while not self._stop.is_set():
+                self.run_once()
+                if self._draining and not self._busy() and self.queue.empty():
+                    break
+        except Exception as e:  # logged, answered and kept in ``failure``
+            self._die(e)
+        finally:
+            self.ready.set()
 
     def begin_drain(self, grace_s: float) -> None:
         """Stop accepting; queued requests fail (503); active rows get ``grace_s`` to finish."""
@@ -426,7 +442,11 @@ class Scheduler:
         """
         log.exception("engine failure; failing %d request(s) in flight", self.active_rows)
         self.stats.engine_errors += 1
-        message = f"engine error: {type(error).__name__}: {error}"
+        self._answer_all(f"engine error: {type(error).__name__}: {error}")
+        self._reset()
+
+    def _answer_all(self, message: str) -> None:
+        """An error event (500) for each request in a row or prefilling, once each."""
         answered = set()
         for row in self.rows:
             if row is not None and not row.finished:
@@ -435,7 +455,24 @@ class Scheduler:
         for job in self._prefills:
             if id(job.request) not in answered:
                 self._reject(job.request, message, 500)
-        self._reset()
+        self._prefills = []
+
+    def _die(self, error: BaseException) -> None:
+        """The loop is ending on an exception: answer every request and refuse new ones."""
+        log.critical("the engine loop stopped; refusing requests from now on", exc_info=True)
+        self.failure = f"the engine stopped: {type(error).__name__}: {error}"
+        self._draining = True
+        with contextlib.suppress(Exception):
+            self._answer_all(self.failure)
+        self._reject_queued(self.failure, 500)
+
+    def _reject_queued(self, message: str, status: int) -> None:
+        """Answer and drop every queued request."""
+        while True:
+            try:
+                self._reject(self.queue.get_nowait(), message, status)
+            except queue.Empty:
+                return
 
     def _fail_one(self, request: Request, error: Exception) -> None:
         """End one request whose own work raised (a 500 for it alone); the batch goes on."""
@@ -688,11 +725,7 @@ class Scheduler:
         """While draining: refuse queued requests; past the grace period, stop active rows."""
         if not self._draining:
             return
-        while True:
-            try:
-                self._reject(self.queue.get_nowait(), "the server is shutting down", 503)
-            except queue.Empty:
-                break
+        self._reject_queued("the server is shutting down", 503)
         if time.perf_counter() >= self._drain_deadline:
             for job in self._prefills:
                 self._reject(job.request, "the server is shutting down", 503)

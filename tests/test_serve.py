@@ -331,3 +331,32 @@ def test_serve_gives_one_beam_and_one_chain_room_for_one():
     )
     for kept in (BeamShape(1, 4, 11, 1, 8), BeamShape(2, 4, None, 1, 8), BeamShape(1, 4)):
         assert serving_plan(ShapeChoice(kept, "flags")).shape == kept
+
+
+@pytest.mark.parametrize(
+    "flag,value,message",
+    [
+        ("--shutdown-grace", "-5", "--shutdown-grace must be a finite number of seconds >= 0"),
+        ("--shutdown-grace", "nan", "--shutdown-grace must be a finite number of seconds >= 0"),
+        ("--max-body-bytes", "0", "--max-body-bytes must be >= 1"),
+    ],
+)
+def test_bad_serve_flags_are_one_line_errors(cli_app, flag, value, message):
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(cli_app, ["serve", "--model", "demo", f"{flag}={value}"])
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(errors) == 1 and message in errors[0], result.stderr
+
+
+def test_model_aliases_name_the_loaded_model():
+    from redrafter_mlx.cli.common import ModelPaths
+    from redrafter_mlx.cli.serve import model_aliases, model_id
+
+    demo = ModelPaths(str(demo_paths()[0]), None, demo=True)
+    assert (model_id(demo), model_aliases("demo", demo)) == (
+        "redrafter-mlx-demo",
+        ("demo", "default"),
+    )
+    repo = ModelPaths("HuggingFaceTB/SmolLM2-135M-Instruct", None)
+    assert model_aliases(repo.model, repo) == ("SmolLM2-135M-Instruct", "default")

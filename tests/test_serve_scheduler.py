@@ -214,3 +214,110 @@ def test_rows_with_lookup_equal_solo_runs(pair, prompts, with_drafter):
         spec["accepted_from_lookup"] + spec["accepted_from_drafter"]
         == spec["accepted_draft_tokens"]
     )
+
+
+def test_a_request_failing_on_its_own_ends_alone(pair, prompts, monkeypatch):
+    """A queued request whose seed the engine cannot key (-1, past the door's check) and one
+    whose prefill raises each get an error event; the rows around them equal solo runs."""
+    import redrafter_mlx.serve.scheduler as scheduler_module
+
+    model, drafter, tok = pair
+    prefill = scheduler_module.prefill_session
+
+    def faulty(session, chunks):
+        if chunks[0] == prompts[3]:
+            raise RuntimeError("injected prefill fault")
+        return prefill(session, chunks)
+
+    monkeypatch.setattr(scheduler_module, "prefill_session", faulty)
+    shape = BeamShape(2, 4)
+    sched = Scheduler(model, drafter, shape, tok.eos_token_ids, max_batch=4)
+    good = [Collector() for _ in range(3)]
+    bad_seed, bad_prefill = Collector(), Collector()
+    sched.submit(Request(prompts[0], 30, good[0]))
+    sched.run_once()
+    sched.queue.put(Request(prompts[1], 30, bad_seed, seed=-1))  # as if check() missed it
+    sched.submit(Request(prompts[2], 30, good[1]))
+    sched.submit(Request(prompts[3], 30, bad_prefill))
+    sched.submit(Request(prompts[4], 30, good[2]))
+    drain(sched)
+    for i, sink in enumerate(good):
+        assert sink.last.finish in ("stop", "length"), sink.last
+        assert sink.tokens == solo(pair, prompts[2 * i], 30, shape)
+    for sink in (bad_seed, bad_prefill):
+        assert sink.last.error and sink.last.status == 500 and sink.tokens == []
+    health = sched.health()
+    assert health["engine_errors"] == 0 and health["request_errors"] == 2
+
+
+def test_a_batch_fault_answers_every_request_once(pair, prompts, monkeypatch):
+    """A fault while a request joins the batch (after its first token) fails the batch:
+    that request and the running row each get one error event; the queue goes on."""
+    model, drafter, tok = pair
+    shape = BeamShape(2, 4)
+    sched = Scheduler(model, drafter, shape, tok.eos_token_ids, max_batch=2)
+    running, joining, queued = Collector(), Collector(), Collector()
+    events = []
+    sched.submit(Request(prompts[0], 40, running))
+    sched.run_once()
+    sched.submit(Request(prompts[1], 40, lambda ev: (events.append(ev), joining(ev))))
+    original = sched._place
+
+    def boom(*args):
+        monkeypatch.setattr(sched, "_place", original)
+        raise RuntimeError("injected batch fault")
+
+    monkeypatch.setattr(sched, "_place", boom)
+    sched.run_once()
+    sched.submit(Request(prompts[2], 20, queued))
+    drain(sched)
+    assert "injected" in running.last.error and "injected" in joining.last.error
+    assert len(events) == 1  # one reply, not none and not two
+    assert queued.tokens == solo(pair, prompts[2], 20, shape)
+    assert sched.health()["engine_errors"] == 1
+
+
+def test_scheduler_refuses_seeds_it_cannot_key(pair, prompts):
+    model, drafter, tok = pair
+    sched = Scheduler(model, drafter, BeamShape(2, 4), tok.eos_token_ids, max_batch=1)
+    for seed in (-1, 2**64, 1e23, True):
+        with pytest.raises(ValueError, match="seed"):
+            sched.submit(Request(prompts[0], 5, Collector(), seed=seed))
+    sched.submit(Request(prompts[0], 5, Collector(), seed=2**64 - 1))
+
+
+def test_a_dead_engine_loop_answers_everyone_and_refuses_new_requests(monkeypatch):
+    """A failure while recovering from a failure ends the loop: the request in flight and
+    the queued one get an error event (none waits forever); new ones get ShuttingDown."""
+    import threading
+
+    from redrafter_mlx.engine import tree
+    from redrafter_mlx.serve.scheduler import ShuttingDown
+
+    tree._chain_mask.cache_clear()  # see the note in test_serve_hostile.server
+    model = tiny_model(3, vocab=64, hidden=32)
+    sched = Scheduler(model, None, None, (), max_batch=1)
+    gate = threading.Event()
+
+    def boom():
+        gate.wait(10)  # until both requests are in
+        monkeypatch.setattr(sched, "_reset", lambda: 1 / 0)
+        raise RuntimeError("injected step fault")
+
+    monkeypatch.setattr(sched, "_queue_step", boom)
+    sched.start()
+    try:
+        running, queued = Collector(), Collector()
+        sched.submit(Request([1, 2, 3], 50, running))
+        sched.submit(Request([1, 4, 5], 50, queued))
+        gate.set()
+        sched._thread.join(10)
+        assert not sched._thread.is_alive() and "ZeroDivisionError" in sched.failure
+        assert "injected" in running.last.error and "ZeroDivisionError" in queued.last.error
+        with pytest.raises(ShuttingDown, match="engine stopped"):
+            sched.submit(Request([1, 2], 5, Collector()))
+        assert sched.health()["failure"] == sched.failure
+    finally:
+        gate.set()
+        sched.stop()
+        tree._chain_mask.cache_clear()

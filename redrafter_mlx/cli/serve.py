@@ -7,6 +7,7 @@ Loads the model (and drafter) once, compiles the batched step, and serves
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 import typer
@@ -29,11 +30,20 @@ from redrafter_mlx.cli.common import (
     err_console,
     prepare_engine,
 )
+from redrafter_mlx.serve.protocol import DEFAULT_MAX_BODY_BYTES
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
-def check_serve_flags(port: int, max_batch: int, max_queue: int, limit: int, log_level: str):
+def check_serve_flags(
+    port: int,
+    max_batch: int,
+    max_queue: int,
+    limit: int,
+    log_level: str,
+    grace: float = 0.0,
+    max_body: int = 1,
+):
     """FlagError naming the first bad server flag."""
     if not 0 <= port <= 65535:
         raise FlagError(f"--port must be in [0, 65535], got {port}")
@@ -45,6 +55,10 @@ def check_serve_flags(port: int, max_batch: int, max_queue: int, limit: int, log
         raise FlagError(f"--max-tokens-limit must be >= 1, got {limit}")
     if log_level.lower() not in LOG_LEVELS:
         raise FlagError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}")
+    if not (math.isfinite(grace) and grace >= 0):
+        raise FlagError(f"--shutdown-grace must be a finite number of seconds >= 0, got {grace}")
+    if max_body < 1:
+        raise FlagError(f"--max-body-bytes must be >= 1, got {max_body}")
 
 
 def model_id(paths) -> str:
@@ -55,6 +69,23 @@ def model_id(paths) -> str:
         return "redrafter-mlx-demo"
     path = Path(paths.model).expanduser()
     return path.name if path.exists() else paths.model
+
+
+def model_aliases(model: str | None, paths) -> tuple[str, ...]:
+    """Other names a request's ``model`` may use for the loaded model: ``--model`` as given,
+    the bundled name (``demo``, ``smollm2``), the folder's name (a repo id's last part), and
+    ``default`` (whatever is loaded)."""
+    from pathlib import Path
+
+    from redrafter_mlx.engine.bundled import bundled
+
+    path = Path(paths.model).expanduser()
+    names = [model] if model else []
+    names += [n for n in ("demo", "smollm2") if path == bundled(n).base.expanduser()]
+    if not paths.demo:  # the demo's folder is called "base"
+        names.append(path.name)
+    names.append("default")
+    return tuple(dict.fromkeys(n for n in names if n and n != model_id(paths)))
 
 
 def serve(
@@ -86,6 +117,10 @@ def serve(
             "--shutdown-grace", help="Seconds in-flight requests get to finish on SIGINT/SIGTERM."
         ),
     ] = 3.0,
+    max_body_bytes: Annotated[
+        int,
+        typer.Option("--max-body-bytes", help="Largest request body; beyond it: 413."),
+    ] = DEFAULT_MAX_BODY_BYTES,
     log_level: Annotated[
         str, typer.Option("--log-level", help="critical, error, warning, info or debug.")
     ] = "info",
@@ -93,7 +128,9 @@ def serve(
 ) -> None:
     """Serve the model over an OpenAI-compatible HTTP API with continuous batching."""
     with cli_errors(verbose):
-        check_serve_flags(port, max_batch, max_queue, max_tokens_limit, log_level)
+        check_serve_flags(
+            port, max_batch, max_queue, max_tokens_limit, log_level, shutdown_grace, max_body_bytes
+        )
         ready = prepare_engine(
             model,
             drafter,
@@ -103,7 +140,10 @@ def serve(
             ),
         )
         engine, plan, paths = ready.engine, serving_plan(ready.plan), ready.engine.paths
-        server = build(engine, plan, max_batch, max_queue, max_tokens_limit, log_level)
+        names = (model_id(paths), *model_aliases(model, paths))
+        server = build(
+            engine, plan, max_batch, max_queue, max_tokens_limit, log_level, names, max_body_bytes
+        )
         err_console().print(
             f"[bold]redrafter-mlx serve[/] · {model_id(paths)} ({engine.dtype}) · "
             f"beam {plan.label} ({plan.source}) · {max_batch} rows · "
@@ -128,8 +168,18 @@ def serving_plan(plan):
     return ShapeChoice(room, f"{plan.source}; room for the beam or the chain per row")
 
 
-def build(engine, plan, max_batch: int, max_queue: int, limit: int, log_level: str):
-    """Scheduler + app, warmed up; returns ``run(host, port, grace)``."""
+def build(
+    engine,
+    plan,
+    max_batch: int,
+    max_queue: int,
+    limit: int,
+    log_level: str,
+    names: tuple[str, ...],
+    max_body: int,
+):
+    """Scheduler + app, warmed up; returns ``run(host, port, grace)``. ``names``: the model's
+    id, then its aliases."""
     import logging
 
     from redrafter_mlx.serve.app import ServeConfig, create_app, make_server
@@ -148,8 +198,9 @@ def build(engine, plan, max_batch: int, max_queue: int, limit: int, log_level: s
     if shape is not None:
         beam = dict(beam_width=shape.width, beam_length=shape.length, capacity=shape.slots)
         beam.update(lookup=shape.lookup, lookup_length=shape.chain_length)
+    model = engine.model
     config = ServeConfig(
-        tok, model_id(engine.paths), limit, engine.model.max_context, engine.model.vocab_size, beam
+        tok, names[0], limit, model.max_context, model.vocab_size, beam, names[1:], max_body
     )
     app = create_app(scheduler, config)
 

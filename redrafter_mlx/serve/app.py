@@ -6,8 +6,9 @@ the request's events from an ``asyncio.Queue`` that the engine thread fills thro
 then ``data: [DONE]``); a client that goes away cancels its request, which frees its row at
 the next step.
 
-Status codes: 400 bad request (OpenAI error body), 429 queue full, 500 engine failure,
-503 shutting down.
+Status codes: 400 bad request (OpenAI error body), 404 unknown model, 413 body over
+``max_body_bytes``, 429 queue full, 500 engine failure (of this request, or of the batched
+step: then of every request in it), 503 shutting down.
 """
 
 from __future__ import annotations
@@ -23,17 +24,21 @@ from dataclasses import dataclass
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .protocol import (
+    DEFAULT_MAX_BODY_BYTES,
     ProtocolError,
     Reply,
     TextStream,
     check_context,
+    check_model,
     error_body,
     new_id,
+    parse_body,
     parse_chat,
     parse_completion,
     prompt_ids,
@@ -42,6 +47,8 @@ from .protocol import (
 from .scheduler import Event, QueueFull, Request, Scheduler, ShuttingDown
 
 log = logging.getLogger("redrafter_mlx.serve")
+
+DISCARD_LIMIT = 64 << 20  # the most of a refused body read (and dropped) so the 413 arrives
 
 
 class EngineFailure(Exception):
@@ -62,6 +69,13 @@ class ServeConfig:
     context: int | None
     vocab_size: int
     beam: dict  # {"beam_width", "beam_length", "capacity", "lookup", "lookup_length"}; {}: AR
+    aliases: tuple[str, ...] = ()  # other names a request's ``model`` may use
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The id first, then the aliases (no repeats): what ``/v1/models`` lists."""
+        return tuple(dict.fromkeys((self.model_id, *self.aliases)))
 
 
 def error_response(message: str, status: int, type: str, param=None, code=None) -> JSONResponse:
@@ -83,12 +97,19 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
 
     async def _complete(request: HTTPRequest, parse) -> Response:
         try:
-            params = parse(await _json(request), config.max_tokens_limit)
+            body = parse_body(await _read_body(request, config.max_body_bytes))
+            params = parse(body, config.max_tokens_limit)
+            check_model(params.model, config.names)
             ids = prompt_ids(params, config.tokenizer)
             param = "messages" if params.kind == "chat" else "prompt"
             check_context(ids, config.context, config.vocab_size, param)
         except ProtocolError as e:
+            if e.status == 413:
+                await _discard_body(request, DISCARD_LIMIT)
+                return JSONResponse(e.body(), e.status, headers={"Connection": "close"})
             return JSONResponse(e.body(), status_code=e.status)
+        except ClientDisconnect:  # gone while sending its body: nobody to answer
+            return Response(status_code=499)
         return await _generate(request, params, ids)
 
     async def _generate(http: HTTPRequest, params, ids: list[int]) -> Response:
@@ -171,13 +192,19 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
         return JSONResponse(reply.full(text, finish, run.usage(), run.speculation(config.beam)))
 
     async def models(request: HTTPRequest) -> Response:
-        card = dict(id=config.model_id, object="model", created=started, owned_by="redrafter-mlx")
-        return JSONResponse({"object": "list", "data": [card]})
+        """The loaded model under each name a request may use (its id first)."""
+        cards = [
+            dict(id=name, object="model", created=started, owned_by="redrafter-mlx")
+            for name in config.names
+        ]
+        return JSONResponse({"object": "list", "data": cards})
 
     async def health(request: HTTPRequest) -> Response:
+        """200 ``ok`` or ``draining``; 503 ``failed`` once the engine loop has died."""
         stats = scheduler.health()
-        status = "draining" if stats["draining"] else "ok"
-        return JSONResponse({"status": status, "model": config.model_id, **stats})
+        status = "failed" if stats["failure"] else "draining" if stats["draining"] else "ok"
+        body = {"status": status, "model": config.model_id, **stats}
+        return JSONResponse(body, status_code=503 if stats["failure"] else 200)
 
     async def http_error(request: HTTPRequest, exc: HTTPException) -> Response:
         return error_response(exc.detail, exc.status_code, "invalid_request_error")
@@ -263,13 +290,39 @@ class _Run:
         )
 
 
-async def _json(request: HTTPRequest):
-    """The body as JSON, or ProtocolError (400)."""
-    raw = await request.body()
-    try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ProtocolError(f"the request body is not valid JSON: {e}") from None
+async def _read_body(request: HTTPRequest, limit: int) -> bytes:
+    """The body, or ProtocolError 413 once it is over ``limit`` bytes: by its Content-Length
+    up front, else (chunked) as soon as the bytes received pass it."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise _too_large(f"{int(declared)} bytes", limit)
+    parts, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(f"over {limit} bytes", limit)
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _too_large(size: str, limit: int) -> ProtocolError:
+    return ProtocolError(
+        f"the request body is {size}; this server takes at most {limit} bytes "
+        "(raise it with serve --max-body-bytes)",
+        status=413,
+        code="request_too_large",
+    )
+
+
+async def _discard_body(request: HTTPRequest, most: int) -> None:
+    """Read and drop the rest of a refused body (up to ``most`` bytes), so that a client still
+    sending it reads the 413 instead of a reset connection; the connection then closes."""
+    seen = 0
+    with contextlib.suppress(Exception):  # the client may be gone already
+        async for chunk in request.stream():
+            seen += len(chunk)
+            if seen > most:
+                return
 
 
 async def _until_disconnect(http: HTTPRequest, work, run: _Run):

@@ -4,15 +4,21 @@ Parsing never touches the engine: a request either becomes ``Params`` or raises
 ``ProtocolError`` (HTTP 400 with an OpenAI-style error body naming the bad parameter).
 Supported: ``max_tokens`` (``max_completion_tokens``), ``temperature`` (0 = greedy),
 ``top_p``, ``stop``, ``seed``, ``n=1``, ``stream`` with ``stream_options.include_usage``.
+
+Every field is checked here, before anything reaches the engine: a value the engine would
+choke on (a seed outside 0 … 2**64−1, text with a lone surrogate) is a 400 naming it.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
 
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; send 0 for greedy decoding
+SEED_MAX = 2**64 - 1  # a PRNG key holds 64 bits
+DEFAULT_MAX_BODY_BYTES = 4 << 20  # 4 MiB: ~1M prompt tokens as JSON ids, far past any context
 MAX_STOP = 4
 ROLES = ("system", "developer", "user", "assistant")
 # Parameters that would change the output in ways this server does not implement.
@@ -76,6 +82,72 @@ class Params:
     include_usage: bool = False
 
 
+# --------------------------------------------------------------------------- the body
+
+
+def parse_body(raw: bytes):
+    """The body's JSON value, or ProtocolError (400): not JSON, not UTF-8, nested too deep,
+    or text holding a lone UTF-16 surrogate (``"\\ud800"``: valid JSON, but no text)."""
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise ProtocolError("the request body is nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, over-long integers
+        raise ProtocolError(f"the request body is not valid JSON: {e}") from None
+    where = _lone_surrogate(body)
+    if where is not None:
+        raise ProtocolError(
+            f"'{where}' holds a lone UTF-16 surrogate (an unpaired \\ud800-\\udfff escape), "
+            "which is not text; send valid Unicode (pair the surrogates or drop them)",
+            where,
+        )
+    return body
+
+
+def _lone_surrogate(value) -> str | None:
+    """The path (``messages[0].content``) of the first string holding a lone surrogate.
+
+    Iterative: the depth is whatever ``json.loads`` accepted.
+    """
+    stack = [("", value)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, str):
+            if not _is_text(v):
+                return path or "body"
+        elif isinstance(v, dict):
+            for k, item in v.items():
+                if not _is_text(k):
+                    return path or "body"
+                stack.append((f"{path}.{k}" if path else k, item))
+        elif isinstance(v, list):
+            stack.extend((f"{path}[{i}]", item) for i, item in enumerate(v))
+    return None
+
+
+def _is_text(s: str) -> bool:
+    """Whether ``s`` encodes to UTF-8 (a lone surrogate does not)."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_model(requested: str | None, names: tuple[str, ...]) -> None:
+    """``model`` must name the loaded model (its id or an alias; absent: the loaded one),
+    else ProtocolError 404 ``model_not_found`` as OpenAI answers."""
+    if requested is None or requested.casefold() in {n.casefold() for n in names}:
+        return
+    raise ProtocolError(
+        f"the model '{requested}' is not served here; this server runs "
+        f"{', '.join(repr(n) for n in names)} (see GET /v1/models)",
+        "model",
+        status=404,
+        code="model_not_found",
+    )
+
+
 # --------------------------------------------------------------------------- field checks
 
 
@@ -133,10 +205,20 @@ def _common(body: dict, kind: str, max_tokens_limit: int) -> Params:
         temperature=float(temperature),
         top_p=float(top_p),
         stop=_stop(body.get("stop")),
-        seed=_get(body, "seed", _is_int, "an integer"),
+        seed=_seed(body.get("seed")),
         stream=stream,
         include_usage=include_usage,
     )
+
+
+def _seed(value) -> int | None:
+    """``seed``: an integer in [0, 2**64 - 1] (booleans and floats are refused)."""
+    if value is None:
+        return None
+    if not _is_int(value) or not 0 <= value <= SEED_MAX:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
+        raise ProtocolError(f"'seed' must be an integer in [0, 2**64 - 1], got {shown}", "seed")
+    return value
 
 
 def _stop(value) -> list[str]:

@@ -21,6 +21,11 @@ so a lone request does not pay for seven idle rows. The batch grows when a reque
 free row and shrinks once at most a quarter of its rows are busy; both re-lay the cache
 (a copy, at a step boundary, rare) and never recompile per join or leave.
 
+Failures are isolated: an exception in one request's own work (admitting, prefilling, drawing
+its first token) ends that request with an error event and the others go on; only an
+exception in the batch's work (the batched step, resizing, placing a row) fails every
+request in flight, each with an error event, and the loop starts over with an empty batch.
+
 Every row's output is what the same request alone produces (``redrafter_mlx.generate`` with
 the same beam shape, seed and sampling settings): rows never read each other's cache, free
 rows never advance, and each row's draws use its own key sequence.
@@ -58,6 +63,8 @@ from redrafter_mlx.engine.shape import AR, BeamShape
 from .batch_step import RowParams, StepMode, make_batch_step
 
 log = logging.getLogger("redrafter_mlx.serve")
+
+SEED_MAX = 2**64 - 1  # a PRNG key holds 64 bits
 
 
 class QueueFull(Exception):
@@ -200,7 +207,8 @@ class ServerStats:
     requests_failed: int = 0
     requests_cancelled: int = 0
     generated: int = 0
-    engine_errors: int = 0
+    engine_errors: int = 0  # batch faults (every request in flight failed)
+    request_errors: int = 0  # one request's own failure (the others went on)
     resizes: int = 0
 
     def record_step(self, rows: int) -> None:
@@ -252,6 +260,7 @@ class Scheduler:
         self._drain_deadline = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.failure: str | None = None  # why the engine loop stopped, if it died
         self.ready = threading.Event()
         self.state = None  # built by the first run_once, on the thread that runs the loop
         self.rows: list[Row | None] = [None]
@@ -263,12 +272,14 @@ class Scheduler:
     def submit(self, request: Request) -> None:
         """Enqueue a request; raises QueueFull (queue at capacity) or ShuttingDown."""
         if self._draining:
-            raise ShuttingDown("the server is shutting down")
+            raise ShuttingDown(self.failure or "the server is shutting down")
         self.check(request)
         try:
             self.queue.put_nowait(request)
         except queue.Full:
             raise QueueFull(f"the request queue is full ({self.queue.maxsize} waiting)") from None
+        if self.failure is not None:  # the loop died while this request went in
+            self._reject_queued(self.failure, 500)
 
     def check(self, request: Request) -> None:
         """Raise ValueError for a request the engine cannot run (empty, off-vocab, too long)."""
@@ -285,6 +296,11 @@ class Scheduler:
                 f"the prompt has {len(request.prompt)} tokens; the model's context is "
                 f"{context} tokens"
             )
+        seed = request.seed
+        if seed is not None and (
+            not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= SEED_MAX
+        ):
+            raise ValueError(f"seed must be an integer in [0, 2**64 - 1], got {seed!r}")
         request.sampler.validate()
 
     @property
@@ -310,9 +326,11 @@ class Scheduler:
             requests_cancelled=s.requests_cancelled,
             generated_tokens=s.generated,
             engine_errors=s.engine_errors,
+            request_errors=s.request_errors,
             resizes=s.resizes,
             speculative=self.shape is not None,
             draining=self._draining,
+            failure=self.failure,
         )
 
     def start(self, warmup_prompt: list[int] | None = None, wait: bool = True) -> None:
@@ -329,17 +347,29 @@ class Scheduler:
             self._thread.start()
         if wait:
             self.ready.wait()
+            if self.failure is not None:
+                raise RuntimeError(self.failure)
 
     def serve_forever(self, warmup_prompt: list[int] | None = None) -> None:
-        """The engine loop (returns after ``stop``, or once drained)."""
-        self._reset()
-        if warmup_prompt is not None:
-            self.warmup(warmup_prompt)
-        self.ready.set()
-        while not self._stop.is_set():
-            self.run_once()
-            if self._draining and not self._busy() and self.queue.empty():
-                break
+        """The engine loop (returns after ``stop``, or once drained).
+
+        Should the loop itself die (a failure while recovering from a failure), every request
+        waiting is answered with an error and new ones are refused (503), so none waits
+        forever; ``failure`` says why and ``/health`` reports it.
+        """
+        try:
+            self._reset()
+            if warmup_prompt is not None:
+                self.warmup(warmup_prompt)
+            self.ready.set()
+            while not self._stop.is_set():
+                self.run_once()
+                if self._draining and not self._busy() and self.queue.empty():
+                    break
+        except Exception as e:  # logged, answered and kept in ``failure``
+            self._die(e)
+        finally:
+            self.ready.set()
 
     def begin_drain(self, grace_s: float) -> None:
         """Stop accepting; queued requests fail (503); active rows get ``grace_s`` to finish."""
@@ -405,16 +435,50 @@ class Scheduler:
         self._prefills = []
 
     def _fail_all(self, error: Exception) -> None:
-        """Fail every request in flight with a 500 and start over with an empty batch."""
+        """Fail every request in flight with a 500 and start over with an empty batch.
+
+        Each request gets exactly one error event: a row's, else its prefill's (a request
+        that failed while joining is in both).
+        """
         log.exception("engine failure; failing %d request(s) in flight", self.active_rows)
         self.stats.engine_errors += 1
-        message = f"engine error: {type(error).__name__}: {error}"
+        self._answer_all(f"engine error: {type(error).__name__}: {error}")
+        self._reset()
+
+    def _answer_all(self, message: str) -> None:
+        """An error event (500) for each request in a row or prefilling, once each."""
+        answered = set()
         for row in self.rows:
             if row is not None and not row.finished:
                 self._send(row, [], error=message)
+                answered.add(id(row.request))
         for job in self._prefills:
-            self._reject(job.request, message, 500)
-        self._reset()
+            if id(job.request) not in answered:
+                self._reject(job.request, message, 500)
+        self._prefills = []
+
+    def _die(self, error: BaseException) -> None:
+        """The loop is ending on an exception: answer every request and refuse new ones."""
+        log.critical("the engine loop stopped; refusing requests from now on", exc_info=True)
+        self.failure = f"the engine stopped: {type(error).__name__}: {error}"
+        self._draining = True
+        with contextlib.suppress(Exception):
+            self._answer_all(self.failure)
+        self._reject_queued(self.failure, 500)
+
+    def _reject_queued(self, message: str, status: int) -> None:
+        """Answer and drop every queued request."""
+        while True:
+            try:
+                self._reject(self.queue.get_nowait(), message, status)
+            except queue.Empty:
+                return
+
+    def _fail_one(self, request: Request, error: Exception) -> None:
+        """End one request whose own work raised (a 500 for it alone); the batch goes on."""
+        log.exception("%s failed in the engine; the other requests go on", request.id)
+        self.stats.request_errors += 1
+        self._reject(request, f"engine error: {type(error).__name__}: {error}", 500)
 
     # ------------------------------------------------------------------ rows joining
 
@@ -432,38 +496,58 @@ class Scheduler:
             if self._draining:
                 self._reject(request, "the server is shutting down", 503)
                 continue
-            self._prefills.append(Prefill(request, Session(self.model, 1), time.perf_counter()))
+            try:
+                session = Session(self.model, 1)
+            except Exception as e:  # this request's own cache
+                self._fail_one(request, e)
+                continue
+            self._prefills.append(Prefill(request, session, time.perf_counter()))
         self._prefill_some()
 
     def _prefill_some(self) -> None:
         """Up to ``PREFILL_CHUNK`` prompt tokens (at least one chunk) per loop iteration, so a
-        long prompt pauses the other rows for one chunk at a time, not for all of it."""
+        long prompt pauses the other rows for one chunk at a time, not for all of it.
+
+        A prefill or first draw that raises fails its request alone; the join that follows
+        touches the batch, so a failure there is the batch's (``_fail_all``)."""
         budget = PREFILL_CHUNK
         while self._prefills and budget > 0:
             job = self._prefills[0]
-            budget -= job.advance()
-            if job.complete:
+            try:
+                budget -= job.advance()
+                start = self._first_token(job) if job.complete else None
+            except Exception as e:
                 self._prefills.pop(0)
-                self._join(job)
+                self._fail_one(job.request, e)
+                continue
+            if start is not None:
+                self._join(job, *start)
+                self._prefills.pop(0)  # after the join: a failing join still answers it
 
-    def _join(self, job: Prefill) -> None:
-        """Draw a prefilled request's first token and move it into a free row."""
+    def _first_token(self, job: Prefill) -> tuple[int, mx.array]:
+        """A prefilled request's first token, computed now (so that an error in its own
+        prefill or draw surfaces here, not in the batched step), and its next key (2,)."""
+        request = job.request
+        seed = request.seed if request.seed is not None else time.time_ns() % (1 << 31)
+        rng, first_key = mx.random.split(mx.random.key(seed))
+        first = draw(self.model.logits(job.hidden), request.sampler, first_key)  # (1,)
+        return first.item(), rng
+
+    def _join(self, job: Prefill, first: int, rng: mx.array) -> None:
+        """Move a prefilled request, its first token drawn, into a free row."""
         if None not in self.rows:
             self._resize(self._bucket_for(len(self.rows) + 1))
         r = self.rows.index(None)
         request = job.request
         joined = time.perf_counter()
-        seed = request.seed if request.seed is not None else time.time_ns() % (1 << 31)
-        rng, first_key = mx.random.split(mx.random.key(seed))
-        first = draw(self.model.logits(job.hidden), request.sampler, first_key)
         limit, _ = token_limit(self.model, len(request.prompt), request.max_tokens)
         stats = RowStats(len(request.prompt), queued_s=job.started - request.submitted)
         row = Row(request, limit, stats, len(request.prompt), joined, r)
-        self._place(r, job.session, job.hidden, first, rng)
+        self._place(r, job.session, job.hidden, mx.array([first], mx.int32), rng)
         self.rows[r] = row
         self._params = None
         stats.ttft_s = time.perf_counter() - request.submitted
-        self._deliver(r, row, first.tolist())  # once per request, at its join
+        self._deliver(r, row, [first])  # once per request, at its join
 
     def _place(self, r: int, session: Session, hidden, first, rng) -> None:
         """Write a prefilled one-row session into batch row ``r`` (lazy array updates)."""
@@ -641,11 +725,7 @@ class Scheduler:
         """While draining: refuse queued requests; past the grace period, stop active rows."""
         if not self._draining:
             return
-        while True:
-            try:
-                self._reject(self.queue.get_nowait(), "the server is shutting down", 503)
-            except queue.Empty:
-                break
+        self._reject_queued("the server is shutting down", 503)
         if time.perf_counter() >= self._drain_deadline:
             for job in self._prefills:
                 self._reject(job.request, "the server is shutting down", 503)

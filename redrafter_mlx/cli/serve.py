@@ -149,6 +149,13 @@ def serve(
             f"beam {plan.label} ({plan.source}) · {max_batch} rows · "
             f"http://{host}:{port}/v1",
         )
+        defaults = serving_defaults(engine.folder)
+        if defaults:
+            shown = ", ".join(f"{k} {v:g}" for k, v in defaults.items())
+            err_console().print(
+                f"[dim]requests that leave them out get {shown} (the model's "
+                f"generation_config.json)[/]"
+            )
         server(host, port, shutdown_grace)
 
 
@@ -166,6 +173,15 @@ def serving_plan(plan):
         return plan
     room = replace(shape, capacity=min(shape.length, shape.chain_length))
     return ShapeChoice(room, f"{plan.source}; room for the beam or the chain per row")
+
+
+def serving_defaults(folder) -> dict:
+    """The model's generation_config.json values a request may leave out: temperature, top_p
+    and repetition_penalty (the server's rows take no top_k / min_p)."""
+    from redrafter_mlx.engine.sampling import model_defaults
+
+    keep = ("temperature", "top_p", "repetition_penalty")
+    return {k: v for k, v in model_defaults(folder).items() if k in keep} if folder else {}
 
 
 def build(
@@ -200,7 +216,15 @@ def build(
         beam.update(lookup=shape.lookup, lookup_length=shape.chain_length)
     model = engine.model
     config = ServeConfig(
-        tok, names[0], limit, model.max_context, model.vocab_size, beam, names[1:], max_body
+        tok,
+        names[0],
+        limit,
+        model.max_context,
+        model.vocab_size,
+        beam,
+        names[1:],
+        max_body,
+        serving_defaults(engine.folder),
     )
     app = create_app(scheduler, config)
 

@@ -177,8 +177,8 @@ def tree_text(sampler, history, lengths, tokens, depth, ancestors) -> NodeText |
         return None
     if history is None:
         raise ValueError("a repetition, presence or frequency penalty needs the token history")
-    span = sampler.repetition_context_size
-    return node_text(history, lengths, span, span, tokens, depth, ancestors)
+    span, context = sampler.penalty_window()
+    return node_text(history, lengths, span, context, tokens, depth, ancestors)
 
 
 def accept_phase(beams, target, unpacker, capacity: int):
@@ -311,8 +311,7 @@ def first_draw(model: Model, hidden, sampler, key, history, lengths) -> mx.array
     logits = model.logits(hidden)[:, None]  # (B, 1, V)
     text = None
     if getattr(sampler, "reads_text", False):
-        span = sampler.repetition_context_size
-        text = node_text(history, lengths, span, span)
+        text = node_text(history, lengths, *sampler.penalty_window())
     return draw(process_text(logits, sampler, text)[:, 0], sampler, key)
 
 

@@ -54,6 +54,10 @@ class SamplerConfig:
             or self.frequency_penalty != 0.0
         )
 
+    def penalty_window(self) -> tuple[int, int]:
+        """(history tokens read, window size): both ``repetition_context_size``."""
+        return self.repetition_context_size, self.repetition_context_size
+
     def validate(self, vocab_size: int | None = None) -> SamplerConfig:
         """Return self, or raise ParamError naming the field and its range."""
         _finite(self, "temperature", "top_p", "min_p", "repetition_penalty")
@@ -135,7 +139,7 @@ def process_text(logits: mx.array, cfg: SamplerConfig, text: NodeText | None) ->
     ``text`` is each node's window (``penalties.node_text``), needed when ``cfg.reads_text``.
     """
     if isinstance(cfg, RowSampler):
-        return logits
+        return _process_rows(logits, cfg, text)
     if cfg.logit_bias:
         logits = logits.astype(mx.float32) + bias_vector(cfg.logit_bias, logits.shape[-1])
     if cfg.reads_text:
@@ -199,6 +203,47 @@ class RowSampler(NamedTuple):
     keys: mx.array
     sample: bool
     nucleus: bool
+    penalties: RowPenalties | None = None
+
+    @property
+    def reads_text(self) -> bool:
+        return self.penalties is not None and self.penalties.reads_text
+
+    def penalty_window(self):
+        """(history tokens read: static, window size per row (B,))."""
+        return self.penalties.span, self.penalties.context
+
+
+class RowPenalties(NamedTuple):
+    """Per-row logit bias and penalties (``SamplerConfig``'s, one row each).
+
+    repetition, presence, frequency: (B,) float32 (1 / 0 / 0 = off); context: (B,) int32
+    window sizes; bias: (B, V) float32 added first. ``span`` (static) is at least every
+    row's window; ``reads_text`` / ``biased`` (static) say whether any row uses them.
+    """
+
+    repetition: mx.array
+    presence: mx.array
+    frequency: mx.array
+    context: mx.array
+    bias: mx.array
+    span: int
+    reads_text: bool
+    biased: bool
+
+
+def _process_rows(logits: mx.array, rows: RowSampler, text: NodeText | None) -> mx.array:
+    """``process_text`` with each row's own settings: (B, C, V) -> (B, C, V)."""
+    pen = rows.penalties
+    if pen is None:
+        return logits
+    if pen.biased:
+        logits = logits.astype(mx.float32) + pen.bias[:, None, :]
+    if pen.reads_text:
+        logits = penalize(
+            logits.astype(mx.float32), text, pen.repetition, pen.presence, pen.frequency
+        )
+    return logits
 
 
 def draw_rows(logits: mx.array, rows: RowSampler) -> mx.array:

@@ -127,7 +127,9 @@ def chain_mask(T: int) -> mx.array:
 
 @functools.lru_cache(maxsize=64)
 def _chain_mask(T: int) -> mx.array:
-    return mx.array([[j <= i for j in range(T)] for i in range(T)], dtype=mx.bool_)[None]
+    # Built from data (no pending op): a lazy ``[None]`` cached here, first made while one
+    # thread compiles, fails when another thread (the server's engine loop) reads it.
+    return mx.array([[[j <= i for j in range(T)] for i in range(T)]], dtype=mx.bool_)
 
 
 def cache_mask(lengths: mx.array, tree_mask: mx.array, slots: int) -> mx.array:

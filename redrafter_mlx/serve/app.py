@@ -20,7 +20,7 @@ import logging
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -34,6 +34,7 @@ from .protocol import (
     ProtocolError,
     Reply,
     TextStream,
+    check_bias_ids,
     check_context,
     check_model,
     error_body,
@@ -71,6 +72,7 @@ class ServeConfig:
     beam: dict  # {"beam_width", "beam_length", "capacity", "lookup", "lookup_length"}; {}: AR
     aliases: tuple[str, ...] = ()  # other names a request's ``model`` may use
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    sampling_defaults: dict = field(default_factory=dict)  # the model's generation_config
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -103,6 +105,7 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
             ids = prompt_ids(params, config.tokenizer)
             param = "messages" if params.kind == "chat" else "prompt"
             check_context(ids, config.context, config.vocab_size, param)
+            check_bias_ids(params.logit_bias, config.vocab_size)
         except ProtocolError as e:
             if e.status == 413:
                 await _discard_body(request, DISCARD_LIMIT)
@@ -120,10 +123,9 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
             ids,
             params.max_tokens or min(config.max_tokens_limit, room),
             sink=lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
-            temperature=params.temperature,
-            top_p=params.top_p,
             seed=params.seed,
             id=new_id(params.kind),
+            **params.sampling(config.sampling_defaults),
         )
         try:
             scheduler.submit(request)

@@ -8,10 +8,13 @@ travel as arrays:
     temperature (B,) float32  0 = greedy row
     top_p       (B,) float32
     row_keys    (B, 2) uint32 one PRNG key per row, split once per step like a solo run's
+    repetition, presence, frequency (B,) float32, context (B,) int32, bias (B, V) float32:
+                each row's penalties and logit bias (``engine.sampling.RowPenalties``)
 
 A row's draws therefore equal the same request decoded alone (same key sequence, same
 per-row math); see ``engine.sampling.draw_rows``. Static switches (``StepMode``) only pick
-how much sampling machinery the batch needs: argmax only, Gumbel, or Gumbel with top-p.
+how much sampling machinery the batch needs: argmax only, Gumbel, or Gumbel with top-p, and
+whether any row has a logit bias or a penalty (with the history span its windows need).
 """
 
 from __future__ import annotations
@@ -27,14 +30,18 @@ from redrafter_mlx.engine.decode import (
     autoregressive_step,
     redrafter_step,
 )
-from redrafter_mlx.engine.sampling import RowSampler
+from redrafter_mlx.engine.sampling import RowPenalties, RowSampler
 
 
 class StepMode(NamedTuple):
-    """Static sampling switches of a compiled step: any row samples / any uses top-p."""
+    """Static sampling switches of a compiled step: any row samples / any uses top-p / any
+    has a logit bias / any has a penalty, reading ``span`` history tokens."""
 
     sample: bool = False
     nucleus: bool = False
+    bias: bool = False
+    penalize: bool = False
+    span: int = 0
 
 
 class RowParams(NamedTuple):
@@ -43,6 +50,11 @@ class RowParams(NamedTuple):
     active: mx.array  # (B,) bool
     temperature: mx.array  # (B,) float32
     top_p: mx.array  # (B,) float32
+    repetition: mx.array  # (B,) float32, 1 = off
+    presence: mx.array  # (B,) float32
+    frequency: mx.array  # (B,) float32
+    context: mx.array  # (B,) int32 penalty window
+    bias: mx.array  # (B, V) float32, or (B, 1) zeros when no row has one
 
 
 def split_row_keys(row_keys: mx.array) -> tuple[mx.array, mx.array]:
@@ -61,8 +73,13 @@ def make_batch_step(model, drafter, shape, mode: StepMode, compiled: bool = True
 
     def step(init_token, hidden, lengths, keys, values, rng, history, row_keys, params, window):
         row_keys, draw_keys = split_row_keys(row_keys)
-        active, temperature, top_p = params
-        sampler = RowSampler(temperature, top_p, draw_keys, mode.sample, mode.nucleus)
+        active, temperature, top_p, repetition, presence, frequency, context, bias = params
+        penalties = None
+        if mode.bias or mode.penalize:
+            penalties = RowPenalties(
+                repetition, presence, frequency, context, bias, mode.span, mode.penalize, mode.bias
+            )
+        sampler = RowSampler(temperature, top_p, draw_keys, mode.sample, mode.nucleus, penalties)
         state = DecodeState(init_token, hidden, lengths, keys, values, rng, history)
         if shape is None:
             nxt, out = autoregressive_step(model, state, sampler, window)

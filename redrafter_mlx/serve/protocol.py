@@ -3,7 +3,11 @@
 Parsing never touches the engine: a request either becomes ``Params`` or raises
 ``ProtocolError`` (HTTP 400 with an OpenAI-style error body naming the bad parameter).
 Supported: ``max_tokens`` (``max_completion_tokens``), ``temperature`` (0 = greedy),
-``top_p``, ``stop``, ``seed``, ``n=1``, ``stream`` with ``stream_options.include_usage``.
+``top_p``, ``stop``, ``seed``, ``n=1``, ``stream`` with ``stream_options.include_usage``,
+``logit_bias``, ``presence_penalty`` and ``frequency_penalty`` (over the last
+``repetition_context_size`` tokens, as mlx-lm's server), and mlx-lm's ``repetition_penalty``
+and ``repetition_context_size``. Sampling fields a request leaves out take the model's
+``generation_config.json`` values, else OpenAI's defaults (``Params.sampling``).
 
 Every field is checked here, before anything reaches the engine: a value the engine would
 choke on (a seed outside 0 … 2**64−1, text with a lone surrogate) is a 400 naming it.
@@ -17,6 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; send 0 for greedy decoding
+MAX_PENALTY_CONTEXT = 1024  # engine.sampling.MAX_PENALTY_CONTEXT (no engine import here)
 SEED_MAX = 2**64 - 1  # a PRNG key holds 64 bits
 DEFAULT_MAX_BODY_BYTES = 4 << 20  # 4 MiB: ~1M prompt tokens as JSON ids, far past any context
 MAX_STOP = 4
@@ -25,14 +30,11 @@ ROLES = ("system", "developer", "user", "assistant")
 UNSUPPORTED = {
     "tools": None,
     "functions": None,
-    "logit_bias": None,
     "logprobs": (None, False, 0),
     "top_logprobs": (None, 0),
     "echo": (None, False),
     "suffix": (None, ""),
     "best_of": (None, 1),
-    "presence_penalty": (None, 0, 0.0),
-    "frequency_penalty": (None, 0, 0.0),
 }
 
 
@@ -74,12 +76,36 @@ class Params:
     messages: list[dict] | None = None
     prompt: str | list[int] | None = None
     max_tokens: int | None = None
-    temperature: float = DEFAULT_TEMPERATURE
-    top_p: float = 1.0
+    temperature: float | None = None  # None: not sent (the model's default, else OpenAI's)
+    top_p: float | None = None
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
     stream: bool = False
     include_usage: bool = False
+    repetition_penalty: float | None = None
+    repetition_context_size: int = 20
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+    def sampling(self, defaults: dict | None = None) -> dict:
+        """The request's sampling settings (``Request`` fields): what it sent, else the
+        model's ``defaults`` (``engine.sampling.model_defaults``), else OpenAI's."""
+        defaults = defaults or {}
+
+        def pick(name, fallback):
+            sent = getattr(self, name)
+            return sent if sent is not None else defaults.get(name, fallback)
+
+        return dict(
+            temperature=pick("temperature", DEFAULT_TEMPERATURE),
+            top_p=pick("top_p", 1.0),
+            repetition_penalty=pick("repetition_penalty", 1.0),
+            repetition_context_size=self.repetition_context_size,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            logit_bias=self.logit_bias,
+        )
 
 
 # --------------------------------------------------------------------------- the body
@@ -186,11 +212,9 @@ def _common(body: dict, kind: str, max_tokens_limit: int) -> Params:
             f"'{name}' must be in [1, {max_tokens_limit}] (the server's limit), got {max_tokens}",
             name,
         )
-    temperature = _get(body, "temperature", _is_number, "a number", DEFAULT_TEMPERATURE)
-    if not 0.0 <= temperature <= 2.0:
-        raise ProtocolError(f"'temperature' must be in [0, 2], got {temperature}", "temperature")
-    top_p = _get(body, "top_p", _is_number, "a number", 1.0)
-    if not 0.0 < top_p <= 1.0:
+    temperature = _number(body, "temperature", 0.0, 2.0)
+    top_p = _get(body, "top_p", _is_number, "a number")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
         raise ProtocolError(f"'top_p' must be in (0, 1], got {top_p}", "top_p")
     stream = _get(body, "stream", lambda v: isinstance(v, bool), "a boolean", False)
     options = _get(body, "stream_options", lambda v: isinstance(v, dict), "an object", {})
@@ -198,17 +222,70 @@ def _common(body: dict, kind: str, max_tokens_limit: int) -> Params:
     if not isinstance(include_usage, bool):
         raise ProtocolError("'stream_options.include_usage' must be a boolean", "stream_options")
     model = _get(body, "model", lambda v: isinstance(v, str), "a string")
+    repetition = _get(body, "repetition_penalty", _is_number, "a number")
+    if repetition is not None and not 0.0 < repetition <= 10.0:
+        raise ProtocolError(
+            f"'repetition_penalty' must be in (0, 10] (1 = off), got {repetition}",
+            "repetition_penalty",
+        )
+    context = _get(body, "repetition_context_size", _is_int, "an integer", 20)
+    if not 1 <= context <= MAX_PENALTY_CONTEXT:
+        raise ProtocolError(
+            f"'repetition_context_size' must be in [1, {MAX_PENALTY_CONTEXT}], got {context}",
+            "repetition_context_size",
+        )
     return Params(
         kind,
         model,
         max_tokens=max_tokens,
-        temperature=float(temperature),
-        top_p=float(top_p),
+        temperature=None if temperature is None else float(temperature),
+        top_p=None if top_p is None else float(top_p),
         stop=_stop(body.get("stop")),
         seed=_seed(body.get("seed")),
         stream=stream,
         include_usage=include_usage,
+        repetition_penalty=None if repetition is None else float(repetition),
+        repetition_context_size=context,
+        presence_penalty=float(_number(body, "presence_penalty", -2.0, 2.0) or 0.0),
+        frequency_penalty=float(_number(body, "frequency_penalty", -2.0, 2.0) or 0.0),
+        logit_bias=_logit_bias(body.get("logit_bias")),
     )
+
+
+def check_bias_ids(bias: tuple[tuple[int, float], ...], vocab_size: int) -> None:
+    """Every ``logit_bias`` token id must be in the vocabulary, else ProtocolError."""
+    bad = [t for t, _ in bias if t >= vocab_size]
+    if bad:
+        raise ProtocolError(
+            f"'logit_bias' token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})",
+            "logit_bias",
+        )
+
+
+def _number(body: dict, name: str, low: float, high: float) -> float | None:
+    """``body[name]``: None when absent, else a number in [low, high] (OpenAI's ranges)."""
+    value = _get(body, name, _is_number, "a number")
+    if value is not None and not low <= value <= high:
+        raise ProtocolError(f"'{name}' must be in [{low:g}, {high:g}], got {value}", name)
+    return value
+
+
+def _logit_bias(value) -> tuple[tuple[int, float], ...]:
+    """``logit_bias``: an object of token id (a string of digits) -> bias in [-100, 100]."""
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        raise ProtocolError("'logit_bias' must be an object of token id -> bias", "logit_bias")
+    out = []
+    for key, bias in value.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 9):
+            raise ProtocolError(f"'logit_bias' keys must be token ids, got {key!r}", "logit_bias")
+        if not _is_number(bias) or not -100.0 <= bias <= 100.0:
+            raise ProtocolError(
+                f"'logit_bias' values must be numbers in [-100, 100], got {bias!r}", "logit_bias"
+            )
+        out.append((int(key), float(bias)))
+    return tuple(out)
 
 
 def _seed(value) -> int | None:

@@ -55,16 +55,16 @@ from redrafter_mlx.engine.cache import (
     text_history,
     token_limit,
 )
-from redrafter_mlx.engine.decode import DecodeState, StepOutput
+from redrafter_mlx.engine.decode import DecodeState, StepOutput, first_draw
 from redrafter_mlx.engine.loading import materialize
-from redrafter_mlx.engine.sampling import SamplerConfig, draw
+from redrafter_mlx.engine.sampling import SamplerConfig, check_seed
 from redrafter_mlx.engine.shape import AR, BeamShape
 
 from .batch_step import RowParams, StepMode, make_batch_step
 
 log = logging.getLogger("redrafter_mlx.serve")
 
-SEED_MAX = 2**64 - 1  # a PRNG key holds 64 bits
+PENALTY_SPANS = (20, 64, 256, 1024)  # history a batch's penalties read: few compile keys
 
 
 class QueueFull(Exception):
@@ -141,6 +141,11 @@ class Request:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    repetition_penalty: float = 1.0
+    repetition_context_size: int = 20
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
     cancelled: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
@@ -151,7 +156,18 @@ class Request:
 
     @property
     def sampler(self) -> SamplerConfig:
-        return SamplerConfig(self.temperature, self.top_p)
+        return SamplerConfig(
+            self.temperature,
+            self.top_p,
+            repetition_penalty=self.repetition_penalty,
+            repetition_context_size=self.repetition_context_size,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            logit_bias=self.logit_bias,
+        )
+
+
+FREE_ROW = Request([], 1, sink=lambda event: None)  # a free row's settings: greedy, no penalty
 
 
 @dataclass
@@ -296,12 +312,8 @@ class Scheduler:
                 f"the prompt has {len(request.prompt)} tokens; the model's context is "
                 f"{context} tokens"
             )
-        seed = request.seed
-        if seed is not None and (
-            not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed <= SEED_MAX
-        ):
-            raise ValueError(f"seed must be an integer in [0, 2**64 - 1], got {seed!r}")
-        request.sampler.validate()
+        check_seed(request.seed)
+        request.sampler.validate(V)
 
     @property
     def active_rows(self) -> int:
@@ -425,7 +437,7 @@ class Scheduler:
             keys,
             values,
             mx.random.key(0),  # unused: rows draw with row_keys
-            mx.zeros((B, SLOT_QUANTUM), mx.int32) if self.lookup else None,
+            mx.zeros((B, SLOT_QUANTUM), mx.int32),  # the text: lookup and penalties read it
         )
         self.row_keys = mx.zeros((B, 2), mx.uint32)
         self.rows: list[Row | None] = [None] * B
@@ -530,7 +542,10 @@ class Scheduler:
         request = job.request
         seed = request.seed if request.seed is not None else time.time_ns() % (1 << 31)
         rng, first_key = mx.random.split(mx.random.key(seed))
-        first = draw(self.model.logits(job.hidden), request.sampler, first_key)  # (1,)
+        prompt = request.prompt
+        history = text_history([prompt], len(prompt)) if request.sampler.reads_text else None
+        lengths = mx.array([len(prompt)], mx.int32)
+        first = first_draw(self.model, job.hidden, request.sampler, first_key, history, lengths)
         return first.item(), rng
 
     def _join(self, job: Prefill, first: int, rng: mx.array) -> None:
@@ -579,17 +594,43 @@ class Scheduler:
     def _row_params(self) -> RowParams:
         """Per-row arrays (rebuilt only after rows join or leave)."""
         if self._params is None:
-            rows = self.rows
+            reqs = [r.request if r is not None else FREE_ROW for r in self.rows]
+
+            def per_row(name, dtype=mx.float32):
+                return mx.array([getattr(q, name) for q in reqs], dtype)
+
+            if any(q.logit_bias for q in reqs):
+                dense = [[0.0] * self.model.vocab_size for _ in reqs]
+                for row, q in zip(dense, reqs):
+                    for token, value in q.logit_bias:
+                        row[token] += value
+                bias = mx.array(dense, mx.float32)
+            else:
+                bias = mx.zeros((len(reqs), 1), mx.float32)
             self._params = RowParams(
-                mx.array([r is not None for r in rows]),
-                mx.array([r.request.temperature if r else 0.0 for r in rows], mx.float32),
-                mx.array([r.request.top_p if r else 1.0 for r in rows], mx.float32),
+                mx.array([r is not None for r in self.rows]),
+                per_row("temperature"),
+                per_row("top_p"),
+                per_row("repetition_penalty"),
+                per_row("presence_penalty"),
+                per_row("frequency_penalty"),
+                per_row("repetition_context_size", mx.int32),
+                bias,
             )
         return self._params
 
     def _mode(self) -> StepMode:
-        sampling = [r.request for r in self.rows if r is not None and r.request.temperature > 0]
-        return StepMode(bool(sampling), any(q.top_p < 1.0 for q in sampling))
+        requests = [r.request for r in self.rows if r is not None]
+        sampling = [q for q in requests if q.temperature > 0]
+        reading = [q.repetition_context_size for q in requests if q.sampler.reads_text]
+        span = next((s for s in PENALTY_SPANS if s >= max(reading)), 0) if reading else 0
+        return StepMode(
+            bool(sampling),
+            any(q.top_p < 1.0 for q in sampling),
+            any(q.logit_bias for q in requests),
+            bool(reading),
+            span,
+        )
 
     def _step_fn(self, mode: StepMode):
         if mode not in self._steps:

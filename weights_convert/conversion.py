@@ -16,6 +16,7 @@ Memory: tensors are read (memory-mapped), converted and written one at a time.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import shutil
@@ -160,22 +161,61 @@ def _current_umask() -> int:
     return mask
 
 
+NOT_WRITABLE = {
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.EROFS: "read-only file system",
+}
+
+
+def not_writable(folder: Path, why: str) -> ConversionError:
+    """The error for an ``--out`` whose folder cannot be written, naming the folder and fixes."""
+    return ConversionError(
+        f"--out: cannot write to {folder} ({why}); choose a writable --out, or make that folder "
+        f"writable (chmod u+w {folder}, or remount it read-write)"
+    )
+
+
+def check_writable(out: Path) -> None:
+    """Refuse, before any download or conversion, an ``out`` whose nearest existing folder (it
+    or an ancestor) cannot be written."""
+    existing = next(p for p in [out, *out.parents] if p.exists())
+    if existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
+        raise not_writable(existing, "not writable")
+
+
+@contextlib.contextmanager
+def _writes_to(folder: Path) -> Iterator[None]:
+    """Turn a permission or read-only error of creating in ``folder`` into a ConversionError."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in NOT_WRITABLE:
+            raise
+        where = Path(e.filename).parent if e.filename else folder
+        raise not_writable(where, NOT_WRITABLE[e.errno]) from None
+
+
 @contextlib.contextmanager
 def staging_dir(out: Path) -> Iterator[Path]:
     """Yield a temporary folder beside ``out``; install it as ``out`` on success.
 
     On any exception (Ctrl-C included) the temporary folder, and any parent folder created for
-    ``out``, are removed and the exception propagates.
+    ``out``, are removed and the exception propagates. A folder that cannot be written is a
+    ConversionError naming it.
     """
     created = _missing_parents(out.parent)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.converting-", dir=out.parent))
+    tmp = None
     try:
+        with _writes_to(out.parent):
+            out.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.converting-", dir=out.parent))
         os.chmod(tmp, 0o777 & ~_current_umask())  # mkdtemp makes 0700; give out the usual mode
         yield tmp
         _install(tmp, out)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
         for folder in reversed(created):
             with contextlib.suppress(OSError):
                 folder.rmdir()
@@ -263,6 +303,7 @@ def convert(
     out = Path(out).expanduser().absolute()
     if out.is_dir() and any(out.iterdir()) and not force:  # fail before any download
         _check_out(out, force, [])
+    check_writable(out)
     model_dir = resolve_source(model, "model")
     drafter_dir = resolve_source(drafter, "drafter") if drafter else None
     if drafter_dir is not None and drafter_dir.is_file():

@@ -331,6 +331,7 @@ def resolve_paths(model: str | None, drafter: str | None) -> ModelPaths:
             )
         chosen = drafter if drafter is not None else (str(named.drafter) if named.drafter else None)
         return ModelPaths(str(named.base), chosen, demo=named.name == "demo", notes=(named.note,))
+    _check_model_name(model)
     own = Path(model).expanduser() / "drafter"
     if drafter is None and (own / "config.json").is_file():
         note = f"using the drafter converted with the model: {own} (--drafter to choose another)"
@@ -342,6 +343,17 @@ def resolve_paths(model: str | None, drafter: str | None) -> ModelPaths:
         note = f"using the packaged SmolLM2 drafter: {packaged} (--drafter to choose another)"
         return ModelPaths(model, str(packaged), notes=(note,))
     return ModelPaths(model, drafter)
+
+
+def _check_model_name(model: str) -> None:
+    """A LoadError listing the bundled models for a ``--model`` word that names nothing."""
+    from redrafter_mlx.engine.bundled import unknown_name_error
+
+    message = unknown_name_error(model)
+    if message is not None:
+        from redrafter_mlx.engine.loading import LoadError
+
+        raise LoadError(message)
 
 
 def check_shape(shape: BeamShape) -> BeamShape:

@@ -5,6 +5,7 @@ cannot fit in memory, and a ``tune`` that measured too little to save a profile.
 from __future__ import annotations
 
 import errno
+import json
 import os
 from pathlib import Path
 
@@ -110,3 +111,78 @@ def test_a_missing_path_or_repo_id_is_not_called_a_name(tmp_path):
     assert unknown_name_error("demo") is None
     (tmp_path / "here").mkdir()
     assert unknown_name_error(str(tmp_path / "here")) is None
+
+
+# --------------------------------------------------------------------------- tune's profile
+
+
+@pytest.fixture()
+def tune_pair(tmp_path, monkeypatch):
+    """A model and drafter folder for ``tune``, measured by the fake cost model."""
+    import redrafter_mlx.cli.tune
+    from tests.fakes import FakeChip, FakeClock
+
+    model, drafter = tmp_path / "model", tmp_path / "drafter"
+    model.mkdir()
+    drafter.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    (drafter / "config.json").write_text('{"predict_tokens": 4}')
+    clock = FakeClock()
+    chip = FakeChip(clock, per_token=0.004)
+    monkeypatch.setattr(redrafter_mlx.cli.tune, "build_measure", lambda *a, **k: (chip, clock))
+    return str(model), str(drafter)
+
+
+def _tune(app, pair, budget: str, *more: str):
+    return invoke(
+        app, "tune", "--model", pair[0], "--drafter", pair[1], "--budget-seconds", budget, *more
+    )
+
+
+def test_a_one_second_tune_keeps_the_old_profile(app, tune_pair):
+    from tuning import resolve_beam_shape
+    from tuning.profiles import ProfileStore
+
+    saved = _tune(app, tune_pair, "120")
+    assert saved.exit_code == 0, saved.output
+    assert "saved to" in saved.output
+    store = ProfileStore().path
+    before = store.read_bytes()
+    choice = resolve_beam_shape(tune_pair[0], tune_pair[1], None)
+
+    quick = _tune(app, tune_pair, "3")  # a few shapes once each, none repeated
+    assert quick.exit_code == 1
+    assert "no profile saved" in quick.stderr and "too little was measured" in quick.stderr
+    assert "ran 1 time(s)" in quick.stderr
+    assert "earlier profile is unchanged" in quick.stderr and "--budget-seconds" in quick.stderr
+    assert "saved to" not in quick.stdout
+    assert store.read_bytes() == before
+    assert resolve_beam_shape(tune_pair[0], tune_pair[1], None) == choice
+
+
+def test_a_one_second_tune_saves_nothing_and_says_so_in_json(app, tune_pair):
+    from tuning.profiles import ProfileStore
+
+    quick = _tune(app, tune_pair, "1", "--json")  # not even one shape
+    assert quick.exit_code == 1
+    data = json.loads(quick.stdout)
+    assert data["saved"] is False and data["profile_path"] is None
+    assert "no speculative shape was measured" in quick.stderr
+    assert not ProfileStore().path.exists()
+
+
+def test_evidence_needs_repeated_runs_of_the_pick_and_the_baseline():
+    from tests.fakes import FakeChip, FakeClock
+    from tuning.grid import build_grid
+    from tuning.search import MIN_COMPARED_RUNS, successive_halving
+
+    grid = build_grid([1, 2, 3, 4], [2, 3, 4, 5], [None])
+    for budget, enough in ((1.0, False), (12.0, False), (120.0, True)):
+        clock = FakeClock()
+        result = successive_halving(FakeChip(clock, per_token=0.004), grid, budget, clock=clock)
+        gap = result.evidence_gap()
+        assert (gap is None) == enough, (budget, gap)
+        if enough:
+            n = result.best.final_tokens
+            assert result.best.runs_at(n) >= MIN_COMPARED_RUNS
+            assert result.autoregressive.runs_at(n) >= MIN_COMPARED_RUNS

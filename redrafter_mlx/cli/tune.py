@@ -348,8 +348,8 @@ def run_tuning(
         print_tuning(result, chip, note, path, options["plot"])
     if gap is not None:
         raise TuneError(
-            f"no profile saved: {gap}; any earlier profile is unchanged. Raise --budget-seconds, "
-            f"or leave it out to size the budget from plain decoding's speed"
+            f"no profile was saved: {gap}; any earlier profile is unchanged. Raise "
+            f"--budget-seconds, or leave it out to size the budget from plain decoding's speed"
         )
 
 

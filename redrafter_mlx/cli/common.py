@@ -534,7 +534,17 @@ def prepare_engine(
     else:
         plan, speculative = choose(paths)
     engine = load_engine(paths, dtype, with_drafter=speculative)
+    if hasattr(plan, "shape"):  # a ShapeChoice: refuse a step that cannot fit, before compiling
+        check_memory(engine, plan.shape, max_tokens, flags is not None and not flags.greedy)
     return Prepared(engine, plan, flags, checked)
+
+
+def check_memory(engine: Engine, shape: BeamShape, max_tokens: int | None, sampling: bool) -> None:
+    """ShapeTooLarge (a ParamError: one line naming the flag) when one row's step of ``shape``
+    needs more memory than the machine has; the prompt is unknown yet, so a short one."""
+    from redrafter_mlx.engine.memory import check_step_memory
+
+    check_step_memory(engine.model, engine.drafter, shape, 1, 64 + (max_tokens or 256), sampling)
 
 
 def dtype_name(model) -> str:

@@ -85,7 +85,7 @@ def test_unknown_chip_is_a_usage_error(app, home):
 def test_show_and_clear(app, home, pair, fake_engine):
     empty = invoke(app, "--show")
     assert empty.exit_code == 0 and "No tuned profiles" in empty.output
-    tuned = invoke(app, "--model", pair[0], "--drafter", pair[1], "--budget-seconds", "30")
+    tuned = invoke(app, "--model", pair[0], "--drafter", pair[1], "--budget-seconds", "120")
     assert tuned.exit_code == 0, tuned.output
     shown = invoke(app, "--show")
     assert shown.exit_code == 0

@@ -121,6 +121,10 @@ class ShapeResult:
         """Token count of its longest runs: its most reliable figures use this count."""
         return max(n for _, n, _ in self.samples)
 
+    def runs_at(self, n_tokens: int) -> int:
+        """Measured runs of ``n_tokens`` tokens (each gives one sample per prompt)."""
+        return len(self.samples_at(n_tokens)) // max(self.prompts, 1)
+
     def samples_at(self, n_tokens: int) -> list[float]:
         """tokens/s samples taken with runs of ``n_tokens`` tokens."""
         return [tps for _, n, tps in self.samples if n == n_tokens]
@@ -151,6 +155,9 @@ class SearchPlan:
 
 
 AUTO_BUDGET_S = (120.0, 600.0)  # floor and cap of the automatic budget, seconds
+# Runs of the pick and of the baseline, each at the pick's token count, before the two can be
+# ranked: one run each cannot tell a difference from run-to-run noise.
+MIN_COMPARED_RUNS = 2
 
 
 @dataclass
@@ -173,6 +180,23 @@ class SearchResult:
             self.autoregressive.final_tokens
         )
         return result.spread().scaled(1.0 / statistics.median(baseline))
+
+    def evidence_gap(self) -> str | None:
+        """Why the search measured too little to rank its pick against plain decoding, or
+        None when it measured enough: the pick and the baseline each ``MIN_COMPARED_RUNS``
+        runs at the pick's token count (the pick reached the repeats of the last rounds)."""
+        reached = f"{sum(r.measured for r in self.results)} of {len(self.results)} shapes measured"
+        if self.best is None:
+            return f"no speculative shape was measured within {self.budget_s:g} s ({reached})"
+        n = self.best.final_tokens
+        pick, base = self.best.runs_at(n), self.autoregressive.runs_at(n)
+        if min(pick, base) >= MIN_COMPARED_RUNS:
+            return None
+        return (
+            f"too little was measured to rank the pick against plain decoding: at {n} tokens "
+            f"{self.best.shape.label} ran {pick} time(s) and plain decoding {base}, "
+            f"{MIN_COMPARED_RUNS} of each are needed ({reached} in {self.elapsed_s:.1f} s)"
+        )
 
     @property
     def skipped(self) -> list[BeamShape]:

@@ -16,6 +16,7 @@ Memory: tensors are read (memory-mapped), converted and written one at a time.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import time
@@ -119,6 +120,41 @@ def _check_out(out: Path, force: bool, sources: list[Path]) -> None:
         raise ConversionError(problem)
 
 
+NOT_WRITABLE = {
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.EROFS: "read-only file system",
+}
+
+
+def not_writable(folder: Path, why: str) -> ConversionError:
+    """The error for an ``--out`` whose folder cannot be written, naming the folder and fixes."""
+    return ConversionError(
+        f"--out: cannot write to {folder} ({why}); choose a writable --out, or make that folder "
+        f"writable (chmod u+w {folder}, or remount it read-write)"
+    )
+
+
+def check_writable(out: Path) -> None:
+    """Refuse, before any download or conversion, an ``out`` whose nearest existing folder (it
+    or an ancestor) cannot be written."""
+    existing = next(p for p in [out, *out.parents] if p.exists())
+    if existing.is_dir() and not os.access(existing, os.W_OK | os.X_OK):
+        raise not_writable(existing, "not writable")
+
+
+@contextlib.contextmanager
+def _writes_to(folder: Path) -> Iterator[None]:
+    """Turn a permission or read-only error of creating in ``folder`` into a ConversionError."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno not in NOT_WRITABLE:
+            raise
+        where = Path(e.filename).parent if e.filename else folder
+        raise not_writable(where, NOT_WRITABLE[e.errno]) from None
+
+
 @contextlib.contextmanager
 def _progress_bar(total_bytes: int, enabled: bool) -> Iterator[Callable[[Job], None]]:
     """A rich progress bar over source bytes; yields the per-tensor callback."""
@@ -200,6 +236,7 @@ def convert(
     out = Path(out).expanduser().absolute()
     if out.is_dir() and any(out.iterdir()) and not force:  # fail before any download
         _check_out(out, force, [])
+    check_writable(out)
     model_dir = resolve_source(model, "model")
     drafter_dir = resolve_source(drafter, "drafter") if drafter else None
     if drafter_dir is not None and drafter_dir.is_file():
@@ -242,7 +279,7 @@ def convert(
         )
 
     total = sum(job.source.nbytes for job in jobs + draft_jobs)
-    with staging_dir(out) as tmp, _progress_bar(total, progress) as advance:
+    with _writes_to(out.parent), staging_dir(out) as tmp, _progress_bar(total, progress) as advance:
         write_weights(jobs, tmp, advance)
         config = llama.output_config(base.config, tied, dtype, out_quant)
         _write_json(tmp / "config.json", config)

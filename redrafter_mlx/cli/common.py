@@ -487,6 +487,7 @@ def resolve_paths(model: str | None, drafter: str | None) -> ModelPaths:
             )
         chosen = drafter if drafter is not None else (str(named.drafter) if named.drafter else None)
         return ModelPaths(str(named.base), chosen, demo=named.name == "demo", notes=(named.note,))
+    _check_model_name(model)
     own = Path(model).expanduser() / "drafter"
     if drafter is None and (own / "config.json").is_file():
         note = f"using the drafter converted with the model: {own} (--drafter to choose another)"
@@ -498,6 +499,17 @@ def resolve_paths(model: str | None, drafter: str | None) -> ModelPaths:
         note = f"using the packaged SmolLM2 drafter: {packaged} (--drafter to choose another)"
         return ModelPaths(model, str(packaged), notes=(note,))
     return ModelPaths(model, drafter)
+
+
+def _check_model_name(model: str) -> None:
+    """A LoadError listing the bundled models for a ``--model`` word that names nothing."""
+    from redrafter_mlx.engine.bundled import unknown_name_error
+
+    message = unknown_name_error(model)
+    if message is not None:
+        from redrafter_mlx.engine.loading import LoadError
+
+        raise LoadError(message)
 
 
 def check_shape(shape: BeamShape) -> BeamShape:
@@ -689,7 +701,17 @@ def prepare_engine(
         if model_defaults:
             flags = flags.with_model_defaults(engine.folder)
         flags.sampler.validate(engine.model.vocab_size)
+    if hasattr(plan, "shape"):  # a ShapeChoice: refuse a step that cannot fit, before compiling
+        check_memory(engine, plan.shape, max_tokens, flags is not None and not flags.greedy)
     return Prepared(engine, plan, flags, checked)
+
+
+def check_memory(engine: Engine, shape: BeamShape, max_tokens: int | None, sampling: bool) -> None:
+    """ShapeTooLarge (a ParamError: one line naming the flag) when one row's step of ``shape``
+    needs more memory than the machine has; the prompt is unknown yet, so a short one."""
+    from redrafter_mlx.engine.memory import check_step_memory
+
+    check_step_memory(engine.model, engine.drafter, shape, 1, 64 + (max_tokens or 256), sampling)
 
 
 def dtype_name(model) -> str:

@@ -268,8 +268,9 @@ def save_profile(
     return str(store.path)
 
 
-def print_tuning(result, chip, note: str, profile_path: str, plot: str | None) -> None:
-    """Results table, heatmap and the recommendation, for humans."""
+def print_tuning(result, chip, note: str, profile_path: str | None, plot: str | None) -> None:
+    """Results table, heatmap and the recommendation, for humans (``profile_path`` None: the
+    search measured too little and nothing was saved)."""
     from tuning.render import has_heatmap, heatmap_table, results_table
 
     console = _console()
@@ -279,8 +280,11 @@ def print_tuning(result, chip, note: str, profile_path: str, plot: str | None) -
     console.print(results_table(result))
     if has_heatmap(result):
         console.print(heatmap_table(result))
-    console.print(f"[bold]recommended: {result.recommended.label}[/bold] — {result.reason}")
-    console.print(f"saved to {profile_path}; chat/generate/bench now use it by default.")
+    if profile_path is None:
+        console.print("no recommendation: too little was measured (see below)")
+    else:
+        console.print(f"[bold]recommended: {result.recommended.label}[/bold] — {result.reason}")
+        console.print(f"saved to {profile_path}; chat/generate/bench now use it by default.")
     skipped = result.skipped
     if skipped:
         console.print(
@@ -311,15 +315,13 @@ def run_tuning(
         plan=plan,
         log=lambda m: progress.print(f"[dim]{m}[/dim]"),
     )
-    if result.best is None:
-        raise TuneError(
-            f"no speculative shape could be measured within {result.budget_s:g} s, so "
-            f"no profile was saved; raise --budget-seconds"
-        )
+    gap = result.evidence_gap()
     lookup = options.get("lookup") or {}
-    path = save_profile(
-        chip.chip_id, model, drafter, options["dtype"], result, bool(lookup.get("chains"))
-    )
+    path = None
+    if gap is None:
+        path = save_profile(
+            chip.chip_id, model, drafter, options["dtype"], result, bool(lookup.get("chains"))
+        )
     if options["plot"]:
         from tuning.render import save_heatmap_png
 
@@ -335,6 +337,7 @@ def run_tuning(
                     "lookup": lookup or None,
                     "note": note,
                     "profile_path": path,
+                    "saved": path is not None,
                     "plot": options["plot"],
                     **result.to_dict(),
                 },
@@ -343,6 +346,11 @@ def run_tuning(
         )
     else:
         print_tuning(result, chip, note, path, options["plot"])
+    if gap is not None:
+        raise TuneError(
+            f"no profile was saved: {gap}; any earlier profile is unchanged. Raise "
+            f"--budget-seconds, or leave it out to size the budget from plain decoding's speed"
+        )
 
 
 # --------------------------------------------------------------------------- the command

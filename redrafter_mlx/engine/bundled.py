@@ -92,6 +92,22 @@ def bundled_drafter_for(model_dir) -> Path | None:
     return SMOLLM2_DRAFTER if not info.get("quantization") else None
 
 
+NAMES = ("smollm2", "demo")
+
+
+def unknown_name_error(spec: str) -> str | None:
+    """The message for a model value that names nothing: a bare word (no path separator, not
+    shaped ``owner/name``) that is neither a folder nor a bundled model; None otherwise."""
+    if spec in NAMES or Path(spec).expanduser().exists() or spec.startswith((".", "~")):
+        return None
+    if "/" in spec or os.sep in spec:
+        return None
+    return (
+        f"model {spec!r} is not a folder here, a Hugging Face repo id (owner/name) or a "
+        f"bundled model; the bundled models are {', '.join(NAMES)} (e.g. --model demo)"
+    )
+
+
 def bundled(name: str) -> BundledModel | None:
     """The bundled model called ``name`` (``demo``, ``smollm2``), or None for other names."""
     if name == "demo":

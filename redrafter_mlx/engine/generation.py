@@ -28,6 +28,7 @@ from .cache import (
 from .decode import DecodeState, first_draw, make_step
 from .drafter import Drafter
 from .lookup import LookupShadow
+from .memory import check_step_memory
 from .model import Model
 from .sampling import SamplerConfig, check_seed
 from .shape import BeamShape
@@ -142,6 +143,7 @@ def decode(
     depends on the shapes (one draw per tree node), so ``True`` pins when sampling with a
     ``seed`` (reproducible), while an explicit :class:`Adaptive` still adapts.
     Rows that finish stop emitting; the loop ends when all rows have finished.
+    A ``shape`` whose step cannot fit in memory raises ``memory.ShapeTooLarge`` first.
     """
     prompts = [list(map(int, p)) for p in prompts]
     shape = shape.validate(model.vocab_size).runnable(drafter is not None)
@@ -150,6 +152,8 @@ def decode(
     sampler = sampler.validate(model.vocab_size)
     check_seed(seed)
     _check_prompts(model, prompts, max_tokens)
+    longest = max(len(p) for p in prompts) + max_tokens
+    check_step_memory(model, drafter, shape, len(prompts), longest, not sampler.greedy)
     session = session or Session(model, len(prompts))
     if session.batch != len(prompts):
         raise ValueError(f"session has {session.batch} rows but {len(prompts)} prompts were given")

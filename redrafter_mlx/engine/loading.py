@@ -136,6 +136,7 @@ def load_model(path: str | os.PathLike, dtype=None) -> tuple[Model, Path]:
 def load_drafter(path: str | os.PathLike, dtype=None) -> Drafter:
     path = resolve_path(path, "drafter")
     config = read_config(path, "drafter")
+    check_not_a_model(config, path)
     try:
         args = DrafterArgs.from_config(config)
     except (TypeError, ValueError) as e:
@@ -145,6 +146,20 @@ def load_drafter(path: str | os.PathLike, dtype=None) -> Drafter:
     _apply_weights(drafter, weights, config, dtype or default_dtype(), path)
     drafter.eval()
     return drafter
+
+
+MODEL_KEYS = ("num_hidden_layers", "num_attention_heads", "intermediate_size")
+
+
+def check_not_a_model(config: dict, path: Path) -> None:
+    """Refuse a base model's folder given as a drafter (its config.json has transformer keys)."""
+    found = [k for k in MODEL_KEYS if k in config]
+    if found:
+        raise LoadError(
+            f"{path} is a model, not a drafter (its config.json has {found[0]}, model_type "
+            f"{config.get('model_type')!r}); pass it as the model, and as the drafter a folder "
+            f"made by 'redrafter-mlx distill' or 'redrafter-mlx convert --drafter'"
+        )
 
 
 def read_weights_drafter(path: Path) -> dict[str, mx.array]:

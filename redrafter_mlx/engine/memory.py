@@ -1,0 +1,285 @@
+"""The memory a decode step needs, estimated from its shape before anything is compiled.
+
+A beam shape too large for the machine would otherwise end in an empty ``MemoryError`` (or
+swap the machine to a halt) somewhere inside the compiled step. :func:`check_step_memory`
+refuses it first, with the estimate, the memory available and the largest shape of that
+kind that fits.
+
+The estimate counts what stays resident (the weights, the K/V cache and the token history
+over ``slots`` cache slots) and the step's largest transient working set, phase by phase
+(``engine/decode.py``), for B rows, N = W + K candidates of at most Lt tokens packed into
+P = ``shape.slots`` slots, attention over A window slots, e bytes per activation:
+
+* draft: the drafter's logits (B, W, Vd) float32 at each step, with the top-50 partition
+  (or, past 50 beams, the full log-softmax and a sort of all W·Vd candidates);
+* pack (``engine/tree.py``): the prefix matches (B, N, N, Lt), the slot hits (B, P, N·Lt),
+  the ancestor test (B, P, Lt, P) and the tree mask (B, P, P);
+* verify: the cache mask (B, P, A), one layer's attention scores (B, heads, P, A) in
+  float32 (the composed path; the fused kernel needs less), the layer activations, and
+  the verifier's logits (B, P, V) float32 with what drawing from them takes;
+* commit: a tree (more than one candidate) was measured to copy the whole K/V cache when its
+  chosen path is moved into place (``decode.commit_path``), so that copy is added.
+
+Measured on tiny models, the transient part lies between 1x and 3x the step's measured peak
+(``tests/test_guards.py``); it is an upper bound by design, never a promise.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from .cache import bucket
+from .shape import BeamShape, ShapeError
+
+F32 = 4
+INT32 = 4
+BOOL = 1
+DRAFT_TOP_K = 50  # engine/drafter.py: a beam step ranks each beam's 50 best tokens
+
+
+@dataclass(frozen=True)
+class Dims:
+    """The sizes the estimate reads from a loaded model and drafter.
+
+    ``draft_vocab``: rows of the drafter's head (0: no drafter); ``act_bytes``: bytes per
+    activation (the float dtype the weights compute in); ``weight_bytes``: both modules'
+    parameters as loaded (quantized ones included).
+    """
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    draft_vocab: int
+    act_bytes: int
+    weight_bytes: int
+
+    @classmethod
+    def of(cls, model, drafter=None) -> Dims:
+        """The dimensions of a loaded ``Model`` and optional ``Drafter``."""
+        args = model.args
+        weights = sum(_nbytes(m) for m in (model, drafter) if isinstance(m, nn.Module))
+        head = getattr(getattr(drafter, "args", None), "head_size", args.vocab_size)
+        return cls(
+            hidden=args.hidden_size,
+            layers=args.num_hidden_layers,
+            heads=args.num_attention_heads,
+            kv_heads=args.num_key_value_heads,
+            head_dim=args.head_dim,
+            intermediate=args.intermediate_size,
+            vocab=args.vocab_size,
+            draft_vocab=head if drafter is not None else 0,
+            act_bytes=model.model.norm.weight.dtype.size,
+            weight_bytes=weights,
+        )
+
+
+def _nbytes(module) -> int:
+    """Bytes of a module's parameters."""
+    return sum(v.nbytes for _, v in tree_flatten(module.parameters()))
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """Bytes a decode step holds: resident ``weights`` and ``cache``, transient ``step``."""
+
+    weights: int
+    cache: int
+    step: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.cache + self.step
+
+
+def draft_bytes(d: Dims, shape: BeamShape, batch: int) -> int:
+    """The draft phase's working set: one beam step's drafter logits and their ranking."""
+    if not shape.drafts or not d.draft_vocab:
+        return 0
+    logits = batch * shape.width * d.draft_vocab * F32
+    if shape.width <= DRAFT_TOP_K < d.draft_vocab:
+        return 3 * logits  # logits, their full log-softmax's inputs, the partition's indices
+    return 7 * logits  # full log-softmax, top-k floor, and a sort of every candidate
+
+
+def pack_bytes(shape: BeamShape, batch: int) -> int:
+    """Tree packing's working set (nothing for a single chain, which is packed as is)."""
+    n, lt, p = shape.beams, shape.longest, shape.slots
+    if n <= 1:
+        return 0
+    dedup = batch * n * n * lt * (2 * BOOL + 2 * INT32)
+    hits = batch * p * n * lt * (2 * BOOL + INT32)
+    ancestors = batch * p * lt * p * 2 * BOOL
+    mask = batch * p * p * 3 * BOOL
+    return max(dedup, hits, ancestors) + mask
+
+
+def verify_bytes(d: Dims, shape: BeamShape, batch: int, window: int, sampling: bool) -> int:
+    """The verify pass's working set: the cache mask, then the larger of one layer's
+    attention and activations, or the logits and the draw."""
+    p, e = shape.slots, d.act_bytes
+    mask = batch * p * window * (INT32 + 3 * BOOL)
+    scores = batch * d.heads * p * window * (e + 2 * F32)
+    acts = batch * p * e * (8 * d.hidden + 4 * d.intermediate + 10 * d.heads * d.head_dim)
+    logits = batch * p * d.vocab * (e + (7 if sampling else 2) * F32)
+    return mask + max(scores + acts, logits)
+
+
+def kv_bytes(d: Dims, batch: int, slots: int) -> int:
+    """The K/V caches of every layer over ``slots`` slots."""
+    return 2 * d.layers * batch * d.kv_heads * slots * d.head_dim * d.act_bytes
+
+
+def commit_bytes(d: Dims, shape: BeamShape, batch: int, slots: int) -> int:
+    """Committing a tree's chosen path (``decode.commit_path``): measured to copy the K/V
+    caches rather than update them in place. A single chain commits in place: nothing."""
+    single = shape.beams <= 1 or (
+        shape.drafts
+        and shape.width == 1
+        and shape.lookup == 1
+        and shape.slots <= min(shape.length, shape.chain_length)
+    )
+    return 0 if single else kv_bytes(d, batch, slots)
+
+
+def step_memory(
+    d: Dims,
+    shape: BeamShape,
+    batch: int,
+    window: int,
+    slots: int | None = None,
+    sampling: bool = False,
+) -> StepMemory:
+    """The memory of one step of ``shape`` over ``batch`` rows attending to ``window`` slots
+    of a cache of ``slots`` slots (default: the window)."""
+    if shape.is_autoregressive:
+        shape = BeamShape(1, 1, 1)
+    slots = max(slots or 0, window)
+    phases = max(
+        draft_bytes(d, shape, batch),
+        pack_bytes(shape, batch),
+        verify_bytes(d, shape, batch, window, sampling),
+    )
+    step = phases + commit_bytes(d, shape, batch, slots)
+    cache = kv_bytes(d, batch, slots) + batch * slots * INT32  # + the token history
+    return StepMemory(d.weight_bytes, cache, step)
+
+
+def available_memory() -> tuple[int, str]:
+    """(bytes this process may use, what that figure is).
+
+    Metal: the device's recommended working set. Otherwise the RAM available now
+    (``MemAvailable``) plus what MLX already holds (the loaded weights, which the estimate
+    counts too), else the machine's physical RAM.
+    """
+    if mx.metal.is_available():
+        info = mx.device_info() if hasattr(mx, "device_info") else mx.metal.device_info()
+        size = info.get("max_recommended_working_set_size")
+        if size:
+            return int(size), "Metal's recommended working set"
+    free = _mem_available()
+    if free is not None:
+        return free + mx.get_active_memory(), "free RAM plus what MLX holds"
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), "physical RAM"
+
+
+def _mem_available() -> int | None:
+    """``MemAvailable`` of /proc/meminfo in bytes (Linux), else None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class ShapeTooLarge(ShapeError):
+    """A beam shape whose step does not fit in memory; the message says what does."""
+
+
+def largest_fitting(fits, shape: BeamShape) -> BeamShape | None:
+    """The largest shape of ``shape``'s kind for which ``fits(shape)`` holds: the widest at
+    its length (lookup alone: the most chains), else the longest single beam; None if none.
+    Capacity is dropped (the worst case), so the suggestion always validates."""
+    if not shape.drafts:
+        k = _bisect(lambda n: fits(replace(shape, lookup=n, capacity=None)), 1, shape.lookup)
+        return None if k is None else replace(shape, lookup=k, capacity=None)
+    w = _bisect(lambda n: fits(replace(shape, width=n, capacity=None)), 1, shape.width)
+    if w is not None:
+        return replace(shape, width=w, capacity=None)
+    single = replace(shape, width=1, capacity=None)
+    n = _bisect(lambda n: fits(replace(single, length=n)), 2, shape.length)
+    return None if n is None else replace(single, length=n)
+
+
+def _bisect(ok, low: int, high: int) -> int | None:
+    """The largest n in [low, high] with ok(n), given ok is monotone decreasing; else None."""
+    if low > high or not ok(low):
+        return None
+    while low < high:
+        mid = (low + high + 1) // 2
+        if ok(mid):
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def gib(n: int) -> str:
+    """Bytes as GiB with sensible precision (``1.5 GiB``, ``2,048 GiB``)."""
+    value = n / 2**30
+    return f"{value:,.0f} GiB" if value >= 100 else f"{value:.2g} GiB"
+
+
+def decode_window(tokens: int, context: int | None, shape: BeamShape) -> int:
+    """Cache slots a decode reaches when its longest row grows to ``tokens`` (prompt and
+    answer; at most the model's ``context``): ``engine/cache.py``'s window, with two steps
+    in flight and the step's own slots."""
+    if context is not None:
+        tokens = min(tokens, context)
+    return bucket(tokens + 2 * shape.longest + shape.slots)
+
+
+def check_step_memory(
+    model,
+    drafter,
+    shape: BeamShape,
+    batch: int = 1,
+    tokens: int = 512,
+    sampling: bool = False,
+    available: tuple[int, str] | None = None,
+) -> StepMemory:
+    """Return the estimate for ``batch`` rows of up to ``tokens`` tokens (prompt and answer),
+    or raise :class:`ShapeTooLarge` when it exceeds the memory available (``available``:
+    (bytes, what), default :func:`available_memory`), naming the largest shape that fits."""
+    d = Dims.of(model, drafter)
+
+    def need(s: BeamShape) -> StepMemory:
+        window = decode_window(tokens, model.max_context, s)
+        return step_memory(d, s, batch, window, sampling=sampling)
+
+    estimate = need(shape)
+    limit, what = available or available_memory()
+    if estimate.total <= limit:
+        return estimate
+    best = largest_fitting(lambda s: need(s).total <= limit, shape)
+    instead = f"the largest that fits is {best.label}" if best else "no speculative shape fits"
+    if shape.is_autoregressive:
+        instead = "the model and its cache alone do not fit: ask for fewer tokens or rows"
+    rows = f" for {batch} rows" if batch > 1 else ""
+    raise ShapeTooLarge(
+        "width" if shape.drafts else "lookup",
+        f"beam shape {shape.label} needs about {gib(estimate.total)}{rows} (step "
+        f"{gib(estimate.step)}, cache {gib(estimate.cache)}, weights {gib(estimate.weights)}) "
+        f"but only {gib(limit)} is available ({what}); {instead}",
+    )

@@ -26,6 +26,7 @@ from .cache import (
     token_limit,
 )
 from .decode import DecodeState, first_draw, make_step
+from .distributed import shared_seed
 from .drafter import Drafter
 from .lookup import LookupShadow
 from .memory import check_step_memory
@@ -165,6 +166,8 @@ def decode(
     new_tokens = session.reuse(prompts)
     prefilled = sum(len(t) for t in new_tokens)
     hidden = prefill_session(session, new_tokens)
+    group = getattr(model, "group", None)  # tensor parallel: every rank must draw alike
+    seed = shared_seed(seed, group) if group is not None else seed
     rng = mx.random.key(seed if seed is not None else int(time.time_ns() % (1 << 31)))
     rng, first_key = mx.random.split(rng)
     history = text_history(prompts, session.slots)
@@ -176,6 +179,8 @@ def decode(
     finish: list[str | None] = [None] * B
     if adapt is True and seed is not None and not sampler.greedy:
         adapt = False  # the schedule follows wall time: a seeded sample must be reproducible
+    if group is not None:
+        adapt = False  # ... and each rank's wall time differs: every rank must run one shape
     plan = StepPlan(get_step, model, drafter, shape, sampler, adapt)
     stats = _Stats(
         prompt_tokens=sum(len(p) for p in prompts),

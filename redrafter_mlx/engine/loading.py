@@ -47,6 +47,14 @@ def read_config(path: Path, what: str = "model") -> dict:
 
 def read_weights(path: Path) -> dict[str, mx.array]:
     """All tensors of ``model*.safetensors`` in ``path`` (index-listed shards must exist)."""
+    weights: dict[str, mx.array] = {}
+    for f in _weight_files(path):
+        weights.update(_load_checked(f))
+    return weights
+
+
+def _weight_files(path: Path) -> list[Path]:
+    """The model's safetensors files (index-listed shards must exist), or LoadError."""
     index = path / "model.safetensors.index.json"
     if index.exists():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -61,18 +69,20 @@ def read_weights(path: Path) -> dict[str, mx.array]:
             f"{path} has no model*.safetensors. PyTorch checkpoints must be converted first: "
             f"redrafter-mlx convert --model {path} --out <dir>"
         )
-    weights: dict[str, mx.array] = {}
-    for f in files:
-        weights.update(_load_checked(Path(f)))
-    return weights
+    return [Path(f) for f in files]
 
 
-def _load_checked(file: Path) -> dict[str, mx.array]:
-    """``mx.load`` of a safetensors file checked first, so damage gets a clear LoadError."""
+def _check(file: Path) -> None:
+    """LoadError naming the damage unless the safetensors file is whole."""
     try:
         check_file(file)
     except CorruptFileError as e:
         raise LoadError(str(e)) from None
+
+
+def _load_checked(file: Path) -> dict[str, mx.array]:
+    """``mx.load`` of a safetensors file checked first, so damage gets a clear LoadError."""
+    _check(file)
     return mx.load(str(file))
 
 
@@ -116,7 +126,9 @@ def materialize(*modules) -> None:
     mx.eval(arrays)
 
 
-def load_model(path: str | os.PathLike, dtype=None) -> tuple[Model, Path]:
+def load_model(path: str | os.PathLike, dtype=None, group=None) -> tuple[Model, Path]:
+    """The verifier in ``dtype``; with an ``mx.distributed`` ``group`` of N > 1 ranks, this
+    rank's 1/N of it (``engine/distributed.py``), read from disk slice by slice."""
     path = resolve_path(path)
     config = read_config(path)
     try:
@@ -124,13 +136,35 @@ def load_model(path: str | os.PathLike, dtype=None) -> tuple[Model, Path]:
     except config_file.ConfigError as e:
         raise LoadError(str(e)) from None
     try:
-        model = Model(ModelArgs.from_config(config))
+        args = ModelArgs.from_config(config)
     except (TypeError, ValueError) as e:  # e.g. a rope_scaling type we do not implement
         raise LoadError(f"{path}/config.json describes a model we cannot run: {e}") from None
+    if group is not None:
+        return _load_sharded(path, config, args, dtype, group), path
+    model = Model(args)
     weights = model.sanitize(read_weights(path))
     _apply_weights(model, weights, config, dtype or default_dtype(), path)
     model.eval()
     return model, path
+
+
+def _load_sharded(path: Path, config: dict, args: ModelArgs, dtype, group) -> Model:
+    """This rank's shard of the model (``distributed.read_sharded``: only its slices are read)."""
+    from .distributed import ShardError, check_shardable, read_sharded
+
+    quant = config.get("quantization") or config.get("quantization_config")
+    try:
+        check_shardable(args, group.size(), quant)
+    except ShardError as e:
+        raise LoadError(f"{path}: {e}") from None
+    files = _weight_files(path)
+    for f in files:
+        _check(f)
+    model = Model(args, group)
+    weights = model.sanitize(read_sharded(files, group.rank(), group.size()))
+    _apply_weights(model, weights, config, dtype or default_dtype(), path)
+    model.eval()
+    return model
 
 
 def load_drafter(path: str | os.PathLike, dtype=None) -> Drafter:
@@ -194,13 +228,17 @@ def check_pair(model: Model, drafter: Drafter) -> None:
         )
 
 
-def load(model_path, drafter_path=None, dtype=None):
-    """Load (model, drafter or None, tokenizer). dtype: float16 on Metal, float32 on CPU."""
+def load(model_path, drafter_path=None, dtype=None, group=None):
+    """Load (model, drafter or None, tokenizer). dtype: float16 on Metal, float32 on CPU.
+
+    ``group``: an ``mx.distributed`` group to split the model across (each rank loads its
+    shard; the drafter is whole on every rank), None for the whole model here.
+    """
     from .tokenizer import load_tokenizer
 
     if isinstance(dtype, str):
         dtype = getattr(mx, dtype)
-    model, path = load_model(model_path, dtype)
+    model, path = load_model(model_path, dtype, group)
     drafter = None
     if drafter_path is not None:
         drafter = load_drafter(drafter_path, dtype)

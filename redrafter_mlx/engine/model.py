@@ -200,11 +200,16 @@ def rms_norm(args: ModelArgs, dims: int) -> nn.Module:
 
 
 class Attention(nn.Module):
-    def __init__(self, args: ModelArgs, layer: int):
+    """Self-attention over this rank's heads: all of them alone, 1/N of the q and of the K/V
+    heads under tensor parallelism (``group``), summed over ranks after ``o_proj``."""
+
+    def __init__(self, args: ModelArgs, layer: int, group=None):
         super().__init__()
         family = args.family
-        self.n_heads = args.num_attention_heads
-        self.n_kv_heads = args.num_key_value_heads
+        shards = 1 if group is None else group.size()
+        self.group = group
+        self.n_heads = args.num_attention_heads // shards
+        self.n_kv_heads = args.num_key_value_heads // shards
         self.head_dim = args.head_dim
         self.scale = args.attention_scale
         self.softcap = args.attn_logit_softcapping
@@ -254,7 +259,13 @@ class Attention(nn.Module):
             mask,
             self.softcap,
         )
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, T, -1)), keys, values
+        out = self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, T, -1))
+        return all_ranks(out, self.group), keys, values
+
+
+def all_ranks(x: mx.array, group) -> mx.array:
+    """The sum of every rank's partial ``x`` (B, T, H) under tensor parallelism; ``x`` alone."""
+    return x if group is None else mx.distributed.all_sum(x, group=group)
 
 
 def write_slots(cache: mx.array, slots: mx.array, new: mx.array) -> mx.array:
@@ -307,16 +318,21 @@ def attention(q, k, v, scale: float, mask, softcap: float | None = None):
 
 
 class MLP(nn.Module):
-    def __init__(self, args: ModelArgs):
+    """The gated MLP; under tensor parallelism (``group``) this rank's 1/N of its rows,
+    summed over ranks after ``down_proj``."""
+
+    def __init__(self, args: ModelArgs, group=None):
         super().__init__()
-        dim, hidden, bias = args.hidden_size, args.intermediate_size, args.mlp_bias
+        shards = 1 if group is None else group.size()
+        self.group = group
+        dim, hidden, bias = args.hidden_size, args.intermediate_size // shards, args.mlp_bias
         self.gate_proj = nn.Linear(dim, hidden, bias=bias)
         self.down_proj = nn.Linear(hidden, dim, bias=bias)
         self.up_proj = nn.Linear(dim, hidden, bias=bias)
         self.act = nn.gelu_approx if args.family.gelu else nn.silu
 
     def __call__(self, x):
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        return all_ranks(self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x)), self.group)
 
 
 class TransformerBlock(nn.Module):
@@ -327,11 +343,11 @@ class TransformerBlock(nn.Module):
     the MLP.
     """
 
-    def __init__(self, args: ModelArgs, layer: int):
+    def __init__(self, args: ModelArgs, layer: int, group=None):
         super().__init__()
         self.sliding = args.is_sliding(layer)
-        self.self_attn = Attention(args, layer)
-        self.mlp = MLP(args)
+        self.self_attn = Attention(args, layer, group)
+        self.mlp = MLP(args, group)
         self.input_layernorm = rms_norm(args, args.hidden_size)
         self.post_attention_layernorm = rms_norm(args, args.hidden_size)
         if args.family.sandwich_norms:
@@ -351,10 +367,10 @@ class TransformerBlock(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, group=None):
         super().__init__()
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = [TransformerBlock(args, i) for i in range(args.num_hidden_layers)]
+        self.layers = [TransformerBlock(args, i, group) for i in range(args.num_hidden_layers)]
         self.norm = rms_norm(args, args.hidden_size)
 
 
@@ -374,13 +390,21 @@ def window_mask(mask: mx.array, positions: mx.array, write_idx: mx.array, window
 
 
 class Model(nn.Module):
-    """The causal LM. ``__call__`` returns final normed hidden states and the cache."""
+    """The causal LM. ``__call__`` returns final normed hidden states and the cache.
 
-    def __init__(self, args: ModelArgs):
+    ``group``: an ``mx.distributed`` group of N > 1 ranks to split the layers across (tensor
+    parallelism, ``engine/distributed.py``): this rank holds 1/N of each layer's heads and MLP
+    rows and of the K/V cache, and each attention and MLP ends with one ``all_sum``. None
+    (the default): the whole model in this process.
+    """
+
+    def __init__(self, args: ModelArgs, group=None):
         super().__init__()
         self.args = args
         self.model_type = args.model_type
-        self.model = LlamaModel(args)
+        self.group = group
+        self.shards = 1 if group is None else group.size()
+        self.model = LlamaModel(args, group)
         if not args.tie_word_embeddings:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
 
@@ -442,9 +466,9 @@ class Model(nn.Module):
         return mx.tanh(out / cap) * cap if cap else out
 
     def make_cache(self, batch: int, slots: int, dtype=None):
-        """Zeroed K/V lists, each (batch, n_kv, slots, D)."""
+        """Zeroed K/V lists, each (batch, n_kv, slots, D); n_kv counts this rank's heads."""
         dtype = dtype or self.model.norm.weight.dtype
-        shape = (batch, self.args.num_key_value_heads, slots, self.args.head_dim)
+        shape = (batch, self.args.num_key_value_heads // self.shards, slots, self.args.head_dim)
         keys = [mx.zeros(shape, dtype) for _ in self.model.layers]
         values = [mx.zeros(shape, dtype) for _ in self.model.layers]
         return keys, values

@@ -1,0 +1,258 @@
+"""Tensor parallelism (engine/distributed.py): a model split across ranks decodes exactly as
+the whole model does in one process.
+
+The launched tests run ``mlx.launch -n N --backend ring`` on localhost (tests/dist_worker.py
+is one rank) with tiny random models written to disk: tokens equal the single-process
+engine's for plain decoding and ReDrafter at several shapes, with context lookup, lookup
+alone, batch > 1, seeded sampling, biases, Gemma 2's soft caps and sliding windows and a
+quantized model; the logits are bitwise the same on every rank; each rank holds only its
+heads and about half the weights. The rest runs in this process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten
+
+from redrafter_mlx.engine.distributed import (
+    ShardError,
+    broadcast_text,
+    check_shardable,
+    local,
+    read_sharded,
+    shared_seed,
+)
+from redrafter_mlx.engine.loading import LoadError, load_drafter, load_model
+from redrafter_mlx.engine.model import Model, ModelArgs
+from tests.dist_worker import fresh_memory
+from tests.helpers import _randomize, run_decode, save_drafter_dir, save_model_dir, tiny_drafter
+
+ROOT = Path(__file__).resolve().parent.parent
+LAUNCH = shutil.which("mlx.launch")
+needs_launch = pytest.mark.skipif(LAUNCH is None, reason="optional: mlx.launch not installed")
+
+LLAMA = dict(  # 12 / 6 heads and 192 MLP rows split 2 or 3 ways; the layers outweigh the rest
+    model_type="llama",
+    hidden_size=48,
+    num_hidden_layers=2,
+    intermediate_size=192,
+    num_attention_heads=12,
+    num_key_value_heads=6,
+    vocab_size=64,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=512,
+    tie_word_embeddings=False,
+)
+BIASED = dict(LLAMA, attention_bias=True, mlp_bias=True)  # o_proj / down_proj biases: once
+GEMMA2 = dict(
+    LLAMA,
+    model_type="gemma2",
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_hidden_layers=3,
+    query_pre_attn_scalar=24,
+    attn_logit_softcapping=5.0,
+    final_logit_softcapping=3.0,
+    sliding_window=4,
+    tie_word_embeddings=True,
+)
+QUANT = dict(
+    LLAMA, hidden_size=128, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2
+)
+
+
+def write_model(path: Path, config: dict, seed: int, quantize: bool = False) -> Path:
+    """A random model folder (4-bit, groups of 32, with ``quantize``)."""
+    model = Model(ModelArgs.from_config(config))
+    _randomize(model, seed, 2.0)
+    if quantize:
+        nn.quantize(model, group_size=32, bits=4)
+    save_model_dir(model, path)
+    if quantize:
+        cfg = json.loads((path / "config.json").read_text())
+        cfg["quantization"] = {"group_size": 32, "bits": 4}
+        (path / "config.json").write_text(json.dumps(cfg))
+    return path
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """Model and drafter folders, by name."""
+    root = tmp_path_factory.mktemp("dist")
+    out = {}
+    for name, config, quant in [
+        ("llama", LLAMA, False),
+        ("biased", BIASED, False),
+        ("gemma2", GEMMA2, False),
+        ("quant", QUANT, True),
+    ]:
+        out[name] = str(write_model(root / name, config, seed=len(out), quantize=quant))
+        model, _ = load_model(out[name], mx.float32)
+        save_drafter_dir(tiny_drafter(model, seed=10 + len(out)), root / f"{name}-drafter")
+        out[f"{name}-drafter"] = str(root / f"{name}-drafter")
+    return out
+
+
+REPEAT = [1, 5, 9, 13, 17, 21, 5, 9, 13, 17, 21, 5, 9, 13]  # lookup finds continuations
+
+
+def cases(folders: dict, n: int) -> dict:
+    """name -> decode case for ``n`` ranks."""
+
+    def case(model, shape, prompts, drafter=True, **kw):
+        d = folders[f"{model}-drafter"] if drafter else None
+        return dict(
+            model=folders[model], drafter=d, shape=shape, prompts=prompts, max_tokens=12, **kw
+        )
+
+    two = [[1, 7, 3, 30, 2], [1, 4, 4, 8, 9, 10, 11, 12, 40]]
+    out = {
+        "ar": case("llama", "AR", two[:1], drafter=False),
+        "beams_batch": case("llama", "W2xL3", two),
+        "beams_lookup": case("llama", "W1xL4+K1xL8", [REPEAT]),
+        "lookup_only": case("llama", "K1xL6", [REPEAT, two[1]], drafter=False),
+        "sampled": case("llama", "W2xL3", two, temperature=0.8, seed=7),
+    }
+    if n == 2:
+        out |= {
+            "biased": case("biased", "W2xL4", two),
+            "gemma2": case("gemma2", "W2xL3+K1xL4", [REPEAT]),
+            "quant": case("quant", "W1xL3", two),
+        }
+    return out
+
+
+def single_process(case: dict) -> tuple[list, int, int]:
+    """(tokens, parameter bytes, peak memory while loading) of the whole model here."""
+    base = fresh_memory()
+    model, _ = load_model(case["model"], mx.float32)
+    peak = mx.get_peak_memory() - base
+    drafter = load_drafter(case["drafter"], mx.float32) if case["drafter"] else None
+    from redrafter_mlx.engine.sampling import SamplerConfig
+    from redrafter_mlx.engine.shape import BeamShape
+
+    tokens, _ = run_decode(
+        model,
+        drafter,
+        case["prompts"],
+        max_tokens=case["max_tokens"],
+        shape=BeamShape.parse(case["shape"]),
+        adapt=False,
+        seed=case.get("seed"),
+        sampler=SamplerConfig(temperature=case.get("temperature", 0.0)),
+    )
+    nbytes = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    return tokens, nbytes, peak
+
+
+def launch(n: int, todo: dict, tmp_path: Path) -> list[dict]:
+    """Run tests/dist_worker.py on ``n`` local ranks; each rank's results."""
+    (tmp_path / "cases.json").write_text(json.dumps(todo))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1")
+    cmd = [
+        LAUNCH,
+        "-n",
+        str(n),
+        "--backend",
+        "ring",
+        "--",
+        sys.executable,
+        str(ROOT / "tests" / "dist_worker.py"),
+        str(tmp_path / "cases.json"),
+        str(tmp_path),
+    ]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(n)]
+
+
+@needs_launch
+@pytest.mark.parametrize("n", [2, 3])
+def test_split_model_decodes_like_the_whole_one(n, folders, tmp_path):
+    todo = cases(folders, n)
+    ranks = launch(n, todo, tmp_path)
+    for name, case in todo.items():
+        tokens, nbytes, peak = single_process(case)
+        got = [r["cases"][name] for r in ranks]
+        for r, res in enumerate(got):
+            assert res["tokens"] == tokens, f"{name}: rank {r} of {n} differs from one process"
+        assert len({res["logits_sha"] for res in got}) == 1, f"{name}: logits differ by rank"
+        heads = json.loads(Path(case["model"], "config.json").read_text())["num_key_value_heads"]
+        assert all(res["kv_heads"] == heads // n for res in got)
+        if name in ("ar", "quant"):  # each rank holds and loads ~1/N of the layers' weights
+            limit = 0.6 if n == 2 else 0.45
+            assert max(res["param_bytes"] for res in got) <= limit * nbytes, name
+            assert max(res["load_peak"] for res in got) <= limit * peak, name
+
+
+def test_rank_slices_tile_every_tensor(folders):
+    """The ranks' slices, read from disk, put together are the whole tensor (quantized too);
+    a by-input bias is kept by rank 0 only."""
+    for name in ("biased", "quant"):
+        files = [Path(folders[name]) / "model.safetensors"]
+        whole = mx.load(str(files[0]))
+        parts = [read_sharded(files, r, 2) for r in range(2)]
+        for key, full in whole.items():
+            a, b = (np.array(p[key]) for p in parts)
+            if key.endswith(("o_proj.bias", "down_proj.bias")):
+                assert np.array_equal(a, np.array(full)) and not b.any()
+            elif a.shape == full.shape:
+                assert np.array_equal(a, b) and np.array_equal(a, np.array(full)), key
+            else:
+                axis = 0 if a.shape[0] != full.shape[0] else a.ndim - 1
+                assert np.array_equal(np.concatenate([a, b], axis), np.array(full)), key
+
+
+def test_bfloat16_slices_keep_their_bits(tmp_path):
+    x = mx.random.normal((4, 6)).astype(mx.bfloat16)
+    mx.save_safetensors(str(tmp_path / "model.safetensors"), {"l.0.q_proj.weight": x})
+    got = read_sharded([tmp_path / "model.safetensors"], 1, 2)["l.0.q_proj.weight"]
+    assert got.dtype == mx.bfloat16 and mx.array_equal(got, x[2:])
+
+
+def test_heads_that_do_not_divide_name_the_counts_that_would():
+    args = ModelArgs.from_config(
+        dict(
+            LLAMA,
+            num_attention_heads=6,
+            num_key_value_heads=3,
+            hidden_size=48,
+            intermediate_size=96,
+        )
+    )
+    check_shardable(args, 3)
+    with pytest.raises(ShardError, match=r"across 2 processes: launch 3 processes instead"):
+        check_shardable(args, 2)
+    with pytest.raises(ShardError, match="quantization groups of 32"):
+        check_shardable(ModelArgs.from_config(LLAMA), 2, {"group_size": 32})
+
+
+def test_loading_refuses_an_unsplittable_model(folders):
+    class Group:  # the loader asks only size and rank before it refuses
+        def size(self):
+            return 5
+
+        def rank(self):
+            return 0
+
+    with pytest.raises(LoadError, match="across 5 processes: launch 2, 3 or 6"):
+        load_model(folders["llama"], mx.float32, Group())
+
+
+def test_alone_nothing_is_sent():
+    assert broadcast_text("hi", None) == "hi" and shared_seed(None, None) is None
+    assert local("model.layers.0.self_attn.o_proj.bias", np.ones(3), 0, 1).sum() == 3
+    assert Model(ModelArgs.from_config(LLAMA)).group is None

@@ -241,18 +241,57 @@ def test_heads_that_do_not_divide_name_the_counts_that_would():
 
 
 def test_loading_refuses_an_unsplittable_model(folders):
-    class Group:  # the loader asks only size and rank before it refuses
-        def size(self):
-            return 5
-
-        def rank(self):
-            return 0
-
     with pytest.raises(LoadError, match="across 5 processes: launch 2, 3 or 6"):
-        load_model(folders["llama"], mx.float32, Group())
+        load_model(folders["llama"], mx.float32, FakeGroup(5))
+
+
+class FakeGroup:
+    """What the loader and the CLI ask of a group before any message is sent."""
+
+    def __init__(self, size: int, rank: int = 0):
+        self.size, self.rank = lambda: size, lambda: rank
+
+
+def test_launched_generate_refuses_a_prompt_from_stdin(monkeypatch):
+    """mlx.launch forwards stdin but never its end: ``--prompt -`` would wait forever."""
+    from redrafter_mlx.cli.common import FlagError
+    from redrafter_mlx.cli.generate import shared_prompt
+    from redrafter_mlx.engine import distributed
+
+    monkeypatch.setattr(distributed, "world", lambda: FakeGroup(2, 1))
+    with pytest.raises(FlagError, match="stdin never ends"):
+        shared_prompt("-")
+    assert shared_prompt("hello") == "hello"
 
 
 def test_alone_nothing_is_sent():
     assert broadcast_text("hi", None) == "hi" and shared_seed(None, None) is None
     assert local("model.layers.0.self_attn.o_proj.bias", np.ones(3), 0, 1).sum() == 3
     assert Model(ModelArgs.from_config(LLAMA)).group is None
+
+
+def cli(args: list[str], n: int = 1, stdin: str = "") -> str:
+    """stdout of ``redrafter-mlx ARGS`` alone or on ``n`` launched ranks, which must succeed
+    (mlx.launch exits 0 even when a rank fails: it says so on stderr)."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "redrafter_mlx.cli", *args]
+    if n > 1:
+        cmd = [LAUNCH, "-n", str(n), "--backend", "ring", "--", *cmd]
+    done = subprocess.run(cmd, env=env, input=stdin, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "exited with code" not in done.stderr, done.stderr[-2000:]
+    return done.stdout
+
+
+@needs_launch
+def test_generate_and_chat_print_once_from_rank_0():
+    """``mlx.launch -n 2 redrafter-mlx generate|chat``: the single process's answer, once (the
+    other rank is silent); chat lines typed to rank 0 reach both ranks."""
+    gen = ["generate", "--model", "demo", "--prompt", "def is_even(n):", "--max-tokens", "24"]
+    alone = json.loads(cli([*gen, "--json"]))
+    both = json.loads(cli([*gen, "--json"], n=2))
+    assert both["tokens"] == alone["tokens"] and both["text"] == alone["text"]
+    chat = ["chat", "--model", "demo", "--max-tokens", "16", "--no-adapt"]
+    lines = "Write is_even(n).\n/reset\nWrite is_odd(n).\n/quit\n"  # launched: no EOF
+    answer = [line for line in cli(chat, stdin=lines).splitlines() if "tok/s" not in line]
+    launched = [line for line in cli(chat, 2, lines).splitlines() if "tok/s" not in line]
+    assert launched == answer

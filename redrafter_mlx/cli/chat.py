@@ -129,7 +129,7 @@ def chat(
         if max_tokens is None:
             max_tokens = answer_budget(engine.model.max_context)
 
-        from redrafter_mlx.cli.chat_ui import ChatLoop, enable_line_editing, run_chat
+        from redrafter_mlx.cli.chat_ui import ChatLoop, enable_line_editing, read_line, run_chat
 
         console = out_console()
         console.print(greeting(engine, plan, show_accepted, sampling))
@@ -144,4 +144,15 @@ def chat(
         )
         loop.adapt = not no_adapt
         enable_line_editing()
-        run_chat(loop)
+        run_chat(loop, read=shared_reader(read_line))
+
+
+def shared_reader(read):
+    """``read`` (a line, None at the end of input) that, under ``mlx.launch``, runs on rank 0
+    only and sends each line to the other ranks, so every rank runs the same turns."""
+    from redrafter_mlx.engine.distributed import broadcast_text, world
+
+    group = world()
+    if group is None:
+        return read
+    return lambda prompt: broadcast_text(read(prompt) if group.rank() == 0 else None, group)

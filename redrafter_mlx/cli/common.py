@@ -16,6 +16,7 @@ Only typer and the standard library are imported at module level so ``--help`` i
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator
@@ -608,16 +609,24 @@ class Engine:
 
 
 def load_engine(paths: ModelPaths, dtype: str | None, with_drafter: bool = True) -> Engine:
-    """Load the model (and the drafter when ``with_drafter``); LoadError on any problem."""
+    """Load the model (and the drafter when ``with_drafter``); LoadError on any problem.
+
+    Under ``mlx.launch`` (several processes) each loads its shard of the model
+    (``engine/distributed.py``) and the whole drafter; only rank 0 prints.
+    """
     from redrafter_mlx import load
+    from redrafter_mlx.engine.distributed import world
     from redrafter_mlx.engine.platform import fit_blas_threads
 
+    group = world()
+    if group is not None and group.rank() != 0:
+        follow_silently(group.rank())
     for note in paths.notes:
         err_console().print(note, style="dim")
     drafter_path = paths.drafter if with_drafter else None
     from redrafter_mlx.engine.loading import resolve_path
 
-    model, drafter, tokenizer = load(paths.model, drafter_path, dtype)
+    model, drafter, tokenizer = load(paths.model, drafter_path, dtype, group)
     fit_blas_threads(model, drafter)
     return Engine(model, drafter, tokenizer, paths, dtype_name(model), resolve_path(paths.model))
 
@@ -692,7 +701,7 @@ def prepare_engine(
     checked = check() if check is not None else None
     paths = resolve_paths(model, drafter)
     if choose is None:
-        plan = resolve_plan(paths, dtype, beam)
+        plan = same_plan_everywhere(resolve_plan(paths, dtype, beam))
         speculative = plan.speculative
     else:
         plan, speculative = choose(paths)
@@ -704,6 +713,45 @@ def prepare_engine(
     if hasattr(plan, "shape"):  # a ShapeChoice: refuse a step that cannot fit, before compiling
         check_memory(engine, plan.shape, max_tokens, flags is not None and not flags.greedy)
     return Prepared(engine, plan, flags, checked)
+
+
+def same_plan_everywhere(plan):
+    """Under ``mlx.launch``, rank 0's beam shape on every rank (each host may hold its own
+    tuning profile, but the ranks must run one compiled step); ``plan`` alone."""
+    from dataclasses import replace
+
+    from redrafter_mlx.engine.distributed import broadcast_text, world
+    from redrafter_mlx.engine.shape import BeamShape
+
+    group = world()
+    if group is None or not hasattr(plan, "shape"):
+        return plan
+    label = broadcast_text(plan.shape.label, group)
+    return plan if label == plan.shape.label else replace(plan, shape=BeamShape.parse(label))
+
+
+class _ErrorsOnly:
+    """A stderr for ranks other than 0: only ``error:`` lines, each naming the rank."""
+
+    def __init__(self, stream, rank: int):
+        self.stream, self.rank = stream, rank
+
+    def write(self, text: str) -> int:
+        if "error" in text:
+            self.stream.write(f"[rank {self.rank}] {text}")
+        return len(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
+def follow_silently(rank: int) -> None:
+    """Rank ``rank`` > 0 of a launched group prints nothing but its errors (rank 0 prints)."""
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the process)
+    sys.stderr = _ErrorsOnly(sys.__stderr__, rank)
 
 
 def check_memory(engine: Engine, shape: BeamShape, max_tokens: int | None, sampling: bool) -> None:

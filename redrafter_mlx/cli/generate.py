@@ -62,6 +62,19 @@ def read_prompt(prompt: str | None) -> str:
     return prompt
 
 
+def shared_prompt(prompt: str | None) -> str:
+    """``read_prompt``, refusing ``-`` under ``mlx.launch``: it forwards stdin to the ranks but
+    never its end, so a read to the end would wait forever (every rank refuses alike)."""
+    from redrafter_mlx.engine.distributed import world
+
+    if prompt == "-" and world() is not None:
+        raise FlagError(
+            "--prompt -: under mlx.launch stdin never ends; pass the text, e.g. "
+            '--prompt "$(cat prompt.txt)"'
+        )
+    return read_prompt(prompt)
+
+
 def prompt_ids(tokenizer, text: str, chat: bool, system: str | None) -> list[int]:
     """Token ids: one user turn in the chat format, or the raw text with BOS (``--raw``)."""
     if chat:
@@ -201,7 +214,7 @@ def generate(
                 logit_bias,
             ),
             max_tokens=max_tokens,
-            check=lambda: read_prompt(prompt),
+            check=lambda: shared_prompt(prompt),
         )
         engine, plan, sampling = ready.engine, ready.plan, ready.sampling
         if sampling.origin and not as_json:  # values the user did not type: say so

@@ -137,34 +137,37 @@ def load_model(path: str | os.PathLike, dtype=None, group=None) -> tuple[Model, 
         raise LoadError(str(e)) from None
     try:
         args = ModelArgs.from_config(config)
+        if group is not None:
+            check_split(args, config, group, path)
+        model = Model(args, group)
     except (TypeError, ValueError) as e:  # e.g. a rope_scaling type we do not implement
         raise LoadError(f"{path}/config.json describes a model we cannot run: {e}") from None
-    if group is not None:
-        return _load_sharded(path, config, args, dtype, group), path
-    model = Model(args)
-    weights = model.sanitize(read_weights(path))
-    _apply_weights(model, weights, config, dtype or default_dtype(), path)
+    weights = read_weights(path) if group is None else read_shard(path, group)
+    _apply_weights(model, model.sanitize(weights), config, dtype or default_dtype(), path)
     model.eval()
     return model, path
 
 
-def _load_sharded(path: Path, config: dict, args: ModelArgs, dtype, group) -> Model:
-    """This rank's shard of the model (``distributed.read_sharded``: only its slices are read)."""
-    from .distributed import ShardError, check_shardable, read_sharded
+def check_split(args: ModelArgs, config: dict, group, path: Path) -> None:
+    """LoadError unless the model splits across the group's ranks (the message says how)."""
+    from .distributed import ShardError, check_shardable
 
     quant = config.get("quantization") or config.get("quantization_config")
     try:
         check_shardable(args, group.size(), quant)
     except ShardError as e:
         raise LoadError(f"{path}: {e}") from None
+
+
+def read_shard(path: Path, group) -> dict[str, mx.array]:
+    """This rank's part of every tensor (``distributed.read_sharded``: only its slices are
+    read from disk)."""
+    from .distributed import read_sharded
+
     files = _weight_files(path)
     for f in files:
         _check(f)
-    model = Model(args, group)
-    weights = model.sanitize(read_sharded(files, group.rank(), group.size()))
-    _apply_weights(model, weights, config, dtype or default_dtype(), path)
-    model.eval()
-    return model
+    return read_sharded(files, group.rank(), group.size())
 
 
 def load_drafter(path: str | os.PathLike, dtype=None) -> Drafter:

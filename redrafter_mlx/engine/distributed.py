@@ -125,27 +125,36 @@ def local(name: str, array: np.ndarray, rank: int, n: int) -> np.ndarray:
 
 
 def read_sharded(files: list[Path], rank: int, n: int) -> dict[str, mx.array]:
-    """Every tensor of ``files`` as rank ``rank`` of ``n`` holds it (``local``), reading from
-    disk only the bytes of the rank's slice (files checked by the caller)."""
+    """Every tensor of ``files`` as rank ``rank`` of ``n`` holds it (``local``); files checked
+    by the caller.
+
+    Each tensor is memory-mapped on its own and only the rank's slice is copied out before the
+    map is dropped, so the process never holds more than its slices plus one tensor's mapped
+    pages. (A slice by input columns still reads every page of its tensor from disk, through
+    the OS's file cache.)
+    """
     out: dict[str, mx.array] = {}
     for file in files:
         header, start = read_header(Path(file))
-        data = np.memmap(file, dtype=np.uint8, mode="r")
         for name, entry in header.items():
             if name == "__metadata__":
                 continue
-            out[name] = _to_mx(local(name, _view(data, start, entry, file, name), rank, n), entry)
-        del data
+            whole = _view(file, start, entry, name)
+            out[name] = _to_mx(local(name, whole, rank, n), entry)
+            del whole  # unmaps it
     return out
 
 
-def _view(data: np.memmap, start: int, entry: dict, file, name: str) -> np.ndarray:
-    """A tensor's bytes in the memory map as a (not yet read) numpy array of its shape."""
+def _view(file, start: int, entry: dict, name: str) -> np.ndarray:
+    """A tensor in the file, memory-mapped (nothing read yet), as a numpy array of its shape."""
     if entry["dtype"] not in _DTYPES:
         raise ShardError(f"{file}: tensor {name} has dtype {entry['dtype']}, not supported")
     np_dtype, _ = _DTYPES[entry["dtype"]]
     begin, end = entry["data_offsets"]
-    return data[start + begin : start + end].view(np_dtype).reshape(entry["shape"])
+    if end == begin:
+        return np.zeros(entry["shape"], np_dtype)
+    shape = tuple(entry["shape"])
+    return np.memmap(file, dtype=np_dtype, mode="r", offset=start + begin, shape=shape)
 
 
 def _to_mx(array: np.ndarray, entry: dict) -> mx.array:

@@ -20,6 +20,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
+from redrafter_mlx.engine import model as model_module
 from redrafter_mlx.engine.distributed import world
 from redrafter_mlx.engine.generation import decode
 from redrafter_mlx.engine.loading import load_drafter, load_model
@@ -52,6 +53,7 @@ def logits_hash(model, prompt: list[int]) -> str:
 
 
 def run_case(case: dict, group) -> dict:
+    model_module.FUSED_KERNELS = case.get("fused")  # None: by device (composed on the CPU)
     base = fresh_memory()
     model, _ = load_model(case["model"], mx.float32, group)
     load_peak = mx.get_peak_memory() - base

@@ -619,8 +619,7 @@ def load_engine(paths: ModelPaths, dtype: str | None, with_drafter: bool = True)
     from redrafter_mlx.engine.platform import fit_blas_threads
 
     group = world()
-    if group is not None and group.rank() != 0:
-        follow_silently(group.rank())
+    follow_rank0(group)
     for note in paths.notes:
         err_console().print(note, style="dim")
     drafter_path = paths.drafter if with_drafter else None
@@ -694,6 +693,9 @@ def prepare_engine(
     values (``model_defaults``; bench keeps the engine's greedy default), and logit-bias ids
     are checked against the vocabulary.
     """
+    from redrafter_mlx.engine.distributed import world
+
+    follow_rank0(world())
     flags = Sampling.make(sampling) if sampling is not None else None
     if max_tokens is not None:
         check_max_tokens(max_tokens)
@@ -748,10 +750,13 @@ class _ErrorsOnly:
         return False
 
 
-def follow_silently(rank: int) -> None:
-    """Rank ``rank`` > 0 of a launched group prints nothing but its errors (rank 0 prints)."""
+def follow_rank0(group) -> None:
+    """Under ``mlx.launch``, ranks other than 0 print nothing but their errors from now on
+    (rank 0 prints for all); alone, or on rank 0, nothing changes."""
+    if group is None or group.rank() == 0 or isinstance(sys.stderr, _ErrorsOnly):
+        return
     sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (for the life of the process)
-    sys.stderr = _ErrorsOnly(sys.__stderr__, rank)
+    sys.stderr = _ErrorsOnly(sys.__stderr__, group.rank())
 
 
 def check_memory(engine: Engine, shape: BeamShape, max_tokens: int | None, sampling: bool) -> None:

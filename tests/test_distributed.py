@@ -301,3 +301,16 @@ def test_generate_and_chat_print_once_from_rank_0():
     answer = [line for line in cli(chat, stdin=lines).splitlines() if "tok/s" not in line]
     launched = [line for line in cli(chat, 2, lines).splitlines() if "tok/s" not in line]
     assert launched == answer
+
+
+def test_bench_reports_what_a_split_step_sends(capsys):
+    """``bench`` under mlx.launch adds the all_sum cost per step size; alone it adds nothing."""
+    from types import SimpleNamespace
+
+    from redrafter_mlx.cli.bench import print_split, split_cost
+
+    assert split_cost(SimpleNamespace(model=Model(ModelArgs.from_config(LLAMA))), []) is None
+    row = dict(tokens=12, bytes=196608, floor_us=41.0, per_step_ms=9.6)
+    print_split(dict(ranks=2, all_sums_per_step=160, sizes=[row]))
+    out = capsys.readouterr().out
+    assert "split across 2 ranks, 160 all_sums" in out and "T=12 (196,608 bytes): 41 µs" in out

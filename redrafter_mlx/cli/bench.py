@@ -52,6 +52,7 @@ from redrafter_mlx.cli.common import (
     out_console,
     prepare_engine,
     resolve_plan,
+    same_plan_everywhere,
 )
 
 
@@ -116,7 +117,7 @@ def choose_configs(
         configs += [Config(with_lookup(s, chains, chain_length)) for s in grid_shapes]
         source = "beam shapes from --grid" + (", with context lookup" if chains else "")
     else:
-        plan = resolve_plan(paths, dtype, beam)
+        plan = same_plan_everywhere(resolve_plan(paths, dtype, beam))
         source = plan.source
         if grid is not None:
             source += " (--grid needs a drafter)"
@@ -128,7 +129,8 @@ def choose_configs(
             source += f"; benchmarking the engine default {fallback.label}"
     if not no_adapt:  # adaptive decoding, from the shape chat would use
         if plan is None:  # the shape flags were the grid's: the plan without them
-            plan = resolve_plan(paths, dtype, replace(beam, width=None, length=None, capacity=None))
+            unflagged = replace(beam, width=None, length=None, capacity=None)
+            plan = same_plan_everywhere(resolve_plan(paths, dtype, unflagged))
         speculative = [c for c in configs if c.kind == "redrafter"]
         start = plan.shape if plan.speculative else (speculative[0].shape if speculative else None)
         if start is not None:
@@ -439,6 +441,7 @@ def bench(
             beam_source=source,
         )
         data = logic.report(result, meta)
+        data["split"] = split_cost(engine, chosen)
         if csv_path is not None:
             logic.write_csv(data["configs"], str(csv_path))
         if as_json:
@@ -448,6 +451,46 @@ def bench(
         if data["mismatches"]:
             print_mismatches(data["mismatches"])
             raise fail(f"{len(data['mismatches'])} greedy run(s) did not reproduce AR's tokens")
+
+
+def split_cost(engine: Engine, configs: list) -> dict | None:
+    """Under ``mlx.launch`` (the model split across ranks), what its messages cost, for each
+    step size T the configurations verify: one ``all_sum`` of a (1, T, H) hidden state alone
+    (fastest: the latency floor) and the median time of a step's 2 x layers of them chained in
+    one graph, as a forward sends them. None when the model is whole.
+    """
+    import mlx.core as mx
+
+    from redrafter_mlx.measure.allsum import alone, chained
+
+    group = getattr(engine.model, "group", None)
+    if group is None:
+        return None
+    H, count = engine.model.hidden_size, 2 * engine.model.args.num_hidden_layers
+    dtype = engine.model.model.norm.weight.dtype
+    rows = []
+    for T in sorted({1} | {c.shape.slots for c in configs if c.shape is not None}):
+        x = mx.zeros((1, T, H), dtype)
+        alone(x, group, 3)  # warm up
+        floor, _ = alone(x, group, 20)
+        _, per_message = chained(x, group, count, 5)
+        rows.append(dict(tokens=T, bytes=x.nbytes, floor_us=floor * 1e6,
+                         per_step_ms=per_message * count * 1e3))  # fmt: skip
+    return dict(ranks=group.size(), all_sums_per_step=count, sizes=rows)
+
+
+def print_split(split: dict) -> None:
+    """One dim line per step size: what the split model's messages cost a step."""
+    console = out_console()
+    console.print(
+        f"[dim]split across {split['ranks']} ranks, {split['all_sums_per_step']} all_sums per "
+        "step: one alone at best, and a step's worth chained (median):[/]"
+    )
+    for row in split["sizes"]:
+        console.print(
+            f"[dim]  T={row['tokens']} ({row['bytes']:,} bytes): {row['floor_us']:.0f} µs, "
+            f"{row['per_step_ms']:.1f} ms per step[/]"
+        )
 
 
 def print_report(data: dict) -> None:
@@ -474,3 +517,5 @@ def print_report(data: dict) -> None:
             f"[dim]mlx-lm greedy tokens equal AR's on {agreement}/"
             f"{data['num_runs']} {what} (float rounding may differ).[/]"
         )
+    if data.get("split"):
+        print_split(data["split"])

@@ -314,3 +314,13 @@ def test_bench_reports_what_a_split_step_sends(capsys):
     print_split(dict(ranks=2, all_sums_per_step=160, sizes=[row]))
     out = capsys.readouterr().out
     assert "split across 2 ranks, 160 all_sums" in out and "T=12 (196,608 bytes): 41 µs" in out
+
+
+def test_commands_that_cannot_split_refuse_to_launch(monkeypatch):
+    """serve (and anything not written for ranks) says so instead of hanging in a sum."""
+    from redrafter_mlx.cli.common import prepare_engine
+    from redrafter_mlx.engine import distributed
+
+    monkeypatch.setattr(distributed, "world", lambda: FakeGroup(2))
+    with pytest.raises(ValueError, match="does not run under mlx.launch yet"):
+        prepare_engine("demo", None, None)

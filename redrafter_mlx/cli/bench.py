@@ -404,6 +404,7 @@ def bench(
             check=check,
             choose=choose,
             model_defaults=False,  # greedy unless asked: rows are checked against plain decoding
+            split_ok=True,
         )
         engine, sampling, paths = ready.engine, ready.sampling, ready.engine.paths
         prompt_set, records, chosen, source = ready.plan

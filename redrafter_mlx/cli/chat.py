@@ -124,6 +124,7 @@ def chat(
                 logit_bias,
             ),
             max_tokens=max_tokens,
+            split_ok=True,
         )
         engine, plan, sampling = ready.engine, ready.plan, ready.sampling
         if max_tokens is None:

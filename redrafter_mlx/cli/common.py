@@ -681,6 +681,7 @@ def prepare_engine(
     check: Callable[[], Any] | None = None,
     choose: Callable[[ModelPaths], tuple[Any, bool]] | None = None,
     model_defaults: bool = True,
+    split_ok: bool = False,
 ) -> Prepared:
     """The set-up of chat, generate, serve and bench: check the flags, resolve, plan, load.
 
@@ -691,11 +692,18 @@ def prepare_engine(
     speculative)``), then loading, with the drafter only when the plan speculates.
     Sampling settings not given by a flag then take the model's ``generation_config.json``
     values (``model_defaults``; bench keeps the engine's greedy default), and logit-bias ids
-    are checked against the vocabulary.
+    are checked against the vocabulary. Under ``mlx.launch`` the model is split across the
+    ranks (``load_engine``), which a command must say it handles (``split_ok``).
     """
     from redrafter_mlx.engine.distributed import world
 
-    follow_rank0(world())
+    group = world()
+    if group is not None and not split_ok:
+        raise ValueError(
+            "this command does not run under mlx.launch yet (chat, generate and bench do); "
+            "start it as one process"
+        )
+    follow_rank0(group)
     flags = Sampling.make(sampling) if sampling is not None else None
     if max_tokens is not None:
         check_max_tokens(max_tokens)

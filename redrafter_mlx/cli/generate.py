@@ -215,6 +215,7 @@ def generate(
             ),
             max_tokens=max_tokens,
             check=lambda: shared_prompt(prompt),
+            split_ok=True,
         )
         engine, plan, sampling = ready.engine, ready.plan, ready.sampling
         if sampling.origin and not as_json:  # values the user did not type: say so

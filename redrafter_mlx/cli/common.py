@@ -673,6 +673,7 @@ def prepare_engine(
     check: Callable[[], Any] | None = None,
     choose: Callable[[ModelPaths], tuple[Any, bool]] | None = None,
     model_defaults: bool = True,
+    batch: int = 1,
 ) -> Prepared:
     """The set-up of chat, generate, serve and bench: check the flags, resolve, plan, load.
 
@@ -683,7 +684,8 @@ def prepare_engine(
     speculative)``), then loading, with the drafter only when the plan speculates.
     Sampling settings not given by a flag then take the model's ``generation_config.json``
     values (``model_defaults``; bench keeps the engine's greedy default), and logit-bias ids
-    are checked against the vocabulary.
+    are checked against the vocabulary. Last, a step of the plan's shape over ``batch`` rows
+    must fit in memory.
     """
     flags = Sampling.make(sampling) if sampling is not None else None
     if max_tokens is not None:
@@ -702,16 +704,21 @@ def prepare_engine(
             flags = flags.with_model_defaults(engine.folder)
         flags.sampler.validate(engine.model.vocab_size)
     if hasattr(plan, "shape"):  # a ShapeChoice: refuse a step that cannot fit, before compiling
-        check_memory(engine, plan.shape, max_tokens, flags is not None and not flags.greedy)
+        sampled = flags is None or not flags.greedy  # serve's rows may sample
+        check_memory(engine, plan.shape, max_tokens, sampled, batch)
     return Prepared(engine, plan, flags, checked)
 
 
-def check_memory(engine: Engine, shape: BeamShape, max_tokens: int | None, sampling: bool) -> None:
-    """ShapeTooLarge (a ParamError: one line naming the flag) when one row's step of ``shape``
-    needs more memory than the machine has; the prompt is unknown yet, so a short one."""
+def check_memory(
+    engine: Engine, shape: BeamShape, max_tokens: int | None, sampling: bool, batch: int = 1
+) -> None:
+    """ShapeTooLarge (a ParamError: one line naming the flag) when a step of ``shape`` over
+    ``batch`` rows needs more memory than the machine has; the prompt is unknown yet, so a
+    short one."""
     from redrafter_mlx.engine.memory import check_step_memory
 
-    check_step_memory(engine.model, engine.drafter, shape, 1, 64 + (max_tokens or 256), sampling)
+    tokens = 64 + (max_tokens or 256)
+    check_step_memory(engine.model, engine.drafter, shape, batch, tokens, sampling)
 
 
 def dtype_name(model) -> str:

@@ -138,6 +138,8 @@ def serve(
             BeamFlags(
                 beam_width, beam_length, capacity, no_draft, lookup, lookup_length, no_lookup
             ),
+            max_tokens=max_tokens_limit,
+            batch=max_batch,
         )
         engine, plan, paths = ready.engine, serving_plan(ready.plan), ready.engine.paths
         names = (model_id(paths), *model_aliases(model, paths))

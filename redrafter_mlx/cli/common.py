@@ -114,6 +114,16 @@ LogitBiasOpt = Annotated[
         show_default=False,
     ),
 ]
+MaxKvSizeOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-kv-size",
+        help="Most tokens the KV cache holds per conversation (memory bound): an answer "
+        "stops there and chat drops its oldest turns to fit (default: the model's context).",
+        show_default=False,
+    ),
+]
+MIN_KV_SIZE = 64
 SystemPromptOpt = Annotated[
     str | None,
     typer.Option(
@@ -674,6 +684,7 @@ def prepare_engine(
     choose: Callable[[ModelPaths], tuple[Any, bool]] | None = None,
     model_defaults: bool = True,
     batch: int = 1,
+    max_kv_size: int | None = None,
 ) -> Prepared:
     """The set-up of chat, generate, serve and bench: check the flags, resolve, plan, load.
 
@@ -690,6 +701,8 @@ def prepare_engine(
     flags = Sampling.make(sampling) if sampling is not None else None
     if max_tokens is not None:
         check_max_tokens(max_tokens)
+    if max_kv_size is not None and max_kv_size < MIN_KV_SIZE:
+        raise FlagError(f"--max-kv-size must be >= {MIN_KV_SIZE} tokens, got {max_kv_size}")
     check_dtype(dtype)
     checked = check() if check is not None else None
     paths = resolve_paths(model, drafter)
@@ -699,6 +712,7 @@ def prepare_engine(
     else:
         plan, speculative = choose(paths)
     engine = load_engine(paths, dtype, with_drafter=speculative)
+    engine.model.cap_context(max_kv_size)
     if flags is not None:
         if model_defaults:
             flags = flags.with_model_defaults(engine.folder)
@@ -738,7 +752,7 @@ def dtype_name(model) -> str:
 FINISH_TEXT = {
     "stop": None,
     "length": "stopped at --max-tokens",
-    "context": "stopped: the model's context is full",
+    "context": "stopped: the context is full (the model's, or --max-kv-size)",
 }
 
 

@@ -57,8 +57,8 @@ TempOpt = Annotated[
     float | None,
     typer.Option(
         "--temp",
-        help="Sampling temperature, 0 = greedy (default: the model's generation_config.json, "
-        "else 0).",
+        help="Sampling temperature, 0 = greedy (default: the model's generation_config.json "
+        "value in chat and generate, else 0; bench: 0).",
         show_default=False,
     ),
 ]
@@ -66,7 +66,7 @@ TopPOpt = Annotated[
     float | None,
     typer.Option(
         "--top-p",
-        help="Nucleus sampling mass in (0, 1] (default: the model's, else 1).",
+        help="Nucleus sampling mass in (0, 1] (default: the model's in chat and generate, else 1).",
         show_default=False,
     ),
 ]
@@ -74,7 +74,8 @@ TopKOpt = Annotated[
     int | None,
     typer.Option(
         "--top-k",
-        help="Keep only the k most likely tokens, 0 = off (default: the model's, else 0).",
+        help="Keep only the k most likely tokens, 0 = off (default: the model's in chat and "
+        "generate, else 0).",
         show_default=False,
     ),
 ]
@@ -82,7 +83,8 @@ MinPOpt = Annotated[
     float | None,
     typer.Option(
         "--min-p",
-        help="Drop tokens below min_p x the top probability (default: the model's, else 0).",
+        help="Drop tokens below min_p x the top probability (default: the model's in chat and "
+        "generate, else 0).",
         show_default=False,
     ),
 ]
@@ -95,7 +97,7 @@ RepetitionPenaltyOpt = Annotated[
         "--repetition-penalty",
         help="Penalise tokens seen in the last --repetition-context-size tokens: positive "
         "logits divided by it, negative multiplied (> 1 discourages repeats; 1 = off; "
-        "default: the model's, else off).",
+        "default: the model's in chat and generate, else off).",
         show_default=False,
     ),
 ]

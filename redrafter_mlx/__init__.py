@@ -1,4 +1,4 @@
-"""redrafter-mlx: ReDrafter speculative decoding for Llama-family models in MLX.
+"""redrafter-mlx: ReDrafter speculative decoding for Llama, Mistral, Qwen2/3 and Gemma 2/3 in MLX.
 
 The public names are imported lazily so that ``import redrafter_mlx`` (and every CLI
 command's start-up) stays fast.

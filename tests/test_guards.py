@@ -33,12 +33,12 @@ def invoke(app, *args: str):
 def test_convert_into_a_read_only_folder_names_it(app, tmp_path, monkeypatch):
     """A read-only file system (EROFS, even for root) is reported with the folder and a fix,
     not as a raw ``[Errno 30]``."""
-    import weights_convert.conversion as conversion
+    import redrafter_mlx.engine.output_dir as output_dir
 
     def read_only(prefix="", dir=None, **_):
         raise OSError(errno.EROFS, "Read-only file system", os.path.join(dir, prefix + "x"))
 
-    monkeypatch.setattr(conversion.tempfile, "mkdtemp", read_only)
+    monkeypatch.setattr(output_dir.tempfile, "mkdtemp", read_only)
     out = tmp_path / "ro" / "model"
     result = invoke(
         app, "convert", "--model", str(FIXTURES / "llama_bin_sharded"), "--out", str(out)

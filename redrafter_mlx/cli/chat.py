@@ -20,6 +20,7 @@ from redrafter_mlx.cli.common import (
     LogitBiasOpt,
     LookupLengthOpt,
     LookupOpt,
+    MaxKvSizeOpt,
     MinPOpt,
     ModelOpt,
     NoAdaptOpt,
@@ -90,6 +91,7 @@ def chat(
     repetition_context_size: RepetitionContextOpt = 20,
     logit_bias: LogitBiasOpt = None,
     system_prompt: SystemPromptOpt = None,
+    max_kv_size: MaxKvSizeOpt = None,
     beam_width: BeamWidthOpt = None,
     beam_length: BeamLengthOpt = None,
     capacity: CapacityOpt = None,
@@ -124,6 +126,7 @@ def chat(
                 logit_bias,
             ),
             max_tokens=max_tokens,
+            max_kv_size=max_kv_size,
             split_ok=True,
         )
         engine, plan, sampling = ready.engine, ready.plan, ready.sampling

@@ -99,8 +99,7 @@ class ChatLoop:
         if dropped:
             self.dropped_turns += dropped
             self.note(
-                f"[dropped the oldest {dropped} turn(s) to fit the model's context of "
-                f"{context} tokens]"
+                f"[dropped the oldest {dropped} turn(s) to fit the context of {context} tokens]"
             )
         return ids
 

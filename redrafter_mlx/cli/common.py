@@ -58,8 +58,8 @@ TempOpt = Annotated[
     float | None,
     typer.Option(
         "--temp",
-        help="Sampling temperature, 0 = greedy (default: the model's generation_config.json, "
-        "else 0).",
+        help="Sampling temperature, 0 = greedy (default: the model's generation_config.json "
+        "value in chat and generate, else 0; bench: 0).",
         show_default=False,
     ),
 ]
@@ -67,7 +67,7 @@ TopPOpt = Annotated[
     float | None,
     typer.Option(
         "--top-p",
-        help="Nucleus sampling mass in (0, 1] (default: the model's, else 1).",
+        help="Nucleus sampling mass in (0, 1] (default: the model's in chat and generate, else 1).",
         show_default=False,
     ),
 ]
@@ -75,7 +75,8 @@ TopKOpt = Annotated[
     int | None,
     typer.Option(
         "--top-k",
-        help="Keep only the k most likely tokens, 0 = off (default: the model's, else 0).",
+        help="Keep only the k most likely tokens, 0 = off (default: the model's in chat and "
+        "generate, else 0).",
         show_default=False,
     ),
 ]
@@ -83,7 +84,8 @@ MinPOpt = Annotated[
     float | None,
     typer.Option(
         "--min-p",
-        help="Drop tokens below min_p x the top probability (default: the model's, else 0).",
+        help="Drop tokens below min_p x the top probability (default: the model's in chat and "
+        "generate, else 0).",
         show_default=False,
     ),
 ]
@@ -96,7 +98,7 @@ RepetitionPenaltyOpt = Annotated[
         "--repetition-penalty",
         help="Penalise tokens seen in the last --repetition-context-size tokens: positive "
         "logits divided by it, negative multiplied (> 1 discourages repeats; 1 = off; "
-        "default: the model's, else off).",
+        "default: the model's in chat and generate, else off).",
         show_default=False,
     ),
 ]
@@ -115,6 +117,16 @@ LogitBiasOpt = Annotated[
         show_default=False,
     ),
 ]
+MaxKvSizeOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-kv-size",
+        help="Most tokens the KV cache holds per conversation (memory bound): an answer "
+        "stops there and chat drops its oldest turns to fit (default: the model's context).",
+        show_default=False,
+    ),
+]
+MIN_KV_SIZE = 64
 SystemPromptOpt = Annotated[
     str | None,
     typer.Option(
@@ -681,6 +693,8 @@ def prepare_engine(
     check: Callable[[], Any] | None = None,
     choose: Callable[[ModelPaths], tuple[Any, bool]] | None = None,
     model_defaults: bool = True,
+    batch: int = 1,
+    max_kv_size: int | None = None,
     split_ok: bool = False,
 ) -> Prepared:
     """The set-up of chat, generate, serve and bench: check the flags, resolve, plan, load.
@@ -692,8 +706,9 @@ def prepare_engine(
     speculative)``), then loading, with the drafter only when the plan speculates.
     Sampling settings not given by a flag then take the model's ``generation_config.json``
     values (``model_defaults``; bench keeps the engine's greedy default), and logit-bias ids
-    are checked against the vocabulary. Under ``mlx.launch`` the model is split across the
-    ranks (``load_engine``), which a command must say it handles (``split_ok``).
+    are checked against the vocabulary. Last, a step of the plan's shape over ``batch`` rows
+    must fit in memory. Under ``mlx.launch`` the model is split across the ranks
+    (``load_engine``), which a command must say it handles (``split_ok``).
     """
     from redrafter_mlx.engine.distributed import world
 
@@ -707,6 +722,8 @@ def prepare_engine(
     flags = Sampling.make(sampling) if sampling is not None else None
     if max_tokens is not None:
         check_max_tokens(max_tokens)
+    if max_kv_size is not None and max_kv_size < MIN_KV_SIZE:
+        raise FlagError(f"--max-kv-size must be >= {MIN_KV_SIZE} tokens, got {max_kv_size}")
     check_dtype(dtype)
     checked = check() if check is not None else None
     paths = resolve_paths(model, drafter)
@@ -716,12 +733,14 @@ def prepare_engine(
     else:
         plan, speculative = choose(paths)
     engine = load_engine(paths, dtype, with_drafter=speculative)
+    engine.model.cap_context(max_kv_size)
     if flags is not None:
         if model_defaults:
             flags = flags.with_model_defaults(engine.folder)
         flags.sampler.validate(engine.model.vocab_size)
     if hasattr(plan, "shape"):  # a ShapeChoice: refuse a step that cannot fit, before compiling
-        check_memory(engine, plan.shape, max_tokens, flags is not None and not flags.greedy)
+        sampled = flags is None or not flags.greedy  # serve's rows may sample
+        check_memory(engine, plan.shape, max_tokens, sampled, batch)
     return Prepared(engine, plan, flags, checked)
 
 
@@ -767,12 +786,16 @@ def follow_rank0(group) -> None:
     sys.stderr = _ErrorsOnly(sys.__stderr__, group.rank())
 
 
-def check_memory(engine: Engine, shape: BeamShape, max_tokens: int | None, sampling: bool) -> None:
-    """ShapeTooLarge (a ParamError: one line naming the flag) when one row's step of ``shape``
-    needs more memory than the machine has; the prompt is unknown yet, so a short one."""
+def check_memory(
+    engine: Engine, shape: BeamShape, max_tokens: int | None, sampling: bool, batch: int = 1
+) -> None:
+    """ShapeTooLarge (a ParamError: one line naming the flag) when a step of ``shape`` over
+    ``batch`` rows needs more memory than the machine has; the prompt is unknown yet, so a
+    short one."""
     from redrafter_mlx.engine.memory import check_step_memory
 
-    check_step_memory(engine.model, engine.drafter, shape, 1, 64 + (max_tokens or 256), sampling)
+    tokens = 64 + (max_tokens or 256)
+    check_step_memory(engine.model, engine.drafter, shape, batch, tokens, sampling)
 
 
 def dtype_name(model) -> str:
@@ -792,7 +815,7 @@ def dtype_name(model) -> str:
 FINISH_TEXT = {
     "stop": None,
     "length": "stopped at --max-tokens",
-    "context": "stopped: the model's context is full",
+    "context": "stopped: the context is full (the model's, or --max-kv-size)",
 }
 
 

@@ -26,6 +26,7 @@ from redrafter_mlx.cli.common import (
     LogitBiasOpt,
     LookupLengthOpt,
     LookupOpt,
+    MaxKvSizeOpt,
     MinPOpt,
     ModelOpt,
     NoAdaptOpt,
@@ -174,6 +175,7 @@ def generate(
     repetition_context_size: RepetitionContextOpt = 20,
     logit_bias: LogitBiasOpt = None,
     system_prompt: SystemPromptOpt = None,
+    max_kv_size: MaxKvSizeOpt = None,
     beam_width: BeamWidthOpt = None,
     beam_length: BeamLengthOpt = None,
     capacity: CapacityOpt = None,
@@ -214,6 +216,7 @@ def generate(
                 logit_bias,
             ),
             max_tokens=max_tokens,
+            max_kv_size=max_kv_size,
             check=lambda: shared_prompt(prompt),
             split_ok=True,
         )

@@ -22,6 +22,7 @@ from redrafter_mlx.cli.common import (
     FlagError,
     LookupLengthOpt,
     LookupOpt,
+    MaxKvSizeOpt,
     ModelOpt,
     NoDraftOpt,
     NoLookupOpt,
@@ -111,6 +112,7 @@ def serve(
     lookup_length: LookupLengthOpt = None,
     no_lookup: NoLookupOpt = False,
     dtype: DtypeOpt = None,
+    max_kv_size: MaxKvSizeOpt = None,
     shutdown_grace: Annotated[
         float,
         typer.Option(
@@ -138,6 +140,9 @@ def serve(
             BeamFlags(
                 beam_width, beam_length, capacity, no_draft, lookup, lookup_length, no_lookup
             ),
+            max_tokens=max_tokens_limit,
+            max_kv_size=max_kv_size,
+            batch=max_batch,
         )
         engine, plan, paths = ready.engine, serving_plan(ready.plan), ready.engine.paths
         names = (model_id(paths), *model_aliases(model, paths))

@@ -418,7 +418,19 @@ class Model(nn.Module):
 
     @property
     def max_context(self) -> int | None:
-        return self.args.max_position_embeddings
+        """Most tokens a row may hold: the model's trained context, or less after
+        ``cap_context`` (every loop, chat and the server stop or trim at this one figure)."""
+        trained = self.args.max_position_embeddings
+        cap = getattr(self, "context_cap", None)
+        if cap is None:
+            return trained
+        return cap if trained is None else min(trained, cap)
+
+    def cap_context(self, tokens: int | None) -> None:
+        """Hold at most ``tokens`` per row in the KV cache (``--max-kv-size``); None lifts it."""
+        if tokens is not None and tokens < 1:
+            raise ValueError(f"a context cap must be >= 1 token, got {tokens}")
+        self.context_cap = tokens
 
     def embed(self, tokens: mx.array) -> mx.array:
         """The LLM's input embedding table lookup, (...) -> (..., H). The drafter reads it too

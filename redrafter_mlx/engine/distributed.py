@@ -60,11 +60,6 @@ def world() -> mx.distributed.Group | None:
     return group if group.size() > 1 else None
 
 
-def rank_of(group: mx.distributed.Group | None) -> int:
-    """This process's rank (0 when alone)."""
-    return 0 if group is None else group.rank()
-
-
 def check_shardable(args, n: int, quant: dict | None = None) -> None:
     """ShardError unless ``n`` ranks can each take whole heads, MLP rows and quant groups.
 

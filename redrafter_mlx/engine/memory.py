@@ -68,13 +68,15 @@ class Dims:
         args = model.args
         weights = sum(_nbytes(m) for m in (model, drafter) if isinstance(m, nn.Module))
         head = getattr(getattr(drafter, "args", None), "head_size", args.vocab_size)
+        group = getattr(model, "group", None)
+        shards = 1 if group is None else group.size()  # a split model: this rank's share
         return cls(
             hidden=args.hidden_size,
             layers=args.num_hidden_layers,
-            heads=args.num_attention_heads,
-            kv_heads=args.num_key_value_heads,
+            heads=args.num_attention_heads // shards,
+            kv_heads=max(1, args.num_key_value_heads // shards),
             head_dim=args.head_dim,
-            intermediate=args.intermediate_size,
+            intermediate=args.intermediate_size // shards,
             vocab=args.vocab_size,
             draft_vocab=head if drafter is not None else 0,
             act_bytes=model.model.norm.weight.dtype.size,

@@ -74,6 +74,12 @@ def write_jsonl_atomic(path: Path, rows: list[dict]) -> None:
     os.replace(tmp, path)
 
 
+def write_json_atomic(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
 def append_jsonl(path: Path, rows: list[dict]) -> None:
     """Append whole rows in one write + fsync, after dropping a torn tail."""
     valid = read_jsonl(path)
@@ -119,8 +125,13 @@ def ask_texts(n: int, seed: int) -> list[str]:
     return [ASK.format(topic=t, style=s, kind=k) for t, s, k in combos[:n]]
 
 
-def own_prompts(model, tokenizer, n: int, seed: int, batch: int, on_batch=None) -> list[str]:
-    """Up to n user turns the model writes itself (sampled), one or two sentences each."""
+def own_prompts(
+    model, tokenizer, n: int, seed: int, batch: int, on_batch=None, facts: dict | None = None
+) -> list[str]:
+    """Up to n user turns the model writes itself (sampled), one or two sentences each: an
+    ended answer of 15-300 characters in one paragraph. ``facts`` gets how many were asked."""
+    facts = {} if facts is None else facts
+    facts.update(asked=0, tokens=0)
     if n <= 0:
         return []
     asks = ask_texts(2 * n, seed)
@@ -138,6 +149,8 @@ def own_prompts(model, tokenizer, n: int, seed: int, batch: int, on_batch=None) 
             text = tokenizer.decode(ans.ids[:-1]).strip().strip('"').strip()
             if 15 <= len(text) <= 300 and "\n\n" not in text:
                 out.append(text)
+        facts["asked"] += len(chunk)
+        facts["tokens"] += sum(len(a.ids) for a in answers)
         if on_batch:
             on_batch(len(chunk), sum(len(a.ids) for a in answers))
         if len(out) >= n:
@@ -208,8 +221,20 @@ class SelfData:
     def prompts(self, own: int, on_batch=None) -> list[dict]:
         """The prompt list (built once: the model writes ``own`` of them)."""
         if not self.prompts_path.exists():
-            texts = own_prompts(self.model, self.tokenizer, own, self.seed, self.batch, on_batch)
-            write_jsonl_atomic(self.prompts_path, prompt_list(texts, self.seed))
+            facts: dict = {}
+            t0 = time.perf_counter()
+            texts = own_prompts(
+                self.model, self.tokenizer, own, self.seed, self.batch, on_batch, facts
+            )
+            rows = prompt_list(texts, self.seed)
+            facts.update(
+                written=len(texts),
+                kept=sum(r["source"] == "model" for r in rows),
+                prompts=len(rows),
+                seconds=round(time.perf_counter() - t0, 2),
+            )
+            write_json_atomic(self.work / "prompts_meta.json", facts)
+            write_jsonl_atomic(self.prompts_path, rows)
         return read_jsonl(self.prompts_path)
 
     def answers(self) -> list[dict]:

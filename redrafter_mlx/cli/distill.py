@@ -50,6 +50,7 @@ def distill(
     batch_size: int = typer.Option(128, help="Training positions per micro-batch (per process)."),
     seq_len: int = typer.Option(512, help="Tokens per training window."),
     lr: float = typer.Option(1e-3, help="Peak learning rate (AdamW)."),
+    weight_decay: float = typer.Option(0.01, help="AdamW weight decay."),
     warmup: float = typer.Option(
         0.1, help="Warm-up: a fraction of the steps (< 1) or a step count."
     ),
@@ -143,6 +144,7 @@ def distill(
             batch_size=batch_size,
             seq_len=seq_len,
             lr=lr,
+            weight_decay=weight_decay,
             warmup=warmup,
             eval_data=eval_data,
             resume=resume,

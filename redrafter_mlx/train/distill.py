@@ -614,7 +614,8 @@ def own_prompt_stage(data, opts: DistillOptions, progress) -> list[dict]:
     """The prompt list, with the model writing ``own_prompts`` of them on the first run."""
     if data.prompts_path.exists():
         return data.prompts(0)
-    progress.start("prompts (model-written)", total=opts.own_prompts, unit="asks")
+    # the model is asked at most twice as often as turns are wanted (see own_prompts)
+    progress.start("prompts (model-written)", total=2 * opts.own_prompts, unit="asks")
     try:
         return data.prompts(opts.own_prompts, lambda n, _toks: progress.update(n))
     finally:
@@ -633,10 +634,9 @@ def resumed_run(out: Path, opts: DistillOptions) -> dict | None:
 def answer_stage(data, held, pool, kind, amount, started, resumed, progress) -> list[dict]:
     """Answer the held-out prompts, then training prompts until the budget's share is spent
     (a resumed training run generates nothing more); returns all answer rows."""
-    rows = data.generate(held, lambda _n: False)
-    if resumed:
-        return rows
-    have = sum(len(r["response_ids"]) for r in rows if r["id"] not in {p["id"] for p in held})
+    held_ids = {p["id"] for p in held}
+    rows = data.answers()
+    have = sum(len(r["response_ids"]) for r in rows if r["id"] not in held_ids)
     if kind == "positions":
         total, unit = max(amount - have, 0), "positions"
 
@@ -649,20 +649,25 @@ def answer_stage(data, held, pool, kind, amount, started, resumed, progress) -> 
         def stop(_made):
             return time.time() >= deadline
 
-    if stop(0):
+    todo_held = not held_ids <= {r["id"] for r in rows}
+    if not todo_held and (resumed or stop(0)):
         return rows
     progress.start("answers (with hidden states)", total=total, unit=unit)
     t0, last, made = time.perf_counter(), [time.perf_counter()], [0]
 
-    def tick(_rows, n):
-        made[0] += n
+    def tick(n, counted):
         now = time.perf_counter()
-        advance = n if kind == "positions" else now - last[0]
+        made[0] += n
+        advance = (n if counted else 0) if kind == "positions" else now - last[0]
         last[0] = now
         progress.update(advance, positions=have + made[0], pos_s=made[0] / max(now - t0, 1e-9))
 
     try:
-        return data.generate(pool, stop, tick)
+        rows = data.generate(held, lambda _n: False, lambda _r, n: tick(n, False))
+        if resumed:
+            return rows
+        made[0] = 0
+        return data.generate(pool, stop, lambda _r, n: tick(n, True))
     finally:
         progress.stop()
 

@@ -67,7 +67,8 @@ def test_builds_a_drafter_that_the_model_folder_serves_and_greedy_output_is_unch
     from redrafter_mlx.engine.loading import load_drafter, load_model
 
     model_dir, out, result, _ = built
-    assert "drafter saved to" in result.output
+    assert "drafter saved to" in result.output and "kept step" in result.output
+    assert "use it without --drafter" in result.output
     paths = resolve_paths(str(model_dir), None)  # what chat / generate --model M use
     assert paths.drafter == str(out)
     model, _ = load_model(model_dir)

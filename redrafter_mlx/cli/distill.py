@@ -170,12 +170,22 @@ def distill(
     if summary["rank"] != 0:
         return  # data-parallel replicas: rank 0 reports
     loss = summary["final_loss"]
+    chosen = summary.get("selection") or {}
     err_console().print(
         f"drafter saved to {summary['out_dir']} ({summary['steps']} steps"
         + (f", final loss {loss:.3f}" if loss is not None else "")
+        + (
+            f"; kept step {chosen['step']}, held-out score {chosen['best']:.3f}"
+            if chosen.get("step")
+            else ""
+        )
         + ")",
         markup=False,
     )
+    if Path(summary["out_dir"]).resolve() == (Path(model).expanduser() / "drafter").resolve():
+        err_console().print(
+            f"chat / generate --model {model} use it without --drafter", markup=False
+        )
 
 
 class Bars:

@@ -124,7 +124,8 @@ from .training import (  # noqa: F401
 TARGET_MODES = ("distill", "self", "ground-truth")
 DEFAULT_BUDGET = "45m"
 AUTO_DRAFT_VOCAB = 8192  # built-in data: a shortlist head when the vocabulary is 4x larger
-GEN_SHARE, TRAIN_SHARE = 0.5, 0.9  # of a time budget: prompts+answers end, training ends
+# of a time budget: model-written prompts stop, answers stop, training ends
+OWN_PROMPT_SHARE, GEN_SHARE, TRAIN_SHARE = 0.1, 0.5, 0.9
 MAX_EPOCHS = 3.0  # a time budget trains at most this many epochs over the answers
 SELECTIONS = 6  # held-out scores in a run (built-in data), unless select_every is given
 
@@ -538,6 +539,11 @@ def prepare_builtin(
     held-out prompts' answers for selection; the steps fitted to the budget."""
     from .selfdata import SelfData, answer_sequences, parse_budget, work_key
 
+    if world > 1:
+        raise ValueError(
+            "without --data, distill makes its data in one process: run it without "
+            "mlx.launch, or give --data for data-parallel training"
+        )
     kind, amount = parse_budget(opts.budget)
     key = work_key(model_fingerprint(path, dtype), opts.gen_temp, opts.answer_tokens, opts.seed)
     data = SelfData(
@@ -549,7 +555,8 @@ def prepare_builtin(
         batch=opts.gen_batch,
         seed=opts.seed,
     )
-    prompts = own_prompt_stage(data, opts, progress)
+    own_deadline = started + OWN_PROMPT_SHARE * amount if kind == "seconds" else None
+    prompts = own_prompt_stage(data, opts, progress, own_deadline)
     held, pool = prompts[: opts.val_prompts], prompts[opts.val_prompts :]
     resumed = resumed_run(plan.work, opts)
     rows = answer_stage(data, held, pool, kind, amount, started, resumed, progress)
@@ -610,14 +617,16 @@ def prepare_builtin(
     )
 
 
-def own_prompt_stage(data, opts: DistillOptions, progress) -> list[dict]:
-    """The prompt list, with the model writing ``own_prompts`` of them on the first run."""
+def own_prompt_stage(data, opts: DistillOptions, progress, deadline) -> list[dict]:
+    """The prompt list, with the model writing ``own_prompts`` of them on the first run
+    (asking until ``deadline``, epoch seconds or None)."""
     if data.prompts_path.exists():
         return data.prompts(0)
     # the model is asked at most twice as often as turns are wanted (see own_prompts)
     progress.start("prompts (model-written)", total=2 * opts.own_prompts, unit="asks")
     try:
-        return data.prompts(opts.own_prompts, lambda n, _toks: progress.update(n))
+        tick = lambda n, _toks: progress.update(n)
+        return data.prompts(opts.own_prompts, tick, deadline)
     finally:
         progress.stop()
 

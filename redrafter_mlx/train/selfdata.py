@@ -126,10 +126,18 @@ def ask_texts(n: int, seed: int) -> list[str]:
 
 
 def own_prompts(
-    model, tokenizer, n: int, seed: int, batch: int, on_batch=None, facts: dict | None = None
+    model,
+    tokenizer,
+    n: int,
+    seed: int,
+    batch: int,
+    on_batch=None,
+    facts: dict | None = None,
+    deadline: float | None = None,
 ) -> list[str]:
     """Up to n user turns the model writes itself (sampled), one or two sentences each: an
-    ended answer of 15-300 characters in one paragraph. ``facts`` gets how many were asked."""
+    ended answer of 15-300 characters in one paragraph. Stops asking at ``deadline`` (epoch
+    seconds). ``facts`` gets how many were asked."""
     facts = {} if facts is None else facts
     facts.update(asked=0, tokens=0)
     if n <= 0:
@@ -138,6 +146,8 @@ def own_prompts(
     eos = sorted(tokenizer.eos_token_ids)
     out: list[str] = []
     for i in range(0, len(asks), batch):
+        if time_left(deadline) <= 0:
+            break
         chunk = asks[i : i + batch]
         ids = [list(tokenizer.chat_prompt([{"role": "user", "content": a}])) for a in chunk]
         answers = answers_with_hidden(
@@ -218,13 +228,14 @@ class SelfData:
     def answers_path(self) -> Path:
         return self.work / "answers.jsonl"
 
-    def prompts(self, own: int, on_batch=None) -> list[dict]:
-        """The prompt list (built once: the model writes ``own`` of them)."""
+    def prompts(self, own: int, on_batch=None, deadline: float | None = None) -> list[dict]:
+        """The prompt list (built once: the model writes up to ``own`` of them, asking until
+        ``deadline``)."""
         if not self.prompts_path.exists():
             facts: dict = {}
             t0 = time.perf_counter()
             texts = own_prompts(
-                self.model, self.tokenizer, own, self.seed, self.batch, on_batch, facts
+                self.model, self.tokenizer, own, self.seed, self.batch, on_batch, facts, deadline
             )
             rows = prompt_list(texts, self.seed)
             facts.update(

@@ -152,3 +152,39 @@ def test_budget_with_data_files_is_refused(tmp_path):
         DistillOptions(budget="30m").for_data(builtin=False)
     with pytest.raises(ParamError, match="needs --data"):
         DistillOptions(targets="distill").for_data(builtin=True)
+
+
+def test_a_budget_too_small_to_answer_anything_says_so(built, tmp_path):
+    """A 10 ms budget answers the held-out prompts only: one line saying what to do."""
+    from redrafter_mlx.cli import app
+
+    model_dir, _, _, _ = built
+    args = ["distill", "--model", str(model_dir), "--out", str(tmp_path / "d"), *TOY]
+    args[args.index("--budget") + 1] = "0.01s"
+    result = CliRunner().invoke(app, [*args, "--quiet"])
+    assert result.exit_code == 1
+    assert "larger --budget" in result.output
+
+
+def test_time_budget_steps_fit_the_time_and_stop_at_max_epochs(tmp_path):
+    from redrafter_mlx.train import distill as D
+    from redrafter_mlx.train.selfdata import SelfData
+    from tests.helpers import tiny_model
+
+    class Tok:
+        eos_token_ids = frozenset({7})
+
+        def chat_prompt(self, messages):
+            return [1] + [3 + (ord(c) % 40) for c in messages[-1]["content"]]
+
+    model = tiny_model(seed=1, vocab=48)
+    data = SelfData(tmp_path, model, Tok(), temperature=0.0, answer_tokens=32, batch=8, seed=0)
+    rows = data.generate(
+        [dict(id=i, source="t", prompt=f"q{i}") for i in range(8)], lambda _: False
+    )
+    cache = data.targets(rows, 3)
+    opts = D.DistillOptions(predict_tokens=3, batch_size=16).for_data(builtin=True)
+    order = D.training_order(cache, opts, 1)
+    assert D.budget_steps(model, cache, order, opts, None, 0.0) == 1
+    most = D.planned_steps(opts, order, D.MAX_EPOCHS)
+    assert D.budget_steps(model, cache, order, opts, None, 1e9) == most

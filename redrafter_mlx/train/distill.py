@@ -13,10 +13,12 @@ held-out checkpoint selection), within ``budget`` (a time like ``45m`` or a posi
 The output directory is a drafter directory (``config.json`` with ``predict_tokens`` +
 ``model.safetensors``) that ``redrafter_mlx.load(model_dir, out_dir)`` serves.
 
-Modules: ``targets`` (targets and their cache), ``training`` (loss, data order, optimizer
-step), ``checkpoints`` (checkpoints and the output folder), ``evaluation``, ``selfdata``
-(the built-in data); this one holds the options and the run. Progress is reported through a
-``progress`` object the caller passes (the CLI draws bars; ``NullProgress`` otherwise).
+Modules: ``options`` (the options and the run's shared planning), ``targets`` (targets and
+their cache), ``training`` (loss, data order, optimizer step), ``checkpoints`` (checkpoints
+and the output folder), ``evaluation``, ``selfdata`` (the built-in data's stages) and
+``builtin`` (their plan within a budget); this one holds the run and its loop. Progress is
+reported through a ``progress`` object the caller passes (the CLI draws bars; ``NullProgress``
+otherwise).
 
 Pipeline
 --------
@@ -64,17 +66,16 @@ deterministic, so hosts compute the same one). A single process needs nothing of
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
 
-from ..engine.errors import ParamError
 from ..engine.model import Model
+from . import builtin
+from .builtin import budget_steps  # noqa: F401
 from .checkpoints import (  # noqa: F401  (re-exported: the run's API in one place)
     KEEP_CHECKPOINTS,
     RUN_ENTRIES,
@@ -93,8 +94,25 @@ from .checkpoints import (  # noqa: F401  (re-exported: the run's API in one pla
     save_checkpoint,
     write_drafter_files,
 )
-from .data import Sequence, files_digest, load_prompts, load_training_data
-from .evaluation import DEFAULT_EVAL_SHAPES, chain_score, eval_shapes, evaluate
+from .data import files_digest, load_prompts, load_training_data
+from .evaluation import chain_score, eval_shapes, evaluate
+from .options import (  # noqa: F401
+    AUTO_DRAFT_VOCAB,
+    DEFAULT_BUDGET,
+    GEN_SHARE,
+    MAX_EPOCHS,
+    OWN_PROMPT_SHARE,
+    SELECTIONS,
+    TARGET_MODES,
+    TRAIN_SHARE,
+    DistillOptions,
+    NullProgress,
+    RunContext,
+    choose_shortlist,
+    planned_steps,
+    run_record,
+    training_order,
+)
 from .targets import (  # noqa: F401
     CACHE_VERSION,
     TargetCache,
@@ -120,188 +138,6 @@ from .training import (  # noqa: F401
     shortlist_vocab,
     teacher_targets,
 )
-
-TARGET_MODES = ("distill", "self", "ground-truth")
-DEFAULT_BUDGET = "45m"
-AUTO_DRAFT_VOCAB = 8192  # built-in data: a shortlist head when the vocabulary is 4x larger
-# of a time budget: model-written prompts stop, answers stop, training ends
-OWN_PROMPT_SHARE, GEN_SHARE, TRAIN_SHARE = 0.1, 0.5, 0.9
-MAX_EPOCHS = 3.0  # a time budget trains at most this many epochs over the answers
-SELECTIONS = 6  # held-out scores in a run (built-in data), unless select_every is given
-
-
-@dataclass
-class DistillOptions:
-    """All options of a run; names match the CLI flags (underscored)."""
-
-    predict_tokens: int = 5
-    layers: int = 2
-    exit_dim: int | str = "auto"
-    rnn: bool = True
-    steps: int | None = None
-    epochs: float | None = None
-    batch_size: int = 128
-    seq_len: int = 512
-    lr: float = 1e-3
-    warmup: float = 0.1
-    weight_decay: float = 0.01
-    eval_data: list | None = None
-    eval_prompts: int = 8
-    eval_max_tokens: int = 64
-    eval_shapes: tuple = DEFAULT_EVAL_SHAPES
-    resume: bool = False
-    overwrite: bool = False
-    targets: str | None = None  # None: "distill" with data files, "self" with the built-in data
-    save_every: int = 500
-    seed: int = 0
-    grad_accum: int = 1
-    cache_dir: str | None = None
-    dtype: str | None = None
-    draft_vocab: int | None = None
-    soft_targets: bool | None = None  # None: on with the built-in data, else off
-    quiet: bool = False
-    # the built-in data (no data files): see ``selfdata``
-    budget: str | None = None  # "45m", "2h", "200k" positions; None: DEFAULT_BUDGET
-    gen_temp: float = 0.0  # answers: 0 greedy, else sampled at this temperature
-    answer_tokens: int = 160
-    gen_batch: int = 32
-    own_prompts: int = 128  # user turns the model writes itself
-    val_prompts: int = 16  # built-in prompts held out for selection and the final evaluation
-    select_every: int | None = None  # steps between held-out scores; None: SELECTIONS a run
-
-    def validate(self) -> DistillOptions:
-        """Return self, or raise ParamError naming the option and its allowed values."""
-        if self.predict_tokens < 1:
-            raise ParamError(
-                "predict_tokens", f"predicted tokens must be >= 1, got {self.predict_tokens}"
-            )
-        if self.layers < 0:
-            raise ParamError("layers", f"layers must be >= 0, got {self.layers}")
-        if self.targets is not None and self.targets not in TARGET_MODES:
-            raise ParamError(
-                "targets", f"targets must be one of {TARGET_MODES}, got {self.targets!r}"
-            )
-        if self.steps is not None and self.epochs is not None:
-            raise ParamError("epochs", "give either steps or epochs, not both")
-        if self.steps is not None and self.steps < 1:
-            raise ParamError("steps", f"steps must be >= 1, got {self.steps}")
-        if self.epochs is not None and self.epochs <= 0:
-            raise ParamError("epochs", f"epochs must be > 0, got {self.epochs}")
-        for name in ("batch_size", "grad_accum", "seq_len"):
-            if getattr(self, name) < 1:
-                raise ParamError(
-                    name, f"{name.replace('_', ' ')} must be >= 1, got {getattr(self, name)}"
-                )
-        if not self.warmup >= 0:
-            raise ParamError(
-                "warmup",
-                f"warmup must be >= 0 (a fraction < 1 or a step count), got {self.warmup}",
-            )
-        if self.draft_vocab is not None and self.draft_vocab < 1:
-            raise ParamError(
-                "draft_vocab", f"draft vocab must be >= 1 token ids, got {self.draft_vocab}"
-            )
-        for name in ("answer_tokens", "gen_batch"):
-            if getattr(self, name) < 1:
-                raise ParamError(
-                    name, f"{name.replace('_', ' ')} must be >= 1, got {getattr(self, name)}"
-                )
-        if self.own_prompts < 0 or self.val_prompts < 1:
-            raise ParamError("val_prompts", "own prompts must be >= 0 and val prompts >= 1")
-        if not self.gen_temp >= 0:
-            raise ParamError("gen_temp", f"gen temp must be >= 0, got {self.gen_temp}")
-        if self.select_every is not None and self.select_every < 1:
-            raise ParamError("select_every", f"select every must be >= 1, got {self.select_every}")
-        if self.soft_targets and self.targets != "self":
-            raise ParamError(
-                "soft_targets",
-                "soft targets need --targets self (the model's distribution at a target is "
-                "read from the cached hidden state where the data drew it: exact only when the "
-                "data is the model's own greedy output)",
-            )
-        if self.budget is not None:
-            from .selfdata import parse_budget
-
-            try:
-                parse_budget(self.budget)
-            except ValueError as e:
-                raise ParamError("budget", str(e)) from None
-        if self.exit_dim != "auto":
-            try:
-                self.exit_dim = int(self.exit_dim)
-            except ValueError:
-                raise ParamError(
-                    "exit_dim", f"exit dim must be 'auto' or an integer, got {self.exit_dim!r}"
-                ) from None
-        return self
-
-    # ------------------------------------------------------------------------------------------
-    # ------------------------------------------------------------------------------------------
-    # the run
-
-    def for_data(self, builtin: bool) -> DistillOptions:
-        """Fill the defaults that depend on the data: the built-in data is the model's own
-        answers (``targets="self"``, soft targets on, a budget); data files default to
-        rollouts and take no budget. Raises ParamError on a combination that cannot work."""
-        if builtin:
-            if self.targets not in (None, "self"):
-                raise ParamError(
-                    "targets",
-                    "the built-in data is the model's own answers, so its targets are 'self'; "
-                    f"--targets {self.targets} needs --data",
-                )
-            self.targets = "self"
-            self.soft_targets = True if self.soft_targets is None else self.soft_targets
-            self.budget = self.budget or DEFAULT_BUDGET
-        else:
-            if self.budget is not None:
-                raise ParamError(
-                    "budget",
-                    "--budget sizes the built-in data (no --data); with --data use --steps "
-                    "or --epochs",
-                )
-            self.targets = self.targets or "distill"
-            self.soft_targets = bool(self.soft_targets)
-        return self.validate()
-
-
-class NullProgress:
-    """What the run reports progress to when the caller shows nothing (the CLI passes bars).
-
-    ``start(name, total, unit)``, ``update(advance, **metrics)``, ``stop()``, ``note(text)``
-    and ``table(results, title)`` (eval results: tokens/step per beam shape)."""
-
-    def start(self, name: str, total: float, unit: str = "") -> None:
-        pass
-
-    def update(self, advance: float = 1, **metrics) -> None:
-        pass
-
-    def stop(self) -> None:
-        pass
-
-    def note(self, text: str) -> None:
-        pass
-
-    def table(self, results: list[dict], title: str) -> None:
-        pass
-
-
-@dataclass
-class RunContext:
-    model: Model
-    tokenizer: object
-    model_dir: Path
-    out: Path
-    cache: TargetCache
-    order: DataOrder
-    total_steps: int
-    sequences: list[Sequence]
-    run: dict = field(default_factory=dict)
-    draft_vocab: list[int] | None = None
-    eval_prompts: list[list[int]] | None = None  # held-out prompts (built-in data)
-    validation: dict | None = None  # held-out answers for checkpoint selection
-    select_every: int = 0
 
 
 def distill(model_dir, data_files, out_dir, progress=None, **options) -> dict:
@@ -354,7 +190,7 @@ def run_distill(
     if data_files:
         ctx = prepare(model, tokenizer, path, dtype, data_files, plan, opts, progress, world)
     else:
-        ctx = prepare_builtin(model, tokenizer, path, dtype, plan, opts, progress, world, started)
+        ctx = builtin.prepare(model, tokenizer, path, dtype, plan, opts, progress, world, started)
     ctx.order.rank = rank
     trainer = Trainer(
         new_drafter(drafter_args(ctx.model, opts, ctx.draft_vocab), opts.seed),
@@ -473,233 +309,6 @@ def prepare(
     return RunContext(
         model, tokenizer, path, plan.work, cache, order, total, sequences, run, draft_vocab
     )
-
-
-def training_order(cache: TargetCache, opts: DistillOptions, world: int) -> DataOrder:
-    """The data order of this process (rank set by the caller)."""
-    return DataOrder(
-        cache.size, min(opts.batch_size, cache.size // world or 1), opts.seed, 0, world
-    )
-
-
-def planned_steps(opts: DistillOptions, order: DataOrder, epochs: float) -> int:
-    """``steps`` when given, else ``epochs`` over the cached positions."""
-    if opts.steps is not None:
-        return opts.steps
-    return max(1, math.ceil(epochs * order.per_epoch / opts.grad_accum))
-
-
-def run_record(opts: DistillOptions, key: str, order: DataOrder, total: int, world: int) -> dict:
-    """The settings a checkpoint records; a resumed run must match them."""
-    run = dict(
-        cache_key=key,
-        predict_tokens=opts.predict_tokens,
-        layers=opts.layers,
-        exit_dim=opts.exit_dim,
-        rnn=opts.rnn,
-        targets=opts.targets,
-        batch_size=order.batch_size,
-        grad_accum=opts.grad_accum,
-        lr=opts.lr,
-        warmup=opts.warmup,
-        weight_decay=opts.weight_decay,
-        seed=opts.seed,
-        total_steps=total,
-        seq_len=opts.seq_len,
-        world_size=world,
-    )
-    if opts.soft_targets:  # only when on: runs checkpointed before the option still resume
-        run["soft_targets"] = True
-    return run
-
-
-def choose_shortlist(sequences, size, model: Model, tokenizer, cache, progress):
-    """The shortlist head ids (``size`` most frequent training tokens), or None."""
-    if not size:
-        return None
-    vocab = shortlist_vocab(sequences, size, model.vocab_size, sorted(tokenizer.eos_token_ids))
-    covered = shortlist_index(vocab, model.vocab_size)[cache.tokens[:, 1:]] >= 0
-    share = float((covered & cache.valid).sum() / max(int(cache.valid.sum()), 1))
-    progress.note(f"shortlist: {len(vocab)} ids cover {share:.1%} of the training targets")
-    return vocab
-
-
-def prepare_builtin(
-    model: Model,
-    tokenizer,
-    path: Path,
-    dtype,
-    plan: OutputPlan,
-    opts: DistillOptions,
-    progress,
-    world: int,
-    started: float,
-) -> RunContext:
-    """The built-in data (``selfdata``): prompts, answers with hidden states, targets; the
-    held-out prompts' answers for selection; the steps fitted to the budget."""
-    from .selfdata import SelfData, answer_sequences, parse_budget, work_key
-
-    if world > 1:
-        raise ValueError(
-            "without --data, distill makes its data in one process: run it without "
-            "mlx.launch, or give --data for data-parallel training"
-        )
-    kind, amount = parse_budget(opts.budget)
-    key = work_key(model_fingerprint(path, dtype), opts.gen_temp, opts.answer_tokens, opts.seed)
-    data = SelfData(
-        plan.cache_root / f"selfdata-{key}",
-        model,
-        tokenizer,
-        temperature=opts.gen_temp,
-        answer_tokens=opts.answer_tokens,
-        batch=opts.gen_batch,
-        seed=opts.seed,
-    )
-    own_deadline = started + OWN_PROMPT_SHARE * amount if kind == "seconds" else None
-    prompts = own_prompt_stage(data, opts, progress, own_deadline)
-    held, pool = prompts[: opts.val_prompts], prompts[opts.val_prompts :]
-    resumed = resumed_run(plan.work, opts)
-    rows = answer_stage(data, held, pool, kind, amount, started, resumed, progress)
-    held_ids = {p["id"] for p in held}
-    val_rows = [r for r in rows if r["id"] in held_ids]
-    train_rows = [r for r in rows if r["id"] not in held_ids]
-    if resumed:
-        train_rows = train_rows[: resumed["data"]["answers"]]
-    if not train_rows:
-        raise ValueError(
-            f"the budget {opts.budget} left no time to answer any training prompt; "
-            "give a larger --budget"
-        )
-    cache = data.targets(train_rows, opts.predict_tokens)
-    val = data.targets(val_rows, opts.predict_tokens)
-    validation = dict(hidden=val.hidden, tokens=val.tokens, valid=val.valid)
-    sequences = answer_sequences(train_rows)
-    order = training_order(cache, opts, world)
-    size = opts.draft_vocab
-    if size is None and model.vocab_size > 4 * AUTO_DRAFT_VOCAB:
-        size = AUTO_DRAFT_VOCAB
-    draft_vocab = choose_shortlist(sequences, size, model, tokenizer, cache, progress)
-    if resumed:
-        total = int(resumed["total_steps"])
-    elif kind == "positions" or opts.steps is not None or opts.epochs is not None:
-        total = planned_steps(opts, order, opts.epochs or 1.0)
-    else:
-        seconds = started + TRAIN_SHARE * amount - time.time()
-        total = budget_steps(model, cache, order, opts, draft_vocab, seconds)
-    run = run_record(opts, key, order, total, world)
-    run["data"] = dict(
-        answers=len(train_rows),
-        positions=cache.size,
-        held_out_answers=len(val_rows),
-        held_out_positions=val.size,
-        temperature=opts.gen_temp,
-    )
-    if draft_vocab:
-        run["draft_vocab"] = size
-    every = opts.select_every or max(1, total // SELECTIONS)
-    held_prompts = [
-        list(tokenizer.chat_prompt([{"role": "user", "content": p["prompt"]}])) for p in held
-    ]
-    return RunContext(
-        model,
-        tokenizer,
-        path,
-        plan.work,
-        cache,
-        order,
-        total,
-        sequences,
-        run,
-        draft_vocab,
-        eval_prompts=held_prompts,
-        validation=validation,
-        select_every=every,
-    )
-
-
-def own_prompt_stage(data, opts: DistillOptions, progress, deadline) -> list[dict]:
-    """The prompt list, with the model writing ``own_prompts`` of them on the first run
-    (asking until ``deadline``, epoch seconds or None)."""
-    if data.prompts_path.exists():
-        return data.prompts(0)
-    # the model is asked at most twice as often as turns are wanted (see own_prompts)
-    progress.start("prompts (model-written)", total=2 * opts.own_prompts, unit="asks")
-    try:
-        tick = lambda n, _toks: progress.update(n)
-        return data.prompts(opts.own_prompts, tick, deadline)
-    finally:
-        progress.stop()
-
-
-def resumed_run(out: Path, opts: DistillOptions) -> dict | None:
-    """The run record of the newest checkpoint when resuming one (its data stays fixed)."""
-    existing = list_checkpoints(out) if opts.resume else []
-    if not existing:
-        return None
-    info = json.loads((existing[-1] / "training_state.json").read_text())
-    return info["run"] if "data" in info["run"] else None
-
-
-def answer_stage(data, held, pool, kind, amount, started, resumed, progress) -> list[dict]:
-    """Answer the held-out prompts, then training prompts until the budget's share is spent
-    (a resumed training run generates nothing more); returns all answer rows."""
-    held_ids = {p["id"] for p in held}
-    rows = data.answers()
-    have = sum(len(r["response_ids"]) for r in rows if r["id"] not in held_ids)
-    if kind == "positions":
-        total, unit = max(amount - have, 0), "positions"
-
-        def stop(made):
-            return have + made >= amount
-    else:
-        deadline = started + GEN_SHARE * amount
-        total, unit = max(deadline - time.time(), 0), "s"
-
-        def stop(_made):
-            return time.time() >= deadline
-
-    todo_held = not held_ids <= {r["id"] for r in rows}
-    if not todo_held and (resumed or stop(0)):
-        return rows
-    progress.start("answers (with hidden states)", total=total, unit=unit)
-    t0, last, made = time.perf_counter(), [time.perf_counter()], [0]
-
-    def tick(n, counted):
-        now = time.perf_counter()
-        made[0] += n
-        advance = (n if counted else 0) if kind == "positions" else now - last[0]
-        last[0] = now
-        progress.update(advance, positions=have + made[0], pos_s=made[0] / max(now - t0, 1e-9))
-
-    try:
-        rows = data.generate(held, lambda _n: False, lambda _r, n: tick(n, False))
-        if resumed:
-            return rows
-        made[0] = 0
-        return data.generate(pool, stop, lambda _r, n: tick(n, True))
-    finally:
-        progress.stop()
-
-
-def budget_steps(
-    model: Model, cache, order: DataOrder, opts: DistillOptions, draft_vocab, seconds: float
-) -> int:
-    """Optimizer steps that fit ``seconds`` of training at this machine's measured speed
-    (three throwaway steps), at most MAX_EPOCHS epochs, at least one."""
-    probe = Trainer(new_drafter(drafter_args(model, opts, draft_vocab), opts.seed), opts, 10)
-    index = shortlist_index(draft_vocab, model.vocab_size)
-    times = []
-    for micro in range(3):
-        idx = order.batch(micro)
-        batch = read_batch(cache, model, idx, index)
-        if opts.soft_targets:
-            batch += teacher_targets(cache, model, idx, draft_vocab)
-        t = time.perf_counter()
-        probe.step([batch] * opts.grad_accum)
-        times.append(time.perf_counter() - t)
-    per_step = max(sum(times[1:]) / 2, 1e-6) * 1.15  # selection scores and reads on top
-    most = planned_steps(opts, order, MAX_EPOCHS)
-    return int(min(most, max(1, seconds // per_step)))
 
 
 def restore(ctx: RunContext, trainer: Trainer, opts: DistillOptions, progress, rank: int = 0):

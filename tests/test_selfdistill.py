@@ -188,3 +188,26 @@ def test_time_budget_steps_fit_the_time_and_stop_at_max_epochs(tmp_path):
     assert D.budget_steps(model, cache, order, opts, None, 0.0) == 1
     most = D.planned_steps(opts, order, D.MAX_EPOCHS)
     assert D.budget_steps(model, cache, order, opts, None, 1e9) == most
+
+
+def test_hidden_rows_are_read_in_place_from_the_answer_shards(tmp_path):
+    """The target cache's hidden states index the shards like one concatenated array."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    shards = {n: rng.standard_normal((9, 4)).astype(np.float16) for n in ("a.npy", "b.npy")}
+    for name, arr in shards.items():
+        np.save(tmp_path / name, arr)
+    rows = [
+        dict(hidden=dict(shard="a.npy", offset=0), response_ids=[1] * 3),
+        dict(hidden=dict(shard="a.npy", offset=3), response_ids=[1] * 4),  # merges with the first
+        dict(hidden=dict(shard="b.npy", offset=2), response_ids=[1] * 5),
+    ]
+    segments = selfdata.segments_of(rows)
+    assert segments == [["a.npy", 0, 7], ["b.npy", 2, 5]]
+    view = selfdata.ShardRows(tmp_path, segments)
+    whole = np.concatenate([shards["a.npy"][:7], shards["b.npy"][2:7]])
+    assert view.shape == whole.shape and len(view) == 12
+    idx = np.array([[11, 0], [6, 7]])
+    np.testing.assert_array_equal(view[idx], whole[idx])
+    np.testing.assert_array_equal(np.asarray(view), whole)

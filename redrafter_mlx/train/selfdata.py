@@ -15,8 +15,10 @@ answer settings, so a later run with a larger budget continues the same data):
    position kept from decoding (``selfgen``); one JSON line per prompt, appended per batch
    after its hidden states are on disk (a torn last line is dropped on resume). Stops at a
    position count or a deadline.
-3. **Targets** (``WORK/targets-<n>-T<T>/``): the answers' training positions as a
-   ``TargetCache`` (rows along each answer, so soft targets can read the next rows).
+3. **Targets** (``WORK/targets-<n>-<ids>-T<T>-shards/``): the answers' training positions as a
+   ``TargetCache`` (rows along each answer, so soft targets can read the next rows): tokens
+   and valid flags on disk, the hidden states read in place from the answer shards
+   (``ShardRows``), so they are stored once.
 
 Shapes: n answer tokens, H hidden, T drafter steps.
 """
@@ -306,48 +308,86 @@ class SelfData:
         return rows
 
     def targets(self, rows: list[dict], depth: int) -> TargetCache:
-        """The training positions of ``rows`` (answer rows) as a cache on disk (built once)."""
+        """The training positions of ``rows`` (answer rows) as a cache (built once): tokens
+        and valid on disk, hidden read from the answers' shards (not copied)."""
         digest = hashlib.sha256(json.dumps([r["id"] for r in rows]).encode()).hexdigest()[:12]
-        path = self.work / f"targets-{len(rows)}-{digest}-T{depth}"
+        path = self.work / f"targets-{len(rows)}-{digest}-T{depth}-shards"
         if not (path / "meta.json").exists():
-            write_targets(path, self.work / "hidden", rows, depth)
-        return TargetCache.open(path)
+            write_targets(path, rows, depth)
+        segments = json.loads((path / "segments.json").read_text())
+        hidden = ShardRows(self.work / "hidden", segments)
+        load = lambda name: np.load(path / name, mmap_mode="r")
+        return TargetCache(path, hidden, load("tokens.npy"), load("valid.npy"))
 
 
-def row_answer(hidden_dir: Path, row: dict, shards: dict) -> Answer:
-    """An answer row with its hidden states (n, H) read from its shard (memory-mapped)."""
-    name, at = row["hidden"]["shard"], row["hidden"]["offset"]
-    if name not in shards:
-        shards[name] = np.load(hidden_dir / name, mmap_mode="r")
-    n = len(row["response_ids"])
-    return Answer(row["response_ids"], row["finish"], shards[name][at : at + n])
+class ShardRows:
+    """Hidden states (P, H) of a target cache read from the answer shards, without a copy.
+
+    ``segments``: ``[shard, offset, n]`` in row order (rows [start, start + n) are the shard's
+    rows [offset, offset + n)). Indexing takes an integer array (any shape) like a numpy
+    array's first axis; ``np.asarray`` gives all rows.
+    """
+
+    def __init__(self, folder: Path, segments: list):
+        self.arrays = [np.load(folder / name, mmap_mode="r") for name, _, _ in segments]
+        self.offsets = np.array([at for _, at, _ in segments], dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum([n for _, _, n in segments])])
+        self.dtype = self.arrays[0].dtype
+        self.shape = (int(self.starts[-1]), self.arrays[0].shape[1])
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, idx) -> np.ndarray:
+        idx = np.asarray(idx, dtype=np.int64)
+        flat = idx.reshape(-1)
+        seg = np.searchsorted(self.starts, flat, side="right") - 1
+        out = np.empty((len(flat), self.shape[1]), self.dtype)
+        for k in np.unique(seg):
+            sel = seg == k
+            out[sel] = self.arrays[k][self.offsets[k] + flat[sel] - self.starts[k]]
+        return out.reshape(*idx.shape, self.shape[1])
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        rows = self[np.arange(len(self))]
+        return rows if dtype is None else rows.astype(dtype)
 
 
-def write_targets(path: Path, hidden_dir: Path, rows: list[dict], depth: int) -> None:
-    """Stream every answer's positions (``answer_targets``) into a TargetCache at ``path``
-    (a temp folder renamed into place)."""
+def segments_of(rows: list[dict]) -> list[list]:
+    """``[shard, offset, n]`` runs of the answers' hidden states, consecutive ones merged."""
+    out: list[list] = []
+    for r in rows:
+        name, at, n = r["hidden"]["shard"], r["hidden"]["offset"], len(r["response_ids"])
+        if out and out[-1][0] == name and out[-1][1] + out[-1][2] == at:
+            out[-1][2] += n
+        else:
+            out.append([name, at, n])
+    return out
+
+
+def write_targets(path: Path, rows: list[dict], depth: int) -> None:
+    """Every answer's tokens (P, T+1) and valid (P, T) (``answer_targets``) and where its
+    hidden states are (``segments.json``) into ``path`` (a temp folder renamed into place)."""
     total = sum(len(r["response_ids"]) for r in rows)
     if total == 0:
         raise ValueError("the model's answers have no tokens to train on")
-    shards: dict = {}
-    first = row_answer(hidden_dir, rows[0], shards)
     tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
         mm = np.lib.format.open_memmap
-        hidden = mm(tmp / "hidden.npy", "w+", first.hidden.dtype, (total, first.hidden.shape[1]))
         tokens = mm(tmp / "tokens.npy", "w+", np.int32, (total, depth + 1))
         valid = mm(tmp / "valid.npy", "w+", np.bool_, (total, depth))
         at = 0
         for r in rows:
-            h, t, v = answer_targets(row_answer(hidden_dir, r, shards), depth)
-            m = len(t)
-            hidden[at : at + m], tokens[at : at + m], valid[at : at + m] = h, t, v
-            at += m
-        for a in (hidden, tokens, valid):
+            no_hidden = Answer(r["response_ids"], r["finish"], np.zeros((0, 0)))
+            _, t, v = answer_targets(no_hidden, depth)
+            tokens[at : at + len(t)], valid[at : at + len(t)] = t, v
+            at += len(t)
+        for a in (tokens, valid):
             a.flush()
-        del hidden, tokens, valid
+        del tokens, valid
+        (tmp / "segments.json").write_text(json.dumps(segments_of(rows)))
         meta = dict(positions=total, sequences=len(rows), T=depth, mode="self", answers=True)
         (tmp / "meta.json").write_text(json.dumps(meta))
         os.rename(tmp, path)

@@ -21,13 +21,13 @@ install: openblas
 smollm2:
 	$(PYTHON) -m weights_convert.smollm2
 
-# The bundled SmolLM2 drafter (redrafter_mlx/smollm2_drafter/): prompts -> greedy answers with
-# their hidden states -> self-distillation with held-out selection -> ship -> held-out eval.
-# Hours of CPU; seeded and resumable: run it again to continue (work files in
-# HOME/build/smollm2-drafter, the same HOME; small artefacts are committed in
-# scripts/smollm2_build/). See redrafter_mlx/smollm2_drafter/BUILD.md.
+# The bundled SmolLM2 drafter (redrafter_mlx/smollm2_drafter/): one `redrafter-mlx distill`
+# run without --data (the model's own answers to the built-in prompts, hidden states kept,
+# soft targets, held-out selection) with the shipped settings, then the drafter in float16
+# into the package. Hours of CPU; seeded and resumable: run it again to continue (work files
+# in HOME/build/smollm2-drafter). See redrafter_mlx/smollm2_drafter/BUILD.md.
 smollm2-drafter: smollm2
-	$(PYTHON) -m scripts.build_smollm2_drafter --snapshot
+	$(PYTHON) -m scripts.build_smollm2_drafter
 
 openblas:
 ifeq ($(UNAME_S),Linux)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from redrafter_mlx.train import distill as D
-from redrafter_mlx.train.selfgen import answer_targets, greedy_with_hidden
+from redrafter_mlx.train.selfgen import answer_targets, answers_with_hidden, greedy_with_hidden
 from tests.helpers import run_decode, tiny_model
 
 
@@ -48,3 +48,21 @@ def test_a_row_that_ends_at_once_and_all_rows_ending_stop_early():
     answers = greedy_with_hidden(model, prompts, 64, eos)
     assert answers[0].ids == eos and answers[0].finish == "stop"
     assert answers[0].hidden.shape == (1, model.hidden_size)
+
+
+def test_sampled_answers_are_seeded_and_keep_the_states_that_drew_them():
+    """At a temperature the answers are the model's draws (seeded), and hidden[j] is still
+    the state at the token before ids[j]: one forward over prompt + answer gives it."""
+    model = tiny_model(seed=5, vocab=48)
+    prompts = [[4, 5, 6, 9], [7, 8, 3]]
+    a = answers_with_hidden(model, prompts, 24, [], temperature=1.0, seed=11)
+    b = answers_with_hidden(model, prompts, 24, [], temperature=1.0, seed=11)
+    c = answers_with_hidden(model, prompts, 24, [], temperature=1.0, seed=12)
+    greedy = greedy_with_hidden(model, prompts, 24, [])
+    assert [x.ids for x in a] == [x.ids for x in b] != [x.ids for x in c]
+    assert [x.ids for x in a] != [x.ids for x in greedy]
+    for prompt, ans in zip(prompts, a):
+        tokens = prompt + ans.ids
+        positions = list(range(len(prompt) - 1, len(tokens) - 1))
+        h_ref = D.sequence_hidden(model, mx.array(tokens), mx.array(positions))
+        np.testing.assert_allclose(ans.hidden, np.array(h_ref), atol=2e-2, rtol=1e-2)

@@ -1,4 +1,4 @@
-"""Self-distillation data in one pass: greedy answers with the hidden states that made them.
+"""Self-distillation data in one pass: the model's answers with the hidden states that made them.
 
 For a response that is the model's own greedy output, the greedy continuation of every prefix
 is the response itself (docs/design.md, "Distillation"), so a drafter's training targets are
@@ -17,7 +17,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..engine.cache import Session, bucket, grow, prefill_session
-from ..engine.decode import DecodeState
+from ..engine.decode import DecodeState, first_draw
 from ..engine.generation import get_step
 from ..engine.model import Model
 from ..engine.sampling import SamplerConfig
@@ -46,15 +46,29 @@ def greedy_with_hidden(
     run until all have ended or ``max_tokens``; a row's answer is cut after its first
     end-of-turn id.
     """
+    return answers_with_hidden(model, prompts, max_tokens, eos_token_ids)
+
+
+def answers_with_hidden(
+    model: Model,
+    prompts: list[list[int]],
+    max_tokens: int,
+    eos_token_ids,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> list[Answer]:
+    """Batched decoding of ``prompts`` (B rows), greedy or sampled at ``temperature`` (seeded),
+    keeping every step's hidden state (n, H) per row (see ``Answer``)."""
+    sampler = SamplerConfig(temperature=float(temperature))
     B = len(prompts)
     session = Session(model, B)
     hidden = prefill_session(session, [list(p) for p in prompts])  # (B, H)
-    first = mx.argmax(model.logits(hidden), axis=-1).astype(mx.int32)
-    state = DecodeState(
-        first, hidden, session.lengths, session.keys, session.values, mx.random.key(0)
-    )
+    rng, first_key = mx.random.split(mx.random.key(seed))
+    first = first_draw(model, hidden, sampler, first_key, None, session.lengths)
+    first = first.astype(mx.int32)
+    state = DecodeState(first, hidden, session.lengths, session.keys, session.values, rng)
     session.keys = session.values = None  # the loop owns the cache (in-place K/V writes)
-    step = get_step(model, None, AR, SamplerConfig())
+    step = get_step(model, None, AR, sampler)
     eos = mx.array(sorted(int(e) for e in eos_token_ids) or [-1], dtype=mx.int32)
     hs, toks = [hidden], [first]
     longest = max(len(p) for p in prompts)
@@ -88,10 +102,12 @@ def greedy_with_hidden(
 
 
 def answer_targets(answer: Answer, depth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Training positions of one greedy answer: hidden (n, H), tokens (n, T+1), valid (n, T).
+    """Training positions of one answer: hidden (n, H), tokens (n, T+1), valid (n, T).
 
-    Position j holds hidden[j], its greedy token x0 = ids[j], and targets ids[j+1..j+T]
-    (valid while inside the answer): exactly ``distill.self_targets`` on prompt + answer.
+    Position j holds hidden[j], its token x0 = ids[j], and targets ids[j+1..j+T] (valid
+    while inside the answer): for a greedy answer exactly ``distill.self_targets`` on prompt
+    + answer; for a sampled one the model's own draws (with soft targets, the model's
+    distribution at each of them, read from the same hidden states).
     """
     ids = np.asarray(answer.ids, dtype=np.int32)
     n = len(ids)

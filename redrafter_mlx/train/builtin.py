@@ -1,0 +1,219 @@
+"""The run's plan for the built-in data (``distill`` without data files): the ``selfdata``
+stages fitted to the budget, the held-out answers for selection, and the step count.
+
+A time budget is shared out in order: the model writes its prompts until OWN_PROMPT_SHARE of
+it, answers until GEN_SHARE, trains until TRAIN_SHARE (steps sized from three measured
+steps), and the final evaluation has the rest. A position budget answers until that many
+answer positions exist, then trains one epoch (or ``steps`` / ``epochs``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from ..engine.model import Model
+from .checkpoints import OutputPlan, list_checkpoints
+from .options import (
+    AUTO_DRAFT_VOCAB,
+    GEN_SHARE,
+    MAX_EPOCHS,
+    OWN_PROMPT_SHARE,
+    SELECTIONS,
+    TRAIN_SHARE,
+    DistillOptions,
+    RunContext,
+    choose_shortlist,
+    planned_steps,
+    run_record,
+    training_order,
+)
+from .targets import model_fingerprint
+from .training import (
+    DataOrder,
+    Trainer,
+    drafter_args,
+    new_drafter,
+    read_batch,
+    shortlist_index,
+    teacher_targets,
+)
+
+
+def prepare(
+    model: Model,
+    tokenizer,
+    path: Path,
+    dtype,
+    plan: OutputPlan,
+    opts: DistillOptions,
+    progress,
+    world: int,
+    started: float,
+) -> RunContext:
+    """The built-in data (``selfdata``): prompts, answers with hidden states, targets; the
+    held-out prompts' answers for selection; the steps fitted to the budget."""
+    from .selfdata import SelfData, answer_sequences, parse_budget, work_key
+
+    if world > 1:
+        raise ValueError(
+            "without --data, distill makes its data in one process: run it without "
+            "mlx.launch, or give --data for data-parallel training"
+        )
+    kind, amount = parse_budget(opts.budget)
+    key = work_key(model_fingerprint(path, dtype), opts.gen_temp, opts.answer_tokens, opts.seed)
+    data = SelfData(
+        plan.cache_root / f"selfdata-{key}",
+        model,
+        tokenizer,
+        temperature=opts.gen_temp,
+        answer_tokens=opts.answer_tokens,
+        batch=opts.gen_batch,
+        seed=opts.seed,
+    )
+    own_deadline = started + OWN_PROMPT_SHARE * amount if kind == "seconds" else None
+    prompts = own_prompt_stage(data, opts, progress, own_deadline)
+    held, pool = prompts[: opts.val_prompts], prompts[opts.val_prompts :]
+    resumed = resumed_run(plan.work, opts)
+    rows = answer_stage(data, held, pool, kind, amount, started, resumed, progress)
+    held_ids = {p["id"] for p in held}
+    val_rows = [r for r in rows if r["id"] in held_ids]
+    train_rows = [r for r in rows if r["id"] not in held_ids]
+    if resumed:
+        train_rows = train_rows[: resumed["data"]["answers"]]
+    if not train_rows:
+        raise ValueError(
+            f"the budget {opts.budget} left no time to answer any training prompt; "
+            "give a larger --budget"
+        )
+    cache = data.targets(train_rows, opts.predict_tokens)
+    val = data.targets(val_rows, opts.predict_tokens)
+    validation = dict(hidden=val.hidden, tokens=val.tokens, valid=val.valid)
+    sequences = answer_sequences(train_rows)
+    order = training_order(cache, opts, world)
+    size = opts.draft_vocab
+    if size is None and model.vocab_size > 4 * AUTO_DRAFT_VOCAB:
+        size = AUTO_DRAFT_VOCAB
+    draft_vocab = choose_shortlist(sequences, size, model, tokenizer, cache, progress)
+    if resumed:
+        total = int(resumed["total_steps"])
+    elif kind == "positions" or opts.steps is not None or opts.epochs is not None:
+        total = planned_steps(opts, order, opts.epochs or 1.0)
+    else:
+        seconds = started + TRAIN_SHARE * amount - time.time()
+        total = budget_steps(model, cache, order, opts, draft_vocab, seconds)
+    run = run_record(opts, key, order, total, world)
+    run["data"] = dict(
+        answers=len(train_rows),
+        positions=cache.size,
+        held_out_answers=len(val_rows),
+        held_out_positions=val.size,
+        temperature=opts.gen_temp,
+    )
+    if draft_vocab:
+        run["draft_vocab"] = size
+    every = opts.select_every or max(1, total // SELECTIONS)
+    held_prompts = [
+        list(tokenizer.chat_prompt([{"role": "user", "content": p["prompt"]}])) for p in held
+    ]
+    return RunContext(
+        model,
+        tokenizer,
+        path,
+        plan.work,
+        cache,
+        order,
+        total,
+        sequences,
+        run,
+        draft_vocab,
+        eval_prompts=held_prompts,
+        validation=validation,
+        select_every=every,
+    )
+
+
+def own_prompt_stage(data, opts: DistillOptions, progress, deadline) -> list[dict]:
+    """The prompt list, with the model writing ``own_prompts`` of them on the first run
+    (asking until ``deadline``, epoch seconds or None)."""
+    if data.prompts_path.exists():
+        return data.prompts(0)
+    # the model is asked at most twice as often as turns are wanted (see own_prompts)
+    progress.start("prompts (model-written)", total=2 * opts.own_prompts, unit="asks")
+    try:
+        tick = lambda n, _toks: progress.update(n)
+        return data.prompts(opts.own_prompts, tick, deadline)
+    finally:
+        progress.stop()
+
+
+def resumed_run(out: Path, opts: DistillOptions) -> dict | None:
+    """The run record of the newest checkpoint when resuming one (its data stays fixed)."""
+    existing = list_checkpoints(out) if opts.resume else []
+    if not existing:
+        return None
+    info = json.loads((existing[-1] / "training_state.json").read_text())
+    return info["run"] if "data" in info["run"] else None
+
+
+def answer_stage(data, held, pool, kind, amount, started, resumed, progress) -> list[dict]:
+    """Answer the held-out prompts, then training prompts until the budget's share is spent
+    (a resumed training run generates nothing more); returns all answer rows."""
+    held_ids = {p["id"] for p in held}
+    rows = data.answers()
+    have = sum(len(r["response_ids"]) for r in rows if r["id"] not in held_ids)
+    if kind == "positions":
+        total, unit = max(amount - have, 0), "positions"
+
+        def stop(made):
+            return have + made >= amount
+    else:
+        deadline = started + GEN_SHARE * amount
+        total, unit = max(deadline - time.time(), 0), "s"
+
+        def stop(_made):
+            return time.time() >= deadline
+
+    todo_held = not held_ids <= {r["id"] for r in rows}
+    if not todo_held and (resumed or stop(0)):
+        return rows
+    progress.start("answers (with hidden states)", total=total, unit=unit)
+    t0, last, made = time.perf_counter(), [time.perf_counter()], [0]
+
+    def tick(n, counted):
+        now = time.perf_counter()
+        made[0] += n
+        advance = (n if counted else 0) if kind == "positions" else now - last[0]
+        last[0] = now
+        progress.update(advance, positions=have + made[0], pos_s=made[0] / max(now - t0, 1e-9))
+
+    try:
+        rows = data.generate(held, lambda _n: False, lambda _r, n: tick(n, False))
+        if resumed:
+            return rows
+        made[0] = 0
+        return data.generate(pool, stop, lambda _r, n: tick(n, True))
+    finally:
+        progress.stop()
+
+
+def budget_steps(
+    model: Model, cache, order: DataOrder, opts: DistillOptions, draft_vocab, seconds: float
+) -> int:
+    """Optimizer steps that fit ``seconds`` of training at this machine's measured speed
+    (three throwaway steps), at most MAX_EPOCHS epochs, at least one."""
+    probe = Trainer(new_drafter(drafter_args(model, opts, draft_vocab), opts.seed), opts, 10)
+    index = shortlist_index(draft_vocab, model.vocab_size)
+    times = []
+    for micro in range(3):
+        idx = order.batch(micro)
+        batch = read_batch(cache, model, idx, index)
+        if opts.soft_targets:
+            batch += teacher_targets(cache, model, idx, draft_vocab)
+        t = time.perf_counter()
+        probe.step([batch] * opts.grad_accum)
+        times.append(time.perf_counter() - t)
+    per_step = max(sum(times[1:]) / 2, 1e-6) * 1.15  # selection scores and reads on top
+    most = planned_steps(opts, order, MAX_EPOCHS)
+    return int(min(most, max(1, seconds // per_step)))

@@ -1,0 +1,428 @@
+"""Built-in training data for ``distill`` without ``--data``: the model teaches its drafter.
+
+Stages (each resumable, in ``WORK`` = ``CACHE/selfdata-<key>``, key = model fingerprint +
+answer settings, so a later run with a larger budget continues the same data):
+
+1. **Prompts** (``WORK/prompts.jsonl``, written once, atomically): the package's prompt
+   collection (``redrafter_mlx/data/distill_prompts.jsonl``: our own synthetic user turns
+   over MT-Bench-like kinds of request; MT-Bench and Vicuna-bench turns are never in it)
+   plus user turns the model writes itself: asked through its own chat template to write a
+   message for a (topic, style, kind) (``distill_asks.jsonl``), sampled, deduplicated,
+   held-out turns dropped. Seeded shuffle; the first ``val_prompts`` are held out for
+   checkpoint selection and the final evaluation, never trained on.
+2. **Answers** (``WORK/answers.jsonl`` + ``WORK/hidden/<batch>.npy``): the model's answers
+   (greedy, or sampled at ``temperature``) in batches, with the hidden state of every answer
+   position kept from decoding (``selfgen``); one JSON line per prompt, appended per batch
+   after its hidden states are on disk (a torn last line is dropped on resume). Stops at a
+   position count or a deadline.
+3. **Targets** (``WORK/targets-<n>-<ids>-T<T>-shards/``): the answers' training positions as a
+   ``TargetCache`` (rows along each answer, so soft targets can read the next rows): tokens
+   and valid flags on disk, the hidden states read in place from the answer shards
+   (``ShardRows``), so they are stored once.
+
+Shapes: n answer tokens, H hidden, T drafter steps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from .data import Sequence
+from .selfgen import Answer, answer_targets, answers_with_hidden
+from .targets import TargetCache
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+PROMPTS_FILE = DATA / "distill_prompts.jsonl"
+ASKS_FILE = DATA / "distill_asks.jsonl"
+HELDOUT_FILES = (DATA / "mt_bench_questions.jsonl", DATA / "vicuna_bench_questions.jsonl")
+ASK = (
+    "Write {kind} about {topic} that {style} might send to an AI assistant. "
+    "Reply with the message only, in one or two sentences."
+)
+OWN_PROMPT_TOKENS = 48  # most tokens of a model-written user turn
+OWN_PROMPT_TEMPERATURE = 1.0
+SELFDATA_VERSION = 1
+
+
+# ------------------------------------------------------------------------------------------
+# JSONL files
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Complete lines of a JSONL file; a torn last line (a crash mid-append) is dropped."""
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return rows
+
+
+def write_jsonl_atomic(path: Path, rows: list[dict]) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    os.replace(tmp, path)
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def append_jsonl(path: Path, rows: list[dict]) -> None:
+    """Append whole rows in one write + fsync, after dropping a torn tail."""
+    valid = read_jsonl(path)
+    if path.exists() and len(path.read_text(encoding="utf-8").splitlines()) != len(valid):
+        write_jsonl_atomic(path, valid)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+# ------------------------------------------------------------------------------------------
+# prompts
+
+
+def normalize(text: str) -> str:
+    """Case- and space-insensitive key of a prompt (for deduplication and held-out checks)."""
+    return " ".join(text.lower().split())
+
+
+def heldout_turns() -> set[str]:
+    """Every MT-Bench and Vicuna-bench turn, normalized: never training prompts."""
+    out = set()
+    for f in HELDOUT_FILES:
+        for row in read_jsonl(f):
+            out.update(normalize(t) for t in row["turns"])
+    return out
+
+
+def builtin_prompts() -> list[dict]:
+    """The package's prompt collection: ``[{"source": str, "prompt": str}]``."""
+    return read_jsonl(PROMPTS_FILE)
+
+
+def ask_texts(n: int, seed: int) -> list[str]:
+    """n requests for the model to write a user turn, over shuffled (topic, style, kind)."""
+    parts: dict[str, list[str]] = {"topic": [], "style": [], "kind": []}
+    for row in read_jsonl(ASKS_FILE):
+        for name, value in row.items():
+            parts[name].append(value)
+    combos = [(t, s, k) for t in parts["topic"] for s in parts["style"] for k in parts["kind"]]
+    random.Random(f"asks/{seed}").shuffle(combos)
+    return [ASK.format(topic=t, style=s, kind=k) for t, s, k in combos[:n]]
+
+
+def own_prompts(
+    model,
+    tokenizer,
+    n: int,
+    seed: int,
+    batch: int,
+    on_batch=None,
+    facts: dict | None = None,
+    deadline: float | None = None,
+) -> list[str]:
+    """Up to n user turns the model writes itself (sampled), one or two sentences each: an
+    ended answer of 15-300 characters in one paragraph. Stops asking at ``deadline`` (epoch
+    seconds). ``facts`` gets how many were asked."""
+    facts = {} if facts is None else facts
+    facts.update(asked=0, tokens=0)
+    if n <= 0:
+        return []
+    asks = ask_texts(2 * n, seed)
+    eos = sorted(tokenizer.eos_token_ids)
+    out: list[str] = []
+    for i in range(0, len(asks), batch):
+        if time_left(deadline) <= 0:
+            break
+        chunk = asks[i : i + batch]
+        ids = [list(tokenizer.chat_prompt([{"role": "user", "content": a}])) for a in chunk]
+        answers = answers_with_hidden(
+            model, ids, OWN_PROMPT_TOKENS, eos, OWN_PROMPT_TEMPERATURE, seed=seed * 7919 + i
+        )
+        for ans in answers:
+            if ans.finish != "stop":
+                continue
+            text = tokenizer.decode(ans.ids[:-1]).strip().strip('"').strip()
+            if 15 <= len(text) <= 300 and "\n\n" not in text:
+                out.append(text)
+        facts["asked"] += len(chunk)
+        facts["tokens"] += sum(len(a.ids) for a in answers)
+        if on_batch:
+            on_batch(len(chunk), sum(len(a.ids) for a in answers))
+        if len(out) >= n:
+            break
+    return out[:n]
+
+
+def prompt_list(own: list[str], seed: int) -> list[dict]:
+    """Built-in + model-written prompts, deduplicated, held-out turns dropped, shuffled."""
+    held, seen, rows = heldout_turns(), set(), []
+    for r in [*builtin_prompts(), *(dict(source="model", prompt=p) for p in own)]:
+        key = normalize(r["prompt"])
+        if key and key not in held and key not in seen:
+            seen.add(key)
+            rows.append(dict(source=r["source"], prompt=r["prompt"]))
+    random.Random(f"prompts/{seed}").shuffle(rows)
+    return [dict(r, id=i) for i, r in enumerate(rows)]
+
+
+# ------------------------------------------------------------------------------------------
+# the work folder
+
+
+def work_key(fingerprint: str, temperature: float, answer_tokens: int, seed: int) -> str:
+    """What the answers depend on: the serving weights and how they were drawn."""
+    blob = json.dumps(
+        dict(
+            v=SELFDATA_VERSION,
+            model=fingerprint,
+            prompts=hashlib.sha256(PROMPTS_FILE.read_bytes()).hexdigest(),
+            temperature=float(temperature),
+            answer_tokens=answer_tokens,
+            seed=seed,
+        ),
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+class SelfData:
+    """The answers of one (model, settings) pair in ``work``; every method resumes."""
+
+    def __init__(
+        self,
+        work: Path,
+        model,
+        tokenizer,
+        *,
+        temperature: float,
+        answer_tokens: int,
+        batch: int,
+        seed: int,
+    ):
+        self.work, self.model, self.tokenizer = Path(work), model, tokenizer
+        self.temperature, self.answer_tokens = temperature, answer_tokens
+        self.batch, self.seed = batch, seed
+        self.work.mkdir(parents=True, exist_ok=True)
+        (self.work / "hidden").mkdir(exist_ok=True)
+
+    @property
+    def prompts_path(self) -> Path:
+        return self.work / "prompts.jsonl"
+
+    @property
+    def answers_path(self) -> Path:
+        return self.work / "answers.jsonl"
+
+    def prompts(self, own: int, on_batch=None, deadline: float | None = None) -> list[dict]:
+        """The prompt list (built once: the model writes up to ``own`` of them, asking until
+        ``deadline``)."""
+        if not self.prompts_path.exists():
+            facts: dict = {}
+            t0 = time.perf_counter()
+            texts = own_prompts(
+                self.model, self.tokenizer, own, self.seed, self.batch, on_batch, facts, deadline
+            )
+            rows = prompt_list(texts, self.seed)
+            facts.update(
+                written=len(texts),
+                kept=sum(r["source"] == "model" for r in rows),
+                prompts=len(rows),
+                seconds=round(time.perf_counter() - t0, 2),
+            )
+            write_json_atomic(self.work / "prompts_meta.json", facts)
+            write_jsonl_atomic(self.prompts_path, rows)
+        return read_jsonl(self.prompts_path)
+
+    def answers(self) -> list[dict]:
+        return read_jsonl(self.answers_path)
+
+    def generate(
+        self,
+        todo: list[dict],
+        stop: Callable[[int], bool],
+        on_batch: Callable[[int, int], None] | None = None,
+    ) -> list[dict]:
+        """Answer the prompts of ``todo`` not yet answered, batch by batch, until ``stop(new
+        positions so far)``; returns all answer rows in ``answers.jsonl``."""
+        done = {r["id"] for r in self.answers()}
+        todo = [p for p in todo if p["id"] not in done]
+        made = 0
+        for i in range(0, len(todo), self.batch):
+            if stop(made):
+                break
+            rows = self.answer_batch(todo[i : i + self.batch])
+            append_jsonl(self.answers_path, rows)
+            n = sum(len(r["response_ids"]) for r in rows)
+            made += n
+            if on_batch:
+                on_batch(len(rows), n)
+        return self.answers()
+
+    def answer_batch(self, chunk: list[dict]) -> list[dict]:
+        """Answers to a batch of prompt rows; their hidden states go to ``hidden/<id>.npy``
+        first (atomically), then the rows that point into it are returned."""
+        tok = self.tokenizer
+        ids = [list(tok.chat_prompt([{"role": "user", "content": p["prompt"]}])) for p in chunk]
+        answers = answers_with_hidden(
+            self.model,
+            ids,
+            self.answer_tokens,
+            sorted(tok.eos_token_ids),
+            self.temperature,
+            seed=self.seed * 1_000_003 + chunk[0]["id"],
+        )
+        shard = f"{chunk[0]['id']:07d}.npy"
+        tmp = self.work / "hidden" / f".{shard}.tmp-{os.getpid()}.npy"
+        np.save(tmp, np.concatenate([a.hidden for a in answers]))
+        os.replace(tmp, self.work / "hidden" / shard)
+        rows, offset = [], 0
+        for p, pid, ans in zip(chunk, ids, answers):
+            rows.append(
+                dict(
+                    id=p["id"],
+                    source=p["source"],
+                    finish=ans.finish,
+                    prompt_ids=pid,
+                    response_ids=ans.ids,
+                    hidden=dict(shard=shard, offset=offset),
+                )
+            )
+            offset += len(ans.ids)
+        return rows
+
+    def targets(self, rows: list[dict], depth: int) -> TargetCache:
+        """The training positions of ``rows`` (answer rows) as a cache (built once): tokens
+        and valid on disk, hidden read from the answers' shards (not copied)."""
+        digest = hashlib.sha256(json.dumps([r["id"] for r in rows]).encode()).hexdigest()[:12]
+        path = self.work / f"targets-{len(rows)}-{digest}-T{depth}-shards"
+        if not (path / "meta.json").exists():
+            write_targets(path, rows, depth)
+        segments = json.loads((path / "segments.json").read_text())
+        hidden = ShardRows(self.work / "hidden", segments)
+        load = lambda name: np.load(path / name, mmap_mode="r")
+        return TargetCache(path, hidden, load("tokens.npy"), load("valid.npy"))
+
+
+class ShardRows:
+    """Hidden states (P, H) of a target cache read from the answer shards, without a copy.
+
+    ``segments``: ``[shard, offset, n]`` in row order (rows [start, start + n) are the shard's
+    rows [offset, offset + n)). Indexing takes an integer array (any shape) like a numpy
+    array's first axis; ``np.asarray`` gives all rows.
+    """
+
+    def __init__(self, folder: Path, segments: list):
+        self.arrays = [np.load(folder / name, mmap_mode="r") for name, _, _ in segments]
+        self.offsets = np.array([at for _, at, _ in segments], dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum([n for _, _, n in segments])])
+        self.dtype = self.arrays[0].dtype
+        self.shape = (int(self.starts[-1]), self.arrays[0].shape[1])
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, idx) -> np.ndarray:
+        idx = np.asarray(idx, dtype=np.int64)
+        flat = idx.reshape(-1)
+        seg = np.searchsorted(self.starts, flat, side="right") - 1
+        out = np.empty((len(flat), self.shape[1]), self.dtype)
+        for k in np.unique(seg):
+            sel = seg == k
+            out[sel] = self.arrays[k][self.offsets[k] + flat[sel] - self.starts[k]]
+        return out.reshape(*idx.shape, self.shape[1])
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        rows = self[np.arange(len(self))]
+        return rows if dtype is None else rows.astype(dtype)
+
+
+def segments_of(rows: list[dict]) -> list[list]:
+    """``[shard, offset, n]`` runs of the answers' hidden states, consecutive ones merged."""
+    out: list[list] = []
+    for r in rows:
+        name, at, n = r["hidden"]["shard"], r["hidden"]["offset"], len(r["response_ids"])
+        if out and out[-1][0] == name and out[-1][1] + out[-1][2] == at:
+            out[-1][2] += n
+        else:
+            out.append([name, at, n])
+    return out
+
+
+def write_targets(path: Path, rows: list[dict], depth: int) -> None:
+    """Every answer's tokens (P, T+1) and valid (P, T) (``answer_targets``) and where its
+    hidden states are (``segments.json``) into ``path`` (a temp folder renamed into place)."""
+    total = sum(len(r["response_ids"]) for r in rows)
+    if total == 0:
+        raise ValueError("the model's answers have no tokens to train on")
+    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        mm = np.lib.format.open_memmap
+        tokens = mm(tmp / "tokens.npy", "w+", np.int32, (total, depth + 1))
+        valid = mm(tmp / "valid.npy", "w+", np.bool_, (total, depth))
+        at = 0
+        for r in rows:
+            no_hidden = Answer(r["response_ids"], r["finish"], np.zeros((0, 0)))
+            _, t, v = answer_targets(no_hidden, depth)
+            tokens[at : at + len(t)], valid[at : at + len(t)] = t, v
+            at += len(t)
+        for a in (tokens, valid):
+            a.flush()
+        del tokens, valid
+        (tmp / "segments.json").write_text(json.dumps(segments_of(rows)))
+        meta = dict(positions=total, sequences=len(rows), T=depth, mode="self", answers=True)
+        (tmp / "meta.json").write_text(json.dumps(meta))
+        os.rename(tmp, path)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def answer_sequences(rows: list[dict]) -> list[Sequence]:
+    """Answer rows as Sequences of response tokens (all training tokens: for the shortlist)."""
+    return [Sequence(list(r["response_ids"]), [True] * len(r["response_ids"])) for r in rows]
+
+
+# ------------------------------------------------------------------------------------------
+# budget
+
+
+def parse_budget(text: str) -> tuple[str, float]:
+    """``30m``, ``2h``, ``90s``, ``1h30m`` -> ("seconds", s); ``200k`` or ``500000`` ->
+    ("positions", n). Raises ValueError with the accepted forms."""
+    import re
+
+    t = text.strip().lower().replace(" ", "").replace("_", "")
+    if re.fullmatch(r"\d+k?", t):
+        return "positions", float(int(t.rstrip("k")) * (1000 if t.endswith("k") else 1))
+    parts = re.findall(r"(\d+(?:\.\d+)?)(h|min|m|s)", t)
+    if parts and "".join(a + b for a, b in parts) == t:
+        scale = {"h": 3600, "m": 60, "min": 60, "s": 1}
+        seconds = sum(float(a) * scale[b] for a, b in parts)
+        if seconds > 0:
+            return "seconds", seconds
+    raise ValueError(
+        f"budget must be a time (e.g. 30m, 2h, 1h30m, 90s) or a number of training "
+        f"positions (e.g. 200k, 500000), got {text!r}"
+    )
+
+
+def time_left(deadline: float | None) -> float:
+    return float("inf") if deadline is None else deadline - time.time()

@@ -1,0 +1,240 @@
+"""The drafter, its loss, the data order and the optimizer step (docs/design.md).
+
+Loss = sum over the T draft steps of CE(step k), each averaged over its valid positions,
+teacher-forced through the RNN state: s_1 = next_state(0, E[x0]), s_k = next_state(s_{k-1},
+E[target_{k-1}]). AdamW with linear warm-up and cosine decay, gradient clipping at 1.0,
+gradient accumulation, data-parallel gradient averaging with ``mx.distributed.all_sum``.
+
+Shapes: B positions per micro-batch, H hidden, T drafter steps, V head ids.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_map
+
+from ..engine.drafter import Drafter, DrafterArgs
+from ..engine.model import Model
+from .data import Sequence
+from .targets import TargetCache
+
+CLIP_GRAD_NORM = 1.0
+
+
+def drafter_args(model: Model, opts, draft_vocab: list[int] | None = None) -> DrafterArgs:
+    """Drafter shape from the model and the options (``layers``, ``exit_dim``, ``rnn``)."""
+    H = model.hidden_size
+    exit_dim = 2 * H if opts.exit_dim == "auto" else int(opts.exit_dim)
+    return DrafterArgs(
+        vocab_size=model.vocab_size,
+        hidden_size=H,
+        exit_dim=exit_dim,
+        num_draft_layers=opts.layers,
+        rnn=opts.rnn,
+        draft_vocab=draft_vocab,
+    )
+
+
+def shortlist_vocab(sequences: list[Sequence], size: int, vocab_size: int, always=()) -> list[int]:
+    """The ``size`` most frequent training tokens (FR-Spec), ascending ids.
+
+    Frequencies count the training tokens (responses) of ``sequences``; ties go to the lower
+    id; ``always`` (e.g. the end-of-turn ids) are included first. Ids never seen are not
+    listed, so the list may be shorter than ``size``.
+    """
+    counts = np.zeros(vocab_size, dtype=np.int64)
+    for seq in sequences:
+        toks = np.asarray(seq.tokens)[np.asarray(seq.train, dtype=bool)]
+        np.add.at(counts, toks, 1)
+    keep = [int(i) for i in always if 0 <= int(i) < vocab_size][:size]
+    order = np.lexsort((np.arange(vocab_size), -counts))  # by count desc, then id asc
+    for i in order:
+        if len(keep) >= size or counts[i] == 0:
+            break
+        if int(i) not in keep:
+            keep.append(int(i))
+    return sorted(keep)
+
+
+def shortlist_index(draft_vocab: list[int] | None, vocab_size: int) -> np.ndarray | None:
+    """(V,) int32: the head index of each full id, -1 for ids outside the shortlist."""
+    if not draft_vocab:
+        return None
+    index = np.full(vocab_size, -1, dtype=np.int32)
+    index[np.asarray(draft_vocab)] = np.arange(len(draft_vocab), dtype=np.int32)
+    return index
+
+
+def new_drafter(args: DrafterArgs, seed: int) -> Drafter:
+    """A freshly initialised float32 drafter (deterministic for a seed)."""
+    mx.random.seed(seed)
+    drafter = Drafter(args)
+    drafter.set_dtype(mx.float32)
+    mx.eval(drafter.parameters())
+    return drafter
+
+
+def drafter_loss(drafter: Drafter, hidden, emb, targets, valid, teacher=None, soft=None):
+    """Teacher-forced loss over T draft steps.
+
+    hidden: (B, H); emb: (B, T, H) = E[x0], E[target_1..target_{T-1}]; targets: (B, T) int;
+    valid: (B, T) bool. Optional soft targets: teacher (B, T, V) the LLM's log-probabilities
+    for each step's token (over the drafter's head ids) and soft (B, T) bool, the rows that
+    have them; there the loss is the cross-entropy to the teacher's distribution instead of
+    to its greedy token (more signal per position: which other tokens were likely).
+    Returns (loss = Σ_k mean loss of step k over its valid rows, per-step losses (T,),
+    per-step top-1 accuracy (T,)).
+    """
+    B, T, H = emb.shape
+    state = mx.zeros((B, H), dtype=hidden.dtype)
+    losses, accs = [], []
+    for k in range(T):
+        state = drafter.next_state(state, emb[:, k])
+        logits = drafter(hidden, state)
+        v = valid[:, k].astype(mx.float32)
+        n = mx.maximum(v.sum(), 1.0)
+        ce = nn.losses.cross_entropy(logits, targets[:, k])
+        if teacher is not None:
+            p = mx.exp(teacher[:, k])
+            soft_ce = -(p * nn.log_softmax(logits, axis=-1)).sum(axis=-1)
+            ce = mx.where(soft[:, k], soft_ce, ce)
+        losses.append((ce * v).sum() / n)
+        accs.append(((mx.argmax(logits, axis=-1) == targets[:, k]) * v).sum() / n)
+    losses, accs = mx.stack(losses), mx.stack(accs)
+    return losses.sum(), losses, accs
+
+
+def lr_schedule(lr: float, total_steps: int, warmup: float):
+    """Linear warm-up from 0 to lr, then cosine decay to 0; warmup < 1 is a fraction of steps."""
+    w = int(round(warmup * total_steps)) if warmup < 1 else int(warmup)
+    w = min(w, total_steps - 1) if total_steps > 1 else 0
+    decay = optim.cosine_decay(lr, max(total_steps - w, 1), 0.0)
+    if w == 0:
+        return decay
+    return optim.join_schedules([optim.linear_schedule(0.0, lr, w), decay], [w])
+
+
+class DataOrder:
+    """Which cached positions each micro-batch reads: a pure function of (seed, micro-batch index).
+
+    Epoch e is a permutation drawn from numpy's generator seeded by (seed, e); it is cut into
+    ``positions // global_batch`` batches (the remainder is dropped); each process reads its own
+    slice of a global batch.
+    """
+
+    def __init__(self, positions: int, batch_size: int, seed: int, rank: int = 0, world: int = 1):
+        self.batch_size, self.seed, self.rank, self.world = batch_size, seed, rank, world
+        self.global_batch = batch_size * world
+        self.positions = positions
+        self.per_epoch = positions // self.global_batch
+        if self.per_epoch == 0:
+            raise ValueError(
+                f"{positions} training positions cannot fill one batch of {self.global_batch}; "
+                f"use a smaller batch size or more data"
+            )
+        self._epoch, self._perm = -1, None
+
+    def batch(self, micro: int) -> np.ndarray:
+        """Sorted position indices (batch_size,) of global micro-batch ``micro`` for this rank."""
+        epoch, i = divmod(micro, self.per_epoch)
+        if epoch != self._epoch:
+            self._perm = np.random.default_rng([self.seed, epoch]).permutation(self.positions)
+            self._epoch = epoch
+        start = i * self.global_batch + self.rank * self.batch_size
+        return np.sort(self._perm[start : start + self.batch_size])
+
+
+def read_batch(cache: TargetCache, model: Model, idx: np.ndarray, head_index=None):
+    """Model inputs for cached positions idx.
+
+    Returns hidden (B, H) f32, emb (B, T, H) f32, targets (B, T), valid (B, T). With a
+    shortlist (``head_index``, see ``shortlist_index``) targets are head indices and a target
+    outside the shortlist is not valid (the drafter cannot propose it); the RNN input stays
+    the true token's embedding.
+    """
+    raw = cache.tokens[idx]
+    valid = np.array(cache.valid[idx])
+    targets = raw[:, 1:]
+    if head_index is not None:
+        targets = head_index[targets]
+        valid &= targets >= 0
+        targets = np.maximum(targets, 0)
+    toks = mx.array(raw)
+    hidden = mx.array(cache.hidden[idx]).astype(mx.float32)
+    emb = model.embed(toks[:, :-1]).astype(mx.float32)
+    return hidden, emb, mx.array(targets), mx.array(valid)
+
+
+def teacher_targets(cache: TargetCache, model: Model, idx: np.ndarray, head_ids=None):
+    """Soft targets for cached positions idx, for caches whose rows run along each sequence.
+
+    Step k's token at position t is the LLM's draw at position t+k, so its distribution is
+    the LLM's head applied to the hidden state of cache row idx+k, when that row is position
+    t+k of the same sequence (checked: rows idx+1..idx+k hold steps 1..k's targets as their
+    x0; a chance match past a sequence's end remains possible but rare). Returns teacher (B, T, V)
+    log-probabilities over ``head_ids`` (a shortlist, renormalised; None = the vocabulary)
+    and soft (B, T) bool.
+    """
+    T = cache.tokens.shape[1] - 1
+    P = cache.size
+    rows = idx[:, None] + np.arange(1, T + 1)[None, :]  # (B, T)
+    inside = rows < P
+    rows = np.minimum(rows, P - 1)
+    match = inside & np.asarray(cache.valid[idx]) & (cache.tokens[rows, 0] == cache.tokens[idx, 1:])
+    soft = np.cumprod(match, axis=1).astype(bool)  # rows t+1..t+k all continue the sequence
+    h = mx.array(cache.hidden[rows.reshape(-1)]).astype(mx.float32)
+    if head_ids is None:
+        logits = model.logits(h)
+    else:
+        w = model.model.embed_tokens.weight if model.args.tie_word_embeddings else None
+        w = w if w is not None else model.lm_head.weight
+        logits = (h @ w[mx.array(head_ids)].T).astype(mx.float32)
+    teacher = nn.log_softmax(logits, axis=-1).reshape(len(idx), T, -1)
+    return teacher, mx.array(soft)
+
+
+class Trainer:
+    """One drafter, its optimizer and the gradient step (with accumulation and all_sum)."""
+
+    def __init__(self, drafter: Drafter, opts, total_steps: int, group=None):
+        self.drafter = drafter
+        self.group = group
+        self.accum = opts.grad_accum
+        self.optimizer = optim.AdamW(
+            learning_rate=lr_schedule(opts.lr, total_steps, opts.warmup),
+            weight_decay=opts.weight_decay,
+        )
+        self.optimizer.init(drafter.trainable_parameters())
+        self._value_and_grad = nn.value_and_grad(drafter, drafter_loss)
+
+    def step(self, batches) -> tuple[mx.array, mx.array, mx.array]:
+        """One optimizer update from ``grad_accum`` micro-batches (hidden, emb, targets, valid).
+
+        Returns the mean (loss, per-step losses (T,), per-step accuracy (T,)) over them.
+        """
+        total, loss_sum, steps_sum, acc_sum = None, 0.0, 0.0, 0.0
+        for batch in batches:
+            (loss, step_losses, accs), grads = self._value_and_grad(self.drafter, *batch)
+            total = grads if total is None else tree_map(mx.add, total, grads)
+            loss_sum, steps_sum, acc_sum = loss_sum + loss, steps_sum + step_losses, acc_sum + accs
+        n = len(batches)
+        grads = tree_map(lambda g: g / n, total)
+        metrics = (loss_sum / n, steps_sum / n, acc_sum / n)
+        if self.group is not None and self.group.size() > 1:
+            grads = tree_map(self._average, grads)
+            metrics = tuple(self._average(m) for m in metrics)
+        grads, _ = optim.clip_grad_norm(grads, CLIP_GRAD_NORM)
+        self.optimizer.update(self.drafter, grads)
+        mx.eval(self.drafter.parameters(), self.optimizer.state, *metrics)
+        return metrics
+
+    def _average(self, x: mx.array) -> mx.array:
+        """Mean over the processes of a data-parallel run."""
+        return mx.distributed.all_sum(x, group=self.group) / self.group.size()
+
+    @property
+    def learning_rate(self) -> float:
+        return float(self.optimizer.learning_rate)

@@ -915,7 +915,9 @@ def build_drafter(work: Path, out: Path, seed: int, steps: int | None = None, lo
     if steps is not None:
         options["steps"] = steps
     log(f"drafter: distill({out / 'base'}, {data}, {run_dir}, {options})")
-    summary = distill(out / "base", [data], run_dir, **options)
+    from redrafter_mlx.cli.distill import Bars  # the command's own progress bars
+
+    summary = distill(out / "base", [data], run_dir, progress=Bars(), **options)
     dst = out / "drafter"
     dst.mkdir(parents=True, exist_ok=True)
     for name in DRAFTER_FILES:

@@ -192,6 +192,8 @@ def teacher_targets(cache: TargetCache, model: Model, idx: np.ndarray, head_ids=
         w = model.model.embed_tokens.weight if model.args.tie_word_embeddings else None
         w = w if w is not None else model.lm_head.weight
         logits = (h @ w[mx.array(head_ids)].T).astype(mx.float32)
+        cap = model.args.final_logit_softcapping  # as Model.logits does (Gemma 2)
+        logits = mx.tanh(logits / cap) * cap if cap else logits
     teacher = nn.log_softmax(logits, axis=-1).reshape(len(idx), T, -1)
     return teacher, mx.array(soft)
 

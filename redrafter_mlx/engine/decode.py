@@ -26,7 +26,7 @@ import mlx.nn as nn
 
 from .drafter import Drafter, beam_search
 from .lookup import ABSENT, STRONG_MATCH, lookup_chains, write_history
-from .model import Model
+from .model import Model, write_slots
 from .penalties import NodeText, node_text
 from .sampling import SamplerConfig, draw, process_text
 from .shape import BeamShape
@@ -75,15 +75,25 @@ def accept(beams, target, unpacker, capacity):
     return best, n, on_beams
 
 
-def commit_path(keys, values, lengths, path_slots):
+def commit_path(keys, values, lengths, path_slots, fresh=None):
     """Move the chosen path's K/V from its packed slots to consecutive slots.
 
     path_slots: (B, L) packed slot of each path token; K/V for slot c live at len + c and
     go to len + k. Slots past the accepted run move junk past the new length (masked).
+    ``fresh``: the verify's own per-layer (K, V), (B, C, n_kv, D) each: the path is read
+    from them, so each cache is only written (in place) rather than read and written,
+    which made MLX copy the whole cache every step.
     """
-    src = (lengths[:, None] + path_slots)[:, None, :, None]  # (B, 1, L, 1)
-    dst = (lengths[:, None] + arange(path_slots.shape[1])[None, :])[:, None, :, None]
+    dst = lengths[:, None] + arange(path_slots.shape[1])[None, :]  # (B, L)
     new_keys, new_values = [], []
+    if fresh is not None:
+        at = path_slots[:, :, None, None]  # (B, L, 1, 1) over (B, C, n_kv, D)
+        for k, v, (k_new, v_new) in zip(keys, values, fresh):
+            new_keys.append(write_slots(k, dst, mx.take_along_axis(k_new, at, axis=1)))
+            new_values.append(write_slots(v, dst, mx.take_along_axis(v_new, at, axis=1)))
+        return new_keys, new_values
+    src = (lengths[:, None] + path_slots)[:, None, :, None]  # (B, 1, L, 1)
+    dst = dst[:, None, :, None]
     for k, v in zip(keys, values):
         new_keys.append(mx.put_along_axis(k, dst, mx.take_along_axis(k, src, axis=2), axis=2))
         new_values.append(mx.put_along_axis(v, dst, mx.take_along_axis(v, src, axis=2), axis=2))
@@ -151,7 +161,7 @@ def _pad(x: mx.array, n: int, value) -> mx.array:
 
 
 def verify_phase(
-    model: Model, tree, lengths, keys, values, sampler, key, window: int, history=None
+    model: Model, tree, lengths, keys, values, sampler, key, window: int, history=None, fresh=None
 ):
     """3. Verify all C packed tokens in one forward, written at ``[len, len+C)``.
 
@@ -162,7 +172,7 @@ def verify_phase(
     positions = lengths[:, None] + tree.depth
     write_idx = lengths[:, None] + arange(capacity)[None, :]
     mask = cache_mask(lengths, tree.mask, window)
-    hidden, keys, values = model(tree.tokens, positions, mask, keys, values, write_idx)
+    hidden, keys, values = model(tree.tokens, positions, mask, keys, values, write_idx, fresh)
     text = tree_text(sampler, history, lengths, tree.tokens, tree.depth, tree.mask)
     logits = process_text(model.logits(hidden), sampler, text)
     return hidden, draw(logits, sampler, key), keys, values
@@ -210,7 +220,7 @@ def accept_phase(beams, target, unpacker, capacity: int):
     return tokens, n, bonus, path_slots[:, :P], path_beam[:, :P], best
 
 
-def commit_phase(keys, values, lengths, path_slots, hidden, n, in_place: bool = False):
+def commit_phase(keys, values, lengths, path_slots, hidden, n, in_place: bool = False, fresh=None):
     """5. Commit the accepted path (init token + n drafts) to the cache.
 
     ``in_place``: the path already sits in consecutive slots (W = 1: slot k is token k), so
@@ -218,7 +228,7 @@ def commit_phase(keys, values, lengths, path_slots, hidden, n, in_place: bool = 
     next lengths (B,)).
     """
     if not in_place:
-        keys, values = commit_path(keys, values, lengths, path_slots)
+        keys, values = commit_path(keys, values, lengths, path_slots, fresh)
     last_slot = mx.take_along_axis(path_slots, n[:, None], axis=1)  # (B, 1)
     next_hidden = mx.take_along_axis(hidden, last_slot[:, :, None], axis=1)[:, 0]
     return keys, values, next_hidden, lengths + n + 1
@@ -249,6 +259,7 @@ def redrafter_step(
     if beams.shape[1] == 1 and cand.present is not None:  # a lone chain fills its C slots
         beams = mx.where(cand.present, beams, 0)[:, :, :capacity]
     tree = pack(beams, capacity, cand.present if beams.shape[1] > 1 else None)  # 2. pack
+    fresh = []  # the verify's own K/V per layer: the commit reads the path from them
     hidden, target, keys, values = verify_phase(
         model,
         tree,
@@ -259,13 +270,14 @@ def redrafter_step(
         draw_key,
         window,
         state.history,
+        fresh,
     )
     tokens, n, bonus, path_slots, path, best = accept_phase(beams, target, tree.unpacker, capacity)
     history = state.history
     if history is not None:
         history = write_history(history, state.lengths, path)
     keys, values, next_hidden, lengths = commit_phase(
-        keys, values, state.lengths, path_slots, hidden, n, in_place=beams.shape[1] == 1
+        keys, values, state.lengths, path_slots, hidden, n, beams.shape[1] == 1, fresh
     )
     next_state = DecodeState(bonus, next_hidden, lengths, keys, values, rng, history)
     packed = mx.broadcast_to(tree.valid.sum(axis=-1).astype(mx.int32), (B,))

@@ -17,8 +17,10 @@ P = ``shape.slots`` slots, attention over A window slots, e bytes per activation
 * verify: the cache mask (B, P, A), one layer's attention scores (B, heads, P, A) in
   float32 (the composed path; the fused kernel needs less), the layer activations, and
   the verifier's logits (B, P, V) float32 with what drawing from them takes;
-* commit: a tree (more than one candidate) was measured to copy the whole K/V cache when its
-  chosen path is moved into place (``decode.commit_path``), so that copy is added.
+* commit: a tree (more than one candidate) moves its chosen path into place
+  (``decode.commit_path``); reading the path from the cache made MLX copy the whole K/V
+  cache, so the path is now read from the verify's own K/V and written in place. The copy
+  stays in the estimate as a margin (the step may still hold a second cache briefly).
 
 Measured on tiny models, the transient part lies between 1x and 3x the step's measured peak
 (``tests/test_guards.py``); it is an upper bound by design, never a promise.
@@ -141,8 +143,9 @@ def kv_bytes(d: Dims, batch: int, slots: int) -> int:
 
 
 def commit_bytes(d: Dims, shape: BeamShape, batch: int, slots: int) -> int:
-    """Committing a tree's chosen path (``decode.commit_path``): measured to copy the K/V
-    caches rather than update them in place. A single chain commits in place: nothing."""
+    """Committing a tree's chosen path (``decode.commit_path``): at most one copy of the K/V
+    caches (kept as a margin: the path is written in place from the verify's own K/V). A
+    single chain commits in place: nothing."""
     single = shape.beams <= 1 or (
         shape.drafts
         and shape.width == 1

@@ -237,10 +237,12 @@ class Attention(nn.Module):
         rows = x.reshape(B * T, heads, 1, D)
         return self.rope(rows, offset=positions.reshape(-1)).reshape(B, T, heads, D)
 
-    def __call__(self, x, positions, mask, keys, values, write_idx):
+    def __call__(self, x, positions, mask, keys, values, write_idx, fresh=None):
         """x: (B, T, H); positions, write_idx: (B, T); mask: (B, 1, T, A) bool over the
         first A cache slots (the attention window, A <= S); keys/values: (B, n_kv, S, D).
-        Returns (out (B, T, H), keys, values)."""
+        Returns (out (B, T, H), keys, values). ``fresh``: a list to which this call's own
+        K/V, (B, T, n_kv, D) each, are appended (a tree commit reads them instead of the
+        cache, so the cache is written in place)."""
         B, T, _ = x.shape
         A = mask.shape[-1]
         q = self.q_proj(x).reshape(B, T, self.n_heads, -1)
@@ -249,6 +251,8 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self._rotate(q, positions), self._rotate(k, positions)
         v = self.v_proj(x).reshape(B, T, self.n_kv_heads, -1)
+        if fresh is not None:
+            fresh.append((k, v))
         keys = write_slots(keys, write_idx, k)
         values = write_slots(values, write_idx, v)
         out = attention(
@@ -354,9 +358,9 @@ class TransformerBlock(nn.Module):
             self.pre_feedforward_layernorm = rms_norm(args, args.hidden_size)
             self.post_feedforward_layernorm = rms_norm(args, args.hidden_size)
 
-    def __call__(self, x, positions, mask, keys, values, write_idx):
+    def __call__(self, x, positions, mask, keys, values, write_idx, fresh=None):
         r, keys, values = self.self_attn(
-            self.input_layernorm(x), positions, mask, keys, values, write_idx
+            self.input_layernorm(x), positions, mask, keys, values, write_idx, fresh
         )
         if "pre_feedforward_layernorm" not in self:
             h = x + r
@@ -437,13 +441,14 @@ class Model(nn.Module):
         (unscaled: Gemma's sqrt(H) factor is applied in ``__call__`` only)."""
         return self.model.embed_tokens(tokens)
 
-    def __call__(self, tokens, positions, mask, keys, values, write_idx):
+    def __call__(self, tokens, positions, mask, keys, values, write_idx, fresh=None):
         """One forward over T new tokens per row against the cache.
 
         tokens, positions, write_idx: (B, T) int32; mask: (B, 1, T, A) bool (True = attend)
         over the first A cache slots *after* this call's writes; keys/values: lists (one per
         layer) of (B, n_kv, S, D), A <= S. Returns (hidden (B, T, H) after the final norm,
-        keys, values).
+        keys, values). ``fresh``: a list that receives each layer's new (K, V), (B, T, n_kv,
+        D) each.
         """
         x = self.embed(tokens)
         if self.args.family.scale_embed:
@@ -462,7 +467,7 @@ class Model(nn.Module):
         new_keys, new_values = [], []
         for layer, k, v in zip(layers, keys, values):
             rotation = rotations[layer.self_attn.rope_key]
-            x, k, v = layer(x, rotation, masks[layer.sliding], k, v, write_idx)
+            x, k, v = layer(x, rotation, masks[layer.sliding], k, v, write_idx, fresh)
             new_keys.append(k)
             new_values.append(v)
         return self.model.norm(x), new_keys, new_values

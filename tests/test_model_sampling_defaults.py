@@ -17,8 +17,8 @@ def test_values_present_become_defaults(tmp_path):
 
 
 def test_do_sample_false_means_greedy(tmp_path):
-    write(tmp_path, {"do_sample": False, "temperature": 0.6, "repetition_penalty": 1.1})
-    assert model_defaults(tmp_path) == {"temperature": 0.0, "repetition_penalty": 1.1}
+    write(tmp_path, {"do_sample": False, "temperature": 0.6, "repetition_penalty": 1.12})
+    assert model_defaults(tmp_path) == {"temperature": 0.0, "repetition_penalty": 1.12}
 
 
 def test_missing_broken_or_out_of_range_values_are_ignored(tmp_path):
@@ -35,5 +35,9 @@ def test_smollm2_folder_gets_its_card_sampling_once(tmp_path):
     config = json.loads((tmp_path / "generation_config.json").read_text())
     assert config == {"bos_token_id": 1, "eos_token_id": [2], **CARD_SAMPLING}
     assert write_card_sampling(tmp_path) is False  # idempotent
-    assert model_defaults(tmp_path) == {"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1}
+    assert model_defaults(tmp_path) == {
+        "temperature": 0.2,
+        "top_p": 0.9,
+        "repetition_penalty": 1.12,
+    }
     assert not list(tmp_path.glob("*.part"))

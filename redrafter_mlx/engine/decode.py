@@ -27,7 +27,7 @@ import mlx.nn as nn
 from .drafter import Drafter, beam_search
 from .lookup import ABSENT, STRONG_MATCH, lookup_chains, write_history
 from .model import Model, write_slots
-from .penalties import NodeText, node_text
+from .penalties import node_text
 from .sampling import SamplerConfig, draw, process_text
 from .shape import BeamShape
 from .tree import arange, cache_mask, chain_mask, pack, unpack
@@ -75,28 +75,21 @@ def accept(beams, target, unpacker, capacity):
     return best, n, on_beams
 
 
-def commit_path(keys, values, lengths, path_slots, fresh=None):
+def commit_path(keys, values, lengths, path_slots, fresh):
     """Move the chosen path's K/V from its packed slots to consecutive slots.
 
-    path_slots: (B, L) packed slot of each path token; K/V for slot c live at len + c and
-    go to len + k. Slots past the accepted run move junk past the new length (masked).
-    ``fresh``: the verify's own per-layer (K, V), (B, C, n_kv, D) each: the path is read
-    from them, so each cache is only written (in place) rather than read and written,
-    which made MLX copy the whole cache every step.
+    path_slots: (B, L) packed slot of each path token, which goes to len + k; ``fresh``: the
+    verify's own per-layer (K, V), (B, C, n_kv, D) each. The path is read from them, not from
+    the cache they were written to, so each cache is only written (in place): reading and
+    writing it in one graph made MLX copy the whole cache every step. Slots past the
+    accepted run write junk past the new length (masked).
     """
     dst = lengths[:, None] + arange(path_slots.shape[1])[None, :]  # (B, L)
+    at = path_slots[:, :, None, None]  # (B, L, 1, 1) over (B, C, n_kv, D)
     new_keys, new_values = [], []
-    if fresh is not None:
-        at = path_slots[:, :, None, None]  # (B, L, 1, 1) over (B, C, n_kv, D)
-        for k, v, (k_new, v_new) in zip(keys, values, fresh):
-            new_keys.append(write_slots(k, dst, mx.take_along_axis(k_new, at, axis=1)))
-            new_values.append(write_slots(v, dst, mx.take_along_axis(v_new, at, axis=1)))
-        return new_keys, new_values
-    src = (lengths[:, None] + path_slots)[:, None, :, None]  # (B, 1, L, 1)
-    dst = dst[:, None, :, None]
-    for k, v in zip(keys, values):
-        new_keys.append(mx.put_along_axis(k, dst, mx.take_along_axis(k, src, axis=2), axis=2))
-        new_values.append(mx.put_along_axis(v, dst, mx.take_along_axis(v, src, axis=2), axis=2))
+    for k, v, (k_new, v_new) in zip(keys, values, fresh):
+        new_keys.append(write_slots(k, dst, mx.take_along_axis(k_new, at, axis=1)))
+        new_values.append(write_slots(v, dst, mx.take_along_axis(v_new, at, axis=1)))
     return new_keys, new_values
 
 
@@ -166,6 +159,7 @@ def verify_phase(
     """3. Verify all C packed tokens in one forward, written at ``[len, len+C)``.
 
     Each node draws from the target given its own path (penalties read that path too).
+    ``fresh``: a list that receives each layer's new (K, V) for the commit.
     Returns (hidden (B, C, H), target draws (B, C), keys, values).
     """
     capacity = tree.tokens.shape[1]
@@ -178,12 +172,13 @@ def verify_phase(
     return hidden, draw(logits, sampler, key), keys, values
 
 
-def tree_text(sampler, history, lengths, tokens, depth, ancestors) -> NodeText | None:
-    """Each node's penalty window (``penalties.node_text``); None when no penalty reads text.
+def tree_text(sampler, history, lengths, tokens=None, depth=None, ancestors=None):
+    """Each node's penalty window (``penalties.node_text``), or None when no penalty reads text.
 
-    tokens, depth: (B, C); ancestors: (B or 1, C, C) bool ancestor-or-self.
+    tokens, depth: (B, C); ancestors: (B or 1, C, C) bool ancestor-or-self; no tree: the
+    window right after the committed text (the first draw after a prompt).
     """
-    if not getattr(sampler, "reads_text", False):
+    if not sampler.reads_text:
         return None
     if history is None:
         raise ValueError("a repetition, presence or frequency penalty needs the token history")
@@ -220,12 +215,12 @@ def accept_phase(beams, target, unpacker, capacity: int):
     return tokens, n, bonus, path_slots[:, :P], path_beam[:, :P], best
 
 
-def commit_phase(keys, values, lengths, path_slots, hidden, n, in_place: bool = False, fresh=None):
+def commit_phase(keys, values, lengths, path_slots, hidden, n, fresh, in_place: bool = False):
     """5. Commit the accepted path (init token + n drafts) to the cache.
 
-    ``in_place``: the path already sits in consecutive slots (W = 1: slot k is token k), so
-    no K/V moves. Returns (keys, values, next hidden (B, H) at the last accepted token,
-    next lengths (B,)).
+    ``fresh``: the verify's per-layer (K, V) (``commit_path``). ``in_place``: the path already
+    sits in consecutive slots (W = 1: slot k is token k), so no K/V moves. Returns (keys,
+    values, next hidden (B, H) at the last accepted token, next lengths (B,)).
     """
     if not in_place:
         keys, values = commit_path(keys, values, lengths, path_slots, fresh)
@@ -277,7 +272,7 @@ def redrafter_step(
     if history is not None:
         history = write_history(history, state.lengths, path)
     keys, values, next_hidden, lengths = commit_phase(
-        keys, values, state.lengths, path_slots, hidden, n, beams.shape[1] == 1, fresh
+        keys, values, state.lengths, path_slots, hidden, n, fresh, in_place=beams.shape[1] == 1
     )
     next_state = DecodeState(bonus, next_hidden, lengths, keys, values, rng, history)
     packed = mx.broadcast_to(tree.valid.sum(axis=-1).astype(mx.int32), (B,))
@@ -321,9 +316,7 @@ def first_draw(model: Model, hidden, sampler, key, history, lengths) -> mx.array
     (B,) its length per row).
     """
     logits = model.logits(hidden)[:, None]  # (B, 1, V)
-    text = None
-    if getattr(sampler, "reads_text", False):
-        text = node_text(history, lengths, *sampler.penalty_window())
+    text = tree_text(sampler, history, lengths)
     return draw(process_text(logits, sampler, text)[:, 0], sampler, key)
 
 

@@ -92,21 +92,20 @@ class SamplerConfig:
         return self
 
 
+def _is_finite_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _finite(cfg, *names: str) -> None:
     for name in names:
         value = getattr(cfg, name)
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not math.isfinite(value)
-        ):
+        if not _is_finite_number(value):
             raise ParamError(name, f"{name} must be a finite number, got {value!r}")
 
 
 def check_logit_bias(bias, vocab_size: int | None = None) -> None:
     """Raise ParamError unless ``bias`` is ``((token id, finite bias), ...)`` within the vocab."""
-    for entry in bias:
-        token, value = entry
+    for token, value in bias:
         if isinstance(token, bool) or not isinstance(token, int) or token < 0:
             raise ParamError("logit_bias", f"logit_bias keys must be token ids >= 0, got {token!r}")
         if vocab_size is not None and token >= vocab_size:
@@ -114,11 +113,7 @@ def check_logit_bias(bias, vocab_size: int | None = None) -> None:
                 "logit_bias",
                 f"logit_bias token id {token} is outside the vocabulary [0, {vocab_size})",
             )
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, (int, float))
-            or not math.isfinite(value)
-        ):
+        if not _is_finite_number(value):
             raise ParamError(
                 "logit_bias", f"logit_bias for token {token} must be a finite number, got {value!r}"
             )
@@ -133,25 +128,23 @@ def check_seed(seed) -> int | None:
     return seed
 
 
-def process_text(logits: mx.array, cfg: SamplerConfig, text: NodeText | None) -> mx.array:
-    """The logit bias and the penalties of ``cfg``: (B, C, V) -> (B, C, V), raw logits.
-
-    ``text`` is each node's window (``penalties.node_text``), needed when ``cfg.reads_text``.
-    """
+def process_text(logits: mx.array, cfg, text: NodeText | None) -> mx.array:
+    """The logit bias and the penalties of ``cfg`` (a SamplerConfig, or a RowSampler with
+    each row's own): (B, C, V) -> (B, C, V), raw logits. ``text`` is each node's window
+    (``penalties.node_text``), needed when ``cfg.reads_text``."""
     if isinstance(cfg, RowSampler):
-        return _process_rows(logits, cfg, text)
-    if cfg.logit_bias:
-        logits = logits.astype(mx.float32) + bias_vector(cfg.logit_bias, logits.shape[-1])
+        pen = cfg.penalties
+        if pen is None:
+            return logits
+        bias = pen.bias[:, None, :] if pen.biased else None
+        penalties = (pen.repetition, pen.presence, pen.frequency)
+    else:
+        bias = bias_vector(cfg.logit_bias, logits.shape[-1]) if cfg.logit_bias else None
+        penalties = (cfg.repetition_penalty, cfg.presence_penalty, cfg.frequency_penalty)
+    if bias is not None:
+        logits = logits.astype(mx.float32) + bias
     if cfg.reads_text:
-        if text is None:
-            raise ValueError("a repetition, presence or frequency penalty needs the token history")
-        logits = penalize(
-            logits.astype(mx.float32),
-            text,
-            cfg.repetition_penalty,
-            cfg.presence_penalty,
-            cfg.frequency_penalty,
-        )
+        logits = penalize(logits.astype(mx.float32), text, *penalties)
     return logits
 
 
@@ -230,20 +223,6 @@ class RowPenalties(NamedTuple):
     span: int
     reads_text: bool
     biased: bool
-
-
-def _process_rows(logits: mx.array, rows: RowSampler, text: NodeText | None) -> mx.array:
-    """``process_text`` with each row's own settings: (B, C, V) -> (B, C, V)."""
-    pen = rows.penalties
-    if pen is None:
-        return logits
-    if pen.biased:
-        logits = logits.astype(mx.float32) + pen.bias[:, None, :]
-    if pen.reads_text:
-        logits = penalize(
-            logits.astype(mx.float32), text, pen.repetition, pen.presence, pen.frequency
-        )
-    return logits
 
 
 def draw_rows(logits: mx.array, rows: RowSampler) -> mx.array:

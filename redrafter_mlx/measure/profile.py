@@ -247,10 +247,12 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
 
     def verify(tokens, depth, mask, lengths, keys, values, key):
         tree = PackedTree(tokens, depth, None, None, mask)
-        return verify_phase(model, tree, lengths, keys, values, sampler, key, window)
+        fresh = []  # the layers' new K/V, which the commit reads
+        out = verify_phase(model, tree, lengths, keys, values, sampler, key, window, None, fresh)
+        return (*out, fresh)
 
-    def commit(keys, values, lengths, path_slots, hidden, n):
-        return commit_phase(keys, values, lengths, path_slots, hidden, n, in_place=W == 1)
+    def commit(keys, values, lengths, path_slots, hidden, n, fresh):
+        return commit_phase(keys, values, lengths, path_slots, hidden, n, fresh, in_place=W == 1)
 
     draft_fn = mx.compile(draft, inputs=weights)
     pack_fn = mx.compile(lambda beams: tuple(pack(beams, C)))
@@ -263,11 +265,11 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
     s = base_state()
     beams = draft_fn(s.init_token, s.hidden)
     tree = PackedTree(*pack_fn(beams))
-    h, target, keys, values = verify_fn(
+    h, target, keys, values, fresh = verify_fn(
         tree.tokens, tree.depth, tree.mask, s.lengths, s.keys, s.values, s.rng
     )
     tokens, n, _, path_slots = accept_fn(beams, target, tree.unpacker)
-    mx.eval(beams, tree, h, target, keys, values, tokens, n, path_slots)
+    mx.eval(beams, tree, h, target, keys, values, fresh, tokens, n, path_slots)
     keep((keys, values))
     lengths, init_token, hidden, rng = s.lengths, s.init_token, s.hidden, s.rng
 
@@ -285,7 +287,7 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
     def t_verify(c):
         k, v = kv.pop("kv")
         out = counted(c, verify_fn(tree.tokens, tree.depth, tree.mask, lengths, k, v, rng))
-        keep(out[2:])
+        keep(out[2:4])
         return out
 
     def t_accept(c):
@@ -293,7 +295,7 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
 
     def t_commit(c):
         k, v = kv.pop("kv")
-        out = counted(c, commit_fn(k, v, lengths, path_slots, h, n))
+        out = counted(c, commit_fn(k, v, lengths, path_slots, h, n, fresh))
         keep(out[:2])
         return out
 

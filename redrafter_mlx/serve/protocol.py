@@ -20,9 +20,10 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from redrafter_mlx.engine.sampling import MAX_PENALTY_CONTEXT
+from redrafter_mlx.engine.sampling import MAX_SEED as SEED_MAX  # the engine's rules, checked here
+
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; send 0 for greedy decoding
-MAX_PENALTY_CONTEXT = 1024  # engine.sampling.MAX_PENALTY_CONTEXT (no engine import here)
-SEED_MAX = 2**64 - 1  # a PRNG key holds 64 bits
 DEFAULT_MAX_BODY_BYTES = 4 << 20  # 4 MiB: ~1M prompt tokens as JSON ids, far past any context
 MAX_STOP = 4
 ROLES = ("system", "developer", "user", "assistant")

@@ -57,6 +57,7 @@ from redrafter_mlx.engine.cache import (
 )
 from redrafter_mlx.engine.decode import DecodeState, StepOutput, first_draw
 from redrafter_mlx.engine.loading import materialize
+from redrafter_mlx.engine.penalties import bias_vector
 from redrafter_mlx.engine.sampling import SamplerConfig, check_seed
 from redrafter_mlx.engine.shape import AR, BeamShape
 
@@ -600,11 +601,8 @@ class Scheduler:
                 return mx.array([getattr(q, name) for q in reqs], dtype)
 
             if any(q.logit_bias for q in reqs):
-                dense = [[0.0] * self.model.vocab_size for _ in reqs]
-                for row, q in zip(dense, reqs):
-                    for token, value in q.logit_bias:
-                        row[token] += value
-                bias = mx.array(dense, mx.float32)
+                V = self.model.vocab_size
+                bias = mx.stack([bias_vector(q.logit_bias, V) for q in reqs])
             else:
                 bias = mx.zeros((len(reqs), 1), mx.float32)
             self._params = RowParams(

@@ -259,12 +259,12 @@ def test_full_queue_is_a_429(pair, monkeypatch):
     gate, holding = threading.Event(), threading.Event()
     admit = server.scheduler._admit
 
-    def held(block, timeout):
+    def held(*args):
         if gate.is_set():
-            return admit(block, timeout)
+            return admit(*args)
         holding.set()
         time.sleep(0.01)
-        return None
+        return []
 
     monkeypatch.setattr(server.scheduler, "_admit", held)
     try:

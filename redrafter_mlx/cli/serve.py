@@ -3,6 +3,10 @@
 Loads the model (and drafter) once, compiles the batched step, and serves
 ``/v1/chat/completions``, ``/v1/completions``, ``/v1/models`` and ``/health`` on localhost
 (see :mod:`redrafter_mlx.serve`).
+
+Under ``mlx.launch`` the model is split across the ranks: rank 0 runs the HTTP server and
+the scheduler, and every other rank runs the scheduler's follower loop (``follow``), which
+applies the events rank 0 broadcasts each iteration and so runs the same steps.
 """
 
 from __future__ import annotations
@@ -143,15 +147,21 @@ def serve(
             max_tokens=max_tokens_limit,
             max_kv_size=max_kv_size,
             batch=max_batch,
+            split_ok=True,
         )
         engine, plan, paths = ready.engine, serving_plan(ready.plan), ready.engine.paths
+        group = getattr(engine.model, "group", None)
+        if group is not None and group.rank() != 0:
+            follow(engine, plan, max_batch, group)
+            return
         names = (model_id(paths), *model_aliases(model, paths))
         server = build(
             engine, plan, max_batch, max_queue, max_tokens_limit, log_level, names, max_body_bytes
         )
+        split = f" · split across {group.size()} ranks" if group is not None else ""
         err_console().print(
             f"[bold]redrafter-mlx serve[/] · {model_id(paths)} ({engine.dtype}) · "
-            f"beam {plan.label} ({plan.source}) · {max_batch} rows · "
+            f"beam {plan.label} ({plan.source}) · {max_batch} rows{split} · "
             f"http://{host}:{port}/v1",
         )
         defaults = serving_defaults(engine.folder)
@@ -178,6 +188,21 @@ def serving_plan(plan):
         return plan
     room = replace(shape, capacity=min(shape.length, shape.chain_length))
     return ShapeChoice(room, f"{plan.source}; room for the beam or the chain per row")
+
+
+def follow(engine, plan, max_batch: int, group) -> None:
+    """A rank other than 0 under ``mlx.launch``: no HTTP; the scheduler's follower loop runs
+    the same engine work as rank 0's, event by event, and returns at rank 0's stop event
+    (rank 0 stopping on SIGINT/SIGTERM, or failing). Ctrl-C reaches every local rank: rank
+    0 decides, so it is ignored here."""
+    import signal
+
+    from redrafter_mlx.serve.scheduler import Scheduler
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    shape = plan.shape if plan.speculative else None
+    eos = engine.tokenizer.eos_token_ids
+    Scheduler(engine.model, engine.drafter, shape, eos, max_batch, group=group).follow()
 
 
 def serving_defaults(folder) -> dict:
@@ -212,7 +237,13 @@ def build(
     shape = plan.shape if plan.speculative else None
     tok = engine.tokenizer
     scheduler = Scheduler(
-        engine.model, engine.drafter, shape, tok.eos_token_ids, max_batch, max_queue
+        engine.model,
+        engine.drafter,
+        shape,
+        tok.eos_token_ids,
+        max_batch,
+        max_queue,
+        group=getattr(engine.model, "group", None),
     )
     scheduler.start(warmup_prompt=tok.chat_prompt([{"role": "user", "content": "Hello"}]))
     beam = {}
@@ -234,6 +265,10 @@ def build(
     app = create_app(scheduler, config)
 
     def run(host: str, port: int, grace: float) -> None:
-        make_server(app, scheduler, host, port, log_level, grace).run()
+        try:
+            make_server(app, scheduler, host, port, log_level, grace).run()
+        finally:  # the loop ends (under mlx.launch: the other ranks' loops with it)
+            scheduler.begin_drain(0.0)
+            scheduler.stop()
 
     return run

@@ -21,6 +21,17 @@ so a lone request does not pay for seven idle rows. The batch grows when a reque
 free row and shrinks once at most a quarter of its rows are busy; both re-lay the cache
 (a copy, at a step boundary, rare) and never recompile per join or leave.
 
+Under ``mlx.launch`` (the model split across ranks, ``engine/distributed.py``) every rank
+runs this loop over its shard; only rank 0 has the HTTP server, the queue, the clients'
+cancellations and the clock. What those decide reaches the engine only as a few events
+(a request admitted, with its settings and seed; a row or prefill freed; stop), and each
+iteration rank 0 sends that iteration's list to every rank in one broadcast, between steps
+(``_share``); every rank, rank 0 included, applies it with the one rule, ``_apply``.
+The rest of an iteration (prefilling, joining, the step, reading it, rows stopping at EOS
+or their limit, the batch resizing) follows from the events and the tokens, which are the
+same on every rank, so the ranks run the same steps in the same order. ``follow`` is the
+loop of a rank other than 0: no queue, no HTTP, until rank 0's stop event.
+
 Failures are isolated: an exception in one request's own work (admitting, prefilling, drawing
 its first token) ends that request with an error event and the others go on; only an
 exception in the batch's work (the batched step, resizing, placing a row) fails every
@@ -35,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import logging
 import queue
 import threading
@@ -56,6 +68,7 @@ from redrafter_mlx.engine.cache import (
     token_limit,
 )
 from redrafter_mlx.engine.decode import DecodeState, StepOutput, first_draw
+from redrafter_mlx.engine.distributed import broadcast_bytes
 from redrafter_mlx.engine.loading import materialize
 from redrafter_mlx.engine.penalties import bias_vector
 from redrafter_mlx.engine.sampling import SamplerConfig, check_seed
@@ -170,6 +183,48 @@ class Request:
 
 FREE_ROW = Request([], 1, sink=lambda event: None)  # a free row's settings: greedy, no penalty
 
+# --- Engine events: what rank 0 decides and every rank applies (``Scheduler._apply``), as
+# JSON-ready dicts. ``ticket``: the request's number in admission order, the same on every
+# rank.
+#   {"op": "admit", "ticket": n, "seed": s, "request": {field: value}}: a request starts
+#       prefilling; ``seed`` is its own or one rank 0 drew, so sampled rows agree
+#   {"op": "free", "ticket": n, "error": message or None, "status": code}: its row or
+#       prefill leaves (cancelled, or ended by the server with ``error``)
+#   {"op": "stop"}: the loop ends (a follower's ``follow`` returns)
+
+REQUEST_FIELDS = (
+    "prompt",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "repetition_penalty",
+    "repetition_context_size",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "id",
+)
+STOP = {"op": "stop"}
+
+
+def admit_event(request: Request, seed: int, ticket: int) -> dict:
+    """The event that admits ``request`` (its prompt and settings, not its sink)."""
+    fields = {name: getattr(request, name) for name in REQUEST_FIELDS}
+    fields["logit_bias"] = [list(pair) for pair in request.logit_bias]
+    return {"op": "admit", "ticket": ticket, "seed": seed, "request": fields}
+
+
+def free_event(ticket: int, error: str | None = None, status: int = 500) -> dict:
+    return {"op": "free", "ticket": ticket, "error": error, "status": status}
+
+
+def request_from(event: dict) -> Request:
+    """A follower's copy of an admitted request; nobody reads its events."""
+    fields = dict(event["request"])
+    fields["logit_bias"] = tuple((int(t), float(b)) for t, b in fields["logit_bias"])
+    return Request(sink=lambda ev: None, **fields)
+
 
 @dataclass
 class Row:
@@ -181,6 +236,7 @@ class Row:
     length: int
     joined: float
     slot: int
+    ticket: int
     out: int = 0
     finished: bool = False
 
@@ -192,6 +248,8 @@ class Prefill:
     request: Request
     session: Session
     started: float
+    seed: int  # its draws' seed: the request's, else one rank 0 chose (the same everywhere)
+    ticket: int  # its number in admission order (the same on every rank)
     done: int = 0  # prompt tokens prefilled so far
     hidden: mx.array | None = None  # (1, H) at the last prefilled token
 
@@ -254,6 +312,7 @@ class Scheduler:
         max_batch: int = 8,
         max_queue: int = 64,
         compiled: bool = True,
+        group=None,
     ):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -283,6 +342,13 @@ class Scheduler:
         self.rows: list[Row | None] = [None]
         self._pending = None
         self._prefills: list[Prefill] = []
+        # Under mlx.launch: the ranks' group; rank 0 (``leader``) decides the events.
+        self.group = group
+        self.leader = group is None or group.rank() == 0
+        self._tickets = itertools.count()
+        self._incoming: dict[int, Request] = {}  # admitted, not yet applied (rank 0)
+        self._faults = 0  # batch faults since the start (never reset: the ranks compare it)
+        self._released = False
 
     # ------------------------------------------------------------------ public API
 
@@ -383,6 +449,25 @@ class Scheduler:
             self._die(e)
         finally:
             self.ready.set()
+            self.release()
+
+    def follow(self) -> None:
+        """The loop of a rank other than 0 under ``mlx.launch``: apply rank 0's events and
+        run the same steps, until rank 0's stop event. RuntimeError if the loop died."""
+        self.serve_forever()
+        if self.failure is not None:
+            raise RuntimeError(self.failure)
+
+    def release(self) -> None:
+        """On rank 0 under ``mlx.launch``: send the stop event (once) so that the followers'
+        loops end; ``serve_forever`` does it as it returns. Alone, or elsewhere: nothing."""
+        if self.group is None or not self.leader or self._released:
+            return
+        self._released = True
+        try:
+            self._share([STOP])
+        except Exception:
+            log.exception("could not tell the other ranks to stop")
 
     def begin_drain(self, grace_s: float) -> None:
         """Stop accepting; queued requests fail (503); active rows get ``grace_s`` to finish."""
@@ -408,13 +493,15 @@ class Scheduler:
     # ------------------------------------------------------------------ the loop
 
     def run_once(self, idle_wait: float = 0.05) -> None:
-        """One iteration: leaves, joins, queue the next step, read the previous one."""
+        """One iteration: this iteration's events (leaves, joins: rank 0 decides them, every
+        rank applies them), prefill, queue the next step, read the previous one."""
         if self.state is None:
             self._reset()
+        events = self._share(self._decide(idle_wait) if self.leader else None)
         try:
-            self._drain_step()
-            self._drop_cancelled()
-            self._admit(block=not self._busy(), timeout=idle_wait)
+            if not self._apply(events):
+                return
+            self._prefill_some()
             self._fit()
             nxt = self._queue_step() if self.active_rows else None
             if self._pending is not None:
@@ -447,6 +534,74 @@ class Scheduler:
         self._params: RowParams | None = None
         self._prefills = []
 
+    # ------------------------------------------------------------------ events
+
+    def _decide(self, idle_wait: float) -> list[dict]:
+        """This iteration's events, from what only rank 0 sees: the drain clock, the
+        clients' cancellations and the queue (waiting up to ``idle_wait`` when idle)."""
+        events = self._drain_step()
+        leaving = {e["ticket"] for e in events}
+        events += [free_event(t) for t in self._cancelled() if t not in leaving]
+        leaving |= {e["ticket"] for e in events}
+        return events + self._admit(not self._busy(), idle_wait, len(leaving))
+
+    def _share(self, events: list[dict] | None) -> list[dict]:
+        """Rank 0's ``events`` on every rank (one broadcast; alone: ``events``). A rank whose
+        count of batch faults differs from rank 0's has left its schedule: RuntimeError."""
+        if self.group is None:
+            return events
+        raw = json.dumps({"events": events, "faults": self._faults}) if self.leader else None
+        message = json.loads(broadcast_bytes(raw and raw.encode(), self.group))
+        if message["faults"] != self._faults:
+            raise RuntimeError(
+                f"rank {self.group.rank()} is out of step with rank 0 after an engine "
+                f"failure ({self._faults} batch faults here, {message['faults']} on rank 0)"
+            )
+        return message["events"]
+
+    def _apply(self, events: list[dict]) -> bool:
+        """Apply one iteration's events, in order; every rank runs this on the same list.
+        False: the stop event (the loop ends)."""
+        for event in events:
+            if event["op"] == "stop":
+                self._stop.set()
+                return False
+            if event["op"] == "free":
+                self._free(event["ticket"], event["error"], event["status"])
+                continue
+            ticket = event["ticket"]
+            request = self._incoming.pop(ticket, None) or request_from(event)
+            try:
+                session = Session(self.model, 1)
+            except Exception as e:  # this request's own cache
+                self._fail_one(request, e)
+                continue
+            job = Prefill(request, session, time.perf_counter(), event["seed"], ticket)
+            self._prefills.append(job)
+        return True
+
+    def _free(self, ticket: int, error: str | None, status: int) -> None:
+        """The request with ``ticket`` leaves its prefill or row: cancelled (no ``error``),
+        or answered with ``error``."""
+        for job in self._prefills:
+            if job.ticket == ticket:
+                self._prefills.remove(job)
+                if error is None:
+                    self.stats.requests_cancelled += 1
+                else:
+                    self._reject(job.request, error, status)
+                return
+        for r, row in enumerate(self.rows):
+            if row is not None and row.ticket == ticket:
+                if error is None:
+                    row.finished = True
+                    self.stats.requests_cancelled += 1
+                    log.debug("%s cancelled after %d tokens", row.request.id, row.out)
+                else:
+                    self._send(row, [], error=error, status=status)
+                self._leave(r)
+                return
+
     def _fail_all(self, error: Exception) -> None:
         """Fail every request in flight with a 500 and start over with an empty batch.
 
@@ -455,6 +610,7 @@ class Scheduler:
         """
         log.exception("engine failure; failing %d request(s) in flight", self.active_rows)
         self.stats.engine_errors += 1
+        self._faults += 1
         self._answer_all(f"engine error: {type(error).__name__}: {error}")
         self._reset()
 
@@ -468,7 +624,9 @@ class Scheduler:
         for job in self._prefills:
             if id(job.request) not in answered:
                 self._reject(job.request, message, 500)
-        self._prefills = []
+        for request in self._incoming.values():  # admitted as the failure struck
+            self._reject(request, message, 500)
+        self._prefills, self._incoming = [], {}
 
     def _die(self, error: BaseException) -> None:
         """The loop is ending on an exception: answer every request and refuse new ones."""
@@ -495,10 +653,12 @@ class Scheduler:
 
     # ------------------------------------------------------------------ rows joining
 
-    def _admit(self, block: bool, timeout: float) -> None:
-        """Take queued requests while rows are left for them (waiting up to ``timeout`` when
-        idle), then prefill about one chunk's worth of their prompts."""
-        while self.active_rows + len(self._prefills) < self.max_batch:
+    def _admit(self, block: bool, timeout: float, leaving: int = 0) -> list[dict]:
+        """Admit events for queued requests while rows are left for them (``leaving``: rows
+        and prefills this iteration frees), waiting up to ``timeout`` when ``block``. An
+        unseeded request gets its seed here."""
+        events = []
+        while self.active_rows + len(self._prefills) - leaving + len(events) < self.max_batch:
             try:
                 request = self.queue.get(block=block, timeout=timeout if block else None)
             except queue.Empty:
@@ -509,13 +669,11 @@ class Scheduler:
             if self._draining:
                 self._reject(request, "the server is shutting down", 503)
                 continue
-            try:
-                session = Session(self.model, 1)
-            except Exception as e:  # this request's own cache
-                self._fail_one(request, e)
-                continue
-            self._prefills.append(Prefill(request, session, time.perf_counter()))
-        self._prefill_some()
+            seed = request.seed if request.seed is not None else time.time_ns() % (1 << 31)
+            ticket = next(self._tickets)
+            self._incoming[ticket] = request
+            events.append(admit_event(request, seed, ticket))
+        return events
 
     def _prefill_some(self) -> None:
         """Up to ``PREFILL_CHUNK`` prompt tokens (at least one chunk) per loop iteration, so a
@@ -541,8 +699,7 @@ class Scheduler:
         """A prefilled request's first token, computed now (so that an error in its own
         prefill or draw surfaces here, not in the batched step), and its next key (2,)."""
         request = job.request
-        seed = request.seed if request.seed is not None else time.time_ns() % (1 << 31)
-        rng, first_key = mx.random.split(mx.random.key(seed))
+        rng, first_key = mx.random.split(mx.random.key(job.seed))
         prompt = request.prompt
         history = text_history([prompt], len(prompt)) if request.sampler.reads_text else None
         lengths = mx.array([len(prompt)], mx.int32)
@@ -558,7 +715,7 @@ class Scheduler:
         joined = time.perf_counter()
         limit, _ = token_limit(self.model, len(request.prompt), request.max_tokens)
         stats = RowStats(len(request.prompt), queued_s=job.started - request.submitted)
-        row = Row(request, limit, stats, len(request.prompt), joined, r)
+        row = Row(request, limit, stats, len(request.prompt), joined, r, job.ticket)
         self._place(r, job.session, job.hidden, mx.array([first], mx.int32), rng)
         self.rows[r] = row
         self._params = None
@@ -748,28 +905,18 @@ class Scheduler:
         at = mx.arange(len(self.rows)) == r
         self.state = self.state._replace(lengths=mx.where(at, 0, self.state.lengths))
 
-    def _drop_cancelled(self) -> None:
-        """Free the rows (and drop the prefills) of cancelled requests."""
-        waiting = [job for job in self._prefills if not job.request.cancelled.is_set()]
-        self.stats.requests_cancelled += len(self._prefills) - len(waiting)
-        self._prefills = waiting
-        for r, row in enumerate(self.rows):
-            if row is not None and row.request.cancelled.is_set():
-                row.finished = True
-                self.stats.requests_cancelled += 1
-                log.debug("%s cancelled after %d tokens", row.request.id, row.out)
-                self._leave(r)
+    def _cancelled(self) -> list[int]:
+        """Tickets of the cancelled requests that are prefilling or hold a row."""
+        held = [*self._prefills, *(row for row in self.rows if row is not None)]
+        return [x.ticket for x in held if x.request.cancelled.is_set()]
 
-    def _drain_step(self) -> None:
-        """While draining: refuse queued requests; past the grace period, stop active rows."""
+    def _drain_step(self) -> list[dict]:
+        """While draining: refuse queued requests; past the grace period, free events that
+        stop every prefill and active row."""
         if not self._draining:
-            return
+            return []
         self._reject_queued("the server is shutting down", 503)
-        if time.perf_counter() >= self._drain_deadline:
-            for job in self._prefills:
-                self._reject(job.request, "the server is shutting down", 503)
-            self._prefills = []
-            for r, row in enumerate(self.rows):
-                if row is not None:
-                    self._send(row, [], error="the server is shutting down", status=503)
-                    self._leave(r)
+        if time.perf_counter() < self._drain_deadline:
+            return []
+        held = [*self._prefills, *(row for row in self.rows if row is not None)]
+        return [free_event(x.ticket, "the server is shutting down", 503) for x in held]

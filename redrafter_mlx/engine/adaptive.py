@@ -28,6 +28,11 @@ finished steps, one step behind; no new device sync) and wall-clock time:
 * While AR runs nothing is drafted, so every ``probe`` AR steps one step of the best
   speculative shape re-measures acceptance; the interval doubles (up to ``max_probe``)
   while probes lose, and resets when one wins.
+
+A model split across ranks (``mlx.launch``) must run the same shape on every rank, but each
+rank times its own steps: there rank 0's chooser decides the shapes of the next ``every``
+steps at once and broadcasts them (``SharedChoice``), so the decision points fall at the
+same step on every rank and every rank switches together.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
+from .distributed import broadcast_text
 from .shape import AR, BeamShape
 
 
@@ -331,6 +337,31 @@ def learnt(model, drafter, shape: BeamShape, sampler) -> Adaptive:
     return store[key]
 
 
+class SharedChoice:
+    """Rank 0's shapes on every rank of a split model (``group``).
+
+    Each ``every`` queued steps (a count that is the same on every rank), rank 0 asks its
+    chooser for the next ``every`` shapes and broadcasts their indices (one
+    ``broadcast_text``, between steps); every rank then queues exactly those. Rank 0's
+    chooser still sees each step it ran (``observe``), so it decides from rank 0's timings;
+    the others' choosers are never asked."""
+
+    def __init__(self, chooser: ShapeChooser, group):
+        self.chooser, self.group = chooser, group
+        self._next: deque = deque()
+
+    def next_shape(self) -> Hashable:
+        if not self._next:
+            shapes = self.chooser.shapes
+            text = None
+            if self.group.rank() == 0:
+                picks = [self.chooser.next_shape() for _ in range(self.chooser.every)]
+                text = ",".join(str(shapes.index(k)) for k in picks)
+            text = broadcast_text(text, self.group)
+            self._next.extend(shapes[int(i)] for i in text.split(","))
+        return self._next.popleft()
+
+
 class StepPlan:
     """The compiled step(s) a decode loop runs: one fixed shape, or adaptive among several.
 
@@ -367,6 +398,10 @@ class StepPlan:
             )
             self.adapt.chooser = self.chooser
             self.adapt.history = []
+        self.choice = self.chooser  # what names the next shape
+        group = getattr(model, "group", None)
+        if self.chooser is not None and group is not None:
+            self.choice = SharedChoice(self.chooser, group)
         self._queued: deque = deque()
         self._last_read: float | None = None
         self._queued_once: set = set()
@@ -380,7 +415,7 @@ class StepPlan:
 
         A shape's first call compiles it, in the interval that ends at the next read (the
         loop queues a step, then reads the one before it): that interval is no step time."""
-        shape = self.chooser.next_shape() if self.chooser else self.shape
+        shape = self.choice.next_shape() if self.choice else self.shape
         if shape not in self._queued_once:
             self._queued_once.add(shape)
             self.pause()

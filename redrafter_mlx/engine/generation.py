@@ -179,8 +179,6 @@ def decode(
     finish: list[str | None] = [None] * B
     if adapt is True and seed is not None and not sampler.greedy:
         adapt = False  # the schedule follows wall time: a seeded sample must be reproducible
-    if group is not None:
-        adapt = False  # ... and each rank's wall time differs: every rank must run one shape
     plan = StepPlan(get_step, model, drafter, shape, sampler, adapt)
     stats = _Stats(
         prompt_tokens=sum(len(p) for p in prompts),

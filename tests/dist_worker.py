@@ -6,6 +6,11 @@ launched ranks (and its drafter whole), decodes the case, and writes
 ``OUT_DIR/rank{r}.json`` with, per case, the tokens of every row, the bytes this rank's model
 holds, MLX's peak memory while loading, and a hash of one verify forward's logits (to check
 that the logits are bitwise the same on every rank).
+
+A case with ``"serve"`` runs the server's scheduler instead: rank 0 submits the requests
+(``serve_schedule``) and every other rank follows its events (``Scheduler.follow``); each
+rank reports the tokens its rows produced, by request. A case with ``"adapt"`` decodes
+adaptively with step costs that differ by rank, and reports the shapes it ran.
 """
 
 from __future__ import annotations
@@ -21,11 +26,14 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from redrafter_mlx.engine import model as model_module
+from redrafter_mlx.engine.adaptive import Adaptive
 from redrafter_mlx.engine.distributed import world
 from redrafter_mlx.engine.generation import decode
 from redrafter_mlx.engine.loading import load_drafter, load_model
 from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.shape import AR, BeamShape
+from redrafter_mlx.serve import scheduler as scheduler_module
+from redrafter_mlx.serve.scheduler import Request, Scheduler
 
 
 def param_bytes(model) -> int:
@@ -52,7 +60,105 @@ def logits_hash(model, prompt: list[int]) -> str:
     return hashlib.sha256(logits.tobytes()).hexdigest()
 
 
+def serve_schedule(sched: Scheduler, requests: list[dict]) -> dict[str, list]:
+    """Rank 0 (or alone): submit ``requests`` (those marked ``late`` once 3 steps have run,
+    so they join mid-flight) and run the loop until all are answered; each request's tokens
+    (and error, if any) by id."""
+    out: dict[str, list] = {}
+
+    def submit(late: bool) -> None:
+        for i, spec in enumerate(requests):
+            if spec.get("late", False) == late:
+                settings = {k: v for k, v in spec.items() if k not in ("prompt", "n", "late")}
+                settings["logit_bias"] = tuple(map(tuple, settings.get("logit_bias", ())))
+                sink = collect(out.setdefault(f"r{i}", []))
+                sched.submit(Request(spec["prompt"], spec["n"], sink, id=f"r{i}", **settings))
+
+    submit(late=False)
+    while sched.stats.steps < 3:
+        sched.run_once(0.0)
+    submit(late=True)
+    while sum(bool(t) and t[-1] == "done" for t in out.values()) < len(requests):
+        sched.run_once(0.0)
+    while sched._pending is not None:
+        sched.run_once(0.0)
+    return out
+
+
+def collect(tokens: list):
+    """A sink that appends a request's tokens, then "done" (or its error)."""
+
+    def sink(event) -> None:
+        tokens.extend(event.tokens)
+        if event.error:
+            tokens.append(f"error: {event.error}")
+        if event.done:
+            tokens.append("done")
+
+    return sink
+
+
+def run_serve(case: dict, group) -> dict:
+    """The scheduler over the split model: rank 0 drives it, the others follow."""
+    model, _ = load_model(case["model"], mx.float32, group)
+    drafter = load_drafter(case["drafter"], mx.float32) if case.get("drafter") else None
+    shape = BeamShape.parse(case["shape"])
+    sched = Scheduler(model, drafter, shape, (), case["max_batch"], group=group)
+    if group.rank() == 0:
+        out = serve_schedule(sched, case["serve"])
+        sched.release()
+        return {"tokens": out}
+    seen: dict[str, list] = {}
+    original = scheduler_module.request_from
+
+    def recording(event):  # a follower's own copy of each request keeps its row's tokens
+        request = original(event)
+        request.sink = collect(seen.setdefault(request.id, []))
+        return request
+
+    scheduler_module.request_from = recording
+    try:
+        sched.follow()
+    finally:
+        scheduler_module.request_from = original
+    return {"tokens": seen}
+
+
+def rank_costs(rank: int):
+    """Injected step costs that disagree by rank: rank 0 finds long beams cheap, the others
+    find them dear (left to their own timings, the ranks would choose differently)."""
+
+    def cost(shape) -> float:
+        tokens = 1 if shape == AR else shape.slots
+        return 1.0 + (0.05 if rank == 0 else 2.0) * tokens
+
+    return cost
+
+
+def run_adapt(case: dict, group) -> dict:
+    """Adaptive decoding over the split model; the tokens and the shape of every step."""
+    model, _ = load_model(case["model"], mx.float32, group)
+    drafter = load_drafter(case["drafter"], mx.float32)
+    adapt = Adaptive(step_cost=rank_costs(group.rank()), every=2, probe=4)
+    tokens = [[] for _ in case["prompts"]]
+    for ev in decode(
+        model,
+        drafter,
+        case["prompts"],
+        max_tokens=case["max_tokens"],
+        shape=BeamShape.parse(case["shape"]),
+        adapt=adapt,
+    ):
+        for row, new in zip(tokens, ev.tokens):
+            row.extend(new)
+    return {"tokens": tokens, "shapes": [s.label for s in adapt.history]}
+
+
 def run_case(case: dict, group) -> dict:
+    if "serve" in case:
+        return run_serve(case, group)
+    if "adapt" in case:
+        return run_adapt(case, group)
     model_module.FUSED_KERNELS = case.get("fused")  # None: by device (composed on the CPU)
     base = fresh_memory()
     model, _ = load_model(case["model"], mx.float32, group)

@@ -6,7 +6,11 @@ is one rank) with tiny random models written to disk: tokens equal the single-pr
 engine's for plain decoding and ReDrafter at several shapes, with context lookup, lookup
 alone, batch > 1, seeded sampling, biases, Gemma 2's soft caps and sliding windows and a
 quantized model; the logits are bitwise the same on every rank; each rank holds only its
-heads and about half the weights. The rest runs in this process.
+heads and about half the weights. Under ``-n 2`` the server's scheduler (rank 0 drives it,
+rank 1 follows its events) answers concurrent greedy and sampled requests, one joining
+mid-flight, with the single process's tokens; adaptive decoding makes the same switches on
+both ranks; ``redrafter-mlx serve`` answers over HTTP and both ranks exit 0 on SIGTERM.
+The rest runs in this process.
 """
 
 from __future__ import annotations
@@ -14,8 +18,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import mlx.core as mx
@@ -35,7 +43,9 @@ from redrafter_mlx.engine.distributed import (
 )
 from redrafter_mlx.engine.loading import LoadError, load_drafter, load_model
 from redrafter_mlx.engine.model import Model, ModelArgs
-from tests.dist_worker import fresh_memory
+from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.serve.scheduler import Scheduler
+from tests.dist_worker import fresh_memory, serve_schedule
 from tests.helpers import _randomize, run_decode, save_drafter_dir, save_model_dir, tiny_drafter
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -179,9 +189,25 @@ def launch(n: int, todo: dict, tmp_path: Path) -> list[dict]:
         str(tmp_path / "cases.json"),
         str(tmp_path),
     ]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = run_launched(cmd, env, 240)
+    failed = done.returncode != 0 or "exited with code" in done.stderr  # a rank's failure
+    assert not failed, done.stdout[-3000:] + done.stderr[-3000:]
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(n)]
+
+
+def run_launched(cmd: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+    """Run ``mlx.launch ...`` in its own session; on a timeout (ranks out of step wait
+    forever) end the launcher and every rank it started, then fail."""
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"the launched ranks hung for {timeout} s: {err.decode()[-2000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out.decode(), err.decode())
 
 
 @needs_launch
@@ -324,3 +350,145 @@ def test_commands_that_cannot_split_refuse_to_launch(monkeypatch):
     monkeypatch.setattr(distributed, "world", lambda: FakeGroup(2))
     with pytest.raises(ValueError, match="does not run under mlx.launch yet"):
         prepare_engine("demo", None, None)
+
+
+SERVED = [  # greedy of two lengths, seeded sampling with penalties and a bias, an unseeded
+    # sample, and two requests that join mid-flight (4 rows: rows are freed and reused)
+    dict(prompt=[1, 7, 3, 30, 2], n=14),
+    dict(prompt=REPEAT, n=20),
+    dict(
+        prompt=[1, 4, 4, 8, 9, 10, 11, 12, 40],
+        n=16,
+        temperature=0.8,
+        top_p=0.9,
+        seed=11,
+        repetition_penalty=1.2,
+        logit_bias=[[5, 2.0]],
+    ),
+    dict(prompt=[2, 9, 9, 3], n=12, temperature=1.0),  # unseeded: rank 0 picks the seed
+    dict(prompt=[1, 5, 9, 13], n=10, late=True),
+    dict(prompt=[3, 3, 7], n=8, temperature=0.7, seed=3, late=True),
+]
+
+
+@needs_launch
+def test_split_scheduler_and_adaptive_decoding_follow_rank_0(folders, tmp_path):
+    """Under ``-n 2``: the server's scheduler gives every request the single process's
+    tokens on both ranks (the unseeded sample: the same tokens on both); adaptive decoding,
+    with step costs that differ by rank, runs rank 0's shapes on both ranks, switching, and
+    gives the single process's greedy tokens."""
+    model, drafter = folders["llama"], folders["llama-drafter"]
+    two = [[1, 7, 3, 30, 2], [1, 4, 4, 8, 9, 10, 11, 12, 40]]
+    todo = {
+        "serve": dict(model=model, drafter=drafter, shape="W2xL3+K1xL4", max_batch=4),
+        "adapt": dict(model=model, drafter=drafter, shape="W2xL4", prompts=two, max_tokens=30),
+    }
+    todo["serve"]["serve"], todo["adapt"]["adapt"] = SERVED, True
+    ranks = launch(2, todo, tmp_path)
+
+    whole, _ = load_model(model, mx.float32)
+    small = load_drafter(drafter, mx.float32)
+    alone = serve_schedule(Scheduler(whole, small, BeamShape.parse("W2xL3+K1xL4"), (), 4), SERVED)
+    got = [r["cases"]["serve"]["tokens"] for r in ranks]
+    for i, spec in enumerate(SERVED):
+        rid = f"r{i}"
+        assert len(got[0][rid]) == spec["n"] + 1 and got[0][rid][-1] == "done", got[0][rid]
+        assert got[1][rid] == got[0][rid], f"{rid}: rank 1's row differs from rank 0's"
+        if spec.get("temperature") and spec.get("seed") is None:
+            continue  # a seed of its own (the same on both ranks, checked above)
+        assert got[0][rid] == alone[rid], f"{rid}: the split server differs from one process"
+
+    want, _ = run_decode(whole, small, two, max_tokens=30, shape=BeamShape.parse("W2xL4"))
+    runs = [r["cases"]["adapt"] for r in ranks]
+    assert all(run["tokens"] == want for run in runs)
+    assert runs[0]["shapes"] == runs[1]["shapes"], "the ranks ran different shapes"
+    assert len(set(runs[0]["shapes"])) > 1, "no switch: the check would be empty"
+    # rank 0's costs settle on a short beam; rank 1's own would have gone back to AR
+    assert "AR" not in runs[1]["shapes"][-8:], runs[1]["shapes"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_pid(launcher: int, rank: int) -> int | None:
+    """The process of ``rank`` started by the ``mlx.launch`` process ``launcher`` (Linux)."""
+
+    def parent(pid: str) -> str:
+        status = Path("/proc", pid, "status").read_text()
+        return next(line.split()[1] for line in status.splitlines() if line.startswith("PPid"))
+
+    for proc in Path("/proc").iterdir():
+        try:
+            if f"MLX_RANK={rank}".encode() not in (proc / "environ").read_bytes().split(b"\0"):
+                continue
+            pid = proc.name
+            while pid not in ("0", "1", str(launcher)):
+                pid = parent(pid)
+            if pid == str(launcher):
+                return int(proc.name)
+        except (OSError, StopIteration):
+            continue
+    return None
+
+
+@needs_launch
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds ranks in /proc")
+def test_launched_serve_answers_over_http_and_stops_on_sigterm():
+    """``mlx.launch -n 2 redrafter-mlx serve``: rank 0 answers two concurrent greedy requests
+    with the single process's text; SIGTERM to rank 0 stops it and rank 1 with it, both
+    exiting 0."""
+    import httpx
+
+    import redrafter_mlx
+    from redrafter_mlx.engine.bundled import demo_paths
+
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1")
+    serve = [sys.executable, "-m", "redrafter_mlx.cli", "serve", "--model", "demo"]
+    serve += ["--port", str(port), "--max-batch", "2", "--shutdown-grace", "1"]
+    cmd = [LAUNCH, "-n", "2", "--backend", "ring", "--", *serve]
+    launched = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
+    asks = [("def fibonacci(n):", 24), ("import os\n\n\ndef walk(path):", 16)]
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.time() + 120
+        while True:
+            assert launched.poll() is None, launched.communicate()[1].decode()[-2000:]
+            assert time.time() < deadline, "the launched server did not come up"
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        answers = {}
+
+        def ask(prompt, n):
+            body = dict(model="demo", prompt=prompt, max_tokens=n, temperature=0)
+            reply = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+            answers[prompt] = reply.json()["choices"][0]["text"]
+
+        threads = [threading.Thread(target=ask, args=a) for a in asks]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        rank0 = rank_pid(launched.pid, 0)
+        assert rank0 is not None
+        os.kill(rank0, signal.SIGTERM)
+        _, err = launched.communicate(timeout=60)
+    finally:
+        if launched.poll() is None:  # a hang: end what this test started
+            os.killpg(launched.pid, signal.SIGKILL)
+            launched.communicate()
+    err = err.decode()
+    assert launched.returncode == 0 and "exited with code" not in err, err[-2000:]
+    assert "was killed" not in err, err[-2000:]
+    model, drafter, tok = redrafter_mlx.load(*demo_paths())
+    for prompt, n in asks:
+        want = redrafter_mlx.generate(model, drafter, tok, tok.encode(prompt), max_tokens=n)
+        assert answers[prompt] == want, prompt

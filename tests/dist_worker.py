@@ -10,7 +10,9 @@ that the logits are bitwise the same on every rank).
 A case with ``"serve"`` runs the server's scheduler instead: rank 0 submits the requests
 (``serve_schedule``) and every other rank follows its events (``Scheduler.follow``); each
 rank reports the tokens its rows produced, by request. A case with ``"adapt"`` decodes
-adaptively with step costs that differ by rank, and reports the shapes it ran.
+adaptively with step costs that differ by rank, and reports the shapes it ran. A case
+with ``"tune"`` runs the tuner's search with ``cli.tune``'s shared measure and clock, each
+rank measuring (a real decode) but reporting made-up speeds that differ by rank.
 """
 
 from __future__ import annotations
@@ -154,7 +156,35 @@ def run_adapt(case: dict, group) -> dict:
     return {"tokens": tokens, "shapes": [s.label for s in adapt.history]}
 
 
+def run_tune(case: dict, group) -> dict:
+    """The tuner's search over the split model: the shapes each rank measured, in order, and
+    the recommendation. Rank 0 says longer beams are faster, the others the opposite."""
+    from redrafter_mlx.cli.tune import shared_clock, shared_measure
+    from tuning.search import Measurement, SearchPlan, successive_halving
+
+    model, _ = load_model(case["model"], mx.float32, group)
+    drafter = load_drafter(case["drafter"], mx.float32)
+    measured = []
+
+    def measure(shape, n_tokens):
+        measured.append(shape.label)
+        small = drafter if shape.drafts else None
+        for _ in decode(model, small, case["prompts"], max_tokens=n_tokens, shape=shape):
+            pass
+        speed = shape.longest if group.rank() == 0 else 10 - shape.longest
+        return Measurement((float(speed),) * len(case["prompts"]), (1.0,), None)
+
+    shapes = [BeamShape.parse(label) for label in case["shapes"]]
+    plan = SearchPlan(warmup_tokens=2, min_tokens=4, short_tokens=6, long_tokens=8)
+    found = successive_halving(
+        shared_measure(measure, group), shapes, 20.0, shared_clock(group), plan
+    )
+    return {"measured": measured, "recommended": found.recommended.label}
+
+
 def run_case(case: dict, group) -> dict:
+    if "tune" in case:
+        return run_tune(case, group)
     if "serve" in case:
         return run_serve(case, group)
     if "adapt" in case:

@@ -9,7 +9,8 @@ quantized model; the logits are bitwise the same on every rank; each rank holds 
 heads and about half the weights. Under ``-n 2`` the server's scheduler (rank 0 drives it,
 rank 1 follows its events) answers concurrent greedy and sampled requests, one joining
 mid-flight, with the single process's tokens; adaptive decoding makes the same switches on
-both ranks; ``redrafter-mlx serve`` answers over HTTP and both ranks exit 0 on SIGTERM.
+both ranks, and the tuner's search decides alike; ``redrafter-mlx serve`` answers over HTTP
+and both ranks exit 0 on SIGTERM.
 The rest runs in this process.
 """
 
@@ -343,7 +344,7 @@ def test_bench_reports_what_a_split_step_sends(capsys):
 
 
 def test_commands_that_cannot_split_refuse_to_launch(monkeypatch):
-    """serve (and anything not written for ranks) says so instead of hanging in a sum."""
+    """A command not written for ranks says so instead of hanging in a sum."""
     from redrafter_mlx.cli.common import prepare_engine
     from redrafter_mlx.engine import distributed
 
@@ -376,7 +377,8 @@ def test_split_scheduler_and_adaptive_decoding_follow_rank_0(folders, tmp_path):
     """Under ``-n 2``: the server's scheduler gives every request the single process's
     tokens on both ranks (the unseeded sample: the same tokens on both); adaptive decoding,
     with step costs that differ by rank, runs rank 0's shapes on both ranks, switching, and
-    gives the single process's greedy tokens."""
+    gives the single process's greedy tokens; the tuner's search, with speeds that differ by
+    rank, measures the same shapes on both and recommends rank 0's pick."""
     model, drafter = folders["llama"], folders["llama-drafter"]
     two = [[1, 7, 3, 30, 2], [1, 4, 4, 8, 9, 10, 11, 12, 40]]
     todo = {
@@ -384,6 +386,8 @@ def test_split_scheduler_and_adaptive_decoding_follow_rank_0(folders, tmp_path):
         "adapt": dict(model=model, drafter=drafter, shape="W2xL4", prompts=two, max_tokens=30),
     }
     todo["serve"]["serve"], todo["adapt"]["adapt"] = SERVED, True
+    shapes = ["W1xL2", "W1xL3", "W1xL4"]
+    todo["tune"] = dict(model=model, drafter=drafter, prompts=two[:1], shapes=shapes, tune=True)
     ranks = launch(2, todo, tmp_path)
 
     whole, _ = load_model(model, mx.float32)
@@ -405,6 +409,12 @@ def test_split_scheduler_and_adaptive_decoding_follow_rank_0(folders, tmp_path):
     assert len(set(runs[0]["shapes"])) > 1, "no switch: the check would be empty"
     # rank 0's costs settle on a short beam; rank 1's own would have gone back to AR
     assert "AR" not in runs[1]["shapes"][-8:], runs[1]["shapes"]
+
+    # tune: both ranks measured the same shapes in the same order and recommend what rank
+    # 0's speeds say (rank 1's own would say plain decoding)
+    tuned = [r["cases"]["tune"] for r in ranks]
+    assert tuned[0]["measured"] == tuned[1]["measured"] and len(tuned[0]["measured"]) > 4
+    assert tuned[0]["recommended"] == tuned[1]["recommended"] == "W1×L4"
 
 
 def free_port() -> int:

@@ -715,8 +715,8 @@ def prepare_engine(
     group = world()
     if group is not None and not split_ok:
         raise ValueError(
-            "this command does not run under mlx.launch yet (chat, generate and bench do); "
-            "start it as one process"
+            "this command does not run under mlx.launch yet (chat, generate, bench, serve and "
+            "tune do); start it as one process"
         )
     follow_rank0(group)
     flags = Sampling.make(sampling) if sampling is not None else None

@@ -10,6 +10,11 @@
 * ``tune --chip m2`` prints the built-in preset for that chip without measuring.
 * ``tune --show`` lists saved profiles, ``tune --clear`` deletes them.
 
+Under ``mlx.launch`` each rank loads its shard of the model and every rank runs the same
+measurements in the same order (the split model needs them all); rank 0's timings and
+clock are everyone's (``shared_measure``, ``shared_clock``: one broadcast each), so the
+search makes the same decisions on every rank, and rank 0 alone saves the profile.
+
 Heavy modules (MLX, the engine, rich, matplotlib) are imported only when needed.
 """
 
@@ -162,9 +167,53 @@ def build_measure(
         questions = load_prompts(prompts, num_prompts)
     except PromptSetError as e:
         raise TuneError(f"--prompts: {e}") from None
-    llm, draft, tokenizer = load(model, drafter, dtype=dtype)  # a LoadError: as a TuneError
+    group = world()
+    llm, draft, tokenizer = load(model, drafter, dtype=dtype, group=group)  # LoadError: as is
     fit_blas_threads(llm, draft)
-    return EngineMeasure(llm, draft, tokenizer, questions), time.perf_counter
+    measure = EngineMeasure(llm, draft, tokenizer, questions)
+    if group is None:
+        return measure, time.perf_counter
+    return shared_measure(measure, group), shared_clock(group)
+
+
+def world():
+    from redrafter_mlx.engine.distributed import world
+
+    return world()
+
+
+def shared_measure(measure, group):
+    """``measure`` run on every rank (a split model's run needs all of them), returning rank
+    0's measurement everywhere. A failure on rank 0 is every rank's (the search marks the
+    shape); one on another rank alone ends that rank."""
+    from dataclasses import asdict
+
+    from redrafter_mlx.engine.distributed import broadcast_text
+    from tuning.search import Measurement
+
+    def shared(shape: BeamShape, n_tokens: int) -> Measurement:
+        try:
+            mine = {"ok": asdict(measure(shape, n_tokens))}
+        except Exception as e:
+            mine = {"error": f"{type(e).__name__}: {e}"}
+        got = json.loads(broadcast_text(json.dumps(mine), group))
+        if "error" in got:
+            raise TuneError(got["error"])
+        if "error" in mine:
+            raise SystemExit(f"error: rank {group.rank()}: {mine['error']}")
+        ok = got["ok"]
+        return Measurement(
+            tuple(ok["tokens_per_s"]), tuple(ok["tokens_per_step"]), ok["mean_packed"]
+        )
+
+    return shared
+
+
+def shared_clock(group):
+    """Rank 0's ``time.perf_counter`` on every rank (the search's budget is rank 0's)."""
+    from redrafter_mlx.engine.distributed import broadcast_text
+
+    return lambda: float(broadcast_text(repr(time.perf_counter()), group))
 
 
 def resolve_models(model: str | None, drafter: str | None, lookup: bool) -> ModelPaths:
@@ -318,11 +367,13 @@ def run_tuning(
     gap = result.evidence_gap()
     lookup = options.get("lookup") or {}
     path = None
-    if gap is None:
+    group = world()
+    leader = group is None or group.rank() == 0  # under mlx.launch rank 0 saves
+    if gap is None and leader:
         path = save_profile(
             chip.chip_id, model, drafter, options["dtype"], result, bool(lookup.get("chains"))
         )
-    if options["plot"]:
+    if options["plot"] and leader:
         from tuning.render import save_heatmap_png
 
         save_heatmap_png(result, options["plot"])
@@ -458,9 +509,12 @@ def tune(
             raise FlagError(f"--budget-seconds must be > 0, got {budget_seconds:g}")
         if plot:
             _check_plot_available()
+        from redrafter_mlx.cli.common import follow_rank0
         from redrafter_mlx.engine.loading import LoadError
         from tuning.chip import detect_chip
 
+        group = world()
+        follow_rank0(group)  # under mlx.launch: rank 0 prints, the others only their errors
         info = detect_chip()
         paths = resolve_models(model, drafter, lookup_on(lookup, no_lookup))
         model, drafter = paths.model, paths.drafter
@@ -477,6 +531,7 @@ def tune(
             chains,
             chain_lengths,
         )
+        shapes = same_shapes_everywhere(shapes, group)
         options = {
             "dtype": dtype,
             "prompts": prompts or ("demo" if paths.demo else "mt-bench"),
@@ -495,6 +550,16 @@ def tune(
                 f"{e} (detected {info.chip_id}; its preset is {preset.shape.label}: "
                 f"redrafter-mlx tune --chip {preset.name})"
             ) from None
+
+
+def same_shapes_everywhere(shapes: list[BeamShape], group) -> list[BeamShape]:
+    """Rank 0's grid on every rank (alone: ``shapes``): the ranks measure the same shapes."""
+    if group is None:
+        return shapes
+    from redrafter_mlx.engine.distributed import broadcast_text
+
+    labels = broadcast_text("\n".join(s.label for s in shapes), group)
+    return [BeamShape.parse(label) for label in labels.split("\n") if label]
 
 
 def _check_plot_available() -> None:

@@ -163,20 +163,32 @@ def _to_mx(array: np.ndarray, entry: dict) -> mx.array:
 # and zeros from everyone else).
 
 
+HEAD = 128  # int32s in a broadcast's first message: the length, then up to HEAD - 1 bytes
+
+
 def broadcast_bytes(data: bytes | None, group: mx.distributed.Group | None) -> bytes | None:
-    """Rank 0's ``data`` on every rank (None stays None); the other ranks' argument is unused."""
+    """Rank 0's ``data`` on every rank (None stays None); the other ranks' argument is unused.
+
+    One ``all_sum`` when ``data`` has fewer than ``HEAD`` bytes (the length travels with
+    them: a message is latency-bound at this size), a second for the rest of a longer one."""
     if group is None:
         return data
-    mine = group.rank() == 0
-    n = -1 if data is None else len(data)
-    n = int(_from_rank0(mx.array([n if mine else 0], mx.int32), group).item())
+    head = np.zeros(HEAD, np.int32)
+    if group.rank() == 0:
+        head[0] = -1 if data is None else len(data)
+        first = np.frombuffer((data or b"")[: HEAD - 1], np.uint8)
+        head[1 : 1 + len(first)] = first
+    head = np.array(_from_rank0(mx.array(head), group))
+    n = int(head[0])
     if n < 0:
         return None
-    if n == 0:
-        return b""
-    buf = np.frombuffer(data, np.uint8).astype(np.int32) if mine else np.zeros(n, np.int32)
-    got = np.array(_from_rank0(mx.array(buf), group)).astype(np.uint8)
-    return got.tobytes()
+    got = head[1 : 1 + n].astype(np.uint8).tobytes()
+    if n < HEAD:
+        return got
+    mine = np.frombuffer(data, np.uint8)[HEAD - 1 :] if group.rank() == 0 else None
+    rest = mine if mine is not None else np.zeros(n - (HEAD - 1), np.uint8)
+    rest = _from_rank0(mx.array(rest.astype(np.int32)), group)
+    return got + np.array(rest).astype(np.uint8).tobytes()
 
 
 def broadcast_text(text: str | None, group: mx.distributed.Group | None) -> str | None:

@@ -79,6 +79,7 @@ from .batch_step import RowParams, StepMode, make_batch_step
 log = logging.getLogger("redrafter_mlx.serve")
 
 PENALTY_SPANS = (20, 64, 256, 1024)  # history a batch's penalties read: few compile keys
+IDLE_NAP = 0.8  # of rank 0's idle wait: how long the other ranks sleep while it idles
 
 
 class QueueFull(Exception):
@@ -497,7 +498,7 @@ class Scheduler:
         rank applies them), prefill, queue the next step, read the previous one."""
         if self.state is None:
             self._reset()
-        events = self._share(self._decide(idle_wait) if self.leader else None)
+        events = self._share(self._decide(idle_wait) if self.leader else None, idle_wait)
         try:
             if not self._apply(events):
                 return
@@ -545,18 +546,28 @@ class Scheduler:
         leaving |= {e["ticket"] for e in events}
         return events + self._admit(not self._busy(), idle_wait, len(leaving))
 
-    def _share(self, events: list[dict] | None) -> list[dict]:
+    def _share(self, events: list[dict] | None, idle_wait: float = 0.0) -> list[dict]:
         """Rank 0's ``events`` on every rank (one broadcast; alone: ``events``). A rank whose
-        count of batch faults differs from rank 0's has left its schedule: RuntimeError."""
+        count of batch faults differs from rank 0's has left its schedule: RuntimeError.
+
+        An idle rank 0 (no events, nothing in flight: its next iteration waits on the queue)
+        tells the others to sleep for most of its ``idle_wait`` before the next message,
+        rather than wait in the ``all_sum``, whose wait polls (on the ring backend about a
+        third of a core); a request reaching an idle server starts up to that much later."""
         if self.group is None:
             return events
-        raw = json.dumps({"events": events, "faults": self._faults}) if self.leader else None
-        message = json.loads(broadcast_bytes(raw and raw.encode(), self.group))
+        raw = None
+        if self.leader:
+            nap = IDLE_NAP * idle_wait if not events and not self._busy() else 0.0
+            raw = json.dumps({"events": events, "faults": self._faults, "nap": nap}).encode()
+        message = json.loads(broadcast_bytes(raw, self.group))
         if message["faults"] != self._faults:
             raise RuntimeError(
                 f"rank {self.group.rank()} is out of step with rank 0 after an engine "
                 f"failure ({self._faults} batch faults here, {message['faults']} on rank 0)"
             )
+        if not self.leader and message["nap"]:
+            time.sleep(message["nap"])
         return message["events"]
 
     def _apply(self, events: list[dict]) -> bool:

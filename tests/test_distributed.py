@@ -502,3 +502,41 @@ def test_launched_serve_answers_over_http_and_stops_on_sigterm():
     for prompt, n in asks:
         want = redrafter_mlx.generate(model, drafter, tok, tok.encode(prompt), max_tokens=n)
         assert answers[prompt] == want, prompt
+
+
+def test_a_follower_applies_rank_0s_events_until_stop(folders, monkeypatch):
+    """``Scheduler.follow`` on a rank other than 0, rank 0's messages played in: it admits
+    the request, gives it the tokens one process gives it, and returns at the stop event; a
+    message whose count of batch faults differs from its own ends it with an error."""
+    from redrafter_mlx.serve import scheduler as scheduler_module
+    from redrafter_mlx.serve.scheduler import STOP, Request, admit_event
+    from tests.dist_worker import collect
+
+    model, _ = load_model(folders["llama"], mx.float32)
+    shape = BeamShape.parse("W2xL3")
+    drafter = load_drafter(folders["llama-drafter"], mx.float32)
+    spec = dict(prompt=[1, 7, 3, 30, 2], n=9, temperature=0.8, seed=4)
+    alone = serve_schedule(Scheduler(model, drafter, shape, (), 2), [spec])["r0"]
+
+    got: list = []
+    request = Request([1, 7, 3, 30, 2], 9, lambda ev: None, temperature=0.8, seed=4, id="r0")
+    sent = [[admit_event(request, 4, 0)]]
+
+    def rank0(raw, group):  # what rank 0 would send: the admission, nothing, then stop
+        events = sent.pop() if sent else ([STOP] if got and got[-1] == "done" else [])
+        return json.dumps({"events": events, "faults": 0, "nap": 0.0}).encode()
+
+    def recording(event, original=scheduler_module.request_from):
+        copy = original(event)
+        copy.sink = collect(got)
+        return copy
+
+    monkeypatch.setattr(scheduler_module, "broadcast_bytes", rank0)
+    monkeypatch.setattr(scheduler_module, "request_from", recording)
+    Scheduler(model, drafter, shape, (), 2, group=FakeGroup(2, 1)).follow()
+    assert got == alone and len(got) == 10
+
+    out_of_step = json.dumps({"events": [], "faults": 1, "nap": 0.0}).encode()
+    monkeypatch.setattr(scheduler_module, "broadcast_bytes", lambda raw, group: out_of_step)
+    with pytest.raises(RuntimeError, match="out of step with rank 0"):
+        Scheduler(model, drafter, shape, (), 2, group=FakeGroup(2, 1)).follow()

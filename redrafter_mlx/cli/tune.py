@@ -168,7 +168,9 @@ def build_measure(
     except PromptSetError as e:
         raise TuneError(f"--prompts: {e}") from None
     group = world()
-    llm, draft, tokenizer = load(model, drafter, dtype=dtype, group=group)  # LoadError: as is
+    llm, draft, tokenizer = load(
+        model, drafter, dtype=dtype, group=group
+    )  # a LoadError: a TuneError
     fit_blas_threads(llm, draft)
     measure = EngineMeasure(llm, draft, tokenizer, questions)
     if group is None:
@@ -177,6 +179,7 @@ def build_measure(
 
 
 def world():
+    """The ``mlx.launch`` group, None alone (MLX imported only when measuring)."""
     from redrafter_mlx.engine.distributed import world
 
     return world()

@@ -92,7 +92,12 @@ def test_turns_reuse_the_kv_cache_and_reset_clears_it(engine):
     assert second.prompt_tokens > first.prompt_tokens
     assert second.prefilled_tokens <= second.prompt_tokens - first.prompt_tokens + MAX_TOKENS
     assert [m["role"] for m in loop.messages] == ["user", "assistant"] * 2
-    assert len(loop.session.cached[0]) == second.prompt_tokens + second.generation_tokens
+    # The whole answer stays cached, but for its last token when no step ran after it (a
+    # loop that reads each step before queueing the next does not write it; the next turn
+    # prefills it).
+    cached = len(loop.session.cached[0])
+    assert second.prompt_tokens + second.generation_tokens - 1 <= cached
+    assert cached <= second.prompt_tokens + second.generation_tokens
 
     loop.command("/reset")
     assert loop.messages == [] and loop.session.cached == [[]]

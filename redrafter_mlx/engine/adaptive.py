@@ -85,6 +85,10 @@ def family(shape: BeamShape) -> tuple[int, int, int]:
     return (shape.width if shape.drafts else 0, shape.lookup, shape.chain_length)
 
 
+LONG_CHAIN = 2  # adaptive runs also try lookup chains this many times the asked length
+MIN_STATE_WEIGHT = 2.0  # decayed steps a match state needs before its own shadow counts
+
+
 @dataclass
 class ShapeChooser:
     """Chooses the next step's shape among ``shapes`` (``AR`` among them); ``start``: the
@@ -123,7 +127,10 @@ class ShapeChooser:
         self._ar_queued = 0
         self._probe: Hashable | None = None
         self._outlier_seen: set = set()
-        self._shadow: list[float] = []  # decayed counts of lookup drafts accepted: k -> weight
+        # Decayed counts of the lookup drafts a chain would have had accepted (k -> weight):
+        # over all steps (key None) and per match state (the suffix tokens matched when the
+        # step started, ``LookupShadow.match``).
+        self._shadow: dict[int | None, list[float]] = {}
 
     # ------------------------------------------------------------------ estimates
 
@@ -135,36 +142,47 @@ class ShapeChooser:
         overall = self._all.accept
         return 0.0 if overall is None else min(overall * w.ratio, 0.999)
 
-    def tokens_per_step(self, key: Hashable) -> float:
-        """Expected tokens per step (1 for AR)."""
+    def tokens_per_step(self, key: Hashable, matches: Sequence[int] | None = None) -> float:
+        """Expected tokens per step (1 for AR); with ``matches`` (each active row's match
+        state now), a shape with lookup chains is judged per row by that state's shadow."""
         if key == AR:
             return 1.0
+        if matches and key.lookup:
+            drafted = self._drafted(key) if key.drafts else 0.0
+            rows = [max(self.lookup_tokens(key, m) or 1.0, drafted) for m in matches]
+            return sum(rows) / len(rows)
         own = self.own[key]
         if own.mean is not None and self.steps - own.last_step <= self.stale:
             return own.mean
-        a = self.acceptance(key)
-        chain = sum(a**k for k in range(key.longest))
+        chain = sum(self.acceptance(key) ** k for k in range(key.longest))
         shadow = self.lookup_tokens(key)
         if shadow is None:
             return chain
         if not key.drafts:
             return shadow
-        part = key.without_lookup()  # the better of the drafter's part and the chains
-        drafted = (
-            self.tokens_per_step(part) if part in self.own else sum(a**k for k in range(key.length))
-        )
-        return max(shadow, drafted)
+        return max(shadow, self._drafted(key))  # the better of the beams and the chains
 
-    def lookup_tokens(self, key: Hashable) -> float | None:
-        """Tokens per step a shape's lookup chain would give, from the shadow (None: no
+    def _drafted(self, key: Hashable) -> float:
+        """Expected tokens per step of the drafter's part of ``key`` alone."""
+        part = key.without_lookup()
+        if part in self.own:
+            return self.tokens_per_step(part)
+        return sum(self.acceptance(key) ** k for k in range(key.length))
+
+    def lookup_tokens(self, key: Hashable, match: int | None = None) -> float | None:
+        """Tokens per step a shape's lookup chain would give, from the shadow: of steps that
+        started in match state ``match`` when enough were seen, else of all (None: no
         lookup in ``key``, or nothing observed yet)."""
-        total = sum(self._shadow)
+        counts = self._shadow.get(match, [])
+        if sum(counts) < MIN_STATE_WEIGHT:
+            counts = self._shadow.get(None, [])
+        total = sum(counts)
         if not key.lookup or total <= 0:
             return None
         room = min(key.chain_length, key.slots) - 1  # draft tokens the chain can hold
-        return sum(w * (1 + min(k, room)) for k, w in enumerate(self._shadow)) / total
+        return sum(w * (1 + min(k, room)) for k, w in enumerate(counts)) / total
 
-    def rate(self, key: Hashable) -> float | None:
+    def rate(self, key: Hashable, matches: Sequence[int] | None = None) -> float | None:
         """Expected tokens per second; None while the shape's cost is unknown.
 
         A speculative step does at least an AR step's work (its verify forward), so its cost
@@ -176,12 +194,16 @@ class ShapeChooser:
             return None
         if key != AR and self.cost[AR] is not None:
             cost = max(cost, self.cost[AR])
-        return self.tokens_per_step(key) / cost
+        return self.tokens_per_step(key, matches) / cost
 
     # ------------------------------------------------------------------ the loop's calls
 
-    def next_shape(self) -> Hashable:
-        """The shape of the next step to queue (call once per queued step)."""
+    def next_shape(self, matches: Sequence[int] | None = None) -> Hashable:
+        """The shape of the next step to queue (call once per queued step). ``matches``:
+        each active row's lookup match state now (``LookupShadow.match``), when the loop
+        has read every earlier step: then each step gets the shape best for that state."""
+        if matches is not None:
+            return self._each_step(matches)
         self._queued += 1
         if self._queued >= self.every:
             self._queued = 0
@@ -194,6 +216,31 @@ class ShapeChooser:
                 if self._probe is not None:
                     return self._probe
         return self.current
+
+    def _each_step(self, matches: Sequence[int]) -> Hashable:
+        """The best shape for a step whose rows start in these match states.
+
+        Acceptance of lookup is bursty and the match state predicts it (a long match is
+        usually a passage being copied, none is fresh text), so the choice is made per step
+        rather than every few. Shapes not timed yet run first; while plain decoding wins,
+        every ``probe`` steps (doubling while probes lose) a drafting shape runs once so
+        the drafter's acceptance stays measured (the shadow measures lookup for free).
+        """
+        if self._probe is not None:  # a probe is in flight: nothing new to judge by
+            return self.current
+        unknown = [k for k in self.shapes if self.cost[k] is None]
+        best = unknown[0] if unknown else max(self.shapes, key=lambda k: self.rate(k, matches))
+        if best != self.current:
+            self._switch(best)
+        if best == AR:
+            self._ar_queued += 1
+            if self._ar_queued >= self._probe_every:
+                self._ar_queued = 0
+                drafting = [k for k in self.shapes if k != AR and k.drafts]
+                if drafting:
+                    self._probe = max(drafting, key=lambda k: self.rate(k, matches))
+                    return self._probe
+        return best
 
     def observe(self, key: Hashable, counts: Sequence[int], seconds: float | None) -> None:
         """A finished step of shape ``key``: tokens it emitted per active row (accepted + 1)
@@ -216,13 +263,15 @@ class ShapeChooser:
             else:
                 self._probe_every = min(2 * self._probe_every, self.max_probe)
 
-    def observe_lookup(self, accepted: Sequence[int]) -> None:
-        """Lookup drafts a chain would have had accepted at recent step starts (the shadow)."""
-        for k in accepted:
-            self._shadow = [w * self.decay for w in self._shadow]
-            if k >= len(self._shadow):
-                self._shadow += [0.0] * (k + 1 - len(self._shadow))
-            self._shadow[k] += 1.0
+    def observe_lookup(self, resolved: Sequence[tuple[int, int]]) -> None:
+        """``(match, accepted)``: lookup drafts a chain would have had accepted at recent
+        step starts, and the match state each started in (the shadow)."""
+        for match, k in resolved:
+            for state in (None, match):
+                counts = [w * self.decay for w in self._shadow.get(state, [])]
+                counts += [0.0] * (k + 1 - len(counts))
+                counts[k] += 1.0
+                self._shadow[state] = counts
 
     # ------------------------------------------------------------------ internals
 
@@ -297,9 +346,10 @@ class Adaptive:
 
         By default: ``shape``; its drafter part alone and the shorter single beams; and with
         lookup chains, the chains alone (no drafter cost: where the text repeats itself
-        they may beat every tree with drafter beams, and where it does not, AR wins) and,
+        they may beat every tree with drafter beams, and where it does not, AR wins),
         for one beam and one chain, room for one of them (each row verifies its beam or
-        its chain, whichever the match says, at the cost of the beam alone)."""
+        its chain, whichever the match says, at the cost of the beam alone), and chains
+        ``LONG_CHAIN`` times as long alone (a passage being copied)."""
         if self.shapes:
             spec = list(self.shapes)
         elif shape.is_autoregressive:
@@ -312,6 +362,8 @@ class Adaptive:
                 if shape.width == 1 and shape.lookup == 1:  # one chain, the drafter's cost
                     room = min(shape.length, shape.chain_length)
                     spec.append(BeamShape(1, shape.length, room, 1, shape.chain_length))
+        if shape.lookup and not self.shapes:  # a passage being copied: chains twice as long
+            spec.append(BeamShape.lookup_only(shape.lookup, LONG_CHAIN * shape.chain_length))
         spec = [s for s in spec if not s.is_autoregressive]
         return [AR, *dict.fromkeys(spec)]
 
@@ -409,13 +461,22 @@ class StepPlan:
         self.lookup_horizon = max((s.chain_length - 1 for s in shapes if s.lookup), default=0)
         if self.chooser is None:
             self.lookup_horizon = 0
+        # Each step's shape from its rows' match states: the loop reads every step before
+        # queueing the next (one process; a split model keeps rank 0's shared blocks).
+        self.each_step = self.choice is self.chooser is not None and self.lookup_horizon > 0
 
-    def next(self):
-        """The step function for the next step to queue.
+    def next(self, matches: Sequence[int] | None = None):
+        """The step function for the next step to queue (``matches``: with ``each_step``,
+        the active rows' lookup match states, read after the previous step).
 
         A shape's first call compiles it, in the interval that ends at the next read (the
         loop queues a step, then reads the one before it): that interval is no step time."""
-        shape = self.choice.next_shape() if self.choice else self.shape
+        if self.choice is None:
+            shape = self.shape
+        elif self.each_step:
+            shape = self.chooser.next_shape(matches)
+        else:
+            shape = self.choice.next_shape()
         if shape not in self._queued_once:
             self._queued_once.add(shape)
             self.pause()
@@ -436,10 +497,11 @@ class StepPlan:
         self._last_read = now
         self.chooser.observe(shape, counts, seconds)
 
-    def lookup_seen(self, accepted: Sequence[int]) -> None:
-        """The shadow resolved these steps' counterfactual lookup acceptances."""
-        if self.chooser is not None and accepted:
-            self.chooser.observe_lookup(accepted)
+    def lookup_seen(self, resolved: Sequence[tuple[int, int]]) -> None:
+        """The shadow resolved these steps' counterfactual lookup acceptances
+        (``(match, accepted)`` each)."""
+        if self.chooser is not None and resolved:
+            self.chooser.observe_lookup(resolved)
 
     def pause(self) -> None:
         """The consumer held the loop (e.g. between streamed events): the next read's wall

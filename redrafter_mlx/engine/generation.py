@@ -221,7 +221,7 @@ def decode(
         lengths = [len(p) for p in prompts]  # exact, as of the last step read
         inflight = 0
 
-        def queue():
+        def queue(matches=None):
             """Queue one step; attention covers a bucket above every row's possible length.
 
             The state is taken out of ``box`` so that, while the step is dispatched, nothing
@@ -233,7 +233,7 @@ def decode(
                 window = step_window(max(lengths), inflight, per_step, width)
                 state = ensure_slots(state, window)
                 host = time.perf_counter()
-                state, out = plan.next()(state, window)
+                state, out = plan.next(matches)(state, window)
                 mx.async_eval(out, state)
             finally:
                 box["state"] = state  # handed back to the session even if interrupted
@@ -241,11 +241,18 @@ def decode(
             inflight += 1
             return out
 
+        def matches():
+            """Each running row's lookup match state now (the per-step choice's input)."""
+            return [shadow.match(r) for r in range(B) if finish[r] is None]
+
+        # A per-step choice reads step k before queueing step k+1 (it needs the text so
+        # far); otherwise step k+1 is queued before step k is read.
+        each_step = plan.each_step
         pending = None
         if not all(finish):
-            pending = queue()
+            pending = queue(matches() if each_step else None)
         while pending is not None:
-            nxt = queue()  # queue step k+1 before reading step k
+            nxt = None if each_step else queue()
             # Host reads of step k only, which is computed; step k+1 is already queued.
             toks, counts, packed = (
                 pending.tokens.tolist(),
@@ -257,7 +264,7 @@ def decode(
             plan.finished([c for c, f in zip(counts, finish) if f is None])
             if shadow is not None:  # what a lookup chain would have given, rows still going
                 seen = [shadow.step(r, toks[r][: counts[r]]) for r in range(B) if not finish[r]]
-                plan.lookup_seen([k for row in seen for k in row])
+                plan.lookup_seen([pair for row in seen for pair in row])
             lengths = [n + c for n, c in zip(lengths, counts)]
             stats.steps += 1
             new_rows, acc_rows, drafted_rows = [], [], []
@@ -271,6 +278,8 @@ def decode(
                 new_rows.append(new)
                 acc_rows.append(counts[r] - 1)
                 drafted_rows.append([i < counts[r] - 1 for i in range(len(new))])
+            if each_step and not all(finish):
+                nxt = queue(matches())
             pending = nxt if not all(finish) else None
             yield DecodeEvent(
                 new_rows, acc_rows, drafted_rows, list(finish), stats.snapshot(gen_tic), looked

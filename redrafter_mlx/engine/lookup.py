@@ -138,7 +138,7 @@ class LookupShadow:
         self.text = [list(r) for r in rows]
         self.index: list[dict[tuple, int]] = [{} for _ in rows]
         self.indexed = [0] * len(rows)  # positions < this are in the index
-        self.pending: list[list[tuple[int, list[int]]]] = [[] for _ in rows]
+        self.pending: list[list[tuple[int, list[int], int]]] = [[] for _ in rows]
         for r in range(len(rows)):
             self._index_upto(r)
 
@@ -152,37 +152,48 @@ class LookupShadow:
                 index[tuple(text[p - n + 1 : p + 1])] = p
         self.indexed[r] = max(len(text) - 1, self.indexed[r])
 
-    def chain(self, r: int) -> list[int]:
-        """The draft tokens lookup proposes now for row ``r`` (empty: no match)."""
+    def _found(self, r: int) -> tuple[int, int]:
+        """(n, p): the longest suffix of row ``r``'s text (n <= ``max_ngram``) that occurred
+        earlier, and where that occurrence ends (the latest); (0, -1) without one."""
         text, index = self.text[r], self.index[r]
         for n in range(min(self.max_ngram, len(text)), 0, -1):
             p = index.get(tuple(text[-n:]))
             if p is not None:
-                return text[p + 1 : p + 1 + self.horizon]
-        return []
+                return n, p
+        return 0, -1
 
-    def step(self, r: int, tokens: list[int]) -> list[int]:
-        """Row ``r``'s step emitted ``tokens``: returns the accepted-draft counts of the
-        chains whose outcome is now known (one per earlier step start)."""
+    def match(self, r: int) -> int:
+        """Tokens of row ``r``'s suffix that lookup matches now (0: no candidate)."""
+        return self._found(r)[0]
+
+    def chain(self, r: int) -> list[int]:
+        """The draft tokens lookup proposes now for row ``r`` (empty: no match)."""
+        n, p = self._found(r)
+        return self.text[r][p + 1 : p + 1 + self.horizon] if n else []
+
+    def step(self, r: int, tokens: list[int]) -> list[tuple[int, int]]:
+        """Row ``r``'s step emitted ``tokens``: returns ``(match, accepted)`` of the chains
+        whose outcome is now known (one per earlier step start): the suffix tokens matched
+        when the step started, and the chain's leading tokens the model then wrote."""
         start = len(self.text[r])
-        self.pending[r].append((start, self.chain(r)))
+        self.pending[r].append((start, self.chain(r), self.match(r)))
         self.text[r].extend(tokens)
         self._index_upto(r)
         return self._resolve(r, final=False)
 
-    def finish(self, r: int) -> list[int]:
+    def finish(self, r: int) -> list[tuple[int, int]]:
         """Row ``r`` ended: resolve its remaining chains with the text as it is."""
         return self._resolve(r, final=True)
 
-    def _resolve(self, r: int, final: bool) -> list[int]:
+    def _resolve(self, r: int, final: bool) -> list[tuple[int, int]]:
         text, done, keep = self.text[r], [], []
-        for start, chain in self.pending[r]:
+        for start, chain, match in self.pending[r]:
             if not final and len(text) < start + len(chain):
-                keep.append((start, chain))
+                keep.append((start, chain, match))
                 continue
             n = 0
             while n < len(chain) and start + n < len(text) and chain[n] == text[start + n]:
                 n += 1
-            done.append(n)
+            done.append((match, n))
         self.pending[r] = keep
         return done

@@ -54,7 +54,7 @@ def prepare(
 ) -> RunContext:
     """The built-in data (``selfdata``): prompts, answers with hidden states, targets; the
     held-out prompts' answers for selection; the steps fitted to the budget."""
-    from .selfdata import SelfData, answer_sequences, parse_budget, work_key
+    from .selfdata import SelfData, answer_sequences, parse_budget, work_folder, work_key
 
     if world > 1:
         raise ValueError(
@@ -63,8 +63,15 @@ def prepare(
         )
     kind, amount = parse_budget(opts.budget)
     key = work_key(model_fingerprint(path, dtype), opts.gen_temp, opts.answer_tokens, opts.seed)
+    folder = work_folder(plan.cache_root, key, model.feature_layers)
+    if model.feature_layers:
+        key = folder.name.removeprefix("selfdata-")  # the run record names the data it read
+    elif folder.name != f"selfdata-{key}":
+        progress.note(f"answers: reusing {folder} (its final normed hidden states)")
+        # answers added to that folder keep its width: capture its layers (read past)
+        model.capture_features(int(i) for i in folder.name.rsplit("-f", 1)[1].split("."))
     data = SelfData(
-        plan.cache_root / f"selfdata-{key}",
+        folder,
         model,
         tokenizer,
         temperature=opts.gen_temp,

@@ -202,6 +202,27 @@ def work_key(fingerprint: str, temperature: float, answer_tokens: int, seed: int
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
+def work_folder(root: Path, key: str, features=()) -> Path:
+    """The answers' folder for ``key`` (``work_key``) whose hidden states hold ``features``
+    (feature layers) besides the final normed state: ``selfdata-<key>`` without any (the
+    folder every run used before them), ``selfdata-<key>-f<i.j.k>`` with them.
+
+    A run without feature layers whose own folder does not exist reuses one with features
+    (the same answers; it reads the first H values of each row, the final normed state, which
+    is what its own folder would hold), so a last-layer and a multi-layer drafter can be
+    trained on the same generated answers (the feature-layer ablation).
+    """
+    root = Path(root)
+    if features:
+        return root / f"selfdata-{key}-f{'.'.join(str(int(i)) for i in features)}"
+    own = root / f"selfdata-{key}"
+    if not (own / "answers.jsonl").exists():
+        wider = sorted(p for p in root.glob(f"selfdata-{key}-f*") if (p / "answers.jsonl").exists())
+        if wider:
+            return wider[0]
+    return own
+
+
 class SelfData:
     """The answers of one (model, settings) pair in ``work``; every method resumes."""
 

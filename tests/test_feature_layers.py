@@ -312,3 +312,28 @@ def test_distill_with_feature_layers_makes_a_drafter_that_loads_and_decodes(tmp_
     assert "reusing" in result.output
     assert "feature_layers" not in json.loads((last / "config.json").read_text())
     assert sorted(p.name for p in (out / "cache").glob("selfdata-*")) == [work.name]
+
+
+def test_server_rows_with_a_feature_drafter_equal_plain_decoding():
+    """The serving scheduler's batch rows (joining mid-generation, drafter + lookup) carry
+    the wider hidden states: each row's greedy output equals plain decoding."""
+    from redrafter_mlx.engine.loading import attach
+    from redrafter_mlx.serve.scheduler import Request, Scheduler
+
+    model = near_bigram_model(seed=5, attn_scale=0.05, layers=3, vocab=24)
+    drafter = tiny_drafter(model, 11, feature_layers=[0, 2])
+    attach(model, drafter)  # what load does
+    sched = Scheduler(model, drafter, BeamShape(2, 4, None, 1, 5), (), max_batch=2)
+    sinks = []
+    for i, prompt in enumerate(PROMPTS):
+        tokens: list[int] = []
+        sched.submit(Request(prompt, 18 + 6 * i, lambda ev, t=tokens: t.extend(ev.tokens)))
+        sinks.append((prompt, 18 + 6 * i, tokens))
+        for _ in range(3):
+            sched.run_once()
+    for _ in range(10_000):
+        if not (sched.active_rows or sched._pending is not None or sched.queue.qsize()):
+            break
+        sched.run_once()
+    for prompt, n, tokens in sinks:
+        assert tokens == run_decode(model, None, [prompt], max_tokens=n)[0][0]

@@ -262,6 +262,13 @@ def test_feature_layer_specs():
     for bad in ("30", "1,1", "a,b", "-1"):
         with pytest.raises(ValueError):
             resolve_feature_layers(bad, deep)
+    from redrafter_mlx.engine.errors import ParamError
+    from redrafter_mlx.train.options import DistillOptions
+
+    assert DistillOptions().validate().feature_layers == "auto"  # the ablation's winner
+    assert DistillOptions(feature_layers=" 2, 15 ").validate().feature_layers == "2,15"
+    with pytest.raises(ParamError, match="feature layers"):
+        DistillOptions(feature_layers="top").validate()
 
 
 def test_target_caches_are_keyed_on_the_feature_layers():
@@ -306,7 +313,8 @@ def test_distill_with_feature_layers_makes_a_drafter_that_loads_and_decodes(tmp_
     # a last-layer run on the same answers: reuses the multi-layer folder (no generation)
     last = tmp_path / "last"
     result = CliRunner().invoke(
-        app, [*args[:4], str(last), *TOY, "--cache-dir", str(out / "cache")]
+        app,
+        [*args[:4], str(last), *TOY, "--cache-dir", str(out / "cache"), "--feature-layers", "last"],
     )
     assert result.exit_code == 0, result.output
     assert "reusing" in result.output
@@ -337,3 +345,26 @@ def test_server_rows_with_a_feature_drafter_equal_plain_decoding():
         sched.run_once()
     for prompt, n, tokens in sinks:
         assert tokens == run_decode(model, None, [prompt], max_tokens=n)[0][0]
+
+
+def test_answers_keep_the_feature_layers_of_the_decoding_forward():
+    """Self-distillation answers keep [final normed, residual into each feature layer] per
+    position (float16), equal to a plain forward over prompt + answer, and the same tokens
+    and final normed states as without features."""
+    from redrafter_mlx.train.selfgen import answers_with_hidden
+
+    model = tiny_model(6, layers=3, vocab=24)
+    prompts = [[1, 4, 9], [1, 2, 3, 5, 8]]
+    plain = answers_with_hidden(model, prompts, 12, [7])
+    model.capture_features([2, 0])
+    wide = answers_with_hidden(model, prompts, 12, [7])
+    H = model.hidden_size
+    for p, a, b in zip(prompts, plain, wide):
+        assert a.ids == b.ids and b.hidden.shape == (len(b.ids), 3 * H)
+        assert b.hidden.dtype == np.float16
+        np.testing.assert_array_equal(a.hidden, b.hidden[:, :H])
+        # hidden[j] is the state at the token before ids[j]: prompt[-1], then ids[:-1]
+        final, inputs = reference_residuals(model, p + b.ids[:-1])
+        at = slice(len(p) - 1, len(p) - 1 + len(b.ids))
+        want = np.concatenate([np.array(x[at]) for x in (final, inputs[2], inputs[0])], axis=1)
+        np.testing.assert_allclose(b.hidden.astype(np.float32), want, atol=2e-2, rtol=1e-2)

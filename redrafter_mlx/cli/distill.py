@@ -110,12 +110,12 @@ def distill(
         None, help="Without --data: steps between held-out scores (default: 6 in a run)."
     ),
     feature_layers: str = typer.Option(
-        "last",
-        help="What the drafter reads from the LLM: 'last' (the final normed hidden state, "
-        "as every drafter before), 'auto' (EAGLE-3's low, middle and high layers: the "
-        "residual streams entering layers 2, n/2 and n-3, concatenated and projected to H) "
-        "or layer indices 'i,j,k'. The model captures them in its own forward (no extra "
-        "pass); the layers go into the drafter's config.json.",
+        "auto",
+        help="What the drafter reads from the LLM: 'auto' (EAGLE-3's low, middle and high "
+        "layers: the residual streams entering layers 2, n/2 and n-3, each normalised, "
+        "concatenated and projected to H), layer indices 'i,j,k', or 'last' (the final "
+        "normed hidden state, as drafters before). The model captures them in its own "
+        "forward (no extra pass); the layers go into the drafter's config.json.",
     ),
     save_every: int = typer.Option(
         500, help="Checkpoint every N steps (and at the end); 0: only at the end."

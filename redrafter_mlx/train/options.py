@@ -64,9 +64,11 @@ class DistillOptions:
     own_prompts: int = 128  # user turns the model writes itself
     val_prompts: int = 16  # built-in prompts held out for selection and the final evaluation
     select_every: int | None = None  # steps between held-out scores; None: SELECTIONS a run
-    # what the drafter reads: "last" (the final normed hidden state), "auto" or "i,j,k"
-    # (the residual stream entering those layers, projected: training.resolve_feature_layers)
-    feature_layers: str = "last"
+    # what the drafter reads: "auto" (EAGLE-3's low, middle and high layer), "i,j,k" (the
+    # residual streams entering those layers, projected: training.resolve_feature_layers) or
+    # "last" (the final normed hidden state, every drafter before). Default auto: the
+    # SmolLM2 ablation (smollm2_drafter/BUILD.md) at equal data and steps.
+    feature_layers: str = "auto"
 
     def validate(self) -> DistillOptions:
         """Return self, or raise ParamError naming the option and its allowed values."""
@@ -246,7 +248,7 @@ def run_record(opts: DistillOptions, key: str, order: DataOrder, total: int, wor
     )
     if opts.soft_targets:  # only when on: runs checkpointed before the option still resume
         run["soft_targets"] = True
-    if opts.feature_layers != "last":  # likewise
+    if opts.feature_layers != "last":  # likewise (a run before the option read the last)
         run["feature_layers"] = opts.feature_layers
     return run
 

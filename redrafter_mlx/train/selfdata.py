@@ -236,8 +236,12 @@ class SelfData:
         answer_tokens: int,
         batch: int,
         seed: int,
+        features=None,
     ):
+        """``features``: the feature layers this folder's answers hold (``work_folder``),
+        captured while answering when the model captures others; None: the model's own."""
         self.work, self.model, self.tokenizer = Path(work), model, tokenizer
+        self.features = None if features is None else tuple(features)
         self.temperature, self.answer_tokens = temperature, answer_tokens
         self.batch, self.seed = batch, seed
         self.work.mkdir(parents=True, exist_ok=True)
@@ -301,14 +305,20 @@ class SelfData:
         first (atomically), then the rows that point into it are returned."""
         tok = self.tokenizer
         ids = [list(tok.chat_prompt([{"role": "user", "content": p["prompt"]}])) for p in chunk]
-        answers = answers_with_hidden(
-            self.model,
-            ids,
-            self.answer_tokens,
-            sorted(tok.eos_token_ids),
-            self.temperature,
-            seed=self.seed * 1_000_003 + chunk[0]["id"],
-        )
+        own = self.model.feature_layers
+        if self.features is not None:
+            self.model.capture_features(self.features)
+        try:
+            answers = answers_with_hidden(
+                self.model,
+                ids,
+                self.answer_tokens,
+                sorted(tok.eos_token_ids),
+                self.temperature,
+                seed=self.seed * 1_000_003 + chunk[0]["id"],
+            )
+        finally:
+            self.model.capture_features(own)
         shard = f"{chunk[0]['id']:07d}.npy"
         tmp = self.work / "hidden" / f".{shard}.tmp-{os.getpid()}.npy"
         np.save(tmp, np.concatenate([a.hidden for a in answers]))

@@ -25,10 +25,12 @@ CLIP_GRAD_NORM = 1.0
 
 
 def drafter_args(model: Model, opts, draft_vocab: list[int] | None = None) -> DrafterArgs:
-    """Drafter shape from the model and the options (``layers``, ``exit_dim``, ``rnn``,
-    ``feature_layers``)."""
+    """Drafter shape from the model and the options (``layers``, ``exit_dim``, ``rnn``). It
+    reads the feature layers the model captures, which are what its training data holds
+    (``distill`` sets them from ``--feature-layers`` before making any data; none: the
+    final normed hidden state)."""
     H = model.hidden_size
-    layers = resolve_feature_layers(getattr(opts, "feature_layers", "last"), model)
+    layers = tuple(getattr(model, "feature_layers", ()))
     exit_dim = 2 * H if opts.exit_dim == "auto" else int(opts.exit_dim)
     return DrafterArgs(
         vocab_size=model.vocab_size,

@@ -889,6 +889,7 @@ DRAFTER_OPTIONS = dict(
     seq_len=512,
     eval_prompts=24,
     eval_max_tokens=128,
+    feature_layers="last",  # the shipped demo drafter reads the last layer (distill: auto)
 )
 DRAFTER_EXAMPLES = 600
 

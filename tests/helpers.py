@@ -54,7 +54,9 @@ def tiny_model(seed=0, scale=2.0, **kw) -> Model:
     return model
 
 
-def tiny_drafter(model: Model, seed=1, layers=2, exit_dim=None, rnn=True, scale=2.0) -> Drafter:
+def tiny_drafter(
+    model: Model, seed=1, layers=2, exit_dim=None, rnn=True, scale=2.0, feature_layers=None
+) -> Drafter:
     H = model.hidden_size
     args = DrafterArgs(
         vocab_size=model.vocab_size,
@@ -62,6 +64,7 @@ def tiny_drafter(model: Model, seed=1, layers=2, exit_dim=None, rnn=True, scale=
         exit_dim=exit_dim or 2 * H,
         num_draft_layers=layers,
         rnn=rnn,
+        feature_layers=feature_layers,
     )
     drafter = Drafter(args)
     _randomize(drafter, seed, scale)

@@ -109,6 +109,14 @@ def distill(
     select_every: int | None = typer.Option(
         None, help="Without --data: steps between held-out scores (default: 6 in a run)."
     ),
+    feature_layers: str = typer.Option(
+        "auto",
+        help="What the drafter reads from the LLM: 'auto' (EAGLE-3's low, middle and high "
+        "layers: the residual streams entering layers 2, n/2 and n-3, each normalised, "
+        "concatenated and projected to H), layer indices 'i,j,k', or 'last' (the final "
+        "normed hidden state, as drafters before). The model captures them in its own "
+        "forward (no extra pass); the layers go into the drafter's config.json.",
+    ),
     save_every: int = typer.Option(
         500, help="Checkpoint every N steps (and at the end); 0: only at the end."
     ),
@@ -169,6 +177,7 @@ def distill(
             own_prompts=own_prompts,
             val_prompts=val_prompts,
             select_every=select_every,
+            feature_layers=feature_layers,
         )
     if summary["rank"] != 0:
         return  # data-parallel replicas: rank 0 reports

@@ -147,7 +147,7 @@ def prefill_session(session: Session, new_tokens: list[list[int]]):
     B = session.batch
     longest = max(len(t) for t in new_tokens)
     known = [len(c) for c in session.cached]  # exact row lengths before each chunk
-    h_last = mx.zeros((B, model.hidden_size), dtype=session.keys[0].dtype)
+    h_last = mx.zeros((B, model.state_width), dtype=session.keys[0].dtype)
     for start in range(0, longest, PREFILL_CHUNK):
         chunk = [t[start : start + PREFILL_CHUNK] for t in new_tokens]
         T = max(len(c) for c in chunk)

@@ -7,7 +7,8 @@ autoregressive baseline is the same machinery with one token per step.
 
 State carried between steps (``DecodeState``):
     init_token (B,)   the token the LLM produced last; not yet in the cache
-    hidden     (B, H) the LLM's normed hidden state at the last cached token
+    hidden     (B, H) the LLM's normed hidden state at the last cached token; (B, (1+k)H)
+               with the k feature layers a drafter reads (``Model.capture_features``)
     lengths    (B,)   committed cache length per row
     keys/values       per layer (B, n_kv, S, D)
     rng               a PRNG key (sampling only)
@@ -335,6 +336,18 @@ def prefill_chunk(model: Model, tokens, counts, lengths, keys, values, window: i
     return h_last, lengths + counts, keys, values
 
 
+def check_features(model: Model, drafter) -> None:
+    """A drafter with ``feature_layers`` needs the model to capture exactly those layers
+    (``engine.loading.attach``): equal widths from other layers would draft silently worse."""
+    layers = tuple(getattr(getattr(drafter, "args", None), "feature_layers", None) or ())
+    if layers and layers != tuple(getattr(model, "feature_layers", ())):
+        raise ValueError(
+            f"the drafter reads feature layers {list(layers)} but the model captures "
+            f"{list(getattr(model, 'feature_layers', ()))}: call "
+            "engine.loading.attach(model, drafter) (load does)"
+        )
+
+
 def make_step(
     model: Model,
     drafter: Drafter | None,
@@ -351,6 +364,7 @@ def make_step(
     tracings (each is a compile).
     """
     fields = len(DecodeState._fields)
+    check_features(model, drafter)
     plain = shape.is_autoregressive or (drafter is None and not shape.lookup)
     drafter = drafter if shape.drafts else None
 

@@ -7,6 +7,13 @@ reference-trained drafters load after conversion:
     lm_head.{i}.linear.{weight,bias}  residual blocks, i < num_draft_layers
     lm_head.{N}.weight                exit_dim -> V, no bias
     rnn_u.{weight,bias}, rnn_w.weight the recurrent state update (rnn=True)
+    feature_proj.{weight,bias}        kH -> H, only with ``feature_layers`` (our extension)
+
+Multi-layer features (EAGLE-3's idea, arXiv 2503.01840): a drafter whose config.json lists
+``feature_layers`` (k layer indices) reads, instead of the final normed hidden state, the
+residual stream entering each of those layers, each RMS-normalised (no weight) and
+concatenated, through ``feature_proj`` (kH -> H). The model captures them in the same forward
+(``Model.capture_features``); a drafter without the key reads the final normed state as before.
 
 Shapes: B rows, W beams, L beam length (counts the init token), H hidden, V vocabulary.
 """
@@ -34,6 +41,7 @@ class DrafterArgs:
     rnn: bool = True
     extra: dict[str, Any] | None = None
     draft_vocab: list[int] | None = None  # shortlist of K full-vocabulary ids, or None
+    feature_layers: list[int] | None = None  # layers whose input residual it reads, or None
 
     @property
     def head_size(self) -> int:
@@ -42,12 +50,27 @@ class DrafterArgs:
 
     @classmethod
     def from_config(cls, config: dict) -> DrafterArgs:
-        names = {"vocab_size", "hidden_size", "exit_dim", "num_draft_layers", "rnn", "draft_vocab"}
+        names = {
+            "vocab_size",
+            "hidden_size",
+            "exit_dim",
+            "num_draft_layers",
+            "rnn",
+            "draft_vocab",
+            "feature_layers",
+        }
         missing = [k for k in ("vocab_size", "hidden_size") if k not in config]
         if missing:
             raise ValueError(f"drafter config.json lacks {missing}")
         known = {k: v for k, v in config.items() if k in names}
         known.setdefault("exit_dim", 2 * config["hidden_size"])
+        layers = known.get("feature_layers")
+        if layers is not None:
+            if not isinstance(layers, list) or not all(
+                isinstance(i, int) and i >= 0 for i in layers
+            ):
+                raise ValueError(f"drafter feature_layers must be layer indices, got {layers!r}")
+            known["feature_layers"] = list(layers) or None
         return cls(**known, extra={k: v for k, v in config.items() if k not in names})
 
     def to_config(self) -> dict:
@@ -62,6 +85,8 @@ class DrafterArgs:
         )
         if self.draft_vocab:
             cfg["draft_vocab"] = [int(i) for i in self.draft_vocab]
+        if self.feature_layers:
+            cfg["feature_layers"] = [int(i) for i in self.feature_layers]
         return cfg
 
 
@@ -89,6 +114,8 @@ class Drafter(nn.Module):
         if args.rnn:
             self.rnn_u = nn.Linear(H, H, bias=True)
             self.rnn_w = nn.Linear(H, H, bias=False)
+        if args.feature_layers:
+            self.feature_proj = nn.Linear(len(args.feature_layers) * H, H)
 
     def first_state(self, token_emb: mx.array) -> mx.array:
         """``next_state(0, token_emb)`` without multiplying zeros: (..., H) -> (..., H)."""
@@ -114,14 +141,39 @@ class Drafter(nn.Module):
         V is the head size: K shortlist entries (``full_ids`` maps them) or the vocabulary."""
         return self.head(self.hidden_part(hidden), state)
 
+    def features(self, hidden: mx.array) -> mx.array:
+        """The drafter's view of the LLM state: (..., H).
+
+        ``hidden`` is the model's hidden output (..., (1 + k') * H): the final normed state,
+        then k' captured residuals (``Model.capture_features``); training data may also hold
+        the k residuals alone (..., kH). A drafter without ``feature_layers`` reads the first
+        H values (the final normed state; no op when that is all there is); one with k
+        feature layers reads the last kH, RMS-normalises each layer's H values and projects
+        them with ``feature_proj``.
+        """
+        H, layers = self.args.hidden_size, self.args.feature_layers
+        width = hidden.shape[-1]
+        if not layers:
+            return hidden if width == H else hidden[..., :H]
+        k = len(layers)
+        if width not in (k * H, (k + 1) * H):
+            raise ValueError(
+                f"this drafter reads feature layers {layers} ({k} x {H} values) but got hidden "
+                f"states of width {width}: the model must capture them "
+                "(Model.capture_features, done by engine.loading.load)"
+            )
+        x = hidden if width == k * H else hidden[..., H:]
+        x = mx.fast.rms_norm(x.reshape(*x.shape[:-1], k, H), None, 1e-6)
+        return self.feature_proj(x.reshape(*x.shape[:-2], k * H))
+
     def hidden_part(self, hidden: mx.array):
-        """What a draft step needs from ``hidden`` (..., H): hidden itself.
+        """What a draft step needs from ``hidden``: ``features(hidden)`` (..., H).
 
         (Splitting ``input_proj`` into hidden and state halves to hoist the hidden half out
         of the draft steps was measured 3x slower on the CPU backend: a column slice of the
         weight is copied at every matmul. The split point stays for backends that gain.)
         """
-        return hidden
+        return self.features(hidden)
 
     def head(self, hidden_part, state: mx.array) -> mx.array:
         """Logits (..., V) float32 from ``hidden_part(hidden)`` and the state (..., H)."""
@@ -201,7 +253,8 @@ def beam_search(
 ):
     """Beam search of ``width`` beams of ``length`` tokens (init token included).
 
-    hidden: (B, H) the LLM's last normed hidden state; init_token: (B,) the token the LLM
+    hidden: (B, H) the LLM's last normed hidden state (wider with feature layers: the model's
+    hidden output, ``Drafter.features``); init_token: (B,) the token the LLM
     produced at it; embed: the LLM's input embedding lookup.
     Returns beams (B, W, L) sorted by score (best first) with the init token at position 0,
     scores (B, W), and the drafter log-probs at each draft step (B, W, L-1, V), V being the
@@ -212,7 +265,7 @@ def beam_search(
     W*50 candidates; the full log-probs are computed only if the caller uses them (under
     ``mx.compile`` they are dead code for the decode step). W = 1 is greedy: one argmax.
     """
-    B, H = hidden.shape
+    B = hidden.shape[0]  # hidden: (B, H), or wider with feature layers (``Drafter.features``)
     W = width
     if length < 2:
         beams = init_token[:, None, None].astype(mx.int32) * mx.ones((1, W, 1), mx.int32)
@@ -221,10 +274,12 @@ def beam_search(
     # A shortlist head (FR-Spec) scores K ids: beams hold full-vocabulary ids.
     to_full = drafter.full_ids if isinstance(drafter, Drafter) else (lambda index: index)
     # First step: all beams are the init token, so run the drafter once and take the top W.
+    first_emb = embed(init_token)[:, None]  # (B, 1, H)
+    H = first_emb.shape[-1]
     if isinstance(drafter, Drafter):
-        state = drafter.first_state(embed(init_token)[:, None])  # (B, 1, H)
+        state = drafter.first_state(first_emb)  # (B, 1, H)
     else:
-        state = drafter.next_state(mx.zeros((B, 1, H), hidden.dtype), embed(init_token)[:, None])
+        state = drafter.next_state(mx.zeros((B, 1, H), hidden.dtype), first_emb)
     logits = head(hidden_part, state)  # (B, 1, V)
     V = logits.shape[-1]
     step_log_probs = [draft_log_probs(logits)]  # full log-probs: lazy, unused by the step

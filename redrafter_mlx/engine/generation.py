@@ -113,7 +113,7 @@ class GenerationResponse(DecodeStats):
 def get_step(model, drafter, shape: BeamShape, sampler: SamplerConfig):
     """The compiled step for this configuration, kept on the model (compiled once)."""
     cache = model.__dict__.setdefault("_compiled_steps", {})
-    key = (id(drafter), shape, sampler)
+    key = (id(drafter), shape, sampler, getattr(model, "feature_layers", ()))
     if key not in cache:
         while len(cache) >= MAX_COMPILED_STEPS:  # drop the oldest (and the drafter it holds)
             cache.pop(next(iter(cache)))
@@ -152,6 +152,9 @@ def decode(
         drafter = None
     sampler = sampler.validate(model.vocab_size)
     check_seed(seed)
+    layers = getattr(getattr(drafter, "args", None), "feature_layers", None)
+    if layers and tuple(layers) != model.feature_layers:
+        model.capture_features(layers)  # what ``loading.attach`` does (a drafter loaded alone)
     _check_prompts(model, prompts, max_tokens)
     longest = max(len(p) for p in prompts) + max_tokens
     check_step_memory(model, drafter, shape, len(prompts), longest, not sampler.greedy)

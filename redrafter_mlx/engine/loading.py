@@ -231,6 +231,16 @@ def check_pair(model: Model, drafter: Drafter) -> None:
         )
 
 
+def attach(model: Model, drafter: Drafter | None) -> None:
+    """Make ``model`` capture the hidden states ``drafter`` reads (its ``feature_layers``;
+    none for a drafter without the key: the forward is then unchanged)."""
+    layers = (drafter.args.feature_layers or ()) if drafter is not None else ()
+    try:
+        model.capture_features(layers)
+    except ValueError as e:
+        raise LoadError(f"{e}: this drafter was trained for another base model") from None
+
+
 def load(model_path, drafter_path=None, dtype=None, group=None):
     """Load (model, drafter or None, tokenizer). dtype: float16 on Metal, float32 on CPU.
 
@@ -246,4 +256,5 @@ def load(model_path, drafter_path=None, dtype=None, group=None):
     if drafter_path is not None:
         drafter = load_drafter(drafter_path, dtype)
         check_pair(model, drafter)
+        attach(model, drafter)
     return model, drafter, load_tokenizer(path)

@@ -411,6 +411,32 @@ class Model(nn.Module):
         self.model = LlamaModel(args, group)
         if not args.tie_word_embeddings:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.feature_layers: tuple[int, ...] = ()  # see ``capture_features``
+
+    def capture_features(self, layers) -> None:
+        """Make every forward also return the residual stream entering each of ``layers``
+        (a drafter's ``feature_layers``; empty: the final normed hidden state alone).
+
+        The forward's hidden output becomes (..., (1 + k) * H): the final normed hidden
+        state (what ``logits`` reads) followed by the k captured residuals, in ``layers``
+        order, so every path that keeps a hidden state for the drafter (prefill, the AR
+        step, the tree verify's accepted node, batch rows) keeps the features with it, from
+        the same forward. Compiled steps traced for another width are dropped.
+        """
+        layers = tuple(int(i) for i in layers or ())
+        n = self.args.num_hidden_layers
+        bad = [i for i in layers if not 0 <= i < n]
+        if bad:
+            raise ValueError(f"feature layers {bad} are outside this model's layers [0, {n})")
+        if layers != self.feature_layers:
+            self.__dict__.pop("_compiled_steps", None)
+        self.feature_layers = layers
+
+    @property
+    def state_width(self) -> int:
+        """Width of the hidden output of ``__call__``: H, or (1 + k) * H with k captured
+        feature layers (``capture_features``)."""
+        return self.args.hidden_size * (1 + len(self.feature_layers))
 
     @property
     def hidden_size(self) -> int:
@@ -465,15 +491,27 @@ class Model(nn.Module):
         if any(layer.sliding for layer in layers):
             masks[True] = window_mask(mask, positions, write_idx, self.args.sliding_window)
         new_keys, new_values = [], []
-        for layer, k, v in zip(layers, keys, values):
+        capture = self.feature_layers
+        features = {}
+        for i, (layer, k, v) in enumerate(zip(layers, keys, values)):
+            if i in capture:
+                features[i] = x
             rotation = rotations[layer.self_attn.rope_key]
             x, k, v = layer(x, rotation, masks[layer.sliding], k, v, write_idx, fresh)
             new_keys.append(k)
             new_values.append(v)
-        return self.model.norm(x), new_keys, new_values
+        hidden = self.model.norm(x)
+        if capture:
+            hidden = mx.concatenate([hidden, *(features[i] for i in capture)], axis=-1)
+        return hidden, new_keys, new_values
 
     def logits(self, hidden: mx.array) -> mx.array:
-        """(..., H) -> (..., V) float32 logits (soft-capped for Gemma 2)."""
+        """(..., H) -> (..., V) float32 logits (soft-capped for Gemma 2). A wider hidden
+        output (feature layers captured) is read at its first H values, the final normed
+        state."""
+        H = self.args.hidden_size
+        if hidden.shape[-1] != H:
+            hidden = hidden[..., :H]
         if self.args.tie_word_embeddings:
             out = self.model.embed_tokens.as_linear(hidden)
         else:

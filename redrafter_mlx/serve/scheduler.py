@@ -521,7 +521,7 @@ class Scheduler:
         dtype = keys[0].dtype
         self.state = DecodeState(
             mx.zeros((B,), mx.int32),
-            mx.zeros((B, model.hidden_size), dtype),
+            mx.zeros((B, model.state_width), dtype),
             mx.zeros((B,), mx.int32),
             keys,
             values,

@@ -54,7 +54,7 @@ def prepare(
 ) -> RunContext:
     """The built-in data (``selfdata``): prompts, answers with hidden states, targets; the
     held-out prompts' answers for selection; the steps fitted to the budget."""
-    from .selfdata import SelfData, answer_sequences, parse_budget, work_key
+    from .selfdata import SelfData, answer_sequences, parse_budget, work_folder, work_key
 
     if world > 1:
         raise ValueError(
@@ -63,14 +63,23 @@ def prepare(
         )
     kind, amount = parse_budget(opts.budget)
     key = work_key(model_fingerprint(path, dtype), opts.gen_temp, opts.answer_tokens, opts.seed)
+    folder = work_folder(plan.cache_root, key, model.feature_layers)
+    reused_layers = None  # the feature layers of a reused folder's answers
+    if model.feature_layers:
+        key = folder.name.removeprefix("selfdata-")  # the run record names the data it read
+    elif folder.name != f"selfdata-{key}":
+        progress.note(f"answers: reusing {folder} (its final normed hidden states)")
+        # answers added to that folder keep its rows' width: they capture its layers
+        reused_layers = tuple(int(i) for i in folder.name.rsplit("-f", 1)[1].split("."))
     data = SelfData(
-        plan.cache_root / f"selfdata-{key}",
+        folder,
         model,
         tokenizer,
         temperature=opts.gen_temp,
         answer_tokens=opts.answer_tokens,
         batch=opts.gen_batch,
         seed=opts.seed,
+        features=reused_layers,
     )
     own_deadline = started + OWN_PROMPT_SHARE * amount if kind == "seconds" else None
     prompts = own_prompt_stage(data, opts, progress, own_deadline)

@@ -73,6 +73,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from ..engine.errors import ParamError
 from ..engine.model import Model
 from . import builtin
 from .builtin import budget_steps  # noqa: F401
@@ -134,6 +135,7 @@ from .training import (  # noqa: F401
     lr_schedule,
     new_drafter,
     read_batch,
+    resolve_feature_layers,
     shortlist_index,
     shortlist_vocab,
     teacher_targets,
@@ -250,6 +252,10 @@ def load_serving(model_dir, opts: DistillOptions):
     dtype = getattr(mx, opts.dtype) if opts.dtype else default_dtype()
     model, path = load_model(model_dir, dtype)
     model.freeze()
+    try:  # the data keeps the hidden states the drafter will read (its feature layers)
+        model.capture_features(resolve_feature_layers(opts.feature_layers, model))
+    except ValueError as e:
+        raise ParamError("feature_layers", str(e)) from None
     return model, load_tokenizer(path), path, dtype
 
 
@@ -280,6 +286,7 @@ def prepare(
         opts.seq_len,
         opts.predict_tokens,
         opts.targets,
+        model.feature_layers,
     )
     cache_path = plan.cache_root / key
     if (cache_path / "meta.json").exists():

@@ -68,20 +68,22 @@ def evaluate(
 def chain_score(drafter, model: Model, val: dict, index: np.ndarray | None, length: int = 4):
     """Teacher-forced acceptance on held-out answers, one batched pass (no decoding).
 
-    val: hidden (P, H), tokens (P, T+1), valid (P, T) of answers the model wrote; index: the
-    shortlist's head index per id (or None). Returns per-step top-1 accuracy (T,) and the
-    mean accepted run + 1 with ``length - 1`` draft tokens: an estimate of W=1 tokens/step.
+    val: hidden (P, H) (or wider: ``Drafter.features``), tokens (P, T+1), valid (P, T) of
+    answers the model wrote; index: the shortlist's head index per id (or None). Returns
+    per-step top-1 accuracy (T,) and the mean accepted run + 1 with ``length - 1`` draft
+    tokens: an estimate of W=1 tokens/step.
     """
     tokens = np.asarray(val["tokens"])
     targets = tokens[:, 1:] if index is None else index[tokens[:, 1:]]
     ok = np.asarray(val["valid"]) & (targets >= 0)
     hidden = mx.array(np.asarray(val["hidden"])).astype(mx.float32)
     emb = model.embed(mx.array(tokens[:, :-1])).astype(mx.float32)
-    state = mx.zeros(hidden.shape, dtype=mx.float32)
+    state = mx.zeros(emb.shape[::2], dtype=mx.float32)  # (P, H)
+    part = drafter.hidden_part(hidden)  # hidden may be wider: feature layers
     hits = []
     for k in range(tokens.shape[1] - 1):
         state = drafter.next_state(state, emb[:, k])
-        pred = np.array(mx.argmax(drafter(hidden, state), axis=-1))
+        pred = np.array(mx.argmax(drafter.head(part, state), axis=-1))
         hits.append((pred == np.maximum(targets[:, k], 0)) & ok[:, k])
     hits = np.stack(hits, axis=1)
     run = np.cumprod(hits, axis=1)[:, : length - 1].sum(axis=1)

@@ -64,6 +64,11 @@ class DistillOptions:
     own_prompts: int = 128  # user turns the model writes itself
     val_prompts: int = 16  # built-in prompts held out for selection and the final evaluation
     select_every: int | None = None  # steps between held-out scores; None: SELECTIONS a run
+    # what the drafter reads: "auto" (EAGLE-3's low, middle and high layer), "i,j,k" (the
+    # residual streams entering those layers, projected: training.resolve_feature_layers) or
+    # "last" (the final normed hidden state, every drafter before). Default auto: the
+    # SmolLM2 ablation (smollm2_drafter/BUILD.md) at equal data and steps.
+    feature_layers: str = "auto"
 
     def validate(self) -> DistillOptions:
         """Return self, or raise ParamError naming the option and its allowed values."""
@@ -122,6 +127,14 @@ class DistillOptions:
                 parse_budget(self.budget)
             except ValueError as e:
                 raise ParamError("budget", str(e)) from None
+        spec = str(self.feature_layers or "last").strip().lower().replace(" ", "")
+        if spec not in ("auto", "last") and not all(p.isdigit() for p in spec.split(",")):
+            raise ParamError(
+                "feature_layers",
+                f"feature layers must be auto, last or layer indices like 2,15,27; "
+                f"got {self.feature_layers!r}",
+            )
+        self.feature_layers = spec
         if self.exit_dim != "auto":
             try:
                 self.exit_dim = int(self.exit_dim)
@@ -235,6 +248,8 @@ def run_record(opts: DistillOptions, key: str, order: DataOrder, total: int, wor
     )
     if opts.soft_targets:  # only when on: runs checkpointed before the option still resume
         run["soft_targets"] = True
+    if opts.feature_layers != "last":  # likewise (a run before the option read the last)
+        run["feature_layers"] = opts.feature_layers
     return run
 
 

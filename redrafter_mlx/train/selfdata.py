@@ -202,6 +202,27 @@ def work_key(fingerprint: str, temperature: float, answer_tokens: int, seed: int
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
+def work_folder(root: Path, key: str, features=()) -> Path:
+    """The answers' folder for ``key`` (``work_key``) whose hidden states hold ``features``
+    (feature layers) besides the final normed state: ``selfdata-<key>`` without any (the
+    folder every run used before them), ``selfdata-<key>-f<i.j.k>`` with them.
+
+    A run without feature layers whose own folder does not exist reuses one with features
+    (the same answers; it reads the first H values of each row, the final normed state, which
+    is what its own folder would hold), so a last-layer and a multi-layer drafter can be
+    trained on the same generated answers (the feature-layer ablation).
+    """
+    root = Path(root)
+    if features:
+        return root / f"selfdata-{key}-f{'.'.join(str(int(i)) for i in features)}"
+    own = root / f"selfdata-{key}"
+    if not (own / "answers.jsonl").exists():
+        wider = sorted(p for p in root.glob(f"selfdata-{key}-f*") if (p / "answers.jsonl").exists())
+        if wider:
+            return wider[0]
+    return own
+
+
 class SelfData:
     """The answers of one (model, settings) pair in ``work``; every method resumes."""
 
@@ -215,8 +236,12 @@ class SelfData:
         answer_tokens: int,
         batch: int,
         seed: int,
+        features=None,
     ):
+        """``features``: the feature layers this folder's answers hold (``work_folder``),
+        captured while answering when the model captures others; None: the model's own."""
         self.work, self.model, self.tokenizer = Path(work), model, tokenizer
+        self.features = None if features is None else tuple(features)
         self.temperature, self.answer_tokens = temperature, answer_tokens
         self.batch, self.seed = batch, seed
         self.work.mkdir(parents=True, exist_ok=True)
@@ -280,14 +305,20 @@ class SelfData:
         first (atomically), then the rows that point into it are returned."""
         tok = self.tokenizer
         ids = [list(tok.chat_prompt([{"role": "user", "content": p["prompt"]}])) for p in chunk]
-        answers = answers_with_hidden(
-            self.model,
-            ids,
-            self.answer_tokens,
-            sorted(tok.eos_token_ids),
-            self.temperature,
-            seed=self.seed * 1_000_003 + chunk[0]["id"],
-        )
+        own = self.model.feature_layers
+        if self.features is not None:
+            self.model.capture_features(self.features)
+        try:
+            answers = answers_with_hidden(
+                self.model,
+                ids,
+                self.answer_tokens,
+                sorted(tok.eos_token_ids),
+                self.temperature,
+                seed=self.seed * 1_000_003 + chunk[0]["id"],
+            )
+        finally:
+            self.model.capture_features(own)
         shard = f"{chunk[0]['id']:07d}.npy"
         tmp = self.work / "hidden" / f".{shard}.tmp-{os.getpid()}.npy"
         np.save(tmp, np.concatenate([a.hidden for a in answers]))

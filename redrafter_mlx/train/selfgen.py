@@ -30,7 +30,8 @@ CHECK_EVERY = 16  # steps between host reads of "have all rows ended?"
 class Answer:
     """One row's greedy answer: ids (n,) with the end-of-turn id when it ended, and hidden
     (n, H): hidden[j] is the state whose greedy token is ids[j] (the last prompt token's for
-    j = 0)."""
+    j = 0); (n, (1 + k) H) when the model captures k feature layers (the final normed state
+    first, ``Model.capture_features``)."""
 
     ids: list[int]
     finish: str  # "stop" (an end-of-turn id was emitted) or "length"
@@ -89,7 +90,9 @@ def answers_with_hidden(
             if ended.all():
                 break
     ids = np.array(mx.stack(toks, axis=1))  # (B, steps)
-    hid = np.array(mx.stack(hs, axis=1).astype(mx.float16))  # (B, steps, H)
+    # (B, steps, H or (1 + k) H with feature layers); a residual past float16's range (an
+    # outlier of a deep layer) is clipped, not stored as inf
+    hid = np.array(mx.clip(mx.stack(hs, axis=1), -65504, 65504).astype(mx.float16))
     stops = set(int(e) for e in eos_token_ids)
     out = []
     for r in range(B):

@@ -166,18 +166,22 @@ def model_fingerprint(model_dir: Path, dtype) -> str:
     return h.hexdigest()
 
 
-def cache_key(fingerprint: str, data_digest: str, seq_len: int, depth: int, mode: str) -> str:
-    blob = json.dumps(
-        dict(
-            v=CACHE_VERSION,
-            model=fingerprint,
-            data=data_digest,
-            seq_len=seq_len,
-            T=depth,
-            mode=mode,
-        ),
-        sort_keys=True,
+def cache_key(
+    fingerprint: str, data_digest: str, seq_len: int, depth: int, mode: str, features=()
+) -> str:
+    """The target cache's folder name. ``features``: the feature layers its hidden states
+    hold besides the final normed state (none: the key every cache had before them)."""
+    fields = dict(
+        v=CACHE_VERSION,
+        model=fingerprint,
+        data=data_digest,
+        seq_len=seq_len,
+        T=depth,
+        mode=mode,
     )
+    if features:
+        fields["features"] = [int(i) for i in features]
+    blob = json.dumps(fields, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
 
 
@@ -185,7 +189,9 @@ def cache_key(fingerprint: str, data_digest: str, seq_len: int, depth: int, mode
 class TargetCache:
     """Training positions on disk (memory-mapped).
 
-    hidden (P, H) float16/32; tokens (P, T+1) int32 = [x0, target_1..target_T]; valid (P, T) bool.
+    hidden (P, H) float16/32 (P, (1 + k) * H with k feature layers: the final normed state,
+    then the residual entering each, as the model's forward returns them);
+    tokens (P, T+1) int32 = [x0, target_1..target_T]; valid (P, T) bool.
     """
 
     path: Path
@@ -222,7 +228,7 @@ def build_target_cache(
     try:
         dtype = np.float16 if model.model.norm.weight.dtype == mx.float16 else np.float32
         mm = np.lib.format.open_memmap
-        hidden = mm(tmp / "hidden.npy", "w+", dtype, (total, model.hidden_size))
+        hidden = mm(tmp / "hidden.npy", "w+", dtype, (total, model.state_width))
         tokens = mm(tmp / "tokens.npy", "w+", np.int32, (total, depth + 1))
         valid = mm(tmp / "valid.npy", "w+", np.bool_, (total, depth))
         at, tic = 0, time.perf_counter()

@@ -25,8 +25,12 @@ CLIP_GRAD_NORM = 1.0
 
 
 def drafter_args(model: Model, opts, draft_vocab: list[int] | None = None) -> DrafterArgs:
-    """Drafter shape from the model and the options (``layers``, ``exit_dim``, ``rnn``)."""
+    """Drafter shape from the model and the options (``layers``, ``exit_dim``, ``rnn``). It
+    reads the feature layers the model captures, which are what its training data holds
+    (``distill`` sets them from ``--feature-layers`` before making any data; none: the
+    final normed hidden state)."""
     H = model.hidden_size
+    layers = tuple(getattr(model, "feature_layers", ()))
     exit_dim = 2 * H if opts.exit_dim == "auto" else int(opts.exit_dim)
     return DrafterArgs(
         vocab_size=model.vocab_size,
@@ -35,7 +39,36 @@ def drafter_args(model: Model, opts, draft_vocab: list[int] | None = None) -> Dr
         num_draft_layers=opts.layers,
         rnn=opts.rnn,
         draft_vocab=draft_vocab,
+        feature_layers=list(layers) or None,
     )
+
+
+def resolve_feature_layers(spec, model: Model) -> tuple[int, ...]:
+    """``--feature-layers`` -> layer indices: ``last`` (or empty/None) -> () (the final normed
+    hidden state, as every drafter before); ``auto`` -> EAGLE-3's low, middle and high layer
+    scaled to the depth n: the inputs of layers 2, n // 2 and n - 3 (30 layers: 2, 15, 27);
+    ``i,j,k`` -> those layers (0 <= i < n: the residual stream entering layer i)."""
+    n = model.args.num_hidden_layers
+    if spec is None or (isinstance(spec, str) and spec.strip().lower() in ("", "last")):
+        return ()
+    if isinstance(spec, str) and spec.strip().lower() == "auto":
+        return tuple(sorted({min(2, n - 1), n // 2, max(n - 3, 0)}))
+    if isinstance(spec, str):
+        try:
+            layers = [int(p) for p in spec.replace(" ", "").split(",") if p]
+        except ValueError:
+            raise ValueError(
+                f"feature layers must be auto, last or layer indices like 2,15,27; got {spec!r}"
+            ) from None
+    else:
+        layers = [int(i) for i in spec]
+    bad = [i for i in layers if not 0 <= i < n]
+    if bad or len(set(layers)) != len(layers) or not layers:
+        raise ValueError(
+            f"feature layers must be distinct indices in [0, {n}) (this model's layers), "
+            f"got {spec!r}"
+        )
+    return tuple(layers)
 
 
 def shortlist_vocab(sequences: list[Sequence], size: int, vocab_size: int, always=()) -> list[int]:
@@ -80,7 +113,8 @@ def new_drafter(args: DrafterArgs, seed: int) -> Drafter:
 def drafter_loss(drafter: Drafter, hidden, emb, targets, valid, teacher=None, soft=None):
     """Teacher-forced loss over T draft steps.
 
-    hidden: (B, H); emb: (B, T, H) = E[x0], E[target_1..target_{T-1}]; targets: (B, T) int;
+    hidden: (B, H) or wider (the cache's rows: see ``Drafter.features``);
+    emb: (B, T, H) = E[x0], E[target_1..target_{T-1}]; targets: (B, T) int;
     valid: (B, T) bool. Optional soft targets: teacher (B, T, V) the LLM's log-probabilities
     for each step's token (over the drafter's head ids) and soft (B, T) bool, the rows that
     have them; there the loss is the cross-entropy to the teacher's distribution instead of
@@ -90,10 +124,11 @@ def drafter_loss(drafter: Drafter, hidden, emb, targets, valid, teacher=None, so
     """
     B, T, H = emb.shape
     state = mx.zeros((B, H), dtype=hidden.dtype)
+    part = drafter.hidden_part(hidden)  # once (the feature projection), not per step
     losses, accs = [], []
     for k in range(T):
         state = drafter.next_state(state, emb[:, k])
-        logits = drafter(hidden, state)
+        logits = drafter.head(part, state)
         v = valid[:, k].astype(mx.float32)
         n = mx.maximum(v.sum(), 1.0)
         ce = nn.losses.cross_entropy(logits, targets[:, k])
@@ -150,7 +185,8 @@ class DataOrder:
 def read_batch(cache: TargetCache, model: Model, idx: np.ndarray, head_index=None):
     """Model inputs for cached positions idx.
 
-    Returns hidden (B, H) f32, emb (B, T, H) f32, targets (B, T), valid (B, T). With a
+    Returns hidden (B, H, or the cache's wider rows: ``Drafter.features``) f32,
+    emb (B, T, H) f32, targets (B, T), valid (B, T). With a
     shortlist (``head_index``, see ``shortlist_index``) targets are head indices and a target
     outside the shortlist is not valid (the drafter cannot propose it); the RNN input stays
     the true token's embedding.
@@ -191,6 +227,7 @@ def teacher_targets(cache: TargetCache, model: Model, idx: np.ndarray, head_ids=
     else:
         w = model.model.embed_tokens.weight if model.args.tie_word_embeddings else None
         w = w if w is not None else model.lm_head.weight
+        h = h[:, : model.hidden_size]  # the final normed state (a wider cache: features)
         logits = (h @ w[mx.array(head_ids)].T).astype(mx.float32)
         cap = model.args.final_logit_softcapping  # as Model.logits does (Gemma 2)
         logits = mx.tanh(logits / cap) * cap if cap else logits

@@ -142,18 +142,20 @@ def run_adapt(case: dict, group) -> dict:
     model, _ = load_model(case["model"], mx.float32, group)
     drafter = load_drafter(case["drafter"], mx.float32)
     adapt = Adaptive(step_cost=rank_costs(group.rank()), every=2, probe=4)
+    tokens = decoded(model, drafter, case, adapt=adapt)
+    return {"tokens": tokens, "shapes": [s.label for s in adapt.history]}
+
+
+def decoded(model, drafter, case: dict, **options) -> list[list[int]]:
+    """Each of the case's prompts' tokens, decoded at its shape and length with ``options``."""
     tokens = [[] for _ in case["prompts"]]
+    shape = BeamShape.parse(case["shape"])
     for ev in decode(
-        model,
-        drafter,
-        case["prompts"],
-        max_tokens=case["max_tokens"],
-        shape=BeamShape.parse(case["shape"]),
-        adapt=adapt,
+        model, drafter, case["prompts"], max_tokens=case["max_tokens"], shape=shape, **options
     ):
         for row, new in zip(tokens, ev.tokens):
             row.extend(new)
-    return {"tokens": tokens, "shapes": [s.label for s in adapt.history]}
+    return tokens
 
 
 def run_tune(case: dict, group) -> dict:
@@ -194,19 +196,14 @@ def run_case(case: dict, group) -> dict:
     model, _ = load_model(case["model"], mx.float32, group)
     load_peak = mx.get_peak_memory() - base
     drafter = load_drafter(case["drafter"], mx.float32) if case.get("drafter") else None
-    tokens = [[] for _ in case["prompts"]]
-    for ev in decode(
+    tokens = decoded(
         model,
         drafter,
-        case["prompts"],
-        max_tokens=case["max_tokens"],
-        shape=BeamShape.parse(case["shape"]),
+        case,
         sampler=SamplerConfig(temperature=case.get("temperature", 0.0)),
         seed=case.get("seed"),
-        adapt=True,  # a sharded model pins the shape itself
-    ):
-        for row, new in zip(tokens, ev.tokens):
-            row.extend(new)
+        adapt=True,  # greedy: rank 0's shapes on every rank; seeded: pinned
+    )
     return {
         "tokens": tokens,
         "param_bytes": param_bytes(model),

@@ -209,12 +209,9 @@ class ShapeChooser:
             self._queued = 0
             self._choose()
         if self.current == AR and self._probe is None:
-            self._ar_queued += 1
-            if self._ar_queued >= self._probe_every:
-                self._ar_queued = 0
-                self._probe = self._best(speculative=True)
-                if self._probe is not None:
-                    return self._probe
+            probe = self._probe_due(lambda: self._best(speculative=True))
+            if probe is not None:
+                return probe
         return self.current
 
     def _each_step(self, matches: Sequence[int]) -> Hashable:
@@ -233,14 +230,23 @@ class ShapeChooser:
         if best != self.current:
             self._switch(best)
         if best == AR:
-            self._ar_queued += 1
-            if self._ar_queued >= self._probe_every:
-                self._ar_queued = 0
-                drafting = [k for k in self.shapes if k != AR and k.drafts]
-                if drafting:
-                    self._probe = max(drafting, key=lambda k: self.rate(k, matches))
-                    return self._probe
+            drafting = [k for k in self.shapes if k != AR and k.drafts]
+            probe = self._probe_due(
+                lambda: max(drafting, key=lambda k: self.rate(k, matches)) if drafting else None
+            )
+            if probe is not None:
+                return probe
         return best
+
+    def _probe_due(self, choose: Callable[[], Hashable | None]) -> Hashable | None:
+        """Count one plain-decoding step; every ``_probe_every`` of them, the shape
+        ``choose()`` names runs once as a probe (kept in ``_probe`` until observed)."""
+        self._ar_queued += 1
+        if self._ar_queued < self._probe_every:
+            return None
+        self._ar_queued = 0
+        self._probe = choose()
+        return self._probe
 
     def observe(self, key: Hashable, counts: Sequence[int], seconds: float | None) -> None:
         """A finished step of shape ``key``: tokens it emitted per active row (accepted + 1)

@@ -168,15 +168,18 @@ class LookupShadow:
 
     def chain(self, r: int) -> list[int]:
         """The draft tokens lookup proposes now for row ``r`` (empty: no match)."""
+        return self._chain_and_match(r)[0]
+
+    def _chain_and_match(self, r: int) -> tuple[list[int], int]:
         n, p = self._found(r)
-        return self.text[r][p + 1 : p + 1 + self.horizon] if n else []
+        return (self.text[r][p + 1 : p + 1 + self.horizon] if n else []), n
 
     def step(self, r: int, tokens: list[int]) -> list[tuple[int, int]]:
         """Row ``r``'s step emitted ``tokens``: returns ``(match, accepted)`` of the chains
         whose outcome is now known (one per earlier step start): the suffix tokens matched
         when the step started, and the chain's leading tokens the model then wrote."""
         start = len(self.text[r])
-        self.pending[r].append((start, self.chain(r), self.match(r)))
+        self.pending[r].append((start, *self._chain_and_match(r)))
         self.text[r].extend(tokens)
         self._index_upto(r)
         return self._resolve(r, final=False)

@@ -29,7 +29,6 @@ import hashlib
 import json
 import os
 import random
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,7 +37,7 @@ import numpy as np
 
 from .data import Sequence
 from .selfgen import Answer, answer_targets, answers_with_hidden
-from .targets import TargetCache
+from .targets import TargetCache, staged
 
 DATA = Path(__file__).resolve().parent.parent / "data"
 PROMPTS_FILE = DATA / "distill_prompts.jsonl"
@@ -402,10 +401,7 @@ def write_targets(path: Path, rows: list[dict], depth: int) -> None:
     total = sum(len(r["response_ids"]) for r in rows)
     if total == 0:
         raise ValueError("the model's answers have no tokens to train on")
-    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with staged(path) as tmp:
         mm = np.lib.format.open_memmap
         tokens = mm(tmp / "tokens.npy", "w+", np.int32, (total, depth + 1))
         valid = mm(tmp / "valid.npy", "w+", np.bool_, (total, depth))
@@ -421,9 +417,6 @@ def write_targets(path: Path, rows: list[dict], depth: int) -> None:
         (tmp / "segments.json").write_text(json.dumps(segments_of(rows)))
         meta = dict(positions=total, sequences=len(rows), T=depth, mode="self", answers=True)
         (tmp / "meta.json").write_text(json.dumps(meta))
-        os.rename(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def answer_sequences(rows: list[dict]) -> list[Sequence]:

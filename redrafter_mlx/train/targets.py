@@ -18,7 +18,8 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,10 +223,7 @@ def build_target_cache(
     total = sum(counts)
     if total == 0:
         raise ValueError("the training data has no training positions")
-    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    with staged(path) as tmp:
         dtype = np.float16 if model.model.norm.weight.dtype == mx.float16 else np.float32
         mm = np.lib.format.open_memmap
         hidden = mm(tmp / "hidden.npy", "w+", dtype, (total, model.state_width))
@@ -257,6 +255,18 @@ def build_target_cache(
                 )
             )
         )
+    return TargetCache.open(path)
+
+
+@contextmanager
+def staged(path: Path) -> Iterator[Path]:
+    """A temp folder beside ``path``, renamed to ``path`` once the block has written it
+    (when another process finished ``path`` first, theirs is kept); removed in any case."""
+    tmp = path.parent / f".tmp-{path.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
         try:
             os.rename(tmp, path)
         except OSError:
@@ -264,7 +274,6 @@ def build_target_cache(
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return TargetCache.open(path)
 
 
 def sequence_targets(model: Model, seq: Sequence, positions: list[int], depth: int, mode: str):

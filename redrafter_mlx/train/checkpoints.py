@@ -107,7 +107,7 @@ def load_checkpoint(path: Path, trainer) -> dict:
     info = json.loads((path / "training_state.json").read_text())
     trainer.drafter.load_weights(str(path / "model.safetensors"), strict=True)
     state = mx.load(str(path / "training_state.safetensors"))
-    trainer.optimizer.state = tree_unflatten(list(state.items()))
+    trainer.set_optimizer_state(tree_unflatten(list(state.items())))
     mx.eval(trainer.drafter.parameters(), trainer.optimizer.state)
     return info
 

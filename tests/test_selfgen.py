@@ -66,3 +66,61 @@ def test_sampled_answers_are_seeded_and_keep_the_states_that_drew_them():
         positions = list(range(len(prompt) - 1, len(tokens) - 1))
         h_ref = D.sequence_hidden(model, mx.array(tokens), mx.array(positions))
         np.testing.assert_allclose(ans.hidden, np.array(h_ref), atol=2e-2, rtol=1e-2)
+
+
+def _check_answers(model, prompts, answers, eos):
+    """Each answer is its prompt's engine greedy decoding (alone), and hidden[j] the state
+    that drew ids[j] (one forward over prompt + answer)."""
+    for prompt, ans in zip(prompts, answers):
+        want, _ = run_decode(model, None, [prompt], max_tokens=40, eos_token_ids=eos)
+        ended = ans.finish == "stop"
+        assert ans.ids == want[0] + (eos if ended else [])
+        tokens = prompt + ans.ids
+        positions = list(range(len(prompt) - 1, len(tokens) - 1))
+        h_ref = D.sequence_hidden(model, mx.array(tokens), mx.array(positions))
+        np.testing.assert_allclose(ans.hidden, np.array(h_ref), atol=2e-2, rtol=1e-2)
+
+
+def test_a_shared_prompt_prefix_runs_once_and_changes_no_answer(monkeypatch):
+    from redrafter_mlx.train import selfgen
+
+    model = tiny_model(seed=9, vocab=48)
+    rng = np.random.default_rng(9)
+    system = rng.integers(3, 48, 12).tolist()  # a chat template's system turn, say
+    prompts = [system + rng.integers(3, 48, n).tolist() for n in (1, 4, 7)]
+    runs = []
+    real = selfgen.prefill_session
+
+    def counted(session, tokens, quantum):
+        runs.append([len(t) for t in tokens])
+        return real(session, tokens, quantum)
+
+    monkeypatch.setattr(selfgen, "prefill_session", counted)
+    answers = answers_with_hidden(model, prompts, 40, [])
+    assert runs[0] == [12] and runs[1] == [1, 4, 7]  # the prefix once, then each row's rest
+    _check_answers(model, prompts, answers, [])
+
+
+def test_rows_that_ended_leave_the_batch_and_the_others_answer_as_alone(monkeypatch):
+    from redrafter_mlx.train import selfgen
+
+    model = tiny_model(seed=4, vocab=48)
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(3, 48, int(rng.integers(2, 9))).tolist() for _ in range(20)]
+    free = greedy_with_hidden(model, prompts, 40, [])
+    # an end-of-turn id that many rows emit, at different steps: some rows end, others not
+    firsts = [next(iter(a.ids[2:]), -1) for a in free]
+    eos = [max(set(firsts), key=firsts.count)]
+    kept = []
+    real = selfgen.take_rows
+    monkeypatch.setattr(selfgen, "take_rows", lambda s, i: kept.append(i.size) or real(s, i))
+    answers = answers_with_hidden(model, prompts, 40, eos)
+    ends = sorted(len(a.ids) for a in answers if a.finish == "stop")
+    assert kept and all(k % 8 == 0 and k < 20 for k in kept), (kept, ends)
+    assert any(a.finish == "length" for a in answers)
+    _check_answers(model, prompts, answers, eos)
+    assert selfgen.rows_to_keep(np.array([1, 0, 0, 0, 0, 0, 0, 0], bool)).tolist() == list(range(8))
+    keep = selfgen.rows_to_keep(np.array([1] * 6 + [0] * 10, bool))
+    assert keep.tolist() == list(range(16))  # 10 running rows need 16 slots: none leave
+    keep = selfgen.rows_to_keep(np.array([1] * 10 + [0] * 6, bool))
+    assert keep.tolist() == [0, 1] + list(range(10, 16))  # 6 running + 2 ended = 8

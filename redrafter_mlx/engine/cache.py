@@ -141,8 +141,12 @@ class Session:
         self.cached = [[] for _ in range(self.batch)]
 
 
-def prefill_session(session: Session, new_tokens: list[list[int]]):
-    """Run each row's new prompt tokens; returns the hidden state at each row's last one."""
+def prefill_session(session: Session, new_tokens: list[list[int]], quantum: int = SLOT_QUANTUM):
+    """Run each row's new prompt tokens; returns the hidden state at each row's last one.
+
+    Each chunk attends to the cache's first slots rounded up to ``quantum`` (a finer one
+    attends over fewer empty slots; the cache still grows by whole ``SLOT_QUANTUM`` quanta).
+    """
     model = session.model
     B = session.batch
     longest = max(len(t) for t in new_tokens)
@@ -153,7 +157,7 @@ def prefill_session(session: Session, new_tokens: list[list[int]]):
         T = max(len(c) for c in chunk)
         tokens = mx.array([c + [0] * (T - len(c)) for c in chunk], dtype=mx.int32)
         counts = mx.array([len(c) for c in chunk], dtype=mx.int32)
-        window = bucket(max(known) + T)
+        window = -(-(max(known) + T) // quantum) * quantum
         session.ensure_slots(window)
         h, lengths, session.keys, session.values = prefill_chunk(
             model, tokens, counts, session.lengths, session.keys, session.values, window

@@ -50,6 +50,7 @@ ASK = (
 OWN_PROMPT_TOKENS = 48  # most tokens of a model-written user turn
 OWN_PROMPT_TEMPERATURE = 1.0
 SELFDATA_VERSION = 1
+POOL_BATCHES = 8  # batches answered shortest prompt first (SelfData.generate)
 
 
 # ------------------------------------------------------------------------------------------
@@ -284,26 +285,37 @@ class SelfData:
         on_batch: Callable[[int, int], None] | None = None,
     ) -> list[dict]:
         """Answer the prompts of ``todo`` not yet answered, batch by batch, until ``stop(new
-        positions so far)``; returns all answer rows in ``answers.jsonl``."""
+        positions so far)``; returns all answer rows in ``answers.jsonl``.
+
+        Each run of ``POOL_BATCHES`` batches is answered shortest prompt first, so a batch's
+        rows have about the same length: little padding to prefill and narrow attention
+        windows (a batch runs at the width of its longest prompt).
+        """
         done = {r["id"] for r in self.answers()}
         todo = [p for p in todo if p["id"] not in done]
-        made = 0
-        for i in range(0, len(todo), self.batch):
-            if stop(made):
-                break
-            rows = self.answer_batch(todo[i : i + self.batch])
-            append_jsonl(self.answers_path, rows)
-            n = sum(len(r["response_ids"]) for r in rows)
-            made += n
-            if on_batch:
-                on_batch(len(rows), n)
+        made, pool = 0, self.batch * POOL_BATCHES
+        for start in range(0, len(todo), pool):
+            ranked = sorted(todo[start : start + pool], key=lambda p: len(self.prompt_ids(p)))
+            for i in range(0, len(ranked), self.batch):
+                if stop(made):
+                    return self.answers()
+                rows = self.answer_batch(ranked[i : i + self.batch])
+                append_jsonl(self.answers_path, rows)
+                n = sum(len(r["response_ids"]) for r in rows)
+                made += n
+                if on_batch:
+                    on_batch(len(rows), n)
         return self.answers()
+
+    def prompt_ids(self, prompt: dict) -> list[int]:
+        """A prompt row's text as the model's chat prompt (token ids)."""
+        return list(self.tokenizer.chat_prompt([{"role": "user", "content": prompt["prompt"]}]))
 
     def answer_batch(self, chunk: list[dict]) -> list[dict]:
         """Answers to a batch of prompt rows; their hidden states go to ``hidden/<id>.npy``
         first (atomically), then the rows that point into it are returned."""
         tok = self.tokenizer
-        ids = [list(tok.chat_prompt([{"role": "user", "content": p["prompt"]}])) for p in chunk]
+        ids = [self.prompt_ids(p) for p in chunk]
         own = self.model.feature_layers
         if self.features is not None:
             self.model.capture_features(self.features)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from ..engine.cache import Session, bucket, grow, prefill_session
+from ..engine.cache import Session, ensure_slots, prefill_session
 from ..engine.decode import DecodeState, first_draw
 from ..engine.generation import get_step
 from ..engine.model import Model
@@ -24,6 +24,11 @@ from ..engine.sampling import SamplerConfig
 from ..engine.shape import AR
 
 CHECK_EVERY = 16  # steps between host reads of "have all rows ended?"
+# Attention windows in steps of 64 slots, not the engine's 256: a batch of answers attends
+# over fewer empty slots (each window is one more compile of the step, a few per batch).
+WINDOW_QUANTUM = 64
+SHARED_PREFIX_MIN = 8  # a prefix all prompts share is prefilled once from this many tokens
+DROP_FRACTION = 0.25  # ended rows leave the batch once they are this share of it
 
 
 @dataclass
@@ -59,11 +64,15 @@ def answers_with_hidden(
     seed: int = 0,
 ) -> list[Answer]:
     """Batched decoding of ``prompts`` (B rows), greedy or sampled at ``temperature`` (seeded),
-    keeping every step's hidden state (n, H) per row (see ``Answer``)."""
+    keeping every step's hidden state (n, H) per row (see ``Answer``).
+
+    Rows that have ended leave the batch once they are a quarter of it (checked every
+    ``CHECK_EVERY`` steps; the batch keeps a multiple of 8 rows, so few shapes compile), so
+    the steps run on the rows still answering.
+    """
     sampler = SamplerConfig(temperature=float(temperature))
     B = len(prompts)
-    session = Session(model, B)
-    hidden = prefill_session(session, [list(p) for p in prompts])  # (B, H)
+    session, hidden = prefill_shared(model, prompts)  # (B, H)
     rng, first_key = mx.random.split(mx.random.key(seed))
     first = first_draw(model, hidden, sampler, first_key, None, session.lengths)
     first = first.astype(mx.int32)
@@ -71,13 +80,14 @@ def answers_with_hidden(
     session.keys = session.values = None  # the loop owns the cache (in-place K/V writes)
     step = get_step(model, None, AR, sampler)
     eos = mx.array(sorted(int(e) for e in eos_token_ids) or [-1], dtype=mx.int32)
+    rows = np.arange(B)  # the prompt each running row answers
+    pieces: list[list] = [[] for _ in range(B)]  # per prompt: (ids, hidden) runs, in order
     hs, toks = [hidden], [first]
-    longest = max(len(p) for p in prompts)
     ended = np.zeros(B, dtype=bool)
     for i in range(1, max_tokens):
-        window = bucket(longest + i + 1)
-        if window > state.keys[0].shape[2]:
-            state = state._replace(keys=grow(state.keys, window), values=grow(state.values, window))
+        longest = max(len(prompts[r]) for r in rows)
+        window = -(-(longest + i + 1) // WINDOW_QUANTUM) * WINDOW_QUANTUM
+        state = ensure_slots(state, window)
         state, _ = step(state, window)
         # state.hidden is the state at the token just committed, whose greedy draw is the
         # state's init_token: the same pairing as (hidden, first).
@@ -89,19 +99,76 @@ def answers_with_hidden(
             ended |= np.array(mx.any(recent[..., None] == eos, axis=(1, 2)))
             if ended.all():
                 break
-    ids = np.array(mx.stack(toks, axis=1))  # (B, steps)
-    # (B, steps, H or (1 + k) H with feature layers); a residual past float16's range (an
-    # outlier of a deep layer) is clipped, not stored as inf
-    hid = np.array(mx.clip(mx.stack(hs, axis=1), -65504, 65504).astype(mx.float16))
+            keep = rows_to_keep(ended)
+            if len(keep) < len(rows):
+                collect(pieces, rows, hs, toks)
+                state = take_rows(state, mx.array(keep))
+                rows, ended, hs, toks = rows[keep], ended[keep], [], []
+    collect(pieces, rows, hs, toks)
     stops = set(int(e) for e in eos_token_ids)
     out = []
     for r in range(B):
-        row = [int(t) for t in ids[r]]
+        row = [int(t) for ids, _ in pieces[r] for t in ids]
         n = next((j + 1 for j, t in enumerate(row) if t in stops), None)
         finish = "stop" if n is not None else "length"
         n = n if n is not None else min(len(row), max_tokens)
-        out.append(Answer(row[:n], finish, hid[r, :n]))
+        out.append(Answer(row[:n], finish, np.concatenate([h for _, h in pieces[r]])[:n]))
     return out
+
+
+def prefill_shared(model: Model, prompts: list[list[int]]) -> tuple[Session, mx.array]:
+    """A session holding every prompt's K/V, and the hidden state (B, H) at each prompt's
+    last token. The prefix all prompts share (a chat template's system turn: 24 of SmolLM2's
+    ~58 tokens) runs once and is copied to every row."""
+    B = len(prompts)
+    shared = min(len(p) for p in prompts) - 1  # the last token of each is always run
+    for j in range(max(shared, 0)):
+        if any(p[j] != prompts[0][j] for p in prompts):
+            shared = j
+            break
+    session = Session(model, B)
+    if B > 1 and shared >= SHARED_PREFIX_MIN:
+        one = Session(model, 1)
+        prefill_session(one, [prompts[0][:shared]], WINDOW_QUANTUM)
+        session.keys = [mx.repeat(k, B, axis=0) for k in one.keys]
+        session.values = [mx.repeat(v, B, axis=0) for v in one.values]
+        session.cached = [list(p[:shared]) for p in prompts]
+    rest = session.reuse([list(p) for p in prompts])
+    return session, prefill_session(session, rest, WINDOW_QUANTUM)
+
+
+def rows_to_keep(ended: np.ndarray) -> np.ndarray:
+    """Indices of the running rows to keep (ascending): all of them until a quarter has
+    ended, then the rows still answering, padded with ended ones to a multiple of 8."""
+    if ended.mean() < DROP_FRACTION:
+        return np.arange(len(ended))
+    live = np.flatnonzero(~ended)
+    size = min(-(-len(live) // 8) * 8, len(ended))
+    pad = np.flatnonzero(ended)[: size - len(live)]
+    return np.sort(np.concatenate([live, pad]))
+
+
+def take_rows(state: DecodeState, idx: mx.array) -> DecodeState:
+    """The decode state of rows ``idx`` (b,) only (the cache rows copied)."""
+    return state._replace(
+        init_token=state.init_token[idx],
+        hidden=state.hidden[idx],
+        lengths=state.lengths[idx],
+        keys=[k[idx] for k in state.keys],
+        values=[v[idx] for v in state.values],
+    )
+
+
+def collect(pieces: list[list], rows: np.ndarray, hs: list, toks: list) -> None:
+    """Append the steps in ``hs``/``toks`` (each (b, ...) per step) to each row's prompt."""
+    if not toks:
+        return
+    ids = np.array(mx.stack(toks, axis=1))  # (b, steps)
+    # (b, steps, H or (1 + k) H with feature layers); a residual past float16's range (an
+    # outlier of a deep layer) is clipped, not stored as inf
+    hid = np.array(mx.clip(mx.stack(hs, axis=1), -65504, 65504).astype(mx.float16))
+    for j, r in enumerate(rows):
+        pieces[r].append((ids[j], hid[j]))
 
 
 def answer_targets(answer: Answer, depth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -24,9 +24,9 @@ PREFILL_CHUNK = 512
 SLOT_QUANTUM = 256
 
 
-def bucket(n: int) -> int:
-    """Round up to whole SLOT_QUANTUM slots (cache sizes and attention windows)."""
-    return -(-n // SLOT_QUANTUM) * SLOT_QUANTUM
+def bucket(n: int, quantum: int = SLOT_QUANTUM) -> int:
+    """Round up to whole ``quantum`` slots (cache sizes and attention windows)."""
+    return -(-n // quantum) * quantum
 
 
 def grow(arrays: list, slots: int, axis: int = 2) -> list:
@@ -157,7 +157,7 @@ def prefill_session(session: Session, new_tokens: list[list[int]], quantum: int 
         T = max(len(c) for c in chunk)
         tokens = mx.array([c + [0] * (T - len(c)) for c in chunk], dtype=mx.int32)
         counts = mx.array([len(c) for c in chunk], dtype=mx.int32)
-        window = -(-(max(known) + T) // quantum) * quantum
+        window = bucket(max(known) + T, quantum)
         session.ensure_slots(window)
         h, lengths, session.keys, session.values = prefill_chunk(
             model, tokens, counts, session.lengths, session.keys, session.values, window

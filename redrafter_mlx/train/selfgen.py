@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from ..engine.cache import Session, ensure_slots, prefill_session
+from ..engine.cache import Session, bucket, ensure_slots, prefill_session
 from ..engine.decode import DecodeState, first_draw
 from ..engine.generation import get_step
 from ..engine.model import Model
@@ -83,10 +83,10 @@ def answers_with_hidden(
     rows = np.arange(B)  # the prompt each running row answers
     pieces: list[list] = [[] for _ in range(B)]  # per prompt: (ids, hidden) runs, in order
     hs, toks = [hidden], [first]
+    longest = max(len(p) for p in prompts)  # of the running rows' prompts
     ended = np.zeros(B, dtype=bool)
     for i in range(1, max_tokens):
-        longest = max(len(prompts[r]) for r in rows)
-        window = -(-(longest + i + 1) // WINDOW_QUANTUM) * WINDOW_QUANTUM
+        window = bucket(longest + i + 1, WINDOW_QUANTUM)
         state = ensure_slots(state, window)
         state, _ = step(state, window)
         # state.hidden is the state at the token just committed, whose greedy draw is the
@@ -104,6 +104,7 @@ def answers_with_hidden(
                 collect(pieces, rows, hs, toks)
                 state = take_rows(state, mx.array(keep))
                 rows, ended, hs, toks = rows[keep], ended[keep], [], []
+                longest = max(len(prompts[r]) for r in rows)
     collect(pieces, rows, hs, toks)
     stops = set(int(e) for e in eos_token_ids)
     out = []

@@ -56,15 +56,18 @@ def logsumexp(z: mx.array) -> mx.array:
     cost more still.
     """
     zs = mx.stop_gradient(z)
-    m = mx.max(zs, axis=-1, keepdims=True)
-    e = exp_nonpositive(zs - m)
-    s = mx.sum(e, axis=-1, keepdims=True)
-    p = e / s
-    return (m + mx.log(s))[..., 0] + mx.sum(p * (z - zs), axis=-1)
+    m, e, s = _shifted_exp(zs)
+    return (m + mx.log(s))[..., 0] + mx.sum(e / s * (z - zs), axis=-1)
 
 
 def softmax(z: mx.array) -> mx.array:
     """Probabilities over the last axis: (..., V) -> (..., V) float32 (no gradient needed)."""
-    z = z - mx.max(z, axis=-1, keepdims=True)
-    e = exp_nonpositive(z)
-    return e / mx.sum(e, axis=-1, keepdims=True)
+    _, e, s = _shifted_exp(z)
+    return e / s
+
+
+def _shifted_exp(z: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+    """The row maximum m (..., 1), e = e^(z - m) (..., V) and its row sum (..., 1)."""
+    m = mx.max(z, axis=-1, keepdims=True)
+    e = exp_nonpositive(z - m)
+    return m, e, mx.sum(e, axis=-1, keepdims=True)

@@ -9,10 +9,12 @@ that the logits are bitwise the same on every rank).
 
 A case with ``"serve"`` runs the server's scheduler instead: rank 0 submits the requests
 (``serve_schedule``) and every other rank follows its events (``Scheduler.follow``); each
-rank reports the tokens its rows produced, by request. A case with ``"adapt"`` decodes
-adaptively with step costs that differ by rank, and reports the shapes it ran. A case
-with ``"tune"`` runs the tuner's search with ``cli.tune``'s shared measure and clock, each
-rank measuring (a real decode) but reporting made-up speeds that differ by rank.
+rank reports the tokens its rows produced, by request (with ``"adapt"`` too: adaptive
+shapes with step costs that differ by rank, and the steps run per shape). A case with
+``"adapt"`` alone decodes adaptively with step costs that differ by rank, and reports the
+shapes it ran. A case with ``"tune"`` runs the tuner's search with ``cli.tune``'s shared
+measure and clock, each rank measuring (a real decode) but reporting made-up speeds that
+differ by rank.
 """
 
 from __future__ import annotations
@@ -105,11 +107,12 @@ def run_serve(case: dict, group) -> dict:
     model, _ = load_model(case["model"], mx.float32, group)
     drafter = load_drafter(case["drafter"], mx.float32) if case.get("drafter") else None
     shape = BeamShape.parse(case["shape"])
-    sched = Scheduler(model, drafter, shape, (), case["max_batch"], group=group)
+    adapt = Adaptive(step_cost=rank_costs(group.rank())) if case.get("adapt") else False
+    sched = Scheduler(model, drafter, shape, (), case["max_batch"], group=group, adapt=adapt)
     if group.rank() == 0:
         out = serve_schedule(sched, case["serve"])
         sched.release()
-        return {"tokens": out}
+        return {"tokens": out, "shapes": shapes_run(sched)}
     seen: dict[str, list] = {}
     original = scheduler_module.request_from
 
@@ -123,7 +126,12 @@ def run_serve(case: dict, group) -> dict:
         sched.follow()
     finally:
         scheduler_module.request_from = original
-    return {"tokens": seen}
+    return {"tokens": seen, "shapes": shapes_run(sched)}
+
+
+def shapes_run(sched: Scheduler) -> dict[str, int]:
+    """Steps the scheduler ran per shape (adaptive; else empty)."""
+    return {} if sched.choice is None else {k.label: n for k, n in sched.choice.ran.items()}
 
 
 def rank_costs(rank: int):

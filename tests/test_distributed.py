@@ -374,9 +374,11 @@ SERVED = [  # greedy of two lengths, seeded sampling with penalties and a bias, 
 
 @needs_launch
 def test_split_scheduler_and_adaptive_decoding_follow_rank_0(folders, tmp_path):
-    """Under ``-n 2``: the server's scheduler gives every request the single process's
-    tokens on both ranks (the unseeded sample: the same tokens on both); adaptive decoding,
-    with step costs that differ by rank, runs rank 0's shapes on both ranks, switching, and
+    """Under ``-n 2``: the server's scheduler, choosing each step's shape with step costs
+    that differ by rank, runs rank 0's choices on both ranks and gives every request the
+    single process's tokens on both (the unseeded sample: the same tokens on both);
+    adaptive decoding, with step costs that differ by rank, runs rank 0's shapes on both
+    ranks, switching, and
     gives the single process's greedy tokens; the tuner's search, with speeds that differ by
     rank, measures the same shapes on both and recommends rank 0's pick."""
     model, drafter = folders["llama"], folders["llama-drafter"]
@@ -386,6 +388,7 @@ def test_split_scheduler_and_adaptive_decoding_follow_rank_0(folders, tmp_path):
         "adapt": dict(model=model, drafter=drafter, shape="W2xL4", prompts=two, max_tokens=30),
     }
     todo["serve"]["serve"], todo["adapt"]["adapt"] = SERVED, True
+    todo["serve"]["adapt"] = True  # rank 0 chooses each step's shape for every rank
     shapes = ["W1xL2", "W1xL3", "W1xL4"]
     todo["tune"] = dict(model=model, drafter=drafter, prompts=two[:1], shapes=shapes, tune=True)
     ranks = launch(2, todo, tmp_path)
@@ -401,6 +404,8 @@ def test_split_scheduler_and_adaptive_decoding_follow_rank_0(folders, tmp_path):
         if spec.get("temperature") and spec.get("seed") is None:
             continue  # a seed of its own (the same on both ranks, checked above)
         assert got[0][rid] == alone[rid], f"{rid}: the split server differs from one process"
+    served = [r["cases"]["serve"]["shapes"] for r in ranks]
+    assert served[0] == served[1] and len(served[0]) > 1, served  # switched, together
 
     want, _ = run_decode(whole, small, two, max_tokens=30, shape=BeamShape.parse("W2xL4"))
     runs = [r["cases"]["adapt"] for r in ranks]

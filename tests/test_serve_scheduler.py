@@ -209,11 +209,13 @@ def test_rows_with_lookup_equal_solo_runs(pair, prompts, with_drafter):
         assert sink.tokens == solo(pair, prompt, max_tokens, None)
     stats = [sink.last.stats for _, _, sink in runs]
     assert sum(s.lookup_drafts for s in stats) > 0  # lookup chains were accepted
-    spec = stats[0].to_dict(5)
+    spec = stats[0].to_dict()
     assert (
         spec["accepted_from_lookup"] + spec["accepted_from_drafter"]
         == spec["accepted_draft_tokens"]
     )
+    drafted = stats[0].steps * (shape.longest - 1)  # every step ran the one shape
+    assert spec["acceptance_rate"] == round(stats[0].accepted_drafts / drafted, 4)
 
 
 def test_a_request_failing_on_its_own_ends_alone(pair, prompts, monkeypatch):

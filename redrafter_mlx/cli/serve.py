@@ -28,6 +28,7 @@ from redrafter_mlx.cli.common import (
     LookupOpt,
     MaxKvSizeOpt,
     ModelOpt,
+    NoAdaptOpt,
     NoDraftOpt,
     NoLookupOpt,
     VerboseOpt,
@@ -115,6 +116,7 @@ def serve(
     lookup: LookupOpt = None,
     lookup_length: LookupLengthOpt = None,
     no_lookup: NoLookupOpt = False,
+    no_adapt: NoAdaptOpt = False,
     dtype: DtypeOpt = None,
     max_kv_size: MaxKvSizeOpt = None,
     shutdown_grace: Annotated[
@@ -149,19 +151,30 @@ def serve(
             batch=max_batch,
             split_ok=True,
         )
-        engine, plan, paths = ready.engine, serving_plan(ready.plan), ready.engine.paths
+        adapt = not no_adapt and ready.plan.speculative
+        plan = ready.plan if adapt else serving_plan(ready.plan)
+        engine, paths = ready.engine, ready.engine.paths
         group = getattr(engine.model, "group", None)
         if group is not None and group.rank() != 0:
-            follow(engine, plan, max_batch, group)
+            follow(engine, plan, max_batch, group, adapt)
             return
         names = (model_id(paths), *model_aliases(model, paths))
         server = build(
-            engine, plan, max_batch, max_queue, max_tokens_limit, log_level, names, max_body_bytes
+            engine,
+            plan,
+            max_batch,
+            max_queue,
+            max_tokens_limit,
+            log_level,
+            names,
+            max_body_bytes,
+            adapt,
         )
         split = f" · split across {group.size()} ranks" if group is not None else ""
+        adaptive = ", adaptive" if adapt else ""
         err_console().print(
             f"[bold]redrafter-mlx serve[/] · {model_id(paths)} ({engine.dtype}) · "
-            f"beam {plan.label} ({plan.source}) · {max_batch} rows{split} · "
+            f"beam {plan.label} ({plan.source}{adaptive}) · {max_batch} rows{split} · "
             f"http://{host}:{port}/v1",
         )
         defaults = serving_defaults(engine.folder)
@@ -175,10 +188,11 @@ def serve(
 
 
 def serving_plan(plan):
-    """Serve runs one shape for every row (no adaptive loop): one drafter beam with one
+    """With ``--no-adapt`` serve runs one shape for every row: one drafter beam with one
     lookup chain and no --capacity gets room for one of them, so each row verifies its beam
     or its chain (the chain when its match is strong) and rows whose text does not repeat pay
-    no more than the drafter alone. ``--capacity`` gives the tree more room."""
+    no more than the drafter alone. ``--capacity`` gives the tree more room. (Adaptive, the
+    default, chooses each step among that shape, its parts and plain decoding.)"""
     from dataclasses import replace
 
     from tuning import ShapeChoice
@@ -190,7 +204,7 @@ def serving_plan(plan):
     return ShapeChoice(room, f"{plan.source}; room for the beam or the chain per row")
 
 
-def follow(engine, plan, max_batch: int, group) -> None:
+def follow(engine, plan, max_batch: int, group, adapt: bool = False) -> None:
     """A rank other than 0 under ``mlx.launch``: no HTTP; the scheduler's follower loop runs
     the same engine work as rank 0's, event by event, and returns at rank 0's stop event
     (rank 0 stopping on SIGINT/SIGTERM, or failing). Ctrl-C reaches every local rank: rank
@@ -202,7 +216,8 @@ def follow(engine, plan, max_batch: int, group) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     shape = plan.shape if plan.speculative else None
     eos = engine.tokenizer.eos_token_ids
-    Scheduler(engine.model, engine.drafter, shape, eos, max_batch, group=group).follow()
+    sched = Scheduler(engine.model, engine.drafter, shape, eos, max_batch, group=group, adapt=adapt)
+    sched.follow()
 
 
 def serving_defaults(folder) -> dict:
@@ -223,9 +238,10 @@ def build(
     log_level: str,
     names: tuple[str, ...],
     max_body: int,
+    adapt: bool = False,
 ):
     """Scheduler + app, warmed up; returns ``run(host, port, grace)``. ``names``: the model's
-    id, then its aliases."""
+    id, then its aliases; ``adapt``: choose each step's shape (``serve/choice.py``)."""
     import logging
 
     from redrafter_mlx.serve.app import ServeConfig, create_app, make_server
@@ -244,12 +260,13 @@ def build(
         max_batch,
         max_queue,
         group=getattr(engine.model, "group", None),
+        adapt=adapt,
     )
     scheduler.start(warmup_prompt=tok.chat_prompt([{"role": "user", "content": "Hello"}]))
     beam = {}
     if shape is not None:
         beam = dict(beam_width=shape.width, beam_length=shape.length, capacity=shape.slots)
-        beam.update(lookup=shape.lookup, lookup_length=shape.chain_length)
+        beam.update(lookup=shape.lookup, lookup_length=shape.chain_length, adaptive=adapt)
     model = engine.model
     config = ServeConfig(
         tok,

@@ -69,7 +69,8 @@ class ServeConfig:
     max_tokens_limit: int
     context: int | None
     vocab_size: int
-    beam: dict  # {"beam_width", "beam_length", "capacity", "lookup", "lookup_length"}; {}: AR
+    beam: dict  # {"beam_width", "beam_length", "capacity", "lookup", "lookup_length",
+    # "adaptive"}: the asked shape (adaptive: each step's shape is chosen); {}: AR
     aliases: tuple[str, ...] = ()  # other names a request's ``model`` may use
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     sampling_defaults: dict = field(default_factory=dict)  # the model's generation_config
@@ -270,8 +271,7 @@ class _Run:
         return usage(len(self.request.prompt), self.tokens)
 
     def speculation(self, beam: dict) -> dict:
-        draft = max(beam["beam_length"], beam.get("lookup_length", 0)) - 1 if beam else 0
-        stats = self.stats.to_dict(draft) if self.stats is not None else {}
+        stats = self.stats.to_dict() if self.stats is not None else {}
         return {"enabled": bool(beam), **beam, **stats}
 
     def log(self) -> None:

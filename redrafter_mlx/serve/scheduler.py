@@ -56,6 +56,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
+from redrafter_mlx.engine.adaptive import Adaptive
 from redrafter_mlx.engine.cache import (
     PREFILL_CHUNK,
     SLOT_QUANTUM,
@@ -68,13 +69,15 @@ from redrafter_mlx.engine.cache import (
     token_limit,
 )
 from redrafter_mlx.engine.decode import DecodeState, StepOutput, first_draw
-from redrafter_mlx.engine.distributed import broadcast_bytes
+from redrafter_mlx.engine.distributed import broadcast_bytes, broadcast_text
 from redrafter_mlx.engine.loading import materialize
+from redrafter_mlx.engine.lookup import LookupShadow
 from redrafter_mlx.engine.penalties import bias_vector
 from redrafter_mlx.engine.sampling import SamplerConfig, check_seed
 from redrafter_mlx.engine.shape import AR, BeamShape
 
 from .batch_step import RowParams, StepMode, make_batch_step
+from .choice import BatchChoice
 
 log = logging.getLogger("redrafter_mlx.serve")
 
@@ -100,6 +103,7 @@ class RowStats:
     emitted_by_steps: int = 0
     accepted_drafts: int = 0
     lookup_drafts: int = 0  # accepted drafts that came from a context-lookup chain
+    drafted: int = 0  # draft tokens its steps could accept (a shape's longest candidate, less 1)
     queued_s: float = 0.0
     ttft_s: float = 0.0
     decode_s: float = 0.0
@@ -108,9 +112,9 @@ class RowStats:
     def tokens_per_step(self) -> float:
         return self.emitted_by_steps / max(self.steps, 1)
 
-    def to_dict(self, draft_length: int) -> dict:
+    def to_dict(self) -> dict:
         """JSON-ready speculation stats; ``acceptance_rate`` = accepted / drafted tokens."""
-        drafted = self.steps * max(draft_length, 0)
+        drafted = self.drafted
         return dict(
             steps=self.steps,
             tokens_per_step=round(self.tokens_per_step, 4),
@@ -240,6 +244,7 @@ class Row:
     ticket: int
     out: int = 0
     finished: bool = False
+    shadow: LookupShadow | None = None  # what lookup would have given it (adaptive shapes)
 
 
 @dataclass
@@ -270,6 +275,19 @@ class Prefill:
     @property
     def complete(self) -> bool:
         return self.done == len(self.request.prompt)
+
+
+@dataclass
+class Queued:
+    """A queued step: its output, the rows it ran (by index when queued), its shape (None:
+    plain decoding, the fixed-shape batch's only step), and for the adaptive choice the
+    batch size and when it was queued (None: not a step time, e.g. it compiled)."""
+
+    out: StepOutput
+    owners: tuple[Row | None, ...]
+    shape: BeamShape | None
+    rows: int
+    started: float | None
 
 
 @dataclass
@@ -314,6 +332,7 @@ class Scheduler:
         max_queue: int = 64,
         compiled: bool = True,
         group=None,
+        adapt: Adaptive | bool = False,
     ):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -322,7 +341,6 @@ class Scheduler:
             raise ValueError("a drafter needs a beam shape")
         shape = (shape or AR).runnable(drafter is not None)
         self.shape = None if shape.is_autoregressive else shape
-        self.lookup = shape.lookup > 0
         materialize(model, drafter)
         self.max_batch = max_batch
         self.buckets = row_buckets(max_batch)
@@ -331,8 +349,15 @@ class Scheduler:
         self.queue: queue.Queue[Request] = queue.Queue(maxsize=max(max_queue, 1))
         self.per_step = 1 if self.shape is None else self.shape.longest  # most tokens per step
         self.width = 1 if self.shape is None else self.shape.slots  # slots written per step
+        # Adaptive: each step's shape chosen among the candidates of ``shape`` (serve/choice.py).
+        self.choice: BatchChoice | None = None
+        if adapt and self.shape is not None:
+            settings = adapt if isinstance(adapt, Adaptive) else Adaptive()
+            self.choice = BatchChoice(self.shape, settings)
+            self.per_step, self.width = self.choice.per_step, self.choice.slots
         self.stats = ServerStats()
-        self._steps: dict[StepMode, Callable] = {}
+        self._steps: dict[tuple[BeamShape | None, StepMode], Callable] = {}
+        self._traced: set = set()  # (shape, mode, rows, window, slots) of steps already run
         self._draining = False
         self._drain_deadline = 0.0
         self._stop = threading.Event()
@@ -409,6 +434,8 @@ class Scheduler:
             request_errors=s.request_errors,
             resizes=s.resizes,
             speculative=self.shape is not None,
+            adaptive=self.choice is not None,
+            shape_steps={k.label: n for k, n in self.choice.ran.items()} if self.choice else {},
             draining=self._draining,
             failure=self.failure,
         )
@@ -482,7 +509,11 @@ class Scheduler:
             self._thread.join(timeout)
 
     def warmup(self, prompt: list[int], max_tokens: int = 8) -> None:
-        """Compile the greedy step once (a short request run to completion on this thread)."""
+        """Compile the greedy step once (a short request run to completion on this thread);
+        with adaptive shapes, long enough for each shape to run (each one compiles on its
+        first step and is timed on its second) unless the answer ends first."""
+        if self.choice is not None:
+            max_tokens = max(max_tokens, 4 * len(self.choice.shapes))
         done = threading.Event()
         self.submit(Request(prompt, max_tokens, lambda ev: ev.done and done.set()))
         while not done.is_set():
@@ -490,14 +521,25 @@ class Scheduler:
         while self._pending is not None:
             self.run_once()
         self.stats = ServerStats()
+        if self.choice is not None:
+            self.choice.ran.clear()
 
     # ------------------------------------------------------------------ the loop
 
     def run_once(self, idle_wait: float = 0.05) -> None:
         """One iteration: this iteration's events (leaves, joins: rank 0 decides them, every
-        rank applies them), prefill, queue the next step, read the previous one."""
+        rank applies them), prefill, queue the next step, read the previous one.
+
+        With adaptive shapes the previous step is read first, before the events: the next
+        step's shape is chosen from the text so far (each row's lookup match state)."""
         if self.state is None:
             self._reset()
+        if self.choice is not None and self._pending is not None:
+            try:
+                self._read(self._pending)
+                self._pending = None
+            except Exception as e:
+                self._fail_all(e)
         events = self._share(self._decide(idle_wait) if self.leader else None, idle_wait)
         try:
             if not self._apply(events):
@@ -506,7 +548,7 @@ class Scheduler:
             self._fit()
             nxt = self._queue_step() if self.active_rows else None
             if self._pending is not None:
-                self._read(*self._pending)
+                self._read(self._pending)
             self._pending = nxt
         except Exception as e:  # an engine failure fails the rows in flight, not the server
             self._fail_all(e)
@@ -530,7 +572,9 @@ class Scheduler:
         )
         self.row_keys = mx.zeros((B, 2), mx.uint32)
         self.rows: list[Row | None] = [None] * B
-        self._pending: tuple[StepOutput, tuple[Row | None, ...]] | None = None
+        self._pending: Queued | None = None
+        if self.choice is not None:
+            self.choice.reset()
         self._inflight = 0
         self._params: RowParams | None = None
         self._prefills = []
@@ -727,6 +771,8 @@ class Scheduler:
         limit, _ = token_limit(self.model, len(request.prompt), request.max_tokens)
         stats = RowStats(len(request.prompt), queued_s=job.started - request.submitted)
         row = Row(request, limit, stats, len(request.prompt), joined, r, job.ticket)
+        if self.choice is not None:
+            row.shadow = self.choice.shadow([*request.prompt, first])
         self._place(r, job.session, job.hidden, mx.array([first], mx.int32), rng)
         self.rows[r] = row
         self._params = None
@@ -798,40 +844,74 @@ class Scheduler:
             span,
         )
 
-    def _step_fn(self, mode: StepMode):
-        if mode not in self._steps:
-            self._steps[mode] = make_batch_step(
-                self.model, self.drafter, self.shape, mode, self.compiled
+    def _step_fn(self, shape: BeamShape | None, mode: StepMode):
+        if (shape, mode) not in self._steps:
+            self._steps[shape, mode] = make_batch_step(
+                self.model, self.drafter if shape else None, shape, mode, self.compiled
             )
-        return self._steps[mode]
+        return self._steps[shape, mode]
 
-    def _queue_step(self) -> tuple[StepOutput, tuple[Row | None, ...]]:
+    def _next_shape(self) -> BeamShape | None:
+        """The shape of the step queued now: the fixed one; with adaptive shapes, the
+        choice for this batch's size and its rows' match states, or the asked shape while
+        a row samples with its own seed (its draws follow the shape of every step, so it
+        runs what ``generate --seed`` runs). Split across ranks, rank 0's choice."""
+        if self.choice is None:
+            return self.shape
+        active = [row for row in self.rows if row is not None]
+        pinned = any(row.request.seed is not None and row.request.temperature > 0 for row in active)
+        shape = None
+        if self.leader:
+            matches = [row.shadow.match(0) if row.shadow else 0 for row in active]
+            shape = self.shape if pinned else self.choice.next(len(self.rows), matches)
+        if self.group is not None:
+            index = None if shape is None else str(self.choice.shapes.index(shape))
+            shape = self.choice.shapes[int(broadcast_text(index, self.group))]
+        return None if shape.is_autoregressive else shape
+
+    def _queue_step(self) -> Queued:
         """Queue one step for all rows; attention covers every active row's possible length."""
         longest = max(row.length for row in self.rows if row is not None)
         window = step_window(longest, self._inflight, self.per_step, self.width)
         self._ensure_slots(window)
-        step = self._step_fn(self._mode())
+        shape, mode = self._next_shape(), self._mode()
+        key = (shape, mode, len(self.rows), window, self.state.keys[0].shape[2])
+        started = time.perf_counter() if key in self._traced else None  # else: it compiles
+        self._traced.add(key)
+        step = self._step_fn(shape, mode)
         self.state, self.row_keys, out = step(self.state, self.row_keys, self._row_params(), window)
         mx.async_eval(out, self.state, self.row_keys)
         self._inflight += 1
         owners = tuple(self.rows)
         self.stats.record_step(sum(r is not None for r in owners))
-        return out, owners
+        return Queued(out, owners, shape, len(owners), started)
 
-    def _read(self, out: StepOutput, owners: tuple[Row | None, ...]) -> None:
+    def _read(self, step: Queued) -> None:
         """Deliver a computed step's tokens to the rows still owned by the same request."""
+        out = step.out
         tokens, counts = out.tokens.tolist(), out.count.tolist()  # this step is computed
         looked = out.looked_up.tolist() if out.looked_up is not None else [0] * len(counts)
         self._inflight -= 1
-        for r, row in enumerate(owners):  # r: the row's index when the step was queued
+        seconds = None if step.started is None else time.perf_counter() - step.started
+        ran, resolved = [], []
+        for r, row in enumerate(step.owners):  # r: the row's index when the step was queued
             if row is None or row.finished:
                 continue
+            ran.append(counts[r])
             row.length += counts[r]
             row.stats.steps += 1
             row.stats.emitted_by_steps += counts[r]
             row.stats.accepted_drafts += counts[r] - 1
             row.stats.lookup_drafts += looked[r]
+            row.stats.drafted += step.shape.longest - 1 if step.shape else 0
+            if row.shadow is not None:  # what a lookup chain would have given this step
+                resolved += row.shadow.step(0, tokens[r][: counts[r]])
             self._deliver(row.slot, row, tokens[r][: counts[r]])
+            if row.finished and row.shadow is not None:
+                resolved += row.shadow.finish(0)
+        if self.choice is not None:
+            self.choice.finished(step.rows, step.shape or AR, ran, seconds)
+            self.choice.lookup_seen(resolved)
 
     def _deliver(self, r: int, row: Row, tokens: list[int]) -> None:
         """Send tokens up to EOS / the row's limit; a finished row leaves."""

@@ -1,0 +1,85 @@
+"""The server's adaptive beam shape: each batch step's shape, chosen from what was measured.
+
+The batch runs one compiled step per shape, all over the same ``DecodeState``, so any shape
+may run at any step boundary and every row's output stays exact (``engine/adaptive.py``).
+The choice is the engine's own (``ShapeChooser``) with two differences a server needs:
+
+* one chooser per batch size (the scheduler's row buckets): verifying C tokens for 8 rows
+  costs a different multiple of an AR step than for one, so each size learns its own step
+  costs and acceptance;
+* rows come and go, so each row keeps its own ``LookupShadow`` (made when it joins); every
+  step's shape is chosen from the match states of the rows it runs (with lookup among the
+  candidates), and what a lookup chain would have had accepted at each row's steps feeds
+  every chooser.
+
+The scheduler reads each step before it queues the next while this runs (the choice needs
+the text so far) and times a step from its queueing to its read; a step whose compiled
+function was new (traced and compiled in that call) is not timed.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from redrafter_mlx.engine.adaptive import Adaptive, ShapeChooser
+from redrafter_mlx.engine.lookup import LookupShadow
+from redrafter_mlx.engine.shape import BeamShape
+
+
+class BatchChoice:
+    """Adaptive shapes for a batch that asked for ``shape`` (``adapt``: the settings; its
+    ``shapes``, ``costs``, ``every``, ``probe``, ``max_probe`` and ``step_cost`` apply)."""
+
+    def __init__(self, shape: BeamShape, adapt: Adaptive):
+        self.shape, self.adapt = shape, adapt
+        self.shapes = adapt.candidates(shape)  # plain decoding first
+        self.per_step = max(s.longest for s in self.shapes)  # most tokens a step adds to a row
+        self.slots = max(s.slots for s in self.shapes)  # most slots a step writes past a row
+        # Draft tokens of the longest lookup chain: each row's shadow horizon (0: no lookup).
+        self.horizon = max((s.chain_length - 1 for s in self.shapes if s.lookup), default=0)
+        self.choosers: dict[int, ShapeChooser] = {}
+        self.ran: Counter = Counter()  # steps run per shape
+
+    def chooser(self, rows: int) -> ShapeChooser:
+        """The chooser of batches of ``rows`` rows (made on first use)."""
+        if rows not in self.choosers:
+            a = self.adapt
+            self.choosers[rows] = ShapeChooser(
+                self.shapes,
+                start=self.shape,
+                costs=a.costs,
+                every=a.every,
+                probe=a.probe,
+                max_probe=a.max_probe,
+            )
+        return self.choosers[rows]
+
+    def shadow(self, text: list[int]) -> LookupShadow | None:
+        """A joining row's shadow over its text so far (prompt and first token)."""
+        return LookupShadow([text], self.horizon) if self.horizon else None
+
+    def next(self, rows: int, matches: Sequence[int]) -> BeamShape:
+        """The shape of the next step of a ``rows``-row batch whose active rows start in
+        these lookup match states (call once per queued step)."""
+        return self.chooser(rows).next_shape(list(matches) if self.horizon else None)
+
+    def finished(
+        self, rows: int, shape: BeamShape, counts: Sequence[int], seconds: float | None
+    ) -> None:
+        """A step was read: tokens per active row and its time (None: not a step time)."""
+        if self.adapt.step_cost is not None:
+            seconds = self.adapt.step_cost(shape)
+        self.ran[shape] += 1
+        self.chooser(rows).observe(shape, counts, seconds)
+
+    def lookup_seen(self, resolved: Sequence[tuple[int, int]]) -> None:
+        """``(match, accepted)`` of lookup chains the shadows resolved: every size's."""
+        if resolved:
+            for chooser in self.choosers.values():
+                chooser.observe_lookup(resolved)
+
+    def reset(self) -> None:
+        """The batch started over (an engine failure): forget steps in flight."""
+        for chooser in self.choosers.values():
+            chooser.resume()

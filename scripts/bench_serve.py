@@ -10,8 +10,9 @@ Without ``--url`` it starts the server once per ``--modes`` entry on a free loca
 shape for every step) and ``ar`` (``--no-draft --no-lookup``: plain decoding), passing
 ``--model``/``--drafter``/beam flags through. Each level runs N closed-loop clients until
 ``--requests`` greedy requests (first turns of ``--prompts``, spread over its categories,
-chat format) are done, after one warm-up request. Reports aggregate generated tokens/s (all
-clients, wall clock) and its ratio to the ``ar`` row at the same N, p50/p95 request
+chat format, no repetition penalty whatever the model's generation_config says) are done,
+after one warm-up request. Reports aggregate generated tokens/s (all clients, wall clock)
+and its ratio to the ``ar`` row at the same N, p50/p95 request
 latency, mean server-side time to first token and tokens per step, the mean batch rows per
 step, and the share of accepted drafts that came from lookup. Numbers, not assertions.
 """
@@ -81,6 +82,7 @@ def one_request(client, prompt: str, max_tokens: int) -> dict:
         messages=[{"role": "user", "content": prompt}],
         max_tokens=max_tokens,
         temperature=0,
+        extra_body={"repetition_penalty": 1.0},  # greedy as `bench` runs it, not the model's
     )
     spec = resp.model_extra.get("speculation", {})
     return dict(

@@ -386,9 +386,16 @@ def test_split_scheduler_and_adaptive_decoding_follow_rank_0(folders, tmp_path):
     todo = {
         "serve": dict(model=model, drafter=drafter, shape="W2xL3+K1xL4", max_batch=4),
         "adapt": dict(model=model, drafter=drafter, shape="W2xL4", prompts=two, max_tokens=30),
+        "lookup": dict(
+            model=model, drafter=drafter, shape="W1xL3+K1xL4", prompts=[REPEAT], max_tokens=30
+        ),
     }
     todo["serve"]["serve"], todo["adapt"]["adapt"] = SERVED, True
-    todo["serve"]["adapt"] = True  # rank 0 chooses each step's shape for every rank
+    todo["lookup"]["adapt"] = True  # per-step choice from match states: rank 0's, each step
+    # Adaptive shapes, rank 0 choosing each step's for every rank (no seeded sample: one
+    # pins the asked shape while it runs)
+    unseeded = [spec for spec in SERVED if spec.get("seed") is None]
+    todo["served_adapt"] = dict(todo["serve"], serve=unseeded, adapt=True)
     shapes = ["W1xL2", "W1xL3", "W1xL4"]
     todo["tune"] = dict(model=model, drafter=drafter, prompts=two[:1], shapes=shapes, tune=True)
     ranks = launch(2, todo, tmp_path)
@@ -404,7 +411,12 @@ def test_split_scheduler_and_adaptive_decoding_follow_rank_0(folders, tmp_path):
         if spec.get("temperature") and spec.get("seed") is None:
             continue  # a seed of its own (the same on both ranks, checked above)
         assert got[0][rid] == alone[rid], f"{rid}: the split server differs from one process"
-    served = [r["cases"]["serve"]["shapes"] for r in ranks]
+    got = [r["cases"]["served_adapt"]["tokens"] for r in ranks]
+    assert got[0] == got[1], "rank 1's rows differ from rank 0's"
+    for i, spec in enumerate(unseeded):
+        if not spec.get("temperature"):
+            assert got[0][f"r{i}"] == alone[f"r{SERVED.index(spec)}"]
+    served = [r["cases"]["served_adapt"]["shapes"] for r in ranks]
     assert served[0] == served[1] and len(served[0]) > 1, served  # switched, together
 
     want, _ = run_decode(whole, small, two, max_tokens=30, shape=BeamShape.parse("W2xL4"))
@@ -414,6 +426,10 @@ def test_split_scheduler_and_adaptive_decoding_follow_rank_0(folders, tmp_path):
     assert len(set(runs[0]["shapes"])) > 1, "no switch: the check would be empty"
     # rank 0's costs settle on a short beam; rank 1's own would have gone back to AR
     assert "AR" not in runs[1]["shapes"][-8:], runs[1]["shapes"]
+    want, _ = run_decode(whole, None, [REPEAT], max_tokens=30)
+    runs = [r["cases"]["lookup"] for r in ranks]
+    assert all(run["tokens"] == want for run in runs)
+    assert runs[0]["shapes"] == runs[1]["shapes"] and len(set(runs[0]["shapes"])) > 1
 
     # tune: both ranks measured the same shapes in the same order and recommend what rank
     # 0's speeds say (rank 1's own would say plain decoding)

@@ -335,3 +335,34 @@ def test_each_step_choice_is_lossless_and_follows_the_text():
     assert out == ar
     assert adapt.chooser.shapes == [AR, shape, BeamShape.lookup_only(1, 8)]
     assert len(set(adapt.history)) >= 2
+
+
+def test_split_model_each_step_takes_rank_0s_choice(monkeypatch):
+    """Split across ranks, the per-step choice is rank 0's, sent before each step: rank 0
+    asks its chooser with the rows' match states and sends the shape's index; another rank
+    runs that index whatever its own chooser would say, and never asks it."""
+    from redrafter_mlx.engine import adaptive
+    from redrafter_mlx.engine.adaptive import ShapeChooser, SharedChoice
+    from tests.test_distributed import FakeGroup
+
+    k8, k16 = BeamShape.lookup_only(1, 8), BeamShape.lookup_only(1, 16)
+    costs = {AR: 1.0, k8: 1.6, k16: 2.2}
+    sent = []
+
+    def rank0_sends(text, group):  # rank 0's text goes out; the others get what it sent
+        if group.rank() == 0:
+            sent.append(text)
+            return text
+        return sent.pop(0)
+
+    monkeypatch.setattr(adaptive, "broadcast_text", rank0_sends)
+    leader = ShapeChooser([AR, k8, k16], start=AR, costs=costs)
+    follower = ShapeChooser([AR, k8, k16], start=AR, costs={AR: 1.0, k8: 9.0, k16: 9.0})
+    for chooser in (leader, follower):
+        for _ in range(6):
+            chooser.observe_lookup([(4, 15), (0, 0)])
+    rank0, rank1 = SharedChoice(leader, FakeGroup(2, 0)), SharedChoice(follower, FakeGroup(2, 1))
+    for matches, want in (([4], k16), ([0], AR), ([4], k16)):
+        assert rank0.next_shape(matches) == want
+        assert rank1.next_shape(matches) == want  # its own chooser would say AR
+    assert follower.switches == []  # never asked

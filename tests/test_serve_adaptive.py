@@ -54,6 +54,7 @@ def test_rows_equal_plain_decoding_while_the_batch_switches_shapes():
     assert sum(sink.last.stats.lookup_drafts for *_, sink in runs) > 0
     health = sched.health()
     assert health["adaptive"] and sum(health["shape_steps"].values()) == sum(ran.values())
+    assert set(health["step_ms"]) == {"1", "2", "3"}  # step costs learnt per batch size
 
 
 def test_each_step_follows_its_rows_match_state():

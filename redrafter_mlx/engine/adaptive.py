@@ -32,7 +32,8 @@ finished steps, one step behind; no new device sync) and wall-clock time:
 A model split across ranks (``mlx.launch``) must run the same shape on every rank, but each
 rank times its own steps: there rank 0's chooser decides the shapes of the next ``every``
 steps at once and broadcasts them (``SharedChoice``), so the decision points fall at the
-same step on every rank and every rank switches together.
+same step on every rank and every rank switches together; with the per-step choice from
+lookup match states, rank 0 decides and broadcasts each step's shape.
 """
 
 from __future__ import annotations
@@ -400,15 +401,23 @@ class SharedChoice:
 
     Each ``every`` queued steps (a count that is the same on every rank), rank 0 asks its
     chooser for the next ``every`` shapes and broadcasts their indices (one
-    ``broadcast_text``, between steps); every rank then queues exactly those. Rank 0's
-    chooser still sees each step it ran (``observe``), so it decides from rank 0's timings;
-    the others' choosers are never asked."""
+    ``broadcast_text``, between steps); every rank then queues exactly those. With
+    ``matches`` (the per-step choice from lookup match states, which every rank reads off
+    the same text) rank 0 names each step's shape and broadcasts it before that step. Rank
+    0's chooser still sees each step it ran (``observe``), so it decides from rank 0's
+    timings; the others' choosers are never asked."""
 
     def __init__(self, chooser: ShapeChooser, group):
         self.chooser, self.group = chooser, group
         self._next: deque = deque()
 
-    def next_shape(self) -> Hashable:
+    def next_shape(self, matches: Sequence[int] | None = None) -> Hashable:
+        if matches is not None:
+            shapes = self.chooser.shapes
+            text = None
+            if self.group.rank() == 0:
+                text = str(shapes.index(self.chooser.next_shape(matches)))
+            return shapes[int(broadcast_text(text, self.group))]
         if not self._next:
             shapes = self.chooser.shapes
             text = None
@@ -468,8 +477,8 @@ class StepPlan:
         if self.chooser is None:
             self.lookup_horizon = 0
         # Each step's shape from its rows' match states: the loop reads every step before
-        # queueing the next (one process; a split model keeps rank 0's shared blocks).
-        self.each_step = self.choice is self.chooser is not None and self.lookup_horizon > 0
+        # queueing the next (split across ranks: rank 0's choice, sent before each step).
+        self.each_step = self.chooser is not None and self.lookup_horizon > 0
 
     def next(self, matches: Sequence[int] | None = None):
         """The step function for the next step to queue (``matches``: with ``each_step``,
@@ -480,7 +489,7 @@ class StepPlan:
         if self.choice is None:
             shape = self.shape
         elif self.each_step:
-            shape = self.chooser.next_shape(matches)
+            shape = self.choice.next_shape(matches)
         else:
             shape = self.choice.next_shape()
         if shape not in self._queued_once:

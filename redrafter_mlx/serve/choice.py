@@ -79,6 +79,13 @@ class BatchChoice:
             for chooser in self.choosers.values():
                 chooser.observe_lookup(resolved)
 
+    def step_ms(self) -> dict[str, dict[str, float]]:
+        """Measured milliseconds per step, per batch size and shape (``/health``)."""
+        return {
+            str(rows): {k.label: round(1000 * c, 1) for k, c in chooser.cost.items() if c}
+            for rows, chooser in sorted(self.choosers.items())
+        }
+
     def reset(self) -> None:
         """The batch started over (an engine failure): forget steps in flight."""
         for chooser in self.choosers.values():

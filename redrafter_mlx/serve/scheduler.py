@@ -436,6 +436,7 @@ class Scheduler:
             speculative=self.shape is not None,
             adaptive=self.choice is not None,
             shape_steps={k.label: n for k, n in self.choice.ran.items()} if self.choice else {},
+            step_ms=self.choice.step_ms() if self.choice else {},
             draining=self._draining,
             failure=self.failure,
         )

@@ -79,11 +79,15 @@ class BatchChoice:
             for chooser in self.choosers.values():
                 chooser.observe_lookup(resolved)
 
+    def steps_run(self) -> dict[str, int]:
+        """Steps run per shape (``/health``; read from another thread: copied first)."""
+        return {k.label: n for k, n in list(self.ran.items())}
+
     def step_ms(self) -> dict[str, dict[str, float]]:
         """Measured milliseconds per step, per batch size and shape (``/health``)."""
         return {
-            str(rows): {k.label: round(1000 * c, 1) for k, c in chooser.cost.items() if c}
-            for rows, chooser in sorted(self.choosers.items())
+            str(rows): {k.label: round(1000 * c, 1) for k, c in list(chooser.cost.items()) if c}
+            for rows, chooser in sorted(list(self.choosers.items()))
         }
 
     def reset(self) -> None:

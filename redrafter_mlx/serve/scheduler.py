@@ -435,7 +435,7 @@ class Scheduler:
             resizes=s.resizes,
             speculative=self.shape is not None,
             adaptive=self.choice is not None,
-            shape_steps={k.label: n for k, n in self.choice.ran.items()} if self.choice else {},
+            shape_steps=self.choice.steps_run() if self.choice else {},
             step_ms=self.choice.step_ms() if self.choice else {},
             draining=self._draining,
             failure=self.failure,

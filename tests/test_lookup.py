@@ -179,19 +179,24 @@ def test_lookup_across_chat_turns_reusing_the_cache():
     assert stats["lookup_tokens"] > 0
 
 
+def phased_costs(shapes, period: int):
+    """Step costs under which each of ``shapes`` in turn is cheapest, for ``period`` steps."""
+    ticks = {"n": 0}
+
+    def cost(shape):
+        ticks["n"] += 1
+        return 1.0 if shapes[(ticks["n"] // period) % len(shapes)] == shape else 3.0
+
+    return cost
+
+
 def test_adaptive_switching_with_lookup_is_lossless():
     """Costs that make every shape win for a while: the loop switches among AR, drafter
     and lookup shapes mid-answer, and the output stays AR's."""
     model = tiny_model(4, vocab=16, hidden=32, layers=1)
     drafter = tiny_drafter(model, 5)
     shapes = [BeamShape(1, 3), BeamShape(1, 3, None, 1, 6), BeamShape.lookup_only(1, 6)]
-    ticks = {"n": 0}
-
-    def cost(shape):
-        ticks["n"] += 1
-        phase = (ticks["n"] // 6) % 4
-        return 1.0 if [AR, *shapes][phase] == shape else 3.0
-
+    cost = phased_costs([AR, *shapes], 6)
     prompts = repetitive_prompts(random.Random(4), 16, 2)
     ar, _ = run_decode(model, None, prompts, max_tokens=60)
     adapt = Adaptive(shapes=shapes, step_cost=cost, every=2, probe=2)

@@ -12,7 +12,7 @@ from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape
 from redrafter_mlx.serve.scheduler import Request, Scheduler
 from tests.helpers import near_bigram_model, run_decode, tiny_drafter, tiny_model
-from tests.test_lookup import repetitive_prompts
+from tests.test_lookup import phased_costs, repetitive_prompts
 from tests.test_serve_scheduler import Collector, drain
 
 
@@ -27,13 +27,7 @@ def test_rows_equal_plain_decoding_while_the_batch_switches_shapes():
     model = tiny_model(4, vocab=16, hidden=32, layers=1)
     drafter = tiny_drafter(model, 5)
     shapes = [BeamShape(1, 3), BeamShape(1, 3, None, 1, 6), BeamShape.lookup_only(1, 6)]
-    ticks = {"n": 0}
-
-    def cost(shape):
-        ticks["n"] += 1
-        phase = (ticks["n"] // 5) % 4
-        return 1.0 if [AR, *shapes][phase] == shape else 3.0
-
+    cost = phased_costs([AR, *shapes], 5)
     adapt = Adaptive(shapes=shapes, step_cost=cost, every=2, probe=2)
     sched = Scheduler(model, drafter, shapes[1], (), max_batch=3, adapt=adapt)
     prompts = repetitive_prompts(random.Random(7), 16, 5)

@@ -348,6 +348,17 @@ class Adaptive:
     chooser: ShapeChooser | None = None
     history: list[BeamShape] = field(default_factory=list)
 
+    def new_chooser(self, shapes: Sequence[BeamShape], start: Hashable | None) -> ShapeChooser:
+        """A chooser among ``shapes`` with these settings, ``start`` running first."""
+        return ShapeChooser(
+            shapes,
+            start=start,
+            costs=self.costs,
+            every=self.every,
+            probe=self.probe,
+            max_probe=self.max_probe,
+        )
+
     def candidates(self, shape: BeamShape) -> list[BeamShape]:
         """The shapes a run with requested ``shape`` chooses among (AR first).
 
@@ -455,14 +466,7 @@ class StepPlan:
             self.adapt.history = []
         elif self.adapt:
             start = shape if shape in self.steps else None
-            self.chooser = ShapeChooser(
-                shapes,
-                start=start,
-                costs=self.adapt.costs,
-                every=self.adapt.every,
-                probe=self.adapt.probe,
-                max_probe=self.adapt.max_probe,
-            )
+            self.chooser = self.adapt.new_chooser(shapes, start)
             self.adapt.chooser = self.chooser
             self.adapt.history = []
         self.choice = self.chooser  # what names the next shape

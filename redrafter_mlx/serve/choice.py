@@ -44,15 +44,7 @@ class BatchChoice:
     def chooser(self, rows: int) -> ShapeChooser:
         """The chooser of batches of ``rows`` rows (made on first use)."""
         if rows not in self.choosers:
-            a = self.adapt
-            self.choosers[rows] = ShapeChooser(
-                self.shapes,
-                start=self.shape,
-                costs=a.costs,
-                every=a.every,
-                probe=a.probe,
-                max_probe=a.max_probe,
-            )
+            self.choosers[rows] = self.adapt.new_chooser(self.shapes, self.shape)
         return self.choosers[rows]
 
     def shadow(self, text: list[int]) -> LookupShadow | None:

@@ -371,3 +371,19 @@ def test_split_model_each_step_takes_rank_0s_choice(monkeypatch):
         assert rank0.next_shape(matches) == want
         assert rank1.next_shape(matches) == want  # its own chooser would say AR
     assert follower.switches == []  # never asked
+
+
+def test_risk_discounts_dear_shapes_in_the_per_step_choice():
+    """With ``risk``, a shape costing c AR steps is judged at rate / (1 + risk (c - 1)): a
+    long chain a little ahead on its estimate loses to the short one, one far ahead wins."""
+    from redrafter_mlx.engine.adaptive import ShapeChooser
+
+    k8, k16 = BeamShape.lookup_only(1, 8), BeamShape.lookup_only(1, 16)
+    costs = {AR: 1.0, k8: 1.6, k16: 2.1}
+    for risk, want_close in ((0.0, k16), (0.15, k8)):
+        chooser = ShapeChooser([AR, k8, k16], start=AR, costs=costs)
+        chooser.risk = risk
+        for _ in range(6):  # state 3: 10 drafts (k8 holds 7: 8 tokens / 1.6; k16 11 / 2.1)
+            chooser.observe_lookup([(3, 10), (4, 15)])
+        assert chooser.next_shape([3]) == want_close
+        assert chooser.next_shape([4]) == k16  # 16 tokens for 2.1: far ahead either way

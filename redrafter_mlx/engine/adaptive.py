@@ -106,6 +106,8 @@ class ShapeChooser:
     outlier: float = 3.0  # a step this many times the EMA is ignored once
     stale: int = 16  # steps after which a width's acceptance follows the overall one
     margin: float = 0.1  # switch only to a shape expected this much faster (hysteresis)
+    risk: float = 0.0  # per-step choice: a shape costing c ARs is judged at rate/(1+risk(c-1))
+    # (the server sets it, serve/choice.py; chat and generate judge by the rate alone)
     switches: list = field(default_factory=list)  # (observed steps, from key, to key)
     current: Hashable = None
 
@@ -227,7 +229,7 @@ class ShapeChooser:
         if self._probe is not None:  # a probe is in flight: nothing new to judge by
             return self.current
         unknown = [k for k in self.shapes if self.cost[k] is None]
-        best = unknown[0] if unknown else max(self.shapes, key=lambda k: self.rate(k, matches))
+        best = unknown[0] if unknown else max(self.shapes, key=lambda k: self._judged(k, matches))
         if best != self.current:
             self._switch(best)
         if best == AR:
@@ -238,6 +240,13 @@ class ShapeChooser:
             if probe is not None:
                 return probe
         return best
+
+    def _judged(self, key: Hashable, matches: Sequence[int]) -> float:
+        """``rate`` discounted by ``risk`` for each AR step's worth of cost above one."""
+        rate = self.rate(key, matches)
+        if not self.risk or key == AR or not self.cost[AR]:
+            return rate
+        return rate / (1 + self.risk * max(self.cost[key] / self.cost[AR] - 1, 0))
 
     def _probe_due(self, choose: Callable[[], Hashable | None]) -> Hashable | None:
         """Count one plain-decoding step; every ``_probe_every`` of them, the shape

@@ -157,7 +157,7 @@ def serve(
         group = getattr(engine.model, "group", None)
         if group is not None and group.rank() != 0:
             follow(engine, plan, max_batch, group, adapt)
-            return
+            exit_now()
         names = (model_id(paths), *model_aliases(model, paths))
         server = build(
             engine,
@@ -185,6 +185,20 @@ def serve(
                 f"generation_config.json)[/]"
             )
         server(host, port, shutdown_grace)
+    exit_now()
+
+
+def exit_now() -> None:
+    """End the process with code 0 once the server has stopped (every answer sent, the
+    engine thread joined), skipping the interpreter's teardown: there MLX's native threads
+    could abort the process ("terminate called without an active exception", exit -6)
+    after a clean stop, seen after adaptive serving on Ctrl-C / SIGTERM."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def serving_plan(plan):

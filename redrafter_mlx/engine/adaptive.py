@@ -433,11 +433,8 @@ class SharedChoice:
 
     def next_shape(self, matches: Sequence[int] | None = None) -> Hashable:
         if matches is not None:
-            shapes = self.chooser.shapes
-            text = None
-            if self.group.rank() == 0:
-                text = str(shapes.index(self.chooser.next_shape(matches)))
-            return shapes[int(broadcast_text(text, self.group))]
+            mine = self.chooser.next_shape(matches) if self.group.rank() == 0 else None
+            return rank0_shape(mine, self.chooser.shapes, self.group)
         if not self._next:
             shapes = self.chooser.shapes
             text = None
@@ -447,6 +444,13 @@ class SharedChoice:
             text = broadcast_text(text, self.group)
             self._next.extend(shapes[int(i)] for i in text.split(","))
         return self._next.popleft()
+
+
+def rank0_shape(shape: Hashable | None, shapes: Sequence[Hashable], group) -> Hashable:
+    """Rank 0's ``shape`` (one of ``shapes``; others pass None) on every rank: its index,
+    broadcast between steps."""
+    index = None if shape is None else str(list(shapes).index(shape))
+    return shapes[int(broadcast_text(index, group))]
 
 
 class StepPlan:

@@ -56,7 +56,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from redrafter_mlx.engine.adaptive import Adaptive
+from redrafter_mlx.engine.adaptive import Adaptive, rank0_shape
 from redrafter_mlx.engine.cache import (
     PREFILL_CHUNK,
     SLOT_QUANTUM,
@@ -69,7 +69,7 @@ from redrafter_mlx.engine.cache import (
     token_limit,
 )
 from redrafter_mlx.engine.decode import DecodeState, StepOutput, first_draw
-from redrafter_mlx.engine.distributed import broadcast_bytes, broadcast_text
+from redrafter_mlx.engine.distributed import broadcast_bytes
 from redrafter_mlx.engine.loading import materialize
 from redrafter_mlx.engine.lookup import LookupShadow
 from redrafter_mlx.engine.penalties import bias_vector
@@ -279,14 +279,13 @@ class Prefill:
 
 @dataclass
 class Queued:
-    """A queued step: its output, the rows it ran (by index when queued), its shape (None:
-    plain decoding, the fixed-shape batch's only step), and for the adaptive choice the
-    batch size and when it was queued (None: not a step time, e.g. it compiled)."""
+    """A queued step: its output, the rows it ran (by index when queued: as many as the
+    batch had), its shape (None: plain decoding, the fixed-shape batch's only step), and
+    when it was queued (None: not a step time, e.g. it compiled)."""
 
     out: StepOutput
     owners: tuple[Row | None, ...]
     shape: BeamShape | None
-    rows: int
     started: float | None
 
 
@@ -479,6 +478,14 @@ class Scheduler:
         finally:
             self.ready.set()
             self.release()
+            self._settle()
+
+    def _settle(self) -> None:
+        """Wait for a step still in flight (queued, never read: the loop was stopped), so
+        that no MLX work outlives the loop's thread (the process may exit next)."""
+        if self._pending is not None:
+            with contextlib.suppress(Exception):
+                mx.eval(self._pending.out, self.state, self.row_keys)
 
     def follow(self) -> None:
         """The loop of a rank other than 0 under ``mlx.launch``: apply rank 0's events and
@@ -859,15 +866,14 @@ class Scheduler:
         runs what ``generate --seed`` runs). Split across ranks, rank 0's choice."""
         if self.choice is None:
             return self.shape
-        active = [row for row in self.rows if row is not None]
-        pinned = any(row.request.seed is not None and row.request.temperature > 0 for row in active)
         shape = None
         if self.leader:
+            active = [row for row in self.rows if row is not None]
+            pinned = any(r.request.seed is not None and r.request.temperature > 0 for r in active)
             matches = [row.shadow.match(0) if row.shadow else 0 for row in active]
             shape = self.shape if pinned else self.choice.next(len(self.rows), matches)
         if self.group is not None:
-            index = None if shape is None else str(self.choice.shapes.index(shape))
-            shape = self.choice.shapes[int(broadcast_text(index, self.group))]
+            shape = rank0_shape(shape, self.choice.shapes, self.group)
         return None if shape.is_autoregressive else shape
 
     def _queue_step(self) -> Queued:
@@ -885,7 +891,7 @@ class Scheduler:
         self._inflight += 1
         owners = tuple(self.rows)
         self.stats.record_step(sum(r is not None for r in owners))
-        return Queued(out, owners, shape, len(owners), started)
+        return Queued(out, owners, shape, started)
 
     def _read(self, step: Queued) -> None:
         """Deliver a computed step's tokens to the rows still owned by the same request."""
@@ -911,7 +917,7 @@ class Scheduler:
             if row.finished and row.shadow is not None:
                 resolved += row.shadow.finish(0)
         if self.choice is not None:
-            self.choice.finished(step.rows, step.shape or AR, ran, seconds)
+            self.choice.finished(len(step.owners), step.shape or AR, ran, seconds)
             self.choice.lookup_seen(resolved)
 
     def _deliver(self, r: int, row: Row, tokens: list[int]) -> None:

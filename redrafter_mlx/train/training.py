@@ -111,6 +111,55 @@ def new_drafter(args: DrafterArgs, seed: int) -> Drafter:
     return drafter
 
 
+def output_rows(model: Model, ids=None) -> mx.array:
+    """The model's output embedding (its head's weight, or the tied input embedding) at
+    ``ids`` (a list of token ids; None: every id): (K or V, H), dequantized when quantized."""
+    layer = model.model.embed_tokens if model.args.tie_word_embeddings else model.lm_head
+    index = None if ids is None else mx.array(ids, dtype=mx.int32)
+    weight = layer.weight if index is None else layer.weight[index]
+    if "scales" not in layer:
+        return weight
+    scales = layer.scales if index is None else layer.scales[index]
+    biases = layer.get("biases")
+    if biases is not None and index is not None:
+        biases = biases[index]
+    return mx.dequantize(
+        weight, scales, biases, layer.group_size, layer.bits, getattr(layer, "mode", "affine")
+    )
+
+
+HEAD_INITS = ("random", "model", "frozen")
+
+
+def init_head(drafter: Drafter, model: Model, mode: str) -> None:
+    """Start the drafter's vocabulary head as the model's own output embedding (Medusa's and
+    EAGLE's init; EAGLE keeps it frozen).
+
+    ``mode``: ``random`` (the drafter's own init), ``model`` (the model's output embedding
+    rows for the head's ids: its shortlist, else the vocabulary; trained from there) or
+    ``frozen`` (those rows, never trained). Needs ``exit_dim == H``: the head then reads the
+    drafter's exit like the model's head reads a normed hidden state, so the drafter learns
+    where in the model's output space the next draft lies instead of a head of its own from
+    few examples of the rarer ids.
+    """
+    if mode not in HEAD_INITS:
+        raise ValueError(f"head init must be one of {HEAD_INITS}, got {mode!r}")
+    if mode == "random":
+        return
+    args = drafter.args
+    if args.exit_dim != args.hidden_size:
+        raise ValueError(
+            f"a head started from the model's output embedding needs --exit-dim "
+            f"{args.hidden_size} (the model's hidden size), got {args.exit_dim}; "
+            "or use --head-init random"
+        )
+    head = drafter.lm_head[-1]
+    head.weight = output_rows(model, args.draft_vocab).astype(head.weight.dtype)
+    if mode == "frozen":
+        head.freeze()
+    mx.eval(head.parameters())
+
+
 def drafter_loss(drafter: Drafter, hidden, emb, targets, valid, teacher=None, soft=None):
     """Teacher-forced loss over T draft steps.
 
@@ -229,10 +278,8 @@ def teacher_targets(cache: TargetCache, model: Model, idx: np.ndarray, head_ids=
     if head_ids is None:
         logits = model.logits(h)
     else:
-        w = model.model.embed_tokens.weight if model.args.tie_word_embeddings else None
-        w = w if w is not None else model.lm_head.weight
         h = h[:, : model.hidden_size]  # the final normed state (a wider cache: features)
-        logits = (h @ w[mx.array(head_ids)].T).astype(mx.float32)
+        logits = (h @ output_rows(model, head_ids).T).astype(mx.float32)
         cap = model.args.final_logit_softcapping  # as Model.logits does (Gemma 2)
         logits = mx.tanh(logits / cap) * cap if cap else logits
     teacher = softmax(logits).reshape(len(idx), T, -1)

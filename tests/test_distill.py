@@ -462,81 +462,36 @@ def test_soft_targets_train_in_self_mode_and_are_refused_elsewhere(model_dir, tm
 
 
 # ------------------------------------------------------------------------------------------
-# the head started from the model's output embedding
-
-
-def _shortlisted(model, exit_dim=None, ids=(0, 3, 5, 9, 17, 30)):
-    from redrafter_mlx.engine.drafter import DrafterArgs
-
-    H = model.hidden_size
-    args = DrafterArgs(model.vocab_size, H, exit_dim or H, 2, True, draft_vocab=list(ids))
-    return TR.new_drafter(args, seed=1), list(ids)
+# the model's output rows (soft targets over a shortlist)
 
 
 @pytest.mark.parametrize("quantized", [False, True])
 @pytest.mark.parametrize("tied", [True, False])
-def test_head_init_copies_the_models_output_rows(quantized, tied):
+def test_output_rows_and_shortlist_soft_targets_read_the_models_head(quantized, tied, tmp_path):
     import mlx.nn as nn
 
+    from redrafter_mlx.train.targets import TargetCache
+
     model = tiny_model(seed=3, vocab=64, hidden=64, tie_word_embeddings=tied)
-    full = np.array(TR.output_rows(model))  # before quantizing: the float rows
     if quantized:
         nn.quantize(model, group_size=32, bits=8)
-        full = np.array(TR.output_rows(model))
     layer = model.model.embed_tokens if tied else model.lm_head
-    reference = (
-        layer.weight
-        if not quantized
-        else mx.dequantize(layer.weight, layer.scales, layer.biases, 32, 8)
-    )
-    np.testing.assert_array_equal(full, np.array(reference))
-    drafter, ids = _shortlisted(model)
-    TR.init_head(drafter, model, "model")
-    np.testing.assert_array_equal(np.array(drafter.lm_head[-1].weight), full[ids])
-    # The rows read the head's ids: logits of a normed state equal the model's at those ids.
-    h = mx.random.normal((3, 64))
-    ours = drafter.lm_head[-1](h)
-    np.testing.assert_allclose(np.array(ours), np.array(model.logits(h))[:, ids], atol=1e-4)
-
-
-def test_frozen_head_stays_as_the_model_gave_it_and_model_head_trains():
-    from mlx.utils import tree_flatten
-
-    from redrafter_mlx.train.options import DistillOptions
-
-    model = near_bigram_model(seed=0, vocab=32, hidden=32)
-    opts = DistillOptions(lr=1e-2, warmup=0)
+    reference = layer.weight
+    if quantized:
+        reference = mx.dequantize(layer.weight, layer.scales, layer.biases, 32, 8)
+    ids = [0, 3, 5, 9, 17, 30]
+    np.testing.assert_array_equal(np.array(TR.output_rows(model)), np.array(reference))
+    np.testing.assert_array_equal(np.array(TR.output_rows(model, ids)), np.array(reference)[ids])
+    # A shortlist's soft targets are the model's distribution renormalised over its ids.
     rng = np.random.default_rng(0)
-    B, T, H = 16, 3, model.hidden_size
-    batch = (
-        mx.array(rng.normal(size=(B, H)), dtype=mx.float32),
-        mx.array(rng.normal(size=(B, T, H)), dtype=mx.float32),
-        mx.array(rng.integers(0, 6, (B, T))),
-        mx.ones((B, T), dtype=mx.bool_),
-    )
-    heads = {}
-    for mode in ("frozen", "model"):
-        drafter, _ = _shortlisted(model)
-        TR.init_head(drafter, model, mode)
-        start = np.array(drafter.lm_head[-1].weight)
-        trainable = dict(tree_flatten(drafter.trainable_parameters()))
-        assert ("lm_head.2.weight" in trainable) == (mode == "model")
-        before = {k: np.array(v) for k, v in tree_flatten(drafter.parameters())}
-        trainer = TR.Trainer(drafter, opts, total_steps=3)
-        for _ in range(3):
-            trainer.step([batch])
-        after = {k: np.array(v) for k, v in tree_flatten(drafter.parameters())}
-        moved = {k for k in before if not np.array_equal(before[k], after[k])}
-        assert "lm_head.0.linear.weight" in moved  # the rest of the drafter trains
-        heads[mode] = np.array_equal(start, after["lm_head.2.weight"])
-    assert heads == {"frozen": True, "model": False}
-
-
-def test_head_init_needs_the_models_width(model_dir, tmp_path):
-    run = dict(RUN, steps=2, eval_shapes=(), head_init="model")
-    with pytest.raises(ParamError, match="--exit-dim 32"):
-        D.distill(model_dir, [SHAREGPT], tmp_path / "out", **run)  # exit auto = 2H
-    with pytest.raises(ParamError, match="head init must be one of"):
-        D.distill(model_dir, [SHAREGPT], tmp_path / "x", **dict(run, head_init="embed"))
-    summary = D.distill(model_dir, [SHAREGPT], tmp_path / "ok", **dict(run, exit_dim="32"))
-    assert summary["steps"] == 2 and np.isfinite(summary["final_loss"])
+    P, T = 6, 2
+    tokens = rng.integers(0, 64, (P, T + 1)).astype(np.int32)
+    tokens[1:, 0] = tokens[:-1, 1]  # rows continue one sequence
+    hidden = rng.normal(size=(P, 64)).astype(np.float32)
+    cache = TargetCache(tmp_path, hidden, tokens, np.ones((P, T), dtype=bool))
+    teacher, soft = TR.teacher_targets(cache, model, np.arange(P - T), ids)
+    logits = np.array(model.logits(mx.array(hidden)))[:, ids]
+    want = np.exp(logits - logits.max(-1, keepdims=True))
+    want /= want.sum(-1, keepdims=True)
+    assert bool(soft[0, 0])
+    np.testing.assert_allclose(np.array(teacher[0, 0]), want[1], atol=1e-5)

@@ -117,12 +117,6 @@ def distill(
         "normed hidden state, as drafters before). The model captures them in its own "
         "forward (no extra pass); the layers go into the drafter's config.json.",
     ),
-    head_init: str = typer.Option(
-        "random",
-        help="The vocabulary head's start: 'random', 'model' (the model's own output "
-        "embedding rows for the head's ids, then trained) or 'frozen' (those rows, kept as "
-        "they are). 'model' and 'frozen' need --exit-dim equal to the model's hidden size.",
-    ),
     save_every: int = typer.Option(
         500, help="Checkpoint every N steps (and at the end); 0: only at the end."
     ),
@@ -184,7 +178,6 @@ def distill(
             val_prompts=val_prompts,
             select_every=select_every,
             feature_layers=feature_layers,
-            head_init=head_init,
         )
     if summary["rank"] != 0:
         return  # data-parallel replicas: rank 0 reports

@@ -132,7 +132,6 @@ from .training import (  # noqa: F401
     Trainer,
     drafter_args,
     drafter_loss,
-    init_head,
     lr_schedule,
     new_drafter,
     read_batch,
@@ -195,9 +194,12 @@ def run_distill(
     else:
         ctx = builtin.prepare(model, tokenizer, path, dtype, plan, opts, progress, world, started)
     ctx.order.rank = rank
-    drafter = new_drafter(drafter_args(ctx.model, opts, ctx.draft_vocab), opts.seed)
-    init_head(drafter, ctx.model, opts.head_init)
-    trainer = Trainer(drafter, opts, ctx.total_steps, group)
+    trainer = Trainer(
+        new_drafter(drafter_args(ctx.model, opts, ctx.draft_vocab), opts.seed),
+        opts,
+        ctx.total_steps,
+        group,
+    )
     start, selection = restore(ctx, trainer, opts, progress, rank)
     train_tic = time.perf_counter()
     history = train_loop(ctx, trainer, opts, progress, start, rank, selection)
@@ -254,14 +256,6 @@ def load_serving(model_dir, opts: DistillOptions):
         model.capture_features(resolve_feature_layers(opts.feature_layers, model))
     except ValueError as e:
         raise ParamError("feature_layers", str(e)) from None
-    exit_dim = drafter_args(model, opts).exit_dim
-    if opts.head_init != "random" and exit_dim != model.hidden_size:
-        raise ParamError(
-            "head_init",
-            f"--head-init {opts.head_init} starts the head from the model's output embedding, "
-            f"so it needs --exit-dim {model.hidden_size} (this model's hidden size), got "
-            f"{exit_dim}; or use --head-init random",
-        )
     return model, load_tokenizer(path), path, dtype
 
 

@@ -15,7 +15,7 @@ from ..engine.model import Model
 from .data import Sequence
 from .evaluation import DEFAULT_EVAL_SHAPES
 from .targets import TargetCache
-from .training import HEAD_INITS, DataOrder, shortlist_index, shortlist_vocab
+from .training import DataOrder, shortlist_index, shortlist_vocab
 
 TARGET_MODES = ("distill", "self", "ground-truth")
 DEFAULT_BUDGET = "45m"
@@ -69,9 +69,6 @@ class DistillOptions:
     # "last" (the final normed hidden state, every drafter before). Default auto: the
     # SmolLM2 ablation (smollm2_drafter/BUILD.md) at equal data and steps.
     feature_layers: str = "auto"
-    # the vocabulary head's start: "random", "model" (the model's output embedding rows) or
-    # "frozen" (those rows, never trained); the last two need exit_dim == H
-    head_init: str = "random"
 
     def validate(self) -> DistillOptions:
         """Return self, or raise ParamError naming the option and its allowed values."""
@@ -138,11 +135,6 @@ class DistillOptions:
                 f"got {self.feature_layers!r}",
             )
         self.feature_layers = spec
-        if self.head_init not in HEAD_INITS:
-            raise ParamError(
-                "head_init",
-                f"head init must be one of {', '.join(HEAD_INITS)}, got {self.head_init!r}",
-            )
         if self.exit_dim != "auto":
             try:
                 self.exit_dim = int(self.exit_dim)
@@ -258,8 +250,6 @@ def run_record(opts: DistillOptions, key: str, order: DataOrder, total: int, wor
         run["soft_targets"] = True
     if opts.feature_layers != "last":  # likewise (a run before the option read the last)
         run["feature_layers"] = opts.feature_layers
-    if opts.head_init != "random":  # likewise
-        run["head_init"] = opts.head_init
     return run
 
 

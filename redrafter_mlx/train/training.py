@@ -128,38 +128,6 @@ def output_rows(model: Model, ids=None) -> mx.array:
     )
 
 
-HEAD_INITS = ("random", "model", "frozen")
-
-
-def init_head(drafter: Drafter, model: Model, mode: str) -> None:
-    """Start the drafter's vocabulary head as the model's own output embedding (Medusa's and
-    EAGLE's init; EAGLE keeps it frozen).
-
-    ``mode``: ``random`` (the drafter's own init), ``model`` (the model's output embedding
-    rows for the head's ids: its shortlist, else the vocabulary; trained from there) or
-    ``frozen`` (those rows, never trained). Needs ``exit_dim == H``: the head then reads the
-    drafter's exit like the model's head reads a normed hidden state, so the drafter learns
-    where in the model's output space the next draft lies instead of a head of its own from
-    few examples of the rarer ids.
-    """
-    if mode not in HEAD_INITS:
-        raise ValueError(f"head init must be one of {HEAD_INITS}, got {mode!r}")
-    if mode == "random":
-        return
-    args = drafter.args
-    if args.exit_dim != args.hidden_size:
-        raise ValueError(
-            f"a head started from the model's output embedding needs --exit-dim "
-            f"{args.hidden_size} (the model's hidden size), got {args.exit_dim}; "
-            "or use --head-init random"
-        )
-    head = drafter.lm_head[-1]
-    head.weight = output_rows(model, args.draft_vocab).astype(head.weight.dtype)
-    if mode == "frozen":
-        head.freeze()
-    mx.eval(head.parameters())
-
-
 def drafter_loss(drafter: Drafter, hidden, emb, targets, valid, teacher=None, soft=None):
     """Teacher-forced loss over T draft steps.
 

@@ -25,12 +25,12 @@ SHIP = ROOT / "redrafter_mlx" / "smollm2_drafter"
 
 # The shipped drafter's settings (BUILD.md): 522k answer positions, 160-token greedy answers
 # in batches of 48, T=5, 2 layers, exit_dim 576, 8192-id shortlist, soft targets, 1800 steps
-# of 256, AdamW lr 1e-3 with weight decay 0.1, a held-out score every 300 steps; the last
-# layer's hidden state (distill's default became multi-layer features after this build).
+# of 256, AdamW lr 1e-3 with weight decay 0.1, a held-out score every 300 steps; multi-layer
+# features (layers 2, 15, 27: the ablation's winner).
 SETTINGS = (
     "--budget 522k --answer-tokens 160 --gen-batch 48 --predict-tokens 5 --layers 2 "
     "--exit-dim 576 --draft-vocab 8192 --soft-targets --steps 1800 --batch-size 256 "
-    "--lr 1e-3 --weight-decay 0.1 --select-every 300 --seed 0 --feature-layers last"
+    "--lr 1e-3 --weight-decay 0.1 --select-every 300 --seed 0 --feature-layers auto"
 )
 
 
@@ -55,7 +55,8 @@ def command(model: Path, out: Path, resume: bool) -> list[str]:
 
 
 def ship(drafter: Path) -> None:
-    """The drafter in float16 (config.json + model.safetensors) into the package."""
+    """The drafter in float16 (config.json + model.safetensors) and the run's eval.json into
+    the package."""
     import mlx.core as mx
 
     weights = mx.load(str(drafter / "model.safetensors"))
@@ -71,6 +72,10 @@ def ship(drafter: Path) -> None:
     part = SHIP / f".config.json.tmp-{os.getpid()}"
     part.write_text(json.dumps(config, indent=2) + "\n")
     os.replace(part, SHIP / "config.json")
+    if (drafter / "eval.json").exists():
+        report = SHIP / f".eval.json.tmp-{os.getpid()}"
+        report.write_text((drafter / "eval.json").read_text())
+        os.replace(report, SHIP / "eval.json")
 
 
 def main(argv=None) -> int:

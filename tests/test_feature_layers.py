@@ -3,7 +3,7 @@ residual stream entering each listed layer in its own forward, and a drafter pro
 
 Greedy output stays the model's own (any features, beam shape, lookup, batch rows); the
 features a step keeps are those of a plain forward over the same tokens; configs round-trip;
-a drafter without the key (every older drafter, the shipped one) runs exactly as before.
+a drafter without the key (every older drafter) runs exactly as before.
 """
 
 from __future__ import annotations
@@ -186,20 +186,21 @@ def test_without_feature_layers_the_forward_and_the_drafter_add_no_op():
 
 
 SMOL_PROMPT = "Explain why the sky is blue in two sentences."
-# Made with the code before feature layers (git 40648b0): SmolLM2 fp32 + the shipped drafter,
-# greedy, 40 tokens, no lookup chains.
+# SmolLM2 fp32's greedy answer (40 tokens), made with the code before feature layers (git
+# 40648b0) and the drafter shipped then: any lossless drafter gives these tokens.
 SMOL_TOKENS = [504, 6376, 314, 4461, 281, 827, 8545, 975, 282, 253, 980, 1217, 13739, 43464]
 SMOL_TOKENS += [24484, 28, 837, 1420, 13242, 5383, 6756, 282, 1512, 284, 314, 753, 6475, 411]
 SMOL_TOKENS += [623, 6756, 30, 1550, 1420, 13242, 253, 11377, 282, 1512, 28, 357]
-SMOL_STEPS = {(1, 4): 1.1818181818181819, (4, 5): 1.2580645161290323}
+# The shipped drafter (multi-layer, built by make smollm2-drafter) on that prompt, no lookup.
+SMOL_STEPS = {(1, 4): 41 / 34, (4, 5): 41 / 34}
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not (SMOL_MODEL / "config.json").is_file(), reason="SmolLM2 is not converted")
-def test_the_shipped_drafter_decodes_exactly_as_before():
+def test_the_shipped_multi_layer_drafter_decodes_smollm2_losslessly():
     shipped = Path(__file__).resolve().parent.parent / "redrafter_mlx" / "smollm2_drafter"
     model, drafter, tok = load(SMOL_MODEL, shipped, "float32")
-    assert drafter.args.feature_layers is None and model.feature_layers == ()
+    assert drafter.args.feature_layers == [2, 15, 27] and model.feature_layers == (2, 15, 27)
     prompt = list(tok.chat_prompt([{"role": "user", "content": SMOL_PROMPT}]))
     for (w, length), per_step in SMOL_STEPS.items():
         out, stats = run_decode(

@@ -59,6 +59,8 @@ def ship(drafter: Path) -> None:
     the package."""
     import mlx.core as mx
 
+    from redrafter_mlx.train.selfdata import write_json_atomic
+
     weights = mx.load(str(drafter / "model.safetensors"))
     weights = {
         k: v.astype(mx.float16) if mx.issubdtype(v.dtype, mx.floating) else v
@@ -68,14 +70,9 @@ def ship(drafter: Path) -> None:
     mx.save_safetensors(str(tmp), weights)
     os.replace(tmp, SHIP / "model.safetensors")
     config = json.loads((drafter / "config.json").read_text())
-    config["torch_dtype"] = "float16"
-    part = SHIP / f".config.json.tmp-{os.getpid()}"
-    part.write_text(json.dumps(config, indent=2) + "\n")
-    os.replace(part, SHIP / "config.json")
+    write_json_atomic(SHIP / "config.json", dict(config, torch_dtype="float16"))
     if (drafter / "eval.json").exists():
-        report = SHIP / f".eval.json.tmp-{os.getpid()}"
-        report.write_text((drafter / "eval.json").read_text())
-        os.replace(report, SHIP / "eval.json")
+        write_json_atomic(SHIP / "eval.json", json.loads((drafter / "eval.json").read_text()))
 
 
 def main(argv=None) -> int:

@@ -56,8 +56,8 @@ def main(argv=None) -> None:
         work, model, tok, temperature=0.0, answer_tokens=args.answer_tokens, batch=16, seed=0
     )
     rows = data.generate(prompts, lambda _n: False)
-    rows = [r for r in rows if r["id"] in {p["id"] for p in prompts}]
     category = {p["id"]: r.category or "-" for p, r in zip(prompts, records)}
+    rows = [r for r in rows if r["id"] in category]
     groups = {"all": rows}
     if args.by_category:
         for r in rows:

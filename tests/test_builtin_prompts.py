@@ -64,3 +64,49 @@ def test_prompt_list_is_seeded_and_drops_held_out_and_duplicate_turns():
     assert [r["id"] for r in a] == list(range(len(a)))
     assert [r["prompt"] for r in a if r["source"] == "model"] == ["Tell me about owls, please."]
     assert a != selfdata.prompt_list(own, seed=4)
+
+
+def collection(n: int) -> list[dict]:
+    return [dict(source="topic", prompt=f"Tell me about subject number {i}.") for i in range(n)]
+
+
+def test_a_grown_collection_joins_the_unanswered_prompts_and_keeps_the_answered(monkeypatch):
+    """Answered rows (the held-out ones first) stay in place with their ids; the new prompts
+    (not duplicates in another case, not MT-Bench turns) get new ids and are shuffled in
+    with the unanswered rows."""
+    monkeypatch.setattr(selfdata, "builtin_prompts", lambda: collection(10))
+    rows = selfdata.prompt_list([], seed=0)
+    answered = {r["id"] for r in rows[:4]}
+    assert selfdata.extend_prompts(rows, answered, seed=0) is rows  # nothing new
+    mt = json.loads(selfdata.HELDOUT_FILES[0].read_text().splitlines()[0])["turns"][0]
+    grown = collection(14) + [
+        dict(source="topic", prompt="TELL me about subject number 3."),
+        dict(source="writing", prompt=mt),
+    ]
+    monkeypatch.setattr(selfdata, "builtin_prompts", lambda: grown)
+    out = selfdata.extend_prompts(rows, answered, seed=0)
+    assert out == selfdata.extend_prompts(rows, answered, seed=0)  # seeded
+    assert out[:4] == rows[:4]
+    assert sorted(r["id"] for r in out) == list(range(14))
+    new = {r["prompt"] for r in out if r["id"] >= 10}
+    assert new == {f"Tell me about subject number {i}." for i in range(10, 14)}
+    assert {r["id"] for r in out[4:]} == {r["id"] for r in rows[4:]} | set(range(10, 14))
+    assert [r["id"] for r in out[4:]] != sorted(r["id"] for r in out[4:])  # mixed in
+
+
+def test_a_work_folder_extends_its_prompt_list_once_and_records_it(monkeypatch, tmp_path):
+    monkeypatch.setattr(selfdata, "builtin_prompts", lambda: collection(6))
+    rows = selfdata.prompt_list([], seed=1)
+    selfdata.write_jsonl_atomic(tmp_path / "prompts.jsonl", rows)
+    answer = dict(id=rows[0]["id"], response_ids=[1, 2], finish="stop")
+    selfdata.write_jsonl_atomic(tmp_path / "answers.jsonl", [answer])
+    data = selfdata.SelfData(
+        tmp_path, None, None, temperature=0.0, answer_tokens=8, batch=2, seed=1
+    )
+    assert data.prompts(0) == rows
+    monkeypatch.setattr(selfdata, "builtin_prompts", lambda: collection(9))
+    grown = data.prompts(0)
+    assert len(grown) == 9 and grown[0] == rows[0]
+    assert data.prompts(0) == grown == selfdata.read_jsonl(tmp_path / "prompts.jsonl")
+    meta = json.loads((tmp_path / "prompts_meta.json").read_text())
+    assert meta["added"] == [dict(prompts=3, answered_before=1)]

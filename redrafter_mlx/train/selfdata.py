@@ -1,7 +1,8 @@
 """Built-in training data for ``distill`` without ``--data``: the model teaches its drafter.
 
 Stages (each resumable, in ``WORK`` = ``CACHE/selfdata-<key>``, key = model fingerprint +
-answer settings, so a later run with a larger budget continues the same data):
+answer settings, so a later run with a larger budget continues the same data, and one with a
+grown prompt collection adds its new prompts to the prompts not yet answered):
 
 1. **Prompts** (``WORK/prompts.jsonl``, written once, atomically): the package's prompt
    collection (``redrafter_mlx/data/distill_prompts.jsonl``: our own synthetic user turns
@@ -9,7 +10,9 @@ answer settings, so a later run with a larger budget continues the same data):
    plus user turns the model writes itself: asked through its own chat template to write a
    message for a (topic, style, kind) (``distill_asks.jsonl``), sampled, deduplicated,
    held-out turns dropped. Seeded shuffle; the first ``val_prompts`` are held out for
-   checkpoint selection and the final evaluation, never trained on.
+   checkpoint selection and the final evaluation, never trained on. Written once; a later
+   package's new collection prompts are shuffled into the unanswered ones (``extend_prompts``),
+   so answers already made, and the held-out prompts, stay as they are.
 2. **Answers** (``WORK/answers.jsonl`` + ``WORK/hidden/<batch>.npy``): the model's answers
    (greedy, or sampled at ``temperature``) in batches, with the hidden state of every answer
    position kept from decoding (``selfgen``); one JSON line per prompt, appended per batch
@@ -49,7 +52,7 @@ ASK = (
 )
 OWN_PROMPT_TOKENS = 48  # most tokens of a model-written user turn
 OWN_PROMPT_TEMPERATURE = 1.0
-SELFDATA_VERSION = 1
+SELFDATA_VERSION = 2  # 2: the key no longer hashes the prompt collection
 POOL_BATCHES = 8  # batches answered shortest prompt first (SelfData.generate)
 
 
@@ -182,17 +185,42 @@ def prompt_list(own: list[str], seed: int) -> list[dict]:
     return [dict(r, id=i) for i, r in enumerate(rows)]
 
 
+def extend_prompts(rows: list[dict], answered: set[int], seed: int) -> list[dict]:
+    """``rows`` (a folder's prompt list) with the collection's prompts it lacks added.
+
+    The answered rows keep their order at the front (so the held-out prompts, answered
+    first, stay the first ones); the new prompts get new ids and are shuffled (seeded)
+    together with the unanswered rows, so a larger budget answers a mix of both. Returns
+    ``rows`` itself when nothing is new.
+    """
+    held = heldout_turns()
+    known = {normalize(r["prompt"]) for r in rows}
+    new = []
+    for r in builtin_prompts():
+        key = normalize(r["prompt"])
+        if key and key not in held and key not in known:
+            known.add(key)
+            new.append(dict(source=r["source"], prompt=r["prompt"]))
+    if not new:
+        return rows
+    first = max((r["id"] for r in rows), default=-1) + 1
+    rest = [r for r in rows if r["id"] not in answered]
+    rest += [dict(r, id=first + i) for i, r in enumerate(new)]
+    random.Random(f"prompts/{seed}/{len(rows)}").shuffle(rest)
+    return [r for r in rows if r["id"] in answered] + rest
+
+
 # ------------------------------------------------------------------------------------------
 # the work folder
 
 
 def work_key(fingerprint: str, temperature: float, answer_tokens: int, seed: int) -> str:
-    """What the answers depend on: the serving weights and how they were drawn."""
+    """What the answers depend on: the serving weights and how they were drawn (not the
+    prompt collection: a grown one extends the folder's prompt list, ``extend_prompts``)."""
     blob = json.dumps(
         dict(
             v=SELFDATA_VERSION,
             model=fingerprint,
-            prompts=hashlib.sha256(PROMPTS_FILE.read_bytes()).hexdigest(),
             temperature=float(temperature),
             answer_tokens=answer_tokens,
             seed=seed,
@@ -257,7 +285,7 @@ class SelfData:
 
     def prompts(self, own: int, on_batch=None, deadline: float | None = None) -> list[dict]:
         """The prompt list (built once: the model writes up to ``own`` of them, asking until
-        ``deadline``)."""
+        ``deadline``; extended by a grown collection, ``extend_prompts``)."""
         if not self.prompts_path.exists():
             facts: dict = {}
             t0 = time.perf_counter()
@@ -273,7 +301,16 @@ class SelfData:
             )
             write_json_atomic(self.work / "prompts_meta.json", facts)
             write_jsonl_atomic(self.prompts_path, rows)
-        return read_jsonl(self.prompts_path)
+        rows, answered = read_jsonl(self.prompts_path), {r["id"] for r in self.answers()}
+        grown = extend_prompts(rows, answered, self.seed)
+        if grown is not rows:
+            write_jsonl_atomic(self.prompts_path, grown)
+            meta_path = self.work / "prompts_meta.json"
+            meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+            added = dict(prompts=len(grown) - len(rows), answered_before=len(answered))
+            meta.setdefault("added", []).append(added)
+            write_json_atomic(meta_path, meta)
+        return grown
 
     def answers(self) -> list[dict]:
         return read_jsonl(self.answers_path)

@@ -70,10 +70,10 @@ def collection(n: int) -> list[dict]:
     return [dict(source="topic", prompt=f"Tell me about subject number {i}.") for i in range(n)]
 
 
-def test_a_grown_collection_joins_the_unanswered_prompts_and_keeps_the_answered(monkeypatch):
+def test_a_grown_collection_is_answered_next_and_the_answered_rows_stay(monkeypatch):
     """Answered rows (the held-out ones first) stay in place with their ids; the new prompts
-    (not duplicates in another case, not MT-Bench turns) get new ids and are shuffled in
-    with the unanswered rows."""
+    (not duplicates in another case, not MT-Bench turns) get new ids, shuffled, before the
+    unanswered rows."""
     monkeypatch.setattr(selfdata, "builtin_prompts", lambda: collection(10))
     rows = selfdata.prompt_list([], seed=0)
     answered = {r["id"] for r in rows[:4]}
@@ -90,8 +90,9 @@ def test_a_grown_collection_joins_the_unanswered_prompts_and_keeps_the_answered(
     assert sorted(r["id"] for r in out) == list(range(14))
     new = {r["prompt"] for r in out if r["id"] >= 10}
     assert new == {f"Tell me about subject number {i}." for i in range(10, 14)}
-    assert {r["id"] for r in out[4:]} == {r["id"] for r in rows[4:]} | set(range(10, 14))
-    assert [r["id"] for r in out[4:]] != sorted(r["id"] for r in out[4:])  # mixed in
+    assert sorted(r["id"] for r in out[4:8]) == list(range(10, 14))
+    assert [r["id"] for r in out[4:8]] != list(range(10, 14))  # shuffled
+    assert out[8:] == rows[4:]
 
 
 def test_a_work_folder_extends_its_prompt_list_once_and_records_it(monkeypatch, tmp_path):

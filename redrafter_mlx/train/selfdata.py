@@ -2,7 +2,7 @@
 
 Stages (each resumable, in ``WORK`` = ``CACHE/selfdata-<key>``, key = model fingerprint +
 answer settings, so a later run with a larger budget continues the same data, and one with a
-grown prompt collection adds its new prompts to the prompts not yet answered):
+grown prompt collection answers its new prompts next):
 
 1. **Prompts** (``WORK/prompts.jsonl``, written once, atomically): the package's prompt
    collection (``redrafter_mlx/data/distill_prompts.jsonl``: our own synthetic user turns
@@ -11,8 +11,8 @@ grown prompt collection adds its new prompts to the prompts not yet answered):
    message for a (topic, style, kind) (``distill_asks.jsonl``), sampled, deduplicated,
    held-out turns dropped. Seeded shuffle; the first ``val_prompts`` are held out for
    checkpoint selection and the final evaluation, never trained on. Written once; a later
-   package's new collection prompts are shuffled into the unanswered ones (``extend_prompts``),
-   so answers already made, and the held-out prompts, stay as they are.
+   package's new collection prompts go before the unanswered ones (``extend_prompts``), so
+   answers already made, and the held-out prompts, stay as they are.
 2. **Answers** (``WORK/answers.jsonl`` + ``WORK/hidden/<batch>.npy``): the model's answers
    (greedy, or sampled at ``temperature``) in batches, with the hidden state of every answer
    position kept from decoding (``selfgen``); one JSON line per prompt, appended per batch
@@ -189,9 +189,9 @@ def extend_prompts(rows: list[dict], answered: set[int], seed: int) -> list[dict
     """``rows`` (a folder's prompt list) with the collection's prompts it lacks added.
 
     The answered rows keep their order at the front (so the held-out prompts, answered
-    first, stay the first ones); the new prompts get new ids and are shuffled (seeded)
-    together with the unanswered rows, so a larger budget answers a mix of both. Returns
-    ``rows`` itself when nothing is new.
+    first, stay the first ones); then the new prompts, with new ids, shuffled (seeded); then
+    the unanswered rows in their order. A run continuing after a package update spends its
+    budget on what the update added first. Returns ``rows`` itself when nothing is new.
     """
     held = heldout_turns()
     known = {normalize(r["prompt"]) for r in rows}
@@ -204,10 +204,10 @@ def extend_prompts(rows: list[dict], answered: set[int], seed: int) -> list[dict
     if not new:
         return rows
     first = max((r["id"] for r in rows), default=-1) + 1
-    rest = [r for r in rows if r["id"] not in answered]
-    rest += [dict(r, id=first + i) for i, r in enumerate(new)]
-    random.Random(f"prompts/{seed}/{len(rows)}").shuffle(rest)
-    return [r for r in rows if r["id"] in answered] + rest
+    new = [dict(r, id=first + i) for i, r in enumerate(new)]
+    random.Random(f"prompts/{seed}/{len(rows)}").shuffle(new)
+    done = [r for r in rows if r["id"] in answered]
+    return done + new + [r for r in rows if r["id"] not in answered]
 
 
 # ------------------------------------------------------------------------------------------

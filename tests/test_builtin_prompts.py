@@ -4,6 +4,7 @@ our own synthetic user turns, diverse, without duplicates or MT-Bench / Vicuna-b
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 
 import pytest
@@ -111,3 +112,18 @@ def test_a_work_folder_extends_its_prompt_list_once_and_records_it(monkeypatch, 
     assert data.prompts(0) == grown == selfdata.read_jsonl(tmp_path / "prompts.jsonl")
     meta = json.loads((tmp_path / "prompts_meta.json").read_text())
     assert meta["added"] == [dict(prompts=3, answered_before=1)]
+
+
+def word_runs(text: str, n: int = 8) -> set[tuple[str, ...]]:
+    words = re.sub(r"[^\w\s]", " ", text.lower()).split()
+    return {tuple(words[i : i + n]) for i in range(len(words) - n + 1)}
+
+
+def test_no_prompt_shares_eight_words_in_a_row_with_a_held_out_turn(rows):
+    """Stricter than equality: no paraphrase of an MT-Bench or Vicuna-bench turn either."""
+    held = set()
+    for f in selfdata.HELDOUT_FILES:
+        for row in selfdata.read_jsonl(f):
+            for turn in row["turns"]:
+                held |= word_runs(turn)
+    assert not [r["prompt"] for r in rows if word_runs(r["prompt"]) & held]

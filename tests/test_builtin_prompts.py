@@ -127,3 +127,31 @@ def test_no_prompt_shares_eight_words_in_a_row_with_a_held_out_turn(rows):
             for turn in row["turns"]:
                 held |= word_runs(turn)
     assert not [r["prompt"] for r in rows if word_runs(r["prompt"]) & held]
+
+
+def test_a_budget_ending_inside_a_pool_keeps_prompts_of_every_length(tmp_path, monkeypatch):
+    """Batches are cut from length-sorted prompts (little padding) but run in a seeded random
+    order: stopping after half of them keeps prompts of every length, not the shortest half
+    (whose mean id would be 7.5 here; the pool's is 15.5)."""
+    rows = [dict(id=i, source="topic", prompt="x" * (i + 1)) for i in range(64)]
+    means = []
+    for seed in range(8):
+        work = tmp_path / str(seed)
+        data = selfdata.SelfData(
+            work, None, None, temperature=0.0, answer_tokens=8, batch=4, seed=seed
+        )
+        monkeypatch.setattr(data, "prompt_ids", lambda p: list(range(len(p["prompt"]))))
+        ran = []
+
+        def answer_batch(chunk, ran=ran):
+            ran.append([p["id"] for p in chunk])
+            return [dict(id=p["id"], response_ids=[1], finish="stop") for p in chunk]
+
+        monkeypatch.setattr(data, "answer_batch", answer_batch)
+        data.generate(rows[:32], stop=lambda made: made >= 16)  # one pool of 8 batches
+        assert len(ran) == 4 and all(b == sorted(b) and b[-1] - b[0] == 3 for b in ran)
+        answered = [r["id"] for r in selfdata.read_jsonl(work / "answers.jsonl")]
+        assert answered == [i for b in ran for i in b]
+        means.append(sum(answered) / len(answered))
+    assert len(set(means)) > 1  # the order depends on the seed
+    assert 12 < sum(means) / len(means) < 19

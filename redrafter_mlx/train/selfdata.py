@@ -53,7 +53,7 @@ ASK = (
 OWN_PROMPT_TOKENS = 48  # most tokens of a model-written user turn
 OWN_PROMPT_TEMPERATURE = 1.0
 SELFDATA_VERSION = 2  # 2: the key no longer hashes the prompt collection
-POOL_BATCHES = 8  # batches answered shortest prompt first (SelfData.generate)
+POOL_BATCHES = 8  # batches cut from one length-sorted run of prompts (SelfData.generate)
 
 
 # ------------------------------------------------------------------------------------------
@@ -324,19 +324,23 @@ class SelfData:
         """Answer the prompts of ``todo`` not yet answered, batch by batch, until ``stop(new
         positions so far)``; returns all answer rows in ``answers.jsonl``.
 
-        Each run of ``POOL_BATCHES`` batches is answered shortest prompt first, so a batch's
-        rows have about the same length: little padding to prefill and narrow attention
-        windows (a batch runs at the width of its longest prompt).
+        Each run of ``POOL_BATCHES`` batches is sorted by prompt length and cut into
+        batches, so a batch's rows have about the same length: little padding to prefill and
+        narrow attention windows (a batch runs at the width of its longest prompt). The
+        batches run in a seeded random order, so a budget that ends inside a run keeps
+        prompts of every length (shortest first would keep its short ones only).
         """
         done = {r["id"] for r in self.answers()}
         todo = [p for p in todo if p["id"] not in done]
         made, pool = 0, self.batch * POOL_BATCHES
         for start in range(0, len(todo), pool):
             ranked = sorted(todo[start : start + pool], key=lambda p: len(self.prompt_ids(p)))
-            for i in range(0, len(ranked), self.batch):
+            batches = [ranked[i : i + self.batch] for i in range(0, len(ranked), self.batch)]
+            random.Random(f"batches/{self.seed}/{ranked[0]['id']}").shuffle(batches)
+            for batch in batches:
                 if stop(made):
                     return self.answers()
-                rows = self.answer_batch(ranked[i : i + self.batch])
+                rows = self.answer_batch(batch)
                 append_jsonl(self.answers_path, rows)
                 n = sum(len(r["response_ids"]) for r in rows)
                 made += n

@@ -173,14 +173,22 @@ def own_prompts(
     return out[:n]
 
 
+def unique_prompts(candidates: list[dict], known: set[str]) -> list[dict]:
+    """``{source, prompt}`` rows of ``candidates`` whose normalized prompt is new (neither in
+    ``known``, which grows, nor an MT-Bench / Vicuna-bench turn), in order."""
+    held, rows = heldout_turns(), []
+    for r in candidates:
+        key = normalize(r["prompt"])
+        if key and key not in held and key not in known:
+            known.add(key)
+            rows.append(dict(source=r["source"], prompt=r["prompt"]))
+    return rows
+
+
 def prompt_list(own: list[str], seed: int) -> list[dict]:
     """Built-in + model-written prompts, deduplicated, held-out turns dropped, shuffled."""
-    held, seen, rows = heldout_turns(), set(), []
-    for r in [*builtin_prompts(), *(dict(source="model", prompt=p) for p in own)]:
-        key = normalize(r["prompt"])
-        if key and key not in held and key not in seen:
-            seen.add(key)
-            rows.append(dict(source=r["source"], prompt=r["prompt"]))
+    model = [dict(source="model", prompt=p) for p in own]
+    rows = unique_prompts([*builtin_prompts(), *model], set())
     random.Random(f"prompts/{seed}").shuffle(rows)
     return [dict(r, id=i) for i, r in enumerate(rows)]
 
@@ -193,14 +201,7 @@ def extend_prompts(rows: list[dict], answered: set[int], seed: int) -> list[dict
     the unanswered rows in their order. A run continuing after a package update spends its
     budget on what the update added first. Returns ``rows`` itself when nothing is new.
     """
-    held = heldout_turns()
-    known = {normalize(r["prompt"]) for r in rows}
-    new = []
-    for r in builtin_prompts():
-        key = normalize(r["prompt"])
-        if key and key not in held and key not in known:
-            known.add(key)
-            new.append(dict(source=r["source"], prompt=r["prompt"]))
+    new = unique_prompts(builtin_prompts(), {normalize(r["prompt"]) for r in rows})
     if not new:
         return rows
     first = max((r["id"] for r in rows), default=-1) + 1

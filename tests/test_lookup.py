@@ -254,6 +254,22 @@ def test_lookup_shadow_counts_what_the_first_chain_would_have_accepted(seed):
     assert sorted(got) == sorted((m, k) for k, m in want)
 
 
+def test_the_shadow_resolves_a_missed_chain_at_the_miss():
+    """A chain whose first draft is wrong is counted when that token is written, not when
+    the text reaches the chain's length; a chain still matching waits."""
+    from redrafter_mlx.engine.lookup import LookupShadow
+
+    shadow = LookupShadow([[1, 2, 3, 4, 5, 1]], horizon=4)  # proposes 2, 3, 4, 5
+    assert shadow.chain(0) == [2, 3, 4, 5]
+    assert shadow.step(0, [9]) == [(1, 0)]  # missed at once: resolved now
+    shadow = LookupShadow([[1, 2, 3, 4, 5, 1]], horizon=4)
+    assert shadow.step(0, [2]) == []  # matches so far: pending
+    assert shadow.step(0, [3]) == []
+    # missed at its third draft; so were the chains of the two later step starts (matches
+    # of 2 and 3 tokens, proposing 3, 4, ... and 4, 5, ...)
+    assert shadow.step(0, [7]) == [(1, 2), (2, 1), (3, 0)]
+
+
 def test_the_shadow_moves_a_run_from_plain_decoding_to_lookup():
     """Step costs where plain decoding wins until the text starts repeating: the chooser,
     running AR, sees through the shadow that a chain would be accepted, and switches."""

@@ -189,14 +189,19 @@ class LookupShadow:
         return self._resolve(r, final=True)
 
     def _resolve(self, r: int, final: bool) -> list[tuple[int, int]]:
+        """A chain's outcome is known at its first token that differs from the text (or
+        when the text has passed its end): resolving a miss at once, rather than when the
+        text reaches the chain's full length, keeps the chooser's view of lookup current
+        (a run of plain decoding would otherwise learn of a miss up to ``horizon`` steps
+        late)."""
         text, done, keep = self.text[r], [], []
         for start, chain, match in self.pending[r]:
-            if not final and len(text) < start + len(chain):
-                keep.append((start, chain, match))
-                continue
             n = 0
             while n < len(chain) and start + n < len(text) and chain[n] == text[start + n]:
                 n += 1
+            if not final and n < len(chain) and start + n >= len(text):
+                keep.append((start, chain, match))  # it matches all the text written so far
+                continue
             done.append((match, n))
         self.pending[r] = keep
         return done

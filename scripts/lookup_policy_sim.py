@@ -146,13 +146,14 @@ def main(argv=None) -> None:
     for name, turn in groups:
         rows = [t for t in texts if (t["set"], t["turn"]) == (name, turn)]
         label = name if name == "edit" else f"{name} turn {turn}"
-        runs = [(f"pinned {s.label}", "-", pinned(s)) for s in default if s != AR]
+        runs = [(f"pinned {s.label}", default, pinned(s)) for s in default if s != AR]
         for cands in (default, short):
-            names = ", ".join(s.label for s in cands)
-            runs.append(("chooser", names, chooser(cands, cost)))
-            runs.append(("oracle", names, oracle(cands, cost)))
-        for policy, names, fn in runs:
-            cands = short if "K1×L2" in names else default
+            runs += [
+                ("chooser", cands, chooser(cands, cost)),
+                ("oracle", cands, oracle(cands, cost)),
+            ]
+        for policy, cands, fn in runs:
+            names = "-" if policy.startswith("pinned") else ", ".join(s.label for s in cands)
             per_step, speedup = replay(rows, cands, cost, fn)
             print(f"| {label} | {policy} | {names} | {per_step:.2f} | {speedup:.2f}× |")
 

@@ -124,12 +124,13 @@ class LookupShadow:
 
     The host mirror of ``lookup_chains``' first chain (longest match of the last
     ``MAX_NGRAM`` tokens, then the latest), over the text the loop has already read. At each
-    step start it records the chain the step could have verified; once the text has grown
-    past it, the chain's accepted drafts are the leading tokens it shares with what the model
-    actually wrote. The adaptive loop judges lookup shapes by these counterfactuals, so it
-    notices text worth copying (a second turn, an editing task) while it runs plain decoding
-    or the drafter, and notices it stopping. Plain Python on tokens already read: no device
-    work, and an n-gram index makes each step O(new tokens).
+    step start it records the chain the step could have verified; once the text shows a token
+    that differs from it (or has grown past it), the chain's accepted drafts are the leading
+    tokens it shares with what the model actually wrote. The adaptive loop judges lookup
+    shapes by these counterfactuals, so it notices text worth copying (a second turn, an
+    editing task) while it runs plain decoding or the drafter, and notices it stopping.
+    Plain Python on tokens already read: no device work, and an n-gram index makes each step
+    O(new tokens).
     """
 
     def __init__(self, rows: list[list[int]], horizon: int, max_ngram: int = MAX_NGRAM):

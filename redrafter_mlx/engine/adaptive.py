@@ -12,7 +12,8 @@ finished steps, one step behind; no new device sync) and wall-clock time:
   tuning profile, else by the first steps run with it); a time far above the EMA (a
   compile, a stall) is ignored once;
 * tokens per step: a shape run lately is judged by its own decayed mean of tokens per step
-  (context lookup makes acceptance bursty: long runs on text the model copies, none
+  (``run_decay`` per step it runs: slow, so a few unlucky steps do not lock a working
+  drafter out; context lookup makes acceptance bursty: long runs on text the model copies, none
   elsewhere, which no per-position rate describes). Other shapes use a chain model in which
   each draft position is accepted with probability ``a`` when the previous one was. From
   recent (decayed) steps, censored at the longest candidate, ``a = accepted / (accepted +
@@ -23,7 +24,8 @@ finished steps, one step behind; no new device sync) and wall-clock time:
   it last ran (never run: ratio 1).
 * lookup shapes not run lately are judged by the lookup shadow (``lookup.LookupShadow``):
   at every step, whatever shape ran, what a lookup chain would have had accepted, read
-  from the text once it is written (decayed like acceptance). A shape with drafter beams
+  from the text once it is written (decayed by ``decay`` per step: faster, since the text
+  moves between copying and writing anew within a few steps). A shape with drafter beams
   and chains is taken as the better of its two parts.
 * While AR runs nothing is drafted, so every ``probe`` AR steps one step of the best
   speculative shape re-measures acceptance; the interval doubles (up to ``max_probe``)
@@ -101,7 +103,10 @@ class ShapeChooser:
     every: int = 4
     probe: int = 16
     max_probe: int = 128
-    decay: float = 0.8  # weight of the past in acceptance counts, per observed step
+    decay: float = 0.8  # weight of the past in the lookup shadow's counts, per step
+    # ... and in the records of the steps that ran (their tokens per step and acceptance):
+    # slower, since a few unlucky steps must not lock a working drafter out (see observe)
+    run_decay: float = 0.9
     cost_ema: float = 0.25  # weight of a new step time in the cost EMA
     outlier: float = 3.0  # a step this many times the EMA is ignored once
     stale: int = 16  # steps after which a width's acceptance follows the overall one
@@ -264,10 +269,16 @@ class ShapeChooser:
         self.steps += 1
         self._observe_cost(key, seconds)
         if key != AR and counts:
+            # A drafter shape that loses a few steps in a row is left for plain decoding and
+            # comes back only by probes (spaced further while they lose), so its record must
+            # not follow each step's luck: at 0.8 per step (the shadow's rate) a working
+            # drafter spent 22-39% of MT-Bench turn-1 steps in plain decoding; at 0.9, 11%
+            # (+4% tokens/s in an interleaved A/B), while a drafter that turns useless is
+            # still left within ~30 steps (docs/bench/adaptive_run_decay.txt).
             w = self.widths[family(key)]
-            w.add(counts, key.longest, self.decay, self.steps)
-            self.own[key].add(counts, key.longest, self.decay, self.steps)
-            self._all.add(counts, key.longest, self.decay, self.steps)
+            w.add(counts, key.longest, self.run_decay, self.steps)
+            self.own[key].add(counts, key.longest, self.run_decay, self.steps)
+            self._all.add(counts, key.longest, self.run_decay, self.steps)
             if self._all.accept:
                 w.ratio = w.accept / self._all.accept
         if key == self._probe:  # the probe from AR is back: keep it if it wins

@@ -146,14 +146,15 @@ def main(argv=None) -> None:
     for name, turn in groups:
         rows = [t for t in texts if (t["set"], t["turn"]) == (name, turn)]
         label = name if name == "edit" else f"{name} turn {turn}"
-        runs = [(f"pinned {s.label}", default, pinned(s)) for s in default if s != AR]
+        # (policy, candidates shown, candidates replayed, policy function)
+        runs = [(f"pinned {s.label}", "-", default, pinned(s)) for s in default if s != AR]
         for cands in (default, short):
+            names = ", ".join(s.label for s in cands)
             runs += [
-                ("chooser", cands, chooser(cands, cost)),
-                ("oracle", cands, oracle(cands, cost)),
+                ("chooser", names, cands, chooser(cands, cost)),
+                ("oracle", names, cands, oracle(cands, cost)),
             ]
-        for policy, cands, fn in runs:
-            names = "-" if policy.startswith("pinned") else ", ".join(s.label for s in cands)
+        for policy, names, cands, fn in runs:
             per_step, speedup = replay(rows, cands, cost, fn)
             print(f"| {label} | {policy} | {names} | {per_step:.2f} | {speedup:.2f}× |")
 

@@ -51,6 +51,20 @@ def record_texts(model_path: Path, sets: list[str], count: int, max_tokens: int)
     return rows
 
 
+def load_texts(
+    model_path: Path,
+    path: Path,
+    max_tokens: int,
+    sets: list[str] = ("edit", "mt-bench"),
+    count: int = 16,
+) -> list[dict]:
+    """The recorded answers in ``path`` (``record_texts``), recorded there first if missing."""
+    if not path.exists():
+        texts = record_texts(model_path.expanduser(), list(sets), count, max_tokens)
+        path.write_text(json.dumps(texts))
+    return json.loads(path.read_text())
+
+
 def replay(texts: list[dict], shapes: list[BeamShape], cost: dict, policy) -> tuple[float, float]:
     """(tokens per step, speedup over plain decoding) of ``policy`` over ``texts``.
 
@@ -130,13 +144,9 @@ def main(argv=None) -> None:
         help="seconds per step of each chain shape in plain-decoding steps (bench --profile)",
     )
     args = ap.parse_args(argv)
-    path = Path(args.texts)
-    if not path.exists():
-        texts = record_texts(
-            Path(args.model).expanduser(), args.sets.split(","), args.num_prompts, args.max_tokens
-        )
-        path.write_text(json.dumps(texts))
-    texts = json.loads(path.read_text())
+    texts = load_texts(
+        Path(args.model), Path(args.texts), args.max_tokens, args.sets.split(","), args.num_prompts
+    )
     cost = parse_costs(args.costs)
     default = Adaptive().candidates(BeamShape.lookup_only(1, 8))
     short = [*default, *(s for s in cost if s != AR and s not in default)]

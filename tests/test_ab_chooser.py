@@ -30,9 +30,9 @@ def test_each_arm_runs_every_prompt_turn_and_must_match_plain_decoding():
     arms = {"A": Arm(), "B": Arm(settings={"run_decay": 0.8})}
     totals = run(engine, texts, arms, BeamShape.parse("W1xL4+K1xL8"), 12)
     for name in arms:
-        tokens, steps, seconds, shapes = totals[("edit", 1, name)]
+        tokens, steps, _, shapes = totals[("edit", 1, name)]
         assert tokens == sum(len(t["out"]) - 1 for t in texts)
-        assert 0 < steps <= tokens and seconds > 0 and sum(shapes.values()) == steps
+        assert 0 < steps <= tokens and sum(shapes.values()) == steps
     texts[1]["out"] = texts[1]["out"][:-1] + [texts[1]["out"][-1] + 1]
     with pytest.raises(SystemExit, match="differs from plain decoding"):
         run(engine, texts, {"A": Arm()}, BeamShape.parse("W1xL4+K1xL8"), 12)

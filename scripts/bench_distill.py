@@ -108,6 +108,7 @@ def main(argv=None) -> int:
     from rich.table import Table
 
     from redrafter_mlx.engine.loading import load_model
+    from redrafter_mlx.engine.platform import fit_blas_threads
     from redrafter_mlx.engine.tokenizer import load_tokenizer
     from redrafter_mlx.train.training import resolve_feature_layers
 
@@ -116,6 +117,7 @@ def main(argv=None) -> int:
 
         args.model = smollm2_path()
     model, path = load_model(args.model, dtype=mx.float32)
+    fit_blas_threads(model)  # the BLAS threads distill runs with
     model.capture_features(resolve_feature_layers(args.feature_layers, model))
     table = Table(title=f"{Path(path).name} · features {args.feature_layers}")
     for name in ("stage", "shape", "positions", "seconds", "positions/s"):

@@ -170,6 +170,17 @@ def _weights(path: Path) -> dict:
     return {k: np.array(v) for k, v in mx.load(str(path / "model.safetensors")).items()}
 
 
+def test_distill_loads_the_model_with_its_serving_blas_threads(model_dir, monkeypatch):
+    """The answer and training stages run with the threads serving would pick for this model
+    (every core for a weight-bound one), not the start-up default of all cores but one."""
+    from redrafter_mlx.engine import platform
+
+    fitted = []
+    monkeypatch.setattr(platform, "fit_blas_threads", lambda *models: fitted.append(models))
+    model, *_ = D.load_serving(model_dir, D.DistillOptions().validate())
+    assert len(fitted) == 1 and fitted[0][0] is model
+
+
 def test_resume_gives_the_same_weights_as_an_uninterrupted_run(model_dir, tmp_path, monkeypatch):
     cache = tmp_path / "cache"
     full = D.distill(model_dir, [SHAREGPT], tmp_path / "full", cache_dir=cache, **RUN)

@@ -246,11 +246,12 @@ def _tail_mean(values: list[float]) -> float | None:
 def load_serving(model_dir, opts: DistillOptions):
     """The frozen model as it will serve, its tokenizer, its folder and dtype."""
     from ..engine.loading import load_model
-    from ..engine.platform import default_dtype
+    from ..engine.platform import default_dtype, fit_blas_threads
     from ..engine.tokenizer import load_tokenizer
 
     dtype = getattr(mx, opts.dtype) if opts.dtype else default_dtype()
     model, path = load_model(model_dir, dtype)
+    fit_blas_threads(model)  # as serving does: a weight-bound model gets every core
     model.freeze()
     try:  # the data keeps the hidden states the drafter will read (its feature layers)
         model.capture_features(resolve_feature_layers(opts.feature_layers, model))

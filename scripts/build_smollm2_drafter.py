@@ -23,13 +23,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SHIP = ROOT / "redrafter_mlx" / "smollm2_drafter"
 
-# The shipped drafter's settings (BUILD.md): 870k answer positions (6,528 answers), 160-token
+# The shipped drafter's settings (BUILD.md): 1.7M answer positions (12,864 answers), 160-token
 # greedy answers in batches of 48, T=5, 2 layers, exit_dim 576, 8192-id shortlist, soft
-# targets, 5400 steps of 256 (1.59 epochs), AdamW lr 1e-3 with weight decay 0.1, a held-out
+# targets, 10,800 steps of 256 (1.62 epochs), AdamW lr 1e-3 with weight decay 0.1, a held-out
 # score every 300 steps; multi-layer features (layers 2, 15, 27: the ablation's winner).
 SETTINGS = (
-    "--budget 860k --answer-tokens 160 --gen-batch 48 --predict-tokens 5 --layers 2 "
-    "--exit-dim 576 --draft-vocab 8192 --soft-targets --steps 5400 --batch-size 256 "
+    "--budget 1700k --answer-tokens 160 --gen-batch 48 --predict-tokens 5 --layers 2 "
+    "--exit-dim 576 --draft-vocab 8192 --soft-targets --steps 10800 --batch-size 256 "
     "--lr 1e-3 --weight-decay 0.1 --select-every 300 --seed 0 --feature-layers auto"
 )
 

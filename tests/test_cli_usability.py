@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import socket
 
 import pytest
@@ -213,6 +214,31 @@ def test_distill_names_flags_and_exits_2(app, pair, tmp_path):
     assert result.exit_code == 2
     line = error_lines(result)[0]
     assert line.startswith("error: --batch-size") and "batch_size" not in line
+
+
+def test_distill_takes_a_bundled_models_name(app, pair, tmp_path):
+    from redrafter_mlx.engine.bundled import smollm2_path
+    from tests.test_distill import SHAREGPT
+
+    out = tmp_path / "o"
+    # not installed (an empty home): one line naming the model and the command that installs it
+    result = invoke(app, "distill", "--model", "smollm2", "--data", SHAREGPT, "--out", out)
+    assert result.exit_code == 1
+    (line,) = error_lines(result)
+    assert "smollm2 model is not installed" in line and "make smollm2" in line
+    assert not out.exists()
+    # installed (a tiny model where make smollm2 converts): distill trains on that folder
+    shutil.copytree(pair[0], smollm2_path())
+    eval_file = tmp_path / "eval.jsonl"
+    eval_file.write_text(json.dumps({"turns": ["Write a haiku about the sea."]}) + "\n")
+    result = invoke(
+        app,
+        *("distill", "--model", "smollm2", "--data", SHAREGPT, "--out", out),
+        *("--targets", "ground-truth", "--steps", "2", "--batch-size", "8", "--seq-len", "64"),
+        *("--layers", "1", "--eval-data", eval_file, "--eval-max-tokens", "4"),
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "config.json").read_text())["hidden_size"] == 32
 
 
 def test_long_errors_are_one_line_off_a_terminal(app, pair, tmp_path):

@@ -474,6 +474,28 @@ class ModelPaths:
     notes: tuple[str, ...] = ()
 
 
+def installed_bundled(model: str | None):
+    """The bundled model ``--model`` names (``demo``, ``smollm2``; no ``--model``: the default
+    one), checked to be installed; None when ``model`` names something else (a folder, a Hub
+    id). Raises ``LoadError`` with the command that installs it."""
+    from redrafter_mlx.engine.bundled import bundled, default_model
+
+    named = default_model() if model is None else bundled(model)
+    if named is not None and not named.installed:
+        from redrafter_mlx.engine.loading import LoadError
+
+        fix = (
+            "run 'make smollm2' (part of make install)"
+            if named.name == "smollm2"
+            else "rebuild it with 'make demo-model'"
+        )
+        raise LoadError(
+            f"the {named.name} model is not installed ({named.base} has no config.json); "
+            f"{fix}, or pass --model DIR"
+        )
+    return named
+
+
 def resolve_paths(model: str | None, drafter: str | None) -> ModelPaths:
     """``--model``/``--drafter`` as given; ``demo``/``smollm2`` name the bundled models; no
     ``--model`` is SmolLM2 when installed with its drafter, else the demo model.
@@ -482,22 +504,8 @@ def resolve_paths(model: str | None, drafter: str | None) -> ModelPaths:
     --drafter``) is used when no ``--drafter`` is given. Nothing is printed here: the notes
     are shown by :func:`load_engine`, after every flag has been checked.
     """
-    from redrafter_mlx.engine.bundled import bundled, default_model
-
-    named = default_model() if model is None else bundled(model)
+    named = installed_bundled(model)
     if named is not None:
-        if not named.installed:
-            from redrafter_mlx.engine.loading import LoadError
-
-            fix = (
-                "run 'make smollm2' (part of make install)"
-                if named.name == "smollm2"
-                else "rebuild it with 'make demo-model'"
-            )
-            raise LoadError(
-                f"the {named.name} model is not installed ({named.base} has no config.json); "
-                f"{fix}, or pass --model DIR --drafter DIR"
-            )
         chosen = drafter if drafter is not None else (str(named.drafter) if named.drafter else None)
         return ModelPaths(str(named.base), chosen, demo=named.name == "demo", notes=(named.note,))
     _check_model_name(model)

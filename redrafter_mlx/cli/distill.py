@@ -10,14 +10,15 @@ from pathlib import Path
 
 import typer
 
-from redrafter_mlx.cli.common import FlagError, cli_errors, err_console
+from redrafter_mlx.cli.common import FlagError, cli_errors, err_console, installed_bundled
 
 
 def distill(
-    model: Path = typer.Option(
+    model: str = typer.Option(
         ...,
         "--model",
-        help="MLX model directory (as it will serve: same dtype/quantization).",
+        help="MLX model directory (as it will serve: same dtype/quantization), or a bundled "
+        "model's name (smollm2, demo).",
     ),
     data: list[Path] | None = typer.Option(
         None,
@@ -140,9 +141,11 @@ def distill(
         from redrafter_mlx.train.distill import distill as run_distill
 
         check_seed(seed)  # 0 ... 2**64 - 1, as every command
+        named = installed_bundled(model)
+        model_dir = named.base if named is not None else Path(model)
 
         summary = run_distill(
-            model,
+            model_dir,
             data,
             out,
             progress=Bars(),
@@ -194,7 +197,7 @@ def distill(
         + ")",
         markup=False,
     )
-    if Path(summary["out_dir"]).resolve() == (Path(model).expanduser() / "drafter").resolve():
+    if Path(summary["out_dir"]).resolve() == (model_dir.expanduser() / "drafter").resolve():
         err_console().print(
             f"chat / generate --model {model} use it without --drafter", markup=False
         )

@@ -227,8 +227,10 @@ def test_distill_takes_a_bundled_models_name(app, pair, tmp_path):
     (line,) = error_lines(result)
     assert "smollm2 model is not installed" in line and "make smollm2" in line
     assert not out.exists()
-    # installed (a tiny model where make smollm2 converts): distill trains on that folder
+    # installed (a tiny model where make smollm2 converts): distill trains on that folder, and
+    # a drafter written into it is named with the folder (--model smollm2 means the packaged one)
     shutil.copytree(pair[0], smollm2_path())
+    out = smollm2_path() / "drafter"
     eval_file = tmp_path / "eval.jsonl"
     eval_file.write_text(json.dumps({"turns": ["Write a haiku about the sea."]}) + "\n")
     result = invoke(
@@ -239,6 +241,7 @@ def test_distill_takes_a_bundled_models_name(app, pair, tmp_path):
     )
     assert result.exit_code == 0, result.output
     assert json.loads((out / "config.json").read_text())["hidden_size"] == 32
+    assert f"--model {smollm2_path()} use it without --drafter" in " ".join(result.stderr.split())
 
 
 def test_long_errors_are_one_line_off_a_terminal(app, pair, tmp_path):

@@ -199,7 +199,7 @@ def distill(
     )
     if Path(summary["out_dir"]).resolve() == (model_dir.expanduser() / "drafter").resolve():
         err_console().print(
-            f"chat / generate --model {model} use it without --drafter", markup=False
+            f"chat / generate --model {model_dir} use it without --drafter", markup=False
         )
 
 

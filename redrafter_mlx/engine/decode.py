@@ -25,7 +25,7 @@ from typing import NamedTuple
 import mlx.core as mx
 import mlx.nn as nn
 
-from .drafter import Drafter, beam_search
+from .drafter import Drafter, beam_search, frontier_tree
 from .lookup import ABSENT, STRONG_MATCH, lookup_chains, write_history
 from .model import Model, write_slots
 from .penalties import node_text
@@ -113,13 +113,21 @@ def draft_phase(
     chain by that rule, and the step verifies a single chain (no tree to pack or commit).
     """
     capacity = capacity or length + lookup_length
-    drafted = None
+    drafted, frontiers = None, []
     if drafter is not None and width >= 1 and length >= 2:
         drafted, _, _ = beam_search(
-            drafter, model.embed, state.hidden, state.init_token, width, length
+            drafter, model.embed, state.hidden, state.init_token, width, length, frontiers
         )
+    dropped = frontier_tree(frontiers, length, ABSENT)
     if not lookup:
-        return Candidates(drafted, None, None)
+        if dropped is None:
+            return Candidates(drafted, None, None)
+        full = mx.broadcast_to(mx.array(True), drafted.shape)
+        return Candidates(
+            mx.concatenate([drafted, dropped[0]], axis=1),
+            mx.concatenate([full, dropped[1]], axis=1),
+            None,
+        )
     found = lookup_chains(state.history, state.lengths, state.init_token, lookup, lookup_length)
     if drafted is None:
         return Candidates(found.tokens, found.present, mx.ones(found.present.shape[:2], mx.bool_))
@@ -143,6 +151,12 @@ def draft_phase(
     present = ranked([present, drafted_present], [drafted_present, present])
     is_chain = mx.array([True] * lookup + [False] * W + [True] * lookup)
     from_lookup = mx.where(strong[:, None], is_chain[None, : lookup + W], is_chain[None, lookup:])
+    if dropped is not None:  # after every beam and chain: a smaller capacity drops them first
+        tokens, where = _pad(dropped[0], n, ABSENT), _pad(dropped[1], n, False)
+        beams = mx.concatenate([beams, tokens], axis=1)
+        present = mx.concatenate([present, where], axis=1)
+        no = mx.zeros((B, tokens.shape[1]), dtype=mx.bool_)
+        from_lookup = mx.concatenate([from_lookup, no], axis=1)
     return Candidates(beams, present, from_lookup)
 
 

@@ -27,6 +27,8 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from .tree import arange
+
 # The reference inference keeps the drafter's top-50 logits and floors the rest.
 DRAFT_TOP_K = 50
 DRAFT_FLOOR = -50000.0
@@ -250,6 +252,7 @@ def beam_search(
     init_token: mx.array,
     width: int,
     length: int,
+    frontiers: list | None = None,
 ):
     """Beam search of ``width`` beams of ``length`` tokens (init token included).
 
@@ -264,6 +267,9 @@ def beam_search(
     A step ranks only each beam's 50 best tokens (``top_draft_log_probs``) and sorts the
     W*50 candidates; the full log-probs are computed only if the caller uses them (under
     ``mx.compile`` they are dead code for the decode step). W = 1 is greedy: one argmax.
+
+    ``frontiers``: a list that receives, for W > 1, the W beams kept at each depth before
+    the last, (B, W, d + 1) for d = 1 .. L-2 (``frontier_tree`` makes them candidates).
     """
     B = hidden.shape[0]  # hidden: (B, H), or wider with feature layers (``Drafter.features``)
     W = width
@@ -306,6 +312,8 @@ def beam_search(
             greedy_index.append(index)
             step_log_probs.append(full)
             continue
+        if frontiers is not None:
+            frontiers.append(beams)
         log_probs, ids = top_draft_log_probs(logits, W)
         scores, parent, index = _best(scores[:, :, None] + log_probs, ids, W)
         token = to_full(index)
@@ -321,3 +329,29 @@ def beam_search(
         picked = mx.take_along_axis(step_log_probs, chosen[..., None], axis=-1)
         scores = picked[..., 0].sum(axis=-1)
     return beams, scores, step_log_probs
+
+
+def frontier_tree(frontiers: list, length: int, absent: int):
+    """The beams a search dropped on the way, as candidates beside its final beams.
+
+    ``frontiers``: the W beams kept at each depth before the last (``beam_search``), (B, W,
+    d + 1) for d = 1 .. L-2. Each is a node of the search's tree whose parent is one too, so
+    with the final beams they make a tree of exactly 1 + W(L-1) nodes: the worst-case
+    capacity, whose slots the final beams alone leave partly empty (their prefixes are
+    shared). A beam dropped at depth d (its children lost to better ones) becomes a
+    candidate of d + 1 tokens; a kept one is a prefix of a final beam and takes no slot
+    (``tree.pack``).
+
+    Returns (tokens (B, W(L-2), L) with ``absent`` past each end, present (B, W(L-2), L)
+    bool), shallowest first: packed after the final beams, so a smaller capacity truncates
+    the deepest of them first. None when there is no earlier depth (W = 1 or L <= 2).
+    """
+    if not frontiers:
+        return None
+    tokens, present = [], []
+    for beams in frontiers:
+        B, W, d = beams.shape
+        pad = mx.full((B, W, length - d), absent, dtype=beams.dtype)
+        tokens.append(mx.concatenate([beams, pad], axis=-1))
+        present.append(mx.broadcast_to(arange(length) < d, (B, W, length)))
+    return mx.concatenate(tokens, axis=1), mx.concatenate(present, axis=1)

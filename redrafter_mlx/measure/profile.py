@@ -242,8 +242,12 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
     weights = _weights(model, drafter)
 
     def draft(init_token, hidden):
+        """Candidates (B, N, L) and which of their tokens are present (B, N, L)."""
         state = DecodeState(init_token, hidden, None, None, None, None)
-        return draft_phase(drafter, model, state, W, L).beams
+        cand = draft_phase(drafter, model, state, W, L)
+        if cand.present is None:
+            return cand.beams, mx.ones(cand.beams.shape, dtype=mx.bool_)
+        return cand.beams, cand.present
 
     def verify(tokens, depth, mask, lengths, keys, values, key):
         tree = PackedTree(tokens, depth, None, None, mask)
@@ -255,7 +259,7 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
         return commit_phase(keys, values, lengths, path_slots, hidden, n, fresh, in_place=W == 1)
 
     draft_fn = mx.compile(draft, inputs=weights)
-    pack_fn = mx.compile(lambda beams: tuple(pack(beams, C)))
+    pack_fn = mx.compile(lambda beams, present: tuple(pack(beams, C, present if W > 1 else None)))
     verify_fn = mx.compile(verify, inputs=weights)
     accept_fn = mx.compile(lambda b, t, u: accept_phase(b, t, u, C)[:4])
     commit_fn = mx.compile(commit)
@@ -263,8 +267,8 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
 
     # Fixed inputs for each phase, from one real pass through the phases.
     s = base_state()
-    beams = draft_fn(s.init_token, s.hidden)
-    tree = PackedTree(*pack_fn(beams))
+    beams, present = draft_fn(s.init_token, s.hidden)
+    tree = PackedTree(*pack_fn(beams, present))
     h, target, keys, values, fresh = verify_fn(
         tree.tokens, tree.depth, tree.mask, s.lengths, s.keys, s.values, s.rng
     )
@@ -282,7 +286,7 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
         return counted(c, draft_fn(init_token, hidden))
 
     def t_pack(c):
-        return counted(c, pack_fn(beams))
+        return counted(c, pack_fn(beams, present))
 
     def t_verify(c):
         k, v = kv.pop("kv")

@@ -5,7 +5,9 @@
 
 **answers**: ``SelfData.generate`` (the answer stage of ``distill`` without ``--data``) on
 ``--prompts`` built-in prompts (a fixed random draw), greedy, ``--answer-tokens`` per answer,
-batches of ``--gen-batch``, in a temporary folder; positions/s = answer positions / seconds.
+batches of ``--gen-batch``, ``--lanes`` batches at once (a list compares them in one run and
+says whether their answers are the same), in a temporary folder; positions/s = answer
+positions / seconds.
 
 **training**: ``Trainer.step`` on batches of ``--batch-size`` positions with soft targets
 (``teacher_targets``) from a synthetic cache of the model's width (random hidden states and
@@ -30,8 +32,11 @@ import mlx.core as mx
 import numpy as np
 
 
-def answers_per_s(model, tokenizer, prompts: int, batch: int, answer_tokens: int) -> tuple:
-    """(positions, seconds) of answering ``prompts`` built-in prompts."""
+def answers_per_s(
+    model, tokenizer, prompts: int, batch: int, answer_tokens: int, lanes: int
+) -> tuple:
+    """(positions, seconds, {prompt id: answer ids}) of answering ``prompts`` built-in
+    prompts, ``lanes`` batches at a time."""
     from redrafter_mlx.train.selfdata import SelfData, builtin_prompts
 
     rows = builtin_prompts()
@@ -39,14 +44,17 @@ def answers_per_s(model, tokenizer, prompts: int, batch: int, answer_tokens: int
     todo = [dict(id=int(i), **rows[i]) for i in order]
     work = Path(tempfile.mkdtemp(prefix="bench-distill-"))
     try:
-        settings = dict(temperature=0.0, answer_tokens=answer_tokens, batch=batch, seed=0)
+        settings = dict(
+            temperature=0.0, answer_tokens=answer_tokens, batch=batch, seed=0, lanes=lanes
+        )
         data = SelfData(work, model, tokenizer, **settings)
         t = time.perf_counter()
         out = data.generate(todo, lambda _made: False)
         seconds = time.perf_counter() - t
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return sum(len(r["response_ids"]) for r in out), seconds
+    answers = {r["id"]: r["response_ids"] for r in out}
+    return sum(len(r["response_ids"]) for r in out), seconds, answers
 
 
 def training_per_s(model, args) -> tuple:
@@ -98,6 +106,9 @@ def main(argv=None) -> int:
     p.add_argument("--prompts", type=int, default=192)
     p.add_argument("--gen-batch", type=int, default=48)
     p.add_argument("--answer-tokens", type=int, default=160)
+    p.add_argument(
+        "--lanes", default="auto", help="batches answered at once: auto, or a list (1,2)"
+    )
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--exit-dim", default="576", help="drafter width, or auto (2H)")
@@ -123,11 +134,22 @@ def main(argv=None) -> int:
     for name in ("stage", "shape", "positions", "seconds", "positions/s"):
         table.add_column(name, justify="left" if name in ("stage", "shape") else "right")
     if args.stage in ("answers", "both"):
-        n, s = answers_per_s(
-            model, load_tokenizer(path), args.prompts, args.gen_batch, args.answer_tokens
-        )
-        shape = f"{args.prompts} prompts, batch {args.gen_batch}, ≤{args.answer_tokens} tokens"
-        table.add_row("answers", shape, f"{n:,}", f"{s:.1f}", f"{n / s:.1f}")
+        from redrafter_mlx.engine.platform import answer_lanes
+
+        tok = load_tokenizer(path)
+        lanes = [answer_lanes()] if args.lanes == "auto" else map(int, args.lanes.split(","))
+        first = None
+        for n_lanes in lanes:
+            n, s, answers = answers_per_s(
+                model, tok, args.prompts, args.gen_batch, args.answer_tokens, n_lanes
+            )
+            first = answers if first is None else first
+            same = "same answers" if answers == first else "ANSWERS DIFFER"
+            shape = (
+                f"{args.prompts} prompts, batch {args.gen_batch}, ≤{args.answer_tokens} "
+                f"tokens, {n_lanes} lane{'s' * (n_lanes > 1)} ({same})"
+            )
+            table.add_row("answers", shape, f"{n:,}", f"{s:.1f}", f"{n / s:.1f}")
     if args.stage in ("train", "both"):
         n, s = training_per_s(model, args)
         shape = f"batch {args.batch_size}, exit {args.exit_dim}, head {args.draft_vocab}, T 5"

@@ -143,11 +143,12 @@ def test_a_budget_ending_inside_a_pool_keeps_prompts_of_every_length(tmp_path, m
         monkeypatch.setattr(data, "prompt_ids", lambda p: list(range(len(p["prompt"]))))
         ran = []
 
-        def answer_batch(chunk, ran=ran):
-            ran.append([p["id"] for p in chunk])
-            return [dict(id=p["id"], response_ids=[1], finish="stop") for p in chunk]
+        def answer_batches(batches, ran=ran):
+            for chunk in batches:
+                ran.append([p["id"] for p in chunk])
+                yield [dict(id=p["id"], response_ids=[1], finish="stop") for p in chunk]
 
-        monkeypatch.setattr(data, "answer_batch", answer_batch)
+        monkeypatch.setattr(data, "answer_batches", answer_batches)
         data.generate(rows[:32], stop=lambda made: made >= 16)  # one pool of 8 batches
         assert len(ran) == 4 and all(b == sorted(b) and b[-1] - b[0] == 3 for b in ran)
         answered = [r["id"] for r in selfdata.read_jsonl(work / "answers.jsonl")]

@@ -18,6 +18,9 @@ def blas(monkeypatch):
         def openblas_set_num_threads(self, n):
             calls.append(n)
 
+        def openblas_get_num_threads(self):
+            return calls[-1] if calls else 4
+
     monkeypatch.setattr(platform.ctypes, "CDLL", lambda path: FakeLib())
     monkeypatch.setattr(platform.os, "cpu_count", lambda: 4)
     monkeypatch.setenv("LD_PRELOAD", OPENBLAS)
@@ -62,3 +65,26 @@ def test_nothing_happens_without_preloaded_openblas(blas, monkeypatch):
     monkeypatch.setenv("LD_PRELOAD", "")
     platform.limit_blas_threads(platform.WEIGHT_BOUND_BYTES + 1)
     assert blas == []
+
+
+def test_answer_lanes_share_the_blas_threads_and_give_them_back(blas):
+    platform.limit_blas_threads(platform.WEIGHT_BOUND_BYTES + 1)  # every core: 4
+    with platform.lane_threads(2):
+        assert blas[-1] == 2
+    assert blas[-1] == 4
+    with platform.lane_threads(3):
+        assert blas[-1] == 1
+    with platform.lane_threads(1):  # one lane: the threads as they are
+        assert blas[-1] == 4
+    assert blas == [4, 2, 4, 1, 4]
+
+
+def test_answer_lanes_by_backend_and_override(blas, monkeypatch):
+    import mlx.core as mx
+
+    monkeypatch.delenv(platform.LANES_ENV, raising=False)
+    assert platform.answer_lanes() == (2 if mx.default_device() == mx.cpu else 1)
+    monkeypatch.setattr(platform.os, "cpu_count", lambda: 1)
+    assert platform.answer_lanes() == 1
+    monkeypatch.setenv(platform.LANES_ENV, "3")
+    assert platform.answer_lanes() == 3

@@ -91,9 +91,9 @@ def test_a_shared_prompt_prefix_runs_once_and_changes_no_answer(monkeypatch):
     runs = []
     real = selfgen.prefill_session
 
-    def counted(session, tokens, quantum):
+    def counted(session, tokens, quantum, **kw):
         runs.append([len(t) for t in tokens])
-        return real(session, tokens, quantum)
+        return real(session, tokens, quantum, **kw)
 
     monkeypatch.setattr(selfgen, "prefill_session", counted)
     answers = answers_with_hidden(model, prompts, 40, [])
@@ -124,3 +124,28 @@ def test_rows_that_ended_leave_the_batch_and_the_others_answer_as_alone(monkeypa
     assert keep.tolist() == list(range(16))  # 10 running rows need 16 slots: none leave
     keep = selfgen.rows_to_keep(np.array([1] * 10 + [0] * 6, bool))
     assert keep.tolist() == [0, 1] + list(range(10, 16))  # 6 running + 2 ended = 8
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_batches_in_lanes_give_each_batch_its_own_answers(temperature):
+    """Two lanes (two CPU streams, steps queued in turn) answer every batch as that batch
+    alone does, greedy or sampled (per-batch seeds), hidden states included, whatever order
+    the batches end in; a third batch starts when a lane frees up."""
+    from redrafter_mlx.train.selfgen import Job, answers_in_lanes
+
+    model = tiny_model(seed=6, vocab=48)
+    rng = np.random.default_rng(6)
+    jobs = []
+    for key, (rows, tokens) in enumerate([(3, 30), (2, 9), (4, 20)]):
+        prompts = [rng.integers(3, 48, int(rng.integers(2, 9))).tolist() for _ in range(rows)]
+        jobs.append(Job(key, prompts, tokens, (5,), temperature, seed=100 + key))
+    done = dict(answers_in_lanes(model, iter(jobs), lanes=2))
+    assert sorted(done) == [0, 1, 2]
+    for job in jobs:
+        alone = answers_with_hidden(
+            model, job.prompts, job.max_tokens, job.eos_token_ids, temperature, job.seed
+        )
+        assert [a.ids for a in done[job.key]] == [a.ids for a in alone]
+        assert [a.finish for a in done[job.key]] == [a.finish for a in alone]
+        for a, b in zip(done[job.key], alone):
+            np.testing.assert_array_equal(a.hidden, b.hidden)

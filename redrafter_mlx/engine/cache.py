@@ -141,11 +141,18 @@ class Session:
         self.cached = [[] for _ in range(self.batch)]
 
 
-def prefill_session(session: Session, new_tokens: list[list[int]], quantum: int = SLOT_QUANTUM):
+def prefill_session(
+    session: Session,
+    new_tokens: list[list[int]],
+    quantum: int = SLOT_QUANTUM,
+    sync: bool = True,
+):
     """Run each row's new prompt tokens; returns the hidden state at each row's last one.
 
     Each chunk attends to the cache's first slots rounded up to ``quantum`` (a finer one
     attends over fewer empty slots; the cache still grows by whole ``SLOT_QUANTUM`` quanta).
+    ``sync=False`` leaves the chunks' graph to be evaluated with whatever reads it (a caller
+    that queues other work meanwhile: ``selfgen``'s lanes), instead of one by one here.
     """
     model = session.model
     B = session.batch
@@ -165,5 +172,6 @@ def prefill_session(session: Session, new_tokens: list[list[int]], quantum: int 
         known = [k + len(c) for k, c in zip(known, chunk)]
         h_last = mx.where((counts > 0)[:, None], h, h_last)
         session.lengths = lengths
-        mx.eval(h_last, session.lengths, *session.keys, *session.values)  # per chunk, not per step
+        if sync:  # per chunk, not per step
+            mx.eval(h_last, session.lengths, *session.keys, *session.values)
     return h_last

@@ -19,6 +19,7 @@ OPENBLAS_PATHS = (
 _HINT_ENV = "REDRAFTER_MLX_BLAS_HINTED"
 THREADS_ENV = "REDRAFTER_MLX_BLAS_THREADS"
 _AUTO_ENV = "REDRAFTER_MLX_BLAS_AUTO"
+LANES_ENV = "REDRAFTER_MLX_ANSWER_LANES"
 # A model whose weights take more than this is weight-bound on the CPU backend: each step
 # streams every weight, and a core's memory bandwidth, not op dispatch, sets its time.
 WEIGHT_BOUND_BYTES = 64 * 2**20
@@ -88,12 +89,59 @@ def limit_blas_threads(weight_bytes: int | None = None) -> None:
     user_set = os.environ.get("OPENBLAS_NUM_THREADS") and not os.environ.get(_AUTO_ENV)
     if user_set and not os.environ.get(THREADS_ENV):
         return
+    lib = preloaded_openblas()
+    if lib is not None:
+        lib.openblas_set_num_threads(blas_threads(weight_bytes))
+
+
+def preloaded_openblas():
+    """The OpenBLAS preloaded for MLX (``LD_PRELOAD``) as a ctypes library, or None."""
     preload = os.environ.get("LD_PRELOAD", "")
     for path in OPENBLAS_PATHS:
         if path in preload:
-            with contextlib.suppress(OSError, AttributeError):
-                ctypes.CDLL(path).openblas_set_num_threads(blas_threads(weight_bytes))
-            return
+            with contextlib.suppress(OSError):
+                lib = ctypes.CDLL(path)
+                names = ("openblas_set_num_threads", "openblas_get_num_threads")
+                if all(hasattr(lib, name) for name in names):
+                    return lib
+    return None
+
+
+def answer_lanes() -> int:
+    """Batches ``distill`` decodes at once for its training answers (``selfgen.answers_in_
+    lanes``): ``$REDRAFTER_MLX_ANSWER_LANES``, else 2 on the CPU backend with two cores or
+    more, 1 on a GPU.
+
+    MLX's CPU backend runs a stream's ops one at a time, and a batched step of a small model
+    spends most of its time outside BLAS (attention over the cache, SiLU, norms): two streams
+    with one BLAS thread each overlap them. Measured on 2 cores, SmolLM2-135M fp32, 48 rows,
+    window 192: one stream with two BLAS threads 219 answer tokens/s, two streams of 48 rows
+    with one thread each 336 (``docs/bench/distill_throughput.txt``).
+    """
+    value = os.environ.get(LANES_ENV)
+    if value and value.isdigit() and int(value) > 0:
+        return int(value)
+    import mlx.core as mx
+
+    if mx.default_device() != mx.cpu:
+        return 1
+    return 2 if (os.cpu_count() or 1) >= 2 else 1
+
+
+@contextlib.contextmanager
+def lane_threads(lanes: int):
+    """Within: the OpenBLAS threads shared out between ``lanes`` streams (``cores // lanes``
+    each, at least one: more would oversubscribe the cores); the previous count after."""
+    lib = preloaded_openblas() if lanes > 1 else None
+    if lib is None:
+        yield
+        return
+    before = lib.openblas_get_num_threads()
+    lib.openblas_set_num_threads(max(1, before // lanes))
+    try:
+        yield
+    finally:
+        lib.openblas_set_num_threads(before)
 
 
 def fit_blas_threads(*modules) -> None:

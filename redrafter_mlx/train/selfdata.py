@@ -33,13 +33,14 @@ import json
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 
+from ..engine.platform import answer_lanes, lane_threads
 from .data import Sequence
-from .selfgen import Answer, answer_targets, answers_with_hidden
+from .selfgen import Answer, Job, answer_targets, answers_in_lanes, answers_with_hidden
 from .targets import TargetCache, staged
 
 DATA = Path(__file__).resolve().parent.parent / "data"
@@ -266,13 +267,16 @@ class SelfData:
         batch: int,
         seed: int,
         features=None,
+        lanes: int | None = None,
     ):
         """``features``: the feature layers this folder's answers hold (``work_folder``),
-        captured while answering when the model captures others; None: the model's own."""
+        captured while answering when the model captures others; None: the model's own.
+        ``lanes``: batches decoded at once (None: ``answer_lanes()``, by the backend)."""
         self.work, self.model, self.tokenizer = Path(work), model, tokenizer
         self.features = None if features is None else tuple(features)
         self.temperature, self.answer_tokens = temperature, answer_tokens
         self.batch, self.seed = batch, seed
+        self.lanes = answer_lanes() if lanes is None else max(1, int(lanes))
         self.work.mkdir(parents=True, exist_ok=True)
         (self.work / "hidden").mkdir(exist_ok=True)
 
@@ -328,62 +332,79 @@ class SelfData:
         Each run of ``POOL_BATCHES`` batches is sorted by prompt length and cut into
         batches, so a batch's rows have about the same length: little padding to prefill and
         narrow attention windows (a batch runs at the width of its longest prompt). The
-        batches run in a seeded random order, so a budget that ends inside a run keeps
-        prompts of every length (shortest first would keep its short ones only).
+        batches start in a seeded random order, so a budget that ends inside a run keeps
+        prompts of every length (shortest first would keep its short ones only). ``lanes``
+        batches decode at once (``selfgen.answers_in_lanes``); each is appended as it ends,
+        and ``stop`` is asked before a batch starts (the batches in flight then finish).
         """
         done = {r["id"] for r in self.answers()}
         todo = [p for p in todo if p["id"] not in done]
-        made, pool = 0, self.batch * POOL_BATCHES
-        for start in range(0, len(todo), pool):
-            ranked = sorted(todo[start : start + pool], key=lambda p: len(self.prompt_ids(p)))
-            batches = [ranked[i : i + self.batch] for i in range(0, len(ranked), self.batch)]
-            random.Random(f"batches/{self.seed}/{ranked[0]['id']}").shuffle(batches)
-            for batch in batches:
-                if stop(made):
-                    return self.answers()
-                rows = self.answer_batch(batch)
-                append_jsonl(self.answers_path, rows)
-                n = sum(len(r["response_ids"]) for r in rows)
-                made += n
-                if on_batch:
-                    on_batch(len(rows), n)
+        made = [0]
+
+        def batches():
+            pool = self.batch * POOL_BATCHES
+            for start in range(0, len(todo), pool):
+                ranked = sorted(todo[start : start + pool], key=lambda p: len(self.prompt_ids(p)))
+                cut = [ranked[i : i + self.batch] for i in range(0, len(ranked), self.batch)]
+                random.Random(f"batches/{self.seed}/{ranked[0]['id']}").shuffle(cut)
+                for batch in cut:
+                    if stop(made[0]):
+                        return
+                    yield batch
+
+        for rows in self.answer_batches(batches()):
+            append_jsonl(self.answers_path, rows)
+            n = sum(len(r["response_ids"]) for r in rows)
+            made[0] += n
+            if on_batch:
+                on_batch(len(rows), n)
         return self.answers()
 
     def prompt_ids(self, prompt: dict) -> list[int]:
         """A prompt row's text as the model's chat prompt (token ids)."""
         return list(self.tokenizer.chat_prompt([{"role": "user", "content": prompt["prompt"]}]))
 
-    def answer_batch(self, chunk: list[dict]) -> list[dict]:
-        """Answers to a batch of prompt rows; their hidden states go to ``hidden/<id>.npy``
-        first (atomically), then the rows that point into it are returned."""
-        tok = self.tokenizer
-        ids = [self.prompt_ids(p) for p in chunk]
+    def answer_batches(self, batches) -> Iterator[list[dict]]:
+        """The saved answer rows (``save``) of each batch of prompt rows in ``batches`` (an
+        iterable, drawn as lanes free up), as each batch ends: ``lanes`` at a time, with the
+        BLAS threads shared between them (``platform.lane_threads``)."""
         own = self.model.feature_layers
         if self.features is not None:
             self.model.capture_features(self.features)
         try:
-            answers = answers_with_hidden(
-                self.model,
-                ids,
-                self.answer_tokens,
-                sorted(tok.eos_token_ids),
-                self.temperature,
-                seed=self.seed * 1_000_003 + chunk[0]["id"],
-            )
+            with lane_threads(self.lanes):
+                jobs = (self.job(batch) for batch in batches)
+                for batch, answers in answers_in_lanes(self.model, jobs, self.lanes):
+                    yield self.save(batch, answers)
         finally:
             self.model.capture_features(own)
+
+    def job(self, chunk: list[dict]) -> Job:
+        """The decoding job of a batch of prompt rows (its key: the rows)."""
+        return Job(
+            chunk,
+            [self.prompt_ids(p) for p in chunk],
+            self.answer_tokens,
+            tuple(sorted(self.tokenizer.eos_token_ids)),
+            self.temperature,
+            seed=self.seed * 1_000_003 + chunk[0]["id"],
+        )
+
+    def save(self, chunk: list[dict], answers: list[Answer]) -> list[dict]:
+        """The answers' hidden states go to ``hidden/<first id>.npy`` first (atomically),
+        then the answer rows that point into it are returned."""
         shard = f"{chunk[0]['id']:07d}.npy"
         tmp = self.work / "hidden" / f".{shard}.tmp-{os.getpid()}.npy"
         np.save(tmp, np.concatenate([a.hidden for a in answers]))
         os.replace(tmp, self.work / "hidden" / shard)
         rows, offset = [], 0
-        for p, pid, ans in zip(chunk, ids, answers):
+        for p, ans in zip(chunk, answers):
             rows.append(
                 dict(
                     id=p["id"],
                     source=p["source"],
                     finish=ans.finish,
-                    prompt_ids=pid,
+                    prompt_ids=self.prompt_ids(p),
                     response_ids=ans.ids,
                     hidden=dict(shard=shard, offset=offset),
                 )

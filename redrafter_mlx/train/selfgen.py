@@ -11,6 +11,7 @@ Shapes: B rows, n answer tokens of a row, H hidden, T drafter steps (predict_tok
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -70,43 +71,107 @@ def answers_with_hidden(
     ``CHECK_EVERY`` steps; the batch keeps a multiple of 8 rows, so few shapes compile), so
     the steps run on the rows still answering.
     """
-    sampler = SamplerConfig(temperature=float(temperature))
-    B = len(prompts)
-    session, hidden = prefill_shared(model, prompts)  # (B, H)
-    rng, first_key = mx.random.split(mx.random.key(seed))
-    first = first_draw(model, hidden, sampler, first_key, None, session.lengths)
-    first = first.astype(mx.int32)
-    state = DecodeState(first, hidden, session.lengths, session.keys, session.values, rng)
-    session.keys = session.values = None  # the loop owns the cache (in-place K/V writes)
-    step = get_step(model, None, AR, sampler)
-    eos = mx.array(sorted(int(e) for e in eos_token_ids) or [-1], dtype=mx.int32)
+    job = Job(None, prompts, max_tokens, tuple(eos_token_ids), temperature, seed)
+    return next(answers_in_lanes(model, [job], lanes=1))[1]
+
+
+@dataclass
+class Job:
+    """One batch to answer (``answers_with_hidden``'s arguments); ``key`` names it."""
+
+    key: object
+    prompts: list[list[int]]
+    max_tokens: int
+    eos_token_ids: tuple
+    temperature: float = 0.0
+    seed: int = 0
+
+
+def answers_in_lanes(model: Model, jobs, lanes: int = 1):
+    """Answer ``jobs`` (an iterable of ``Job``, drawn as lanes free up), ``lanes`` batches at
+    a time; yields ``(job.key, answers)`` as each batch ends (not in job order when lanes > 1).
+
+    Each lane decodes its batch on its own CPU stream; every round builds one step of each lane
+    and queues them all with one ``mx.async_eval``, so one lane's single-threaded ops
+    (attention over its cache, SiLU, norms) run while another's do: on the CPU backend MLX
+    runs a stream's ops one at a time, and a step of a 135M model at 48 rows spends most of its
+    time outside BLAS (docs/design.md, "Lanes"). Rows' answers are those of their batch
+    decoded alone (same shapes, same ops, per-batch seeds).
+    """
+    streams = [mx.new_stream(mx.cpu) for _ in range(lanes)] if lanes > 1 else [None]
+    jobs = iter(jobs)
+    running: dict[int, tuple] = {}
+    while True:
+        for lane, stream in enumerate(streams):
+            if lane not in running:
+                job = next(jobs, None)
+                if job is not None:
+                    running[lane] = (job.key, _decode(model, job, stream))
+        if not running:
+            return
+        queued = []
+        for lane in list(running):
+            key, steps = running[lane]
+            try:
+                queued.append(next(steps))
+            except StopIteration as done:
+                del running[lane]
+                yield key, done.value
+        # One call for all lanes: queued one lane at a time, the streams ran in turn.
+        mx.async_eval(queued)
+
+
+def _on(stream):
+    """The context that runs MLX ops on ``stream`` (None: the default stream)."""
+    return contextlib.nullcontext() if stream is None else mx.stream(stream)
+
+
+def _decode(model: Model, job: Job, stream):
+    """A generator that builds one decode step of ``job`` on ``stream`` per ``next`` and
+    yields its state for the caller to queue (``mx.async_eval``); returns the answers
+    (``StopIteration.value``); see ``answers_with_hidden``."""
+    prompts, max_tokens = job.prompts, job.max_tokens
+    with _on(stream):
+        sampler = SamplerConfig(temperature=float(job.temperature))
+        B = len(prompts)
+        session, hidden = prefill_shared(model, prompts)  # (B, H)
+        rng, first_key = mx.random.split(mx.random.key(job.seed))
+        first = first_draw(model, hidden, sampler, first_key, None, session.lengths)
+        first = first.astype(mx.int32)
+        state = DecodeState(first, hidden, session.lengths, session.keys, session.values, rng)
+        session.keys = session.values = None  # the loop owns the cache (in-place K/V writes)
+        step = get_step(model, None, AR, sampler)
+        eos = mx.array(sorted(int(e) for e in job.eos_token_ids) or [-1], dtype=mx.int32)
     rows = np.arange(B)  # the prompt each running row answers
     pieces: list[list] = [[] for _ in range(B)]  # per prompt: (ids, hidden) runs, in order
     hs, toks = [hidden], [first]
     longest = max(len(p) for p in prompts)  # of the running rows' prompts
     ended = np.zeros(B, dtype=bool)
     for i in range(1, max_tokens):
-        window = bucket(longest + i + 1, WINDOW_QUANTUM)
-        state = ensure_slots(state, window)
-        state, _ = step(state, window)
-        # state.hidden is the state at the token just committed, whose greedy draw is the
-        # state's init_token: the same pairing as (hidden, first).
-        hs.append(state.hidden)
-        toks.append(state.init_token)
-        mx.async_eval(state)
+        with _on(stream):
+            window = bucket(longest + i + 1, WINDOW_QUANTUM)
+            state = ensure_slots(state, window)
+            state, _ = step(state, window)
+            # state.hidden is the state at the token just committed, whose greedy draw is the
+            # state's init_token: the same pairing as (hidden, first).
+            hs.append(state.hidden)
+            toks.append(state.init_token)
+        yield state  # queued by the caller, with every other lane's step
         if i % CHECK_EVERY == 0:
-            recent = mx.stack(toks[-CHECK_EVERY:], axis=1)  # (B, CHECK_EVERY)
-            ended |= np.array(mx.any(recent[..., None] == eos, axis=(1, 2)))
-            if ended.all():
-                break
-            keep = rows_to_keep(ended)
-            if len(keep) < len(rows):
-                collect(pieces, rows, hs, toks)
-                state = take_rows(state, mx.array(keep))
-                rows, ended, hs, toks = rows[keep], ended[keep], [], []
-                longest = max(len(prompts[r]) for r in rows)
-    collect(pieces, rows, hs, toks)
-    stops = set(int(e) for e in eos_token_ids)
+            with _on(stream):
+                recent = mx.stack(toks[-CHECK_EVERY:], axis=1)  # (B, CHECK_EVERY)
+                ended |= np.array(mx.any(recent[..., None] == eos, axis=(1, 2)))
+                if ended.all():
+                    break
+                keep = rows_to_keep(ended)
+                if len(keep) < len(rows):
+                    collect(pieces, rows, hs, toks)
+                    state = take_rows(state, mx.array(keep))
+                    rows, ended, hs, toks = rows[keep], ended[keep], [], []
+                    longest = max(len(prompts[r]) for r in rows)
+    with _on(stream):
+        collect(pieces, rows, hs, toks)
+    stops = set(int(e) for e in job.eos_token_ids)
     out = []
     for r in range(B):
         row = [int(t) for ids, _ in pieces[r] for t in ids]
@@ -130,12 +195,12 @@ def prefill_shared(model: Model, prompts: list[list[int]]) -> tuple[Session, mx.
     session = Session(model, B)
     if B > 1 and shared >= SHARED_PREFIX_MIN:
         one = Session(model, 1)
-        prefill_session(one, [prompts[0][:shared]], WINDOW_QUANTUM)
+        prefill_session(one, [prompts[0][:shared]], WINDOW_QUANTUM, sync=False)
         session.keys = [mx.repeat(k, B, axis=0) for k in one.keys]
         session.values = [mx.repeat(v, B, axis=0) for v in one.values]
         session.cached = [list(p[:shared]) for p in prompts]
     rest = session.reuse([list(p) for p in prompts])
-    return session, prefill_session(session, rest, WINDOW_QUANTUM)
+    return session, prefill_session(session, rest, WINDOW_QUANTUM, sync=False)
 
 
 def rows_to_keep(ended: np.ndarray) -> np.ndarray:

@@ -139,7 +139,7 @@ def test_batches_in_lanes_give_each_batch_its_own_answers(temperature):
     for key, (rows, tokens) in enumerate([(3, 30), (2, 9), (4, 20)]):
         prompts = [rng.integers(3, 48, int(rng.integers(2, 9))).tolist() for _ in range(rows)]
         jobs.append(Job(key, prompts, tokens, (5,), temperature, seed=100 + key))
-    done = dict(answers_in_lanes(model, iter(jobs), lanes=2))
+    done = {job.key: answers for job, answers in answers_in_lanes(model, iter(jobs), lanes=2)}
     assert sorted(done) == [0, 1, 2]
     for job in jobs:
         alone = answers_with_hidden(

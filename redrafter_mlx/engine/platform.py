@@ -114,9 +114,10 @@ def answer_lanes() -> int:
 
     MLX's CPU backend runs a stream's ops one at a time, and a batched step of a small model
     spends most of its time outside BLAS (attention over the cache, SiLU, norms): two streams
-    with one BLAS thread each overlap them. Measured on 2 cores, SmolLM2-135M fp32, 48 rows,
-    window 192: one stream with two BLAS threads 219 answer tokens/s, two streams of 48 rows
-    with one thread each 336 (``docs/bench/distill_throughput.txt``).
+    with one BLAS thread each overlap them. Measured on 2 cores, SmolLM2-135M fp32: a fixed
+    window of 192, 48 rows a stream, one stream with two BLAS threads 219 answer tokens/s, two
+    streams with one each 336; ``distill``'s answering end to end 158 -> 206 positions/s
+    (``docs/bench/distill_throughput.txt``).
     """
     value = os.environ.get(LANES_ENV)
     if value and value.isdigit() and int(value) > 0:

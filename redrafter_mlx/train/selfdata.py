@@ -374,8 +374,8 @@ class SelfData:
         try:
             with lane_threads(self.lanes):
                 jobs = (self.job(batch) for batch in batches)
-                for batch, answers in answers_in_lanes(self.model, jobs, self.lanes):
-                    yield self.save(batch, answers)
+                for job, answers in answers_in_lanes(self.model, jobs, self.lanes):
+                    yield self.save(job, answers)
         finally:
             self.model.capture_features(own)
 
@@ -390,21 +390,23 @@ class SelfData:
             seed=self.seed * 1_000_003 + chunk[0]["id"],
         )
 
-    def save(self, chunk: list[dict], answers: list[Answer]) -> list[dict]:
-        """The answers' hidden states go to ``hidden/<first id>.npy`` first (atomically),
-        then the answer rows that point into it are returned."""
+    def save(self, job: Job, answers: list[Answer]) -> list[dict]:
+        """The answers to a ``job`` (its key: the prompt rows): their hidden states go to
+        ``hidden/<first id>.npy`` first (atomically), then the answer rows that point into it
+        are returned."""
+        chunk = job.key
         shard = f"{chunk[0]['id']:07d}.npy"
         tmp = self.work / "hidden" / f".{shard}.tmp-{os.getpid()}.npy"
         np.save(tmp, np.concatenate([a.hidden for a in answers]))
         os.replace(tmp, self.work / "hidden" / shard)
         rows, offset = [], 0
-        for p, ans in zip(chunk, answers):
+        for p, ids, ans in zip(chunk, job.prompts, answers):
             rows.append(
                 dict(
                     id=p["id"],
                     source=p["source"],
                     finish=ans.finish,
-                    prompt_ids=self.prompt_ids(p),
+                    prompt_ids=ids,
                     response_ids=ans.ids,
                     hidden=dict(shard=shard, offset=offset),
                 )

@@ -77,7 +77,8 @@ def answers_with_hidden(
 
 @dataclass
 class Job:
-    """One batch to answer (``answers_with_hidden``'s arguments); ``key`` names it."""
+    """One batch to answer (``answers_with_hidden``'s arguments); ``key``: the caller's
+    own record of it (``SelfData``: the prompt rows)."""
 
     key: object
     prompts: list[list[int]]
@@ -89,7 +90,7 @@ class Job:
 
 def answers_in_lanes(model: Model, jobs, lanes: int = 1):
     """Answer ``jobs`` (an iterable of ``Job``, drawn as lanes free up), ``lanes`` batches at
-    a time; yields ``(job.key, answers)`` as each batch ends (not in job order when lanes > 1).
+    a time; yields ``(job, answers)`` as each batch ends (not in job order when lanes > 1).
 
     Each lane decodes its batch on its own CPU stream; every round builds one step of each lane
     and queues them all with one ``mx.async_eval``, so one lane's single-threaded ops
@@ -106,17 +107,17 @@ def answers_in_lanes(model: Model, jobs, lanes: int = 1):
             if lane not in running:
                 job = next(jobs, None)
                 if job is not None:
-                    running[lane] = (job.key, _decode(model, job, stream))
+                    running[lane] = (job, _decode(model, job, stream))
         if not running:
             return
         queued = []
         for lane in list(running):
-            key, steps = running[lane]
+            job, steps = running[lane]
             try:
                 queued.append(next(steps))
             except StopIteration as done:
                 del running[lane]
-                yield key, done.value
+                yield job, done.value
         # One call for all lanes: queued one lane at a time, the streams ran in turn.
         mx.async_eval(queued)
 

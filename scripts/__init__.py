@@ -1,1 +1,1 @@
-"""Build and benchmark scripts, run by make; not part of the installed package."""
+"""Builders of the shipped artefacts and benchmarks (see scripts/README.md); not installed."""

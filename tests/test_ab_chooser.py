@@ -1,4 +1,4 @@
-"""scripts.ab_chooser: arms parse into chooser settings, and every arm's run is checked
+"""scripts.experiments.ab_chooser: arms parse into chooser settings, and every arm's run is checked
 against the recorded plain-decoding answer."""
 
 import pytest
@@ -6,7 +6,7 @@ import pytest
 from redrafter_mlx.cli.common import load_engine, resolve_paths
 from redrafter_mlx.engine.generation import batch_generate
 from redrafter_mlx.engine.shape import AR, BeamShape
-from scripts.ab_chooser import Arm, parse_arm, run
+from scripts.experiments.ab_chooser import Arm, parse_arm, run
 
 
 def test_arms_set_chooser_fields_and_reject_unknown_ones():

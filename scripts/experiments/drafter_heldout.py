@@ -1,6 +1,7 @@
 """Teacher-forced accuracy of drafters on the model's own greedy answers to held-out prompts.
 
-    python -m scripts.drafter_heldout --model ~/.cache/redrafter-mlx/models/smollm2-135m-instruct \
+    python -m scripts.experiments.drafter_heldout \
+        --model ~/.cache/redrafter-mlx/models/smollm2-135m-instruct \
         --drafter shipped=redrafter_mlx/smollm2_drafter --drafter new=/tmp/new
 
 The model answers the first turns of a prompt set (MT-Bench by default: never in the built-in

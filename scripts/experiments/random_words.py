@@ -4,7 +4,7 @@ Each prompt asks for a list of unrelated words after showing 24 words drawn at r
 the SmolLM2 tokenizer's whole-word pieces (seeded), the check that context lookup costs
 nothing where the text does not repeat itself. Usage:
 
-    python -m scripts.random_words [--out docs/bench/random_words.jsonl] [--n 16]
+    python -m scripts.experiments.random_words [--out docs/bench/random_words.jsonl] [--n 16]
 """
 
 from __future__ import annotations

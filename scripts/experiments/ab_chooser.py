@@ -1,15 +1,17 @@
 """Interleaved A/B of adaptive-chooser settings on the model, in one process.
 
-    python -m scripts.ab_chooser --model ~/.cache/redrafter-mlx/models/smollm2-135m-instruct \
+    python -m scripts.experiments.ab_chooser \
+        --model ~/.cache/redrafter-mlx/models/smollm2-135m-instruct \
         --texts /tmp/ar.json --arm A --arm B:run_decay=0.8 --arm C:max_probe=32
 
 Each arm is a name and ``ShapeChooser`` fields to set (``name:field=value,field=value``; a bare
 name keeps the defaults). Every arm keeps its own learnt adaptive state across the prompt turns,
 as ``chat`` and ``bench`` do; the arms take turns on each prompt turn in an order that rotates,
-so machine noise hits them alike. The prompt turns are those of ``scripts.lookup_policy_sim``
-(``--texts``, recorded there if missing), whose recorded plain-decoding answers also check that
-every run of every arm produced the same tokens. Reported per set and turn: decode tokens/s
-(after the first token), tokens/step, the ratio to the first arm, and the shapes run most.
+so machine noise hits them alike. The prompt turns are those of
+``scripts.experiments.lookup_policy_sim`` (``--texts``, recorded there if missing), whose
+recorded plain-decoding answers also check that every run of every arm produced the same
+tokens. Reported per set and turn: decode tokens/s (after the first token), tokens/step, the
+ratio to the first arm, and the shapes run most.
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ def report(totals, names: list[str]) -> None:
 
 def main(argv=None) -> None:
     from redrafter_mlx.cli.common import load_engine, resolve_paths
-    from scripts.lookup_policy_sim import load_texts
+    from scripts.experiments.lookup_policy_sim import load_texts
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", required=True)

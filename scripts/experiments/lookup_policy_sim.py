@@ -1,7 +1,7 @@
 """Replay lookup-alone speculation on recorded greedy text: the adaptive chooser against an
 oracle and pinned chains, under step costs measured by ``bench --profile``.
 
-    python -m scripts.lookup_policy_sim --model ~/.cache/redrafter-mlx/models/\
+    python -m scripts.experiments.lookup_policy_sim --model ~/.cache/redrafter-mlx/models/\
 smollm2-135m-instruct --texts /tmp/ar.json --costs "K1xL2=1.14,K1xL4=1.41,K1xL8=1.70,K1xL16=2.44"
 
 Greedy output does not depend on the shape that runs, so one plain-decoding answer per prompt

@@ -1,7 +1,7 @@
 """Score drafters on held-out MT-Bench turns: greedy ReDrafter tokens/step per beam shape
 (no lookup chains; all prompts in one batch) and each drafter's recorded held-out selection.
 
-    python -m scripts.feature_layers_ablation --model ~/.cache/redrafter-mlx/models/\
+    python -m scripts.experiments.feature_layers_ablation --model ~/.cache/redrafter-mlx/models/\
 smollm2-135m-instruct --drafter last=/tmp/abl/last --drafter auto=/tmp/abl/auto
 
 Used for the feature-layer ablation in redrafter_mlx/smollm2_drafter/BUILD.md.

@@ -9,9 +9,15 @@ flag or no file.
 
 from __future__ import annotations
 
+import io
+import json
+import shutil
+
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
+from redrafter_mlx.engine.bundled import demo_paths
 from redrafter_mlx.engine.shape import BeamShape, ShapeError
 
 GIB = 2**30
@@ -113,3 +119,106 @@ def test_bench_shape_errors_name_the_flag_typed(app, flag, value, expected):
     assert line.startswith(expected)
     assert "--beam-width" not in line and "--beam-length" not in line
     assert "got 1" not in line
+
+
+# --------------------------------------------------------------------------- 2. bad UTF-8
+
+
+def test_the_tokenizer_reads_bytes_that_are_not_utf8_as_replacement_characters(tmp_path):
+    """SentencePiece raised RuntimeError on a lone surrogate (what Python makes of such bytes
+    in argv and stdin); an HF tokenizer with a chat template failed too."""
+    from redrafter_mlx.engine.tokenizer import Tokenizer, valid_text
+    from tests.helpers import FIXTURES
+
+    assert valid_text("hi \udcff\udcfe é") == "hi \ufffd\ufffd é"
+    sp = Tokenizer(demo_paths()[0])
+    assert sp.encode("x\udcff y") == sp.encode("x\ufffd y")
+    assert sp.chat_prompt([{"role": "user", "content": "\ud800"}], system="s\udcff")
+    hf_dir = tmp_path / "hf"
+    shutil.copytree(FIXTURES / "convert" / "tokenizer", hf_dir)
+    config = json.loads((hf_dir / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
+    (hf_dir / "tokenizer_config.json").write_text(json.dumps(config))
+    hf = Tokenizer(hf_dir)
+    assert hf.encode("x\udcff y") == hf.encode("x\ufffd y")
+    messages = [{"role": "user", "content": "hi \udcff"}]
+    assert hf.chat_prompt(messages) == hf.chat_prompt([{"role": "user", "content": "hi \ufffd"}])
+
+
+def test_chat_survives_a_line_that_is_not_utf8(app):
+    """The issue's transcript: the second line ended the chat with a RuntimeError."""
+    script = b"def f(x):\nhi \xff\xfe bytes\ndef g(y):\n"
+    result = invoke(app, "chat", "--model", "demo", "-n", 4, input=script)
+    assert result.exit_code == 0, result.output
+    assert "error" not in result.output
+    assert result.stdout.count("4 tokens") == 3  # three answers, each with its stats line
+
+
+def test_generate_takes_a_prompt_that_is_not_utf8(app):
+    for args, stdin in ((["-p", "x\udcff y"], None), (["-p", "-"], b"x\xff y")):
+        result = invoke(app, "generate", "--model", "demo", "-n", 4, *args, input=stdin)
+        assert result.exit_code == 0, result.output
+
+
+# --------------------------------------------------------------------------- chat
+
+
+@pytest.fixture(scope="module")
+def demo_engine():
+    from redrafter_mlx.cli.common import ModelPaths, load_engine
+
+    model, drafter = demo_paths()
+    return load_engine(ModelPaths(str(model), str(drafter)), None)
+
+
+def make_loop(engine):
+    from redrafter_mlx.cli.chat_ui import ChatLoop
+    from redrafter_mlx.cli.common import Sampling
+    from tuning import ShapeChoice
+
+    console = Console(file=io.StringIO(), width=300, highlight=False, soft_wrap=True)
+    return ChatLoop(engine, ShapeChoice(BeamShape(1, 3), "test"), Sampling(), 4, console=console)
+
+
+def test_a_failing_turn_reports_and_the_chat_goes_on(demo_engine):
+    loop = make_loop(demo_engine)
+    real = loop.stream
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the backend fell over")
+
+    loop.stream = broken
+    assert loop.answer("first") == ""
+    assert "error: unexpected RuntimeError: the backend fell over" in loop.console.file.getvalue()
+    assert loop.messages == []  # the conversation is as it was
+    loop.stream = real
+    assert loop.answer("def f(x):")
+    assert [m["role"] for m in loop.messages] == ["user", "assistant"]
+
+
+def test_a_double_slash_sends_a_line_that_begins_with_a_slash(demo_engine):
+    from redrafter_mlx.cli.chat_ui import HELP, run_chat
+
+    loop = make_loop(demo_engine)
+    lines = iter(["//etc/hosts is a file", "/help", None])
+    run_chat(loop, read=lambda _prompt: next(lines))
+    assert loop.messages[0] == {"role": "user", "content": "/etc/hosts is a file"}
+    assert "//text" in HELP and "sends /text" in loop.console.file.getvalue()
+
+
+def test_a_system_prompt_longer_than_the_context_is_refused_at_once(demo_engine):
+    loop = make_loop(demo_engine)
+    loop.command("/system " + "word " * 600)
+    out = loop.console.file.getvalue()
+    assert "error: /system: the system prompt takes" in out and "512" in out
+    assert loop.system is None  # unchanged: the next turn still works
+    assert loop.answer("def f(x):")
+    loop.command("/system You write Python.")
+    assert loop.system == "You write Python."
+
+
+def test_a_too_long_system_prompt_flag_is_refused(app):
+    line = error_line(
+        invoke(app, "chat", "--model", "demo", "--system-prompt", "word " * 600, input=""), 2
+    )
+    assert line.startswith("error: --system-prompt: the system prompt takes")

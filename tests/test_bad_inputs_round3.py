@@ -9,8 +9,10 @@ flag or no file.
 
 from __future__ import annotations
 
+import errno
 import io
 import json
+import random
 import shutil
 
 import pytest
@@ -222,3 +224,96 @@ def test_a_too_long_system_prompt_flag_is_refused(app):
         invoke(app, "chat", "--model", "demo", "--system-prompt", "word " * 600, input=""), 2
     )
     assert line.startswith("error: --system-prompt: the system prompt takes")
+
+
+# --------------------------------------------------------------------------- 4. profiles
+
+
+def _random_bytes_profile(home) -> None:
+    home.mkdir(parents=True, exist_ok=True)
+    noise = random.Random(43).randbytes(499)
+    (home / "profiles.json").write_bytes(b"\x91" + noise)
+
+
+def test_a_profile_that_is_not_utf8_warns_and_falls_back(home, tmp_path):
+    from tuning import resolve_beam_shape
+    from tuning.profiles import ProfileStore
+
+    _random_bytes_profile(home)
+    warnings: list[str] = []
+    assert ProfileStore(warn=warnings.append).load() == {}
+    assert len(warnings) == 1 and str(home / "profiles.json") in warnings[0]
+    assert "not UTF-8" in warnings[0] and "tune --clear" in warnings[0]
+    model, drafter = tmp_path / "m", tmp_path / "d"
+    for folder in (model, drafter):
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")
+    choice = resolve_beam_shape(str(model), str(drafter), None)
+    assert choice.source.startswith("preset")
+
+
+def test_tune_clear_removes_a_profile_that_is_not_utf8(app, home):
+    _random_bytes_profile(home)
+    result = invoke(app, "tune", "--clear")
+    assert result.exit_code == 0, result.output
+    assert not (home / "profiles.json").exists()
+
+
+def test_chat_runs_with_a_profile_that_is_not_utf8(app, home):
+    _random_bytes_profile(home)
+    result = invoke(app, "chat", "--model", "demo", "-n", 2, input="def f(x):\n")
+    assert result.exit_code == 0, result.output
+    assert "ignoring corrupt tuned-profile file" in result.stderr
+
+
+# --------------------------------------------------------------------------- 5. tune saving
+
+
+@pytest.fixture()
+def fake_tune(monkeypatch, tmp_path):
+    """A model/drafter pair and a fake measurement; returns (args, measured shapes)."""
+    import redrafter_mlx.cli.tune
+    from tests.fakes import FakeChip, FakeClock
+
+    model, drafter = tmp_path / "model", tmp_path / "drafter"
+    for folder, config in ((model, {"model_type": "llama"}), (drafter, {"predict_tokens": 4})):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(config))
+    clock = FakeClock()
+    chip = FakeChip(clock, per_token=0.004)
+    measured: list = []
+
+    def measure(shape, n_tokens):
+        measured.append(shape)
+        return chip(shape, n_tokens)
+
+    monkeypatch.setattr(redrafter_mlx.cli.tune, "build_measure", lambda *a, **k: (measure, clock))
+    args = ["tune", "--model", model, "--drafter", drafter, "--budget-seconds", 60,
+            "--widths", "1-2", "--lengths", "2-3"]  # fmt: skip
+    return args, measured
+
+
+def test_tune_refuses_an_unwritable_home_before_measuring(app, fake_tune, monkeypatch, tmp_path):
+    args, measured = fake_tune
+    not_a_folder = tmp_path / "home-is-a-file"
+    not_a_folder.write_text("")
+    monkeypatch.setenv("REDRAFTER_MLX_HOME", str(not_a_folder))
+    line = error_line(invoke(app, *args), 1)
+    assert f"cannot save tuned profiles in {not_a_folder}" in line
+    assert "it is a file, not a folder" in line and "REDRAFTER_MLX_HOME" in line
+    assert measured == []  # nothing was measured
+
+
+def test_tune_shows_its_measurement_when_saving_fails(app, home, fake_tune, monkeypatch):
+    from tuning.profiles import ProfileStore
+
+    def cannot_save(self, profiles):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(ProfileStore, "save", cannot_save)
+    args, measured = fake_tune
+    result = invoke(app, *args)
+    assert measured
+    assert "recommended:" in result.stdout and "W=2" in result.stdout  # the pick and the table
+    assert "not saved" in result.stdout
+    assert "No space left on device" in error_line(result, 1)

@@ -320,9 +320,16 @@ def save_profile(
     return str(store.path)
 
 
-def print_tuning(result, chip, note: str, profile_path: str | None, plot: str | None) -> None:
+def print_tuning(
+    result,
+    chip,
+    note: str,
+    profile_path: str | None,
+    plot: str | None,
+    save_error: str | None = None,
+) -> None:
     """Results table, heatmap and the recommendation, for humans (``profile_path`` None: the
-    search measured too little and nothing was saved)."""
+    search measured too little and nothing was saved, or saving failed: ``save_error``)."""
     from tuning.render import has_heatmap, heatmap_table, results_table
 
     console = _console()
@@ -332,11 +339,15 @@ def print_tuning(result, chip, note: str, profile_path: str | None, plot: str | 
     console.print(results_table(result))
     if has_heatmap(result):
         console.print(heatmap_table(result))
-    if profile_path is None:
+    if profile_path is None and save_error is None:
         console.print("no recommendation: too little was measured (see below)")
     else:
         console.print(f"[bold]recommended: {result.recommended.label}[/bold] — {result.reason}")
+    if profile_path is not None:
         console.print(f"saved to {profile_path}; chat/generate/bench now use it by default.")
+    elif save_error is not None:
+        label = result.recommended.label if result.speculation_wins else "--no-draft"
+        console.print(f"not saved ({save_error}); pass the shape as flags meanwhile: {label}")
     skipped = result.skipped
     if skipped:
         console.print(
@@ -369,13 +380,17 @@ def run_tuning(
     )
     gap = result.evidence_gap()
     lookup = options.get("lookup") or {}
-    path = None
+    path = failure = None
     group = world()
     leader = group is None or group.rank() == 0  # under mlx.launch rank 0 saves
     if gap is None and leader:
-        path = save_profile(
-            chip.chip_id, model, drafter, options["dtype"], result, bool(lookup.get("chains"))
-        )
+        try:
+            path = save_profile(
+                chip.chip_id, model, drafter, options["dtype"], result, bool(lookup.get("chains"))
+            )
+        except OSError as e:  # the measurement is still shown below, then the error
+            failure = e
+    save_error = None if failure is None else str(failure)
     if options["plot"] and leader:
         from tuning.render import save_heatmap_png
 
@@ -392,6 +407,7 @@ def run_tuning(
                     "note": note,
                     "profile_path": path,
                     "saved": path is not None,
+                    "save_error": save_error,
                     "plot": options["plot"],
                     **result.to_dict(),
                 },
@@ -399,7 +415,9 @@ def run_tuning(
             )
         )
     else:
-        print_tuning(result, chip, note, path, options["plot"])
+        print_tuning(result, chip, note, path, options["plot"], save_error)
+    if failure is not None:
+        raise failure
     if gap is not None:
         raise TuneError(
             f"no profile was saved: {gap}; any earlier profile is unchanged. Raise "
@@ -535,6 +553,10 @@ def tune(
             chain_lengths,
         )
         shapes = same_shapes_everywhere(shapes, group)
+        if group is None or group.rank() == 0:  # rank 0 saves: refuse before measuring
+            from tuning.profiles import ProfileStore
+
+            ProfileStore().check_writable()
         options = {
             "dtype": dtype,
             "prompts": prompts or ("demo" if paths.demo else "mt-bench"),

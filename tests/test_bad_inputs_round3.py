@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import io
 import json
+import os
 import random
 import shutil
 
@@ -317,3 +318,57 @@ def test_tune_shows_its_measurement_when_saving_fails(app, home, fake_tune, monk
     assert "recommended:" in result.stdout and "W=2" in result.stdout  # the pick and the table
     assert "not saved" in result.stdout
     assert "No space left on device" in error_line(result, 1)
+
+
+# --------------------------------------------------------------------------- messages
+
+
+def test_a_binary_prompt_file_is_named(tmp_path):
+    from redrafter_mlx.engine.prompts import PromptSetError, load_prompts
+
+    binary = tmp_path / "prompts.bin"
+    binary.write_bytes(b"\xbc" + random.Random(1).randbytes(299))
+    with pytest.raises(PromptSetError) as e:
+        load_prompts(str(binary))
+    assert str(binary) in str(e.value) and "not UTF-8" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "value, used",
+    [("0", "ignoring it"), ("-3", "ignoring it"), ("abc", "ignoring it"), ("99999", "using 4")],
+)
+def test_a_bad_blas_thread_count_is_said_once(monkeypatch, capsys, value, used):
+    from redrafter_mlx.engine import platform
+
+    monkeypatch.setattr(platform.os, "cpu_count", lambda: 4)
+    monkeypatch.setenv(platform._THREADS_WARNED_ENV, "")
+    monkeypatch.setenv(platform.THREADS_ENV, value)
+    first = platform.blas_threads()
+    assert platform.blas_threads() == first == (4 if value == "99999" else 3)
+    warnings = capsys.readouterr().err.strip().splitlines()
+    assert len(warnings) == 1 and warnings[0].startswith(f"warning: {platform.THREADS_ENV}=")
+    assert used in warnings[0]
+    monkeypatch.setenv(platform._THREADS_WARNED_ENV, "")
+    monkeypatch.setenv(platform.THREADS_ENV, "2")
+    assert platform.blas_threads() == 2 and capsys.readouterr().err == ""
+
+
+def test_weights_that_are_a_symlink_loop_are_named(tmp_path):
+    from redrafter_mlx.engine.loading import LoadError, load_model
+    from weights_convert.errors import ConversionError
+    from weights_convert.sources import find_weight_files
+
+    folder = tmp_path / "looped"
+    shutil.copytree(demo_paths()[0], folder)
+    weights = folder / "model.safetensors"
+    weights.unlink()
+    os.symlink("model.safetensors", weights)
+    with pytest.raises(ConversionError, match="symlink loop") as e:
+        find_weight_files(folder)
+    assert str(weights) in str(e.value)
+    with pytest.raises(LoadError, match="symlink loop"):
+        load_model(folder)
+    weights.unlink()
+    os.symlink(tmp_path / "gone.safetensors", weights)
+    with pytest.raises(ConversionError, match="which does not exist"):
+        find_weight_files(folder)

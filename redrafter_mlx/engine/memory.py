@@ -211,7 +211,8 @@ def _mem_available() -> int | None:
 
 
 class ShapeTooLarge(ShapeError):
-    """A beam shape whose step does not fit in memory; the message says what does."""
+    """A beam shape whose step does not fit in memory, or whose tree does not fit the model's
+    context; the message says what does."""
 
 
 def largest_fitting(fits, shape: BeamShape, part: str | None = None) -> BeamShape | None:

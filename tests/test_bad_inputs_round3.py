@@ -78,6 +78,21 @@ def test_the_cli_refuses_an_unbounded_lookup_width_at_once(app):
     assert "context holds 512 tokens; the largest that fits is W1×L4+K" in line
 
 
+def test_tune_refuses_a_grid_shape_larger_than_the_context_before_measuring():
+    """``tune --lookup 1000`` measured nothing of those shapes and said only that some
+    "failed"; now the grid is checked once the model is loaded."""
+    from redrafter_mlx.cli.tune import build_measure
+    from redrafter_mlx.engine.memory import ShapeTooLarge
+
+    model, drafter = (str(p) for p in demo_paths())
+    huge = BeamShape(1, 2, None, 1000, 8)
+    with pytest.raises(ShapeTooLarge, match="context holds 512 tokens") as e:
+        build_measure(model, drafter, None, "demo", 1, [BeamShape(1, 2), huge])
+    assert e.value.param == "lookup"
+    measure, _clock = build_measure(model, drafter, None, "demo", 1, [BeamShape(1, 2)])
+    assert measure is not None
+
+
 def test_a_too_long_lookup_chain_blames_lookup_length(app):
     """The memory guard used to blame --beam-width for ``--lookup-length 100000``."""
     result = invoke(app, "generate", "--model", "demo", "-p", "def f", "--lookup-length", 100000)

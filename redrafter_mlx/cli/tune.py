@@ -153,10 +153,18 @@ def print_preset(report: dict, as_json: bool) -> None:
 
 
 def build_measure(
-    model: str, drafter: str | None, dtype: str | None, prompts: str, num_prompts: int
+    model: str,
+    drafter: str | None,
+    dtype: str | None,
+    prompts: str,
+    num_prompts: int,
+    shapes: list[BeamShape] = (),
 ):
-    """(measure, clock) for the real engine; the tests replace this with a fake cost model."""
+    """(measure, clock) for the real engine; the tests replace this with a fake cost model.
+    Every one of ``shapes`` must fit the loaded model's context and memory (a
+    ``ShapeTooLarge`` naming the flag otherwise), so none is skipped without a word."""
     from redrafter_mlx.engine.loading import load
+    from redrafter_mlx.engine.memory import check_step_memory
     from redrafter_mlx.engine.platform import fit_blas_threads
     from redrafter_mlx.engine.prompts import PromptSetError, load_prompts
     from tuning.measure import EngineMeasure
@@ -172,6 +180,8 @@ def build_measure(
         model, drafter, dtype=dtype, group=group
     )  # a LoadError: a TuneError
     fit_blas_threads(llm, draft)
+    for shape in shapes:
+        check_step_memory(llm, draft if shape.drafts else None, shape)
     measure = EngineMeasure(llm, draft, tokenizer, questions)
     if group is None:
         return measure, time.perf_counter
@@ -363,7 +373,7 @@ def run_tuning(
     from tuning.search import SearchPlan, successive_halving
 
     measure, clock = build_measure(
-        model, drafter, options["dtype"], options["prompts"], options["num_prompts"]
+        model, drafter, options["dtype"], options["prompts"], options["num_prompts"], shapes
     )
     max_tokens = options["max_tokens"]
     plan = SearchPlan(

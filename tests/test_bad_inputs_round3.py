@@ -272,6 +272,7 @@ def test_tune_clear_removes_a_profile_that_is_not_utf8(app, home):
     _random_bytes_profile(home)
     result = invoke(app, "tune", "--clear")
     assert result.exit_code == 0, result.output
+    assert "Removed the unreadable tuned-profile file" in result.stdout
     assert not (home / "profiles.json").exists()
 
 

@@ -109,10 +109,15 @@ def clear_profiles(as_json: bool) -> None:
     """Delete every saved profile."""
     from tuning.profiles import ProfileStore
 
-    store = ProfileStore()
+    warnings: list[str] = []
+    store = ProfileStore(warn=warnings.append)
+    store.load()  # an unreadable or corrupt file warns: it is removed all the same
     count = store.clear()
+    unreadable = bool(warnings)
     if as_json:
         print(json.dumps({"path": str(store.path), "removed": count}))
+    elif unreadable:
+        _console().print(f"Removed the unreadable tuned-profile file {store.path}.")
     else:
         _console().print(f"Removed {count} tuned profile(s) from {store.path}.")
 

@@ -7,7 +7,10 @@ One JSON file holds every profile::
 It lives in the home folder (``redrafter_mlx.engine.bundled.home()``: ``$REDRAFTER_MLX_HOME``,
 else ``$XDG_CACHE_HOME/redrafter-mlx/``, else ``~/.cache/redrafter-mlx/``). Writes are atomic
 (temp file in the same folder, fsync, ``os.replace``) so an interrupted write leaves the
-old file intact. A corrupt file is reported in one warning line and treated as empty.
+old file intact. A file that cannot be read, is not UTF-8 or is not a profiles object is
+reported in one warning line naming it and treated as empty; ``tune --clear`` removes it
+whatever it holds. :meth:`ProfileStore.check_writable` tells, before a long measurement,
+whether the result can be saved at all.
 """
 
 from __future__ import annotations
@@ -219,22 +222,29 @@ class ProfileStore:
         self.warn = warn
 
     def load(self) -> dict[str, Profile]:
-        """Every valid profile by key text; a missing file is empty, a corrupt one warns."""
+        """Every valid profile by key text; a missing file is empty, an unreadable or corrupt
+        one (not UTF-8, not JSON, not profiles) warns once, naming it."""
         try:
-            raw = self.path.read_text(encoding="utf-8")
+            raw = self.path.read_bytes()
         except FileNotFoundError:
             return {}
         except OSError as e:
-            self.warn(f"cannot read tuned profiles {self.path} ({e}); using presets")
+            self.warn(
+                f"cannot read tuned profiles {self.path} ({e.strerror or e}); using presets "
+                f"(check REDRAFTER_MLX_HOME, or run 'redrafter-mlx tune --clear')"
+            )
             return {}
         try:
-            data = json.loads(raw)
+            data = json.loads(raw.decode("utf-8"))
             if not isinstance(data, dict) or not isinstance(data.get("profiles"), dict):
                 raise ValueError("no 'profiles' object")
             profiles = {k: Profile.from_json(v) for k, v in data["profiles"].items()}
         except (ValueError, KeyError, TypeError) as e:
+            detail = str(e)
+            if isinstance(e, UnicodeDecodeError):
+                detail = f"not UTF-8 text: byte 0x{e.object[e.start]:02x} at offset {e.start}"
             self.warn(
-                f"ignoring corrupt tuned-profile file {self.path} ({e}); "
+                f"ignoring corrupt tuned-profile file {self.path} ({detail}); "
                 f"re-run 'redrafter-mlx tune' or 'redrafter-mlx tune --clear'"
             )
             return {}
@@ -251,10 +261,14 @@ class ProfileStore:
         self.save(profiles)
 
     def save(self, profiles: dict[str, Profile]) -> None:
-        """Write every profile: temp file in the same folder, fsync, then ``os.replace``."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        """Write every profile: temp file in the same folder, fsync, then ``os.replace``;
+        :class:`ProfileWriteError` when the folder cannot hold it."""
         payload = {"format": FORMAT, "profiles": {k: p.to_json() for k, p in profiles.items()}}
-        fd, tmp = tempfile.mkstemp(prefix=".profiles-", suffix=".tmp", dir=self.path.parent)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".profiles-", suffix=".tmp", dir=self.path.parent)
+        except OSError as e:
+            raise ProfileWriteError(self.path.parent, e) from None
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(payload, f, indent=2, sort_keys=True)
@@ -267,8 +281,36 @@ class ProfileStore:
             raise
 
     def clear(self) -> int:
-        """Delete the profiles file; returns how many profiles it held (0 if none/corrupt)."""
+        """Delete the profiles file, whatever it holds; returns how many profiles it held (0
+        if none, unreadable or corrupt, or when the home folder is not a folder)."""
         count = len(ProfileStore(self.path, warn=lambda _msg: None).load())
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             self.path.unlink()
         return count
+
+    def check_writable(self) -> None:
+        """Raise :class:`ProfileWriteError` (one line naming the folder) unless a profile can
+        be saved here: the folder exists or can be made, and a file can be written in it."""
+        folder = self.path.parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd, probe = tempfile.mkstemp(prefix=".profiles-", suffix=".probe", dir=folder)
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            raise ProfileWriteError(folder, e) from None
+
+
+class ProfileWriteError(OSError):
+    """Tuned profiles cannot be saved in the home folder; the message names it and the fix."""
+
+    def __init__(self, folder: Path, cause: OSError):
+        home_env = os.environ.get("REDRAFTER_MLX_HOME")
+        where = f"REDRAFTER_MLX_HOME={home_env}" if home_env else "REDRAFTER_MLX_HOME is unset"
+        why = cause.strerror or str(cause)
+        if folder.exists() and not folder.is_dir():
+            why = "it is a file, not a folder"
+        super().__init__(
+            f"cannot save tuned profiles in {folder} ({why}; {where}); "
+            f"point REDRAFTER_MLX_HOME at a writable folder"
+        )

@@ -95,7 +95,13 @@ def _index_shards(root: Path, index_name: str) -> tuple[Path, ...]:
 
 def find_weight_files(root: Path) -> tuple[tuple[Path, ...], Path | None]:
     """Locate the weights in ``root`` -> (files, index path or None)."""
+    from redrafter_mlx.engine.safetensors_check import unreadable, unreadable_error
+
     for index_name, single, _ in WEIGHT_LAYOUTS:
+        for name in (index_name, single):  # there, but a symlink loop or to nothing
+            why = unreadable(root / name)
+            if why is not None:
+                raise ConversionError(str(unreadable_error(root / name, why)))
         if (root / index_name).is_file():
             return _index_shards(root, index_name), root / index_name
         if (root / single).is_file():

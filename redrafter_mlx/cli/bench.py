@@ -113,7 +113,9 @@ def choose_configs(
             configs.append(Config(shape))
         source = "beam shapes from --configs"
     elif grid is not None and has_drafter:
-        grid_shapes = [check_shape(BeamShape(w, n, beam.capacity)) for w, n in parse_grid(grid)]
+        grid_shapes = [
+            check_shape(BeamShape(w, n, beam.capacity), "--grid") for w, n in parse_grid(grid)
+        ]
         configs += [Config(with_lookup(s, chains, chain_length)) for s in grid_shapes]
         source = "beam shapes from --grid" + (", with context lookup" if chains else "")
     else:

@@ -17,6 +17,7 @@ from redrafter_mlx.cli.common import (
     CapacityOpt,
     DrafterOpt,
     DtypeOpt,
+    FlagError,
     LogitBiasOpt,
     LookupLengthOpt,
     LookupOpt,
@@ -147,6 +148,9 @@ def chat(
             console=console,
         )
         loop.adapt = not no_adapt
+        problem = None if system_prompt is None else loop.system_problem(system_prompt)
+        if problem is not None:
+            raise FlagError(f"--system-prompt: {problem}")
         enable_line_editing()
         run_chat(loop, read=shared_reader(read_line))
 

@@ -19,7 +19,8 @@ from rich.text import Text
 HELP = (
     "/reset  clear the conversation · /stats  details of the last answer · "
     "/system <text>  set the system prompt (/system alone shows it) · "
-    "/quit  leave (or Ctrl-D) · Ctrl-C stops an answer\n"
+    "/quit  leave (or Ctrl-D) · Ctrl-C stops an answer · "
+    "//text  sends /text (a message that begins with /)\n"
     "The line after an answer: tokens, tok/s, tok/step (tokens per verify step), and "
     "'steps emitting 1/2/3/4 tokens: a/b/c/d': how many steps emitted 1 token (no draft "
     "accepted), 2 tokens (one drafted token accepted + the model's own), and so on."
@@ -30,12 +31,24 @@ DRAFTED_STYLE = "green"
 def read_line(prompt: str = ">> ") -> str | None:
     """One line of user input, or None at end of input (Ctrl-D or the end of a pipe).
 
-    The prompt string is shown only on a terminal, so piped transcripts stay clean.
+    The prompt string is shown only on a terminal, so piped transcripts stay clean. Bytes
+    that are not UTF-8 do not end the chat (:func:`tolerant_stdin`).
     """
+    tolerant_stdin()
     try:
         return input(prompt if sys.stdin.isatty() else "")
     except EOFError:
         return None
+
+
+def tolerant_stdin() -> None:
+    """Let stdin read bytes that are not UTF-8 as lone surrogates (Python's
+    ``surrogateescape``, already its way in a C/POSIX locale) instead of raising
+    UnicodeDecodeError; the tokenizer reads them as U+FFFD (``engine/tokenizer.valid_text``)."""
+    stdin = sys.stdin
+    if getattr(stdin, "errors", None) == "strict" and hasattr(stdin, "reconfigure"):
+        with contextlib.suppress(ValueError, OSError):
+            stdin.reconfigure(errors="surrogateescape")
 
 
 def enable_line_editing() -> None:
@@ -106,15 +119,18 @@ class ChatLoop:
     # ------------------------------------------------------------------ one answer
 
     def answer(self, user_text: str) -> str:
-        """Stream the assistant's answer to ``user_text``; return the text kept in history."""
+        """Stream the assistant's answer to ``user_text``; return the text kept in history.
+
+        A turn that fails (the message alone exceeds the context, or anything else) prints
+        one error line and leaves the conversation as it was before the message.
+        """
         self.messages.append({"role": "user", "content": user_text})
-        ids = self.fit_context()
         text, interrupted = "", False
         try:
-            text, interrupted = self.stream_answer(ids)
-        except ValueError as e:  # e.g. the message alone exceeds the context
+            text, interrupted = self.stream_answer(self.fit_context())
+        except Exception as e:
             self.messages.pop()
-            self.console.print(Text(f"error: {e}", style="bold red"))
+            self.error(e)
             return ""
         finally:
             self.repair_session()
@@ -219,8 +235,28 @@ class ChatLoop:
             current = self.system if self.system is not None else f"(default) {VICUNA_SYSTEM}"
             self.note(f"system prompt: {current}")
             return
+        problem = self.system_problem(text)
+        if problem is not None:
+            message = f"error: /system: {problem} (the system prompt is unchanged)"
+            self.console.print(Text(message, style="bold red"))
+            return
         self.system = text
         self.note("[system prompt set; the conversation is kept]")
+
+    def system_problem(self, system: str) -> str | None:
+        """Why ``system`` cannot be the system prompt (it leaves no room in the context for
+        a message and an answer, so every turn would fail), or None when it fits."""
+        context = self.engine.model.max_context
+        if context is None:
+            return None
+        empty_turn = [{"role": "user", "content": ""}]
+        used = len(self.engine.tokenizer.chat_prompt(empty_turn, system=system))
+        if context - used >= 2:
+            return None
+        return (
+            f"the system prompt takes {used:,} tokens in the chat format but the model's "
+            f"context holds {context:,}, leaving no room for a message and an answer; shorten it"
+        )
 
     def stats_text(self) -> str:
         """Details of the last answer and the cache (the ``/stats`` command)."""
@@ -255,6 +291,11 @@ class ChatLoop:
         """A dim status line."""
         self.console.print(Text(message, style="dim"))
 
+    def error(self, e: Exception) -> None:
+        """One red line for a turn or command that failed; the chat goes on."""
+        what = str(e) if isinstance(e, ValueError) else f"unexpected {type(e).__name__}: {e}"
+        self.console.print(Text(f"error: {what}", style="bold red"))
+
 
 def run_chat(loop: ChatLoop, read: Callable[[str], str | None] = read_line) -> None:
     """Read messages until /quit or end of input; Ctrl-C at the prompt only clears the line."""
@@ -270,8 +311,20 @@ def run_chat(loop: ChatLoop, read: Callable[[str], str | None] = read_line) -> N
             return
         if not line.strip():
             continue
-        if line.startswith("/"):
-            if not loop.command(line):
+        if line.startswith("//"):  # the escape: "//text" sends "/text"
+            loop.answer(line[1:])
+        elif line.startswith("/"):
+            if not run_command(loop, line):
                 return
-            continue
-        loop.answer(line)
+        else:
+            loop.answer(line)
+
+
+def run_command(loop: ChatLoop, line: str) -> bool:
+    """``loop.command(line)``; a command that fails prints one error line and the chat goes
+    on (returns True)."""
+    try:
+        return loop.command(line)
+    except Exception as e:
+        loop.error(e)
+        return True

@@ -533,14 +533,25 @@ def _check_model_name(model: str) -> None:
         raise LoadError(message)
 
 
-def check_shape(shape: BeamShape) -> BeamShape:
-    """Validate a speculative beam shape with the engine's rules."""
-    if shape.length < 2:
+def check_shape(shape: BeamShape, flag: str | None = None) -> BeamShape:
+    """Validate a speculative beam shape with the engine's rules; ``flag``: the one flag
+    that gave the whole shape (``--grid``), named in the error instead of the field's."""
+    from redrafter_mlx.engine.shape import ShapeError
+
+    if flag is None and shape.length < 2:
         raise FlagError(
             f"--beam-length must be >= 2 (it counts the init token), got {shape.length}; "
             f"use --no-draft for plain decoding"
         )
-    return shape.validate()  # a ShapeError names its field: cli_errors names the flag
+    try:
+        return shape.validate()  # a ShapeError names its field: cli_errors names the flag
+    except ShapeError as e:
+        if flag is None:
+            raise
+        where = f"{flag} {shape.width}x{shape.length}"
+        if e.param == "capacity":
+            where = f"--capacity with {where}"
+        raise FlagError(f"{where}: {e.message}") from None
 
 
 def resolve_plan(paths: ModelPaths, dtype: str | None, beam: BeamFlags) -> ShapeChoice:

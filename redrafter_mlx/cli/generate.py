@@ -53,10 +53,14 @@ from tuning import ShapeChoice
 
 
 def read_prompt(prompt: str | None) -> str:
-    """The prompt text: the flag's value, or all of stdin for ``-``."""
+    """The prompt text: the flag's value, or all of stdin for ``-`` (bytes that are not
+    UTF-8 in either reach the tokenizer as U+FFFD)."""
     if prompt is None:
         raise FlagError("pass --prompt TEXT (or --prompt - to read it from stdin)")
     if prompt == "-":
+        from redrafter_mlx.cli.chat_ui import tolerant_stdin
+
+        tolerant_stdin()
         prompt = sys.stdin.read()
     if not prompt.strip():
         raise FlagError("the prompt is empty; pass --prompt TEXT")

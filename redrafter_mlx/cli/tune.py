@@ -109,10 +109,15 @@ def clear_profiles(as_json: bool) -> None:
     """Delete every saved profile."""
     from tuning.profiles import ProfileStore
 
-    store = ProfileStore()
+    warnings: list[str] = []
+    store = ProfileStore(warn=warnings.append)
+    store.load()  # an unreadable or corrupt file warns: it is removed all the same
     count = store.clear()
+    unreadable = bool(warnings)
     if as_json:
         print(json.dumps({"path": str(store.path), "removed": count}))
+    elif unreadable:
+        _console().print(f"Removed the unreadable tuned-profile file {store.path}.")
     else:
         _console().print(f"Removed {count} tuned profile(s) from {store.path}.")
 
@@ -153,10 +158,18 @@ def print_preset(report: dict, as_json: bool) -> None:
 
 
 def build_measure(
-    model: str, drafter: str | None, dtype: str | None, prompts: str, num_prompts: int
+    model: str,
+    drafter: str | None,
+    dtype: str | None,
+    prompts: str,
+    num_prompts: int,
+    shapes: list[BeamShape] = (),
 ):
-    """(measure, clock) for the real engine; the tests replace this with a fake cost model."""
+    """(measure, clock) for the real engine; the tests replace this with a fake cost model.
+    Every one of ``shapes`` must fit the loaded model's context and memory (a
+    ``ShapeTooLarge`` naming the flag otherwise), so none is skipped without a word."""
     from redrafter_mlx.engine.loading import load
+    from redrafter_mlx.engine.memory import check_step_memory
     from redrafter_mlx.engine.platform import fit_blas_threads
     from redrafter_mlx.engine.prompts import PromptSetError, load_prompts
     from tuning.measure import EngineMeasure
@@ -172,6 +185,8 @@ def build_measure(
         model, drafter, dtype=dtype, group=group
     )  # a LoadError: a TuneError
     fit_blas_threads(llm, draft)
+    for shape in shapes:
+        check_step_memory(llm, draft if shape.drafts else None, shape)
     measure = EngineMeasure(llm, draft, tokenizer, questions)
     if group is None:
         return measure, time.perf_counter
@@ -320,9 +335,16 @@ def save_profile(
     return str(store.path)
 
 
-def print_tuning(result, chip, note: str, profile_path: str | None, plot: str | None) -> None:
+def print_tuning(
+    result,
+    chip,
+    note: str,
+    profile_path: str | None,
+    plot: str | None,
+    save_error: str | None = None,
+) -> None:
     """Results table, heatmap and the recommendation, for humans (``profile_path`` None: the
-    search measured too little and nothing was saved)."""
+    search measured too little and nothing was saved, or saving failed: ``save_error``)."""
     from tuning.render import has_heatmap, heatmap_table, results_table
 
     console = _console()
@@ -332,11 +354,15 @@ def print_tuning(result, chip, note: str, profile_path: str | None, plot: str | 
     console.print(results_table(result))
     if has_heatmap(result):
         console.print(heatmap_table(result))
-    if profile_path is None:
+    if profile_path is None and save_error is None:
         console.print("no recommendation: too little was measured (see below)")
     else:
         console.print(f"[bold]recommended: {result.recommended.label}[/bold] — {result.reason}")
+    if profile_path is not None:
         console.print(f"saved to {profile_path}; chat/generate/bench now use it by default.")
+    elif save_error is not None:
+        label = result.recommended.label if result.speculation_wins else "--no-draft"
+        console.print(f"not saved ({save_error}); pass the shape as flags meanwhile: {label}")
     skipped = result.skipped
     if skipped:
         console.print(
@@ -352,7 +378,7 @@ def run_tuning(
     from tuning.search import SearchPlan, successive_halving
 
     measure, clock = build_measure(
-        model, drafter, options["dtype"], options["prompts"], options["num_prompts"]
+        model, drafter, options["dtype"], options["prompts"], options["num_prompts"], shapes
     )
     max_tokens = options["max_tokens"]
     plan = SearchPlan(
@@ -369,13 +395,17 @@ def run_tuning(
     )
     gap = result.evidence_gap()
     lookup = options.get("lookup") or {}
-    path = None
+    path = failure = None
     group = world()
     leader = group is None or group.rank() == 0  # under mlx.launch rank 0 saves
     if gap is None and leader:
-        path = save_profile(
-            chip.chip_id, model, drafter, options["dtype"], result, bool(lookup.get("chains"))
-        )
+        try:
+            path = save_profile(
+                chip.chip_id, model, drafter, options["dtype"], result, bool(lookup.get("chains"))
+            )
+        except OSError as e:  # the measurement is still shown below, then the error
+            failure = e
+    save_error = None if failure is None else str(failure)
     if options["plot"] and leader:
         from tuning.render import save_heatmap_png
 
@@ -392,6 +422,7 @@ def run_tuning(
                     "note": note,
                     "profile_path": path,
                     "saved": path is not None,
+                    "save_error": save_error,
                     "plot": options["plot"],
                     **result.to_dict(),
                 },
@@ -399,7 +430,9 @@ def run_tuning(
             )
         )
     else:
-        print_tuning(result, chip, note, path, options["plot"])
+        print_tuning(result, chip, note, path, options["plot"], save_error)
+    if failure is not None:
+        raise failure
     if gap is not None:
         raise TuneError(
             f"no profile was saved: {gap}; any earlier profile is unchanged. Raise "
@@ -535,6 +568,10 @@ def tune(
             chain_lengths,
         )
         shapes = same_shapes_everywhere(shapes, group)
+        if group is None or group.rank() == 0:  # rank 0 saves: refuse before measuring
+            from tuning.profiles import ProfileStore
+
+            ProfileStore().check_writable()
         options = {
             "dtype": dtype,
             "prompts": prompts or ("demo" if paths.demo else "mt-bench"),

@@ -3,7 +3,9 @@
 A beam shape too large for the machine would otherwise end in an empty ``MemoryError`` (or
 swap the machine to a halt) somewhere inside the compiled step. :func:`check_step_memory`
 refuses it first, with the estimate, the memory available and the largest shape of that
-kind that fits.
+kind that fits. It also refuses a tree with more tokens than the model's context holds (a
+prompt needs one slot at least): such a step can never be whole, and building it for a
+small model (``--lookup 1000``: 7,004 slots against 512) took minutes before failing.
 
 The estimate counts what stays resident (the weights, the K/V cache and the token history
 over ``slots`` cache slots) and the step's largest transient working set, phase by phase
@@ -209,13 +211,26 @@ def _mem_available() -> int | None:
 
 
 class ShapeTooLarge(ShapeError):
-    """A beam shape whose step does not fit in memory; the message says what does."""
+    """A beam shape whose step does not fit in memory, or whose tree does not fit the model's
+    context; the message says what does."""
 
 
-def largest_fitting(fits, shape: BeamShape) -> BeamShape | None:
-    """The largest shape of ``shape``'s kind for which ``fits(shape)`` holds: the widest at
-    its length (lookup alone: the most chains), else the longest single beam; None if none.
-    Capacity is dropped (the worst case), so the suggestion always validates."""
+def largest_fitting(fits, shape: BeamShape, part: str | None = None) -> BeamShape | None:
+    """The largest shape of ``shape``'s kind for which ``fits(shape)`` holds, shrinking
+    ``part`` (a field of :attr:`BeamShape.largest_part`) when given and enough; else the
+    widest at its length (lookup alone: the most chains), else the longest single beam; None
+    if none. Capacity is dropped (the worst case), so the suggestion always validates."""
+    upper = {
+        "width": shape.width,
+        "length": shape.length,
+        "lookup": shape.lookup,
+        "lookup_length": shape.chain_length,
+    }
+    if part in upper:
+        low = 1 if part in ("width", "lookup") else 2
+        n = _bisect(lambda n: fits(replace(shape, capacity=None, **{part: n})), low, upper[part])
+        if n is not None:
+            return replace(shape, capacity=None, **{part: n})
     if not shape.drafts:
         k = _bisect(lambda n: fits(replace(shape, lookup=n, capacity=None)), 1, shape.lookup)
         return None if k is None else replace(shape, lookup=k, capacity=None)
@@ -266,24 +281,37 @@ def check_step_memory(
 ) -> StepMemory:
     """Return the estimate for ``batch`` rows of up to ``tokens`` tokens (prompt and answer),
     or raise :class:`ShapeTooLarge` when it exceeds the memory available (``available``:
-    (bytes, what), default :func:`available_memory`), naming the largest shape that fits."""
+    (bytes, what), default :func:`available_memory`) or its tree cannot fit the model's
+    context beside a prompt, naming the field that makes it large (``largest_part``, the flag
+    the user most likely raised) and the largest shape that fits."""
     d = Dims.of(model, drafter)
+    context = model.max_context
 
     def need(s: BeamShape) -> StepMemory:
-        window = decode_window(tokens, model.max_context, s)
+        window = decode_window(tokens, context, s)
         return step_memory(d, s, batch, window, sampling=sampling)
+
+    def in_context(s: BeamShape) -> bool:  # the tree after a prompt of one token at least
+        return context is None or s.is_autoregressive or s.tree_tokens < context
 
     estimate = need(shape)
     limit, what = available or available_memory()
-    if estimate.total <= limit:
+    if estimate.total <= limit and in_context(shape):
         return estimate
-    best = largest_fitting(lambda s: need(s).total <= limit, shape)
+    part = "max_tokens" if shape.is_autoregressive else shape.largest_part
+    best = largest_fitting(lambda s: in_context(s) and need(s).total <= limit, shape, part)
     instead = f"the largest that fits is {best.label}" if best else "no speculative shape fits"
     if shape.is_autoregressive:
         instead = "the model and its cache alone do not fit: ask for fewer tokens or rows"
+    if estimate.total <= limit:  # fits in memory, but not in the model's context
+        raise ShapeTooLarge(
+            part,
+            f"beam shape {shape.label} puts {shape.tree_tokens:,} tree tokens in the cache each "
+            f"step but the model's context holds {context:,} tokens; {instead}",
+        )
     rows = f" for {batch} rows" if batch > 1 else ""
     raise ShapeTooLarge(
-        "width" if shape.drafts else "lookup",
+        part,
         f"beam shape {shape.label} needs about {gib(estimate.total)}{rows} (step "
         f"{gib(estimate.step)}, cache {gib(estimate.cache)}, weights {gib(estimate.weights)}) "
         f"but only {gib(limit)} is available ({what}); {instead}",

@@ -19,6 +19,7 @@ OPENBLAS_PATHS = (
 _HINT_ENV = "REDRAFTER_MLX_BLAS_HINTED"
 THREADS_ENV = "REDRAFTER_MLX_BLAS_THREADS"
 _AUTO_ENV = "REDRAFTER_MLX_BLAS_AUTO"
+_THREADS_WARNED_ENV = "REDRAFTER_MLX_BLAS_THREADS_WARNED"  # once, re-executed process included
 LANES_ENV = "REDRAFTER_MLX_ANSWER_LANES"
 # A model whose weights take more than this is weight-bound on the CPU backend: each step
 # streams every weight, and a core's memory bandwidth, not op dispatch, sets its time.
@@ -50,11 +51,12 @@ def ensure_fast_blas() -> None:
                 file=sys.stderr,
             )
         return
+    threads = blas_threads()  # first: a warning about $REDRAFTER_MLX_BLAS_THREADS is said once
     env = dict(os.environ)
     env["LD_PRELOAD"] = f"{path}:{preload}" if preload else path
     env["REDRAFTER_MLX_NO_REEXEC"] = "1"
     if "OPENBLAS_NUM_THREADS" not in env:
-        env["OPENBLAS_NUM_THREADS"] = str(blas_threads())
+        env["OPENBLAS_NUM_THREADS"] = str(threads)
         env[_AUTO_ENV] = "1"  # ours, not the user's: fit_blas_threads may change it
     os.execvpe(sys.executable, [sys.executable, "-m", "redrafter_mlx.cli", *sys.argv[1:]], env)
 
@@ -71,15 +73,33 @@ def blas_threads(weight_bytes: int | None = None) -> int:
     an AR step 92 ms with two BLAS threads against 130 ms with one; the fastest decoding,
     speculative or not, 10-11 tok/s against 9; distill's answer stage 1.25-1.3x and its
     training step 1.5x faster). ``weight_bytes=None``: not known yet (at start-up), all cores
-    but one.
+    but one. A value that is not a count from 1 to the cores is said once on stderr, with
+    what is used instead (more than the cores: the cores; otherwise the choice above).
     """
-    value = os.environ.get(THREADS_ENV)
-    if value and value.isdigit() and int(value) > 0:
-        return int(value)
     cores = os.cpu_count() or 2
+    value = (os.environ.get(THREADS_ENV) or "").strip()
+    if value:
+        asked = int(value) if value.isdigit() else 0
+        if 1 <= asked <= cores:
+            return asked
+        if asked > cores:
+            _warn_threads(f"{THREADS_ENV}={value} is more than the {cores} cores; using {cores}")
+            return cores
+        _warn_threads(
+            f"{THREADS_ENV}={value!r} is not a thread count from 1 to {cores} (the cores); "
+            f"ignoring it: BLAS threads follow the model's size (all cores but one for a small "
+            f"model, every core for a large one)"
+        )
     if weight_bytes is not None and weight_bytes > WEIGHT_BOUND_BYTES:
         return cores
     return max(1, cores - 1)
+
+
+def _warn_threads(message: str) -> None:
+    """``warning: message`` on stderr, once per run (the re-executed process included)."""
+    if not os.environ.get(_THREADS_WARNED_ENV):
+        os.environ[_THREADS_WARNED_ENV] = "1"
+        print(f"warning: {message}", file=sys.stderr)
 
 
 def limit_blas_threads(weight_bytes: int | None = None) -> None:

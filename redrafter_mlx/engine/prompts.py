@@ -126,6 +126,12 @@ def load_records(
         text = source.read_text(encoding="utf-8")
     except OSError as e:
         raise PromptSetError(f"prompt set {spec!r} cannot be read ({e})") from None
+    except UnicodeDecodeError as e:
+        raise PromptSetError(
+            f"{source} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+            f"pass a UTF-8 .jsonl file (with 'turns', 'prompt' or 'text') or a .txt file "
+            f"(one prompt per line)"
+        ) from None
     records = parse_records(text, str(source))
     if not records:
         raise PromptSetError(f"{source} holds no prompts")

@@ -8,7 +8,10 @@ data buffer (offsets relative to its start).
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import stat
 import struct
 from pathlib import Path
 
@@ -23,6 +26,30 @@ def corrupt(path: Path, why: str) -> CorruptFileError:
     """The one message for a damaged file."""
     return CorruptFileError(
         f"{path} has a corrupt safetensors header ({why}); re-download or re-export it"
+    )
+
+
+def unreadable(path: Path) -> str | None:
+    """Why a name that is in its folder cannot be read as a file (a symlink loop, a symlink to
+    nothing, a folder), or None when it can be, or is absent."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        return None
+    try:
+        mode = path.stat().st_mode
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return "it is a symlink loop (it points back to itself)"
+        if path.is_symlink():
+            return f"it is a symlink to {os.readlink(path)}, which does not exist"
+        return e.strerror or str(e)
+    return None if stat.S_ISREG(mode) else "it is not a regular file"
+
+
+def unreadable_error(path: Path, why: str) -> CorruptFileError:
+    """The one message for a weights file that is there but cannot be read."""
+    return CorruptFileError(
+        f"{path} cannot be read: {why}; replace it with the real file (re-download or re-export)"
     )
 
 
@@ -49,6 +76,9 @@ def read_header(path: Path) -> tuple[dict, int]:
 def check_file(path: Path) -> None:
     """Raise :class:`CorruptFileError` unless every tensor's bytes lie inside the file."""
     path = Path(path)
+    why = unreadable(path)
+    if why is not None:
+        raise unreadable_error(path, why)
     header, data_start = read_header(path)
     size = path.stat().st_size
     for name, entry in header.items():

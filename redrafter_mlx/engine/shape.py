@@ -49,7 +49,8 @@ class BeamShape:
     @classmethod
     def parse(cls, label: str) -> BeamShape:
         """The shape of a ``label``: ``AR``, ``W2xL5``, ``W4xL5 C12``, ``W1xL4+K1xL8`` or
-        ``K2xL6`` (``x`` or ``×``; the capacity after a space or ``/``). Not validated."""
+        ``K2xL6`` (``x`` or ``×``; the capacity after a space or ``/``). Not validated, except
+        that a written chain length must count the init token (``K1xL0`` is refused)."""
         text = label.strip()
         if text.upper() == "AR":
             return AR
@@ -61,6 +62,8 @@ class BeamShape:
             )
         capacity = int(m["c"]) if m["c"] else None
         chains, chain_length = (int(m["k"]), int(m["lk"])) if m["k"] else (0, 0)
+        if chains and chain_length < 2:  # 0 would silently mean "the drafter's length"
+            raise ShapeError("lookup_length", _chain_length_message(chain_length))
         if not m["w"]:
             return cls.lookup_only(chains, chain_length, capacity)
         return cls(int(m["w"]), int(m["l"]), capacity, chains, chain_length)
@@ -100,6 +103,23 @@ class BeamShape:
         return 1 + drafted + self.lookup * max(self.chain_length - 1, 0)
 
     @property
+    def tree_tokens(self) -> int:
+        """Tokens a step places in the cache after the text: the packed slots, and never
+        fewer than the worst-case tree (its beams and chains exist before packing)."""
+        return max(self.slots, self.max_packed)
+
+    @property
+    def largest_part(self) -> str:
+        """The field that makes the tree big (``width``, ``length``, ``lookup`` or
+        ``lookup_length``): of the drafter's W·(L-1) tokens and the chains' K·(Lk-1), the
+        larger part, and of that part its larger factor. The one to shrink, or to blame."""
+        drafted = self.width * (self.length - 1) if self.drafts else 0
+        chained = self.lookup * max(self.chain_length - 1, 0)
+        if chained > drafted:
+            return "lookup" if self.lookup >= self.chain_length - 1 else "lookup_length"
+        return "width" if self.width >= self.length - 1 else "length"
+
+    @property
     def slots(self) -> int:
         """Packed slots the verifier scores per step: ``capacity``, else ``max_packed``."""
         return self.max_packed if self.capacity is None else self.capacity
@@ -136,11 +156,7 @@ class BeamShape:
         if self.lookup < 0:
             raise ShapeError("lookup", f"lookup chains must be >= 0, got {self.lookup}")
         if self.lookup and self.chain_length < 2:
-            raise ShapeError(
-                "lookup_length",
-                f"lookup chain length must be >= 2 (it counts the init token), "
-                f"got {self.chain_length}",
-            )
+            raise ShapeError("lookup_length", _chain_length_message(self.chain_length))
         if self.width < (0 if self.lookup else 1):
             raise ShapeError("width", f"beam width must be >= 1, got {self.width}")
         if self.width >= 1 and self.length < 2:
@@ -171,6 +187,10 @@ class BeamShape:
         if self.lookup:
             out.update(lookup=self.lookup, lookup_length=self.chain_length)
         return out
+
+
+def _chain_length_message(length: int) -> str:
+    return f"lookup chain length must be >= 2 (it counts the init token), got {length}"
 
 
 AR = BeamShape.autoregressive()

@@ -6,9 +6,24 @@ and a streaming detokenizer that never emits half a UTF-8 character.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from .chat_format import vicuna_prompt
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def valid_text(text: str) -> str:
+    """``text`` with every lone surrogate replaced by U+FFFD: what Python makes of bytes that
+    are not UTF-8 (``surrogateescape`` in command-line arguments, piped stdin, file names) or
+    a JSON ``"\\ud800"``. No tokenizer accepts them (SentencePiece raises, HF's may fail
+    later); the replaced text reads as a decoder shows bad bytes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _SURROGATE.sub("\ufffd", text)
+    return text
 
 
 class Tokenizer:
@@ -41,6 +56,9 @@ class Tokenizer:
         return min(self.eos_token_ids)
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        """Token ids of ``text`` (BOS first when ``add_bos``); bytes that were not UTF-8
+        read as U+FFFD (:func:`valid_text`)."""
+        text = valid_text(text)
         if self._sp is not None:
             ids = self._sp.encode(text)
             return ([self.bos_token_id] if add_bos else []) + ids
@@ -58,7 +76,10 @@ class Tokenizer:
 
         messages: [{"role": "user"|"assistant", "content": str}, ...]. The tokenizer's chat
         template is used when it has one; otherwise Vicuna v1.1 (docs/design.md, "Formats").
+        Text that was not UTF-8 reads as U+FFFD (:func:`valid_text`).
         """
+        messages = [_valid_message(m) for m in messages]
+        system = None if system is None else valid_text(system)
         if self.chat_template and self._hf is not None:
             msgs = ([{"role": "system", "content": system}] if system else []) + messages
             return list(self._hf.apply_chat_template(msgs, add_generation_prompt=True))
@@ -73,6 +94,14 @@ class Tokenizer:
             if part:
                 ids.extend(self.encode(part, add_bos=False))
         return ids
+
+
+def _valid_message(message: dict) -> dict:
+    """A chat message whose string content is :func:`valid_text`."""
+    content = message.get("content")
+    if not isinstance(content, str):
+        return message
+    return {**message, "content": valid_text(content)}
 
 
 def _template_file(path: Path) -> str | None:

@@ -53,6 +53,11 @@ def read_weights(path: Path) -> dict[str, mx.array]:
     return weights
 
 
+def tensor_names(files: list[Path]) -> set[str]:
+    """The names of the tensors in ``files`` (headers only; each file checked whole)."""
+    return {name for f in files for name in _check(f) if name != "__metadata__"}
+
+
 def _weight_files(path: Path) -> list[Path]:
     """The model's safetensors files (index-listed shards must exist), or LoadError."""
     index = path / "model.safetensors.index.json"
@@ -72,10 +77,10 @@ def _weight_files(path: Path) -> list[Path]:
     return [Path(f) for f in files]
 
 
-def _check(file: Path) -> None:
-    """LoadError naming the damage unless the safetensors file is whole."""
+def _check(file: Path) -> dict:
+    """The file's header, or LoadError naming the damage unless the safetensors file is whole."""
     try:
-        check_file(file)
+        return check_file(file)
     except CorruptFileError as e:
         raise LoadError(str(e)) from None
 
@@ -135,6 +140,12 @@ def load_model(path: str | os.PathLike, dtype=None, group=None) -> tuple[Model, 
         config_file.check_model_config(config, path / "config.json")
     except config_file.ConfigError as e:
         raise LoadError(str(e)) from None
+    files = _weight_files(path)
+    try:
+        tied = config_file.ties_head(config, tensor_names(files), path / "config.json")
+    except config_file.ConfigError as e:
+        raise LoadError(str(e)) from None
+    config = {**config, config_file.TIE_KEY: tied}
     try:
         args = ModelArgs.from_config(config)
         if group is not None:
@@ -143,7 +154,11 @@ def load_model(path: str | os.PathLike, dtype=None, group=None) -> tuple[Model, 
     except (TypeError, ValueError) as e:  # e.g. a rope_scaling type we do not implement
         raise LoadError(f"{path}/config.json describes a model we cannot run: {e}") from None
     weights = read_weights(path) if group is None else read_shard(path, group)
-    _apply_weights(model, model.sanitize(weights), config, dtype or default_dtype(), path)
+    try:
+        weights = model.sanitize(weights, path / "config.json")
+    except config_file.ConfigError as e:  # a tied config with another head in the file
+        raise LoadError(str(e)) from None
+    _apply_weights(model, weights, config, dtype or default_dtype(), path)
     model.eval()
     return model, path
 

@@ -46,8 +46,8 @@ def read_header(path: Path) -> tuple[dict, int]:
     return header, 8 + n
 
 
-def check_file(path: Path) -> None:
-    """Raise :class:`CorruptFileError` unless every tensor's bytes lie inside the file."""
+def check_file(path: Path) -> dict:
+    """The file's header; :class:`CorruptFileError` unless every tensor's bytes lie inside it."""
     path = Path(path)
     header, data_start = read_header(path)
     size = path.stat().st_size
@@ -62,3 +62,4 @@ def check_file(path: Path) -> None:
             raise corrupt(
                 path, f"tensor {name} ends past the end of the file (truncated download?)"
             )
+    return header

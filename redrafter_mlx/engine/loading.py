@@ -63,7 +63,7 @@ def _weight_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.exists():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        missing = [s for s in shards if not (path / s).exists()]
+        missing = [s for s in shards if not os.path.lexists(path / s)]
         if missing:
             raise LoadError(f"{path}: shards listed in the index are missing: {missing}")
         files = [str(path / s) for s in shards]
@@ -78,7 +78,8 @@ def _weight_files(path: Path) -> list[Path]:
 
 
 def _check(file: Path) -> dict:
-    """The file's header, or LoadError naming the damage unless the safetensors file is whole."""
+    """The file's header, or LoadError naming the damage unless the safetensors file opens and
+    is whole (a symbolic link in a loop, say)."""
     try:
         return check_file(file)
     except CorruptFileError as e:
@@ -216,7 +217,7 @@ def check_not_a_model(config: dict, path: Path) -> None:
 
 def read_weights_drafter(path: Path) -> dict[str, mx.array]:
     file = path / "model.safetensors"
-    if not file.exists():
+    if not os.path.lexists(file):
         if (path / "pytorch_model.bin").exists():
             raise LoadError(
                 f"{path} holds a PyTorch drafter; convert it first: "

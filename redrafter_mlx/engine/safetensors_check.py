@@ -8,7 +8,9 @@ data buffer (offsets relative to its start).
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -17,6 +19,32 @@ MAX_HEADER = 100 << 20  # safetensors' own limit
 
 class CorruptFileError(ValueError):
     """A safetensors file that cannot be read; the message names the file and the fix."""
+
+
+def unreadable(path: Path) -> str | None:
+    """Why a weights file that is listed (or whose name is there) cannot be opened: a symbolic
+    link that loops or points nowhere, a folder, no permission; None when it opens."""
+    path = Path(path)
+    try:
+        with open(path, "rb"):
+            return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            why = f"a symbolic link in a loop (to {os.readlink(path)!r}, which leads back to it)"
+        elif path.is_symlink() and not path.exists():
+            why = f"a symbolic link to {os.readlink(path)!r}, which does not exist"
+        elif path.is_dir():
+            why = "a folder, not a file"
+        else:
+            why = f"unreadable ({e.strerror})"
+    return f"{path} is {why}; replace it with the weights file (re-download or re-convert it)"
+
+
+def check_readable(path: Path) -> None:
+    """Raise :class:`CorruptFileError` with :func:`unreadable`'s reason unless ``path`` opens."""
+    problem = unreadable(path)
+    if problem:
+        raise CorruptFileError(problem)
 
 
 def corrupt(path: Path, why: str) -> CorruptFileError:
@@ -47,8 +75,10 @@ def read_header(path: Path) -> tuple[dict, int]:
 
 
 def check_file(path: Path) -> dict:
-    """The file's header; :class:`CorruptFileError` unless every tensor's bytes lie inside it."""
+    """The file's header; :class:`CorruptFileError` unless the file opens and every tensor's
+    bytes lie inside it."""
     path = Path(path)
+    check_readable(path)
     header, data_start = read_header(path)
     size = path.stat().st_size
     for name, entry in header.items():

@@ -213,3 +213,22 @@ def test_every_family_of_the_validator_is_covered():
     from redrafter_mlx.engine.config import SUPPORTED_MODEL_TYPES
 
     assert {c["model_type"] for c in FAMILIES.values()} == set(SUPPORTED_MODEL_TYPES)
+
+
+def test_a_quantized_gemma3_folder_keeps_its_quantized_head(tmp_path):
+    """mlx-community's Gemma 3 folders are quantized: the head's scales and biases load too."""
+    import mlx.nn as nn
+    from mlx_lm.utils import load_model as mlx_lm_load
+
+    writer = mlx_lm_writer("gemma3_text", head=True, seed=2)
+    nn.quantize(writer, group_size=32, bits=8)
+    quantization = {"group_size": 32, "bits": 8, "mode": "affine"}
+    config = {**silent("gemma3_text"), "quantization": quantization}
+    folder = save_like_mlx_lm(writer, config, tmp_path / "m")
+    assert "lm_head.scales" in mx.load(str(folder / "model.safetensors"))
+    ref, _ = mlx_lm_load(folder)
+    want_logits, want_tokens = reference(ref)
+    ours, _ = load_model(folder, mx.float32)
+    got = np.array(ours.logits(_prefill_hidden(ours)))
+    np.testing.assert_allclose(got, want_logits, atol=1e-3, rtol=1e-3)
+    assert run_decode(ours, None, [PROMPT], max_tokens=GREEDY)[0][0] == want_tokens

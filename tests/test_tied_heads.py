@@ -9,7 +9,8 @@ conversion of the folder) must give its logits and greedy tokens.
   the tensor's presence; we used to tie Gemma's and drop it);
 * config silent, no head: tied (mlx-lm's Llama / Qwen2 default; we used to refuse the load);
 * config says tied, the file holds a different head: refused, naming both;
-* config says tied, the head is a copy of the embedding: nothing is lost, it loads tied.
+* the head is a copy of the embedding and the config says tied or nothing: nothing is lost,
+  it loads tied (a PyTorch ``.bin`` of a tied model stores both).
 """
 
 from __future__ import annotations
@@ -142,6 +143,16 @@ def test_a_tied_config_with_a_copy_of_the_embedding_loads_tied(name, tmp_path):
     assert_same_model(folder, writer)
 
 
+@pytest.mark.parametrize("name", ["qwen2", "gemma3_text"])
+def test_a_silent_config_with_a_copy_of_the_embedding_loads_tied(name, tmp_path):
+    writer = mlx_lm_writer(name, head=False)
+    extra = {"lm_head.weight": writer.model.embed_tokens.weight}
+    folder = save_like_mlx_lm(writer, silent(name), tmp_path / "m", extra)
+    assert_same_model(folder, writer)
+    ours, _ = load_model(folder, mx.float32)
+    assert ours.args.tie_word_embeddings and "lm_head" not in ours
+
+
 @pytest.mark.parametrize("name", ["qwen3", "gemma3_text"])
 def test_an_untied_config_uses_the_head(name, tmp_path):
     writer = mlx_lm_writer(name, head=True)
@@ -198,10 +209,11 @@ def test_converting_a_tied_config_with_a_different_head_is_refused(name, tmp_pat
     assert not (tmp_path / "out").exists()
 
 
-def test_converting_a_tied_config_drops_a_copy_of_the_embedding_and_says_so(tmp_path):
+@pytest.mark.parametrize("tie", [True, None])
+def test_converting_drops_a_copy_of_the_embedding_and_says_so(tie, tmp_path):
     writer = mlx_lm_writer("gemma3_text", head=False)
     extra = {"lm_head.weight": writer.model.embed_tokens.weight}
-    config = {**silent("gemma3_text"), TIE: True}
+    config = silent("gemma3_text") if tie is None else {**silent("gemma3_text"), TIE: tie}
     folder = save_like_mlx_lm(writer, config, tmp_path / "m", extra)
     summary = _convert(folder, tmp_path / "out")
     assert summary.dropped == ["lm_head.weight"]

@@ -10,6 +10,7 @@ implies; unknown tensors are refused (mlx-lm would refuse them at load time).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -77,11 +78,16 @@ def _ties_head(config: dict, refs: list[TensorRef], root) -> bool:
     from redrafter_mlx.engine.config import ConfigError, different_head, head_pairs, ties_head
 
     by_name = {r.name: r for r in refs}
+
+    @functools.cache
+    def is_copy() -> bool:
+        pairs = head_pairs(by_name)
+        return all(_same_tensor(by_name[head], by_name.get(embedding)) for head, embedding in pairs)
+
     try:
-        tied = ties_head(config, by_name, f"{root}/config.json")
-        for head, embedding in head_pairs(by_name) if tied else []:
-            if not _same_tensor(by_name[head], by_name.get(embedding)):
-                raise different_head(f"{root}/config.json")
+        tied = ties_head(config, by_name, f"{root}/config.json", is_copy)
+        if tied and head_pairs(by_name) and not is_copy():
+            raise different_head(f"{root}/config.json")
     except ConfigError as e:
         raise ConversionError(str(e)) from None
     return tied

@@ -106,7 +106,7 @@ HEAD = "lm_head.weight"
 EMBEDDING = "model.embed_tokens.weight"
 
 
-def ties_head(config: dict, names, file: Path | str) -> bool:
+def ties_head(config: dict, names, file: Path | str, is_copy=None) -> bool:
     """Whether the output layer is the input embedding rather than ``lm_head.weight``: the one
     rule for loading and converting, from the config and the checkpoint's tensor ``names``.
 
@@ -118,7 +118,9 @@ def ties_head(config: dict, names, file: Path | str) -> bool:
     * not set: the checkpoint's head is used. That is mlx-lm's Gemma 3 rule (its
       ``sanitize`` unties by the tensor's presence) and transformers' default for Llama,
       Mistral and Qwen; mlx-lm's Llama and Qwen2 would drop the head silently, which is
-      never done here.
+      never done here. Only when ``is_copy()`` (a callable, asked only then) says the head
+      is an exact copy of the embedding (a PyTorch ``.bin`` of a tied model stores both) is
+      the model tied, the same logits in less memory.
     """
     said = config.get(TIE_KEY)
     if said is not None and not isinstance(said, bool):
@@ -126,7 +128,11 @@ def ties_head(config: dict, names, file: Path | str) -> bool:
             f"{file} sets {TIE_KEY} to {said!r}, not true or false; write it as a JSON "
             f"boolean (true: the output layer is the embedding, false: {HEAD})"
         )
-    return HEAD not in names or bool(said)
+    if HEAD not in names:
+        return True
+    if said is None:
+        return bool(is_copy is not None and is_copy())
+    return said
 
 
 def head_pairs(names) -> list[tuple[str, str]]:

@@ -18,7 +18,7 @@ import mlx.nn as nn
 
 from . import config as config_file
 from .drafter import Drafter, DrafterArgs
-from .model import Model, ModelArgs
+from .model import Model, ModelArgs, copies_embedding
 from .platform import default_dtype
 from .safetensors_check import CorruptFileError, check_file
 
@@ -56,6 +56,13 @@ def read_weights(path: Path) -> dict[str, mx.array]:
 def tensor_names(files: list[Path]) -> set[str]:
     """The names of the tensors in ``files`` (headers only; each file checked whole)."""
     return {name for f in files for name in _check(f) if name != "__metadata__"}
+
+
+def _head_copies(files: list[Path]) -> bool:
+    """Whether the checkpoint's head is a copy of its embedding (only those tensors are read:
+    ``mx.load`` is lazy)."""
+    weights = {k: v for f in files for k, v in mx.load(str(f)).items()}
+    return copies_embedding(weights)
 
 
 def _weight_files(path: Path) -> list[Path]:
@@ -143,7 +150,9 @@ def load_model(path: str | os.PathLike, dtype=None, group=None) -> tuple[Model, 
         raise LoadError(str(e)) from None
     files = _weight_files(path)
     try:
-        tied = config_file.ties_head(config, tensor_names(files), path / "config.json")
+        tied = config_file.ties_head(
+            config, tensor_names(files), path / "config.json", lambda: _head_copies(files)
+        )
     except config_file.ConfigError as e:
         raise LoadError(str(e)) from None
     config = {**config, config_file.TIE_KEY: tied}

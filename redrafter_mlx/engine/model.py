@@ -534,10 +534,17 @@ class Model(nn.Module):
         """Drop rotary buffers, and a tied model's ``lm_head`` tensors when they copy the
         embedding; another head is a ``ConfigError`` naming ``file`` (``config.ties_head``)."""
         weights = {k: v for k, v in weights.items() if "rotary_emb.inv_freq" not in k}
-        if self.args.tie_word_embeddings:
-            for head, embedding in head_pairs(weights):
-                same = embedding in weights and mx.array_equal(weights[head], weights[embedding])
-                if not same:
-                    raise different_head(file)
-                del weights[head]
+        if self.args.tie_word_embeddings and head_pairs(weights):
+            if not copies_embedding(weights):
+                raise different_head(file)
+            weights = {k: v for k, v in weights.items() if not k.startswith("lm_head.")}
         return weights
+
+
+def copies_embedding(weights: dict) -> bool:
+    """Whether every ``lm_head.*`` tensor of ``weights`` equals its ``model.embed_tokens.*``
+    counterpart (reads both; ``weights`` may be lazily loaded)."""
+    return all(
+        embedding in weights and bool(mx.array_equal(weights[head], weights[embedding]))
+        for head, embedding in head_pairs(weights)
+    )

@@ -160,6 +160,16 @@ def test_an_untied_config_uses_the_head(name, tmp_path):
     assert_same_model(folder, writer)
 
 
+@pytest.mark.parametrize("name", ["llama", "gemma3_text"])
+def test_an_untied_config_without_a_head_is_tied_as_convert_writes_it(name, tmp_path):
+    """Nothing else could be the head: the loader reads it as the converter always has."""
+    writer = mlx_lm_writer(name, head=False)
+    folder = save_like_mlx_lm(writer, {**silent(name), TIE: False}, tmp_path / "m")
+    assert_same_model(folder, writer)
+    _convert(folder, tmp_path / "out")
+    assert json.loads((tmp_path / "out" / "config.json").read_text())[TIE] is True
+
+
 def test_gemma3_loads_as_mlx_lm_loads_it(tmp_path):
     """The Gemma 3 folder of the issue: mlx_lm.load and our loader agree token for token."""
     from mlx_lm.utils import load_model as mlx_lm_load

@@ -12,7 +12,6 @@ from __future__ import annotations
 import errno
 import io
 import json
-import os
 import random
 import shutil
 
@@ -367,24 +366,3 @@ def test_a_bad_blas_thread_count_is_said_once(monkeypatch, capsys, value, used):
     monkeypatch.setenv(platform._THREADS_WARNED_ENV, "")
     monkeypatch.setenv(platform.THREADS_ENV, "2")
     assert platform.blas_threads() == 2 and capsys.readouterr().err == ""
-
-
-def test_weights_that_are_a_symlink_loop_are_named(tmp_path):
-    from redrafter_mlx.engine.loading import LoadError, load_model
-    from weights_convert.errors import ConversionError
-    from weights_convert.sources import find_weight_files
-
-    folder = tmp_path / "looped"
-    shutil.copytree(demo_paths()[0], folder)
-    weights = folder / "model.safetensors"
-    weights.unlink()
-    os.symlink("model.safetensors", weights)
-    with pytest.raises(ConversionError, match="symlink loop") as e:
-        find_weight_files(folder)
-    assert str(weights) in str(e.value)
-    with pytest.raises(LoadError, match="symlink loop"):
-        load_model(folder)
-    weights.unlink()
-    os.symlink(tmp_path / "gone.safetensors", weights)
-    with pytest.raises(ConversionError, match="which does not exist"):
-        find_weight_files(folder)

@@ -479,7 +479,12 @@ def _rope_scaling(gguf: GGUFFile, arch: str) -> dict | None:
 
 
 def llama_config(gguf: GGUFFile, eos_ids: list[int]) -> dict:
-    """A Hugging Face config.json from the metadata (shapes are checked against it later)."""
+    """A Hugging Face config.json from the metadata (shapes are checked against it later).
+
+    A GGUF says nothing about tying: ``output.weight`` present or not decides, by the engine's
+    rule for a silent config (``redrafter_mlx.engine.config.ties_head``)."""
+    from redrafter_mlx.engine.config import ties_head
+
     arch = architecture(gguf)
     embed = gguf.tensors.get("token_embd.weight")
     if embed is None:
@@ -509,7 +514,7 @@ def llama_config(gguf: GGUFFile, eos_ids: list[int]) -> dict:
         "rope_scaling": _rope_scaling(gguf, arch),
         "max_position_embeddings": int(_meta(gguf, f"{arch}.context_length", 4096)),
         "vocab_size": int(embed.shape[0]),
-        "tie_word_embeddings": "output.weight" not in names,
+        "tie_word_embeddings": ties_head({}, {hf_name(n, arch) for n in names}, gguf.path),
         "bos_token_id": _meta(gguf, "tokenizer.ggml.bos_token_id"),
         "eos_token_id": eos_ids,
     }

@@ -2,14 +2,18 @@
 their expected shapes, the output config.
 
 Hugging Face names are the mlx-lm model names, so tensors keep their names. Dropped:
-``*.rotary_emb.inv_freq`` buffers, and ``lm_head.weight`` when embeddings are tied (as
-mlx-lm's ``sanitize`` does). Every other tensor must match the shape the config
+``*.rotary_emb.inv_freq`` buffers, and an ``lm_head.weight`` that copies the embedding of a
+tied model (the engine's one rule, ``redrafter_mlx.engine.config.ties_head``: another head
+under a tied config is refused). Every other tensor must match the shape the config
 implies; unknown tensors are refused (mlx-lm would refuse them at load time).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+
+import numpy as np
 
 from weights_convert.errors import ConversionError
 from weights_convert.tensors import TensorRef
@@ -68,17 +72,42 @@ def _is_rotary_buffer(name: str) -> bool:
     return name.endswith(".rotary_emb.inv_freq") or name == "model.rotary_emb.inv_freq"
 
 
+def _ties_head(config: dict, refs: list[TensorRef], root) -> bool:
+    """The engine's rule (``config.ties_head``): tied or not; a tied config's head must be a
+    copy of the embedding (then dropped, and listed as dropped), else ConversionError."""
+    from redrafter_mlx.engine.config import ConfigError, different_head, head_pairs, ties_head
+
+    by_name = {r.name: r for r in refs}
+
+    @functools.cache
+    def is_copy() -> bool:
+        pairs = head_pairs(by_name)
+        return all(_same_tensor(by_name[head], by_name.get(embedding)) for head, embedding in pairs)
+
+    try:
+        tied = ties_head(config, by_name, f"{root}/config.json", is_copy)
+        if tied and head_pairs(by_name) and not is_copy():
+            raise different_head(f"{root}/config.json")
+    except ConfigError as e:
+        raise ConversionError(str(e)) from None
+    return tied
+
+
+def _same_tensor(a: TensorRef, b: TensorRef | None) -> bool:
+    """Whether two stored tensors hold the same values (read only when dtype and shape agree)."""
+    if b is None or (a.dtype, a.shape) != (b.dtype, b.shape):
+        return False
+    return bool(np.array_equal(a.load(), b.load()))
+
+
 def plan_tensors(refs: list[TensorRef], config: dict, root) -> LlamaPlan:
     """Match checkpoint tensors to the config: keep, drop, or refuse with a clear error."""
     shapes = expected_shapes(config)
     names = {r.name for r in refs}
-    from redrafter_mlx.engine.model import GEMMA_TYPES
-
-    tied_default = config.get("model_type") in GEMMA_TYPES  # transformers' Gemma default
-    tied = bool(config.get("tie_word_embeddings", tied_default)) or "lm_head.weight" not in names
+    tied = _ties_head(config, refs, root)
     kept, dropped = [], []
     for ref in refs:
-        if _is_rotary_buffer(ref.name) or (tied and ref.name == "lm_head.weight"):
+        if _is_rotary_buffer(ref.name) or (tied and ref.name.startswith("lm_head.")):
             dropped.append(ref.name)
             continue
         if ref.name not in shapes:

@@ -9,6 +9,7 @@ files needed (config, tokenizer, one weight format) are downloaded.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +86,7 @@ def _index_shards(root: Path, index_name: str) -> tuple[Path, ...]:
             raise ConversionError(
                 f"weight index {root / index_name} names an invalid shard {shard!r}"
             )
+        _check_readable(root / shard)
         if not (root / shard).is_file():
             raise ConversionError(
                 f"shard {shard} listed in {root / index_name} is missing from {root}; "
@@ -93,17 +95,22 @@ def _index_shards(root: Path, index_name: str) -> tuple[Path, ...]:
     return tuple(root / s for s in shards)
 
 
+def _check_readable(path: Path) -> None:
+    """ConversionError naming ``path`` when its name is there but it cannot be opened (a
+    symbolic link in a loop or to nothing, a folder, no permission); nothing when absent."""
+    from redrafter_mlx.engine.safetensors_check import unreadable
+
+    if os.path.lexists(path) and (problem := unreadable(path)):
+        raise ConversionError(problem)
+
+
 def find_weight_files(root: Path) -> tuple[tuple[Path, ...], Path | None]:
     """Locate the weights in ``root`` -> (files, index path or None)."""
-    from redrafter_mlx.engine.safetensors_check import unreadable, unreadable_error
-
     for index_name, single, _ in WEIGHT_LAYOUTS:
-        for name in (index_name, single):  # there, but a symlink loop or to nothing
-            why = unreadable(root / name)
-            if why is not None:
-                raise ConversionError(str(unreadable_error(root / name, why)))
+        _check_readable(root / index_name)
         if (root / index_name).is_file():
             return _index_shards(root, index_name), root / index_name
+        _check_readable(root / single)
         if (root / single).is_file():
             return (root / single,), None
     raise ConversionError(

@@ -97,3 +97,56 @@ def _check_architectures(config: dict, model_type: str, file: Path | str) -> Non
             f"{model_type} model is {' or '.join(expected)}. The config does not describe one "
             "model: re-download it, or fix model_type or architectures to match the weights"
         )
+
+
+# --- the output layer: tied to the input embedding, or the checkpoint's own lm_head ---------------
+
+TIE_KEY = "tie_word_embeddings"
+HEAD = "lm_head.weight"
+EMBEDDING = "model.embed_tokens.weight"
+
+
+def ties_head(config: dict, names, file: Path | str, is_copy=None) -> bool:
+    """Whether the output layer is the input embedding rather than ``lm_head.weight``: the one
+    rule for loading and converting, from the config and the checkpoint's tensor ``names``.
+
+    * no ``lm_head.weight`` in the checkpoint: tied, whatever the config says (nothing else
+      could be the head; mlx-lm's Gemma 3 reads it so, and Llama's and Qwen2's default);
+    * ``tie_word_embeddings`` set: as it says. A tied config whose checkpoint holds a head
+      keeps it only as a copy of the embedding (the caller checks with :func:`head_pairs`
+      and refuses another head with :func:`different_head`): no tensor is dropped unread;
+    * not set: the checkpoint's head is used. That is mlx-lm's Gemma 3 rule (its
+      ``sanitize`` unties by the tensor's presence) and transformers' default for Llama,
+      Mistral and Qwen; mlx-lm's Llama and Qwen2 would drop the head silently, which is
+      never done here. Only when ``is_copy()`` (a callable, asked only then) says the head
+      is an exact copy of the embedding (a PyTorch ``.bin`` of a tied model stores both) is
+      the model tied, the same logits in less memory.
+    """
+    said = config.get(TIE_KEY)
+    if said is not None and not isinstance(said, bool):
+        raise ConfigError(
+            f"{file} sets {TIE_KEY} to {said!r}, not true or false; write it as a JSON "
+            f"boolean (true: the output layer is the embedding, false: {HEAD})"
+        )
+    if HEAD not in names:
+        return True
+    if said is None:
+        return bool(is_copy is not None and is_copy())
+    return said
+
+
+def head_pairs(names) -> list[tuple[str, str]]:
+    """(``lm_head.<x>``, ``model.embed_tokens.<x>``) for each head tensor in ``names``
+    (the weight, and the scales and biases of a quantized head)."""
+    return [
+        (n, "model.embed_tokens." + n[len("lm_head.") :]) for n in names if n.startswith("lm_head.")
+    ]
+
+
+def different_head(file: Path | str) -> ConfigError:
+    """The one-line refusal of a tied config whose checkpoint holds another head."""
+    return ConfigError(
+        f"{file} sets {TIE_KEY} true, but the checkpoint's {HEAD} differs from {EMBEDDING}; "
+        f"set {TIE_KEY} to false to use {HEAD}, or remove {HEAD} to tie the output to the "
+        "embedding"
+    )

@@ -18,7 +18,7 @@ import mlx.nn as nn
 
 from . import config as config_file
 from .drafter import Drafter, DrafterArgs
-from .model import Model, ModelArgs
+from .model import Model, ModelArgs, copies_embedding
 from .platform import default_dtype
 from .safetensors_check import CorruptFileError, check_file
 
@@ -53,12 +53,24 @@ def read_weights(path: Path) -> dict[str, mx.array]:
     return weights
 
 
+def tensor_names(files: list[Path]) -> set[str]:
+    """The names of the tensors in ``files`` (headers only; each file checked whole)."""
+    return {name for f in files for name in _check(f) if name != "__metadata__"}
+
+
+def _head_copies(files: list[Path]) -> bool:
+    """Whether the checkpoint's head is a copy of its embedding (only those tensors are read:
+    ``mx.load`` is lazy)."""
+    weights = {k: v for f in files for k, v in mx.load(str(f)).items()}
+    return copies_embedding(weights)
+
+
 def _weight_files(path: Path) -> list[Path]:
     """The model's safetensors files (index-listed shards must exist), or LoadError."""
     index = path / "model.safetensors.index.json"
     if index.exists():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        missing = [s for s in shards if not (path / s).exists()]
+        missing = [s for s in shards if not os.path.lexists(path / s)]
         if missing:
             raise LoadError(f"{path}: shards listed in the index are missing: {missing}")
         files = [str(path / s) for s in shards]
@@ -72,10 +84,11 @@ def _weight_files(path: Path) -> list[Path]:
     return [Path(f) for f in files]
 
 
-def _check(file: Path) -> None:
-    """LoadError naming the damage unless the safetensors file is whole."""
+def _check(file: Path) -> dict:
+    """The file's header, or LoadError naming the damage unless the safetensors file opens and
+    is whole (a symbolic link in a loop, say)."""
     try:
-        check_file(file)
+        return check_file(file)
     except CorruptFileError as e:
         raise LoadError(str(e)) from None
 
@@ -135,6 +148,14 @@ def load_model(path: str | os.PathLike, dtype=None, group=None) -> tuple[Model, 
         config_file.check_model_config(config, path / "config.json")
     except config_file.ConfigError as e:
         raise LoadError(str(e)) from None
+    files = _weight_files(path)
+    try:
+        tied = config_file.ties_head(
+            config, tensor_names(files), path / "config.json", lambda: _head_copies(files)
+        )
+    except config_file.ConfigError as e:
+        raise LoadError(str(e)) from None
+    config = {**config, config_file.TIE_KEY: tied}
     try:
         args = ModelArgs.from_config(config)
         if group is not None:
@@ -143,7 +164,11 @@ def load_model(path: str | os.PathLike, dtype=None, group=None) -> tuple[Model, 
     except (TypeError, ValueError) as e:  # e.g. a rope_scaling type we do not implement
         raise LoadError(f"{path}/config.json describes a model we cannot run: {e}") from None
     weights = read_weights(path) if group is None else read_shard(path, group)
-    _apply_weights(model, model.sanitize(weights), config, dtype or default_dtype(), path)
+    try:
+        weights = model.sanitize(weights, path / "config.json")
+    except config_file.ConfigError as e:  # a tied config with another head in the file
+        raise LoadError(str(e)) from None
+    _apply_weights(model, weights, config, dtype or default_dtype(), path)
     model.eval()
     return model, path
 
@@ -201,7 +226,7 @@ def check_not_a_model(config: dict, path: Path) -> None:
 
 def read_weights_drafter(path: Path) -> dict[str, mx.array]:
     file = path / "model.safetensors"
-    if not file.exists():
+    if not os.path.lexists(file):
         if (path / "pytorch_model.bin").exists():
             raise LoadError(
                 f"{path} holds a PyTorch drafter; convert it first: "

@@ -36,6 +36,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from .config import different_head, head_pairs
 from .rope import RoPE
 
 # Fused kernels (mx.fast rope with per-row offsets, scaled_dot_product_attention) on Metal and
@@ -154,6 +155,7 @@ class ModelArgs:
         known = {k: v for k, v in config.items() if k in names}
         extra = {k: v for k, v in config.items() if k not in names}
         # transformers' default is tied; Llama checkpoints always say, Gemma's often do not.
+        # Loading decides from the checkpoint's tensors as well (config.ties_head).
         known.setdefault("tie_word_embeddings", config.get("model_type") in GEMMA_TYPES)
         return cls(**known, extra=extra)
 
@@ -528,9 +530,21 @@ class Model(nn.Module):
         values = [mx.zeros(shape, dtype) for _ in self.model.layers]
         return keys, values
 
-    def sanitize(self, weights: dict) -> dict:
-        """Drop rotary buffers, and ``lm_head`` when embeddings are tied."""
+    def sanitize(self, weights: dict, file="config.json") -> dict:
+        """Drop rotary buffers, and a tied model's ``lm_head`` tensors when they copy the
+        embedding; another head is a ``ConfigError`` naming ``file`` (``config.ties_head``)."""
         weights = {k: v for k, v in weights.items() if "rotary_emb.inv_freq" not in k}
-        if self.args.tie_word_embeddings:
+        if self.args.tie_word_embeddings and head_pairs(weights):
+            if not copies_embedding(weights):
+                raise different_head(file)
             weights = {k: v for k, v in weights.items() if not k.startswith("lm_head.")}
         return weights
+
+
+def copies_embedding(weights: dict) -> bool:
+    """Whether every ``lm_head.*`` tensor of ``weights`` equals its ``model.embed_tokens.*``
+    counterpart (reads both; ``weights`` may be lazily loaded)."""
+    return all(
+        embedding in weights and bool(mx.array_equal(weights[head], weights[embedding]))
+        for head, embedding in head_pairs(weights)
+    )

@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import stat
 import struct
 from pathlib import Path
 
@@ -22,34 +21,36 @@ class CorruptFileError(ValueError):
     """A safetensors file that cannot be read; the message names the file and the fix."""
 
 
+def unreadable(path: Path) -> str | None:
+    """Why a weights file that is listed (or whose name is there) cannot be opened: a symbolic
+    link that loops or points nowhere, a folder, no permission; None when it opens."""
+    path = Path(path)
+    try:
+        with open(path, "rb"):
+            return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            why = f"a symbolic link in a loop (to {os.readlink(path)!r}, which leads back to it)"
+        elif path.is_symlink() and not path.exists():
+            why = f"a symbolic link to {os.readlink(path)!r}, which does not exist"
+        elif path.is_dir():
+            why = "a folder, not a file"
+        else:
+            why = f"unreadable ({e.strerror})"
+    return f"{path} is {why}; replace it with the weights file (re-download or re-convert it)"
+
+
+def check_readable(path: Path) -> None:
+    """Raise :class:`CorruptFileError` with :func:`unreadable`'s reason unless ``path`` opens."""
+    problem = unreadable(path)
+    if problem:
+        raise CorruptFileError(problem)
+
+
 def corrupt(path: Path, why: str) -> CorruptFileError:
     """The one message for a damaged file."""
     return CorruptFileError(
         f"{path} has a corrupt safetensors header ({why}); re-download or re-export it"
-    )
-
-
-def unreadable(path: Path) -> str | None:
-    """Why a name that is in its folder cannot be read as a file (a symlink loop, a symlink to
-    nothing, a folder), or None when it can be, or is absent."""
-    path = Path(path)
-    if not os.path.lexists(path):
-        return None
-    try:
-        mode = path.stat().st_mode
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            return "it is a symlink loop (it points back to itself)"
-        if path.is_symlink():
-            return f"it is a symlink to {os.readlink(path)}, which does not exist"
-        return e.strerror or str(e)
-    return None if stat.S_ISREG(mode) else "it is not a regular file"
-
-
-def unreadable_error(path: Path, why: str) -> CorruptFileError:
-    """The one message for a weights file that is there but cannot be read."""
-    return CorruptFileError(
-        f"{path} cannot be read: {why}; replace it with the real file (re-download or re-export)"
     )
 
 
@@ -73,12 +74,11 @@ def read_header(path: Path) -> tuple[dict, int]:
     return header, 8 + n
 
 
-def check_file(path: Path) -> None:
-    """Raise :class:`CorruptFileError` unless every tensor's bytes lie inside the file."""
+def check_file(path: Path) -> dict:
+    """The file's header; :class:`CorruptFileError` unless the file opens and every tensor's
+    bytes lie inside it."""
     path = Path(path)
-    why = unreadable(path)
-    if why is not None:
-        raise unreadable_error(path, why)
+    check_readable(path)
     header, data_start = read_header(path)
     size = path.stat().st_size
     for name, entry in header.items():
@@ -92,3 +92,4 @@ def check_file(path: Path) -> None:
             raise corrupt(
                 path, f"tensor {name} ends past the end of the file (truncated download?)"
             )
+    return header

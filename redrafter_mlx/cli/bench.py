@@ -1,13 +1,14 @@
 """``redrafter-mlx bench``: measure ReDrafter against plain decoding on a prompt set.
 
-Runs AR, each speculative configuration (the tuned/preset shape with its context-lookup
-chains, ``--grid`` or ``--configs``) and, with ``--mlx-lm``, mlx-lm's own generator on the
-same base model, interleaved per prompt after one warm-up each. ``--spread`` picks the
-prompts across the set's categories; ``--turns 2`` also runs each prompt's second turn after
-the model's own (greedy, plain) first answer, as a chat does, reported apart. Prints a rich
-table (``--json`` / ``--csv`` for machines); a greedy speculative run that does not
-reproduce AR's tokens is a red error and exit code 1. ``--verify-cost`` instead times one
-verify pass per capacity against one AR step.
+Runs AR, then by default what ``chat`` runs (adaptive decoding from the tuned/preset shape
+with its context-lookup chains), or pinned shapes when asked (``--no-adapt``: the chat shape;
+``--grid``, ``--configs``; ``--adapt``: pinned and adaptive) and, with ``--mlx-lm``, mlx-lm's
+own generator on the same base model, interleaved per prompt after one warm-up each.
+``--spread`` picks the prompts across the set's categories; ``--turns 2`` also runs each
+prompt's second turn after the model's own (greedy, plain) first answer, as a chat does,
+reported apart. Prints a rich table (``--json`` / ``--csv`` for machines); a greedy
+speculative run that does not reproduce AR's tokens is a red error and exit code 1.
+``--verify-cost`` instead times one verify pass per capacity against one AR step.
 """
 
 from __future__ import annotations
@@ -75,13 +76,19 @@ def choose_configs(
     grid: str | None = None,
     shapes: str | None = None,
     with_mlx_lm: bool = False,
-    no_adapt: bool = True,
+    adapt: bool | None = None,
 ) -> tuple[list, str]:
     """(configurations to run, a sentence saying where the speculative shapes came from).
 
-    AR first; then the ``--configs`` shapes (``shapes``), the ``--grid`` shapes (each with
-    the lookup chains of ``beam``) or the plan ``resolve_plan`` makes of ``beam``; adaptive
-    decoding from the plan unless ``no_adapt``; mlx-lm last.
+    AR first; then the pinned shapes: those of ``--configs`` (``shapes``) or ``--grid``
+    (each with the lookup chains of ``beam``), else the plan ``resolve_plan`` makes of
+    ``beam``; then adaptive decoding from the plan (what ``chat`` runs); mlx-lm last.
+
+    ``adapt``: True (``--adapt``) runs the pinned shapes and adaptive decoding, False
+    (``--no-adapt``) the pinned shapes only; None (neither flag) measures what ``chat``
+    runs: adaptive decoding from the plan alone, unless ``--configs``/``--grid`` asked for
+    pinned shapes (or the plan is plain decoding: then the engine default, pinned, shows
+    why).
     """
     from redrafter_mlx.cli.bench_report import (
         AR_CONFIG,
@@ -98,6 +105,7 @@ def choose_configs(
         raise FlagError("--grid and --configs both choose the shapes to compare; give one of them")
     chains, chain_length = beam.lookup_chains()
     has_drafter = paths.drafter is not None and not beam.no_draft
+    pinned_asked = shapes is not None or (grid is not None and has_drafter)
     configs = [AR_CONFIG]
     plan = None
     if shapes is not None:
@@ -112,7 +120,7 @@ def choose_configs(
         for shape in dict.fromkeys(s for s in chosen if not s.is_autoregressive):
             configs.append(Config(shape))
         source = "beam shapes from --configs"
-    elif grid is not None and has_drafter:
+    elif pinned_asked:
         grid_shapes = [check_shape(BeamShape(w, n, beam.capacity)) for w, n in parse_grid(grid)]
         configs += [Config(with_lookup(s, chains, chain_length)) for s in grid_shapes]
         source = "beam shapes from --grid" + (", with context lookup" if chains else "")
@@ -122,12 +130,15 @@ def choose_configs(
         if grid is not None:
             source += " (--grid needs a drafter)"
         if plan.speculative:
-            configs.append(Config(plan.shape))
+            if adapt is not None or grid is not None:  # pinned asked for (--no-adapt/--adapt)
+                configs.append(Config(plan.shape))
         elif has_drafter:  # tuning found AR faster: show why
             fallback = with_lookup(DEFAULT_SHAPE, chains, chain_length)
             configs.append(Config(fallback))
             source += f"; benchmarking the engine default {fallback.label}"
-    if not no_adapt:  # adaptive decoding, from the shape chat would use
+    if adapt is None:  # what chat runs, unless pinned shapes were asked for
+        adapt = not pinned_asked and grid is None and plan is not None and plan.speculative
+    if adapt:  # adaptive decoding, from the shape chat would use
         if plan is None:  # the shape flags were the grid's: the plan without them
             unflagged = replace(beam, width=None, length=None, capacity=None)
             plan = same_plan_everywhere(resolve_plan(paths, dtype, unflagged))
@@ -135,6 +146,8 @@ def choose_configs(
         start = plan.shape if plan.speculative else (speculative[0].shape if speculative else None)
         if start is not None:
             configs.append(Config(start, adapt=True))
+            if not any(c.kind == "redrafter" and not c.adapt for c in configs):
+                source += "; adaptive decoding from it, as chat runs (--no-adapt: pinned)"
     if with_mlx_lm:
         configs.append(MLX_LM_CONFIG)
     return configs, source
@@ -333,15 +346,17 @@ def bench(
     lookup_length: LookupLengthOpt = None,
     no_lookup: NoLookupOpt = False,
     adapt: Annotated[
-        bool,
+        bool | None,
         typer.Option(
             "--adapt/--no-adapt",
-            help="Also run adaptive decoding (the loop switches between the chosen shape, the "
-            "single beams of each length up to it, the lookup chains alone and plain decoding "
-            "by measured tokens/s), from the shape chat would use, as one more row; "
-            "--no-adapt: only pinned shapes.",
+            help="Neither: measure what chat runs, adaptive decoding (the loop switches between "
+            "the chosen shape, the single beams of each length up to it, the lookup chains "
+            "alone and plain decoding by measured tokens/s) from the shape chat would use, or "
+            "with --configs/--grid those shapes pinned. --adapt: the pinned shapes and the "
+            "adaptive row; --no-adapt: only pinned shapes.",
+            show_default=False,
         ),
-    ] = False,
+    ] = None,
     dtype: DtypeOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -380,7 +395,7 @@ def bench(
                     grid=grid,
                     shapes=configs,
                     with_mlx_lm=with_mlx_lm,
-                    no_adapt=not adapt or profile,
+                    adapt=False if profile else adapt,
                 )
             except logic.BenchError as e:  # a bad --grid / --configs value
                 raise FlagError(str(e)) from None

@@ -592,6 +592,31 @@ def test_bench_profile_times_lookup_shapes_as_a_whole_step(app, pair, monkeypatc
     for row in (mixed, alone):
         assert row["step_ms"] > 0 and row["loop_ms"] > 0 and row["lookup"] == 1
         assert "verify_ms" not in row and "phases_ms" not in row
+    assert data["mac"]["launch_us"] == 4.0 and data["mac"]["bandwidth_gbs"] == 100.0
+    assert data["mac"]["dtype"] == "float16" and data["mac"]["model_bytes"] > 0
+    for row in data["rows"]:  # each step priced where launches dominate, over AR's
+        assert row["mac_ms"] == pytest.approx(row["mac_launch_ms"] + row["mac_memory_ms"])
+        assert row["mac_launch_ms"] == pytest.approx(row["step_kernels"] * 4e-3)
+    assert data["rows"][0]["mac_x_ar"] == 1.0
+    assert drafted["mac_bytes"] > alone["mac_bytes"] == data["rows"][0]["mac_bytes"]
     result = invoke(app, "bench", *args)
     assert result.exit_code == 0, result.output
-    assert "K1×L4 C4" in result.stdout
+    assert "K1×L4 C4" in result.stdout and "launch-bound estimate" in result.stdout
+    flags = ["--launch-us", 0, "--bandwidth-gbs", 400, "--mac-dtype", "float32"]
+    data = run_json(app, "bench", *args, *flags)
+    assert data["mac"] == {**data["mac"], "launch_us": 0, "bandwidth_gbs": 400, "dtype": "float32"}
+    assert all(row["mac_launch_ms"] == 0 for row in data["rows"])
+
+
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--launch-us", 5], "--launch-us prices the --profile steps; add --profile"),
+        (["--bandwidth-gbs", 200], "--bandwidth-gbs prices the --profile steps"),
+        (["--profile", "--bandwidth-gbs", 0], "--bandwidth-gbs must be > 0, got 0.0"),
+        (["--profile", "--launch-us", -1], "--launch-us must be >= 0, got -1.0"),
+        (["--profile", "--mac-dtype", "int4"], "--mac-dtype must be one of float16, bfloat16"),
+    ],
+)
+def test_bench_mac_estimate_flags(app, pair, flags, needle):
+    one_red_line(invoke(app, "bench", *model_args(pair), *flags), 2, needle)

@@ -178,14 +178,42 @@ def show_verify_cost(hidden: int, layers: int, as_json: bool) -> None:
         out_console().print(render_verify_cost(rows, hidden, layers))
 
 
-def show_profile(engine: Engine, configs: list, ids: list[int], as_json: bool) -> None:
+MAC_DTYPES = ("float16", "bfloat16", "float32")
+
+
+def mac_cost(
+    launch_us: float | None, bandwidth_gbs: float | None, mac_dtype: str | None, profile: bool
+):
+    """The launch-bound machine ``--profile`` prices each step on (``MacCost``), from
+    ``--launch-us``, ``--bandwidth-gbs`` and ``--mac-dtype`` (None: the defaults)."""
+    from redrafter_mlx.measure.profile import MacCost
+
+    given = {"--launch-us": launch_us, "--bandwidth-gbs": bandwidth_gbs, "--mac-dtype": mac_dtype}
+    named = [flag for flag, value in given.items() if value is not None]
+    if named and not profile:
+        raise FlagError(f"{named[0]} prices the --profile steps; add --profile or leave it out")
+    if mac_dtype is not None and mac_dtype not in MAC_DTYPES:
+        raise FlagError(f"--mac-dtype must be one of {', '.join(MAC_DTYPES)}, got {mac_dtype!r}")
+    defaults = MacCost()
+    try:
+        return MacCost(
+            defaults.launch_us if launch_us is None else launch_us,
+            defaults.bandwidth_gbs if bandwidth_gbs is None else bandwidth_gbs,
+            defaults.dtype if mac_dtype is None else mac_dtype,
+        )
+    except ValueError as e:
+        raise FlagError(str(e)) from None
+
+
+def show_profile(engine: Engine, configs: list, ids: list[int], as_json: bool, cost=None) -> None:
     """``--profile``: per-phase ms and graph ops of one step per shape, greedy, first prompt
-    (shapes with lookup chains: the whole step only)."""
+    (shapes with lookup chains: the whole step only), and each step priced where launches
+    dominate (``cost``, a ``MacCost``)."""
     from redrafter_mlx.cli.bench_report import profile_rows, render_profile
 
     shapes = list(dict.fromkeys(c.shape for c in configs if c.kind == "redrafter"))
     with err_console().status("profiling"):
-        data = profile_rows(engine, shapes, ids, repeats=40)
+        data = profile_rows(engine, shapes, ids, repeats=40, cost=cost)
     if as_json:
         print(json.dumps(data))
         return
@@ -324,9 +352,39 @@ def bench(
             "--profile",
             help="Time each phase of one step (draft, pack, verify, accept, commit, host loop) "
             "and count its graph ops, per beam shape, with the AR step beside it (shapes with "
-            "lookup chains: the whole step only).",
+            "lookup chains: the whole step only); then estimate each step where launches "
+            "dominate, as on an Apple GPU (kernels x --launch-us + weights read / "
+            "--bandwidth-gbs), over AR's.",
         ),
     ] = False,
+    launch_us: Annotated[
+        float | None,
+        typer.Option(
+            "--launch-us",
+            help="--profile: the cost of one kernel launch on the machine the estimate prices "
+            "(default 4 µs, an Apple GPU: ~2.8 µs measured per tiny dependent MLX kernel on an "
+            "M3 Ultra, ~5 µs per small Metal dispatch in another engine).",
+            show_default=False,
+        ),
+    ] = None,
+    bandwidth_gbs: Annotated[
+        float | None,
+        typer.Option(
+            "--bandwidth-gbs",
+            help="--profile: its memory bandwidth in GB/s, which the weights read per step "
+            "cost (default 100: a base M2/M3; M1 68, M4 120, Pro 150-273, Max 300-546).",
+            show_default=False,
+        ),
+    ] = None,
+    mac_dtype: Annotated[
+        str | None,
+        typer.Option(
+            "--mac-dtype",
+            help="--profile: float16, bfloat16 or float32, the dtype of its float weights "
+            "(default float16, as chat loads them on Metal; quantized weights keep their size).",
+            show_default=False,
+        ),
+    ] = None,
     hidden: Annotated[int, typer.Option("--hidden", help="--verify-cost: hidden size.")] = 2048,
     layers: Annotated[int, typer.Option("--layers", help="--verify-cost: layers.")] = 8,
     temp: TempOpt = None,
@@ -376,6 +434,7 @@ def bench(
                 raise FlagError(f"--num-prompts must be >= 1, got {num_prompts}")
             if turns not in (1, 2):
                 raise FlagError(f"--turns must be 1 or 2, got {turns}")
+            return mac_cost(launch_us, bandwidth_gbs, mac_dtype, profile)
 
         def choose(paths: ModelPaths) -> tuple[tuple, bool]:
             """(prompt set, its records, the configurations, their source), and whether one
@@ -427,7 +486,7 @@ def bench(
             ids = engine.tokenizer.chat_prompt(
                 [{"role": "user", "content": records[0].prompt}], system=system_prompt
             )
-            show_profile(engine, chosen, ids, as_json)
+            show_profile(engine, chosen, ids, as_json, cost=ready.checked)
             return
         with err_console().status("answering the first turns" if turns > 1 else "preparing"):
             items = build_prompts(engine, records, turns, system_prompt, max_tokens)

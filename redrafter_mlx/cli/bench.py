@@ -105,7 +105,8 @@ def choose_configs(
         raise FlagError("--grid and --configs both choose the shapes to compare; give one of them")
     chains, chain_length = beam.lookup_chains()
     has_drafter = paths.drafter is not None and not beam.no_draft
-    pinned_asked = shapes is not None or (grid is not None and has_drafter)
+    # Neither --adapt/--no-adapt nor shapes to compare: what chat runs, adaptive decoding.
+    bare = adapt is None and shapes is None and grid is None
     configs = [AR_CONFIG]
     plan = None
     if shapes is not None:
@@ -120,7 +121,7 @@ def choose_configs(
         for shape in dict.fromkeys(s for s in chosen if not s.is_autoregressive):
             configs.append(Config(shape))
         source = "beam shapes from --configs"
-    elif pinned_asked:
+    elif grid is not None and has_drafter:
         grid_shapes = [check_shape(BeamShape(w, n, beam.capacity)) for w, n in parse_grid(grid)]
         configs += [Config(with_lookup(s, chains, chain_length)) for s in grid_shapes]
         source = "beam shapes from --grid" + (", with context lookup" if chains else "")
@@ -129,16 +130,13 @@ def choose_configs(
         source = plan.source
         if grid is not None:
             source += " (--grid needs a drafter)"
-        if plan.speculative:
-            if adapt is not None or grid is not None:  # pinned asked for (--no-adapt/--adapt)
-                configs.append(Config(plan.shape))
-        elif has_drafter:  # tuning found AR faster: show why
+        if plan.speculative and not bare:
+            configs.append(Config(plan.shape))
+        elif not plan.speculative and has_drafter:  # tuning found AR faster: show why
             fallback = with_lookup(DEFAULT_SHAPE, chains, chain_length)
             configs.append(Config(fallback))
             source += f"; benchmarking the engine default {fallback.label}"
-    if adapt is None:  # what chat runs, unless pinned shapes were asked for
-        adapt = not pinned_asked and grid is None and plan is not None and plan.speculative
-    if adapt:  # adaptive decoding, from the shape chat would use
+    if adapt or (bare and plan.speculative):  # adaptive decoding, from chat's shape
         if plan is None:  # the shape flags were the grid's: the plan without them
             unflagged = replace(beam, width=None, length=None, capacity=None)
             plan = same_plan_everywhere(resolve_plan(paths, dtype, unflagged))
@@ -146,7 +144,7 @@ def choose_configs(
         start = plan.shape if plan.speculative else (speculative[0].shape if speculative else None)
         if start is not None:
             configs.append(Config(start, adapt=True))
-            if not any(c.kind == "redrafter" and not c.adapt for c in configs):
+            if bare:
                 source += "; adaptive decoding from it, as chat runs (--no-adapt: pinned)"
     if with_mlx_lm:
         configs.append(MLX_LM_CONFIG)

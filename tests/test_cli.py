@@ -321,9 +321,9 @@ def test_bench_json_schema(app, pair):
     data = run_json(app, "bench", *model_args(pair), "--num-prompts", 2, "-n", 5)
     assert data["ok"] is True and data["mismatches"] == [] and data["greedy"] is True
     assert data["num_prompts"] == 2 and data["prompt_set"] == "mt-bench"
-    assert "preset" in data["beam_source"]
+    assert "preset" in data["beam_source"] and "as chat runs" in data["beam_source"]
     names = [c["config"] for c in data["configs"]]
-    assert names == ["AR", "W1×L4+K1×L8"]  # AR, then the linux-cpu preset with lookup
+    assert names == ["AR", "adaptive W1×L4+K1×L8"]  # AR, then chat's: the preset, adaptive
     for row in data["configs"]:
         for key in NUMERIC:
             assert isinstance(row[key], (int, float)) and row[key] >= 0, key
@@ -339,6 +339,12 @@ def test_bench_json_schema(app, pair):
     assert ar["lookup_share"] is None and 0.0 <= rd["lookup_share"] <= 1.0
     assert isinstance(rd["lookup_share"], float)
     assert [len(v) for v in data["per_prompt"].values()] == [2, 2]
+
+
+def test_bench_no_adapt_pins_the_chat_shape(app, pair):
+    data = run_json(app, "bench", *model_args(pair), "--num-prompts", 1, "-n", 3, "--no-adapt")
+    assert [c["config"] for c in data["configs"]] == ["AR", "W1×L4+K1×L8"]
+    assert "as chat runs" not in data["beam_source"]
 
 
 def test_bench_sampling_does_not_claim_equality_with_ar(app, pair):
@@ -408,7 +414,7 @@ def test_bench_reports_mismatches_loudly(app, pair, monkeypatch):
     monkeypatch.setattr(logic, "run_engine", corrupt)
     result = invoke(app, "bench", *model_args(pair), "--num-prompts", 2, "-n", 4)
     assert result.exit_code == 1
-    assert result.stderr.count("MISMATCH: W1×L4+K1×L8 differs from AR") == 2
+    assert result.stderr.count("MISMATCH: adaptive W1×L4+K1×L8 differs from AR") == 2
     assert "at token 2" in result.stderr
 
     result = invoke(app, "bench", *model_args(pair), "--num-prompts", 1, "-n", 4, "--json")
@@ -416,14 +422,14 @@ def test_bench_reports_mismatches_loudly(app, pair, monkeypatch):
     data = json.loads(result.stdout)
     assert data["ok"] is False
     assert data["mismatches"] == [
-        dict(config="W1×L4+K1×L8", prompt=0, turn=1, position=2, tokens=4, ar_tokens=4)
+        dict(config="adaptive W1×L4+K1×L8", prompt=0, turn=1, position=2, tokens=4, ar_tokens=4)
     ]
     assert data["configs"][1]["matches_ar"] is False
 
 
 def test_bench_mlx_lm_baseline(app, pair):
     data = run_json(app, "bench", *model_args(pair), "--num-prompts", 1, "-n", 4, "--mlx-lm")
-    assert [c["config"] for c in data["configs"]] == ["AR", "W1×L4+K1×L8", "mlx-lm"]
+    assert [c["config"] for c in data["configs"]] == ["AR", "adaptive W1×L4+K1×L8", "mlx-lm"]
     assert data["mlx_lm_matching_prompts"] == 1  # same greedy tokens as our AR path
     assert data["configs"][2]["tokens"] == 4
 
@@ -522,7 +528,7 @@ def test_bench_turns_2_continues_with_the_models_own_answer(app, pair, monkeypat
     data = run_json(app, "bench", *model_args(pair), *args)
     assert data["ok"] is True and data["turns"] == [1, 2] and data["num_runs"] == 4
     rows = [(c["turn"], c["config"]) for c in data["configs"]]
-    configs = ["AR", "W1×L4+K1×L8", "mlx-lm"]
+    configs = ["AR", "adaptive W1×L4+K1×L8", "mlx-lm"]
     assert rows == [(1, name) for name in configs] + [(2, name) for name in configs]
     assert all(c["prompts"] == 2 for c in data["configs"])
     assert all(c["matches_ar"] is True for c in data["configs"] if c["kind"] == "redrafter")
@@ -586,6 +592,31 @@ def test_bench_profile_times_lookup_shapes_as_a_whole_step(app, pair, monkeypatc
     for row in (mixed, alone):
         assert row["step_ms"] > 0 and row["loop_ms"] > 0 and row["lookup"] == 1
         assert "verify_ms" not in row and "phases_ms" not in row
+    assert data["mac"]["launch_us"] == 4.0 and data["mac"]["bandwidth_gbs"] == 100.0
+    assert data["mac"]["dtype"] == "float16" and data["mac"]["model_bytes"] > 0
+    for row in data["rows"]:  # each step priced where launches dominate, over AR's
+        assert row["mac_ms"] == pytest.approx(row["mac_launch_ms"] + row["mac_memory_ms"])
+        assert row["mac_launch_ms"] == pytest.approx(row["step_kernels"] * 4e-3)
+    assert data["rows"][0]["mac_x_ar"] == 1.0
+    assert drafted["mac_bytes"] > alone["mac_bytes"] == data["rows"][0]["mac_bytes"]
     result = invoke(app, "bench", *args)
     assert result.exit_code == 0, result.output
-    assert "K1×L4 C4" in result.stdout
+    assert "K1×L4 C4" in result.stdout and "launch-bound estimate" in result.stdout
+    flags = ["--launch-us", 0, "--bandwidth-gbs", 400, "--mac-dtype", "float32"]
+    data = run_json(app, "bench", *args, *flags)
+    assert data["mac"] == {**data["mac"], "launch_us": 0, "bandwidth_gbs": 400, "dtype": "float32"}
+    assert all(row["mac_launch_ms"] == 0 for row in data["rows"])
+
+
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--launch-us", 5], "--launch-us prices the --profile steps; add --profile"),
+        (["--bandwidth-gbs", 200], "--bandwidth-gbs prices the --profile steps"),
+        (["--profile", "--bandwidth-gbs", 0], "--bandwidth-gbs must be > 0, got 0.0"),
+        (["--profile", "--launch-us", -1], "--launch-us must be >= 0, got -1.0"),
+        (["--profile", "--mac-dtype", "int4"], "--mac-dtype must be one of float16, bfloat16"),
+    ],
+)
+def test_bench_mac_estimate_flags(app, pair, flags, needle):
+    one_red_line(invoke(app, "bench", *model_args(pair), *flags), 2, needle)

@@ -1,13 +1,14 @@
 """``redrafter-mlx bench``: measure ReDrafter against plain decoding on a prompt set.
 
-Runs AR, each speculative configuration (the tuned/preset shape with its context-lookup
-chains, ``--grid`` or ``--configs``) and, with ``--mlx-lm``, mlx-lm's own generator on the
-same base model, interleaved per prompt after one warm-up each. ``--spread`` picks the
-prompts across the set's categories; ``--turns 2`` also runs each prompt's second turn after
-the model's own (greedy, plain) first answer, as a chat does, reported apart. Prints a rich
-table (``--json`` / ``--csv`` for machines); a greedy speculative run that does not
-reproduce AR's tokens is a red error and exit code 1. ``--verify-cost`` instead times one
-verify pass per capacity against one AR step.
+Runs AR, then by default what ``chat`` runs (adaptive decoding from the tuned/preset shape
+with its context-lookup chains), or pinned shapes when asked (``--no-adapt``: the chat shape;
+``--grid``, ``--configs``; ``--adapt``: pinned and adaptive) and, with ``--mlx-lm``, mlx-lm's
+own generator on the same base model, interleaved per prompt after one warm-up each.
+``--spread`` picks the prompts across the set's categories; ``--turns 2`` also runs each
+prompt's second turn after the model's own (greedy, plain) first answer, as a chat does,
+reported apart. Prints a rich table (``--json`` / ``--csv`` for machines); a greedy
+speculative run that does not reproduce AR's tokens is a red error and exit code 1.
+``--verify-cost`` instead times one verify pass per capacity against one AR step.
 """
 
 from __future__ import annotations
@@ -75,13 +76,19 @@ def choose_configs(
     grid: str | None = None,
     shapes: str | None = None,
     with_mlx_lm: bool = False,
-    no_adapt: bool = True,
+    adapt: bool | None = None,
 ) -> tuple[list, str]:
     """(configurations to run, a sentence saying where the speculative shapes came from).
 
-    AR first; then the ``--configs`` shapes (``shapes``), the ``--grid`` shapes (each with
-    the lookup chains of ``beam``) or the plan ``resolve_plan`` makes of ``beam``; adaptive
-    decoding from the plan unless ``no_adapt``; mlx-lm last.
+    AR first; then the pinned shapes: those of ``--configs`` (``shapes``) or ``--grid``
+    (each with the lookup chains of ``beam``), else the plan ``resolve_plan`` makes of
+    ``beam``; then adaptive decoding from the plan (what ``chat`` runs); mlx-lm last.
+
+    ``adapt``: True (``--adapt``) runs the pinned shapes and adaptive decoding, False
+    (``--no-adapt``) the pinned shapes only; None (neither flag) measures what ``chat``
+    runs: adaptive decoding from the plan alone, unless ``--configs``/``--grid`` asked for
+    pinned shapes (or the plan is plain decoding: then the engine default, pinned, shows
+    why).
     """
     from redrafter_mlx.cli.bench_report import (
         AR_CONFIG,
@@ -98,6 +105,8 @@ def choose_configs(
         raise FlagError("--grid and --configs both choose the shapes to compare; give one of them")
     chains, chain_length = beam.lookup_chains()
     has_drafter = paths.drafter is not None and not beam.no_draft
+    # Neither --adapt/--no-adapt nor shapes to compare: what chat runs, adaptive decoding.
+    bare = adapt is None and shapes is None and grid is None
     configs = [AR_CONFIG]
     plan = None
     if shapes is not None:
@@ -123,13 +132,13 @@ def choose_configs(
         source = plan.source
         if grid is not None:
             source += " (--grid needs a drafter)"
-        if plan.speculative:
+        if plan.speculative and not bare:
             configs.append(Config(plan.shape))
-        elif has_drafter:  # tuning found AR faster: show why
+        elif not plan.speculative and has_drafter:  # tuning found AR faster: show why
             fallback = with_lookup(DEFAULT_SHAPE, chains, chain_length)
             configs.append(Config(fallback))
             source += f"; benchmarking the engine default {fallback.label}"
-    if not no_adapt:  # adaptive decoding, from the shape chat would use
+    if adapt or (bare and plan.speculative):  # adaptive decoding, from chat's shape
         if plan is None:  # the shape flags were the grid's: the plan without them
             unflagged = replace(beam, width=None, length=None, capacity=None)
             plan = same_plan_everywhere(resolve_plan(paths, dtype, unflagged))
@@ -137,6 +146,8 @@ def choose_configs(
         start = plan.shape if plan.speculative else (speculative[0].shape if speculative else None)
         if start is not None:
             configs.append(Config(start, adapt=True))
+            if bare:
+                source += "; adaptive decoding from it, as chat runs (--no-adapt: pinned)"
     if with_mlx_lm:
         configs.append(MLX_LM_CONFIG)
     return configs, source
@@ -167,14 +178,42 @@ def show_verify_cost(hidden: int, layers: int, as_json: bool) -> None:
         out_console().print(render_verify_cost(rows, hidden, layers))
 
 
-def show_profile(engine: Engine, configs: list, ids: list[int], as_json: bool) -> None:
+MAC_DTYPES = ("float16", "bfloat16", "float32")
+
+
+def mac_cost(
+    launch_us: float | None, bandwidth_gbs: float | None, mac_dtype: str | None, profile: bool
+):
+    """The launch-bound machine ``--profile`` prices each step on (``MacCost``), from
+    ``--launch-us``, ``--bandwidth-gbs`` and ``--mac-dtype`` (None: the defaults)."""
+    from redrafter_mlx.measure.profile import MacCost
+
+    given = {"--launch-us": launch_us, "--bandwidth-gbs": bandwidth_gbs, "--mac-dtype": mac_dtype}
+    named = [flag for flag, value in given.items() if value is not None]
+    if named and not profile:
+        raise FlagError(f"{named[0]} prices the --profile steps; add --profile or leave it out")
+    if mac_dtype is not None and mac_dtype not in MAC_DTYPES:
+        raise FlagError(f"--mac-dtype must be one of {', '.join(MAC_DTYPES)}, got {mac_dtype!r}")
+    defaults = MacCost()
+    try:
+        return MacCost(
+            defaults.launch_us if launch_us is None else launch_us,
+            defaults.bandwidth_gbs if bandwidth_gbs is None else bandwidth_gbs,
+            defaults.dtype if mac_dtype is None else mac_dtype,
+        )
+    except ValueError as e:
+        raise FlagError(str(e)) from None
+
+
+def show_profile(engine: Engine, configs: list, ids: list[int], as_json: bool, cost=None) -> None:
     """``--profile``: per-phase ms and graph ops of one step per shape, greedy, first prompt
-    (shapes with lookup chains: the whole step only)."""
+    (shapes with lookup chains: the whole step only), and each step priced where launches
+    dominate (``cost``, a ``MacCost``)."""
     from redrafter_mlx.cli.bench_report import profile_rows, render_profile
 
     shapes = list(dict.fromkeys(c.shape for c in configs if c.kind == "redrafter"))
     with err_console().status("profiling"):
-        data = profile_rows(engine, shapes, ids, repeats=40)
+        data = profile_rows(engine, shapes, ids, repeats=40, cost=cost)
     if as_json:
         print(json.dumps(data))
         return
@@ -313,9 +352,39 @@ def bench(
             "--profile",
             help="Time each phase of one step (draft, pack, verify, accept, commit, host loop) "
             "and count its graph ops, per beam shape, with the AR step beside it (shapes with "
-            "lookup chains: the whole step only).",
+            "lookup chains: the whole step only); then estimate each step where launches "
+            "dominate, as on an Apple GPU (kernels x --launch-us + weights read / "
+            "--bandwidth-gbs), over AR's.",
         ),
     ] = False,
+    launch_us: Annotated[
+        float | None,
+        typer.Option(
+            "--launch-us",
+            help="--profile: the cost of one kernel launch on the machine the estimate prices "
+            "(default 4 µs, an Apple GPU: ~2.8 µs measured per tiny dependent MLX kernel on an "
+            "M3 Ultra, ~5 µs per small Metal dispatch in another engine).",
+            show_default=False,
+        ),
+    ] = None,
+    bandwidth_gbs: Annotated[
+        float | None,
+        typer.Option(
+            "--bandwidth-gbs",
+            help="--profile: its memory bandwidth in GB/s, which the weights read per step "
+            "cost (default 100: a base M2/M3; M1 68, M4 120, Pro 150-273, Max 300-546).",
+            show_default=False,
+        ),
+    ] = None,
+    mac_dtype: Annotated[
+        str | None,
+        typer.Option(
+            "--mac-dtype",
+            help="--profile: float16, bfloat16 or float32, the dtype of its float weights "
+            "(default float16, as chat loads them on Metal; quantized weights keep their size).",
+            show_default=False,
+        ),
+    ] = None,
     hidden: Annotated[int, typer.Option("--hidden", help="--verify-cost: hidden size.")] = 2048,
     layers: Annotated[int, typer.Option("--layers", help="--verify-cost: layers.")] = 8,
     temp: TempOpt = None,
@@ -335,15 +404,17 @@ def bench(
     lookup_length: LookupLengthOpt = None,
     no_lookup: NoLookupOpt = False,
     adapt: Annotated[
-        bool,
+        bool | None,
         typer.Option(
             "--adapt/--no-adapt",
-            help="Also run adaptive decoding (the loop switches between the chosen shape, the "
-            "single beams of each length up to it, the lookup chains alone and plain decoding "
-            "by measured tokens/s), from the shape chat would use, as one more row; "
-            "--no-adapt: only pinned shapes.",
+            help="Neither: measure what chat runs, adaptive decoding (the loop switches between "
+            "the chosen shape, the single beams of each length up to it, the lookup chains "
+            "alone and plain decoding by measured tokens/s) from the shape chat would use, or "
+            "with --configs/--grid those shapes pinned. --adapt: the pinned shapes and the "
+            "adaptive row; --no-adapt: only pinned shapes.",
+            show_default=False,
         ),
-    ] = False,
+    ] = None,
     dtype: DtypeOpt = None,
     verbose: VerboseOpt = False,
 ) -> None:
@@ -363,6 +434,7 @@ def bench(
                 raise FlagError(f"--num-prompts must be >= 1, got {num_prompts}")
             if turns not in (1, 2):
                 raise FlagError(f"--turns must be 1 or 2, got {turns}")
+            return mac_cost(launch_us, bandwidth_gbs, mac_dtype, profile)
 
         def choose(paths: ModelPaths) -> tuple[tuple, bool]:
             """(prompt set, its records, the configurations, their source), and whether one
@@ -382,7 +454,7 @@ def bench(
                     grid=grid,
                     shapes=configs,
                     with_mlx_lm=with_mlx_lm,
-                    no_adapt=not adapt or profile,
+                    adapt=False if profile else adapt,
                 )
             except logic.BenchError as e:  # a bad --grid / --configs value
                 raise FlagError(str(e)) from None
@@ -414,7 +486,7 @@ def bench(
             ids = engine.tokenizer.chat_prompt(
                 [{"role": "user", "content": records[0].prompt}], system=system_prompt
             )
-            show_profile(engine, chosen, ids, as_json)
+            show_profile(engine, chosen, ids, as_json, cost=ready.checked)
             return
         with err_console().status("answering the first turns" if turns > 1 else "preparing"):
             items = build_prompts(engine, records, turns, system_prompt, max_tokens)

@@ -521,16 +521,31 @@ def render_verify_cost(rows: list[dict], hidden: int, layers: int):
 # --------------------------------------------------------------------------- step profile
 
 
-def profile_rows(engine, shapes, ids, repeats: int) -> dict:
+def profile_rows(engine, shapes, ids, repeats: int, cost=None) -> dict:
     """The per-phase step profile (``redrafter_mlx.measure.profile.profile_steps``); shapes
-    with lookup chains get their whole step and loop timed, their phases left out."""
-    from redrafter_mlx.measure.profile import profile_steps
+    with lookup chains get their whole step and loop timed, their phases left out. Each row
+    also gets the launch-bound estimate of its step at ``cost`` (a ``MacCost``; default: its
+    defaults), and ``mac`` says what the estimate assumed."""
+    from redrafter_mlx.measure.profile import MacCost, launch_bound, profile_steps, weight_bytes
 
-    return profile_steps(engine.model, engine.drafter, list(shapes), ids, repeats=repeats)
+    cost = cost or MacCost()
+    data = profile_steps(engine.model, engine.drafter, list(shapes), ids, repeats=repeats)
+    weights = weight_bytes(engine.model, engine.drafter, cost.dtype)
+    data["rows"] = launch_bound(data["rows"], weights, cost)
+    data["mac"] = dict(
+        launch_us=cost.launch_us,
+        bandwidth_gbs=cost.bandwidth_gbs,
+        dtype=cost.dtype or engine.dtype,
+        model_bytes=weights.model,
+        drafter_bytes_per_draft_step=weights.drafter_step,
+        drafter_bytes_once=weights.drafter_once,
+    )
+    return data
 
 
 def render_profile(data: dict, title: str):
-    """Two rich tables: ms per phase, and graph ops (kernels = ops that compute) per phase."""
+    """Rich tables: ms per phase, graph ops (kernels = ops that compute) per phase, and (when
+    ``data`` has it) the launch-bound estimate per shape."""
     from rich import box
     from rich.table import Table
 
@@ -569,4 +584,43 @@ def render_profile(data: dict, title: str):
             cell("host_ms"),
         )
         ops.add_row(r["config"], *[op_cell(p) for p in phases], op_cell("step"))
-    return ms, ops
+    if "mac" not in data:
+        return ms, ops
+    return ms, ops, render_mac_estimate(data, title)
+
+
+def render_mac_estimate(data: dict, title: str):
+    """A rich table: each step priced where launches dominate (``measure.profile.launch_bound``),
+    beside the step measured here, both over AR's."""
+    from rich import box
+    from rich.table import Table
+
+    mac = data["mac"]
+    table = Table(
+        title=f"{title} · launch-bound estimate (an Apple GPU): {mac['launch_us']:g} µs per "
+        f"kernel, {mac['bandwidth_gbs']:g} GB/s, {mac['dtype']} weights",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        caption="est = kernels × --launch-us + weight MB read per step (the model once, the "
+        "drafter once per draft step) ÷ --bandwidth-gbs; compute and cache reads left out · "
+        "est × AR: the tokens/step a shape must average to beat plain decoding there · "
+        "here × AR: the step measured on this machine",
+    )
+    for col in ("config", "kernels", "MB", "launch", "memory", "est ms", "est × AR", "here × AR"):
+        table.add_column(col, justify="left" if col == "config" else "right", no_wrap=True)
+
+    def ratio(value):
+        return "–" if value is None else f"{value:.2f}×"
+
+    for r in data["rows"]:
+        table.add_row(
+            r["config"],
+            str(r["step_kernels"]),
+            f"{r['mac_bytes'] / 1e6:.1f}",
+            f"{r['mac_launch_ms']:.2f}",
+            f"{r['mac_memory_ms']:.2f}",
+            f"{r['mac_ms']:.2f}",
+            ratio(r["mac_x_ar"]),
+            ratio(r["step_x_ar"]),
+        )
+    return table

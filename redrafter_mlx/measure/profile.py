@@ -12,6 +12,10 @@ Op counts are the primitives MLX will dispatch: a compiled function's outputs, b
 evaluation, hang on the graph of the simplified and fused tape, which ``mx.export_to_dot``
 writes out; we count its primitive nodes (``Compiled...`` = one fused elementwise kernel).
 On the CPU backend each costs ~13-20 us, so on a small model the op count sets the step time.
+
+``launch_bound`` adds what each step would cost where launches dominate (an Apple GPU running
+a small model): its kernels times a per-launch cost, plus the weights it reads over the
+memory bandwidth (:class:`MacCost`), and that estimate over AR's.
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from redrafter_mlx.engine.decode import (
     DecodeState,
@@ -339,3 +344,115 @@ def _loop_ms_per_step(decode, model, drafter, prompt, shape: BeamShape, max_toke
             continue
         steps = ev.stats.steps
     return 1e3 * (time.perf_counter() - start) / max(steps, 1)
+
+
+# --------------------------------------------------------------------------- launch-bound estimate
+
+# Per-launch cost of one kernel on an Apple GPU, in microseconds. Measured figures: a chain of
+# 3,200 tiny dependent MLX kernels takes 8.8 ms on an M3 Ultra at MLX's default command-buffer
+# size, 2.75 us each (ml-explore/mlx issue 4521); 832 extra small dispatches (an rms_norm each)
+# added 5.2 us of GPU time each in a Metal decode loop (antonellof/ferrox issue 149). 4 us sits
+# between them; a real op does some work too.
+LAUNCH_US = 4.0
+# Memory bandwidth in GB/s: the base M2, M3 (100) and M4 (120) chips; M1 68, Pro 150-273, Max
+# 300-546, Ultra 800 (Apple's specifications). Peak figures: a decode loop reaches ~70-85%.
+BANDWIDTH_GBS = 100.0
+# The weights' dtype on the Mac: what chat loads there by default (float16 on Metal).
+MAC_DTYPE = "float16"
+
+
+@dataclass(frozen=True)
+class MacCost:
+    """The launch-bound machine a step is priced on: ``launch_us`` per kernel, weights read
+    at ``bandwidth_gbs``, float weights held as ``dtype`` (None: as loaded here; packed
+    quantized weights keep their own size)."""
+
+    launch_us: float = LAUNCH_US
+    bandwidth_gbs: float = BANDWIDTH_GBS
+    dtype: str | None = MAC_DTYPE
+
+    def __post_init__(self):
+        if not self.launch_us >= 0:
+            raise ValueError(f"--launch-us must be >= 0, got {self.launch_us}")
+        if not self.bandwidth_gbs > 0:
+            raise ValueError(f"--bandwidth-gbs must be > 0, got {self.bandwidth_gbs}")
+
+    def ms(self, kernels: int, weight_bytes: int) -> tuple[float, float]:
+        """(launch ms, memory ms) of a step that runs ``kernels`` and reads ``weight_bytes``."""
+        return kernels * self.launch_us / 1e3, weight_bytes / (self.bandwidth_gbs * 1e6)
+
+
+@dataclass(frozen=True)
+class WeightBytes:
+    """Bytes of weights a step reads: ``model`` per LLM forward (the input embedding table of
+    an untied model excluded: a forward gathers only its rows), and the drafter's
+    ``drafter_once`` per step (feature projection) plus ``drafter_step`` per draft step."""
+
+    model: int
+    drafter_once: int = 0
+    drafter_step: int = 0
+
+    def per_step(self, draft_steps: int) -> int:
+        """Bytes one step reads: one forward of the LLM, plus ``draft_steps`` of the drafter."""
+        if not draft_steps:
+            return self.model
+        return self.model + self.drafter_once + draft_steps * self.drafter_step
+
+
+def _nbytes(array: mx.array, dtype: str | None) -> int:
+    """Bytes of ``array`` held as ``dtype`` (float arrays only; None or not float: as is)."""
+    if dtype is None or not mx.issubdtype(array.dtype, mx.floating):
+        return array.nbytes
+    return array.size * getattr(mx, dtype).size
+
+
+def weight_bytes(model: nn.Module, drafter: nn.Module | None, dtype: str | None) -> WeightBytes:
+    """The bytes of weights a forward of ``model`` and a draft step of ``drafter`` read, float
+    weights counted as ``dtype`` (None: as loaded)."""
+    params = tree_flatten(model.parameters())
+    untied = any(name.startswith("lm_head.") for name, _ in params)
+    gathered = "model.embed_tokens."  # read whole only as a tied output head
+    total = sum(
+        _nbytes(a, dtype) for name, a in params if not (untied and name.startswith(gathered))
+    )
+    if drafter is None:
+        return WeightBytes(total)
+    once = step = 0
+    for name, a in tree_flatten(drafter.parameters()):
+        if name.startswith("feature_proj."):
+            once += _nbytes(a, dtype)
+        else:
+            step += _nbytes(a, dtype)
+    return WeightBytes(total, once, step)
+
+
+def launch_bound(rows: list[dict], weights: WeightBytes, cost: MacCost) -> list[dict]:
+    """``rows`` (``profile_steps``'s, AR first) with the launch-bound estimate of each step.
+
+    Adds ``mac_bytes`` (weights read per step: the LLM once, the drafter once per draft
+    step), ``mac_launch_ms`` (``step_kernels`` x ``cost.launch_us``), ``mac_memory_ms``
+    (bytes over ``cost.bandwidth_gbs``), ``mac_ms`` (their sum: dependent kernels run one
+    after the other, each paying its launch and its reads), ``mac_x_ar`` (over AR's
+    estimate: the tokens per step a shape must average to beat plain decoding there) and
+    ``step_x_ar`` (the measured step over AR's, for comparison).
+    """
+
+    def estimate(row: dict) -> dict:
+        nbytes = weights.per_step(row.get("draft_steps", 0))
+        launch_ms, memory_ms = cost.ms(row["step_kernels"], nbytes)
+        return dict(
+            mac_bytes=nbytes,
+            mac_launch_ms=launch_ms,
+            mac_memory_ms=memory_ms,
+            mac_ms=launch_ms + memory_ms,
+        )
+
+    ar = next(r for r in rows if r["config"] == "AR")
+    ar_ms = estimate(ar)["mac_ms"]
+    out = []
+    for row in rows:
+        row = {**row, **estimate(row)}
+        row["mac_x_ar"] = row["mac_ms"] / ar_ms if ar_ms > 0 else None
+        row["step_x_ar"] = row["step_ms"] / ar["step_ms"] if ar["step_ms"] > 0 else None
+        out.append(row)
+    return out

@@ -15,8 +15,16 @@ All tensor ops with static shapes (no host read, no per-step recompile), on:
 
 A chain is ``[init, t_{p+1}, ..., t_{p+Lk-1}]`` for the occurrence ending at position ``p``.
 Chains rank by match length, then recency; the K chains have K distinct first draft tokens
-(a second chain that starts like the first would add no branch to the tree). A position
-without a match (or past the text's end) is absent: it takes no tree slot.
+(a second chain that starts like the first would add no branch to the tree). A chain
+position without a match is absent: it takes no tree slot.
+
+A continuation that runs into the present is read cyclically with the period
+``d = len - p`` (the distance from the occurrence to the suffix): the token ``j`` draft
+positions on is ``t_{p+1 + (j mod d)}``. When the text ends in a periodic run (a row of
+``=``, a long number of zeros, indentation, a repeated word), the latest match of the suffix
+overlaps the suffix itself (``d`` is the run's period), and the text so far holds only ``d``
+tokens after it: read this way the chain is the run continued, as long as the chain, where
+it would otherwise stop after ``d`` tokens (one for a run of one repeated token).
 """
 
 from __future__ import annotations
@@ -90,14 +98,14 @@ def lookup_chains(
     pos = arange(S1)[None, :]
     score = mx.where(m >= min_ngram, m * S1 + pos, -1)  # longer match first, then latest
     following = mx.concatenate([text[:, 1:], mx.full((B, 1), ABSENT, mx.int32)], axis=1)
-    steps = arange(length)[None, 1:]  # (1, Lk - 1)
+    steps = arange(length - 1)[None, :]  # (1, Lk - 1) draft positions after the init token
     tokens, present, match = [], [], []
     for _ in range(chains):
         best = mx.argmax(score, axis=1).astype(mx.int32)  # (B,)
         found = mx.take_along_axis(score, best[:, None], axis=1) >= 0  # (B, 1)
-        at = best[:, None] + steps  # (B, Lk - 1) positions of the continuation
-        cont = mx.take_along_axis(text, mx.minimum(at, S1 - 1), axis=1)
-        known = found & (at <= lengths[:, None])
+        at = continuation(best, lengths, steps)  # (B, Lk - 1) positions of the continuation
+        cont = mx.take_along_axis(text, at, axis=1)
+        known = mx.broadcast_to(found, at.shape)
         tokens.append(mx.concatenate([init[:, None], mx.where(known, cont, ABSENT)], axis=1))
         present.append(mx.concatenate([mx.ones((B, 1), mx.bool_), known], axis=1))
         match.append(mx.where(found[:, 0], mx.take_along_axis(m, best[:, None], axis=1)[:, 0], 0))
@@ -108,6 +116,17 @@ def lookup_chains(
         mx.stack(present, axis=1),
         mx.stack(match, axis=1).astype(mx.int32),
     )
+
+
+def continuation(ends: mx.array, lengths: mx.array, steps: mx.array) -> mx.array:
+    """Text positions of the tokens after the occurrence ending at ``ends`` (B,): (B, J).
+
+    ``steps`` (1, J) counts draft positions from 0. The text is known up to ``len`` (the
+    init token): past it, the continuation repeats with the period ``len - end`` (see the
+    module docstring), so every position read is in ``(end, len]``. ``ends`` < ``lengths``.
+    """
+    period = mx.maximum(lengths - ends, 1)[:, None]  # (B, 1)
+    return ends[:, None] + 1 + steps % period
 
 
 def write_history(history: mx.array, lengths: mx.array, tokens: mx.array) -> mx.array:
@@ -123,7 +142,8 @@ class LookupShadow:
     """What one lookup chain would have had accepted at each step, whatever shape ran.
 
     The host mirror of ``lookup_chains``' first chain (longest match of the last
-    ``MAX_NGRAM`` tokens, then the latest), over the text the loop has already read. At each
+    ``MAX_NGRAM`` tokens, then the latest, its continuation periodic past the text's end),
+    over the text the loop has already read. At each
     step start it records the chain the step could have verified; once the text shows a token
     that differs from it (or has grown past it), the chain's accepted drafts are the leading
     tokens it shares with what the model actually wrote. The adaptive loop judges lookup
@@ -173,7 +193,11 @@ class LookupShadow:
 
     def _chain_and_match(self, r: int) -> tuple[list[int], int]:
         n, p = self._found(r)
-        return (self.text[r][p + 1 : p + 1 + self.horizon] if n else []), n
+        if not n:
+            return [], 0
+        text = self.text[r]
+        period = len(text) - 1 - p  # the continuation repeats past the init token
+        return [text[p + 1 + j % period] for j in range(self.horizon)], n
 
     def step(self, r: int, tokens: list[int]) -> list[tuple[int, int]]:
         """Row ``r``'s step emitted ``tokens``: returns ``(match, accepted)`` of the chains

@@ -145,7 +145,8 @@ def draft_phase(
         )
     found = lookup_chains(state.history, state.lengths, state.init_token, lookup, lookup_length)
     if drafted is None:
-        return Candidates(found.tokens, found.present, mx.ones(found.present.shape[:2], mx.bool_))
+        every = mx.broadcast_to(mx.array(True), found.present.shape[:2])  # a view, no kernel
+        return Candidates(found.tokens, found.present, every)
     B, W, _ = drafted.shape
     strong = found.match[:, 0] >= STRONG_MATCH  # (B,)
     if W == 1 and lookup == 1 and capacity <= min(length, lookup_length):
@@ -307,9 +308,14 @@ def redrafter_step(
         keys, values, state.lengths, path_slots, hidden, n, fresh, in_place=beams.shape[1] == 1
     )
     next_state = DecodeState(bonus, next_hidden, lengths, keys, values, rng, history)
-    packed = mx.broadcast_to(tree.valid.sum(axis=-1).astype(mx.int32), (B,))
+    if beams.shape[1] == 1:  # one chain fills every slot: a constant, no kernel
+        packed = mx.broadcast_to(mx.array(capacity, dtype=mx.int32), (B,))
+    else:
+        packed = mx.broadcast_to(tree.valid.sum(axis=-1).astype(mx.int32), (B,))
     looked_up = None
-    if cand.from_lookup is not None:
+    if cand.from_lookup is not None and (drafter is None or not width):  # chains alone
+        looked_up = n
+    elif cand.from_lookup is not None:
         if best is None:
             chosen = cand.from_lookup[:, 0]
         else:

@@ -17,6 +17,17 @@ from tests.helpers import OracleDrafter, near_bigram_model, run_decode, tiny_dra
 from tests.test_tree import brute_force
 
 
+def periodic(text, p, n):
+    """The ``n`` tokens after position ``p``, the text continued past its end as a repetition
+    of its part after ``p`` (one token at a time: each token past the end copies the token
+    ``len(text) - 1 - p`` positions before it)."""
+    out = list(text)
+    period = len(text) - 1 - p
+    while len(out) < p + 1 + n:
+        out.append(out[-period])
+    return out[p + 1 : p + 1 + n]
+
+
 def brute_chains(text, chains, length, max_ngram=4):
     """Plain Python: rank earlier positions by (suffix match, position), distinct next tokens."""
     end = len(text) - 1  # the init token's position
@@ -35,8 +46,7 @@ def brute_chains(text, chains, length, max_ngram=4):
         if text[p + 1] in firsts:
             continue
         firsts.add(text[p + 1])
-        cont = text[p + 1 : p + length]
-        out.append(([text[end]] + cont + [ABSENT] * (length - 1 - len(cont)), m))
+        out.append(([text[end]] + periodic(text, p, length - 1), m))
     while len(out) < chains:
         out.append(([text[end]] + [ABSENT] * (length - 1), 0))
     return out
@@ -225,7 +235,7 @@ def brute_shadow(text, start, horizon, max_ngram=4):
             m += 1
         if m and (best is None or (m, p) >= best):
             best = (m, p)
-    chain = [] if best is None else seen[best[1] + 1 : best[1] + 1 + horizon]
+    chain = [] if best is None else periodic(seen, best[1], horizon)
     n = 0
     while n < len(chain) and start + n < len(text) and chain[n] == text[start + n]:
         n += 1

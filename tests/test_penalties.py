@@ -93,6 +93,7 @@ SHAPES = [
     BeamShape(3, 4),
     BeamShape(4, 4, 6),
     BeamShape(2, 3, None, 2, 4),
+    BeamShape(1, 3, None, 1, 5),  # one beam and one chain: the static layout
     BeamShape.lookup_only(1, 6),
 ]
 

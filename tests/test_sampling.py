@@ -150,7 +150,13 @@ def test_top_k_and_top_p_keep_the_right_tokens():
 
 @pytest.mark.parametrize(
     "shape",
-    [BeamShape(2, 3, None, 2, 4), BeamShape.lookup_only(2, 4), BeamShape(1, 4, 4, 1, 4)],
+    [
+        BeamShape(2, 3, None, 2, 4),
+        BeamShape.lookup_only(2, 4),
+        BeamShape(1, 4, 4, 1, 4),
+        BeamShape(1, 4, None, 1, 4),  # one beam and one chain: the static layout
+        BeamShape(1, 3, None, 1, 5),
+    ],
     ids=lambda s: s.label,
 )
 def test_sampling_with_lookup_matches_exact_distribution(shape):

@@ -20,6 +20,7 @@ entries per row — the accepted draft tokens followed by the bonus token.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import mlx.core as mx
@@ -31,7 +32,7 @@ from .model import Model, write_slots
 from .penalties import node_text
 from .sampling import SamplerConfig, draw, process_text
 from .shape import BeamShape
-from .tree import arange, cache_mask, chain_mask, pack, unpack
+from .tree import PackedTree, arange, cache_mask, chain_mask, pack, unpack
 
 
 class DecodeState(NamedTuple):
@@ -76,22 +77,36 @@ def accept(beams, target, unpacker, capacity):
     return best, n, on_beams
 
 
-def commit_path(keys, values, lengths, path_slots, fresh):
+def commit_path(keys, values, lengths, path_slots, n, fresh):
     """Move the chosen path's K/V from its packed slots to consecutive slots.
 
-    path_slots: (B, L) packed slot of each path token, which goes to len + k; ``fresh``: the
-    verify's own per-layer (K, V), (B, C, n_kv, D) each. The path is read from them, not from
-    the cache they were written to, so each cache is only written (in place): reading and
-    writing it in one graph made MLX copy the whole cache every step. Slots past the
-    accepted run write junk past the new length (masked).
+    path_slots: (B, P) packed slot of each path token, which goes to len + k for k <= n
+    (B,); ``fresh``: the verify's own per-layer (K, V), (B, C, n_kv, D) each. Every one of
+    the C fresh slots is scattered, at once, to its destination (``slot_destinations``):
+    one kernel per array, no gather. The path is read from ``fresh``, not from the cache it
+    was written to, so each cache is only written (in place): reading and writing it in one
+    graph made MLX copy the whole cache every step.
     """
-    dst = lengths[:, None] + arange(path_slots.shape[1])[None, :]  # (B, L)
-    at = path_slots[:, :, None, None]  # (B, L, 1, 1) over (B, C, n_kv, D)
+    dst = slot_destinations(lengths, path_slots, n, fresh[0][0].shape[1])  # (B, C)
     new_keys, new_values = [], []
     for k, v, (k_new, v_new) in zip(keys, values, fresh):
-        new_keys.append(write_slots(k, dst, mx.take_along_axis(k_new, at, axis=1)))
-        new_values.append(write_slots(v, dst, mx.take_along_axis(v_new, at, axis=1)))
+        new_keys.append(write_slots(k, dst, k_new))
+        new_values.append(write_slots(v, dst, v_new))
     return new_keys, new_values
+
+
+def slot_destinations(lengths, path_slots, n, capacity: int):
+    """Cache slot each of the C packed slots moves to at the commit: (B, C) int32.
+
+    Slot ``path_slots[k]`` goes to ``len + k`` for k <= n (B,); every other slot to
+    ``len + C - 1``, past the new length ``len + n + 1`` unless all C slots are on the
+    path (then there is no other slot): junk there is overwritten later.
+    """
+    P = path_slots.shape[1]
+    k = arange(P)[None, None, :]  # (1, 1, P)
+    on = (path_slots[:, None, :] == arange(capacity)[None, :, None]) & (k <= n[:, None, None])
+    depth = (on * (k + 1)).sum(axis=-1)  # (B, C) 1 + the path position; 0: off the path
+    return lengths[:, None] + mx.where(depth > 0, depth - 1, capacity - 1).astype(mx.int32)
 
 
 def draft_phase(
@@ -130,7 +145,8 @@ def draft_phase(
         )
     found = lookup_chains(state.history, state.lengths, state.init_token, lookup, lookup_length)
     if drafted is None:
-        return Candidates(found.tokens, found.present, mx.ones(found.present.shape[:2], mx.bool_))
+        every = mx.broadcast_to(mx.array(True), found.present.shape[:2])  # a view, no kernel
+        return Candidates(found.tokens, found.present, every)
     B, W, _ = drafted.shape
     strong = found.match[:, 0] >= STRONG_MATCH  # (B,)
     if W == 1 and lookup == 1 and capacity <= min(length, lookup_length):
@@ -238,7 +254,7 @@ def commit_phase(keys, values, lengths, path_slots, hidden, n, fresh, in_place: 
     values, next hidden (B, H) at the last accepted token, next lengths (B,)).
     """
     if not in_place:
-        keys, values = commit_path(keys, values, lengths, path_slots, fresh)
+        keys, values = commit_path(keys, values, lengths, path_slots, n, fresh)
     last_slot = mx.take_along_axis(path_slots, n[:, None], axis=1)  # (B, 1)
     next_hidden = mx.take_along_axis(hidden, last_slot[:, :, None], axis=1)[:, 0]
     return keys, values, next_hidden, lengths + n + 1
@@ -264,6 +280,8 @@ def redrafter_step(
     width, length = (shape.width, shape.length) if shape.drafts else (0, 1)
     lookup, lookup_length = shape.lookup, shape.chain_length
     rng, draw_key = mx.random.split(state.rng)
+    if drafter is not None and is_beam_and_chain(shape):
+        return beam_and_chain_step(model, drafter, state, shape, sampler, window, rng, draw_key)
     cand = draft_phase(drafter, model, state, width, length, lookup, lookup_length, capacity)
     beams = cand.beams
     if beams.shape[1] == 1 and cand.present is not None:  # a lone chain fills its C slots
@@ -290,15 +308,124 @@ def redrafter_step(
         keys, values, state.lengths, path_slots, hidden, n, fresh, in_place=beams.shape[1] == 1
     )
     next_state = DecodeState(bonus, next_hidden, lengths, keys, values, rng, history)
-    packed = mx.broadcast_to(tree.valid.sum(axis=-1).astype(mx.int32), (B,))
+    if beams.shape[1] == 1:  # one chain fills every slot: a constant, no kernel
+        packed = mx.broadcast_to(mx.array(capacity, dtype=mx.int32), (B,))
+    else:
+        packed = mx.broadcast_to(tree.valid.sum(axis=-1).astype(mx.int32), (B,))
     looked_up = None
-    if cand.from_lookup is not None:
+    if cand.from_lookup is not None and (drafter is None or not width):  # chains alone
+        looked_up = n
+    elif cand.from_lookup is not None:
         if best is None:
             chosen = cand.from_lookup[:, 0]
         else:
             chosen = mx.take_along_axis(cand.from_lookup, best[:, None], axis=1)[:, 0]
         looked_up = mx.where(chosen, n, 0).astype(mx.int32)
     return next_state, StepOutput(tokens, n + 1, packed, looked_up)
+
+
+def is_beam_and_chain(shape: BeamShape) -> bool:
+    """One drafter beam and one lookup chain with a slot for every token of both (the
+    default hybrid, W1xL + K1xLk at its full capacity): ``beam_and_chain_step`` runs it."""
+    full = 1 + (shape.length - 1) + (shape.chain_length - 1)
+    return shape.drafts and shape.width == 1 and shape.lookup == 1 and shape.slots == full
+
+
+@functools.lru_cache(maxsize=32)
+def two_chain_layout(length: int, chain_length: int):
+    """The static tree of one beam of L tokens and one chain of Lk, sharing the init token.
+
+    Slot 0 holds the init token, slots 1 .. L-1 the beam's drafts, slots L .. L+Lk-2 the
+    chain's. Returns constants: depth (1, C), ancestor mask (1, C, C), and the slot of each
+    position of the beam (1, Lk) (padded with its last slot) and of the chain (1, Lk).
+    """
+    C = length + chain_length - 1
+    depth = [0] + list(range(1, length)) + list(range(1, chain_length))
+    branch = [0] + [1] * (length - 1) + [2] * (chain_length - 1)  # root, beam, chain
+    mask = [
+        [j == i or (j == 0) or (branch[j] == branch[i] and depth[j] <= depth[i]) for j in range(C)]
+        for i in range(C)
+    ]
+    n = max(length, chain_length)
+    beam_slots = [min(k, length - 1) for k in range(n)]
+    chain_slots = [0] + [length - 1 + k for k in range(1, chain_length)]
+    chain_slots += [chain_slots[-1]] * (n - chain_length)
+    return (
+        mx.array([depth], dtype=mx.int32),
+        mx.array([mask], dtype=mx.bool_),
+        mx.array([beam_slots], dtype=mx.int32),
+        mx.array([chain_slots], dtype=mx.int32),
+    )
+
+
+def beam_and_chain_step(model, drafter, state, shape, sampler, window, rng, draw_key):
+    """``redrafter_step`` for one beam and one chain in a static layout (``two_chain_layout``).
+
+    No packing: the tree's depth and mask are constants, and a chain token that repeats the
+    beam's prefix is verified in its own slot but judged by the beam's draw (one draw per
+    distinct prefix, as the trie would give: lossless, and exact when sampling). Whichever
+    candidate accepts more wins (the beam on a tie), and its path moves to consecutive
+    slots in one scatter per cache array. Returns (next DecodeState, StepOutput).
+    """
+    L, Lk = shape.length, shape.chain_length
+    n_max = max(L, Lk)
+    beam, _, _ = beam_search(drafter, model.embed, state.hidden, state.init_token, 1, L)
+    found = lookup_chains(state.history, state.lengths, state.init_token, 1, Lk)
+    beam = _pad(beam, n_max, ABSENT)[:, 0]  # (B, n)
+    chain = _pad(found.tokens, n_max, ABSENT)[:, 0]  # (B, n)
+    present = _pad(found.present, n_max, False)[:, 0]  # (B, n)
+    depth, mask, beam_slots, chain_slots = two_chain_layout(L, Lk)
+    tokens = mx.concatenate(
+        [beam[:, :L], mx.where(found.present[:, 0, 1:], found.tokens[:, 0, 1:], 0)], axis=1
+    )  # (B, C)
+    tree = PackedTree(tokens, depth, None, None, mask)
+    fresh = []
+    hidden, target, keys, values = verify_phase(
+        model,
+        tree,
+        state.lengths,
+        state.keys,
+        state.values,
+        sampler,
+        draw_key,
+        window,
+        state.history,
+        fresh,
+    )
+    on_beam = mx.take_along_axis(target, mx.broadcast_to(beam_slots, beam.shape), axis=1)
+    own = mx.take_along_axis(target, mx.broadcast_to(chain_slots, chain.shape), axis=1)
+    # A chain node whose prefix is the beam's is the beam's node: its draw is the beam's.
+    shared = mx.cumprod((chain == beam).astype(mx.int32), axis=1) > 0  # (B, n)
+    on_chain = mx.where(shared, on_beam, own)
+    beam_run = _run(beam, on_beam, arange(n_max)[None, :] < L)
+    chain_run = _run(chain, on_chain, present)
+    take_chain = chain_run > beam_run  # (B,)
+    n = mx.maximum(beam_run, chain_run)
+    pick = take_chain[:, None]
+    path = mx.where(pick, chain, beam)
+    path_slots = mx.where(pick, chain_slots, beam_slots)  # (B, n)
+    path_target = mx.where(pick, on_chain, on_beam)
+    bonus = mx.take_along_axis(path_target, n[:, None], axis=1)[:, 0]
+    k = arange(n_max)[None, :]
+    out = mx.where(k < n[:, None], mx.roll(path, -1, axis=1), 0)
+    out = mx.where(k == n[:, None], bonus[:, None], out)
+    history = state.history
+    if history is not None:
+        history = write_history(history, state.lengths, path)  # junk past n
+    keys, values, next_hidden, lengths = commit_phase(
+        keys, values, state.lengths, path_slots, hidden, n, fresh
+    )
+    next_state = DecodeState(bonus, next_hidden, lengths, keys, values, rng, history)
+    packed = (L + present.sum(axis=1) - 1).astype(mx.int32)  # (B,) slots holding a token
+    looked_up = mx.where(take_chain, n, 0).astype(mx.int32)
+    return next_state, StepOutput(out, n + 1, packed, looked_up)
+
+
+def _run(candidate, draws, present):
+    """Accepted drafts of one candidate: the leading k = 1.. with candidate[k] == draws[k-1]
+    (present): (B, n), (B, n), (B or 1, n) -> (B,) int32."""
+    match = (candidate[:, 1:] == draws[:, :-1]) & present[:, 1:]
+    return mx.cumprod(match.astype(mx.int32), axis=1).sum(axis=1).astype(mx.int32)
 
 
 def autoregressive_step(model: Model, state: DecodeState, sampler: SamplerConfig, window: int):

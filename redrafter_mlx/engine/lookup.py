@@ -15,12 +15,21 @@ All tensor ops with static shapes (no host read, no per-step recompile), on:
 
 A chain is ``[init, t_{p+1}, ..., t_{p+Lk-1}]`` for the occurrence ending at position ``p``.
 Chains rank by match length, then recency; the K chains have K distinct first draft tokens
-(a second chain that starts like the first would add no branch to the tree). A position
-without a match (or past the text's end) is absent: it takes no tree slot.
+(a second chain that starts like the first would add no branch to the tree). A chain
+position without a match is absent: it takes no tree slot.
+
+A continuation that runs into the present is read cyclically with the period
+``d = len - p`` (the distance from the occurrence to the suffix): the token ``j`` draft
+positions on is ``t_{p+1 + (j mod d)}``. When the text ends in a periodic run (a row of
+``=``, a long number of zeros, indentation, a repeated word), the latest match of the suffix
+overlaps the suffix itself (``d`` is the run's period), and the text so far holds only ``d``
+tokens after it: read this way the chain is the run continued, as long as the chain, where
+it would otherwise stop after ``d`` tokens (one for a run of one repeated token).
 """
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import mlx.core as mx
@@ -41,36 +50,57 @@ class LookupChains(NamedTuple):
     match: mx.array  # (B, K) int32 suffix tokens matched (0: no candidate)
 
 
-def text_with_init(history: mx.array, lengths: mx.array, init: mx.array) -> mx.array:
-    """The row's text: history with the init token at position ``len``: (B, S) -> (B, S + 1).
+def padded_text(history: mx.array, lengths: mx.array, init: mx.array, before: int) -> mx.array:
+    """The row's text with ``before`` never-matching tokens in front: (B, S) -> (B, before + S + 1).
 
-    Slots past ``len`` hold junk; one slot is added so ``len`` fits when the cache is full.
+    Text position p sits at column ``before + p``; the init token at position ``len``. Slots
+    past ``len`` hold junk (one slot is added so ``len`` fits when the cache is full). One
+    kernel: the concatenation (its pads are constants), the init token written by the
+    consumers' fused ``where``.
     """
     B = history.shape[0]
-    text = mx.concatenate([history, mx.full((B, 1), ABSENT, dtype=mx.int32)], axis=1)
-    at_end = arange(text.shape[1])[None, :] == lengths[:, None]
+    front = mx.broadcast_to(_constant(ABSENT - 1, before), (B, before))
+    back = mx.broadcast_to(_constant(ABSENT, 1), (B, 1))
+    text = mx.concatenate([front, history, back], axis=1)
+    at_end = arange(text.shape[1])[None, :] == (lengths + before)[:, None]
     return mx.where(at_end, init[:, None], text)
 
 
-def match_lengths(text: mx.array, lengths: mx.array, max_ngram: int) -> mx.array:
-    """Suffix tokens matched by the text ending at each earlier position: (B, S) int32.
+@functools.lru_cache(maxsize=16)
+def _first(n: int) -> mx.array:
+    """(1, n) bool, True at position 0 only, as captured data."""
+    return mx.array([[k == 0 for k in range(n)]], dtype=mx.bool_)
 
-    ``m[b, p]`` is the largest n <= max_ngram with text[p-n+1 .. p] == text[len-n+1 .. len],
-    for every position p < len (0 elsewhere). text: (B, S) from ``text_with_init``.
+
+@functools.lru_cache(maxsize=16)
+def _constant(value: int, n: int) -> mx.array:
+    """(1, n) int32 filled with ``value``, as captured data (see ``tree.arange``)."""
+    return mx.array([[value] * n], dtype=mx.int32)
+
+
+def match_scores(text: mx.array, lengths: mx.array, max_ngram: int, min_ngram: int):
+    """Rank of each earlier position as a match of the suffix: (B, S) int32, -1 for none.
+
+    ``text``: (B, max_ngram - 1 + S + 1) from ``padded_text``. With ``m[b, p]`` the largest
+    n <= max_ngram such that text[p-n+1 .. p] == text[len-n+1 .. len], a position p < len
+    with m >= ``min_ngram`` scores ``m * S + p`` (a longer match first, then the latest):
+    the best is one max, and the score holds both the match and the position. One fused
+    elementwise kernel over views of ``text``, plus the gather of the suffix.
     """
-    B, S = text.shape
-    run = total = mx.zeros((B, S), mx.int32)
+    before = max_ngram - 1
+    width = text.shape[1]
+    S = width - before - 1
+    back = lengths[:, None] + before - arange(max_ngram)[None, :]  # (B, n) columns of the suffix
+    suffix = mx.take_along_axis(text, back, axis=1)  # (B, max_ngram) text[len - j]
+    run = total = None
     for j in range(max_ngram):
-        # text[p - j] at each position p (a token that never matches before the start)
-        pad = mx.full((B, j), ABSENT - 1, mx.int32)
-        shifted = mx.concatenate([pad, text[:, : S - j]], axis=1) if j else text
-        query = mx.take_along_axis(text, mx.maximum(lengths - j, 0)[:, None], axis=1)
-        query = mx.where(lengths[:, None] >= j, query, ABSENT)  # (B, 1) text[len - j]
-        eq = (shifted == query).astype(mx.int32)
-        run = eq if j == 0 else run * eq  # matched all of the last j + 1 tokens
-        total = total + run
-    earlier = arange(S)[None, :] < lengths[:, None]
-    return mx.where(earlier, total, 0)
+        shifted = text[:, before - j : before - j + S]  # text[p - j] at each position p
+        eq = shifted == suffix[:, j : j + 1]
+        run = eq if run is None else run & eq  # matched all of the last j + 1 tokens
+        total = run.astype(mx.int32) if total is None else total + run
+    pos = arange(S)[None, :]
+    keep = (pos < lengths[:, None]) & (total >= min_ngram)
+    return mx.where(keep, total * S + pos, -1)
 
 
 def lookup_chains(
@@ -83,31 +113,48 @@ def lookup_chains(
     min_ngram: int = MIN_NGRAM,
 ) -> LookupChains:
     """Up to ``chains`` continuations of the text's suffix, ``length`` tokens each with the
-    init token first: (B, K, Lk). See the module docstring for the ranking."""
-    text = text_with_init(history, lengths, init)  # (B, S + 1)
-    B, S1 = text.shape
-    m = match_lengths(text, lengths, max_ngram)  # (B, S + 1)
-    pos = arange(S1)[None, :]
-    score = mx.where(m >= min_ngram, m * S1 + pos, -1)  # longer match first, then latest
-    following = mx.concatenate([text[:, 1:], mx.full((B, 1), ABSENT, mx.int32)], axis=1)
-    steps = arange(length)[None, 1:]  # (1, Lk - 1)
+    init token first: (B, K, Lk). See the module docstring for the ranking.
+
+    A handful of kernels per chain: the text, the scores (``match_scores``), one max, one
+    gather of the continuation and fused elementwise ops (no sort, no argmax + gather).
+    """
+    S = history.shape[1]
+    before = max_ngram - 1
+    text = padded_text(history, lengths, init, before)  # (B, before + S + 1)
+    score = match_scores(text, lengths, max_ngram, min_ngram)  # (B, S)
+    following = text[:, before + 1 : before + 1 + S]  # text[p + 1] at each position p
+    first = _first(length)  # (1, Lk) bool: position 0, the init token
+    drafts = mx.maximum(arange(length) - 1, 0)[None, :]  # (1, Lk) draft position of each
     tokens, present, match = [], [], []
-    for _ in range(chains):
-        best = mx.argmax(score, axis=1).astype(mx.int32)  # (B,)
-        found = mx.take_along_axis(score, best[:, None], axis=1) >= 0  # (B, 1)
-        at = best[:, None] + steps  # (B, Lk - 1) positions of the continuation
-        cont = mx.take_along_axis(text, mx.minimum(at, S1 - 1), axis=1)
-        known = found & (at <= lengths[:, None])
-        tokens.append(mx.concatenate([init[:, None], mx.where(known, cont, ABSENT)], axis=1))
-        present.append(mx.concatenate([mx.ones((B, 1), mx.bool_), known], axis=1))
-        match.append(mx.where(found[:, 0], mx.take_along_axis(m, best[:, None], axis=1)[:, 0], 0))
-        # The next chain must branch at its first draft token.
-        score = mx.where(following == cont[:, :1], -1, score)
+    for k in range(chains):
+        best = mx.max(score, axis=1)  # (B,) m * S + p of the best match, -1: none
+        found = (best >= 0)[:, None]  # (B, 1)
+        end = mx.maximum(best, 0) % S  # (B,) the position p where the occurrence ends
+        at = continuation(end, lengths, drafts)  # (B, Lk)
+        at = mx.where(first, lengths[:, None], at)  # position 0: the init token
+        chain = mx.take_along_axis(text, at + before, axis=1)
+        keep = found | first
+        tokens.append(mx.where(keep, chain, ABSENT))
+        present.append(keep)
+        match.append(mx.where(found[:, 0], best // S, 0))
+        if k + 1 < chains:  # the next chain must branch at its first draft token
+            score = mx.where(following == chain[:, 1:2], -1, score)
     return LookupChains(
         mx.stack(tokens, axis=1).astype(mx.int32),
         mx.stack(present, axis=1),
         mx.stack(match, axis=1).astype(mx.int32),
     )
+
+
+def continuation(ends: mx.array, lengths: mx.array, steps: mx.array) -> mx.array:
+    """Text positions of the tokens after the occurrence ending at ``ends`` (B,): (B, J).
+
+    ``steps`` (1, J) counts draft positions from 0. The text is known up to ``len`` (the
+    init token): past it, the continuation repeats with the period ``len - end`` (see the
+    module docstring), so every position read is in ``(end, len]``. ``ends`` < ``lengths``.
+    """
+    period = mx.maximum(lengths - ends, 1)[:, None]  # (B, 1)
+    return ends[:, None] + 1 + steps % period
 
 
 def write_history(history: mx.array, lengths: mx.array, tokens: mx.array) -> mx.array:
@@ -123,7 +170,8 @@ class LookupShadow:
     """What one lookup chain would have had accepted at each step, whatever shape ran.
 
     The host mirror of ``lookup_chains``' first chain (longest match of the last
-    ``MAX_NGRAM`` tokens, then the latest), over the text the loop has already read. At each
+    ``MAX_NGRAM`` tokens, then the latest, its continuation periodic past the text's end),
+    over the text the loop has already read. At each
     step start it records the chain the step could have verified; once the text shows a token
     that differs from it (or has grown past it), the chain's accepted drafts are the leading
     tokens it shares with what the model actually wrote. The adaptive loop judges lookup
@@ -173,7 +221,11 @@ class LookupShadow:
 
     def _chain_and_match(self, r: int) -> tuple[list[int], int]:
         n, p = self._found(r)
-        return (self.text[r][p + 1 : p + 1 + self.horizon] if n else []), n
+        if not n:
+            return [], 0
+        text = self.text[r]
+        period = len(text) - 1 - p  # the continuation repeats past the init token
+        return [text[p + 1 + j % period] for j in range(self.horizon)], n
 
     def step(self, r: int, tokens: list[int]) -> list[tuple[int, int]]:
         """Row ``r``'s step emitted ``tokens``: returns ``(match, accepted)`` of the chains

@@ -46,3 +46,30 @@ def test_asked_arguments_win_and_bad_ones_name_their_field():
         with pytest.raises(ParamError) as e:
             engine_plan(None, drafter, args=args)
         assert e.value.param == param
+
+
+def test_the_default_loop_reads_only_steps_already_followed_by_a_queued_one(monkeypatch):
+    """Issue 45, item 2: in the default mode (adaptive, lookup chains, the per-step choice)
+    step k+1 is queued before step k is read: one read per step, never of the newest step.
+    Before: the per-step choice read step k, then queued step k+1 (the device waited)."""
+    from redrafter_mlx.engine import batch as batch_module
+    from redrafter_mlx.engine.adaptive import StepPlan
+    from tests.helpers import tiny_drafter, tiny_model
+
+    model = tiny_model(0)
+    drafter = tiny_drafter(model, 1)
+    shape = default_plan(drafter).shape
+    assert StepPlan(model, drafter, shape, SamplerConfig(), True).each_step  # the default
+    queued_then_read, real = [], batch_module.BatchDecoder.read
+
+    def read(self, step):
+        queued_then_read.append(self.inflight)  # steps queued and not yet read
+        return real(self, step)
+
+    monkeypatch.setattr(batch_module.BatchDecoder, "read", read)
+    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
+    out = redrafter_mlx.batch_generate(model, drafter, None, [prompt], max_tokens=48)
+    assert len(out[0]) == 48 and len(queued_then_read) > 10
+    assert all(n == 2 for n in queued_then_read), queued_then_read
+    plain = redrafter_mlx.batch_generate(model, None, None, [prompt], max_tokens=48, shape=AR)
+    assert out == plain

@@ -238,7 +238,7 @@ class ShapeChooser:
         best = unknown[0] if unknown else max(self.shapes, key=lambda k: self._judged(k, matches))
         if best != self.current:
             self._switch(best)
-        if best == AR:
+        if best == AR and not unknown:  # (a probe is judged by rates: every cost known)
             drafting = [k for k in self.shapes if k != AR and k.drafts]
             probe = self._probe_due(
                 lambda: max(drafting, key=lambda k: self.rate(k, matches)) if drafting else None
@@ -473,8 +473,8 @@ class StepPlan:
     rank 0's shapes (``SharedChoice``).
 
     ``per_step`` / ``slots``: the most tokens a step can add to a row / slots it writes;
-    ``each_step``: each step's shape is chosen from its rows' lookup match states (the loop
-    reads every step before queueing the next).
+    ``each_step``: each step's shape is chosen from its rows' lookup match states, one step
+    stale (the loop queues step k+1 before it reads step k).
     """
 
     def __init__(self, model, drafter, shape: BeamShape, sampler, adapt):
@@ -515,7 +515,7 @@ class StepPlan:
 
     def next(self, rows: int, matches: Sequence[int]) -> BeamShape:
         """The shape of the next step to queue (``matches``: the running rows' lookup match
-        states, read after the previous step, used with ``each_step``).
+        states as of the last step read, used with ``each_step``).
 
         A shape's first call compiles it, in the interval that ends at the next read (the
         loop queues a step, then reads the one before it): that interval is no step time."""

@@ -1,7 +1,9 @@
 """The generation loop and the public API: ``stream_generate``, ``generate``, ``batch_generate``.
 
-The loop keeps the next step queued with ``mx.async_eval`` and reads only arrays of steps
-already computed (text streams one step behind). It stops exactly: no token after EOS or
+``decode`` is a client of the engine's one batched loop (``batch.BatchDecoder``, which the
+server's scheduler drives too): its rows are prefilled together in a ``Session``, adopted by
+the batch, and decoded with step k+1 queued (``mx.async_eval``) before step k is read, in
+every mode (text streams one step behind). It stops exactly: no token after EOS or
 beyond ``max_tokens``, even when more were accepted in the same step (``cache.stop_at``). A
 ``Session`` (``engine/cache.py``) owns the KV cache of its rows across calls, so a chat turn
 prefills only its new tokens.
@@ -209,12 +211,12 @@ def decode(
             [0] * B,
         )
 
-        # A per-step choice reads step k before queueing step k+1 (it needs the text so
-        # far); otherwise step k+1 is queued before step k is read.
-        each_step = plan.each_step
+        # Step k+1 is queued before step k is read, in every mode: the device never waits
+        # for the host's reading, lookup shadow and shape choice, which run while it works
+        # (a per-step choice reads the match states one step stale).
         pending = batch.queue() if not all(row.finished for row in rows) else None
         while pending is not None:
-            nxt = None if each_step else batch.queue()
+            nxt = batch.queue()
             got = {id(g.row): g for g in batch.read(pending)}  # step k only: it is computed
             stats.steps += 1
             new_rows, acc_rows, drafted_rows, looked = [], [], [], []
@@ -230,10 +232,7 @@ def decode(
                 acc_rows.append(g.count - 1)
                 drafted_rows.append([i < g.count - 1 for i in range(len(g.new))])
                 looked.append(g.looked_up)
-            done = all(row.finished for row in rows)
-            if each_step and not done:
-                nxt = batch.queue()
-            pending = nxt if not done else None
+            pending = nxt if not all(row.finished for row in rows) else None
             finish = [row.finish for row in rows]
             yield DecodeEvent(
                 new_rows,

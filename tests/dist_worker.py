@@ -76,7 +76,8 @@ def serve_schedule(sched: Scheduler, requests: list[dict]) -> dict[str, list]:
                 settings = {k: v for k, v in spec.items() if k not in ("prompt", "n", "late")}
                 settings["logit_bias"] = tuple(map(tuple, settings.get("logit_bias", ())))
                 sink = collect(out.setdefault(f"r{i}", []))
-                sched.submit(Request(spec["prompt"], spec["n"], sink, id=f"r{i}", **settings))
+                sampler = SamplerConfig(**settings)
+                sched.submit(Request(spec["prompt"], spec["n"], sink, sampler, id=f"r{i}"))
 
     submit(late=False)
     while sched.stats.steps < 3:

@@ -200,22 +200,20 @@ def test_a_shapes_first_call_is_not_timed_as_a_step():
     from redrafter_mlx.engine.adaptive import StepPlan
 
     W1L2 = BeamShape(1, 2)
-    plan = StepPlan(
-        lambda *_: None, object(), object(), W1L2, None, Adaptive(shapes=[W1L2], every=10**6)
-    )
-    plan.next()
+    plan = StepPlan(object(), object(), W1L2, None, Adaptive(shapes=[W1L2], every=10**6))
+    queued = [plan.next(1, [])]
     for _ in range(4):  # W1L2 steps of ~10 ms
-        plan.next()
+        queued.append(plan.next(1, []))
         time.sleep(0.01)
-        plan.finished([1])
+        plan.finished(1, queued.pop(0), [1], None)
     before = plan.chooser.cost[W1L2]
     assert before is not None and before < 0.03
     plan.chooser._switch(AR)
-    plan.next()  # AR's first call "compiles" for 25 ms before the last W1L2 step is read
-    time.sleep(0.025)
-    plan.finished([1])
+    queued.append(plan.next(1, []))  # AR's first call "compiles" for 25 ms before the last
+    time.sleep(0.025)  # W1L2 step is read
+    plan.finished(1, queued.pop(0), [1], None)
     assert plan.chooser.cost[W1L2] == before
-    plan.next()
+    queued.append(plan.next(1, []))
     time.sleep(0.01)
-    plan.finished([1])  # AR's own step is timed
+    plan.finished(1, queued.pop(0), [1], None)  # AR's own step is timed
     assert plan.chooser.cost[AR] is not None and plan.chooser.cost[AR] < 0.03

@@ -10,7 +10,8 @@ import pytest
 from rich.console import Console
 
 from redrafter_mlx.cli.chat_ui import ChatLoop, run_chat
-from redrafter_mlx.cli.common import BeamFlags, ModelPaths, Sampling, load_engine, resolve_plan
+from redrafter_mlx.cli.common import BeamFlags, ModelPaths, load_engine, resolve_plan
+from redrafter_mlx.engine.sampling import SamplerConfig
 from tests.test_cli import CONTEXT, app, invoke, model_args, pair  # noqa: F401 (fixtures)
 
 MAX_TOKENS = 6
@@ -34,7 +35,7 @@ def make_loop(engine, max_tokens=MAX_TOKENS, show_accepted=False, terminal=False
         color_system="standard" if terminal else None,
     )
     return ChatLoop(
-        engine, plan, Sampling(), max_tokens, show_accepted=show_accepted, console=console
+        engine, plan, SamplerConfig(), max_tokens, show_accepted=show_accepted, console=console
     )
 
 

@@ -93,15 +93,15 @@ def test_reset_clears_the_dropped_turns_count(app, pair):
     from redrafter_mlx.cli.common import (
         BeamFlags,
         ModelPaths,
-        Sampling,
         load_engine,
         resolve_plan,
     )
+    from redrafter_mlx.engine.sampling import SamplerConfig
 
     model, drafter, _ = pair
     engine = load_engine(ModelPaths(model, drafter), None)
     plan = resolve_plan(engine.paths, None, BeamFlags(1, 3))
-    loop = ChatLoop(engine, plan, Sampling(), 4)
+    loop = ChatLoop(engine, plan, SamplerConfig(), 4)
     loop.dropped_turns = 3
     loop.reset()
     assert loop.dropped_turns == 0

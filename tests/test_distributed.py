@@ -44,6 +44,7 @@ from redrafter_mlx.engine.distributed import (
 )
 from redrafter_mlx.engine.loading import LoadError, load_drafter, load_model
 from redrafter_mlx.engine.model import Model, ModelArgs
+from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import BeamShape
 from redrafter_mlx.serve.scheduler import Scheduler
 from tests.dist_worker import fresh_memory, serve_schedule
@@ -156,8 +157,6 @@ def single_process(case: dict) -> tuple[list, int, int]:
     model, _ = load_model(case["model"], mx.float32)
     peak = mx.get_peak_memory() - base
     drafter = load_drafter(case["drafter"], mx.float32) if case["drafter"] else None
-    from redrafter_mlx.engine.sampling import SamplerConfig
-    from redrafter_mlx.engine.shape import BeamShape
 
     tokens, _ = run_decode(
         model,
@@ -529,6 +528,7 @@ def test_a_follower_applies_rank_0s_events_until_stop(folders, monkeypatch):
     """``Scheduler.follow`` on a rank other than 0, rank 0's messages played in: it admits
     the request, gives it the tokens one process gives it, and returns at the stop event; a
     message whose count of batch faults differs from its own ends it with an error."""
+    from redrafter_mlx.serve import requests as requests_module
     from redrafter_mlx.serve import scheduler as scheduler_module
     from redrafter_mlx.serve.scheduler import STOP, Request, admit_event
     from tests.dist_worker import collect
@@ -540,7 +540,8 @@ def test_a_follower_applies_rank_0s_events_until_stop(folders, monkeypatch):
     alone = serve_schedule(Scheduler(model, drafter, shape, (), 2), [spec])["r0"]
 
     got: list = []
-    request = Request([1, 7, 3, 30, 2], 9, lambda ev: None, temperature=0.8, seed=4, id="r0")
+    sampler = SamplerConfig(temperature=0.8, seed=4)
+    request = Request([1, 7, 3, 30, 2], 9, lambda ev: None, sampler, id="r0")
     sent = [[admit_event(request, 4, 0)]]
 
     def rank0(raw, group):  # what rank 0 would send: the admission, nothing, then stop
@@ -552,12 +553,12 @@ def test_a_follower_applies_rank_0s_events_until_stop(folders, monkeypatch):
         copy.sink = collect(got)
         return copy
 
-    monkeypatch.setattr(scheduler_module, "broadcast_bytes", rank0)
+    monkeypatch.setattr(requests_module, "broadcast_bytes", rank0)
     monkeypatch.setattr(scheduler_module, "request_from", recording)
     Scheduler(model, drafter, shape, (), 2, group=FakeGroup(2, 1)).follow()
     assert got == alone and len(got) == 10
 
     out_of_step = json.dumps({"events": [], "faults": 1, "nap": 0.0}).encode()
-    monkeypatch.setattr(scheduler_module, "broadcast_bytes", lambda raw, group: out_of_step)
+    monkeypatch.setattr(requests_module, "broadcast_bytes", lambda raw, group: out_of_step)
     with pytest.raises(RuntimeError, match="out of step with rank 0"):
         Scheduler(model, drafter, shape, (), 2, group=FakeGroup(2, 1)).follow()

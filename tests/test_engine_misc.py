@@ -8,11 +8,12 @@ import pytest
 from mlx.utils import tree_flatten
 
 import redrafter_mlx
+from redrafter_mlx.engine.batch import batch_step
 from redrafter_mlx.engine.cache import Session
 from redrafter_mlx.engine.decode import DecodeState, make_step, prefill_chunk
-from redrafter_mlx.engine.generation import decode, get_step
+from redrafter_mlx.engine.generation import decode
 from redrafter_mlx.engine.loading import LoadError
-from redrafter_mlx.engine.sampling import SamplerConfig
+from redrafter_mlx.engine.sampling import SamplerConfig, StepMode
 from redrafter_mlx.engine.shape import BeamShape
 from tests.helpers import (
     VICUNA_TOKENIZER,
@@ -30,7 +31,7 @@ def test_step_compiles_and_never_retraces_per_step():
     events = decode(model, drafter, [[1, 2, 3]], max_tokens=120, shape=BeamShape(3, 4))
     for _ in events:
         pass
-    step = get_step(model, drafter, BeamShape(3, 4), SamplerConfig())
+    step = batch_step(model, drafter, BeamShape(3, 4), StepMode())
     # One trace per attention-window bucket (256 slots), never one per step.
     assert 1 <= step.counter["traces"] <= 2
 

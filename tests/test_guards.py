@@ -329,7 +329,7 @@ def test_decode_refuses_before_compiling(monkeypatch):
     monkeypatch.setattr(memory, "available_memory", lambda: (GIB // 4, "a quarter GiB"))
     with pytest.raises(ShapeTooLarge, match="a quarter GiB"):
         run_decode(model, drafter, [[1, 2, 3]], shape=BeamShape(512, 20), max_tokens=4)
-    assert not model.__dict__.get("_compiled_steps")  # nothing was compiled
+    assert not model.__dict__.get("_batch_steps")  # nothing was compiled
     tokens, _ = run_decode(model, drafter, [[1, 2, 3]], shape=BeamShape(2, 3), max_tokens=4)
     assert len(tokens[0]) == 4
 

@@ -7,10 +7,11 @@ import mlx.core as mx
 import pytest
 
 from redrafter_mlx.engine.adaptive import Adaptive
+from redrafter_mlx.engine.batch import batch_step
 from redrafter_mlx.engine.cache import Session
-from redrafter_mlx.engine.generation import decode, get_step
+from redrafter_mlx.engine.generation import decode
 from redrafter_mlx.engine.lookup import ABSENT, lookup_chains
-from redrafter_mlx.engine.sampling import SamplerConfig
+from redrafter_mlx.engine.sampling import StepMode
 from redrafter_mlx.engine.shape import AR, BeamShape
 from redrafter_mlx.engine.tree import pack
 from tests.helpers import OracleDrafter, near_bigram_model, run_decode, tiny_drafter, tiny_model
@@ -220,7 +221,7 @@ def test_lookup_step_compiles_once():
     shape = BeamShape.lookup_only(2, 5)
     for _ in decode(model, None, [[1, 2, 3, 1, 2]], max_tokens=100, shape=shape, adapt=False):
         pass
-    step = get_step(model, None, shape, SamplerConfig())
+    step = batch_step(model, None, shape, StepMode())
     assert 1 <= step.counter["traces"] <= 2  # one per attention-window bucket
 
 

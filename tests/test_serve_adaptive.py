@@ -1,4 +1,4 @@
-"""The server's adaptive beam shape (``serve/choice.py``): each batch step's shape is chosen
+"""The server's adaptive beam shape (``engine/batch_choice.py``): each batch step's shape is chosen
 from measured step costs and the rows' lookup match states, and every row's output stays
 what it is alone: plain decoding's for greedy rows, the asked shape's for seeded samples.
 
@@ -88,7 +88,7 @@ def test_a_seeded_sampled_row_runs_the_asked_shape():
         if sched.choice.chooser(1).current == AR and len(sched.choice.ran) > 3:
             break
     assert sched.choice.chooser(1).current == AR and len(sched.choice.ran) > 3
-    sched.submit(Request(sampled_prompt, 24, sampled, temperature=0.9, seed=5))
+    sched.submit(Request(sampled_prompt, 24, sampled, SamplerConfig(temperature=0.9, seed=5)))
     drain(sched)
     assert greedy.tokens == plain(model, greedy_prompt, 80)
 

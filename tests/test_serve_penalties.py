@@ -43,7 +43,7 @@ def test_rows_with_their_own_penalties_equal_solo_runs(pair, prompts, shape):
     runs = []
     for i, settings in enumerate(SETTINGS):
         sink = Collector()
-        sched.submit(Request(prompts[i], 30, sink, seed=7 + i, **settings))
+        sched.submit(Request(prompts[i], 30, sink, SamplerConfig(**settings, seed=7 + i)))
         runs.append((prompts[i], settings, 7 + i, sink))
         sched.run_once()
     drain(sched)
@@ -59,8 +59,9 @@ def parse(**fields):
 
 def test_openai_fields_are_parsed_and_checked():
     params = parse(presence_penalty=0.5, frequency_penalty=-1, logit_bias={"13": -100, "7": 2})
-    assert params.presence_penalty == 0.5 and params.frequency_penalty == -1.0
-    assert params.logit_bias == ((13, -100.0), (7, 2.0))
+    sampler = params.sampling()
+    assert sampler.presence_penalty == 0.5 and sampler.frequency_penalty == -1.0
+    assert sampler.logit_bias == ((13, -100.0), (7, 2.0))
     for bad in (
         dict(presence_penalty=3),
         dict(frequency_penalty="x"),
@@ -81,6 +82,6 @@ def test_openai_fields_are_parsed_and_checked():
 def test_left_out_fields_take_the_models_defaults_then_openais():
     defaults = {"temperature": 0.2, "top_p": 0.9, "repetition_penalty": 1.1}
     sent = parse(temperature=0.0).sampling(defaults)
-    assert sent["temperature"] == 0.0 and sent["top_p"] == 0.9
-    assert sent["repetition_penalty"] == 1.1
-    assert parse().sampling({})["temperature"] == 1.0 and parse().sampling({})["top_p"] == 1.0
+    assert sent.temperature == 0.0 and sent.top_p == 0.9
+    assert sent.repetition_penalty == 1.1
+    assert parse().sampling({}).temperature == 1.0 and parse().sampling({}).top_p == 1.0

@@ -113,7 +113,7 @@ def test_mixed_sampling_rows_equal_seeded_solo_runs(pair, prompts, speculative):
     runs = []
     for i, (temperature, top_p) in enumerate(settings):
         sink = Collector()
-        sched.submit(Request(prompts[i], 40, sink, temperature, top_p, seed=100 + i))
+        sched.submit(Request(prompts[i], 40, sink, SamplerConfig(temperature, top_p, seed=100 + i)))
         runs.append((prompts[i], temperature, top_p, 100 + i, sink))
         sched.run_once()
     drain(sched)
@@ -221,24 +221,26 @@ def test_rows_with_lookup_equal_solo_runs(pair, prompts, with_drafter):
 def test_a_request_failing_on_its_own_ends_alone(pair, prompts, monkeypatch):
     """A queued request whose seed the engine cannot key (-1, past the door's check) and one
     whose prefill raises each get an error event; the rows around them equal solo runs."""
-    import redrafter_mlx.serve.scheduler as scheduler_module
+    import redrafter_mlx.engine.batch as batch_module
 
     model, drafter, tok = pair
-    prefill = scheduler_module.prefill_session
+    prefill = batch_module.prefill_session
 
     def faulty(session, chunks):
         if chunks[0] == prompts[3]:
             raise RuntimeError("injected prefill fault")
         return prefill(session, chunks)
 
-    monkeypatch.setattr(scheduler_module, "prefill_session", faulty)
+    monkeypatch.setattr(batch_module, "prefill_session", faulty)
     shape = BeamShape(2, 4)
     sched = Scheduler(model, drafter, shape, tok.eos_token_ids, max_batch=4)
     good = [Collector() for _ in range(3)]
     bad_seed, bad_prefill = Collector(), Collector()
     sched.submit(Request(prompts[0], 30, good[0]))
     sched.run_once()
-    sched.queue.put(Request(prompts[1], 30, bad_seed, seed=-1))  # as if check() missed it
+    sched.queue.put(
+        Request(prompts[1], 30, bad_seed, SamplerConfig(seed=-1))
+    )  # as if check() missed it
     sched.submit(Request(prompts[2], 30, good[1]))
     sched.submit(Request(prompts[3], 30, bad_prefill))
     sched.submit(Request(prompts[4], 30, good[2]))
@@ -263,13 +265,13 @@ def test_a_batch_fault_answers_every_request_once(pair, prompts, monkeypatch):
     sched.submit(Request(prompts[0], 40, running))
     sched.run_once()
     sched.submit(Request(prompts[1], 40, lambda ev: (events.append(ev), joining(ev))))
-    original = sched._place
+    original = sched.batch._place
 
     def boom(*args):
-        monkeypatch.setattr(sched, "_place", original)
+        monkeypatch.setattr(sched.batch, "_place", original)
         raise RuntimeError("injected batch fault")
 
-    monkeypatch.setattr(sched, "_place", boom)
+    monkeypatch.setattr(sched.batch, "_place", boom)
     sched.run_once()
     sched.submit(Request(prompts[2], 20, queued))
     drain(sched)
@@ -284,8 +286,8 @@ def test_scheduler_refuses_seeds_it_cannot_key(pair, prompts):
     sched = Scheduler(model, drafter, BeamShape(2, 4), tok.eos_token_ids, max_batch=1)
     for seed in (-1, 2**64, 1e23, True):
         with pytest.raises(ValueError, match="seed"):
-            sched.submit(Request(prompts[0], 5, Collector(), seed=seed))
-    sched.submit(Request(prompts[0], 5, Collector(), seed=2**64 - 1))
+            sched.submit(Request(prompts[0], 5, Collector(), SamplerConfig(seed=seed)))
+    sched.submit(Request(prompts[0], 5, Collector(), SamplerConfig(seed=2**64 - 1)))
 
 
 def test_a_dead_engine_loop_answers_everyone_and_refuses_new_requests(monkeypatch):

@@ -9,10 +9,12 @@ With lookup, :func:`with_lookup` adds to every drafter shape ``W×L`` its varian
 
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
 
+from redrafter_mlx.engine.plan import (  # noqa: F401 (the drafter's reach: the engine's)
+    max_length_for,
+    read_predict_tokens,
+)
 from redrafter_mlx.engine.shape import BeamShape
 
 
@@ -111,26 +113,6 @@ def with_lookup(
             capacity = None if shape.capacity is None else shape.capacity + k * (n - 1)
             out.append(BeamShape(shape.width, shape.length, capacity, k, n))
     return list(dict.fromkeys(out)) if pairs else list(shapes)
-
-
-def read_predict_tokens(drafter_dir: str | Path | None) -> int | None:
-    """``predict_tokens`` from the drafter's config.json (written by our trainer), or None.
-
-    ``None`` means no limit is known: no drafter, no config, or the key is absent.
-    """
-    if drafter_dir is None:
-        return None
-    config = Path(drafter_dir) / "config.json"
-    try:
-        value = json.loads(config.read_text(encoding="utf-8")).get("predict_tokens")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return int(value) if isinstance(value, int) and value > 0 else None
-
-
-def max_length_for(predict_tokens: int | None) -> int | None:
-    """Longest useful beam: the drafter's trained tokens plus the init token."""
-    return None if predict_tokens is None else predict_tokens + 1
 
 
 def limit_lengths(

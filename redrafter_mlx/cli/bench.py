@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -39,8 +39,6 @@ from redrafter_mlx.cli.common import (
     NoLookupOpt,
     RepetitionContextOpt,
     RepetitionPenaltyOpt,
-    Sampling,
-    SamplingFlags,
     SeedOpt,
     SystemPromptOpt,
     TempOpt,
@@ -54,7 +52,11 @@ from redrafter_mlx.cli.common import (
     prepare_engine,
     resolve_plan,
     same_plan_everywhere,
+    sampling_flags,
 )
+
+if TYPE_CHECKING:
+    from redrafter_mlx.engine.sampling import SamplerConfig
 
 
 def with_lookup(shape, chains: int, chain_length: int):
@@ -153,7 +155,7 @@ def choose_configs(
     return configs, source
 
 
-def make_runner(engine: Engine, max_tokens: int, sampling: Sampling, with_mlx_lm: bool):
+def make_runner(engine: Engine, max_tokens: int, sampling: SamplerConfig, with_mlx_lm: bool):
     """A function (config, prompt ids) -> Run that dispatches on the configuration's kind."""
     from redrafter_mlx.cli import bench_report as logic
 
@@ -464,7 +466,7 @@ def bench(
             model,
             drafter,
             dtype,
-            sampling=SamplingFlags(
+            sampling=sampling_flags(
                 temp,
                 top_p,
                 top_k,
@@ -512,7 +514,7 @@ def bench(
             prompt_set=prompt_set,
             spread=spread,
             max_tokens=max_tokens,
-            sampling=sampling.kwargs(),
+            sampling=sampling.to_dict(),
             beam_source=source,
         )
         data = logic.report(result, meta)

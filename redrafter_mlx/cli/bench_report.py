@@ -130,8 +130,7 @@ def run_engine(engine, config: Config, ids: list[int], max_tokens: int, sampling
         config.shape,
         max_tokens,
         adapt=config.adapt,
-        sampler=sampling.sampler,
-        seed=sampling.seed,
+        sampler=sampling,
     )
 
 

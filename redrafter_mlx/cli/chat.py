@@ -29,7 +29,6 @@ from redrafter_mlx.cli.common import (
     NoLookupOpt,
     RepetitionContextOpt,
     RepetitionPenaltyOpt,
-    SamplingFlags,
     SeedOpt,
     SystemPromptOpt,
     TempOpt,
@@ -39,10 +38,11 @@ from redrafter_mlx.cli.common import (
     cli_errors,
     out_console,
     prepare_engine,
+    sampling_flags,
 )
 
 
-def greeting(engine, plan, show_accepted: bool, sampling=None) -> str:
+def greeting(engine, plan, show_accepted: bool, sampling: str = "") -> str:
     """The first lines: which model, which beam shape and sampling and why, how to leave."""
     from redrafter_mlx.cli.chat_ui import DRAFTED_STYLE
 
@@ -50,7 +50,7 @@ def greeting(engine, plan, show_accepted: bool, sampling=None) -> str:
     lines = [
         f"[bold]redrafter-mlx chat[/] · {engine.paths.model}{drafter} ({engine.dtype})",
         f"[dim]beam {plan.label} ({plan.source})[/]",
-        *([f"[dim]sampling: {sampling.describe()}[/]"] if sampling is not None else []),
+        *([f"[dim]sampling: {sampling}[/]"] if sampling else []),
         "[dim]Type /help for commands; /quit or Ctrl-D leaves; Ctrl-C stops an answer.[/]",
     ]
     if show_accepted and plan.speculative:
@@ -116,7 +116,7 @@ def chat(
             BeamFlags(
                 beam_width, beam_length, capacity, no_draft, lookup, lookup_length, no_lookup
             ),
-            sampling=SamplingFlags(
+            sampling=sampling_flags(
                 temp,
                 top_p,
                 top_k,
@@ -137,7 +137,7 @@ def chat(
         from redrafter_mlx.cli.chat_ui import ChatLoop, enable_line_editing, read_line, run_chat
 
         console = out_console()
-        console.print(greeting(engine, plan, show_accepted, sampling))
+        console.print(greeting(engine, plan, show_accepted, ready.sampling_note))
         loop = ChatLoop(
             engine,
             plan,

@@ -162,8 +162,7 @@ class ChatLoop:
             max_tokens=self.max_tokens,
             session=self.session,
             shape=self.plan.shape,
-            sampler=self.sampling.sampler,
-            seed=self.sampling.seed,
+            sampler=self.sampling,
             adapt=self.adapt,
         )
         try:

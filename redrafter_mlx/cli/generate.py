@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -34,8 +34,6 @@ from redrafter_mlx.cli.common import (
     NoLookupOpt,
     RepetitionContextOpt,
     RepetitionPenaltyOpt,
-    Sampling,
-    SamplingFlags,
     SeedOpt,
     SystemPromptOpt,
     TempOpt,
@@ -47,9 +45,13 @@ from redrafter_mlx.cli.common import (
     out_console,
     prepare_engine,
     response_stats,
+    sampling_flags,
     stats_line,
 )
 from tuning import ShapeChoice
+
+if TYPE_CHECKING:
+    from redrafter_mlx.engine.sampling import SamplerConfig
 
 
 def read_prompt(prompt: str | None) -> str:
@@ -102,7 +104,7 @@ def run_generation(
     plan: ShapeChoice,
     ids: list[int],
     max_tokens: int,
-    sampling: Sampling,
+    sampling: SamplerConfig,
     echo: bool,
     adapt: bool = True,
 ) -> Generation:
@@ -119,8 +121,7 @@ def run_generation(
         ids,
         max_tokens=max_tokens,
         shape=plan.shape,
-        sampler=sampling.sampler,
-        seed=sampling.seed,
+        sampler=sampling,
         adapt=adapt,
     ):
         out.text += response.text
@@ -135,7 +136,7 @@ def run_generation(
 
 
 def result_json(
-    engine: Engine, plan: ShapeChoice, sampling: Sampling, result: Generation, chat: bool
+    engine: Engine, plan: ShapeChoice, sampling: SamplerConfig, result: Generation, chat: bool
 ) -> dict:
     """The ``--json`` object: text, token ids, finish reason, stats, beam, paths, dtype."""
     final = result.final
@@ -146,7 +147,7 @@ def result_json(
         "finish_reason": final.finish_reason,
         "stats": response_stats(final),
         "beam": plan.to_dict(),
-        "sampling": sampling.kwargs(),
+        "sampling": sampling.to_dict(),
         "chat_template": chat,
         "model": engine.paths.model,
         "drafter": engine.paths.drafter if plan.speculative else None,
@@ -209,7 +210,7 @@ def generate(
             BeamFlags(
                 beam_width, beam_length, capacity, no_draft, lookup, lookup_length, no_lookup
             ),
-            sampling=SamplingFlags(
+            sampling=sampling_flags(
                 temp,
                 top_p,
                 top_k,
@@ -225,8 +226,8 @@ def generate(
             split_ok=True,
         )
         engine, plan, sampling = ready.engine, ready.plan, ready.sampling
-        if sampling.origin and not as_json:  # values the user did not type: say so
-            err_console().print(f"sampling: {sampling.describe()}", style="dim", markup=False)
+        if ready.sampling_origin and not as_json:  # values the user did not type: say so
+            err_console().print(f"sampling: {ready.sampling_note}", style="dim", markup=False)
         ids = prompt_ids(engine.tokenizer, ready.checked, chat, system_prompt)
         result = run_generation(
             engine, plan, ids, max_tokens, sampling, echo=not as_json, adapt=not no_adapt

@@ -235,12 +235,11 @@ def follow(engine, plan, max_batch: int, group, adapt: bool = False) -> None:
 
 
 def serving_defaults(folder) -> dict:
-    """The model's generation_config.json values a request may leave out: temperature, top_p
-    and repetition_penalty (the server's rows take no top_k / min_p)."""
+    """The model's generation_config.json values a request may leave out (every sampling
+    setting they name: temperature, top_p, top_k, min_p, repetition_penalty)."""
     from redrafter_mlx.engine.sampling import model_defaults
 
-    keep = ("temperature", "top_p", "repetition_penalty")
-    return {k: v for k, v in model_defaults(folder).items() if k in keep} if folder else {}
+    return model_defaults(folder) if folder else {}
 
 
 def build(
@@ -255,7 +254,7 @@ def build(
     adapt: bool = False,
 ):
     """Scheduler + app, warmed up; returns ``run(host, port, grace)``. ``names``: the model's
-    id, then its aliases; ``adapt``: choose each step's shape (``serve/choice.py``)."""
+    id, then its aliases; ``adapt``: choose each step's shape (``engine/batch_choice.py``)."""
     import logging
 
     from redrafter_mlx.serve.app import ServeConfig, create_app, make_server

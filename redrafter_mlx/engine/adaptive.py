@@ -46,6 +46,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from .distributed import broadcast_text
+from .lookup import LookupShadow
 from .shape import AR, BeamShape
 
 
@@ -112,7 +113,7 @@ class ShapeChooser:
     stale: int = 16  # steps after which a width's acceptance follows the overall one
     margin: float = 0.1  # switch only to a shape expected this much faster (hysteresis)
     risk: float = 0.0  # per-step choice: a shape costing c ARs is judged at rate/(1+risk(c-1))
-    # (the server sets it, serve/choice.py; chat and generate judge by the rate alone)
+    # (the server sets it, engine/batch_choice.py; chat and generate judge by the rate alone)
     switches: list = field(default_factory=list)  # (observed steps, from key, to key)
     current: Hashable = None
 
@@ -237,7 +238,7 @@ class ShapeChooser:
         best = unknown[0] if unknown else max(self.shapes, key=lambda k: self._judged(k, matches))
         if best != self.current:
             self._switch(best)
-        if best == AR:
+        if best == AR and not unknown:  # (a probe is judged by rates: every cost known)
             drafting = [k for k in self.shapes if k != AR and k.drafts]
             probe = self._probe_due(
                 lambda: max(drafting, key=lambda k: self.rate(k, matches)) if drafting else None
@@ -465,70 +466,73 @@ def rank0_shape(shape: Hashable | None, shapes: Sequence[Hashable], group) -> Ha
 
 
 class StepPlan:
-    """The compiled step(s) a decode loop runs: one fixed shape, or adaptive among several.
+    """The shape choice of a decode loop over fixed rows (``generation.decode``): one fixed
+    shape, or adaptive among several; the interface of ``batch_choice.BatchChoice`` (which
+    ``batch.BatchDecoder`` calls), with a chat's settings: the ``Adaptive`` learnt on the
+    model, its chooser's plain rates, steps timed from read to read, and split across ranks
+    rank 0's shapes (``SharedChoice``).
 
-    ``next()`` returns the step function for the next queued step; ``finished(counts)``
-    reports the oldest queued step's tokens per active row once the loop has read them.
-    ``per_step`` / ``slots``: the most tokens a step can add to a row / slots it writes.
+    ``per_step`` / ``slots``: the most tokens a step can add to a row / slots it writes;
+    ``each_step``: each step's shape is chosen from its rows' lookup match states, one step
+    stale (the loop queues step k+1 before it reads step k).
     """
 
-    def __init__(self, get_step, model, drafter, shape: BeamShape, sampler, adapt):
+    def __init__(self, model, drafter, shape: BeamShape, sampler, adapt):
         speculates = not shape.is_autoregressive
         if adapt is True and speculates:
             adapt = learnt(model, drafter, shape, sampler)
         self.adapt = adapt if speculates and adapt else None
-        shapes = self.adapt.candidates(shape) if self.adapt else [shape]
-        self.steps = {s: get_step(model, drafter if s.drafts else None, s, sampler) for s in shapes}
+        self.shapes = self.adapt.candidates(shape) if self.adapt else [shape]
         self.shape = shape
-        self.per_step = max(s.longest for s in shapes)
-        self.slots = max(s.slots for s in shapes)
+        self.per_step = max(s.longest for s in self.shapes)
+        self.slots = max(s.slots for s in self.shapes)
         self.chooser = None
         previous = self.adapt.chooser if self.adapt else None
-        if previous is not None and previous.shapes == shapes:
+        if previous is not None and previous.shapes == self.shapes:
             self.chooser = previous
             previous.resume()
             self.adapt.history = []
         elif self.adapt:
-            start = shape if shape in self.steps else None
-            self.chooser = self.adapt.new_chooser(shapes, start)
+            start = shape if shape in self.shapes else None
+            self.chooser = self.adapt.new_chooser(self.shapes, start)
             self.adapt.chooser = self.chooser
             self.adapt.history = []
         self.choice = self.chooser  # what names the next shape
         group = getattr(model, "group", None)
         if self.chooser is not None and group is not None:
             self.choice = SharedChoice(self.chooser, group)
-        self._queued: deque = deque()
         self._last_read: float | None = None
         self._queued_once: set = set()
         # The longest lookup chain among the candidates: the shadow's horizon (0: none).
-        self.lookup_horizon = max((s.chain_length - 1 for s in shapes if s.lookup), default=0)
+        self.horizon = max((s.chain_length - 1 for s in self.shapes if s.lookup), default=0)
         if self.chooser is None:
-            self.lookup_horizon = 0
-        # Each step's shape from its rows' match states: the loop reads every step before
-        # queueing the next (split across ranks: rank 0's choice, sent before each step).
-        self.each_step = self.chooser is not None and self.lookup_horizon > 0
+            self.horizon = 0
+        self.each_step = self.chooser is not None and self.horizon > 0
 
-    def next(self, matches: Sequence[int] | None = None):
-        """The step function for the next step to queue (``matches``: with ``each_step``,
-        the active rows' lookup match states, read after the previous step).
+    def shadow(self, text: list[int]) -> LookupShadow | None:
+        """A row's lookup shadow over its text so far (None: no lookup among the shapes)."""
+        return LookupShadow([text], self.horizon) if self.horizon else None
+
+    def next(self, rows: int, matches: Sequence[int]) -> BeamShape:
+        """The shape of the next step to queue (``matches``: the running rows' lookup match
+        states as of the last step read, used with ``each_step``).
 
         A shape's first call compiles it, in the interval that ends at the next read (the
         loop queues a step, then reads the one before it): that interval is no step time."""
         if self.choice is None:
             shape = self.shape
         elif self.each_step:
-            shape = self.choice.next_shape(matches)
+            shape = self.choice.next_shape(list(matches))
         else:
             shape = self.choice.next_shape()
         if shape not in self._queued_once:
             self._queued_once.add(shape)
             self.pause()
-        self._queued.append(shape)
-        return self.steps[shape]
+        return shape
 
-    def finished(self, counts: Sequence[int]) -> None:
-        """The oldest queued step was read: ``counts`` tokens per active row."""
-        shape = self._queued.popleft()
+    def finished(self, rows: int, shape, counts: Sequence[int], seconds) -> None:
+        """A step of ``shape`` was read: ``counts`` tokens per running row. Its time is the
+        interval since the previous read (the batch's own ``seconds`` are not used)."""
         now = time.perf_counter()
         if self.chooser is None:
             return
@@ -550,3 +554,6 @@ class StepPlan:
         """The consumer held the loop (e.g. between streamed events): the next read's wall
         time is not a step time."""
         self._last_read = None
+
+    def reset(self) -> None:
+        """Nothing in flight to forget (the loop ends with its generation)."""

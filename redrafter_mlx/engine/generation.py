@@ -1,7 +1,9 @@
 """The generation loop and the public API: ``stream_generate``, ``generate``, ``batch_generate``.
 
-The loop keeps the next step queued with ``mx.async_eval`` and reads only arrays of steps
-already computed (text streams one step behind). It stops exactly: no token after EOS or
+``decode`` is a client of the engine's one batched loop (``batch.BatchDecoder``, which the
+server's scheduler drives too): its rows are prefilled together in a ``Session``, adopted by
+the batch, and decoded with step k+1 queued (``mx.async_eval``) before step k is read, in
+every mode (text streams one step behind). It stops exactly: no token after EOS or
 beyond ``max_tokens``, even when more were accepted in the same step (``cache.stop_at``). A
 ``Session`` (``engine/cache.py``) owns the KV cache of its rows across calls, so a chat turn
 prefills only its new tokens.
@@ -16,28 +18,18 @@ from dataclasses import dataclass, field, fields
 import mlx.core as mx
 
 from .adaptive import Adaptive, StepPlan
-from .cache import (
-    Session,
-    ensure_slots,
-    prefill_session,
-    step_window,
-    stop_at,
-    text_history,
-    token_limit,
-)
+from .batch import BatchDecoder, Row, RowStats
+from .cache import Session, prefill_session, text_history, token_limit
 from .decode import DecodeState, first_draw, make_step
 from .distributed import shared_seed
 from .drafter import Drafter
-from .lookup import LookupShadow
 from .memory import check_step_memory
 from .model import Model
-from .sampling import SamplerConfig, check_seed
+from .plan import DEFAULT_SHAPE, default_plan
+from .sampling import RowSampler, SamplerConfig, check_seed, row_settings
 from .shape import BeamShape
 
 MAX_COMPILED_STEPS = 16  # per model: beam shapes x sampler configs x drafters
-
-
-DEFAULT_SHAPE = BeamShape(4, 4)
 
 
 @dataclass
@@ -151,7 +143,7 @@ def decode(
     if not shape.drafts:
         drafter = None
     sampler = sampler.validate(model.vocab_size)
-    check_seed(seed)
+    seed = check_seed(seed) if seed is not None else sampler.seed
     layers = getattr(getattr(drafter, "args", None), "feature_layers", None)
     if layers and tuple(layers) != model.feature_layers:
         model.capture_features(layers)  # what ``loading.attach`` does (a drafter loaded alone)
@@ -161,9 +153,12 @@ def decode(
     session = session or Session(model, len(prompts))
     if session.batch != len(prompts):
         raise ValueError(f"session has {session.batch} rows but {len(prompts)} prompts were given")
-    # Per row: most tokens, and why it stops there (the length asked for, or a full context).
-    limits, at_limit = zip(*(token_limit(model, len(p), max_tokens) for p in prompts))
+    B = len(prompts)
     eos = set(int(e) for e in eos_token_ids)
+    if adapt is True and seed is not None and not sampler.greedy:
+        adapt = False  # the schedule follows wall time: a seeded sample must be reproducible
+    plan = StepPlan(model, drafter, shape, sampler, adapt)
+    batch = BatchDecoder(model, drafter, shape, eos, B, choice=plan, release=False)
 
     tic = time.perf_counter()
     new_tokens = session.reuse(prompts)
@@ -174,37 +169,36 @@ def decode(
     rng = mx.random.key(seed if seed is not None else int(time.time_ns() % (1 << 31)))
     rng, first_key = mx.random.split(rng)
     history = text_history(prompts, session.slots)
-    first = first_draw(model, hidden, sampler, first_key, history, session.lengths)
+    # One key per row (a lone row: the run's own, so it draws as the server's row of the same
+    # request and seed), split every step.
+    mode, settings = row_settings([sampler] * B, model.vocab_size)
+    rows_first = RowSampler(settings, _row_keys(first_key, B), mode)
+    first = first_draw(model, hidden, rows_first, None, history, session.lengths)
     state = DecodeState(first, hidden, session.lengths, session.keys, session.values, rng, history)
 
-    B = len(prompts)
     out = [[] for _ in range(B)]
-    finish: list[str | None] = [None] * B
-    if adapt is True and seed is not None and not sampler.greedy:
-        adapt = False  # the schedule follows wall time: a seeded sample must be reproducible
-    plan = StepPlan(get_step, model, drafter, shape, sampler, adapt)
+    rows = []
+    for p in prompts:
+        limit, at_limit = token_limit(model, len(p), max_tokens)
+        rows.append(Row(sampler, limit, len(p), RowStats(len(p)), at_limit=at_limit))
     stats = _Stats(
         prompt_tokens=sum(len(p) for p in prompts),
         prefilled=prefilled,
         prompt_s=0.0,
         length=max(plan.per_step, 2),
     )
-
-    def emit(row: int, toks: list[int]) -> tuple[list[int], int]:
-        """Append row tokens up to EOS / its limit; return (new tokens, tokens consumed)."""
-        new, done = stop_at(toks, eos, limits[row] - len(out[row]), at_limit[row])
-        if done is not None:
-            finish[row] = done
-        out[row].extend(new)
-        return new, len(new)
-
-    box = {"state": state}  # the newest queued state, handed back to the session
-    del state
     try:
         session.keys = session.values = None  # the loop owns the cache now (in-place updates)
+        batch.adopt(state, _row_keys(rng, B), rows)
+        del state
         first_tokens = first.tolist()  # once per call, before the decode loop
         stats.prompt_s = time.perf_counter() - tic
-        first_new = [emit(r, [first_tokens[r]])[0] for r in range(B)]
+        first_new = []
+        for r, row in enumerate(rows):
+            new, _ = batch.emit(row, [first_tokens[r]])
+            out[r] += new
+            first_new.append(new)
+            row.shadow = plan.shadow(prompts[r] + out[r])
         stats.generated += sum(len(t) for t in first_new)
         stats.first_token_s = time.perf_counter() - tic
         gen_tic = time.perf_counter()
@@ -212,83 +206,50 @@ def decode(
             first_new,
             [0] * B,
             [[False] * len(t) for t in first_new],
-            list(finish),
-            stats.snapshot(gen_tic),
+            [row.finish for row in rows],
+            stats.snapshot(gen_tic, batch.host_s),
             [0] * B,
         )
 
-        per_step = plan.per_step  # most a step can add to a row
-        horizon = plan.lookup_horizon
-        shadow = LookupShadow([p + o for p, o in zip(prompts, out)], horizon) if horizon else None
-        width = plan.slots  # slots a step writes past a row
-        lengths = [len(p) for p in prompts]  # exact, as of the last step read
-        inflight = 0
-
-        def queue(matches=None):
-            """Queue one step; attention covers a bucket above every row's possible length.
-
-            The state is taken out of ``box`` so that, while the step is dispatched, nothing
-            but its graph holds the cache: a held reference makes every K/V write copy it.
-            """
-            nonlocal inflight
-            state = box.pop("state")
-            try:
-                window = step_window(max(lengths), inflight, per_step, width)
-                state = ensure_slots(state, window)
-                host = time.perf_counter()
-                state, out = plan.next(matches)(state, window)
-                mx.async_eval(out, state)
-            finally:
-                box["state"] = state  # handed back to the session even if interrupted
-            stats.host_s += time.perf_counter() - host
-            inflight += 1
-            return out
-
-        def matches():
-            """Each running row's lookup match state now (the per-step choice's input)."""
-            return [shadow.match(r) for r in range(B) if finish[r] is None]
-
-        # A per-step choice reads step k before queueing step k+1 (it needs the text so
-        # far); otherwise step k+1 is queued before step k is read.
-        each_step = plan.each_step
-        pending = None
-        if not all(finish):
-            pending = queue(matches() if each_step else None)
+        # Step k+1 is queued before step k is read, in every mode: the device never waits
+        # for the host's reading, lookup shadow and shape choice, which run while it works
+        # (a per-step choice reads the match states one step stale).
+        pending = batch.queue() if not all(row.finished for row in rows) else None
         while pending is not None:
-            nxt = None if each_step else queue()
-            # Host reads of step k only, which is computed; step k+1 is already queued.
-            toks, counts, packed = (
-                pending.tokens.tolist(),
-                pending.count.tolist(),
-                pending.packed.tolist(),
-            )
-            looked = [0] * B if pending.looked_up is None else pending.looked_up.tolist()
-            inflight -= 1
-            plan.finished([c for c, f in zip(counts, finish) if f is None])
-            if shadow is not None:  # what a lookup chain would have given, rows still going
-                seen = [shadow.step(r, toks[r][: counts[r]]) for r in range(B) if not finish[r]]
-                plan.lookup_seen([pair for row in seen for pair in row])
-            lengths = [n + c for n, c in zip(lengths, counts)]
+            nxt = batch.queue()
+            got = {id(g.row): g for g in batch.read(pending)}  # step k only: it is computed
             stats.steps += 1
-            new_rows, acc_rows, drafted_rows = [], [], []
-            for r in range(B):
-                if finish[r] is not None:
+            new_rows, acc_rows, drafted_rows, looked = [], [], [], []
+            for r, row in enumerate(rows):
+                g = got.get(id(row))
+                if g is None:  # finished before this step
                     new_rows.append([]), acc_rows.append(0), drafted_rows.append([])
-                    looked[r] = 0
+                    looked.append(0)
                     continue
-                new, used = emit(r, toks[r][: counts[r]])
-                stats.record(counts[r], packed[r], used, looked[r])
-                new_rows.append(new)
-                acc_rows.append(counts[r] - 1)
-                drafted_rows.append([i < counts[r] - 1 for i in range(len(new))])
-            if each_step and not all(finish):
-                nxt = queue(matches())
-            pending = nxt if not all(finish) else None
+                out[r] += g.new
+                stats.record(g.count, g.packed, len(g.new), g.looked_up)
+                new_rows.append(g.new)
+                acc_rows.append(g.count - 1)
+                drafted_rows.append([i < g.count - 1 for i in range(len(g.new))])
+                looked.append(g.looked_up)
+            pending = nxt if not all(row.finished for row in rows) else None
+            finish = [row.finish for row in rows]
             yield DecodeEvent(
-                new_rows, acc_rows, drafted_rows, list(finish), stats.snapshot(gen_tic), looked
+                new_rows,
+                acc_rows,
+                drafted_rows,
+                finish,
+                stats.snapshot(gen_tic, batch.host_s),
+                looked,
             )
     finally:
-        _hand_back(session, box["state"], prompts, out)
+        if batch.state is not None:
+            _hand_back(session, batch.state, prompts, out)
+
+
+def _row_keys(key: mx.array, rows: int) -> mx.array:
+    """(rows, 2) keys: ``key`` itself for one row, else ``rows`` keys split from it."""
+    return key[None] if rows == 1 else mx.random.split(key, rows)
 
 
 def _hand_back(session: Session, state: DecodeState, prompts, out) -> None:
@@ -331,7 +292,6 @@ class _Stats:
     emitted_by_steps: int = 0
     packed_sum: int = 0
     row_steps: int = 0
-    host_s: float = 0.0
     first_token_s: float = 0.0
     hist: list[int] = field(default_factory=list)
     looked_up: int = 0
@@ -346,7 +306,8 @@ class _Stats:
         self.packed_sum += packed
         self.generated += used
 
-    def snapshot(self, gen_tic: float) -> DecodeStats:
+    def snapshot(self, gen_tic: float, host_s: float) -> DecodeStats:
+        """The statistics now (``host_s``: time spent queueing steps)."""
         elapsed = max(time.perf_counter() - gen_tic, 1e-9)
         return DecodeStats(
             steps=self.steps,
@@ -358,7 +319,7 @@ class _Stats:
             tokens_per_step=self.emitted_by_steps / max(self.row_steps, 1),
             mean_packed=self.packed_sum / max(self.row_steps, 1),
             time_to_first_token=self.first_token_s,
-            host_ms_per_step=1e3 * self.host_s / max(self.steps, 1),
+            host_ms_per_step=1e3 * host_s / max(self.steps, 1),
             peak_memory_gb=mx.get_peak_memory() / 1e9,
             accept_hist=list(self.hist),
             accepted_tokens=self.emitted_by_steps - self.row_steps,
@@ -379,7 +340,7 @@ def stream_generate(
     prompt,
     *,
     max_tokens: int = 256,
-    shape: BeamShape = DEFAULT_SHAPE,
+    shape: BeamShape | None = None,
     sampler: SamplerConfig = SamplerConfig(),
     seed: int | None = None,
     session: Session | None = None,
@@ -388,12 +349,14 @@ def stream_generate(
     """Stream one prompt's continuation. ``drafter=None`` decodes autoregressively.
 
     ``shape``: the beam shape (:class:`BeamShape`, W beams of L tokens, optional packing
-    capacity); with ``adapt`` (the default) the loop switches between it, the shorter single
+    capacity, lookup chains); None (the default) runs what ``chat`` runs on a machine with no
+    tuned profile (``engine.plan.default_plan``: the chip's preset with a lookup chain). With
+    ``adapt`` (the default) the loop switches between it, its parts, the shorter single
     beams and plain decoding by measured tokens/s (``decode``). ``sampler``: greedy by
-    default, else temperature / top-p / top-k / min-p (:class:`SamplerConfig`), drawn from
-    ``seed``. ``prompt`` is a string (encoded with BOS) or a list of token ids. Pass a
-    ``Session`` to reuse its KV cache across calls (only tokens not already cached are
-    prefilled).
+    default, else temperature / top-p / top-k / min-p, penalties and logit bias
+    (:class:`SamplerConfig`), drawn from ``seed`` (else ``sampler.seed``). ``prompt`` is a
+    string (encoded with BOS) or a list of token ids. Pass a ``Session`` to reuse its KV
+    cache across calls (only tokens not already cached are prefilled).
     """
     from .tokenizer import StreamDecoder
 
@@ -403,7 +366,7 @@ def stream_generate(
         drafter,
         [_prompt_ids(tokenizer, prompt)],
         max_tokens=max_tokens,
-        shape=shape,
+        shape=shape if shape is not None else default_plan(drafter).shape,
         sampler=sampler,
         seed=seed,
         eos_token_ids=tokenizer.eos_token_ids,
@@ -436,7 +399,7 @@ def batch_generate(
     prompts: Sequence,
     *,
     max_tokens: int = 256,
-    shape: BeamShape = DEFAULT_SHAPE,
+    shape: BeamShape | None = None,
     sampler: SamplerConfig = SamplerConfig(),
     seed: int | None = None,
     session: Session | None = None,
@@ -452,7 +415,7 @@ def batch_generate(
         drafter,
         ids,
         max_tokens=max_tokens,
-        shape=shape,
+        shape=shape if shape is not None else default_plan(drafter).shape,
         sampler=sampler,
         seed=seed,
         eos_token_ids=tokenizer.eos_token_ids if tokenizer is not None else (),

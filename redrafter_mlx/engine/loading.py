@@ -207,6 +207,7 @@ def load_drafter(path: str | os.PathLike, dtype=None) -> Drafter:
     weights = read_weights_drafter(path)
     _apply_weights(drafter, weights, config, dtype or default_dtype(), path)
     drafter.eval()
+    drafter.folder = path  # its trained reach (config.json) for the default plan
     return drafter
 
 

@@ -10,7 +10,8 @@ the penalties read each node's own text (``penalties.py``), so they stay exact t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from typing import NamedTuple
 
 import mlx.core as mx
@@ -24,11 +25,18 @@ MAX_PENALTY_CONTEXT = 1024  # the window is read per tree node: (B, C, M, M) com
 
 @dataclass(frozen=True)
 class SamplerConfig:
-    """How the target's next token is drawn (hashable: a compiled step's key).
+    """A request's sampling settings: the one type the CLI flags, the Python API and the
+    server's requests all become, validated here (``validate``).
 
-    ``repetition_penalty`` (1 = off), ``presence_penalty`` and ``frequency_penalty`` (0 = off)
-    read the last ``repetition_context_size`` tokens of prompt + output, as mlx-lm's logits
-    processors do; ``logit_bias`` is ``((token id, bias), ...)`` added to the logits first.
+    Hashable, a compiled step's key; ``seed`` is not part of the key (``compare=False``): it
+    seeds the draws' keys, not the step. ``repetition_penalty`` (1 = off),
+    ``presence_penalty`` and ``frequency_penalty`` (0 = off) read the last
+    ``repetition_context_size`` tokens of prompt + output, as mlx-lm's logits processors do;
+    ``logit_bias`` is ``((token id, bias), ...)`` added to the logits first. A batch whose
+    rows differ draws with the per-row form of these settings (``row_settings``).
+    Adding a setting: a field here, its check in ``validate``, its use in ``process_logits``
+    and ``draw_rows`` (and a ``RowSettings`` array), and its flag and request field
+    (``cli/common.py``'s option, ``serve/protocol.py``'s ``SENT_FIELDS``).
     """
 
     temperature: float = 0.0
@@ -40,10 +48,40 @@ class SamplerConfig:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    seed: int | None = field(default=None, compare=False)
 
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @classmethod
+    def resolve(
+        cls, sent: Mapping, defaults: Mapping | None = None, fallback: Mapping | None = None
+    ) -> SamplerConfig:
+        """Settings from what a user ``sent`` (a value of None: not sent), else the model's
+        ``defaults`` (``model_defaults``), else ``fallback``, else this class's; validated
+        (a ParamError names the field)."""
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(sent) - names)
+        if unknown:
+            raise ValueError(f"unknown sampling settings {unknown}; known: {sorted(names)}")
+        values = {**(fallback or {}), **(defaults or {})}
+        values.update({k: v for k, v in sent.items() if v is not None})
+        values = {k: v for k, v in values.items() if k in names}
+        if "logit_bias" in values:
+            values["logit_bias"] = tuple((t, b) for t, b in values["logit_bias"])
+        return cls(**values).validate()
+
+    def with_defaults(self, defaults: Mapping, given: Sequence[str]) -> SamplerConfig:
+        """These settings with the fields not in ``given`` taken from ``defaults``."""
+        found = {k: v for k, v in defaults.items() if k not in given}
+        return replace(self, **found).validate() if found else self
+
+    def to_dict(self) -> dict:
+        """JSON-ready settings (``logit_bias`` as ``{"id": bias}``)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["logit_bias"] = {str(t): b for t, b in self.logit_bias}
+        return out
 
     @property
     def reads_text(self) -> bool:
@@ -68,8 +106,10 @@ class SamplerConfig:
             )
         if not 0.0 < self.top_p <= 1.0:
             raise ParamError("top_p", f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ParamError("top_k", f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ParamError(
+                "top_k", f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}"
+            )
         if not 0.0 <= self.min_p < 1.0:
             raise ParamError("min_p", f"min_p must be in [0, 1), got {self.min_p}")
         if self.repetition_penalty <= 0:
@@ -89,6 +129,7 @@ class SamplerConfig:
                 f"got {size!r}",
             )
         check_logit_bias(self.logit_bias, vocab_size)
+        check_seed(self.seed)
         return self
 
 
@@ -133,11 +174,9 @@ def process_text(logits: mx.array, cfg, text: NodeText | None) -> mx.array:
     each row's own): (B, C, V) -> (B, C, V), raw logits. ``text`` is each node's window
     (``penalties.node_text``), needed when ``cfg.reads_text``."""
     if isinstance(cfg, RowSampler):
-        pen = cfg.penalties
-        if pen is None:
-            return logits
-        bias = pen.bias[:, None, :] if pen.biased else None
-        penalties = (pen.repetition, pen.presence, pen.frequency)
+        rows, mode = cfg.settings, cfg.mode
+        bias = rows.bias[:, None, :] if mode.bias else None
+        penalties = (rows.repetition, rows.presence, rows.frequency)
     else:
         bias = bias_vector(cfg.logit_bias, logits.shape[-1]) if cfg.logit_bias else None
         penalties = (cfg.repetition_penalty, cfg.presence_penalty, cfg.frequency_penalty)
@@ -148,6 +187,9 @@ def process_text(logits: mx.array, cfg, text: NodeText | None) -> mx.array:
     return logits
 
 
+NEG_INF = -float("inf")
+
+
 def process_logits(logits: mx.array, cfg: SamplerConfig) -> mx.array:
     """Log-weights of the target distribution: (..., V) float32 -> (..., V), -inf = excluded.
 
@@ -155,17 +197,13 @@ def process_logits(logits: mx.array, cfg: SamplerConfig) -> mx.array:
     distribution that ``draw`` samples from.
     """
     x = logits.astype(mx.float32) / cfg.temperature
-    neg_inf = mx.array(-float("inf"), dtype=mx.float32)
-    V = x.shape[-1]
-    if 0 < cfg.top_k < V:
+    if 0 < cfg.top_k < x.shape[-1]:
         kth = mx.min(mx.topk(x, cfg.top_k, axis=-1), axis=-1, keepdims=True)
-        x = mx.where(x >= kth, x, neg_inf)
+        x = mx.where(x >= kth, x, mx.array(NEG_INF, dtype=mx.float32))
     if cfg.top_p < 1.0:
         x = nucleus_filter(x, cfg.top_p)
     if cfg.min_p > 0.0:
-        probs = mx.softmax(x, axis=-1)
-        floor = cfg.min_p * mx.max(probs, axis=-1, keepdims=True)
-        x = mx.where(probs >= floor, x, neg_inf)
+        x = min_p_filter(x, cfg.min_p)
     return x
 
 
@@ -174,7 +212,7 @@ def nucleus_filter(x: mx.array, top_p) -> mx.array:
 
     ``top_p`` is a float or an array broadcasting against ``x[..., :1]`` (one value per row).
     """
-    neg_inf = mx.array(-float("inf"), dtype=mx.float32)
+    neg_inf = mx.array(NEG_INF, dtype=mx.float32)
     probs = mx.softmax(x, axis=-1)
     desc = -mx.sort(-probs, axis=-1)
     before = mx.cumsum(desc, axis=-1) - desc  # mass strictly above each sorted token
@@ -182,63 +220,151 @@ def nucleus_filter(x: mx.array, top_p) -> mx.array:
     return mx.where(probs >= thresh, x, neg_inf)
 
 
-class RowSampler(NamedTuple):
-    """Per-row sampling settings for a batch whose rows differ (the server's batch).
+def min_p_filter(x: mx.array, min_p) -> mx.array:
+    """Drop tokens below ``min_p`` times the top probability: (..., V) -> (..., V).
 
-    temperature, top_p: (B,) float32, temperature 0 = greedy row; keys: (B, 2) one PRNG key
-    per row for this draw. ``sample`` / ``nucleus`` are static switches (any row samples /
-    any sampling row has top_p < 1) so an all-greedy batch pays for an argmax only.
-    A row's draw equals ``draw`` with that row's ``SamplerConfig`` and key, alone.
+    ``min_p`` is a float or an array broadcasting against ``x[..., :1]`` (0 keeps all).
+    """
+    probs = mx.softmax(x, axis=-1)
+    floor = min_p * mx.max(probs, axis=-1, keepdims=True)
+    return mx.where(probs >= floor, x, mx.array(NEG_INF, dtype=mx.float32))
+
+
+def top_k_rows(x: mx.array, top_k: mx.array) -> mx.array:
+    """Keep each row's ``top_k`` most likely tokens: (B, ..., V) -> (B, ..., V).
+
+    ``top_k``: an int32 array broadcasting against ``x[..., :1]``, 0 (or >= V) keeps all. The
+    k-th largest value is the one ``process_logits`` takes (``topk``'s minimum), so ties
+    are kept alike.
+    """
+    V = x.shape[-1]
+    desc = -mx.sort(-x, axis=-1)
+    at = mx.clip(top_k - 1, 0, V - 1).astype(mx.int32)
+    kth = mx.take_along_axis(desc, mx.broadcast_to(at, (*x.shape[:-1], 1)), axis=-1)
+    on = (top_k > 0) & (top_k < V)
+    return mx.where(on & (x < kth), mx.array(NEG_INF, dtype=mx.float32), x)
+
+
+class StepMode(NamedTuple):
+    """Static switches of a batch step's sampling (a compile key): any row samples / uses
+    top-p / top-k / min-p / has a logit bias / a penalty, reading ``span`` history tokens.
+    An all-greedy batch pays for an argmax only."""
+
+    sample: bool = False
+    nucleus: bool = False
+    top_k: bool = False
+    min_p: bool = False
+    bias: bool = False
+    penalize: bool = False
+    span: int = 0
+
+
+class RowSettings(NamedTuple):
+    """The per-row tensor form of B rows' ``SamplerConfig``s (``row_settings``).
+
+    temperature, top_p, min_p, repetition, presence, frequency: (B,) float32 (temperature 0 =
+    greedy row; 1 / 0 = off); top_k, context: (B,) int32; bias: (B, V) float32 added first,
+    or (B, 1) zeros when no row has one.
     """
 
     temperature: mx.array
     top_p: mx.array
-    keys: mx.array
-    sample: bool
-    nucleus: bool
-    penalties: RowPenalties | None = None
-
-    @property
-    def reads_text(self) -> bool:
-        return self.penalties is not None and self.penalties.reads_text
-
-    def penalty_window(self):
-        """(history tokens read: static, window size per row (B,))."""
-        return self.penalties.span, self.penalties.context
-
-
-class RowPenalties(NamedTuple):
-    """Per-row logit bias and penalties (``SamplerConfig``'s, one row each).
-
-    repetition, presence, frequency: (B,) float32 (1 / 0 / 0 = off); context: (B,) int32
-    window sizes; bias: (B, V) float32 added first. ``span`` (static) is at least every
-    row's window; ``reads_text`` / ``biased`` (static) say whether any row uses them.
-    """
-
+    top_k: mx.array
+    min_p: mx.array
     repetition: mx.array
     presence: mx.array
     frequency: mx.array
     context: mx.array
     bias: mx.array
-    span: int
-    reads_text: bool
-    biased: bool
+
+
+PENALTY_SPANS = (20, 64, 256, 1024)  # history a batch's penalties read: few compile keys
+GREEDY = SamplerConfig()  # a free row's settings
+
+
+def row_settings(
+    configs: Sequence[SamplerConfig | None], vocab_size: int
+) -> tuple[StepMode, RowSettings]:
+    """One batch's per-row settings from its rows' ``SamplerConfig``s (None: a free row,
+    greedy): the static ``StepMode`` and the ``RowSettings`` arrays."""
+    rows = [c if c is not None else GREEDY for c in configs]
+    used = [c for c in configs if c is not None]
+    sampling = [c for c in used if not c.greedy]
+    reading = [c.repetition_context_size for c in used if c.reads_text]
+    span = next((s for s in PENALTY_SPANS if s >= max(reading)), 0) if reading else 0
+    mode = StepMode(
+        bool(sampling),
+        any(c.top_p < 1.0 for c in sampling),
+        any(0 < c.top_k < vocab_size for c in sampling),
+        any(c.min_p > 0.0 for c in sampling),
+        any(c.logit_bias for c in used),
+        bool(reading),
+        span,
+    )
+
+    def per_row(name, dtype=mx.float32):
+        return mx.array([getattr(c, name) for c in rows], dtype)
+
+    if mode.bias:
+        bias = mx.stack([bias_vector(c.logit_bias, vocab_size) for c in rows])
+    else:
+        bias = mx.zeros((len(rows), 1), mx.float32)
+    settings = RowSettings(
+        per_row("temperature"),
+        per_row("top_p"),
+        per_row("top_k", mx.int32),
+        per_row("min_p"),
+        per_row("repetition_penalty"),
+        per_row("presence_penalty"),
+        per_row("frequency_penalty"),
+        per_row("repetition_context_size", mx.int32),
+        bias,
+    )
+    return mode, settings
+
+
+class RowSampler(NamedTuple):
+    """A batch whose rows draw with their own settings (``RowSettings``) and PRNG keys
+    (``keys`` (B, 2), one per row for this draw); ``mode`` is static. A row's draw equals
+    ``draw`` with that row's ``SamplerConfig`` and key, alone."""
+
+    settings: RowSettings
+    keys: mx.array
+    mode: StepMode
+
+    @property
+    def reads_text(self) -> bool:
+        return self.mode.penalize
+
+    def penalty_window(self):
+        """(history tokens read: static, window size per row (B,))."""
+        return self.mode.span, self.settings.context
 
 
 def draw_rows(logits: mx.array, rows: RowSampler) -> mx.array:
-    """One draw per position with each row's own settings: (B, ..., V) -> (B, ...) int32."""
+    """One draw per position with each row's own settings: (B, ..., V) -> (B, ..., ) int32.
+
+    Order as ``process_logits``: temperature, top-k, top-p, min-p, each only where the
+    batch's ``mode`` says a row uses it; a row with it off is left as is.
+    """
     greedy = mx.argmax(logits, axis=-1).astype(mx.int32)
-    if not rows.sample:
+    mode, s = rows.mode, rows.settings
+    if not mode.sample:
         return greedy
     per_row = (-1,) + (1,) * (logits.ndim - 1)  # broadcast (B,) over (B, ..., V)
-    temperature = rows.temperature.reshape(per_row)
+    temperature = s.temperature.reshape(per_row)
     x = logits.astype(mx.float32) / mx.where(temperature > 0, temperature, 1.0)
-    if rows.nucleus:
-        top_p = rows.top_p.reshape(per_row)
+    if mode.top_k:
+        x = top_k_rows(x, s.top_k.reshape(per_row))
+    if mode.nucleus:
+        top_p = s.top_p.reshape(per_row)
         x = mx.where(top_p < 1.0, nucleus_filter(x, top_p), x)
+    if mode.min_p:
+        min_p = s.min_p.reshape(per_row)
+        x = mx.where(min_p > 0.0, min_p_filter(x, min_p), x)
     noise = mx.vmap(lambda key: mx.random.gumbel(x.shape[1:], key=key))(rows.keys)
     sampled = mx.argmax(x + noise, axis=-1).astype(mx.int32)
-    return mx.where(rows.temperature.reshape(per_row[:-1]) > 0, sampled, greedy)
+    return mx.where(s.temperature.reshape(per_row[:-1]) > 0, sampled, greedy)
 
 
 def draw(logits: mx.array, cfg: SamplerConfig, key: mx.array | None) -> mx.array:

@@ -1,9 +1,10 @@
 """``redrafter-mlx serve``: an OpenAI-compatible HTTP server with continuous batching.
 
-* ``batch_step``: the compiled decode step over a fixed set of batch rows with an ``active``
-  mask and per-row sampling settings and PRNG keys;
-* ``scheduler``: the engine loop (one thread owns the model and the cache), rows joining at
-  step boundaries and leaving when finished or cancelled;
+* ``scheduler``: the engine loop (one thread owns the model and the cache) over the engine's
+  ``BatchDecoder`` (``engine/batch.py``: rows joining and leaving with their own sampling
+  settings, the steps, exact stops); it keeps the requests, their events and the broadcast
+  to other ranks;
+* ``requests``: a request, the events it receives, the events rank 0 shares with the ranks;
 * ``protocol``: OpenAI request parsing and validation, response and error bodies;
 * ``app``: the Starlette ASGI app (endpoints, SSE streaming) and the uvicorn runner.
 

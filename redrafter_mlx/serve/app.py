@@ -106,7 +106,7 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
             ids = prompt_ids(params, config.tokenizer)
             param = "messages" if params.kind == "chat" else "prompt"
             check_context(ids, config.context, config.vocab_size, param)
-            check_bias_ids(params.logit_bias, config.vocab_size)
+            check_bias_ids(params.sent.get("logit_bias", ()), config.vocab_size)
         except ProtocolError as e:
             if e.status == 413:
                 await _discard_body(request, DISCARD_LIMIT)
@@ -124,9 +124,8 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
             ids,
             params.max_tokens or min(config.max_tokens_limit, room),
             sink=lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
-            seed=params.seed,
+            sampler=params.sampling(config.sampling_defaults),
             id=new_id(params.kind),
-            **params.sampling(config.sampling_defaults),
         )
         try:
             scheduler.submit(request)

@@ -2,15 +2,18 @@
 
 Parsing never touches the engine: a request either becomes ``Params`` or raises
 ``ProtocolError`` (HTTP 400 with an OpenAI-style error body naming the bad parameter).
-Supported: ``max_tokens`` (``max_completion_tokens``), ``temperature`` (0 = greedy),
-``top_p``, ``stop``, ``seed``, ``n=1``, ``stream`` with ``stream_options.include_usage``,
-``logit_bias``, ``presence_penalty`` and ``frequency_penalty`` (over the last
-``repetition_context_size`` tokens, as mlx-lm's server), and mlx-lm's ``repetition_penalty``
-and ``repetition_context_size``. Sampling fields a request leaves out take the model's
+Supported: ``max_tokens`` (``max_completion_tokens``), ``stop``, ``n=1``, ``stream`` with
+``stream_options.include_usage``, and every sampling setting the CLI has (``SENT_FIELDS``):
+``temperature`` (0 = greedy), ``top_p``, ``top_k``, ``min_p``, ``seed``, ``logit_bias``,
+``presence_penalty`` and ``frequency_penalty`` (over the last ``repetition_context_size``
+tokens, as mlx-lm's server), and mlx-lm's ``repetition_penalty`` and
+``repetition_context_size``. Sampling fields a request leaves out take the model's
 ``generation_config.json`` values, else OpenAI's defaults (``Params.sampling``).
+What it does not implement (``tools``, ``logprobs``, ``response_format`` ...) is refused.
 
-Every field is checked here, before anything reaches the engine: a value the engine would
-choke on (a seed outside 0 … 2**64−1, text with a lone surrogate) is a 400 naming it.
+Every field is checked here, before anything reaches the engine: the sampling settings by
+the engine's own rules (``SamplerConfig.validate``) within OpenAI's ranges, and a value the
+engine would choke on (text with a lone surrogate) is a 400 naming it.
 """
 
 from __future__ import annotations
@@ -20,8 +23,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from redrafter_mlx.engine.sampling import MAX_PENALTY_CONTEXT
-from redrafter_mlx.engine.sampling import MAX_SEED as SEED_MAX  # the engine's rules, checked here
+from redrafter_mlx.engine.errors import ParamError
+from redrafter_mlx.engine.sampling import SamplerConfig
 
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; send 0 for greedy decoding
 DEFAULT_MAX_BODY_BYTES = 4 << 20  # 4 MiB: ~1M prompt tokens as JSON ids, far past any context
@@ -36,6 +39,10 @@ UNSUPPORTED = {
     "echo": (None, False),
     "suffix": (None, ""),
     "best_of": (None, 1),
+    "response_format": (None, {"type": "text"}),
+    "parallel_tool_calls": None,
+    "tool_choice": (None, "none"),
+    "function_call": (None, "none"),
 }
 
 
@@ -70,43 +77,24 @@ def error_body(message: str, type: str, param: str | None = None, code: str | No
 
 @dataclass
 class Params:
-    """A validated request. ``messages`` for chat, ``prompt`` (text or ids) for completions."""
+    """A validated request. ``messages`` for chat, ``prompt`` (text or ids) for completions;
+    ``sent``: the sampling settings it sent (``SamplerConfig`` fields, checked)."""
 
     kind: str  # "chat" | "completion"
     model: str | None
     messages: list[dict] | None = None
     prompt: str | list[int] | None = None
     max_tokens: int | None = None
-    temperature: float | None = None  # None: not sent (the model's default, else OpenAI's)
-    top_p: float | None = None
     stop: list[str] = field(default_factory=list)
-    seed: int | None = None
     stream: bool = False
     include_usage: bool = False
-    repetition_penalty: float | None = None
-    repetition_context_size: int = 20
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logit_bias: tuple[tuple[int, float], ...] = ()
+    sent: dict = field(default_factory=dict)
 
-    def sampling(self, defaults: dict | None = None) -> dict:
-        """The request's sampling settings (``Request`` fields): what it sent, else the
-        model's ``defaults`` (``engine.sampling.model_defaults``), else OpenAI's."""
-        defaults = defaults or {}
-
-        def pick(name, fallback):
-            sent = getattr(self, name)
-            return sent if sent is not None else defaults.get(name, fallback)
-
-        return dict(
-            temperature=pick("temperature", DEFAULT_TEMPERATURE),
-            top_p=pick("top_p", 1.0),
-            repetition_penalty=pick("repetition_penalty", 1.0),
-            repetition_context_size=self.repetition_context_size,
-            presence_penalty=self.presence_penalty,
-            frequency_penalty=self.frequency_penalty,
-            logit_bias=self.logit_bias,
-        )
+    def sampling(self, defaults: dict | None = None) -> SamplerConfig:
+        """The request's sampling settings: what it sent, else the model's ``defaults``
+        (``engine.sampling.model_defaults``), else OpenAI's."""
+        fallback = {"temperature": DEFAULT_TEMPERATURE}
+        return SamplerConfig.resolve(self.sent, defaults, fallback)
 
 
 # --------------------------------------------------------------------------- the body
@@ -213,44 +201,61 @@ def _common(body: dict, kind: str, max_tokens_limit: int) -> Params:
             f"'{name}' must be in [1, {max_tokens_limit}] (the server's limit), got {max_tokens}",
             name,
         )
-    temperature = _number(body, "temperature", 0.0, 2.0)
-    top_p = _get(body, "top_p", _is_number, "a number")
-    if top_p is not None and not 0.0 < top_p <= 1.0:
-        raise ProtocolError(f"'top_p' must be in (0, 1], got {top_p}", "top_p")
     stream = _get(body, "stream", lambda v: isinstance(v, bool), "a boolean", False)
     options = _get(body, "stream_options", lambda v: isinstance(v, dict), "an object", {})
     include_usage = options.get("include_usage", False)
     if not isinstance(include_usage, bool):
         raise ProtocolError("'stream_options.include_usage' must be a boolean", "stream_options")
     model = _get(body, "model", lambda v: isinstance(v, str), "a string")
-    repetition = _get(body, "repetition_penalty", _is_number, "a number")
-    if repetition is not None and not 0.0 < repetition <= 10.0:
-        raise ProtocolError(
-            f"'repetition_penalty' must be in (0, 10] (1 = off), got {repetition}",
-            "repetition_penalty",
-        )
-    context = _get(body, "repetition_context_size", _is_int, "an integer", 20)
-    if not 1 <= context <= MAX_PENALTY_CONTEXT:
-        raise ProtocolError(
-            f"'repetition_context_size' must be in [1, {MAX_PENALTY_CONTEXT}], got {context}",
-            "repetition_context_size",
-        )
     return Params(
         kind,
         model,
         max_tokens=max_tokens,
-        temperature=None if temperature is None else float(temperature),
-        top_p=None if top_p is None else float(top_p),
         stop=_stop(body.get("stop")),
-        seed=_seed(body.get("seed")),
         stream=stream,
         include_usage=include_usage,
-        repetition_penalty=None if repetition is None else float(repetition),
-        repetition_context_size=context,
-        presence_penalty=float(_number(body, "presence_penalty", -2.0, 2.0) or 0.0),
-        frequency_penalty=float(_number(body, "frequency_penalty", -2.0, 2.0) or 0.0),
-        logit_bias=_logit_bias(body.get("logit_bias")),
+        sent=_sampling(body),
     )
+
+
+# Each sampling setting a request may send: its JSON type, and OpenAI's range where it is
+# narrower than the engine's (the engine's own rules, ``SamplerConfig.validate``, apply to all).
+SENT_FIELDS = {
+    "temperature": (float, (0.0, 2.0)),
+    "top_p": (float, None),
+    "top_k": (int, None),
+    "min_p": (float, None),
+    "seed": (int, None),
+    "repetition_penalty": (float, (0.0, 10.0)),
+    "repetition_context_size": (int, None),
+    "presence_penalty": (float, (-2.0, 2.0)),
+    "frequency_penalty": (float, (-2.0, 2.0)),
+}
+
+
+def _sampling(body: dict) -> dict:
+    """The sampling settings sent (``SamplerConfig`` fields), each checked: its type, OpenAI's
+    range, then the engine's rules; a ProtocolError names the first bad one."""
+    sent = {}
+    for name, (kind, bounds) in SENT_FIELDS.items():
+        check, expected = (_is_int, "an integer") if kind is int else (_is_number, "a number")
+        value = _get(body, name, check, expected)
+        if value is None:
+            continue
+        if bounds is not None and not bounds[0] <= value <= bounds[1]:
+            raise ProtocolError(
+                f"'{name}' must be in [{bounds[0]:g}, {bounds[1]:g}], got {value}", name
+            )
+        sent[name] = kind(value)
+    bias = _logit_bias(body.get("logit_bias"))
+    if bias:
+        sent["logit_bias"] = bias
+    try:
+        SamplerConfig.resolve(sent)
+    except ParamError as e:
+        shown = e.message if len(e.message) <= 160 else e.message[:160] + "..."
+        raise ProtocolError(shown, e.param) from None
+    return sent
 
 
 def check_bias_ids(bias: tuple[tuple[int, float], ...], vocab_size: int) -> None:
@@ -261,14 +266,6 @@ def check_bias_ids(bias: tuple[tuple[int, float], ...], vocab_size: int) -> None
             f"'logit_bias' token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})",
             "logit_bias",
         )
-
-
-def _number(body: dict, name: str, low: float, high: float) -> float | None:
-    """``body[name]``: None when absent, else a number in [low, high] (OpenAI's ranges)."""
-    value = _get(body, name, _is_number, "a number")
-    if value is not None and not low <= value <= high:
-        raise ProtocolError(f"'{name}' must be in [{low:g}, {high:g}], got {value}", name)
-    return value
 
 
 def _logit_bias(value) -> tuple[tuple[int, float], ...]:
@@ -287,16 +284,6 @@ def _logit_bias(value) -> tuple[tuple[int, float], ...]:
             )
         out.append((int(key), float(bias)))
     return tuple(out)
-
-
-def _seed(value) -> int | None:
-    """``seed``: an integer in [0, 2**64 - 1] (booleans and floats are refused)."""
-    if value is None:
-        return None
-    if not _is_int(value) or not 0 <= value <= SEED_MAX:
-        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "..."
-        raise ProtocolError(f"'seed' must be an integer in [0, 2**64 - 1], got {shown}", "seed")
-    return value
 
 
 def _stop(value) -> list[str]:
@@ -333,6 +320,12 @@ def _messages(value) -> list[dict]:
         if not isinstance(m, dict) or m.get("role") not in ROLES:
             raise ProtocolError(
                 f"messages[{i}] must be an object with a role in {', '.join(ROLES)}",
+                f"messages[{i}]",
+            )
+        if m.get("tool_calls") or m["role"] == "tool":
+            raise ProtocolError(
+                f"messages[{i}] holds tool calls, which this server does not support; "
+                "send text messages only",
                 f"messages[{i}]",
             )
         role = "system" if m["role"] == "developer" else m["role"]

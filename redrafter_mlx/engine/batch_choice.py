@@ -1,4 +1,4 @@
-"""The server's adaptive beam shape: each batch step's shape, chosen from what was measured.
+"""A batch's adaptive beam shape: each batch step's shape, chosen from what was measured.
 
 The batch runs one compiled step per shape, all over the same ``DecodeState``, so any shape
 may run at any step boundary and every row's output stays exact (``engine/adaptive.py``).
@@ -12,9 +12,9 @@ The choice is the engine's own (``ShapeChooser``) with two differences a server 
   candidates), and what a lookup chain would have had accepted at each row's steps feeds
   every chooser.
 
-The scheduler reads each step before it queues the next while this runs (the choice needs
-the text so far) and times a step from its queueing to its read; a step whose compiled
-function was new (traced and compiled in that call) is not timed.
+The batch (``engine/batch.py``) reads each step before it queues the next while this runs
+(the choice needs the text so far) and times a step from its queueing to its read; a step
+whose compiled function was new (traced and compiled in that call) is not timed.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 
-from redrafter_mlx.engine.adaptive import Adaptive, ShapeChooser
-from redrafter_mlx.engine.lookup import LookupShadow
-from redrafter_mlx.engine.shape import BeamShape
+from .adaptive import Adaptive, ShapeChooser
+from .lookup import LookupShadow
+from .shape import BeamShape
 
 # Each step's choice discounts a shape costing c AR steps by 1 + RISK (c - 1): the per-state
 # estimates are noisy and taking the best of several noisy estimates overrates it, the more

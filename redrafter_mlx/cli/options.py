@@ -1,0 +1,214 @@
+"""The typer option types every command shares (``--model``, ``--drafter``, sampling and beam
+flags), so each flag is spelled and documented once, following ``mlx_lm.generate`` /
+``mlx_lm.chat``. Only typer is imported (``--help`` stays fast)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+ModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        help="MLX model directory, Hugging Face repo id, or a bundled model: smollm2 "
+        "(installed by make install) or demo (default: smollm2 when installed with its "
+        "drafter, else demo).",
+        show_default=False,
+    ),
+]
+DrafterOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--drafter",
+        "-d",
+        help="ReDrafter drafter directory trained for --model (default: the model's own "
+        "drafter: OUT/drafter of a conversion, the bundled one for the demo; else none, "
+        "plain decoding).",
+        show_default=False,
+    ),
+]
+TempOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--temp",
+        help="Sampling temperature, 0 = greedy (default: the model's generation_config.json "
+        "value in chat and generate, else 0; bench: 0).",
+        show_default=False,
+    ),
+]
+TopPOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--top-p",
+        help="Nucleus sampling mass in (0, 1] (default: the model's in chat and generate, else 1).",
+        show_default=False,
+    ),
+]
+TopKOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--top-k",
+        help="Keep only the k most likely tokens, 0 = off (default: the model's in chat and "
+        "generate, else 0).",
+        show_default=False,
+    ),
+]
+MinPOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--min-p",
+        help="Drop tokens below min_p x the top probability (default: the model's in chat and "
+        "generate, else 0).",
+        show_default=False,
+    ),
+]
+SeedOpt = Annotated[
+    int | None, typer.Option("--seed", help="Random seed for sampling, in [0, 2**64 - 1].")
+]
+RepetitionPenaltyOpt = Annotated[
+    float | None,
+    typer.Option(
+        "--repetition-penalty",
+        help="Penalise tokens seen in the last --repetition-context-size tokens: positive "
+        "logits divided by it, negative multiplied (> 1 discourages repeats; 1 = off; "
+        "default: the model's in chat and generate, else off).",
+        show_default=False,
+    ),
+]
+RepetitionContextOpt = Annotated[
+    int,
+    typer.Option(
+        "--repetition-context-size", help="Tokens the repetition penalty looks back over."
+    ),
+]
+LogitBiasOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--logit-bias",
+        help='Add to token logits: "ID:BIAS,ID:BIAS" or a JSON object {"ID": BIAS} '
+        "(-100 all but bans a token).",
+        show_default=False,
+    ),
+]
+MaxKvSizeOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-kv-size",
+        help="Most tokens the KV cache holds per conversation (memory bound): an answer "
+        "stops there and chat drops its oldest turns to fit (default: the model's context).",
+        show_default=False,
+    ),
+]
+MIN_KV_SIZE = 64
+SystemPromptOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--system-prompt",
+        help="System prompt (default: Vicuna's, or the chat template's).",
+        show_default=False,
+    ),
+]
+BeamWidthOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--beam-width",
+        help="Beams drafted per step (default: tuned profile or chip preset).",
+        show_default=False,
+    ),
+]
+BeamLengthOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--beam-length",
+        help="Tokens per beam, counting the init token (>= 2) "
+        "(default: tuned profile or chip preset).",
+        show_default=False,
+    ),
+]
+CapacityOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--capacity",
+        help="Packed tree slots verified per step, in [L, W*L] "
+        "(default: W*(L-1)+1, or the tuned value).",
+        show_default=False,
+    ),
+]
+NoDraftOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-draft", help="Decode autoregressively (the baseline) through the same engine."
+    ),
+]
+LookupOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--lookup",
+        help="Context-lookup chains per step: continuations of earlier matches of the text's "
+        "last tokens, verified beside the drafter's beams (0 = off; default 1). A model "
+        "without a drafter speculates with them alone.",
+        show_default=False,
+    ),
+]
+LookupLengthOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--lookup-length",
+        help="Tokens per lookup chain, counting the init token (>= 2; default 8).",
+        show_default=False,
+    ),
+]
+NoLookupOpt = Annotated[
+    bool,
+    typer.Option("--no-lookup", help="No context-lookup chains (same as --lookup 0)."),
+]
+NoAdaptOpt = Annotated[
+    bool,
+    typer.Option(
+        "--no-adapt",
+        help="Pin the beam shape. By default the loop switches between it, the single "
+        "beams of each length up to it and plain decoding, whichever gives the most "
+        "tokens/s as measured.",
+    ),
+]
+DtypeOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--dtype",
+        help="float16, bfloat16 or float32 (default: float16 on Metal, float32 on CPU).",
+        show_default=False,
+    ),
+]
+VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show tracebacks on errors.")]
+
+DTYPES = ("float16", "bfloat16", "float32")
+
+
+__all__ = [
+    "DTYPES",
+    "MIN_KV_SIZE",
+    "BeamLengthOpt",
+    "BeamWidthOpt",
+    "CapacityOpt",
+    "DrafterOpt",
+    "DtypeOpt",
+    "LogitBiasOpt",
+    "LookupLengthOpt",
+    "LookupOpt",
+    "MaxKvSizeOpt",
+    "MinPOpt",
+    "ModelOpt",
+    "NoAdaptOpt",
+    "NoDraftOpt",
+    "NoLookupOpt",
+    "RepetitionContextOpt",
+    "RepetitionPenaltyOpt",
+    "SeedOpt",
+    "SystemPromptOpt",
+    "TempOpt",
+    "TopKOpt",
+    "TopPOpt",
+    "VerboseOpt",
+]

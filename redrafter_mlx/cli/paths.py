@@ -1,0 +1,82 @@
+"""Which model and drafter a command loads: ``--model`` (a folder, a Hub id or a bundled
+name), else the bundled model; ``--drafter``, else the model's own or the packaged one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ModelPaths:
+    """Where the model and drafter come from, and notes to show when they are loaded.
+
+    ``demo`` when the bundled model is used.
+    """
+
+    model: str
+    drafter: str | None
+    demo: bool = False
+    notes: tuple[str, ...] = ()
+
+
+def installed_bundled(model: str | None):
+    """The bundled model ``--model`` names (``demo``, ``smollm2``; no ``--model``: the default
+    one), checked to be installed; None when ``model`` names something else (a folder, a Hub
+    id). Raises ``LoadError`` with the command that installs it."""
+    from redrafter_mlx.engine.bundled import bundled, default_model
+
+    named = default_model() if model is None else bundled(model)
+    if named is not None and not named.installed:
+        from redrafter_mlx.engine.loading import LoadError
+
+        fix = (
+            "run 'make smollm2' (part of make install)"
+            if named.name == "smollm2"
+            else "rebuild it with 'make demo-model'"
+        )
+        raise LoadError(
+            f"the {named.name} model is not installed ({named.base} has no config.json); "
+            f"{fix}, or pass --model DIR"
+        )
+    return named
+
+
+def resolve_paths(model: str | None, drafter: str | None) -> ModelPaths:
+    """``--model``/``--drafter`` as given; ``demo``/``smollm2`` name the bundled models; no
+    ``--model`` is SmolLM2 when installed with its drafter, else the demo model.
+
+    A converted model directory's own drafter (``MODEL/drafter``, written by ``convert
+    --drafter``) is used when no ``--drafter`` is given. Nothing is printed here: the notes
+    are shown by :func:`load_engine`, after every flag has been checked.
+    """
+    named = installed_bundled(model)
+    if named is not None:
+        chosen = drafter if drafter is not None else (str(named.drafter) if named.drafter else None)
+        return ModelPaths(str(named.base), chosen, demo=named.name == "demo", notes=(named.note,))
+    _check_model_name(model)
+    own = Path(model).expanduser() / "drafter"
+    if drafter is None and (own / "config.json").is_file():
+        note = f"using the drafter converted with the model: {own} (--drafter to choose another)"
+        return ModelPaths(model, str(own), notes=(note,))
+    from redrafter_mlx.engine.bundled import bundled_drafter_for
+
+    packaged = bundled_drafter_for(model) if drafter is None else None
+    if packaged is not None:
+        note = f"using the packaged SmolLM2 drafter: {packaged} (--drafter to choose another)"
+        return ModelPaths(model, str(packaged), notes=(note,))
+    return ModelPaths(model, drafter)
+
+
+def _check_model_name(model: str) -> None:
+    """A LoadError listing the bundled models for a ``--model`` word that names nothing."""
+    from redrafter_mlx.engine.bundled import unknown_name_error
+
+    message = unknown_name_error(model)
+    if message is not None:
+        from redrafter_mlx.engine.loading import LoadError
+
+        raise LoadError(message)
+
+
+__all__ = ["ModelPaths", "installed_bundled", "resolve_paths"]

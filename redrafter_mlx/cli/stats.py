@@ -1,0 +1,54 @@
+"""The dim one-line stats summary printed after an answer, and the stats as JSON."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from redrafter_mlx.engine.plan import ShapeChoice
+
+
+FINISH_TEXT = {
+    "stop": None,
+    "length": "stopped at --max-tokens",
+    "context": "stopped: the context is full (the model's, or --max-kv-size)",
+}
+
+
+def format_hist(hist: list[int]) -> str:
+    """``steps emitting 1/2/3/4 tokens: 12/5/2/1`` (accepted drafts + the bonus token)."""
+    if not hist or not any(hist):
+        return ""
+    sizes = "/".join(str(i) for i in range(1, len(hist) + 1))
+    return f"steps emitting {sizes} tokens: " + "/".join(str(n) for n in hist)
+
+
+def lookup_share(accepted: int, looked_up: int) -> str:
+    """``accepted drafts: 12 drafter + 30 lookup``: where the accepted tokens came from."""
+    return f"accepted drafts: {accepted - looked_up} drafter + {looked_up} lookup"
+
+
+def stats_line(response, plan: ShapeChoice) -> str:
+    """The one-line summary after an answer: tokens, speed, acceptance, why it ended, shape."""
+    parts = [f"{response.generation_tokens} tokens", f"{response.generation_tps:.1f} tok/s"]
+    if plan.speculative:
+        parts.append(f"{response.tokens_per_step:.2f} tok/step")
+        hist = format_hist(response.accept_hist)
+        if hist:
+            parts.append(hist)
+        if plan.shape.lookup:
+            parts.append(lookup_share(response.accepted_tokens, response.lookup_tokens))
+    parts.append(f"TTFT {response.time_to_first_token * 1e3:.0f} ms")
+    finish = FINISH_TEXT.get(response.finish_reason)
+    if finish:
+        parts.append(finish)
+    parts.append(f"{plan.label} ({plan.source})")
+    return " · ".join(parts)
+
+
+def response_stats(response) -> dict:
+    """All statistics of a final GenerationResponse as a JSON-ready dict."""
+    return response.stats.to_dict()
+
+
+__all__ = ["FINISH_TEXT", "format_hist", "lookup_share", "response_stats", "stats_line"]

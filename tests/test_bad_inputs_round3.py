@@ -190,11 +190,11 @@ def demo_engine():
 
 def make_loop(engine):
     from redrafter_mlx.cli.chat_ui import ChatLoop
-    from redrafter_mlx.cli.common import Sampling
+    from redrafter_mlx.engine.sampling import SamplerConfig
     from tuning import ShapeChoice
 
     console = Console(file=io.StringIO(), width=300, highlight=False, soft_wrap=True)
-    return ChatLoop(engine, ShapeChoice(BeamShape(1, 3), "test"), Sampling(), 4, console=console)
+    return ChatLoop(engine, ShapeChoice(BeamShape(1, 3), "test"), SamplerConfig(), 4, console=console)
 
 
 def test_a_failing_turn_reports_and_the_chat_goes_on(demo_engine):

@@ -194,7 +194,9 @@ def make_loop(engine):
     from tuning import ShapeChoice
 
     console = Console(file=io.StringIO(), width=300, highlight=False, soft_wrap=True)
-    return ChatLoop(engine, ShapeChoice(BeamShape(1, 3), "test"), SamplerConfig(), 4, console=console)
+    return ChatLoop(
+        engine, ShapeChoice(BeamShape(1, 3), "test"), SamplerConfig(), 4, console=console
+    )
 
 
 def test_a_failing_turn_reports_and_the_chat_goes_on(demo_engine):

@@ -25,6 +25,14 @@ from weights_convert.gguf import KEEP_QUANTIZED_ENV
 
 pytest.importorskip("gguf")
 
+# at import: the tests' home fixture points the cache elsewhere
+GGUF_FILE = (
+    bundled.home()
+    / "cache"
+    / f"{smollm2.PACKAGE}-{smollm2.VERSION}"
+    / Path(smollm2.GGUF_IN_WHEEL).name
+)
+
 
 def _fake_install(home: Path, gguf_file: Path, keep: bool, monkeypatch) -> Path:
     """``weights_convert.smollm2.ensure_smollm2`` on ``home`` with ``gguf_file`` as the GGUF in
@@ -114,3 +122,24 @@ def test_redrafter_on_the_quantized_model_reproduces_its_greedy_tokens(
     for shape in (BeamShape(2, 4), BeamShape(1, 4, None, 1, 8)):
         out, _ = run_decode(model, drafter, prompts, max_tokens=24, shape=shape)
         assert out == ar, (dtype, shape)
+
+
+@pytest.mark.slow
+def test_the_real_quantized_smollm2_with_the_packaged_drafter_is_lossless(tmp_path, monkeypatch):
+    """The real GGUF (from the cached wheel, no download) converted with its quantization
+    kept, as on Metal: the packaged drafter is offered, and greedy ReDrafter with it (drafter
+    beams and lookup chains) reproduces the quantized model's own greedy tokens."""
+    from redrafter_mlx.engine.loading import load
+    from redrafter_mlx.engine.shape import BeamShape
+    from tests.helpers import run_decode
+
+    if not GGUF_FILE.is_file() or bundled._drafter_dir(bundled.SMOLLM2_DRAFTER) is None:
+        pytest.skip(f"no cached SmolLM2 GGUF at {GGUF_FILE} (make smollm2) or no packaged drafter")
+    folder = _fake_install(tmp_path / "q", GGUF_FILE, True, monkeypatch)
+    assert bundled.bundled_drafter_for(folder) == bundled.SMOLLM2_DRAFTER
+    model, drafter, tok = load(folder, bundled.SMOLLM2_DRAFTER, "float32")
+    prompts = [tok.chat_prompt([{"role": "user", "content": "List three primary colors."}])]
+    ar, _ = run_decode(model, None, prompts, max_tokens=20)
+    for shape in (BeamShape(1, 4), BeamShape(2, 4, None, 1, 8)):
+        out, _ = run_decode(model, drafter, prompts, max_tokens=20, shape=shape)
+        assert out == ar, shape

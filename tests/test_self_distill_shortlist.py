@@ -198,21 +198,28 @@ def test_shortlist_drafter_directory_round_trip(tmp_path):
         check_pair(model, load_drafter(tmp_path / "d", mx.float32))
 
 
-def test_the_packaged_smollm2_drafter_is_offered_only_for_the_unquantized_install(tmp_path):
+def test_the_packaged_smollm2_drafter_is_offered_only_for_the_gguf_weights(tmp_path):
+    """The float32 install and the GGUF's own quantization kept (Metal) get the drafter;
+    re-quantized weights do not (tests/test_quantized_drafter.py converts both for real)."""
     from redrafter_mlx.engine import bundled
     from weights_convert import smollm2
 
     assert bundled.SMOLLM2_MARKER == smollm2.MARKER
     folder = tmp_path / "smollm2"
     folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
     assert bundled.bundled_drafter_for(folder) is None  # any other model folder
     (folder / smollm2.MARKER).write_text(json.dumps({"quantization": None}))
     expected = (
         bundled.SMOLLM2_DRAFTER if (bundled.SMOLLM2_DRAFTER / "config.json").exists() else None
     )
     assert bundled.bundled_drafter_for(folder) == expected
-    (folder / smollm2.MARKER).write_text(json.dumps({"quantization": {"bits": 4}}))
-    assert bundled.bundled_drafter_for(folder) is None  # trained on float32 hidden states
+    kept = {"model_type": "llama", "quantization": bundled.SMOLLM2_GGUF_QUANTIZATION}
+    (folder / "config.json").write_text(json.dumps(kept))
+    assert bundled.bundled_drafter_for(folder) == expected
+    requantized = {"model_type": "llama", "quantization": {"group_size": 64, "bits": 4}}
+    (folder / "config.json").write_text(json.dumps(requantized))
+    assert bundled.bundled_drafter_for(folder) is None  # not the weights it was trained on
 
 
 def test_shipped_smollm2_drafter_loads_and_pairs_with_the_model_config():

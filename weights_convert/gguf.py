@@ -705,13 +705,21 @@ def plan_gguf(
     return GGUFPlan(gguf, eos_ids, config, jobs, plan.tied, _quantization_block(jobs))
 
 
+# Set to 1 to keep a GGUF's Q8_0/Q4_0/Q4_1 tensors quantized on the CPU backend too (other
+# floats float32 there), as Metal does by default: to measure the Mac install on Linux.
+KEEP_QUANTIZED_ENV = "REDRAFTER_MLX_GGUF_KEEP_QUANTIZED"
+
+
 def resolve_dtype(dtype: str | None, quantize: bool) -> tuple[str, bool]:
     """``--dtype`` for GGUF input -> (dtype, keep quantized tensors as they are).
 
     An explicit dtype dequantizes. Without one: on Metal, quantized tensors stay quantized
     (other floats float16) unless ``--quantize`` asks for new settings; on the CPU backend,
-    everything becomes float32 (MLX's CPU quantized and half-precision matmuls are slow).
+    everything becomes float32 (MLX's CPU quantized and half-precision matmuls are slow),
+    unless ``$REDRAFTER_MLX_GGUF_KEEP_QUANTIZED=1`` keeps the quantized tensors as on Metal.
     """
+    import os
+
     if dtype is not None:
         return dtype, False
     import mlx.core as mx
@@ -719,7 +727,7 @@ def resolve_dtype(dtype: str | None, quantize: bool) -> tuple[str, bool]:
     on_metal = mx.metal.is_available()
     if on_metal:
         return "float16", not quantize
-    return "float32", False
+    return "float32", os.environ.get(KEEP_QUANTIZED_ENV) == "1" and not quantize
 
 
 def open_gguf(path: Path, dtype: str | None, quant) -> tuple[GGUFPlan, str]:

@@ -9,6 +9,13 @@ finds the converted folder and does nothing::
 
     python -m weights_convert.smollm2          # or: make smollm2
 
+Both folders hold the GGUF's weights as stored (Q4_1 and Q8_0 are MLX's affine 4- and 8-bit
+in groups of 32, exactly), so the packaged drafter serves both
+(``redrafter_mlx.engine.bundled.bundled_drafter_for``). To build the Metal folder on the CPU
+backend (to measure it there), keep the quantization and pick another home::
+
+    REDRAFTER_MLX_GGUF_KEEP_QUANTIZED=1 REDRAFTER_MLX_HOME=/tmp/q python -m weights_convert.smollm2
+
 ``home`` is ``redrafter_mlx.engine.bundled.home()``: ``$REDRAFTER_MLX_HOME``, else
 ``$XDG_CACHE_HOME/redrafter-mlx``, else ``~/.cache/redrafter-mlx``.
 """

@@ -5,14 +5,16 @@
   ``make demo-model``, see its BUILD.md). It runs anywhere, fast: tests use it.
 * ``smollm2``: SmolLM2-135M-Instruct, converted by ``make install`` (``make smollm2``) into
   ``home()/models`` (``$REDRAFTER_MLX_HOME``, else ``$XDG_CACHE_HOME/redrafter-mlx``, else
-  ``~/.cache/redrafter-mlx``), with the drafter shipped
-  in ``redrafter_mlx/smollm2_drafter/`` once one has been distilled.
+  ``~/.cache/redrafter-mlx``; float32 on the CPU backend, the GGUF's own Q4_1/Q8_0 kept as
+  MLX 4/8-bit on Metal), with the drafter shipped in ``redrafter_mlx/smollm2_drafter/``,
+  which serves both.
 
 With no ``--model`` the CLI uses ``smollm2`` when it is installed with a drafter, else ``demo``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,20 +78,47 @@ def heldout_prompts_path() -> Path:
     return DEMO_ROOT / "heldout_prompts.jsonl"
 
 
-def bundled_drafter_for(model_dir) -> Path | None:
-    """The packaged drafter for ``model_dir`` when it is the SmolLM2-135M-Instruct folder that
-    ``weights_convert.smollm2`` converted unquantized (the weights the drafter was trained on);
-    else None. See ``redrafter_mlx/smollm2_drafter/BUILD.md``."""
-    import json
+# The quantization Metal's conversion keeps from the GGUF (``weights_convert.gguf``: Q4_1 is
+# MLX's affine 4-bit and Q8_0 its 8-bit, both in groups of 32, exactly): the same weights the
+# drafter was trained on, so the packaged drafter serves it too (docs/bench/quantized_drafter.txt).
+SMOLLM2_GGUF_QUANTIZATION = {
+    "group_size": 32,
+    "bits": 4,
+    "mode": "affine",
+    "model.embed_tokens": {"group_size": 32, "bits": 8},
+}
 
-    marker = Path(model_dir).expanduser() / SMOLLM2_MARKER
-    if not marker.is_file() or _drafter_dir(SMOLLM2_DRAFTER) is None:
-        return None
+
+def _read_json(file: Path) -> dict | None:
+    """A JSON object file's contents; None when absent, unreadable or not an object."""
     try:
-        info = json.loads(marker.read_text())
+        data = json.loads(file.read_text())
     except (OSError, ValueError):
         return None
-    return SMOLLM2_DRAFTER if not info.get("quantization") else None
+    return data if isinstance(data, dict) else None
+
+
+def _same_weights_as_the_gguf(config: dict) -> bool:
+    """Whether ``config.json`` describes the GGUF's weights as stored: unquantized (float32,
+    the Q4_1 values dequantized) or the GGUF's own Q4_1/Q8_0 kept as MLX's affine triples;
+    any other quantization (re-quantized weights) is not what the drafter was trained on."""
+    quant = config.get("quantization") or config.get("quantization_config")
+    if not quant:
+        return True
+    return isinstance(quant, dict) and {"mode": "affine", **quant} == SMOLLM2_GGUF_QUANTIZATION
+
+
+def bundled_drafter_for(model_dir) -> Path | None:
+    """The packaged drafter for ``model_dir`` when it is the SmolLM2-135M-Instruct folder that
+    ``weights_convert.smollm2`` converted (its marker file), holding the GGUF's weights as
+    stored: float32 on the CPU backend or the GGUF's own 4/8-bit quantization on Metal
+    (:data:`SMOLLM2_GGUF_QUANTIZATION`); else None. See
+    ``redrafter_mlx/smollm2_drafter/BUILD.md``."""
+    folder = Path(model_dir).expanduser()
+    if _drafter_dir(SMOLLM2_DRAFTER) is None or _read_json(folder / SMOLLM2_MARKER) is None:
+        return None
+    config = _read_json(folder / "config.json")
+    return SMOLLM2_DRAFTER if config is not None and _same_weights_as_the_gguf(config) else None
 
 
 NAMES = ("smollm2", "demo")

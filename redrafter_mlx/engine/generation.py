@@ -128,7 +128,8 @@ def decode(
 ) -> Iterator[DecodeEvent]:
     """Decode B rows; yield one :class:`DecodeEvent` per step with each row's new tokens.
 
-    ``drafter=None`` or an autoregressive ``shape`` decodes plainly (one token per step).
+    ``drafter=None`` keeps only ``shape``'s lookup chains (none: plain decoding); an
+    autoregressive ``shape`` decodes plainly (one token per step).
     ``adapt``: every few steps run the shape with the best measured tokens/s among plain
     decoding, ``shape`` and the single beams ``W1×L``..``W1×L2`` (``True``), or as an
     :class:`Adaptive` says;
@@ -346,7 +347,8 @@ def stream_generate(
     session: Session | None = None,
     adapt: Adaptive | bool = True,
 ) -> Iterator[GenerationResponse]:
-    """Stream one prompt's continuation. ``drafter=None`` decodes autoregressively.
+    """Stream one prompt's continuation. ``drafter=None`` speculates from context lookup
+    alone; ``shape=BeamShape.autoregressive()`` decodes plainly (the baseline).
 
     ``shape``: the beam shape (:class:`BeamShape`, W beams of L tokens, optional packing
     capacity, lookup chains); None (the default) runs what ``chat`` runs on a machine with no

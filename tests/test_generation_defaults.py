@@ -1,6 +1,8 @@
 """The Python API's defaults run what ``chat`` runs (issue 44, item 3): the plan is resolved
 by the engine (``engine.plan``), and the CLI only maps its flags onto it."""
 
+import pytest
+
 import redrafter_mlx
 from redrafter_mlx.cli.common import BeamFlags, resolve_paths, resolve_plan
 from redrafter_mlx.engine.bundled import demo_paths
@@ -48,14 +50,19 @@ def test_asked_arguments_win_and_bad_ones_name_their_field():
         assert e.value.param == param
 
 
-def test_the_default_loop_reads_only_steps_already_followed_by_a_queued_one(monkeypatch):
+@pytest.mark.parametrize("fresh", ["0", "1"])
+def test_the_default_loop_reads_only_steps_already_followed_by_a_queued_one(monkeypatch, fresh):
     """Issue 45, item 2: in the default mode (adaptive, lookup chains, the per-step choice)
     step k+1 is queued before step k is read: one read per step, never of the newest step.
-    Before: the per-step choice read step k, then queued step k+1 (the device waited)."""
+    Before: the per-step choice read step k, then queued step k+1 (the device waited).
+    ``REDRAFTER_MLX_FRESH_CHOICE=1`` (a per-backend choice, ``platform.fresh_choice``) reads
+    the newest step before choosing; both give the plain-decoding tokens."""
     from redrafter_mlx.engine import batch as batch_module
     from redrafter_mlx.engine.adaptive import StepPlan
+    from redrafter_mlx.engine.platform import FRESH_CHOICE_ENV
     from tests.helpers import tiny_drafter, tiny_model
 
+    monkeypatch.setenv(FRESH_CHOICE_ENV, fresh)
     model = tiny_model(0)
     drafter = tiny_drafter(model, 1)
     shape = default_plan(drafter).shape
@@ -70,6 +77,6 @@ def test_the_default_loop_reads_only_steps_already_followed_by_a_queued_one(monk
     prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
     out = redrafter_mlx.batch_generate(model, drafter, None, [prompt], max_tokens=48)
     assert len(out[0]) == 48 and len(queued_then_read) > 10
-    assert all(n == 2 for n in queued_then_read), queued_then_read
+    assert all(n == (1 if fresh == "1" else 2) for n in queued_then_read), queued_then_read
     plain = redrafter_mlx.batch_generate(model, None, None, [prompt], max_tokens=48, shape=AR)
     assert out == plain

@@ -26,6 +26,7 @@ from .drafter import Drafter
 from .memory import check_step_memory
 from .model import Model
 from .plan import DEFAULT_SHAPE, default_plan
+from .platform import fresh_choice
 from .sampling import RowSampler, SamplerConfig, check_seed, row_settings
 from .shape import BeamShape
 
@@ -215,9 +216,10 @@ def decode(
         # Step k+1 is queued before step k is read, in every mode: the device never waits
         # for the host's reading, lookup shadow and shape choice, which run while it works
         # (a per-step choice reads the match states one step stale).
+        fresh = plan.each_step and fresh_choice()
         pending = batch.queue() if not all(row.finished for row in rows) else None
         while pending is not None:
-            nxt = batch.queue()
+            nxt = None if fresh else batch.queue()
             got = {id(g.row): g for g in batch.read(pending)}  # step k only: it is computed
             stats.steps += 1
             new_rows, acc_rows, drafted_rows, looked = [], [], [], []
@@ -233,7 +235,10 @@ def decode(
                 acc_rows.append(g.count - 1)
                 drafted_rows.append([i < g.count - 1 for i in range(len(g.new))])
                 looked.append(g.looked_up)
-            pending = nxt if not all(row.finished for row in rows) else None
+            done = all(row.finished for row in rows)
+            if fresh and not done:
+                nxt = batch.queue()
+            pending = nxt if not done else None
             finish = [row.finish for row in rows]
             yield DecodeEvent(
                 new_rows,

@@ -88,3 +88,23 @@ def test_answer_lanes_by_backend_and_override(blas, monkeypatch):
     assert platform.answer_lanes() == 1
     monkeypatch.setenv(platform.LANES_ENV, "3")
     assert platform.answer_lanes() == 3
+
+
+@pytest.mark.parametrize(
+    "value, used",
+    [("0", "ignoring it"), ("-3", "ignoring it"), ("abc", "ignoring it"), ("99999", "using 4")],
+)
+def test_a_bad_blas_thread_count_is_said_once(monkeypatch, capsys, value, used):
+    from redrafter_mlx.engine import platform
+
+    monkeypatch.setattr(platform.os, "cpu_count", lambda: 4)
+    monkeypatch.setenv(platform._THREADS_WARNED_ENV, "")
+    monkeypatch.setenv(platform.THREADS_ENV, value)
+    first = platform.blas_threads()
+    assert platform.blas_threads() == first == (4 if value == "99999" else 3)
+    warnings = capsys.readouterr().err.strip().splitlines()
+    assert len(warnings) == 1 and warnings[0].startswith(f"warning: {platform.THREADS_ENV}=")
+    assert used in warnings[0]
+    monkeypatch.setenv(platform._THREADS_WARNED_ENV, "")
+    monkeypatch.setenv(platform.THREADS_ENV, "2")
+    assert platform.blas_threads() == 2 and capsys.readouterr().err == ""

@@ -3,7 +3,7 @@
 A :class:`Session` holds the KV cache of B rows across calls, with the token ids each row
 holds, so a chat turn prefills only its new tokens. The cache is preallocated per layer as
 (B, n_kv_heads, slots, head_dim) and grown rarely, by whole quanta of ``SLOT_QUANTUM`` slots
-(docs/design.md, "KV cache and positions").
+(docs/design/kv-cache.md).
 
 The two loops over it, ``engine.generation.decode`` and the server's ``Scheduler``, share
 three rules from here: how many tokens a row may emit (:func:`token_limit`), where its

@@ -1,7 +1,7 @@
 """The ReDrafter drafter: an RNN head over the LLM's last hidden state, and its beam search.
 
-Weight and config names follow the reference trainer (docs/design.md, "Formats"), so
-reference-trained drafters load after conversion:
+Weight and config names follow the reference trainer (docs/design/formats.md, "Drafter
+checkpoints"), so reference-trained drafters load after conversion:
 
     input_proj.{weight,bias}          only when exit_dim != 2H
     lm_head.{i}.linear.{weight,bias}  residual blocks, i < num_draft_layers

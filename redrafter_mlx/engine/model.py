@@ -20,10 +20,11 @@ Unlike mlx-lm's forward, ours is a pure function of arrays that suits tree verif
 Sliding-window layers attend to keys whose position is within ``sliding_window`` of the
 query's. A key's position is known exactly without being stored: a slot this call writes
 holds the token at the ``positions`` entry written there, and every other slot of the cache
-holds the token at position == slot (committed tokens sit at ``[0, len)``; docs/design.md,
-"KV cache and positions"). The trainer's branch rollouts keep earlier branch tokens at slots
-above their positions; those are ancestors less than ``depth`` positions back, inside any
-window larger than the rollout depth, so they are attended exactly as before.
+holds the token at position == slot (committed tokens sit at ``[0, len)``;
+docs/design/model-families.md, "Sliding windows"). The trainer's branch rollouts keep earlier
+branch tokens at slots above their positions; those are ancestors less than ``depth``
+positions back, inside any window larger than the rollout depth, so they are attended
+exactly as before.
 
 Shapes: B batch rows, T new tokens, S cache slots, H hidden size, V vocabulary.
 """

@@ -2,7 +2,8 @@
 
 MLX's Linux CPU wheel links a slow reference BLAS. Debian's OpenBLAS is ~35x faster for
 fp32 matmul, but it must be loaded before MLX starts, so the CLI re-executes itself once
-with ``LD_PRELOAD`` set when the library is present (docs/design.md, "Performance").
+with ``LD_PRELOAD`` set when the library is present (docs/design/performance.md, "The Linux
+CPU backend").
 """
 
 from __future__ import annotations

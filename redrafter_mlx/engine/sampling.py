@@ -3,7 +3,8 @@ text-reading processors (logit bias; repetition, presence and frequency penaltie
 
 ReDrafter and the autoregressive baseline draw through the same function, so their token
 distributions are the same by construction. One draw per tree node (Gumbel-max on the
-processed logits) is what makes speculative sampling exact (docs/design.md, "Exact acceptance");
+processed logits) is what makes speculative sampling exact (docs/design/exact-acceptance.md,
+"One draw per node");
 the penalties read each node's own text (``penalties.py``), so they stay exact too.
 """
 

@@ -75,7 +75,8 @@ class Tokenizer:
         """Token ids of a conversation ending with an open assistant turn.
 
         messages: [{"role": "user"|"assistant", "content": str}, ...]. The tokenizer's chat
-        template is used when it has one; otherwise Vicuna v1.1 (docs/design.md, "Formats").
+        template is used when it has one; otherwise Vicuna v1.1 (docs/design/formats.md,
+        "Chat formats").
         Text that was not UTF-8 reads as U+FFFD (:func:`valid_text`).
         """
         messages = [_valid_message(m) for m in messages]

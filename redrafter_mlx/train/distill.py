@@ -1,6 +1,6 @@
 """Train a ReDrafter drafter for a frozen LLM by knowledge distillation.
 
-See docs/design.md, "Distillation".
+See docs/design/distillation.md.
 
     from redrafter_mlx.train.distill import distill
     summary = distill("~/models/vicuna-7b", ["sharegpt.json"], "~/models/vicuna-7b-drafter",

@@ -1,10 +1,10 @@
 """Self-distillation data in one pass: the model's answers with the hidden states that made them.
 
 For a response that is the model's own greedy output, the greedy continuation of every prefix
-is the response itself (docs/design.md, "Distillation"), so a drafter's training targets are
-read off the answer, and the hidden state of each position is the one decoding computed
-anyway. Keeping it saves the separate forward over every sequence that ``targets="self"``
-otherwise needs (the slowest stage of a large build).
+is the response itself (docs/design/distillation.md, "Self-distillation"), so a drafter's
+training targets are read off the answer, and the hidden state of each position is the one
+decoding computed anyway. Keeping it saves the separate forward over every sequence that
+``targets="self"`` otherwise needs (the slowest stage of a large build).
 
 Shapes: B rows, n answer tokens of a row, H hidden, T drafter steps (predict_tokens).
 """
@@ -96,7 +96,7 @@ def answers_in_lanes(model: Model, jobs, lanes: int = 1):
     and queues them all with one ``mx.async_eval``, so one lane's single-threaded ops
     (attention over its cache, SiLU, norms) run while another's do: on the CPU backend MLX
     runs a stream's ops one at a time, and a step of a 135M model at 48 rows spends most of its
-    time outside BLAS (docs/design.md, "Lanes"). Rows' answers are those of their batch
+    time outside BLAS (docs/design/distillation.md, "Lanes"). Rows' answers are those of their batch
     decoded alone (same shapes, same ops, per-batch seeds).
     """
     streams = [mx.new_stream(mx.cpu) for _ in range(lanes)] if lanes > 1 else [None]

@@ -1,4 +1,4 @@
-"""Training targets of a drafter and their on-disk cache (docs/design.md, "Distillation").
+"""Training targets of a drafter and their on-disk cache (docs/design/distillation.md).
 
 For each training position t: the LLM's hidden state h_t (after the final norm, from the
 weights as they will serve) and T+1 tokens [x0, target_1..target_T] with valid (T,) flags.

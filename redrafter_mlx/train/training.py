@@ -1,4 +1,4 @@
-"""The drafter, its loss, the data order and the optimizer step (docs/design.md).
+"""The drafter, its loss, the data order and the optimizer step (docs/design/distillation.md).
 
 Loss = sum over the T draft steps of CE(step k), each averaged over its valid positions,
 teacher-forced through the RNN state: s_1 = next_state(0, E[x0]), s_k = next_state(s_{k-1},

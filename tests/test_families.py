@@ -116,16 +116,16 @@ def reference_logits(name: str, ref) -> list[np.ndarray]:
     return out
 
 
-def our_logits(model: Model) -> list[np.ndarray]:
+def our_logits(model: Model, prompt=PROMPT, steps=STEPS) -> list[np.ndarray]:
     """Our forward: the prompt in one call, then one token per call, against the cache."""
     slots = 256
     keys, values = model.make_cache(1, slots)
-    T = len(PROMPT)
+    T = len(prompt)
     idx = mx.arange(T, dtype=mx.int32)[None]
     mask = cache_mask(mx.zeros((1,), mx.int32), chain_mask(T), slots)
-    h, keys, values = model(mx.array([PROMPT]), idx, mask, keys, values, idx)
+    h, keys, values = model(mx.array([prompt]), idx, mask, keys, values, idx)
     out = list(np.array(model.logits(h[0])))
-    for p, t in enumerate(STEPS, start=T):
+    for p, t in enumerate(steps, start=T):
         pos = mx.array([[p]], dtype=mx.int32)
         mask = cache_mask(mx.array([p], dtype=mx.int32), chain_mask(1), slots)
         h, keys, values = model(mx.array([[t]]), pos, mask, keys, values, pos)

@@ -36,7 +36,11 @@ from redrafter_mlx.cli.common import (
     err_console,
     prepare_engine,
 )
-from redrafter_mlx.serve.protocol import DEFAULT_MAX_BODY_BYTES
+from redrafter_mlx.serve.protocol import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_READ_TIMEOUT_S,
+)
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
@@ -49,6 +53,8 @@ def check_serve_flags(
     log_level: str,
     grace: float = 0.0,
     max_body: int = 1,
+    read_timeout: float = 1.0,
+    max_connections: int = 1,
 ):
     """FlagError naming the first bad server flag."""
     if not 0 <= port <= 65535:
@@ -65,6 +71,12 @@ def check_serve_flags(
         raise FlagError(f"--shutdown-grace must be a finite number of seconds >= 0, got {grace}")
     if max_body < 1:
         raise FlagError(f"--max-body-bytes must be >= 1, got {max_body}")
+    if not (math.isfinite(read_timeout) and read_timeout > 0):
+        raise FlagError(
+            f"--read-timeout must be a finite number of seconds > 0, got {read_timeout}"
+        )
+    if max_connections < 1:
+        raise FlagError(f"--max-connections must be >= 1, got {max_connections}")
 
 
 def model_id(paths) -> str:
@@ -129,6 +141,18 @@ def serve(
         int,
         typer.Option("--max-body-bytes", help="Largest request body; beyond it: 413."),
     ] = DEFAULT_MAX_BODY_BYTES,
+    read_timeout: Annotated[
+        float,
+        typer.Option(
+            "--read-timeout",
+            help="Seconds a client has to send a request's headers, then its body; beyond: "
+            "closed (headers) or 408 (body).",
+        ),
+    ] = DEFAULT_READ_TIMEOUT_S,
+    max_connections: Annotated[
+        int,
+        typer.Option("--max-connections", help="Most open connections; beyond it: 503."),
+    ] = DEFAULT_MAX_CONNECTIONS,
     log_level: Annotated[
         str, typer.Option("--log-level", help="critical, error, warning, info or debug.")
     ] = "info",
@@ -137,7 +161,15 @@ def serve(
     """Serve the model over an OpenAI-compatible HTTP API with continuous batching."""
     with cli_errors(verbose):
         check_serve_flags(
-            port, max_batch, max_queue, max_tokens_limit, log_level, shutdown_grace, max_body_bytes
+            port,
+            max_batch,
+            max_queue,
+            max_tokens_limit,
+            log_level,
+            shutdown_grace,
+            max_body_bytes,
+            read_timeout,
+            max_connections,
         )
         ready = prepare_engine(
             model,
@@ -169,6 +201,8 @@ def serve(
             names,
             max_body_bytes,
             adapt,
+            read_timeout=read_timeout,
+            max_connections=max_connections,
         )
         split = f" · split across {group.size()} ranks" if group is not None else ""
         adaptive = ", adaptive" if adapt else ""
@@ -252,6 +286,8 @@ def build(
     names: tuple[str, ...],
     max_body: int,
     adapt: bool = False,
+    read_timeout: float = DEFAULT_READ_TIMEOUT_S,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
 ):
     """Scheduler + app, warmed up; returns ``run(host, port, grace)``. ``names``: the model's
     id, then its aliases; ``adapt``: choose each step's shape (``engine/batch_choice.py``)."""
@@ -291,6 +327,8 @@ def build(
         names[1:],
         max_body,
         serving_defaults(engine.folder),
+        read_timeout,
+        max_connections,
     )
     app = create_app(scheduler, config)
 

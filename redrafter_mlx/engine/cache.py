@@ -9,10 +9,14 @@ The two loops over it, ``engine.generation.decode`` and the server's ``Scheduler
 three rules from here: how many tokens a row may emit (:func:`token_limit`), where its
 output stops exactly (:func:`stop_at`: no token after EOS or beyond the limit, even inside
 an accepted run), and how far attention reaches for a queued step (:func:`step_window`).
+
+A session is used by one thread and one generation at a time (:meth:`Session.claim`): MLX
+binds arrays to the creating thread's streams, and a decode loop owns the cache until it ends.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Container, Sequence
 
 import mlx.core as mx
@@ -95,15 +99,24 @@ def stop_at(
     return new, None
 
 
+class SessionInUse(RuntimeError):
+    """A :class:`Session` used from another thread than its own, or by a second generation
+    while one holds its cache; the message says which and how to fix it. The refused call
+    changes nothing: the session stays usable by its thread and its generation."""
+
+
 class Session:
     """KV cache for B rows plus, per row, the token ids it holds (for prefix reuse).
 
     ``cached[r]`` are exactly the tokens whose K/V occupy row r's slots [0, len(cached[r])).
+    A decode loop owns the cache while it runs (``keys``/``values`` are None until it hands
+    them back); only the thread that created the session may use it (:meth:`claim`).
     """
 
     def __init__(self, model: Model, batch: int = 1):
         self.model = model
         self.batch = batch
+        self.thread = threading.get_ident()  # MLX streams (and so these arrays) are per thread
         self.keys, self.values = model.make_cache(batch, SLOT_QUANTUM)
         self.lengths = mx.zeros((batch,), dtype=mx.int32)
         self.cached: list[list[int]] = [[] for _ in range(batch)]
@@ -120,11 +133,36 @@ class Session:
                 grow(self.values, bucket(needed)),
             )
 
+    @property
+    def in_use(self) -> bool:
+        """Whether a decode loop holds the cache (it has not handed it back yet)."""
+        return self.keys is None
+
+    def claim(self) -> None:
+        """Refuse (:class:`SessionInUse`) use from another thread or while a generation holds
+        the cache: MLX arrays live on their thread's streams (using them elsewhere fails, or
+        crashes the process), and two loops on one cache would overwrite each other."""
+        here = threading.get_ident()
+        if here != self.thread:
+            raise SessionInUse(
+                f"this Session was created on thread {self.thread} and is used from thread "
+                f"{here}; MLX arrays belong to the thread that made them: create the Session on "
+                "the thread that generates with it (one Session per thread)"
+            )
+        if self.in_use:
+            raise SessionInUse(
+                "this Session's cache is held by a generation that has not finished (a "
+                "stream_generate/decode generator still open); exhaust or close() that "
+                "generator first, or give each concurrent generation its own Session"
+            )
+
     def reuse(self, prompts: list[list[int]]) -> list[list[int]]:
         """Keep each row's longest cached prefix of its prompt; return the tokens to prefill.
 
         At least one prompt token is always prefilled (its hidden state starts decoding).
+        Starts a generation's use of the session: :meth:`claim` first.
         """
+        self.claim()
         keep = []
         for cached, prompt in zip(self.cached, prompts):
             n = 0
@@ -154,6 +192,7 @@ def prefill_session(
     ``sync=False`` leaves the chunks' graph to be evaluated with whatever reads it (a caller
     that queues other work meanwhile: ``selfgen``'s lanes), instead of one by one here.
     """
+    session.claim()
     model = session.model
     B = session.batch
     longest = max(len(t) for t in new_tokens)

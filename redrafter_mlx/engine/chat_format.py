@@ -19,10 +19,18 @@ def vicuna_prompt(messages: list[dict], system: str | None = None) -> str:
     messages: [{"role": "user"|"assistant", "content": str}, ...]; ``system`` replaces the
     default system prompt.
     """
-    text = (VICUNA_SYSTEM if system is None else system) + " "
+    return "</s>".join(vicuna_turns(messages, system))
+
+
+def vicuna_turns(messages: list[dict], system: str | None = None) -> list[str]:
+    """The Vicuna text split where each assistant reply's ``</s>`` (the EOS token) goes: a
+    tokenizer encodes the pieces as plain text, EOS ids between them, so that ``</s>`` typed
+    inside a message stays text."""
+    turns, text = [], (VICUNA_SYSTEM if system is None else system) + " "
     for m in messages:
         if m["role"] == "user":
             text += f"USER: {m['content']} "
         else:
-            text += f"ASSISTANT: {m['content']}</s>"
-    return text + "ASSISTANT:"
+            turns.append(text + f"ASSISTANT: {m['content']}")
+            text = ""
+    return [*turns, text + "ASSISTANT:"]

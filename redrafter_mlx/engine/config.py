@@ -21,6 +21,41 @@ ARCHITECTURES = {
     "gemma3_text": ("Gemma3ForCausalLM",),
 }
 SUPPORTED_MODEL_TYPES = tuple(ARCHITECTURES)
+
+# What each family's keys mean when config.json leaves them out: the defaults of transformers'
+# config classes (``configuration_<family>.py``, transformers 5.24), which Hugging Face loads the
+# same checkpoint with. mlx-lm's ModelArgs differ in places (Qwen2's rope_theta 1e6, Gemma 2's
+# query_pre_attn_scalar 144, Gemma 3's sliding_window 512; Qwen3 and Gemma 2 require head_dim,
+# rope_theta, num_key_value_heads): the checkpoint's authors wrote the config for transformers,
+# so an absent key means its default. A key that is absent here and in the config takes the
+# Llama rule (``ModelArgs.__post_init__``: head_dim = hidden / heads, KV heads = heads).
+_ROPE = {"rope_theta": 10000.0, "rms_norm_eps": 1e-6}
+_GEMMA = dict(
+    _ROPE,
+    num_key_value_heads=4,
+    head_dim=256,
+    query_pre_attn_scalar=256,
+    sliding_window=4096,
+    tie_word_embeddings=True,
+)
+FAMILY_DEFAULTS = {
+    "llama": dict(_ROPE, tie_word_embeddings=False),
+    "mistral": dict(_ROPE, num_key_value_heads=8, tie_word_embeddings=False),
+    "qwen2": dict(_ROPE, num_key_value_heads=32, tie_word_embeddings=False),
+    "qwen3": dict(_ROPE, num_key_value_heads=32, head_dim=128, tie_word_embeddings=False),
+    "gemma2": dict(_GEMMA, attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
+    "gemma3_text": dict(
+        _GEMMA, rope_theta=1_000_000.0, rope_local_base_freq=10000.0, sliding_window_pattern=6
+    ),
+}
+
+
+def with_family_defaults(config: dict) -> dict:
+    """``config`` with each key its ``model_type`` defines but it leaves out set to the
+    family's reference default (:data:`FAMILY_DEFAULTS`); a key present (even null) is kept."""
+    return {**FAMILY_DEFAULTS.get(config.get("model_type"), {}), **config}
+
+
 REQUIRED_INT_KEYS = (
     "hidden_size",
     "num_hidden_layers",

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields
 import mlx.core as mx
 
 from .adaptive import Adaptive, StepPlan
+from .arguments import api_arguments
 from .batch import BatchDecoder, Row, RowStats
 from .cache import Session, prefill_session, text_history, token_limit
 from .decode import DecodeState, first_draw, make_step
@@ -367,6 +368,9 @@ def stream_generate(
     """
     from .tokenizer import StreamDecoder
 
+    prompt, max_tokens, shape, sampler, seed, session = api_arguments(
+        tokenizer, prompt, max_tokens, shape, sampler, seed, session
+    )
     detok = StreamDecoder(tokenizer)
     events = decode(
         model,
@@ -415,6 +419,9 @@ def batch_generate(
     """Token ids generated for each prompt, decoded together as one batch (the arguments of
     ``stream_generate``; a ``session`` has one row per prompt). ``tokenizer=None``: the
     prompts are token ids and no EOS stops a row."""
+    prompts, max_tokens, shape, sampler, seed, session = api_arguments(
+        tokenizer, prompts, max_tokens, shape, sampler, seed, session, batch=True
+    )
     ids = [_prompt_ids(tokenizer, p) for p in prompts]
     out = [[] for _ in ids]
     for ev in decode(

@@ -37,7 +37,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from .config import different_head, head_pairs
+from .config import different_head, head_pairs, with_family_defaults
 from .rope import RoPE
 
 # Fused kernels (mx.fast rope with per-row offsets, scaled_dot_product_attention) on Metal and
@@ -123,9 +123,6 @@ class ModelArgs:
             self.num_key_value_heads = self.num_attention_heads
         if self.head_dim is None:
             self.head_dim = self.hidden_size // self.num_attention_heads
-        if self.model_type == "gemma2":  # transformers' Gemma2Config defaults
-            self.attn_logit_softcapping = self.attn_logit_softcapping or 50.0
-            self.final_logit_softcapping = self.final_logit_softcapping or 30.0
         self.family = family_of(self)  # not a field: config.json never holds it
 
     @property
@@ -152,12 +149,11 @@ class ModelArgs:
     def from_config(cls, config: dict) -> ModelArgs:
         """Build from a HF / mlx-lm ``config.json`` dict; unknown keys go to ``extra``."""
         names = set(cls.__dataclass_fields__) - {"extra"}
-        config = {**rope_parameters(config), **config}
+        # An absent key takes the family's reference default (config.FAMILY_DEFAULTS); the
+        # output layer's tie is decided from the checkpoint's tensors too (config.ties_head).
+        config = with_family_defaults({**rope_parameters(config), **config})
         known = {k: v for k, v in config.items() if k in names}
         extra = {k: v for k, v in config.items() if k not in names}
-        # transformers' default is tied; Llama checkpoints always say, Gemma's often do not.
-        # Loading decides from the checkpoint's tensors as well (config.ties_head).
-        known.setdefault("tie_word_embeddings", config.get("model_type") in GEMMA_TYPES)
         return cls(**known, extra=extra)
 
 

@@ -9,7 +9,7 @@ import json
 import re
 from pathlib import Path
 
-from .chat_format import vicuna_prompt
+from .chat_format import vicuna_turns
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -55,15 +55,16 @@ class Tokenizer:
     def eos_token_id(self) -> int:
         return min(self.eos_token_ids)
 
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+    def encode(self, text: str, add_bos: bool = True, special: bool = True) -> list[int]:
         """Token ids of ``text`` (BOS first when ``add_bos``); bytes that were not UTF-8
-        read as U+FFFD (:func:`valid_text`)."""
+        read as U+FFFD (:func:`valid_text`). ``special=False``: text spelling a special token
+        (``<|im_end|>``) is encoded as the plain text it is, never as that token (what a user
+        typed into a message); SentencePiece never reads special tokens from text."""
         text = valid_text(text)
         if self._sp is not None:
             ids = self._sp.encode(text)
             return ([self.bos_token_id] if add_bos else []) + ids
-        ids = self._hf.encode(text, add_special_tokens=add_bos)
-        return ids
+        return self._hf.encode(text, add_special_tokens=add_bos, split_special_tokens=not special)
 
     def decode(self, ids) -> str:
         ids = [int(i) for i in ids]
@@ -77,24 +78,53 @@ class Tokenizer:
         messages: [{"role": "user"|"assistant", "content": str}, ...]. The tokenizer's chat
         template is used when it has one; otherwise Vicuna v1.1 (docs/design/formats.md,
         "Chat formats").
-        Text that was not UTF-8 reads as U+FFFD (:func:`valid_text`).
+        Text that was not UTF-8 reads as U+FFFD (:func:`valid_text`). The messages' text is
+        plain text: a ``<|im_end|>`` or ``</s>`` typed in it never becomes the control token
+        (a user cannot fake a turn boundary); only the format's own markers are.
         """
         messages = [_valid_message(m) for m in messages]
         system = None if system is None else valid_text(system)
         if self.chat_template and self._hf is not None:
             msgs = ([{"role": "system", "content": system}] if system else []) + messages
-            return list(self._hf.apply_chat_template(msgs, add_generation_prompt=True))
-        return self.encode_with_eos_markers(vicuna_prompt(messages, system))
-
-    def encode_with_eos_markers(self, text: str) -> list[int]:
-        """BOS + text, where each literal ``</s>`` becomes the EOS id (as HF tokenizers do)."""
+            return self._template_ids(msgs)
         ids = [self.bos_token_id]
-        for i, part in enumerate(text.split("</s>")):
+        for i, part in enumerate(vicuna_turns(messages, system)):
             if i:
-                ids.append(self.eos_token_id)
+                ids.append(self.eos_token_id)  # the end of an assistant reply
             if part:
-                ids.extend(self.encode(part, add_bos=False))
+                ids.extend(self.encode(part, add_bos=False, special=False))
         return ids
+
+    def _template_ids(self, msgs: list[dict]) -> list[int]:
+        """The chat template's ids, each message's text encoded as plain text.
+
+        Messages without special-token text: the template's own ids (exactly as
+        ``apply_chat_template`` gives them). Otherwise the template is rendered around
+        markers, its text encoded with its special tokens and each message's text without.
+        """
+        specials = [t for t in self._hf.all_special_tokens if t]
+        texts = [m.get("content") for m in msgs]
+        if not any(isinstance(c, str) and any(t in c for t in specials) for c in texts):
+            return list(self._hf.apply_chat_template(msgs, add_generation_prompt=True))
+        marked = [
+            {**m, "content": _marker(i)} if isinstance(m.get("content"), str) else m
+            for i, m in enumerate(msgs)
+        ]
+        text = self._hf.apply_chat_template(marked, add_generation_prompt=True, tokenize=False)
+        ids = []
+        for i, part in enumerate(_MARKER.split(text)):
+            if i % 2:  # a message's text
+                ids += self.encode(msgs[int(part)]["content"], add_bos=False, special=False)
+            elif part:  # the template's text, its special tokens parsed
+                ids += self.encode(part, add_bos=False)
+        return ids
+
+
+_MARKER = re.compile("\ue000(\\d+)\ue001")  # private-use characters: no template alters them
+
+
+def _marker(i: int) -> str:
+    return f"\ue000{i}\ue001"
 
 
 def _valid_message(message: dict) -> dict:

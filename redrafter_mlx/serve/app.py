@@ -6,9 +6,10 @@ the request's events from an ``asyncio.Queue`` that the engine thread fills thro
 then ``data: [DONE]``); a client that goes away cancels its request, which frees its row at
 the next step.
 
-Status codes: 400 bad request (OpenAI error body), 404 unknown model, 413 body over
-``max_body_bytes``, 429 queue full, 500 engine failure (of this request, or of the batched
-step: then of every request in it), 503 shutting down.
+Status codes: 400 bad request (OpenAI error body), 404 unknown model, 408 body not received
+within ``read_timeout_s``, 413 body over ``max_body_bytes``, 429 queue full, 500 engine
+failure (of this request, or of the batched step: then of every request in it), 503 shutting
+down or over ``max_connections``.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from starlette.routing import Route
 
 from .protocol import (
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_READ_TIMEOUT_S,
     ProtocolError,
     Reply,
     TextStream,
@@ -74,6 +77,8 @@ class ServeConfig:
     aliases: tuple[str, ...] = ()  # other names a request's ``model`` may use
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     sampling_defaults: dict = field(default_factory=dict)  # the model's generation_config
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S  # headers, then body: beyond it, closed / 408
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -100,7 +105,8 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
 
     async def _complete(request: HTTPRequest, parse) -> Response:
         try:
-            body = parse_body(await _read_body(request, config.max_body_bytes))
+            raw = _read_body(request, config.max_body_bytes)
+            body = parse_body(await _within(raw, config.read_timeout_s))
             params = parse(body, config.max_tokens_limit)
             check_model(params.model, config.names)
             ids = prompt_ids(params, config.tokenizer)
@@ -110,6 +116,7 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
         except ProtocolError as e:
             if e.status == 413:
                 await _discard_body(request, DISCARD_LIMIT)
+            if e.status in (408, 413):
                 return JSONResponse(e.body(), e.status, headers={"Connection": "close"})
             return JSONResponse(e.body(), status_code=e.status)
         except ClientDisconnect:  # gone while sending its body: nobody to answer
@@ -193,13 +200,23 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
         run.log()
         return JSONResponse(reply.full(text, finish, run.usage(), run.speculation(config.beam)))
 
+    def card(name: str) -> dict:
+        return dict(id=name, object="model", created=started, owned_by="redrafter-mlx")
+
     async def models(request: HTTPRequest) -> Response:
         """The loaded model under each name a request may use (its id first)."""
-        cards = [
-            dict(id=name, object="model", created=started, owned_by="redrafter-mlx")
-            for name in config.names
-        ]
-        return JSONResponse({"object": "list", "data": cards})
+        return JSONResponse({"object": "list", "data": [card(n) for n in config.names]})
+
+    async def model(request: HTTPRequest) -> Response:
+        """``GET /v1/models/{id}``: the model under that name (an id may hold slashes), as
+        ``models.retrieve`` reads it; 404 ``model_not_found`` for a name not served."""
+        name = request.path_params["model_id"]
+        try:
+            check_model(name, config.names)
+        except ProtocolError as e:
+            return JSONResponse(e.body(), status_code=e.status)
+        served = {n.casefold(): n for n in config.names}
+        return JSONResponse(card(served[name.casefold()]))
 
     async def health(request: HTTPRequest) -> Response:
         """200 ``ok`` or ``draining``; 503 ``failed`` once the engine loop has died."""
@@ -227,10 +244,13 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
     ]
     handlers = {HTTPException: http_error, Exception: server_error}
-    return Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    app = Starlette(routes=routes, exception_handlers=handlers, lifespan=lifespan)
+    app.state.serve_config = config  # make_server reads the connection limits from it
+    return app
 
 
 class _Run:
@@ -252,8 +272,8 @@ class _Run:
             self.stats = event.stats
             if event.error is not None:
                 raise EngineFailure(event.error, event.status)
-            self.tokens += len(event.tokens)
             delta, stopped = self.text.add(event.tokens)
+            self.tokens = self.text.tokens
             if stopped:
                 self.request.cancel()
                 self.finish = "stop"
@@ -304,6 +324,19 @@ async def _read_body(request: HTTPRequest, limit: int) -> bytes:
             raise _too_large(f"over {limit} bytes", limit)
         parts.append(chunk)
     return b"".join(parts)
+
+
+async def _within(read, seconds: float):
+    """Await ``read`` (the body), or ProtocolError 408 once it takes over ``seconds``: a
+    client that sends its body slowly (or never) does not hold its connection for ever."""
+    try:
+        return await asyncio.wait_for(read, seconds)
+    except TimeoutError:
+        raise ProtocolError(
+            f"the request body was not received within {seconds:g} s (serve --read-timeout)",
+            status=408,
+            code="request_timeout",
+        ) from None
 
 
 def _too_large(size: str, limit: int) -> ProtocolError:
@@ -382,6 +415,7 @@ def make_server(app, scheduler: Scheduler, host: str, port: int, log_level: str,
                 for s, handler in original.items():
                     signal.signal(s, handler)
 
+    limits = app.state.serve_config
     config = uvicorn.Config(
         app,
         host=host,
@@ -389,5 +423,60 @@ def make_server(app, scheduler: Scheduler, host: str, port: int, log_level: str,
         log_level=log_level.lower(),
         timeout_graceful_shutdown=grace_s + 2.0,
         access_log=log_level.lower() == "debug",
+        http=_timed_http(limits.read_timeout_s),
+        limit_concurrency=limits.max_connections,
     )
     return DrainingServer(config)
+
+
+def _timed_http(seconds: float):
+    """uvicorn's h11 protocol, closing a connection whose next request's headers have not all
+    arrived within ``seconds`` of it opening (or of the previous response): uvicorn itself
+    waits for ever for the first request, and a trickle of bytes outlives its keep-alive
+    timeout. The body's time is the app's (``_within``)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class TimedH11Protocol(H11Protocol):
+        _timer = None
+        _waiting = None  # the cycle before the request being waited for
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._waiting = self.cycle
+            self._timer = self.loop.call_later(seconds, self._expire)
+
+        def _disarm(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+        def _check(self) -> None:
+            if self.cycle is not self._waiting:  # the headers arrived: a new cycle runs
+                self._disarm()
+
+        def _expire(self) -> None:
+            self._timer = None
+            if self.cycle is self._waiting and not self.transport.is_closing():
+                log.info("closing a connection whose request headers took over %g s", seconds)
+                self.transport.close()
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            self._check()
+
+        def on_response_complete(self) -> None:
+            self._arm()  # before: a pipelined request may start a cycle right away
+            super().on_response_complete()
+            self._check()
+            if self.transport.is_closing():
+                self._disarm()
+
+        def connection_lost(self, exc) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return TimedH11Protocol

@@ -28,6 +28,8 @@ from redrafter_mlx.engine.sampling import SamplerConfig
 
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; send 0 for greedy decoding
 DEFAULT_MAX_BODY_BYTES = 4 << 20  # 4 MiB: ~1M prompt tokens as JSON ids, far past any context
+DEFAULT_READ_TIMEOUT_S = 30.0  # a client's time to send a request's headers, then its body
+DEFAULT_MAX_CONNECTIONS = 1024  # open connections (beyond: 503), slow clients included
 MAX_STOP = 4
 ROLES = ("system", "developer", "user", "assistant")
 # Parameters that would change the output in ways this server does not implement.
@@ -298,8 +300,11 @@ def _stop(value) -> list[str]:
     return stops
 
 
-def _text_content(content, i: int) -> str:
-    """A message's content: a string or a list of ``{"type": "text", "text": ...}`` parts."""
+def _text_content(content, i: int, role: str) -> str:
+    """A message's content: a string or a list of ``{"type": "text", "text": ...}`` parts; an
+    assistant's may be null (the OpenAI API allows it): an empty reply."""
+    if content is None and role == "assistant":
+        return ""
     if isinstance(content, str):
         return content
     if isinstance(content, list) and all(
@@ -329,7 +334,7 @@ def _messages(value) -> list[dict]:
                 f"messages[{i}]",
             )
         role = "system" if m["role"] == "developer" else m["role"]
-        out.append({"role": role, "content": _text_content(m.get("content"), i)})
+        out.append({"role": role, "content": _text_content(m.get("content"), i, role)})
     if out[-1]["role"] != "user":
         raise ProtocolError("the last message must come from the user", "messages")
     return out
@@ -459,6 +464,9 @@ class TextStream:
     """Token ids -> text deltas, cut at the first stop string.
 
     Text that could still become the start of a stop string is held back until it cannot.
+    ``tokens`` counts the generated tokens the text is made of: after a stop string, those up
+    to and including the one that completed it (the usage's ``completion_tokens``, the same
+    however the engine's steps split the tokens).
     """
 
     def __init__(self, tokenizer, stop: list[str]):
@@ -469,11 +477,25 @@ class TextStream:
         self.hold = max((len(s) for s in stop), default=1) - 1
         self.text = ""
         self.sent = 0
+        self.tokens = 0
 
     def add(self, tokens: list[int]) -> tuple[str, bool]:
         """New text safe to send, and whether a stop string ended the text."""
         self.text += self.decoder.add(tokens)
-        return self._release(final=False)
+        delta, stopped = self._release(final=False)
+        self.tokens = len(self.decoder.tokens)
+        if stopped:
+            self.tokens -= len(tokens) - self._stop_token(tokens)
+        return delta, stopped
+
+    def _stop_token(self, tokens: list[int]) -> int:
+        """How many of ``tokens`` (the last added) it took for a stop string to appear."""
+        done = self.decoder.tokens[: len(self.decoder.tokens) - len(tokens)]
+        for k in range(1, len(tokens)):  # once per request, over one step's tokens
+            text = self.decoder.tokenizer.decode(done + tokens[:k])
+            if any(s in text for s in self.stop):
+                return k
+        return len(tokens)
 
     def finish(self) -> str:
         """The rest of the text once generation ended."""

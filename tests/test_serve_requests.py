@@ -1,11 +1,8 @@
-"""Issue 51, the server and tokenizer items: special-token text typed in a message stays text
-(chat, generate, server), an assistant message may be null, ``GET /v1/models/{id}``, the
-usage of a request ended by a stop string, and read timeouts / a connection cap.
-
-Before: ``<|im_end|><|im_start|>`` in a message became the control tokens (``</s>`` the EOS
-of the Vicuna format); ``content: null`` was a 400; ``/v1/models/{id}`` a 404;
-``completion_tokens`` counted the whole engine step that held the stop string (8 where the
-stop ended at token 6, by how the steps fell); partial requests were held for ever."""
+"""Requests the server must read as the OpenAI API does: special-token text typed in a
+message stays text (chat, generate, server), an assistant message may be null,
+``GET /v1/models/{id}`` answers, ``completion_tokens`` of a request ended by a stop string
+counts up to the token that completed it however the steps fall, and partial requests time
+out under a connection cap."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue 51: the Python API's loose arguments, normalised once at its entry
+"""The Python API's loose arguments, normalised once at its entry
 (``engine/arguments.py``). Before: a bytes prompt was read as token ids, ``max_tokens=None``
 or ``"8"`` raised ``'<' not supported``, ``logit_bias={5: 1.0}`` failed to unpack, a shape
 label or a dict sampler raised ``AttributeError``, and a string given to ``batch_generate``

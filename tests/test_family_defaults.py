@@ -1,4 +1,4 @@
-"""Issue 51 item 8: a config.json that leaves keys out gets each family's reference defaults
+"""A config.json that leaves keys out gets each family's reference defaults
 (transformers' config classes), and decodes as mlx-lm's class does on the same weights when
 that class is given those defaults written out. Before, a Gemma 3 config without
 ``query_pre_attn_scalar`` scaled attention by head_dim^-1/2 (0 of 24 tokens agreed)."""

@@ -1,4 +1,4 @@
-"""Issue 51 item 7: a Session is used by its own thread and one generation at a time. Before,
+"""A Session is used by its own thread and one generation at a time. Before,
 a session made on one thread and used on another failed inside MLX (``There is no
 Stream(cpu, N) in current thread``, sometimes a segfault) and two interleaved generators failed
 with a ``TypeError`` in the cache; now both are a clear :class:`SessionInUse` that leaves the

@@ -122,13 +122,15 @@ class SamplerConfig:
     def validate(self, vocab_size: int | None = None) -> SamplerConfig:
         """Return self, or raise ParamError naming the field and its range. Every value that
         passes fits the step (``row_settings``); ``vocab_size`` also checks the bias ids."""
-        for name in ("temperature", "presence_penalty", "frequency_penalty"):
-            _bounded(name, getattr(self, name))
-        _finite(self, "top_p", "min_p", "repetition_penalty")
-        if self.temperature < 0:
+        _finite(self, "temperature", "top_p", "min_p", "repetition_penalty")
+        if not 0 <= self.temperature <= SETTING_LIMIT:
             raise ParamError(
-                "temperature", f"temperature must be >= 0 (0 = greedy), got {self.temperature}"
+                "temperature",
+                f"temperature must be in [0, {SETTING_LIMIT:g}] (0 = greedy, as is any value "
+                f"below {GREEDY_TEMPERATURE:g}), got {self.temperature}",
             )
+        for name in ("presence_penalty", "frequency_penalty"):
+            _bounded(name, getattr(self, name))
         if not 0.0 < self.top_p <= 1.0:
             raise ParamError("top_p", f"top_p must be in (0, 1], got {self.top_p}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
@@ -173,8 +175,10 @@ def _finite(cfg, *names: str) -> None:
 
 
 def _bounded(name: str, value, what: str | None = None) -> None:
-    """ParamError unless ``value`` is a number of magnitude <= ``SETTING_LIMIT``."""
-    if not _is_finite_number(value) or abs(value) > SETTING_LIMIT:
+    """ParamError unless ``value`` is a finite number of magnitude <= ``SETTING_LIMIT``."""
+    if not _is_finite_number(value):
+        raise ParamError(name, f"{what or name} must be a finite number, got {value!r}")
+    if abs(value) > SETTING_LIMIT:
         raise ParamError(
             name,
             f"{what or name} must be a number in [-{SETTING_LIMIT:g}, {SETTING_LIMIT:g}], "

@@ -27,6 +27,7 @@ from redrafter_mlx.engine.sampling import (
     SETTING_LIMIT,
     RowSampler,
     SamplerConfig,
+    draw,
     one_row,
     process_logits,
     target_log_weights,
@@ -111,12 +112,14 @@ def test_greedy_is_one_rule():
 
 
 def test_the_smallest_sampling_temperature_does_not_overflow():
-    """Large logits at the smallest temperature that samples: no NaN, the top at 0, the
-    runner-up (1/16 below it) at about -6e9 nats: a probability of 0."""
-    logits = mx.array([[[3e4, 3e4 - 0.0625, -3e4, 0.0]]])
+    """Large logits (a bias at its limit) at the smallest temperature that samples: finite
+    log-weights, the runner-up (1/16 below the top) about 6e9 nats below it, so the draw is
+    the top token."""
+    logits = mx.array([[[3e4, 3e4 - 0.0625, -3e4, 0.0]]]) + SETTING_LIMIT
     sampler = RowSampler.from_config(SamplerConfig(GREEDY_TEMPERATURE), 4, mx.random.key(0))
     x = np.array(target_log_weights(logits, sampler))[0, 0]
-    assert not np.isnan(x).any() and x[0] == 0.0 and (x[1:] < -1e9).all(), x
+    assert np.isfinite(x).all() and (x[0] - x[1:] > 1e9).all(), x
+    assert np.array(draw(logits, sampler)).tolist() == [[0]]
 
 
 def _numpy_keep(logits, cfg):

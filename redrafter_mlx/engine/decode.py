@@ -11,7 +11,8 @@ State carried between steps (``DecodeState``):
                with the k feature layers a drafter reads (``Model.capture_features``)
     lengths    (B,)   committed cache length per row
     keys/values       per layer (B, n_kv, S, D)
-    rng               a PRNG key (sampling only)
+    rng               a PRNG key, split once per step by ``make_step`` (sampling only; the
+                      batch loop's rows draw with keys of their own)
     history    (B, S) the committed token ids, slot by slot (None: no lookup)
 
 A step's output for the host (``StepOutput``): ``tokens`` (B, L) with ``count`` (B,) valid

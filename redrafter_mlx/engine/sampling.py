@@ -213,8 +213,8 @@ NEG_INF = -float("inf")
 
 
 # --------------------------------------------------------------------------- the filters
-# Each takes the tempered log-weights x (B, ..., V), float32, each row's max at 0, and a
-# per-row value broadcasting against x[..., :1]; it returns x with the dropped tokens at -inf.
+# Each takes the tempered log-weights x (B, ..., V), float32, and a per-row value
+# broadcasting against x[..., :1]; it returns x with the dropped tokens at -inf.
 # A row's "off" value leaves it unchanged; none drops a row's most likely token.
 
 
@@ -423,52 +423,46 @@ def process_text(logits: mx.array, sampler: RowSampler, text: NodeText | None) -
 
 
 def target_log_weights(logits: mx.array, sampler: RowSampler) -> mx.array:
-    """Each row's target distribution as log-weights: (B, ..., V) -> (B, ..., V) float32,
-    -inf = excluded; ``softmax`` of it is what ``draw`` samples (a greedy row: one-hot on
-    the argmax).
+    """Each sampling row's target distribution as log-weights: (B, ..., V) -> (B, ..., V)
+    float32, -inf = excluded; ``softmax`` of it is what ``draw`` samples (a greedy row's is
+    unused: it draws the argmax).
 
     Temperature, then ``FILTERS`` in order, each only where the batch's mode says a row
-    uses it. The logits are shifted to each row's max before dividing, so that no
-    temperature the settings allow overflows float32.
+    uses it. No float32 overflow: the settings' bounds keep |logits| below ~1e12 and the
+    temperature at or above ``GREEDY_TEMPERATURE`` (1e-11).
     """
     mode, s = sampler.mode, sampler.settings
     per_row = (-1,) + (1,) * (logits.ndim - 1)  # broadcast (B,) over (B, ..., V)
-    x = logits.astype(mx.float32)
-    top = mx.max(x, axis=-1, keepdims=True)
     temperature = s.temperature.reshape(per_row)
-    sampling = temperature > 0
-    x = (x - top) / mx.where(sampling, temperature, 1.0)
+    x = logits.astype(mx.float32) / mx.where(temperature > 0, temperature, 1.0)
     for f in FILTERS:
         if f.name in mode.filters:
             x = f.apply(x, getattr(s, f.name).reshape(per_row))
-    if not mode.sample:
-        return mx.where(_is_argmax(logits), 0.0, NEG_INF)
-    return mx.where(sampling | _is_argmax(logits), x, NEG_INF).astype(mx.float32)
-
-
-def _is_argmax(logits: mx.array) -> mx.array:
-    """(..., V) bool, True at the argmax of each row (the first of ties)."""
-    best = mx.argmax(logits, axis=-1, keepdims=True)
-    return mx.arange(logits.shape[-1]) == best
+    return x
 
 
 def draw(logits: mx.array, sampler: RowSampler) -> mx.array:
     """One draw per position with each row's own settings and key: (B, ..., V) ->
     (B, ...) int32. A greedy row's draw is the argmax; a sampling row's, Gumbel-max on
     ``target_log_weights`` with its own key."""
+    greedy = mx.argmax(logits, axis=-1).astype(mx.int32)
     if not sampler.mode.sample:
-        return mx.argmax(logits, axis=-1).astype(mx.int32)
-    x = target_log_weights(logits, sampler)  # a greedy row's: one-hot, whatever its noise
+        return greedy
+    x = target_log_weights(logits, sampler)
     noise = mx.vmap(lambda key: mx.random.gumbel(x.shape[1:], key=key))(sampler.keys)
-    return mx.argmax(x + noise, axis=-1).astype(mx.int32)
+    sampled = mx.argmax(x + noise, axis=-1).astype(mx.int32)
+    sampling = sampler.settings.temperature.reshape((-1,) + (1,) * (greedy.ndim - 1)) > 0
+    return mx.where(sampling, sampled, greedy)
 
 
 def process_logits(logits: mx.array, cfg: SamplerConfig) -> mx.array:
-    """The target log-weights of ``cfg``'s draws: (..., V) -> (..., V) float32 (every row
-    with ``cfg``; ``target_log_weights``), for checking the draws against."""
-    sampler = RowSampler.from_config(
-        cfg, logits.shape[-1], None if cfg.greedy else mx.random.key(0)
-    )
+    """The log-weights ``cfg``'s draws sample from: (..., V) -> (..., V) float32 (every row
+    with ``cfg``: ``target_log_weights``; greedy: 0 at the argmax, -inf elsewhere), for
+    checking the draws against."""
+    if cfg.greedy:
+        best = mx.argmax(logits, axis=-1, keepdims=True)
+        return mx.where(mx.arange(logits.shape[-1]) == best, 0.0, NEG_INF)
+    sampler = RowSampler.from_config(cfg, logits.shape[-1], mx.random.key(0))
     return target_log_weights(logits[None], sampler)[0]
 
 

@@ -21,7 +21,7 @@ from redrafter_mlx.engine.cache import Session, bucket, grow, prefill_session
 from redrafter_mlx.engine.decode import DecodeState, first_draw, make_step
 from redrafter_mlx.engine.drafter import Drafter, DrafterArgs
 from redrafter_mlx.engine.loading import LoadError, load, load_drafter
-from redrafter_mlx.engine.sampling import SamplerConfig
+from redrafter_mlx.engine.sampling import RowSampler, SamplerConfig
 from redrafter_mlx.engine.shape import BeamShape
 from redrafter_mlx.engine.tree import cache_mask, chain_mask
 from redrafter_mlx.train.targets import cache_key
@@ -97,7 +97,8 @@ def test_the_step_keeps_the_accepted_tokens_features_of_a_plain_forward():
     hidden = prefill_session(session, [list(p) for p in prompts])
     assert hidden.shape == (2, 3 * H)
     sampler = SamplerConfig()
-    first = first_draw(model, hidden, sampler, mx.random.key(0), None, session.lengths)
+    rows = RowSampler.from_config(sampler, model.vocab_size, None, len(prompts))
+    first = first_draw(model, hidden, rows, None, session.lengths)
     key = mx.random.key(0)
     state = DecodeState(first, hidden, session.lengths, session.keys, session.values, key)
     # drafter beams and a context lookup chain (accepted on this repetitive model's text)

@@ -15,7 +15,7 @@ import pytest
 from redrafter_mlx.engine.decode import DecodeState, accept_phase, draft_phase, verify_phase
 from redrafter_mlx.engine.drafter import beam_search
 from redrafter_mlx.engine.lookup import ABSENT
-from redrafter_mlx.engine.sampling import SamplerConfig
+from redrafter_mlx.engine.sampling import RowSampler, SamplerConfig
 from redrafter_mlx.engine.tree import default_capacity, pack
 from tests.helpers import OracleDrafter, near_bigram_model, tiny_drafter, tiny_model
 
@@ -73,8 +73,9 @@ def _accepted(model, state, beams, present, C):
     """Drafts the greedy verifier accepts on candidates (B, N, L)."""
     tree = pack(beams, C, present)
     window = state.keys[0].shape[2]
+    greedy = RowSampler.from_config(SamplerConfig(), model.vocab_size, None, beams.shape[0])
     _, target, _, _ = verify_phase(
-        model, tree, state.lengths, state.keys, state.values, SamplerConfig(), None, window
+        model, tree, state.lengths, state.keys, state.values, greedy, window
     )
     return np.array(accept_phase(beams, target, tree.unpacker, C)[1])
 

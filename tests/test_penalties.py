@@ -8,7 +8,7 @@ from mlx_lm.sample_utils import make_logits_processors
 
 from redrafter_mlx.engine.errors import ParamError
 from redrafter_mlx.engine.penalties import node_text, penalize
-from redrafter_mlx.engine.sampling import SamplerConfig, check_seed, process_text
+from redrafter_mlx.engine.sampling import RowSampler, SamplerConfig, check_seed, process_text
 from redrafter_mlx.engine.shape import BeamShape
 from redrafter_mlx.engine.tree import pack
 from tests.helpers import run_decode, save_model_dir, tiny_drafter, tiny_model
@@ -60,7 +60,8 @@ def test_every_tree_node_gets_mlx_lm_penalties_over_its_own_path():
         text = node_text(
             hist, mx.array(lengths), context, context, tree.tokens, tree.depth, tree.mask
         )
-        got = np.array(process_text(mx.array(logits), cfg, text))
+        rows = RowSampler.from_config(cfg, V, None, 2)
+        got = np.array(process_text(mx.array(logits), rows, text))
         tokens, depth, valid, mask = (
             np.array(a) for a in (tree.tokens, tree.depth, tree.valid, tree.mask)
         )

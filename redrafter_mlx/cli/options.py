@@ -33,8 +33,8 @@ TempOpt = Annotated[
     float | None,
     typer.Option(
         "--temp",
-        help="Sampling temperature, 0 = greedy (default: the model's generation_config.json "
-        "value in chat and generate, else 0; bench: 0).",
+        help="Sampling temperature in [0, 1e6], 0 (or below 1e-11) = greedy (default: the "
+        "model's generation_config.json value in chat and generate, else 0; bench: 0).",
         show_default=False,
     ),
 ]
@@ -50,8 +50,8 @@ TopKOpt = Annotated[
     int | None,
     typer.Option(
         "--top-k",
-        help="Keep only the k most likely tokens, 0 = off (default: the model's in chat and "
-        "generate, else 0).",
+        help="Keep only the k most likely tokens, 0 (or the vocabulary size or more) = off "
+        "(default: the model's in chat and generate, else 0).",
         show_default=False,
     ),
 ]
@@ -72,8 +72,8 @@ RepetitionPenaltyOpt = Annotated[
     typer.Option(
         "--repetition-penalty",
         help="Penalise tokens seen in the last --repetition-context-size tokens: positive "
-        "logits divided by it, negative multiplied (> 1 discourages repeats; 1 = off; "
-        "default: the model's in chat and generate, else off).",
+        "logits divided by it, negative multiplied (> 1 discourages repeats; 1 = off; in "
+        "[1e-6, 1e6]; default: the model's in chat and generate, else off).",
         show_default=False,
     ),
 ]

@@ -15,11 +15,12 @@ compile key: per-row settings travel as arrays:
 
     active      (B,) bool     free rows compute but never advance their cache length
     rows        each row's sampling settings (``engine.sampling.RowSettings``: temperature,
-                top-p, top-k, min-p, penalties, logit bias), built by ``row_settings``
+                top-p, top-k, min-p, penalties, logit bias), each row's built when it is
+                admitted (``sampling.one_row``, checked there), stacked by ``stack_rows``
     row_keys    (B, 2) uint32 one PRNG key per row, split once per step like a solo run's
 
 A row's draws therefore equal the same request decoded alone (same key sequence, same
-per-row math); see ``engine.sampling.draw_rows``. Static switches (``StepMode``) only pick
+per-row math); see ``engine.sampling.draw``. Static switches (``StepMode``) only pick
 how much sampling machinery the batch needs: argmax only, or Gumbel with the filters some
 row uses, and whether any row has a logit bias or a penalty (with the history span its
 windows need).
@@ -49,7 +50,7 @@ from .cache import (
 )
 from .decode import DecodeState, StepOutput, autoregressive_step, first_draw, redrafter_step
 from .lookup import LookupShadow
-from .sampling import RowSampler, RowSettings, SamplerConfig, StepMode, row_settings
+from .sampling import Rows, RowSampler, RowSettings, SamplerConfig, StepMode, one_row, stack_rows
 from .shape import AR, BeamShape
 
 
@@ -179,6 +180,7 @@ class Row:
     finished: bool = False
     finish: str | None = None  # why it finished: "stop" (EOS), "length" or "context"
     shadow: LookupShadow | None = None  # what lookup would have given it (adaptive shapes)
+    sampling: Rows | None = None  # its sampling as arrays (``one_row``); None: built at its step
 
 
 @dataclass
@@ -194,6 +196,7 @@ class Prefill:
     started: float = field(default_factory=time.perf_counter)
     done: int = 0  # prompt tokens prefilled so far
     hidden: mx.array | None = None  # (1, H) at the last prefilled token
+    sampling: Rows | None = None  # its sampling as arrays, built by ``first_token``
 
     def advance(self) -> int:
         """Prefill the next chunk; returns its token count.
@@ -212,13 +215,16 @@ class Prefill:
         return self.done == len(self.prompt)
 
     def first_token(self, model) -> tuple[int, mx.array]:
-        """The first token, drawn now with the prompt's own key (so that an error in its own
-        prefill or draw surfaces here, not in a batched step), and its next key (2,)."""
+        """The first token, drawn now with the prompt's own key, and its next key (2,). Its
+        sampling settings become arrays here (``sampling``, checked: ``one_row``), so that
+        an error in its own settings, prefill or draw surfaces here, not in a batched step."""
+        self.sampling = one_row(self.sampler, model.vocab_size)
         rng, first_key = mx.random.split(mx.random.key(self.seed))
-        prompt, sampler = self.prompt, self.sampler
-        history = text_history([prompt], len(prompt)) if sampler.reads_text else None
+        prompt = self.prompt
+        history = text_history([prompt], len(prompt)) if self.sampler.reads_text else None
         lengths = mx.array([len(prompt)], mx.int32)
-        first = first_draw(model, self.hidden, sampler, first_key, history, lengths)
+        sampler = RowSampler.of(self.sampling, first_key[None])
+        first = first_draw(model, self.hidden, sampler, history, lengths)
         return first.item(), rng
 
 
@@ -463,8 +469,13 @@ class BatchDecoder:
     def _row_params(self):
         """(StepMode, active (B,), RowSettings): rebuilt only after rows join or leave."""
         if self._params is None:
-            configs = [r.sampler if r is not None else None for r in self.rows]
-            mode, settings = row_settings(configs, self.model.vocab_size)
+            V = self.model.vocab_size
+            for row in self.active:
+                if row.sampling is None:
+                    row.sampling = one_row(row.sampler, V)
+            mode, settings = stack_rows(
+                [r.sampling if r is not None else None for r in self.rows], V
+            )
             active = mx.array([r is not None for r in self.rows])
             self._params = (mode, active, settings)
         return self._params

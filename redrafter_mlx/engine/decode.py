@@ -11,7 +11,8 @@ State carried between steps (``DecodeState``):
                with the k feature layers a drafter reads (``Model.capture_features``)
     lengths    (B,)   committed cache length per row
     keys/values       per layer (B, n_kv, S, D)
-    rng               a PRNG key (sampling only)
+    rng               a PRNG key, split once per step by ``make_step`` (sampling only; the
+                      batch loop's rows draw with keys of their own)
     history    (B, S) the committed token ids, slot by slot (None: no lookup)
 
 A step's output for the host (``StepOutput``): ``tokens`` (B, L) with ``count`` (B,) valid
@@ -30,7 +31,7 @@ from .drafter import Drafter, beam_search, frontier_tree
 from .lookup import ABSENT, STRONG_MATCH, lookup_chains, write_history
 from .model import Model, write_slots
 from .penalties import node_text
-from .sampling import SamplerConfig, draw, process_text
+from .sampling import RowSampler, SamplerConfig, draw, process_text
 from .shape import BeamShape
 from .tree import PackedTree, arange, cache_mask, chain_mask, pack, unpack
 
@@ -185,11 +186,20 @@ def _pad(x: mx.array, n: int, value) -> mx.array:
 
 
 def verify_phase(
-    model: Model, tree, lengths, keys, values, sampler, key, window: int, history=None, fresh=None
+    model: Model,
+    tree,
+    lengths,
+    keys,
+    values,
+    sampler: RowSampler,
+    window: int,
+    history=None,
+    fresh=None,
 ):
     """3. Verify all C packed tokens in one forward, written at ``[len, len+C)``.
 
-    Each node draws from the target given its own path (penalties read that path too).
+    Each node draws from the target given its own path (penalties read that path too), with
+    its row's settings and key (``sampler``).
     ``fresh``: a list that receives each layer's new (K, V) for the commit.
     Returns (hidden (B, C, H), target draws (B, C), keys, values).
     """
@@ -200,7 +210,7 @@ def verify_phase(
     hidden, keys, values = model(tree.tokens, positions, mask, keys, values, write_idx, fresh)
     text = tree_text(sampler, history, lengths, tree.tokens, tree.depth, tree.mask)
     logits = process_text(model.logits(hidden), sampler, text)
-    return hidden, draw(logits, sampler, key), keys, values
+    return hidden, draw(logits, sampler), keys, values
 
 
 def tree_text(sampler, history, lengths, tokens=None, depth=None, ancestors=None):
@@ -265,10 +275,11 @@ def redrafter_step(
     drafter: Drafter | None,
     state: DecodeState,
     shape: BeamShape,
-    sampler: SamplerConfig,
+    sampler: RowSampler,
     window: int,
 ):
-    """One speculative step of ``shape``. Returns (next DecodeState, StepOutput).
+    """One speculative step of ``shape``, drawing with ``sampler`` (this step's keys).
+    Returns (next DecodeState, StepOutput).
 
     ``window``: attention covers cache slots [0, window); it must exceed every row's
     length + capacity (the loop picks it in buckets, so it is a rare compile key).
@@ -279,9 +290,8 @@ def redrafter_step(
     capacity = shape.slots
     width, length = (shape.width, shape.length) if shape.drafts else (0, 1)
     lookup, lookup_length = shape.lookup, shape.chain_length
-    rng, draw_key = mx.random.split(state.rng)
     if drafter is not None and is_beam_and_chain(shape):
-        return beam_and_chain_step(model, drafter, state, shape, sampler, window, rng, draw_key)
+        return beam_and_chain_step(model, drafter, state, shape, sampler, window)
     cand = draft_phase(drafter, model, state, width, length, lookup, lookup_length, capacity)
     beams = cand.beams
     if beams.shape[1] == 1 and cand.present is not None:  # a lone chain fills its C slots
@@ -295,7 +305,6 @@ def redrafter_step(
         state.keys,
         state.values,
         sampler,
-        draw_key,
         window,
         state.history,
         fresh,
@@ -307,7 +316,7 @@ def redrafter_step(
     keys, values, next_hidden, lengths = commit_phase(
         keys, values, state.lengths, path_slots, hidden, n, fresh, in_place=beams.shape[1] == 1
     )
-    next_state = DecodeState(bonus, next_hidden, lengths, keys, values, rng, history)
+    next_state = DecodeState(bonus, next_hidden, lengths, keys, values, state.rng, history)
     if beams.shape[1] == 1:  # one chain fills every slot: a constant, no kernel
         packed = mx.broadcast_to(mx.array(capacity, dtype=mx.int32), (B,))
     else:
@@ -358,7 +367,7 @@ def two_chain_layout(length: int, chain_length: int):
     )
 
 
-def beam_and_chain_step(model, drafter, state, shape, sampler, window, rng, draw_key):
+def beam_and_chain_step(model, drafter, state, shape, sampler, window):
     """``redrafter_step`` for one beam and one chain in a static layout (``two_chain_layout``).
 
     No packing: the tree's depth and mask are constants, and a chain token that repeats the
@@ -387,7 +396,6 @@ def beam_and_chain_step(model, drafter, state, shape, sampler, window, rng, draw
         state.keys,
         state.values,
         sampler,
-        draw_key,
         window,
         state.history,
         fresh,
@@ -415,7 +423,7 @@ def beam_and_chain_step(model, drafter, state, shape, sampler, window, rng, draw
     keys, values, next_hidden, lengths = commit_phase(
         keys, values, state.lengths, path_slots, hidden, n, fresh
     )
-    next_state = DecodeState(bonus, next_hidden, lengths, keys, values, rng, history)
+    next_state = DecodeState(bonus, next_hidden, lengths, keys, values, state.rng, history)
     packed = (L + present.sum(axis=1) - 1).astype(mx.int32)  # (B,) slots holding a token
     looked_up = mx.where(take_chain, n, 0).astype(mx.int32)
     return next_state, StepOutput(out, n + 1, packed, looked_up)
@@ -428,11 +436,11 @@ def _run(candidate, draws, present):
     return mx.cumprod(match.astype(mx.int32), axis=1).sum(axis=1).astype(mx.int32)
 
 
-def autoregressive_step(model: Model, state: DecodeState, sampler: SamplerConfig, window: int):
-    """One plain decoding step (the baseline): commit the init token, draw the next."""
+def autoregressive_step(model: Model, state: DecodeState, sampler: RowSampler, window: int):
+    """One plain decoding step (the baseline): commit the init token, draw the next with
+    ``sampler`` (this step's keys)."""
     lengths = state.lengths
     B = lengths.shape[0]
-    rng, draw_key = mx.random.split(state.rng)
     tokens = state.init_token[:, None]
     mask = cache_mask(lengths, chain_mask(1), window)
     hidden, keys, values = model(
@@ -442,24 +450,25 @@ def autoregressive_step(model: Model, state: DecodeState, sampler: SamplerConfig
     text = tree_text(
         sampler, state.history, lengths, tokens, 0 * tokens, mx.ones((1, 1, 1), mx.bool_)
     )
-    nxt = draw(process_text(logits, sampler, text)[:, 0], sampler, draw_key)
+    nxt = draw(process_text(logits, sampler, text)[:, 0], sampler)
     one = mx.ones((B,), dtype=mx.int32)
     history = state.history
     if history is not None:
         history = write_history(history, lengths, tokens)
-    next_state = DecodeState(nxt, hidden[:, 0], lengths + 1, keys, values, rng, history)
+    next_state = DecodeState(nxt, hidden[:, 0], lengths + 1, keys, values, state.rng, history)
     return next_state, StepOutput(nxt[:, None], one, one)
 
 
-def first_draw(model: Model, hidden, sampler, key, history, lengths) -> mx.array:
-    """The token after the prompt: hidden (B, H) at each row's last prompt token -> (B,).
+def first_draw(model: Model, hidden, sampler: RowSampler, history, lengths) -> mx.array:
+    """The token after the prompt: hidden (B, H) at each row's last prompt token -> (B,),
+    drawn with each row's settings and key (``sampler``).
 
     Penalties read the last tokens of the prompt (``history`` (B, S) holds it, ``lengths``
     (B,) its length per row).
     """
     logits = model.logits(hidden)[:, None]  # (B, 1, V)
     text = tree_text(sampler, history, lengths)
-    return draw(process_text(logits, sampler, text)[:, 0], sampler, key)
+    return draw(process_text(logits, sampler, text)[:, 0], sampler)
 
 
 def prefill_chunk(model: Model, tokens, counts, lengths, keys, values, window: int):
@@ -512,10 +521,16 @@ def make_step(
     def step(*args):
         counter["traces"] += 1
         state, window = DecodeState(*args[:fields]), args[fields]
+        # The rows alike, a batch of B (``RowSampler.from_config``): one key split per step,
+        # one key per row from it.
+        rng, draw_key = mx.random.split(state.rng)
+        B = state.lengths.shape[0]
+        rows = RowSampler.from_config(sampler, model.vocab_size, draw_key, B)
+        state = state._replace(rng=rng)
         if plain:
-            nxt, out = autoregressive_step(model, state, sampler, window)
+            nxt, out = autoregressive_step(model, state, rows, window)
         else:
-            nxt, out = redrafter_step(model, drafter, state, shape, sampler, window)
+            nxt, out = redrafter_step(model, drafter, state, shape, rows, window)
         return tuple(nxt) + tuple(out)
 
     counter = {"traces": 0}

@@ -176,7 +176,7 @@ def decode(
     # request and seed), split every step.
     mode, settings = row_settings([sampler] * B, model.vocab_size)
     rows_first = RowSampler(settings, _row_keys(first_key, B), mode)
-    first = first_draw(model, hidden, rows_first, None, history, session.lengths)
+    first = first_draw(model, hidden, rows_first, history, session.lengths)
     state = DecodeState(first, hidden, session.lengths, session.keys, session.values, rng, history)
 
     out = [[] for _ in range(B)]

@@ -1,17 +1,34 @@
 """Target-token draws: greedy and temperature / top-k / top-p / min-p sampling, after the
 text-reading processors (logit bias; repetition, presence and frequency penalties).
 
+One path for every draw. ``SamplerConfig`` is the one settings type a user gives (CLI flags,
+the Python API and the server's requests all become one, checked in ``validate``). Each
+row's settings become arrays once, when the row is admitted (``row_settings``: where every
+value is checked and made to fit float32 / int32), and every draw, a solo run's as a
+server row's, takes a ``RowSampler``: a batch of rows with their own settings and keys (a
+solo run is a batch of one row, or of B rows alike). Each filter is one function of
+``(logits, per-row values)``, chained by ``draw`` in ``FILTERS`` order (mlx-lm's
+``make_sampler`` style); a row with a filter off passes through it unchanged.
+
 ReDrafter and the autoregressive baseline draw through the same function, so their token
 distributions are the same by construction. One draw per tree node (Gumbel-max on the
 processed logits) is what makes speculative sampling exact (docs/design/exact-acceptance.md,
-"One draw per node");
-the penalties read each node's own text (``penalties.py``), so they stay exact too.
+"One draw per node"); the penalties read each node's own text (``penalties.py``), so they stay
+exact too.
+
+Adding a sampling setting touches:
+
+1. ``SamplerConfig``: the field, and its rule in ``validate`` (the range the step holds);
+2. ``RowSettings``: its per-row array, named as the field (``row_settings`` fills it);
+3. a filter: its function and its ``FILTERS`` entry (a processor of the text: ``process_text``);
+4. its CLI flag (``cli/options.py``, ``cli/common.py``'s ``sampling_flags``) and its
+   request field (``serve/protocol.py``'s ``SENT_FIELDS``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import NamedTuple
 
@@ -22,6 +39,15 @@ from .penalties import NodeText, bias_vector, penalize
 
 MAX_SEED = 2**64 - 1
 MAX_PENALTY_CONTEXT = 1024  # the window is read per tree node: (B, C, M, M) compares
+# The largest magnitude of a float setting (temperature, penalties, a logit bias; and
+# 1 / repetition_penalty): far beyond any useful value (OpenAI allows penalties in [-2, 2]
+# and biases in [-100, 100]), and small enough that no product of settings, logits and
+# counts overflows float32 (3.4e38) in the step.
+SETTING_LIMIT = 1e6
+# A temperature below this is greedy, in every path. Two float32 logits of magnitude >= 1
+# that differ at all differ by >= 2**-23 (1.2e-7); divided by 1e-11 that gap is > 1e4 nats,
+# so the runner-up's probability is exp(-1e4) of the top's: 0 in any float format.
+GREEDY_TEMPERATURE = 1e-11
 
 
 @dataclass(frozen=True)
@@ -30,14 +56,13 @@ class SamplerConfig:
     server's requests all become, validated here (``validate``).
 
     Hashable, a compiled step's key; ``seed`` is not part of the key (``compare=False``): it
-    seeds the draws' keys, not the step. ``repetition_penalty`` (1 = off),
-    ``presence_penalty`` and ``frequency_penalty`` (0 = off) read the last
-    ``repetition_context_size`` tokens of prompt + output, as mlx-lm's logits processors do;
-    ``logit_bias`` is ``((token id, bias), ...)`` added to the logits first. A batch whose
-    rows differ draws with the per-row form of these settings (``row_settings``).
-    Adding a setting: a field here, its check in ``validate``, its use in ``process_logits``
-    and ``draw_rows`` (and a ``RowSettings`` array), and its flag and request field
-    (``cli/common.py``'s option, ``serve/protocol.py``'s ``SENT_FIELDS``).
+    seeds the draws' keys, not the step. ``temperature`` below ``GREEDY_TEMPERATURE`` (0
+    included) is greedy. ``repetition_penalty`` (1 = off), ``presence_penalty`` and
+    ``frequency_penalty`` (0 = off) read the last ``repetition_context_size`` tokens of
+    prompt + output, as mlx-lm's logits processors do; ``logit_bias`` is
+    ``((token id, bias), ...)`` added to the logits first. A ``top_k`` of the vocabulary
+    size or more keeps every token. The draws take these settings as per-row arrays
+    (``row_settings``).
     """
 
     temperature: float = 0.0
@@ -53,7 +78,8 @@ class SamplerConfig:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0
+        """Whether the draw is the argmax (the one rule: ``GREEDY_TEMPERATURE``)."""
+        return self.temperature < GREEDY_TEMPERATURE
 
     @classmethod
     def resolve(
@@ -93,30 +119,33 @@ class SamplerConfig:
             or self.frequency_penalty != 0.0
         )
 
-    def penalty_window(self) -> tuple[int, int]:
-        """(history tokens read, window size): both ``repetition_context_size``."""
-        return self.repetition_context_size, self.repetition_context_size
-
     def validate(self, vocab_size: int | None = None) -> SamplerConfig:
-        """Return self, or raise ParamError naming the field and its range."""
+        """Return self, or raise ParamError naming the field and its range. Every value that
+        passes fits the step (``row_settings``); ``vocab_size`` also checks the bias ids."""
         _finite(self, "temperature", "top_p", "min_p", "repetition_penalty")
-        _finite(self, "presence_penalty", "frequency_penalty")
-        if self.temperature < 0:
+        if not 0 <= self.temperature <= SETTING_LIMIT:
             raise ParamError(
-                "temperature", f"temperature must be >= 0 (0 = greedy), got {self.temperature}"
+                "temperature",
+                f"temperature must be in [0, {SETTING_LIMIT:g}] (0 = greedy, as is any value "
+                f"below {GREEDY_TEMPERATURE:g}), got {self.temperature}",
             )
+        for name in ("presence_penalty", "frequency_penalty"):
+            _bounded(name, getattr(self, name))
         if not 0.0 < self.top_p <= 1.0:
             raise ParamError("top_p", f"top_p must be in (0, 1], got {self.top_p}")
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ParamError(
-                "top_k", f"top_k must be an integer >= 0 (0 disables it), got {self.top_k!r}"
+                "top_k",
+                f"top_k must be an integer >= 0 (0, or the vocabulary size or more, keeps every "
+                f"token), got {self.top_k!r}",
             )
         if not 0.0 <= self.min_p < 1.0:
             raise ParamError("min_p", f"min_p must be in [0, 1), got {self.min_p}")
-        if self.repetition_penalty <= 0:
+        if not 1 / SETTING_LIMIT <= self.repetition_penalty <= SETTING_LIMIT:
             raise ParamError(
                 "repetition_penalty",
-                f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}",
+                f"repetition_penalty must be in [{1 / SETTING_LIMIT:g}, {SETTING_LIMIT:g}] "
+                f"(1 = off), got {self.repetition_penalty}",
             )
         size = self.repetition_context_size
         if (
@@ -145,8 +174,21 @@ def _finite(cfg, *names: str) -> None:
             raise ParamError(name, f"{name} must be a finite number, got {value!r}")
 
 
+def _bounded(name: str, value, what: str | None = None) -> None:
+    """ParamError unless ``value`` is a finite number of magnitude <= ``SETTING_LIMIT``."""
+    if not _is_finite_number(value):
+        raise ParamError(name, f"{what or name} must be a finite number, got {value!r}")
+    if abs(value) > SETTING_LIMIT:
+        raise ParamError(
+            name,
+            f"{what or name} must be a number in [-{SETTING_LIMIT:g}, {SETTING_LIMIT:g}], "
+            f"got {value!r}",
+        )
+
+
 def check_logit_bias(bias, vocab_size: int | None = None) -> None:
-    """Raise ParamError unless ``bias`` is ``((token id, finite bias), ...)`` within the vocab."""
+    """Raise ParamError unless ``bias`` is ``((token id, bias), ...)`` within the vocab, each
+    bias of magnitude <= ``SETTING_LIMIT``."""
     for token, value in bias:
         if isinstance(token, bool) or not isinstance(token, int) or token < 0:
             raise ParamError("logit_bias", f"logit_bias keys must be token ids >= 0, got {token!r}")
@@ -155,10 +197,7 @@ def check_logit_bias(bias, vocab_size: int | None = None) -> None:
                 "logit_bias",
                 f"logit_bias token id {token} is outside the vocabulary [0, {vocab_size})",
             )
-        if not _is_finite_number(value):
-            raise ParamError(
-                "logit_bias", f"logit_bias for token {token} must be a finite number, got {value!r}"
-            )
+        _bounded("logit_bias", value, f"logit_bias for token {token}")
 
 
 def check_seed(seed) -> int | None:
@@ -170,168 +209,197 @@ def check_seed(seed) -> int | None:
     return seed
 
 
-def process_text(logits: mx.array, cfg, text: NodeText | None) -> mx.array:
-    """The logit bias and the penalties of ``cfg`` (a SamplerConfig, or a RowSampler with
-    each row's own): (B, C, V) -> (B, C, V), raw logits. ``text`` is each node's window
-    (``penalties.node_text``), needed when ``cfg.reads_text``."""
-    if isinstance(cfg, RowSampler):
-        rows, mode = cfg.settings, cfg.mode
-        bias = rows.bias[:, None, :] if mode.bias else None
-        penalties = (rows.repetition, rows.presence, rows.frequency)
-    else:
-        bias = bias_vector(cfg.logit_bias, logits.shape[-1]) if cfg.logit_bias else None
-        penalties = (cfg.repetition_penalty, cfg.presence_penalty, cfg.frequency_penalty)
-    if bias is not None:
-        logits = logits.astype(mx.float32) + bias
-    if cfg.reads_text:
-        logits = penalize(logits.astype(mx.float32), text, *penalties)
-    return logits
-
-
 NEG_INF = -float("inf")
 
 
-def process_logits(logits: mx.array, cfg: SamplerConfig) -> mx.array:
-    """Log-weights of the target distribution: (..., V) float32 -> (..., V), -inf = excluded.
-
-    Order: temperature, top-k, top-p, min-p. ``softmax`` of the result is the exact
-    distribution that ``draw`` samples from.
-    """
-    x = logits.astype(mx.float32) / cfg.temperature
-    if 0 < cfg.top_k < x.shape[-1]:
-        kth = mx.min(mx.topk(x, cfg.top_k, axis=-1), axis=-1, keepdims=True)
-        x = mx.where(x >= kth, x, mx.array(NEG_INF, dtype=mx.float32))
-    if cfg.top_p < 1.0:
-        x = nucleus_filter(x, cfg.top_p)
-    if cfg.min_p > 0.0:
-        x = min_p_filter(x, cfg.min_p)
-    return x
+# --------------------------------------------------------------------------- the filters
+# Each takes the tempered log-weights x (B, ..., V), float32, and a per-row value
+# broadcasting against x[..., :1]; it returns x with the dropped tokens at -inf.
+# A row's "off" value leaves it unchanged; none drops a row's most likely token.
 
 
-def nucleus_filter(x: mx.array, top_p) -> mx.array:
-    """Keep the smallest set of tokens holding ``top_p`` of the mass: (..., V) -> (..., V).
+def apply_top_k(x: mx.array, top_k: mx.array) -> mx.array:
+    """Keep each row's ``top_k`` most likely tokens (ties with the k-th kept): int32, 0 = off."""
+    V = x.shape[-1]
+    desc = -mx.sort(-x, axis=-1)
+    at = mx.clip(top_k - 1, 0, V - 1).astype(mx.int32)
+    kth = mx.take_along_axis(desc, mx.broadcast_to(at, (*x.shape[:-1], 1)), axis=-1)
+    return mx.where((top_k > 0) & (x < kth), mx.array(NEG_INF, dtype=mx.float32), x)
 
-    ``top_p`` is a float or an array broadcasting against ``x[..., :1]`` (one value per row).
-    """
-    neg_inf = mx.array(NEG_INF, dtype=mx.float32)
+
+def apply_top_p(x: mx.array, top_p: mx.array) -> mx.array:
+    """Keep the smallest set of most likely tokens holding ``top_p`` of the mass, the most
+    likely always (a top_p too small for float32 keeps it alone): float32, 1 = off."""
     probs = mx.softmax(x, axis=-1)
     desc = -mx.sort(-probs, axis=-1)
     before = mx.cumsum(desc, axis=-1) - desc  # mass strictly above each sorted token
     thresh = mx.min(mx.where(before < top_p, desc, 2.0), axis=-1, keepdims=True)
-    return mx.where(probs >= thresh, x, neg_inf)
+    thresh = mx.minimum(thresh, desc[..., :1])
+    kept = mx.where(probs >= thresh, x, mx.array(NEG_INF, dtype=mx.float32))
+    return mx.where(top_p < 1.0, kept, x)
 
 
-def min_p_filter(x: mx.array, min_p) -> mx.array:
-    """Drop tokens below ``min_p`` times the top probability: (..., V) -> (..., V).
-
-    ``min_p`` is a float or an array broadcasting against ``x[..., :1]`` (0 keeps all).
-    """
+def apply_min_p(x: mx.array, min_p: mx.array) -> mx.array:
+    """Drop tokens below ``min_p`` times the top probability: float32, 0 = off."""
     probs = mx.softmax(x, axis=-1)
     floor = min_p * mx.max(probs, axis=-1, keepdims=True)
     return mx.where(probs >= floor, x, mx.array(NEG_INF, dtype=mx.float32))
 
 
-def top_k_rows(x: mx.array, top_k: mx.array) -> mx.array:
-    """Keep each row's ``top_k`` most likely tokens: (B, ..., V) -> (B, ..., V).
+class Filter(NamedTuple):
+    """A truncation filter: ``name`` (its ``SamplerConfig`` field and ``RowSettings``
+    array), ``on`` (whether a row uses it: its held value, the vocabulary size) and
+    ``apply`` (x, per-row values)."""
 
-    ``top_k``: an int32 array broadcasting against ``x[..., :1]``, 0 (or >= V) keeps all. The
-    k-th largest value is the one ``process_logits`` takes (``topk``'s minimum), so ties
-    are kept alike.
-    """
-    V = x.shape[-1]
-    desc = -mx.sort(-x, axis=-1)
-    at = mx.clip(top_k - 1, 0, V - 1).astype(mx.int32)
-    kth = mx.take_along_axis(desc, mx.broadcast_to(at, (*x.shape[:-1], 1)), axis=-1)
-    on = (top_k > 0) & (top_k < V)
-    return mx.where(on & (x < kth), mx.array(NEG_INF, dtype=mx.float32), x)
+    name: str
+    on: Callable[[object, int], bool]
+    apply: Callable[[mx.array, mx.array], mx.array]
+
+
+# Applied after the temperature, in this order.
+FILTERS = (
+    Filter("top_k", lambda k, V: 0 < k < V, apply_top_k),
+    Filter("top_p", lambda p, V: p < 1.0, apply_top_p),
+    Filter("min_p", lambda m, V: m > 0.0, apply_min_p),
+)
+
+
+# --------------------------------------------------------------------------- rows
 
 
 class StepMode(NamedTuple):
-    """Static switches of a batch step's sampling (a compile key): any row samples / uses
-    top-p / top-k / min-p / has a logit bias / a penalty, reading ``span`` history tokens.
-    An all-greedy batch pays for an argmax only."""
+    """Static switches of a batch step's sampling (a compile key): any row samples, the
+    ``filters`` some sampling row uses (``FILTERS`` names), any row has a logit bias / a
+    penalty, reading ``span`` history tokens. An all-greedy batch pays for an argmax only."""
 
     sample: bool = False
-    nucleus: bool = False
-    top_k: bool = False
-    min_p: bool = False
+    filters: tuple[str, ...] = ()
     bias: bool = False
     penalize: bool = False
     span: int = 0
 
 
 class RowSettings(NamedTuple):
-    """The per-row tensor form of B rows' ``SamplerConfig``s (``row_settings``).
+    """B rows' settings as the step holds them (``row_settings``), named as their
+    ``SamplerConfig`` fields.
 
-    temperature, top_p, min_p, repetition, presence, frequency: (B,) float32 (temperature 0 =
-    greedy row; 1 / 0 = off); top_k, context: (B,) int32; bias: (B, V) float32 added first,
-    or (B, 1) zeros when no row has one.
+    temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty: (B,)
+    float32 (temperature 0 = a greedy row; 1 / 0 = off); top_k (0 = off),
+    repetition_context_size: (B,) int32; logit_bias: (B, V) float32 added first, or (B, 1)
+    zeros when no row has one.
     """
 
     temperature: mx.array
     top_p: mx.array
     top_k: mx.array
     min_p: mx.array
-    repetition: mx.array
-    presence: mx.array
-    frequency: mx.array
-    context: mx.array
-    bias: mx.array
+    repetition_penalty: mx.array
+    presence_penalty: mx.array
+    frequency_penalty: mx.array
+    repetition_context_size: mx.array
+    logit_bias: mx.array
+
+
+class Rows(NamedTuple):
+    """Rows' sampling: the static ``StepMode`` and the ``RowSettings`` arrays."""
+
+    mode: StepMode
+    settings: RowSettings
 
 
 PENALTY_SPANS = (20, 64, 256, 1024)  # history a batch's penalties read: few compile keys
 GREEDY = SamplerConfig()  # a free row's settings
+INT_FIELDS = ("top_k", "repetition_context_size")  # held as int32, the others as float32
 
 
-def row_settings(
-    configs: Sequence[SamplerConfig | None], vocab_size: int
-) -> tuple[StepMode, RowSettings]:
-    """One batch's per-row settings from its rows' ``SamplerConfig``s (None: a free row,
-    greedy): the static ``StepMode`` and the ``RowSettings`` arrays."""
-    rows = [c if c is not None else GREEDY for c in configs]
-    used = [c for c in configs if c is not None]
-    sampling = [c for c in used if not c.greedy]
-    reading = [c.repetition_context_size for c in used if c.reads_text]
-    span = next((s for s in PENALTY_SPANS if s >= max(reading)), 0) if reading else 0
-    mode = StepMode(
-        bool(sampling),
-        any(c.top_p < 1.0 for c in sampling),
-        any(0 < c.top_k < vocab_size for c in sampling),
-        any(c.min_p > 0.0 for c in sampling),
-        any(c.logit_bias for c in used),
-        bool(reading),
-        span,
-    )
+def held_values(cfg: SamplerConfig, vocab_size: int) -> dict:
+    """``cfg``'s values as the step holds them (the one place they are made to fit): a greedy
+    row's temperature 0, a top_k of the vocabulary size or more 0 (off); the others as
+    validated (each fits float32 / int32: ``SamplerConfig.validate``)."""
+    values = {name: getattr(cfg, name) for name in RowSettings._fields if name != "logit_bias"}
+    values["temperature"] = 0.0 if cfg.greedy else float(cfg.temperature)
+    values["top_k"] = cfg.top_k if cfg.top_k < vocab_size else 0
+    return values
 
-    def per_row(name, dtype=mx.float32):
-        return mx.array([getattr(c, name) for c in rows], dtype)
 
-    if mode.bias:
-        bias = mx.stack([bias_vector(c.logit_bias, vocab_size) for c in rows])
+def one_row(cfg: SamplerConfig | None, vocab_size: int) -> Rows:
+    """One row's sampling, checked (``validate`` against the vocabulary): build it when the
+    row is admitted, so that a bad value fails that row alone. None: a free row (greedy)."""
+    cfg = GREEDY if cfg is None else cfg.validate(vocab_size)
+    held = held_values(cfg, vocab_size)
+    sampling = not cfg.greedy
+    filters = tuple(f.name for f in FILTERS if sampling and f.on(held[f.name], vocab_size))
+    span = 0
+    if cfg.reads_text:
+        span = next(s for s in PENALTY_SPANS if s >= cfg.repetition_context_size)
+    mode = StepMode(sampling, filters, bool(cfg.logit_bias), cfg.reads_text, span)
+    columns = {
+        name: mx.array([value], mx.int32 if name in INT_FIELDS else mx.float32)
+        for name, value in held.items()
+    }
+    if cfg.logit_bias:
+        columns["logit_bias"] = bias_vector(cfg.logit_bias, vocab_size)[None]
     else:
-        bias = mx.zeros((len(rows), 1), mx.float32)
-    settings = RowSettings(
-        per_row("temperature"),
-        per_row("top_p"),
-        per_row("top_k", mx.int32),
-        per_row("min_p"),
-        per_row("repetition_penalty"),
-        per_row("presence_penalty"),
-        per_row("frequency_penalty"),
-        per_row("repetition_context_size", mx.int32),
-        bias,
+        columns["logit_bias"] = mx.zeros((1, 1), mx.float32)
+    return Rows(mode, RowSettings(**columns))
+
+
+def stack_rows(rows: Sequence[Rows | None], vocab_size: int) -> Rows:
+    """A batch's sampling from its rows' (``one_row``; None: a free row, greedy)."""
+    rows = [r if r is not None else one_row(None, vocab_size) for r in rows]
+    modes = [r.mode for r in rows]
+    used = {name for m in modes for name in m.filters}
+    mode = StepMode(
+        any(m.sample for m in modes),
+        tuple(f.name for f in FILTERS if f.name in used),
+        any(m.bias for m in modes),
+        any(m.penalize for m in modes),
+        max(m.span for m in modes),
     )
-    return mode, settings
+    columns = {}
+    for name in RowSettings._fields:
+        parts = [getattr(r.settings, name) for r in rows]
+        if name == "logit_bias":
+            width = vocab_size if mode.bias else 1
+            parts = [mx.broadcast_to(p, (1, width)) if p.shape[1] != width else p for p in parts]
+        columns[name] = parts[0] if len(parts) == 1 else mx.concatenate(parts)
+    return Rows(mode, RowSettings(**columns))
+
+
+def row_settings(configs: Sequence[SamplerConfig | None], vocab_size: int) -> Rows:
+    """One batch's sampling from its rows' ``SamplerConfig``s (None: a free row, greedy)."""
+    return stack_rows([one_row(c, vocab_size) for c in configs], vocab_size)
+
+
+def row_keys(key: mx.array, rows: int) -> mx.array:
+    """(rows, 2) keys from one key (2,): ``key`` itself for one row, else ``rows`` keys split
+    from it."""
+    return key[None] if rows == 1 else mx.random.split(key, rows)
 
 
 class RowSampler(NamedTuple):
     """A batch whose rows draw with their own settings (``RowSettings``) and PRNG keys
-    (``keys`` (B, 2), one per row for this draw); ``mode`` is static. A row's draw equals
-    ``draw`` with that row's ``SamplerConfig`` and key, alone."""
+    (``keys`` (B, 2), one per row for this draw; unused when no row samples); ``mode`` is
+    static. A row's draw equals the same row's draw alone, with its settings and key."""
 
     settings: RowSettings
-    keys: mx.array
+    keys: mx.array | None
     mode: StepMode
+
+    @classmethod
+    def of(cls, rows: Rows, keys: mx.array | None) -> RowSampler:
+        return cls(rows.settings, keys, rows.mode)
+
+    @classmethod
+    def from_config(
+        cls, cfg: SamplerConfig, vocab_size: int, key: mx.array | None, batch: int = 1
+    ) -> RowSampler:
+        """``batch`` rows all drawing with ``cfg``, with keys from ``key`` (``row_keys``; None
+        only when greedy): a solo run as a batch."""
+        rows = row_settings([cfg] * batch, vocab_size)
+        if rows.mode.sample and key is None:
+            raise ValueError("sampling needs a PRNG key (temperature > 0)")
+        return cls.of(rows, None if key is None else row_keys(key, batch))
 
     @property
     def reads_text(self) -> bool:
@@ -339,47 +407,63 @@ class RowSampler(NamedTuple):
 
     def penalty_window(self):
         """(history tokens read: static, window size per row (B,))."""
-        return self.mode.span, self.settings.context
+        return self.mode.span, self.settings.repetition_context_size
 
 
-def draw_rows(logits: mx.array, rows: RowSampler) -> mx.array:
-    """One draw per position with each row's own settings: (B, ..., V) -> (B, ..., ) int32.
+def process_text(logits: mx.array, sampler: RowSampler, text: NodeText | None) -> mx.array:
+    """Each row's logit bias and penalties: (B, C, V) -> (B, C, V), raw logits. ``text`` is
+    each node's window (``penalties.node_text``), needed when ``sampler.reads_text``."""
+    mode, s = sampler.mode, sampler.settings
+    if mode.bias:
+        logits = logits.astype(mx.float32) + s.logit_bias[:, None, :]
+    if mode.penalize:
+        penalties = (s.repetition_penalty, s.presence_penalty, s.frequency_penalty)
+        logits = penalize(logits.astype(mx.float32), text, *penalties)
+    return logits
 
-    Order as ``process_logits``: temperature, top-k, top-p, min-p, each only where the
-    batch's ``mode`` says a row uses it; a row with it off is left as is.
+
+def target_log_weights(logits: mx.array, sampler: RowSampler) -> mx.array:
+    """Each sampling row's target distribution as log-weights: (B, ..., V) -> (B, ..., V)
+    float32, -inf = excluded; ``softmax`` of it is what ``draw`` samples (a greedy row's is
+    unused: it draws the argmax).
+
+    Temperature, then ``FILTERS`` in order, each only where the batch's mode says a row
+    uses it. No float32 overflow: the settings' bounds keep |logits| below ~1e12 and the
+    temperature at or above ``GREEDY_TEMPERATURE`` (1e-11).
     """
-    greedy = mx.argmax(logits, axis=-1).astype(mx.int32)
-    mode, s = rows.mode, rows.settings
-    if not mode.sample:
-        return greedy
+    mode, s = sampler.mode, sampler.settings
     per_row = (-1,) + (1,) * (logits.ndim - 1)  # broadcast (B,) over (B, ..., V)
     temperature = s.temperature.reshape(per_row)
     x = logits.astype(mx.float32) / mx.where(temperature > 0, temperature, 1.0)
-    if mode.top_k:
-        x = top_k_rows(x, s.top_k.reshape(per_row))
-    if mode.nucleus:
-        top_p = s.top_p.reshape(per_row)
-        x = mx.where(top_p < 1.0, nucleus_filter(x, top_p), x)
-    if mode.min_p:
-        min_p = s.min_p.reshape(per_row)
-        x = mx.where(min_p > 0.0, min_p_filter(x, min_p), x)
-    noise = mx.vmap(lambda key: mx.random.gumbel(x.shape[1:], key=key))(rows.keys)
+    for f in FILTERS:
+        if f.name in mode.filters:
+            x = f.apply(x, getattr(s, f.name).reshape(per_row))
+    return x
+
+
+def draw(logits: mx.array, sampler: RowSampler) -> mx.array:
+    """One draw per position with each row's own settings and key: (B, ..., V) ->
+    (B, ...) int32. A greedy row's draw is the argmax; a sampling row's, Gumbel-max on
+    ``target_log_weights`` with its own key."""
+    greedy = mx.argmax(logits, axis=-1).astype(mx.int32)
+    if not sampler.mode.sample:
+        return greedy
+    x = target_log_weights(logits, sampler)
+    noise = mx.vmap(lambda key: mx.random.gumbel(x.shape[1:], key=key))(sampler.keys)
     sampled = mx.argmax(x + noise, axis=-1).astype(mx.int32)
-    return mx.where(s.temperature.reshape(per_row[:-1]) > 0, sampled, greedy)
+    sampling = sampler.settings.temperature.reshape((-1,) + (1,) * (greedy.ndim - 1)) > 0
+    return mx.where(sampling, sampled, greedy)
 
 
-def draw(logits: mx.array, cfg: SamplerConfig, key: mx.array | None) -> mx.array:
-    """One independent target draw per row: (..., V) -> (...) int32.
-
-    With a ``RowSampler`` each row draws with its own settings and key (``key`` unused).
-    """
-    if isinstance(cfg, RowSampler):
-        return draw_rows(logits, cfg)
+def process_logits(logits: mx.array, cfg: SamplerConfig) -> mx.array:
+    """The log-weights ``cfg``'s draws sample from: (..., V) -> (..., V) float32 (every row
+    with ``cfg``: ``target_log_weights``; greedy: 0 at the argmax, -inf elsewhere), for
+    checking the draws against."""
     if cfg.greedy:
-        return mx.argmax(logits, axis=-1).astype(mx.int32)
-    x = process_logits(logits, cfg)
-    noise = mx.random.gumbel(x.shape, key=key)
-    return mx.argmax(x + noise, axis=-1).astype(mx.int32)
+        best = mx.argmax(logits, axis=-1, keepdims=True)
+        return mx.where(mx.arange(logits.shape[-1]) == best, 0.0, NEG_INF)
+    sampler = RowSampler.from_config(cfg, logits.shape[-1], mx.random.key(0))
+    return target_log_weights(logits[None], sampler)[0]
 
 
 GENERATION_CONFIG = "generation_config.json"

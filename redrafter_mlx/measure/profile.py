@@ -42,7 +42,7 @@ from redrafter_mlx.engine.decode import (
 )
 from redrafter_mlx.engine.drafter import Drafter
 from redrafter_mlx.engine.model import Model
-from redrafter_mlx.engine.sampling import SamplerConfig, draw
+from redrafter_mlx.engine.sampling import RowSampler, SamplerConfig, draw
 from redrafter_mlx.engine.shape import AR, BeamShape
 from redrafter_mlx.engine.tree import PackedTree, pack
 
@@ -140,7 +140,7 @@ def profile_steps(
     sampler = SamplerConfig()
     session = Session(model, 1)
     hidden = prefill_session(session, [list(prompt)])
-    first = draw(model.logits(hidden), sampler, None)
+    first = draw(model.logits(hidden), RowSampler.from_config(sampler, model.vocab_size, None))
     lengths = session.lengths
     C_max = max([s.slots for s in shapes] + [1])
     window = bucket(len(prompt) + C_max + 1)
@@ -257,7 +257,8 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
     def verify(tokens, depth, mask, lengths, keys, values, key):
         tree = PackedTree(tokens, depth, None, None, mask)
         fresh = []  # the layers' new K/V, which the commit reads
-        out = verify_phase(model, tree, lengths, keys, values, sampler, key, window, None, fresh)
+        rows = RowSampler.from_config(sampler, model.vocab_size, key, tokens.shape[0])
+        out = verify_phase(model, tree, lengths, keys, values, rows, window, None, fresh)
         return (*out, fresh)
 
     def commit(keys, values, lengths, path_slots, hidden, n, fresh):

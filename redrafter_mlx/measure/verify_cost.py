@@ -15,7 +15,7 @@ import mlx.core as mx
 from redrafter_mlx.engine.decode import DecodeState, make_step, prefill_chunk
 from redrafter_mlx.engine.model import Model, ModelArgs
 from redrafter_mlx.engine.platform import default_dtype
-from redrafter_mlx.engine.sampling import SamplerConfig, draw
+from redrafter_mlx.engine.sampling import RowSampler, SamplerConfig, draw
 from redrafter_mlx.engine.shape import AR
 from redrafter_mlx.engine.tree import arange, cache_mask, chain_mask
 
@@ -76,7 +76,8 @@ def _verify_fn(model: Model, capacity: int, window: int):
         idx = lengths[:, None] + arange(capacity)[None, :]
         mask = cache_mask(lengths, chain_mask(capacity), window)
         hidden, keys, values = model(tokens, idx, mask, keys, values, idx)
-        return draw(model.logits(hidden), SamplerConfig(), None), keys, values
+        greedy = RowSampler.from_config(SamplerConfig(), model.vocab_size, None, tokens.shape[0])
+        return draw(model.logits(hidden), greedy), keys, values
 
     return mx.compile(verify)
 

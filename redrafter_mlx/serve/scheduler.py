@@ -445,6 +445,7 @@ class Scheduler:
         limit, _ = token_limit(self.model, len(request.prompt), request.max_tokens)
         stats = RowStats(len(request.prompt), queued_s=job.started - request.submitted)
         row = Row(request.sampler, limit, len(request.prompt), stats, job.owner)
+        row.sampling = job.sampling  # built and checked at its first token (fails it alone)
         new, finish = self.batch.join(row, job.session, job.hidden, first, rng)
         stats.ttft_s = time.perf_counter() - request.submitted
         self._deliver(row, new, finish)  # once per request, at its join

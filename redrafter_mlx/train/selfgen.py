@@ -21,7 +21,7 @@ from ..engine.cache import Session, bucket, ensure_slots, prefill_session
 from ..engine.decode import DecodeState, first_draw
 from ..engine.generation import get_step
 from ..engine.model import Model
-from ..engine.sampling import SamplerConfig
+from ..engine.sampling import RowSampler, SamplerConfig
 from ..engine.shape import AR
 
 CHECK_EVERY = 16  # steps between host reads of "have all rows ended?"
@@ -137,7 +137,8 @@ def _decode(model: Model, job: Job, stream):
         B = len(prompts)
         session, hidden = prefill_shared(model, prompts)  # (B, H)
         rng, first_key = mx.random.split(mx.random.key(job.seed))
-        first = first_draw(model, hidden, sampler, first_key, None, session.lengths)
+        rows = RowSampler.from_config(sampler, model.vocab_size, first_key, B)
+        first = first_draw(model, hidden, rows, None, session.lengths)
         first = first.astype(mx.int32)
         state = DecodeState(first, hidden, session.lengths, session.keys, session.values, rng)
         session.keys = session.values = None  # the loop owns the cache (in-place K/V writes)

@@ -12,6 +12,7 @@ from redrafter_mlx.train.apar_data import (
     mixed_samples,
     paragraph_tree,
     rule_counts,
+    trim_cut,
 )
 
 LIST_ANSWER = """Here are some tips for better sleep:
@@ -127,3 +128,10 @@ def test_mixed_samples_half_and_half_and_rule_counts():
     assert sorted(forked) == [0, 1] and len(unforked) == 2 and not set(unforked) & {0, 1}
     assert all(t.text() == answers[i] for i, t in mixed)
     assert mixed == mixed_samples(results, answers, seed=3)
+
+
+def test_trim_cut_drops_the_unfinished_paragraph():
+    assert trim_cut("First paragraph.\n\nSecond one.\n\nThird, cut in the mid") == (
+        "First paragraph.\n\nSecond one."
+    )
+    assert trim_cut("One paragraph cut in the mid") is None

@@ -169,6 +169,13 @@ def _merge_text(parts: list) -> list:
     return out
 
 
+def trim_cut(answer: str) -> str | None:
+    """An answer cut at the token limit, ended at its last paragraph break (the unfinished
+    paragraph dropped); None when it has no finished paragraph."""
+    breaks = list(PARAGRAPH_BREAK.finditer(answer))
+    return answer[: breaks[-1].start()].rstrip() if breaks else None
+
+
 @dataclass(frozen=True)
 class SplitIds:
     """The token ids a training sequence needs besides text."""

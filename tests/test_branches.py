@@ -14,6 +14,7 @@ from redrafter_mlx.engine.branches import (
     FORK_TOKEN,
     BranchRules,
     BranchTree,
+    Extension,
     Fork,
     branch_rules,
     find_token_id,
@@ -27,11 +28,11 @@ RULES = BranchRules(fork_id=F, child_id=C)
 
 def test_fork_keeps_through_the_first_fork_and_rebuilds_root_detail_next():
     tree = BranchTree(RULES)
-    fork = tree.extend(0, [1, 2, F, 3, F])
-    assert fork == Fork(parent=0, child=1, keep=3, prefix_len=3)
+    step = tree.extend(0, [1, 2, F, 3, F])
+    assert step == Extension(keep=3, fork=Fork(parent=0, child=1, prefix_len=3))
     assert tree.row(0) == [1, 2, F] and tree.row(1) == [1, 2, F, C]
-    assert tree.extend(0, [3, 4]) is None
-    assert tree.extend(1, [5, 5]) is None
+    assert tree.extend(0, [3, 4]) == Extension(keep=2)
+    assert tree.extend(1, [5, 5]) == Extension(keep=2)
     assert tree.row(1) == [1, 2, F, C, 5, 5]
     assert tree.linear() == [1, 2, 5, 5, 3, 4]
 
@@ -54,11 +55,11 @@ def test_final_prefix_holds_later_text_until_the_detail_is_finished():
 
 def test_depth_limit_stops_forking_at_depth_two():
     tree = BranchTree(RULES)
-    assert tree.extend(0, [1, F]).child == 1
-    assert tree.extend(1, [2, F]).child == 2  # depth 2 exists
+    assert tree.extend(0, [1, F]).fork.child == 1
+    assert tree.extend(1, [2, F]).fork.child == 2  # depth 2 exists
     assert tree.branches[2].depth == 2 and not tree.fork_allowed(2)
     assert tree.fork_allowed_rows([0, 1, 2]) == [True, True, False]
-    with pytest.raises(ValueError, match="depth or branch limit"):
+    with pytest.raises(ValueError, match="past the depth limit"):
         tree.extend(2, [3, F])
     tree.extend(2, [3])
     assert tree.linear() == [1, 2, 3]
@@ -68,8 +69,15 @@ def test_branch_limit_counts_the_root():
     tree = BranchTree(BranchRules(F, C, max_branches=2))
     tree.extend(0, [1, F])
     assert not tree.fork_allowed(0) and not tree.fork_allowed(1)
-    with pytest.raises(ValueError, match="must mask it"):
-        tree.extend(0, [2, F])
+
+
+def test_forks_in_one_step_past_the_branch_limit_are_dropped_as_rejected():
+    tree = BranchTree(BranchRules(F, C, max_branches=3))
+    tree.extend(0, [1, F])
+    assert tree.fork_allowed_rows([0, 1]) == [True, True]  # the step's mask: both may fork
+    assert tree.extend(0, [2, F, 3]).fork.child == 2  # the third branch: the last one
+    assert tree.extend(1, [4, 5, F, 6]) == Extension(keep=2)  # its fork comes too late
+    assert tree.row(1) == [1, F, C, 4, 5] and len(tree.branches) == 3
 
 
 def test_child_token_emitted_freely_raises():
@@ -86,7 +94,7 @@ def test_fork_right_after_a_split_token_raises():
     with pytest.raises(ValueError, match="after a split token"):
         tree.extend(1, [F])  # the child's row ends with its child token
     tree.extend(0, [2])
-    assert tree.extend(0, [F]) is not None  # one text token between: allowed
+    assert tree.extend(0, [F]).fork is not None  # one text token between: allowed
 
 
 def test_finished_branch_takes_no_tokens():
@@ -172,7 +180,7 @@ def test_tree_in_random_steps_equals_plain_decoding_of_each_branch(seed):
                     ended = True
                     break
                 step.append(t)
-            fork = tree.extend(b, step)
+            fork = tree.extend(b, step).fork
             if fork is not None:  # anything after the fork (an EOS too) is redrawn
                 assert tree.row(fork.child)[:-1] == tree.row(b)[: fork.prefix_len]
                 active.append(fork.child)

@@ -21,11 +21,14 @@ The rules (``BranchRules``; APAR's decoder):
 - where a rule forbids it, the fork token is masked out of the distribution
   (:func:`mask_split_tokens`, one rule set for greedy, sampling and verification), so it
   can neither be sampled nor accepted from a draft. The tree checks this: a fork token
-  where the rules forbid one raises (the sampler did not mask it).
+  where the rules forbid one raises (the sampler did not mask it). One case the mask set at
+  the step's start cannot see: rows of one request that fork in the same step past the
+  branch limit. Their forks come in row order; a fork past the limit is dropped with the
+  tokens after it, as if rejected, and the row redraws there with forks masked.
 
-One fork per row per step: of a step's accepted tokens, the parent keeps those up to and
-including the first fork token (:class:`Fork`); the rest are dropped as if rejected (the
-next step redraws them from the fork token, where the rules ban a second split token).
+One fork per row per step: of a step's accepted tokens, the row keeps those up to and
+including the first fork token (:class:`Extension`); the rest are dropped as if rejected
+(the next step redraws them from the fork token, where the rules ban a second split token).
 
 Everything here is host-side Python on token ids, except :func:`mask_split_tokens`, a pure
 tensor op for the decode step.
@@ -80,10 +83,9 @@ class BranchRules:
 
 @dataclass(frozen=True)
 class Fork:
-    """A fork found in a row's new tokens.
+    """A new branch forked from a row.
 
-    parent:     the forking branch's id; its row keeps ``keep`` of the step's new tokens
-                (through the fork token) and drops the rest as rejected.
+    parent:     the forking branch's id.
     child:      the new branch's id.
     prefix_len: tokens after the prompt that the child's row copies from the parent's row
                 (tokens and K/V), the fork token last; the child's next token is forced to
@@ -92,8 +94,18 @@ class Fork:
 
     parent: int
     child: int
-    keep: int
     prefix_len: int
+
+
+@dataclass(frozen=True)
+class Extension:
+    """What :meth:`BranchTree.extend` made of a row's new tokens: the row keeps the first
+    ``keep`` (the rest are dropped as rejected: the row's cache and length roll back to
+    them), and ``fork`` is the branch it forked, if any (the kept tokens end with its fork
+    token)."""
+
+    keep: int
+    fork: Fork | None = None
 
 
 @dataclass
@@ -137,14 +149,15 @@ class BranchTree:
 
     def fork_allowed_rows(self, branches) -> list[bool]:
         """:meth:`fork_allowed` for each of ``branches`` (the ``fork_ok`` of
-        :func:`mask_split_tokens`, built when rows join or fork, not per step)."""
+        :func:`mask_split_tokens`; it changes only when the request forks or a branch ends,
+        so it is rebuilt then, not every step)."""
         return [self.fork_allowed(b) for b in branches]
 
-    def extend(self, branch: int, new_tokens) -> Fork | None:
-        """Record a row's newly accepted tokens (stop tokens left out); return the fork they
-        make, if any. On a fork only ``fork.keep`` of them are recorded (the caller drops the
-        rest from the row), and the child branch is made with the child token as its first
-        token."""
+    def extend(self, branch: int, new_tokens) -> Extension:
+        """Record a row's newly accepted tokens (stop tokens left out): all of them, or those
+        through the first fork token, which makes a child branch (its child token recorded
+        as its first token), or those before a fork past the branch limit (module
+        docstring)."""
         b = self.branches[branch]
         if b.done:
             raise ValueError(f"branch {branch} is finished; it takes no more tokens")
@@ -159,12 +172,15 @@ class BranchTree:
                 )
             if token != fork_id:
                 continue
-            if previous in self.rules.split_ids or not self.fork_allowed(branch):
+            if previous in self.rules.split_ids or b.depth >= self.rules.max_depth:
                 raise ValueError(
                     f"branch {branch} emitted the fork token {fork_id} where the rules forbid "
-                    "it (after a split token, or past the depth or branch limit): the sampler "
-                    "must mask it (mask_split_tokens)"
+                    "it (after a split token, or past the depth limit): the sampler must mask "
+                    "it (mask_split_tokens)"
                 )
+            if len(self.branches) >= self.rules.max_branches:  # another row took the last
+                b.tokens.extend(new_tokens[:i])
+                return Extension(keep=i)
             b.tokens.extend(new_tokens[: i + 1])
             prefix_len = b.base + len(b.tokens)
             child = Branch(
@@ -176,9 +192,9 @@ class BranchTree:
             )
             b.forks.append((len(b.tokens) - 1, child.id))
             self.branches.append(child)
-            return Fork(parent=branch, child=child.id, keep=i + 1, prefix_len=prefix_len)
+            return Extension(keep=i + 1, fork=Fork(branch, child.id, prefix_len))
         b.tokens.extend(new_tokens)
-        return None
+        return Extension(keep=len(new_tokens))
 
     def finish(self, branch: int) -> None:
         """Mark ``branch`` finished (it stopped: EOS, a stop string, its token budget)."""

@@ -5,7 +5,6 @@ as a branching model with the trained model's logits."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import mlx.core as mx
@@ -103,4 +102,13 @@ def test_checkpoints_resume_and_export_is_a_branching_model(tmp_path):
     assert json.loads((tmp_path / "out" / "config.json").read_text())["vocab_size"] == 130
     assert branch_rules(tmp_path / "out") == BranchRules(128, 129)
     assert tok.encode("w5 [SplitMask]", add_special_tokens=False) == [5, 128]
-    shutil.rmtree(tmp_path / "ck")
+
+
+def test_a_stopped_runs_saves_are_adopted_with_their_step_numbers(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir(parents=True)
+    (run / "start").write_text("4")  # the run resumed after step 4, then was killed
+    mx.save_safetensors(str(run / "0000002_adapters.safetensors"), {"x": mx.zeros(1)})
+    mx.save_safetensors(str(run / "adapters.safetensors"), {"x": mx.zeros(1)})
+    assert done_iters(tmp_path) == 6
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0000006_adapters.safetensors"]

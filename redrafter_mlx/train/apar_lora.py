@@ -91,11 +91,27 @@ def prepare_model(model, settings: LoraSettings, vocab_ids: list[int]):
 
 
 def done_iters(work: Path) -> int:
-    """Iterations the newest numbered checkpoint in ``work`` holds (0 when none)."""
+    """Iterations the newest numbered checkpoint in ``work`` holds (0 when none); the saves of
+    a run that was stopped (``work/run``) are adopted first."""
+    _adopt_run(work)
     found = [
         int(m[1]) for p in work.glob("*_adapters.safetensors") if (m := CHECKPOINT.match(p.name))
     ]
     return max(found, default=0)
+
+
+def _adopt_run(work: Path) -> None:
+    """Move ``work/run``'s saves to ``work``, numbered from the run's first step (mlx-lm
+    numbers its saves from 1 in each run; ``run/start`` holds the steps done before it)."""
+    run = work / "run"
+    if not (run / "start").exists():  # none, or stopped before its first step
+        shutil.rmtree(run, ignore_errors=True)
+        return
+    start = int((run / "start").read_text())
+    for saved in sorted(run.glob("*_adapters.safetensors")):
+        if m := CHECKPOINT.match(saved.name):
+            shutil.move(saved, work / f"{start + int(m[1]):07d}_adapters.safetensors")
+    shutil.rmtree(run)
 
 
 def train(model, samples, work: Path, settings: LoraSettings, report=print) -> dict:
@@ -137,7 +153,8 @@ def train(model, samples, work: Path, settings: LoraSettings, report=print) -> d
         max_seq_length=settings.max_seq_length,
         adapter_file=str(work / "run" / ADAPTER_FILE),
     )
-    (work / "run").mkdir(exist_ok=True)
+    (work / "run").mkdir()
+    (work / "run" / "start").write_text(str(start))
     callback = Reports()
     tic = time.perf_counter()
     model.train()
@@ -150,13 +167,9 @@ def train(model, samples, work: Path, settings: LoraSettings, report=print) -> d
         training_callback=callback,
     )
     seconds = time.perf_counter() - tic
-    # mlx-lm numbers its saves from 1 in each run: renumber them from the resumed step
-    for saved in sorted((work / "run").glob("*_adapters.safetensors")):
-        if m := CHECKPOINT.match(saved.name):
-            shutil.move(saved, work / f"{start + int(m[1]):07d}_adapters.safetensors")
+    _adopt_run(work)
     final = work / f"{settings.iters:07d}_adapters.safetensors"
     mx.save_safetensors(str(final), trainable_weights(model))
-    shutil.rmtree(work / "run")
     last = callback.reports[-1] if callback.reports else {}
     tokens = last.get("trained_tokens", 0)
     return {

@@ -9,7 +9,7 @@ ifeq ($(UNAME_S),Linux)
   endif
 endif
 
-.PHONY: install openblas smollm2 smollm2-drafter lint test test-fast demo-model clean
+.PHONY: install openblas smollm2 smollm2-drafter smollm2-apar lint test test-fast demo-model clean
 
 install: openblas
 	$(PYTHON) -m pip install -e ".[dev]"
@@ -28,6 +28,12 @@ smollm2:
 # in HOME/build/smollm2-drafter). See redrafter_mlx/smollm2_drafter/BUILD.md.
 smollm2-drafter: smollm2
 	$(PYTHON) -m scripts.build_smollm2_drafter
+
+# An APAR (parallel branches) SmolLM2: its own answers to the built-in prompts made paragraph
+# trees by rule, LoRA with the two split tokens added to the vocabulary, the fused model in
+# HOME/build/smollm2-apar/model. Resumable: run it again to continue. See the script's docstring.
+smollm2-apar: smollm2
+	$(PYTHON) -m scripts.build_smollm2_apar
 
 openblas:
 ifeq ($(UNAME_S),Linux)

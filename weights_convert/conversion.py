@@ -26,9 +26,9 @@ from pathlib import Path
 
 from redrafter_mlx.engine import output_dir
 from redrafter_mlx.engine.output_dir import staging_dir
+from weights_convert import apar, llama
 from weights_convert import drafter as drafter_fmt
 from weights_convert import gguf as gguf_input
-from weights_convert import llama
 from weights_convert.errors import ConversionError
 from weights_convert.sources import (
     TOKENIZER_FILES,
@@ -61,6 +61,7 @@ class ConversionSummary:
     drafter_quantization: dict | None = None
     dropped: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
         """Human-readable summary, one fact per line."""
@@ -89,6 +90,7 @@ class ConversionSummary:
                 f" (+{len(self.dropped) - 3} more)" if len(self.dropped) > 3 else ""
             )
             out.append(f"dropped        {shown}")
+        out += [f"note           {n}" for n in self.notes]
         out += [f"warning        {w}" for w in self.warnings]
         return out
 
@@ -260,6 +262,14 @@ def convert(
         dropped = list(base_plan.dropped)
         out_quant = base_quant.as_config() if base_quant else None
         tied = base_plan.tied
+    branches, notes = None, []
+    if model_dir.is_dir():  # APAR checkpoints: the split tokens mark a branching model
+        branches = apar.branches_block(model_dir, base.config)
+        notes = apar.medusa_notes(model_dir)
+        if branches is not None:
+            notes.insert(
+                0, f"branching model (APAR): fork {branches['fork']}, child {branches['child']}"
+            )
     code = DTYPE_CODES[dtype]
 
     draft_jobs: list[Job] = []
@@ -282,6 +292,8 @@ def convert(
     with _writes_to(out.parent), staging_dir(out) as tmp, _progress_bar(total, progress) as advance:
         write_weights(jobs, tmp, advance)
         config = llama.output_config(base.config, tied, dtype, out_quant)
+        if branches is not None:
+            config = dict(sorted({**config, "branches": branches}.items()))
         _write_json(tmp / "config.json", config)
         if model_dir.is_file():
             gguf_input.write_side_files(base, tmp)
@@ -308,4 +320,5 @@ def convert(
         drafter_quantization=draft_quant.as_config() if draft_quant else None,
         dropped=dropped,
         warnings=warnings,
+        notes=notes,
     )

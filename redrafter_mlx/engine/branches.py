@@ -1,0 +1,319 @@
+"""Parallel branches (APAR, arXiv 2401.06761): the per-request bookkeeping, host side.
+
+A model post-trained on paragraph trees emits the fork token (``[SplitMask]`` in the public
+checkpoints) where what follows is the details of a list item or a paragraph. Decoding then
+copies the row into a new one, forced to emit the child token (``[SplitSop]``) next, that
+writes those details; the parent goes on with the next item. The linear text is rebuilt
+root -> detail -> next: each fork token is replaced by its child's text.
+
+Rows and sequences. A branch's *row* is the token sequence its decoding row sees after the
+prompt: the root's row is its own tokens; a child's row is its parent's row up to and
+including the fork token, then the child token, then the child's own tokens. Each branch is
+plain decoding of its own row (docs/design: "each branch equals plain decoding of its own
+linear sequence").
+
+The rules (``BranchRules``; APAR's decoder):
+
+- the child token is never sampled freely: only a fork puts it into a row (forced);
+- two split tokens never follow each other: no fork right after a fork or a child token;
+- a branch at depth ``max_depth`` (the root is depth 0) does not fork, nor does any branch
+  once the request holds ``max_branches`` branches (the root counted);
+- where a rule forbids it, the fork token is masked out of the distribution
+  (:func:`mask_split_tokens`, one rule set for greedy, sampling and verification), so it
+  can neither be sampled nor accepted from a draft. The tree checks this: a fork token
+  where the rules forbid one raises (the sampler did not mask it). One case the mask set at
+  the step's start cannot see: rows of one request that fork in the same step past the
+  branch limit. Their forks come in row order; a fork past the limit is dropped with the
+  tokens after it, as if rejected, and the row redraws there with forks masked.
+
+One fork per row per step: of a step's accepted tokens, the row keeps those up to and
+including the first fork token (:class:`Extension`); the rest are dropped as if rejected
+(the next step redraws them from the fork token, where the rules ban a second split token).
+
+Everything here is host-side Python on token ids, except :func:`mask_split_tokens`, a pure
+tensor op for the decode step.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+
+from .errors import ParamError
+
+FORK_TOKEN = "[SplitMask]"  # the fork token's name in THUDM/apar-7b and -13b
+CHILD_TOKEN = "[SplitSop]"  # the child token's name there
+MAX_DEPTH = 2  # APAR's depth limit: root (0) -> detail (1) -> detail of a detail (2)
+MAX_BRANCHES = 32  # APAR's branch limit per request, the root counted
+BRANCH_MODES = ("auto", "on", "off")  # --branches: config's choice, forced on, off
+
+
+@dataclass(frozen=True)
+class BranchRules:
+    """The two split token ids and the limits of one model's branching."""
+
+    fork_id: int
+    child_id: int
+    max_depth: int = MAX_DEPTH
+    max_branches: int = MAX_BRANCHES
+
+    def __post_init__(self):
+        if self.fork_id == self.child_id or min(self.fork_id, self.child_id) < 0:
+            raise ParamError(
+                "branches",
+                f"fork and child token ids must be two distinct ids >= 0, got "
+                f"{self.fork_id} and {self.child_id}",
+            )
+        if self.max_depth < 0:
+            raise ParamError(
+                "branch_depth", f"branch depth limit must be >= 0, got {self.max_depth}"
+            )
+        if self.max_branches < 1:
+            raise ParamError(
+                "max_branches", f"branch limit must be >= 1 (the root), got {self.max_branches}"
+            )
+
+    @property
+    def split_ids(self) -> tuple[int, int]:
+        return (self.fork_id, self.child_id)
+
+
+@dataclass(frozen=True)
+class Fork:
+    """A new branch forked from a row.
+
+    parent:     the forking branch's id.
+    child:      the new branch's id.
+    prefix_len: tokens after the prompt that the child's row copies from the parent's row
+                (tokens and K/V), the fork token last; the child's next token is forced to
+                ``rules.child_id``: its row is ``parent_row[:prefix_len] + [child_id]``.
+    """
+
+    parent: int
+    child: int
+    prefix_len: int
+
+
+@dataclass(frozen=True)
+class Extension:
+    """What :meth:`BranchTree.extend` made of a row's new tokens: the row keeps the first
+    ``keep`` (the rest are dropped as rejected: the row's cache and length roll back to
+    them), and ``fork`` is the branch it forked, if any (the kept tokens end with its fork
+    token)."""
+
+    keep: int
+    fork: Fork | None = None
+
+
+@dataclass
+class Branch:
+    """One branch: ``tokens`` are its own (a child's start with the child token),
+    ``base`` the length of the parent row prefix before them (through the fork token),
+    ``forks`` ``[(index of a fork token in tokens, child id), ...]``."""
+
+    id: int
+    parent: int | None
+    depth: int
+    base: int
+    tokens: list[int] = field(default_factory=list)
+    forks: list[tuple[int, int]] = field(default_factory=list)
+    done: bool = False
+
+
+class BranchTree:
+    """The branches of one request; branch 0 is the root (the request's first row)."""
+
+    def __init__(self, rules: BranchRules):
+        self.rules = rules
+        self.branches: list[Branch] = [Branch(id=0, parent=None, depth=0, base=0)]
+        self._taken = 0  # final tokens already handed out by take_final
+
+    def row(self, branch: int) -> list[int]:
+        """The tokens after the prompt that ``branch``'s row holds."""
+        b = self.branches[branch]
+        head = [] if b.parent is None else self.row(b.parent)[: b.base]
+        return head + b.tokens
+
+    def fork_allowed(self, branch: int) -> bool:
+        """Whether ``branch`` may fork at all (depth and branch limits; the position rule,
+        no split token after a split token, is per position: :func:`mask_split_tokens`)."""
+        b = self.branches[branch]
+        return (
+            not b.done
+            and b.depth < self.rules.max_depth
+            and len(self.branches) < self.rules.max_branches
+        )
+
+    def fork_allowed_rows(self, branches) -> list[bool]:
+        """:meth:`fork_allowed` for each of ``branches`` (the ``fork_ok`` of
+        :func:`mask_split_tokens`; it changes only when the request forks or a branch ends,
+        so it is rebuilt then, not every step)."""
+        return [self.fork_allowed(b) for b in branches]
+
+    def extend(self, branch: int, new_tokens) -> Extension:
+        """Record a row's newly accepted tokens (stop tokens left out): all of them, or those
+        through the first fork token, which makes a child branch (its child token recorded
+        as its first token), or those before a fork past the branch limit (module
+        docstring)."""
+        b = self.branches[branch]
+        if b.done:
+            raise ValueError(f"branch {branch} is finished; it takes no more tokens")
+        new_tokens = [int(t) for t in new_tokens]
+        fork_id, child_id = self.rules.split_ids
+        for i, token in enumerate(new_tokens):
+            previous = new_tokens[i - 1] if i else self._last(branch)
+            if token == child_id:
+                raise ValueError(
+                    f"branch {branch} emitted the child token {child_id}, which is only forced "
+                    "by a fork: the sampler must mask it (mask_split_tokens)"
+                )
+            if token != fork_id:
+                continue
+            if previous in self.rules.split_ids or b.depth >= self.rules.max_depth:
+                raise ValueError(
+                    f"branch {branch} emitted the fork token {fork_id} where the rules forbid "
+                    "it (after a split token, or past the depth limit): the sampler must mask "
+                    "it (mask_split_tokens)"
+                )
+            if len(self.branches) >= self.rules.max_branches:  # another row took the last
+                b.tokens.extend(new_tokens[:i])
+                return Extension(keep=i)
+            b.tokens.extend(new_tokens[: i + 1])
+            prefix_len = b.base + len(b.tokens)
+            child = Branch(
+                id=len(self.branches),
+                parent=branch,
+                depth=b.depth + 1,
+                base=prefix_len,
+                tokens=[child_id],
+            )
+            b.forks.append((len(b.tokens) - 1, child.id))
+            self.branches.append(child)
+            return Extension(keep=i + 1, fork=Fork(branch, child.id, prefix_len))
+        b.tokens.extend(new_tokens)
+        return Extension(keep=len(new_tokens))
+
+    def finish(self, branch: int) -> None:
+        """Mark ``branch`` finished (it stopped: EOS, a stop string, its token budget)."""
+        self.branches[branch].done = True
+
+    @property
+    def done(self) -> bool:
+        return all(b.done for b in self.branches)
+
+    def linear(self) -> list[int]:
+        """The whole text as token ids, root -> detail -> next, split tokens left out."""
+        return self._walk(0, stop_unfinished=False)[0]
+
+    def final(self) -> list[int]:
+        """The longest prefix of :meth:`linear` that no later token can change: the walk in
+        text order stops at the end of the first unfinished branch it meets (its next token,
+        or a later branch's, would come there)."""
+        return self._walk(0, stop_unfinished=True)[0]
+
+    def take_final(self) -> list[int]:
+        """The tokens of :meth:`final` not handed out by an earlier call (for streaming)."""
+        final = self.final()
+        new, self._taken = final[self._taken :], len(final)
+        return new
+
+    def _walk(self, branch: int, stop_unfinished: bool) -> tuple[list[int], bool]:
+        """(text tokens of ``branch`` with its children spliced in, whether the walk
+        stopped inside it)."""
+        b = self.branches[branch]
+        children = dict(b.forks)
+        out: list[int] = []
+        for i, token in enumerate(b.tokens):
+            if i in children:
+                text, stopped = self._walk(children[i], stop_unfinished)
+                out.extend(text)
+                if stopped:
+                    return out, True
+            elif token not in self.rules.split_ids:
+                out.append(token)
+        return out, stop_unfinished and not b.done
+
+    def _last(self, branch: int) -> int | None:
+        """The token before ``branch``'s next one in its row (None at the prompt's end)."""
+        tokens = self.branches[branch].tokens  # a child's holds its child token at least
+        return tokens[-1] if tokens else None
+
+
+def mask_split_tokens(logits: mx.array, tokens: mx.array, fork_ok: mx.array, rules: BranchRules):
+    """The branching rules applied to a step's logits: (B, N, V) -> (B, N, V).
+
+    tokens  (B, N) int32: the token at each position (its logits predict the next one).
+    fork_ok (B,) bool:    :meth:`BranchTree.fork_allowed` of each row's branch.
+    The child token gets -inf everywhere; the fork token gets -inf where the row may not
+    fork or the position's token is a split token. Apply before temperature and filters, so
+    greedy, sampling and draft verification all see the same distribution.
+    """
+    vocab = mx.arange(logits.shape[-1])
+    after_split = (tokens == rules.fork_id) | (tokens == rules.child_id)  # (B, N)
+    fork_banned = after_split | ~fork_ok[:, None]  # (B, N)
+    banned = (vocab == rules.child_id) | ((vocab == rules.fork_id) & fork_banned[..., None])
+    return mx.where(banned, mx.array(-float("inf"), logits.dtype), logits)
+
+
+def find_token_id(model_dir, name: str) -> int | None:
+    """The id of the added token ``name`` in a model folder's tokenizer files
+    (``added_tokens.json``, ``tokenizer.json``'s ``added_tokens`` or vocabulary,
+    ``tokenizer_config.json``'s ``added_tokens_decoder``), None when none names it."""
+    path = Path(model_dir)
+    added = _read_json(path / "added_tokens.json")
+    if isinstance(added, dict) and name in added:
+        return int(added[name])
+    tok = _read_json(path / "tokenizer.json") or {}
+    for entry in tok.get("added_tokens") or []:
+        if entry.get("content") == name:
+            return int(entry["id"])
+    vocab = (tok.get("model") or {}).get("vocab")
+    if isinstance(vocab, dict) and name in vocab:
+        return int(vocab[name])
+    config = _read_json(path / "tokenizer_config.json") or {}
+    for key, entry in (config.get("added_tokens_decoder") or {}).items():
+        if isinstance(entry, dict) and entry.get("content") == name:
+            return int(key)
+    return None
+
+
+def branch_rules(model_dir, mode: str = "auto", **limits) -> BranchRules | None:
+    """The model's branching rules under ``--branches mode``, None when branching is off.
+
+    ``auto`` turns branching on when the model's ``config.json`` has a ``branches`` block
+    (``{"fork": name, "child": name}``, written by ``convert`` for APAR checkpoints);
+    ``on`` forces it, with the public checkpoints' token names unless the config names
+    others; ``limits`` are ``max_depth`` / ``max_branches`` overrides."""
+    if mode not in BRANCH_MODES:
+        raise ParamError(
+            "branches", f"--branches must be one of {', '.join(BRANCH_MODES)}, got {mode!r}"
+        )
+    config = _read_json(Path(model_dir) / "config.json") or {}
+    names = config.get("branches")
+    if mode == "off" or (mode == "auto" and not names):
+        return None
+    names = names or {}
+    fork_name = names.get("fork", FORK_TOKEN)
+    child_name = names.get("child", CHILD_TOKEN)
+    ids = {n: find_token_id(model_dir, n) for n in (fork_name, child_name)}
+    missing = [n for n, i in ids.items() if i is None]
+    if missing:
+        raise ParamError(
+            "branches",
+            f"--branches {mode} needs the split tokens {fork_name} and {child_name} in the "
+            f"model's tokenizer, but {model_dir} has no {' or '.join(missing)}: use an APAR "
+            "model (e.g. THUDM/apar-7b through `redrafter-mlx convert`) or --branches off",
+        )
+    return BranchRules(fork_id=ids[fork_name], child_id=ids[child_name], **limits)
+
+
+def _read_json(path: Path):
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ParamError("model", f"cannot read {path}: {e}; fix or remove the file") from e

@@ -1,0 +1,212 @@
+"""APAR post-training with mlx-lm's LoRA trainer: the split tokens added to the vocabulary
+(embedding and tied head grow by two trainable rows), LoRA on the last layers, checkpoints
+every few steps and a resumed run that continues from the newest, and the fused model folder
+(a branching model: its config's ``branches`` block and tokenizer name both tokens).
+
+Data are mlx-lm's ``(tokens, loss_from)`` items from :func:`apar_data.branch_sequences`.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from ..engine.branches import CHILD_TOKEN, FORK_TOKEN
+
+SPLIT_TOKENS = (FORK_TOKEN, CHILD_TOKEN)
+ADAPTER_FILE = "adapters.safetensors"
+CHECKPOINT = re.compile(r"^(\d{7})_adapters\.safetensors$")  # mlx-lm's numbered saves
+
+
+class GrownEmbedding(nn.Module):
+    """A frozen embedding (V, H) and ``extra`` (n, H) trainable rows after it (ids V..V+n-1);
+    ``as_linear`` is the tied head over all V + n rows."""
+
+    def __init__(self, base: nn.Embedding, n: int):
+        super().__init__()
+        self.base = base
+        self.base.freeze()
+        mean = base.weight.astype(mx.float32).mean(axis=0)  # new rows start at the mean row
+        self.extra = mx.broadcast_to(mean, (n, base.weight.shape[1])).astype(base.weight.dtype)
+
+    def table(self) -> mx.array:
+        """(V + n, H) the whole embedding."""
+        return mx.concatenate([self.base.weight, self.extra])
+
+    def __call__(self, ids: mx.array) -> mx.array:
+        return self.table()[ids]
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return x @ self.table().T
+
+
+@dataclass(frozen=True)
+class LoraSettings:
+    """LoRA and trainer settings (mlx-lm's names)."""
+
+    layers: int = 8  # LoRA on the last this many blocks
+    rank: int = 8
+    scale: float = 20.0
+    lr: float = 1e-4
+    batch_size: int = 4
+    iters: int = 100  # total, across resumed runs
+    save_every: int = 20
+    max_seq_length: int = 1024
+    seed: int = 0
+
+
+def add_split_tokens(tokenizer) -> list[int]:
+    """Add the split tokens to mlx-lm's tokenizer (special, never split) -> their ids."""
+    hf = tokenizer._tokenizer
+    hf.add_special_tokens({"additional_special_tokens": list(SPLIT_TOKENS)})
+    return [hf.convert_tokens_to_ids(t) for t in SPLIT_TOKENS]
+
+
+def prepare_model(model, settings: LoraSettings, vocab_ids: list[int]):
+    """Freeze ``model`` (an mlx-lm Llama-family model with a tied head), grow its embedding
+    by the split tokens' rows and put LoRA on its last ``settings.layers`` blocks."""
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+
+    inner = model.model
+    rows = inner.embed_tokens.weight.shape[0]
+    if vocab_ids != list(range(rows, rows + len(vocab_ids))):
+        raise ValueError(
+            f"the split tokens got ids {vocab_ids}, not the next ids after the embedding's "
+            f"{rows} rows: the tokenizer and the model disagree on the vocabulary size"
+        )
+    if not getattr(model.args, "tie_word_embeddings", False):
+        raise ValueError("growing the vocabulary here needs a tied head (as SmolLM2 has)")
+    model.freeze()
+    lora = {"rank": settings.rank, "scale": settings.scale, "dropout": 0.0}
+    linear_to_lora_layers(model, settings.layers, lora)
+    inner.embed_tokens = GrownEmbedding(inner.embed_tokens, len(vocab_ids))
+    return model
+
+
+def done_iters(work: Path) -> int:
+    """Iterations the newest numbered checkpoint in ``work`` holds (0 when none); the saves of
+    a run that was stopped (``work/run``) are adopted first."""
+    _adopt_run(work)
+    found = [
+        int(m[1]) for p in work.glob("*_adapters.safetensors") if (m := CHECKPOINT.match(p.name))
+    ]
+    return max(found, default=0)
+
+
+def _adopt_run(work: Path) -> None:
+    """Move ``work/run``'s saves to ``work``, numbered from the run's first step (mlx-lm
+    numbers its saves from 1 in each run; ``run/start`` holds the steps done before it)."""
+    run = work / "run"
+    if not (run / "start").exists():  # none, or stopped before its first step
+        shutil.rmtree(run, ignore_errors=True)
+        return
+    start = int((run / "start").read_text())
+    for saved in sorted(run.glob("*_adapters.safetensors")):
+        if m := CHECKPOINT.match(saved.name):
+            shutil.move(saved, work / f"{start + int(m[1]):07d}_adapters.safetensors")
+    shutil.rmtree(run)
+
+
+def train(model, samples, work: Path, settings: LoraSettings, report=print) -> dict:
+    """Train on ``samples`` (``[(tokens, loss_from), ...]``) into ``work``; a run with
+    checkpoints there resumes from the newest (its weights; the optimizer starts afresh, as
+    mlx-lm's ``--resume-adapter-file``). -> ``{"iters", "tokens_per_s", "train_loss"}``."""
+    import mlx.optimizers as optim
+    from mlx_lm.tuner.callbacks import TrainingCallback
+    from mlx_lm.tuner.trainer import TrainingArgs
+    from mlx_lm.tuner.trainer import train as lora_train
+
+    work.mkdir(parents=True, exist_ok=True)
+    start = done_iters(work)
+    if start:
+        newest = work / f"{start:07d}_adapters.safetensors"
+        model.load_weights(str(newest), strict=False)
+        report(f"resumed from {newest.name}")
+    left = settings.iters - start
+    if left <= 0:
+        return {"iters": start, "tokens_per_s": 0.0, "train_loss": None}
+    if len(samples) < settings.batch_size:
+        raise ValueError(f"{len(samples)} samples, fewer than a batch of {settings.batch_size}")
+    np.random.seed(settings.seed + start)  # mlx-lm's batch order draws from numpy's state
+    mx.random.seed(settings.seed + start)
+
+    class Reports(TrainingCallback):
+        def __init__(self):
+            self.reports = []
+
+        def on_train_loss_report(self, info):
+            self.reports.append(info)
+
+    args = TrainingArgs(
+        batch_size=settings.batch_size,
+        iters=left,
+        steps_per_report=min(settings.save_every, left),
+        steps_per_eval=10**9,
+        steps_per_save=settings.save_every,
+        max_seq_length=settings.max_seq_length,
+        adapter_file=str(work / "run" / ADAPTER_FILE),
+    )
+    (work / "run").mkdir()
+    (work / "run" / "start").write_text(str(start))
+    callback = Reports()
+    tic = time.perf_counter()
+    model.train()
+    lora_train(
+        model,
+        optim.Adam(learning_rate=settings.lr),
+        samples,
+        None,
+        args,
+        training_callback=callback,
+    )
+    seconds = time.perf_counter() - tic
+    _adopt_run(work)
+    final = work / f"{settings.iters:07d}_adapters.safetensors"
+    mx.save_safetensors(str(final), trainable_weights(model))
+    last = callback.reports[-1] if callback.reports else {}
+    tokens = last.get("trained_tokens", 0)
+    return {
+        "iters": settings.iters,
+        "tokens_per_s": tokens / seconds if seconds else 0.0,
+        "train_loss": last.get("train_loss"),
+    }
+
+
+def trainable_weights(model) -> dict[str, mx.array]:
+    """The LoRA matrices and the new embedding rows (what a checkpoint holds)."""
+    from mlx.utils import tree_flatten
+
+    return dict(tree_flatten(model.trainable_parameters()))
+
+
+def export(model, tokenizer, config: dict, out: Path) -> None:
+    """The fused model into ``out``: LoRA folded into the weights, the grown embedding as a
+    plain one, ``vocab_size`` and the ``branches`` block in config.json, the tokenizer with
+    both split tokens."""
+    from mlx.utils import tree_unflatten
+    from mlx_lm.utils import save_config, save_model
+
+    fused = [(n, m.fuse()) for n, m in model.named_modules() if hasattr(m, "fuse")]
+    if fused:
+        model.update_modules(tree_unflatten(fused))
+    grown = model.model.embed_tokens
+    table = grown.table()
+    embedding = nn.Embedding(*table.shape)
+    embedding.weight = table
+    model.model.embed_tokens = embedding
+    out.mkdir(parents=True, exist_ok=True)
+    save_model(out, model)
+    config = {
+        **config,
+        "vocab_size": int(table.shape[0]),
+        "branches": {"fork": FORK_TOKEN, "child": CHILD_TOKEN},
+    }
+    save_config(config, out / "config.json")
+    tokenizer.save_pretrained(str(out))

@@ -85,7 +85,7 @@ def serve_schedule(sched: Scheduler, requests: list[dict]) -> dict[str, list]:
     submit(late=True)
     while sum(bool(t) and t[-1] == "done" for t in out.values()) < len(requests):
         sched.run_once(0.0)
-    while sched._pending is not None:
+    while sched.batch.pending is not None:
         sched.run_once(0.0)
     return out
 

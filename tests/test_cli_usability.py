@@ -94,13 +94,13 @@ def test_reset_clears_the_dropped_turns_count(app, pair):
         BeamFlags,
         ModelPaths,
         load_engine,
-        resolve_plan,
+        plan_from_flags,
     )
     from redrafter_mlx.engine.sampling import SamplerConfig
 
     model, drafter, _ = pair
     engine = load_engine(ModelPaths(model, drafter), None)
-    plan = resolve_plan(engine.paths, None, BeamFlags(1, 3))
+    plan = plan_from_flags(engine.paths, None, BeamFlags(1, 3))
     loop = ChatLoop(engine, plan, SamplerConfig(), 4)
     loop.dropped_turns = 3
     loop.reset()

@@ -11,8 +11,10 @@ State carried between steps (``DecodeState``):
                with the k feature layers a drafter reads (``Model.capture_features``)
     lengths    (B,)   committed cache length per row
     keys/values       per layer (B, n_kv, S, D)
-    rng               a PRNG key (sampling only)
     history    (B, S) the committed token ids, slot by slot (None: no lookup)
+
+Rows draw with their own keys (``sampling.RowSampler``, split per step by the batch step,
+``batch.make_batch_step``): the state carries no key.
 
 A step's output for the host (``StepOutput``): ``tokens`` (B, L) with ``count`` (B,) valid
 entries per row — the accepted draft tokens followed by the bonus token.
@@ -24,13 +26,12 @@ import functools
 from typing import NamedTuple
 
 import mlx.core as mx
-import mlx.nn as nn
 
 from .drafter import Drafter, beam_search, frontier_tree
 from .lookup import ABSENT, STRONG_MATCH, lookup_chains, write_history
 from .model import Model, write_slots
 from .penalties import node_text
-from .sampling import SamplerConfig, draw, process_text
+from .sampling import RowSampler, draw, process_text
 from .shape import BeamShape
 from .tree import PackedTree, arange, cache_mask, chain_mask, pack, unpack
 
@@ -41,7 +42,6 @@ class DecodeState(NamedTuple):
     lengths: mx.array
     keys: list
     values: list
-    rng: mx.array
     history: mx.array | None = None
 
 
@@ -265,10 +265,11 @@ def redrafter_step(
     drafter: Drafter | None,
     state: DecodeState,
     shape: BeamShape,
-    sampler: SamplerConfig,
+    sampler: RowSampler,
     window: int,
 ):
-    """One speculative step of ``shape``. Returns (next DecodeState, StepOutput).
+    """One speculative step of ``shape``, each row drawing with its own settings and key
+    (``sampler``). Returns (next DecodeState, StepOutput).
 
     ``window``: attention covers cache slots [0, window); it must exceed every row's
     length + capacity (the loop picks it in buckets, so it is a rare compile key).
@@ -279,9 +280,8 @@ def redrafter_step(
     capacity = shape.slots
     width, length = (shape.width, shape.length) if shape.drafts else (0, 1)
     lookup, lookup_length = shape.lookup, shape.chain_length
-    rng, draw_key = mx.random.split(state.rng)
     if drafter is not None and is_beam_and_chain(shape):
-        return beam_and_chain_step(model, drafter, state, shape, sampler, window, rng, draw_key)
+        return beam_and_chain_step(model, drafter, state, shape, sampler, window)
     cand = draft_phase(drafter, model, state, width, length, lookup, lookup_length, capacity)
     beams = cand.beams
     if beams.shape[1] == 1 and cand.present is not None:  # a lone chain fills its C slots
@@ -295,7 +295,7 @@ def redrafter_step(
         state.keys,
         state.values,
         sampler,
-        draw_key,
+        None,  # the rows' own keys (``sampler.keys``)
         window,
         state.history,
         fresh,
@@ -307,7 +307,7 @@ def redrafter_step(
     keys, values, next_hidden, lengths = commit_phase(
         keys, values, state.lengths, path_slots, hidden, n, fresh, in_place=beams.shape[1] == 1
     )
-    next_state = DecodeState(bonus, next_hidden, lengths, keys, values, rng, history)
+    next_state = DecodeState(bonus, next_hidden, lengths, keys, values, history)
     if beams.shape[1] == 1:  # one chain fills every slot: a constant, no kernel
         packed = mx.broadcast_to(mx.array(capacity, dtype=mx.int32), (B,))
     else:
@@ -358,7 +358,7 @@ def two_chain_layout(length: int, chain_length: int):
     )
 
 
-def beam_and_chain_step(model, drafter, state, shape, sampler, window, rng, draw_key):
+def beam_and_chain_step(model, drafter, state, shape, sampler, window):
     """``redrafter_step`` for one beam and one chain in a static layout (``two_chain_layout``).
 
     No packing: the tree's depth and mask are constants, and a chain token that repeats the
@@ -387,7 +387,7 @@ def beam_and_chain_step(model, drafter, state, shape, sampler, window, rng, draw
         state.keys,
         state.values,
         sampler,
-        draw_key,
+        None,  # the rows' own keys (``sampler.keys``)
         window,
         state.history,
         fresh,
@@ -415,7 +415,7 @@ def beam_and_chain_step(model, drafter, state, shape, sampler, window, rng, draw
     keys, values, next_hidden, lengths = commit_phase(
         keys, values, state.lengths, path_slots, hidden, n, fresh
     )
-    next_state = DecodeState(bonus, next_hidden, lengths, keys, values, rng, history)
+    next_state = DecodeState(bonus, next_hidden, lengths, keys, values, history)
     packed = (L + present.sum(axis=1) - 1).astype(mx.int32)  # (B,) slots holding a token
     looked_up = mx.where(take_chain, n, 0).astype(mx.int32)
     return next_state, StepOutput(out, n + 1, packed, looked_up)
@@ -428,11 +428,10 @@ def _run(candidate, draws, present):
     return mx.cumprod(match.astype(mx.int32), axis=1).sum(axis=1).astype(mx.int32)
 
 
-def autoregressive_step(model: Model, state: DecodeState, sampler: SamplerConfig, window: int):
+def autoregressive_step(model: Model, state: DecodeState, sampler: RowSampler, window: int):
     """One plain decoding step (the baseline): commit the init token, draw the next."""
     lengths = state.lengths
     B = lengths.shape[0]
-    rng, draw_key = mx.random.split(state.rng)
     tokens = state.init_token[:, None]
     mask = cache_mask(lengths, chain_mask(1), window)
     hidden, keys, values = model(
@@ -442,12 +441,12 @@ def autoregressive_step(model: Model, state: DecodeState, sampler: SamplerConfig
     text = tree_text(
         sampler, state.history, lengths, tokens, 0 * tokens, mx.ones((1, 1, 1), mx.bool_)
     )
-    nxt = draw(process_text(logits, sampler, text)[:, 0], sampler, draw_key)
+    nxt = draw(process_text(logits, sampler, text)[:, 0], sampler, None)
     one = mx.ones((B,), dtype=mx.int32)
     history = state.history
     if history is not None:
         history = write_history(history, lengths, tokens)
-    next_state = DecodeState(nxt, hidden[:, 0], lengths + 1, keys, values, rng, history)
+    next_state = DecodeState(nxt, hidden[:, 0], lengths + 1, keys, values, history)
     return next_state, StepOutput(nxt[:, None], one, one)
 
 
@@ -487,46 +486,3 @@ def check_features(model: Model, drafter) -> None:
             f"{list(getattr(model, 'feature_layers', ()))}: call "
             "engine.loading.attach(model, drafter) (load does)"
         )
-
-
-def make_step(
-    model: Model,
-    drafter: Drafter | None,
-    shape: BeamShape,
-    sampler: SamplerConfig,
-    compiled: bool = True,
-):
-    """A step function ``state -> (state, output)`` for ``shape``.
-
-    Plain decoding for an autoregressive shape (or ``drafter=None`` without lookup chains);
-    a shape with lookup chains alone needs no drafter. With ``compiled=True`` the step runs under
-    ``mx.compile``; only arrays cross the boundary, and the compile-cache keys are the
-    shapes (B, slots) and the attention ``window`` bucket. ``run.counter["traces"]`` counts
-    tracings (each is a compile).
-    """
-    fields = len(DecodeState._fields)
-    check_features(model, drafter)
-    plain = shape.is_autoregressive or (drafter is None and not shape.lookup)
-    drafter = drafter if shape.drafts else None
-
-    def step(*args):
-        counter["traces"] += 1
-        state, window = DecodeState(*args[:fields]), args[fields]
-        if plain:
-            nxt, out = autoregressive_step(model, state, sampler, window)
-        else:
-            nxt, out = redrafter_step(model, drafter, state, shape, sampler, window)
-        return tuple(nxt) + tuple(out)
-
-    counter = {"traces": 0}
-    # Weights are implicit inputs, read at every call: a model or drafter updated in place
-    # (e.g. by training between evaluations) is never served with stale weights.
-    weights = [m.state for m in (model, drafter) if isinstance(m, nn.Module)]
-    fn = mx.compile(step, inputs=weights) if compiled else step
-
-    def run(state: DecodeState, window: int):
-        out = fn(*state, window)
-        return DecodeState(*out[:fields]), StepOutput(*out[fields:])
-
-    run.counter = counter
-    return run

@@ -7,7 +7,9 @@ One thread owns the model and the KV cache (``Scheduler.serve_forever``). HTTP h
 a step boundary: cancelled rows leave; queued requests are admitted and prefilled alone in a
 one-row cache (exactly as a solo run prefills it), about one chunk (``PREFILL_CHUNK`` tokens)
 per iteration so a long prompt pauses the other rows one chunk at a time, then join the
-batch with their first token; the next step is queued; the previous one, computed, is read.
+batch with their first token; then one turn of the batch's loop (``BatchDecoder.step``):
+the next step queued and the previous one read, in the order the backend measured best
+(the same rule as a solo run's, ``platform.read_first``).
 
 Under ``mlx.launch`` (the model split across ranks, ``engine/distributed.py``) every rank
 runs this loop over its shard; only rank 0 has the HTTP server, the queue, the clients'
@@ -37,7 +39,8 @@ import time
 import mlx.core as mx
 
 from redrafter_mlx.engine.adaptive import Adaptive
-from redrafter_mlx.engine.batch import BatchDecoder, Prefill, Queued, Row, RowStats
+from redrafter_mlx.engine.batch import BatchDecoder, Prefill, Row, RowStats
+from redrafter_mlx.engine.batch_choice import BatchChoice, FixedShape
 from redrafter_mlx.engine.cache import PREFILL_CHUNK, Session, token_limit
 from redrafter_mlx.engine.loading import materialize
 from redrafter_mlx.engine.shape import AR, BeamShape
@@ -83,15 +86,20 @@ class Scheduler:
         if drafter is not None and shape is None:
             raise ValueError("a drafter needs a beam shape")
         shape = (shape or AR).runnable(drafter is not None)
-        shape = None if shape.is_autoregressive else shape
         materialize(model, drafter)
         self.max_batch = max_batch
         self.queue: queue.Queue[Request] = queue.Queue(maxsize=max(max_queue, 1))
         self.group = group  # under mlx.launch: the ranks' group; rank 0 decides the events
         self.leader = group is None or group.rank() == 0
         eos = {int(e) for e in eos_token_ids}
-        # The rows, their state and the steps (with adaptive shapes, ``engine/batch_choice``).
-        self.batch = BatchDecoder(model, drafter, shape, eos, max_batch, compiled, group, adapt)
+        self.speculative = not shape.is_autoregressive
+        # Adaptive shapes (``engine/batch_choice``), else the one shape; None: not adaptive.
+        self.choice: BatchChoice | None = None
+        if adapt and self.speculative:
+            self.choice = BatchChoice(shape, adapt if isinstance(adapt, Adaptive) else Adaptive())
+        policy = self.choice or FixedShape(shape)
+        # The rows, their state, the steps and the loop's order (``engine/batch.py``).
+        self.batch = BatchDecoder(model, drafter, policy, eos, max_batch, compiled, group)
         self.stats = ServerStats()
         self._draining = False
         self._drain_deadline = 0.0
@@ -99,7 +107,6 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self.failure: str | None = None  # why the engine loop stopped, if it died
         self.ready = threading.Event()
-        self._pending: Queued | None = None
         self._prefills: list[Prefill] = []
         self._tickets = itertools.count()
         self._incoming: dict[int, Request] = {}  # admitted, not yet applied (rank 0)
@@ -132,10 +139,6 @@ class Scheduler:
     def rows(self) -> list[Row | None]:
         return self.batch.rows
 
-    @property
-    def choice(self):
-        return self.batch.choice
-
     def health(self) -> dict:
         """Live counters for ``GET /health``."""
         return dict(
@@ -147,7 +150,7 @@ class Scheduler:
             max_queue=self.queue.maxsize,
             **self.stats.to_dict(),
             resizes=self.batch.resizes,
-            speculative=self.batch.shape is not None,
+            speculative=self.speculative,
             adaptive=self.choice is not None,
             shape_steps=self.choice.steps_run() if self.choice else {},
             step_ms=self.choice.step_ms() if self.choice else {},
@@ -199,7 +202,7 @@ class Scheduler:
         """Wait for a step still in flight (queued, never read: the loop was stopped), so
         that no MLX work outlives the loop's thread (the process may exit next)."""
         with contextlib.suppress(Exception):
-            self.batch.settle(self._pending)
+            self.batch.settle()
 
     def follow(self) -> None:
         """The loop of a rank other than 0 under ``mlx.launch``: apply rank 0's events and
@@ -240,7 +243,7 @@ class Scheduler:
         self.submit(Request(prompt, max_tokens, lambda ev: ev.done and done.set()))
         while not done.is_set():
             self.run_once()
-        while self._pending is not None:
+        while self.batch.pending is not None:
             self.run_once()
         self.stats = ServerStats()
         if self.choice is not None:
@@ -250,38 +253,30 @@ class Scheduler:
 
     def run_once(self, idle_wait: float = 0.05) -> None:
         """One iteration: this iteration's events (leaves, joins: rank 0 decides them, every
-        rank applies them), prefill, queue the next step, read the previous one.
-
-        With adaptive shapes the previous step is read first, before the events: the next
-        step's shape is chosen from the text so far (each row's lookup match state)."""
+        rank applies them), prefill, then one turn of the batch's loop (the next step
+        queued, the previous one read, in the batch's order)."""
         if self.batch.state is None:
             self._reset()
-        if self.choice is not None and self._pending is not None:
-            try:
-                self._read(self._pending)
-                self._pending = None
-            except Exception as e:
-                self._fail_all(e)
         events = self._share(self._decide(idle_wait) if self.leader else None, idle_wait)
         try:
             if not self._apply(events):
                 return
             self._prefill_some()
             self.batch.fit()
-            nxt = self._queue_step() if self.active_rows else None
-            if self._pending is not None:
-                self._read(self._pending)
-            self._pending = nxt
+            for got in self.batch.step():
+                self._deliver(got.row, got.new, got.finish)
+            queued = self.batch.pending  # the step this turn queued (each turn queues one)
+            if queued is not None:
+                self.stats.record_step(sum(r is not None for r in queued.owners))
         except Exception as e:  # an engine failure fails the rows in flight, not the server
             self._fail_all(e)
 
     def _busy(self) -> bool:
-        return self.active_rows > 0 or self._pending is not None or bool(self._prefills)
+        return self.active_rows > 0 or self.batch.pending is not None or bool(self._prefills)
 
     def _reset(self) -> None:
         """Fresh batch state: every row free, empty cache (also after an engine failure)."""
         self.batch.reset()
-        self._pending = None
         self._prefills = []
 
     # ------------------------------------------------------------------ events
@@ -448,17 +443,6 @@ class Scheduler:
         new, finish = self.batch.join(row, job.session, job.hidden, first, rng)
         stats.ttft_s = time.perf_counter() - request.submitted
         self._deliver(row, new, finish)  # once per request, at its join
-
-    def _queue_step(self) -> Queued:
-        """Queue one step for all rows (``BatchDecoder.queue``)."""
-        step = self.batch.queue()
-        self.stats.record_step(sum(r is not None for r in step.owners))
-        return step
-
-    def _read(self, step: Queued) -> None:
-        """Deliver a computed step's tokens to the rows still owned by the same request."""
-        for got in self.batch.read(step):
-            self._deliver(got.row, got.new, got.finish)
 
     def _deliver(self, row: Row, new: list[int], finish: str | None) -> None:
         """Send a row's emitted tokens (the batch stopped it exactly); count a finish."""

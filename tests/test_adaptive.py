@@ -12,7 +12,7 @@ import pytest
 
 from redrafter_mlx.engine.adaptive import Adaptive, ShapeChooser
 from redrafter_mlx.engine.drafter import DrafterArgs
-from redrafter_mlx.engine.generation import decode
+from redrafter_mlx.engine.generation import generate_steps
 from redrafter_mlx.engine.shape import AR, BeamShape
 from tests.helpers import near_bigram_model, run_decode, tiny_drafter, tiny_model
 
@@ -105,7 +105,9 @@ def test_goes_to_plain_decoding_when_drafts_fail_and_back_when_they_return():
     )
     prompt = [[1] + list(range(2, 12))]
     tokens, phases = [], []
-    events = decode(model, drafter, prompt, max_tokens=260, shape=BeamShape(2, 4), adapt=adapt)
+    events = generate_steps(
+        model, drafter, prompt, max_tokens=260, shape=BeamShape(2, 4), adapt=adapt
+    )
     for i, ev in enumerate(events):
         tokens += ev.tokens[0]
         if i == 20:  # unpredictable from here on

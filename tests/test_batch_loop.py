@@ -1,11 +1,11 @@
-"""The engine's one loop (``batch.BatchDecoder``): any shape policy drives it through the
+"""The engine's one loop (``batch.BatchGenerator``): any shape policy drives it through the
 declared interface, and every client (generation, the server) reads and queues in the one
 per-backend order."""
 
 import pytest
 
 from redrafter_mlx.engine import batch as batch_module
-from redrafter_mlx.engine.batch import BatchDecoder, Prefill, Row, RowStats
+from redrafter_mlx.engine.batch import BatchGenerator, Prefill, Row, RowStats
 from redrafter_mlx.engine.cache import Session
 from redrafter_mlx.engine.platform import READ_FIRST_ENV
 from redrafter_mlx.engine.sampling import SamplerConfig
@@ -53,15 +53,15 @@ def test_any_policy_drives_the_batch_and_greedy_rows_stay_exact():
     drafter = tiny_drafter(model, 3)
     cycle = [AR, BeamShape(2, 3), BeamShape.lookup_only(1, 4), BeamShape(1, 3, None, 1, 4)]
     policy = Scripted(cycle)
-    batch = BatchDecoder(model, drafter, policy, eos=(), max_batch=2)
+    batch = BatchGenerator(model, drafter, policy, eos=(), max_batch=2)
     batch.reset()
     assert policy.resets == 1
-    job = Prefill(PROMPT, SamplerConfig(), 0, Session(model, 1))
+    job = Prefill([PROMPT], SamplerConfig(), 0, Session(model, 1))
     while not job.complete:
         job.advance()
     first, rng = job.first_token(model)
     row = Row(SamplerConfig(), 30, len(PROMPT), RowStats(len(PROMPT)))
-    out, _ = batch.join(row, job.session, job.hidden, first, rng)
+    [(out, _)] = batch.join([row], job.session, job.hidden, first, rng)
     for _ in range(100):
         if row.finished:
             break
@@ -87,13 +87,13 @@ def test_the_server_orders_its_reads_like_the_solo_loop(monkeypatch, first):
     shape = BeamShape(1, 3, None, 1, 4)
     sched = Scheduler(model, drafter, shape, (), max_batch=2, adapt=True)
     assert sched.choice.each_step
-    reads, real = [], batch_module.BatchDecoder.read
+    reads, real = [], batch_module.BatchGenerator.read
 
     def read(self, step):
         reads.append((self.inflight, len(self.active)))  # steps queued, not read; rows held
         return real(self, step)
 
-    monkeypatch.setattr(batch_module.BatchDecoder, "read", read)
+    monkeypatch.setattr(batch_module.BatchGenerator, "read", read)
     tokens = []
     sched.submit(Request(PROMPT, 40, lambda ev: tokens.extend(ev.tokens)))
     for _ in range(1000):

@@ -11,7 +11,7 @@ import redrafter_mlx
 from redrafter_mlx.engine.batch import batch_step, uniform_step
 from redrafter_mlx.engine.cache import Session
 from redrafter_mlx.engine.decode import DecodeState, prefill_chunk
-from redrafter_mlx.engine.generation import decode
+from redrafter_mlx.engine.generation import generate_steps
 from redrafter_mlx.engine.loading import LoadError
 from redrafter_mlx.engine.sampling import SamplerConfig, StepMode
 from redrafter_mlx.engine.shape import BeamShape
@@ -28,7 +28,7 @@ from tests.helpers import (
 def test_step_compiles_and_never_retraces_per_step():
     model = tiny_model(0)
     drafter = tiny_drafter(model, 1)
-    events = decode(model, drafter, [[1, 2, 3]], max_tokens=120, shape=BeamShape(3, 4))
+    events = generate_steps(model, drafter, [[1, 2, 3]], max_tokens=120, shape=BeamShape(3, 4))
     for _ in events:
         pass
     step = batch_step(model, drafter, BeamShape(3, 4), StepMode())

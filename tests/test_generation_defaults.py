@@ -67,13 +67,13 @@ def test_the_default_loop_reads_only_steps_already_followed_by_a_queued_one(monk
     drafter = tiny_drafter(model, 1)
     shape = default_plan(drafter).shape
     assert SoloChoice(model, drafter, shape, SamplerConfig(), True).each_step  # the default
-    queued_then_read, real = [], batch_module.BatchDecoder.read
+    queued_then_read, real = [], batch_module.BatchGenerator.read
 
     def read(self, step):
         queued_then_read.append(self.inflight)  # steps queued and not yet read
         return real(self, step)
 
-    monkeypatch.setattr(batch_module.BatchDecoder, "read", read)
+    monkeypatch.setattr(batch_module.BatchGenerator, "read", read)
     prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
     out = redrafter_mlx.batch_generate(model, drafter, None, [prompt], max_tokens=48)
     assert len(out[0]) == 48 and len(queued_then_read) > 10

@@ -317,7 +317,7 @@ def test_lookup_alone_too_large_names_the_chains():
 
 
 def test_decode_refuses_before_compiling(monkeypatch):
-    """The API's one entry (``decode``, under stream_generate/generate/batch_generate)."""
+    """The API's one entry (``generate_steps``, under stream_generate/generate/batch_generate)."""
     import redrafter_mlx.engine.memory as memory
     from redrafter_mlx.engine.memory import ShapeTooLarge
     from redrafter_mlx.engine.shape import BeamShape

@@ -347,7 +347,7 @@ class ShapeChooser:
 
 @dataclass
 class Adaptive:
-    """Settings of adaptive decoding, ``decode(..., adapt=Adaptive(...))`` (or ``True``).
+    """Settings of adaptive decoding, ``generate_steps(..., adapt=Adaptive(...))`` (or ``True``).
 
     ``shapes``: speculative candidates (default: the requested shape and the single beam
     of every shorter length, ``W1×L`` down to ``W1×L2``: where verifying more tokens costs

@@ -1,17 +1,18 @@
-"""Batched decoding: rows that join and leave a batch, each with its own sampling settings,
-penalties, logit bias and seed (the engine's analogue of mlx-lm's ``BatchGenerator``).
+"""The engine's one generation loop: rows that join and leave a batch, each with its own
+sampling settings, penalties, logit bias and seed (after mlx-lm's ``BatchGenerator``).
 
-``BatchDecoder`` holds the decode state of B rows and owns everything between "a prefilled
-sequence joins" and "its tokens come out, stopped exactly": placing a row (its K/V, hidden
-state, init token and key written into a free row), growing and shrinking the batch (a
-re-lay of the cache over one of a few row counts, rare), the queue-then-read pipeline
-(``queue`` a step with ``mx.async_eval``, ``read`` an older one that is computed), exact
-stopping at EOS or a row's limit (``cache.stop_at``), each row's statistics, and the
-shape choice (a ``batch_choice.ShapePolicy``: each step's shape, and what each step gave).
-``step`` is one turn of the loop: the next step queued and the previous one read, in the
-order ``platform.read_first`` measured for the backend. Its clients are thin: generation
-(``generation.decode``) and the server's scheduler, which keeps the requests, their events
-and the broadcast to other ranks.
+``BatchGenerator`` holds the decode state of B rows and owns everything between "prompts are
+prefilled" (``Prefill``, chunk by chunk) and "their tokens come out, stopped exactly":
+placing rows (an empty batch takes their cache as is; else their K/V, hidden state, init
+token and key are written into free rows), growing and shrinking the batch (a re-lay of the
+cache over one of a few row counts, rare), the queue-then-read pipeline (``queue`` a step
+with ``mx.async_eval``, ``read`` an older one that is computed), exact stopping at EOS or a
+row's limit (``cache.stop_at``), each row's statistics, and the shape choice (a
+``batch_choice.ShapePolicy``: each step's shape, and what each step gave). ``step`` is one
+turn of the loop: the next step queued and the previous one read, in the order
+``platform.read_first`` measured for the backend. Its clients are thin: generation
+(``generation.generate_steps``) and the server's scheduler, which keeps the requests, their
+events and the broadcast to other ranks.
 
 The step (``make_batch_step``, compiled once per configuration and kept on the model by
 ``batch_step``) is the one every loop runs, and the one ``bench --profile`` times.
@@ -232,43 +233,61 @@ class Row:
 
 @dataclass
 class Prefill:
-    """A prompt prefilled alone in a one-row cache, one chunk at a time, before it joins a
-    batch (``BatchDecoder.join``); ``seed``: its draws' seed; ``owner``: the client's handle."""
+    """Prompts prefilled in their own cache (``session``, one row per prompt), one chunk at a
+    time, before they join a batch (``BatchGenerator.join``): a server's request (one row), or
+    a generation call's rows (a chat ``Session`` keeps its cached prefix: only the rest is
+    run). ``seed``: the rows' draws' seed (``row_keys_of``); ``owner``: the client's handle."""
 
-    prompt: list[int]
+    prompts: list[list[int]]
     sampler: SamplerConfig
     seed: int
     session: Session
     owner: Any = None
     started: float = field(default_factory=time.perf_counter)
-    done: int = 0  # prompt tokens prefilled so far
-    hidden: mx.array | None = None  # (1, H) at the last prefilled token
+    done: int = 0  # tokens of each row's new part prefilled so far
+    hidden: mx.array | None = None  # (B, H) at each row's last prefilled token
+
+    def __post_init__(self):
+        self.new = self.session.reuse(self.prompts)  # each row's tokens not cached yet
+        self.kept = [len(c) for c in self.session.cached]
+
+    @property
+    def prefilled(self) -> int:
+        """Prompt tokens to run (those not already cached)."""
+        return sum(len(t) for t in self.new)
 
     def advance(self) -> int:
-        """Prefill the next chunk; returns its token count.
+        """Prefill the next chunk of every row; returns its token count.
 
         Chunk by chunk through the engine's own prefill, with the session's cached tokens
-        kept current, this computes exactly what one solo prefill of the prompt computes.
+        kept current, this computes exactly what one prefill of the prompts computes.
         """
-        chunk = self.prompt[self.done : self.done + PREFILL_CHUNK]
-        self.hidden = prefill_session(self.session, [chunk])
-        self.done += len(chunk)
-        self.session.cached = [self.prompt[: self.done]]
-        return len(chunk)
+        chunks = [t[self.done : self.done + PREFILL_CHUNK] for t in self.new]
+        hidden = prefill_session(self.session, chunks)
+        if self.hidden is not None:  # a row whose prompt ended in an earlier chunk keeps its own
+            ran = mx.array([len(c) > 0 for c in chunks])
+            hidden = mx.where(ran[:, None], hidden, self.hidden)
+        self.hidden = hidden
+        self.done += PREFILL_CHUNK
+        self.session.cached = [p[: k + self.done] for p, k in zip(self.prompts, self.kept)]
+        return sum(len(c) for c in chunks)
 
     @property
     def complete(self) -> bool:
-        return self.done == len(self.prompt)
+        return self.done >= max(len(t) for t in self.new)
 
-    def first_token(self, model) -> tuple[int, mx.array]:
-        """The first token, drawn now with the prompt's own key (so that an error in its own
-        prefill or draw surfaces here, not in a batched step), and its next key (2,)."""
+    def first_token(self, model) -> tuple[list[int], mx.array]:
+        """Each row's first token, drawn now with its own key (so that an error in its own
+        prefill or draw surfaces here, not in a batched step), and the rows' next keys
+        (B, 2) (``row_keys_of``: a lone row's are the seed's own)."""
         rng, first_key = mx.random.split(mx.random.key(self.seed))
-        prompt, sampler = self.prompt, self.sampler
-        history = text_history([prompt], len(prompt)) if sampler.reads_text else None
-        lengths = mx.array([len(prompt)], mx.int32)
-        first = first_draw(model, self.hidden, sampler, first_key, history, lengths)
-        return first.item(), rng
+        prompts, rows = self.prompts, len(self.prompts)
+        mode, settings = row_settings([self.sampler] * rows, model.vocab_size)
+        sampler = RowSampler(settings, row_keys_of(first_key, rows), mode)
+        history = text_history(prompts, self.session.slots) if self.sampler.reads_text else None
+        lengths = mx.array([len(p) for p in prompts], mx.int32)
+        first = first_draw(model, self.hidden, sampler, None, history, lengths)
+        return first.tolist(), row_keys_of(rng, rows)
 
 
 class RowStep(NamedTuple):
@@ -333,13 +352,13 @@ def row_buckets(max_batch: int) -> list[int]:
     return sizes + ([max_batch] if max_batch > 1 else [])
 
 
-class BatchDecoder:
+class BatchGenerator:
     """Decode state over up to ``max_batch`` rows that join and leave between steps.
 
     ``policy``: each step's shape (``batch_choice.ShapePolicy``; ``AR``: plain decoding);
     ``eos``: the token ids that end a row; ``group``: the ranks of a split model (rank 0
     names each step's shape); ``release``: a finished row leaves its slot (else it keeps
-    it and its cache, emitting nothing: ``generation.decode`` hands the cache back).
+    it and its cache, emitting nothing: ``generation.generate_steps`` hands the cache back).
     """
 
     def __init__(
@@ -403,34 +422,48 @@ class BatchDecoder:
         if self.pending is not None:
             mx.eval(self.pending.out, self.state, self.row_keys)
 
-    def adopt(self, state: DecodeState, row_keys: mx.array, rows: list[Row]) -> None:
-        """Start from a state that already holds ``rows`` (a session prefilled together, its
-        first tokens drawn: ``decode``), row ``r`` in slot ``r``."""
-        self.state, self.row_keys, self.rows = state, row_keys, list(rows)
-        for r, row in enumerate(self.rows):
-            row.slot = r
-        self.inflight, self.pending, self._params = 0, None, None
-
     # ------------------------------------------------------------------ rows joining
 
     def join(
-        self, row: Row, session: Session, hidden: mx.array, first: int, rng: mx.array
-    ) -> list[int]:
-        """Place a prefilled one-row ``session`` (its hidden state (1, H) at the last prompt
-        token, its first token drawn, its next key ``rng`` (2,)) into a free row, growing
-        the batch when none is free. Returns the first token's emitted part."""
-        if None not in self.rows:
-            self.resize(self.bucket_for(len(self.rows) + 1))
-        r = self.rows.index(None)
-        row.shadow = self.policy.shadow([*session.cached[0], first])
-        self._place(r, session, hidden, mx.array([first], mx.int32), rng)
-        row.slot = r
-        self.rows[r] = row
+        self, rows: list[Row], session: Session, hidden: mx.array, first: list[int], keys
+    ) -> list[tuple[list[int], str | None]]:
+        """Place prefilled ``rows`` (``session``'s rows, their hidden states (b, H) at the last
+        prompt token, first tokens drawn, next keys (b, 2): a ``Prefill``) into free rows,
+        growing the batch when none is free. An empty batch takes the session's cache itself
+        (no copy; the session gives it up). Returns each row's first token's emitted part
+        and why it finished (None: it goes on)."""
+        if all(r is None for r in self.rows) and len(rows) in self.buckets:
+            self._adopt(rows, session, hidden, first, keys)
+        else:
+            for i, row in enumerate(rows):
+                if None not in self.rows:
+                    self.resize(self.bucket_for(len(self.rows) + 1))
+                r = self.rows.index(None)
+                self._place(r, session, i, hidden[i : i + 1], mx.array(first[i : i + 1]), keys[i])
+                row.slot = r
+                self.rows[r] = row
         self._params = None
-        return self.emit(row, [first])
+        now = time.perf_counter()
+        for row, token, text in zip(rows, first, session.cached):
+            row.joined = now
+            row.shadow = self.policy.shadow([*text, token])
+        return [self.emit(row, [token]) for row, token in zip(rows, first)]
 
-    def _place(self, r: int, session: Session, hidden, first, rng) -> None:
-        """Write a prefilled one-row session into batch row ``r`` (lazy array updates)."""
+    def _adopt(self, rows, session: Session, hidden, first, keys) -> None:
+        """Take a prefilled session's cache as the whole batch, row ``i`` in slot ``i``."""
+        history = text_history(session.cached, session.slots)
+        first = mx.array(first, mx.int32)
+        self.state = DecodeState(
+            first, hidden, session.lengths, session.keys, session.values, history
+        )
+        session.keys = session.values = None  # the batch owns the cache (in-place updates)
+        self.row_keys, self.rows = keys, list(rows)
+        for r, row in enumerate(self.rows):
+            row.slot = r
+        self.inflight, self.pending = 0, None
+
+    def _place(self, r: int, session: Session, i: int, hidden, first, rng) -> None:
+        """Write row ``i`` of a prefilled session into batch row ``r`` (lazy array updates)."""
         self.state = ensure_slots(self.state, session.slots)
         at = mx.arange(len(self.rows)) == r  # (B,)
         for cache, row_cache in (
@@ -438,16 +471,16 @@ class BatchDecoder:
             (self.state.values, session.values),
         ):
             for layer, src in enumerate(row_cache):
-                cache[layer][r : r + 1, :, : src.shape[2]] = src
+                cache[layer][r : r + 1, :, : src.shape[2]] = src[i : i + 1]
         s = self.state
         history = s.history
         if history is not None:  # the row's text so far: its prompt, all in the cache
-            text = text_history(session.cached, history.shape[1])
+            text = text_history(session.cached[i : i + 1], history.shape[1])
             history = mx.where(at[:, None], text, history)
         self.state = s._replace(
             init_token=mx.where(at, first, s.init_token),
             hidden=mx.where(at[:, None], hidden, s.hidden),
-            lengths=mx.where(at, session.lengths, s.lengths),
+            lengths=mx.where(at, session.lengths[i], s.lengths),
             history=history,
         )
         self.row_keys = mx.where(at[:, None], rng[None], self.row_keys)

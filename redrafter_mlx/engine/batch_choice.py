@@ -1,11 +1,11 @@
 """Choosing each step's beam shape: one interface (``ShapePolicy``), three policies.
 
-``batch.BatchDecoder`` asks its policy for the shape of every step it queues and tells it what
+``batch.BatchGenerator`` asks its policy for the shape of every step it queues and tells it what
 each read step gave; it never looks at which policy it holds. The policies:
 
 * ``FixedShape``: one shape, every step (``--no-adapt``, a server without ``--adapt``);
-* ``SoloChoice``: a generation call's rows (``generation.decode``): the ``Adaptive`` learnt on
-  the model across calls (each chat turn starts from what the last one measured), the
+* ``SoloChoice``: a generation call's rows (``generation.generate_steps``): the ``Adaptive``
+  learnt on the model across calls (each chat turn starts from what the last one measured), the
   chooser's plain rates, steps timed from read to read, and split across ranks rank 0's
   shapes (``adaptive.SharedChoice``);
 * ``BatchChoice``: a server's batch, whose rows come and go:
@@ -46,7 +46,7 @@ RISK = 0.15
 
 
 class ShapePolicy(Protocol):
-    """How a batch chooses each step's shape (``batch.BatchDecoder`` calls only this).
+    """How a batch chooses each step's shape (``batch.BatchGenerator`` calls only this).
 
     ``shapes``: every shape it may name (plain decoding, ``AR``, among them when adapting);
     ``per_step`` / ``slots``: the most tokens a step of any of them adds to a row / the most
@@ -115,14 +115,14 @@ class FixedShape:
 
 
 class SoloChoice:
-    """The shapes of one generation call's rows (``generation.decode``), adaptive among the
+    """The shapes of one generation call's rows (``generation.generate_steps``), adaptive among the
     candidates of ``adapt`` (``True``: the ``Adaptive`` learnt on the model for this
     configuration); a ``ShapePolicy``.
 
     With lookup among the candidates each step's shape is chosen from the rows' match
     states (``each_step``). A step is timed from the previous read to its own (the loop keeps
     one step in flight); the interval in which a shape was first queued (compiled) is none.
-    A seeded sample is the caller's to pin (``decode`` passes a fixed shape then).
+    A seeded sample is the caller's to pin (``generate_steps`` passes a fixed shape then).
     """
 
     def __init__(self, model, drafter, shape: BeamShape, sampler, adapt: Adaptive | bool):

@@ -1,11 +1,12 @@
 """The generation loop and the public API: ``stream_generate``, ``generate``, ``batch_generate``.
 
-``decode`` is a client of the engine's one batched loop (``batch.BatchDecoder``, which the
-server's scheduler drives too): its rows are prefilled together in a ``Session``, adopted by
-the batch, and advanced one ``BatchDecoder.step`` per event (the batch keeps the next step
-queued with ``mx.async_eval`` where the backend gains by it, so text streams one step
-behind). It stops exactly: no token after EOS or
-beyond ``max_tokens``, even when more were accepted in the same step (``cache.stop_at``). A
+``generate_steps`` is a client of the engine's one batched loop (``batch.BatchGenerator``,
+which the server's scheduler drives too): its rows are prefilled together in a ``Session``
+(``batch.Prefill``), join the batch (which takes their cache as is), and advance one
+``BatchGenerator.step`` per event (the batch keeps the next step queued with
+``mx.async_eval`` where the backend gains by it, so text streams one step behind). It stops
+exactly: no token after EOS or beyond ``max_tokens``, even when more were accepted in the
+same step (``cache.stop_at``). A
 ``Session`` (``engine/cache.py``) owns the KV cache of its rows across calls, so a chat turn
 prefills only its new tokens.
 """
@@ -19,22 +20,22 @@ from dataclasses import dataclass, field, fields
 import mlx.core as mx
 
 from .adaptive import Adaptive
-from .batch import BatchDecoder, Row, RowStats, row_keys_of
+from .batch import BatchGenerator, Prefill, Row, RowStats
 from .batch_choice import FixedShape, ShapePolicy, SoloChoice
-from .cache import Session, prefill_session, text_history, token_limit
-from .decode import DecodeState, first_draw
+from .cache import Session, token_limit
+from .decode import DecodeState
 from .distributed import shared_seed
 from .drafter import Drafter
 from .memory import check_step_memory
 from .model import Model
 from .plan import DEFAULT_SHAPE, default_plan
-from .sampling import RowSampler, SamplerConfig, check_seed, row_settings
+from .sampling import SamplerConfig, check_seed
 from .shape import BeamShape
 
 
 @dataclass
 class DecodeStats:
-    """Running statistics of one ``decode`` call, as of the latest event.
+    """Running statistics of one ``generate_steps`` call, as of the latest event.
 
     ``tokens_per_step`` and ``mean_packed`` average over row-steps; ``accept_hist[i]`` counts
     row-steps that emitted ``i + 1`` tokens (accepted drafts + the bonus token).
@@ -62,7 +63,8 @@ class DecodeStats:
 
 @dataclass
 class DecodeEvent:
-    """What one step of ``decode`` produced for its B rows (the first event: the first token).
+    """What one step of ``generate_steps`` produced for its B rows (the first event: the
+    first token).
 
     tokens:   per row, the new tokens (after EOS/limit truncation; empty once finished)
     accepted: per row, draft tokens the verifier accepted this step
@@ -102,7 +104,7 @@ class GenerationResponse(DecodeStats):
         return DecodeStats(**DecodeStats.to_dict(self))
 
 
-def decode(
+def generate_steps(
     model: Model,
     drafter: Drafter | None,
     prompts: Sequence[Sequence[int]],
@@ -150,41 +152,29 @@ def decode(
     policy: ShapePolicy = FixedShape(shape)
     if adapt and not shape.is_autoregressive:
         policy = SoloChoice(model, drafter, shape, sampler, adapt)
-    batch = BatchDecoder(model, drafter, policy, eos, B, release=False)
+    batch = BatchGenerator(model, drafter, policy, eos, B, release=False)
 
-    tic = time.perf_counter()
-    new_tokens = session.reuse(prompts)
-    prefilled = sum(len(t) for t in new_tokens)
-    hidden = prefill_session(session, new_tokens)
     group = getattr(model, "group", None)  # tensor parallel: every rank must draw alike
     seed = shared_seed(seed, group) if group is not None else seed
-    rng = mx.random.key(seed if seed is not None else int(time.time_ns() % (1 << 31)))
-    rng, first_key = mx.random.split(rng)
-    history = text_history(prompts, session.slots)
-    # One key per row (``row_keys_of``), split every step.
-    mode, settings = row_settings([sampler] * B, model.vocab_size)
-    rows_first = RowSampler(settings, row_keys_of(first_key, B), mode)
-    first = first_draw(model, hidden, rows_first, None, history, session.lengths)
-    state = DecodeState(first, hidden, session.lengths, session.keys, session.values, history)
-
-    out = [[] for _ in range(B)]
+    seed = seed if seed is not None else int(time.time_ns() % (1 << 31))
     rows = []
     for p in prompts:
         limit, at_limit = token_limit(model, len(p), max_tokens)
         rows.append(Row(sampler, limit, len(p), RowStats(len(p)), at_limit=at_limit))
-    call = _Call(sum(len(p) for p in prompts), prefilled, length=max(policy.per_step, 2))
+    out = [[] for _ in range(B)]
+
+    tic = time.perf_counter()
+    job = Prefill(prompts, sampler, seed, session)  # only what the session has not cached
+    call = _Call(sum(len(p) for p in prompts), job.prefilled, length=max(policy.per_step, 2))
     try:
-        session.keys = session.values = None  # the loop owns the cache now (in-place updates)
-        batch.adopt(state, row_keys_of(rng, B), rows)
-        del state
-        first_tokens = first.tolist()  # once per call, before the decode loop
+        while not job.complete:
+            job.advance()
+        first, keys = job.first_token(model)
         call.prompt_s = time.perf_counter() - tic
         first_new = []
-        for r, row in enumerate(rows):
-            new, _ = batch.emit(row, [first_tokens[r]])
+        for r, (new, _) in enumerate(batch.join(rows, session, job.hidden, first, keys)):
             out[r] += new
             first_new.append(new)
-            row.shadow = policy.shadow(prompts[r] + out[r])
         call.first_token_s = time.perf_counter() - tic
         call.started = time.perf_counter()
         yield DecodeEvent(
@@ -255,7 +245,7 @@ def _check_prompts(model: Model, prompts: list[list[int]], max_tokens: int) -> N
 
 @dataclass
 class _Call:
-    """What one ``decode`` call counts beyond its rows' own ``RowStats``: its prompts, its
+    """What one ``generate_steps`` call counts beyond its rows' own ``RowStats``: its prompts, its
     prefill and first-token times, and its steps (``length``: the accept histogram's size)."""
 
     prompt_tokens: int
@@ -321,7 +311,7 @@ def stream_generate(
     capacity, lookup chains); None (the default) runs what ``chat`` runs on a machine with no
     tuned profile (``engine.plan.default_plan``: the chip's preset with a lookup chain). With
     ``adapt`` (the default) the loop switches between it, its parts, the shorter single
-    beams and plain decoding by measured tokens/s (``decode``). ``sampler``: greedy by
+    beams and plain decoding by measured tokens/s (``generate_steps``). ``sampler``: greedy by
     default, else temperature / top-p / top-k / min-p, penalties and logit bias
     (:class:`SamplerConfig`), drawn from ``seed`` (else ``sampler.seed``). ``prompt`` is a
     string (encoded with BOS) or a list of token ids. Pass a ``Session`` to reuse its KV
@@ -330,7 +320,7 @@ def stream_generate(
     from .tokenizer import StreamDecoder
 
     detok = StreamDecoder(tokenizer)
-    events = decode(
+    events = generate_steps(
         model,
         drafter,
         [_prompt_ids(tokenizer, prompt)],
@@ -379,7 +369,7 @@ def batch_generate(
     prompts are token ids and no EOS stops a row."""
     ids = [_prompt_ids(tokenizer, p) for p in prompts]
     out = [[] for _ in ids]
-    for ev in decode(
+    for ev in generate_steps(
         model,
         drafter,
         ids,

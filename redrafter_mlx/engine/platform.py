@@ -188,7 +188,7 @@ def read_first() -> bool:
     reads step k before it queues step k+1 (the choice sees every token so far, but the
     device waits for the host's read, lookup shadow and choice) instead of queueing first and
     choosing from match states one step stale. ``REDRAFTER_MLX_READ_FIRST=1``/``0`` forces
-    either. ``batch.BatchDecoder.step`` applies it, for every loop (generation, the server).
+    either. ``batch.BatchGenerator.step`` applies it, for every loop (generation, the server).
 
     A measured, per-backend default: on the CPU backend the host's work shares the cores with
     the BLAS threads, so queueing early hides nothing, and the stale choice cost speed

@@ -6,8 +6,9 @@ op count can be read apart; the whole step (the product's own compiled batch ste
 ``batch.batch_step``, as every loop runs it) and the AR step are timed in the same rounds,
 interleaved, so machine noise hits all alike.
 A shape with context-lookup chains is timed as its whole step only (no phases apart).
-``loop`` is the wall time per step of the real generation loop (``generation.decode``, which
-runs that same step), and ``host`` = loop - step: what the Python loop adds on top of it.
+``loop`` is the wall time per step of the real generation loop
+(``generation.generate_steps``, which runs that same step), and ``host`` = loop - step:
+what the Python loop adds on top of it.
 
 Op counts are the primitives MLX will dispatch: a compiled function's outputs, before
 evaluation, hang on the graph of the simplified and fused tape, which ``mx.export_to_dot``
@@ -135,7 +136,6 @@ def profile_steps(
     ``overhead_ms`` (step - verify). Timings are medians over ``repeats`` interleaved rounds.
     """
     from redrafter_mlx.engine.cache import Session, bucket, prefill_session, text_history
-    from redrafter_mlx.engine.generation import decode
 
     shapes = [_as_shape(s) for s in shapes]
     sampler = SamplerConfig()
@@ -204,7 +204,7 @@ def profile_steps(
     for r in range(loop_rounds + 1):
         for name, _ in configs:
             shape = shape_of.get(name, AR)
-            ms = _loop_ms_per_step(decode, model, drafter, prompt, shape, loop_tokens)
+            ms = _loop_ms_per_step(model, drafter, prompt, shape, loop_tokens)
             if r:  # round 0 warms up
                 loop[name].append(ms)
 
@@ -334,11 +334,15 @@ def _lookup_thunks(model, drafter, shape: BeamShape, sampler, window, base_state
     return {"step": _Timed("step", t_step)}
 
 
-def _loop_ms_per_step(decode, model, drafter, prompt, shape: BeamShape, max_tokens) -> float:
+def _loop_ms_per_step(model, drafter, prompt, shape: BeamShape, max_tokens) -> float:
     """Wall ms per step of the generation loop (first token excluded), greedy, no EOS."""
+    from redrafter_mlx.engine.generation import generate_steps
+
     drafter = drafter if shape.drafts else None
     steps, start = 0, None
-    for ev in decode(model, drafter, [list(prompt)], max_tokens=max_tokens, shape=shape, seed=0):
+    for ev in generate_steps(
+        model, drafter, [list(prompt)], max_tokens=max_tokens, shape=shape, seed=0
+    ):
         if start is None:
             start = time.perf_counter()
             continue

@@ -7,7 +7,7 @@ One thread owns the model and the KV cache (``Scheduler.serve_forever``). HTTP h
 a step boundary: cancelled rows leave; queued requests are admitted and prefilled alone in a
 one-row cache (exactly as a solo run prefills it), about one chunk (``PREFILL_CHUNK`` tokens)
 per iteration so a long prompt pauses the other rows one chunk at a time, then join the
-batch with their first token; then one turn of the batch's loop (``BatchDecoder.step``):
+batch with their first token; then one turn of the batch's loop (``BatchGenerator.step``):
 the next step queued and the previous one read, in the order the backend measured best
 (the same rule as a solo run's, ``platform.read_first``).
 
@@ -39,7 +39,7 @@ import time
 import mlx.core as mx
 
 from redrafter_mlx.engine.adaptive import Adaptive
-from redrafter_mlx.engine.batch import BatchDecoder, Prefill, Row, RowStats
+from redrafter_mlx.engine.batch import BatchGenerator, Prefill, Row, RowStats
 from redrafter_mlx.engine.batch_choice import BatchChoice, FixedShape
 from redrafter_mlx.engine.cache import PREFILL_CHUNK, Session, token_limit
 from redrafter_mlx.engine.loading import materialize
@@ -99,7 +99,7 @@ class Scheduler:
             self.choice = BatchChoice(shape, adapt if isinstance(adapt, Adaptive) else Adaptive())
         policy = self.choice or FixedShape(shape)
         # The rows, their state, the steps and the loop's order (``engine/batch.py``).
-        self.batch = BatchDecoder(model, drafter, policy, eos, max_batch, compiled, group)
+        self.batch = BatchGenerator(model, drafter, policy, eos, max_batch, compiled, group)
         self.stats = ServerStats()
         self._draining = False
         self._drain_deadline = 0.0
@@ -314,7 +314,7 @@ class Scheduler:
                 self._fail_one(request, e)
                 continue
             job = Prefill(
-                request.prompt, request.sampler, event["seed"], session, Held(request, ticket)
+                [request.prompt], request.sampler, event["seed"], session, Held(request, ticket)
             )
             self._prefills.append(job)
         return True
@@ -434,13 +434,13 @@ class Scheduler:
                 self._join(job, *start)
                 self._prefills.pop(0)  # after the join: a failing join still answers it
 
-    def _join(self, job: Prefill, first: int, rng: mx.array) -> None:
+    def _join(self, job: Prefill, first: list[int], rng: mx.array) -> None:
         """Move a prefilled request, its first token drawn, into a free row."""
         request = job.owner.request
         limit, _ = token_limit(self.model, len(request.prompt), request.max_tokens)
         stats = RowStats(len(request.prompt), queued_s=job.started - request.submitted)
         row = Row(request.sampler, limit, len(request.prompt), stats, job.owner)
-        new, finish = self.batch.join(row, job.session, job.hidden, first, rng)
+        [(new, finish)] = self.batch.join([row], job.session, job.hidden, first, rng)
         stats.ttft_s = time.perf_counter() - request.submitted
         self._deliver(row, new, finish)  # once per request, at its join
 

@@ -6,6 +6,12 @@ read off the answer, and the hidden state of each position is the one decoding c
 anyway. Keeping it saves the separate forward over every sequence that ``targets="self"``
 otherwise needs (the slowest stage of a large build).
 
+It runs the engine's own step (``batch.batch_step``, plain decoding, a key per row), row
+compaction (``batch.take_rows``) and stop rule (``cache.stop_at``), in a loop of its own
+rather than ``batch.BatchGenerator``'s: it keeps every step's hidden state, reads the device
+only every ``CHECK_EVERY`` steps (not each step), and interleaves batches on several CPU
+streams (``answers_in_lanes``).
+
 Shapes: B rows, n answer tokens of a row, H hidden, T drafter steps (predict_tokens).
 """
 
@@ -18,7 +24,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..engine.batch import batch_step, row_keys_of, take_rows
-from ..engine.cache import Session, bucket, ensure_slots, prefill_session
+from ..engine.cache import Session, bucket, ensure_slots, prefill_session, stop_at
 from ..engine.decode import DecodeState, first_draw
 from ..engine.model import Model
 from ..engine.sampling import RowSampler, SamplerConfig, row_settings
@@ -181,9 +187,9 @@ def _decode(model: Model, job: Job, stream):
     out = []
     for r in range(B):
         row = [int(t) for ids, _ in pieces[r] for t in ids]
-        n = next((j + 1 for j, t in enumerate(row) if t in stops), None)
-        finish = "stop" if n is not None else "length"
-        n = n if n is not None else min(len(row), max_tokens)
+        new, finish = stop_at(row, stops, max_tokens)  # the engine's stop rule
+        n = len(new) + (finish == "stop")  # a training answer keeps its end-of-turn id
+        finish = "stop" if finish == "stop" else "length"
         out.append(Answer(row[:n], finish, np.concatenate([h for _, h in pieces[r]])[:n]))
     return out
 

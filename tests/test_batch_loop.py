@@ -56,16 +56,15 @@ def test_any_policy_drives_the_batch_and_greedy_rows_stay_exact():
     batch = BatchGenerator(model, drafter, policy, eos=(), max_batch=2)
     batch.reset()
     assert policy.resets == 1
-    job = Prefill([PROMPT], SamplerConfig(), 0, Session(model, 1))
-    while not job.complete:
-        job.advance()
-    first, rng = job.first_token(model)
     row = Row(SamplerConfig(), 30, len(PROMPT), RowStats(len(PROMPT)))
-    [(out, _)] = batch.join([row], job.session, job.hidden, first, rng)
+    batch.insert(Prefill([PROMPT], SamplerConfig(), 0, Session(model, 1), rows=[row]))
+    turn = batch.next()  # prefilled, joined (its first token), step 1 queued
+    assert [got.row for got in turn.joined] == [row] and not turn.stepped and not turn.failed
+    out = turn.joined[0].new
     for _ in range(100):
         if row.finished:
             break
-        out += [t for got in batch.step() for t in got.new]
+        out += [t for got in batch.next().stepped for t in got.new]
     plain, _ = run_decode(model, None, [PROMPT], max_tokens=30, shape=AR, adapt=False)
     assert out == plain[0]
     ran = [shape for shape, _ in policy.told]

@@ -243,6 +243,7 @@ class Prefill:
     seed: int
     session: Session
     owner: Any = None
+    rows: list[Row] = field(default_factory=list)  # the rows they become (one per prompt)
     started: float = field(default_factory=time.perf_counter)
     done: int = 0  # tokens of each row's new part prefilled so far
     hidden: mx.array | None = None  # (B, H) at each row's last prefilled token
@@ -288,6 +289,15 @@ class Prefill:
         lengths = mx.array([len(p) for p in prompts], mx.int32)
         first = first_draw(model, self.hidden, sampler, None, history, lengths)
         return first.tolist(), row_keys_of(rng, rows)
+
+
+class Turn(NamedTuple):
+    """What one ``BatchGenerator.next`` gave: rows that joined (their first token),
+    rows a step advanced, and prefills that failed on their own (the batch goes on)."""
+
+    joined: list[RowStep]
+    stepped: list[RowStep]
+    failed: list[tuple[Prefill, Exception]]
 
 
 class RowStep(NamedTuple):
@@ -390,6 +400,8 @@ class BatchGenerator:
         self.state = None  # built by ``reset`` on the thread that runs the loop (MLX streams)
         self.rows: list[Row | None] = [None]
         self.pending: Queued | None = None  # the step queued and not yet read
+        self.inflight = 0  # steps queued and not yet read
+        self.prefills: list[Prefill] = []  # waiting to join, in order (``insert``)
 
     # ------------------------------------------------------------------ state
 
@@ -410,6 +422,7 @@ class BatchGenerator:
         self.rows: list[Row | None] = [None] * B
         self.inflight = 0
         self.pending = None
+        self.prefills = []
         self._params = None
         self.policy.reset()
 
@@ -429,10 +442,11 @@ class BatchGenerator:
     ) -> list[tuple[list[int], str | None]]:
         """Place prefilled ``rows`` (``session``'s rows, their hidden states (b, H) at the last
         prompt token, first tokens drawn, next keys (b, 2): a ``Prefill``) into free rows,
-        growing the batch when none is free. An empty batch takes the session's cache itself
-        (no copy; the session gives it up). Returns each row's first token's emitted part
-        and why it finished (None: it goes on)."""
-        if all(r is None for r in self.rows) and len(rows) in self.buckets:
+        growing the batch when none is free. An empty batch with no step in flight takes the
+        session's cache itself (no copy; the session gives it up). Returns each row's first
+        token's emitted part and why it finished (None: it goes on)."""
+        empty = all(r is None for r in self.rows) and self.pending is None
+        if empty and len(rows) in self.buckets:
             self._adopt(rows, session, hidden, first, keys)
         else:
             for i, row in enumerate(rows):
@@ -460,7 +474,6 @@ class BatchGenerator:
         self.row_keys, self.rows = keys, list(rows)
         for r, row in enumerate(self.rows):
             row.slot = r
-        self.inflight, self.pending = 0, None
 
     def _place(self, r: int, session: Session, i: int, hidden, first, rng) -> None:
         """Write row ``i`` of a prefilled session into batch row ``r`` (lazy array updates)."""
@@ -572,6 +585,42 @@ class BatchGenerator:
         elif shape is None:  # a fixed shape: every rank runs it
             shape = self.policy.shapes[0]
         return None if shape.is_autoregressive else shape
+
+    def insert(self, job: Prefill) -> None:
+        """Queue prompts to join (their rows in ``job.rows``); ``next`` prefills them."""
+        self.prefills.append(job)
+
+    def next(self, budget: int | None = PREFILL_CHUNK) -> Turn:
+        """One call advances everyone: up to ``budget`` prompt tokens of the waiting
+        prefills, in order (at least one chunk; None: all of them), each joining with its
+        first token once complete; the batch shrunk if mostly free; then one ``step``.
+
+        A prefill or first draw that raises fails that prefill alone (``Turn.failed``); a
+        failure in the batch's own work (a join, the step) raises, with every prefill not
+        joined in ``prefills`` (those that failed alone too), for the client to answer."""
+        turn = Turn([], [], [])
+        try:
+            while self.prefills and (budget is None or budget > 0):
+                job = self.prefills[0]
+                try:
+                    ran = job.advance()
+                    first = job.first_token(self.model) if job.complete else None
+                except Exception as e:  # this prefill's own work: the others go on
+                    self.prefills.pop(0)
+                    turn.failed.append((job, e))
+                    continue
+                budget = None if budget is None else budget - ran
+                if first is not None:
+                    joined = self.join(job.rows, job.session, job.hidden, *first)
+                    self.prefills.pop(0)  # after the join: a failing join leaves it to answer
+                    for row, (new, finish) in zip(job.rows, joined):
+                        turn.joined.append(RowStep(row, new, finish, 1, 0, 0))
+            self.fit()
+            turn.stepped.extend(self.step())
+        except Exception:
+            self.prefills[:0] = [job for job, _ in turn.failed]
+            raise
+        return turn
 
     def step(self) -> list[RowStep]:
         """One turn of the loop: queue the next step for the running rows and read the one

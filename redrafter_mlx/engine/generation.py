@@ -164,18 +164,17 @@ def generate_steps(
     out = [[] for _ in range(B)]
 
     tic = time.perf_counter()
-    job = Prefill(prompts, sampler, seed, session)  # only what the session has not cached
+    job = Prefill(prompts, sampler, seed, session, rows=rows)  # what the session lacks
     call = _Call(sum(len(p) for p in prompts), job.prefilled, length=max(policy.per_step, 2))
+    batch.insert(job)
     try:
-        while not job.complete:
-            job.advance()
-        first, keys = job.first_token(model)
-        call.prompt_s = time.perf_counter() - tic
-        first_new = []
-        for r, (new, _) in enumerate(batch.join(rows, session, job.hidden, first, keys)):
+        turn = batch.next(budget=None)  # the prompts prefilled and joined; step 1 queued
+        if turn.failed:
+            raise turn.failed[0][1]
+        first_new = [got.new for got in turn.joined]
+        for r, new in enumerate(first_new):
             out[r] += new
-            first_new.append(new)
-        call.first_token_s = time.perf_counter() - tic
+        call.prompt_s = call.first_token_s = time.perf_counter() - tic
         call.started = time.perf_counter()
         yield DecodeEvent(
             first_new,
@@ -185,9 +184,8 @@ def generate_steps(
             call.snapshot(rows, batch.host_s),
             [0] * B,
         )
-        batch.step()  # the first step queued: nothing to read yet
         while not all(row.finished for row in rows):
-            got = {id(g.row): g for g in batch.step()}  # one step read
+            got = {id(g.row): g for g in batch.next().stepped}  # one step read
             call.steps += 1
             new_rows, acc_rows, drafted_rows, looked = [], [], [], []
             for r, row in enumerate(rows):

@@ -4,12 +4,12 @@ out); the batch itself is the engine's (``engine/batch.py``: rows, steps, exact 
 One thread owns the model and the KV cache (``Scheduler.serve_forever``). HTTP handlers only
 ``submit`` requests into a bounded queue and receive ``Event``s through each request's
 ``sink`` (called on the engine thread; the app forwards them to asyncio). Each iteration, at
-a step boundary: cancelled rows leave; queued requests are admitted and prefilled alone in a
-one-row cache (exactly as a solo run prefills it), about one chunk (``PREFILL_CHUNK`` tokens)
-per iteration so a long prompt pauses the other rows one chunk at a time, then join the
-batch with their first token; then one turn of the batch's loop (``BatchGenerator.step``):
-the next step queued and the previous one read, in the order the backend measured best
-(the same rule as a solo run's, ``platform.read_first``).
+a step boundary: cancelled rows leave; queued requests are admitted (each a one-row
+``Prefill``, prefilled exactly as a solo run prefills it); then one ``BatchGenerator.next``:
+about one chunk (``PREFILL_CHUNK`` tokens) of prefill, so a long prompt pauses the other rows
+one chunk at a time, complete prompts joining with their first token, and one turn of the
+batch's loop (the next step queued and the previous one read, in the order the backend
+measured best: the same rule as a solo run's, ``platform.read_first``).
 
 Under ``mlx.launch`` (the model split across ranks, ``engine/distributed.py``) every rank
 runs this loop over its shard; only rank 0 has the HTTP server, the queue, the clients'
@@ -36,12 +36,10 @@ import queue
 import threading
 import time
 
-import mlx.core as mx
-
 from redrafter_mlx.engine.adaptive import Adaptive
 from redrafter_mlx.engine.batch import BatchGenerator, Prefill, Row, RowStats
 from redrafter_mlx.engine.batch_choice import BatchChoice, FixedShape
-from redrafter_mlx.engine.cache import PREFILL_CHUNK, Session, token_limit
+from redrafter_mlx.engine.cache import Session, token_limit
 from redrafter_mlx.engine.loading import materialize
 from redrafter_mlx.engine.shape import AR, BeamShape
 
@@ -107,7 +105,6 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self.failure: str | None = None  # why the engine loop stopped, if it died
         self.ready = threading.Event()
-        self._prefills: list[Prefill] = []
         self._tickets = itertools.count()
         self._incoming: dict[int, Request] = {}  # admitted, not yet applied (rank 0)
         self._faults = 0  # batch faults since the start (never reset: the ranks compare it)
@@ -146,7 +143,7 @@ class Scheduler:
             batch_rows=len(self.rows),
             active_rows=self.active_rows,
             queued=self.queue.qsize(),
-            prefilling=len(self._prefills),
+            prefilling=len(self.batch.prefills),
             max_queue=self.queue.maxsize,
             **self.stats.to_dict(),
             resizes=self.batch.resizes,
@@ -261,9 +258,13 @@ class Scheduler:
         try:
             if not self._apply(events):
                 return
-            self._prefill_some()
-            self.batch.fit()
-            for got in self.batch.step():
+            turn = self.batch.next()  # prefill, joins, one step (``BatchGenerator.next``)
+            for job, error in turn.failed:
+                self._fail_one(job.owner.request, error)
+            for got in turn.joined:  # once per request
+                got.row.stats.ttft_s = time.perf_counter() - got.row.owner.request.submitted
+                self._deliver(got.row, got.new, got.finish)
+            for got in turn.stepped:
                 self._deliver(got.row, got.new, got.finish)
             queued = self.batch.pending  # the step this turn queued (each turn queues one)
             if queued is not None:
@@ -272,12 +273,12 @@ class Scheduler:
             self._fail_all(e)
 
     def _busy(self) -> bool:
-        return self.active_rows > 0 or self.batch.pending is not None or bool(self._prefills)
+        busy = self.active_rows > 0 or self.batch.pending is not None
+        return busy or bool(self.batch.prefills)
 
     def _reset(self) -> None:
         """Fresh batch state: every row free, empty cache (also after an engine failure)."""
         self.batch.reset()
-        self._prefills = []
 
     # ------------------------------------------------------------------ events
 
@@ -313,18 +314,21 @@ class Scheduler:
             except Exception as e:  # this request's own cache
                 self._fail_one(request, e)
                 continue
-            job = Prefill(
-                [request.prompt], request.sampler, event["seed"], session, Held(request, ticket)
-            )
-            self._prefills.append(job)
+            held = Held(request, ticket)
+            limit, _ = token_limit(self.model, len(request.prompt), request.max_tokens)
+            stats = RowStats(len(request.prompt))
+            row = Row(request.sampler, limit, len(request.prompt), stats, held)
+            job = Prefill([request.prompt], request.sampler, event["seed"], session, held, [row])
+            stats.queued_s = job.started - request.submitted
+            self.batch.insert(job)
         return True
 
     def _free(self, ticket: int, error: str | None, status: int) -> None:
         """The request with ``ticket`` leaves its prefill or row: cancelled (no ``error``),
         or answered with ``error``."""
-        for job in self._prefills:
+        for job in self.batch.prefills:
             if job.owner.ticket == ticket:
-                self._prefills.remove(job)
+                self.batch.prefills.remove(job)
                 if error is None:
                     self.stats.requests_cancelled += 1
                 else:
@@ -359,12 +363,12 @@ class Scheduler:
             if not row.finished:
                 self._send(row, [], error=message)
                 answered.add(id(row.owner.request))
-        for job in self._prefills:
+        for job in self.batch.prefills:
             if id(job.owner.request) not in answered:
                 self._reject(job.owner.request, message, 500)
         for request in self._incoming.values():  # admitted as the failure struck
             self._reject(request, message, 500)
-        self._prefills, self._incoming = [], {}
+        self.batch.prefills, self._incoming = [], {}
 
     def _die(self, error: BaseException) -> None:
         """The loop is ending on an exception: answer every request and refuse new ones."""
@@ -396,7 +400,8 @@ class Scheduler:
         and prefills this iteration frees), waiting up to ``timeout`` when ``block``. An
         unseeded request gets its seed here."""
         events = []
-        while self.active_rows + len(self._prefills) - leaving + len(events) < self.max_batch:
+        held = self.active_rows + len(self.batch.prefills) - leaving
+        while held + len(events) < self.max_batch:
             try:
                 request = self.queue.get(block=block, timeout=timeout if block else None)
             except queue.Empty:
@@ -413,36 +418,6 @@ class Scheduler:
             self._incoming[ticket] = request
             events.append(admit_event(request, seed, ticket))
         return events
-
-    def _prefill_some(self) -> None:
-        """Up to ``PREFILL_CHUNK`` prompt tokens (at least one chunk) per loop iteration, so a
-        long prompt pauses the other rows for one chunk at a time, not for all of it.
-
-        A prefill or first draw that raises fails its request alone; the join that follows
-        touches the batch, so a failure there is the batch's (``_fail_all``)."""
-        budget = PREFILL_CHUNK
-        while self._prefills and budget > 0:
-            job = self._prefills[0]
-            try:
-                budget -= job.advance()
-                start = job.first_token(self.model) if job.complete else None
-            except Exception as e:
-                self._prefills.pop(0)
-                self._fail_one(job.owner.request, e)
-                continue
-            if start is not None:
-                self._join(job, *start)
-                self._prefills.pop(0)  # after the join: a failing join still answers it
-
-    def _join(self, job: Prefill, first: list[int], rng: mx.array) -> None:
-        """Move a prefilled request, its first token drawn, into a free row."""
-        request = job.owner.request
-        limit, _ = token_limit(self.model, len(request.prompt), request.max_tokens)
-        stats = RowStats(len(request.prompt), queued_s=job.started - request.submitted)
-        row = Row(request.sampler, limit, len(request.prompt), stats, job.owner)
-        [(new, finish)] = self.batch.join([row], job.session, job.hidden, first, rng)
-        stats.ttft_s = time.perf_counter() - request.submitted
-        self._deliver(row, new, finish)  # once per request, at its join
 
     def _deliver(self, row: Row, new: list[int], finish: str | None) -> None:
         """Send a row's emitted tokens (the batch stopped it exactly); count a finish."""
@@ -468,7 +443,7 @@ class Scheduler:
 
     def _cancelled(self) -> list[int]:
         """Tickets of the cancelled requests that are prefilling or hold a row."""
-        held = [*(j.owner for j in self._prefills), *(row.owner for row in self.batch.active)]
+        held = [*(j.owner for j in self.batch.prefills), *(r.owner for r in self.batch.active)]
         return [x.ticket for x in held if x.request.cancelled.is_set()]
 
     def _drain_step(self) -> list[dict]:
@@ -479,5 +454,5 @@ class Scheduler:
         self._reject_queued("the server is shutting down", 503)
         if time.perf_counter() < self._drain_deadline:
             return []
-        held = [*(j.owner for j in self._prefills), *(row.owner for row in self.batch.active)]
+        held = [*(j.owner for j in self.batch.prefills), *(r.owner for r in self.batch.active)]
         return [free_event(x.ticket, "the server is shutting down", 503) for x in held]

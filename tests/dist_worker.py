@@ -32,7 +32,7 @@ from mlx.utils import tree_flatten
 from redrafter_mlx.engine import model as model_module
 from redrafter_mlx.engine.adaptive import Adaptive
 from redrafter_mlx.engine.distributed import world
-from redrafter_mlx.engine.generation import decode
+from redrafter_mlx.engine.generation import generate_steps
 from redrafter_mlx.engine.loading import load_drafter, load_model
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape
@@ -85,7 +85,7 @@ def serve_schedule(sched: Scheduler, requests: list[dict]) -> dict[str, list]:
     submit(late=True)
     while sum(bool(t) and t[-1] == "done" for t in out.values()) < len(requests):
         sched.run_once(0.0)
-    while sched._pending is not None:
+    while sched.batch.pending is not None:
         sched.run_once(0.0)
     return out
 
@@ -159,7 +159,7 @@ def decoded(model, drafter, case: dict, **options) -> list[list[int]]:
     """Each of the case's prompts' tokens, decoded at its shape and length with ``options``."""
     tokens = [[] for _ in case["prompts"]]
     shape = BeamShape.parse(case["shape"])
-    for ev in decode(
+    for ev in generate_steps(
         model, drafter, case["prompts"], max_tokens=case["max_tokens"], shape=shape, **options
     ):
         for row, new in zip(tokens, ev.tokens):
@@ -180,7 +180,7 @@ def run_tune(case: dict, group) -> dict:
     def measure(shape, n_tokens):
         measured.append(shape.label)
         small = drafter if shape.drafts else None
-        for _ in decode(model, small, case["prompts"], max_tokens=n_tokens, shape=shape):
+        for _ in generate_steps(model, small, case["prompts"], max_tokens=n_tokens, shape=shape):
             pass
         speed = shape.longest if group.rank() == 0 else 10 - shape.longest
         return Measurement((float(speed),) * len(case["prompts"]), (1.0,), None)

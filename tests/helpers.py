@@ -142,8 +142,8 @@ def save_drafter_dir(drafter: Drafter, path) -> None:
 
 
 def run_decode(model, drafter, prompts, **kw):
-    """All tokens per row and the final stats of ``redrafter_mlx.engine.generation.decode``."""
-    from redrafter_mlx.engine.generation import decode
+    """All tokens per row and the final stats of ``engine.generation.generate_steps``."""
+    from redrafter_mlx.engine.generation import generate_steps
     from redrafter_mlx.engine.shape import BeamShape
 
     width, length, capacity = (kw.pop(k, None) for k in ("beam_width", "beam_length", "capacity"))
@@ -153,7 +153,7 @@ def run_decode(model, drafter, prompts, **kw):
         )
     out = [[] for _ in prompts]
     stats = None
-    for ev in decode(model, drafter, prompts, **kw):
+    for ev in generate_steps(model, drafter, prompts, **kw):
         for r, t in enumerate(ev.tokens):
             out[r] += t
         stats = ev.stats.to_dict()

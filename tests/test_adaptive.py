@@ -12,7 +12,7 @@ import pytest
 
 from redrafter_mlx.engine.adaptive import Adaptive, ShapeChooser
 from redrafter_mlx.engine.drafter import DrafterArgs
-from redrafter_mlx.engine.generation import decode
+from redrafter_mlx.engine.generation import generate_steps
 from redrafter_mlx.engine.shape import AR, BeamShape
 from tests.helpers import near_bigram_model, run_decode, tiny_drafter, tiny_model
 
@@ -105,7 +105,9 @@ def test_goes_to_plain_decoding_when_drafts_fail_and_back_when_they_return():
     )
     prompt = [[1] + list(range(2, 12))]
     tokens, phases = [], []
-    events = decode(model, drafter, prompt, max_tokens=260, shape=BeamShape(2, 4), adapt=adapt)
+    events = generate_steps(
+        model, drafter, prompt, max_tokens=260, shape=BeamShape(2, 4), adapt=adapt
+    )
     for i, ev in enumerate(events):
         tokens += ev.tokens[0]
         if i == 20:  # unpredictable from here on
@@ -197,19 +199,19 @@ def test_a_shapes_first_call_is_not_timed_as_a_step():
     being read."""
     import time
 
-    from redrafter_mlx.engine.adaptive import StepPlan
+    from redrafter_mlx.engine.batch_choice import SoloChoice
 
     W1L2 = BeamShape(1, 2)
-    plan = StepPlan(object(), object(), W1L2, None, Adaptive(shapes=[W1L2], every=10**6))
-    queued = [plan.next(1, [])]
+    plan = SoloChoice(object(), object(), W1L2, None, Adaptive(shapes=[W1L2], every=10**6))
+    queued = [plan.next(1, [], False)]
     for _ in range(4):  # W1L2 steps of ~10 ms
-        queued.append(plan.next(1, []))
+        queued.append(plan.next(1, [], False))
         time.sleep(0.01)
         plan.finished(1, queued.pop(0), [1], None)
     before = plan.chooser.cost[W1L2]
     assert before is not None and before < 0.03
     plan.chooser._switch(AR)
-    queued.append(plan.next(1, []))  # AR's first call "compiles" for 25 ms before the last
+    queued.append(plan.next(1, [], False))  # AR's first call "compiles" for 25 ms before the last
     time.sleep(0.025)  # W1L2 step is read
     plan.finished(1, queued.pop(0), [1], None)
     assert plan.chooser.cost[W1L2] == before

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from redrafter_mlx.cli.bench import choose_configs
-from redrafter_mlx.cli.common import BeamFlags, ModelPaths, resolve_plan
+from redrafter_mlx.cli.common import BeamFlags, ModelPaths, plan_from_flags
 
 WITH_DRAFTER = ModelPaths("/no/such/model", "/no/such/drafter")
 LOOKUP_ONLY = ModelPaths("/no/such/model", None)
@@ -20,7 +20,7 @@ def names(paths: ModelPaths, **kw) -> list[str]:
 
 @pytest.mark.parametrize("paths", [WITH_DRAFTER, LOOKUP_ONLY], ids=["drafter", "lookup-only"])
 def test_bare_bench_runs_what_chat_runs(paths):
-    plan = resolve_plan(paths, None, BeamFlags())  # what chat runs, adaptively
+    plan = plan_from_flags(paths, None, BeamFlags())  # what chat runs, adaptively
     assert plan.speculative
     configs, source = choose_configs(paths, None, BeamFlags())
     assert [(c.name, c.adapt) for c in configs] == [("AR", False), (f"adaptive {plan.label}", True)]
@@ -29,7 +29,7 @@ def test_bare_bench_runs_what_chat_runs(paths):
 
 @pytest.mark.parametrize("paths", [WITH_DRAFTER, LOOKUP_ONLY], ids=["drafter", "lookup-only"])
 def test_pinned_shapes_when_asked(paths):
-    label = resolve_plan(paths, None, BeamFlags()).label
+    label = plan_from_flags(paths, None, BeamFlags()).label
     assert names(paths, adapt=False) == ["AR", label]  # --no-adapt
     assert names(paths, adapt=True) == ["AR", label, f"adaptive {label}"]  # --adapt: both
     assert names(paths, shapes="K1xL4") == ["AR", "K1×L4"]  # --configs: those, pinned
@@ -38,7 +38,7 @@ def test_pinned_shapes_when_asked(paths):
 
 
 def test_grid_shapes_are_pinned_unless_adapt():
-    label = resolve_plan(WITH_DRAFTER, None, BeamFlags()).label
+    label = plan_from_flags(WITH_DRAFTER, None, BeamFlags()).label
     assert names(WITH_DRAFTER, grid="1x2,3") == ["AR", "W1×L2+K1×L8", "W1×L3+K1×L8"]
     assert names(WITH_DRAFTER, grid="1x3", adapt=True)[-1] == f"adaptive {label}"
     # --grid without a drafter falls back to the plan, pinned as the grid asked

@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from redrafter_mlx.cli.chat_ui import ChatLoop, run_chat
-from redrafter_mlx.cli.common import BeamFlags, ModelPaths, load_engine, resolve_plan
+from redrafter_mlx.cli.common import BeamFlags, ModelPaths, load_engine, plan_from_flags
 from redrafter_mlx.engine.sampling import SamplerConfig
 from tests.test_cli import CONTEXT, app, invoke, model_args, pair  # noqa: F401 (fixtures)
 
@@ -25,7 +25,7 @@ def engine(pair):
 
 def make_loop(engine, max_tokens=MAX_TOKENS, show_accepted=False, terminal=False):
     """A ChatLoop printing into a string buffer (``loop.console.file.getvalue()``)."""
-    plan = resolve_plan(engine.paths, None, BeamFlags(1, 3))
+    plan = plan_from_flags(engine.paths, None, BeamFlags(1, 3))
     console = Console(
         file=io.StringIO(),
         width=200,

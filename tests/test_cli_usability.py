@@ -55,11 +55,11 @@ def test_a_full_context_is_reported_as_such():
     model = tiny_model(0, max_position_embeddings=40)
     out, _ = run_decode(model, None, [[1] * 30], max_tokens=100)
     assert len(out[0]) == 10
-    from redrafter_mlx.engine.generation import decode
+    from redrafter_mlx.engine.generation import generate_steps
 
-    events = list(decode(model, None, [[1] * 30], max_tokens=100))
+    events = list(generate_steps(model, None, [[1] * 30], max_tokens=100))
     assert events[-1].finish == ["context"]
-    events = list(decode(model, None, [[1] * 30], max_tokens=5))
+    events = list(generate_steps(model, None, [[1] * 30], max_tokens=5))
     assert events[-1].finish == ["length"]
 
 
@@ -94,13 +94,13 @@ def test_reset_clears_the_dropped_turns_count(app, pair):
         BeamFlags,
         ModelPaths,
         load_engine,
-        resolve_plan,
+        plan_from_flags,
     )
     from redrafter_mlx.engine.sampling import SamplerConfig
 
     model, drafter, _ = pair
     engine = load_engine(ModelPaths(model, drafter), None)
-    plan = resolve_plan(engine.paths, None, BeamFlags(1, 3))
+    plan = plan_from_flags(engine.paths, None, BeamFlags(1, 3))
     loop = ChatLoop(engine, plan, SamplerConfig(), 4)
     loop.dropped_turns = 3
     loop.reset()

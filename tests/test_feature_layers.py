@@ -17,8 +17,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from redrafter_mlx.engine.batch import uniform_step
 from redrafter_mlx.engine.cache import Session, bucket, grow, prefill_session
-from redrafter_mlx.engine.decode import DecodeState, first_draw, make_step
+from redrafter_mlx.engine.decode import DecodeState, first_draw
 from redrafter_mlx.engine.drafter import Drafter, DrafterArgs
 from redrafter_mlx.engine.loading import LoadError, load, load_drafter
 from redrafter_mlx.engine.sampling import RowSampler, SamplerConfig
@@ -99,11 +100,10 @@ def test_the_step_keeps_the_accepted_tokens_features_of_a_plain_forward():
     sampler = SamplerConfig()
     rows = RowSampler.from_config(sampler, model.vocab_size, None, len(prompts))
     first = first_draw(model, hidden, rows, None, session.lengths)
-    key = mx.random.key(0)
-    state = DecodeState(first, hidden, session.lengths, session.keys, session.values, key)
+    state = DecodeState(first, hidden, session.lengths, session.keys, session.values)
     # drafter beams and a context lookup chain (accepted on this repetitive model's text)
     shape = BeamShape(2, 4, None, 1, 5)
-    step = make_step(model, drafter, shape, sampler, compiled=False)
+    step = uniform_step(model, drafter, shape, sampler, len(prompts), compiled=False)
     texts = [list(p) for p in prompts]
     pending = [int(t) for t in np.array(first)]
     checked = 0
@@ -254,7 +254,7 @@ def test_a_step_refuses_a_model_capturing_other_layers():
     drafter = tiny_drafter(model, 2, feature_layers=[1])
     model.capture_features([2])
     with pytest.raises(ValueError, match="captures"):
-        make_step(model, drafter, BeamShape(1, 3), SamplerConfig())
+        uniform_step(model, drafter, BeamShape(1, 3), SamplerConfig(), 1)
 
 
 def test_feature_layer_specs():
@@ -345,7 +345,7 @@ def test_server_rows_with_a_feature_drafter_equal_plain_decoding():
         for _ in range(3):
             sched.run_once()
     for _ in range(10_000):
-        if not (sched.active_rows or sched._pending is not None or sched.queue.qsize()):
+        if not (sched.active_rows or sched.batch.pending is not None or sched.queue.qsize()):
             break
         sched.run_once()
     for prompt, n, tokens in sinks:

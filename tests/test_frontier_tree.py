@@ -29,7 +29,7 @@ def _state(model, prompts):
     hidden = prefill_session(session, [list(p) for p in prompts])
     session.ensure_slots(64)
     init = mx.argmax(model.logits(hidden), axis=-1).astype(mx.int32)
-    return DecodeState(init, hidden, session.lengths, session.keys, session.values, None)
+    return DecodeState(init, hidden, session.lengths, session.keys, session.values)
 
 
 def _nodes(beams: np.ndarray, present: np.ndarray | None) -> set[tuple]:

@@ -4,7 +4,7 @@ by the engine (``engine.plan``), and the CLI only maps its flags onto it."""
 import pytest
 
 import redrafter_mlx
-from redrafter_mlx.cli.common import BeamFlags, resolve_paths, resolve_plan
+from redrafter_mlx.cli.common import BeamFlags, plan_from_flags, resolve_paths
 from redrafter_mlx.engine.bundled import demo_paths
 from redrafter_mlx.engine.plan import PlanArgs, default_plan
 from redrafter_mlx.engine.plan import resolve_plan as engine_plan
@@ -15,7 +15,7 @@ from redrafter_mlx.engine.shape import AR
 def test_stream_generate_with_no_shape_runs_what_chat_runs():
     """Before: the API ran W4xL4 without lookup, chat the preset with a lookup chain."""
     model, drafter, tok = redrafter_mlx.load(*demo_paths())
-    chat = resolve_plan(resolve_paths(None, None), None, BeamFlags())  # chat with no flags
+    chat = plan_from_flags(resolve_paths(None, None), None, BeamFlags())  # chat with no flags
     assert chat.shape.lookup and chat.shape.drafts  # the preset with a lookup chain
     assert default_plan(drafter) == chat
     prompt = tok.encode("def is_even(n):")
@@ -50,33 +50,33 @@ def test_asked_arguments_win_and_bad_ones_name_their_field():
         assert e.value.param == param
 
 
-@pytest.mark.parametrize("fresh", ["0", "1"])
-def test_the_default_loop_reads_only_steps_already_followed_by_a_queued_one(monkeypatch, fresh):
+@pytest.mark.parametrize("first", ["0", "1"])
+def test_the_default_loop_reads_only_steps_already_followed_by_a_queued_one(monkeypatch, first):
     """Issue 45, item 2: in the default mode (adaptive, lookup chains, the per-step choice)
     step k+1 is queued before step k is read: one read per step, never of the newest step.
     Before: the per-step choice read step k, then queued step k+1 (the device waited).
-    ``REDRAFTER_MLX_FRESH_CHOICE=1`` (a per-backend choice, ``platform.fresh_choice``) reads
+    ``REDRAFTER_MLX_READ_FIRST=1`` (a per-backend choice, ``platform.read_first``) reads
     the newest step before choosing; both give the plain-decoding tokens."""
     from redrafter_mlx.engine import batch as batch_module
-    from redrafter_mlx.engine.adaptive import StepPlan
-    from redrafter_mlx.engine.platform import FRESH_CHOICE_ENV
+    from redrafter_mlx.engine.batch_choice import SoloChoice
+    from redrafter_mlx.engine.platform import READ_FIRST_ENV
     from tests.helpers import tiny_drafter, tiny_model
 
-    monkeypatch.setenv(FRESH_CHOICE_ENV, fresh)
+    monkeypatch.setenv(READ_FIRST_ENV, first)
     model = tiny_model(0)
     drafter = tiny_drafter(model, 1)
     shape = default_plan(drafter).shape
-    assert StepPlan(model, drafter, shape, SamplerConfig(), True).each_step  # the default
-    queued_then_read, real = [], batch_module.BatchDecoder.read
+    assert SoloChoice(model, drafter, shape, SamplerConfig(), True).each_step  # the default
+    queued_then_read, real = [], batch_module.BatchGenerator.read
 
     def read(self, step):
         queued_then_read.append(self.inflight)  # steps queued and not yet read
         return real(self, step)
 
-    monkeypatch.setattr(batch_module.BatchDecoder, "read", read)
+    monkeypatch.setattr(batch_module.BatchGenerator, "read", read)
     prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
     out = redrafter_mlx.batch_generate(model, drafter, None, [prompt], max_tokens=48)
     assert len(out[0]) == 48 and len(queued_then_read) > 10
-    assert all(n == (1 if fresh == "1" else 2) for n in queued_then_read), queued_then_read
+    assert all(n == (1 if first == "1" else 2) for n in queued_then_read), queued_then_read
     plain = redrafter_mlx.batch_generate(model, None, None, [prompt], max_tokens=48, shape=AR)
     assert out == plain

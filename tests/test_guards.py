@@ -200,6 +200,7 @@ def _step_peak(model, drafter, shape, batch, sampler, prompt=40):
 
     import mlx.core as mx
 
+    from redrafter_mlx.engine.batch import uniform_step
     from redrafter_mlx.engine.cache import (
         Session,
         ensure_slots,
@@ -207,7 +208,7 @@ def _step_peak(model, drafter, shape, batch, sampler, prompt=40):
         step_window,
         text_history,
     )
-    from redrafter_mlx.engine.decode import DecodeState, make_step
+    from redrafter_mlx.engine.decode import DecodeState
 
     rows = [[(7 * i + r) % model.vocab_size for i in range(prompt)] for r in range(batch)]
     session = Session(model, batch)
@@ -215,12 +216,10 @@ def _step_peak(model, drafter, shape, batch, sampler, prompt=40):
     window = step_window(prompt, 1, shape.longest, shape.slots)
     history = text_history(rows, session.slots) if shape.lookup else None
     init = mx.full((batch,), 3, mx.int32)
-    state = DecodeState(
-        init, hidden, session.lengths, session.keys, session.values, mx.random.key(0), history
-    )
+    state = DecodeState(init, hidden, session.lengths, session.keys, session.values, history)
     state = ensure_slots(state, window)
     session.keys = session.values = None
-    step = make_step(model, drafter, shape, sampler)
+    step = uniform_step(model, drafter, shape, sampler, batch)
     state, out = step(state, window)  # compile, and run once
     mx.eval(state, out)
     del out
@@ -318,7 +317,7 @@ def test_lookup_alone_too_large_names_the_chains():
 
 
 def test_decode_refuses_before_compiling(monkeypatch):
-    """The API's one entry (``decode``, under stream_generate/generate/batch_generate)."""
+    """The API's one entry (``generate_steps``, under stream_generate/generate/batch_generate)."""
     import redrafter_mlx.engine.memory as memory
     from redrafter_mlx.engine.memory import ShapeTooLarge
     from redrafter_mlx.engine.shape import BeamShape

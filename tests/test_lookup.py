@@ -9,7 +9,7 @@ import pytest
 from redrafter_mlx.engine.adaptive import Adaptive
 from redrafter_mlx.engine.batch import batch_step
 from redrafter_mlx.engine.cache import Session
-from redrafter_mlx.engine.generation import decode
+from redrafter_mlx.engine.generation import generate_steps
 from redrafter_mlx.engine.lookup import ABSENT, lookup_chains
 from redrafter_mlx.engine.sampling import StepMode
 from redrafter_mlx.engine.shape import AR, BeamShape
@@ -219,7 +219,9 @@ def test_adaptive_switching_with_lookup_is_lossless():
 def test_lookup_step_compiles_once():
     model = tiny_model(0)
     shape = BeamShape.lookup_only(2, 5)
-    for _ in decode(model, None, [[1, 2, 3, 1, 2]], max_tokens=100, shape=shape, adapt=False):
+    for _ in generate_steps(
+        model, None, [[1, 2, 3, 1, 2]], max_tokens=100, shape=shape, adapt=False
+    ):
         pass
     step = batch_step(model, None, shape, StepMode())
     assert 1 <= step.counter["traces"] <= 2  # one per attention-window bucket

@@ -16,9 +16,9 @@ def test_a_capped_model_stops_at_the_cap_with_the_same_tokens():
     try:
         capped, _ = run_decode(model, drafter, prompt, max_tokens=60, shape=BeamShape(2, 4))
         events = []
-        from redrafter_mlx.engine.generation import decode
+        from redrafter_mlx.engine.generation import generate_steps
 
-        for ev in decode(model, drafter, prompt, max_tokens=60, shape=BeamShape(2, 4)):
+        for ev in generate_steps(model, drafter, prompt, max_tokens=60, shape=BeamShape(2, 4)):
             events.append(ev)
     finally:
         model.cap_context(None)

@@ -85,3 +85,21 @@ def test_launch_bound_prices_kernels_and_weights_against_ar():
     # where launches are free, a step costs its reads alone: the drafter's weights decide
     free = launch_bound(rows, weights, MacCost(launch_us=0, bandwidth_gbs=100))
     assert [r["mac_x_ar"] for r in free] == pytest.approx([1.0, 1.7, 1.0])
+
+
+def test_profile_times_the_products_own_step(monkeypatch):
+    """Issue 48: ``bench --profile`` times the compiled batch step every loop runs (kept on
+    the model by ``batch.batch_step``), not a step builder of its own. Before, it compiled
+    ``decode.make_step``, which no product loop ran."""
+    from redrafter_mlx.engine.sampling import StepMode
+    from redrafter_mlx.engine.shape import BeamShape
+    from redrafter_mlx.measure import profile
+
+    monkeypatch.setattr(profile, "_loop_ms_per_step", lambda *a: 1.0)  # the loop apart
+    model = tiny_model(0)
+    drafter = tiny_drafter(model, 1)
+    shape = BeamShape(1, 3, 3)
+    profile.profile_steps(model, drafter, [shape], [1, 2, 3], repeats=1, loop_rounds=1)
+    steps = model.__dict__.get("_batch_steps", {})
+    timed = {key[1]: run.counter["traces"] for key, run in steps.items() if key[2] == StepMode()}
+    assert timed.keys() == {None, shape} and all(timed.values()), steps.keys()

@@ -113,7 +113,7 @@ def test_rows_that_ended_leave_the_batch_and_the_others_answer_as_alone(monkeypa
     eos = [max(set(firsts), key=firsts.count)]
     kept = []
     real = selfgen.take_rows
-    monkeypatch.setattr(selfgen, "take_rows", lambda s, i: kept.append(i.size) or real(s, i))
+    monkeypatch.setattr(selfgen, "take_rows", lambda s, k, i: kept.append(i.size) or real(s, k, i))
     answers = answers_with_hidden(model, prompts, 40, eos)
     ends = sorted(len(a.ids) for a in answers if a.finish == "stop")
     assert kept and all(k % 8 == 0 and k < 20 for k in kept), (kept, ends)

@@ -233,13 +233,13 @@ def test_malformed_requests_get_400(live, path, body, param):
 
 
 def test_engine_failure_is_a_500_and_the_server_keeps_serving(live, references, monkeypatch):
-    original = live.scheduler._queue_step
+    original = live.scheduler.batch.queue
 
     def boom():
-        monkeypatch.setattr(live.scheduler, "_queue_step", original)
+        monkeypatch.setattr(live.scheduler.batch, "queue", original)
         raise RuntimeError("injected engine fault")
 
-    monkeypatch.setattr(live.scheduler, "_queue_step", boom)
+    monkeypatch.setattr(live.scheduler.batch, "queue", boom)
     with pytest.raises(openai.InternalServerError, match="injected engine fault"):
         ask(live.client, *CASES[0])
     assert ask(live.client, *CASES[0])[0] == references[CASES[0]][0]

@@ -320,7 +320,7 @@ def test_a_body_at_the_limit_is_read(server):
 def test_a_batch_fault_answers_all_20_and_the_server_goes_on(server, alone, monkeypatch):
     """A fault in the batched step itself fails the requests in flight: each gets an error
     (a 500 or an error event), none hangs, and the next requests are exact again."""
-    original, hits = server.scheduler._queue_step, []
+    original, hits = server.scheduler.batch.queue, []
 
     def boom():
         if server.scheduler.active_rows >= 4 and not hits:
@@ -328,7 +328,7 @@ def test_a_batch_fault_answers_all_20_and_the_server_goes_on(server, alone, monk
             raise RuntimeError("injected step fault")
         return original()
 
-    monkeypatch.setattr(server.scheduler, "_queue_step", boom)
+    monkeypatch.setattr(server.scheduler.batch, "queue", boom)
 
     async def tolerant(client, url, body):
         try:
@@ -345,7 +345,7 @@ def test_a_batch_fault_answers_all_20_and_the_server_goes_on(server, alone, monk
     failed = [r for r in results if r[0] != 200]
     assert hits and failed and all("injected step fault" in r[1] for r in failed)
     assert all(r == a for r, a in zip(results, alone) if r[0] == 200)
-    monkeypatch.setattr(server.scheduler, "_queue_step", original)
+    monkeypatch.setattr(server.scheduler.batch, "queue", original)
     assert run_together(server.url, disconnect_mid_stream)[0] == alone
 
 

@@ -43,7 +43,7 @@ class Collector:
 def drain(sched):
     """Run the loop until nothing is queued, active or in flight."""
     for _ in range(10_000):
-        if not (sched.active_rows or sched._pending is not None or sched.queue.qsize()):
+        if not (sched.active_rows or sched.batch.pending is not None or sched.queue.qsize()):
             return
         sched.run_once()
     raise AssertionError("scheduler did not finish")
@@ -95,7 +95,7 @@ def test_batch_grows_and_shrinks_with_rows_in_flight(pair, prompts):
     for prompt, n, sink in zip(prompts, lengths, sinks):
         sched.submit(Request(prompt, n, sink))
     sizes = []
-    while sched.active_rows or sched._pending is not None or sched.queue.qsize():
+    while sched.active_rows or sched.batch.pending is not None or sched.queue.qsize():
         sched.run_once()
         sizes.append(len(sched.rows))
     assert max(sizes) == 8 and 1 in sizes[sizes.index(8) :]
@@ -151,13 +151,13 @@ def test_queue_full_and_engine_failure(pair, prompts, monkeypatch):
     with pytest.raises(QueueFull):
         sched.submit(Request(prompts[2], 5, Collector()))
 
-    original = sched._queue_step
+    original = sched.batch.queue
 
     def boom():
-        monkeypatch.setattr(sched, "_queue_step", original)
+        monkeypatch.setattr(sched.batch, "queue", original)
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(sched, "_queue_step", boom)
+    monkeypatch.setattr(sched.batch, "queue", boom)
     drain(sched)
     assert failed.last.error and "injected" in failed.last.error and failed.last.status == 500
     assert queued.tokens == solo(pair, prompts[1], 25, shape)
@@ -308,7 +308,7 @@ def test_a_dead_engine_loop_answers_everyone_and_refuses_new_requests(monkeypatc
         monkeypatch.setattr(sched, "_reset", lambda: 1 / 0)
         raise RuntimeError("injected step fault")
 
-    monkeypatch.setattr(sched, "_queue_step", boom)
+    monkeypatch.setattr(sched.batch, "queue", boom)
     sched.start()
     try:
         running, queued = Collector(), Collector()

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from redrafter_mlx.engine.cache import Session, SessionInUse
-from redrafter_mlx.engine.generation import batch_generate, decode
+from redrafter_mlx.engine.generation import batch_generate, generate_steps
 from redrafter_mlx.engine.shape import BeamShape
 from tests.helpers import tiny_drafter, tiny_model
 
@@ -41,42 +41,47 @@ def on_thread(fn):
 
 def test_a_session_used_from_another_thread_is_refused_and_stays_usable():
     model = tiny_model()
-    want = tokens(decode(model, None, [PROMPT], max_tokens=8, shape=AR))
+    want = tokens(generate_steps(model, None, [PROMPT], max_tokens=8, shape=AR))
     session = Session(model, 1)
     got = on_thread(lambda: batch_generate(model, None, None, [PROMPT], max_tokens=8, shape=AR,
                                            session=session))  # fmt: skip
     assert isinstance(got, SessionInUse)
     assert "create the Session on the thread that generates with it" in str(got)
-    assert tokens(decode(model, None, [PROMPT], max_tokens=8, shape=AR, session=session)) == want
+    assert (
+        tokens(generate_steps(model, None, [PROMPT], max_tokens=8, shape=AR, session=session))
+        == want
+    )
 
 
 def test_a_session_made_on_another_thread_is_refused_here():
     model = tiny_model()
     session = on_thread(lambda: Session(model, 1))
     with pytest.raises(SessionInUse, match="created on thread"):
-        list(decode(model, None, [PROMPT], max_tokens=4, shape=AR, session=session))
+        list(generate_steps(model, None, [PROMPT], max_tokens=4, shape=AR, session=session))
 
 
 def test_a_second_generation_on_a_busy_session_is_refused_and_the_first_goes_on():
     model = tiny_model()
     drafter = tiny_drafter(model)
     shape = BeamShape(2, 3)
-    want = tokens(decode(model, drafter, [PROMPT], max_tokens=12, shape=shape))
+    want = tokens(generate_steps(model, drafter, [PROMPT], max_tokens=12, shape=shape))
     session = Session(model, 1)
-    first = decode(model, drafter, [PROMPT], max_tokens=12, shape=shape, session=session)
-    second = decode(model, drafter, [[1, 5, 9, 3]], max_tokens=12, shape=shape, session=session)
+    first = generate_steps(model, drafter, [PROMPT], max_tokens=12, shape=shape, session=session)
+    second = generate_steps(
+        model, drafter, [[1, 5, 9, 3]], max_tokens=12, shape=shape, session=session
+    )
     got = list(next(first).tokens[0])
     with pytest.raises(SessionInUse, match="held by a generation that has not finished"):
         next(second)
     got += tokens(first)
     assert got == want
     # Once the first generation has ended, the session serves the next one (prefix reused).
-    events = list(decode(model, drafter, [PROMPT + got], max_tokens=4, shape=shape,
+    events = list(generate_steps(model, drafter, [PROMPT + got], max_tokens=4, shape=shape,
                          session=session))  # fmt: skip
     assert events[-1].stats.prefilled_tokens == 1
     # A generator closed early hands the cache back too.
-    open_one = decode(model, drafter, [PROMPT], max_tokens=12, shape=shape, session=session)
+    open_one = generate_steps(model, drafter, [PROMPT], max_tokens=12, shape=shape, session=session)
     next(open_one)
     open_one.close()
-    assert tokens(decode(model, drafter, [PROMPT], max_tokens=12, shape=shape,
+    assert tokens(generate_steps(model, drafter, [PROMPT], max_tokens=12, shape=shape,
                          session=session)) == want  # fmt: skip

@@ -49,8 +49,8 @@ from redrafter_mlx.cli.common import (
     err_console,
     fail,
     out_console,
+    plan_from_flags,
     prepare_engine,
-    resolve_plan,
     same_plan_everywhere,
     sampling_flags,
 )
@@ -83,7 +83,7 @@ def choose_configs(
     """(configurations to run, a sentence saying where the speculative shapes came from).
 
     AR first; then the pinned shapes: those of ``--configs`` (``shapes``) or ``--grid``
-    (each with the lookup chains of ``beam``), else the plan ``resolve_plan`` makes of
+    (each with the lookup chains of ``beam``), else the plan ``plan_from_flags`` makes of
     ``beam``; then adaptive decoding from the plan (what ``chat`` runs); mlx-lm last.
 
     ``adapt``: True (``--adapt``) runs the pinned shapes and adaptive decoding, False
@@ -130,7 +130,7 @@ def choose_configs(
         configs += [Config(with_lookup(s, chains, chain_length)) for s in grid_shapes]
         source = "beam shapes from --grid" + (", with context lookup" if chains else "")
     else:
-        plan = same_plan_everywhere(resolve_plan(paths, dtype, beam))
+        plan = same_plan_everywhere(plan_from_flags(paths, dtype, beam))
         source = plan.source
         if grid is not None:
             source += " (--grid needs a drafter)"
@@ -143,7 +143,7 @@ def choose_configs(
     if adapt or (bare and plan.speculative):  # adaptive decoding, from chat's shape
         if plan is None:  # the shape flags were the grid's: the plan without them
             unflagged = replace(beam, width=None, length=None, capacity=None)
-            plan = same_plan_everywhere(resolve_plan(paths, dtype, unflagged))
+            plan = same_plan_everywhere(plan_from_flags(paths, dtype, unflagged))
         speculative = [c for c in configs if c.kind == "redrafter"]
         start = plan.shape if plan.speculative else (speculative[0].shape if speculative else None)
         if start is not None:

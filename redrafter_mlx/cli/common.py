@@ -238,15 +238,15 @@ def check_shape(shape: BeamShape, flag: str | None = None) -> BeamShape:
         raise FlagError(f"{where}: {e.message}") from None
 
 
-def resolve_plan(paths: ModelPaths, dtype: str | None, beam: BeamFlags) -> ShapeChoice:
+def plan_from_flags(paths: ModelPaths, dtype: str | None, beam: BeamFlags) -> ShapeChoice:
     """The plan of these flags (``engine.plan.resolve_plan``, with the tuned profiles);
     a warning when --beam-length asks for more than the drafter was trained for."""
-    from redrafter_mlx.engine.plan import resolve_plan as plan_of
+    from redrafter_mlx.engine.plan import resolve_plan
     from tuning.defaults import ProfileSources
 
     if beam.length is not None:
         check_length(beam.length)
-    plan = plan_of(paths.model, paths.drafter, dtype, beam, ProfileSources(), demo=paths.demo)
+    plan = resolve_plan(paths.model, paths.drafter, dtype, beam, ProfileSources(), demo=paths.demo)
     if beam.asks_beam and plan.shape.drafts:
         warn_untrained_length(plan.shape, paths.drafter)
     return plan
@@ -355,7 +355,7 @@ def prepare_engine(
     In this order (the first bad flag is the one reported): the sampling flags
     (``sampling_flags``), ``--max-tokens``, ``--dtype``, the command's own
     ``check()`` (its result is ``Prepared.checked``), the model and drafter paths, the beam
-    plan (``resolve_plan`` from ``beam``, or the command's ``choose(paths) -> (plan,
+    plan (``plan_from_flags`` from ``beam``, or the command's ``choose(paths) -> (plan,
     speculative)``), then loading, with the drafter only when the plan speculates.
     Sampling settings not given by a flag then take the model's ``generation_config.json``
     values (``model_defaults``; bench keeps the engine's greedy default), and logit-bias ids
@@ -383,7 +383,7 @@ def prepare_engine(
     checked = check() if check is not None else None
     paths = resolve_paths(model, drafter)
     if choose is None:
-        plan = same_plan_everywhere(resolve_plan(paths, dtype, beam))
+        plan = same_plan_everywhere(plan_from_flags(paths, dtype, beam))
         speculative = plan.speculative
     else:
         plan, speculative = choose(paths)

@@ -40,13 +40,11 @@ lookup match states, rank 0 decides and broadcasts each step's shape.
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 
 from .distributed import broadcast_text
-from .lookup import LookupShadow
 from .shape import AR, BeamShape
 
 
@@ -349,7 +347,7 @@ class ShapeChooser:
 
 @dataclass
 class Adaptive:
-    """Settings of adaptive decoding, ``decode(..., adapt=Adaptive(...))`` (or ``True``).
+    """Settings of adaptive decoding, ``generate_steps(..., adapt=Adaptive(...))`` (or ``True``).
 
     ``shapes``: speculative candidates (default: the requested shape and the single beam
     of every shorter length, ``W1×L`` down to ``W1×L2``: where verifying more tokens costs
@@ -463,97 +461,3 @@ def rank0_shape(shape: Hashable | None, shapes: Sequence[Hashable], group) -> Ha
     broadcast between steps."""
     index = None if shape is None else str(list(shapes).index(shape))
     return shapes[int(broadcast_text(index, group))]
-
-
-class StepPlan:
-    """The shape choice of a decode loop over fixed rows (``generation.decode``): one fixed
-    shape, or adaptive among several; the interface of ``batch_choice.BatchChoice`` (which
-    ``batch.BatchDecoder`` calls), with a chat's settings: the ``Adaptive`` learnt on the
-    model, its chooser's plain rates, steps timed from read to read, and split across ranks
-    rank 0's shapes (``SharedChoice``).
-
-    ``per_step`` / ``slots``: the most tokens a step can add to a row / slots it writes;
-    ``each_step``: each step's shape is chosen from its rows' lookup match states, one step
-    stale (the loop queues step k+1 before it reads step k).
-    """
-
-    def __init__(self, model, drafter, shape: BeamShape, sampler, adapt):
-        speculates = not shape.is_autoregressive
-        if adapt is True and speculates:
-            adapt = learnt(model, drafter, shape, sampler)
-        self.adapt = adapt if speculates and adapt else None
-        self.shapes = self.adapt.candidates(shape) if self.adapt else [shape]
-        self.shape = shape
-        self.per_step = max(s.longest for s in self.shapes)
-        self.slots = max(s.slots for s in self.shapes)
-        self.chooser = None
-        previous = self.adapt.chooser if self.adapt else None
-        if previous is not None and previous.shapes == self.shapes:
-            self.chooser = previous
-            previous.resume()
-            self.adapt.history = []
-        elif self.adapt:
-            start = shape if shape in self.shapes else None
-            self.chooser = self.adapt.new_chooser(self.shapes, start)
-            self.adapt.chooser = self.chooser
-            self.adapt.history = []
-        self.choice = self.chooser  # what names the next shape
-        group = getattr(model, "group", None)
-        if self.chooser is not None and group is not None:
-            self.choice = SharedChoice(self.chooser, group)
-        self._last_read: float | None = None
-        self._queued_once: set = set()
-        # The longest lookup chain among the candidates: the shadow's horizon (0: none).
-        self.horizon = max((s.chain_length - 1 for s in self.shapes if s.lookup), default=0)
-        if self.chooser is None:
-            self.horizon = 0
-        self.each_step = self.chooser is not None and self.horizon > 0
-
-    def shadow(self, text: list[int]) -> LookupShadow | None:
-        """A row's lookup shadow over its text so far (None: no lookup among the shapes)."""
-        return LookupShadow([text], self.horizon) if self.horizon else None
-
-    def next(self, rows: int, matches: Sequence[int]) -> BeamShape:
-        """The shape of the next step to queue (``matches``: the running rows' lookup match
-        states as of the last step read, used with ``each_step``).
-
-        A shape's first call compiles it, in the interval that ends at the next read (the
-        loop queues a step, then reads the one before it): that interval is no step time."""
-        if self.choice is None:
-            shape = self.shape
-        elif self.each_step:
-            shape = self.choice.next_shape(list(matches))
-        else:
-            shape = self.choice.next_shape()
-        if shape not in self._queued_once:
-            self._queued_once.add(shape)
-            self.pause()
-        return shape
-
-    def finished(self, rows: int, shape, counts: Sequence[int], seconds) -> None:
-        """A step of ``shape`` was read: ``counts`` tokens per running row. Its time is the
-        interval since the previous read (the batch's own ``seconds`` are not used)."""
-        now = time.perf_counter()
-        if self.chooser is None:
-            return
-        self.adapt.history.append(shape)
-        if self.adapt.step_cost is not None:
-            seconds = self.adapt.step_cost(shape)
-        else:
-            seconds = None if self._last_read is None else now - self._last_read
-        self._last_read = now
-        self.chooser.observe(shape, counts, seconds)
-
-    def lookup_seen(self, resolved: Sequence[tuple[int, int]]) -> None:
-        """The shadow resolved these steps' counterfactual lookup acceptances
-        (``(match, accepted)`` each)."""
-        if self.chooser is not None and resolved:
-            self.chooser.observe_lookup(resolved)
-
-    def pause(self) -> None:
-        """The consumer held the loop (e.g. between streamed events): the next read's wall
-        time is not a step time."""
-        self._last_read = None
-
-    def reset(self) -> None:
-        """Nothing in flight to forget (the loop ends with its generation)."""

@@ -1,14 +1,21 @@
-"""Batched decoding: rows that join and leave a batch, each with its own sampling settings,
-penalties, logit bias and seed (the engine's analogue of mlx-lm's ``BatchGenerator``).
+"""The engine's one generation loop: rows that join and leave a batch, each with its own
+sampling settings, penalties, logit bias and seed (after mlx-lm's ``BatchGenerator``).
 
-``BatchDecoder`` holds the decode state of B rows and owns everything between "a prefilled
-sequence joins" and "its tokens come out, stopped exactly": placing a row (its K/V, hidden
-state, init token and key written into a free row), growing and shrinking the batch (a
-re-lay of the cache over one of a few row counts, rare), the queue-then-read pipeline
-(``queue`` a step with ``mx.async_eval``, ``read`` an older one that is computed), exact
-stopping at EOS or a row's limit (``cache.stop_at``), each row's statistics, and the
-adaptive shape choice's feedback (``batch_choice.BatchChoice``). The server's scheduler is
-its client: it keeps the requests, their events and the broadcast to other ranks.
+``BatchGenerator`` holds the decode state of B rows and owns everything between "prompts are
+prefilled" (``Prefill``, chunk by chunk) and "their tokens come out, stopped exactly":
+placing rows (an empty batch takes their cache as is; else their K/V, hidden state, init
+token and key are written into free rows), growing and shrinking the batch (a re-lay of the
+cache over one of a few row counts, rare), the queue-then-read pipeline (``queue`` a step
+with ``mx.async_eval``, ``read`` an older one that is computed), exact stopping at EOS or a
+row's limit (``cache.stop_at``), each row's statistics, and the shape choice (a
+``batch_choice.ShapePolicy``: each step's shape, and what each step gave). ``step`` is one
+turn of the loop: the next step queued and the previous one read, in the order
+``platform.read_first`` measured for the backend. Its clients are thin: generation
+(``generation.generate_steps``) and the server's scheduler, which keeps the requests, their
+events and the broadcast to other ranks.
+
+The step (``make_batch_step``, compiled once per configuration and kept on the model by
+``batch_step``) is the one every loop runs, and the one ``bench --profile`` times.
 
 The step is compiled for a fixed B (one of the row buckets), and nothing about the rows is a
 compile key: per-row settings travel as arrays:
@@ -36,8 +43,8 @@ from typing import Any, NamedTuple
 import mlx.core as mx
 import mlx.nn as nn
 
-from .adaptive import Adaptive, rank0_shape
-from .batch_choice import BatchChoice
+from .adaptive import rank0_shape
+from .batch_choice import ShapePolicy
 from .cache import (
     PREFILL_CHUNK,
     SLOT_QUANTUM,
@@ -48,9 +55,27 @@ from .cache import (
     stop_at,
     text_history,
 )
-from .decode import DecodeState, StepOutput, autoregressive_step, first_draw, redrafter_step
+from .decode import (
+    DecodeState,
+    StepOutput,
+    autoregressive_step,
+    check_features,
+    first_draw,
+    redrafter_step,
+)
 from .lookup import LookupShadow
-from .sampling import Rows, RowSampler, RowSettings, SamplerConfig, StepMode, one_row, stack_rows
+from .platform import read_first
+from .sampling import (
+    Rows,
+    RowSampler,
+    RowSettings,
+    SamplerConfig,
+    StepMode,
+    one_row,
+    row_keys_of,
+    row_settings,
+    stack_rows,
+)
 from .shape import AR, BeamShape
 
 
@@ -65,19 +90,18 @@ def make_batch_step(model, drafter, shape, mode: StepMode, compiled: bool = True
     ``active`` (B,) bool, ``rows`` the batch's ``RowSettings``.
 
     ``shape=None`` decodes autoregressively; a shape without drafter beams speculates from
-    lookup chains alone (they read ``state.history``). ``state.rng`` is unused
-    (rows draw with ``row_keys``) and passes through. Compile keys: B, cache slots, window.
+    lookup chains alone (they read ``state.history``). Compile keys: B, cache slots, window.
+    ``run.counter["traces"]`` counts tracings (each is a compile).
     """
+    check_features(model, drafter)
 
-    def step(
-        init_token, hidden, lengths, keys, values, rng, history, row_keys, active, rows, window
-    ):
+    def step(init_token, hidden, lengths, keys, values, history, row_keys, active, rows, window):
         counter["traces"] += 1
         draw_keys = row_keys  # unused by an all-greedy batch: its keys need not advance
         if mode.sample:
             row_keys, draw_keys = split_row_keys(row_keys)
         sampler = RowSampler(RowSettings(*rows), draw_keys, mode)
-        state = DecodeState(init_token, hidden, lengths, keys, values, rng, history)
+        state = DecodeState(init_token, hidden, lengths, keys, values, history)
         if shape is None:
             nxt, out = autoregressive_step(model, state, sampler, window)
         else:
@@ -85,10 +109,12 @@ def make_batch_step(model, drafter, shape, mode: StepMode, compiled: bool = True
                 model, drafter if shape.drafts else None, state, shape, sampler, window
             )
         held = mx.where(active, nxt.lengths, 0)  # free rows stay empty
-        nxt = nxt._replace(lengths=held, rng=rng)
+        nxt = nxt._replace(lengths=held)
         return (*nxt, row_keys, *out)
 
     counter = {"traces": 0}
+    # Weights are implicit inputs, read at every call: a model or drafter updated in place
+    # (e.g. by training between evaluations) is never served with stale weights.
     weights = [m.state for m in (model, drafter) if isinstance(m, nn.Module)]
     fn = mx.compile(step, inputs=weights) if compiled else step
 
@@ -116,12 +142,39 @@ def batch_step(model, drafter, shape: BeamShape | None, mode: StepMode, compiled
     return cache[key]
 
 
+def uniform_step(
+    model,
+    drafter,
+    shape: BeamShape | None,
+    sampler: SamplerConfig,
+    rows: int,
+    seed: int = 0,
+    compiled: bool = True,
+):
+    """The batch step (``batch_step``) of ``rows`` active rows that all draw with ``sampler``,
+    as ``run(state, window) -> (state, StepOutput)`` with the rows' keys (from ``seed``,
+    split every step) carried inside: the product's own step, for measurements and tests.
+    ``shape=None``: plain decoding; ``run.step``: the compiled step (``.counter``)."""
+    mode, settings = row_settings([sampler] * rows, model.vocab_size)
+    step = batch_step(model, drafter if shape else None, shape, mode, compiled)
+    active = mx.ones((rows,), dtype=mx.bool_)
+    keys = {"rows": row_keys_of(mx.random.key(seed), rows)}
+
+    def run(state: DecodeState, window: int):
+        state, keys["rows"], out = step(state, keys["rows"], active, settings, window)
+        return state, out
+
+    run.step = step
+    return run
+
+
 # --------------------------------------------------------------------------- rows
 
 
 @dataclass
 class RowStats:
-    """One row's counters; ``tokens_per_step`` counts tokens each step emitted."""
+    """One row's counters (the server's per-request stats; a generation call sums its rows'
+    into ``generation.DecodeStats``); ``tokens_per_step`` counts tokens each step emitted."""
 
     prompt_tokens: int
     generated: int = 0
@@ -130,6 +183,8 @@ class RowStats:
     accepted_drafts: int = 0
     lookup_drafts: int = 0  # accepted drafts that came from a context-lookup chain
     drafted: int = 0  # draft tokens its steps could accept (a shape's longest candidate, less 1)
+    packed: int = 0  # tree slots its steps used
+    accept_hist: list[int] = field(default_factory=list)  # [i]: steps that emitted i + 1
     queued_s: float = 0.0
     ttft_s: float = 0.0
     decode_s: float = 0.0
@@ -138,13 +193,18 @@ class RowStats:
     def tokens_per_step(self) -> float:
         return self.emitted_by_steps / max(self.steps, 1)
 
-    def record(self, count: int, looked_up: int, shape: BeamShape | None) -> None:
-        """A step gave this row ``count`` tokens (accepted drafts + the bonus)."""
+    def record(self, count: int, looked_up: int, packed: int, shape: BeamShape | None) -> None:
+        """A step of ``shape`` (None: plain decoding) gave this row ``count`` tokens
+        (accepted drafts + the bonus), ``looked_up`` of them from a lookup chain, in
+        ``packed`` tree slots."""
         self.steps += 1
         self.emitted_by_steps += count
         self.accepted_drafts += count - 1
         self.lookup_drafts += looked_up
         self.drafted += shape.longest - 1 if shape else 0
+        self.packed += packed
+        self.accept_hist += [0] * (count - len(self.accept_hist))
+        self.accept_hist[count - 1] += 1
 
     def to_dict(self) -> dict:
         """JSON-ready speculation stats; ``acceptance_rate`` = accepted / drafted tokens."""
@@ -185,47 +245,74 @@ class Row:
 
 @dataclass
 class Prefill:
-    """A prompt prefilled alone in a one-row cache, one chunk at a time, before it joins a
-    batch (``BatchDecoder.join``); ``seed``: its draws' seed; ``owner``: the client's handle."""
+    """Prompts prefilled in their own cache (``session``, one row per prompt), one chunk at a
+    time, before they join a batch (``BatchGenerator.join``): a server's request (one row), or
+    a generation call's rows (a chat ``Session`` keeps its cached prefix: only the rest is
+    run). ``seed``: the rows' draws' seed (``row_keys_of``); ``owner``: the client's handle."""
 
-    prompt: list[int]
+    prompts: list[list[int]]
     sampler: SamplerConfig
     seed: int
     session: Session
     owner: Any = None
+    rows: list[Row] = field(default_factory=list)  # the rows they become (one per prompt)
     started: float = field(default_factory=time.perf_counter)
-    done: int = 0  # prompt tokens prefilled so far
-    hidden: mx.array | None = None  # (1, H) at the last prefilled token
-    sampling: Rows | None = None  # its sampling as arrays, built by ``first_token``
+    done: int = 0  # tokens of each row's new part prefilled so far
+    hidden: mx.array | None = None  # (B, H) at each row's last prefilled token
+
+    def __post_init__(self):
+        self.new = self.session.reuse(self.prompts)  # each row's tokens not cached yet
+        self.kept = [len(c) for c in self.session.cached]
+
+    @property
+    def prefilled(self) -> int:
+        """Prompt tokens to run (those not already cached)."""
+        return sum(len(t) for t in self.new)
 
     def advance(self) -> int:
-        """Prefill the next chunk; returns its token count.
+        """Prefill the next chunk of every row; returns its token count.
 
         Chunk by chunk through the engine's own prefill, with the session's cached tokens
-        kept current, this computes exactly what one solo prefill of the prompt computes.
+        kept current, this computes exactly what one prefill of the prompts computes.
         """
-        chunk = self.prompt[self.done : self.done + PREFILL_CHUNK]
-        self.hidden = prefill_session(self.session, [chunk])
-        self.done += len(chunk)
-        self.session.cached = [self.prompt[: self.done]]
-        return len(chunk)
+        chunks = [t[self.done : self.done + PREFILL_CHUNK] for t in self.new]
+        hidden = prefill_session(self.session, chunks)
+        if self.hidden is not None:  # a row whose prompt ended in an earlier chunk keeps its own
+            ran = mx.array([len(c) > 0 for c in chunks])
+            hidden = mx.where(ran[:, None], hidden, self.hidden)
+        self.hidden = hidden
+        self.done += PREFILL_CHUNK
+        self.session.cached = [p[: k + self.done] for p, k in zip(self.prompts, self.kept)]
+        return sum(len(c) for c in chunks)
 
     @property
     def complete(self) -> bool:
-        return self.done == len(self.prompt)
+        return self.done >= max(len(t) for t in self.new)
 
-    def first_token(self, model) -> tuple[int, mx.array]:
-        """The first token, drawn now with the prompt's own key, and its next key (2,). Its
-        sampling settings become arrays here (``sampling``, checked: ``one_row``), so that
-        an error in its own settings, prefill or draw surfaces here, not in a batched step."""
-        self.sampling = one_row(self.sampler, model.vocab_size)
+    def first_token(self, model) -> tuple[list[int], mx.array]:
+        """Each row's first token, drawn now with its own key (so that an error in its own
+        prefill or draw surfaces here, not in a batched step), and the rows' next keys
+        (B, 2) (``row_keys_of``: a lone row's are the seed's own)."""
         rng, first_key = mx.random.split(mx.random.key(self.seed))
-        prompt = self.prompt
-        history = text_history([prompt], len(prompt)) if self.sampler.reads_text else None
-        lengths = mx.array([len(prompt)], mx.int32)
-        sampler = RowSampler.of(self.sampling, first_key[None])
+        prompts, rows = self.prompts, len(self.prompts)
+        own = one_row(self.sampler, model.vocab_size)  # checked here: a bad value fails it alone
+        for row in self.rows or ():
+            row.sampling = own
+        mode, settings = stack_rows([own] * rows, model.vocab_size)
+        sampler = RowSampler(settings, row_keys_of(first_key, rows), mode)
+        history = text_history(prompts, self.session.slots) if self.sampler.reads_text else None
+        lengths = mx.array([len(p) for p in prompts], mx.int32)
         first = first_draw(model, self.hidden, sampler, history, lengths)
-        return first.item(), rng
+        return first.tolist(), row_keys_of(rng, rows)
+
+
+class Turn(NamedTuple):
+    """What one ``BatchGenerator.next`` gave: rows that joined (their first token),
+    rows a step advanced, and prefills that failed on their own (the batch goes on)."""
+
+    joined: list[RowStep]
+    stepped: list[RowStep]
+    failed: list[tuple[Prefill, Exception]]
 
 
 class RowStep(NamedTuple):
@@ -253,6 +340,29 @@ class Queued:
     started: float | None
 
 
+def take_rows(
+    state: DecodeState, row_keys: mx.array, idx: mx.array | None, extra: int = 0
+) -> tuple[DecodeState, mx.array]:
+    """The decode state and keys (B, 2) of rows ``idx`` (b,) in that order (None: all B),
+    then ``extra`` empty rows (zeros): the cache rows copied (rare: a batch's resize)."""
+
+    def pick(a):  # (B, ...) -> (b + extra, ...)
+        a = a if idx is None else a[idx]
+        if extra:
+            return mx.concatenate([a, mx.zeros((extra, *a.shape[1:]), a.dtype)])
+        return a
+
+    s = state
+    return s._replace(
+        init_token=pick(s.init_token),
+        hidden=pick(s.hidden),
+        lengths=pick(s.lengths),
+        keys=[pick(k) for k in s.keys],
+        values=[pick(v) for v in s.values],
+        history=None if s.history is None else pick(s.history),
+    ), pick(row_keys)
+
+
 def row_buckets(max_batch: int) -> list[int]:
     """Batch sizes the step is compiled for: 1, 2, 4, ... below ``max_batch``, then it."""
     sizes = [1]
@@ -261,51 +371,46 @@ def row_buckets(max_batch: int) -> list[int]:
     return sizes + ([max_batch] if max_batch > 1 else [])
 
 
-class BatchDecoder:
+class BatchGenerator:
     """Decode state over up to ``max_batch`` rows that join and leave between steps.
 
-    ``shape``: the asked beam shape (None: plain decoding); ``adapt``: choose each step's
-    shape among its candidates (``BatchChoice``); ``eos``: the token ids that end a row;
-    ``group``: the ranks of a split model (rank 0 names each step's shape).
+    ``policy``: each step's shape (``batch_choice.ShapePolicy``; ``AR``: plain decoding);
+    ``eos``: the token ids that end a row; ``group``: the ranks of a split model (rank 0
+    names each step's shape); ``release``: a finished row leaves its slot (else it keeps
+    it and its cache, emitting nothing: ``generation.generate_steps`` hands the cache back).
     """
 
     def __init__(
         self,
         model,
         drafter,
-        shape: BeamShape | None,
+        policy: ShapePolicy,
         eos: Container[int] = (),
         max_batch: int = 8,
         compiled: bool = True,
         group=None,
-        adapt: Adaptive | bool = False,
-        choice=None,
         release: bool = True,
     ):
         self.model, self.drafter = model, drafter
-        self.shape = shape
+        self.policy = policy
         self.eos = eos
         self.max_batch = max_batch
         self.buckets = row_buckets(max_batch)
         self.compiled = compiled
         self.group = group
         self.leader = group is None or group.rank() == 0
-        self.per_step = 1 if shape is None else shape.longest  # most tokens a step adds
-        self.width = 1 if shape is None else shape.slots  # slots a step writes past a row
-        # The shape choice: ``choice`` (its interface is BatchChoice's; ``decode`` passes its
-        # ``adaptive.StepPlan``), else adaptive (``BatchChoice``) or None (one shape).
-        self.choice = choice
-        if choice is None and adapt and shape is not None:
-            self.choice = BatchChoice(shape, adapt if isinstance(adapt, Adaptive) else Adaptive())
-        if self.choice is not None:
-            self.per_step, self.width = self.choice.per_step, self.choice.slots
-        self.pin_seeded = choice is None  # a seeded sampled row runs the asked shape
-        self.release = release  # a finished row leaves its slot (else it stays, emitting nothing)
+        # The loop's read order: step k is read before step k+1 is queued when the policy
+        # chooses each step from the text so far and the backend gains by it (measured).
+        self.reads_first = policy.each_step and read_first()
+        self.release = release
         self._traced: set = set()  # (shape, mode, rows, window, slots) of steps already run
         self.host_s = 0.0  # time spent queueing steps (dispatch)
         self.resizes = 0  # re-lays of the cache (grow or shrink)
         self.state = None  # built by ``reset`` on the thread that runs the loop (MLX streams)
         self.rows: list[Row | None] = [None]
+        self.pending: Queued | None = None  # the step queued and not yet read
+        self.inflight = 0  # steps queued and not yet read
+        self.prefills: list[Prefill] = []  # waiting to join, in order (``insert``)
 
     # ------------------------------------------------------------------ state
 
@@ -320,55 +425,67 @@ class BatchDecoder:
             mx.zeros((B,), mx.int32),
             keys,
             values,
-            mx.random.key(0),  # unused: rows draw with row_keys
             mx.zeros((B, SLOT_QUANTUM), mx.int32),  # the text: lookup and penalties read it
         )
         self.row_keys = mx.zeros((B, 2), mx.uint32)
         self.rows: list[Row | None] = [None] * B
         self.inflight = 0
+        self.pending = None
+        self.prefills = []
         self._params = None
-        if self.choice is not None:
-            self.choice.reset()
+        self.policy.reset()
 
     @property
     def active(self) -> list[Row]:
         return [row for row in self.rows if row is not None]
 
-    def settle(self, step: Queued | None) -> None:
+    def settle(self) -> None:
         """Wait for a step still in flight (queued, never read)."""
-        if step is not None:
-            mx.eval(step.out, self.state, self.row_keys)
-
-    def adopt(self, state: DecodeState, row_keys: mx.array, rows: list[Row]) -> None:
-        """Start from a state that already holds ``rows`` (a session prefilled together, its
-        first tokens drawn: ``decode``), row ``r`` in slot ``r``."""
-        self.state, self.row_keys, self.rows = state, row_keys, list(rows)
-        for r, row in enumerate(self.rows):
-            row.slot = r
-        self.inflight, self._params = 0, None
+        if self.pending is not None:
+            mx.eval(self.pending.out, self.state, self.row_keys)
 
     # ------------------------------------------------------------------ rows joining
 
     def join(
-        self, row: Row, session: Session, hidden: mx.array, first: int, rng: mx.array
-    ) -> list[int]:
-        """Place a prefilled one-row ``session`` (its hidden state (1, H) at the last prompt
-        token, its first token drawn, its next key ``rng`` (2,)) into a free row, growing
-        the batch when none is free. Returns the first token's emitted part."""
-        if None not in self.rows:
-            self.resize(self.bucket_for(len(self.rows) + 1))
-        r = self.rows.index(None)
-        prompt = session.cached[0]
-        if self.choice is not None:
-            row.shadow = self.choice.shadow([*prompt, first])
-        self._place(r, session, hidden, mx.array([first], mx.int32), rng)
-        row.slot = r
-        self.rows[r] = row
+        self, rows: list[Row], session: Session, hidden: mx.array, first: list[int], keys
+    ) -> list[tuple[list[int], str | None]]:
+        """Place prefilled ``rows`` (``session``'s rows, their hidden states (b, H) at the last
+        prompt token, first tokens drawn, next keys (b, 2): a ``Prefill``) into free rows,
+        growing the batch when none is free. An empty batch with no step in flight takes the
+        session's cache itself (no copy; the session gives it up). Returns each row's first
+        token's emitted part and why it finished (None: it goes on)."""
+        empty = all(r is None for r in self.rows) and self.pending is None
+        if empty and len(rows) in self.buckets:
+            self._adopt(rows, session, hidden, first, keys)
+        else:
+            for i, row in enumerate(rows):
+                if None not in self.rows:
+                    self.resize(self.bucket_for(len(self.rows) + 1))
+                r = self.rows.index(None)
+                self._place(r, session, i, hidden[i : i + 1], mx.array(first[i : i + 1]), keys[i])
+                row.slot = r
+                self.rows[r] = row
         self._params = None
-        return self.emit(row, [first])
+        now = time.perf_counter()
+        for row, token, text in zip(rows, first, session.cached):
+            row.joined = now
+            row.shadow = self.policy.shadow([*text, token])
+        return [self.emit(row, [token]) for row, token in zip(rows, first)]
 
-    def _place(self, r: int, session: Session, hidden, first, rng) -> None:
-        """Write a prefilled one-row session into batch row ``r`` (lazy array updates)."""
+    def _adopt(self, rows, session: Session, hidden, first, keys) -> None:
+        """Take a prefilled session's cache as the whole batch, row ``i`` in slot ``i``."""
+        history = text_history(session.cached, session.slots)
+        first = mx.array(first, mx.int32)
+        self.state = DecodeState(
+            first, hidden, session.lengths, session.keys, session.values, history
+        )
+        session.keys = session.values = None  # the batch owns the cache (in-place updates)
+        self.row_keys, self.rows = keys, list(rows)
+        for r, row in enumerate(self.rows):
+            row.slot = r
+
+    def _place(self, r: int, session: Session, i: int, hidden, first, rng) -> None:
+        """Write row ``i`` of a prefilled session into batch row ``r`` (lazy array updates)."""
         self.state = ensure_slots(self.state, session.slots)
         at = mx.arange(len(self.rows)) == r  # (B,)
         for cache, row_cache in (
@@ -376,16 +493,16 @@ class BatchDecoder:
             (self.state.values, session.values),
         ):
             for layer, src in enumerate(row_cache):
-                cache[layer][r : r + 1, :, : src.shape[2]] = src
+                cache[layer][r : r + 1, :, : src.shape[2]] = src[i : i + 1]
         s = self.state
         history = s.history
         if history is not None:  # the row's text so far: its prompt, all in the cache
-            text = text_history(session.cached, history.shape[1])
+            text = text_history(session.cached[i : i + 1], history.shape[1])
             history = mx.where(at[:, None], text, history)
         self.state = s._replace(
             init_token=mx.where(at, first, s.init_token),
             hidden=mx.where(at[:, None], hidden, s.hidden),
-            lengths=mx.where(at, session.lengths, s.lengths),
+            lengths=mx.where(at, session.lengths[i], s.lengths),
             history=history,
         )
         self.row_keys = mx.where(at[:, None], rng[None], self.row_keys)
@@ -436,28 +553,12 @@ class BatchDecoder:
         rows = self.rows
         self.resizes += 1
         if n > len(rows):
-            order, extra = list(range(len(rows))), n - len(rows)
+            order, extra, idx = list(range(len(rows))), n - len(rows), None
         else:
             used = [i for i, row in enumerate(rows) if row is not None]
             order = (used + [i for i, row in enumerate(rows) if row is None])[:n]
-            extra = 0
-        idx = mx.array(order, dtype=mx.int32)
-
-        def pick(a):  # (len(rows), ...) -> (n, ...)
-            if extra:
-                return mx.concatenate([a, mx.zeros((extra, *a.shape[1:]), a.dtype)])
-            return a[idx]
-
-        s = self.state
-        self.state = s._replace(
-            init_token=pick(s.init_token),
-            hidden=pick(s.hidden),
-            lengths=pick(s.lengths),
-            keys=[pick(k) for k in s.keys],
-            values=[pick(v) for v in s.values],
-            history=None if s.history is None else pick(s.history),
-        )
-        self.row_keys = pick(self.row_keys)
+            extra, idx = 0, mx.array(order, dtype=mx.int32)
+        self.state, self.row_keys = take_rows(self.state, self.row_keys, idx, extra)
         self.rows = [rows[i] for i in order] + [None] * extra
         for i, row in enumerate(self.rows):
             if row is not None:
@@ -484,27 +585,75 @@ class BatchDecoder:
         return batch_step(self.model, self.drafter if shape else None, shape, mode, self.compiled)
 
     def next_shape(self) -> BeamShape | None:
-        """The shape of the step queued now: the fixed one; with adaptive shapes, the
-        choice for this batch's size and its rows' match states, or the asked shape while
-        a row samples with its own seed (its draws follow the shape of every step, so it
-        runs what ``generate --seed`` runs). Split across ranks, rank 0's choice."""
-        if self.choice is None:
-            return self.shape
+        """The shape of the step queued now (None: plain decoding): the policy's, for this
+        batch's size and its running rows' lookup match states. Split across ranks (with
+        several shapes to choose from), rank 0's choice."""
         shape = None
         if self.leader:
             running = [row for row in self.active if not row.finished]
-            seeded = [r for r in running if r.sampler.seed is not None and not r.sampler.greedy]
+            seeded = any(r.sampler.seed is not None and not r.sampler.greedy for r in running)
             matches = [row.shadow.match(0) if row.shadow else 0 for row in running]
-            pinned = self.pin_seeded and bool(seeded)
-            shape = self.shape if pinned else self.choice.next(len(self.rows), matches)
-        if self.group is not None:
-            shape = rank0_shape(shape, self.choice.shapes, self.group)
+            shape = self.policy.next(len(self.rows), matches, seeded)
+        if self.group is not None and len(self.policy.shapes) > 1:
+            shape = rank0_shape(shape, self.policy.shapes, self.group)
+        elif shape is None:  # a fixed shape: every rank runs it
+            shape = self.policy.shapes[0]
         return None if shape.is_autoregressive else shape
+
+    def insert(self, job: Prefill) -> None:
+        """Queue prompts to join (their rows in ``job.rows``); ``next`` prefills them."""
+        self.prefills.append(job)
+
+    def next(self, budget: int | None = PREFILL_CHUNK) -> Turn:
+        """One call advances everyone: up to ``budget`` prompt tokens of the waiting
+        prefills, in order (at least one chunk; None: all of them), each joining with its
+        first token once complete; the batch shrunk if mostly free; then one ``step``.
+
+        A prefill or first draw that raises fails that prefill alone (``Turn.failed``); a
+        failure in the batch's own work (a join, the step) raises, with every prefill not
+        joined in ``prefills`` (those that failed alone too), for the client to answer."""
+        turn = Turn([], [], [])
+        try:
+            while self.prefills and (budget is None or budget > 0):
+                job = self.prefills[0]
+                try:
+                    ran = job.advance()
+                    first = job.first_token(self.model) if job.complete else None
+                except Exception as e:  # this prefill's own work: the others go on
+                    self.prefills.pop(0)
+                    turn.failed.append((job, e))
+                    continue
+                budget = None if budget is None else budget - ran
+                if first is not None:
+                    joined = self.join(job.rows, job.session, job.hidden, *first)
+                    self.prefills.pop(0)  # after the join: a failing join leaves it to answer
+                    for row, (new, finish) in zip(job.rows, joined):
+                        turn.joined.append(RowStep(row, new, finish, 1, 0, 0))
+            self.fit()
+            turn.stepped.extend(self.step())
+        except Exception:
+            self.prefills[:0] = [job for job, _ in turn.failed]
+            raise
+        return turn
+
+    def step(self) -> list[RowStep]:
+        """One turn of the loop: queue the next step for the running rows and read the one
+        queued before it, as ``reads_first`` says (else the device never waits for the
+        host's reading and shape choice: the step is queued first). Returns what the read
+        step gave each row it ran that was still going (none on the first turn)."""
+        got = []
+        if self.reads_first and self.pending is not None:
+            got, self.pending = self.read(self.pending), None
+        nxt = self.queue() if any(not row.finished for row in self.active) else None
+        if self.pending is not None:
+            got += self.read(self.pending)
+        self.pending = nxt
+        return got
 
     def queue(self) -> Queued:
         """Queue one step for all rows; attention covers every active row's possible length."""
         longest = max(row.length for row in self.active)
-        window = step_window(longest, self.inflight, self.per_step, self.width)
+        window = step_window(longest, self.inflight, self.policy.per_step, self.policy.slots)
         self.state = ensure_slots(self.state, window)
         shape = self.next_shape()
         mode, active, rows = self._row_params()
@@ -538,14 +687,13 @@ class BatchDecoder:
                 continue
             ran.append(counts[r])
             row.length += counts[r]
-            row.stats.record(counts[r], looked[r], step.shape)
+            row.stats.record(counts[r], looked[r], packed[r], step.shape)
             if row.shadow is not None:  # what a lookup chain would have given this step
                 resolved += row.shadow.step(0, tokens[r][: counts[r]])
             new, finish = self.emit(row, tokens[r][: counts[r]])
             delivered.append(RowStep(row, new, finish, counts[r], looked[r], packed[r]))
             if row.finished and row.shadow is not None:
                 resolved += row.shadow.finish(0)
-        if self.choice is not None:
-            self.choice.finished(len(step.owners), step.shape or AR, ran, seconds)
-            self.choice.lookup_seen(resolved)
+        self.policy.finished(len(step.owners), step.shape or AR, ran, seconds)
+        self.policy.lookup_seen(resolved)
         return delivered

@@ -1,14 +1,15 @@
-"""The KV-cache session and the rules every decode loop shares.
+"""The KV-cache session and the rules of the generation loop.
 
 A :class:`Session` holds the KV cache of B rows across calls, with the token ids each row
 holds, so a chat turn prefills only its new tokens. The cache is preallocated per layer as
 (B, n_kv_heads, slots, head_dim) and grown rarely, by whole quanta of ``SLOT_QUANTUM`` slots
 (docs/design/kv-cache.md).
 
-The two loops over it, ``engine.generation.decode`` and the server's ``Scheduler``, share
-three rules from here: how many tokens a row may emit (:func:`token_limit`), where its
-output stops exactly (:func:`stop_at`: no token after EOS or beyond the limit, even inside
-an accepted run), and how far attention reaches for a queued step (:func:`step_window`).
+The loop over it (``batch.BatchGenerator``, which generation and the server drive) and its
+clients take three rules from here: how many tokens a row may emit (:func:`token_limit`),
+where its output stops exactly (:func:`stop_at`: no token after EOS or beyond the limit,
+even inside an accepted run), and how far attention reaches for a queued step
+(:func:`step_window`).
 
 A session is used by one thread and one generation at a time (:meth:`Session.claim`): MLX
 binds arrays to the creating thread's streams, and a decode loop owns the cache until it ends.

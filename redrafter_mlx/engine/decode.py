@@ -11,9 +11,10 @@ State carried between steps (``DecodeState``):
                with the k feature layers a drafter reads (``Model.capture_features``)
     lengths    (B,)   committed cache length per row
     keys/values       per layer (B, n_kv, S, D)
-    rng               a PRNG key, split once per step by ``make_step`` (sampling only; the
-                      batch loop's rows draw with keys of their own)
     history    (B, S) the committed token ids, slot by slot (None: no lookup)
+
+Rows draw with their own keys (``sampling.RowSampler``, split per step by the batch step,
+``batch.make_batch_step``): the state carries no key.
 
 A step's output for the host (``StepOutput``): ``tokens`` (B, L) with ``count`` (B,) valid
 entries per row — the accepted draft tokens followed by the bonus token.
@@ -25,13 +26,12 @@ import functools
 from typing import NamedTuple
 
 import mlx.core as mx
-import mlx.nn as nn
 
 from .drafter import Drafter, beam_search, frontier_tree
 from .lookup import ABSENT, STRONG_MATCH, lookup_chains, write_history
 from .model import Model, write_slots
 from .penalties import node_text
-from .sampling import RowSampler, SamplerConfig, draw, process_text
+from .sampling import RowSampler, draw, process_text
 from .shape import BeamShape
 from .tree import PackedTree, arange, cache_mask, chain_mask, pack, unpack
 
@@ -42,7 +42,6 @@ class DecodeState(NamedTuple):
     lengths: mx.array
     keys: list
     values: list
-    rng: mx.array
     history: mx.array | None = None
 
 
@@ -278,8 +277,8 @@ def redrafter_step(
     sampler: RowSampler,
     window: int,
 ):
-    """One speculative step of ``shape``, drawing with ``sampler`` (this step's keys).
-    Returns (next DecodeState, StepOutput).
+    """One speculative step of ``shape``, each row drawing with its own settings and key
+    (``sampler``). Returns (next DecodeState, StepOutput).
 
     ``window``: attention covers cache slots [0, window); it must exceed every row's
     length + capacity (the loop picks it in buckets, so it is a rare compile key).
@@ -316,7 +315,7 @@ def redrafter_step(
     keys, values, next_hidden, lengths = commit_phase(
         keys, values, state.lengths, path_slots, hidden, n, fresh, in_place=beams.shape[1] == 1
     )
-    next_state = DecodeState(bonus, next_hidden, lengths, keys, values, state.rng, history)
+    next_state = DecodeState(bonus, next_hidden, lengths, keys, values, history)
     if beams.shape[1] == 1:  # one chain fills every slot: a constant, no kernel
         packed = mx.broadcast_to(mx.array(capacity, dtype=mx.int32), (B,))
     else:
@@ -423,7 +422,7 @@ def beam_and_chain_step(model, drafter, state, shape, sampler, window):
     keys, values, next_hidden, lengths = commit_phase(
         keys, values, state.lengths, path_slots, hidden, n, fresh
     )
-    next_state = DecodeState(bonus, next_hidden, lengths, keys, values, state.rng, history)
+    next_state = DecodeState(bonus, next_hidden, lengths, keys, values, history)
     packed = (L + present.sum(axis=1) - 1).astype(mx.int32)  # (B,) slots holding a token
     looked_up = mx.where(take_chain, n, 0).astype(mx.int32)
     return next_state, StepOutput(out, n + 1, packed, looked_up)
@@ -437,8 +436,7 @@ def _run(candidate, draws, present):
 
 
 def autoregressive_step(model: Model, state: DecodeState, sampler: RowSampler, window: int):
-    """One plain decoding step (the baseline): commit the init token, draw the next with
-    ``sampler`` (this step's keys)."""
+    """One plain decoding step (the baseline): commit the init token, draw the next."""
     lengths = state.lengths
     B = lengths.shape[0]
     tokens = state.init_token[:, None]
@@ -455,7 +453,7 @@ def autoregressive_step(model: Model, state: DecodeState, sampler: RowSampler, w
     history = state.history
     if history is not None:
         history = write_history(history, lengths, tokens)
-    next_state = DecodeState(nxt, hidden[:, 0], lengths + 1, keys, values, state.rng, history)
+    next_state = DecodeState(nxt, hidden[:, 0], lengths + 1, keys, values, history)
     return next_state, StepOutput(nxt[:, None], one, one)
 
 
@@ -496,52 +494,3 @@ def check_features(model: Model, drafter) -> None:
             f"{list(getattr(model, 'feature_layers', ()))}: call "
             "engine.loading.attach(model, drafter) (load does)"
         )
-
-
-def make_step(
-    model: Model,
-    drafter: Drafter | None,
-    shape: BeamShape,
-    sampler: SamplerConfig,
-    compiled: bool = True,
-):
-    """A step function ``state -> (state, output)`` for ``shape``.
-
-    Plain decoding for an autoregressive shape (or ``drafter=None`` without lookup chains);
-    a shape with lookup chains alone needs no drafter. With ``compiled=True`` the step runs under
-    ``mx.compile``; only arrays cross the boundary, and the compile-cache keys are the
-    shapes (B, slots) and the attention ``window`` bucket. ``run.counter["traces"]`` counts
-    tracings (each is a compile).
-    """
-    fields = len(DecodeState._fields)
-    check_features(model, drafter)
-    plain = shape.is_autoregressive or (drafter is None and not shape.lookup)
-    drafter = drafter if shape.drafts else None
-
-    def step(*args):
-        counter["traces"] += 1
-        state, window = DecodeState(*args[:fields]), args[fields]
-        # The rows alike, a batch of B (``RowSampler.from_config``): one key split per step,
-        # one key per row from it.
-        rng, draw_key = mx.random.split(state.rng)
-        B = state.lengths.shape[0]
-        rows = RowSampler.from_config(sampler, model.vocab_size, draw_key, B)
-        state = state._replace(rng=rng)
-        if plain:
-            nxt, out = autoregressive_step(model, state, rows, window)
-        else:
-            nxt, out = redrafter_step(model, drafter, state, shape, rows, window)
-        return tuple(nxt) + tuple(out)
-
-    counter = {"traces": 0}
-    # Weights are implicit inputs, read at every call: a model or drafter updated in place
-    # (e.g. by training between evaluations) is never served with stale weights.
-    weights = [m.state for m in (model, drafter) if isinstance(m, nn.Module)]
-    fn = mx.compile(step, inputs=weights) if compiled else step
-
-    def run(state: DecodeState, window: int):
-        out = fn(*state, window)
-        return DecodeState(*out[:fields]), StepOutput(*out[fields:])
-
-    run.counter = counter
-    return run

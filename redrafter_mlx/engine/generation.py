@@ -1,10 +1,12 @@
 """The generation loop and the public API: ``stream_generate``, ``generate``, ``batch_generate``.
 
-``decode`` is a client of the engine's one batched loop (``batch.BatchDecoder``, which the
-server's scheduler drives too): its rows are prefilled together in a ``Session``, adopted by
-the batch, and decoded with step k+1 queued (``mx.async_eval``) before step k is read, in
-every mode (text streams one step behind). It stops exactly: no token after EOS or
-beyond ``max_tokens``, even when more were accepted in the same step (``cache.stop_at``). A
+``generate_steps`` is a client of the engine's one batched loop (``batch.BatchGenerator``,
+which the server's scheduler drives too): its rows are prefilled together in a ``Session``
+(``batch.Prefill``), join the batch (which takes their cache as is), and advance one
+``BatchGenerator.step`` per event (the batch keeps the next step queued with
+``mx.async_eval`` where the backend gains by it, so text streams one step behind). It stops
+exactly: no token after EOS or beyond ``max_tokens``, even when more were accepted in the
+same step (``cache.stop_at``). A
 ``Session`` (``engine/cache.py``) owns the KV cache of its rows across calls, so a chat turn
 prefills only its new tokens.
 """
@@ -17,26 +19,24 @@ from dataclasses import dataclass, field, fields
 
 import mlx.core as mx
 
-from .adaptive import Adaptive, StepPlan
+from .adaptive import Adaptive
 from .arguments import api_arguments
-from .batch import BatchDecoder, Row, RowStats
-from .cache import Session, prefill_session, text_history, token_limit
-from .decode import DecodeState, first_draw, make_step
+from .batch import BatchGenerator, Prefill, Row, RowStats
+from .batch_choice import FixedShape, ShapePolicy, SoloChoice
+from .cache import Session, token_limit
+from .decode import DecodeState
 from .distributed import shared_seed
 from .drafter import Drafter
 from .memory import check_step_memory
 from .model import Model
 from .plan import DEFAULT_SHAPE, default_plan
-from .platform import fresh_choice
-from .sampling import RowSampler, SamplerConfig, check_seed, row_settings
+from .sampling import SamplerConfig, check_seed
 from .shape import BeamShape
-
-MAX_COMPILED_STEPS = 16  # per model: beam shapes x sampler configs x drafters
 
 
 @dataclass
 class DecodeStats:
-    """Running statistics of one ``decode`` call, as of the latest event.
+    """Running statistics of one ``generate_steps`` call, as of the latest event.
 
     ``tokens_per_step`` and ``mean_packed`` average over row-steps; ``accept_hist[i]`` counts
     row-steps that emitted ``i + 1`` tokens (accepted drafts + the bonus token).
@@ -64,7 +64,8 @@ class DecodeStats:
 
 @dataclass
 class DecodeEvent:
-    """What one step of ``decode`` produced for its B rows (the first event: the first token).
+    """What one step of ``generate_steps`` produced for its B rows (the first event: the
+    first token).
 
     tokens:   per row, the new tokens (after EOS/limit truncation; empty once finished)
     accepted: per row, draft tokens the verifier accepted this step
@@ -104,18 +105,7 @@ class GenerationResponse(DecodeStats):
         return DecodeStats(**DecodeStats.to_dict(self))
 
 
-def get_step(model, drafter, shape: BeamShape, sampler: SamplerConfig):
-    """The compiled step for this configuration, kept on the model (compiled once)."""
-    cache = model.__dict__.setdefault("_compiled_steps", {})
-    key = (id(drafter), shape, sampler, getattr(model, "feature_layers", ()))
-    if key not in cache:
-        while len(cache) >= MAX_COMPILED_STEPS:  # drop the oldest (and the drafter it holds)
-            cache.pop(next(iter(cache)))
-        cache[key] = make_step(model, drafter, shape, sampler)
-    return cache[key]
-
-
-def decode(
+def generate_steps(
     model: Model,
     drafter: Drafter | None,
     prompts: Sequence[Sequence[int]],
@@ -160,69 +150,44 @@ def decode(
     eos = set(int(e) for e in eos_token_ids)
     if adapt is True and seed is not None and not sampler.greedy:
         adapt = False  # the schedule follows wall time: a seeded sample must be reproducible
-    plan = StepPlan(model, drafter, shape, sampler, adapt)
-    batch = BatchDecoder(model, drafter, shape, eos, B, choice=plan, release=False)
+    policy: ShapePolicy = FixedShape(shape)
+    if adapt and not shape.is_autoregressive:
+        policy = SoloChoice(model, drafter, shape, sampler, adapt)
+    batch = BatchGenerator(model, drafter, policy, eos, B, release=False)
 
-    tic = time.perf_counter()
-    new_tokens = session.reuse(prompts)
-    prefilled = sum(len(t) for t in new_tokens)
-    hidden = prefill_session(session, new_tokens)
     group = getattr(model, "group", None)  # tensor parallel: every rank must draw alike
     seed = shared_seed(seed, group) if group is not None else seed
-    rng = mx.random.key(seed if seed is not None else int(time.time_ns() % (1 << 31)))
-    rng, first_key = mx.random.split(rng)
-    history = text_history(prompts, session.slots)
-    # One key per row (a lone row: the run's own, so it draws as the server's row of the same
-    # request and seed), split every step.
-    mode, settings = row_settings([sampler] * B, model.vocab_size)
-    rows_first = RowSampler(settings, _row_keys(first_key, B), mode)
-    first = first_draw(model, hidden, rows_first, history, session.lengths)
-    state = DecodeState(first, hidden, session.lengths, session.keys, session.values, rng, history)
-
-    out = [[] for _ in range(B)]
+    seed = seed if seed is not None else int(time.time_ns() % (1 << 31))
     rows = []
     for p in prompts:
         limit, at_limit = token_limit(model, len(p), max_tokens)
         rows.append(Row(sampler, limit, len(p), RowStats(len(p)), at_limit=at_limit))
-    stats = _Stats(
-        prompt_tokens=sum(len(p) for p in prompts),
-        prefilled=prefilled,
-        prompt_s=0.0,
-        length=max(plan.per_step, 2),
-    )
+    out = [[] for _ in range(B)]
+
+    tic = time.perf_counter()
+    job = Prefill(prompts, sampler, seed, session, rows=rows)  # what the session lacks
+    call = _Call(sum(len(p) for p in prompts), job.prefilled, length=max(policy.per_step, 2))
+    batch.insert(job)
     try:
-        session.keys = session.values = None  # the loop owns the cache now (in-place updates)
-        batch.adopt(state, _row_keys(rng, B), rows)
-        del state
-        first_tokens = first.tolist()  # once per call, before the decode loop
-        stats.prompt_s = time.perf_counter() - tic
-        first_new = []
-        for r, row in enumerate(rows):
-            new, _ = batch.emit(row, [first_tokens[r]])
+        turn = batch.next(budget=None)  # the prompts prefilled and joined; step 1 queued
+        if turn.failed:
+            raise turn.failed[0][1]
+        first_new = [got.new for got in turn.joined]
+        for r, new in enumerate(first_new):
             out[r] += new
-            first_new.append(new)
-            row.shadow = plan.shadow(prompts[r] + out[r])
-        stats.generated += sum(len(t) for t in first_new)
-        stats.first_token_s = time.perf_counter() - tic
-        gen_tic = time.perf_counter()
+        call.prompt_s = call.first_token_s = time.perf_counter() - tic
+        call.started = time.perf_counter()
         yield DecodeEvent(
             first_new,
             [0] * B,
             [[False] * len(t) for t in first_new],
             [row.finish for row in rows],
-            stats.snapshot(gen_tic, batch.host_s),
+            call.snapshot(rows, batch.host_s),
             [0] * B,
         )
-
-        # Step k+1 is queued before step k is read, in every mode: the device never waits
-        # for the host's reading, lookup shadow and shape choice, which run while it works
-        # (a per-step choice reads the match states one step stale).
-        fresh = plan.each_step and fresh_choice()
-        pending = batch.queue() if not all(row.finished for row in rows) else None
-        while pending is not None:
-            nxt = None if fresh else batch.queue()
-            got = {id(g.row): g for g in batch.read(pending)}  # step k only: it is computed
-            stats.steps += 1
+        while not all(row.finished for row in rows):
+            got = {id(g.row): g for g in batch.next().stepped}  # one step read
+            call.steps += 1
             new_rows, acc_rows, drafted_rows, looked = [], [], [], []
             for r, row in enumerate(rows):
                 g = got.get(id(row))
@@ -231,32 +196,21 @@ def decode(
                     looked.append(0)
                     continue
                 out[r] += g.new
-                stats.record(g.count, g.packed, len(g.new), g.looked_up)
                 new_rows.append(g.new)
                 acc_rows.append(g.count - 1)
                 drafted_rows.append([i < g.count - 1 for i in range(len(g.new))])
                 looked.append(g.looked_up)
-            done = all(row.finished for row in rows)
-            if fresh and not done:
-                nxt = batch.queue()
-            pending = nxt if not done else None
-            finish = [row.finish for row in rows]
             yield DecodeEvent(
                 new_rows,
                 acc_rows,
                 drafted_rows,
-                finish,
-                stats.snapshot(gen_tic, batch.host_s),
+                [row.finish for row in rows],
+                call.snapshot(rows, batch.host_s),
                 looked,
             )
     finally:
         if batch.state is not None:
             _hand_back(session, batch.state, prompts, out)
-
-
-def _row_keys(key: mx.array, rows: int) -> mx.array:
-    """(rows, 2) keys: ``key`` itself for one row, else ``rows`` keys split from it."""
-    return key[None] if rows == 1 else mx.random.split(key, rows)
 
 
 def _hand_back(session: Session, state: DecodeState, prompts, out) -> None:
@@ -289,48 +243,44 @@ def _check_prompts(model: Model, prompts: list[list[int]], max_tokens: int) -> N
 
 
 @dataclass
-class _Stats:
+class _Call:
+    """What one ``generate_steps`` call counts beyond its rows' own ``RowStats``: its prompts, its
+    prefill and first-token times, and its steps (``length``: the accept histogram's size)."""
+
     prompt_tokens: int
     prefilled: int
-    prompt_s: float
     length: int
-    steps: int = 0
-    generated: int = 0
-    emitted_by_steps: int = 0
-    packed_sum: int = 0
-    row_steps: int = 0
+    prompt_s: float = 0.0
     first_token_s: float = 0.0
-    hist: list[int] = field(default_factory=list)
-    looked_up: int = 0
+    started: float = 0.0  # when decoding began (after the first token)
+    steps: int = 0
 
-    def record(self, count: int, packed: int, used: int, looked_up: int = 0) -> None:
-        if not self.hist:
-            self.hist = [0] * self.length
-        self.hist[min(count, self.length) - 1] += 1
-        self.looked_up += looked_up
-        self.row_steps += 1
-        self.emitted_by_steps += count
-        self.packed_sum += packed
-        self.generated += used
-
-    def snapshot(self, gen_tic: float, host_s: float) -> DecodeStats:
-        """The statistics now (``host_s``: time spent queueing steps)."""
-        elapsed = max(time.perf_counter() - gen_tic, 1e-9)
+    def snapshot(self, rows: list[Row], host_s: float) -> DecodeStats:
+        """The call's statistics now: its own counts and the sum of its rows' (``host_s``:
+        time spent queueing steps)."""
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        row_steps = sum(r.stats.steps for r in rows)
+        emitted = sum(r.stats.emitted_by_steps for r in rows)
+        generated = sum(r.stats.generated for r in rows)
+        hist = [0] * self.length
+        for r in rows:
+            for i, n in enumerate(r.stats.accept_hist):
+                hist[min(i, self.length - 1)] += n
         return DecodeStats(
             steps=self.steps,
             prompt_tokens=self.prompt_tokens,
             prefilled_tokens=self.prefilled,
-            generation_tokens=self.generated,
+            generation_tokens=generated,
             prompt_tps=self.prefilled / max(self.prompt_s, 1e-9),
-            generation_tps=self.generated / elapsed,
-            tokens_per_step=self.emitted_by_steps / max(self.row_steps, 1),
-            mean_packed=self.packed_sum / max(self.row_steps, 1),
+            generation_tps=generated / elapsed,
+            tokens_per_step=emitted / max(row_steps, 1),
+            mean_packed=sum(r.stats.packed for r in rows) / max(row_steps, 1),
             time_to_first_token=self.first_token_s,
             host_ms_per_step=1e3 * host_s / max(self.steps, 1),
             peak_memory_gb=mx.get_peak_memory() / 1e9,
-            accept_hist=list(self.hist),
-            accepted_tokens=self.emitted_by_steps - self.row_steps,
-            lookup_tokens=self.looked_up,
+            accept_hist=hist if row_steps else [],
+            accepted_tokens=emitted - row_steps,
+            lookup_tokens=sum(r.stats.lookup_drafts for r in rows),
         )
 
 
@@ -360,7 +310,7 @@ def stream_generate(
     capacity, lookup chains); None (the default) runs what ``chat`` runs on a machine with no
     tuned profile (``engine.plan.default_plan``: the chip's preset with a lookup chain). With
     ``adapt`` (the default) the loop switches between it, its parts, the shorter single
-    beams and plain decoding by measured tokens/s (``decode``). ``sampler``: greedy by
+    beams and plain decoding by measured tokens/s (``generate_steps``). ``sampler``: greedy by
     default, else temperature / top-p / top-k / min-p, penalties and logit bias
     (:class:`SamplerConfig`), drawn from ``seed`` (else ``sampler.seed``). ``prompt`` is a
     string (encoded with BOS) or a list of token ids. Pass a ``Session`` to reuse its KV
@@ -372,7 +322,7 @@ def stream_generate(
         tokenizer, prompt, max_tokens, shape, sampler, seed, session
     )
     detok = StreamDecoder(tokenizer)
-    events = decode(
+    events = generate_steps(
         model,
         drafter,
         [_prompt_ids(tokenizer, prompt)],
@@ -424,7 +374,7 @@ def batch_generate(
     )
     ids = [_prompt_ids(tokenizer, p) for p in prompts]
     out = [[] for _ in ids]
-    for ev in decode(
+    for ev in generate_steps(
         model,
         drafter,
         ids,

@@ -428,7 +428,7 @@ class Model(nn.Module):
         if bad:
             raise ValueError(f"feature layers {bad} are outside this model's layers [0, {n})")
         if layers != self.feature_layers:
-            self.__dict__.pop("_compiled_steps", None)
+            self.__dict__.pop("_batch_steps", None)
         self.feature_layers = layers
 
     @property

@@ -181,23 +181,24 @@ def default_dtype():
     return mx.float16 if mx.metal.is_available() else mx.float32
 
 
-FRESH_CHOICE_ENV = "REDRAFTER_MLX_FRESH_CHOICE"
+READ_FIRST_ENV = "REDRAFTER_MLX_READ_FIRST"
 
 
-def fresh_choice() -> bool:
-    """Whether a per-step shape choice reads step k before it queues step k+1 (the choice
-    sees every token so far, but the device waits for the host's read, lookup shadow and
-    choice) instead of queueing first and choosing from match states one step stale.
-    ``REDRAFTER_MLX_FRESH_CHOICE=1``/``0`` forces either.
+def read_first() -> bool:
+    """Whether a loop whose shape is chosen per step (``batch_choice.ShapePolicy.each_step``)
+    reads step k before it queues step k+1 (the choice sees every token so far, but the
+    device waits for the host's read, lookup shadow and choice) instead of queueing first and
+    choosing from match states one step stale. ``REDRAFTER_MLX_READ_FIRST=1``/``0`` forces
+    either. ``batch.BatchGenerator.step`` applies it, for every loop (generation, the server).
 
     A measured, per-backend default: on the CPU backend the host's work shares the cores with
     the BLAS threads, so queueing early hides nothing, and the stale choice cost speed
     (SmolLM2, MT-Bench 8 spread x 2 turns, 128 tokens, adaptive default over AR in the same
-    run: fresh 1.39x / 2.26x, one step stale 1.28x / 1.84x). On a GPU the device would wait
-    for the host every step, so there the step is queued first."""
+    run: read first 1.39x / 2.26x, one step stale 1.28x / 1.84x). On a GPU the device would
+    wait for the host every step, so there the step is queued first."""
     import mlx.core as mx
 
-    value = os.environ.get(FRESH_CHOICE_ENV, "").strip()
+    value = os.environ.get(READ_FIRST_ENV, "").strip()
     if value in ("0", "1"):
         return value == "1"
     return mx.default_device() == mx.cpu

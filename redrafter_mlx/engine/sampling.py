@@ -371,7 +371,7 @@ def row_settings(configs: Sequence[SamplerConfig | None], vocab_size: int) -> Ro
     return stack_rows([one_row(c, vocab_size) for c in configs], vocab_size)
 
 
-def row_keys(key: mx.array, rows: int) -> mx.array:
+def row_keys_of(key: mx.array, rows: int) -> mx.array:
     """(rows, 2) keys from one key (2,): ``key`` itself for one row, else ``rows`` keys split
     from it."""
     return key[None] if rows == 1 else mx.random.split(key, rows)
@@ -394,12 +394,12 @@ class RowSampler(NamedTuple):
     def from_config(
         cls, cfg: SamplerConfig, vocab_size: int, key: mx.array | None, batch: int = 1
     ) -> RowSampler:
-        """``batch`` rows all drawing with ``cfg``, with keys from ``key`` (``row_keys``; None
+        """``batch`` rows all drawing with ``cfg``, with keys from ``key`` (``row_keys_of``; None
         only when greedy): a solo run as a batch."""
         rows = row_settings([cfg] * batch, vocab_size)
         if rows.mode.sample and key is None:
             raise ValueError("sampling needs a PRNG key (temperature > 0)")
-        return cls.of(rows, None if key is None else row_keys(key, batch))
+        return cls.of(rows, None if key is None else row_keys_of(key, batch))
 
     @property
     def reads_text(self) -> bool:

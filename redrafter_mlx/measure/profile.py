@@ -2,11 +2,13 @@
 
 A ReDrafter step is draft -> pack -> verify -> accept -> commit (``decode.py``). Here each
 phase runs as its own compiled function on real inputs (a prefilled prompt), so its time and
-op count can be read apart; the whole step (one compiled function, as the loop runs it) and
-the AR step are timed in the same rounds, interleaved, so machine noise hits all alike.
+op count can be read apart; the whole step (the product's own compiled batch step,
+``batch.batch_step``, as every loop runs it) and the AR step are timed in the same rounds,
+interleaved, so machine noise hits all alike.
 A shape with context-lookup chains is timed as its whole step only (no phases apart).
-``loop`` is the wall time per step of the real generation loop (``generation.decode``), and
-``host`` = loop - step: what the Python loop adds on top of the compiled step.
+``loop`` is the wall time per step of the real generation loop
+(``generation.generate_steps``, which runs that same step), and ``host`` = loop - step:
+what the Python loop adds on top of it.
 
 Op counts are the primitives MLX will dispatch: a compiled function's outputs, before
 evaluation, hang on the graph of the simplified and fused tape, which ``mx.export_to_dot``
@@ -32,12 +34,12 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from redrafter_mlx.engine.batch import uniform_step
 from redrafter_mlx.engine.decode import (
     DecodeState,
     accept_phase,
     commit_phase,
     draft_phase,
-    make_step,
     verify_phase,
 )
 from redrafter_mlx.engine.drafter import Drafter
@@ -134,7 +136,6 @@ def profile_steps(
     ``overhead_ms`` (step - verify). Timings are medians over ``repeats`` interleaved rounds.
     """
     from redrafter_mlx.engine.cache import Session, bucket, prefill_session, text_history
-    from redrafter_mlx.engine.generation import decode
 
     shapes = [_as_shape(s) for s in shapes]
     sampler = SamplerConfig()
@@ -149,7 +150,6 @@ def profile_steps(
     # in the loop; the lookup chains read it).
     history = text_history([list(prompt)], window)
     mx.eval(first, hidden, lengths, session.keys, session.values, history)
-    rng = mx.random.key(0)
     # The cache is carried from call to call so that scatters update it in place, as in
     # the loop; every call sees the same lengths (and so the same context).
     kv = {"kv": (session.keys, session.values)}
@@ -157,7 +157,7 @@ def profile_steps(
 
     def base_state():
         keys, values = kv.pop("kv")
-        return DecodeState(first, hidden, lengths, keys, values, rng, history)
+        return DecodeState(first, hidden, lengths, keys, values, history)
 
     def keep(state_or_kv):
         kv["kv"] = state_or_kv
@@ -165,7 +165,7 @@ def profile_steps(
     configs: list[tuple[str, dict[str, _Timed]]] = []
 
     # --- AR: one compiled step (the loop's own).
-    ar_step = make_step(model, None, AR, sampler)
+    ar_step = uniform_step(model, None, None, sampler, 1)
 
     def ar_call(counter, step=ar_step):
         nxt, out = step(base_state(), window)
@@ -204,7 +204,7 @@ def profile_steps(
     for r in range(loop_rounds + 1):
         for name, _ in configs:
             shape = shape_of.get(name, AR)
-            ms = _loop_ms_per_step(decode, model, drafter, prompt, shape, loop_tokens)
+            ms = _loop_ms_per_step(model, drafter, prompt, shape, loop_tokens)
             if r:  # round 0 warms up
                 loop[name].append(ms)
 
@@ -248,7 +248,7 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
 
     def draft(init_token, hidden):
         """Candidates (B, N, L) and which of their tokens are present (B, N, L)."""
-        state = DecodeState(init_token, hidden, None, None, None, None)
+        state = DecodeState(init_token, hidden, None, None, None)
         cand = draft_phase(drafter, model, state, W, L)
         if cand.present is None:
             return cand.beams, mx.ones(cand.beams.shape, dtype=mx.bool_)
@@ -269,19 +269,19 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
     verify_fn = mx.compile(verify, inputs=weights)
     accept_fn = mx.compile(lambda b, t, u: accept_phase(b, t, u, C)[:4])
     commit_fn = mx.compile(commit)
-    step_fn = make_step(model, drafter, BeamShape(W, L, C), sampler)
+    step_fn = uniform_step(model, drafter, BeamShape(W, L, C), sampler, 1)
 
     # Fixed inputs for each phase, from one real pass through the phases.
     s = base_state()
     beams, present = draft_fn(s.init_token, s.hidden)
     tree = PackedTree(*pack_fn(beams, present))
     h, target, keys, values, fresh = verify_fn(
-        tree.tokens, tree.depth, tree.mask, s.lengths, s.keys, s.values, s.rng
+        tree.tokens, tree.depth, tree.mask, s.lengths, s.keys, s.values, None
     )
     tokens, n, _, path_slots = accept_fn(beams, target, tree.unpacker)
     mx.eval(beams, tree, h, target, keys, values, fresh, tokens, n, path_slots)
     keep((keys, values))
-    lengths, init_token, hidden, rng = s.lengths, s.init_token, s.hidden, s.rng
+    lengths, init_token, hidden, rng = s.lengths, s.init_token, s.hidden, None  # greedy
 
     def counted(counter, out):
         if counter:
@@ -323,7 +323,7 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
 
 def _lookup_thunks(model, drafter, shape: BeamShape, sampler, window, base_state, keep):
     """The whole compiled step of a shape with lookup chains (its phases are not split)."""
-    step_fn = make_step(model, drafter, shape, sampler)
+    step_fn = uniform_step(model, drafter, shape, sampler, 1)
 
     def t_step(counter):
         nxt, out = step_fn(base_state(), window)
@@ -335,11 +335,15 @@ def _lookup_thunks(model, drafter, shape: BeamShape, sampler, window, base_state
     return {"step": _Timed("step", t_step)}
 
 
-def _loop_ms_per_step(decode, model, drafter, prompt, shape: BeamShape, max_tokens) -> float:
+def _loop_ms_per_step(model, drafter, prompt, shape: BeamShape, max_tokens) -> float:
     """Wall ms per step of the generation loop (first token excluded), greedy, no EOS."""
+    from redrafter_mlx.engine.generation import generate_steps
+
     drafter = drafter if shape.drafts else None
     steps, start = 0, None
-    for ev in decode(model, drafter, [list(prompt)], max_tokens=max_tokens, shape=shape, seed=0):
+    for ev in generate_steps(
+        model, drafter, [list(prompt)], max_tokens=max_tokens, shape=shape, seed=0
+    ):
         if start is None:
             start = time.perf_counter()
             continue

@@ -12,11 +12,11 @@ import time
 
 import mlx.core as mx
 
-from redrafter_mlx.engine.decode import DecodeState, make_step, prefill_chunk
+from redrafter_mlx.engine.batch import uniform_step
+from redrafter_mlx.engine.decode import DecodeState, prefill_chunk
 from redrafter_mlx.engine.model import Model, ModelArgs
 from redrafter_mlx.engine.platform import default_dtype
 from redrafter_mlx.engine.sampling import RowSampler, SamplerConfig, draw
-from redrafter_mlx.engine.shape import AR
 from redrafter_mlx.engine.tree import arange, cache_mask, chain_mask
 
 
@@ -107,8 +107,8 @@ def verify_cost(
     mx.eval(h, lengths, keys, values)
     # Carry the cache from call to call (so it is updated in place, as in the decode loop)
     # but reset the length, so every call sees the same context.
-    state = {"ar": DecodeState(mx.array([1]), h, lengths, keys, values, mx.random.key(0))}
-    ar_step = make_step(model, None, AR, SamplerConfig())
+    state = {"ar": DecodeState(mx.array([1]), h, lengths, keys, values)}
+    ar_step = uniform_step(model, None, None, SamplerConfig(), 1)  # the loop's own step
 
     def ar():
         nxt, out = ar_step(state.pop("ar"), window)

@@ -4,10 +4,12 @@ out); the batch itself is the engine's (``engine/batch.py``: rows, steps, exact 
 One thread owns the model and the KV cache (``Scheduler.serve_forever``). HTTP handlers only
 ``submit`` requests into a bounded queue and receive ``Event``s through each request's
 ``sink`` (called on the engine thread; the app forwards them to asyncio). Each iteration, at
-a step boundary: cancelled rows leave; queued requests are admitted and prefilled alone in a
-one-row cache (exactly as a solo run prefills it), about one chunk (``PREFILL_CHUNK`` tokens)
-per iteration so a long prompt pauses the other rows one chunk at a time, then join the
-batch with their first token; the next step is queued; the previous one, computed, is read.
+a step boundary: cancelled rows leave; queued requests are admitted (each a one-row
+``Prefill``, prefilled exactly as a solo run prefills it); then one ``BatchGenerator.next``:
+about one chunk (``PREFILL_CHUNK`` tokens) of prefill, so a long prompt pauses the other rows
+one chunk at a time, complete prompts joining with their first token, and one turn of the
+batch's loop (the next step queued and the previous one read, in the order the backend
+measured best: the same rule as a solo run's, ``platform.read_first``).
 
 Under ``mlx.launch`` (the model split across ranks, ``engine/distributed.py``) every rank
 runs this loop over its shard; only rank 0 has the HTTP server, the queue, the clients'
@@ -34,11 +36,10 @@ import queue
 import threading
 import time
 
-import mlx.core as mx
-
 from redrafter_mlx.engine.adaptive import Adaptive
-from redrafter_mlx.engine.batch import BatchDecoder, Prefill, Queued, Row, RowStats
-from redrafter_mlx.engine.cache import PREFILL_CHUNK, Session, token_limit
+from redrafter_mlx.engine.batch import BatchGenerator, Prefill, Row, RowStats
+from redrafter_mlx.engine.batch_choice import BatchChoice, FixedShape
+from redrafter_mlx.engine.cache import Session, token_limit
 from redrafter_mlx.engine.loading import materialize
 from redrafter_mlx.engine.shape import AR, BeamShape
 
@@ -83,15 +84,20 @@ class Scheduler:
         if drafter is not None and shape is None:
             raise ValueError("a drafter needs a beam shape")
         shape = (shape or AR).runnable(drafter is not None)
-        shape = None if shape.is_autoregressive else shape
         materialize(model, drafter)
         self.max_batch = max_batch
         self.queue: queue.Queue[Request] = queue.Queue(maxsize=max(max_queue, 1))
         self.group = group  # under mlx.launch: the ranks' group; rank 0 decides the events
         self.leader = group is None or group.rank() == 0
         eos = {int(e) for e in eos_token_ids}
-        # The rows, their state and the steps (with adaptive shapes, ``engine/batch_choice``).
-        self.batch = BatchDecoder(model, drafter, shape, eos, max_batch, compiled, group, adapt)
+        self.speculative = not shape.is_autoregressive
+        # Adaptive shapes (``engine/batch_choice``), else the one shape; None: not adaptive.
+        self.choice: BatchChoice | None = None
+        if adapt and self.speculative:
+            self.choice = BatchChoice(shape, adapt if isinstance(adapt, Adaptive) else Adaptive())
+        policy = self.choice or FixedShape(shape)
+        # The rows, their state, the steps and the loop's order (``engine/batch.py``).
+        self.batch = BatchGenerator(model, drafter, policy, eos, max_batch, compiled, group)
         self.stats = ServerStats()
         self._draining = False
         self._drain_deadline = 0.0
@@ -99,8 +105,6 @@ class Scheduler:
         self._thread: threading.Thread | None = None
         self.failure: str | None = None  # why the engine loop stopped, if it died
         self.ready = threading.Event()
-        self._pending: Queued | None = None
-        self._prefills: list[Prefill] = []
         self._tickets = itertools.count()
         self._incoming: dict[int, Request] = {}  # admitted, not yet applied (rank 0)
         self._faults = 0  # batch faults since the start (never reset: the ranks compare it)
@@ -132,10 +136,6 @@ class Scheduler:
     def rows(self) -> list[Row | None]:
         return self.batch.rows
 
-    @property
-    def choice(self):
-        return self.batch.choice
-
     def health(self) -> dict:
         """Live counters for ``GET /health``."""
         return dict(
@@ -143,11 +143,11 @@ class Scheduler:
             batch_rows=len(self.rows),
             active_rows=self.active_rows,
             queued=self.queue.qsize(),
-            prefilling=len(self._prefills),
+            prefilling=len(self.batch.prefills),
             max_queue=self.queue.maxsize,
             **self.stats.to_dict(),
             resizes=self.batch.resizes,
-            speculative=self.batch.shape is not None,
+            speculative=self.speculative,
             adaptive=self.choice is not None,
             shape_steps=self.choice.steps_run() if self.choice else {},
             step_ms=self.choice.step_ms() if self.choice else {},
@@ -199,7 +199,7 @@ class Scheduler:
         """Wait for a step still in flight (queued, never read: the loop was stopped), so
         that no MLX work outlives the loop's thread (the process may exit next)."""
         with contextlib.suppress(Exception):
-            self.batch.settle(self._pending)
+            self.batch.settle()
 
     def follow(self) -> None:
         """The loop of a rank other than 0 under ``mlx.launch``: apply rank 0's events and
@@ -240,7 +240,7 @@ class Scheduler:
         self.submit(Request(prompt, max_tokens, lambda ev: ev.done and done.set()))
         while not done.is_set():
             self.run_once()
-        while self._pending is not None:
+        while self.batch.pending is not None:
             self.run_once()
         self.stats = ServerStats()
         if self.choice is not None:
@@ -250,39 +250,35 @@ class Scheduler:
 
     def run_once(self, idle_wait: float = 0.05) -> None:
         """One iteration: this iteration's events (leaves, joins: rank 0 decides them, every
-        rank applies them), prefill, queue the next step, read the previous one.
-
-        With adaptive shapes the previous step is read first, before the events: the next
-        step's shape is chosen from the text so far (each row's lookup match state)."""
+        rank applies them), prefill, then one turn of the batch's loop (the next step
+        queued, the previous one read, in the batch's order)."""
         if self.batch.state is None:
             self._reset()
-        if self.choice is not None and self._pending is not None:
-            try:
-                self._read(self._pending)
-                self._pending = None
-            except Exception as e:
-                self._fail_all(e)
         events = self._share(self._decide(idle_wait) if self.leader else None, idle_wait)
         try:
             if not self._apply(events):
                 return
-            self._prefill_some()
-            self.batch.fit()
-            nxt = self._queue_step() if self.active_rows else None
-            if self._pending is not None:
-                self._read(self._pending)
-            self._pending = nxt
+            turn = self.batch.next()  # prefill, joins, one step (``BatchGenerator.next``)
+            for job, error in turn.failed:
+                self._fail_one(job.owner.request, error)
+            for got in turn.joined:  # once per request
+                got.row.stats.ttft_s = time.perf_counter() - got.row.owner.request.submitted
+                self._deliver(got.row, got.new, got.finish)
+            for got in turn.stepped:
+                self._deliver(got.row, got.new, got.finish)
+            queued = self.batch.pending  # the step this turn queued (each turn queues one)
+            if queued is not None:
+                self.stats.record_step(sum(r is not None for r in queued.owners))
         except Exception as e:  # an engine failure fails the rows in flight, not the server
             self._fail_all(e)
 
     def _busy(self) -> bool:
-        return self.active_rows > 0 or self._pending is not None or bool(self._prefills)
+        busy = self.active_rows > 0 or self.batch.pending is not None
+        return busy or bool(self.batch.prefills)
 
     def _reset(self) -> None:
         """Fresh batch state: every row free, empty cache (also after an engine failure)."""
         self.batch.reset()
-        self._pending = None
-        self._prefills = []
 
     # ------------------------------------------------------------------ events
 
@@ -318,18 +314,21 @@ class Scheduler:
             except Exception as e:  # this request's own cache
                 self._fail_one(request, e)
                 continue
-            job = Prefill(
-                request.prompt, request.sampler, event["seed"], session, Held(request, ticket)
-            )
-            self._prefills.append(job)
+            held = Held(request, ticket)
+            limit, _ = token_limit(self.model, len(request.prompt), request.max_tokens)
+            stats = RowStats(len(request.prompt))
+            row = Row(request.sampler, limit, len(request.prompt), stats, held)
+            job = Prefill([request.prompt], request.sampler, event["seed"], session, held, [row])
+            stats.queued_s = job.started - request.submitted
+            self.batch.insert(job)
         return True
 
     def _free(self, ticket: int, error: str | None, status: int) -> None:
         """The request with ``ticket`` leaves its prefill or row: cancelled (no ``error``),
         or answered with ``error``."""
-        for job in self._prefills:
+        for job in self.batch.prefills:
             if job.owner.ticket == ticket:
-                self._prefills.remove(job)
+                self.batch.prefills.remove(job)
                 if error is None:
                     self.stats.requests_cancelled += 1
                 else:
@@ -364,12 +363,12 @@ class Scheduler:
             if not row.finished:
                 self._send(row, [], error=message)
                 answered.add(id(row.owner.request))
-        for job in self._prefills:
+        for job in self.batch.prefills:
             if id(job.owner.request) not in answered:
                 self._reject(job.owner.request, message, 500)
         for request in self._incoming.values():  # admitted as the failure struck
             self._reject(request, message, 500)
-        self._prefills, self._incoming = [], {}
+        self.batch.prefills, self._incoming = [], {}
 
     def _die(self, error: BaseException) -> None:
         """The loop is ending on an exception: answer every request and refuse new ones."""
@@ -401,7 +400,8 @@ class Scheduler:
         and prefills this iteration frees), waiting up to ``timeout`` when ``block``. An
         unseeded request gets its seed here."""
         events = []
-        while self.active_rows + len(self._prefills) - leaving + len(events) < self.max_batch:
+        held = self.active_rows + len(self.batch.prefills) - leaving
+        while held + len(events) < self.max_batch:
             try:
                 request = self.queue.get(block=block, timeout=timeout if block else None)
             except queue.Empty:
@@ -418,48 +418,6 @@ class Scheduler:
             self._incoming[ticket] = request
             events.append(admit_event(request, seed, ticket))
         return events
-
-    def _prefill_some(self) -> None:
-        """Up to ``PREFILL_CHUNK`` prompt tokens (at least one chunk) per loop iteration, so a
-        long prompt pauses the other rows for one chunk at a time, not for all of it.
-
-        A prefill or first draw that raises fails its request alone; the join that follows
-        touches the batch, so a failure there is the batch's (``_fail_all``)."""
-        budget = PREFILL_CHUNK
-        while self._prefills and budget > 0:
-            job = self._prefills[0]
-            try:
-                budget -= job.advance()
-                start = job.first_token(self.model) if job.complete else None
-            except Exception as e:
-                self._prefills.pop(0)
-                self._fail_one(job.owner.request, e)
-                continue
-            if start is not None:
-                self._join(job, *start)
-                self._prefills.pop(0)  # after the join: a failing join still answers it
-
-    def _join(self, job: Prefill, first: int, rng: mx.array) -> None:
-        """Move a prefilled request, its first token drawn, into a free row."""
-        request = job.owner.request
-        limit, _ = token_limit(self.model, len(request.prompt), request.max_tokens)
-        stats = RowStats(len(request.prompt), queued_s=job.started - request.submitted)
-        row = Row(request.sampler, limit, len(request.prompt), stats, job.owner)
-        row.sampling = job.sampling  # built and checked at its first token (fails it alone)
-        new, finish = self.batch.join(row, job.session, job.hidden, first, rng)
-        stats.ttft_s = time.perf_counter() - request.submitted
-        self._deliver(row, new, finish)  # once per request, at its join
-
-    def _queue_step(self) -> Queued:
-        """Queue one step for all rows (``BatchDecoder.queue``)."""
-        step = self.batch.queue()
-        self.stats.record_step(sum(r is not None for r in step.owners))
-        return step
-
-    def _read(self, step: Queued) -> None:
-        """Deliver a computed step's tokens to the rows still owned by the same request."""
-        for got in self.batch.read(step):
-            self._deliver(got.row, got.new, got.finish)
 
     def _deliver(self, row: Row, new: list[int], finish: str | None) -> None:
         """Send a row's emitted tokens (the batch stopped it exactly); count a finish."""
@@ -485,7 +443,7 @@ class Scheduler:
 
     def _cancelled(self) -> list[int]:
         """Tickets of the cancelled requests that are prefilling or hold a row."""
-        held = [*(j.owner for j in self._prefills), *(row.owner for row in self.batch.active)]
+        held = [*(j.owner for j in self.batch.prefills), *(r.owner for r in self.batch.active)]
         return [x.ticket for x in held if x.request.cancelled.is_set()]
 
     def _drain_step(self) -> list[dict]:
@@ -496,5 +454,5 @@ class Scheduler:
         self._reject_queued("the server is shutting down", 503)
         if time.perf_counter() < self._drain_deadline:
             return []
-        held = [*(j.owner for j in self._prefills), *(row.owner for row in self.batch.active)]
+        held = [*(j.owner for j in self.batch.prefills), *(r.owner for r in self.batch.active)]
         return [free_event(x.ticket, "the server is shutting down", 503) for x in held]

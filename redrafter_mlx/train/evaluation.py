@@ -37,13 +37,13 @@ def evaluate(
     The compiled step reads the drafter's weights at every call, so a drafter trained in place
     since an earlier evaluation is evaluated with its current weights.
     """
-    from ..engine.generation import decode
+    from ..engine.generation import generate_steps
     from ..engine.shape import BeamShape
 
     results = []
     for w, length in shapes:
         stats = None
-        for ev in decode(
+        for ev in generate_steps(
             model,
             drafter,
             prompts,

@@ -6,6 +6,12 @@ training targets are read off the answer, and the hidden state of each position 
 decoding computed anyway. Keeping it saves the separate forward over every sequence that
 ``targets="self"`` otherwise needs (the slowest stage of a large build).
 
+It runs the engine's own step (``batch.batch_step``, plain decoding, a key per row), row
+compaction (``batch.take_rows``) and stop rule (``cache.stop_at``), in a loop of its own
+rather than ``batch.BatchGenerator``'s: it keeps every step's hidden state, reads the device
+only every ``CHECK_EVERY`` steps (not each step), and interleaves batches on several CPU
+streams (``answers_in_lanes``).
+
 Shapes: B rows, n answer tokens of a row, H hidden, T drafter steps (predict_tokens).
 """
 
@@ -17,12 +23,11 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from ..engine.cache import Session, bucket, ensure_slots, prefill_session
+from ..engine.batch import batch_step, take_rows
+from ..engine.cache import Session, bucket, ensure_slots, prefill_session, stop_at
 from ..engine.decode import DecodeState, first_draw
-from ..engine.generation import get_step
 from ..engine.model import Model
-from ..engine.sampling import RowSampler, SamplerConfig
-from ..engine.shape import AR
+from ..engine.sampling import RowSampler, SamplerConfig, row_keys_of, row_settings
 
 CHECK_EVERY = 16  # steps between host reads of "have all rows ended?"
 # Attention windows in steps of 64 slots, not the engine's 256: a batch of answers attends
@@ -49,7 +54,7 @@ def greedy_with_hidden(
 ) -> list[Answer]:
     """Batched greedy decoding of ``prompts`` (B rows) keeping every step's hidden state.
 
-    Tokens equal the engine's greedy decoding (the same compiled autoregressive step); rows
+    Tokens equal the engine's greedy decoding (the same compiled batch step); rows
     run until all have ended or ``max_tokens``; a row's answer is cut after its first
     end-of-turn id.
     """
@@ -137,12 +142,15 @@ def _decode(model: Model, job: Job, stream):
         B = len(prompts)
         session, hidden = prefill_shared(model, prompts)  # (B, H)
         rng, first_key = mx.random.split(mx.random.key(job.seed))
-        rows = RowSampler.from_config(sampler, model.vocab_size, first_key, B)
-        first = first_draw(model, hidden, rows, None, session.lengths)
+        # Each row draws with its own key, as in every engine loop (``sampling.row_keys``).
+        mode, settings = row_settings([sampler] * B, model.vocab_size)
+        first_rows = RowSampler(settings, row_keys_of(first_key, B), mode)
+        first = first_draw(model, hidden, first_rows, None, session.lengths)
         first = first.astype(mx.int32)
-        state = DecodeState(first, hidden, session.lengths, session.keys, session.values, rng)
+        state = DecodeState(first, hidden, session.lengths, session.keys, session.values)
+        row_keys, active = row_keys_of(rng, B), mx.ones((B,), dtype=mx.bool_)
         session.keys = session.values = None  # the loop owns the cache (in-place K/V writes)
-        step = get_step(model, None, AR, sampler)
+        step = batch_step(model, None, None, mode)  # plain decoding: the engine's own step
         eos = mx.array(sorted(int(e) for e in job.eos_token_ids) or [-1], dtype=mx.int32)
     rows = np.arange(B)  # the prompt each running row answers
     pieces: list[list] = [[] for _ in range(B)]  # per prompt: (ids, hidden) runs, in order
@@ -153,12 +161,12 @@ def _decode(model: Model, job: Job, stream):
         with _on(stream):
             window = bucket(longest + i + 1, WINDOW_QUANTUM)
             state = ensure_slots(state, window)
-            state, _ = step(state, window)
+            state, row_keys, _ = step(state, row_keys, active, settings, window)
             # state.hidden is the state at the token just committed, whose greedy draw is the
             # state's init_token: the same pairing as (hidden, first).
             hs.append(state.hidden)
             toks.append(state.init_token)
-        yield state  # queued by the caller, with every other lane's step
+        yield state, row_keys  # queued by the caller, with every other lane's step
         if i % CHECK_EVERY == 0:
             with _on(stream):
                 recent = mx.stack(toks[-CHECK_EVERY:], axis=1)  # (B, CHECK_EVERY)
@@ -168,7 +176,9 @@ def _decode(model: Model, job: Job, stream):
                 keep = rows_to_keep(ended)
                 if len(keep) < len(rows):
                     collect(pieces, rows, hs, toks)
-                    state = take_rows(state, mx.array(keep))
+                    state, row_keys = take_rows(state, row_keys, mx.array(keep))
+                    _, settings = row_settings([sampler] * len(keep), model.vocab_size)
+                    active = mx.ones((len(keep),), dtype=mx.bool_)
                     rows, ended, hs, toks = rows[keep], ended[keep], [], []
                     longest = max(len(prompts[r]) for r in rows)
     with _on(stream):
@@ -177,9 +187,9 @@ def _decode(model: Model, job: Job, stream):
     out = []
     for r in range(B):
         row = [int(t) for ids, _ in pieces[r] for t in ids]
-        n = next((j + 1 for j, t in enumerate(row) if t in stops), None)
-        finish = "stop" if n is not None else "length"
-        n = n if n is not None else min(len(row), max_tokens)
+        new, finish = stop_at(row, stops, max_tokens)  # the engine's stop rule
+        n = len(new) + (finish == "stop")  # a training answer keeps its end-of-turn id
+        finish = "stop" if finish == "stop" else "length"
         out.append(Answer(row[:n], finish, np.concatenate([h for _, h in pieces[r]])[:n]))
     return out
 
@@ -214,17 +224,6 @@ def rows_to_keep(ended: np.ndarray) -> np.ndarray:
     size = min(-(-len(live) // 8) * 8, len(ended))
     pad = np.flatnonzero(ended)[: size - len(live)]
     return np.sort(np.concatenate([live, pad]))
-
-
-def take_rows(state: DecodeState, idx: mx.array) -> DecodeState:
-    """The decode state of rows ``idx`` (b,) only (the cache rows copied)."""
-    return state._replace(
-        init_token=state.init_token[idx],
-        hidden=state.hidden[idx],
-        lengths=state.lengths[idx],
-        keys=[k[idx] for k in state.keys],
-        values=[v[idx] for v in state.values],
-    )
 
 
 def collect(pieces: list[list], rows: np.ndarray, hs: list, toks: list) -> None:

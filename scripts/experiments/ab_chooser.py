@@ -55,13 +55,13 @@ def parse_arm(text: str) -> tuple[str, dict]:
 
 def run(engine, texts: list[dict], arms: dict[str, Arm], shape: BeamShape, max_tokens: int):
     """Per (set, turn, arm): [tokens after the first, steps, seconds, Counter of shapes]."""
-    from redrafter_mlx.engine.generation import decode
+    from redrafter_mlx.engine.generation import generate_steps
 
     names, totals = list(arms), {}
     for i, item in enumerate(texts):
         for name in names[i % len(names) :] + names[: i % len(names)]:
             tokens, steps, start = [], 0, None
-            events = decode(
+            events = generate_steps(
                 engine.model,
                 engine.drafter,
                 [item["prompt"]],

@@ -76,7 +76,7 @@ def test_any_policy_drives_the_batch_and_greedy_rows_stay_exact():
 
 @pytest.mark.parametrize("first", ["0", "1"])
 def test_the_server_orders_its_reads_like_the_solo_loop(monkeypatch, first):
-    """Issue 48: the server's batches follow the solo loop's per-backend rule: with the
+    """The server's batches follow the solo loop's per-backend rule: with the
     per-step choice (adaptive, lookup chains) step k+1 is queued before step k is read
     where ``REDRAFTER_MLX_READ_FIRST=0`` (a GPU's default). Before, the scheduler read
     first whenever shapes adapted, so the server never pipelined. Tokens stay exact."""

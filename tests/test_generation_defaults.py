@@ -1,4 +1,4 @@
-"""The Python API's defaults run what ``chat`` runs (issue 44, item 3): the plan is resolved
+"""The Python API's defaults run what ``chat`` runs: the plan is resolved
 by the engine (``engine.plan``), and the CLI only maps its flags onto it."""
 
 import pytest
@@ -52,7 +52,7 @@ def test_asked_arguments_win_and_bad_ones_name_their_field():
 
 @pytest.mark.parametrize("first", ["0", "1"])
 def test_the_default_loop_reads_only_steps_already_followed_by_a_queued_one(monkeypatch, first):
-    """Issue 45, item 2: in the default mode (adaptive, lookup chains, the per-step choice)
+    """In the default mode (adaptive, lookup chains, the per-step choice)
     step k+1 is queued before step k is read: one read per step, never of the newest step.
     Before: the per-step choice read step k, then queued step k+1 (the device waited).
     ``REDRAFTER_MLX_READ_FIRST=1`` (a per-backend choice, ``platform.read_first``) reads

@@ -1,4 +1,4 @@
-"""Lookup that follows a periodic run (issue 45, item 6): when the text ends in a row of ``=``,
+"""Lookup that follows a periodic run: when the text ends in a row of ``=``,
 a run of digits or any repetition, the latest match of its suffix overlaps the suffix, and the
 chain continues periodically instead of stopping after one period. Step counts of greedy
 decoding (deterministic) give the tokens per step; every output equals plain decoding's."""
@@ -60,7 +60,7 @@ def tokens_per_step(model, prompt, max_tokens, eos=()):
 
 @pytest.mark.parametrize("text", ["# " + "=" * 120, "x = 9999999999"], ids=["equals", "nines"])
 def test_demo_continues_a_run_at_five_tokens_per_step(demo, text):
-    """Issue 45's demo cases: 1.00 and 1.37 tokens/step before (a chain of one token)."""
+    """The demo cases: 1.00 and 1.37 tokens/step before (a chain of one token)."""
     model, tokenizer = demo
     rate, same, n = tokens_per_step(model, tokenizer.encode(text), 64)
     assert same
@@ -69,7 +69,7 @@ def test_demo_continues_a_run_at_five_tokens_per_step(demo, text):
 
 
 def test_smollm2_copies_a_run_of_zeros_at_five_tokens_per_step():
-    """Issue 45's SmolLM2 case: copying ``1`` and 60 zeros ran at 1.04 tokens/step."""
+    """The SmolLM2 case: copying ``1`` and 60 zeros ran at 1.04 tokens/step."""
     path = SMOLLM2
     if not (path / "config.json").is_file():
         pytest.skip(f"SmolLM2 is not converted at {path}; run `make smollm2` (make install)")

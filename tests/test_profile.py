@@ -88,7 +88,7 @@ def test_launch_bound_prices_kernels_and_weights_against_ar():
 
 
 def test_profile_times_the_products_own_step(monkeypatch):
-    """Issue 48: ``bench --profile`` times the compiled batch step every loop runs (kept on
+    """``bench --profile`` times the compiled batch step every loop runs (kept on
     the model by ``batch.batch_step``), not a step builder of its own. Before, it compiled
     ``decode.make_step``, which no product loop ran."""
     from redrafter_mlx.engine.sampling import StepMode

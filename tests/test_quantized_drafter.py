@@ -1,4 +1,4 @@
-"""The packaged SmolLM2 drafter on the quantized install (issue 45, item 5).
+"""The packaged SmolLM2 drafter on the quantized install.
 
 On Metal ``make install`` keeps the GGUF's own Q4_1 (and Q8_0 embedding) as MLX's affine
 4/8-bit triples in groups of 32: the same weights the drafter was trained on, dequantized.

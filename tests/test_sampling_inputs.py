@@ -1,4 +1,4 @@
-"""Sampling values at their limits (issue 51, items 1 and 2), in every path.
+"""Sampling values at their limits, in every path.
 
 Item 1: a ``top_k`` of 2**31 or more crashed the batched step (int32 cast) and failed every
 row in flight. Now every value a client can send is checked or made to fit when its row is

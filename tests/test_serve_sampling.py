@@ -1,4 +1,4 @@
-"""The server honours every sampling setting the CLI has (issue 43, defect 3): top-k and
+"""The server honours every sampling setting the CLI has: top-k and
 min-p reach each row's draws exactly as ``generate`` applies them under speculation, bad
 ranges are a 400 naming the field, and what the server does not implement is refused."""
 

@@ -14,7 +14,7 @@ State carried between steps (``DecodeState``):
     history    (B, S) the committed token ids, slot by slot (None: no lookup)
 
 Rows draw with their own keys (``sampling.RowSampler``, split per step by the batch step,
-``batch.make_batch_step``): the state carries no key.
+``batch.batch_step``): the state carries no key.
 
 A step's output for the host (``StepOutput``): ``tokens`` (B, L) with ``count`` (B,) valid
 entries per row — the accepted draft tokens followed by the bonus token.

@@ -10,11 +10,13 @@ Shapes: B positions per micro-batch, H hidden, T drafter steps, V head ids.
 
 from __future__ import annotations
 
+import math
+
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
-from mlx.utils import tree_map
+from mlx.utils import tree_flatten, tree_map
 
 from ..engine.drafter import Drafter, DrafterArgs
 from ..engine.model import Model
@@ -254,6 +256,21 @@ def teacher_targets(cache: TargetCache, model: Model, idx: np.ndarray, head_ids=
     return teacher, mx.array(soft)
 
 
+def all_finite(params) -> mx.array:
+    """() bool: every value of the parameter tree ``params`` is finite (no NaN, no infinity)."""
+    leaves = [v for _, v in tree_flatten(params)]
+    return mx.all(mx.stack([mx.all(mx.isfinite(v)) for v in leaves]))
+
+
+class TrainingDiverged(ValueError):
+    """The loss or the weights went NaN or infinite: the run stops and nothing from that step
+    on is saved. ``step``: the optimizer step (set by the training loop)."""
+
+    def __init__(self, what: str, step: int | None = None):
+        super().__init__(what)
+        self.what, self.step = what, step
+
+
 class Trainer:
     """One drafter, its optimizer and the gradient step (with accumulation and all_sum).
 
@@ -289,6 +306,7 @@ class Trainer:
         def update(grads):
             grads, _ = optim.clip_grad_norm(grads, CLIP_GRAD_NORM)
             optimizer.update(drafter, grads)
+            return all_finite(drafter.trainable_parameters())
 
         self._update = mx.compile(update, inputs=state, outputs=state)
 
@@ -302,6 +320,8 @@ class Trainer:
         [, teacher, soft]).
 
         Returns the mean (loss, per-step losses (T,), per-step accuracy (T,)) over them.
+        Raises TrainingDiverged when the loss or the updated weights are not finite (the
+        weights are then unusable: the caller must not save them).
         """
         total, loss_sum, steps_sum, acc_sum = None, 0.0, 0.0, 0.0
         for batch in batches:
@@ -314,8 +334,13 @@ class Trainer:
         if self.group is not None and self.group.size() > 1:
             grads = tree_map(self._average, grads)
             metrics = tuple(self._average(m) for m in metrics)
-        self._update(grads)
-        mx.eval(self.drafter.parameters(), self.optimizer.state, *metrics)
+        finite = self._update(grads)
+        mx.eval(self.drafter.parameters(), self.optimizer.state, *metrics, finite)
+        if not (math.isfinite(metrics[0].item()) and finite.item()):
+            loss = metrics[0].item()
+            raise TrainingDiverged(
+                f"the loss is {loss}" if not math.isfinite(loss) else "the weights went non-finite"
+            )
         return metrics
 
     def _average(self, x: mx.array) -> mx.array:

@@ -309,12 +309,21 @@ class ChatLoop:
         ]
         if self.plan.speculative:
             lines.append(
-                f"steps: {r.steps}, {r.tokens_per_step:.2f} tokens/step, mean packed "
-                f"{r.mean_packed:.1f} of {self.plan.width * self.plan.length}, "
+                f"steps: {r.steps}, {r.tokens_per_step:.2f} tokens/step, {self.packed_text(r)}, "
                 f"host {r.host_ms_per_step:.2f} ms/step, {format_hist(r.accept_hist)}"
             )
         lines.append(f"peak memory: {r.peak_memory_gb:.3f} GB")
         return "\n".join(lines)
+
+    def packed_text(self, r) -> str:
+        """Tokens the verifier scored per step, against the slots of the shape that packs them
+        (``BeamShape.slots``: beams and lookup chains, or the capacity). With adaptive shapes
+        the steps ran shapes of their own (longer chains, say), so the asked shape's slots are
+        a reference, not a bound."""
+        slots, label = self.plan.shape.slots, self.plan.label
+        if self.adapt:
+            return f"mean packed {r.mean_packed:.1f} tokens (adaptive; {label} packs {slots})"
+        return f"mean packed {r.mean_packed:.1f} of {slots} slots"
 
     def note(self, message: str) -> None:
         """A dim status line."""

@@ -151,11 +151,6 @@ class ChatLoop:
         text, interrupted = "", False
         try:
             kept, ids, dropped = self.fit_context(asked)
-            if dropped:
-                context = self.engine.model.max_context
-                self.note(
-                    f"[dropped the oldest {dropped} turn(s) to fit the context of {context} tokens]"
-                )
             text, interrupted = self.stream_answer(ids)
         except KeyboardInterrupt:  # while preparing the turn: nothing was said
             text, interrupted = "", True
@@ -169,6 +164,11 @@ class ChatLoop:
         if text or not interrupted:
             self.messages = [*kept, {"role": "assistant", "content": text}]
             self.dropped_turns += dropped
+            if dropped:  # said once it has happened: a refused turn drops nothing
+                context = self.engine.model.max_context
+                self.note(
+                    f"[dropped the oldest {dropped} turn(s) to fit the context of {context} tokens]"
+                )
         if self.last is not None:
             from redrafter_mlx.cli.common import stats_line
 

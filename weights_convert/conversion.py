@@ -237,7 +237,9 @@ def convert(
     _check_options(dtype, quantize, quantize_drafter, q_bits, q_group_size)
     out = Path(out).expanduser().absolute()
     if out.is_dir() and any(out.iterdir()) and not force:  # fail before any download
-        _check_out(out, force, [])
+        local = [Path(s).expanduser() for s in (model, drafter) if s]
+        local = [p for p in local if p.exists()]
+        _check_out(out, force, local)  # a local source in ``out`` is refused, --force or not
     check_writable(out)
     model_dir = resolve_source(model, "model")
     drafter_dir = resolve_source(drafter, "drafter") if drafter else None

@@ -279,6 +279,23 @@ def build_prompts(
     return items
 
 
+def check_csv_path(path: Path) -> None:
+    """FlagError naming ``--csv`` unless ``path`` can be written, checked before the run (a
+    file is opened for appending, so nothing is changed, and removed again if it was new)."""
+    if path.is_dir():
+        raise FlagError(f"--csv {path} is a folder; give a file path, e.g. {path / 'bench.csv'}")
+    existed = path.exists()
+    try:
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as e:
+        raise FlagError(
+            f"--csv {path} cannot be written ({e.strerror or e}); choose a writable path"
+        ) from None
+    if not existed:
+        path.unlink(missing_ok=True)
+
+
 def bench(
     model: ModelOpt = None,
     drafter: DrafterOpt = None,
@@ -436,6 +453,8 @@ def bench(
                 raise FlagError(f"--num-prompts must be >= 1, got {num_prompts}")
             if turns not in (1, 2):
                 raise FlagError(f"--turns must be 1 or 2, got {turns}")
+            if csv_path is not None:
+                check_csv_path(csv_path)
             return mac_cost(launch_us, bandwidth_gbs, mac_dtype, profile)
 
         def choose(paths: ModelPaths) -> tuple[tuple, bool]:

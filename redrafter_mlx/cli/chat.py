@@ -134,7 +134,13 @@ def chat(
         if max_tokens is None:
             max_tokens = answer_budget(engine.model.max_context)
 
-        from redrafter_mlx.cli.chat_ui import ChatLoop, enable_line_editing, read_line, run_chat
+        from redrafter_mlx.cli.chat_ui import (
+            ChatLoop,
+            enable_line_editing,
+            read_line,
+            run_chat,
+            settle_compiler_check,
+        )
 
         console = out_console()
         console.print(greeting(engine, plan, show_accepted, ready.sampling_note))
@@ -151,6 +157,7 @@ def chat(
         problem = None if system_prompt is None else loop.system_problem(system_prompt)
         if problem is not None:
             raise FlagError(f"--system-prompt: {problem}")
+        settle_compiler_check()  # before the first prompt: a Ctrl-C is never lost to it
         enable_line_editing()
         run_chat(loop, read=shared_reader(read_line))
 

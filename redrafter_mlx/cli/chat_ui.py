@@ -16,6 +16,8 @@ from collections.abc import Callable
 from rich.console import Console
 from rich.text import Text
 
+from redrafter_mlx.cli.terminal import visible
+
 HELP = (
     "/reset  clear the conversation · /stats  details of the last answer · "
     "/system <text>  set the system prompt (/system alone shows it) · "
@@ -58,6 +60,25 @@ def enable_line_editing() -> None:
             import readline  # noqa: F401 (importing it is what enables editing)
 
 
+def settle_compiler_check() -> None:
+    """Run MLX's one-time compiler check now, before the first prompt.
+
+    The first compiled kernel MLX's CPU backend runs in a process checks for a C++ compiler
+    with ``system("g++ --version")``, and ``system`` ignores SIGINT while its child runs
+    (measured with strace: ~20 ms on an idle machine, longer when loaded), so a Ctrl-C in that
+    window of the first answer was lost. A tiny compiled function here takes the check at
+    start-up. (A kernel not yet in MLX's on-disk cache is built the same way, ~1.5 s; that
+    happens once per machine and MLX version.)
+    """
+    import mlx.core as mx
+
+    mx.eval(mx.compile(_twice_plus_one)(mx.zeros((1,))))
+
+
+def _twice_plus_one(x):
+    return x * 2 + 1
+
+
 class ChatLoop:
     """A multi-turn conversation with KV-cache reuse through one ``Session``."""
 
@@ -90,56 +111,64 @@ class ChatLoop:
 
     # ------------------------------------------------------------------ prompt and context
 
-    def prompt_ids(self) -> list[int]:
-        """The whole conversation in the chat format, ending with an open assistant turn."""
-        return self.engine.tokenizer.chat_prompt(self.messages, system=self.system)
+    def prompt_ids(self, messages: list[dict] | None = None) -> list[int]:
+        """``messages`` (default: the conversation) in the chat format, ending with an open
+        assistant turn."""
+        messages = self.messages if messages is None else messages
+        return self.engine.tokenizer.chat_prompt(messages, system=self.system)
 
-    def fit_context(self) -> list[int]:
-        """Drop the oldest turns until history + max_tokens fits the context; return the ids.
+    def fit_context(self, messages: list[dict]) -> tuple[list[dict], list[int], int]:
+        """Which of ``messages`` fit: the oldest turns are left out until their prompt plus
+        max_tokens fits the context. Returns (the messages kept, their prompt ids, the turns
+        left out); ``messages`` itself is not changed, so a turn that then fails leaves the
+        conversation as it was.
 
         The newest user message is always kept; if it alone is too long the engine reports it.
         """
         context = self.engine.model.max_context
-        ids = self.prompt_ids()
+        kept = list(messages)
+        ids = self.prompt_ids(kept)
         dropped = 0
-        while (
-            context is not None and len(ids) + self.max_tokens > context and len(self.messages) > 1
-        ):
-            turn = 2 if self.messages[1]["role"] == "assistant" else 1
-            del self.messages[:turn]
+        while context is not None and len(ids) + self.max_tokens > context and len(kept) > 1:
+            turn = 2 if kept[1]["role"] == "assistant" else 1
+            del kept[:turn]
             dropped += 1
-            ids = self.prompt_ids()
-        if dropped:
-            self.dropped_turns += dropped
-            self.note(
-                f"[dropped the oldest {dropped} turn(s) to fit the context of {context} tokens]"
-            )
-        return ids
+            ids = self.prompt_ids(kept)
+        return kept, ids, dropped
 
     # ------------------------------------------------------------------ one answer
 
     def answer(self, user_text: str) -> str:
         """Stream the assistant's answer to ``user_text``; return the text kept in history.
 
-        A turn that fails (the message alone exceeds the context, or anything else) prints
-        one error line and leaves the conversation as it was before the message.
+        The conversation changes only once the turn has an answer: a turn that fails (the
+        message alone exceeds the context, or anything else) prints one error line, and
+        Ctrl-C before any text (while the message is tokenised and fitted, or before the
+        first token) cancels the turn; either way the conversation, dropped turns included,
+        stays as it was before the message.
         """
-        self.messages.append({"role": "user", "content": user_text})
+        asked = [*self.messages, {"role": "user", "content": user_text}]
         text, interrupted = "", False
         try:
-            text, interrupted = self.stream_answer(self.fit_context())
+            kept, ids, dropped = self.fit_context(asked)
+            text, interrupted = self.stream_answer(ids)
+        except KeyboardInterrupt:  # while preparing the turn: nothing was said
+            text, interrupted = "", True
         except Exception as e:
-            self.messages.pop()
-            self.error(e)
+            self.error(e, unchanged=True)
             return ""
         finally:
             self.repair_session()
         if interrupted:
-            self.note("[interrupted]")
+            self.note("[interrupted]" if text else "[interrupted; the conversation is unchanged]")
         if text or not interrupted:
-            self.messages.append({"role": "assistant", "content": text})
-        else:
-            self.messages.pop()  # nothing was said: forget the unanswered message
+            self.messages = [*kept, {"role": "assistant", "content": text}]
+            self.dropped_turns += dropped
+            if dropped:  # said once it has happened: a refused turn drops nothing
+                context = self.engine.model.max_context
+                self.note(
+                    f"[dropped the oldest {dropped} turn(s) to fit the context of {context} tokens]"
+                )
         if self.last is not None:
             from redrafter_mlx.cli.common import stats_line
 
@@ -178,9 +207,10 @@ class ChatLoop:
         return text, False
 
     def show(self, response, decoder) -> None:
-        """Print one streamed chunk; with --show-accepted, drafter tokens are coloured."""
+        """Print one streamed chunk (control characters shown visibly: ``terminal.visible``);
+        with --show-accepted, drafter tokens are coloured."""
         if not self.show_accepted:
-            self.console.print(response.text, end="", markup=False, emoji=False)
+            self.console.print(visible(response.text), end="", markup=False, emoji=False)
             return
         k = sum(response.drafted_tokens)  # drafted tokens come first in a step
         drafted = decoder.add(response.tokens[:k])
@@ -188,8 +218,8 @@ class ChatLoop:
         if response.finish_reason:
             own += decoder.flush()
         chunk = Text()
-        chunk.append(drafted, style=DRAFTED_STYLE)
-        chunk.append(own)
+        chunk.append(visible(drafted), style=DRAFTED_STYLE)
+        chunk.append(visible(own))
         self.console.print(chunk, end="")
 
     def repair_session(self) -> None:
@@ -232,7 +262,7 @@ class ChatLoop:
             from redrafter_mlx.engine.chat_format import VICUNA_SYSTEM
 
             current = self.system if self.system is not None else f"(default) {VICUNA_SYSTEM}"
-            self.note(f"system prompt: {current}")
+            self.note(f"system prompt: {visible(current)}")
             return
         problem = self.system_problem(text)
         if problem is not None:
@@ -279,25 +309,37 @@ class ChatLoop:
         ]
         if self.plan.speculative:
             lines.append(
-                f"steps: {r.steps}, {r.tokens_per_step:.2f} tokens/step, mean packed "
-                f"{r.mean_packed:.1f} of {self.plan.width * self.plan.length}, "
+                f"steps: {r.steps}, {r.tokens_per_step:.2f} tokens/step, {self.packed_text(r)}, "
                 f"host {r.host_ms_per_step:.2f} ms/step, {format_hist(r.accept_hist)}"
             )
         lines.append(f"peak memory: {r.peak_memory_gb:.3f} GB")
         return "\n".join(lines)
 
+    def packed_text(self, r) -> str:
+        """Tokens the verifier scored per step, against the slots of the shape that packs them
+        (``BeamShape.slots``: beams and lookup chains, or the capacity). With adaptive shapes
+        the steps ran shapes of their own (longer chains, say), so the asked shape's slots are
+        a reference, not a bound."""
+        slots, label = self.plan.shape.slots, self.plan.label
+        if self.adapt:
+            return f"mean packed {r.mean_packed:.1f} tokens (adaptive; {label} packs {slots})"
+        return f"mean packed {r.mean_packed:.1f} of {slots} slots"
+
     def note(self, message: str) -> None:
         """A dim status line."""
         self.console.print(Text(message, style="dim"))
 
-    def error(self, e: Exception) -> None:
-        """One red line for a turn or command that failed; the chat goes on."""
+    def error(self, e: Exception, unchanged: bool = False) -> None:
+        """One red line for a turn or command that failed; the chat goes on. ``unchanged``:
+        say that the conversation is as it was (a failed turn)."""
         what = str(e) if isinstance(e, ValueError) else f"unexpected {type(e).__name__}: {e}"
-        self.console.print(Text(f"error: {what}", style="bold red"))
+        tail = " (the conversation is unchanged)" if unchanged else ""
+        self.console.print(Text(f"error: {what}{tail}", style="bold red"))
 
 
 def run_chat(loop: ChatLoop, read: Callable[[str], str | None] = read_line) -> None:
-    """Read messages until /quit or end of input; Ctrl-C at the prompt only clears the line."""
+    """Read messages until /quit or end of input. Ctrl-C at the prompt only clears the line;
+    anywhere in a turn or a command it ends that turn or command, never the chat."""
     while True:
         try:
             line = read(">> ")
@@ -310,13 +352,17 @@ def run_chat(loop: ChatLoop, read: Callable[[str], str | None] = read_line) -> N
             return
         if not line.strip():
             continue
-        if line.startswith("//"):  # the escape: "//text" sends "/text"
-            loop.answer(line[1:])
-        elif line.startswith("/"):
-            if not run_command(loop, line):
-                return
-        else:
-            loop.answer(line)
+        try:
+            if line.startswith("//"):  # the escape: "//text" sends "/text"
+                loop.answer(line[1:])
+            elif line.startswith("/"):
+                if not run_command(loop, line):
+                    return
+            else:
+                loop.answer(line)
+        except KeyboardInterrupt:  # past the turn's own handling (e.g. printing its stats)
+            loop.console.print()
+            loop.note("[interrupted]")
 
 
 def run_command(loop: ChatLoop, line: str) -> bool:

@@ -1,7 +1,8 @@
 """``redrafter-mlx generate``: one prompt in, the streamed answer out, then a stats line.
 
-Like ``mlx_lm.generate``: the answer streams to stdout and the stats go to stderr;
-``--json`` prints one machine-readable object instead; ``--no-draft`` is the
+Like ``mlx_lm.generate``: the answer streams to stdout (control characters shown visibly,
+``cli.terminal``) and the stats go to stderr; ``--json`` prints one machine-readable object
+instead (the exact text); ``--no-draft`` is the
 autoregressive baseline through the same engine; ``--raw`` skips the chat template.
 """
 
@@ -48,6 +49,7 @@ from redrafter_mlx.cli.common import (
     sampling_flags,
     stats_line,
 )
+from redrafter_mlx.cli.terminal import visible
 from tuning import ShapeChoice
 
 if TYPE_CHECKING:
@@ -129,7 +131,7 @@ def run_generation(
         out.drafted += response.drafted_tokens
         out.final = response
         if echo and response.text:
-            console.print(response.text, end="", markup=False, emoji=False)
+            console.print(visible(response.text), end="", markup=False, emoji=False)
     if echo:
         console.print()
     return out

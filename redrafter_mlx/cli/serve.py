@@ -79,6 +79,36 @@ def check_serve_flags(
         raise FlagError(f"--max-connections must be >= 1, got {max_connections}")
 
 
+def check_port_free(host: str, port: int) -> None:
+    """FlagError naming ``--port`` (or ``--host``) unless the server could listen there now:
+    a socket is bound as uvicorn binds it (SO_REUSEADDR) and closed again. Port 0 (any free
+    port) always can."""
+    import errno
+    import socket
+
+    if port == 0:
+        return
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        raise FlagError(f"--host {host!r} is not an address or a known host name ({e})") from None
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise FlagError(
+                    f"--port {port}: {host}:{port} is already in use (another server?); choose "
+                    f"another --port (0 picks a free one) or stop what listens there"
+                ) from None
+            if e.errno == errno.EADDRNOTAVAIL:
+                raise FlagError(f"--host {host}: not an address of this machine") from None
+            raise FlagError(
+                f"--port {port}: cannot listen on {host}:{port} ({e.strerror})"
+            ) from None
+
+
 def model_id(paths) -> str:
     """The name clients see in ``/v1/models``: ``demo`` or the model directory / repo id."""
     from pathlib import Path
@@ -171,6 +201,7 @@ def serve(
             read_timeout,
             max_connections,
         )
+        check_port_free(host, port)  # before the model loads: a busy port fails in a second
         ready = prepare_engine(
             model,
             drafter,

@@ -21,6 +21,7 @@ Heavy modules (MLX, the engine, rich, matplotlib) are imported only when needed.
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from typing import Annotated
@@ -541,8 +542,11 @@ def tune(
                 raise FlagError(f"--chip: unknown chip {chip!r}; use {PRESET_HELP}")
             print_preset(preset_report(preset, drafter, force_lengths), json_output)
             return
-        if budget_seconds is not None and budget_seconds <= 0:
-            raise FlagError(f"--budget-seconds must be > 0, got {budget_seconds:g}")
+        finite = budget_seconds is None or math.isfinite(budget_seconds)
+        if not finite or (budget_seconds is not None and budget_seconds <= 0):
+            raise FlagError(
+                f"--budget-seconds must be a finite number of seconds > 0, got {budget_seconds:g}"
+            )
         if plot:
             _check_plot_available()
         from redrafter_mlx.cli.common import follow_rank0

@@ -53,6 +53,15 @@ def read_weights(path: Path) -> dict[str, mx.array]:
     return weights
 
 
+def non_finite(weights: dict[str, mx.array]) -> list[str]:
+    """The names of the floating-point tensors in ``weights`` that hold a NaN or an infinity
+    (what a diverged training run leaves; such weights are never saved or loaded)."""
+    names = [k for k, v in weights.items() if mx.issubdtype(v.dtype, mx.floating)]
+    flags = [mx.all(mx.isfinite(weights[k])) for k in names]
+    mx.eval(flags)
+    return [k for k, flag in zip(names, flags) if not flag.item()]
+
+
 def tensor_names(files: list[Path]) -> set[str]:
     """The names of the tensors in ``files`` (headers only; each file checked whole)."""
     return {name for f in files for name in _check(f) if name != "__metadata__"}
@@ -205,6 +214,14 @@ def load_drafter(path: str | os.PathLike, dtype=None) -> Drafter:
         raise LoadError(f"{path}/config.json is not a ReDrafter drafter config: {e}") from None
     drafter = Drafter(args)
     weights = read_weights_drafter(path)
+    bad = non_finite(weights)
+    if bad:
+        raise LoadError(
+            f"{path}/model.safetensors holds non-finite weights (NaN or infinity in "
+            f"{', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}), as a diverged training "
+            f"run leaves them; such a drafter never gets a draft accepted. Train it again "
+            f"(distill with a lower --lr) or use another drafter"
+        )
     _apply_weights(drafter, weights, config, dtype or default_dtype(), path)
     drafter.eval()
     drafter.folder = path  # its trained reach (config.json) for the default plan

@@ -18,6 +18,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
 from ..engine.drafter import Drafter, DrafterArgs
+from ..engine.loading import non_finite
 from ..engine.output_dir import holds, install, refusal
 
 KEEP_CHECKPOINTS = 2
@@ -42,9 +43,17 @@ def drafter_config(args: DrafterArgs, predict_tokens: int, targets: str) -> dict
 
 
 def write_drafter_files(path: Path, drafter: Drafter, config: dict) -> None:
-    """The drafter directory format: config.json + model.safetensors (reference names)."""
+    """The drafter directory format: config.json + model.safetensors (reference names).
+    Refuses (ValueError) weights that hold a NaN or an infinity: nothing is written."""
+    weights = dict(tree_flatten(drafter.parameters()))
+    bad = non_finite(weights)
+    if bad:
+        raise ValueError(
+            f"refusing to save a drafter with non-finite weights (NaN or infinity in "
+            f"{', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}): training diverged"
+        )
     (path / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(drafter.parameters())))
+    mx.save_safetensors(str(path / "model.safetensors"), weights)
 
 
 def save_checkpoint(

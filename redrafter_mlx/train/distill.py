@@ -130,6 +130,7 @@ from .training import (  # noqa: F401
     CLIP_GRAD_NORM,
     DataOrder,
     Trainer,
+    TrainingDiverged,
     drafter_args,
     drafter_loss,
     lr_schedule,
@@ -166,19 +167,40 @@ def distill(model_dir, data_files, out_dir, progress=None, **options) -> dict:
     rank = group.rank() if group is not None else 0
     quiet = opts.quiet or rank != 0 or progress is None
     progress = NullProgress() if quiet else progress
-    if not plan.staged:
-        return run_distill(model_dir, data_files, plan, opts, group, progress)
-    if rank == 0:
-        shutil.rmtree(plan.work, ignore_errors=True)  # left by a killed run
     try:
-        summary = run_distill(model_dir, data_files, plan, opts, group, progress)
+        if not plan.staged:
+            return run_distill(model_dir, data_files, plan, opts, group, progress)
         if rank == 0:
-            install_output(plan)
-    except BaseException:
-        if rank == 0:
-            shutil.rmtree(plan.work, ignore_errors=True)
-        raise
+            shutil.rmtree(plan.work, ignore_errors=True)  # left by a killed run
+        try:
+            summary = run_distill(model_dir, data_files, plan, opts, group, progress)
+            if rank == 0:
+                install_output(plan)
+        except BaseException:
+            if rank == 0:
+                shutil.rmtree(plan.work, ignore_errors=True)
+            raise
+    except TrainingDiverged as e:
+        raise TrainingDiverged(diverged(e, plan, opts), e.step) from None
     return summary
+
+
+def diverged(e: TrainingDiverged, plan: OutputPlan, opts: DistillOptions) -> str:
+    """What a run that diverged says: the step, what went non-finite, what was kept."""
+    if plan.staged:
+        kept = f"{plan.out} is unchanged"
+    else:
+        saved = list_checkpoints(plan.out)
+        kept = (
+            f"the last checkpoint with finite weights, {saved[-1]}, and the drafter files in "
+            f"{plan.out} are kept"
+            if saved
+            else "no checkpoint had been saved"
+        )
+    return (
+        f"training diverged at step {e.step}: {e.what} (learning rate {opts.lr:g}); nothing "
+        f"from that step on was saved and {kept}; train with a lower --lr"
+    )
 
 
 def run_distill(
@@ -373,7 +395,11 @@ def train_loop(
             micro = [(step - 1) * opts.grad_accum + k for k in range(opts.grad_accum)]
             batches = [training_batch(ctx, opts, m, head_index) for m in micro]
             lr = trainer.learning_rate
-            loss, _, accs = trainer.step(batches)
+            try:
+                loss, _, accs = trainer.step(batches)
+            except TrainingDiverged as e:
+                e.step = step
+                raise
             seen += ctx.order.batch_size * opts.grad_accum
             record = dict(
                 step=step,

@@ -86,18 +86,26 @@ class DistillOptions:
             raise ParamError("epochs", "give either steps or epochs, not both")
         if self.steps is not None and self.steps < 1:
             raise ParamError("steps", f"steps must be >= 1, got {self.steps}")
-        if self.epochs is not None and self.epochs <= 0:
-            raise ParamError("epochs", f"epochs must be > 0, got {self.epochs}")
+        if self.epochs is not None:
+            _check_float("epochs", self.epochs, "> 0", above=0.0)
+        _check_float("lr", self.lr, "> 0, e.g. 1e-3", above=0.0)
+        _check_float("weight_decay", self.weight_decay, ">= 0, e.g. 0.01", least=0.0)
+        if self.lr * self.weight_decay >= 1:
+            raise ParamError(
+                "weight_decay",
+                f"weight decay {self.weight_decay:g} with learning rate {self.lr:g}: AdamW "
+                f"multiplies the weights by 1 - lr x weight decay = "
+                f"{1 - self.lr * self.weight_decay:g} each step; use a weight decay below "
+                f"1/lr = {1 / self.lr:g}",
+            )
+        _check_float(
+            "warmup", self.warmup, ">= 0: a fraction < 1 of the steps or a step count", least=0.0
+        )
         for name in ("batch_size", "grad_accum", "seq_len"):
             if getattr(self, name) < 1:
                 raise ParamError(
                     name, f"{name.replace('_', ' ')} must be >= 1, got {getattr(self, name)}"
                 )
-        if not self.warmup >= 0:
-            raise ParamError(
-                "warmup",
-                f"warmup must be >= 0 (a fraction < 1 or a step count), got {self.warmup}",
-            )
         if self.draft_vocab is not None and self.draft_vocab < 1:
             raise ParamError(
                 "draft_vocab", f"draft vocab must be >= 1 token ids, got {self.draft_vocab}"
@@ -109,8 +117,7 @@ class DistillOptions:
                 )
         if self.own_prompts < 0 or self.val_prompts < 1:
             raise ParamError("val_prompts", "own prompts must be >= 0 and val prompts >= 1")
-        if not self.gen_temp >= 0:
-            raise ParamError("gen_temp", f"gen temp must be >= 0, got {self.gen_temp}")
+        _check_float("gen_temp", self.gen_temp, ">= 0 (0: greedy)", least=0.0)
         if self.select_every is not None and self.select_every < 1:
             raise ParamError("select_every", f"select every must be >= 1, got {self.select_every}")
         if self.soft_targets and self.targets != "self":
@@ -172,6 +179,16 @@ class DistillOptions:
             self.targets = self.targets or "distill"
             self.soft_targets = bool(self.soft_targets)
         return self.validate()
+
+
+def _check_float(name: str, value: float, allowed: str, above=None, least=None) -> None:
+    """ParamError naming ``name`` unless ``value`` is a finite number > ``above`` (or >=
+    ``least``): NaN, infinities and out-of-range values are refused with what is allowed."""
+    ok = isinstance(value, (int, float)) and math.isfinite(value)
+    ok = ok and (above is None or value > above) and (least is None or value >= least)
+    if not ok:
+        flag = name.replace("_", " ")
+        raise ParamError(name, f"{flag} must be a finite number {allowed}, got {value}")
 
 
 class NullProgress:

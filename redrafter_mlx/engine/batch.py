@@ -48,9 +48,11 @@ from .cache import (
     text_history,
 )
 from .decode import DecodeState, StepOutput, autoregressive_step, first_draw, redrafter_step
+from .draft_model import prefill as draft_prefill
 from .lookup import LookupShadow
 from .sampling import RowSampler, RowSettings, SamplerConfig, StepMode, row_settings
 from .shape import AR, BeamShape
+from .sources import LOOKUP, SOURCE_NAMES, map_states
 
 
 def split_row_keys(row_keys: mx.array) -> tuple[mx.array, mx.array]:
@@ -59,36 +61,48 @@ def split_row_keys(row_keys: mx.array) -> tuple[mx.array, mx.array]:
     return both[:, 0], both[:, 1]
 
 
-def make_batch_step(model, drafter, shape, mode: StepMode, compiled: bool = True):
+def make_batch_step(model, drafter, shape, mode: StepMode, compiled: bool = True, draft=None):
     """A step ``(state, row_keys, active, rows, window) -> (state, row_keys, StepOutput)``;
     ``active`` (B,) bool, ``rows`` the batch's ``RowSettings``.
 
     ``shape=None`` decodes autoregressively; a shape without drafter beams speculates from
     lookup chains alone (they read ``state.history``). ``state.rng`` is unused
     (rows draw with ``row_keys``) and passes through. Compile keys: B, cache slots, window.
+    ``draft``: a draft model for the shape's ``D1×L`` chain (its cache in ``state.sources``).
     """
 
     def step(
-        init_token, hidden, lengths, keys, values, rng, history, row_keys, active, rows, window
+        init_token,
+        hidden,
+        lengths,
+        keys,
+        values,
+        rng,
+        history,
+        sources,
+        row_keys,
+        active,
+        rows,
+        window,
     ):
         counter["traces"] += 1
         draw_keys = row_keys  # unused by an all-greedy batch: its keys need not advance
         if mode.sample:
             row_keys, draw_keys = split_row_keys(row_keys)
         sampler = RowSampler(RowSettings(*rows), draw_keys, mode)
-        state = DecodeState(init_token, hidden, lengths, keys, values, rng, history)
+        state = DecodeState(init_token, hidden, lengths, keys, values, rng, history, sources)
         if shape is None:
             nxt, out = autoregressive_step(model, state, sampler, window)
         else:
             nxt, out = redrafter_step(
-                model, drafter if shape.drafts else None, state, shape, sampler, window
+                model, drafter if shape.drafts else None, state, shape, sampler, window, draft
             )
         held = mx.where(active, nxt.lengths, 0)  # free rows stay empty
         nxt = nxt._replace(lengths=held, rng=rng)
         return (*nxt, row_keys, *out)
 
     counter = {"traces": 0}
-    weights = [m.state for m in (model, drafter) if isinstance(m, nn.Module)]
+    weights = [m.state for m in (model, drafter, draft) if isinstance(m, nn.Module)]
     fn = mx.compile(step, inputs=weights) if compiled else step
 
     def run(state: DecodeState, row_keys: mx.array, active, rows: RowSettings, window: int):
@@ -103,15 +117,17 @@ def make_batch_step(model, drafter, shape, mode: StepMode, compiled: bool = True
 MAX_BATCH_STEPS = 16  # per model: shapes x sampling modes x drafters
 
 
-def batch_step(model, drafter, shape: BeamShape | None, mode: StepMode, compiled: bool = True):
+def batch_step(
+    model, drafter, shape: BeamShape | None, mode: StepMode, compiled: bool = True, draft=None
+):
     """The compiled batch step of this configuration, kept on the model (compiled once for
     every loop over it: each chat turn, each request batch)."""
     cache = model.__dict__.setdefault("_batch_steps", {})
-    key = (id(drafter), shape, mode, compiled, getattr(model, "feature_layers", ()))
+    key = (id(drafter), id(draft), shape, mode, compiled, getattr(model, "feature_layers", ()))
     if key not in cache:
         while len(cache) >= MAX_BATCH_STEPS:  # drop the oldest (and the drafter it holds)
             cache.pop(next(iter(cache)))
-        cache[key] = make_batch_step(model, drafter, shape, mode, compiled)
+        cache[key] = make_batch_step(model, drafter, shape, mode, compiled, draft)
     return cache[key]
 
 
@@ -128,6 +144,7 @@ class RowStats:
     emitted_by_steps: int = 0
     accepted_drafts: int = 0
     lookup_drafts: int = 0  # accepted drafts that came from a context-lookup chain
+    by_source: list[int] = field(default_factory=lambda: [0] * len(SOURCE_NAMES))
     drafted: int = 0  # draft tokens its steps could accept (a shape's longest candidate, less 1)
     queued_s: float = 0.0
     ttft_s: float = 0.0
@@ -137,12 +154,14 @@ class RowStats:
     def tokens_per_step(self) -> float:
         return self.emitted_by_steps / max(self.steps, 1)
 
-    def record(self, count: int, looked_up: int, shape: BeamShape | None) -> None:
-        """A step gave this row ``count`` tokens (accepted drafts + the bonus)."""
+    def record(self, count: int, by_source: list[int], shape: BeamShape | None) -> None:
+        """A step gave this row ``count`` tokens (accepted drafts + the bonus), its accepted
+        drafts ``by_source`` (one count per ``SOURCE_NAMES``)."""
         self.steps += 1
         self.emitted_by_steps += count
         self.accepted_drafts += count - 1
-        self.lookup_drafts += looked_up
+        self.by_source = [a + b for a, b in zip(self.by_source, by_source)]
+        self.lookup_drafts = self.by_source[LOOKUP]
         self.drafted += shape.longest - 1 if shape else 0
 
     def to_dict(self) -> dict:
@@ -152,8 +171,7 @@ class RowStats:
             steps=self.steps,
             tokens_per_step=round(self.tokens_per_step, 4),
             accepted_draft_tokens=self.accepted_drafts,
-            accepted_from_drafter=self.accepted_drafts - self.lookup_drafts,
-            accepted_from_lookup=self.lookup_drafts,
+            **{f"accepted_from_{name}": n for name, n in zip(SOURCE_NAMES, self.by_source)},
             acceptance_rate=round(self.accepted_drafts / drafted, 4) if drafted else 0.0,
             generation_tps=round(self.generated / max(self.decode_s, 1e-9), 2),
             time_to_first_token=round(self.ttft_s, 4),
@@ -225,7 +243,7 @@ class Prefill:
 class RowStep(NamedTuple):
     """What one step gave one row: the tokens it emits (``new``, exact stop), why it finished
     (None: it goes on), and the step's own count (accepted drafts + bonus), accepted
-    drafts from a lookup chain and tree slots used."""
+    drafts from a lookup chain, tree slots used and accepted drafts per source."""
 
     row: Row
     new: list[int]
@@ -233,6 +251,7 @@ class RowStep(NamedTuple):
     count: int
     looked_up: int
     packed: int
+    by_source: tuple[int, ...] = ()
 
 
 @dataclass
@@ -275,8 +294,9 @@ class BatchDecoder:
         adapt: Adaptive | bool = False,
         choice=None,
         release: bool = True,
+        draft=None,
     ):
-        self.model, self.drafter = model, drafter
+        self.model, self.drafter, self.draft = model, drafter, draft
         self.shape = shape
         self.eos = eos
         self.max_batch = max_batch
@@ -316,6 +336,7 @@ class BatchDecoder:
             values,
             mx.random.key(0),  # unused: rows draw with row_keys
             mx.zeros((B, SLOT_QUANTUM), mx.int32),  # the text: lookup and penalties read it
+            self._empty_sources(B),
         )
         self.row_keys = mx.zeros((B, 2), mx.uint32)
         self.rows: list[Row | None] = [None] * B
@@ -323,6 +344,12 @@ class BatchDecoder:
         self._params = None
         if self.choice is not None:
             self.choice.reset()
+
+    def _empty_sources(self, B: int) -> tuple:
+        """The stateful draft sources' empty states (a draft model's cache) for B rows."""
+        if self.draft is None:
+            return ()
+        return (self.draft.make_cache(B, SLOT_QUANTUM),)
 
     @property
     def active(self) -> list[Row]:
@@ -376,6 +403,11 @@ class BatchDecoder:
         if history is not None:  # the row's text so far: its prompt, all in the cache
             text = text_history(session.cached, history.shape[1])
             history = mx.where(at[:, None], text, history)
+        if s.sources:  # the draft model's cache of the row's prompt
+            dk, dv = draft_prefill(self.draft, session.cached, s.keys[0].shape[2])
+            for cache, row_cache in ((s.sources[0][0], dk), (s.sources[0][1], dv)):
+                for layer, src in enumerate(row_cache):
+                    cache[layer][r : r + 1] = src
         self.state = s._replace(
             init_token=mx.where(at, first, s.init_token),
             hidden=mx.where(at[:, None], hidden, s.hidden),
@@ -450,6 +482,7 @@ class BatchDecoder:
             keys=[pick(k) for k in s.keys],
             values=[pick(v) for v in s.values],
             history=None if s.history is None else pick(s.history),
+            sources=map_states(s.sources, pick),
         )
         self.row_keys = pick(self.row_keys)
         self.rows = [rows[i] for i in order] + [None] * extra
@@ -470,7 +503,8 @@ class BatchDecoder:
         return self._params
 
     def _step_fn(self, shape: BeamShape | None, mode: StepMode):
-        return batch_step(self.model, self.drafter if shape else None, shape, mode, self.compiled)
+        drafter = self.drafter if shape else None
+        return batch_step(self.model, drafter, shape, mode, self.compiled, self.draft)
 
     def next_shape(self) -> BeamShape | None:
         """The shape of the step queued now: the fixed one; with adaptive shapes, the
@@ -517,7 +551,8 @@ class BatchDecoder:
         part emitted (exact stop) and why it finished (None: it goes on)."""
         out = step.out
         tokens, counts = out.tokens.tolist(), out.count.tolist()  # this step is computed
-        looked = out.looked_up.tolist() if out.looked_up is not None else [0] * len(counts)
+        zero = [0] * len(SOURCE_NAMES)
+        by = out.by_source.tolist() if out.by_source is not None else [zero] * len(counts)
         packed = out.packed.tolist()
         self.inflight -= 1
         seconds = None if step.started is None else time.perf_counter() - step.started
@@ -527,11 +562,13 @@ class BatchDecoder:
                 continue
             ran.append(counts[r])
             row.length += counts[r]
-            row.stats.record(counts[r], looked[r], step.shape)
+            row.stats.record(counts[r], by[r], step.shape)
             if row.shadow is not None:  # what a lookup chain would have given this step
                 resolved += row.shadow.step(0, tokens[r][: counts[r]])
             new, finish = self.emit(row, tokens[r][: counts[r]])
-            delivered.append(RowStep(row, new, finish, counts[r], looked[r], packed[r]))
+            delivered.append(
+                RowStep(row, new, finish, counts[r], by[r][LOOKUP], packed[r], tuple(by[r]))
+            )
             if row.finished and row.shadow is not None:
                 resolved += row.shadow.finish(0)
         if self.choice is not None:

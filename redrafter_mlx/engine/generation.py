@@ -22,6 +22,8 @@ from .batch import BatchDecoder, Row, RowStats
 from .cache import Session, prefill_session, text_history, token_limit
 from .decode import DecodeState, first_draw, make_step
 from .distributed import shared_seed
+from .draft_model import check_draft_model
+from .draft_model import prefill as draft_prefill
 from .drafter import Drafter
 from .memory import check_step_memory
 from .model import Model
@@ -29,6 +31,7 @@ from .plan import DEFAULT_SHAPE, default_plan
 from .platform import fresh_choice
 from .sampling import RowSampler, SamplerConfig, check_seed, row_settings
 from .shape import BeamShape
+from .sources import LOOKUP, SOURCE_NAMES
 
 MAX_COMPILED_STEPS = 16  # per model: beam shapes x sampler configs x drafters
 
@@ -55,6 +58,7 @@ class DecodeStats:
     accept_hist: list[int] = field(default_factory=list)
     accepted_tokens: int = 0  # draft tokens the verifier accepted, over all row-steps
     lookup_tokens: int = 0  # of those, taken from a context-lookup chain
+    source_tokens: dict = field(default_factory=dict)  # of those, per draft source name
 
     def to_dict(self) -> dict:
         """The statistics as a JSON-ready dict (this class's fields)."""
@@ -72,6 +76,7 @@ class DecodeEvent:
     finish:   per row, None while running, then ``"stop"`` (EOS), ``"length"`` (max_tokens)
               or ``"context"`` (the model's context is full)
     stats:    running statistics of the whole call
+    by_source: per row, accepted draft tokens per source (``SOURCE_NAMES`` order)
     """
 
     tokens: list[list[int]]
@@ -80,6 +85,7 @@ class DecodeEvent:
     finish: list[str | None]
     stats: DecodeStats
     looked_up: list[int] = field(default_factory=list)
+    by_source: list[tuple[int, ...]] = field(default_factory=list)
 
 
 @dataclass
@@ -103,14 +109,14 @@ class GenerationResponse(DecodeStats):
         return DecodeStats(**DecodeStats.to_dict(self))
 
 
-def get_step(model, drafter, shape: BeamShape, sampler: SamplerConfig):
+def get_step(model, drafter, shape: BeamShape, sampler: SamplerConfig, draft=None):
     """The compiled step for this configuration, kept on the model (compiled once)."""
     cache = model.__dict__.setdefault("_compiled_steps", {})
-    key = (id(drafter), shape, sampler, getattr(model, "feature_layers", ()))
+    key = (id(drafter), id(draft), shape, sampler, getattr(model, "feature_layers", ()))
     if key not in cache:
         while len(cache) >= MAX_COMPILED_STEPS:  # drop the oldest (and the drafter it holds)
             cache.pop(next(iter(cache)))
-        cache[key] = make_step(model, drafter, shape, sampler)
+        cache[key] = make_step(model, drafter, shape, sampler, draft=draft)
     return cache[key]
 
 
@@ -126,6 +132,7 @@ def decode(
     eos_token_ids: Sequence[int] = (),
     session: Session | None = None,
     adapt: Adaptive | bool = False,
+    draft_model: Model | None = None,
 ) -> Iterator[DecodeEvent]:
     """Decode B rows; yield one :class:`DecodeEvent` per step with each row's new tokens.
 
@@ -139,9 +146,17 @@ def decode(
     ``seed`` (reproducible), while an explicit :class:`Adaptive` still adapts.
     Rows that finish stop emitting; the loop ends when all rows have finished.
     A ``shape`` whose step cannot fit in memory raises ``memory.ShapeTooLarge`` first.
+    ``draft_model``: a model sharing the vocabulary whose greedy chain joins the tree
+    (``draft_model.py``; the shape's ``D1×L``, else ``D1×`` its drafter length); it pins
+    the shape (no adaptive choice yet: its cache follows only the steps that run it).
     """
     prompts = [list(map(int, p)) for p in prompts]
-    shape = shape.validate(model.vocab_size).runnable(drafter is not None)
+    if draft_model is not None:
+        check_draft_model(model, draft_model)
+        adapt = False
+    shape = shape.validate(model.vocab_size).runnable(drafter is not None, draft_model is not None)
+    if not shape.model_length:
+        draft_model = None
     if not shape.drafts:
         drafter = None
     sampler = sampler.validate(model.vocab_size)
@@ -151,7 +166,9 @@ def decode(
         model.capture_features(layers)  # what ``loading.attach`` does (a drafter loaded alone)
     _check_prompts(model, prompts, max_tokens)
     longest = max(len(p) for p in prompts) + max_tokens
-    check_step_memory(model, drafter, shape, len(prompts), longest, not sampler.greedy)
+    check_step_memory(
+        model, drafter, shape, len(prompts), longest, not sampler.greedy, draft=draft_model
+    )
     session = session or Session(model, len(prompts))
     if session.batch != len(prompts):
         raise ValueError(f"session has {session.batch} rows but {len(prompts)} prompts were given")
@@ -160,7 +177,9 @@ def decode(
     if adapt is True and seed is not None and not sampler.greedy:
         adapt = False  # the schedule follows wall time: a seeded sample must be reproducible
     plan = StepPlan(model, drafter, shape, sampler, adapt)
-    batch = BatchDecoder(model, drafter, shape, eos, B, choice=plan, release=False)
+    batch = BatchDecoder(
+        model, drafter, shape, eos, B, choice=plan, release=False, draft=draft_model
+    )
 
     tic = time.perf_counter()
     new_tokens = session.reuse(prompts)
@@ -176,7 +195,10 @@ def decode(
     mode, settings = row_settings([sampler] * B, model.vocab_size)
     rows_first = RowSampler(settings, _row_keys(first_key, B), mode)
     first = first_draw(model, hidden, rows_first, None, history, session.lengths)
-    state = DecodeState(first, hidden, session.lengths, session.keys, session.values, rng, history)
+    sources = () if draft_model is None else (draft_prefill(draft_model, prompts, session.slots),)
+    state = DecodeState(
+        first, hidden, session.lengths, session.keys, session.values, rng, history, sources
+    )
 
     out = [[] for _ in range(B)]
     rows = []
@@ -211,6 +233,7 @@ def decode(
             [row.finish for row in rows],
             stats.snapshot(gen_tic, batch.host_s),
             [0] * B,
+            [(0,) * len(SOURCE_NAMES)] * B,
         )
 
         # Step k+1 is queued before step k is read, in every mode: the device never waits
@@ -222,19 +245,20 @@ def decode(
             nxt = None if fresh else batch.queue()
             got = {id(g.row): g for g in batch.read(pending)}  # step k only: it is computed
             stats.steps += 1
-            new_rows, acc_rows, drafted_rows, looked = [], [], [], []
+            new_rows, acc_rows, drafted_rows, looked, by = [], [], [], [], []
             for r, row in enumerate(rows):
                 g = got.get(id(row))
                 if g is None:  # finished before this step
                     new_rows.append([]), acc_rows.append(0), drafted_rows.append([])
-                    looked.append(0)
+                    looked.append(0), by.append((0,) * len(SOURCE_NAMES))
                     continue
                 out[r] += g.new
-                stats.record(g.count, g.packed, len(g.new), g.looked_up)
+                stats.record(g.count, g.packed, len(g.new), g.by_source)
                 new_rows.append(g.new)
                 acc_rows.append(g.count - 1)
                 drafted_rows.append([i < g.count - 1 for i in range(len(g.new))])
                 looked.append(g.looked_up)
+                by.append(g.by_source)
             done = all(row.finished for row in rows)
             if fresh and not done:
                 nxt = batch.queue()
@@ -247,6 +271,7 @@ def decode(
                 finish,
                 stats.snapshot(gen_tic, batch.host_s),
                 looked,
+                by,
             )
     finally:
         if batch.state is not None:
@@ -300,13 +325,15 @@ class _Stats:
     row_steps: int = 0
     first_token_s: float = 0.0
     hist: list[int] = field(default_factory=list)
-    looked_up: int = 0
+    by_source: list[int] = field(default_factory=lambda: [0] * len(SOURCE_NAMES))
 
-    def record(self, count: int, packed: int, used: int, looked_up: int = 0) -> None:
+    def record(self, count: int, packed: int, used: int, by_source=()) -> None:
+        """One row-step: ``by_source`` its accepted drafts per source (``SOURCE_NAMES``)."""
         if not self.hist:
             self.hist = [0] * self.length
         self.hist[min(count, self.length) - 1] += 1
-        self.looked_up += looked_up
+        for i, n in enumerate(by_source):
+            self.by_source[i] += n
         self.row_steps += 1
         self.emitted_by_steps += count
         self.packed_sum += packed
@@ -329,7 +356,8 @@ class _Stats:
             peak_memory_gb=mx.get_peak_memory() / 1e9,
             accept_hist=list(self.hist),
             accepted_tokens=self.emitted_by_steps - self.row_steps,
-            lookup_tokens=self.looked_up,
+            lookup_tokens=self.by_source[LOOKUP],
+            source_tokens=dict(zip(SOURCE_NAMES, self.by_source)),
         )
 
 
@@ -351,6 +379,7 @@ def stream_generate(
     seed: int | None = None,
     session: Session | None = None,
     adapt: Adaptive | bool = True,
+    draft_model: Model | None = None,
 ) -> Iterator[GenerationResponse]:
     """Stream one prompt's continuation. ``drafter=None`` speculates from context lookup
     alone; ``shape=BeamShape.autoregressive()`` decodes plainly (the baseline).
@@ -363,7 +392,9 @@ def stream_generate(
     default, else temperature / top-p / top-k / min-p, penalties and logit bias
     (:class:`SamplerConfig`), drawn from ``seed`` (else ``sampler.seed``). ``prompt`` is a
     string (encoded with BOS) or a list of token ids. Pass a ``Session`` to reuse its KV
-    cache across calls (only tokens not already cached are prefilled).
+    cache across calls (only tokens not already cached are prefilled). ``draft_model``: a
+    draft model sharing the tokenizer (``load(..., draft_model_path=...)``), whose chain
+    joins the tree (``decode``).
     """
     from .tokenizer import StreamDecoder
 
@@ -379,6 +410,7 @@ def stream_generate(
         eos_token_ids=tokenizer.eos_token_ids,
         session=session,
         adapt=adapt,
+        draft_model=draft_model,
     )
     for ev in events:
         toks, done = ev.tokens[0], ev.finish[0]
@@ -411,6 +443,7 @@ def batch_generate(
     seed: int | None = None,
     session: Session | None = None,
     adapt: Adaptive | bool = True,
+    draft_model: Model | None = None,
 ) -> list[list[int]]:
     """Token ids generated for each prompt, decoded together as one batch (the arguments of
     ``stream_generate``; a ``session`` has one row per prompt). ``tokenizer=None``: the
@@ -428,6 +461,7 @@ def batch_generate(
         eos_token_ids=tokenizer.eos_token_ids if tokenizer is not None else (),
         session=session,
         adapt=adapt,
+        draft_model=draft_model,
     ):
         for r, t in enumerate(ev.tokens):
             out[r].extend(t)

@@ -36,8 +36,8 @@ from redrafter_mlx.engine.decode import (
     DecodeState,
     accept_phase,
     commit_phase,
-    draft_phase,
     make_step,
+    shape_candidates,
     verify_phase,
 )
 from redrafter_mlx.engine.drafter import Drafter
@@ -249,7 +249,7 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
     def draft(init_token, hidden):
         """Candidates (B, N, L) and which of their tokens are present (B, N, L)."""
         state = DecodeState(init_token, hidden, None, None, None, None)
-        cand = draft_phase(drafter, model, state, W, L)
+        cand = shape_candidates(model, state, BeamShape(W, L), drafter)
         if cand.present is None:
             return cand.beams, mx.ones(cand.beams.shape, dtype=mx.bool_)
         return cand.beams, cand.present

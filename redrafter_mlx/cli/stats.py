@@ -54,4 +54,4 @@ def response_stats(response) -> dict:
     return response.stats.to_dict()
 
 
-__all__ = ["FINISH_TEXT", "format_hist", "source_share", "response_stats", "stats_line"]
+__all__ = ["FINISH_TEXT", "format_hist", "response_stats", "source_share", "stats_line"]

@@ -19,7 +19,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 from redrafter_mlx.cli.options import *  # noqa: F403 (the option types, for the commands)
 from redrafter_mlx.cli.options import DTYPES, MIN_KV_SIZE
 from redrafter_mlx.cli.paths import *  # noqa: F403 (model choice, for the commands)
-from redrafter_mlx.cli.paths import ModelPaths, resolve_paths
+from redrafter_mlx.cli.paths import ModelPaths, resolve_draft_model, resolve_paths
 
 # --------------------------------------------------------------------------- errors
 
@@ -276,6 +276,7 @@ class Engine:
     paths: ModelPaths
     dtype: str
     folder: Path | None = None  # the model's local folder (a Hub id resolved)
+    draft_model: object = None  # --draft-model, loaded (the model itself when it names it)
 
 
 def load_engine(paths: ModelPaths, dtype: str | None, with_drafter: bool = True) -> Engine:
@@ -295,9 +296,16 @@ def load_engine(paths: ModelPaths, dtype: str | None, with_drafter: bool = True)
     drafter_path = paths.drafter if with_drafter else None
     from redrafter_mlx.engine.loading import resolve_path
 
-    model, drafter, tokenizer = load(paths.model, drafter_path, dtype, group)
+    if paths.draft_model is not None:
+        model, drafter, tokenizer, draft = load(
+            paths.model, drafter_path, dtype, group, draft_model=paths.draft_model
+        )
+    else:
+        model, drafter, tokenizer = load(paths.model, drafter_path, dtype, group)
+        draft = None
     fit_blas_threads(model, drafter)
-    return Engine(model, drafter, tokenizer, paths, dtype_name(model), resolve_path(paths.model))
+    folder = resolve_path(paths.model)
+    return Engine(model, drafter, tokenizer, paths, dtype_name(model), folder, draft)
 
 
 def _plan_args():
@@ -349,6 +357,7 @@ def prepare_engine(
     batch: int = 1,
     max_kv_size: int | None = None,
     split_ok: bool = False,
+    draft_model: str | None = None,
 ) -> Prepared:
     """The set-up of chat, generate, serve and bench: check the flags, resolve, plan, load.
 
@@ -361,7 +370,8 @@ def prepare_engine(
     values (``model_defaults``; bench keeps the engine's greedy default), and logit-bias ids
     are checked against the vocabulary. Last, a step of the plan's shape over ``batch`` rows
     must fit in memory. Under ``mlx.launch`` the model is split across the ranks
-    (``load_engine``), which a command must say it handles (``split_ok``).
+    (``load_engine``), which a command must say it handles (``split_ok``). ``draft_model``:
+    ``--draft-model``, loaded beside the model (the plan's shape gains its ``D1×L`` chain).
     """
     from redrafter_mlx.engine.distributed import world
 
@@ -382,6 +392,8 @@ def prepare_engine(
     check_dtype(dtype)
     checked = check() if check is not None else None
     paths = resolve_paths(model, drafter)
+    if draft_model is not None:
+        paths = replace(paths, draft_model=resolve_draft_model(draft_model))
     if choose is None:
         plan = same_plan_everywhere(resolve_plan(paths, dtype, beam))
         speculative = plan.speculative
@@ -389,6 +401,9 @@ def prepare_engine(
         plan, speculative = choose(paths)
     engine = load_engine(paths, dtype, with_drafter=speculative)
     engine.model.cap_context(max_kv_size)
+    if engine.draft_model is not None and hasattr(plan, "shape") and plan.speculative:
+        shape = plan.shape.runnable(engine.drafter is not None, True)
+        plan = replace(plan, shape=shape, source=f"{plan.source}, with --draft-model")
     origin, note = "", ""
     if flags is not None:
         given = {k for k, v in sampling.items() if v is not None and k in DEFAULTED}
@@ -457,7 +472,9 @@ def check_memory(
     from redrafter_mlx.engine.memory import check_step_memory
 
     tokens = 64 + (max_tokens or 256)
-    check_step_memory(engine.model, engine.drafter, shape, batch, tokens, sampling)
+    check_step_memory(
+        engine.model, engine.drafter, shape, batch, tokens, sampling, draft=engine.draft_model
+    )
 
 
 def dtype_name(model) -> str:

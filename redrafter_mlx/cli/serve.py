@@ -22,6 +22,7 @@ from redrafter_mlx.cli.common import (
     BeamWidthOpt,
     CapacityOpt,
     DrafterOpt,
+    DraftModelOpt,
     DtypeOpt,
     FlagError,
     LookupLengthOpt,
@@ -97,6 +98,7 @@ def model_aliases(model: str | None, paths) -> tuple[str, ...]:
 def serve(
     model: ModelOpt = None,
     drafter: DrafterOpt = None,
+    draft_model: DraftModelOpt = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="TCP port (0 = any free port).")] = 8080,
     max_batch: Annotated[
@@ -150,6 +152,7 @@ def serve(
             max_kv_size=max_kv_size,
             batch=max_batch,
             split_ok=True,
+            draft_model=draft_model,
         )
         adapt = not no_adapt and ready.plan.speculative
         plan = ready.plan if adapt else serving_plan(ready.plan)
@@ -230,7 +233,16 @@ def follow(engine, plan, max_batch: int, group, adapt: bool = False) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     shape = plan.shape if plan.speculative else None
     eos = engine.tokenizer.eos_token_ids
-    sched = Scheduler(engine.model, engine.drafter, shape, eos, max_batch, group=group, adapt=adapt)
+    sched = Scheduler(
+        engine.model,
+        engine.drafter,
+        shape,
+        eos,
+        max_batch,
+        group=group,
+        adapt=adapt,
+        draft_model=engine.draft_model,
+    )
     sched.follow()
 
 
@@ -274,6 +286,7 @@ def build(
         max_queue,
         group=getattr(engine.model, "group", None),
         adapt=adapt,
+        draft_model=engine.draft_model,
     )
     scheduler.start(warmup_prompt=tok.chat_prompt([{"role": "user", "content": "Hello"}]))
     beam = {}

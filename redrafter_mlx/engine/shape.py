@@ -23,6 +23,9 @@ _LABEL = re.compile(
 )
 
 
+DEFAULT_MODEL_LENGTH = 4  # a draft model's chain, the init token included (D1×L4)
+
+
 class ShapeError(ParamError):
     """An invalid beam shape; ``param`` names the field (width, length or capacity)."""
 
@@ -156,12 +159,14 @@ class BeamShape:
     def runnable(self, has_drafter: bool, has_draft_model: bool = False) -> BeamShape:
         """The shape a run can use: without a drafter, only the lookup chains (or AR); a
         draft model's chain only with a draft model (``D1×L`` when one is given and the
-        shape has none: its length is the drafter's L, else the longest chain's)."""
+        shape has none: its length is the drafter's L, else ``DEFAULT_MODEL_LENGTH``).
+        Plain decoding stays plain."""
+        if self.is_autoregressive:
+            return self
         shape = self
         if has_draft_model and not shape.model_length:
-            shape = replace(
-                shape, model_length=shape.length if shape.drafts else max(shape.longest, 2)
-            )
+            length = shape.length if shape.drafts else DEFAULT_MODEL_LENGTH
+            shape = replace(shape, model_length=length)
         if not has_draft_model and shape.model_length:
             shape = replace(shape, model_length=0)
             if shape.is_autoregressive or not (shape.drafts or shape.lookup):

@@ -121,6 +121,7 @@ def profile_steps(
     repeats: int = 40,
     loop_tokens: int = 96,
     loop_rounds: int = 3,
+    draft=None,
 ) -> dict:
     """Profile the AR step and a speculative step per shape on ``prompt`` (greedy).
 
@@ -132,8 +133,10 @@ def profile_steps(
     per-phase ms and op counts, ``step_ms``/``step_ops`` (one compiled step), ``loop_ms``
     (generation loop wall time per step), ``host_ms`` (loop - step) and
     ``overhead_ms`` (step - verify). Timings are medians over ``repeats`` interleaved rounds.
+    ``draft``: a draft model for the shapes with its chain (``D1×L``: whole step only).
     """
     from redrafter_mlx.engine.cache import Session, bucket, prefill_session, text_history
+    from redrafter_mlx.engine.draft_model import prefill as draft_prefill
     from redrafter_mlx.engine.generation import decode
 
     shapes = [_as_shape(s) for s in shapes]
@@ -154,10 +157,12 @@ def profile_steps(
     # the loop; every call sees the same lengths (and so the same context).
     kv = {"kv": (session.keys, session.values)}
     session.keys = session.values = None
+    # A draft model's own cache, carried likewise (the steps without its chain pass it on).
+    sources = {"src": () if draft is None else (draft_prefill(draft, [list(prompt)], window),)}
 
     def base_state():
         keys, values = kv.pop("kv")
-        return DecodeState(first, hidden, lengths, keys, values, rng, history)
+        return DecodeState(first, hidden, lengths, keys, values, rng, history, sources["src"])
 
     def keep(state_or_kv):
         kv["kv"] = state_or_kv
@@ -181,8 +186,10 @@ def profile_steps(
         if shape.label in shape_of:
             continue
         shape_of[shape.label] = shape
-        if shape.lookup:
-            timed = _lookup_thunks(model, drafter, shape, sampler, window, base_state, keep)
+        if shape.lookup or shape.model_length:
+            timed = _lookup_thunks(
+                model, drafter, shape, sampler, window, base_state, keep, draft, sources
+            )
         else:
             W, L, C = shape.width, shape.length, shape.slots
             timed = _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv)
@@ -204,7 +211,7 @@ def profile_steps(
     for r in range(loop_rounds + 1):
         for name, _ in configs:
             shape = shape_of.get(name, AR)
-            ms = _loop_ms_per_step(decode, model, drafter, prompt, shape, loop_tokens)
+            ms = _loop_ms_per_step(decode, model, drafter, prompt, shape, loop_tokens, draft)
             if r:  # round 0 warms up
                 loop[name].append(ms)
 
@@ -224,6 +231,8 @@ def profile_steps(
             row.update(width=W, length=L, capacity=C, draft_steps=L - 1 if shape.drafts else 0)
             if shape.lookup:
                 row.update(lookup=shape.lookup, lookup_length=shape.chain_length)
+            if shape.model_length:
+                row.update(model_length=shape.model_length)
             if all(f"{p}_ms" in row for p in PHASES):
                 row["phases_ms"] = sum(row[f"{p}_ms"] for p in PHASES)
                 row["overhead_ms"] = row["step_ms"] - row["verify_ms"]
@@ -320,25 +329,37 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
     return {name: _Timed(name, fn) for name, fn in thunks.items()}
 
 
-def _lookup_thunks(model, drafter, shape: BeamShape, sampler, window, base_state, keep):
-    """The whole compiled step of a shape with lookup chains (its phases are not split)."""
-    step_fn = make_step(model, drafter, shape, sampler)
+def _lookup_thunks(
+    model, drafter, shape: BeamShape, sampler, window, base_state, keep, draft=None, sources=None
+):
+    """The whole compiled step of a shape with lookup chains or a draft model's chain (its
+    phases are not split); ``sources``: where the draft model's cache is carried."""
+    step_fn = make_step(model, drafter, shape, sampler, draft=draft)
 
     def t_step(counter):
         nxt, out = step_fn(base_state(), window)
         if counter:
             counter.ops = graph_ops(nxt, out)
         keep((nxt.keys, nxt.values))
+        if sources is not None:
+            sources["src"] = nxt.sources
         return nxt, out
 
     return {"step": _Timed("step", t_step)}
 
 
-def _loop_ms_per_step(decode, model, drafter, prompt, shape: BeamShape, max_tokens) -> float:
+def _loop_ms_per_step(
+    decode, model, drafter, prompt, shape: BeamShape, max_tokens, draft=None
+) -> float:
     """Wall ms per step of the generation loop (first token excluded), greedy, no EOS."""
     drafter = drafter if shape.drafts else None
+    draft = draft if shape.model_length else None
     steps, start = 0, None
-    for ev in decode(model, drafter, [list(prompt)], max_tokens=max_tokens, shape=shape, seed=0):
+    events = decode(
+        model, drafter, [list(prompt)], max_tokens=max_tokens, shape=shape, seed=0,
+        draft_model=draft,
+    )  # fmt: skip
+    for ev in events:
         if start is None:
             start = time.perf_counter()
             continue

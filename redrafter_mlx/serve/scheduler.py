@@ -39,6 +39,7 @@ import mlx.core as mx
 from redrafter_mlx.engine.adaptive import Adaptive
 from redrafter_mlx.engine.batch import BatchDecoder, Prefill, Queued, Row, RowStats
 from redrafter_mlx.engine.cache import PREFILL_CHUNK, Session, token_limit
+from redrafter_mlx.engine.draft_model import check_draft_model
 from redrafter_mlx.engine.loading import materialize
 from redrafter_mlx.engine.shape import AR, BeamShape
 
@@ -76,14 +77,19 @@ class Scheduler:
         compiled: bool = True,
         group=None,
         adapt: Adaptive | bool = False,
+        draft_model=None,
     ):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.model, self.drafter = model, drafter
         if drafter is not None and shape is None:
             raise ValueError("a drafter needs a beam shape")
-        shape = (shape or AR).runnable(drafter is not None)
+        if draft_model is not None:  # its cache follows only the steps that run it: pinned
+            check_draft_model(model, draft_model)
+            adapt = False
+        shape = (shape or AR).runnable(drafter is not None, draft_model is not None)
         shape = None if shape.is_autoregressive else shape
+        draft_model = draft_model if shape is not None and shape.model_length else None
         materialize(model, drafter)
         self.max_batch = max_batch
         self.queue: queue.Queue[Request] = queue.Queue(maxsize=max(max_queue, 1))
@@ -91,7 +97,9 @@ class Scheduler:
         self.leader = group is None or group.rank() == 0
         eos = {int(e) for e in eos_token_ids}
         # The rows, their state and the steps (with adaptive shapes, ``engine/batch_choice``).
-        self.batch = BatchDecoder(model, drafter, shape, eos, max_batch, compiled, group, adapt)
+        self.batch = BatchDecoder(
+            model, drafter, shape, eos, max_batch, compiled, group, adapt, draft=draft_model
+        )
         self.stats = ServerStats()
         self._draining = False
         self._drain_deadline = 0.0

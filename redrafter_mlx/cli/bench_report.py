@@ -568,9 +568,8 @@ def profile_rows(engine, shapes, ids, repeats: int, cost=None) -> dict:
 
     cost = cost or MacCost()
     draft = getattr(engine, "draft_model", None)
-    data = profile_steps(
-        engine.model, engine.drafter, list(shapes), ids, repeats=repeats, draft=draft
-    )
+    extra = {"draft": draft} if draft is not None else {}
+    data = profile_steps(engine.model, engine.drafter, list(shapes), ids, repeats=repeats, **extra)
     weights = weight_bytes(engine.model, engine.drafter, cost.dtype)
     data["rows"] = launch_bound(data["rows"], weights, cost)
     data["mac"] = dict(

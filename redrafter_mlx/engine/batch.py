@@ -52,7 +52,7 @@ from .draft_model import prefill as draft_prefill
 from .lookup import LookupShadow
 from .sampling import RowSampler, RowSettings, SamplerConfig, StepMode, row_settings
 from .shape import AR, BeamShape
-from .sources import LOOKUP, SOURCE_NAMES, map_states
+from .sources import LOOKUP, SOURCE_NAMES, by_source, map_states
 
 
 def split_row_keys(row_keys: mx.array) -> tuple[mx.array, mx.array]:
@@ -551,8 +551,8 @@ class BatchDecoder:
         part emitted (exact stop) and why it finished (None: it goes on)."""
         out = step.out
         tokens, counts = out.tokens.tolist(), out.count.tolist()  # this step is computed
-        zero = [0] * len(SOURCE_NAMES)
-        by = out.by_source.tolist() if out.by_source is not None else [zero] * len(counts)
+        sources = out.source.tolist() if out.source is not None else [None] * len(counts)
+        by = [by_source(s, c - 1) for s, c in zip(sources, counts)]
         packed = out.packed.tolist()
         self.inflight -= 1
         seconds = None if step.started is None else time.perf_counter() - step.started
@@ -566,9 +566,7 @@ class BatchDecoder:
             if row.shadow is not None:  # what a lookup chain would have given this step
                 resolved += row.shadow.step(0, tokens[r][: counts[r]])
             new, finish = self.emit(row, tokens[r][: counts[r]])
-            delivered.append(
-                RowStep(row, new, finish, counts[r], by[r][LOOKUP], packed[r], tuple(by[r]))
-            )
+            delivered.append(RowStep(row, new, finish, counts[r], by[r][LOOKUP], packed[r], by[r]))
             if row.finished and row.shadow is not None:
                 resolved += row.shadow.finish(0)
         if self.choice is not None:

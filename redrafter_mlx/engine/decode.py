@@ -19,7 +19,8 @@ State carried between steps (``DecodeState``):
 
 A step's output for the host (``StepOutput``): ``tokens`` (B, L) with ``count`` (B,) valid
 entries per row — the accepted draft tokens followed by the bonus token — and
-``by_source`` (B, len(SOURCE_NAMES)): the accepted draft tokens per source.
+``source`` (B,): the id of the source whose candidate was accepted (``SOURCE_NAMES``; the
+host counts ``count - 1`` accepted drafts for it, ``sources.by_source``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ from .sources import (
     DraftContext,
     DrafterSource,
     LookupSource,
-    accepted_by_source,
     merge,
     pad,
 )
@@ -65,7 +65,7 @@ class StepOutput(NamedTuple):
     tokens: mx.array  # (B, L) emitted tokens, first ``count`` valid
     count: mx.array  # (B,) tokens emitted this step (accepted + bonus)
     packed: mx.array  # (B,) tree slots in use this step
-    by_source: mx.array | None = None  # (B, len(SOURCE_NAMES)) accepted drafts per source
+    source: mx.array | None = None  # (B,) int32 source id of the accepted path (SOURCE_NAMES)
 
 
 class Candidates(NamedTuple):
@@ -75,6 +75,7 @@ class Candidates(NamedTuple):
     present: mx.array | None  # (B, N, L) bool, None when every candidate fills L
     source: mx.array  # (B or 1, N) int32, each candidate's source id (``SOURCE_NAMES``)
     states: tuple = ()  # the stateful sources' new states, in source order
+    only: int | None = None  # the one source every candidate came from, if so
 
 
 def accept(beams, target, unpacker, capacity):
@@ -158,15 +159,37 @@ def draft_phase(sources: list, ctx: DraftContext, capacity: int, states: tuple =
         ids.append(source.source_id)
         if getattr(source, "stateful", False):
             new_states.append(p.state)
-    merged = merge(proposals, ids)
     one_each = all(p.tokens.shape[1] == 1 and p.tail is None for p in proposals)
     if len(proposals) > 1 and one_each and capacity <= min(p.tokens.shape[2] for p in proposals):
         # Room for one chain only: another could add no slot, so pick one per row.
-        tokens = merged.tokens[:, :1, :capacity]
-        if merged.present is not None:
-            tokens = mx.where(merged.present[:, :1, :capacity], tokens, 0)  # absent: any id
-        return Candidates(tokens, None, merged.source[:, :1], tuple(new_states))
-    return Candidates(merged.tokens, merged.present, merged.source, tuple(new_states))
+        tokens, source = pick_one(proposals, ids, capacity)
+        return Candidates(tokens, None, source, tuple(new_states))
+    merged = merge(proposals, ids)
+    return Candidates(merged.tokens, merged.present, merged.source, tuple(new_states), merged.only)
+
+
+def pick_one(proposals: list, ids: list[int], capacity: int):
+    """Each row's top-ranked candidate (ties: source order) of proposals of one candidate
+    each, cut to ``capacity`` (absent positions: any id). Returns tokens (B, 1, C) and
+    source ids (B, 1)."""
+    best, best_rank, best_id = None, None, None
+    for p, i in zip(proposals, ids):
+        tokens = p.tokens[:, :, :capacity]
+        if p.present is not None:
+            tokens = mx.where(p.present[:, :, :capacity], tokens, 0)
+        if best is None:
+            best, best_rank, best_id = tokens, p.rank, mx.array(i, mx.int32)
+            continue
+        take = p.rank > best_rank  # (B,) or a bool
+        if isinstance(take, bool):
+            if take:
+                best, best_rank, best_id = tokens, p.rank, mx.array(i, mx.int32)
+            continue
+        best = mx.where(take[:, None, None], tokens, best)
+        best_id = mx.where(take, i, best_id)
+        best_rank = mx.maximum(p.rank, best_rank) if len(proposals) > 2 else None
+    B = best.shape[0]
+    return best, mx.broadcast_to(best_id, (B,))[:, None]
 
 
 def shape_candidates(
@@ -313,12 +336,14 @@ def redrafter_step(
     else:
         packed = mx.broadcast_to(tree.valid.sum(axis=-1).astype(mx.int32), (B,))
     source = cand.source
-    if best is None or source.shape[1] == 1:
+    if cand.only is not None:  # one source: a constant
+        chosen = mx.broadcast_to(mx.array(cand.only, mx.int32), (B,))
+    elif best is None or source.shape[1] == 1:
         chosen = mx.broadcast_to(source[:, 0], (B,))
     else:
         chosen = mx.take_along_axis(mx.broadcast_to(source, beams.shape[:2]), best[:, None], 1)
         chosen = chosen[:, 0]
-    return next_state, StepOutput(tokens, n + 1, packed, accepted_by_source(chosen, n))
+    return next_state, StepOutput(tokens, n + 1, packed, chosen.astype(mx.int32))
 
 
 def is_beam_and_chain(shape: BeamShape) -> bool:
@@ -414,8 +439,8 @@ def beam_and_chain_step(model, drafter, state, shape, sampler, window, rng, draw
     )
     next_state = DecodeState(bonus, next_hidden, lengths, keys, values, rng, history, state.sources)
     packed = (L + present.sum(axis=1) - 1).astype(mx.int32)  # (B,) slots holding a token
-    chosen = mx.where(take_chain, LOOKUP, DRAFTER)
-    return next_state, StepOutput(out, n + 1, packed, accepted_by_source(chosen, n))
+    chosen = mx.where(take_chain, LOOKUP, DRAFTER)  # (B,) int32
+    return next_state, StepOutput(out, n + 1, packed, chosen)
 
 
 def _run(candidate, draws, present):
@@ -508,7 +533,7 @@ def make_step(
     fields = len(DecodeState._fields)
     check_features(model, drafter)
     draft = draft if shape.model_length else None
-    plain = shape.is_autoregressive or (drafter is None and not shape.lookup and draft is None)
+    plain = shape.is_autoregressive or not step_sources(shape, drafter, draft)
     drafter = drafter if shape.drafts else None
 
     def step(*args):

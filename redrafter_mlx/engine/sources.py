@@ -22,7 +22,8 @@ whatever source had them accepted (``draft_model.DraftModelSource``): nothing is
 the commit, and the step needs no per-source commit hook.
 
 Every source has a fixed id (its index in ``SOURCE_NAMES``): a step reports, per row, the
-accepted draft tokens of each source, ``StepOutput.by_source`` (B, len(SOURCE_NAMES)).
+id of the source whose candidate it accepted, ``StepOutput.source`` (B,), and the host
+counts that step's accepted drafts for that source (``by_source``).
 
 Adding a source touches: (1) its class (``propose``, ``name``, and for a stateful one
 ``initial_state``/``prefill``), here or in its own module; (2) its name in ``SOURCE_NAMES``;
@@ -100,7 +101,9 @@ class DrafterSource:
 
 class LookupSource:
     """K context-lookup chains of Lk tokens (``lookup.lookup_chains``); a row whose best
-    match is at least ``STRONG_MATCH`` tokens ranks them before the drafter's beams."""
+    match is at least ``STRONG_MATCH`` tokens ranks them before the drafter's beams (rank
+    1): their rank is the match length shifted so that ``STRONG_MATCH`` ranks 2, one
+    shorter ties with the drafter (which comes first in source order)."""
 
     source_id = LOOKUP
     stateful = False
@@ -110,7 +113,9 @@ class LookupSource:
 
     def propose(self, ctx: DraftContext) -> Proposal:
         found = lookup_chains(ctx.history, ctx.lengths, ctx.init_token, self.chains, self.length)
-        rank = mx.where(found.match[:, 0] >= STRONG_MATCH, 2, 0)
+        rank = found.match[:, 0]  # (B,); a view when STRONG_MATCH is 2
+        if STRONG_MATCH != 2:
+            rank = rank + (2 - STRONG_MATCH)
         return Proposal(found.tokens, found.present, rank)
 
 
@@ -118,6 +123,7 @@ class Merged(NamedTuple):
     tokens: mx.array  # (B, N, L)
     present: mx.array | None  # (B, N, L) bool or None
     source: mx.array  # (B or 1, N) int32 source id of each candidate
+    only: int | None = None  # the one source every candidate came from, if so
 
 
 def merge(proposals: list[Proposal], ids: list[int]) -> Merged:
@@ -130,7 +136,7 @@ def merge(proposals: list[Proposal], ids: list[int]) -> Merged:
         present = None
     else:
         present = [_present(p, n) for p in proposals]
-    source = [mx.full((1, p.tokens.shape[1]), i, mx.int32) for p, i in zip(proposals, ids)]
+    source = [[i] * p.tokens.shape[1] for p, i in zip(proposals, ids)]  # static, per source
     ranks = [p.rank for p in proposals]
     if len(proposals) > 1 and any(isinstance(r, mx.array) for r in ranks):
         # Per-row order: a stable sort of the candidates by their source's rank.
@@ -142,24 +148,29 @@ def merge(proposals: list[Proposal], ids: list[int]) -> Merged:
         tokens = mx.take_along_axis(mx.concatenate(tokens, 1), order[:, :, None], axis=1)
         if present is not None:
             present = mx.take_along_axis(mx.concatenate(present, 1), order[:, :, None], axis=1)
-        source = mx.take_along_axis(
-            mx.broadcast_to(mx.concatenate(source, 1), (B, total)), order, axis=1
-        )
+        flat = mx.array([[i for ids_ in source for i in ids_]], mx.int32)  # a constant
+        source = mx.take_along_axis(mx.broadcast_to(flat, (B, total)), order, axis=1)
     else:
         order = sorted(range(len(proposals)), key=lambda i: -ranks[i])  # stable
         tokens = mx.concatenate([tokens[i] for i in order], axis=1)
         if present is not None:
             present = mx.concatenate([present[i] for i in order], axis=1)
-        source = mx.concatenate([source[i] for i in order], axis=1)
+        source = [i for k in order for i in source[k]]
     tails = [(p.tail, i) for p, i in zip(proposals, ids) if p.tail is not None]
     for (t_tokens, t_present), i in tails:
         if present is None:
             present = mx.broadcast_to(mx.array(True), tokens.shape)
         tokens = mx.concatenate([tokens, pad(t_tokens, n, ABSENT)], axis=1)
         present = mx.concatenate([present, pad(t_present, n, False)], axis=1)
-        tail_source = mx.full((source.shape[0], t_tokens.shape[1]), i, mx.int32)
-        source = mx.concatenate([source, tail_source], axis=1)
-    return Merged(tokens, present, source)
+        tail = [i] * t_tokens.shape[1]
+        if isinstance(source, list):
+            source += tail
+        else:
+            source = mx.concatenate([source, mx.broadcast_to(mx.array([tail]), (B, len(tail)))], 1)
+    only = ids[0] if len(set(ids)) == 1 else None
+    if isinstance(source, list):
+        source = mx.array([source], mx.int32)  # a constant: no kernel
+    return Merged(tokens, present, source, only)
 
 
 def _rank_keys(rank, B: int, N: int) -> mx.array:
@@ -184,11 +195,10 @@ def pad(x: mx.array, n: int, value) -> mx.array:
     return mx.concatenate([x, mx.full((B, N, n - L), value, dtype=x.dtype)], axis=-1)
 
 
-def accepted_by_source(source: mx.array, n: mx.array) -> mx.array:
-    """Accepted draft tokens per source id: source (B,) id of the accepted candidate, n (B,)
-    -> (B, len(SOURCE_NAMES)) int32."""
-    ids = mx.arange(len(SOURCE_NAMES))[None, :]
-    return mx.where(ids == source[:, None], n[:, None], 0).astype(mx.int32)
+def by_source(source: int | None, accepted: int) -> tuple[int, ...]:
+    """One row-step's accepted drafts per source (host side): ``accepted`` for the source
+    id ``source`` (None: a step with no source, plain decoding), 0 for the others."""
+    return tuple(accepted if i == source else 0 for i in range(len(SOURCE_NAMES)))
 
 
 def grow_states(states: tuple, slots: int, grow) -> tuple:

@@ -11,6 +11,7 @@ import pytest
 from redrafter_mlx.engine.loading import LoadError, load
 from redrafter_mlx.engine.memory import Dims, check_step_memory, kv_bytes
 from redrafter_mlx.engine.shape import AR, BeamShape
+from redrafter_mlx.engine.sources import DRAFT_MODEL
 from redrafter_mlx.serve.scheduler import Request, Scheduler
 from tests.helpers import (
     VICUNA_TOKENIZER,
@@ -67,21 +68,29 @@ def test_bench_rows_carry_the_draft_models_share(app, dirs):
     assert result.exit_code == 2 and "--draft-model" in result.output
 
 
-def test_server_rows_with_a_draft_model_equal_solo_plain_decoding():
+@pytest.mark.parametrize("itself", [False, True], ids=["small-draft", "self-draft"])
+def test_server_rows_with_a_draft_model_equal_solo_plain_decoding(itself):
+    """Rows join mid-way (more requests than rows: resizes, placements): each row's output
+    equals plain decoding; as its own draft, the model's drafts on every row are all
+    accepted, so each row's draft cache holds its own text exactly."""
     model = tiny_model(5, vocab=48, layers=2)
-    draft = tiny_model(9, vocab=48, layers=1)
+    draft = model if itself else tiny_model(9, vocab=48, layers=1)
     prompts = [[1, 5, 9, 3, 5, 9], [2, 7, 7, 4], [3, 3, 8, 1, 2, 3, 8, 1, 2], [4, 4]]
-    shape = BeamShape.parse("K1xL5+D1xL4")
+    shape = BeamShape.parse("D1xL4" if itself else "K1xL5+D1xL4")
     sched = Scheduler(model, None, shape, (), max_batch=2, draft_model=draft)
     sinks = []
-    for i, prompt in enumerate(prompts):  # more requests than rows: rows join mid-way
+    for i, prompt in enumerate(prompts):
         sinks.append(Collector())
         sched.submit(Request(prompt, 16 + 4 * i, sinks[-1]))
+        sched.run_once()
     drain(sched)
     for i, (prompt, sink) in enumerate(zip(prompts, sinks)):
         want, _ = run_decode(model, None, [prompt], max_tokens=16 + 4 * i, shape=AR)
         assert sink.tokens == want[0], i
-    assert sum(s.last.stats.by_source[2] for s in sinks) > 0  # the draft model's drafts
+        if itself:
+            stats = sink.last.stats
+            assert stats.by_source[DRAFT_MODEL] == stats.accepted_drafts
+            assert stats.accepted_drafts >= 3 * (stats.steps - 1), i  # all but a cut step
 
 
 def test_memory_counts_the_draft_models_weights_and_cache():

@@ -401,9 +401,8 @@ def prepare_engine(
         plan, speculative = choose(paths)
     engine = load_engine(paths, dtype, with_drafter=speculative)
     engine.model.cap_context(max_kv_size)
-    if engine.draft_model is not None and hasattr(plan, "shape") and plan.speculative:
-        shape = plan.shape.runnable(engine.drafter is not None, True)
-        plan = replace(plan, shape=shape, source=f"{plan.source}, with --draft-model")
+    if engine.draft_model is not None and hasattr(plan, "shape") and not beam.no_draft:
+        plan = with_draft_model(plan, engine.drafter is not None, beam.length)
     origin, note = "", ""
     if flags is not None:
         given = {k for k, v in sampling.items() if v is not None and k in DEFAULTED}
@@ -419,6 +418,19 @@ def prepare_engine(
         sampled = flags is None or not flags.greedy  # serve's rows may sample
         check_memory(engine, plan.shape, max_tokens, sampled, batch)
     return Prepared(engine, plan, flags, checked, origin, note)
+
+
+def with_draft_model(plan, has_drafter: bool, length: int | None):
+    """The plan's shape with a draft model's chain (``BeamShape.runnable``); a plan of plain
+    decoding (no drafter, no lookup, or tuning found AR faster) becomes the chain alone, of
+    ``--beam-length`` tokens, else ``DEFAULT_MODEL_LENGTH``."""
+    from redrafter_mlx.engine.shape import DEFAULT_MODEL_LENGTH, BeamShape
+
+    if plan.speculative:
+        shape = plan.shape.runnable(has_drafter, True)
+    else:
+        shape = BeamShape(0, 1, None, 0, 0, length or DEFAULT_MODEL_LENGTH).validate()
+    return replace(plan, shape=shape, source=f"{plan.source}, with --draft-model")
 
 
 def same_plan_everywhere(plan):

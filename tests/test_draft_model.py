@@ -10,7 +10,7 @@ import mlx.core as mx
 import pytest
 
 import tests.test_sampling as sampling
-from redrafter_mlx.engine.decode import DecodeState, make_step, prefill_chunk
+from redrafter_mlx.engine.decode import DecodeState, make_step, prefill_chunk, step_sources
 from redrafter_mlx.engine.draft_model import DraftModelSource, check_draft_model, prefill
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape
@@ -55,13 +55,16 @@ def test_the_target_as_its_own_draft_accepts_every_draft_token():
     assert stats["source_tokens"]["draft_model"] == stats["accepted_tokens"]
 
 
-def test_draft_cache_holds_the_committed_text_after_catch_up():
+@pytest.mark.parametrize("label", ["K1xL6+D1xL3", "D1xL4", "W1xL3+D1xL2"])
+def test_draft_cache_holds_the_committed_text_after_catch_up(label):
     """After steps that commit tokens the draft model did not draft (a lookup chain's, the
-    bonus), its next catch-up leaves its cache equal to a fresh prefill of the text."""
+    drafter's, its own last draft, the bonus), its next catch-up leaves its cache equal to
+    a fresh prefill of the text (a catch-up one token shorter fails this test)."""
     model = tiny_model(3, vocab=32, layers=2)
-    draft = tiny_model(8, vocab=32, layers=2)
+    draft = model if label == "D1xL4" else tiny_model(8, vocab=32, layers=2)
     prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
-    shape = BeamShape.parse("K1xL6+D1xL3")
+    shape = BeamShape.parse(label)
+    drafter = tiny_drafter(model, 4) if shape.drafts else None
     slots = 64
     keys, values = model.make_cache(1, slots)
     zero = mx.zeros((1,), mx.int32)
@@ -75,12 +78,13 @@ def test_draft_cache_holds_the_committed_text_after_catch_up():
         first, hidden, lengths, keys, values, mx.random.key(0), history,
         (prefill(draft, [prompt], slots),),
     )  # fmt: skip
-    step = make_step(model, None, shape, SamplerConfig(), compiled=False, draft=draft)
+    step = make_step(model, drafter, shape, SamplerConfig(), compiled=False, draft=draft)
     for _ in range(4):
         state, _ = step(state, slots)
     n = int(state.lengths[0])
     text = state.history[0, :n].tolist() + [int(state.init_token[0])]
-    source = DraftModelSource(draft, 2, shape.longest)  # the catch-up alone (L = 2)
+    catchup = step_sources(shape, drafter, draft)[-1].catchup
+    source = DraftModelSource(draft, 2, catchup)  # the catch-up alone (L = 2)
     ctx = DraftContext(model, state.hidden, state.init_token, state.lengths, state.history, slots)
     caught = source.propose(ctx._replace(own=state.sources[0])).state
     fresh = prefill(draft, [text], slots)

@@ -31,7 +31,7 @@ from typing import NamedTuple
 import mlx.core as mx
 import mlx.nn as nn
 
-from .draft_model import DraftModelSource
+from .draft_model import DraftModelSource, catchup_tokens
 from .drafter import Drafter, beam_search
 from .lookup import ABSENT, lookup_chains, write_history
 from .model import Model, write_slots
@@ -136,7 +136,8 @@ def step_sources(shape: BeamShape, drafter=None, draft=None) -> list:
     if shape.lookup:
         sources.append(LookupSource(shape.lookup, shape.chain_length))
     if draft is not None and shape.model_length:
-        sources.append(DraftModelSource(draft, shape.model_length, shape.longest))
+        catchup = catchup_tokens([source.length for source in sources])
+        sources.append(DraftModelSource(draft, shape.model_length, catchup))
     return sources
 
 

@@ -2,15 +2,15 @@
 proposes one greedy chain of ``Ld`` tokens per step (``BeamShape.model_length``), on the
 device, with its own K/V cache.
 
-The cache (``DecodeState.sources[DRAFT_MODEL]``: (keys, values), per layer (B, n_kv, S, D),
-slot p holding the K/V of text position p like the target's) follows the committed text. A
-step may commit tokens the draft model never ran: the bonus token, its own last draft, or
+The cache (in ``DecodeState.sources``: (keys, values), per layer (B, n_kv, S, D), slot p
+holding the K/V of text position p like the target's) follows the committed text. A step
+may commit tokens the draft model never ran: the bonus token, its own last draft, or
 another source's accepted path. So each draft starts by re-running the last ``catchup``
 committed positions, ``[len - catchup + 1, len]`` (the init token at ``len``), in one
-forward: with ``catchup`` the most tokens a step commits (``BeamShape.longest``), that
-covers every token committed since its last draft, so after that forward the cache holds
-exactly the committed tokens' K/V (slots past ``len`` hold junk until rewritten). Then
-``Ld - 2`` one-token forwards extend the chain from its argmax. No host read; static shapes.
+forward, ``catchup`` covering every token committed since its last draft
+(``catchup_tokens``: 2 for the chain alone), so after that forward the cache holds exactly
+the committed tokens' K/V (slots past ``len`` hold junk until rewritten). Then ``Ld - 2``
+one-token forwards extend the chain from its argmax. No host read; static shapes.
 The verifier decides what is emitted, so a draft model can change speed, never the output.
 """
 
@@ -58,6 +58,15 @@ class DraftModelSource:
             token = mx.argmax(draft.logits(hidden)[:, 0], axis=-1).astype(mx.int32)
             chain.append(token)
         return Proposal(mx.stack(chain, axis=1)[:, None], None, 1, (keys, values))
+
+
+def catchup_tokens(other_lengths) -> int:
+    """Positions a draft re-runs so that its cache holds every committed token. Its own
+    chain's drafts were run at their positions except the last one, so its own path
+    leaves at most that draft and the bonus (2); another source's path of up to Lo tokens
+    leaves up to Lo - 1 drafts and the bonus (Lo). ``other_lengths``: the other
+    candidates' lengths, the init token included."""
+    return max([2, *other_lengths])
 
 
 def initial_state(draft, batch: int, slots: int, dtype=None) -> tuple:

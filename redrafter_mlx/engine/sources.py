@@ -71,6 +71,8 @@ class DraftSource(Protocol):
     """A source of draft candidates (see the module docstring)."""
 
     source_id: int  # index in SOURCE_NAMES
+    length: int  # tokens of its candidates, the init token included
+    stateful: bool  # whether it carries a state in ``DecodeState.sources``
 
     def propose(self, ctx: DraftContext) -> Proposal: ...
 

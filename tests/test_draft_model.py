@@ -143,3 +143,12 @@ def test_sampling_with_a_draft_model_is_exact():
     )
     assert stats["source_tokens"]["draft_model"] > 0.1 * n  # its drafts are really tested
     assert sampling.chi_square_pvalue(counts, sampling.exact_joint(model, cfg), n) > 1e-3
+
+
+def test_the_python_api_takes_a_draft_model():
+    """``batch_generate`` / ``generate`` with ``draft_model=``: plain decoding's tokens."""
+    from redrafter_mlx.engine.generation import batch_generate
+
+    model = tiny_model(5, vocab=40, layers=2)
+    got = batch_generate(model, None, None, PROMPTS, max_tokens=12, draft_model=model, adapt=False)
+    assert got == plain(model, PROMPTS, 12)

@@ -479,20 +479,13 @@ def render_table(rows: list[dict], title: str):
         padding=0,
         caption="speedup: decode tok/s over the same prompts ÷ AR's · eff: speedup ÷ "
         "tok/step · packed: mean packed tree / W·L+K·Lk · lookup: share of accepted drafts "
-        "from context lookup · TTFT in ms · GB: peak memory",
+        "from context lookup (draft: from the draft model) · TTFT in ms · GB: peak memory",
     )
-    for column in (
-        "config",
-        "tok/s",
-        "speedup",
-        "tok/step",
-        "eff",
-        "packed",
-        "lookup",
-        "TTFT",
-        "GB",
-        "= AR",
-    ):
+    shares = [(row.get("source_shares") or {}).get("draft_model") for row in rows]
+    drafting = any(share is not None for share in shares)
+    columns = ["config", "tok/s", "speedup", "tok/step", "eff", "packed", "lookup"]
+    columns += ["draft"] if drafting else []
+    for column in (*columns, "TTFT", "GB", "= AR"):
         # a long config name wraps (at its space, else anywhere) before any number is cut
         table.add_column(
             column,
@@ -500,7 +493,7 @@ def render_table(rows: list[dict], title: str):
             no_wrap=column != "config",
             overflow="fold",
         )
-    for row in rows:
+    for row, by_draft in zip(rows, shares):
         packed = (
             f"{row['mean_packed']:.1f}/{row['tree_size']}"
             if row["mean_packed"] is not None
@@ -516,6 +509,7 @@ def render_table(rows: list[dict], title: str):
             f"{row['efficiency']:.2f}",
             packed,
             "–" if share is None else f"{share:.0%}",
+            *([] if not drafting else ["–" if by_draft is None else f"{by_draft:.0%}"]),
             f"{row['ttft_s'] * 1e3:.0f}",
             f"{row['peak_memory_gb']:.3f}",
             same,

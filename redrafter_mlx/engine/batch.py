@@ -404,10 +404,13 @@ class BatchDecoder:
             text = text_history(session.cached, history.shape[1])
             history = mx.where(at[:, None], text, history)
         if s.sources:  # the draft model's cache of the row's prompt
-            dk, dv = draft_prefill(self.draft, session.cached, s.keys[0].shape[2])
+            if self.draft is self.model:  # its own draft: the same K/V as its prefill
+                dk, dv = session.keys, session.values
+            else:
+                dk, dv = draft_prefill(self.draft, session.cached, s.keys[0].shape[2])
             for cache, row_cache in ((s.sources[0][0], dk), (s.sources[0][1], dv)):
                 for layer, src in enumerate(row_cache):
-                    cache[layer][r : r + 1] = src
+                    cache[layer][r : r + 1, :, : src.shape[2]] = src
         self.state = s._replace(
             init_token=mx.where(at, first, s.init_token),
             hidden=mx.where(at[:, None], hidden, s.hidden),

@@ -195,7 +195,11 @@ def decode(
     mode, settings = row_settings([sampler] * B, model.vocab_size)
     rows_first = RowSampler(settings, _row_keys(first_key, B), mode)
     first = first_draw(model, hidden, rows_first, None, history, session.lengths)
-    sources = () if draft_model is None else (draft_prefill(draft_model, prompts, session.slots),)
+    sources = ()
+    if draft_model is model:  # the model as its own draft: its cache starts as the model's
+        sources = ((list(session.keys), list(session.values)),)
+    elif draft_model is not None:
+        sources = (draft_prefill(draft_model, prompts, session.slots),)
     state = DecodeState(
         first, hidden, session.lengths, session.keys, session.values, rng, history, sources
     )

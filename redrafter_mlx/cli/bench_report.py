@@ -14,7 +14,7 @@ from __future__ import annotations
 import csv
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from redrafter_mlx.engine.shape import AR, BeamShape
 from redrafter_mlx.measure.throughput import Run, measure_generation
@@ -565,6 +565,8 @@ def profile_rows(engine, shapes, ids, repeats: int, cost=None) -> dict:
     extra = {"draft": draft} if draft is not None else {}
     data = profile_steps(engine.model, engine.drafter, list(shapes), ids, repeats=repeats, **extra)
     weights = weight_bytes(engine.model, engine.drafter, cost.dtype)
+    if draft is not None:  # its forwards read its weights (the model's own, as its own draft)
+        weights = replace(weights, draft_model=weight_bytes(draft, None, cost.dtype).model)
     data["rows"] = launch_bound(data["rows"], weights, cost)
     data["mac"] = dict(
         launch_us=cost.launch_us,

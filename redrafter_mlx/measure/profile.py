@@ -231,8 +231,9 @@ def profile_steps(
             row.update(width=W, length=L, capacity=C, draft_steps=L - 1 if shape.drafts else 0)
             if shape.lookup:
                 row.update(lookup=shape.lookup, lookup_length=shape.chain_length)
-            if shape.model_length:
-                row.update(model_length=shape.model_length)
+            if shape.model_length:  # a catch-up forward, then Ld - 2 one-token forwards
+                Ld = shape.model_length
+                row.update(model_length=Ld, draft_model_forwards=Ld - 1)
             if all(f"{p}_ms" in row for p in PHASES):
                 row["phases_ms"] = sum(row[f"{p}_ms"] for p in PHASES)
                 row["overhead_ms"] = row["step_ms"] - row["verify_ms"]
@@ -412,12 +413,15 @@ class WeightBytes:
     model: int
     drafter_once: int = 0
     drafter_step: int = 0
+    draft_model: int = 0  # a draft model's forward (``--draft-model``)
 
-    def per_step(self, draft_steps: int) -> int:
-        """Bytes one step reads: one forward of the LLM, plus ``draft_steps`` of the drafter."""
+    def per_step(self, draft_steps: int, model_forwards: int = 0) -> int:
+        """Bytes one step reads: one forward of the LLM, plus ``draft_steps`` of the drafter
+        and ``model_forwards`` of a draft model."""
+        extra = model_forwards * self.draft_model
         if not draft_steps:
-            return self.model
-        return self.model + self.drafter_once + draft_steps * self.drafter_step
+            return self.model + extra
+        return self.model + self.drafter_once + draft_steps * self.drafter_step + extra
 
 
 def _nbytes(array: mx.array, dtype: str | None) -> int:
@@ -459,7 +463,7 @@ def launch_bound(rows: list[dict], weights: WeightBytes, cost: MacCost) -> list[
     """
 
     def estimate(row: dict) -> dict:
-        nbytes = weights.per_step(row.get("draft_steps", 0))
+        nbytes = weights.per_step(row.get("draft_steps", 0), row.get("draft_model_forwards", 0))
         launch_ms, memory_ms = cost.ms(row["step_kernels"], nbytes)
         return dict(
             mac_bytes=nbytes,

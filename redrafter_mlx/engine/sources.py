@@ -25,13 +25,18 @@ Every source has a fixed id (its index in ``SOURCE_NAMES``): a step reports, per
 id of the source whose candidate it accepted, ``StepOutput.source`` (B,), and the host
 counts that step's accepted drafts for that source (``by_source``).
 
-Adding a source touches: (1) its class (``propose``, ``name``, and for a stateful one
-``initial_state``/``prefill``), here or in its own module; (2) its name in ``SOURCE_NAMES``;
-(3) ``decode.step_sources``, which builds a step's sources from the shape; (4) the shape
-field that turns it on and sizes it (``shape.BeamShape``: the tree's slots and its label);
-(5) for a separate model, its argument down the loop (``draft_model=`` like the drafter's)
-and ``memory.check_step_memory``'s ``extra`` bytes. Stats, bench rows, ``--json`` and the
-chat line read ``SOURCE_NAMES`` and need nothing.
+Adding a source touches: (1) its class (``source_id``, ``length``, ``stateful``,
+``propose``), here or in its own module; (2) its name in ``SOURCE_NAMES``; (3)
+``decode.step_sources``, which builds a step's sources from the shape; (4) the shape field
+that turns it on and sizes it (``shape.BeamShape``: parse, label, ``max_packed``,
+``longest``, ``runnable``, ``validate``); (5) a stateful source: its state's prefill where
+rows start (``generation.decode``, ``batch.BatchDecoder.reset`` and ``_place``, as the
+draft model's ``draft_model.prefill``); (6) a separate model: its argument down the loop
+(``draft_model=``, like the drafter's: ``decode.make_step``, ``batch.make_batch_step``,
+``generation``, the scheduler, the CLI's ``Engine``) and ``memory.check_step_memory``'s
+``draft``. Stats, bench rows, ``--json`` and the chat line read ``SOURCE_NAMES`` and need
+nothing. An early-exit source (the target's first layers and an adapter with its own K/V
+cache) is (1)-(5): ``DraftContext.model`` is the target.
 """
 
 from __future__ import annotations

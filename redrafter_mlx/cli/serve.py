@@ -154,7 +154,8 @@ def serve(
             split_ok=True,
             draft_model=draft_model,
         )
-        adapt = not no_adapt and ready.plan.speculative
+        # a draft model pins the shape (its cache follows only the steps that run it)
+        adapt = not no_adapt and ready.plan.speculative and ready.engine.draft_model is None
         plan = ready.plan if adapt else serving_plan(ready.plan)
         engine, paths = ready.engine, ready.engine.paths
         group = getattr(engine.model, "group", None)
@@ -215,7 +216,8 @@ def serving_plan(plan):
     from tuning import ShapeChoice
 
     shape = plan.shape
-    if not (shape.drafts and shape.width == 1 and shape.lookup == 1 and shape.capacity is None):
+    one_each = shape.drafts and shape.width == 1 and shape.lookup == 1 and not shape.model_length
+    if not (one_each and shape.capacity is None):  # a draft model's chain keeps its own slots
         return plan
     room = replace(shape, capacity=min(shape.length, shape.chain_length))
     return ShapeChoice(room, f"{plan.source}; room for the beam or the chain per row")

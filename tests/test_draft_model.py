@@ -151,3 +151,42 @@ def test_the_python_api_takes_a_draft_model():
     model = tiny_model(5, vocab=40, layers=2)
     got = batch_generate(model, None, None, PROMPTS, max_tokens=12, draft_model=model, adapt=False)
     assert got == plain(model, PROMPTS, 12)
+
+
+@pytest.mark.parametrize("itself", [False, True], ids=["small-draft", "self-draft"])
+def test_rows_of_one_prefill_placed_into_a_running_batch_equal_plain_decoding(itself):
+    """A prefill of two rows joins a batch already running one (each placed into a free row,
+    its draft cache taken from that row of the prefill): every row equals plain decoding,
+    and as its own draft every step accepts all its drafts but a cut last one."""
+    from redrafter_mlx.engine.batch import BatchGenerator, Prefill, Row, RowStats
+    from redrafter_mlx.engine.batch_choice import FixedShape
+    from redrafter_mlx.engine.cache import Session
+
+    model = tiny_model(5, vocab=48, layers=2)
+    draft = model if itself else tiny_model(9, vocab=48, layers=1)
+    shape = BeamShape.parse("D1xL4" if itself else "K1xL5+D1xL4")
+    batch = BatchGenerator(model, None, FixedShape(shape), max_batch=4, draft=draft)
+    batch.reset()
+    first, later = PROMPTS[:1], PROMPTS[1:]
+
+    def rows_of(prompts, n):
+        return [Row(SamplerConfig(), n, len(p), RowStats(len(p))) for p in prompts]
+
+    rows = rows_of(first, 24)
+    batch.insert(Prefill(first, SamplerConfig(), 0, Session(model, 1), rows=rows))
+    out = {id(r): [] for r in rows}
+    for got in batch.next().joined + batch.next().stepped:  # it runs before the others join
+        out[id(got.row)] += got.new
+    more = rows_of(later, 20)
+    out.update({id(r): [] for r in more})
+    batch.insert(Prefill(later, SamplerConfig(), 0, Session(model, 2), rows=more))
+    for _ in range(100):
+        turn = batch.next()
+        for got in turn.joined + turn.stepped:
+            out[id(got.row)] += got.new
+        if all(r.finished for r in rows + more):
+            break
+    for row, prompt, n in zip(rows + more, PROMPTS, [24, 20, 20]):
+        assert out[id(row)] == plain(model, [prompt], n)[0]
+        if itself:
+            assert row.stats.by_source[DRAFT_MODEL] >= 3 * (row.stats.steps - 1)

@@ -26,6 +26,7 @@ from redrafter_mlx.cli.common import (
     BeamWidthOpt,
     CapacityOpt,
     DrafterOpt,
+    DraftModelOpt,
     DtypeOpt,
     Engine,
     FlagError,
@@ -120,6 +121,12 @@ def choose_configs(
                 f"--configs {', '.join(needs)} need the drafter, but {why}; lookup-only "
                 f"shapes (K1xL8) run without it"
             )
+        drafting = [s.label for s in chosen if s.model_length]
+        if drafting and paths.draft_model is None:
+            raise FlagError(
+                f"--configs {', '.join(drafting)} need a draft model; add --draft-model "
+                "(e.g. the model itself)"
+            )
         for shape in dict.fromkeys(s for s in chosen if not s.is_autoregressive):
             configs.append(Config(shape))
         source = "beam shapes from --configs"
@@ -150,16 +157,30 @@ def choose_configs(
             configs.append(Config(start, adapt=True))
             if bare:
                 source += "; adaptive decoding from it, as chat runs (--no-adapt: pinned)"
+    if paths.draft_model is not None:  # every speculative shape gains the draft model's chain
+        configs = [
+            c if c.kind != "redrafter" else replace(c, shape=c.shape.runnable(has_drafter, True))
+            for c in configs
+        ]
+        source += "; with --draft-model"
     if with_mlx_lm:
         configs.append(MLX_LM_CONFIG)
     return configs, source
 
 
-def make_runner(engine: Engine, max_tokens: int, sampling: SamplerConfig, with_mlx_lm: bool):
-    """A function (config, prompt ids) -> Run that dispatches on the configuration's kind."""
+def make_runner(
+    engine: Engine, max_tokens: int, sampling: SamplerConfig, with_mlx_lm: bool, configs=()
+):
+    """A function (config, prompt ids) -> Run that dispatches on the configuration's kind.
+    With ``--draft-model``, mlx-lm runs its speculative decoding with the same draft model,
+    drafting as many tokens a step as the first shape's draft-model chain."""
     from redrafter_mlx.cli import bench_report as logic
 
-    lm = logic.load_mlx_lm(engine.paths.model, engine.dtype) if with_mlx_lm else None
+    lm = None
+    if with_mlx_lm:
+        drafts = [c.shape.model_length - 1 for c in configs if c.field("model_length")]
+        draft_path = engine.paths.draft_model if drafts else None
+        lm = logic.load_mlx_lm(engine.paths.model, engine.dtype, draft_path, *drafts[:1])
 
     def runner(config, ids):
         if config.kind == "mlx-lm":
@@ -299,6 +320,7 @@ def check_csv_path(path: Path) -> None:
 def bench(
     model: ModelOpt = None,
     drafter: DrafterOpt = None,
+    draft_model: DraftModelOpt = None,
     prompts: Annotated[
         str | None,
         typer.Option(
@@ -500,6 +522,7 @@ def bench(
             choose=choose,
             model_defaults=False,  # greedy unless asked: rows are checked against plain decoding
             split_ok=True,
+            draft_model=draft_model,
         )
         engine, sampling, paths = ready.engine, ready.sampling, ready.engine.paths
         prompt_set, records, chosen, source = ready.plan
@@ -516,7 +539,7 @@ def bench(
                 f"--turns 2: no prompt of {prompt_set} has a second turn; turn 1 only",
                 style="yellow",
             )
-        runner = make_runner(engine, max_tokens, sampling, with_mlx_lm)
+        runner = make_runner(engine, max_tokens, sampling, with_mlx_lm, chosen)
         with err_console().status("benchmarking") as status:
             result = logic.run_bench(
                 chosen,
@@ -528,6 +551,7 @@ def bench(
         meta = dict(
             model=paths.model,
             drafter=paths.drafter,
+            draft_model=paths.draft_model,
             demo=paths.demo,
             dtype=engine.dtype,
             prompt_set=prompt_set,

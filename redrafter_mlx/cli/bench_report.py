@@ -14,7 +14,7 @@ from __future__ import annotations
 import csv
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from redrafter_mlx.engine.shape import AR, BeamShape
 from redrafter_mlx.measure.throughput import Run, measure_generation
@@ -73,7 +73,7 @@ class Config:
         if self.kind != "redrafter":
             return None
         s = self.shape
-        return (s.width * s.length if s.drafts else 0) + s.lookup * s.chain_length
+        return (s.width * s.length if s.drafts else 0) + s.lookup * s.chain_length + s.model_length
 
 
 AR_CONFIG = Config(AR)
@@ -121,7 +121,9 @@ def parse_grid(text: str) -> list[tuple[int, int]]:
 
 def run_engine(engine, config: Config, ids: list[int], max_tokens: int, sampling) -> Run:
     """Generate with our engine (AR when ``config.kind == 'ar'``) and measure it; the
-    drafter only for shapes with drafter beams (lookup alone runs without it)."""
+    drafter only for shapes with drafter beams (lookup alone runs without it), the draft
+    model only for shapes with its chain (``D1×L``)."""
+    draft = engine.draft_model if config.kind == "redrafter" and config.shape.model_length else None
     return measure_generation(
         engine.model,
         engine.drafter if config.drafts else None,
@@ -131,6 +133,7 @@ def run_engine(engine, config: Config, ids: list[int], max_tokens: int, sampling
         max_tokens,
         adapt=config.adapt,
         sampler=sampling,
+        draft_model=draft,
     )
 
 
@@ -140,16 +143,26 @@ class MlxLm:
 
     model: object
     tokenizer: object
+    draft_model: object = None  # mlx-lm's speculative decoding (``speculative_generate_step``)
+    num_draft_tokens: int = 0
 
 
-def load_mlx_lm(model_path: str, dtype: str) -> MlxLm:
-    """Load the base model with ``mlx_lm.load``, cast to the engine's dtype for fairness."""
+def load_mlx_lm(
+    model_path: str, dtype: str, draft_path: str | None = None, num_draft_tokens: int = 3
+) -> MlxLm:
+    """Load the base model with ``mlx_lm.load``, cast to the engine's dtype for fairness;
+    ``draft_path``: the same draft model for mlx-lm's speculative decoding, drafting
+    ``num_draft_tokens`` a step (the target itself when it names the model)."""
     import mlx.core as mx
     import mlx_lm
 
     model, tokenizer = mlx_lm.load(model_path)
     model.set_dtype(getattr(mx, dtype))
-    return MlxLm(model, tokenizer)
+    draft = None
+    if draft_path is not None:
+        draft = model if draft_path == model_path else mlx_lm.load(draft_path)[0]
+        draft.set_dtype(getattr(mx, dtype))
+    return MlxLm(model, tokenizer, draft, num_draft_tokens if draft is not None else 0)
 
 
 def run_mlx_lm(lm: MlxLm, ids: list[int], max_tokens: int, sampling) -> Run:
@@ -175,7 +188,7 @@ def run_mlx_lm(lm: MlxLm, ids: list[int], max_tokens: int, sampling) -> Run:
     if sampling.seed is not None:
         mx.random.seed(sampling.seed)
     mx.reset_peak_memory()
-    tokens, first_at, last_at = [], None, None
+    tokens, first_at, last_at, drafted = [], None, None, 0
     start = time.perf_counter()
     for response in stream_generate(
         lm.model,
@@ -184,21 +197,31 @@ def run_mlx_lm(lm: MlxLm, ids: list[int], max_tokens: int, sampling) -> Run:
         max_tokens=max_tokens,
         sampler=sampler,
         logits_processors=processors,
+        **(
+            dict(draft_model=lm.draft_model, num_draft_tokens=lm.num_draft_tokens)
+            if lm.draft_model is not None
+            else {}
+        ),
     ):
         last_at = time.perf_counter()
         first_at = first_at or last_at
         if response.finish_reason is None or response.finish_reason == "length":
             tokens.append(int(response.token))
-    steps = max(len(tokens) - 1, 0)
+            drafted += bool(getattr(response, "from_draft", False)) and len(tokens) > 1
+    decoded = max(len(tokens) - 1, 0)
+    steps = max(decoded - drafted, 0)  # each step: its accepted drafts and one token more
     return Run(
         tokens,
-        steps,
+        decoded,
         last_at - first_at,
         steps,
-        1.0,
+        decoded / steps if steps else 1.0,
         1.0,
         first_at - start,
         mx.get_peak_memory() / 1e9,
+        drafted,
+        0,
+        {"draft_model": drafted} if lm.draft_model is not None else {},
     )
 
 
@@ -312,6 +335,18 @@ def lookup_share(runs: list[Run]) -> float:
     return sum(r.lookup_tokens for r in runs) / accepted if accepted else 0.0
 
 
+def source_shares(runs: list[Run]) -> dict:
+    """Each draft source's share of the accepted draft tokens (``engine.sources``)."""
+    accepted = sum(r.accepted_tokens for r in runs)
+    names = dict.fromkeys(name for r in runs for name in r.source_tokens)
+    return {
+        name: round(sum(r.source_tokens.get(name, 0) for r in runs) / accepted, 4)
+        if accepted
+        else 0.0
+        for name in names
+    }
+
+
 def summarize(result: BenchResult) -> list[dict]:
     """One row per turn and configuration: tokens/s, paired speedup (against AR on the same
     turn's prompts), tokens/step, efficiency, lookup share, ..."""
@@ -354,6 +389,8 @@ def _summary_row(
         mean_packed=packed if config.kind == "redrafter" else None,
         tree_size=config.tree_size,
         lookup_share=lookup_share(runs) if config.has_lookup else None,
+        draft_model_length=config.field("model_length") or None,
+        source_shares=source_shares(runs) if config.kind != "ar" else None,
         ttft_s=sum(r.ttft_s for r in runs) / len(runs),
         peak_memory_gb=max(r.peak_memory_gb for r in runs),
         # checked for greedy runs only: a sample differs from AR's by design
@@ -384,6 +421,7 @@ def report(result: BenchResult, meta: dict) -> dict:
                     steps=r.steps,
                     accepted_tokens=r.accepted_tokens,
                     lookup_tokens=r.lookup_tokens,
+                    source_tokens=r.source_tokens,
                 )
                 for item, r in zip(result.items, runs)
             ]
@@ -414,6 +452,7 @@ CSV_FIELDS = (
     "mean_packed",
     "tree_size",
     "lookup_share",
+    "draft_model_length",
     "ttft_s",
     "peak_memory_gb",
     "matches_ar",
@@ -440,20 +479,13 @@ def render_table(rows: list[dict], title: str):
         padding=0,
         caption="speedup: decode tok/s over the same prompts ÷ AR's · eff: speedup ÷ "
         "tok/step · packed: mean packed tree / W·L+K·Lk · lookup: share of accepted drafts "
-        "from context lookup · TTFT in ms · GB: peak memory",
+        "from context lookup (draft: from the draft model) · TTFT in ms · GB: peak memory",
     )
-    for column in (
-        "config",
-        "tok/s",
-        "speedup",
-        "tok/step",
-        "eff",
-        "packed",
-        "lookup",
-        "TTFT",
-        "GB",
-        "= AR",
-    ):
+    shares = [(row.get("source_shares") or {}).get("draft_model") for row in rows]
+    drafting = any(share is not None for share in shares)
+    columns = ["config", "tok/s", "speedup", "tok/step", "eff", "packed", "lookup"]
+    columns += ["draft"] if drafting else []
+    for column in (*columns, "TTFT", "GB", "= AR"):
         # a long config name wraps (at its space, else anywhere) before any number is cut
         table.add_column(
             column,
@@ -461,7 +493,7 @@ def render_table(rows: list[dict], title: str):
             no_wrap=column != "config",
             overflow="fold",
         )
-    for row in rows:
+    for row, by_draft in zip(rows, shares):
         packed = (
             f"{row['mean_packed']:.1f}/{row['tree_size']}"
             if row["mean_packed"] is not None
@@ -477,6 +509,7 @@ def render_table(rows: list[dict], title: str):
             f"{row['efficiency']:.2f}",
             packed,
             "–" if share is None else f"{share:.0%}",
+            *([] if not drafting else ["–" if by_draft is None else f"{by_draft:.0%}"]),
             f"{row['ttft_s'] * 1e3:.0f}",
             f"{row['peak_memory_gb']:.3f}",
             same,
@@ -528,8 +561,12 @@ def profile_rows(engine, shapes, ids, repeats: int, cost=None) -> dict:
     from redrafter_mlx.measure.profile import MacCost, launch_bound, profile_steps, weight_bytes
 
     cost = cost or MacCost()
-    data = profile_steps(engine.model, engine.drafter, list(shapes), ids, repeats=repeats)
+    draft = getattr(engine, "draft_model", None)
+    extra = {"draft": draft} if draft is not None else {}
+    data = profile_steps(engine.model, engine.drafter, list(shapes), ids, repeats=repeats, **extra)
     weights = weight_bytes(engine.model, engine.drafter, cost.dtype)
+    if draft is not None:  # its forwards read its weights (the model's own, as its own draft)
+        weights = replace(weights, draft_model=weight_bytes(draft, None, cost.dtype).model)
     data["rows"] = launch_bound(data["rows"], weights, cost)
     data["mac"] = dict(
         launch_us=cost.launch_us,

@@ -16,6 +16,7 @@ from redrafter_mlx.cli.common import (
     BeamWidthOpt,
     CapacityOpt,
     DrafterOpt,
+    DraftModelOpt,
     DtypeOpt,
     FlagError,
     LogitBiasOpt,
@@ -72,6 +73,7 @@ def answer_budget(context: int | None) -> int:
 def chat(
     model: ModelOpt = None,
     drafter: DrafterOpt = None,
+    draft_model: DraftModelOpt = None,
     max_tokens: Annotated[
         int | None,
         typer.Option(
@@ -129,6 +131,7 @@ def chat(
             max_tokens=max_tokens,
             max_kv_size=max_kv_size,
             split_ok=True,
+            draft_model=draft_model,
         )
         engine, plan, sampling = ready.engine, ready.plan, ready.sampling
         if max_tokens is None:

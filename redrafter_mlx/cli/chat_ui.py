@@ -183,6 +183,7 @@ class ChatLoop:
         decoder = StreamDecoder(e.tokenizer)
         text = ""
         self.last = None
+        draft = getattr(e, "draft_model", None)
         stream = self.stream(
             e.model,
             e.drafter,
@@ -193,6 +194,7 @@ class ChatLoop:
             shape=self.plan.shape,
             sampler=self.sampling,
             adapt=self.adapt,
+            **({"draft_model": draft} if draft is not None else {}),
         )
         try:
             for response in stream:

@@ -19,7 +19,7 @@ import os
 import sys
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 from redrafter_mlx.cli.options import *  # noqa: F403 (the option types, for the commands)
 from redrafter_mlx.cli.options import DTYPES, MIN_KV_SIZE
 from redrafter_mlx.cli.paths import *  # noqa: F403 (model choice, for the commands)
-from redrafter_mlx.cli.paths import ModelPaths, resolve_paths
+from redrafter_mlx.cli.paths import ModelPaths, resolve_draft_model, resolve_paths
 
 # --------------------------------------------------------------------------- errors
 
@@ -276,6 +276,7 @@ class Engine:
     paths: ModelPaths
     dtype: str
     folder: Path | None = None  # the model's local folder (a Hub id resolved)
+    draft_model: object = None  # --draft-model, loaded (the model itself when it names it)
 
 
 def load_engine(paths: ModelPaths, dtype: str | None, with_drafter: bool = True) -> Engine:
@@ -295,9 +296,16 @@ def load_engine(paths: ModelPaths, dtype: str | None, with_drafter: bool = True)
     drafter_path = paths.drafter if with_drafter else None
     from redrafter_mlx.engine.loading import resolve_path
 
-    model, drafter, tokenizer = load(paths.model, drafter_path, dtype, group)
+    if paths.draft_model is not None:
+        model, drafter, tokenizer, draft = load(
+            paths.model, drafter_path, dtype, group, draft_model=paths.draft_model
+        )
+    else:
+        model, drafter, tokenizer = load(paths.model, drafter_path, dtype, group)
+        draft = None
     fit_blas_threads(model, drafter)
-    return Engine(model, drafter, tokenizer, paths, dtype_name(model), resolve_path(paths.model))
+    folder = resolve_path(paths.model)
+    return Engine(model, drafter, tokenizer, paths, dtype_name(model), folder, draft)
 
 
 def _plan_args():
@@ -349,6 +357,7 @@ def prepare_engine(
     batch: int = 1,
     max_kv_size: int | None = None,
     split_ok: bool = False,
+    draft_model: str | None = None,
 ) -> Prepared:
     """The set-up of chat, generate, serve and bench: check the flags, resolve, plan, load.
 
@@ -361,7 +370,8 @@ def prepare_engine(
     values (``model_defaults``; bench keeps the engine's greedy default), and logit-bias ids
     are checked against the vocabulary. Last, a step of the plan's shape over ``batch`` rows
     must fit in memory. Under ``mlx.launch`` the model is split across the ranks
-    (``load_engine``), which a command must say it handles (``split_ok``).
+    (``load_engine``), which a command must say it handles (``split_ok``). ``draft_model``:
+    ``--draft-model``, loaded beside the model (the plan's shape gains its ``D1×L`` chain).
     """
     from redrafter_mlx.engine.distributed import world
 
@@ -382,6 +392,8 @@ def prepare_engine(
     check_dtype(dtype)
     checked = check() if check is not None else None
     paths = resolve_paths(model, drafter)
+    if draft_model is not None:
+        paths = replace(paths, draft_model=resolve_draft_model(draft_model))
     if choose is None:
         plan = same_plan_everywhere(plan_from_flags(paths, dtype, beam))
         speculative = plan.speculative
@@ -389,6 +401,8 @@ def prepare_engine(
         plan, speculative = choose(paths)
     engine = load_engine(paths, dtype, with_drafter=speculative)
     engine.model.cap_context(max_kv_size)
+    if engine.draft_model is not None and hasattr(plan, "shape") and not beam.no_draft:
+        plan = with_draft_model(plan, engine.drafter is not None, beam.length)
     origin, note = "", ""
     if flags is not None:
         given = {k for k, v in sampling.items() if v is not None and k in DEFAULTED}
@@ -404,6 +418,19 @@ def prepare_engine(
         sampled = flags is None or not flags.greedy  # serve's rows may sample
         check_memory(engine, plan.shape, max_tokens, sampled, batch)
     return Prepared(engine, plan, flags, checked, origin, note)
+
+
+def with_draft_model(plan, has_drafter: bool, length: int | None):
+    """The plan's shape with a draft model's chain (``BeamShape.runnable``); a plan of plain
+    decoding (no drafter, no lookup, or tuning found AR faster) becomes the chain alone, of
+    ``--beam-length`` tokens, else ``DEFAULT_MODEL_LENGTH``."""
+    from redrafter_mlx.engine.shape import DEFAULT_MODEL_LENGTH, BeamShape
+
+    if plan.speculative:
+        shape = plan.shape.runnable(has_drafter, True)
+    else:
+        shape = BeamShape(0, 1, None, 0, 0, length or DEFAULT_MODEL_LENGTH).validate()
+    return replace(plan, shape=shape, source=f"{plan.source}, with --draft-model")
 
 
 def same_plan_everywhere(plan):
@@ -457,7 +484,9 @@ def check_memory(
     from redrafter_mlx.engine.memory import check_step_memory
 
     tokens = 64 + (max_tokens or 256)
-    check_step_memory(engine.model, engine.drafter, shape, batch, tokens, sampling)
+    check_step_memory(
+        engine.model, engine.drafter, shape, batch, tokens, sampling, draft=engine.draft_model
+    )
 
 
 def dtype_name(model) -> str:

@@ -21,6 +21,7 @@ from redrafter_mlx.cli.common import (
     BeamWidthOpt,
     CapacityOpt,
     DrafterOpt,
+    DraftModelOpt,
     DtypeOpt,
     Engine,
     FlagError,
@@ -125,6 +126,7 @@ def run_generation(
         shape=plan.shape,
         sampler=sampling,
         adapt=adapt,
+        draft_model=engine.draft_model,
     ):
         out.text += response.text
         out.tokens += response.tokens
@@ -153,6 +155,7 @@ def result_json(
         "chat_template": chat,
         "model": engine.paths.model,
         "drafter": engine.paths.drafter if plan.speculative else None,
+        "draft_model": engine.paths.draft_model,
         "demo": engine.paths.demo,
         "dtype": engine.dtype,
     }
@@ -170,6 +173,7 @@ def generate(
     ] = None,
     model: ModelOpt = None,
     drafter: DrafterOpt = None,
+    draft_model: DraftModelOpt = None,
     max_tokens: Annotated[
         int, typer.Option("--max-tokens", "-m", "-n", help="Most tokens to generate.")
     ] = 256,
@@ -226,6 +230,7 @@ def generate(
             max_kv_size=max_kv_size,
             check=lambda: shared_prompt(prompt),
             split_ok=True,
+            draft_model=draft_model,
         )
         engine, plan, sampling = ready.engine, ready.plan, ready.sampling
         if ready.sampling_origin and not as_json:  # values the user did not type: say so

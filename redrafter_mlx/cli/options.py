@@ -29,6 +29,17 @@ DrafterOpt = Annotated[
         show_default=False,
     ),
 ]
+DraftModelOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--draft-model",
+        help="A draft model sharing --model's tokenizer (a directory, a Hugging Face repo id, "
+        "or a bundled model: smollm2, demo): its greedy chain of L tokens (the beam length, "
+        "else 4) joins the drafter's beams and the lookup chains in one verified tree. "
+        "--draft-model set to --model drafts with the model itself.",
+        show_default=False,
+    ),
+]
 TempOpt = Annotated[
     float | None,
     typer.Option(
@@ -192,6 +203,7 @@ __all__ = [
     "BeamLengthOpt",
     "BeamWidthOpt",
     "CapacityOpt",
+    "DraftModelOpt",
     "DrafterOpt",
     "DtypeOpt",
     "LogitBiasOpt",

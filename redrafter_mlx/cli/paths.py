@@ -18,6 +18,7 @@ class ModelPaths:
     drafter: str | None
     demo: bool = False
     notes: tuple[str, ...] = ()
+    draft_model: str | None = None  # --draft-model, resolved (``resolve_draft_model``)
 
 
 def installed_bundled(model: str | None):
@@ -68,6 +69,18 @@ def resolve_paths(model: str | None, drafter: str | None) -> ModelPaths:
     return ModelPaths(model, drafter)
 
 
+def resolve_draft_model(name: str | None) -> str | None:
+    """``--draft-model`` as a path or Hub id: a bundled model's name (``smollm2``, ``demo``)
+    is its installed folder; anything else is passed on as given (None: no draft model)."""
+    if name is None:
+        return None
+    named = installed_bundled(name)
+    if named is not None:
+        return str(named.base)
+    _check_model_name(name)
+    return name
+
+
 def _check_model_name(model: str) -> None:
     """A LoadError listing the bundled models for a ``--model`` word that names nothing."""
     from redrafter_mlx.engine.bundled import unknown_name_error
@@ -79,4 +92,4 @@ def _check_model_name(model: str) -> None:
         raise LoadError(message)
 
 
-__all__ = ["ModelPaths", "installed_bundled", "resolve_paths"]
+__all__ = ["ModelPaths", "installed_bundled", "resolve_draft_model", "resolve_paths"]

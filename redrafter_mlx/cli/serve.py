@@ -22,6 +22,7 @@ from redrafter_mlx.cli.common import (
     BeamWidthOpt,
     CapacityOpt,
     DrafterOpt,
+    DraftModelOpt,
     DtypeOpt,
     FlagError,
     LookupLengthOpt,
@@ -139,6 +140,7 @@ def model_aliases(model: str | None, paths) -> tuple[str, ...]:
 def serve(
     model: ModelOpt = None,
     drafter: DrafterOpt = None,
+    draft_model: DraftModelOpt = None,
     host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="TCP port (0 = any free port).")] = 8080,
     max_batch: Annotated[
@@ -213,8 +215,10 @@ def serve(
             max_kv_size=max_kv_size,
             batch=max_batch,
             split_ok=True,
+            draft_model=draft_model,
         )
-        adapt = not no_adapt and ready.plan.speculative
+        # a draft model pins the shape (its cache follows only the steps that run it)
+        adapt = not no_adapt and ready.plan.speculative and ready.engine.draft_model is None
         plan = ready.plan if adapt else serving_plan(ready.plan)
         engine, paths = ready.engine, ready.engine.paths
         group = getattr(engine.model, "group", None)
@@ -277,7 +281,8 @@ def serving_plan(plan):
     from tuning import ShapeChoice
 
     shape = plan.shape
-    if not (shape.drafts and shape.width == 1 and shape.lookup == 1 and shape.capacity is None):
+    one_each = shape.drafts and shape.width == 1 and shape.lookup == 1 and not shape.model_length
+    if not (one_each and shape.capacity is None):  # a draft model's chain keeps its own slots
         return plan
     room = replace(shape, capacity=min(shape.length, shape.chain_length))
     return ShapeChoice(room, f"{plan.source}; room for the beam or the chain per row")
@@ -295,7 +300,16 @@ def follow(engine, plan, max_batch: int, group, adapt: bool = False) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     shape = plan.shape if plan.speculative else None
     eos = engine.tokenizer.eos_token_ids
-    sched = Scheduler(engine.model, engine.drafter, shape, eos, max_batch, group=group, adapt=adapt)
+    sched = Scheduler(
+        engine.model,
+        engine.drafter,
+        shape,
+        eos,
+        max_batch,
+        group=group,
+        adapt=adapt,
+        draft_model=engine.draft_model,
+    )
     sched.follow()
 
 
@@ -341,6 +355,7 @@ def build(
         max_queue,
         group=getattr(engine.model, "group", None),
         adapt=adapt,
+        draft_model=engine.draft_model,
     )
     scheduler.start(warmup_prompt=tok.chat_prompt([{"role": "user", "content": "Hello"}]))
     beam = {}

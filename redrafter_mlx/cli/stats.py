@@ -23,9 +23,11 @@ def format_hist(hist: list[int]) -> str:
     return f"steps emitting {sizes} tokens: " + "/".join(str(n) for n in hist)
 
 
-def lookup_share(accepted: int, looked_up: int) -> str:
-    """``accepted drafts: 12 drafter + 30 lookup``: where the accepted tokens came from."""
-    return f"accepted drafts: {accepted - looked_up} drafter + {looked_up} lookup"
+def source_share(source_tokens: dict) -> str:
+    """``accepted drafts: 12 drafter + 30 lookup + 5 draft model``: where the accepted tokens
+    came from, per draft source (``engine.sources.SOURCE_NAMES``) that had any accepted."""
+    parts = [f"{n} {name.replace('_', ' ')}" for name, n in source_tokens.items() if n]
+    return "accepted drafts: " + (" + ".join(parts) if parts else "0")
 
 
 def stats_line(response, plan: ShapeChoice) -> str:
@@ -36,8 +38,9 @@ def stats_line(response, plan: ShapeChoice) -> str:
         hist = format_hist(response.accept_hist)
         if hist:
             parts.append(hist)
-        if plan.shape.lookup:
-            parts.append(lookup_share(response.accepted_tokens, response.lookup_tokens))
+        shape = plan.shape
+        if shape.drafts + bool(shape.lookup) + bool(shape.model_length) > 1:  # their shares
+            parts.append(source_share(response.source_tokens))
     parts.append(f"TTFT {response.time_to_first_token * 1e3:.0f} ms")
     finish = FINISH_TEXT.get(response.finish_reason)
     if finish:
@@ -51,4 +54,4 @@ def response_stats(response) -> dict:
     return response.stats.to_dict()
 
 
-__all__ = ["FINISH_TEXT", "format_hist", "lookup_share", "response_stats", "stats_line"]
+__all__ = ["FINISH_TEXT", "format_hist", "response_stats", "source_share", "stats_line"]

@@ -63,6 +63,7 @@ from .decode import (
     first_draw,
     redrafter_step,
 )
+from .draft_model import prefill as draft_prefill
 from .lookup import LookupShadow
 from .platform import read_first
 from .sampling import (
@@ -77,6 +78,7 @@ from .sampling import (
     stack_rows,
 )
 from .shape import AR, BeamShape
+from .sources import LOOKUP, SOURCE_NAMES, by_source, map_states
 
 
 def split_row_keys(row_keys: mx.array) -> tuple[mx.array, mx.array]:
@@ -85,37 +87,40 @@ def split_row_keys(row_keys: mx.array) -> tuple[mx.array, mx.array]:
     return both[:, 0], both[:, 1]
 
 
-def make_batch_step(model, drafter, shape, mode: StepMode, compiled: bool = True):
+def make_batch_step(model, drafter, shape, mode: StepMode, compiled: bool = True, draft=None):
     """A step ``(state, row_keys, active, rows, window) -> (state, row_keys, StepOutput)``;
     ``active`` (B,) bool, ``rows`` the batch's ``RowSettings``.
 
     ``shape=None`` decodes autoregressively; a shape without drafter beams speculates from
     lookup chains alone (they read ``state.history``). Compile keys: B, cache slots, window.
+    ``draft``: a draft model for the shape's ``D1×L`` chain (its cache in ``state.sources``).
     ``run.counter["traces"]`` counts tracings (each is a compile).
     """
     check_features(model, drafter)
 
-    def step(init_token, hidden, lengths, keys, values, history, row_keys, active, rows, window):
+    def step(
+        init_token, hidden, lengths, keys, values, history, sources, row_keys, active, rows, window
+    ):
         counter["traces"] += 1
         draw_keys = row_keys  # unused by an all-greedy batch: its keys need not advance
         if mode.sample:
             row_keys, draw_keys = split_row_keys(row_keys)
         sampler = RowSampler(RowSettings(*rows), draw_keys, mode)
-        state = DecodeState(init_token, hidden, lengths, keys, values, history)
+        state = DecodeState(init_token, hidden, lengths, keys, values, history, sources)
         if shape is None:
             nxt, out = autoregressive_step(model, state, sampler, window)
         else:
             nxt, out = redrafter_step(
-                model, drafter if shape.drafts else None, state, shape, sampler, window
+                model, drafter if shape.drafts else None, state, shape, sampler, window, draft
             )
         held = mx.where(active, nxt.lengths, 0)  # free rows stay empty
         nxt = nxt._replace(lengths=held)
         return (*nxt, row_keys, *out)
 
     counter = {"traces": 0}
-    # Weights are implicit inputs, read at every call: a model or drafter updated in place
-    # (e.g. by training between evaluations) is never served with stale weights.
-    weights = [m.state for m in (model, drafter) if isinstance(m, nn.Module)]
+    # Weights are implicit inputs, read at every call: a model, drafter or draft model updated
+    # in place (e.g. by training between evaluations) is never served with stale weights.
+    weights = [m.state for m in (model, drafter, draft) if isinstance(m, nn.Module)]
     fn = mx.compile(step, inputs=weights) if compiled else step
 
     def run(state: DecodeState, row_keys: mx.array, active, rows: RowSettings, window: int):
@@ -130,15 +135,17 @@ def make_batch_step(model, drafter, shape, mode: StepMode, compiled: bool = True
 MAX_BATCH_STEPS = 16  # per model: shapes x sampling modes x drafters
 
 
-def batch_step(model, drafter, shape: BeamShape | None, mode: StepMode, compiled: bool = True):
+def batch_step(
+    model, drafter, shape: BeamShape | None, mode: StepMode, compiled: bool = True, draft=None
+):
     """The compiled batch step of this configuration, kept on the model (compiled once for
     every loop over it: each chat turn, each request batch)."""
     cache = model.__dict__.setdefault("_batch_steps", {})
-    key = (id(drafter), shape, mode, compiled, getattr(model, "feature_layers", ()))
+    key = (id(drafter), shape, mode, compiled, getattr(model, "feature_layers", ()), id(draft))
     if key not in cache:
         while len(cache) >= MAX_BATCH_STEPS:  # drop the oldest (and the drafter it holds)
             cache.pop(next(iter(cache)))
-        cache[key] = make_batch_step(model, drafter, shape, mode, compiled)
+        cache[key] = make_batch_step(model, drafter, shape, mode, compiled, draft)
     return cache[key]
 
 
@@ -150,13 +157,16 @@ def uniform_step(
     rows: int,
     seed: int = 0,
     compiled: bool = True,
+    draft=None,
 ):
     """The batch step (``batch_step``) of ``rows`` active rows that all draw with ``sampler``,
     as ``run(state, window) -> (state, StepOutput)`` with the rows' keys (from ``seed``,
     split every step) carried inside: the product's own step, for measurements and tests.
-    ``shape=None``: plain decoding; ``run.step``: the compiled step (``.counter``)."""
+    ``shape=None``: plain decoding; ``run.step``: the compiled step (``.counter``);
+    ``draft``: a draft model for the shape's ``D1×L`` chain (its cache in ``state.sources``)."""
     mode, settings = row_settings([sampler] * rows, model.vocab_size)
-    step = batch_step(model, drafter if shape else None, shape, mode, compiled)
+    draft = draft if shape and shape.model_length else None
+    step = batch_step(model, drafter if shape else None, shape, mode, compiled, draft)
     active = mx.ones((rows,), dtype=mx.bool_)
     keys = {"rows": row_keys_of(mx.random.key(seed), rows)}
 
@@ -182,6 +192,7 @@ class RowStats:
     emitted_by_steps: int = 0
     accepted_drafts: int = 0
     lookup_drafts: int = 0  # accepted drafts that came from a context-lookup chain
+    by_source: list[int] = field(default_factory=lambda: [0] * len(SOURCE_NAMES))
     drafted: int = 0  # draft tokens its steps could accept (a shape's longest candidate, less 1)
     packed: int = 0  # tree slots its steps used
     accept_hist: list[int] = field(default_factory=list)  # [i]: steps that emitted i + 1
@@ -193,14 +204,17 @@ class RowStats:
     def tokens_per_step(self) -> float:
         return self.emitted_by_steps / max(self.steps, 1)
 
-    def record(self, count: int, looked_up: int, packed: int, shape: BeamShape | None) -> None:
+    def record(
+        self, count: int, by_source: tuple[int, ...], packed: int, shape: BeamShape | None
+    ) -> None:
         """A step of ``shape`` (None: plain decoding) gave this row ``count`` tokens
-        (accepted drafts + the bonus), ``looked_up`` of them from a lookup chain, in
-        ``packed`` tree slots."""
+        (accepted drafts + the bonus), its accepted drafts ``by_source`` (one count per
+        ``SOURCE_NAMES``), in ``packed`` tree slots."""
         self.steps += 1
         self.emitted_by_steps += count
         self.accepted_drafts += count - 1
-        self.lookup_drafts += looked_up
+        self.by_source = [a + b for a, b in zip(self.by_source, by_source)]
+        self.lookup_drafts = self.by_source[LOOKUP]
         self.drafted += shape.longest - 1 if shape else 0
         self.packed += packed
         self.accept_hist += [0] * (count - len(self.accept_hist))
@@ -213,8 +227,7 @@ class RowStats:
             steps=self.steps,
             tokens_per_step=round(self.tokens_per_step, 4),
             accepted_draft_tokens=self.accepted_drafts,
-            accepted_from_drafter=self.accepted_drafts - self.lookup_drafts,
-            accepted_from_lookup=self.lookup_drafts,
+            **{f"accepted_from_{name}": n for name, n in zip(SOURCE_NAMES, self.by_source)},
             acceptance_rate=round(self.accepted_drafts / drafted, 4) if drafted else 0.0,
             generation_tps=round(self.generated / max(self.decode_s, 1e-9), 2),
             time_to_first_token=round(self.ttft_s, 4),
@@ -318,7 +331,7 @@ class Turn(NamedTuple):
 class RowStep(NamedTuple):
     """What one step gave one row: the tokens it emits (``new``, exact stop), why it finished
     (None: it goes on), and the step's own count (accepted drafts + bonus), accepted
-    drafts from a lookup chain and tree slots used."""
+    drafts from a lookup chain, tree slots used and accepted drafts per source."""
 
     row: Row
     new: list[int]
@@ -326,6 +339,7 @@ class RowStep(NamedTuple):
     count: int
     looked_up: int
     packed: int
+    by_source: tuple[int, ...] = ()
 
 
 @dataclass
@@ -344,7 +358,8 @@ def take_rows(
     state: DecodeState, row_keys: mx.array, idx: mx.array | None, extra: int = 0
 ) -> tuple[DecodeState, mx.array]:
     """The decode state and keys (B, 2) of rows ``idx`` (b,) in that order (None: all B),
-    then ``extra`` empty rows (zeros): the cache rows copied (rare: a batch's resize)."""
+    then ``extra`` empty rows (zeros): the cache rows (the draft sources' states too)
+    copied (rare: a batch's resize)."""
 
     def pick(a):  # (B, ...) -> (b + extra, ...)
         a = a if idx is None else a[idx]
@@ -360,6 +375,7 @@ def take_rows(
         keys=[pick(k) for k in s.keys],
         values=[pick(v) for v in s.values],
         history=None if s.history is None else pick(s.history),
+        sources=map_states(s.sources, pick),
     ), pick(row_keys)
 
 
@@ -390,8 +406,9 @@ class BatchGenerator:
         compiled: bool = True,
         group=None,
         release: bool = True,
+        draft=None,
     ):
-        self.model, self.drafter = model, drafter
+        self.model, self.drafter, self.draft = model, drafter, draft
         self.policy = policy
         self.eos = eos
         self.max_batch = max_batch
@@ -426,6 +443,7 @@ class BatchGenerator:
             keys,
             values,
             mx.zeros((B, SLOT_QUANTUM), mx.int32),  # the text: lookup and penalties read it
+            self._empty_sources(B),
         )
         self.row_keys = mx.zeros((B, 2), mx.uint32)
         self.rows: list[Row | None] = [None] * B
@@ -434,6 +452,12 @@ class BatchGenerator:
         self.prefills = []
         self._params = None
         self.policy.reset()
+
+    def _empty_sources(self, B: int) -> tuple:
+        """The stateful draft sources' empty states (a draft model's cache) for B rows."""
+        if self.draft is None:
+            return ()
+        return (self.draft.make_cache(B, SLOT_QUANTUM),)
 
     @property
     def active(self) -> list[Row]:
@@ -476,13 +500,24 @@ class BatchGenerator:
         """Take a prefilled session's cache as the whole batch, row ``i`` in slot ``i``."""
         history = text_history(session.cached, session.slots)
         first = mx.array(first, mx.int32)
+        sources = self._prefilled_sources(session, slice(None))
         self.state = DecodeState(
-            first, hidden, session.lengths, session.keys, session.values, history
+            first, hidden, session.lengths, session.keys, session.values, history, sources
         )
         session.keys = session.values = None  # the batch owns the cache (in-place updates)
         self.row_keys, self.rows = keys, list(rows)
         for r, row in enumerate(self.rows):
             row.slot = r
+
+    def _prefilled_sources(self, session: Session, rows: slice) -> tuple:
+        """The stateful draft sources' states (a draft model's cache) after ``session``'s
+        ``rows``' prompts (all in its cache): the model as its own draft starts from the
+        model's own prefill K/V (no second prefill); another draft model prefills them."""
+        if self.draft is None:
+            return ()
+        if self.draft is self.model:
+            return (([k[rows] for k in session.keys], [v[rows] for v in session.values]),)
+        return (draft_prefill(self.draft, session.cached[rows], session.slots),)
 
     def _place(self, r: int, session: Session, i: int, hidden, first, rng) -> None:
         """Write row ``i`` of a prefilled session into batch row ``r`` (lazy array updates)."""
@@ -499,6 +534,10 @@ class BatchGenerator:
         if history is not None:  # the row's text so far: its prompt, all in the cache
             text = text_history(session.cached[i : i + 1], history.shape[1])
             history = mx.where(at[:, None], text, history)
+        for state, row_state in zip(s.sources, self._prefilled_sources(session, slice(i, i + 1))):
+            for cache, row_cache in zip(state, row_state):  # (keys, values)
+                for layer, src in enumerate(row_cache):
+                    cache[layer][r : r + 1, :, : src.shape[2]] = src
         self.state = s._replace(
             init_token=mx.where(at, first, s.init_token),
             hidden=mx.where(at[:, None], hidden, s.hidden),
@@ -582,7 +621,9 @@ class BatchGenerator:
         return self._params
 
     def _step_fn(self, shape: BeamShape | None, mode: StepMode):
-        return batch_step(self.model, self.drafter if shape else None, shape, mode, self.compiled)
+        drafter = self.drafter if shape else None
+        draft = self.draft if shape and shape.model_length else None
+        return batch_step(self.model, drafter, shape, mode, self.compiled, draft)
 
     def next_shape(self) -> BeamShape | None:
         """The shape of the step queued now (None: plain decoding): the policy's, for this
@@ -677,7 +718,8 @@ class BatchGenerator:
         part emitted (exact stop) and why it finished (None: it goes on)."""
         out = step.out
         tokens, counts = out.tokens.tolist(), out.count.tolist()  # this step is computed
-        looked = out.looked_up.tolist() if out.looked_up is not None else [0] * len(counts)
+        sources = out.source.tolist() if out.source is not None else [None] * len(counts)
+        by = [by_source(s, c - 1) for s, c in zip(sources, counts)]
         packed = out.packed.tolist()
         self.inflight -= 1
         seconds = None if step.started is None else time.perf_counter() - step.started
@@ -687,11 +729,11 @@ class BatchGenerator:
                 continue
             ran.append(counts[r])
             row.length += counts[r]
-            row.stats.record(counts[r], looked[r], packed[r], step.shape)
+            row.stats.record(counts[r], by[r], packed[r], step.shape)
             if row.shadow is not None:  # what a lookup chain would have given this step
                 resolved += row.shadow.step(0, tokens[r][: counts[r]])
             new, finish = self.emit(row, tokens[r][: counts[r]])
-            delivered.append(RowStep(row, new, finish, counts[r], looked[r], packed[r]))
+            delivered.append(RowStep(row, new, finish, counts[r], by[r][LOOKUP], packed[r], by[r]))
             if row.finished and row.shadow is not None:
                 resolved += row.shadow.finish(0)
         self.policy.finished(len(step.owners), step.shape or AR, ran, seconds)

@@ -24,6 +24,7 @@ import mlx.core as mx
 
 from .decode import DecodeState, prefill_chunk
 from .model import Model
+from .sources import grow_states
 
 PREFILL_CHUNK = 512
 SLOT_QUANTUM = 256
@@ -57,6 +58,7 @@ def ensure_slots(state: DecodeState, needed: int) -> DecodeState:
             keys=grow(state.keys, slots),
             values=grow(state.values, slots),
             history=None if state.history is None else grow([state.history], slots, 1)[0],
+            sources=grow_states(state.sources, slots, grow),
         )
     return state
 

@@ -2,7 +2,8 @@
 
 A step is a pure function of mx arrays with static shapes for a given (B, W, L, K, Lk, C,
 cache slots), so it runs under ``mx.compile`` and never reads the device. The candidates
-are the drafter's W beams and K context-lookup chains (``lookup.py``), in one tree. The
+come from draft sources (``sources.py``): the drafter's W beams, K context-lookup chains
+(``lookup.py``) and a draft model's chain (``draft_model.py``), in one tree. The
 autoregressive baseline is the same machinery with one token per step.
 
 State carried between steps (``DecodeState``):
@@ -12,12 +13,16 @@ State carried between steps (``DecodeState``):
     lengths    (B,)   committed cache length per row
     keys/values       per layer (B, n_kv, S, D)
     history    (B, S) the committed token ids, slot by slot (None: no lookup)
+    sources           the stateful draft sources' states, in ``step_sources`` order (a
+                      draft model's K/V cache: (keys, values), per layer (B, n_kv, S, D))
 
 Rows draw with their own keys (``sampling.RowSampler``, split per step by the batch step,
 ``batch.batch_step``): the state carries no key.
 
 A step's output for the host (``StepOutput``): ``tokens`` (B, L) with ``count`` (B,) valid
-entries per row — the accepted draft tokens followed by the bonus token.
+entries per row — the accepted draft tokens followed by the bonus token — and
+``source`` (B,): the id of the source whose candidate was accepted (``SOURCE_NAMES``; the
+host counts ``count - 1`` accepted drafts for it, ``sources.by_source``).
 """
 
 from __future__ import annotations
@@ -27,12 +32,22 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
-from .drafter import Drafter, beam_search, frontier_tree
-from .lookup import ABSENT, STRONG_MATCH, lookup_chains, write_history
+from .draft_model import DraftModelSource, catchup_tokens
+from .drafter import Drafter, beam_search
+from .lookup import ABSENT, lookup_chains, write_history
 from .model import Model, write_slots
 from .penalties import node_text
 from .sampling import RowSampler, draw, process_text
 from .shape import BeamShape
+from .sources import (
+    DRAFTER,
+    LOOKUP,
+    DraftContext,
+    DrafterSource,
+    LookupSource,
+    merge,
+    pad,
+)
 from .tree import PackedTree, arange, cache_mask, chain_mask, pack, unpack
 
 
@@ -43,13 +58,14 @@ class DecodeState(NamedTuple):
     keys: list
     values: list
     history: mx.array | None = None
+    sources: tuple = ()
 
 
 class StepOutput(NamedTuple):
     tokens: mx.array  # (B, L) emitted tokens, first ``count`` valid
     count: mx.array  # (B,) tokens emitted this step (accepted + bonus)
     packed: mx.array  # (B,) tree slots in use this step
-    looked_up: mx.array | None = None  # (B,) accepted draft tokens from a lookup chain
+    source: mx.array | None = None  # (B,) int32 source id of the accepted path (SOURCE_NAMES)
 
 
 class Candidates(NamedTuple):
@@ -57,7 +73,9 @@ class Candidates(NamedTuple):
 
     beams: mx.array  # (B, N, L) token ids, init token first; ABSENT past a candidate's end
     present: mx.array | None  # (B, N, L) bool, None when every candidate fills L
-    from_lookup: mx.array | None  # (B, N) bool, which candidates are lookup chains
+    source: mx.array  # (B or 1, N) int32, each candidate's source id (``SOURCE_NAMES``)
+    states: tuple = ()  # the stateful sources' new states, in source order
+    only: int | None = None  # the one source every candidate came from, if so
 
 
 def accept(beams, target, unpacker, capacity):
@@ -109,79 +127,80 @@ def slot_destinations(lengths, path_slots, n, capacity: int):
     return lengths[:, None] + mx.where(depth > 0, depth - 1, capacity - 1).astype(mx.int32)
 
 
-def draft_phase(
-    drafter: Drafter | None,
-    model: Model,
-    state: DecodeState,
-    width: int,
-    length: int,
-    lookup: int = 0,
-    lookup_length: int = 0,
-    capacity: int | None = None,
-) -> Candidates:
-    """1. Draft: the drafter's W beams of L tokens and K lookup chains of Lk tokens.
+def step_sources(shape: BeamShape, drafter=None, draft=None) -> list:
+    """The draft sources of a step of ``shape``, in source order: the drafter's beams (when
+    it drafts), the lookup chains, the draft model's chain (``shape.model_length``)."""
+    sources = []
+    if drafter is not None and shape.drafts:
+        sources.append(DrafterSource(drafter, shape.width, shape.length))
+    if shape.lookup:
+        sources.append(LookupSource(shape.lookup, shape.chain_length))
+    if draft is not None and shape.model_length:
+        catchup = catchup_tokens([source.length for source in sources])
+        sources.append(DraftModelSource(draft, shape.model_length, catchup))
+    return sources
 
-    Both sources start at the init token. Packing is candidate-major and truncates the last
-    candidates first, so the order is the ranking: a row whose best lookup match is at least
-    ``STRONG_MATCH`` tokens puts its lookup chains first, any other row its drafter beams.
-    One beam and one chain in a ``capacity`` that holds only one of them: each row picks its
-    chain by that rule, and the step verifies a single chain (no tree to pack or commit).
+
+def draft_phase(sources: list, ctx: DraftContext, capacity: int, states: tuple = ()):
+    """1. Draft: every source's candidates, in one tree order (``sources.merge``).
+
+    All start at the init token. Packing is candidate-major and truncates the last
+    candidates first, so the order is the ranking: per row, higher-ranked sources first (a
+    row whose best lookup match is at least ``STRONG_MATCH`` tokens puts its lookup chains
+    first, any other row its drafter beams), the drafter's dropped beams last. ``states``:
+    the stateful sources' states, in order. One candidate per source in a ``capacity`` that
+    holds only one of them: each row takes its top-ranked one, and the step verifies a
+    single chain (no tree to pack or commit).
     """
-    capacity = capacity or length + lookup_length
-    drafted, frontiers = None, []
-    if drafter is not None and width >= 1 and length >= 2:
-        drafted, _, _ = beam_search(
-            drafter, model.embed, state.hidden, state.init_token, width, length, frontiers
-        )
-    dropped = frontier_tree(frontiers, length, ABSENT)
-    if not lookup:
-        if dropped is None:
-            return Candidates(drafted, None, None)
-        full = mx.broadcast_to(mx.array(True), drafted.shape)
-        return Candidates(
-            mx.concatenate([drafted, dropped[0]], axis=1),
-            mx.concatenate([full, dropped[1]], axis=1),
-            None,
-        )
-    found = lookup_chains(state.history, state.lengths, state.init_token, lookup, lookup_length)
-    if drafted is None:
-        every = mx.broadcast_to(mx.array(True), found.present.shape[:2])  # a view, no kernel
-        return Candidates(found.tokens, found.present, every)
-    B, W, _ = drafted.shape
-    strong = found.match[:, 0] >= STRONG_MATCH  # (B,)
-    if W == 1 and lookup == 1 and capacity <= min(length, lookup_length):
-        # Room for one chain only: the other could add no slot, so pick it per row.
-        chain = mx.where(found.present, found.tokens, 0)[:, :, :capacity]  # absent: any id
-        pick = mx.where(strong[:, None, None], chain, drafted[:, :, :capacity])
-        return Candidates(pick, None, strong[:, None])
-    n = max(length, lookup_length)
-    chains, present = _pad(found.tokens, n, ABSENT), _pad(found.present, n, False)
-    drafted_present = mx.broadcast_to(arange(n)[None, None, :] < length, (B, W, n))
-    drafted = _pad(drafted, n, ABSENT)
-
-    def ranked(first, second):
-        where = strong[:, None, None]
-        return mx.where(where, mx.concatenate(first, 1), mx.concatenate(second, 1))
-
-    beams = ranked([chains, drafted], [drafted, chains])
-    present = ranked([present, drafted_present], [drafted_present, present])
-    is_chain = mx.array([True] * lookup + [False] * W + [True] * lookup)
-    from_lookup = mx.where(strong[:, None], is_chain[None, : lookup + W], is_chain[None, lookup:])
-    if dropped is not None:  # after every beam and chain: a smaller capacity drops them first
-        tokens, where = _pad(dropped[0], n, ABSENT), _pad(dropped[1], n, False)
-        beams = mx.concatenate([beams, tokens], axis=1)
-        present = mx.concatenate([present, where], axis=1)
-        no = mx.zeros((B, tokens.shape[1]), dtype=mx.bool_)
-        from_lookup = mx.concatenate([from_lookup, no], axis=1)
-    return Candidates(beams, present, from_lookup)
+    proposals, ids, new_states, held = [], [], [], iter(states)
+    for source in sources:
+        own = next(held) if getattr(source, "stateful", False) else None
+        p = source.propose(ctx._replace(own=own))
+        proposals.append(p)
+        ids.append(source.source_id)
+        if getattr(source, "stateful", False):
+            new_states.append(p.state)
+    one_each = all(p.tokens.shape[1] == 1 and p.tail is None for p in proposals)
+    if len(proposals) > 1 and one_each and capacity <= min(p.tokens.shape[2] for p in proposals):
+        # Room for one chain only: another could add no slot, so pick one per row.
+        tokens, source = pick_one(proposals, ids, capacity)
+        return Candidates(tokens, None, source, tuple(new_states))
+    merged = merge(proposals, ids)
+    return Candidates(merged.tokens, merged.present, merged.source, tuple(new_states), merged.only)
 
 
-def _pad(x: mx.array, n: int, value) -> mx.array:
-    """Extend (B, N, L) along its last axis to ``n`` with ``value``."""
-    B, N, L = x.shape
-    if n <= L:
-        return x
-    return mx.concatenate([x, mx.full((B, N, n - L), value, dtype=x.dtype)], axis=-1)
+def pick_one(proposals: list, ids: list[int], capacity: int):
+    """Each row's top-ranked candidate (ties: source order) of proposals of one candidate
+    each, cut to ``capacity`` (absent positions: any id). Returns tokens (B, 1, C) and
+    source ids (B, 1)."""
+    best, best_rank, best_id = None, None, None
+    for p, i in zip(proposals, ids):
+        tokens = p.tokens[:, :, :capacity]
+        if p.present is not None:
+            tokens = mx.where(p.present[:, :, :capacity], tokens, 0)
+        if best is None:
+            best, best_rank, best_id = tokens, p.rank, mx.array(i, mx.int32)
+            continue
+        take = p.rank > best_rank  # (B,) or a bool
+        if isinstance(take, bool):
+            if take:
+                best, best_rank, best_id = tokens, p.rank, mx.array(i, mx.int32)
+            continue
+        best = mx.where(take[:, None, None], tokens, best)
+        best_id = mx.where(take, i, best_id)
+        best_rank = mx.maximum(p.rank, best_rank) if len(proposals) > 2 else None
+    B = best.shape[0]
+    return best, mx.broadcast_to(best_id, (B,))[:, None]
+
+
+def shape_candidates(
+    model: Model, state: DecodeState, shape: BeamShape, drafter=None, draft=None, window=0
+) -> Candidates:
+    """``draft_phase`` of ``shape``'s sources (``step_sources``) on ``state``, at its capacity
+    (a measuring or testing entry; the step builds the same)."""
+    ctx = DraftContext(model, state.hidden, state.init_token, state.lengths, state.history, window)
+    sources = step_sources(shape, drafter, draft)
+    return draft_phase(sources, ctx, shape.slots, state.sources)
 
 
 def verify_phase(
@@ -276,25 +295,29 @@ def redrafter_step(
     shape: BeamShape,
     sampler: RowSampler,
     window: int,
+    draft=None,
 ):
     """One speculative step of ``shape``, each row drawing with its own settings and key
     (``sampler``). Returns (next DecodeState, StepOutput).
 
     ``window``: attention covers cache slots [0, window); it must exceed every row's
     length + capacity (the loop picks it in buckets, so it is a rare compile key).
-    The shape's lookup chains join the drafter's beams (a shape without drafter beams, or
-    ``drafter=None``: lookup alone); they need ``state.history``.
+    The step's draft sources (``step_sources``): the drafter's beams, the shape's lookup
+    chains (they need ``state.history``) and ``draft``'s chain (a draft model: its cache
+    is ``state.sources[0]``; it reads ``state.history``).
     """
     B = state.lengths.shape[0]
     capacity = shape.slots
-    width, length = (shape.width, shape.length) if shape.drafts else (0, 1)
-    lookup, lookup_length = shape.lookup, shape.chain_length
     if drafter is not None and is_beam_and_chain(shape):
         return beam_and_chain_step(model, drafter, state, shape, sampler, window)
-    cand = draft_phase(drafter, model, state, width, length, lookup, lookup_length, capacity)
+    sources = step_sources(shape, drafter, draft)
+    ctx = DraftContext(model, state.hidden, state.init_token, state.lengths, state.history, window)
+    cand = draft_phase(sources, ctx, capacity, state.sources)
     beams = cand.beams
-    if beams.shape[1] == 1 and cand.present is not None:  # a lone chain fills its C slots
-        beams = mx.where(cand.present, beams, 0)[:, :, :capacity]
+    if beams.shape[1] == 1:  # a lone chain fills its C slots
+        if cand.present is not None:
+            beams = mx.where(cand.present, beams, 0)
+        beams = beams[:, :, :capacity]
     tree = pack(beams, capacity, cand.present if beams.shape[1] > 1 else None)  # 2. pack
     fresh = []  # the verify's own K/V per layer: the commit reads the path from them
     hidden, target, keys, values = verify_phase(
@@ -315,21 +338,21 @@ def redrafter_step(
     keys, values, next_hidden, lengths = commit_phase(
         keys, values, state.lengths, path_slots, hidden, n, fresh, in_place=beams.shape[1] == 1
     )
-    next_state = DecodeState(bonus, next_hidden, lengths, keys, values, history)
+    states = cand.states or state.sources
+    next_state = DecodeState(bonus, next_hidden, lengths, keys, values, history, states)
     if beams.shape[1] == 1:  # one chain fills every slot: a constant, no kernel
         packed = mx.broadcast_to(mx.array(capacity, dtype=mx.int32), (B,))
     else:
         packed = mx.broadcast_to(tree.valid.sum(axis=-1).astype(mx.int32), (B,))
-    looked_up = None
-    if cand.from_lookup is not None and (drafter is None or not width):  # chains alone
-        looked_up = n
-    elif cand.from_lookup is not None:
-        if best is None:
-            chosen = cand.from_lookup[:, 0]
-        else:
-            chosen = mx.take_along_axis(cand.from_lookup, best[:, None], axis=1)[:, 0]
-        looked_up = mx.where(chosen, n, 0).astype(mx.int32)
-    return next_state, StepOutput(tokens, n + 1, packed, looked_up)
+    source = cand.source
+    if cand.only is not None:  # one source: a constant
+        chosen = mx.broadcast_to(mx.array(cand.only, mx.int32), (B,))
+    elif best is None or source.shape[1] == 1:
+        chosen = mx.broadcast_to(source[:, 0], (B,))
+    else:
+        chosen = mx.take_along_axis(mx.broadcast_to(source, beams.shape[:2]), best[:, None], 1)
+        chosen = chosen[:, 0]
+    return next_state, StepOutput(tokens, n + 1, packed, chosen.astype(mx.int32))
 
 
 def is_beam_and_chain(shape: BeamShape) -> bool:
@@ -379,9 +402,9 @@ def beam_and_chain_step(model, drafter, state, shape, sampler, window):
     n_max = max(L, Lk)
     beam, _, _ = beam_search(drafter, model.embed, state.hidden, state.init_token, 1, L)
     found = lookup_chains(state.history, state.lengths, state.init_token, 1, Lk)
-    beam = _pad(beam, n_max, ABSENT)[:, 0]  # (B, n)
-    chain = _pad(found.tokens, n_max, ABSENT)[:, 0]  # (B, n)
-    present = _pad(found.present, n_max, False)[:, 0]  # (B, n)
+    beam = pad(beam, n_max, ABSENT)[:, 0]  # (B, n)
+    chain = pad(found.tokens, n_max, ABSENT)[:, 0]  # (B, n)
+    present = pad(found.present, n_max, False)[:, 0]  # (B, n)
     depth, mask, beam_slots, chain_slots = two_chain_layout(L, Lk)
     tokens = mx.concatenate(
         [beam[:, :L], mx.where(found.present[:, 0, 1:], found.tokens[:, 0, 1:], 0)], axis=1
@@ -422,10 +445,10 @@ def beam_and_chain_step(model, drafter, state, shape, sampler, window):
     keys, values, next_hidden, lengths = commit_phase(
         keys, values, state.lengths, path_slots, hidden, n, fresh
     )
-    next_state = DecodeState(bonus, next_hidden, lengths, keys, values, history)
+    next_state = DecodeState(bonus, next_hidden, lengths, keys, values, history, state.sources)
     packed = (L + present.sum(axis=1) - 1).astype(mx.int32)  # (B,) slots holding a token
-    looked_up = mx.where(take_chain, n, 0).astype(mx.int32)
-    return next_state, StepOutput(out, n + 1, packed, looked_up)
+    chosen = mx.where(take_chain, LOOKUP, DRAFTER)  # (B,) int32
+    return next_state, StepOutput(out, n + 1, packed, chosen)
 
 
 def _run(candidate, draws, present):
@@ -453,7 +476,7 @@ def autoregressive_step(model: Model, state: DecodeState, sampler: RowSampler, w
     history = state.history
     if history is not None:
         history = write_history(history, lengths, tokens)
-    next_state = DecodeState(nxt, hidden[:, 0], lengths + 1, keys, values, history)
+    next_state = DecodeState(nxt, hidden[:, 0], lengths + 1, keys, values, history, state.sources)
     return next_state, StepOutput(nxt[:, None], one, one)
 
 

@@ -26,12 +26,14 @@ from .batch_choice import FixedShape, ShapePolicy, SoloChoice
 from .cache import Session, token_limit
 from .decode import DecodeState
 from .distributed import shared_seed
+from .draft_model import check_draft_model
 from .drafter import Drafter
 from .memory import check_step_memory
 from .model import Model
 from .plan import DEFAULT_SHAPE, default_plan
 from .sampling import SamplerConfig, check_seed
 from .shape import BeamShape
+from .sources import LOOKUP, SOURCE_NAMES
 
 
 @dataclass
@@ -56,6 +58,7 @@ class DecodeStats:
     accept_hist: list[int] = field(default_factory=list)
     accepted_tokens: int = 0  # draft tokens the verifier accepted, over all row-steps
     lookup_tokens: int = 0  # of those, taken from a context-lookup chain
+    source_tokens: dict = field(default_factory=dict)  # of those, per draft source name
 
     def to_dict(self) -> dict:
         """The statistics as a JSON-ready dict (this class's fields)."""
@@ -74,6 +77,7 @@ class DecodeEvent:
     finish:   per row, None while running, then ``"stop"`` (EOS), ``"length"`` (max_tokens)
               or ``"context"`` (the model's context is full)
     stats:    running statistics of the whole call
+    by_source: per row, accepted draft tokens per source (``SOURCE_NAMES`` order)
     """
 
     tokens: list[list[int]]
@@ -82,6 +86,7 @@ class DecodeEvent:
     finish: list[str | None]
     stats: DecodeStats
     looked_up: list[int] = field(default_factory=list)
+    by_source: list[tuple[int, ...]] = field(default_factory=list)
 
 
 @dataclass
@@ -117,6 +122,7 @@ def generate_steps(
     eos_token_ids: Sequence[int] = (),
     session: Session | None = None,
     adapt: Adaptive | bool = False,
+    draft_model: Model | None = None,
 ) -> Iterator[DecodeEvent]:
     """Decode B rows; yield one :class:`DecodeEvent` per step with each row's new tokens.
 
@@ -130,9 +136,17 @@ def generate_steps(
     ``seed`` (reproducible), while an explicit :class:`Adaptive` still adapts.
     Rows that finish stop emitting; the loop ends when all rows have finished.
     A ``shape`` whose step cannot fit in memory raises ``memory.ShapeTooLarge`` first.
+    ``draft_model``: a model sharing the vocabulary whose greedy chain joins the tree
+    (``draft_model.py``; the shape's ``D1×L``, else ``D1×`` its drafter length); it pins
+    the shape (no adaptive choice yet: its cache follows only the steps that run it).
     """
     prompts = [list(map(int, p)) for p in prompts]
-    shape = shape.validate(model.vocab_size).runnable(drafter is not None)
+    if draft_model is not None:
+        check_draft_model(model, draft_model)
+        adapt = False
+    shape = shape.validate(model.vocab_size).runnable(drafter is not None, draft_model is not None)
+    if not shape.model_length:
+        draft_model = None
     if not shape.drafts:
         drafter = None
     sampler = sampler.validate(model.vocab_size)
@@ -142,7 +156,9 @@ def generate_steps(
         model.capture_features(layers)  # what ``loading.attach`` does (a drafter loaded alone)
     _check_prompts(model, prompts, max_tokens)
     longest = max(len(p) for p in prompts) + max_tokens
-    check_step_memory(model, drafter, shape, len(prompts), longest, not sampler.greedy)
+    check_step_memory(
+        model, drafter, shape, len(prompts), longest, not sampler.greedy, draft=draft_model
+    )
     session = session or Session(model, len(prompts))
     if session.batch != len(prompts):
         raise ValueError(f"session has {session.batch} rows but {len(prompts)} prompts were given")
@@ -153,7 +169,7 @@ def generate_steps(
     policy: ShapePolicy = FixedShape(shape)
     if adapt and not shape.is_autoregressive:
         policy = SoloChoice(model, drafter, shape, sampler, adapt)
-    batch = BatchGenerator(model, drafter, policy, eos, B, release=False)
+    batch = BatchGenerator(model, drafter, policy, eos, B, release=False, draft=draft_model)
 
     group = getattr(model, "group", None)  # tensor parallel: every rank must draw alike
     seed = shared_seed(seed, group) if group is not None else seed
@@ -184,22 +200,24 @@ def generate_steps(
             [row.finish for row in rows],
             call.snapshot(rows, batch.host_s),
             [0] * B,
+            [(0,) * len(SOURCE_NAMES)] * B,
         )
         while not all(row.finished for row in rows):
             got = {id(g.row): g for g in batch.next().stepped}  # one step read
             call.steps += 1
-            new_rows, acc_rows, drafted_rows, looked = [], [], [], []
+            new_rows, acc_rows, drafted_rows, looked, by = [], [], [], [], []
             for r, row in enumerate(rows):
                 g = got.get(id(row))
                 if g is None:  # finished before this step
                     new_rows.append([]), acc_rows.append(0), drafted_rows.append([])
-                    looked.append(0)
+                    looked.append(0), by.append((0,) * len(SOURCE_NAMES))
                     continue
                 out[r] += g.new
                 new_rows.append(g.new)
                 acc_rows.append(g.count - 1)
                 drafted_rows.append([i < g.count - 1 for i in range(len(g.new))])
                 looked.append(g.looked_up)
+                by.append(g.by_source)
             yield DecodeEvent(
                 new_rows,
                 acc_rows,
@@ -207,6 +225,7 @@ def generate_steps(
                 [row.finish for row in rows],
                 call.snapshot(rows, batch.host_s),
                 looked,
+                by,
             )
     finally:
         if batch.state is not None:
@@ -266,6 +285,7 @@ class _Call:
         for r in rows:
             for i, n in enumerate(r.stats.accept_hist):
                 hist[min(i, self.length - 1)] += n
+        by_source = [sum(r.stats.by_source[i] for r in rows) for i in range(len(SOURCE_NAMES))]
         return DecodeStats(
             steps=self.steps,
             prompt_tokens=self.prompt_tokens,
@@ -280,7 +300,8 @@ class _Call:
             peak_memory_gb=mx.get_peak_memory() / 1e9,
             accept_hist=hist if row_steps else [],
             accepted_tokens=emitted - row_steps,
-            lookup_tokens=sum(r.stats.lookup_drafts for r in rows),
+            lookup_tokens=by_source[LOOKUP],
+            source_tokens=dict(zip(SOURCE_NAMES, by_source)),
         )
 
 
@@ -302,6 +323,7 @@ def stream_generate(
     seed: int | None = None,
     session: Session | None = None,
     adapt: Adaptive | bool = True,
+    draft_model: Model | None = None,
 ) -> Iterator[GenerationResponse]:
     """Stream one prompt's continuation. ``drafter=None`` speculates from context lookup
     alone; ``shape=BeamShape.autoregressive()`` decodes plainly (the baseline).
@@ -314,7 +336,9 @@ def stream_generate(
     default, else temperature / top-p / top-k / min-p, penalties and logit bias
     (:class:`SamplerConfig`), drawn from ``seed`` (else ``sampler.seed``). ``prompt`` is a
     string (encoded with BOS) or a list of token ids. Pass a ``Session`` to reuse its KV
-    cache across calls (only tokens not already cached are prefilled).
+    cache across calls (only tokens not already cached are prefilled). ``draft_model``: a
+    draft model sharing the tokenizer (``load(..., draft_model_path=...)``), whose chain
+    joins the tree (``generate_steps``).
     """
     from .tokenizer import StreamDecoder
 
@@ -333,6 +357,7 @@ def stream_generate(
         eos_token_ids=tokenizer.eos_token_ids,
         session=session,
         adapt=adapt,
+        draft_model=draft_model,
     )
     for ev in events:
         toks, done = ev.tokens[0], ev.finish[0]
@@ -365,6 +390,7 @@ def batch_generate(
     seed: int | None = None,
     session: Session | None = None,
     adapt: Adaptive | bool = True,
+    draft_model: Model | None = None,
 ) -> list[list[int]]:
     """Token ids generated for each prompt, decoded together as one batch (the arguments of
     ``stream_generate``; a ``session`` has one row per prompt). ``tokenizer=None``: the
@@ -385,6 +411,7 @@ def batch_generate(
         eos_token_ids=tokenizer.eos_token_ids if tokenizer is not None else (),
         session=session,
         adapt=adapt,
+        draft_model=draft_model,
     ):
         for r, t in enumerate(ev.tokens):
             out[r].extend(t)

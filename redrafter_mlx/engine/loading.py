@@ -284,11 +284,13 @@ def attach(model: Model, drafter: Drafter | None) -> None:
         raise LoadError(f"{e}: this drafter was trained for another base model") from None
 
 
-def load(model_path, drafter_path=None, dtype=None, group=None):
+def load(model_path, drafter_path=None, dtype=None, group=None, draft_model=None):
     """Load (model, drafter or None, tokenizer). dtype: float16 on Metal, float32 on CPU.
 
     ``group``: an ``mx.distributed`` group to split the model across (each rank loads its
     shard; the drafter is whole on every rank), None for the whole model here.
+    ``draft_model``: a draft model's folder or Hub id (``load_draft_model``); then the
+    result is (model, drafter or None, tokenizer, draft model).
     """
     from .tokenizer import load_tokenizer
 
@@ -300,4 +302,46 @@ def load(model_path, drafter_path=None, dtype=None, group=None):
         drafter = load_drafter(drafter_path, dtype)
         check_pair(model, drafter)
         attach(model, drafter)
-    return model, drafter, load_tokenizer(path)
+    tokenizer = load_tokenizer(path)
+    if draft_model is None:
+        return model, drafter, tokenizer
+    same = resolve_path(draft_model) == path and group is None
+    draft = model if same else load_draft_model(draft_model, model, tokenizer, dtype)
+    return model, drafter, tokenizer, draft
+
+
+def load_draft_model(path, model: Model, tokenizer=None, dtype=None) -> Model:
+    """A draft model (``engine/draft_model.py``) for ``model``: a whole model (never split)
+    that must share its tokenizer: the same vocabulary size and, given ``tokenizer``, the
+    same ids for the same text. LoadError before anything runs otherwise."""
+    from .draft_model import check_draft_model
+    from .tokenizer import load_tokenizer
+
+    draft, where = load_model(path, dtype)
+    try:
+        check_draft_model(model, draft)
+    except ValueError as e:
+        raise LoadError(f"{where}: {e}") from None
+    if tokenizer is not None:
+        check_same_tokenizer(tokenizer, load_tokenizer(where), where)
+    return draft
+
+
+TOKENIZER_PROBE = "The quick brown fox, 1234 -- \u00fcn\u00efcode \u4e2d\u6587!\n  f(x)"
+
+
+def check_same_tokenizer(target, other, where: Path) -> None:
+    """The draft model's tokenizer must give the target's ids: same size, same encoding of a
+    probe text, same text for a spread of ids."""
+    ids = range(0, target.vocab_size, max(1, target.vocab_size // 512))
+    same = (
+        other.vocab_size == target.vocab_size
+        and other.encode(TOKENIZER_PROBE) == target.encode(TOKENIZER_PROBE)
+        and all(other.decode([i]) == target.decode([i]) for i in ids)
+    )
+    if not same:
+        raise LoadError(
+            f"{where} has another tokenizer than the model ({other.vocab_size} vs "
+            f"{target.vocab_size} ids, or other ids for the same text): a draft model must "
+            "share the model's tokenizer; pick one of the same family"
+        )

@@ -157,6 +157,30 @@ def commit_bytes(d: Dims, shape: BeamShape, batch: int, slots: int) -> int:
     return 0 if single else kv_bytes(d, batch, slots)
 
 
+def draft_model_bytes(dd: Dims, shape: BeamShape, batch: int, window: int) -> int:
+    """A draft model's working set for its chain (``draft_model.DraftModelSource``): the
+    catch-up forward over ``shape.longest`` tokens, its attention and its logits."""
+    if not shape.model_length:
+        return 0
+    t, e = shape.longest, dd.act_bytes
+    scores = batch * dd.heads * t * window * (e + 2 * F32)
+    acts = batch * t * e * (8 * dd.hidden + 4 * dd.intermediate + 10 * dd.heads * dd.head_dim)
+    logits = batch * dd.vocab * (e + 2 * F32)
+    return max(scores + acts, logits)
+
+
+def with_draft_model(
+    est: StepMemory, dd: Dims, shape: BeamShape, batch: int, window: int, shared: bool
+) -> StepMemory:
+    """``est`` plus a draft model's weights (none when it is the target itself: ``shared``),
+    its own K/V cache over the window, and its working set (the phases run one by one)."""
+    if not shape.model_length:
+        return est
+    weights = 0 if shared else dd.weight_bytes
+    step = max(est.step, draft_model_bytes(dd, shape, batch, window))
+    return StepMemory(est.weights + weights, est.cache + kv_bytes(dd, batch, window), step)
+
+
 def step_memory(
     d: Dims,
     shape: BeamShape,
@@ -278,18 +302,24 @@ def check_step_memory(
     tokens: int = 512,
     sampling: bool = False,
     available: tuple[int, str] | None = None,
+    draft=None,
 ) -> StepMemory:
     """Return the estimate for ``batch`` rows of up to ``tokens`` tokens (prompt and answer),
     or raise :class:`ShapeTooLarge` when it exceeds the memory available (``available``:
     (bytes, what), default :func:`available_memory`) or its tree cannot fit the model's
     context beside a prompt, naming the field that makes it large (``largest_part``, the flag
-    the user most likely raised) and the largest shape that fits."""
+    the user most likely raised) and the largest shape that fits. ``draft``: a draft model
+    (``draft_model.py``), counted with its weights, K/V cache and working set."""
     d = Dims.of(model, drafter)
+    dd = Dims.of(draft) if draft is not None else None
     context = model.max_context
 
     def need(s: BeamShape) -> StepMemory:
         window = decode_window(tokens, context, s)
-        return step_memory(d, s, batch, window, sampling=sampling)
+        est = step_memory(d, s, batch, window, sampling=sampling)
+        if dd is None:
+            return est
+        return with_draft_model(est, dd, s, batch, window, shared=draft is model)
 
     def in_context(s: BeamShape) -> bool:  # the tree after a prompt of one token at least
         return context is None or s.is_autoregressive or s.tree_tokens < context

@@ -3,7 +3,8 @@
 ``W`` drafter beams of ``L`` tokens each (``L`` counts the init token, the token the LLM
 itself produced) and ``K`` context-lookup chains of ``Lk`` tokens (continuations of the
 latest earlier matches of the text's suffix, ``engine/lookup.py``), verified together in at
-most ``C`` packed tree slots. ``W1×L1`` with no lookup drafts nothing: that is plain
+most ``C`` packed tree slots, with a draft model's chain of ``Ld`` tokens (``D1×Ld``,
+``engine/draft_model.py``) when one is given. ``W1×L1`` with no lookup drafts nothing: that is plain
 autoregressive decoding, :meth:`BeamShape.autoregressive`. ``W0`` with ``K >= 1`` speculates
 from the context alone (models without a drafter).
 """
@@ -11,14 +12,18 @@ from the context alone (models without a drafter).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .errors import ParamError
 
 _LABEL = re.compile(
-    r"^(?:W(?P<w>\d+)[x×]L(?P<l>\d+))?(?:\+?K(?P<k>\d+)[x×]L(?P<lk>\d+))?(?:[\s/]*C(?P<c>\d+))?$",
+    r"^(?:W(?P<w>\d+)[x×]L(?P<l>\d+))?(?:\+?K(?P<k>\d+)[x×]L(?P<lk>\d+))?"
+    r"(?:\+?D1[x×]L(?P<dl>\d+))?(?:[\s/]*C(?P<c>\d+))?$",
     re.IGNORECASE,
 )
+
+
+DEFAULT_MODEL_LENGTH = 4  # a draft model's chain, the init token included (D1×L4)
 
 
 class ShapeError(ParamError):
@@ -27,14 +32,16 @@ class ShapeError(ParamError):
 
 @dataclass(frozen=True, order=True)
 class BeamShape:
-    """W drafter beams of L tokens and K lookup chains of ``lookup_length`` tokens (0: L),
-    verified in ``capacity`` packed slots (None: the worst case)."""
+    """W drafter beams of L tokens, K lookup chains of ``lookup_length`` tokens (0: L) and
+    a draft model's chain of ``model_length`` tokens (0: none), verified in ``capacity``
+    packed slots (None: the worst case)."""
 
     width: int
     length: int
     capacity: int | None = None
     lookup: int = 0
     lookup_length: int = 0
+    model_length: int = 0
 
     @classmethod
     def autoregressive(cls) -> BeamShape:
@@ -48,30 +55,35 @@ class BeamShape:
 
     @classmethod
     def parse(cls, label: str) -> BeamShape:
-        """The shape of a ``label``: ``AR``, ``W2xL5``, ``W4xL5 C12``, ``W1xL4+K1xL8`` or
-        ``K2xL6`` (``x`` or ``×``; the capacity after a space or ``/``). Not validated, except
-        that a written chain length must count the init token (``K1xL0`` is refused)."""
+        """The shape of a ``label``: ``AR``, ``W2xL5``, ``W4xL5 C12``, ``W1xL4+K1xL8``,
+        ``K2xL6``, ``D1xL4`` (a draft model's chain) or ``W1xL4+K1xL8+D1xL4`` (``x`` or
+        ``×``; the capacity after a space or ``/``). Not validated, except that a
+        written chain length must count the init token (``K1xL0`` is refused)."""
         text = label.strip()
         if text.upper() == "AR":
             return AR
         m = _LABEL.match(text)
-        if not m or not (m["w"] or m["k"]):
+        if not m or not (m["w"] or m["k"] or m["dl"]):
             raise ShapeError(
                 "label",
-                f"{label!r} is not a beam shape; write AR, W2xL5, W4xL5/C12, W1xL4+K1xL8 or K1xL8",
+                f"{label!r} is not a beam shape; write AR, W2xL5, W4xL5/C12, W1xL4+K1xL8, K1xL8"
+                " or D1xL4",
             )
         capacity = int(m["c"]) if m["c"] else None
         chains, chain_length = (int(m["k"]), int(m["lk"])) if m["k"] else (0, 0)
         if chains and chain_length < 2:  # 0 would silently mean "the drafter's length"
             raise ShapeError("lookup_length", _chain_length_message(chain_length))
+        model_length = int(m["dl"]) if m["dl"] else 0
+        if m["dl"] and model_length < 2:
+            raise ShapeError("model_length", _model_length_message(model_length))
         if not m["w"]:
-            return cls.lookup_only(chains, chain_length, capacity)
-        return cls(int(m["w"]), int(m["l"]), capacity, chains, chain_length)
+            return cls(0, 1, capacity, chains, chain_length, model_length)
+        return cls(int(m["w"]), int(m["l"]), capacity, chains, chain_length, model_length)
 
     @property
     def is_autoregressive(self) -> bool:
         """True for the plain-decoding shape (W1, L1, no lookup): no draft is proposed."""
-        return self.width == 1 and self.length == 1 and self.lookup == 0
+        return self.width == 1 and self.length == 1 and self.lookup == 0 and not self.model_length
 
     @property
     def drafts(self) -> bool:
@@ -88,19 +100,20 @@ class BeamShape:
     @property
     def beams(self) -> int:
         """Candidates in the tree: drafter beams plus lookup chains."""
-        return (self.width if self.drafts else 0) + self.lookup
+        return (self.width if self.drafts else 0) + self.lookup + (1 if self.model_length else 0)
 
     @property
     def longest(self) -> int:
         """Tokens of the longest candidate (init token included): most a step emits."""
-        return max(self.length if self.drafts else 1, self.chain_length)
+        return max(self.length if self.drafts else 1, self.chain_length, self.model_length)
 
     @property
     def max_packed(self) -> int:
         """Packed tokens of the worst-case tree: the shared init token plus the rest of
         every beam and chain."""
         drafted = self.width * (self.length - 1) if self.drafts else 0
-        return 1 + drafted + self.lookup * max(self.chain_length - 1, 0)
+        chained = self.lookup * max(self.chain_length - 1, 0)
+        return 1 + drafted + chained + max(self.model_length - 1, 0)
 
     @property
     def tree_tokens(self) -> int:
@@ -132,6 +145,8 @@ class BeamShape:
         parts = [f"W{self.width}×L{self.length}"] if self.drafts else []
         if self.lookup:
             parts.append(f"K{self.lookup}×L{self.chain_length}")
+        if self.model_length:
+            parts.append(f"D1×L{self.model_length}")
         text = "+".join(parts)
         return text if self.capacity is None else f"{text} C{self.capacity}"
 
@@ -141,12 +156,25 @@ class BeamShape:
             return AR
         return BeamShape(self.width, self.length)
 
-    def runnable(self, has_drafter: bool) -> BeamShape:
-        """The shape a run can use: without a drafter, only the lookup chains (or AR)."""
-        if has_drafter or self.is_autoregressive:
+    def runnable(self, has_drafter: bool, has_draft_model: bool = False) -> BeamShape:
+        """The shape a run can use: without a drafter, only the lookup chains (or AR); a
+        draft model's chain only with a draft model (``D1×L`` when one is given and the
+        shape has none: its length is the drafter's L, else ``DEFAULT_MODEL_LENGTH``).
+        Plain decoding stays plain."""
+        if self.is_autoregressive:
             return self
-        if self.lookup:
-            return BeamShape.lookup_only(self.lookup, self.chain_length)
+        shape = self
+        if has_draft_model and not shape.model_length:
+            length = shape.length if shape.drafts else DEFAULT_MODEL_LENGTH
+            shape = replace(shape, model_length=length)
+        if not has_draft_model and shape.model_length:
+            shape = replace(shape, model_length=0)
+            if shape.is_autoregressive or not (shape.drafts or shape.lookup):
+                return AR
+        if has_drafter or shape.is_autoregressive:
+            return shape
+        if shape.lookup or shape.model_length:
+            return BeamShape(0, 1, None, shape.lookup, shape.lookup_length, shape.model_length)
         return AR
 
     def validate(self, vocab_size: int | None = None) -> BeamShape:
@@ -157,7 +185,9 @@ class BeamShape:
             raise ShapeError("lookup", f"lookup chains must be >= 0, got {self.lookup}")
         if self.lookup and self.chain_length < 2:
             raise ShapeError("lookup_length", _chain_length_message(self.chain_length))
-        if self.width < (0 if self.lookup else 1):
+        if self.model_length and self.model_length < 2:
+            raise ShapeError("model_length", _model_length_message(self.model_length))
+        if self.width < (0 if self.lookup or self.model_length else 1):
             raise ShapeError("width", f"beam width must be >= 1, got {self.width}")
         if self.width >= 1 and self.length < 2:
             raise ShapeError(
@@ -168,8 +198,9 @@ class BeamShape:
                 "width", f"beam width {self.width} exceeds the vocabulary ({vocab_size})"
             )
         lower = self.length if self.drafts else 2
-        upper = self.max_packed if self.lookup else self.width * self.length
-        most = "the tree's tokens" if self.lookup else "width*length"
+        several = self.lookup or self.model_length
+        upper = self.max_packed if several else self.width * self.length
+        most = "the tree's tokens" if several else "width*length"
         allowed = f"use a capacity in [{lower}, {upper}]"
         if self.capacity is not None and self.capacity < lower:
             what = f"beam length {self.length}: the best beam must fit" if self.drafts else "2"
@@ -186,7 +217,13 @@ class BeamShape:
         out = {"width": self.width, "length": self.length, "capacity": self.capacity}
         if self.lookup:
             out.update(lookup=self.lookup, lookup_length=self.chain_length)
+        if self.model_length:
+            out.update(model_length=self.model_length)
         return out
+
+
+def _model_length_message(length: int) -> str:
+    return f"draft-model chain length must be >= 2 (it counts the init token), got {length}"
 
 
 def _chain_length_message(length: int) -> str:

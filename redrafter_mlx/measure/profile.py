@@ -39,7 +39,7 @@ from redrafter_mlx.engine.decode import (
     DecodeState,
     accept_phase,
     commit_phase,
-    draft_phase,
+    shape_candidates,
     verify_phase,
 )
 from redrafter_mlx.engine.drafter import Drafter
@@ -123,6 +123,7 @@ def profile_steps(
     repeats: int = 40,
     loop_tokens: int = 96,
     loop_rounds: int = 3,
+    draft=None,
 ) -> dict:
     """Profile the AR step and a speculative step per shape on ``prompt`` (greedy).
 
@@ -134,8 +135,10 @@ def profile_steps(
     per-phase ms and op counts, ``step_ms``/``step_ops`` (one compiled step), ``loop_ms``
     (generation loop wall time per step), ``host_ms`` (loop - step) and
     ``overhead_ms`` (step - verify). Timings are medians over ``repeats`` interleaved rounds.
+    ``draft``: a draft model for the shapes with its chain (``D1×L``: whole step only).
     """
     from redrafter_mlx.engine.cache import Session, bucket, prefill_session, text_history
+    from redrafter_mlx.engine.draft_model import prefill as draft_prefill
 
     shapes = [_as_shape(s) for s in shapes]
     sampler = SamplerConfig()
@@ -154,10 +157,12 @@ def profile_steps(
     # the loop; every call sees the same lengths (and so the same context).
     kv = {"kv": (session.keys, session.values)}
     session.keys = session.values = None
+    # A draft model's own cache, carried likewise (the steps without its chain pass it on).
+    sources = {"src": () if draft is None else (draft_prefill(draft, [list(prompt)], window),)}
 
     def base_state():
         keys, values = kv.pop("kv")
-        return DecodeState(first, hidden, lengths, keys, values, history)
+        return DecodeState(first, hidden, lengths, keys, values, history, sources["src"])
 
     def keep(state_or_kv):
         kv["kv"] = state_or_kv
@@ -181,8 +186,10 @@ def profile_steps(
         if shape.label in shape_of:
             continue
         shape_of[shape.label] = shape
-        if shape.lookup:
-            timed = _lookup_thunks(model, drafter, shape, sampler, window, base_state, keep)
+        if shape.lookup or shape.model_length:
+            timed = _lookup_thunks(
+                model, drafter, shape, sampler, window, base_state, keep, draft, sources
+            )
         else:
             W, L, C = shape.width, shape.length, shape.slots
             timed = _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv)
@@ -204,7 +211,7 @@ def profile_steps(
     for r in range(loop_rounds + 1):
         for name, _ in configs:
             shape = shape_of.get(name, AR)
-            ms = _loop_ms_per_step(model, drafter, prompt, shape, loop_tokens)
+            ms = _loop_ms_per_step(model, drafter, prompt, shape, loop_tokens, draft)
             if r:  # round 0 warms up
                 loop[name].append(ms)
 
@@ -224,6 +231,9 @@ def profile_steps(
             row.update(width=W, length=L, capacity=C, draft_steps=L - 1 if shape.drafts else 0)
             if shape.lookup:
                 row.update(lookup=shape.lookup, lookup_length=shape.chain_length)
+            if shape.model_length:  # a catch-up forward, then Ld - 2 one-token forwards
+                Ld = shape.model_length
+                row.update(model_length=Ld, draft_model_forwards=Ld - 1)
             if all(f"{p}_ms" in row for p in PHASES):
                 row["phases_ms"] = sum(row[f"{p}_ms"] for p in PHASES)
                 row["overhead_ms"] = row["step_ms"] - row["verify_ms"]
@@ -249,7 +259,7 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
     def draft(init_token, hidden):
         """Candidates (B, N, L) and which of their tokens are present (B, N, L)."""
         state = DecodeState(init_token, hidden, None, None, None)
-        cand = draft_phase(drafter, model, state, W, L)
+        cand = shape_candidates(model, state, BeamShape(W, L), drafter)
         if cand.present is None:
             return cand.beams, mx.ones(cand.beams.shape, dtype=mx.bool_)
         return cand.beams, cand.present
@@ -321,29 +331,42 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
     return {name: _Timed(name, fn) for name, fn in thunks.items()}
 
 
-def _lookup_thunks(model, drafter, shape: BeamShape, sampler, window, base_state, keep):
-    """The whole compiled step of a shape with lookup chains (its phases are not split)."""
-    step_fn = uniform_step(model, drafter, shape, sampler, 1)
+def _lookup_thunks(
+    model, drafter, shape: BeamShape, sampler, window, base_state, keep, draft=None, sources=None
+):
+    """The whole compiled step of a shape with lookup chains or a draft model's chain (its
+    phases are not split); ``sources``: where the draft model's cache is carried."""
+    step_fn = uniform_step(model, drafter, shape, sampler, 1, draft=draft)
 
     def t_step(counter):
         nxt, out = step_fn(base_state(), window)
         if counter:
             counter.ops = graph_ops(nxt, out)
         keep((nxt.keys, nxt.values))
+        if sources is not None:
+            sources["src"] = nxt.sources
         return nxt, out
 
     return {"step": _Timed("step", t_step)}
 
 
-def _loop_ms_per_step(model, drafter, prompt, shape: BeamShape, max_tokens) -> float:
+def _loop_ms_per_step(model, drafter, prompt, shape: BeamShape, max_tokens, draft=None) -> float:
     """Wall ms per step of the generation loop (first token excluded), greedy, no EOS."""
     from redrafter_mlx.engine.generation import generate_steps
 
     drafter = drafter if shape.drafts else None
+    draft = draft if shape.model_length else None
     steps, start = 0, None
-    for ev in generate_steps(
-        model, drafter, [list(prompt)], max_tokens=max_tokens, shape=shape, seed=0
-    ):
+    events = generate_steps(
+        model,
+        drafter,
+        [list(prompt)],
+        max_tokens=max_tokens,
+        shape=shape,
+        seed=0,
+        draft_model=draft,
+    )
+    for ev in events:
         if start is None:
             start = time.perf_counter()
             continue
@@ -396,12 +419,15 @@ class WeightBytes:
     model: int
     drafter_once: int = 0
     drafter_step: int = 0
+    draft_model: int = 0  # a draft model's forward (``--draft-model``)
 
-    def per_step(self, draft_steps: int) -> int:
-        """Bytes one step reads: one forward of the LLM, plus ``draft_steps`` of the drafter."""
+    def per_step(self, draft_steps: int, model_forwards: int = 0) -> int:
+        """Bytes one step reads: one forward of the LLM, plus ``draft_steps`` of the drafter
+        and ``model_forwards`` of a draft model."""
+        extra = model_forwards * self.draft_model
         if not draft_steps:
-            return self.model
-        return self.model + self.drafter_once + draft_steps * self.drafter_step
+            return self.model + extra
+        return self.model + self.drafter_once + draft_steps * self.drafter_step + extra
 
 
 def _nbytes(array: mx.array, dtype: str | None) -> int:
@@ -443,7 +469,7 @@ def launch_bound(rows: list[dict], weights: WeightBytes, cost: MacCost) -> list[
     """
 
     def estimate(row: dict) -> dict:
-        nbytes = weights.per_step(row.get("draft_steps", 0))
+        nbytes = weights.per_step(row.get("draft_steps", 0), row.get("draft_model_forwards", 0))
         launch_ms, memory_ms = cost.ms(row["step_kernels"], nbytes)
         return dict(
             mac_bytes=nbytes,

@@ -8,7 +8,7 @@ divided by that time: the figure speculation changes.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 
@@ -31,6 +31,7 @@ class Run:
     peak_memory_gb: float
     accepted_tokens: int = 0  # draft tokens the verifier accepted
     lookup_tokens: int = 0  # of those, taken from a context-lookup chain
+    source_tokens: dict = field(default_factory=dict)  # of those, per draft source name
 
     @property
     def tokens_per_s(self) -> float:
@@ -48,13 +49,14 @@ def measure_generation(
     adapt=False,
     sampler: SamplerConfig = SamplerConfig(),
     seed: int | None = None,
+    draft_model=None,
 ) -> Run:
     """Generate ``prompt_ids``' continuation at ``shape`` (AR: plain decoding) and time it.
 
     ``adapt``: pinned to ``shape`` by default (a measurement of that shape); True or an
     ``Adaptive`` measures adaptive decoding starting from ``shape``.
 
-    ``sampler``, ``seed``: as ``stream_generate`` (greedy by default).
+    ``sampler``, ``seed``, ``draft_model``: as ``stream_generate`` (greedy by default).
     """
     mx.reset_peak_memory()
     tokens, first_at, last_at, final = [], None, None, None
@@ -69,12 +71,14 @@ def measure_generation(
         sampler=sampler,
         seed=seed,
         adapt=adapt,
+        draft_model=draft_model,
     ):
         last_at = time.perf_counter()
         first_at = first_at or last_at
         tokens += response.tokens
         final = response
-    runs = shape.runnable(drafter is not None)  # without a drafter: the lookup chains, or AR
+    # without a drafter: the lookup chains (and a draft model's chain), or AR
+    runs = shape.runnable(drafter is not None, draft_model is not None)
     speculative = not runs.is_autoregressive or (drafter is not None and bool(adapt))
     return Run(
         tokens,
@@ -87,4 +91,5 @@ def measure_generation(
         mx.get_peak_memory() / 1e9,
         final.accepted_tokens,
         final.lookup_tokens,
+        dict(final.source_tokens),
     )

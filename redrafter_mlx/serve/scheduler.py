@@ -40,6 +40,7 @@ from redrafter_mlx.engine.adaptive import Adaptive
 from redrafter_mlx.engine.batch import BatchGenerator, Prefill, Row, RowStats
 from redrafter_mlx.engine.batch_choice import BatchChoice, FixedShape
 from redrafter_mlx.engine.cache import Session, token_limit
+from redrafter_mlx.engine.draft_model import check_draft_model
 from redrafter_mlx.engine.loading import materialize
 from redrafter_mlx.engine.shape import AR, BeamShape
 
@@ -77,13 +78,18 @@ class Scheduler:
         compiled: bool = True,
         group=None,
         adapt: Adaptive | bool = False,
+        draft_model=None,
     ):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.model, self.drafter = model, drafter
         if drafter is not None and shape is None:
             raise ValueError("a drafter needs a beam shape")
-        shape = (shape or AR).runnable(drafter is not None)
+        if draft_model is not None:  # its cache follows only the steps that run it: pinned
+            check_draft_model(model, draft_model)
+            adapt = False
+        shape = (shape or AR).runnable(drafter is not None, draft_model is not None)
+        draft_model = draft_model if shape.model_length else None
         materialize(model, drafter)
         self.max_batch = max_batch
         self.queue: queue.Queue[Request] = queue.Queue(maxsize=max(max_queue, 1))
@@ -97,7 +103,9 @@ class Scheduler:
             self.choice = BatchChoice(shape, adapt if isinstance(adapt, Adaptive) else Adaptive())
         policy = self.choice or FixedShape(shape)
         # The rows, their state, the steps and the loop's order (``engine/batch.py``).
-        self.batch = BatchGenerator(model, drafter, policy, eos, max_batch, compiled, group)
+        self.batch = BatchGenerator(
+            model, drafter, policy, eos, max_batch, compiled, group, draft=draft_model
+        )
         self.stats = ServerStats()
         self._draining = False
         self._drain_deadline = 0.0

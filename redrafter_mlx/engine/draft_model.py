@@ -1,0 +1,105 @@
+"""A draft model as a draft source: a separate (small) model sharing the target's vocabulary
+proposes one greedy chain of ``Ld`` tokens per step (``BeamShape.model_length``), on the
+device, with its own K/V cache.
+
+The cache (in ``DecodeState.sources``: (keys, values), per layer (B, n_kv, S, D), slot p
+holding the K/V of text position p like the target's) follows the committed text. A step
+may commit tokens the draft model never ran: the bonus token, its own last draft, or
+another source's accepted path. So each draft starts by re-running the last ``catchup``
+committed positions, ``[len - catchup + 1, len]`` (the init token at ``len``), in one
+forward, ``catchup`` covering every token committed since its last draft
+(``catchup_tokens``: 2 for the chain alone), so after that forward the cache holds exactly
+the committed tokens' K/V (slots past ``len`` hold junk until rewritten). Then ``Ld - 2``
+one-token forwards extend the chain from its argmax. No host read; static shapes.
+The verifier decides what is emitted, so a draft model can change speed, never the output.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from .sources import DRAFT_MODEL, DraftContext, Proposal
+from .tree import arange, cache_mask, chain_mask
+
+PREFILL_CHUNK = 512
+
+
+class DraftModelSource:
+    """A draft model's greedy chain of ``length`` tokens (init token first)."""
+
+    source_id = DRAFT_MODEL
+    stateful = True
+
+    def __init__(self, draft, length: int, catchup: int):
+        if length < 2:
+            raise ValueError(f"a draft-model chain needs >= 2 tokens, got {length}")
+        self.draft, self.length, self.catchup = draft, length, max(catchup, 1)
+
+    def propose(self, ctx: DraftContext) -> Proposal:
+        keys, values = ctx.own
+        draft, lengths, window = self.draft, ctx.lengths, ctx.window
+        T = self.catchup
+        start = mx.maximum(lengths - (T - 1), 0)  # (B,)
+        pos = start[:, None] + arange(T)[None, :]  # (B, T); past len: junk, rewritten later
+        S = ctx.history.shape[1]
+        text = mx.take_along_axis(ctx.history, mx.minimum(pos, S - 1), axis=1)
+        text = mx.where(pos == lengths[:, None], ctx.init_token[:, None], text)
+        mask = cache_mask(start, chain_mask(T), window)
+        hidden, keys, values = draft(text, pos, mask, keys, values, pos)
+        at = (lengths - start)[:, None, None]  # the init token's column
+        logits = draft.logits(mx.take_along_axis(hidden, at, axis=1))  # (B, 1, V)
+        token = mx.argmax(logits[:, 0], axis=-1).astype(mx.int32)  # (B,)
+        chain = [ctx.init_token.astype(mx.int32), token]
+        one = chain_mask(1)
+        for k in range(1, self.length - 1):
+            p = (lengths + k)[:, None]  # (B, 1)
+            mask = cache_mask(lengths + k, one, window)
+            hidden, keys, values = draft(token[:, None], p, mask, keys, values, p)
+            token = mx.argmax(draft.logits(hidden)[:, 0], axis=-1).astype(mx.int32)
+            chain.append(token)
+        return Proposal(mx.stack(chain, axis=1)[:, None], None, 1, (keys, values))
+
+
+def catchup_tokens(other_lengths) -> int:
+    """Positions a draft re-runs so that its cache holds every committed token. Its own
+    chain's drafts were run at their positions except the last one, so its own path
+    leaves at most that draft and the bonus (2); another source's path of up to Lo tokens
+    leaves up to Lo - 1 drafts and the bonus (Lo). ``other_lengths``: the other
+    candidates' lengths, the init token included."""
+    return max([2, *other_lengths])
+
+
+def initial_state(draft, batch: int, slots: int, dtype=None) -> tuple:
+    """An empty draft-model state for ``batch`` rows: (keys, values)."""
+    return draft.make_cache(batch, slots, dtype)
+
+
+def prefill(draft, rows: list[list[int]], slots: int) -> tuple:
+    """The draft model's state after each row's committed text ``rows`` (B lists of ids):
+    (keys, values), ``slots`` slots per row (>= the longest row). A row of n tokens holds
+    their K/V at slots [0, n); the next draft re-runs its last ones anyway."""
+    B = len(rows)
+    keys, values = draft.make_cache(B, slots)
+    longest = max((len(r) for r in rows), default=0)
+    lengths = mx.zeros((B,), mx.int32)
+    for begin in range(0, longest, PREFILL_CHUNK):
+        chunk = [r[begin : begin + PREFILL_CHUNK] for r in rows]
+        T = max(len(c) for c in chunk)
+        tokens = mx.array([c + [0] * (T - len(c)) for c in chunk], dtype=mx.int32)
+        idx = lengths[:, None] + arange(T)[None, :]
+        mask = cache_mask(lengths, chain_mask(T), slots)
+        _, keys, values = draft(tokens, idx, mask, keys, values, idx)
+        lengths = lengths + mx.array([len(c) for c in chunk], dtype=mx.int32)
+        mx.eval(keys, values)  # per chunk, before the decode loop
+    return keys, values
+
+
+def check_draft_model(model, draft) -> None:
+    """A draft model must share the target's vocabulary (same ids, same size): a clear error
+    before anything runs."""
+    if draft.vocab_size != model.vocab_size:
+        raise ValueError(
+            f"the draft model's vocabulary ({draft.vocab_size} ids) differs from the model's "
+            f"({model.vocab_size}): a draft model must use the same tokenizer; pick one of "
+            "the target's family (e.g. a smaller model of the same release)"
+        )

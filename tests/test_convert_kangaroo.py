@@ -138,7 +138,7 @@ def test_converted_adapter_equals_the_public_forward_and_drafts(tmp_path):
     chain = draft_chain(
         model, adapter, mx.array([5]), mx.array([0]), keys, values, ak, av, 16, 3, 0.0
     )
-    assert chain["tokens"].shape == (1, 4) and int(chain["tokens"][0, 0]) == 5
+    assert chain.tokens.shape == (1, 4) and int(chain.tokens[0, 0]) == 5
 
 
 def test_the_cli_takes_the_exit_layer(tmp_path):

@@ -94,14 +94,14 @@ def test_chain_equals_brute_force_reference(monkeypatch, fused):
     gamma = 5
     chain = draft_chain(model, adapter, init, lengths, keys, values, ak, av, SLOTS, gamma, 0.0)
     mx.eval(chain)
-    assert chain["tokens"].shape == (2, gamma + 1)
-    assert chain["present"].tolist() == [[True] * (gamma + 1)] * 2
+    assert chain.tokens.shape == (2, gamma + 1)
+    assert chain.present.tolist() == [[True] * (gamma + 1)] * 2
     for row, prompt in enumerate(prompts):
         seq = list(prompt)
         for k in range(gamma):
             token, prob = reference_next(model, adapter, seq)
-            assert int(chain["tokens"][row, k + 1]) == token, (row, k)
-            assert float(chain["probs"][row, k]) == pytest.approx(prob, rel=1e-4, abs=1e-6)
+            assert int(chain.tokens[row, k + 1]) == token, (row, k)
+            assert float(chain.probs[row, k]) == pytest.approx(prob, rel=1e-4, abs=1e-6)
             seq.append(token)
 
 
@@ -111,22 +111,22 @@ def test_confidence_cut_marks_later_drafts_absent():
     init, lengths, keys, values, ak, av = prefill(model, adapter, prompts)
     gamma = 6
     free = draft_chain(model, adapter, init, lengths, keys, values, ak, av, SLOTS, gamma, 0.0)
-    probs = np.array(free["probs"])
+    probs = np.array(free.probs)
     eta = float(np.median(probs))  # some rows cut somewhere, some drafts pass
     cut = draft_chain(model, adapter, init, lengths, keys, values, ak, av, SLOTS, gamma, eta)
-    present = np.array(cut["present"])
-    tokens = np.array(cut["tokens"])
-    assert np.array_equal(np.array(cut["probs"]), probs)  # the cut changes no draft
+    present = np.array(cut.present)
+    tokens = np.array(cut.tokens)
+    assert np.array_equal(np.array(cut.probs), probs)  # the cut changes no draft
     assert not present.all() and present[:, 2:].any()
     for row in range(len(prompts)):
         want = [True, True]
         for k in range(1, gamma):
             want.append(want[-1] and probs[row, k - 1] >= eta)
         assert present[row].tolist() == want
-        assert np.array_equal(tokens[row][present[row]], np.array(free["tokens"])[row][want])
+        assert np.array_equal(tokens[row][present[row]], np.array(free.tokens)[row][want])
         assert (tokens[row][~present[row]] == ABSENT).all()
     strict = draft_chain(model, adapter, init, lengths, keys, values, ak, av, SLOTS, gamma, 1.5)
-    assert np.array(strict["present"]).sum(axis=1).tolist() == [2, 2, 2]
+    assert np.array(strict.present).sum(axis=1).tolist() == [2, 2, 2]
 
 
 def test_confident_prefix_rule():
@@ -149,15 +149,15 @@ def test_target_cache_below_len_and_deep_layers_untouched():
         for before, after in zip(keys + values + ak + av, _all_caches(chain)):
             assert np.array_equal(np.array(before[row, :, :n]), np.array(after[row, :, :n]))
     for layer in range(EXIT, LAYERS):  # the layers past the exit are not run at all
-        assert chain["keys"][layer] is keys[layer]
-        assert chain["values"][layer] is values[layer]
+        assert chain.keys[layer] is keys[layer]
+        assert chain.values[layer] is values[layer]
     for layer in range(EXIT):  # the drafted tokens' K/V are at [len, len + gamma]
         for row, n in enumerate(lengths.tolist()):
-            assert np.abs(np.array(chain["keys"][layer][row, :, n : n + 5])).min() > 0
+            assert np.abs(np.array(chain.keys[layer][row, :, n : n + 5])).min() > 0
 
 
 def _all_caches(chain):
-    return chain["keys"] + chain["values"] + chain["adapter_keys"] + chain["adapter_values"]
+    return chain.keys + chain.values + chain.adapter_keys + chain.adapter_values
 
 
 def test_adapter_cache_holds_accepted_drafts():
@@ -168,10 +168,10 @@ def test_adapter_cache_holds_accepted_drafts():
     init, lengths, keys, values, ak, av = prefill(model, adapter, [prompt])
     gamma = 3
     chain = draft_chain(model, adapter, init, lengths, keys, values, ak, av, SLOTS, gamma, 0.0)
-    longer = prompt + np.array(chain["tokens"])[0, 1:].tolist() + [0]
+    longer = prompt + np.array(chain.tokens)[0, 1:].tolist() + [0]
     _, n2, _, _, ak2, _ = prefill(model, adapter, [longer])
     n = int(n2[0])
-    for got, want in zip(chain["adapter_keys"], ak2):
+    for got, want in zip(chain.adapter_keys, ak2):
         assert np.allclose(np.array(got[0, :, :n]), np.array(want[0, :, :n]), atol=1e-4)
 
 
@@ -206,3 +206,13 @@ def test_bad_adapter_folders_say_what_is_wrong(tmp_path):
     other = tiny_model(layers=LAYERS, hidden=16, heads=2, kv_heads=1)
     with pytest.raises(ValueError, match="hidden size 32"):
         check_pair(other, adapter)
+
+
+def test_chain_compiles_so_it_reads_nothing_from_the_device():
+    """``mx.compile`` refuses a function that evaluates an array (a host read) inside."""
+    model, adapter = make_pair(seed=6)
+    init, lengths, keys, values, ak, av = prefill(model, adapter, [[3, 1, 4, 1, 5], [9, 2, 6]])
+    want = draft_chain(model, adapter, init, lengths, keys, values, ak, av, SLOTS, 4, 0.5)
+    step = mx.compile(lambda *a: tuple(draft_chain(model, adapter, *a, SLOTS, 4, 0.5)))
+    got = step(init, lengths, keys, values, ak, av)
+    assert mx.array_equal(got[0], want.tokens) and mx.array_equal(got[1], want.present)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -269,15 +269,18 @@ def confident_prefix(probs: mx.array) -> mx.array:
     return mx.concatenate([head, kept], axis=1)
 
 
-class Chain(dict):
-    """``draft_chain``'s result (a dict, so ``mx.compile`` returns it as a tree of arrays):
+class Chain(NamedTuple):
+    """``draft_chain``'s result."""
 
-    tokens (B, G+1) int32, init first, ABSENT past the confidence cut; present (B, G+1) bool;
-    probs (B, G) each draft's top-1 probability; exits (B, G+1, H) the exit-layer states of
-    the init token and drafts (the verify may start at the exit layer from these); keys,
-    values: the target's cache lists with layers [:exit_layer] written at [len, len+G];
-    adapter_keys, adapter_values: the adapter cache written at [len, len+G].
-    """
+    tokens: mx.array  # (B, G+1) int32, init first, ABSENT past the confidence cut
+    present: mx.array  # (B, G+1) bool
+    probs: mx.array  # (B, G) each draft's top-1 probability
+    exits: mx.array  # (B, G+1, H) exit-layer states of the init token and the drafts: the
+    # verify may start at the exit layer from these
+    keys: list  # the target's cache, layers [:exit_layer] written at [len, len+G]
+    values: list
+    adapter_keys: list  # the adapter's cache, written at [len, len+G]
+    adapter_values: list
 
 
 def draft_chain(

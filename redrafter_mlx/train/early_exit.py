@@ -228,11 +228,11 @@ def chain_score(
             model, adapter, init, lengths, rows_of(keys), rows_of(values), rows_of(ak),
             rows_of(av), N + gamma + 1, gamma, eta,
         )  # fmt: skip
-        drafts = np.array(chain["tokens"])[:, 1:]
+        drafts = np.array(chain.tokens)[:, 1:]
         want = np.array([e.tokens[t + 1 : t + 1 + gamma] for t in starts])
         run = np.cumprod(drafts == want, axis=1).sum(axis=1)
         accepted += float(run.sum())
-        kept += float(np.array(chain["present"])[:, 1:].sum())
+        kept += float(np.array(chain.present)[:, 1:].sum())
         rows += B
     if not rows:
         return None

@@ -19,7 +19,7 @@ from redrafter_mlx.train.data import Sequence
 from .helpers import SHAREGPT_SAMPLE, tiny_model
 
 DEMO = Path(__file__).resolve().parent.parent / "redrafter_mlx" / "demo_model" / "base"
-RUN = dict(batch_size=4, seq_len=64, lr=1e-3, quiet=True, save_every=3)
+RUN = dict(batch_size=128, seq_len=64, lr=1e-3, quiet=True, save_every=3)
 
 
 def _weights(path: Path) -> dict:
@@ -75,7 +75,7 @@ def test_cli_trains_an_adapter_and_checks_its_flags(tmp_path):
     base = ["distill", "--model", "demo", "--data", str(SHAREGPT_SAMPLE), "--seq-len", "64"]
     out = tmp_path / "ee"
     args = [*base, "--out", str(out), "--kind", "early-exit", "--exit-layer", "2", "--steps", "2"]
-    result = CliRunner().invoke(app, [*args, "--batch-size", "4", "--quiet"])
+    result = CliRunner().invoke(app, [*args, "--quiet"])
     assert result.exit_code == 0, result.output
     assert "exit layer 2" in result.output and load_adapter(out).args.exit_layer == 2
     bad = CliRunner().invoke(app, [*base, "--out", str(tmp_path / "x"), "--exit-layer", "2"])

@@ -133,9 +133,9 @@ def distill(
         "--kind",
         help="What to train: 'recurrent' (the ReDrafter RNN drafter) or 'early-exit' (a "
         "Kangaroo adapter over the model's first --exit-layer layers; it uses --data or the "
-        "built-in data, --steps/--epochs, --batch-size (sequences), --seq-len, --lr, "
-        "--warmup, --weight-decay, --resume, --save-every, --seed and the built-in data's "
-        "options).",
+        "built-in data, --steps/--epochs, --batch-size (positions: whole sequences of about "
+        "that many), --seq-len, --lr, --warmup, --weight-decay, --resume, --save-every, "
+        "--seed and the built-in data's options).",
     ),
     exit_layer: int | None = typer.Option(
         None,

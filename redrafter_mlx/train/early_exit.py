@@ -98,6 +98,13 @@ def sequence_features(model: Model, seq: Sequence, exit_layer: int) -> Example:
     return Example(hidden[:, H:], hidden[:, :H], valid, list(seq.tokens))
 
 
+def batch_sequences(examples: list[Example], positions: int) -> int:
+    """Sequences per batch for about ``positions`` training positions (``--batch-size``
+    counts positions for both kinds), at least one, at most all."""
+    mean = sum(int(e.valid.sum()) for e in examples) / max(len(examples), 1)
+    return min(len(examples), max(1, round(positions / max(mean, 1.0))))
+
+
 def collate(examples: list[Example]) -> tuple[mx.array, mx.array, mx.array]:
     """Right-padded batch: exits, finals (B, T, H) float32 and valid (B, T) bool."""
     longest = max(len(e.valid) for e in examples)
@@ -149,10 +156,9 @@ class AdapterTrainer:
             weight_decay=opts.weight_decay,
         )
         self.optimizer.init(adapter.trainable_parameters())
-        model_ = model
 
         def loss(adapter, *batch):
-            return soft_loss(adapter, model_, *batch)
+            return soft_loss(adapter, model, *batch)
 
         self._value_and_grad = nn.value_and_grad(adapter, loss)
 
@@ -248,7 +254,8 @@ def distill_early_exit(model_dir, data_files, out_dir, progress=None, **options)
     """Train an early-exit adapter for ``model_dir`` into ``out_dir``; returns a summary.
 
     ``exit_layer`` (None: ``default_exit_layer``) and the options of ``DistillOptions`` that
-    apply (steps / epochs, batch_size in sequences, seq_len, lr, warmup, weight_decay,
+    apply (steps / epochs, batch_size in training positions (whole sequences of about that
+    many positions in all), seq_len, lr, warmup, weight_decay,
     resume, overwrite, save_every, seed, cache_dir, dtype, and for the built-in data budget,
     gen_temp, answer_tokens, gen_batch, own_prompts, val_prompts, quiet).
     """
@@ -292,7 +299,7 @@ def _run(model_dir, data_files, plan, opts: DistillOptions, exit_layer, progress
         )
     if resumed and resumed["run"].get("exit_layer") != exit_layer:
         raise ValueError(
-            f"{out_dir_name(plan)} was trained with --exit-layer "
+            f"{plan.out} was trained with --exit-layer "
             f"{resumed['run'].get('exit_layer')}; resume with that, or start over with "
             "--overwrite"
         )
@@ -305,7 +312,7 @@ def _run(model_dir, data_files, plan, opts: DistillOptions, exit_layer, progress
                 progress.update(1)
     finally:
         progress.stop()
-    order = DataOrder(len(examples), min(opts.batch_size, len(examples)), opts.seed)
+    order = DataOrder(len(examples), batch_sequences(examples, opts.batch_size), opts.seed)
     if resumed:
         total = int(resumed["run"]["total_steps"])
     elif opts.steps is not None:
@@ -361,10 +368,6 @@ def _run(model_dir, data_files, plan, opts: DistillOptions, exit_layer, progress
         rank=0,
         seconds=round(time.perf_counter() - tic, 2),
     )
-
-
-def out_dir_name(plan) -> str:
-    return str(plan.out)
 
 
 def _resumed(work: Path, opts: DistillOptions) -> dict | None:

@@ -216,3 +216,35 @@ def test_chain_compiles_so_it_reads_nothing_from_the_device():
     step = mx.compile(lambda *a: tuple(draft_chain(model, adapter, *a, SLOTS, 4, 0.5)))
     got = step(init, lengths, keys, values, ak, av)
     assert mx.array_equal(got[0], want.tokens) and mx.array_equal(got[1], want.present)
+
+
+def test_refresh_catches_up_tokens_that_another_source_committed():
+    """Three tokens committed by the target alone (as when a lookup chain wins): the adapter
+    cache lacks them, and ``refresh`` re-runs the last committed tokens so the chain equals
+    the from-scratch reference; without it the drafts' probabilities differ."""
+    model, adapter = make_pair(seed=8)
+    prompts = [[3, 9, 4, 17, 2, 8], [5, 11]]
+    init, lengths, keys, values, ak, av = prefill(model, adapter, prompts)
+    extra = [[init.tolist()[0], 6, 7], [init.tolist()[1], 13, 1]]  # committed elsewhere
+    pos = lengths[:, None] + mx.arange(3, dtype=mx.int32)[None]
+    mask = cache_mask(lengths, chain_mask(3), SLOTS)
+    _, keys, values = model(mx.array(extra, dtype=mx.int32), pos, mask, keys, values, pos)
+    seqs = [p[:-1] + e for p, e in zip(prompts, extra)]
+    history = mx.array([s + [0] * (SLOTS - len(s)) for s in seqs], dtype=mx.int32)
+    lengths = lengths + 3
+    init = mx.array([21, 22], dtype=mx.int32)
+    before = [np.array(k) for k in keys]
+    args = (model, adapter, init, lengths, keys, values, ak, av, SLOTS, 3, 0.0)
+    chain = draft_chain(*args, history=history, refresh=4)
+    stale = draft_chain(*args)
+    for row, seq in enumerate(seqs):
+        seq = seq + [int(init[row])]
+        for k in range(3):
+            token, prob = reference_next(model, adapter, seq)
+            assert int(chain.tokens[row, k + 1]) == token, (row, k)
+            assert float(chain.probs[row, k]) == pytest.approx(prob, rel=1e-4, abs=1e-6)
+            seq.append(token)
+        n = int(lengths[row])
+        for b, after in zip(before, chain.keys):
+            assert np.array_equal(b[row, :, :n], np.array(after[row, :, :n]))
+    assert not np.allclose(np.array(stale.probs), np.array(chain.probs), atol=1e-4)

@@ -283,6 +283,38 @@ class Chain(NamedTuple):
     adapter_values: list
 
 
+def refresh_committed(
+    model: Model, adapter, history, lengths, keys, values, adapter_keys, adapter_values,
+    window: int, count: int,
+):  # fmt: skip
+    """Rewrite the adapter K/V of each row's last ``count`` committed tokens.
+
+    history: (B, S) committed token ids; lengths: (B,); keys/values: the target's layers
+    [:exit_layer] only; adapter_keys/values: the adapter's. The tokens at positions
+    ``[len - count, len)`` (from 0 in a row shorter than ``count``) run through layers
+    [:exit_layer], attending to the committed K/V (slots up to their own position), then the
+    adapter writes their K/V at their slots. The target's own slots below ``len`` are not
+    written: the shallow layers' K/V of these tokens go to slots ``[len, len + count)``,
+    above every row's length (junk that drafting overwrites). Positions past a short row's
+    length compute junk that lands above its length too. Returns (keys, values,
+    adapter_keys, adapter_values).
+    """
+    start = mx.maximum(lengths - count, 0)  # (B,)
+    j = arange(count)[None, :]  # (1, P)
+    pos = start[:, None] + j  # (B, P)
+    above = lengths[:, None] + j  # (B, P) slots at or above the length
+    committed = pos < lengths[:, None]
+    tokens = mx.take_along_axis(history, mx.minimum(pos, history.shape[1] - 1), axis=1)
+    slots = arange(window)[None, None, :]
+    mask = (slots <= pos[:, :, None])[:, None]  # (B, 1, P, A): keys up to its own position
+    x, keys, values = exit_states(
+        model, tokens, pos, mask, keys, values, above, adapter.args.exit_layer
+    )
+    write = mx.where(committed, pos, above)
+    _, adapter_keys, adapter_values = adapter(x, pos, mask, adapter_keys, adapter_values, write)
+    return keys, values, adapter_keys, adapter_values
+
+
 def draft_chain(
     model: Model,
     adapter: EarlyExitAdapter,
@@ -295,6 +327,8 @@ def draft_chain(
     window: int,
     gamma: int = GAMMA,
     eta: float = ETA,
+    history: mx.array | None = None,
+    refresh: int = 0,
 ) -> Chain:
     """Draft a greedy chain of ``gamma`` tokens per row with the target's first layers.
 
@@ -307,10 +341,20 @@ def draft_chain(
     target's head. All gamma + 1 tokens are run (the last one's logits unused) so that the
     adapter cache holds every drafted token, whatever the verify accepts. Static shapes, no
     host read: the confidence exit is ``present`` (``confident_prefix``), not a stop.
+
+    ``refresh`` > 0 with ``history`` (B, S), the committed token ids slot by slot: first
+    rewrite the adapter K/V of the last ``refresh`` committed tokens (``refresh_committed``),
+    so the chain is right whichever source's candidate the last step accepted, as long as
+    it committed at most ``refresh`` tokens. The cache needs ``len + max(refresh, gamma+1)``
+    slots.
     """
     exit_layer = adapter.args.exit_layer
     shallow_k, shallow_v = list(keys[:exit_layer]), list(values[:exit_layer])
     ak, av = list(adapter_keys), list(adapter_values)
+    if refresh:
+        shallow_k, shallow_v, ak, av = refresh_committed(
+            model, adapter, history, lengths, shallow_k, shallow_v, ak, av, window, refresh
+        )
     tokens, probs, exits = [init_token.astype(mx.int32)], [], []
     one = chain_mask(1)
     for k in range(gamma + 1):

@@ -15,6 +15,7 @@ from redrafter_mlx.engine.early_exit import (
     ABSENT,
     EarlyExitAdapter,
     EarlyExitArgs,
+    adapter_prefill,
     adapter_write,
     check_pair,
     confident_prefix,
@@ -248,3 +249,18 @@ def test_refresh_catches_up_tokens_that_another_source_committed():
         for b, after in zip(before, chain.keys):
             assert np.array_equal(b[row, :, :n], np.array(after[row, :, :n]))
     assert not np.allclose(np.array(stale.probs), np.array(chain.probs), atol=1e-4)
+
+
+def test_adapter_prefill_equals_the_captured_exit_states():
+    model, adapter = make_pair(seed=9)
+    prompts = [[3, 9, 4, 17, 2, 8], [5, 11, 30]]
+    _, _, keys, _, ak, av = prefill(model, adapter, prompts)
+    body = mx.array([p[:-1] + [0] * (6 - len(p)) for p in prompts], dtype=mx.int32)
+    zero = mx.zeros((2,), dtype=mx.int32)
+    idx = mx.broadcast_to(mx.arange(5, dtype=mx.int32)[None], (2, 5))
+    k2, v2 = model.make_cache(2, SLOTS)
+    _, k2, v2 = model(body, idx, cache_mask(zero, chain_mask(5), SLOTS), k2, v2, idx)
+    ak2, av2 = adapter.make_cache(2, SLOTS)
+    k3, _, ak2, av2 = adapter_prefill(model, adapter, body, zero, k2, v2, ak2, av2, SLOTS)
+    for a, b in zip(ak + av + keys, ak2 + av2 + k3):
+        np.testing.assert_allclose(np.array(a), np.array(b), atol=1e-5)

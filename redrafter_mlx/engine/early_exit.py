@@ -249,6 +249,25 @@ def adapter_write(adapter: EarlyExitAdapter, states, lengths, keys, values, wind
     return adapter(states, idx, mask, keys, values, idx)
 
 
+def adapter_prefill(model: Model, adapter, tokens, lengths, keys, values, ak, av, window: int):
+    """The adapter K/V of a prompt chunk already run by the target at ``[len, len+T)``.
+
+    tokens: (B, T) (right-padded rows: what lands past a row's real tokens is junk above
+    its length, as in ``decode.prefill_chunk``); lengths: (B,) before the chunk; keys/values:
+    the target's full per-layer cache; ak/av: the adapter's. Re-runs layers [:exit_layer]
+    on the chunk (they rewrite the same K/V at the same slots) for the exit states, then
+    ``adapter_write``. Returns (keys, values, ak, av). A caller whose prefill captures the
+    exit layer (``Model.capture_features``) can call ``adapter_write`` alone instead.
+    """
+    exit_layer = adapter.args.exit_layer
+    T = tokens.shape[1]
+    idx = lengths[:, None] + arange(T)[None, :]
+    mask = cache_mask(lengths, chain_mask(T), window)
+    x, shallow_k, shallow_v = exit_states(model, tokens, idx, mask, keys, values, idx, exit_layer)
+    _, ak, av = adapter_write(adapter, x, lengths, ak, av, window)
+    return shallow_k + list(keys[exit_layer:]), shallow_v + list(values[exit_layer:]), ak, av
+
+
 def top1(logits: mx.array) -> tuple[mx.array, mx.array]:
     """Greedy draft and its probability: logits (B, V) -> (token (B,) int32, prob (B,))."""
     token = mx.argmax(logits, axis=-1).astype(mx.int32)

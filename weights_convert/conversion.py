@@ -26,7 +26,7 @@ from pathlib import Path
 
 from redrafter_mlx.engine import output_dir
 from redrafter_mlx.engine.output_dir import staging_dir
-from weights_convert import apar, llama
+from weights_convert import apar, kangaroo, llama
 from weights_convert import drafter as drafter_fmt
 from weights_convert import gguf as gguf_input
 from weights_convert.errors import ConversionError
@@ -211,6 +211,7 @@ def convert(
     quantize_drafter: bool = False,
     force: bool = False,
     progress: bool = True,
+    exit_layer: int | None = None,
 ) -> ConversionSummary:
     """Convert a base model checkpoint (and optionally a ReDrafter drafter) to an MLX folder.
 
@@ -218,7 +219,8 @@ def convert(
         model: local folder or Hugging Face repo id of the base model (safetensors or ``.bin``),
             or a ``.gguf`` file (or a folder holding exactly one; see :mod:`weights_convert.gguf`).
         out: output folder; must not exist or be empty unless ``force``.
-        drafter: local folder or repo id of a ReDrafter drafter, written to ``<out>/drafter``.
+        drafter: local folder or repo id of a ReDrafter drafter, or of a Kangaroo early-exit
+            adapter (:mod:`weights_convert.kangaroo`), written to ``<out>/drafter``.
         quantize: quantize the base model's Linear/Embedding weights (mlx-lm's rule).
         q_bits, q_group_size: affine quantization settings (also used for the drafter).
         dtype: storage dtype of all floating tensors that are not quantized (and of scales).
@@ -226,6 +228,7 @@ def convert(
         quantize_drafter: quantize the drafter's Linear weights too.
         force: replace a non-empty ``out`` (only after the new one is complete).
         progress: show a progress bar on stderr.
+        exit_layer: a Kangaroo adapter's exit layer (its checkpoint does not record it).
 
     Returns:
         a :class:`ConversionSummary`.
@@ -276,12 +279,34 @@ def convert(
 
     draft_jobs: list[Job] = []
     draft_quant = settings if quantize_drafter else None
+    draft_config = None
     if drafter_dir is not None:
         draft = open_checkpoint(drafter_dir, "drafter")
-        drafter_fmt.check_config(draft.config, base.config, drafter_dir)
-        draft_plan = drafter_fmt.plan_tensors(read_tensor_refs(draft), draft.config, drafter_dir)
+        refs = read_tensor_refs(draft)
+        if kangaroo.is_kangaroo(refs):
+            if quantize_drafter:
+                raise ConversionError(
+                    "--quantize-drafter: an early-exit (Kangaroo) adapter is kept unquantized; "
+                    "drop the flag"
+                )
+            args = kangaroo.adapter_args(draft.config, base.config, drafter_dir, exit_layer)
+            draft_plan = kangaroo.plan_tensors(refs, args, drafter_dir)
+            draft_config = kangaroo.output_config(args, dtype)
+        else:
+            if exit_layer is not None:
+                raise ConversionError(
+                    f"--exit-layer is for an early-exit (Kangaroo) adapter; {drafter_dir} is "
+                    "not one (no layers.0.self_attn / norm tensors): drop the flag"
+                )
+            drafter_fmt.check_config(draft.config, base.config, drafter_dir)
+            draft_plan = drafter_fmt.plan_tensors(refs, draft.config, drafter_dir)
+            draft_config = drafter_fmt.output_config(
+                draft.config, dtype, draft_quant.as_config() if draft_quant else None
+            )
         draft_jobs = [make_job(name, ref, code, draft_quant) for name, ref in draft_plan.tensors]
         dropped += [f"drafter {name}" for name in draft_plan.dropped]
+    elif exit_layer is not None:
+        raise ConversionError("--exit-layer needs --drafter (a Kangaroo adapter)")
 
     warnings = []
     if model_dir.is_dir() and not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
@@ -304,9 +329,6 @@ def convert(
         if drafter_dir is not None:
             (tmp / DRAFTER_SUBDIR).mkdir()
             write_weights(draft_jobs, tmp / DRAFTER_SUBDIR, advance)
-            draft_config = drafter_fmt.output_config(
-                draft.config, dtype, draft_quant.as_config() if draft_quant else None
-            )
             _write_json(tmp / DRAFTER_SUBDIR / "config.json", draft_config)
 
     return ConversionSummary(

@@ -64,6 +64,14 @@ def convert(
         bool,
         typer.Option("--force", help="Replace a non-empty --out (after the new one is complete)."),
     ] = False,
+    exit_layer: Annotated[
+        int | None,
+        typer.Option(
+            "--exit-layer",
+            help="With a Kangaroo early-exit adapter as --drafter: the base layers it reads "
+            "after (the public Vicuna-7B adapter: 2); its checkpoint does not record it.",
+        ),
+    ] = None,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="Hide the progress bar.")] = (
         False
     ),
@@ -91,6 +99,7 @@ def convert(
                 quantize_drafter=quantize_drafter,
                 force=force,
                 progress=not no_progress,
+                exit_layer=exit_layer,
             )
     finally:
         if with_handler:

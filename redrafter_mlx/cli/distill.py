@@ -128,6 +128,21 @@ def distill(
     ),
     eval_prompts: int = typer.Option(8, help="Prompts in the final evaluation."),
     eval_max_tokens: int = typer.Option(64, help="Tokens generated per evaluation prompt."),
+    kind: str = typer.Option(
+        "recurrent",
+        "--kind",
+        help="What to train: 'recurrent' (the ReDrafter RNN drafter) or 'early-exit' (a "
+        "Kangaroo adapter over the model's first --exit-layer layers; it uses --data or the "
+        "built-in data, --steps/--epochs, --batch-size (positions: whole sequences of about "
+        "that many), --seq-len, --lr, --warmup, --weight-decay, --resume, --save-every, "
+        "--seed and the built-in data's options).",
+    ),
+    exit_layer: int | None = typer.Option(
+        None,
+        "--exit-layer",
+        help="With --kind early-exit: the adapter reads the residual after this many layers "
+        "(default about layers / 15, the paper's 2 of 32).",
+    ),
     quiet: bool = typer.Option(False, "--quiet", help="No progress bar or table."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks on errors."),
 ) -> None:
@@ -143,6 +158,36 @@ def distill(
         check_seed(seed)  # 0 ... 2**64 - 1, as every command
         named = installed_bundled(model)
         model_dir = named.base if named is not None else Path(model)
+        if kind not in ("recurrent", "early-exit"):
+            raise FlagError(f"--kind must be 'recurrent' or 'early-exit', got {kind!r}")
+        if exit_layer is not None and kind != "early-exit":
+            raise FlagError("--exit-layer needs --kind early-exit")
+        if kind == "early-exit":
+            return early_exit(
+                model_dir,
+                data,
+                out,
+                exit_layer=exit_layer,
+                steps=steps,
+                epochs=epochs,
+                batch_size=batch_size,
+                seq_len=seq_len,
+                lr=lr,
+                weight_decay=weight_decay,
+                warmup=warmup,
+                resume=resume,
+                overwrite=overwrite,
+                save_every=save_every,
+                seed=seed,
+                cache_dir=cache_dir,
+                quiet=quiet,
+                budget=budget,
+                gen_temp=gen_temp,
+                answer_tokens=answer_tokens,
+                gen_batch=gen_batch,
+                own_prompts=own_prompts,
+                val_prompts=val_prompts,
+            )
 
         summary = run_distill(
             model_dir,
@@ -201,6 +246,25 @@ def distill(
         err_console().print(
             f"chat / generate --model {model_dir} use it without --drafter", markup=False
         )
+
+
+def early_exit(model_dir: Path, data, out: Path, **options) -> None:
+    """``distill --kind early-exit``: train a Kangaroo adapter (train/early_exit.py)."""
+    from redrafter_mlx.train.early_exit import distill_early_exit
+
+    summary = distill_early_exit(model_dir, data, out, progress=Bars(), **options)
+    held = summary["eval"]["held_out"]
+    chains = summary["eval"]["chains"]
+    loss = summary["final_loss"]
+    err_console().print(
+        f"early-exit adapter (exit layer {summary['exit_layer']}) saved to "
+        f"{summary['out_dir']} ({summary['steps']} steps"
+        + (f", final loss {loss:.3f}" if loss is not None else "")
+        + (f"; held-out top-1 agreement {held['top1_agreement']:.3f}" if held else "")
+        + (f", mean accepted drafts {chains['mean_accepted']:.2f}" if chains else "")
+        + ")",
+        markup=False,
+    )
 
 
 class Bars:

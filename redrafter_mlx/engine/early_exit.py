@@ -1,0 +1,450 @@
+"""The early-exit self-drafter (Kangaroo, arXiv 2404.18911; DESIGN.md section 3c).
+
+The target drafts for itself: its first ``exit_layer`` layers, then a small adapter (per
+adapter layer: RMSNorm -> attention with a residual; no MLP; then a final RMSNorm) and the
+target's own LM head, frozen. The shallow layers write the drafted tokens' K/V into the
+target's cache at the slots the verify overwrites; the adapter keeps a K/V cache of its own
+(same slot count as the target's, committed positions at slots ``[0, len)``).
+
+Weight names follow the public Kangaroo adapter (a Llama decoder layer without its MLP):
+
+    layers.{i}.input_layernorm.weight
+    layers.{i}.self_attn.{q,k,v,o}_proj.weight
+    norm.weight
+
+A folder holds ``config.json`` (``"kind": "early-exit"``, ``EarlyExitArgs``) and
+``model.safetensors``.
+
+Adapter cache invariant: slots ``[0, len)`` hold the adapter K/V of the committed tokens.
+``adapter_write`` fills it from exit-layer hidden states (the prompt's after prefill, or an
+accepted path that another draft source proposed); ``draft_chain`` writes the slots of the
+init token and of every drafted token, so after a step that accepted this chain's first n
+drafts, ``[len, len + n + 1)`` is already right.
+
+Shapes: B rows, S cache slots, A attended slots (the window), H hidden, V vocabulary,
+G = gamma drafted tokens.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, asdict, dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from .model import Attention, Model, ModelArgs, fused_kernels, window_mask
+from .tree import arange, cache_mask, chain_mask
+
+KIND = "early-exit"
+GAMMA = 6  # the paper's most drafted tokens per step
+ETA = 0.6  # the paper's confidence exit: stop after a draft whose top-1 prob is below this
+ABSENT = -1  # token id past the confidence cut (engine/lookup.py's ABSENT)
+
+
+@dataclass
+class EarlyExitArgs:
+    """The adapter's configuration (its ``config.json``, with ``kind``)."""
+
+    exit_layer: int  # the adapter reads the residual after the target's layers [:exit_layer]
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int  # the target's (the head is the target's)
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_traditional: bool = False
+    rope_scaling: dict[str, Any] | None = None
+    num_layers: int = 1  # adapter attention layers (Kangaroo: 1)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def for_target(cls, target: ModelArgs, exit_layer: int) -> EarlyExitArgs:
+        """An adapter for ``target`` exiting after ``exit_layer`` layers (its attention
+        shape, rope and eps copied)."""
+        check_exit_layer(exit_layer, target.num_hidden_layers)
+        return cls(
+            exit_layer=exit_layer,
+            hidden_size=target.hidden_size,
+            num_attention_heads=target.num_attention_heads,
+            num_key_value_heads=target.num_key_value_heads,
+            head_dim=target.head_dim,
+            vocab_size=target.vocab_size,
+            rms_norm_eps=target.rms_norm_eps,
+            rope_theta=target.rope_theta,
+            rope_traditional=target.rope_traditional,
+            rope_scaling=target.rope_scaling,
+        )
+
+    @classmethod
+    def from_config(cls, config: dict) -> EarlyExitArgs:
+        """From a ``config.json`` dict; a missing key is a ValueError naming it."""
+        if config.get("kind") != KIND:
+            raise ValueError(
+                f"config.json says kind {config.get('kind')!r}, not {KIND!r}: this folder is "
+                "not an early-exit adapter"
+            )
+        names = set(cls.__dataclass_fields__) - {"extra"}
+        required = [
+            n
+            for n, f in cls.__dataclass_fields__.items()
+            if f.default is MISSING and f.default_factory is MISSING
+        ]
+        missing = [n for n in required if n not in config]
+        if missing:
+            raise ValueError(f"early-exit config.json lacks {missing}")
+        known = {k: v for k, v in config.items() if k in names}
+        extra = {k: v for k, v in config.items() if k not in names and k != "kind"}
+        return cls(**known, extra=extra)
+
+    def to_config(self) -> dict:
+        cfg = dict(self.extra)
+        cfg.update({k: v for k, v in asdict(self).items() if k != "extra"})
+        cfg["kind"] = KIND
+        return cfg
+
+    def attention_args(self) -> ModelArgs:
+        """The ``ModelArgs`` that ``model.Attention`` reads for the adapter's layers."""
+        return ModelArgs(
+            model_type="llama",
+            hidden_size=self.hidden_size,
+            num_hidden_layers=self.num_layers,
+            intermediate_size=0,
+            num_attention_heads=self.num_attention_heads,
+            vocab_size=self.vocab_size,
+            rms_norm_eps=self.rms_norm_eps,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            rope_theta=self.rope_theta,
+            rope_traditional=self.rope_traditional,
+            rope_scaling=self.rope_scaling,
+        )
+
+
+def check_exit_layer(exit_layer: int, layers: int) -> None:
+    """ValueError unless 1 <= exit_layer < layers (at least one layer drafts, one verifies)."""
+    if not isinstance(exit_layer, int) or not 1 <= exit_layer < layers:
+        raise ValueError(
+            f"exit layer {exit_layer!r} is outside [1, {layers}) for this {layers}-layer "
+            f"model: pass --exit-layer between 1 and {layers - 1}"
+        )
+
+
+class AdapterLayer(nn.Module):
+    """x + attention(RMSNorm(x)): a Llama decoder layer without its MLP."""
+
+    def __init__(self, args: ModelArgs, layer: int):
+        super().__init__()
+        self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.self_attn = Attention(args, layer)
+
+    def __call__(self, x, positions, mask, keys, values, write_idx):
+        r, keys, values = self.self_attn(
+            self.input_layernorm(x), positions, mask, keys, values, write_idx
+        )
+        return x + r, keys, values
+
+
+class EarlyExitAdapter(nn.Module):
+    """The adapter: exit-layer hidden states -> states the target's LM head reads."""
+
+    def __init__(self, args: EarlyExitArgs):
+        super().__init__()
+        self.args = args
+        attn = args.attention_args()
+        self.layers = [AdapterLayer(attn, i) for i in range(args.num_layers)]
+        self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+
+    def __call__(self, x, positions, mask, keys, values, write_idx):
+        """x: (B, T, H) exit-layer states; positions, write_idx: (B, T); mask: (B, 1, T, A);
+        keys/values: lists (one per adapter layer) of (B, n_kv, S, D).
+        Returns (normed states (B, T, H), keys, values)."""
+        rotations = positions
+        new_keys, new_values = [], []
+        for layer, k, v in zip(self.layers, keys, values):
+            if not fused_kernels() and rotations is positions:
+                rotations = layer.self_attn.rope.tables(positions)
+            x, k, v = layer(x, rotations, mask, k, v, write_idx)
+            new_keys.append(k)
+            new_values.append(v)
+        return self.norm(x), new_keys, new_values
+
+    def make_cache(self, batch: int, slots: int, dtype=None):
+        """Zeroed adapter K/V lists, each (batch, n_kv, slots, D)."""
+        dtype = dtype or self.norm.weight.dtype
+        a = self.args
+        shape = (batch, a.num_key_value_heads, slots, a.head_dim)
+        return (
+            [mx.zeros(shape, dtype) for _ in self.layers],
+            [mx.zeros(shape, dtype) for _ in self.layers],
+        )
+
+
+def check_pair(model: Model, adapter: EarlyExitAdapter) -> None:
+    """ValueError unless ``adapter`` was made for a model shaped like ``model``."""
+    a, t = adapter.args, model.args
+    check_exit_layer(a.exit_layer, t.num_hidden_layers)
+    if (a.hidden_size, a.vocab_size) != (t.hidden_size, t.vocab_size):
+        raise ValueError(
+            f"this early-exit adapter was made for hidden size {a.hidden_size} and vocabulary "
+            f"{a.vocab_size}, the model has {t.hidden_size} and {t.vocab_size}: use the "
+            "adapter trained for this model"
+        )
+    if model.shards != 1:
+        raise ValueError("the early-exit drafter does not run under tensor parallelism yet")
+
+
+def run_layers(model: Model, x, positions, mask, keys, values, write_idx, start: int, stop: int):
+    """The target's layers [start, stop) on residual states x (B, T, H).
+
+    positions, write_idx: (B, T); mask: (B, 1, T, A); keys/values: the lists of those
+    layers only, (B, n_kv, S, D) each. Returns (residual after layer stop-1 (B, T, H), keys,
+    values). Rope tables and sliding-window masks as in ``Model.__call__``.
+    """
+    layers = model.model.layers[start:stop]
+    rotations = {}
+    for layer in layers:
+        key = layer.self_attn.rope_key
+        if key not in rotations:
+            tables = fused_kernels()
+            rotations[key] = positions if tables else layer.self_attn.rope.tables(positions)
+    masks = {False: mask}
+    if any(layer.sliding for layer in layers):
+        masks[True] = window_mask(mask, positions, write_idx, model.args.sliding_window)
+    new_keys, new_values = [], []
+    for layer, k, v in zip(layers, keys, values):
+        rotation = rotations[layer.self_attn.rope_key]
+        x, k, v = layer(x, rotation, masks[layer.sliding], k, v, write_idx)
+        new_keys.append(k)
+        new_values.append(v)
+    return x, new_keys, new_values
+
+
+def exit_states(model: Model, tokens, positions, mask, keys, values, write_idx, exit_layer: int):
+    """Token ids (B, T) through the embedding and layers [:exit_layer]: (B, T, H) residual
+    states, and those layers' updated K/V (lists of length exit_layer)."""
+    x = model.embed(tokens)
+    if model.args.family.scale_embed:
+        x = x * mx.array(model.args.hidden_size**0.5, dtype=x.dtype)
+    return run_layers(
+        model, x, positions, mask, keys[:exit_layer], values[:exit_layer], write_idx, 0, exit_layer
+    )
+
+
+def adapter_write(adapter: EarlyExitAdapter, states, lengths, keys, values, window: int):
+    """Write the adapter K/V of T tokens at positions/slots ``[len, len+T)``.
+
+    states: (B, T, H) their exit-layer hidden states (the prompt's after prefill, read with
+    ``Model.capture_features([exit_layer])``, or an accepted path's); lengths: (B,).
+    Returns (adapter outputs (B, T, H), keys, values); the last output is the adapter's state
+    for the token after those T.
+    """
+    T = states.shape[1]
+    idx = lengths[:, None] + arange(T)[None, :]
+    mask = cache_mask(lengths, chain_mask(T), window)
+    return adapter(states, idx, mask, keys, values, idx)
+
+
+def adapter_prefill(model: Model, adapter, tokens, lengths, keys, values, ak, av, window: int):
+    """The adapter K/V of a prompt chunk already run by the target at ``[len, len+T)``.
+
+    tokens: (B, T) (right-padded rows: what lands past a row's real tokens is junk above
+    its length, as in ``decode.prefill_chunk``); lengths: (B,) before the chunk; keys/values:
+    the target's full per-layer cache; ak/av: the adapter's. Re-runs layers [:exit_layer]
+    on the chunk (they rewrite the same K/V at the same slots) for the exit states, then
+    ``adapter_write``. Returns (keys, values, ak, av). A caller whose prefill captures the
+    exit layer (``Model.capture_features``) can call ``adapter_write`` alone instead.
+    """
+    exit_layer = adapter.args.exit_layer
+    T = tokens.shape[1]
+    idx = lengths[:, None] + arange(T)[None, :]
+    mask = cache_mask(lengths, chain_mask(T), window)
+    x, shallow_k, shallow_v = exit_states(model, tokens, idx, mask, keys, values, idx, exit_layer)
+    _, ak, av = adapter_write(adapter, x, lengths, ak, av, window)
+    return shallow_k + list(keys[exit_layer:]), shallow_v + list(values[exit_layer:]), ak, av
+
+
+def top1(logits: mx.array) -> tuple[mx.array, mx.array]:
+    """Greedy draft and its probability: logits (B, V) -> (token (B,) int32, prob (B,))."""
+    token = mx.argmax(logits, axis=-1).astype(mx.int32)
+    best = mx.max(logits, axis=-1)
+    return token, mx.exp(best - mx.logsumexp(logits, axis=-1))
+
+
+def confident_prefix(probs: mx.array) -> mx.array:
+    """The confidence cut: probs (B, G) top-1 probabilities of drafts 1..G -> present
+    (B, G + 1) bool over the init token and the drafts. The init token and the first draft
+    are always present; draft k > 1 only while drafts 1..k-1 all reached eta (compared by
+    the caller: ``probs`` here is already ``prob >= eta``)."""
+    B, G = probs.shape
+    head = mx.ones((B, 2), dtype=mx.bool_)
+    if G == 1:
+        return head
+    kept = mx.cumprod(probs[:, : G - 1].astype(mx.int32), axis=1).astype(mx.bool_)
+    return mx.concatenate([head, kept], axis=1)
+
+
+class Chain(NamedTuple):
+    """``draft_chain``'s result."""
+
+    tokens: mx.array  # (B, G+1) int32, init first, ABSENT past the confidence cut
+    present: mx.array  # (B, G+1) bool
+    probs: mx.array  # (B, G) each draft's top-1 probability
+    exits: mx.array  # (B, G+1, H) exit-layer states of the init token and the drafts: the
+    # verify may start at the exit layer from these
+    keys: list  # the target's cache, layers [:exit_layer] written at [len, len+G]
+    values: list
+    adapter_keys: list  # the adapter's cache, written at [len, len+G]
+    adapter_values: list
+
+
+def refresh_committed(
+    model: Model, adapter, history, lengths, keys, values, adapter_keys, adapter_values,
+    window: int, count: int,
+):  # fmt: skip
+    """Rewrite the adapter K/V of each row's last ``count`` committed tokens.
+
+    history: (B, S) committed token ids; lengths: (B,); keys/values: the target's layers
+    [:exit_layer] only; adapter_keys/values: the adapter's. The tokens at positions
+    ``[len - count, len)`` (from 0 in a row shorter than ``count``) run through layers
+    [:exit_layer], attending to the committed K/V (slots up to their own position), then the
+    adapter writes their K/V at their slots. The target's own slots below ``len`` are not
+    written: the shallow layers' K/V of these tokens go to slots ``[len, len + count)``,
+    above every row's length (junk that drafting overwrites). Positions past a short row's
+    length compute junk that lands above its length too. Returns (keys, values,
+    adapter_keys, adapter_values).
+    """
+    start = mx.maximum(lengths - count, 0)  # (B,)
+    j = arange(count)[None, :]  # (1, P)
+    pos = start[:, None] + j  # (B, P)
+    above = lengths[:, None] + j  # (B, P) slots at or above the length
+    committed = pos < lengths[:, None]
+    tokens = mx.take_along_axis(history, mx.minimum(pos, history.shape[1] - 1), axis=1)
+    slots = arange(window)[None, None, :]
+    mask = (slots <= pos[:, :, None])[:, None]  # (B, 1, P, A): keys up to its own position
+    x, keys, values = exit_states(
+        model, tokens, pos, mask, keys, values, above, adapter.args.exit_layer
+    )
+    write = mx.where(committed, pos, above)
+    _, adapter_keys, adapter_values = adapter(x, pos, mask, adapter_keys, adapter_values, write)
+    return keys, values, adapter_keys, adapter_values
+
+
+def draft_chain(
+    model: Model,
+    adapter: EarlyExitAdapter,
+    init_token: mx.array,
+    lengths: mx.array,
+    keys: list,
+    values: list,
+    adapter_keys: list,
+    adapter_values: list,
+    window: int,
+    gamma: int = GAMMA,
+    eta: float = ETA,
+    history: mx.array | None = None,
+    refresh: int = 0,
+) -> Chain:
+    """Draft a greedy chain of ``gamma`` tokens per row with the target's first layers.
+
+    init_token (B,) int: the token the target produced last (not yet in the cache) at
+    position ``len``; lengths (B,): committed tokens per row; keys/values: the target's
+    per-layer cache (B, n_kv, S, D); adapter_keys/values: the adapter's. ``window`` (A) must
+    cover ``len + gamma + 1`` slots of every row. Token k (init = 0) runs at position and
+    slot ``len + k`` through layers [:exit_layer] (their cache slots above ``len`` are the
+    verify's to overwrite; slots below ``len`` are never written), then the adapter and the
+    target's head. All gamma + 1 tokens are run (the last one's logits unused) so that the
+    adapter cache holds every drafted token, whatever the verify accepts. Static shapes, no
+    host read: the confidence exit is ``present`` (``confident_prefix``), not a stop.
+
+    ``refresh`` > 0 with ``history`` (B, S), the committed token ids slot by slot: first
+    rewrite the adapter K/V of the last ``refresh`` committed tokens (``refresh_committed``),
+    so the chain is right whichever source's candidate the last step accepted, as long as
+    it committed at most ``refresh`` tokens. The cache needs ``len + max(refresh, gamma+1)``
+    slots.
+    """
+    exit_layer = adapter.args.exit_layer
+    shallow_k, shallow_v = list(keys[:exit_layer]), list(values[:exit_layer])
+    ak, av = list(adapter_keys), list(adapter_values)
+    if refresh:
+        shallow_k, shallow_v, ak, av = refresh_committed(
+            model, adapter, history, lengths, shallow_k, shallow_v, ak, av, window, refresh
+        )
+    tokens, probs, exits = [init_token.astype(mx.int32)], [], []
+    one = chain_mask(1)
+    for k in range(gamma + 1):
+        pos = (lengths + k)[:, None]  # (B, 1)
+        mask = cache_mask(lengths + k, one, window)
+        x, shallow_k, shallow_v = exit_states(
+            model, tokens[-1][:, None], pos, mask, shallow_k, shallow_v, pos, exit_layer
+        )
+        exits.append(x)
+        if k == gamma:  # the last draft's K/V only: no token after it is drafted
+            _, ak, av = adapter(x, pos, mask, ak, av, pos)
+            break
+        h, ak, av = adapter(x, pos, mask, ak, av, pos)
+        token, prob = top1(model.logits(h[:, 0]))
+        tokens.append(token)
+        probs.append(prob)
+    drafted = mx.stack(tokens, axis=1)  # (B, G+1)
+    prob = mx.stack(probs, axis=1)  # (B, G)
+    present = confident_prefix(prob >= eta)
+    return Chain(
+        tokens=mx.where(present, drafted, ABSENT),
+        present=present,
+        probs=prob,
+        exits=mx.concatenate(exits, axis=1),
+        keys=shallow_k + list(keys[exit_layer:]),
+        values=shallow_v + list(values[exit_layer:]),
+        adapter_keys=ak,
+        adapter_values=av,
+    )
+
+
+def save_adapter(path: str | Path, adapter: EarlyExitAdapter) -> None:
+    """Write ``config.json`` (with ``"kind": "early-exit"``) and ``model.safetensors``."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    weights = dict(tree_flatten(adapter.parameters()))
+    mx.save_safetensors(str(path / "model.safetensors"), weights)
+    (path / "config.json").write_text(json.dumps(adapter.args.to_config(), indent=2) + "\n")
+
+
+def is_early_exit(path: str | Path) -> bool:
+    """Whether ``path`` holds a ``config.json`` of kind early-exit."""
+    file = Path(path) / "config.json"
+    try:
+        return json.loads(file.read_text()).get("kind") == KIND
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def load_adapter(path: str | Path, dtype=None) -> EarlyExitAdapter:
+    """The adapter saved in ``path`` (``save_adapter``'s layout); ValueError naming a missing
+    or unexpected tensor, or a config that is not of kind early-exit."""
+    path = Path(path)
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path}/config.json cannot be read ({e}): not an adapter") from None
+    adapter = EarlyExitAdapter(EarlyExitArgs.from_config(config))
+    file = path / "model.safetensors"
+    if not file.exists():
+        raise ValueError(f"{path} has no model.safetensors: convert or train the adapter first")
+    weights = mx.load(str(file))
+    expected = set(dict(tree_flatten(adapter.parameters())))
+    missing, unexpected = expected - set(weights), set(weights) - expected
+    if missing or unexpected:
+        raise ValueError(
+            f"{file} does not match its config.json: missing {sorted(missing)}, "
+            f"unexpected {sorted(unexpected)}"
+        )
+    if dtype is not None:
+        weights = {k: v.astype(dtype) for k, v in weights.items()}
+    adapter.load_weights(list(weights.items()))
+    mx.eval(adapter.parameters())
+    return adapter

@@ -117,3 +117,66 @@ def test_greedy_branches_equal_plain_decoding_of_their_own_rows(shape):
     check_branches(model, drafter, None, root, PROMPT, sampler, 0, 10)
     assert all(r.finished for r in root.family) and root.branches.done
     assert not batch.active  # every branch freed its row
+
+
+@pytest.mark.parametrize("shape", [AR, BeamShape(2, 3)], ids=["ar", "drafter"])
+def test_seeded_sampling_branches_equal_their_rows_decoded_alone(shape):
+    """Each branch draws with its own key, the parent's at the fork (copied), split per step
+    as a solo run's: its tokens equal its row decoded alone with the same seed and shape."""
+    model, drafter = model_and_drafter()
+    sampler = forking_sampler(temperature=0.8)
+    roots, _, _ = run_batch(model, drafter, shape, [(PROMPT, sampler, 7, 10, True)])
+    reference_shape = shape if shape.drafts else None
+    check_branches(model, drafter, reference_shape, roots[0], PROMPT, sampler, 7, 10)
+
+
+@pytest.mark.parametrize(
+    "shape", [BeamShape.lookup_only(1, 4), BeamShape(1, 3, None, 1, 4)], ids=["lookup", "hybrid"]
+)
+def test_lookup_and_hybrid_steps_fork_like_plain_decoding(shape):
+    """Lookup chains (and the beam-and-chain step) speculate for every branch row too; a
+    drafted fork token is never accepted, so the fork is the step's last token."""
+    model, drafter = model_and_drafter()
+    prompt = [3, 30, 24, 14, 3, 30, 24, 14, 3]  # text the chains can look up
+    sampler = forking_sampler()
+    roots, _, _ = run_batch(model, drafter, shape, [(prompt, sampler, 0, 10, True)])
+    check_branches(model, drafter, None, roots[0], prompt, sampler, 0, 10)
+
+
+def test_branching_and_plain_requests_share_a_batch():
+    """Two branching requests and one with branching off decode together: each branch equals
+    its row alone, and the plain request is untouched by the split masks (its child token
+    is an ordinary token, biased up here)."""
+    model, drafter = model_and_drafter()
+    shape = BeamShape(2, 3)
+    other = [9, 8, 7, 6, 5]
+    greedy, sampled = forking_sampler(), forking_sampler(temperature=0.8)
+    plain = SamplerConfig(logit_bias=((CHILD, 6.0),))
+    requests = [
+        (PROMPT, greedy, 0, 10, True),
+        (other, plain, 0, 10, False),
+        (other, sampled, 5, 10, True),
+    ]
+    roots, outs, _ = run_batch(model, drafter, shape, requests)
+    check_branches(model, drafter, None, roots[0], PROMPT, greedy, 0, 10)
+    check_branches(model, drafter, shape, roots[2], other, sampled, 5, 10)
+    _, alone_out, _ = run_batch(model, drafter, shape, [(other, plain, 0, 10, False)])
+    assert outs[1] == alone_out[0] and CHILD in outs[1]
+    assert roots[1].family == [roots[1]]
+
+
+def test_limits_hold_when_the_batch_or_the_request_runs_out_of_room():
+    """Forks are granted only where the branch limit and the batch's free rows leave room
+    for the child: a tree never passes ``max_branches`` and the batch never grows past
+    ``max_batch``; a child token biased up is still never drawn freely (masked)."""
+    model, drafter = model_and_drafter()
+    sampler = SamplerConfig(logit_bias=((FORK, 3.0), (CHILD, 8.0)))
+    for rules, max_batch in [(BranchRules(FORK, CHILD, max_branches=3), 8), (RULES, 2)]:
+        roots, _, batch = run_batch(
+            model, drafter, AR, [(PROMPT, sampler, 0, 10, True)], rules, max_batch
+        )
+        tree = roots[0].branches
+        assert 1 < len(tree.branches) <= min(rules.max_branches, max_batch)
+        assert len(batch.rows) <= max_batch and tree.done
+        for b in tree.branches:
+            assert CHILD not in b.tokens[1:]

@@ -9,6 +9,11 @@ exactly: no token after EOS or beyond ``max_tokens``, even when more were accept
 same step (``cache.stop_at``). A
 ``Session`` (``engine/cache.py``) owns the KV cache of its rows across calls, so a chat turn
 prefills only its new tokens.
+
+Parallel branches (APAR, ``engine.branches``): with branching on, each prompt's request owns
+a ``BranchTree`` and its branches are rows of the batch (``BatchGenerator.fork``); an event
+gives each prompt's rebuilt text as it becomes final (``BranchTree.take_final``: root ->
+detail -> next, split tokens left out), and the request finishes when every branch has.
 """
 
 from __future__ import annotations
@@ -23,10 +28,12 @@ from .adaptive import Adaptive
 from .arguments import api_arguments
 from .batch import BatchGenerator, Prefill, Row, RowStats
 from .batch_choice import FixedShape, ShapePolicy, SoloChoice
-from .cache import Session, token_limit
+from .branches import BRANCH_MODES, BranchRules, BranchTree, branch_rules
+from .cache import SLOT_QUANTUM, Session, token_limit
 from .decode import DecodeState
 from .distributed import shared_seed
 from .drafter import Drafter
+from .errors import ParamError
 from .memory import check_step_memory
 from .model import Model
 from .plan import DEFAULT_SHAPE, default_plan
@@ -56,6 +63,7 @@ class DecodeStats:
     accept_hist: list[int] = field(default_factory=list)
     accepted_tokens: int = 0  # draft tokens the verifier accepted, over all row-steps
     lookup_tokens: int = 0  # of those, taken from a context-lookup chain
+    branches: int = 0  # branches decoded (APAR; the roots counted), 0 with branching off
 
     def to_dict(self) -> dict:
         """The statistics as a JSON-ready dict (this class's fields)."""
@@ -74,6 +82,8 @@ class DecodeEvent:
     finish:   per row, None while running, then ``"stop"`` (EOS), ``"length"`` (max_tokens)
               or ``"context"`` (the model's context is full)
     stats:    running statistics of the whole call
+    branches: per row, with branching on, ``[(branch id, its new tokens), ...]`` this step
+              (``tokens`` is then the rebuilt text's newly final part); empty else
     """
 
     tokens: list[list[int]]
@@ -82,6 +92,7 @@ class DecodeEvent:
     finish: list[str | None]
     stats: DecodeStats
     looked_up: list[int] = field(default_factory=list)
+    branches: list[list[tuple[int, list[int]]]] = field(default_factory=list)
 
 
 @dataclass
@@ -90,6 +101,8 @@ class GenerationResponse(DecodeStats):
 
     ``text``/``tokens`` are new since the previous response; ``drafted_tokens`` marks which of
     ``tokens`` came from the drafter; ``finish_reason`` is None until the last response.
+    With branching on, ``text``/``tokens`` are the rebuilt text's newly final part and
+    ``branch_tokens`` each branch's own new tokens this step (``DecodeEvent.branches``).
     """
 
     text: str = ""
@@ -98,6 +111,7 @@ class GenerationResponse(DecodeStats):
     finish_reason: str | None = None
     drafted_tokens: list[bool] = field(default_factory=list)
     looked_up: int = 0
+    branch_tokens: list[tuple[int, list[int]]] = field(default_factory=list)  # (id, new)
 
     @property
     def stats(self) -> DecodeStats:
@@ -117,6 +131,7 @@ def generate_steps(
     eos_token_ids: Sequence[int] = (),
     session: Session | None = None,
     adapt: Adaptive | bool = False,
+    branches: BranchRules | None = None,
 ) -> Iterator[DecodeEvent]:
     """Decode B rows; yield one :class:`DecodeEvent` per step with each row's new tokens.
 
@@ -130,6 +145,10 @@ def generate_steps(
     ``seed`` (reproducible), while an explicit :class:`Adaptive` still adapts.
     Rows that finish stop emitting; the loop ends when all rows have finished.
     A ``shape`` whose step cannot fit in memory raises ``memory.ShapeTooLarge`` first.
+    ``branches``: the model's branching rules (``branches.branch_rules``; None: off): each
+    row's branches decode as rows of their own, each up to ``max_tokens``; the events give
+    the rebuilt text (module docstring); the session's cache is emptied afterwards (it holds
+    no one row of the rebuilt text).
     """
     prompts = [list(map(int, p)) for p in prompts]
     shape = shape.validate(model.vocab_size).runnable(drafter is not None)
@@ -151,9 +170,10 @@ def generate_steps(
     if adapt is True and seed is not None and not sampler.greedy:
         adapt = False  # the schedule follows wall time: a seeded sample must be reproducible
     policy: ShapePolicy = FixedShape(shape)
-    if adapt and not shape.is_autoregressive:
+    if adapt and not shape.is_autoregressive and not branches:  # its measures are per row
         policy = SoloChoice(model, drafter, shape, sampler, adapt)
-    batch = BatchGenerator(model, drafter, policy, eos, B, release=False)
+    max_batch = B * branches.max_branches if branches else B
+    batch = BatchGenerator(model, drafter, policy, eos, max_batch, release=False)
 
     group = getattr(model, "group", None)  # tensor parallel: every rank must draw alike
     seed = shared_seed(seed, group) if group is not None else seed
@@ -161,7 +181,8 @@ def generate_steps(
     rows = []
     for p in prompts:
         limit, at_limit = token_limit(model, len(p), max_tokens)
-        rows.append(Row(sampler, limit, len(p), RowStats(len(p)), at_limit=at_limit))
+        tree = BranchTree(branches) if branches else None
+        rows.append(Row(sampler, limit, len(p), RowStats(len(p)), at_limit=at_limit, branches=tree))
     out = [[] for _ in range(B)]
 
     tic = time.perf_counter()
@@ -177,16 +198,24 @@ def generate_steps(
             out[r] += new
         call.prompt_s = call.first_token_s = time.perf_counter() - tic
         call.started = time.perf_counter()
-        yield DecodeEvent(
-            first_new,
-            [0] * B,
-            [[False] * len(t) for t in first_new],
-            [row.finish for row in rows],
-            call.snapshot(rows, batch.host_s),
-            [0] * B,
-        )
-        while not all(row.finished for row in rows):
-            got = {id(g.row): g for g in batch.next().stepped}  # one step read
+        if branches:
+            yield _branch_event(rows, turn.joined, call.snapshot(_family(rows), batch.host_s))
+        else:
+            yield DecodeEvent(
+                first_new,
+                [0] * B,
+                [[False] * len(t) for t in first_new],
+                [row.finish for row in rows],
+                call.snapshot(rows, batch.host_s),
+                [0] * B,
+            )
+        while not all(row.request_done for row in rows):
+            stepped = batch.next().stepped
+            if branches:
+                call.steps += 1
+                yield _branch_event(rows, stepped, call.snapshot(_family(rows), batch.host_s))
+                continue
+            got = {id(g.row): g for g in stepped}  # one step read
             call.steps += 1
             new_rows, acc_rows, drafted_rows, looked = [], [], [], []
             for r, row in enumerate(rows):
@@ -209,8 +238,66 @@ def generate_steps(
                 looked,
             )
     finally:
-        if batch.state is not None:
+        if branches:  # the cache's rows are branches, not the rebuilt text: start afresh
+            session.keys, session.values = model.make_cache(B, SLOT_QUANTUM)
+            session.reset()
+        elif batch.state is not None:
             _hand_back(session, batch.state, prompts, out)
+
+
+def _family(rows: list[Row]) -> list[Row]:
+    """Every row of the requests ``rows`` lead (their branches' rows)."""
+    return [r for row in rows for r in row.family]
+
+
+def request_finish(root: Row) -> str | None:
+    """Why a request finished (None: it goes on): with branches, once every branch has, the
+    first reason other than EOS of its branches (a limit cut text), else ``"stop"``."""
+    if not root.request_done:
+        return None
+    reasons = [r.finish for r in root.family]
+    return next((f for f in reasons if f != "stop"), "stop")
+
+
+def _branch_event(rows: list[Row], stepped, stats: DecodeStats) -> DecodeEvent:
+    """A branching call's event: per request, the rebuilt text's newly final tokens, its
+    branches' own tokens, accepted drafts summed over its rows."""
+    tokens, accepted, per_branch = [], [], []
+    for root in rows:
+        mine = [g for g in stepped if g.row.branches is root.branches]
+        tokens.append(root.branches.take_final())
+        accepted.append(sum(g.count - 1 for g in mine))
+        per_branch.append([(g.row.branch, g.new) for g in mine])
+    stats.branches = sum(len(root.branches.branches) for root in rows)
+    return DecodeEvent(
+        tokens,
+        accepted,
+        [[False] * len(t) for t in tokens],
+        [request_finish(root) for root in rows],
+        stats,
+        [sum(g.looked_up for g in stepped if g.row.branches is root.branches) for root in rows],
+        per_branch,
+    )
+
+
+def resolve_branches(tokenizer, branches) -> BranchRules | None:
+    """The branching rules of ``branches`` (``"auto"`` / ``"on"`` / ``"off"``, or
+    ``BranchRules`` / None as is) for the model whose tokenizer folder is
+    ``tokenizer.path`` (``branches.branch_rules``); without a folder, ``"auto"`` is off."""
+    if branches is None or isinstance(branches, BranchRules):
+        return branches
+    folder = getattr(tokenizer, "path", None)
+    if folder is not None:
+        return branch_rules(folder, branches)
+    if branches not in BRANCH_MODES:
+        return branch_rules(".", branches)  # the ParamError naming the modes
+    if branches == "on":
+        raise ParamError(
+            "branches",
+            "branches='on' needs the model's tokenizer folder (its split tokens); pass the "
+            "tokenizer of an APAR model, or BranchRules, or branches='off'",
+        )
+    return None
 
 
 def _hand_back(session: Session, state: DecodeState, prompts, out) -> None:
@@ -302,6 +389,7 @@ def stream_generate(
     seed: int | None = None,
     session: Session | None = None,
     adapt: Adaptive | bool = True,
+    branches: str | BranchRules | None = "auto",
 ) -> Iterator[GenerationResponse]:
     """Stream one prompt's continuation. ``drafter=None`` speculates from context lookup
     alone; ``shape=BeamShape.autoregressive()`` decodes plainly (the baseline).
@@ -314,13 +402,17 @@ def stream_generate(
     default, else temperature / top-p / top-k / min-p, penalties and logit bias
     (:class:`SamplerConfig`), drawn from ``seed`` (else ``sampler.seed``). ``prompt`` is a
     string (encoded with BOS) or a list of token ids. Pass a ``Session`` to reuse its KV
-    cache across calls (only tokens not already cached are prefilled).
+    cache across calls (only tokens not already cached are prefilled). ``branches``:
+    ``"auto"`` (on for an APAR model: its config's ``branches`` block), ``"on"``, ``"off"``
+    or ``BranchRules`` (``resolve_branches``); with branching on, the text is the rebuilt
+    text, streamed as it becomes final.
     """
     from .tokenizer import StreamDecoder
 
     prompt, max_tokens, shape, sampler, seed, session = api_arguments(
         tokenizer, prompt, max_tokens, shape, sampler, seed, session
     )
+    rules = resolve_branches(tokenizer, branches)
     detok = StreamDecoder(tokenizer)
     events = generate_steps(
         model,
@@ -333,6 +425,7 @@ def stream_generate(
         eos_token_ids=tokenizer.eos_token_ids,
         session=session,
         adapt=adapt,
+        branches=rules,
     )
     for ev in events:
         toks, done = ev.tokens[0], ev.finish[0]
@@ -345,6 +438,7 @@ def stream_generate(
             finish_reason=done,
             drafted_tokens=ev.drafted[0],
             looked_up=ev.looked_up[0] if ev.looked_up else 0,
+            branch_tokens=ev.branches[0] if ev.branches else [],
         )
 
 
@@ -365,13 +459,16 @@ def batch_generate(
     seed: int | None = None,
     session: Session | None = None,
     adapt: Adaptive | bool = True,
+    branches: str | BranchRules | None = "auto",
 ) -> list[list[int]]:
     """Token ids generated for each prompt, decoded together as one batch (the arguments of
     ``stream_generate``; a ``session`` has one row per prompt). ``tokenizer=None``: the
-    prompts are token ids and no EOS stops a row."""
+    prompts are token ids and no EOS stops a row. With branching on, each prompt's ids are
+    its rebuilt text."""
     prompts, max_tokens, shape, sampler, seed, session = api_arguments(
         tokenizer, prompts, max_tokens, shape, sampler, seed, session, batch=True
     )
+    rules = resolve_branches(tokenizer, branches)
     ids = [_prompt_ids(tokenizer, p) for p in prompts]
     out = [[] for _ in ids]
     for ev in generate_steps(
@@ -385,6 +482,7 @@ def batch_generate(
         eos_token_ids=tokenizer.eos_token_ids if tokenizer is not None else (),
         session=session,
         adapt=adapt,
+        branches=rules,
     ):
         for r, t in enumerate(ev.tokens):
             out[r].extend(t)

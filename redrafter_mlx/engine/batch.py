@@ -200,6 +200,7 @@ class RowStats:
     queued_s: float = 0.0
     ttft_s: float = 0.0
     decode_s: float = 0.0
+    branches: int = 0  # a branching request's branches (``request_stats``), 0: branching off
 
     @property
     def tokens_per_step(self) -> float:
@@ -231,6 +232,7 @@ class RowStats:
             generation_tps=round(self.generated / max(self.decode_s, 1e-9), 2),
             time_to_first_token=round(self.ttft_s, 4),
             queue_s=round(self.queued_s, 4),
+            **({"branches": self.branches} if self.branches else {}),
         )
 
 
@@ -272,6 +274,47 @@ class Row:
     def request_done(self) -> bool:
         """Whether every row of its request finished (branching off: this row)."""
         return all(r.finished for r in self.family)
+
+    @property
+    def request_finish(self) -> str | None:
+        """Why its request finished (None: it goes on): branching off, this row's reason;
+        with branches, once every branch has, the first reason other than EOS among them
+        (a limit cut text), else ``"stop"``."""
+        if self.branches is None:
+            return self.finish
+        if not self.request_done:
+            return None
+        return next((r.finish for r in self.family if r.finish != "stop"), "stop")
+
+    def request_stats(self) -> RowStats:
+        """Its request's counters: this row's, or with branches the sum over every branch's
+        row (tokens: all they emitted; steps: row-steps, so tokens per step stays a
+        per-row mean; times: the root's, decode time the longest row's), ``branches``
+        set."""
+        if self.branches is None:
+            return self.stats
+        rows = [r.stats for r in self.family]
+        root = rows[0]
+        hist = [0] * max(len(r.accept_hist) for r in rows)
+        for r in rows:
+            for i, n in enumerate(r.accept_hist):
+                hist[i] += n
+        total = RowStats(
+            root.prompt_tokens,
+            generated=sum(r.generated for r in rows),
+            steps=sum(r.steps for r in rows),
+            emitted_by_steps=sum(r.emitted_by_steps for r in rows),
+            accepted_drafts=sum(r.accepted_drafts for r in rows),
+            lookup_drafts=sum(r.lookup_drafts for r in rows),
+            drafted=sum(r.drafted for r in rows),
+            packed=sum(r.packed for r in rows),
+            accept_hist=hist,
+            queued_s=root.queued_s,
+            ttft_s=root.ttft_s,
+            decode_s=max(r.decode_s for r in rows),
+            branches=len(self.branches.branches),
+        )
+        return total
 
 
 @dataclass

@@ -250,15 +250,6 @@ def _family(rows: list[Row]) -> list[Row]:
     return [r for row in rows for r in row.family]
 
 
-def request_finish(root: Row) -> str | None:
-    """Why a request finished (None: it goes on): with branches, once every branch has, the
-    first reason other than EOS of its branches (a limit cut text), else ``"stop"``."""
-    if not root.request_done:
-        return None
-    reasons = [r.finish for r in root.family]
-    return next((f for f in reasons if f != "stop"), "stop")
-
-
 def _branch_event(rows: list[Row], stepped, stats: DecodeStats) -> DecodeEvent:
     """A branching call's event: per request, the rebuilt text's newly final tokens, its
     branches' own tokens, accepted drafts summed over its rows."""
@@ -273,7 +264,7 @@ def _branch_event(rows: list[Row], stepped, stats: DecodeStats) -> DecodeEvent:
         tokens,
         accepted,
         [[False] * len(t) for t in tokens],
-        [request_finish(root) for root in rows],
+        [root.request_finish for root in rows],
         stats,
         [sum(g.looked_up for g in stepped if g.row.branches is root.branches) for root in rows],
         per_branch,

@@ -40,6 +40,7 @@ from redrafter_mlx.cli.common import (
     prepare_engine,
     sampling_flags,
 )
+from redrafter_mlx.cli.options import BranchesOpt
 
 
 def greeting(engine, plan, show_accepted: bool, sampling: str = "") -> str:
@@ -101,6 +102,7 @@ def chat(
     lookup_length: LookupLengthOpt = None,
     no_lookup: NoLookupOpt = False,
     no_adapt: NoAdaptOpt = False,
+    branches: BranchesOpt = "auto",
     show_accepted: Annotated[
         bool, typer.Option("--show-accepted", help="Colour the tokens that came from the drafter.")
     ] = False,
@@ -148,6 +150,7 @@ def chat(
             console=console,
         )
         loop.adapt = not no_adapt
+        loop.branches = branches
         problem = None if system_prompt is None else loop.system_problem(system_prompt)
         if problem is not None:
             raise FlagError(f"--system-prompt: {problem}")

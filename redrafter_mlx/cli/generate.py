@@ -48,6 +48,7 @@ from redrafter_mlx.cli.common import (
     sampling_flags,
     stats_line,
 )
+from redrafter_mlx.cli.options import BranchesOpt
 from tuning import ShapeChoice
 
 if TYPE_CHECKING:
@@ -107,9 +108,11 @@ def run_generation(
     sampling: SamplerConfig,
     echo: bool,
     adapt: bool = True,
+    branches: str = "auto",
 ) -> Generation:
     """Stream one answer (echoing text to stdout when ``echo``) and collect it; ``adapt``:
-    let the loop switch beam shapes by measured tokens/s (``--no-adapt`` pins)."""
+    let the loop switch beam shapes by measured tokens/s (``--no-adapt`` pins);
+    ``branches``: ``--branches`` (with branches on, the text is the rebuilt text)."""
     from redrafter_mlx.engine.generation import stream_generate
 
     out = Generation()
@@ -123,6 +126,7 @@ def run_generation(
         shape=plan.shape,
         sampler=sampling,
         adapt=adapt,
+        branches=branches,
     ):
         out.text += response.text
         out.tokens += response.tokens
@@ -189,6 +193,7 @@ def generate(
     lookup_length: LookupLengthOpt = None,
     no_lookup: NoLookupOpt = False,
     no_adapt: NoAdaptOpt = False,
+    branches: BranchesOpt = "auto",
     dtype: DtypeOpt = None,
     chat: Annotated[
         bool,
@@ -230,7 +235,14 @@ def generate(
             err_console().print(f"sampling: {ready.sampling_note}", style="dim", markup=False)
         ids = prompt_ids(engine.tokenizer, ready.checked, chat, system_prompt)
         result = run_generation(
-            engine, plan, ids, max_tokens, sampling, echo=not as_json, adapt=not no_adapt
+            engine,
+            plan,
+            ids,
+            max_tokens,
+            sampling,
+            echo=not as_json,
+            adapt=not no_adapt,
+            branches=branches,
         )
         if as_json:
             print(json.dumps(result_json(engine, plan, sampling, result, chat)))

@@ -92,6 +92,15 @@ LogitBiasOpt = Annotated[
         show_default=False,
     ),
 ]
+BranchesOpt = Annotated[
+    str,
+    typer.Option(
+        "--branches",
+        help="APAR parallel branches: auto (on when the model's config.json marks it an APAR "
+        "model, e.g. a converted THUDM/apar-7b), on (needs its split tokens), off. Each "
+        "branch decodes as a row of its own; the answer is the rebuilt text.",
+    ),
+]
 MaxKvSizeOpt = Annotated[
     int | None,
     typer.Option(

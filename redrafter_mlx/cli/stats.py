@@ -38,6 +38,8 @@ def stats_line(response, plan: ShapeChoice) -> str:
             parts.append(hist)
         if plan.shape.lookup:
             parts.append(lookup_share(response.accepted_tokens, response.lookup_tokens))
+    if getattr(response, "branches", 0):  # APAR: branches decoded side by side
+        parts.append(f"{response.branches} branches in {response.steps} steps")
     parts.append(f"TTFT {response.time_to_first_token * 1e3:.0f} ms")
     finish = FINISH_TEXT.get(response.finish_reason)
     if finish:

@@ -1,0 +1,54 @@
+"""``--branches auto|on|off`` on generate (and chat, serve): an APAR model's answer is the
+rebuilt text, the stats count its branches, and ``on`` without split tokens says the fix."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from redrafter_mlx.engine.branches import CHILD_TOKEN, FORK_TOKEN
+from redrafter_mlx.engine.bundled import demo_paths
+
+
+@pytest.fixture(scope="module")
+def apar_folder(tmp_path_factory):
+    """The demo model marked as an APAR model, two of its ids named as the split tokens."""
+    base, _ = demo_paths()
+    folder = tmp_path_factory.mktemp("apar-cli")
+    for f in base.iterdir():
+        if f.name != "config.json":
+            (folder / f.name).symlink_to(f)
+    config = json.loads((base / "config.json").read_text())
+    config["branches"] = {"fork": FORK_TOKEN, "child": CHILD_TOKEN}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "added_tokens.json").write_text(json.dumps({FORK_TOKEN: 4094, CHILD_TOKEN: 4095}))
+    return folder
+
+
+def generate(app, folder, *extra):
+    args = ["generate", "--model", folder, "--raw", "--prompt", "def f(x):", "-n", "12"]
+    args += ["--logit-bias", "4094:40", "--no-adapt", *extra]
+    return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "120"})
+
+
+def test_generate_auto_decodes_an_apar_models_branches(cli_app, apar_folder):
+    result = generate(cli_app, apar_folder, "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["stats"]["branches"] > 1
+    assert 4094 not in out["tokens"] and 4095 not in out["tokens"]  # the rebuilt text
+    off = json.loads(generate(cli_app, apar_folder, "--json", "--branches", "off").stdout)
+    assert off["stats"]["branches"] == 0 and 4094 in off["tokens"]
+
+
+def test_generate_prints_the_rebuilt_text_and_counts_branches(cli_app, apar_folder):
+    result = generate(cli_app, apar_folder)
+    assert result.exit_code == 0, result.output
+    assert "branches in" in result.stderr
+
+
+def test_branches_on_without_split_tokens_names_the_fix(cli_app):
+    base, _ = demo_paths()
+    result = generate(cli_app, base, "--branches", "on")
+    assert result.exit_code != 0
+    assert "--branches off" in result.output and "[SplitSop]" in result.output

@@ -180,3 +180,22 @@ def test_limits_hold_when_the_batch_or_the_request_runs_out_of_room():
         assert len(batch.rows) <= max_batch and tree.done
         for b in tree.branches:
             assert CHILD not in b.tokens[1:]
+
+
+def test_batches_without_a_branching_row_keep_their_step(monkeypatch):
+    """The split masks are a static switch: a batch with no branching row runs the step it
+    always had (``StepMode.split`` empty); one with a branching row, the masked step."""
+    model, drafter = model_and_drafter()
+    seen = []
+    make = BatchGenerator._step_fn
+
+    def recording(self, shape, mode):
+        seen.append(mode.split)
+        return make(self, shape, mode)
+
+    monkeypatch.setattr(BatchGenerator, "_step_fn", recording)
+    run_batch(model, drafter, AR, [(PROMPT, forking_sampler(), 0, 4, False)])
+    assert seen and set(seen) == {()}
+    seen.clear()
+    run_batch(model, drafter, AR, [(PROMPT, forking_sampler(), 0, 4, True)])
+    assert set(seen) == {(FORK, CHILD)}

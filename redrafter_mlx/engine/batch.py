@@ -30,7 +30,16 @@ A row's draws therefore equal the same request decoded alone (same key sequence,
 per-row math); see ``engine.sampling.draw``. Static switches (``StepMode``) only pick
 how much sampling machinery the batch needs: argmax only, or Gumbel with the filters some
 row uses, and whether any row has a logit bias or a penalty (with the history span its
-windows need).
+windows need), and whether a row branches (``StepMode.split``).
+
+Parallel branches (APAR, ``engine.branches``): a row whose ``branches`` holds its request's
+``BranchTree`` passes its emitted tokens through it (``grow_branches``); a fork makes a new
+row copied from the parent's (``fork``: no prefill, no roll-back, the fork being always a
+step's last token) whose next draw is forced to the child token (``SplitRows.forced``). Forks
+are granted per step only where the branch limit and the free rows leave room
+(``fork_grants``; ``reserved``: rows the step in flight may take), and with a branching row
+in the batch each step is read before the next is queued (``branching``). docs/design.md,
+"The loop".
 """
 
 from __future__ import annotations

@@ -52,3 +52,16 @@ def test_branches_on_without_split_tokens_names_the_fix(cli_app):
     result = generate(cli_app, base, "--branches", "on")
     assert result.exit_code != 0
     assert "--branches off" in result.output and "[SplitSop]" in result.output
+
+
+def test_bench_runs_every_configuration_with_branches(cli_app, apar_folder):
+    """Greedy branches are the same whatever shape runs: bench's configurations agree."""
+    args = ["bench", "--model", apar_folder, "--num-prompts", "1", "-n", "8"]
+    args += ["--logit-bias", "4094:40", "--json"]
+    result = CliRunner().invoke(cli_app, [str(a) for a in args], env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["ok"] is True
+    base, _ = demo_paths()
+    args = ["bench", "--model", base, "--num-prompts", "1", "-n", "4", "--branches", "on"]
+    result = CliRunner().invoke(cli_app, [str(a) for a in args], env={"COLUMNS": "120"})
+    assert result.exit_code != 0 and "--branches off" in result.output

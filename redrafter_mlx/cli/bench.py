@@ -54,6 +54,7 @@ from redrafter_mlx.cli.common import (
     same_plan_everywhere,
     sampling_flags,
 )
+from redrafter_mlx.cli.options import BranchesOpt
 
 if TYPE_CHECKING:
     from redrafter_mlx.engine.sampling import SamplerConfig
@@ -155,8 +156,15 @@ def choose_configs(
     return configs, source
 
 
-def make_runner(engine: Engine, max_tokens: int, sampling: SamplerConfig, with_mlx_lm: bool):
-    """A function (config, prompt ids) -> Run that dispatches on the configuration's kind."""
+def make_runner(
+    engine: Engine,
+    max_tokens: int,
+    sampling: SamplerConfig,
+    with_mlx_lm: bool,
+    branches: str = "auto",
+):
+    """A function (config, prompt ids) -> Run that dispatches on the configuration's kind
+    (``branches``: ``--branches``, for our engine's runs)."""
     from redrafter_mlx.cli import bench_report as logic
 
     lm = logic.load_mlx_lm(engine.paths.model, engine.dtype) if with_mlx_lm else None
@@ -164,7 +172,7 @@ def make_runner(engine: Engine, max_tokens: int, sampling: SamplerConfig, with_m
     def runner(config, ids):
         if config.kind == "mlx-lm":
             return logic.run_mlx_lm(lm, ids, max_tokens, sampling)
-        return logic.run_engine(engine, config, ids, max_tokens, sampling)
+        return logic.run_engine(engine, config, ids, max_tokens, sampling, branches)
 
     return runner
 
@@ -405,6 +413,7 @@ def bench(
     lookup: LookupOpt = None,
     lookup_length: LookupLengthOpt = None,
     no_lookup: NoLookupOpt = False,
+    branches: BranchesOpt = "auto",
     adapt: Annotated[
         bool | None,
         typer.Option(
@@ -497,7 +506,7 @@ def bench(
                 f"--turns 2: no prompt of {prompt_set} has a second turn; turn 1 only",
                 style="yellow",
             )
-        runner = make_runner(engine, max_tokens, sampling, with_mlx_lm)
+        runner = make_runner(engine, max_tokens, sampling, with_mlx_lm, branches)
         with err_console().status("benchmarking") as status:
             result = logic.run_bench(
                 chosen,

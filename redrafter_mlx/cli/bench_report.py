@@ -119,9 +119,12 @@ def parse_grid(text: str) -> list[tuple[int, int]]:
 # --------------------------------------------------------------------------- one run
 
 
-def run_engine(engine, config: Config, ids: list[int], max_tokens: int, sampling) -> Run:
+def run_engine(
+    engine, config: Config, ids: list[int], max_tokens: int, sampling, branches="auto"
+) -> Run:
     """Generate with our engine (AR when ``config.kind == 'ar'``) and measure it; the
-    drafter only for shapes with drafter beams (lookup alone runs without it)."""
+    drafter only for shapes with drafter beams (lookup alone runs without it);
+    ``branches``: ``--branches``."""
     return measure_generation(
         engine.model,
         engine.drafter if config.drafts else None,
@@ -131,6 +134,7 @@ def run_engine(engine, config: Config, ids: list[int], max_tokens: int, sampling
         max_tokens,
         adapt=config.adapt,
         sampler=sampling,
+        branches=branches,
     )
 
 

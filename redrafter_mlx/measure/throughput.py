@@ -48,13 +48,15 @@ def measure_generation(
     adapt=False,
     sampler: SamplerConfig = SamplerConfig(),
     seed: int | None = None,
+    branches="auto",
 ) -> Run:
     """Generate ``prompt_ids``' continuation at ``shape`` (AR: plain decoding) and time it.
 
     ``adapt``: pinned to ``shape`` by default (a measurement of that shape); True or an
     ``Adaptive`` measures adaptive decoding starting from ``shape``.
 
-    ``sampler``, ``seed``: as ``stream_generate`` (greedy by default).
+    ``sampler``, ``seed``, ``branches``: as ``stream_generate`` (greedy by default; APAR
+    branches on for a model marked as one).
     """
     mx.reset_peak_memory()
     tokens, first_at, last_at, final = [], None, None, None
@@ -69,6 +71,7 @@ def measure_generation(
         sampler=sampler,
         seed=seed,
         adapt=adapt,
+        branches=branches,
     ):
         last_at = time.perf_counter()
         first_at = first_at or last_at

@@ -65,3 +65,15 @@ def test_bench_runs_every_configuration_with_branches(cli_app, apar_folder):
     args = ["bench", "--model", base, "--num-prompts", "1", "-n", "4", "--branches", "on"]
     result = CliRunner().invoke(cli_app, [str(a) for a in args], env={"COLUMNS": "120"})
     assert result.exit_code != 0 and "--branches off" in result.output
+
+
+def test_chat_answers_turn_after_turn_with_branches(cli_app, apar_folder):
+    """Each turn's answer is its rebuilt text; the cache, whose rows were branches, starts
+    afresh, so the next turn prefills the conversation and goes on."""
+    args = ["chat", "--model", apar_folder, "-n", "8", "--logit-bias", "4094:40", "--no-adapt"]
+    script = "hi\n/stats\nhello again\n/stats\n/quit\n"
+    result = CliRunner().invoke(
+        cli_app, [str(a) for a in args], input=script, env={"COLUMNS": "120"}
+    )
+    assert result.exit_code == 0, result.output
+    assert result.output.count("branches in") == 2, result.output

@@ -525,6 +525,7 @@ class BatchGenerator:
         self.pending = None
         self.prefills = []
         self._params = None
+        self.reserved = 0
         self.policy.reset()
 
     @property
@@ -698,10 +699,12 @@ class BatchGenerator:
     def fork_grants(self, rows: list[Row | None]) -> list[bool]:
         """Which of ``rows`` may fork in the draw made now: each branching row its tree
         allows (``BranchTree.fork_allowed``), in row order, as long as its request's branch
-        limit and the batch's free rows (less the rows of waiting prefills) leave room for
-        the children (one fork per row per draw), so every fork drawn can be made."""
+        limit and the batch's free rows (less the rows of waiting prefills, and those the
+        step in flight may fork into) leave room for the children (one fork per row per
+        draw), so every fork drawn can be made."""
         free = self.max_batch - len(self.active)
         free -= sum(len(job.prompts) for job in self.prefills)
+        free -= self.reserved if self.pending is not None else 0
         room: dict[int, int] = {}
         grants = []
         for row in rows:

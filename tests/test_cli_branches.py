@@ -77,3 +77,16 @@ def test_chat_answers_turn_after_turn_with_branches(cli_app, apar_folder):
     )
     assert result.exit_code == 0, result.output
     assert result.output.count("branches in") == 2, result.output
+
+
+def test_branch_limits_are_flags(cli_app, apar_folder):
+    def branches(*flags):
+        result = generate(cli_app, apar_folder, "--json", *flags)
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)["stats"]["branches"]
+
+    assert branches() > 3
+    assert 1 < branches("--max-branches", "3") <= 3
+    assert branches("--branch-depth", "0") == 1  # the root may not fork
+    bad = generate(cli_app, apar_folder, "--max-branches", "0")
+    assert bad.exit_code != 0 and "branch limit must be >= 1" in bad.output

@@ -45,6 +45,7 @@ from redrafter_mlx.cli.common import (
     TopKOpt,
     TopPOpt,
     VerboseOpt,
+    branch_flags,
     cli_errors,
     err_console,
     fail,
@@ -54,7 +55,7 @@ from redrafter_mlx.cli.common import (
     same_plan_everywhere,
     sampling_flags,
 )
-from redrafter_mlx.cli.options import BranchesOpt
+from redrafter_mlx.cli.options import BranchDepthOpt, BranchesOpt, MaxBranchesOpt
 
 if TYPE_CHECKING:
     from redrafter_mlx.engine.sampling import SamplerConfig
@@ -161,10 +162,10 @@ def make_runner(
     max_tokens: int,
     sampling: SamplerConfig,
     with_mlx_lm: bool,
-    branches: str = "auto",
+    branches=None,
 ):
     """A function (config, prompt ids) -> Run that dispatches on the configuration's kind
-    (``branches``: ``--branches``, for our engine's runs)."""
+    (``branches``: the ``--branches`` rules, ``branch_flags``, for our engine's runs)."""
     from redrafter_mlx.cli import bench_report as logic
 
     lm = logic.load_mlx_lm(engine.paths.model, engine.dtype) if with_mlx_lm else None
@@ -414,6 +415,8 @@ def bench(
     lookup_length: LookupLengthOpt = None,
     no_lookup: NoLookupOpt = False,
     branches: BranchesOpt = "auto",
+    branch_depth: BranchDepthOpt = None,
+    max_branches: MaxBranchesOpt = None,
     adapt: Annotated[
         bool | None,
         typer.Option(
@@ -506,7 +509,8 @@ def bench(
                 f"--turns 2: no prompt of {prompt_set} has a second turn; turn 1 only",
                 style="yellow",
             )
-        runner = make_runner(engine, max_tokens, sampling, with_mlx_lm, branches)
+        rules = branch_flags(engine, branches, branch_depth, max_branches)
+        runner = make_runner(engine, max_tokens, sampling, with_mlx_lm, rules)
         with err_console().status("benchmarking") as status:
             result = logic.run_bench(
                 chosen,

@@ -40,6 +40,7 @@ from redrafter_mlx.cli.common import (
     TopKOpt,
     TopPOpt,
     VerboseOpt,
+    branch_flags,
     cli_errors,
     err_console,
     out_console,
@@ -48,7 +49,7 @@ from redrafter_mlx.cli.common import (
     sampling_flags,
     stats_line,
 )
-from redrafter_mlx.cli.options import BranchesOpt
+from redrafter_mlx.cli.options import BranchDepthOpt, BranchesOpt, MaxBranchesOpt
 from tuning import ShapeChoice
 
 if TYPE_CHECKING:
@@ -108,11 +109,12 @@ def run_generation(
     sampling: SamplerConfig,
     echo: bool,
     adapt: bool = True,
-    branches: str = "auto",
+    branches=None,
 ) -> Generation:
     """Stream one answer (echoing text to stdout when ``echo``) and collect it; ``adapt``:
     let the loop switch beam shapes by measured tokens/s (``--no-adapt`` pins);
-    ``branches``: ``--branches`` (with branches on, the text is the rebuilt text)."""
+    ``branches``: the ``--branches`` rules (``branch_flags``; with branches on, the text is
+    the rebuilt text)."""
     from redrafter_mlx.engine.generation import stream_generate
 
     out = Generation()
@@ -194,6 +196,8 @@ def generate(
     no_lookup: NoLookupOpt = False,
     no_adapt: NoAdaptOpt = False,
     branches: BranchesOpt = "auto",
+    branch_depth: BranchDepthOpt = None,
+    max_branches: MaxBranchesOpt = None,
     dtype: DtypeOpt = None,
     chat: Annotated[
         bool,
@@ -242,7 +246,7 @@ def generate(
             sampling,
             echo=not as_json,
             adapt=not no_adapt,
-            branches=branches,
+            branches=branch_flags(engine, branches, branch_depth, max_branches),
         )
         if as_json:
             print(json.dumps(result_json(engine, plan, sampling, result, chat)))

@@ -101,6 +101,22 @@ BranchesOpt = Annotated[
         "branch decodes as a row of its own; the answer is the rebuilt text.",
     ),
 ]
+BranchDepthOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--branch-depth",
+        help="APAR: deepest branch that may still fork (the root is 0; default 2, APAR's).",
+        show_default=False,
+    ),
+]
+MaxBranchesOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-branches",
+        help="APAR: most branches per answer, the root counted (default 32, APAR's).",
+        show_default=False,
+    ),
+]
 MaxKvSizeOpt = Annotated[
     int | None,
     typer.Option(

@@ -32,11 +32,12 @@ from redrafter_mlx.cli.common import (
     NoDraftOpt,
     NoLookupOpt,
     VerboseOpt,
+    branch_flags,
     cli_errors,
     err_console,
     prepare_engine,
 )
-from redrafter_mlx.cli.options import BranchesOpt
+from redrafter_mlx.cli.options import BranchDepthOpt, BranchesOpt, MaxBranchesOpt
 from redrafter_mlx.serve.protocol import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONNECTIONS,
@@ -131,6 +132,8 @@ def serve(
     no_lookup: NoLookupOpt = False,
     no_adapt: NoAdaptOpt = False,
     branches: BranchesOpt = "auto",
+    branch_depth: BranchDepthOpt = None,
+    max_branches: MaxBranchesOpt = None,
     dtype: DtypeOpt = None,
     max_kv_size: MaxKvSizeOpt = None,
     shutdown_grace: Annotated[
@@ -189,9 +192,7 @@ def serve(
         plan = ready.plan if adapt else serving_plan(ready.plan)
         engine, paths = ready.engine, ready.engine.paths
         group = getattr(engine.model, "group", None)
-        from redrafter_mlx.engine.generation import resolve_branches
-
-        rules = resolve_branches(engine.tokenizer, branches)  # --branches on: checked here
+        rules = branch_flags(engine, branches, branch_depth, max_branches)  # checked here
         if group is not None and group.rank() != 0:
             follow(engine, plan, max_batch, group, adapt, rules)
             exit_now()

@@ -271,15 +271,16 @@ def _branch_event(rows: list[Row], stepped, stats: DecodeStats) -> DecodeEvent:
     )
 
 
-def resolve_branches(tokenizer, branches) -> BranchRules | None:
+def resolve_branches(tokenizer, branches, **limits) -> BranchRules | None:
     """The branching rules of ``branches`` (``"auto"`` / ``"on"`` / ``"off"``, or
     ``BranchRules`` / None as is) for the model whose tokenizer folder is
-    ``tokenizer.path`` (``branches.branch_rules``); without a folder, ``"auto"`` is off."""
+    ``tokenizer.path`` (``branches.branch_rules``, with ``limits``: ``max_depth``,
+    ``max_branches``); without a folder, ``"auto"`` is off."""
     if branches is None or isinstance(branches, BranchRules):
         return branches
     folder = getattr(tokenizer, "path", None)
     if folder is not None:
-        return branch_rules(folder, branches)
+        return branch_rules(folder, branches, **limits)
     if branches not in BRANCH_MODES:
         return branch_rules(".", branches)  # the ParamError naming the modes
     if branches == "on":

@@ -405,8 +405,8 @@ def test_bench_reports_mismatches_loudly(app, pair, monkeypatch):
 
     real = logic.run_engine
 
-    def corrupt(engine, config, ids, max_tokens, sampling):
-        run = real(engine, config, ids, max_tokens, sampling)
+    def corrupt(engine, config, ids, max_tokens, sampling, branches="auto"):
+        run = real(engine, config, ids, max_tokens, sampling, branches)
         if config.kind == "redrafter":
             run.tokens = run.tokens[:2] + [run.tokens[2] + 1] + run.tokens[3:]
         return run
@@ -518,8 +518,8 @@ def test_bench_turns_2_continues_with_the_models_own_answer(app, pair, monkeypat
 
     real, calls = logic.run_engine, []
 
-    def spy(engine, config, ids, max_tokens, sampling):
-        run = real(engine, config, ids, max_tokens, sampling)
+    def spy(engine, config, ids, max_tokens, sampling, branches="auto"):
+        run = real(engine, config, ids, max_tokens, sampling, branches)
         calls.append((engine, config.name, list(ids), run.tokens))
         return run
 

@@ -46,6 +46,7 @@ from redrafter_mlx.cli.common import (
     TopKOpt,
     TopPOpt,
     VerboseOpt,
+    branch_flags,
     cli_errors,
     err_console,
     fail,
@@ -55,6 +56,7 @@ from redrafter_mlx.cli.common import (
     same_plan_everywhere,
     sampling_flags,
 )
+from redrafter_mlx.cli.options import BranchDepthOpt, BranchesOpt, MaxBranchesOpt
 
 if TYPE_CHECKING:
     from redrafter_mlx.engine.sampling import SamplerConfig
@@ -169,9 +171,15 @@ def choose_configs(
 
 
 def make_runner(
-    engine: Engine, max_tokens: int, sampling: SamplerConfig, with_mlx_lm: bool, configs=()
+    engine: Engine,
+    max_tokens: int,
+    sampling: SamplerConfig,
+    with_mlx_lm: bool,
+    configs=(),
+    branches=None,
 ):
-    """A function (config, prompt ids) -> Run that dispatches on the configuration's kind.
+    """A function (config, prompt ids) -> Run that dispatches on the configuration's kind
+    (``branches``: the ``--branches`` rules, ``branch_flags``, for our engine's runs).
     With ``--draft-model``, mlx-lm runs its speculative decoding with the same draft model,
     drafting as many tokens a step as the first shape's draft-model chain."""
     from redrafter_mlx.cli import bench_report as logic
@@ -185,7 +193,7 @@ def make_runner(
     def runner(config, ids):
         if config.kind == "mlx-lm":
             return logic.run_mlx_lm(lm, ids, max_tokens, sampling)
-        return logic.run_engine(engine, config, ids, max_tokens, sampling)
+        return logic.run_engine(engine, config, ids, max_tokens, sampling, branches)
 
     return runner
 
@@ -444,6 +452,9 @@ def bench(
     lookup: LookupOpt = None,
     lookup_length: LookupLengthOpt = None,
     no_lookup: NoLookupOpt = False,
+    branches: BranchesOpt = "auto",
+    branch_depth: BranchDepthOpt = None,
+    max_branches: MaxBranchesOpt = None,
     adapt: Annotated[
         bool | None,
         typer.Option(
@@ -539,7 +550,8 @@ def bench(
                 f"--turns 2: no prompt of {prompt_set} has a second turn; turn 1 only",
                 style="yellow",
             )
-        runner = make_runner(engine, max_tokens, sampling, with_mlx_lm, chosen)
+        rules = branch_flags(engine, branches, branch_depth, max_branches)
+        runner = make_runner(engine, max_tokens, sampling, with_mlx_lm, chosen, rules)
         with err_console().status("benchmarking") as status:
             result = logic.run_bench(
                 chosen,

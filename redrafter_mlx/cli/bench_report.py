@@ -119,10 +119,12 @@ def parse_grid(text: str) -> list[tuple[int, int]]:
 # --------------------------------------------------------------------------- one run
 
 
-def run_engine(engine, config: Config, ids: list[int], max_tokens: int, sampling) -> Run:
+def run_engine(
+    engine, config: Config, ids: list[int], max_tokens: int, sampling, branches="auto"
+) -> Run:
     """Generate with our engine (AR when ``config.kind == 'ar'``) and measure it; the
     drafter only for shapes with drafter beams (lookup alone runs without it), the draft
-    model only for shapes with its chain (``D1×L``)."""
+    model only for shapes with its chain (``D1×L``); ``branches``: ``--branches``."""
     draft = engine.draft_model if config.kind == "redrafter" and config.shape.model_length else None
     return measure_generation(
         engine.model,
@@ -134,6 +136,7 @@ def run_engine(engine, config: Config, ids: list[int], max_tokens: int, sampling
         adapt=config.adapt,
         sampler=sampling,
         draft_model=draft,
+        branches=branches,
     )
 
 

@@ -36,11 +36,13 @@ from redrafter_mlx.cli.common import (
     TopKOpt,
     TopPOpt,
     VerboseOpt,
+    branch_flags,
     cli_errors,
     out_console,
     prepare_engine,
     sampling_flags,
 )
+from redrafter_mlx.cli.options import BranchDepthOpt, BranchesOpt, MaxBranchesOpt
 
 
 def greeting(engine, plan, show_accepted: bool, sampling: str = "") -> str:
@@ -103,6 +105,9 @@ def chat(
     lookup_length: LookupLengthOpt = None,
     no_lookup: NoLookupOpt = False,
     no_adapt: NoAdaptOpt = False,
+    branches: BranchesOpt = "auto",
+    branch_depth: BranchDepthOpt = None,
+    max_branches: MaxBranchesOpt = None,
     show_accepted: Annotated[
         bool, typer.Option("--show-accepted", help="Colour the tokens that came from the drafter.")
     ] = False,
@@ -157,6 +162,7 @@ def chat(
             console=console,
         )
         loop.adapt = not no_adapt
+        loop.branches = branch_flags(engine, branches, branch_depth, max_branches)
         problem = None if system_prompt is None else loop.system_problem(system_prompt)
         if problem is not None:
             raise FlagError(f"--system-prompt: {problem}")

@@ -106,6 +106,7 @@ class ChatLoop:
         self.session = Session(engine.model)
         self.stream = stream_generate  # replaceable (tests inject interruptions)
         self.adapt = True  # switch beam shapes by measured tokens/s (chat --no-adapt: False)
+        self.branches = "auto"  # APAR branches (chat --branches): the answer is rebuilt text
         self.last = None  # the last answer's final GenerationResponse
         self.dropped_turns = 0
 
@@ -195,6 +196,7 @@ class ChatLoop:
             sampler=self.sampling,
             adapt=self.adapt,
             **({"draft_model": draft} if draft is not None else {}),
+            branches=self.branches,
         )
         try:
             for response in stream:

@@ -42,6 +42,7 @@ from redrafter_mlx.cli.common import (
     TopKOpt,
     TopPOpt,
     VerboseOpt,
+    branch_flags,
     cli_errors,
     err_console,
     out_console,
@@ -50,6 +51,7 @@ from redrafter_mlx.cli.common import (
     sampling_flags,
     stats_line,
 )
+from redrafter_mlx.cli.options import BranchDepthOpt, BranchesOpt, MaxBranchesOpt
 from redrafter_mlx.cli.terminal import visible
 from tuning import ShapeChoice
 
@@ -110,9 +112,12 @@ def run_generation(
     sampling: SamplerConfig,
     echo: bool,
     adapt: bool = True,
+    branches=None,
 ) -> Generation:
     """Stream one answer (echoing text to stdout when ``echo``) and collect it; ``adapt``:
-    let the loop switch beam shapes by measured tokens/s (``--no-adapt`` pins)."""
+    let the loop switch beam shapes by measured tokens/s (``--no-adapt`` pins);
+    ``branches``: the ``--branches`` rules (``branch_flags``; with branches on, the text is
+    the rebuilt text)."""
     from redrafter_mlx.engine.generation import stream_generate
 
     out = Generation()
@@ -127,6 +132,7 @@ def run_generation(
         sampler=sampling,
         adapt=adapt,
         draft_model=engine.draft_model,
+        branches=branches,
     ):
         out.text += response.text
         out.tokens += response.tokens
@@ -195,6 +201,9 @@ def generate(
     lookup_length: LookupLengthOpt = None,
     no_lookup: NoLookupOpt = False,
     no_adapt: NoAdaptOpt = False,
+    branches: BranchesOpt = "auto",
+    branch_depth: BranchDepthOpt = None,
+    max_branches: MaxBranchesOpt = None,
     dtype: DtypeOpt = None,
     chat: Annotated[
         bool,
@@ -237,7 +246,14 @@ def generate(
             err_console().print(f"sampling: {ready.sampling_note}", style="dim", markup=False)
         ids = prompt_ids(engine.tokenizer, ready.checked, chat, system_prompt)
         result = run_generation(
-            engine, plan, ids, max_tokens, sampling, echo=not as_json, adapt=not no_adapt
+            engine,
+            plan,
+            ids,
+            max_tokens,
+            sampling,
+            echo=not as_json,
+            adapt=not no_adapt,
+            branches=branch_flags(engine, branches, branch_depth, max_branches),
         )
         if as_json:
             print(json.dumps(result_json(engine, plan, sampling, result, chat)))

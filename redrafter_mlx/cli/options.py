@@ -103,6 +103,31 @@ LogitBiasOpt = Annotated[
         show_default=False,
     ),
 ]
+BranchesOpt = Annotated[
+    str,
+    typer.Option(
+        "--branches",
+        help="APAR parallel branches: auto (on when the model's config.json marks it an APAR "
+        "model, e.g. a converted THUDM/apar-7b), on (needs its split tokens), off. Each "
+        "branch decodes as a row of its own; the answer is the rebuilt text.",
+    ),
+]
+BranchDepthOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--branch-depth",
+        help="APAR: deepest branch that may still fork (the root is 0; default 2, APAR's).",
+        show_default=False,
+    ),
+]
+MaxBranchesOpt = Annotated[
+    int | None,
+    typer.Option(
+        "--max-branches",
+        help="APAR: most branches per answer, the root counted (default 32, APAR's).",
+        show_default=False,
+    ),
+]
 MaxKvSizeOpt = Annotated[
     int | None,
     typer.Option(

@@ -33,10 +33,12 @@ from redrafter_mlx.cli.common import (
     NoDraftOpt,
     NoLookupOpt,
     VerboseOpt,
+    branch_flags,
     cli_errors,
     err_console,
     prepare_engine,
 )
+from redrafter_mlx.cli.options import BranchDepthOpt, BranchesOpt, MaxBranchesOpt
 from redrafter_mlx.serve.protocol import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONNECTIONS,
@@ -161,6 +163,9 @@ def serve(
     lookup_length: LookupLengthOpt = None,
     no_lookup: NoLookupOpt = False,
     no_adapt: NoAdaptOpt = False,
+    branches: BranchesOpt = "auto",
+    branch_depth: BranchDepthOpt = None,
+    max_branches: MaxBranchesOpt = None,
     dtype: DtypeOpt = None,
     max_kv_size: MaxKvSizeOpt = None,
     shutdown_grace: Annotated[
@@ -222,8 +227,9 @@ def serve(
         plan = ready.plan if adapt else serving_plan(ready.plan)
         engine, paths = ready.engine, ready.engine.paths
         group = getattr(engine.model, "group", None)
+        rules = branch_flags(engine, branches, branch_depth, max_branches)  # checked here
         if group is not None and group.rank() != 0:
-            follow(engine, plan, max_batch, group, adapt)
+            follow(engine, plan, max_batch, group, adapt, rules)
             exit_now()
         names = (model_id(paths), *model_aliases(model, paths))
         server = build(
@@ -238,9 +244,11 @@ def serve(
             adapt,
             read_timeout=read_timeout,
             max_connections=max_connections,
+            branches=rules,
         )
         split = f" · split across {group.size()} ranks" if group is not None else ""
         adaptive = ", adaptive" if adapt else ""
+        adaptive += ", APAR branches" if rules else ""
         err_console().print(
             f"[bold]redrafter-mlx serve[/] · {model_id(paths)} ({engine.dtype}) · "
             f"beam {plan.label} ({plan.source}{adaptive}) · {max_batch} rows{split} · "
@@ -288,7 +296,7 @@ def serving_plan(plan):
     return ShapeChoice(room, f"{plan.source}; room for the beam or the chain per row")
 
 
-def follow(engine, plan, max_batch: int, group, adapt: bool = False) -> None:
+def follow(engine, plan, max_batch: int, group, adapt: bool = False, branches=None) -> None:
     """A rank other than 0 under ``mlx.launch``: no HTTP; the scheduler's follower loop runs
     the same engine work as rank 0's, event by event, and returns at rank 0's stop event
     (rank 0 stopping on SIGINT/SIGTERM, or failing). Ctrl-C reaches every local rank: rank
@@ -309,6 +317,7 @@ def follow(engine, plan, max_batch: int, group, adapt: bool = False) -> None:
         group=group,
         adapt=adapt,
         draft_model=engine.draft_model,
+        branches=branches,
     )
     sched.follow()
 
@@ -333,6 +342,7 @@ def build(
     adapt: bool = False,
     read_timeout: float = DEFAULT_READ_TIMEOUT_S,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    branches=None,
 ):
     """Scheduler + app, warmed up; returns ``run(host, port, grace)``. ``names``: the model's
     id, then its aliases; ``adapt``: choose each step's shape (``engine/batch_choice.py``)."""
@@ -356,6 +366,7 @@ def build(
         group=getattr(engine.model, "group", None),
         adapt=adapt,
         draft_model=engine.draft_model,
+        branches=branches,
     )
     scheduler.start(warmup_prompt=tok.chat_prompt([{"role": "user", "content": "Hello"}]))
     beam = {}

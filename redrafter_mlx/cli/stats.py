@@ -41,6 +41,8 @@ def stats_line(response, plan: ShapeChoice) -> str:
         shape = plan.shape
         if shape.drafts + bool(shape.lookup) + bool(shape.model_length) > 1:  # their shares
             parts.append(source_share(response.source_tokens))
+    if getattr(response, "branches", 0):  # APAR: branches decoded side by side
+        parts.append(f"{response.branches} branches in {response.steps} steps")
     parts.append(f"TTFT {response.time_to_first_token * 1e3:.0f} ms")
     finish = FINISH_TEXT.get(response.finish_reason)
     if finish:

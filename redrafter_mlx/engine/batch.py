@@ -30,7 +30,16 @@ A row's draws therefore equal the same request decoded alone (same key sequence,
 per-row math); see ``engine.sampling.draw``. Static switches (``StepMode``) only pick
 how much sampling machinery the batch needs: argmax only, or Gumbel with the filters some
 row uses, and whether any row has a logit bias or a penalty (with the history span its
-windows need).
+windows need), and whether a row branches (``StepMode.split``).
+
+Parallel branches (APAR, ``engine.branches``): a row whose ``branches`` holds its request's
+``BranchTree`` passes its emitted tokens through it (``grow_branches``); a fork makes a new
+row copied from the parent's (``fork``: no prefill, no roll-back, the fork being always a
+step's last token) whose next draw is forced to the child token (``SplitRows.forced``). Forks
+are granted per step only where the branch limit and the free rows leave room
+(``fork_grants``; ``reserved``: rows the step in flight may take), and with a branching row
+in the batch each step is read before the next is queued (``branching``). docs/design.md,
+"The loop".
 """
 
 from __future__ import annotations
@@ -45,6 +54,7 @@ import mlx.nn as nn
 
 from .adaptive import rank0_shape
 from .batch_choice import ShapePolicy
+from .branches import BranchTree, Fork, SplitRows, split_rows
 from .cache import (
     PREFILL_CHUNK,
     SLOT_QUANTUM,
@@ -88,8 +98,9 @@ def split_row_keys(row_keys: mx.array) -> tuple[mx.array, mx.array]:
 
 
 def make_batch_step(model, drafter, shape, mode: StepMode, compiled: bool = True, draft=None):
-    """A step ``(state, row_keys, active, rows, window) -> (state, row_keys, StepOutput)``;
-    ``active`` (B,) bool, ``rows`` the batch's ``RowSettings``.
+    """A step ``(state, row_keys, active, rows, window, split) -> (state, row_keys,
+    StepOutput)``; ``active`` (B,) bool, ``rows`` the batch's ``RowSettings``, ``split`` its
+    rows' branching arrays (``branches.SplitRows``; read when ``mode.split``, else None).
 
     ``shape=None`` decodes autoregressively; a shape without drafter beams speculates from
     lookup chains alone (they read ``state.history``). Compile keys: B, cache slots, window.
@@ -99,13 +110,25 @@ def make_batch_step(model, drafter, shape, mode: StepMode, compiled: bool = True
     check_features(model, drafter)
 
     def step(
-        init_token, hidden, lengths, keys, values, history, sources, row_keys, active, rows, window
+        init_token,
+        hidden,
+        lengths,
+        keys,
+        values,
+        history,
+        sources,
+        row_keys,
+        active,
+        rows,
+        window,
+        split,
     ):
         counter["traces"] += 1
         draw_keys = row_keys  # unused by an all-greedy batch: its keys need not advance
         if mode.sample:
             row_keys, draw_keys = split_row_keys(row_keys)
-        sampler = RowSampler(RowSettings(*rows), draw_keys, mode)
+        split = SplitRows(*split) if mode.split else None
+        sampler = RowSampler(RowSettings(*rows), draw_keys, mode, split)
         state = DecodeState(init_token, hidden, lengths, keys, values, history, sources)
         if shape is None:
             nxt, out = autoregressive_step(model, state, sampler, window)
@@ -123,8 +146,15 @@ def make_batch_step(model, drafter, shape, mode: StepMode, compiled: bool = True
     weights = [m.state for m in (model, drafter, draft) if isinstance(m, nn.Module)]
     fn = mx.compile(step, inputs=weights) if compiled else step
 
-    def run(state: DecodeState, row_keys: mx.array, active, rows: RowSettings, window: int):
-        out = fn(*state, row_keys, active, tuple(rows), window)
+    def run(
+        state: DecodeState,
+        row_keys: mx.array,
+        active,
+        rows: RowSettings,
+        window: int,
+        split: SplitRows | None = None,
+    ):
+        out = fn(*state, row_keys, active, tuple(rows), window, tuple(split or ()))
         fields = len(DecodeState._fields)
         return DecodeState(*out[:fields]), out[fields], StepOutput(*out[fields + 1 :])
 
@@ -199,6 +229,7 @@ class RowStats:
     queued_s: float = 0.0
     ttft_s: float = 0.0
     decode_s: float = 0.0
+    branches: int = 0  # a branching request's branches (``request_stats``), 0: branching off
 
     @property
     def tokens_per_step(self) -> float:
@@ -232,6 +263,7 @@ class RowStats:
             generation_tps=round(self.generated / max(self.decode_s, 1e-9), 2),
             time_to_first_token=round(self.ttft_s, 4),
             queue_s=round(self.queued_s, 4),
+            **({"branches": self.branches} if self.branches else {}),
         )
 
 
@@ -239,7 +271,13 @@ class RowStats:
 class Row:
     """A sequence in a batch row. ``length``: its exact cache length as last read; ``limit``:
     the most tokens it may emit, ``at_limit`` why (``"length"`` / ``"context"``);
-    ``owner``: the client's handle (the scheduler's request record)."""
+    ``owner``: the client's handle (the scheduler's request record).
+
+    Branching (APAR, ``engine.branches``): ``branches`` is the request's ``BranchTree``
+    (None: branching off) and ``branch`` this row's branch in it; every branch of a request
+    is a row (``family``: all of them, the root first; a child shares its root's owner,
+    sampler and limit, which bounds its own row like any row's). ``forced``: the token its
+    next root draw is forced to (a new child's child token), -1: none."""
 
     sampler: SamplerConfig
     limit: int
@@ -254,6 +292,61 @@ class Row:
     finish: str | None = None  # why it finished: "stop" (EOS), "length" or "context"
     shadow: LookupShadow | None = None  # what lookup would have given it (adaptive shapes)
     sampling: Rows | None = None  # its sampling as arrays (``one_row``); None: built at its step
+    branches: BranchTree | None = None
+    branch: int = 0
+    forced: int = -1
+    family: list = field(default_factory=list, compare=False, repr=False)
+
+    def __post_init__(self):
+        if not self.family:
+            self.family.append(self)
+
+    @property
+    def request_done(self) -> bool:
+        """Whether every row of its request finished (branching off: this row)."""
+        return all(r.finished for r in self.family)
+
+    @property
+    def request_finish(self) -> str | None:
+        """Why its request finished (None: it goes on): branching off, this row's reason;
+        with branches, once every branch has, the first reason other than EOS among them
+        (a limit cut text), else ``"stop"``."""
+        if self.branches is None:
+            return self.finish
+        if not self.request_done:
+            return None
+        return next((r.finish for r in self.family if r.finish != "stop"), "stop")
+
+    def request_stats(self) -> RowStats:
+        """Its request's counters: this row's, or with branches the sum over every branch's
+        row (tokens: all they emitted; steps: row-steps, so tokens per step stays a
+        per-row mean; times: the root's, decode time the longest row's), ``branches``
+        set."""
+        if self.branches is None:
+            return self.stats
+        rows = [r.stats for r in self.family]
+        root = rows[0]
+        hist = [0] * max(len(r.accept_hist) for r in rows)
+        for r in rows:
+            for i, n in enumerate(r.accept_hist):
+                hist[i] += n
+        total = RowStats(
+            root.prompt_tokens,
+            generated=sum(r.generated for r in rows),
+            steps=sum(r.steps for r in rows),
+            emitted_by_steps=sum(r.emitted_by_steps for r in rows),
+            accepted_drafts=sum(r.accepted_drafts for r in rows),
+            lookup_drafts=sum(r.lookup_drafts for r in rows),
+            by_source=[sum(r.by_source[i] for r in rows) for i in range(len(SOURCE_NAMES))],
+            drafted=sum(r.drafted for r in rows),
+            packed=sum(r.packed for r in rows),
+            accept_hist=hist,
+            queued_s=root.queued_s,
+            ttft_s=root.ttft_s,
+            decode_s=max(r.decode_s for r in rows),
+            branches=len(self.branches.branches),
+        )
+        return total
 
 
 @dataclass
@@ -302,20 +395,28 @@ class Prefill:
     def complete(self) -> bool:
         return self.done >= max(len(t) for t in self.new)
 
-    def first_token(self, model) -> tuple[list[int], mx.array]:
+    def first_token(self, model, fork_ok: list[bool] | None = None) -> tuple[list[int], mx.array]:
         """Each row's first token, drawn now with its own key (so that an error in its own
         prefill or draw surfaces here, not in a batched step), and the rows' next keys
-        (B, 2) (``row_keys_of``: a lone row's are the seed's own)."""
+        (B, 2) (``row_keys_of``: a lone row's are the seed's own). Rows with branching on
+        draw under its rules, forking where ``fork_ok`` (per row) says they may."""
         rng, first_key = mx.random.split(mx.random.key(self.seed))
         prompts, rows = self.prompts, len(self.prompts)
         own = one_row(self.sampler, model.vocab_size)  # checked here: a bad value fails it alone
         for row in self.rows or ():
             row.sampling = own
         mode, settings = stack_rows([own] * rows, model.vocab_size)
-        sampler = RowSampler(settings, row_keys_of(first_key, rows), mode)
+        split, last = None, None
+        trees = [row.branches for row in self.rows or ()]
+        if any(t is not None for t in trees):
+            mode = mode._replace(split=next(t for t in trees if t).rules.split_ids)
+            fork_ok = fork_ok or [False] * rows
+            split = split_rows([t is not None for t in trees], fork_ok, [-1] * rows)
+            last = mx.array([p[-1] for p in prompts], mx.int32)
+        sampler = RowSampler(settings, row_keys_of(first_key, rows), mode, split)
         history = text_history(prompts, self.session.slots) if self.sampler.reads_text else None
         lengths = mx.array([len(p) for p in prompts], mx.int32)
-        first = first_draw(model, self.hidden, sampler, history, lengths)
+        first = first_draw(model, self.hidden, sampler, history, lengths, last)
         return first.tolist(), row_keys_of(rng, rows)
 
 
@@ -428,6 +529,7 @@ class BatchGenerator:
         self.pending: Queued | None = None  # the step queued and not yet read
         self.inflight = 0  # steps queued and not yet read
         self.prefills: list[Prefill] = []  # waiting to join, in order (``insert``)
+        self.reserved = 0  # rows the step in flight may fork into (``fork_grants``)
 
     # ------------------------------------------------------------------ state
 
@@ -451,6 +553,7 @@ class BatchGenerator:
         self.pending = None
         self.prefills = []
         self._params = None
+        self.reserved = 0
         self.policy.reset()
 
     def _empty_sources(self, B: int) -> tuple:
@@ -494,7 +597,10 @@ class BatchGenerator:
         for row, token, text in zip(rows, first, session.cached):
             row.joined = now
             row.shadow = self.policy.shadow([*text, token])
-        return [self.emit(row, [token]) for row, token in zip(rows, first)]
+        emitted = [self.emit(row, [token]) for row, token in zip(rows, first)]
+        for row, (new, finish) in zip(rows, emitted):
+            self.grow_branches(row, new, finish)
+        return emitted
 
     def _adopt(self, rows, session: Session, hidden, first, keys) -> None:
         """Take a prefilled session's cache as the whole batch, row ``i`` in slot ``i``."""
@@ -553,7 +659,8 @@ class BatchGenerator:
         (without ``release`` it keeps its slot and cache, emitting nothing)."""
         r = row.slot
         row.finished = True
-        if self.rows[r] is not row or not self.release:
+        keep = not self.release and row.branches is None  # a branch's row is always freed
+        if self.rows[r] is not row or keep:
             return
         self.rows[r] = None
         self._params = None
@@ -571,6 +678,116 @@ class BatchGenerator:
             row.finish = finish
             self.leave(row)
         return new, finish
+
+    # ------------------------------------------------------------------ branches
+
+    def grow_branches(self, row: Row, new: list[int], finish: str | None) -> None:
+        """A branching row's emitted tokens into its request's tree (``BranchTree.extend``);
+        a fork makes the child's row (``fork``), a finished row finishes its branch."""
+        tree = row.branches
+        if tree is None:
+            return
+        if row.forced >= 0:  # a child's first step: its forced child token, already recorded
+            if new[:1] != [row.forced]:
+                raise RuntimeError(f"branch {row.branch} did not draw its forced child token")
+            new, row.forced, self._params = new[1:], -1, None
+        # A row that ends here makes no child: a fork at its token limit has no room for one.
+        ext = tree.extend(row.branch, new, can_fork=finish is None)
+        if ext.keep != len(new):  # fork_ok grants no fork past the limits (``_split``)
+            raise RuntimeError(f"branch {row.branch} forked past the branch limit")
+        if ext.fork is not None:
+            self.fork(row, ext.fork)
+        if finish is not None:
+            tree.finish(row.branch)
+
+    def fork(self, parent: Row, fork: Fork) -> Row:
+        """A new row for ``fork``'s child: a copy of the parent's row (K/V, the draft
+        sources' states such as a draft model's cache, text, hidden state, init token = the
+        fork token, key; no prefill), whose next draw is forced to the child token. The
+        parent's state after the step that drew the fork token is the fork's own (a fork is
+        always a step's last token: ``branches.fork_not_drafted``)."""
+        if None not in self.rows:
+            self.resize(self.bucket_for(len(self.rows) + 1))
+        p, c = parent.slot, self.rows.index(None)
+        s = self.state
+        source_caches = [part for state in s.sources if state is not None for part in state]
+        for cache in (s.keys, s.values, *source_caches):
+            for layer in cache:
+                layer[c : c + 1] = layer[p : p + 1]
+        at = mx.arange(len(self.rows)) == c
+
+        def copied(a):  # (B, ...): row c takes row p's values
+            return mx.where(at.reshape((-1,) + (1,) * (a.ndim - 1)), a[p : p + 1], a)
+
+        self.state = s._replace(
+            init_token=copied(s.init_token),
+            hidden=copied(s.hidden),
+            lengths=copied(s.lengths),
+            history=None if s.history is None else copied(s.history),
+        )
+        self.row_keys = copied(self.row_keys)
+        tree = parent.branches
+        child = Row(
+            parent.sampler,
+            parent.limit,
+            parent.length,
+            RowStats(parent.stats.prompt_tokens),
+            owner=parent.owner,
+            at_limit=parent.at_limit,
+            slot=c,
+            out=parent.out,
+            sampling=parent.sampling,
+            branches=tree,
+            branch=fork.child,
+            forced=tree.rules.child_id,
+            family=parent.family,
+        )
+        parent.family.append(child)
+        self.rows[c] = child
+        self._params = None
+        return child
+
+    def fork_grants(self, rows: list[Row | None]) -> list[bool]:
+        """Which of ``rows`` may fork in the draw made now: each branching row its tree
+        allows (``BranchTree.fork_allowed``), in row order, as long as its request's branch
+        limit and the batch's free rows (less the rows of waiting prefills, and those the
+        step in flight may fork into) leave room for the children (one fork per row per
+        draw), so every fork drawn can be made."""
+        free = self.max_batch - len(self.active)
+        free -= sum(len(job.prompts) for job in self.prefills)
+        free -= self.reserved if self.pending is not None else 0
+        room: dict[int, int] = {}
+        grants = []
+        for row in rows:
+            tree = row.branches if row is not None else None
+            ok = tree is not None and not row.finished and tree.fork_allowed(row.branch)
+            if ok:
+                left = room.setdefault(id(tree), tree.rules.max_branches - len(tree.branches))
+                ok = left > 0 and free > 0
+            if ok:
+                room[id(tree)] -= 1
+                free -= 1
+            grants.append(ok)
+        return grants
+
+    def _split(self) -> tuple[tuple[int, ...], SplitRows | None]:
+        """The step's split ids and per-row branching arrays (none without a branching row)."""
+        trees = [r.branches for r in self.rows if r is not None and r.branches is not None]
+        if not trees:
+            self.reserved = 0
+            return (), None
+        grants = self.fork_grants(self.rows)
+        self.reserved = sum(grants)
+        on = [r is not None and r.branches is not None for r in self.rows]
+        forced = [r.forced if r is not None else -1 for r in self.rows]
+        return trees[0].rules.split_ids, split_rows(on, grants, forced)
+
+    @property
+    def branching(self) -> bool:
+        """Whether a running row or the step in flight has branching on (the loop then reads
+        each step before queueing the next: a fork copies the state the step left)."""
+        rows = [*self.active, *(self.pending.owners if self.pending else ())]
+        return any(r is not None and r.branches is not None for r in rows)
 
     # ------------------------------------------------------------------ batch size
 
@@ -607,7 +824,8 @@ class BatchGenerator:
     # ------------------------------------------------------------------ stepping
 
     def _row_params(self):
-        """(StepMode, active (B,), RowSettings): rebuilt only after rows join or leave."""
+        """(StepMode, active (B,), RowSettings, SplitRows or None): rebuilt only after rows
+        join or leave (a fork joins a row) or a child draws its forced token."""
         if self._params is None:
             V = self.model.vocab_size
             for row in self.active:
@@ -617,7 +835,8 @@ class BatchGenerator:
                 [r.sampling if r is not None else None for r in self.rows], V
             )
             active = mx.array([r is not None for r in self.rows])
-            self._params = (mode, active, settings)
+            ids, split = self._split()
+            self._params = (mode._replace(split=ids), active, settings, split)
         return self._params
 
     def _step_fn(self, shape: BeamShape | None, mode: StepMode):
@@ -644,6 +863,7 @@ class BatchGenerator:
     def insert(self, job: Prefill) -> None:
         """Queue prompts to join (their rows in ``job.rows``); ``next`` prefills them."""
         self.prefills.append(job)
+        self._params = None  # the rows forks may take (``fork_grants``) count it
 
     def next(self, budget: int | None = PREFILL_CHUNK) -> Turn:
         """One call advances everyone: up to ``budget`` prompt tokens of the waiting
@@ -659,7 +879,9 @@ class BatchGenerator:
                 job = self.prefills[0]
                 try:
                     ran = job.advance()
-                    first = job.first_token(self.model) if job.complete else None
+                    first = None
+                    if job.complete:
+                        first = job.first_token(self.model, self.fork_grants(job.rows))
                 except Exception as e:  # this prefill's own work: the others go on
                     self.prefills.pop(0)
                     turn.failed.append((job, e))
@@ -683,7 +905,7 @@ class BatchGenerator:
         host's reading and shape choice: the step is queued first). Returns what the read
         step gave each row it ran that was still going (none on the first turn)."""
         got = []
-        if self.reads_first and self.pending is not None:
+        if (self.reads_first or self.branching) and self.pending is not None:
             got, self.pending = self.read(self.pending), None
         nxt = self.queue() if any(not row.finished for row in self.active) else None
         if self.pending is not None:
@@ -697,7 +919,7 @@ class BatchGenerator:
         window = step_window(longest, self.inflight, self.policy.per_step, self.policy.slots)
         self.state = ensure_slots(self.state, window)
         shape = self.next_shape()
-        mode, active, rows = self._row_params()
+        mode, active, rows, split = self._row_params()
         key = (shape, mode, len(self.rows), window, self.state.keys[0].shape[2])
         started = time.perf_counter() if key in self._traced else None  # else: it compiles
         self._traced.add(key)
@@ -705,7 +927,7 @@ class BatchGenerator:
         state, self.state = self.state, None  # only the step's graph holds the cache
         host = time.perf_counter()
         try:
-            state, self.row_keys, out = step(state, self.row_keys, active, rows, window)
+            state, self.row_keys, out = step(state, self.row_keys, active, rows, window, split)
             mx.async_eval(out, state, self.row_keys)
         finally:
             self.state = state
@@ -733,6 +955,7 @@ class BatchGenerator:
             if row.shadow is not None:  # what a lookup chain would have given this step
                 resolved += row.shadow.step(0, tokens[r][: counts[r]])
             new, finish = self.emit(row, tokens[r][: counts[r]])
+            self.grow_branches(row, new, finish)
             delivered.append(RowStep(row, new, finish, counts[r], by[r][LOOKUP], packed[r], by[r]))
             if row.finished and row.shadow is not None:
                 resolved += row.shadow.finish(0)

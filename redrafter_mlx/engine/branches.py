@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import mlx.core as mx
 
@@ -153,11 +154,13 @@ class BranchTree:
         so it is rebuilt then, not every step)."""
         return [self.fork_allowed(b) for b in branches]
 
-    def extend(self, branch: int, new_tokens) -> Extension:
+    def extend(self, branch: int, new_tokens, can_fork: bool = True) -> Extension:
         """Record a row's newly accepted tokens (stop tokens left out): all of them, or those
         through the first fork token, which makes a child branch (its child token recorded
         as its first token), or those before a fork past the branch limit (module
-        docstring)."""
+        docstring). ``can_fork=False``: the row ends with these tokens (its token limit), so
+        a fork token among them makes no child (no room for one): it stays as text, which
+        the rebuilt text leaves out."""
         b = self.branches[branch]
         if b.done:
             raise ValueError(f"branch {branch} is finished; it takes no more tokens")
@@ -171,6 +174,10 @@ class BranchTree:
                     "by a fork: the sampler must mask it (mask_split_tokens)"
                 )
             if token != fork_id:
+                continue
+            if not can_fork:
+                if previous in self.rules.split_ids:
+                    raise ValueError(f"branch {branch}: a fork token after a split token")
                 continue
             if previous in self.rules.split_ids or b.depth >= self.rules.max_depth:
                 raise ValueError(
@@ -256,6 +263,67 @@ def mask_split_tokens(logits: mx.array, tokens: mx.array, fork_ok: mx.array, rul
     fork_banned = after_split | ~fork_ok[:, None]  # (B, N)
     banned = (vocab == rules.child_id) | ((vocab == rules.fork_id) & fork_banned[..., None])
     return mx.where(banned, mx.array(-float("inf"), logits.dtype), logits)
+
+
+class SplitRows(NamedTuple):
+    """A batch step's per-row branching arrays (the static fork and child ids are the step
+    mode's ``split``):
+
+    on      (B,) bool:  the row belongs to a request with branching on (others: untouched)
+    fork_ok (B,) bool:  the row may fork this step (:meth:`BranchTree.fork_allowed`, the
+                        request's branch limit and the batch's free rows counted)
+    forced  (B,) int32: the token the row's root draw is forced to (a new child's child
+                        token), -1: none
+    """
+
+    on: mx.array
+    fork_ok: mx.array
+    forced: mx.array
+
+
+def split_rows(on, fork_ok, forced) -> SplitRows:
+    """:class:`SplitRows` from per-row Python lists."""
+    return SplitRows(
+        mx.array(list(on), mx.bool_), mx.array(list(fork_ok), mx.bool_), mx.array(forced, mx.int32)
+    )
+
+
+def split_logits(logits: mx.array, tokens: mx.array, root, sampler) -> mx.array:
+    """The branching rules in a step's draws: (B, N, V) -> (B, N, V), unchanged unless the
+    step's mode holds split ids (``StepMode.split``: a batch with a branching row).
+
+    tokens (B, N): each position's token; root (B or 1, N) bool: positions of the row's
+    first draw this step (a forced child token goes there). Rows with branching on get
+    :func:`mask_split_tokens`; a row with a forced token draws it (every other token
+    -inf there), so greedy and sampled draws and verification all take it.
+    Apply after the logit bias and penalties, before temperature and filters.
+    """
+    split, rows = sampler.mode.split, sampler.split
+    if not split or rows is None:
+        return logits
+    rules = BranchRules(*split)
+    masked = mask_split_tokens(logits, tokens, rows.fork_ok, rules)
+    logits = mx.where(rows.on[:, None, None], masked, logits)
+    vocab = mx.arange(logits.shape[-1])
+    only = mx.where(vocab == rows.forced[:, None, None], 0.0, -float("inf")).astype(logits.dtype)
+    forced_at = (rows.forced[:, None] >= 0) & root  # (B, N)
+    return mx.where(forced_at[..., None], only, logits)
+
+
+NO_TOKEN = -2  # a draft slot no draw equals (token ids and ABSENT are >= -1)
+
+
+def fork_not_drafted(beams: mx.array, sampler) -> mx.array:
+    """Candidates (B, N, L) as acceptance compares them: a branching row's fork token never
+    matches its draw, so a step accepts drafts only up to a fork, which can only be the
+    step's bonus token (the last one emitted). The row then needs no roll-back: its state
+    after the step is the fork's (the fork token drawn, not yet in the cache), which is
+    what the child's row copies (:class:`Fork`). Lossless: the draw there is unchanged."""
+    split, rows = sampler.mode.split, sampler.split
+    if not split or rows is None:
+        return beams
+    fork = (beams == split[0]) & rows.on.reshape((-1,) + (1,) * (beams.ndim - 1))
+    return mx.where(fork, NO_TOKEN, beams)
 
 
 def find_token_id(model_dir, name: str) -> int | None:

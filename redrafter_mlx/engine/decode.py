@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
+from .branches import fork_not_drafted, split_logits
 from .draft_model import DraftModelSource, catchup_tokens
 from .drafter import Drafter, beam_search
 from .lookup import ABSENT, lookup_chains, write_history
@@ -228,6 +229,7 @@ def verify_phase(
     hidden, keys, values = model(tree.tokens, positions, mask, keys, values, write_idx, fresh)
     text = tree_text(sampler, history, lengths, tree.tokens, tree.depth, tree.mask)
     logits = process_text(model.logits(hidden), sampler, text)
+    logits = split_logits(logits, tree.tokens, tree.depth == 0, sampler)
     return hidden, draw(logits, sampler), keys, values
 
 
@@ -331,7 +333,8 @@ def redrafter_step(
         state.history,
         fresh,
     )
-    tokens, n, bonus, path_slots, path, best = accept_phase(beams, target, tree.unpacker, capacity)
+    judged = fork_not_drafted(beams, sampler)  # a fork is only ever the bonus
+    tokens, n, bonus, path_slots, path, best = accept_phase(judged, target, tree.unpacker, capacity)
     history = state.history
     if history is not None:
         history = write_history(history, state.lengths, path)
@@ -422,6 +425,7 @@ def beam_and_chain_step(model, drafter, state, shape, sampler, window):
         state.history,
         fresh,
     )
+    beam, chain = fork_not_drafted(beam, sampler), fork_not_drafted(chain, sampler)
     on_beam = mx.take_along_axis(target, mx.broadcast_to(beam_slots, beam.shape), axis=1)
     own = mx.take_along_axis(target, mx.broadcast_to(chain_slots, chain.shape), axis=1)
     # A chain node whose prefix is the beam's is the beam's node: its draw is the beam's.
@@ -471,7 +475,8 @@ def autoregressive_step(model: Model, state: DecodeState, sampler: RowSampler, w
     text = tree_text(
         sampler, state.history, lengths, tokens, 0 * tokens, mx.ones((1, 1, 1), mx.bool_)
     )
-    nxt = draw(process_text(logits, sampler, text)[:, 0], sampler)
+    logits = split_logits(process_text(logits, sampler, text), tokens, mx.array([[True]]), sampler)
+    nxt = draw(logits[:, 0], sampler)
     one = mx.ones((B,), dtype=mx.int32)
     history = state.history
     if history is not None:
@@ -480,16 +485,20 @@ def autoregressive_step(model: Model, state: DecodeState, sampler: RowSampler, w
     return next_state, StepOutput(nxt[:, None], one, one)
 
 
-def first_draw(model: Model, hidden, sampler: RowSampler, history, lengths) -> mx.array:
+def first_draw(model: Model, hidden, sampler: RowSampler, history, lengths, last=None) -> mx.array:
     """The token after the prompt: hidden (B, H) at each row's last prompt token -> (B,),
     drawn with each row's settings and key (``sampler``).
 
     Penalties read the last tokens of the prompt (``history`` (B, S) holds it, ``lengths``
-    (B,) its length per row).
+    (B,) its length per row); the branching rules read ``last`` (B,), each prompt's last
+    token (needed when ``sampler.mode.split``).
     """
     logits = model.logits(hidden)[:, None]  # (B, 1, V)
     text = tree_text(sampler, history, lengths)
-    return draw(process_text(logits, sampler, text)[:, 0], sampler)
+    logits = process_text(logits, sampler, text)
+    if last is not None:
+        logits = split_logits(logits, last[:, None], mx.array([[True]]), sampler)
+    return draw(logits[:, 0], sampler)
 
 
 def prefill_chunk(model: Model, tokens, counts, lengths, keys, values, window: int):

@@ -9,6 +9,11 @@ exactly: no token after EOS or beyond ``max_tokens``, even when more were accept
 same step (``cache.stop_at``). A
 ``Session`` (``engine/cache.py``) owns the KV cache of its rows across calls, so a chat turn
 prefills only its new tokens.
+
+Parallel branches (APAR, ``engine.branches``): with branching on, each prompt's request owns
+a ``BranchTree`` and its branches are rows of the batch (``BatchGenerator.fork``); an event
+gives each prompt's rebuilt text as it becomes final (``BranchTree.take_final``: root ->
+detail -> next, split tokens left out), and the request finishes when every branch has.
 """
 
 from __future__ import annotations
@@ -23,11 +28,13 @@ from .adaptive import Adaptive
 from .arguments import api_arguments
 from .batch import BatchGenerator, Prefill, Row, RowStats
 from .batch_choice import FixedShape, ShapePolicy, SoloChoice
-from .cache import Session, token_limit
+from .branches import BRANCH_MODES, BranchRules, BranchTree, branch_rules
+from .cache import SLOT_QUANTUM, Session, token_limit
 from .decode import DecodeState
 from .distributed import shared_seed
 from .draft_model import check_draft_model
 from .drafter import Drafter
+from .errors import ParamError
 from .memory import check_step_memory
 from .model import Model
 from .plan import DEFAULT_SHAPE, default_plan
@@ -59,6 +66,7 @@ class DecodeStats:
     accepted_tokens: int = 0  # draft tokens the verifier accepted, over all row-steps
     lookup_tokens: int = 0  # of those, taken from a context-lookup chain
     source_tokens: dict = field(default_factory=dict)  # of those, per draft source name
+    branches: int = 0  # branches decoded (APAR; the roots counted), 0 with branching off
 
     def to_dict(self) -> dict:
         """The statistics as a JSON-ready dict (this class's fields)."""
@@ -78,6 +86,8 @@ class DecodeEvent:
               or ``"context"`` (the model's context is full)
     stats:    running statistics of the whole call
     by_source: per row, accepted draft tokens per source (``SOURCE_NAMES`` order)
+    branches: per row, with branching on, ``[(branch id, its new tokens), ...]`` this step
+              (``tokens`` is then the rebuilt text's newly final part); empty else
     """
 
     tokens: list[list[int]]
@@ -87,6 +97,7 @@ class DecodeEvent:
     stats: DecodeStats
     looked_up: list[int] = field(default_factory=list)
     by_source: list[tuple[int, ...]] = field(default_factory=list)
+    branches: list[list[tuple[int, list[int]]]] = field(default_factory=list)
 
 
 @dataclass
@@ -95,6 +106,8 @@ class GenerationResponse(DecodeStats):
 
     ``text``/``tokens`` are new since the previous response; ``drafted_tokens`` marks which of
     ``tokens`` came from the drafter; ``finish_reason`` is None until the last response.
+    With branching on, ``text``/``tokens`` are the rebuilt text's newly final part and
+    ``branch_tokens`` each branch's own new tokens this step (``DecodeEvent.branches``).
     """
 
     text: str = ""
@@ -103,6 +116,7 @@ class GenerationResponse(DecodeStats):
     finish_reason: str | None = None
     drafted_tokens: list[bool] = field(default_factory=list)
     looked_up: int = 0
+    branch_tokens: list[tuple[int, list[int]]] = field(default_factory=list)  # (id, new)
 
     @property
     def stats(self) -> DecodeStats:
@@ -123,6 +137,7 @@ def generate_steps(
     session: Session | None = None,
     adapt: Adaptive | bool = False,
     draft_model: Model | None = None,
+    branches: BranchRules | None = None,
 ) -> Iterator[DecodeEvent]:
     """Decode B rows; yield one :class:`DecodeEvent` per step with each row's new tokens.
 
@@ -139,6 +154,11 @@ def generate_steps(
     ``draft_model``: a model sharing the vocabulary whose greedy chain joins the tree
     (``draft_model.py``; the shape's ``D1×L``, else ``D1×`` its drafter length); it pins
     the shape (no adaptive choice yet: its cache follows only the steps that run it).
+    ``branches``: the model's branching rules (``branches.branch_rules``; None: off): each
+    row's branches decode as rows of their own, each up to ``max_tokens`` (a fork copies
+    the parent's draft-model cache too); the events give the rebuilt text (module
+    docstring); the session's cache is emptied afterwards (it holds no one row of the
+    rebuilt text).
     """
     prompts = [list(map(int, p)) for p in prompts]
     if draft_model is not None:
@@ -167,9 +187,10 @@ def generate_steps(
     if adapt is True and seed is not None and not sampler.greedy:
         adapt = False  # the schedule follows wall time: a seeded sample must be reproducible
     policy: ShapePolicy = FixedShape(shape)
-    if adapt and not shape.is_autoregressive:
+    if adapt and not shape.is_autoregressive and not branches:  # its measures are per row
         policy = SoloChoice(model, drafter, shape, sampler, adapt)
-    batch = BatchGenerator(model, drafter, policy, eos, B, release=False, draft=draft_model)
+    max_batch = B * branches.max_branches if branches else B
+    batch = BatchGenerator(model, drafter, policy, eos, max_batch, release=False, draft=draft_model)
 
     group = getattr(model, "group", None)  # tensor parallel: every rank must draw alike
     seed = shared_seed(seed, group) if group is not None else seed
@@ -177,7 +198,8 @@ def generate_steps(
     rows = []
     for p in prompts:
         limit, at_limit = token_limit(model, len(p), max_tokens)
-        rows.append(Row(sampler, limit, len(p), RowStats(len(p)), at_limit=at_limit))
+        tree = BranchTree(branches) if branches else None
+        rows.append(Row(sampler, limit, len(p), RowStats(len(p)), at_limit=at_limit, branches=tree))
     out = [[] for _ in range(B)]
 
     tic = time.perf_counter()
@@ -193,17 +215,25 @@ def generate_steps(
             out[r] += new
         call.prompt_s = call.first_token_s = time.perf_counter() - tic
         call.started = time.perf_counter()
-        yield DecodeEvent(
-            first_new,
-            [0] * B,
-            [[False] * len(t) for t in first_new],
-            [row.finish for row in rows],
-            call.snapshot(rows, batch.host_s),
-            [0] * B,
-            [(0,) * len(SOURCE_NAMES)] * B,
-        )
-        while not all(row.finished for row in rows):
-            got = {id(g.row): g for g in batch.next().stepped}  # one step read
+        if branches:
+            yield _branch_event(rows, turn.joined, call.snapshot(_family(rows), batch.host_s))
+        else:
+            yield DecodeEvent(
+                first_new,
+                [0] * B,
+                [[False] * len(t) for t in first_new],
+                [row.finish for row in rows],
+                call.snapshot(rows, batch.host_s),
+                [0] * B,
+                [(0,) * len(SOURCE_NAMES)] * B,
+            )
+        while not all(row.request_done for row in rows):
+            stepped = batch.next().stepped
+            if branches:
+                call.steps += 1
+                yield _branch_event(rows, stepped, call.snapshot(_family(rows), batch.host_s))
+                continue
+            got = {id(g.row): g for g in stepped}  # one step read
             call.steps += 1
             new_rows, acc_rows, drafted_rows, looked, by = [], [], [], [], []
             for r, row in enumerate(rows):
@@ -228,8 +258,62 @@ def generate_steps(
                 by,
             )
     finally:
-        if batch.state is not None:
+        if branches:  # the cache's rows are branches, not the rebuilt text: start afresh
+            session.keys, session.values = model.make_cache(B, SLOT_QUANTUM)
+            session.reset()
+        elif batch.state is not None:
             _hand_back(session, batch.state, prompts, out)
+
+
+def _family(rows: list[Row]) -> list[Row]:
+    """Every row of the requests ``rows`` lead (their branches' rows)."""
+    return [r for row in rows for r in row.family]
+
+
+def _branch_event(rows: list[Row], stepped, stats: DecodeStats) -> DecodeEvent:
+    """A branching call's event: per request, the rebuilt text's newly final tokens, its
+    branches' own tokens, accepted drafts summed over its rows."""
+    tokens, accepted, looked, by, per_branch = [], [], [], [], []
+    for root in rows:
+        mine = [g for g in stepped if g.row.branches is root.branches]
+        tokens.append(root.branches.take_final())
+        accepted.append(sum(g.count - 1 for g in mine))
+        looked.append(sum(g.looked_up for g in mine))
+        own = [g.by_source or (0,) * len(SOURCE_NAMES) for g in mine]
+        by.append(tuple(sum(b[i] for b in own) for i in range(len(SOURCE_NAMES))))
+        per_branch.append([(g.row.branch, g.new) for g in mine])
+    stats.branches = sum(len(root.branches.branches) for root in rows)
+    return DecodeEvent(
+        tokens,
+        accepted,
+        [[False] * len(t) for t in tokens],
+        [root.request_finish for root in rows],
+        stats,
+        looked,
+        by,
+        per_branch,
+    )
+
+
+def resolve_branches(tokenizer, branches, **limits) -> BranchRules | None:
+    """The branching rules of ``branches`` (``"auto"`` / ``"on"`` / ``"off"``, or
+    ``BranchRules`` / None as is) for the model whose tokenizer folder is
+    ``tokenizer.path`` (``branches.branch_rules``, with ``limits``: ``max_depth``,
+    ``max_branches``); without a folder, ``"auto"`` is off."""
+    if branches is None or isinstance(branches, BranchRules):
+        return branches
+    folder = getattr(tokenizer, "path", None)
+    if folder is not None:
+        return branch_rules(folder, branches, **limits)
+    if branches not in BRANCH_MODES:
+        return branch_rules(".", branches)  # the ParamError naming the modes
+    if branches == "on":
+        raise ParamError(
+            "branches",
+            "branches='on' needs the model's tokenizer folder (its split tokens); pass the "
+            "tokenizer of an APAR model, or BranchRules, or branches='off'",
+        )
+    return None
 
 
 def _hand_back(session: Session, state: DecodeState, prompts, out) -> None:
@@ -324,6 +408,7 @@ def stream_generate(
     session: Session | None = None,
     adapt: Adaptive | bool = True,
     draft_model: Model | None = None,
+    branches: str | BranchRules | None = "auto",
 ) -> Iterator[GenerationResponse]:
     """Stream one prompt's continuation. ``drafter=None`` speculates from context lookup
     alone; ``shape=BeamShape.autoregressive()`` decodes plainly (the baseline).
@@ -338,13 +423,17 @@ def stream_generate(
     string (encoded with BOS) or a list of token ids. Pass a ``Session`` to reuse its KV
     cache across calls (only tokens not already cached are prefilled). ``draft_model``: a
     draft model sharing the tokenizer (``load(..., draft_model_path=...)``), whose chain
-    joins the tree (``generate_steps``).
+    joins the tree (``generate_steps``). ``branches``: ``"auto"`` (on for an APAR model:
+    its config's ``branches`` block), ``"on"``, ``"off"`` or ``BranchRules``
+    (``resolve_branches``); with branching on, the text is the rebuilt text, streamed as it
+    becomes final.
     """
     from .tokenizer import StreamDecoder
 
     prompt, max_tokens, shape, sampler, seed, session = api_arguments(
         tokenizer, prompt, max_tokens, shape, sampler, seed, session
     )
+    rules = resolve_branches(tokenizer, branches)
     detok = StreamDecoder(tokenizer)
     events = generate_steps(
         model,
@@ -358,6 +447,7 @@ def stream_generate(
         session=session,
         adapt=adapt,
         draft_model=draft_model,
+        branches=rules,
     )
     for ev in events:
         toks, done = ev.tokens[0], ev.finish[0]
@@ -370,6 +460,7 @@ def stream_generate(
             finish_reason=done,
             drafted_tokens=ev.drafted[0],
             looked_up=ev.looked_up[0] if ev.looked_up else 0,
+            branch_tokens=ev.branches[0] if ev.branches else [],
         )
 
 
@@ -391,13 +482,16 @@ def batch_generate(
     session: Session | None = None,
     adapt: Adaptive | bool = True,
     draft_model: Model | None = None,
+    branches: str | BranchRules | None = "auto",
 ) -> list[list[int]]:
     """Token ids generated for each prompt, decoded together as one batch (the arguments of
     ``stream_generate``; a ``session`` has one row per prompt). ``tokenizer=None``: the
-    prompts are token ids and no EOS stops a row."""
+    prompts are token ids and no EOS stops a row. With branching on, each prompt's ids are
+    its rebuilt text."""
     prompts, max_tokens, shape, sampler, seed, session = api_arguments(
         tokenizer, prompts, max_tokens, shape, sampler, seed, session, batch=True
     )
+    rules = resolve_branches(tokenizer, branches)
     ids = [_prompt_ids(tokenizer, p) for p in prompts]
     out = [[] for _ in ids]
     for ev in generate_steps(
@@ -412,6 +506,7 @@ def batch_generate(
         session=session,
         adapt=adapt,
         draft_model=draft_model,
+        branches=rules,
     ):
         for r, t in enumerate(ev.tokens):
             out[r].extend(t)

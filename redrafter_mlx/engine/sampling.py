@@ -270,13 +270,16 @@ FILTERS = (
 class StepMode(NamedTuple):
     """Static switches of a batch step's sampling (a compile key): any row samples, the
     ``filters`` some sampling row uses (``FILTERS`` names), any row has a logit bias / a
-    penalty, reading ``span`` history tokens. An all-greedy batch pays for an argmax only."""
+    penalty, reading ``span`` history tokens; ``split``: the fork and child token ids of a
+    batch holding a branching row (``branches.split_logits``), () else. An all-greedy batch
+    pays for an argmax only."""
 
     sample: bool = False
     filters: tuple[str, ...] = ()
     bias: bool = False
     penalize: bool = False
     span: int = 0
+    split: tuple[int, ...] = ()
 
 
 class RowSettings(NamedTuple):
@@ -380,11 +383,13 @@ def row_keys_of(key: mx.array, rows: int) -> mx.array:
 class RowSampler(NamedTuple):
     """A batch whose rows draw with their own settings (``RowSettings``) and PRNG keys
     (``keys`` (B, 2), one per row for this draw; unused when no row samples); ``mode`` is
-    static. A row's draw equals the same row's draw alone, with its settings and key."""
+    static. A row's draw equals the same row's draw alone, with its settings and key.
+    ``split``: the rows' branching arrays (``branches.SplitRows``) when ``mode.split``."""
 
     settings: RowSettings
     keys: mx.array | None
     mode: StepMode
+    split: tuple | None = None
 
     @classmethod
     def of(cls, rows: Rows, keys: mx.array | None) -> RowSampler:

@@ -50,13 +50,15 @@ def measure_generation(
     sampler: SamplerConfig = SamplerConfig(),
     seed: int | None = None,
     draft_model=None,
+    branches="auto",
 ) -> Run:
     """Generate ``prompt_ids``' continuation at ``shape`` (AR: plain decoding) and time it.
 
     ``adapt``: pinned to ``shape`` by default (a measurement of that shape); True or an
     ``Adaptive`` measures adaptive decoding starting from ``shape``.
 
-    ``sampler``, ``seed``, ``draft_model``: as ``stream_generate`` (greedy by default).
+    ``sampler``, ``seed``, ``draft_model``, ``branches``: as ``stream_generate`` (greedy by
+    default; APAR branches on for a model marked as one).
     """
     mx.reset_peak_memory()
     tokens, first_at, last_at, final = [], None, None, None
@@ -72,6 +74,7 @@ def measure_generation(
         seed=seed,
         adapt=adapt,
         draft_model=draft_model,
+        branches=branches,
     ):
         last_at = time.perf_counter()
         first_at = first_at or last_at

@@ -287,7 +287,10 @@ class _Run:
             event = await self.events.get()
 
     def usage(self) -> dict:
-        return usage(len(self.request.prompt), self.tokens)
+        """Prompt and completion tokens; with branches, every branch's tokens (the text
+        holds the rebuilt text, less the split tokens)."""
+        branched = self.stats is not None and self.stats.branches
+        return usage(len(self.request.prompt), self.stats.generated if branched else self.tokens)
 
     def speculation(self, beam: dict) -> dict:
         stats = self.stats.to_dict() if self.stats is not None else {}

@@ -71,6 +71,7 @@ class Held:
 
     request: Request
     ticket: int
+    answered: bool = False  # its last event (finish or error) was sent
 
 
 @dataclass

@@ -39,6 +39,7 @@ import time
 from redrafter_mlx.engine.adaptive import Adaptive
 from redrafter_mlx.engine.batch import BatchGenerator, Prefill, Row, RowStats
 from redrafter_mlx.engine.batch_choice import BatchChoice, FixedShape
+from redrafter_mlx.engine.branches import BranchRules, BranchTree
 from redrafter_mlx.engine.cache import Session, token_limit
 from redrafter_mlx.engine.draft_model import check_draft_model
 from redrafter_mlx.engine.loading import materialize
@@ -79,10 +80,12 @@ class Scheduler:
         group=None,
         adapt: Adaptive | bool = False,
         draft_model=None,
+        branches: BranchRules | None = None,
     ):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.model, self.drafter = model, drafter
+        self.branches = branches  # APAR branching rules (each request's branches are rows)
         if drafter is not None and shape is None:
             raise ValueError("a drafter needs a beam shape")
         if draft_model is not None:  # its cache follows only the steps that run it: pinned
@@ -325,7 +328,8 @@ class Scheduler:
             held = Held(request, ticket)
             limit, _ = token_limit(self.model, len(request.prompt), request.max_tokens)
             stats = RowStats(len(request.prompt))
-            row = Row(request.sampler, limit, len(request.prompt), stats, held)
+            tree = BranchTree(self.branches) if self.branches else None
+            row = Row(request.sampler, limit, len(request.prompt), stats, held, branches=tree)
             job = Prefill([request.prompt], request.sampler, event["seed"], session, held, [row])
             stats.queued_s = job.started - request.submitted
             self.batch.insert(job)
@@ -349,7 +353,9 @@ class Scheduler:
                     log.debug("%s cancelled after %d tokens", row.owner.request.id, row.out)
                 else:
                     self._send(row, [], error=error, status=status)
-                self.batch.leave(row)
+                for branch in row.family:  # every branch's row of the request
+                    if self.batch.rows[branch.slot] is branch:
+                        self.batch.leave(branch)
                 return
 
     def _fail_all(self, error: Exception) -> None:
@@ -368,7 +374,7 @@ class Scheduler:
         """An error event (500) for each request in a row or prefilling, once each."""
         answered = set()
         for row in self.batch.active:
-            if not row.finished:
+            if not row.finished and id(row.owner.request) not in answered:
                 self._send(row, [], error=message)
                 answered.add(id(row.owner.request))
         for job in self.batch.prefills:
@@ -408,7 +414,8 @@ class Scheduler:
         and prefills this iteration frees), waiting up to ``timeout`` when ``block``. An
         unseeded request gets its seed here."""
         events = []
-        held = self.active_rows + len(self.batch.prefills) - leaving
+        # rows forks of the step in flight may take (``BatchGenerator.fork_grants``)
+        held = self.active_rows + len(self.batch.prefills) + self.batch.reserved - leaving
         while held + len(events) < self.max_batch:
             try:
                 request = self.queue.get(block=block, timeout=timeout if block else None)
@@ -428,17 +435,31 @@ class Scheduler:
         return events
 
     def _deliver(self, row: Row, new: list[int], finish: str | None) -> None:
-        """Send a row's emitted tokens (the batch stopped it exactly); count a finish."""
+        """Send a row's emitted tokens (the batch stopped it exactly); count a finish. A
+        branch's row sends its request's rebuilt text as it becomes final
+        (``BranchTree.take_final``), finishing once every branch has (once)."""
         self.stats.generated += len(new)
+        if row.branches is not None:
+            root = row.family[0]
+            if root.owner.answered:
+                return
+            new, finish = row.branches.take_final(), root.request_finish
+            if not new and finish is None:
+                return
+            row = root
         self._send(row, new, finish=finish)
         if finish is not None:
             self.stats.requests_done += 1
 
     def _send(self, row: Row, tokens: list[int], finish=None, error=None, status=500) -> None:
         if error is not None:
-            row.finished = True  # answered: no other event reaches it
+            for branch in row.family:
+                branch.finished = True  # answered: no other event reaches it
             self.stats.requests_failed += 1
-        event = Event(tokens, row.stats, finish, error, status if error else 200)
+        if finish is not None or error is not None:
+            row.owner.answered = True
+        stats = row.request_stats()
+        event = Event(tokens, stats, finish, error, status if error else 200)
         with contextlib.suppress(Exception):  # a broken sink must not stop the engine
             row.owner.request.sink(event)
 

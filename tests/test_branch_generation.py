@@ -1,0 +1,127 @@
+"""Parallel branches through the generation API: ``generate_steps`` streams each prompt's
+rebuilt text (root -> detail -> next) as it becomes final, and ``branches="auto"|"on"|"off"``
+picks the rules from the model's folder."""
+
+import json
+
+import pytest
+
+from redrafter_mlx.engine.branches import CHILD_TOKEN, FORK_TOKEN, BranchRules
+from redrafter_mlx.engine.bundled import demo_paths
+from redrafter_mlx.engine.errors import ParamError
+from redrafter_mlx.engine.generation import generate_steps, resolve_branches, stream_generate
+from redrafter_mlx.engine.loading import load_model
+from redrafter_mlx.engine.sampling import SamplerConfig
+from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.tokenizer import load_tokenizer
+from tests.test_branch_rows import (
+    CHILD,
+    EOS,
+    FORK,
+    PROMPT,
+    RULES,
+    forking_sampler,
+    model_and_drafter,
+    run_batch,
+)
+
+OTHER = [9, 8, 7, 6, 5]
+
+
+def call(model, drafter, prompts, sampler, seed=0, shape=BeamShape(2, 3)):
+    kw = dict(max_tokens=10, shape=shape, sampler=sampler, seed=seed, eos_token_ids=[EOS])
+    return list(generate_steps(model, drafter, prompts, branches=RULES, **kw))
+
+
+def test_events_stream_each_prompts_rebuilt_text_in_order():
+    """Greedy, two prompts: each prompt's streamed tokens are its tree's rebuilt text; a
+    request finishes once all its branches have; events name the branches that moved."""
+    model, drafter = model_and_drafter()
+    events = call(model, drafter, [PROMPT, OTHER], forking_sampler())
+    trees = []
+    for r, prompt in enumerate([PROMPT, OTHER]):
+        roots, _, _ = run_batch(
+            model, drafter, BeamShape(2, 3), [(prompt, forking_sampler(), 0, 10, True)]
+        )
+        trees.append(roots[0].branches)
+        streamed = [t for ev in events for t in ev.tokens[r]]
+        assert streamed == trees[r].linear()
+        assert FORK not in streamed and CHILD not in streamed
+    assert [f is not None for f in events[-1].finish] == [True, True]
+    assert all(None in ev.finish for ev in events[:-1])
+    stats = events[-1].stats
+    assert stats.branches == sum(len(t.branches) for t in trees) > 4
+    assert stats.steps == len(events) - 1  # sequential steps; tokens count every branch's
+    assert stats.generation_tokens > max(len(t.linear()) for t in trees)
+    moved = {b for ev in events for row in ev.branches for b, _ in row}
+    assert len(moved) > 2
+
+
+def test_seeded_sampling_streams_the_same_text_as_the_loop():
+    model, drafter = model_and_drafter()
+    sampler = forking_sampler(temperature=0.8)
+    events = call(model, drafter, [OTHER], sampler, seed=5)
+    roots, _, _ = run_batch(model, drafter, BeamShape(2, 3), [(OTHER, sampler, 5, 10, True)])
+    assert [t for ev in events for t in ev.tokens[0]] == roots[0].branches.linear()
+    assert len(roots[0].branches.branches) > 2
+
+
+def test_branch_modes_resolve_from_the_tokenizer_folder(tmp_path):
+    class NoFolder:
+        pass
+
+    assert resolve_branches(NoFolder(), "auto") is None
+    assert resolve_branches(NoFolder(), RULES) is RULES
+    with pytest.raises(ParamError, match="branches='on' needs the model's tokenizer folder"):
+        resolve_branches(NoFolder(), "on")
+    with pytest.raises(ParamError, match="must be one of"):
+        resolve_branches(NoFolder(), "always")
+
+    class Folder:
+        path = tmp_path
+
+    block = {"fork": FORK_TOKEN, "child": CHILD_TOKEN}
+    (tmp_path / "config.json").write_text(json.dumps({"branches": block}))
+    (tmp_path / "added_tokens.json").write_text(json.dumps({FORK_TOKEN: 10, CHILD_TOKEN: 11}))
+    assert resolve_branches(Folder(), "auto") == BranchRules(10, 11)
+    assert resolve_branches(Folder(), "off") is None
+
+
+@pytest.fixture(scope="module")
+def demo_apar(tmp_path_factory):
+    """The demo model's folder with two of its ids named as the split tokens and a config
+    marking it an APAR model (what ``convert`` writes for THUDM/apar-7b)."""
+    base, _ = demo_paths()
+    folder = tmp_path_factory.mktemp("apar-demo")
+    for f in base.iterdir():
+        (folder / f.name).symlink_to(f)
+    (folder / "config.json").unlink()
+    config = json.loads((base / "config.json").read_text())
+    config["branches"] = {"fork": FORK_TOKEN, "child": CHILD_TOKEN}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "added_tokens.json").write_text(json.dumps({FORK_TOKEN: 4094, CHILD_TOKEN: 4095}))
+    model, _ = load_model(folder)
+    return model, load_tokenizer(folder)
+
+
+def test_stream_generate_auto_turns_branches_on_for_an_apar_model(demo_apar):
+    model, tok = demo_apar
+    sampler = SamplerConfig(logit_bias=((4094, 40.0),))
+    kw = dict(max_tokens=12, shape=BeamShape.autoregressive(), sampler=sampler, adapt=False)
+    auto = list(stream_generate(model, None, tok, "def add(a, b):", **kw))
+    rules = list(
+        stream_generate(model, None, tok, "def add(a, b):", branches=BranchRules(4094, 4095), **kw)
+    )
+    off = list(stream_generate(model, None, tok, "def add(a, b):", branches="off", **kw))
+    assert "".join(r.text for r in auto) == "".join(r.text for r in rules)
+    assert auto[-1].branches > 1 and off[-1].branches == 0
+    assert any(r.branch_tokens for r in auto) and not any(r.branch_tokens for r in off)
+    assert 4095 not in [t for r in auto for t in r.tokens]
+    assert 4094 in [t for r in off for t in r.tokens]  # off: the fork token is text
+
+
+def test_branches_on_for_a_model_without_split_tokens_says_how_to_fix(demo_apar):
+    model, _ = demo_apar
+    base, _ = demo_paths()
+    with pytest.raises(ParamError, match="--branches off"):
+        list(stream_generate(model, None, load_tokenizer(base), "x", max_tokens=2, branches="on"))

@@ -1,0 +1,202 @@
+"""Rows that fork (APAR parallel branches) in the engine's one loop: each branch a row of its
+own, copied from its parent at the fork (no prefill) and forced to the child token next,
+equals plain decoding of its own linear sequence under the same masks."""
+
+import mlx.core as mx
+import pytest
+
+from redrafter_mlx.engine.batch import BatchGenerator, Prefill, Row, RowStats, make_batch_step
+from redrafter_mlx.engine.batch_choice import FixedShape
+from redrafter_mlx.engine.branches import BranchRules, BranchTree, split_rows
+from redrafter_mlx.engine.cache import Session, ensure_slots, text_history
+from redrafter_mlx.engine.decode import DecodeState
+from redrafter_mlx.engine.sampling import SamplerConfig
+from redrafter_mlx.engine.shape import AR, BeamShape
+from tests.helpers import near_bigram_model, tiny_drafter
+
+FORK, CHILD, EOS = 30, 31, 29
+PROMPT = [1, 2, 3, 4, 5, 6, 7]
+RULES = BranchRules(FORK, CHILD, max_depth=2, max_branches=64)  # no branch limit reached
+
+
+def forking_sampler(**kw) -> SamplerConfig:
+    """A logit bias that makes the fork token likely (the tiny model knows no APAR)."""
+    return SamplerConfig(logit_bias=((FORK, 3.0),), **kw)
+
+
+def model_and_drafter():
+    model = near_bigram_model(seed=5, vocab=32)
+    return model, tiny_drafter(model, 3)
+
+
+def run_batch(model, drafter, shape, requests, rules=RULES, max_batch=64, eos=(EOS,), draft=None):
+    """Decode ``requests`` [(prompt, sampler, seed, limit, branching)] together; returns each
+    request's root row (its ``family`` and tree hold the branches). ``draft``: a draft
+    model for the shape's ``D1×L`` chain."""
+    drafter = drafter if shape.drafts else None
+    batch = BatchGenerator(model, drafter, FixedShape(shape), eos, max_batch, draft=draft)
+    batch.reset()
+    roots = []
+    for prompt, sampler, seed, limit, branching in requests:
+        tree = BranchTree(rules) if branching else None
+        row = Row(sampler, limit, len(prompt), RowStats(len(prompt)), branches=tree)
+        batch.insert(Prefill([prompt], sampler, seed, Session(model, 1), rows=[row]))
+        roots.append(row)
+    outs = [[] for _ in roots]
+    for _ in range(500):
+        if all(r.request_done for r in roots) and not batch.prefills:
+            break
+        turn = batch.next()
+        for got in [*turn.joined, *turn.stepped]:
+            for i, root in enumerate(roots):
+                if got.row is root:
+                    outs[i] += got.new
+        assert not turn.failed
+    else:
+        raise AssertionError("the batch did not finish")
+    return roots, outs, batch
+
+
+def reference(model, drafter, shape, prompt, sampler, seed, limit, forks, rules=RULES, eos=(EOS,)):
+    """Plain decoding of one linear sequence, alone: the same step at one row, the branching
+    masks on (a fork token is kept as text), the child token forced after each of ``forks``
+    (emitted-token counts), the depth going up there; stops at EOS or ``limit``."""
+    session = Session(model, 1)
+    row = Row(sampler, limit, len(prompt), RowStats(len(prompt)), branches=BranchTree(rules))
+    job = Prefill([prompt], sampler, seed, session, rows=[row])
+    while not job.complete:
+        job.advance()
+    depth = 0
+    first, keys = job.first_token(model, [depth < rules.max_depth])
+    out = list(first)
+    history = text_history(session.cached, session.slots)
+    cache = (session.keys, session.values)
+    state = DecodeState(mx.array(first), job.hidden, session.lengths, *cache, history)
+    settings = row.sampling
+    mode = settings.mode._replace(split=rules.split_ids)
+    step = make_batch_step(model, drafter if shape else None, shape, mode, compiled=False)
+    active = mx.array([True])
+
+    while out[-1] not in eos and len(out) < limit:
+        forced = rules.child_id if len(out) in forks else -1
+        depth += forced >= 0
+        split = split_rows([True], [depth < rules.max_depth], [forced])
+        state = ensure_slots(state, len(prompt) + len(out) + 64)
+        window = state.keys[0].shape[2]
+        state, keys, o = step(state, keys, active, settings.settings, window, split)
+        out += o.tokens.tolist()[0][: o.count.item()]
+    for i, t in enumerate(out):
+        if t in eos:
+            return out[:i]
+    return out[:limit]
+
+
+def fork_points(tree: BranchTree, b: int) -> list[int]:
+    """The emitted-token counts after which branch ``b``'s row was forced a child token."""
+    points = []
+    while tree.branches[b].parent is not None:
+        points.append(tree.branches[b].base)
+        b = tree.branches[b].parent
+    return points
+
+
+def check_branches(model, drafter, shape, root, prompt, sampler, seed, limit):
+    tree = root.branches
+    assert len(tree.branches) > 2, "the test needs forks"
+    assert len(tree.branches) < tree.rules.max_branches  # no limit reached: masks by depth
+    for b in range(len(tree.branches)):
+        want = reference(model, drafter, shape, prompt, sampler, seed, limit, fork_points(tree, b))
+        assert tree.row(b) == want, f"branch {b}"
+
+
+@pytest.mark.parametrize("shape", [AR, BeamShape(2, 3)], ids=["ar", "drafter"])
+def test_greedy_branches_equal_plain_decoding_of_their_own_rows(shape):
+    model, drafter = model_and_drafter()
+    sampler = forking_sampler()
+    roots, _, batch = run_batch(model, drafter, shape, [(PROMPT, sampler, 0, 10, True)])
+    root = roots[0]
+    check_branches(model, drafter, None, root, PROMPT, sampler, 0, 10)
+    assert all(r.finished for r in root.family) and root.branches.done
+    assert not batch.active  # every branch freed its row
+
+
+@pytest.mark.parametrize("shape", [AR, BeamShape(2, 3)], ids=["ar", "drafter"])
+def test_seeded_sampling_branches_equal_their_rows_decoded_alone(shape):
+    """Each branch draws with its own key, the parent's at the fork (copied), split per step
+    as a solo run's: its tokens equal its row decoded alone with the same seed and shape."""
+    model, drafter = model_and_drafter()
+    sampler = forking_sampler(temperature=0.8)
+    roots, _, _ = run_batch(model, drafter, shape, [(PROMPT, sampler, 7, 10, True)])
+    reference_shape = shape if shape.drafts else None
+    check_branches(model, drafter, reference_shape, roots[0], PROMPT, sampler, 7, 10)
+
+
+@pytest.mark.parametrize(
+    "shape", [BeamShape.lookup_only(1, 4), BeamShape(1, 3, None, 1, 4)], ids=["lookup", "hybrid"]
+)
+def test_lookup_and_hybrid_steps_fork_like_plain_decoding(shape):
+    """Lookup chains (and the beam-and-chain step) speculate for every branch row too; a
+    drafted fork token is never accepted, so the fork is the step's last token."""
+    model, drafter = model_and_drafter()
+    prompt = [3, 30, 24, 14, 3, 30, 24, 14, 3]  # text the chains can look up
+    sampler = forking_sampler()
+    roots, _, _ = run_batch(model, drafter, shape, [(prompt, sampler, 0, 10, True)])
+    check_branches(model, drafter, None, roots[0], prompt, sampler, 0, 10)
+
+
+def test_branching_and_plain_requests_share_a_batch():
+    """Two branching requests and one with branching off decode together: each branch equals
+    its row alone, and the plain request is untouched by the split masks (its child token
+    is an ordinary token, biased up here)."""
+    model, drafter = model_and_drafter()
+    shape = BeamShape(2, 3)
+    other = [9, 8, 7, 6, 5]
+    greedy, sampled = forking_sampler(), forking_sampler(temperature=0.8)
+    plain = SamplerConfig(logit_bias=((CHILD, 6.0),))
+    requests = [
+        (PROMPT, greedy, 0, 10, True),
+        (other, plain, 0, 10, False),
+        (other, sampled, 5, 10, True),
+    ]
+    roots, outs, _ = run_batch(model, drafter, shape, requests)
+    check_branches(model, drafter, None, roots[0], PROMPT, greedy, 0, 10)
+    check_branches(model, drafter, shape, roots[2], other, sampled, 5, 10)
+    _, alone_out, _ = run_batch(model, drafter, shape, [(other, plain, 0, 10, False)])
+    assert outs[1] == alone_out[0] and CHILD in outs[1]
+    assert roots[1].family == [roots[1]]
+
+
+def test_limits_hold_when_the_batch_or_the_request_runs_out_of_room():
+    """Forks are granted only where the branch limit and the batch's free rows leave room
+    for the child: a tree never passes ``max_branches`` and the batch never grows past
+    ``max_batch``; a child token biased up is still never drawn freely (masked)."""
+    model, drafter = model_and_drafter()
+    sampler = SamplerConfig(logit_bias=((FORK, 3.0), (CHILD, 8.0)))
+    for rules, max_batch in [(BranchRules(FORK, CHILD, max_branches=3), 8), (RULES, 2)]:
+        roots, _, batch = run_batch(
+            model, drafter, AR, [(PROMPT, sampler, 0, 10, True)], rules, max_batch
+        )
+        tree = roots[0].branches
+        assert 1 < len(tree.branches) <= min(rules.max_branches, max_batch)
+        assert len(batch.rows) <= max_batch and tree.done
+        for b in tree.branches:
+            assert CHILD not in b.tokens[1:]
+
+
+def test_batches_without_a_branching_row_keep_their_step(monkeypatch):
+    """The split masks are a static switch: a batch with no branching row runs the step it
+    always had (``StepMode.split`` empty); one with a branching row, the masked step."""
+    model, drafter = model_and_drafter()
+    seen = []
+    make = BatchGenerator._step_fn
+
+    def recording(self, shape, mode):
+        seen.append(mode.split)
+        return make(self, shape, mode)
+
+    monkeypatch.setattr(BatchGenerator, "_step_fn", recording)
+    run_batch(model, drafter, AR, [(PROMPT, forking_sampler(), 0, 4, False)])
+    assert seen and set(seen) == {()}
+    seen.clear()
+    run_batch(model, drafter, AR, [(PROMPT, forking_sampler(), 0, 4, True)])
+    assert set(seen) == {(FORK, CHILD)}

@@ -1,0 +1,110 @@
+"""``--branches auto|on|off`` on generate (and chat, serve): an APAR model's answer is the
+rebuilt text, the stats count its branches, and ``on`` without split tokens says the fix."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from redrafter_mlx.engine.branches import CHILD_TOKEN, FORK_TOKEN
+from redrafter_mlx.engine.bundled import demo_paths
+
+
+@pytest.fixture(scope="module")
+def apar_folder(tmp_path_factory):
+    """The demo model marked as an APAR model, two of its ids named as the split tokens."""
+    base, _ = demo_paths()
+    folder = tmp_path_factory.mktemp("apar-cli")
+    for f in base.iterdir():
+        if f.name != "config.json":
+            (folder / f.name).symlink_to(f)
+    config = json.loads((base / "config.json").read_text())
+    config["branches"] = {"fork": FORK_TOKEN, "child": CHILD_TOKEN}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "added_tokens.json").write_text(json.dumps({FORK_TOKEN: 4094, CHILD_TOKEN: 4095}))
+    return folder
+
+
+def generate(app, folder, *extra):
+    args = ["generate", "--model", folder, "--raw", "--prompt", "def f(x):", "-n", "12"]
+    args += ["--logit-bias", "4094:40", "--no-adapt", *extra]
+    return CliRunner().invoke(app, [str(a) for a in args], env={"COLUMNS": "120"})
+
+
+def test_generate_auto_decodes_an_apar_models_branches(cli_app, apar_folder):
+    result = generate(cli_app, apar_folder, "--json")
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.stdout)
+    assert out["stats"]["branches"] > 1
+    assert 4094 not in out["tokens"] and 4095 not in out["tokens"]  # the rebuilt text
+    off = json.loads(generate(cli_app, apar_folder, "--json", "--branches", "off").stdout)
+    assert off["stats"]["branches"] == 0 and 4094 in off["tokens"]
+
+
+def test_generate_prints_the_rebuilt_text_and_counts_branches(cli_app, apar_folder):
+    result = generate(cli_app, apar_folder)
+    assert result.exit_code == 0, result.output
+    assert "branches in" in result.stderr
+
+
+def test_branches_on_without_split_tokens_names_the_fix(cli_app):
+    base, _ = demo_paths()
+    result = generate(cli_app, base, "--branches", "on")
+    assert result.exit_code != 0
+    assert "--branches off" in result.output and "[SplitSop]" in result.output
+
+
+def test_bench_runs_every_configuration_with_branches(cli_app, apar_folder):
+    """Greedy branches are the same whatever shape runs: bench's configurations agree."""
+    args = ["bench", "--model", apar_folder, "--num-prompts", "1", "-n", "8"]
+    args += ["--logit-bias", "4094:40", "--json"]
+    result = CliRunner().invoke(cli_app, [str(a) for a in args], env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["ok"] is True
+    base, _ = demo_paths()
+    args = ["bench", "--model", base, "--num-prompts", "1", "-n", "4", "--branches", "on"]
+    result = CliRunner().invoke(cli_app, [str(a) for a in args], env={"COLUMNS": "120"})
+    assert result.exit_code != 0 and "--branches off" in result.output
+
+
+def test_chat_answers_turn_after_turn_with_branches(cli_app, apar_folder):
+    """Each turn's answer is its rebuilt text; the cache, whose rows were branches, starts
+    afresh, so the next turn prefills the conversation and goes on."""
+    args = ["chat", "--model", apar_folder, "-n", "8", "--logit-bias", "4094:40", "--no-adapt"]
+    script = "hi\n/stats\nhello again\n/stats\n/quit\n"
+    result = CliRunner().invoke(
+        cli_app, [str(a) for a in args], input=script, env={"COLUMNS": "120"}
+    )
+    assert result.exit_code == 0, result.output
+    assert result.output.count("branches in") == 2, result.output
+
+
+def test_branch_limits_are_flags(cli_app, apar_folder):
+    def branches(*flags):
+        result = generate(cli_app, apar_folder, "--json", *flags)
+        assert result.exit_code == 0, result.output
+        return json.loads(result.stdout)["stats"]["branches"]
+
+    assert branches() > 3
+    assert 1 < branches("--max-branches", "3") <= 3
+    assert branches("--branch-depth", "0") == 1  # the root may not fork
+    bad = generate(cli_app, apar_folder, "--max-branches", "0")
+    assert bad.exit_code != 0 and "branch limit must be >= 1" in bad.output
+
+
+def test_branches_with_a_draft_model_count_sources_and_branches(cli_app, apar_folder):
+    """The APAR model as its own draft model: the stats line carries both the per-source
+    accepted drafts and the branches decoded."""
+    result = generate(cli_app, apar_folder, "--draft-model", apar_folder)
+    assert result.exit_code == 0, result.output
+    assert "draft model" in result.stderr and "branches in" in result.stderr
+    assert "with --draft-model" in result.stderr
+
+
+def test_branch_text_shows_control_characters_visibly(cli_app, apar_folder):
+    """The rebuilt text goes through ``terminal.visible`` like any answer: a BEL (id 10,
+    biased up) in a branch prints as ``^G``, never raw."""
+    result = generate(cli_app, apar_folder, "--logit-bias", "10:30")
+    assert result.exit_code == 0, result.output
+    assert "branches in" in result.stderr
+    assert "^G" in result.stdout and "\x07" not in result.stdout

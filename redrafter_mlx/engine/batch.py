@@ -214,14 +214,12 @@ def uniform_step(
 @dataclass
 class RowStats:
     """One row's counters (the server's per-request stats; a generation call sums its rows'
-    into ``generation.DecodeStats``); ``tokens_per_step`` counts tokens each step emitted."""
+    into ``generation.DecodeStats``). Its steps are counted once, in ``accept_hist``: the
+    step count, tokens they emitted and accepted drafts are read from it."""
 
     prompt_tokens: int
     generated: int = 0
-    steps: int = 0
-    emitted_by_steps: int = 0
-    accepted_drafts: int = 0
-    by_source: list[int] = field(default_factory=lambda: [0] * len(SOURCE_NAMES))  # of those
+    by_source: list[int] = field(default_factory=lambda: [0] * len(SOURCE_NAMES))  # accepted
     drafted: int = 0  # draft tokens its steps could accept (a shape's longest candidate, less 1)
     packed: int = 0  # tree slots its steps used
     accept_hist: list[int] = field(default_factory=list)  # [i]: steps that emitted i + 1
@@ -231,8 +229,23 @@ class RowStats:
     branches: int = 0  # a branching request's branches (``request_stats``), 0: branching off
 
     @property
+    def steps(self) -> int:
+        """Steps that advanced it."""
+        return sum(self.accept_hist)
+
+    @property
+    def emitted_by_steps(self) -> int:
+        """Tokens its steps emitted (accepted drafts + a bonus each)."""
+        return sum((i + 1) * n for i, n in enumerate(self.accept_hist))
+
+    @property
     def tokens_per_step(self) -> float:
         return self.emitted_by_steps / max(self.steps, 1)
+
+    @property
+    def accepted_drafts(self) -> int:
+        """Draft tokens its steps' verifier accepted: each step emits them and one more."""
+        return self.emitted_by_steps - self.steps
 
     @staticmethod
     def summed(stats: Sequence[RowStats]) -> RowStats:
@@ -248,9 +261,6 @@ class RowStats:
         return RowStats(
             root.prompt_tokens,
             generated=sum(r.generated for r in stats),
-            steps=sum(r.steps for r in stats),
-            emitted_by_steps=sum(r.emitted_by_steps for r in stats),
-            accepted_drafts=sum(r.accepted_drafts for r in stats),
             by_source=[sum(col) for col in zip(*(r.by_source for r in stats))],
             drafted=sum(r.drafted for r in stats),
             packed=sum(r.packed for r in stats),
@@ -266,9 +276,6 @@ class RowStats:
         """A step of ``shape`` (None: plain decoding) gave this row ``count`` tokens
         (accepted drafts + the bonus), its accepted drafts ``by_source`` (one count per
         ``SOURCE_NAMES``), in ``packed`` tree slots."""
-        self.steps += 1
-        self.emitted_by_steps += count
-        self.accepted_drafts += count - 1
         self.by_source = [a + b for a, b in zip(self.by_source, by_source)]
         self.drafted += shape.longest - 1 if shape else 0
         self.packed += packed

@@ -97,8 +97,8 @@ def test_parse_configs():
         assert needle in str(info.value)
 
 
-def _run(accepted: int, looked_up: int) -> Run:
-    return Run([1] * 9, 8, 0.1, 4, 2.0, 3.0, 0.01, 0.1, accepted, looked_up)
+def _run(accepted: int, from_lookup: int) -> Run:
+    return Run([1] * 9, 8, 0.1, 4, 2.0, 3.0, 0.01, 0.1, accepted, {"lookup": from_lookup})
 
 
 def test_lookup_share_column():

@@ -168,8 +168,8 @@ def test_greedy_with_lookup_equals_autoregressive(seed):
                 adapt=False,
             )
             assert out == ar, f"case {seed}: {shape.label}, drafter={d is not None}"
-            looked += stats["lookup_tokens"]
-            assert stats["lookup_tokens"] <= stats["accepted_tokens"]
+            looked += stats["source_tokens"]["lookup"]
+            assert stats["source_tokens"]["lookup"] <= stats["accepted_tokens"]
     assert looked > 0 or not bigram or eos  # lookup chains were accepted: the path is tested
 
 
@@ -187,7 +187,7 @@ def test_lookup_across_chat_turns_reusing_the_cache():
     ar2, _ = run_decode(model, None, [turn2], max_tokens=30)
     assert out2 == ar2
     assert stats["prefilled_tokens"] < len(turn2)
-    assert stats["lookup_tokens"] > 0
+    assert stats["source_tokens"]["lookup"] > 0
 
 
 def phased_costs(shapes, period: int):
@@ -329,7 +329,7 @@ def test_history_grows_with_the_cache():
     ar, _ = run_decode(model, None, prompt, max_tokens=300)
     shape = BeamShape.lookup_only(1, 8)
     out, stats = run_decode(model, None, prompt, max_tokens=300, shape=shape, adapt=False)
-    assert out == ar and stats["lookup_tokens"] > 0
+    assert out == ar and stats["source_tokens"]["lookup"] > 0
 
 
 def test_each_step_shape_follows_the_match_state():

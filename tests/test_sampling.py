@@ -167,7 +167,7 @@ def test_sampling_with_lookup_matches_exact_distribution(shape):
     cfg = SamplerConfig(temperature=1.0)
     n = 3000
     counts, stats = sample_counts(model, drafter, cfg, n, seed=321, shape=shape, adapt=False)
-    assert stats["lookup_tokens"] > 0.005 * n  # lookup chains were accepted
+    assert stats["source_tokens"]["lookup"] > 0.005 * n  # lookup chains were accepted
     assert chi_square_pvalue(counts, exact_joint(model, cfg), n) > 1e-3
 
 

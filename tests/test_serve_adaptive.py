@@ -10,6 +10,7 @@ import random
 from redrafter_mlx.engine.adaptive import Adaptive
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape
+from redrafter_mlx.engine.sources import LOOKUP
 from redrafter_mlx.serve.scheduler import Request, Scheduler
 from tests.helpers import near_bigram_model, run_decode, tiny_drafter, tiny_model
 from tests.test_lookup import phased_costs, repetitive_prompts
@@ -45,7 +46,7 @@ def test_rows_equal_plain_decoding_while_the_batch_switches_shapes():
     ran = sched.choice.ran
     assert {AR, *shapes} <= set(ran), ran  # it really switched
     assert len(sched.choice.choosers) == 3  # one per batch size
-    assert sum(sink.last.stats.lookup_drafts for *_, sink in runs) > 0
+    assert sum(sink.last.stats.by_source[LOOKUP] for *_, sink in runs) > 0
     health = sched.health()
     assert health["adaptive"] and sum(health["shape_steps"].values()) == sum(ran.values())
     assert set(health["step_ms"]) == {"1", "2", "3"}  # step costs learnt per batch size
@@ -67,7 +68,7 @@ def test_each_step_follows_its_rows_match_state():
     drain(sched)
     assert sink.tokens == plain(model, copying, 80)
     assert sched.choice.ran[long_chain] > 2 and sched.choice.ran[AR] > 2, sched.choice.ran
-    assert sink.last.stats.lookup_drafts > 0
+    assert sink.last.stats.by_source[LOOKUP] > 0
 
 
 def test_a_seeded_sampled_row_runs_the_asked_shape():

@@ -9,6 +9,7 @@ import redrafter_mlx
 from redrafter_mlx.engine.bundled import demo_paths
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.sources import LOOKUP
 from redrafter_mlx.serve.scheduler import QueueFull, Request, Scheduler
 from tests.helpers import run_decode, tiny_drafter, tiny_model
 
@@ -208,7 +209,7 @@ def test_rows_with_lookup_equal_solo_runs(pair, prompts, with_drafter):
     for prompt, max_tokens, sink in runs:
         assert sink.tokens == solo(pair, prompt, max_tokens, None)
     stats = [sink.last.stats for _, _, sink in runs]
-    assert sum(s.lookup_drafts for s in stats) > 0  # lookup chains were accepted
+    assert sum(s.by_source[LOOKUP] for s in stats) > 0  # lookup chains were accepted
     spec = stats[0].to_dict()
     assert (
         spec["accepted_from_lookup"] + spec["accepted_from_drafter"]

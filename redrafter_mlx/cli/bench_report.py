@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from redrafter_mlx.engine.shape import AR, BeamShape
+from redrafter_mlx.engine.sources import LOOKUP, SOURCE_NAMES
 from redrafter_mlx.measure.throughput import Run, measure_generation
 
 AR_NAME = "AR"
@@ -223,7 +224,6 @@ def run_mlx_lm(lm: MlxLm, ids: list[int], max_tokens: int, sampling) -> Run:
         first_at - start,
         mx.get_peak_memory() / 1e9,
         drafted,
-        0,
         {"draft_model": drafted} if lm.draft_model is not None else {},
     )
 
@@ -331,23 +331,17 @@ def _throughput(runs: list[Run]) -> float:
     return sum(r.decode_tokens for r in runs) / seconds if seconds > 0 else 0.0
 
 
-def lookup_share(runs: list[Run]) -> float:
-    """The share of accepted draft tokens that came from context lookup (0 when none were
-    accepted)."""
+def source_share(runs: list[Run], name: str) -> float:
+    """The share of accepted draft tokens that came from draft source ``name``
+    (``engine.sources.SOURCE_NAMES``; 0 when none were accepted)."""
     accepted = sum(r.accepted_tokens for r in runs)
-    return sum(r.lookup_tokens for r in runs) / accepted if accepted else 0.0
+    return sum(r.source_tokens.get(name, 0) for r in runs) / accepted if accepted else 0.0
 
 
 def source_shares(runs: list[Run]) -> dict:
     """Each draft source's share of the accepted draft tokens (``engine.sources``)."""
-    accepted = sum(r.accepted_tokens for r in runs)
     names = dict.fromkeys(name for r in runs for name in r.source_tokens)
-    return {
-        name: round(sum(r.source_tokens.get(name, 0) for r in runs) / accepted, 4)
-        if accepted
-        else 0.0
-        for name in names
-    }
+    return {name: round(source_share(runs, name), 4) for name in names}
 
 
 def summarize(result: BenchResult) -> list[dict]:
@@ -391,7 +385,7 @@ def _summary_row(
         efficiency=speedup / tokens_per_step,
         mean_packed=packed if config.kind == "redrafter" else None,
         tree_size=config.tree_size,
-        lookup_share=lookup_share(runs) if config.has_lookup else None,
+        lookup_share=source_share(runs, SOURCE_NAMES[LOOKUP]) if config.has_lookup else None,
         draft_model_length=config.field("model_length") or None,
         source_shares=source_shares(runs) if config.kind != "ar" else None,
         ttft_s=sum(r.ttft_s for r in runs) / len(runs),
@@ -423,7 +417,6 @@ def report(result: BenchResult, meta: dict) -> dict:
                     ttft_s=r.ttft_s,
                     steps=r.steps,
                     accepted_tokens=r.accepted_tokens,
-                    lookup_tokens=r.lookup_tokens,
                     source_tokens=r.source_tokens,
                 )
                 for item, r in zip(result.items, runs)

@@ -156,13 +156,13 @@ class ShapeChooser:
             return 1.0
         if matches and key.lookup:
             drafted = self._drafted(key) if key.drafts else 0.0
-            rows = [max(self.lookup_tokens(key, m) or 1.0, drafted) for m in matches]
+            rows = [max(self.shadow_tokens_per_step(key, m) or 1.0, drafted) for m in matches]
             return sum(rows) / len(rows)
         own = self.own[key]
         if own.mean is not None and self.steps - own.last_step <= self.stale:
             return own.mean
         chain = sum(self.acceptance(key) ** k for k in range(key.longest))
-        shadow = self.lookup_tokens(key)
+        shadow = self.shadow_tokens_per_step(key)
         if shadow is None:
             return chain
         if not key.drafts:
@@ -176,7 +176,7 @@ class ShapeChooser:
             return self.tokens_per_step(part)
         return sum(self.acceptance(key) ** k for k in range(key.length))
 
-    def lookup_tokens(self, key: Hashable, match: int | None = None) -> float | None:
+    def shadow_tokens_per_step(self, key: Hashable, match: int | None = None) -> float | None:
         """Tokens per step a shape's lookup chain would give, from the shadow: of steps that
         started in match state ``match`` when enough were seen, else of all (None: no
         lookup in ``key``, or nothing observed yet)."""

@@ -45,7 +45,7 @@ in the batch each step is read before the next is queued (``branching``). docs/d
 from __future__ import annotations
 
 import time
-from collections.abc import Container
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -88,7 +88,7 @@ from .sampling import (
     stack_rows,
 )
 from .shape import AR, BeamShape
-from .sources import LOOKUP, SOURCE_NAMES, by_source, map_states
+from .sources import SOURCE_NAMES, by_source, map_states
 
 
 def split_row_keys(row_keys: mx.array) -> tuple[mx.array, mx.array]:
@@ -214,15 +214,12 @@ def uniform_step(
 @dataclass
 class RowStats:
     """One row's counters (the server's per-request stats; a generation call sums its rows'
-    into ``generation.DecodeStats``); ``tokens_per_step`` counts tokens each step emitted."""
+    into ``generation.DecodeStats``). Its steps are counted once, in ``accept_hist``: the
+    step count, tokens they emitted and accepted drafts are read from it."""
 
     prompt_tokens: int
     generated: int = 0
-    steps: int = 0
-    emitted_by_steps: int = 0
-    accepted_drafts: int = 0
-    lookup_drafts: int = 0  # accepted drafts that came from a context-lookup chain
-    by_source: list[int] = field(default_factory=lambda: [0] * len(SOURCE_NAMES))
+    by_source: list[int] = field(default_factory=lambda: [0] * len(SOURCE_NAMES))  # accepted
     drafted: int = 0  # draft tokens its steps could accept (a shape's longest candidate, less 1)
     packed: int = 0  # tree slots its steps used
     accept_hist: list[int] = field(default_factory=list)  # [i]: steps that emitted i + 1
@@ -232,8 +229,46 @@ class RowStats:
     branches: int = 0  # a branching request's branches (``request_stats``), 0: branching off
 
     @property
+    def steps(self) -> int:
+        """Steps that advanced it."""
+        return sum(self.accept_hist)
+
+    @property
+    def emitted_by_steps(self) -> int:
+        """Tokens its steps emitted (accepted drafts + a bonus each)."""
+        return sum((i + 1) * n for i, n in enumerate(self.accept_hist))
+
+    @property
     def tokens_per_step(self) -> float:
         return self.emitted_by_steps / max(self.steps, 1)
+
+    @property
+    def accepted_drafts(self) -> int:
+        """Draft tokens its steps' verifier accepted: each step emits them and one more."""
+        return self.emitted_by_steps - self.steps
+
+    @staticmethod
+    def summed(stats: Sequence[RowStats]) -> RowStats:
+        """The counters of ``stats`` (rows of one request or call, the first the root; at
+        least one) added up: tokens, steps (row-steps, so tokens per step stays a per-row
+        mean), accepted drafts per source, tree slots and the accept histogram; prompt
+        tokens and times are the first's, decode time the longest."""
+        root = stats[0]
+        hist = [0] * max(len(r.accept_hist) for r in stats)
+        for r in stats:
+            for i, n in enumerate(r.accept_hist):
+                hist[i] += n
+        return RowStats(
+            root.prompt_tokens,
+            generated=sum(r.generated for r in stats),
+            by_source=[sum(col) for col in zip(*(r.by_source for r in stats))],
+            drafted=sum(r.drafted for r in stats),
+            packed=sum(r.packed for r in stats),
+            accept_hist=hist,
+            queued_s=root.queued_s,
+            ttft_s=root.ttft_s,
+            decode_s=max(r.decode_s for r in stats),
+        )
 
     def record(
         self, count: int, by_source: tuple[int, ...], packed: int, shape: BeamShape | None
@@ -241,11 +276,7 @@ class RowStats:
         """A step of ``shape`` (None: plain decoding) gave this row ``count`` tokens
         (accepted drafts + the bonus), its accepted drafts ``by_source`` (one count per
         ``SOURCE_NAMES``), in ``packed`` tree slots."""
-        self.steps += 1
-        self.emitted_by_steps += count
-        self.accepted_drafts += count - 1
         self.by_source = [a + b for a, b in zip(self.by_source, by_source)]
-        self.lookup_drafts = self.by_source[LOOKUP]
         self.drafted += shape.longest - 1 if shape else 0
         self.packed += packed
         self.accept_hist += [0] * (count - len(self.accept_hist))
@@ -318,34 +349,12 @@ class Row:
         return next((r.finish for r in self.family if r.finish != "stop"), "stop")
 
     def request_stats(self) -> RowStats:
-        """Its request's counters: this row's, or with branches the sum over every branch's
-        row (tokens: all they emitted; steps: row-steps, so tokens per step stays a
-        per-row mean; times: the root's, decode time the longest row's), ``branches``
-        set."""
+        """Its request's counters: this row's, or with branches every branch's row's summed
+        (``RowStats.summed``), ``branches`` set."""
         if self.branches is None:
             return self.stats
-        rows = [r.stats for r in self.family]
-        root = rows[0]
-        hist = [0] * max(len(r.accept_hist) for r in rows)
-        for r in rows:
-            for i, n in enumerate(r.accept_hist):
-                hist[i] += n
-        total = RowStats(
-            root.prompt_tokens,
-            generated=sum(r.generated for r in rows),
-            steps=sum(r.steps for r in rows),
-            emitted_by_steps=sum(r.emitted_by_steps for r in rows),
-            accepted_drafts=sum(r.accepted_drafts for r in rows),
-            lookup_drafts=sum(r.lookup_drafts for r in rows),
-            by_source=[sum(r.by_source[i] for r in rows) for i in range(len(SOURCE_NAMES))],
-            drafted=sum(r.drafted for r in rows),
-            packed=sum(r.packed for r in rows),
-            accept_hist=hist,
-            queued_s=root.queued_s,
-            ttft_s=root.ttft_s,
-            decode_s=max(r.decode_s for r in rows),
-            branches=len(self.branches.branches),
-        )
+        total = RowStats.summed([r.stats for r in self.family])
+        total.branches = len(self.branches.branches)
         return total
 
 
@@ -431,14 +440,13 @@ class Turn(NamedTuple):
 
 class RowStep(NamedTuple):
     """What one step gave one row: the tokens it emits (``new``, exact stop), why it finished
-    (None: it goes on), and the step's own count (accepted drafts + bonus), accepted
-    drafts from a lookup chain, tree slots used and accepted drafts per source."""
+    (None: it goes on), and the step's own count (accepted drafts + bonus), tree slots used
+    and accepted drafts per source (``SOURCE_NAMES`` order; empty: none)."""
 
     row: Row
     new: list[int]
     finish: str | None
     count: int
-    looked_up: int
     packed: int
     by_source: tuple[int, ...] = ()
 
@@ -891,7 +899,7 @@ class BatchGenerator:
                     joined = self.join(job.rows, job.session, job.hidden, *first)
                     self.prefills.pop(0)  # after the join: a failing join leaves it to answer
                     for row, (new, finish) in zip(job.rows, joined):
-                        turn.joined.append(RowStep(row, new, finish, 1, 0, 0))
+                        turn.joined.append(RowStep(row, new, finish, 1, 0))
             self.fit()
             turn.stepped.extend(self.step())
         except Exception:
@@ -956,7 +964,7 @@ class BatchGenerator:
                 resolved += row.shadow.step(0, tokens[r][: counts[r]])
             new, finish = self.emit(row, tokens[r][: counts[r]])
             self.grow_branches(row, new, finish)
-            delivered.append(RowStep(row, new, finish, counts[r], by[r][LOOKUP], packed[r], by[r]))
+            delivered.append(RowStep(row, new, finish, counts[r], packed[r], by[r]))
             if row.finished and row.shadow is not None:
                 resolved += row.shadow.finish(0)
         self.policy.finished(len(step.owners), step.shape or AR, ran, seconds)

@@ -40,7 +40,7 @@ from .model import Model
 from .plan import DEFAULT_SHAPE, default_plan
 from .sampling import SamplerConfig, check_seed
 from .shape import BeamShape
-from .sources import LOOKUP, SOURCE_NAMES
+from .sources import SOURCE_NAMES
 
 
 @dataclass
@@ -64,7 +64,6 @@ class DecodeStats:
     peak_memory_gb: float = 0.0
     accept_hist: list[int] = field(default_factory=list)
     accepted_tokens: int = 0  # draft tokens the verifier accepted, over all row-steps
-    lookup_tokens: int = 0  # of those, taken from a context-lookup chain
     source_tokens: dict = field(default_factory=dict)  # of those, per draft source name
     branches: int = 0  # branches decoded (APAR; the roots counted), 0 with branching off
 
@@ -81,7 +80,6 @@ class DecodeEvent:
     tokens:   per row, the new tokens (after EOS/limit truncation; empty once finished)
     accepted: per row, draft tokens the verifier accepted this step
     drafted:  per row, for each new token, whether it was a draft (drafter or lookup)
-    looked_up: per row, accepted draft tokens that came from a context-lookup chain
     finish:   per row, None while running, then ``"stop"`` (EOS), ``"length"`` (max_tokens)
               or ``"context"`` (the model's context is full)
     stats:    running statistics of the whole call
@@ -95,7 +93,6 @@ class DecodeEvent:
     drafted: list[list[bool]]
     finish: list[str | None]
     stats: DecodeStats
-    looked_up: list[int] = field(default_factory=list)
     by_source: list[tuple[int, ...]] = field(default_factory=list)
     branches: list[list[tuple[int, list[int]]]] = field(default_factory=list)
 
@@ -115,7 +112,6 @@ class GenerationResponse(DecodeStats):
     accepted: int = 0
     finish_reason: str | None = None
     drafted_tokens: list[bool] = field(default_factory=list)
-    looked_up: int = 0
     branch_tokens: list[tuple[int, list[int]]] = field(default_factory=list)  # (id, new)
 
     @property
@@ -224,7 +220,6 @@ def generate_steps(
                 [[False] * len(t) for t in first_new],
                 [row.finish for row in rows],
                 call.snapshot(rows, batch.host_s),
-                [0] * B,
                 [(0,) * len(SOURCE_NAMES)] * B,
             )
         while not all(row.request_done for row in rows):
@@ -235,18 +230,17 @@ def generate_steps(
                 continue
             got = {id(g.row): g for g in stepped}  # one step read
             call.steps += 1
-            new_rows, acc_rows, drafted_rows, looked, by = [], [], [], [], []
+            new_rows, acc_rows, drafted_rows, by = [], [], [], []
             for r, row in enumerate(rows):
                 g = got.get(id(row))
                 if g is None:  # finished before this step
                     new_rows.append([]), acc_rows.append(0), drafted_rows.append([])
-                    looked.append(0), by.append((0,) * len(SOURCE_NAMES))
+                    by.append((0,) * len(SOURCE_NAMES))
                     continue
                 out[r] += g.new
                 new_rows.append(g.new)
                 acc_rows.append(g.count - 1)
                 drafted_rows.append([i < g.count - 1 for i in range(len(g.new))])
-                looked.append(g.looked_up)
                 by.append(g.by_source)
             yield DecodeEvent(
                 new_rows,
@@ -254,7 +248,6 @@ def generate_steps(
                 drafted_rows,
                 [row.finish for row in rows],
                 call.snapshot(rows, batch.host_s),
-                looked,
                 by,
             )
     finally:
@@ -273,12 +266,11 @@ def _family(rows: list[Row]) -> list[Row]:
 def _branch_event(rows: list[Row], stepped, stats: DecodeStats) -> DecodeEvent:
     """A branching call's event: per request, the rebuilt text's newly final tokens, its
     branches' own tokens, accepted drafts summed over its rows."""
-    tokens, accepted, looked, by, per_branch = [], [], [], [], []
+    tokens, accepted, by, per_branch = [], [], [], []
     for root in rows:
         mine = [g for g in stepped if g.row.branches is root.branches]
         tokens.append(root.branches.take_final())
         accepted.append(sum(g.count - 1 for g in mine))
-        looked.append(sum(g.looked_up for g in mine))
         own = [g.by_source or (0,) * len(SOURCE_NAMES) for g in mine]
         by.append(tuple(sum(b[i] for b in own) for i in range(len(SOURCE_NAMES))))
         per_branch.append([(g.row.branch, g.new) for g in mine])
@@ -289,7 +281,6 @@ def _branch_event(rows: list[Row], stepped, stats: DecodeStats) -> DecodeEvent:
         [[False] * len(t) for t in tokens],
         [root.request_finish for root in rows],
         stats,
-        looked,
         by,
         per_branch,
     )
@@ -359,33 +350,28 @@ class _Call:
     steps: int = 0
 
     def snapshot(self, rows: list[Row], host_s: float) -> DecodeStats:
-        """The call's statistics now: its own counts and the sum of its rows' (``host_s``:
-        time spent queueing steps)."""
+        """The call's statistics now: its own counts and its rows' summed
+        (``RowStats.summed``; ``host_s``: time spent queueing steps)."""
         elapsed = max(time.perf_counter() - self.started, 1e-9)
-        row_steps = sum(r.stats.steps for r in rows)
-        emitted = sum(r.stats.emitted_by_steps for r in rows)
-        generated = sum(r.stats.generated for r in rows)
+        total = RowStats.summed([r.stats for r in rows])
         hist = [0] * self.length
-        for r in rows:
-            for i, n in enumerate(r.stats.accept_hist):
-                hist[min(i, self.length - 1)] += n
-        by_source = [sum(r.stats.by_source[i] for r in rows) for i in range(len(SOURCE_NAMES))]
+        for i, n in enumerate(total.accept_hist):
+            hist[min(i, self.length - 1)] += n
         return DecodeStats(
             steps=self.steps,
             prompt_tokens=self.prompt_tokens,
             prefilled_tokens=self.prefilled,
-            generation_tokens=generated,
+            generation_tokens=total.generated,
             prompt_tps=self.prefilled / max(self.prompt_s, 1e-9),
-            generation_tps=generated / elapsed,
-            tokens_per_step=emitted / max(row_steps, 1),
-            mean_packed=sum(r.stats.packed for r in rows) / max(row_steps, 1),
+            generation_tps=total.generated / elapsed,
+            tokens_per_step=total.tokens_per_step,
+            mean_packed=total.packed / max(total.steps, 1),
             time_to_first_token=self.first_token_s,
             host_ms_per_step=1e3 * host_s / max(self.steps, 1),
             peak_memory_gb=mx.get_peak_memory() / 1e9,
-            accept_hist=hist if row_steps else [],
-            accepted_tokens=emitted - row_steps,
-            lookup_tokens=by_source[LOOKUP],
-            source_tokens=dict(zip(SOURCE_NAMES, by_source)),
+            accept_hist=hist if total.steps else [],
+            accepted_tokens=total.accepted_drafts,
+            source_tokens=dict(zip(SOURCE_NAMES, total.by_source)),
         )
 
 
@@ -459,7 +445,6 @@ def stream_generate(
             accepted=ev.accepted[0],
             finish_reason=done,
             drafted_tokens=ev.drafted[0],
-            looked_up=ev.looked_up[0] if ev.looked_up else 0,
             branch_tokens=ev.branches[0] if ev.branches else [],
         )
 

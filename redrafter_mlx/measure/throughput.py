@@ -30,7 +30,6 @@ class Run:
     ttft_s: float
     peak_memory_gb: float
     accepted_tokens: int = 0  # draft tokens the verifier accepted
-    lookup_tokens: int = 0  # of those, taken from a context-lookup chain
     source_tokens: dict = field(default_factory=dict)  # of those, per draft source name
 
     @property
@@ -93,6 +92,5 @@ def measure_generation(
         first_at - start,
         mx.get_peak_memory() / 1e9,
         final.accepted_tokens,
-        final.lookup_tokens,
         dict(final.source_tokens),
     )

@@ -11,13 +11,27 @@ import pytest
 
 from redrafter_mlx.engine.batch import uniform_step
 from redrafter_mlx.engine.decode import DecodeState, prefill_chunk, step_sources
-from redrafter_mlx.engine.early_exit import EarlyExitAdapter, EarlyExitArgs, EarlyExitSource
+from redrafter_mlx.engine.early_exit import (
+    EarlyExitAdapter,
+    EarlyExitArgs,
+    EarlyExitSource,
+    save_adapter,
+)
 from redrafter_mlx.engine.early_exit import prefill as prefill_ee
+from redrafter_mlx.engine.loading import LoadError, load
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape
-from redrafter_mlx.engine.sources import LOOKUP, SOURCE_NAMES, DraftContext
+from redrafter_mlx.engine.sources import EARLY_EXIT, LOOKUP, SOURCE_NAMES, DraftContext
 from redrafter_mlx.train import early_exit as EE
-from tests.helpers import _randomize, near_bigram_model, run_decode, tiny_model
+from tests.helpers import (
+    VICUNA_TOKENIZER,
+    _randomize,
+    near_bigram_model,
+    run_decode,
+    save_model_dir,
+    tiny_model,
+)
+from tests.test_cli import app, invoke, run_json  # noqa: F401 (fixtures)
 
 PROMPTS = [[1, 5, 9, 3, 5, 9, 1, 5], [2, 7, 7, 4], [3, 3, 8, 1, 2, 3, 8, 1, 2]]
 
@@ -97,7 +111,7 @@ def test_sources_of_an_early_exit_shape():
     assert [type(s).__name__ for s in sources] == ["EarlyExitSource", "LookupSource"]
     assert sources[0].length == 5 and sources[0].refresh == 7 and sources[0].eta == 0.6
     assert step_sources(BeamShape.parse("W1xL5"), adapter)[0].refresh == 0
-    with pytest.raises(ValueError, match="W1xL"):
+    with pytest.raises(ValueError, match="beam-width 1"):
         step_sources(BeamShape.parse("W2xL4"), adapter)
     assert isinstance(sources[0], EarlyExitSource)
 
@@ -147,3 +161,70 @@ def test_adapter_cache_holds_the_committed_text_after_the_refresh(label):
             assert mx.allclose(a[:, :, :n], b[:, :, :n], atol=1e-4).item()
     if shape.lookup:
         assert LOOKUP in won
+
+
+@pytest.mark.parametrize("transparent", [False, True], ids=["random", "transparent"])
+def test_server_rows_with_an_early_exit_drafter_equal_solo_plain_decoding(transparent):
+    """Rows join mid-way (more requests than rows: resizes, placements, each row's adapter
+    cache from its own prefill): each row's output equals plain decoding; on a transparent
+    target every row's drafts are all accepted."""
+    from redrafter_mlx.serve.scheduler import Request, Scheduler
+    from tests.test_serve_scheduler import Collector, drain
+
+    if transparent:
+        model, adapter = transparent_pair()
+        adapter.args.extra["eta"] = 0.0
+    else:
+        model, adapter = random_pair(5)
+    prompts = [[1, 5, 9, 3, 5, 9], [2, 7, 7, 4], [3, 3, 8, 1, 2, 3, 8, 1, 2], [4, 4]]
+    shape = BeamShape.parse("W1xL4" if transparent else "W1xL4+K1xL5")
+    sched = Scheduler(model, adapter, shape, (), max_batch=2)
+    sinks = []
+    for i, prompt in enumerate(prompts):
+        sinks.append(Collector())
+        sched.submit(Request(prompt, 16 + 4 * i, sinks[-1]))
+        sched.run_once()
+    drain(sched)
+    for i, (prompt, sink) in enumerate(zip(prompts, sinks)):
+        want, _ = run_decode(model, None, [prompt], max_tokens=16 + 4 * i, shape=AR)
+        assert sink.tokens == want[0], i
+        if transparent:
+            stats = sink.last.stats
+            assert stats.by_source[EARLY_EXIT] == stats.accepted_drafts
+            assert stats.accepted_drafts >= 3 * (stats.steps - 1), i  # all but a cut step
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """(model dir, early-exit adapter dir, an adapter for another model)."""
+    root = tmp_path_factory.mktemp("ee")
+    model = tiny_model(vocab=32000, hidden=32, layers=3)
+    save_model_dir(model, root / "model", VICUNA_TOKENIZER)
+    adapter = EarlyExitAdapter(EarlyExitArgs.for_target(model.args, 2))
+    _randomize(adapter, 1, 1.0)
+    save_adapter(root / "ee", adapter)
+    other = EarlyExitAdapter(EarlyExitArgs.for_target(tiny_model(vocab=320, layers=3).args, 2))
+    save_adapter(root / "other", other)
+    return str(root / "model"), str(root / "ee"), str(root / "other")
+
+
+W1XL4 = ("--beam-width", 1, "--beam-length", 4)
+
+
+def test_cli_drafter_folder_of_kind_early_exit(app, folders):
+    model, ee, other = folders
+    args = ["generate", "--model", model, "-p", "Hello there", "-n", 16, "--no-adapt"]
+    plain_run = run_json(app, *args, "--no-draft")
+    got = run_json(app, *args, "--drafter", ee, "--no-lookup", *W1XL4)
+    assert got["tokens"] == plain_run["tokens"]
+    stats = got["stats"]
+    assert sum(stats["source_tokens"].values()) == stats["accepted_tokens"]
+    assert stats["source_tokens"]["drafter"] == 0
+    merged = run_json(app, *args, "--drafter", ee, *W1XL4, "--lookup", 1, "--lookup-length", 5)
+    assert merged["tokens"] == plain_run["tokens"]
+    wide = invoke(app, *args, "--drafter", ee, "--beam-width", 2, "--beam-length", 4)
+    assert wide.exit_code != 0 and "--beam-width 1" in wide.output
+    with pytest.raises(LoadError, match="adapter trained for this model"):
+        load(model, other)
+    loaded = load(model, ee)[1]
+    assert isinstance(loaded, EarlyExitAdapter) and loaded.args.exit_layer == 2

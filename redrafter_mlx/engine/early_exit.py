@@ -457,7 +457,8 @@ def check_width(width: int) -> None:
     if width != 1:
         raise ValueError(
             f"the early-exit drafter drafts one chain, the shape asks for {width} beams: "
-            "use a W1xL shape (e.g. --shape W1xL7, lookup chains may join: W1xL7+K1xL8)"
+            "use one beam (--beam-width 1; as a config: W1xL7, lookup chains may join: "
+            "W1xL7+K1xL8)"
         )
 
 

@@ -228,3 +228,10 @@ def test_cli_drafter_folder_of_kind_early_exit(app, folders):
         load(model, other)
     loaded = load(model, ee)[1]
     assert isinstance(loaded, EarlyExitAdapter) and loaded.args.exit_layer == 2
+
+
+def test_an_early_exit_drafter_with_a_draft_model_is_one_clear_error():
+    model, adapter = random_pair()
+    with pytest.raises(ValueError, match="either the early-exit folder"):
+        run_decode(model, adapter, PROMPTS, max_tokens=4, shape=BeamShape.parse("W1xL3"),
+                   draft_model=model)  # fmt: skip

@@ -28,6 +28,7 @@ from .decode import DecodeState
 from .distributed import shared_seed
 from .draft_model import check_draft_model
 from .drafter import Drafter
+from .early_exit import EarlyExitAdapter
 from .memory import check_step_memory
 from .model import Model
 from .plan import DEFAULT_SHAPE, default_plan
@@ -138,11 +139,14 @@ def generate_steps(
     A ``shape`` whose step cannot fit in memory raises ``memory.ShapeTooLarge`` first.
     ``draft_model``: a model sharing the vocabulary whose greedy chain joins the tree
     (``draft_model.py``; the shape's ``D1×L``, else ``D1×`` its drafter length); it pins
-    the shape (no adaptive choice yet: its cache follows only the steps that run it).
+    the shape (no adaptive choice yet: its cache follows only the steps that run it), as
+    an early-exit adapter as the drafter does (``early_exit.EarlyExitSource``).
     """
     prompts = [list(map(int, p)) for p in prompts]
     if draft_model is not None:
         check_draft_model(model, draft_model)
+        adapt = False
+    if isinstance(drafter, EarlyExitAdapter):  # its adapter cache likewise: pinned
         adapt = False
     shape = shape.validate(model.vocab_size).runnable(drafter is not None, draft_model is not None)
     if not shape.model_length:

@@ -2,8 +2,9 @@
 
 A step is a pure function of mx arrays with static shapes for a given (B, W, L, K, Lk, C,
 cache slots), so it runs under ``mx.compile`` and never reads the device. The candidates
-come from draft sources (``sources.py``): the drafter's W beams, K context-lookup chains
-(``lookup.py``) and a draft model's chain (``draft_model.py``), in one tree. The
+come from draft sources (``sources.py``): the drafter's W beams (or, an early-exit adapter
+as the drafter, its one chain: ``early_exit.py``), K context-lookup chains (``lookup.py``)
+and a draft model's chain (``draft_model.py``), in one tree. The
 autoregressive baseline is the same machinery with one token per step.
 
 State carried between steps (``DecodeState``):
@@ -13,8 +14,9 @@ State carried between steps (``DecodeState``):
     lengths    (B,)   committed cache length per row
     keys/values       per layer (B, n_kv, S, D)
     history    (B, S) the committed token ids, slot by slot (None: no lookup)
-    sources           the stateful draft sources' states, in ``step_sources`` order (a
-                      draft model's K/V cache: (keys, values), per layer (B, n_kv, S, D))
+    sources           the stateful draft sources' states, in ``step_sources`` order (an
+                      early-exit adapter's, a draft model's K/V cache: (keys, values), per
+                      layer (B, n_kv, S, D))
 
 Rows draw with their own keys (``sampling.RowSampler``, split per step by the batch step,
 ``batch.batch_step``): the state carries no key.

@@ -74,6 +74,8 @@ from .decode import (
     redrafter_step,
 )
 from .draft_model import prefill as draft_prefill
+from .early_exit import EarlyExitAdapter
+from .early_exit import prefill as early_exit_prefill
 from .lookup import LookupShadow
 from .platform import read_first
 from .sampling import (
@@ -517,6 +519,11 @@ class BatchGenerator:
         release: bool = True,
         draft=None,
     ):
+        if isinstance(drafter, EarlyExitAdapter) and draft is not None:
+            raise ValueError(
+                "an early-exit drafter and a draft model in one run are not supported yet: "
+                "pass either the early-exit folder (--drafter) or --draft-model"
+            )
         self.model, self.drafter, self.draft = model, drafter, draft
         self.policy = policy
         self.eos = eos
@@ -565,10 +572,14 @@ class BatchGenerator:
         self.policy.reset()
 
     def _empty_sources(self, B: int) -> tuple:
-        """The stateful draft sources' empty states (a draft model's cache) for B rows."""
-        if self.draft is None:
-            return ()
-        return (self.draft.make_cache(B, SLOT_QUANTUM),)
+        """The stateful draft sources' empty states (an early-exit adapter's cache, a draft
+        model's cache: ``decode.step_sources`` order) for B rows."""
+        states = ()
+        if isinstance(self.drafter, EarlyExitAdapter):
+            states += (self.drafter.make_cache(B, SLOT_QUANTUM),)
+        if self.draft is not None:
+            states += (self.draft.make_cache(B, SLOT_QUANTUM),)
+        return states
 
     @property
     def active(self) -> list[Row]:
@@ -627,11 +638,16 @@ class BatchGenerator:
         """The stateful draft sources' states (a draft model's cache) after ``session``'s
         ``rows``' prompts (all in its cache): the model as its own draft starts from the
         model's own prefill K/V (no second prefill); another draft model prefills them."""
+        states = ()
+        if isinstance(self.drafter, EarlyExitAdapter):
+            states += (
+                early_exit_prefill(self.model, self.drafter, session.cached[rows], session.slots),
+            )
         if self.draft is None:
-            return ()
+            return states
         if self.draft is self.model:
-            return (([k[rows] for k in session.keys], [v[rows] for v in session.values]),)
-        return (draft_prefill(self.draft, session.cached[rows], session.slots),)
+            return (*states, ([k[rows] for k in session.keys], [v[rows] for v in session.values]))
+        return (*states, draft_prefill(self.draft, session.cached[rows], session.slots))
 
     def _place(self, r: int, session: Session, i: int, hidden, first, rng) -> None:
         """Write row ``i`` of a prefilled session into batch row ``r`` (lazy array updates)."""

@@ -2,8 +2,9 @@
 
 A step is a pure function of mx arrays with static shapes for a given (B, W, L, K, Lk, C,
 cache slots), so it runs under ``mx.compile`` and never reads the device. The candidates
-come from draft sources (``sources.py``): the drafter's W beams, K context-lookup chains
-(``lookup.py``) and a draft model's chain (``draft_model.py``), in one tree. The
+come from draft sources (``sources.py``): the drafter's W beams (or, an early-exit adapter
+as the drafter, its one chain: ``early_exit.py``), K context-lookup chains (``lookup.py``)
+and a draft model's chain (``draft_model.py``), in one tree. The
 autoregressive baseline is the same machinery with one token per step.
 
 State carried between steps (``DecodeState``):
@@ -13,8 +14,9 @@ State carried between steps (``DecodeState``):
     lengths    (B,)   committed cache length per row
     keys/values       per layer (B, n_kv, S, D)
     history    (B, S) the committed token ids, slot by slot (None: no lookup)
-    sources           the stateful draft sources' states, in ``step_sources`` order (a
-                      draft model's K/V cache: (keys, values), per layer (B, n_kv, S, D))
+    sources           the stateful draft sources' states, in ``step_sources`` order (an
+                      early-exit adapter's, a draft model's K/V cache: (keys, values), per
+                      layer (B, n_kv, S, D))
 
 Rows draw with their own keys (``sampling.RowSampler``, split per step by the batch step,
 ``batch.batch_step``): the state carries no key.
@@ -35,6 +37,7 @@ import mlx.core as mx
 from .branches import fork_not_drafted, split_logits
 from .draft_model import DraftModelSource, catchup_tokens
 from .drafter import Drafter, beam_search
+from .early_exit import EarlyExitAdapter, EarlyExitSource, check_width
 from .lookup import ABSENT, lookup_chains, write_history
 from .model import Model, write_slots
 from .penalties import node_text
@@ -77,6 +80,8 @@ class Candidates(NamedTuple):
     source: mx.array  # (B or 1, N) int32, each candidate's source id (``SOURCE_NAMES``)
     states: tuple = ()  # the stateful sources' new states, in source order
     only: int | None = None  # the one source every candidate came from, if so
+    cache: tuple | None = None  # (keys, values): the target's cache a source wrote above
+    # each row's length while drafting (``Proposal.cache``), for the verify; None: untouched
 
 
 def accept(beams, target, unpacker, capacity):
@@ -130,12 +135,20 @@ def slot_destinations(lengths, path_slots, n, capacity: int):
 
 def step_sources(shape: BeamShape, drafter=None, draft=None) -> list:
     """The draft sources of a step of ``shape``, in source order: the drafter's beams (when
-    it drafts), the lookup chains, the draft model's chain (``shape.model_length``)."""
+    it drafts; an early-exit adapter as the drafter: its one chain of L tokens), the lookup
+    chains, the draft model's chain (``shape.model_length``)."""
     sources = []
-    if drafter is not None and shape.drafts:
+    early_exit = isinstance(drafter, EarlyExitAdapter) and shape.drafts
+    if drafter is not None and shape.drafts and not early_exit:
         sources.append(DrafterSource(drafter, shape.width, shape.length))
     if shape.lookup:
         sources.append(LookupSource(shape.lookup, shape.chain_length))
+    if early_exit:
+        check_width(shape.width)
+        refresh = max([0, *(source.length for source in sources)])  # another path's tokens
+        if draft is not None and shape.model_length:
+            refresh = max(refresh, shape.model_length)
+        sources.insert(0, EarlyExitSource(drafter, shape.length, refresh))
     if draft is not None and shape.model_length:
         catchup = catchup_tokens([source.length for source in sources])
         sources.append(DraftModelSource(draft, shape.model_length, catchup))
@@ -153,10 +166,13 @@ def draft_phase(sources: list, ctx: DraftContext, capacity: int, states: tuple =
     holds only one of them: each row takes its top-ranked one, and the step verifies a
     single chain (no tree to pack or commit).
     """
-    proposals, ids, new_states, held = [], [], [], iter(states)
+    proposals, ids, new_states, held, cache = [], [], [], iter(states), None
     for source in sources:
         own = next(held) if getattr(source, "stateful", False) else None
         p = source.propose(ctx._replace(own=own))
+        if p.cache is not None:  # the next source and the verify read the written cache
+            cache = p.cache
+            ctx = ctx._replace(keys=cache[0], values=cache[1])
         proposals.append(p)
         ids.append(source.source_id)
         if getattr(source, "stateful", False):
@@ -165,9 +181,10 @@ def draft_phase(sources: list, ctx: DraftContext, capacity: int, states: tuple =
     if len(proposals) > 1 and one_each and capacity <= min(p.tokens.shape[2] for p in proposals):
         # Room for one chain only: another could add no slot, so pick one per row.
         tokens, source = pick_one(proposals, ids, capacity)
-        return Candidates(tokens, None, source, tuple(new_states))
+        return Candidates(tokens, None, source, tuple(new_states), cache=cache)
     merged = merge(proposals, ids)
-    return Candidates(merged.tokens, merged.present, merged.source, tuple(new_states), merged.only)
+    states = tuple(new_states)
+    return Candidates(merged.tokens, merged.present, merged.source, states, merged.only, cache)
 
 
 def pick_one(proposals: list, ids: list[int], capacity: int):
@@ -199,7 +216,10 @@ def shape_candidates(
 ) -> Candidates:
     """``draft_phase`` of ``shape``'s sources (``step_sources``) on ``state``, at its capacity
     (a measuring or testing entry; the step builds the same)."""
-    ctx = DraftContext(model, state.hidden, state.init_token, state.lengths, state.history, window)
+    ctx = DraftContext(
+        model, state.hidden, state.init_token, state.lengths, state.history, window,
+        keys=state.keys, values=state.values,
+    )  # fmt: skip
     sources = step_sources(shape, drafter, draft)
     return draft_phase(sources, ctx, shape.slots, state.sources)
 
@@ -310,11 +330,15 @@ def redrafter_step(
     """
     B = state.lengths.shape[0]
     capacity = shape.slots
-    if drafter is not None and is_beam_and_chain(shape):
+    if isinstance(drafter, Drafter) and is_beam_and_chain(shape):
         return beam_and_chain_step(model, drafter, state, shape, sampler, window)
     sources = step_sources(shape, drafter, draft)
-    ctx = DraftContext(model, state.hidden, state.init_token, state.lengths, state.history, window)
+    ctx = DraftContext(
+        model, state.hidden, state.init_token, state.lengths, state.history, window,
+        keys=state.keys, values=state.values,
+    )  # fmt: skip
     cand = draft_phase(sources, ctx, capacity, state.sources)
+    keys, values = cand.cache or (state.keys, state.values)
     beams = cand.beams
     if beams.shape[1] == 1:  # a lone chain fills its C slots
         if cand.present is not None:
@@ -326,8 +350,8 @@ def redrafter_step(
         model,
         tree,
         state.lengths,
-        state.keys,
-        state.values,
+        keys,
+        values,
         sampler,
         window,
         state.history,

@@ -37,6 +37,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from .model import Attention, Model, ModelArgs, fused_kernels, window_mask
+from .sources import EARLY_EXIT, DraftContext, Proposal
 from .tree import arange, cache_mask, chain_mask
 
 KIND = "early-exit"
@@ -403,6 +404,88 @@ def draft_chain(
         adapter_keys=ak,
         adapter_values=av,
     )
+
+
+class EarlyExitSource:
+    """The early-exit chain as a draft source (``sources.py``): one greedy chain of
+    ``length`` tokens (init token first, ``length - 1`` drafts, ``ABSENT`` past the
+    confidence cut ``eta``) per row. Its state (``DecodeState.sources``) is the adapter's
+    cache (keys, values), per adapter layer (B, n_kv, S, D), prefilled with the prompt
+    (``prefill``). ``refresh``: the most tokens another source's accepted path can commit
+    (0 when the chain is the only source: its own accepted drafts are already in the
+    adapter cache); each draft first rewrites the adapter K/V of that many last committed
+    tokens (``draft_chain``), so it needs ``DraftContext.history`` then."""
+
+    source_id = EARLY_EXIT
+    stateful = True
+
+    def __init__(self, adapter: EarlyExitAdapter, length: int, refresh: int = 0, eta=None):
+        if length < 2:
+            raise ValueError(f"an early-exit chain needs >= 2 tokens, got {length}")
+        self.adapter, self.length, self.refresh = adapter, length, refresh
+        self.eta = adapter_eta(adapter) if eta is None else eta
+
+    def propose(self, ctx: DraftContext) -> Proposal:
+        adapter_keys, adapter_values = ctx.own
+        chain = draft_chain(
+            ctx.model,
+            self.adapter,
+            ctx.init_token,
+            ctx.lengths,
+            ctx.keys,
+            ctx.values,
+            adapter_keys,
+            adapter_values,
+            ctx.window,
+            gamma=self.length - 1,
+            eta=self.eta,
+            history=ctx.history,
+            refresh=self.refresh,
+        )
+        state = (chain.adapter_keys, chain.adapter_values)
+        cache = (chain.keys, chain.values)
+        return Proposal(chain.tokens[:, None], chain.present[:, None], 1, state, cache=cache)
+
+
+def adapter_eta(adapter: EarlyExitAdapter) -> float:
+    """The confidence exit: ``eta`` from the adapter folder's config.json, else ``ETA``."""
+    return float(adapter.args.extra.get("eta", ETA))
+
+
+def check_width(width: int) -> None:
+    """ValueError unless the shape drafts one beam: the early-exit drafter makes one chain."""
+    if width != 1:
+        raise ValueError(
+            f"the early-exit drafter drafts one chain, the shape asks for {width} beams: "
+            "use one beam (--beam-width 1; as a config: W1xL7, lookup chains may join: "
+            "W1xL7+K1xL8)"
+        )
+
+
+def prefill(model: Model, adapter: EarlyExitAdapter, rows: list[list[int]], slots: int):
+    """The adapter's cache after each row's committed text ``rows`` (B lists of ids):
+    (keys, values), ``slots`` slots per row (>= the longest row). Runs the target's first
+    ``exit_layer`` layers on a scratch cache, then the adapter, chunk by chunk (host side,
+    before the decode loop)."""
+    from .draft_model import PREFILL_CHUNK
+
+    B = len(rows)
+    exit_layer = adapter.args.exit_layer
+    keys, values = model.make_cache(B, slots)
+    keys, values = keys[:exit_layer], values[:exit_layer]
+    ak, av = adapter.make_cache(B, slots)
+    longest = max((len(r) for r in rows), default=0)
+    lengths = mx.zeros((B,), mx.int32)
+    for begin in range(0, longest, PREFILL_CHUNK):
+        chunk = [r[begin : begin + PREFILL_CHUNK] for r in rows]
+        T = max(len(c) for c in chunk)
+        tokens = mx.array([c + [0] * (T - len(c)) for c in chunk], dtype=mx.int32)
+        keys, values, ak, av = adapter_prefill(
+            model, adapter, tokens, lengths, keys, values, ak, av, slots
+        )
+        lengths = lengths + mx.array([len(c) for c in chunk], dtype=mx.int32)
+        mx.eval(keys, values, ak, av)  # per chunk, before the decode loop
+    return ak, av
 
 
 def save_adapter(path: str | Path, adapter: EarlyExitAdapter) -> None:

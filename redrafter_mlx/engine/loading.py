@@ -299,15 +299,33 @@ def load(model_path, drafter_path=None, dtype=None, group=None, draft_model=None
     model, path = load_model(model_path, dtype, group)
     drafter = None
     if drafter_path is not None:
-        drafter = load_drafter(drafter_path, dtype)
-        check_pair(model, drafter)
-        attach(model, drafter)
+        drafter = load_any_drafter(model, drafter_path, dtype)
     tokenizer = load_tokenizer(path)
     if draft_model is None:
         return model, drafter, tokenizer
     same = resolve_path(draft_model) == path and group is None
     draft = model if same else load_draft_model(draft_model, model, tokenizer, dtype)
     return model, drafter, tokenizer, draft
+
+
+def load_any_drafter(model: Model, path, dtype=None):
+    """The drafter in ``path`` for ``model``: a ReDrafter drafter (attached to the model), or
+    an early-exit adapter (config.json kind "early-exit": ``early_exit.load_adapter``),
+    checked against the model. LoadError naming the problem otherwise."""
+    from . import early_exit
+
+    where = resolve_path(path, "drafter")
+    if not early_exit.is_early_exit(where):
+        drafter = load_drafter(path, dtype)
+        check_pair(model, drafter)
+        attach(model, drafter)
+        return drafter
+    try:
+        adapter = early_exit.load_adapter(where, dtype)
+        early_exit.check_pair(model, adapter)
+    except ValueError as e:
+        raise LoadError(f"{where}: {e}") from None
+    return adapter
 
 
 def load_draft_model(path, model: Model, tokenizer=None, dtype=None) -> Model:

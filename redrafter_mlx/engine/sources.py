@@ -36,7 +36,10 @@ draft model's ``draft_model.prefill``); (6) a separate model: its argument down 
 ``uniform_step``, ``BatchGenerator``, ``generation``, the scheduler, the CLI's ``Engine``)
 and ``memory.check_step_memory``'s ``draft``. Stats, bench rows, ``--json`` and the chat
 line read ``SOURCE_NAMES`` and need nothing. An early-exit source (the target's first layers
-and an adapter with its own K/V cache) is (1)-(5): ``DraftContext.model`` is the target.
+and an adapter with its own K/V cache: ``early_exit.EarlyExitSource``) is (1)-(5), its
+adapter passed as the drafter: ``DraftContext.model`` is the target, it reads the target's
+cache (``DraftContext.keys``/``values``) and returns it with its first layers' K/V written
+above each row's length (``Proposal.cache``), which the verify then takes.
 """
 
 from __future__ import annotations
@@ -48,8 +51,8 @@ import mlx.core as mx
 from .drafter import beam_search, frontier_tree
 from .lookup import ABSENT, STRONG_MATCH, lookup_chains
 
-SOURCE_NAMES = ("drafter", "lookup", "draft_model")
-DRAFTER, LOOKUP, DRAFT_MODEL = range(len(SOURCE_NAMES))
+SOURCE_NAMES = ("drafter", "lookup", "draft_model", "early_exit")
+DRAFTER, LOOKUP, DRAFT_MODEL, EARLY_EXIT = range(len(SOURCE_NAMES))
 
 
 class DraftContext(NamedTuple):
@@ -62,6 +65,8 @@ class DraftContext(NamedTuple):
     history: mx.array | None  # (B, S) committed token ids, slot by slot
     window: int  # attention covers cache slots [0, window)
     own: Any = None  # this source's state (``DecodeState.sources[i]``)
+    keys: list | None = None  # the target's cache, per layer (B, n_kv, S, D) (an early-exit
+    values: list | None = None  # source runs the target's first layers on it)
 
 
 class Proposal(NamedTuple):
@@ -70,6 +75,8 @@ class Proposal(NamedTuple):
     rank: Any = 0  # int or (B,) int: higher packs first
     state: Any = None  # the source's state after drafting
     tail: tuple | None = None  # (tokens, present) packed after every source's candidates
+    cache: tuple | None = None  # (keys, values): the target's cache after drafting, written
+    # only above each row's length (the verify overwrites those slots); None: untouched
 
 
 class DraftSource(Protocol):

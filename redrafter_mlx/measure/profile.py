@@ -139,6 +139,8 @@ def profile_steps(
     """
     from redrafter_mlx.engine.cache import Session, bucket, prefill_session, text_history
     from redrafter_mlx.engine.draft_model import prefill as draft_prefill
+    from redrafter_mlx.engine.early_exit import EarlyExitAdapter
+    from redrafter_mlx.engine.early_exit import prefill as early_exit_prefill
 
     shapes = [_as_shape(s) for s in shapes]
     sampler = SamplerConfig()
@@ -157,8 +159,13 @@ def profile_steps(
     # the loop; every call sees the same lengths (and so the same context).
     kv = {"kv": (session.keys, session.values)}
     session.keys = session.values = None
-    # A draft model's own cache, carried likewise (the steps without its chain pass it on).
-    sources = {"src": () if draft is None else (draft_prefill(draft, [list(prompt)], window),)}
+    # A draft model's or an early-exit adapter's own cache, carried likewise (the steps
+    # without its chain pass it on), in ``decode.step_sources`` order.
+    early_exit = isinstance(drafter, EarlyExitAdapter)
+    src = (early_exit_prefill(model, drafter, [list(prompt)], window),) if early_exit else ()
+    if draft is not None:
+        src += (draft_prefill(draft, [list(prompt)], window),)
+    sources = {"src": src}
 
     def base_state():
         keys, values = kv.pop("kv")
@@ -186,7 +193,7 @@ def profile_steps(
         if shape.label in shape_of:
             continue
         shape_of[shape.label] = shape
-        if shape.lookup or shape.model_length:
+        if shape.lookup or shape.model_length or early_exit:  # the whole step only
             timed = _lookup_thunks(
                 model, drafter, shape, sampler, window, base_state, keep, draft, sources
             )

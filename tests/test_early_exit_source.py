@@ -1,0 +1,224 @@
+"""The early-exit adapter as a draft source (``early_exit.EarlyExitSource``): greedy output
+equals plain decoding, alone and merged with lookup in one tree, solo and batched (rows of
+different lengths); a target whose layers past the exit do nothing gets every draft
+accepted; the accepted drafts are counted for the ``early_exit`` source; a shape of several
+beams is a clear error."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from redrafter_mlx.engine.batch import uniform_step
+from redrafter_mlx.engine.decode import DecodeState, prefill_chunk, step_sources
+from redrafter_mlx.engine.early_exit import (
+    EarlyExitAdapter,
+    EarlyExitArgs,
+    EarlyExitSource,
+    save_adapter,
+)
+from redrafter_mlx.engine.early_exit import prefill as prefill_ee
+from redrafter_mlx.engine.loading import LoadError, load
+from redrafter_mlx.engine.sampling import SamplerConfig
+from redrafter_mlx.engine.shape import AR, BeamShape
+from redrafter_mlx.engine.sources import EARLY_EXIT, LOOKUP, SOURCE_NAMES, DraftContext
+from redrafter_mlx.train import early_exit as EE
+from tests.helpers import (
+    VICUNA_TOKENIZER,
+    _randomize,
+    near_bigram_model,
+    run_decode,
+    save_model_dir,
+    tiny_model,
+)
+from tests.test_cli import app, invoke, run_json  # noqa: F401 (fixtures)
+
+PROMPTS = [[1, 5, 9, 3, 5, 9, 1, 5], [2, 7, 7, 4], [3, 3, 8, 1, 2, 3, 8, 1, 2]]
+
+
+def random_pair(seed=0):
+    model = tiny_model(seed, vocab=48, layers=3)
+    adapter = EarlyExitAdapter(EarlyExitArgs.for_target(model.args, 2))
+    _randomize(adapter, seed + 7, 1.0)
+    return model, adapter
+
+
+def plain(model, prompts, n=24):
+    out, _ = run_decode(model, None, prompts, max_tokens=n, shape=AR)
+    return out
+
+
+@pytest.mark.parametrize("label", ["W1xL4", "W1xL3+K1xL6", "W1xL5+K2xL4", "W1xL3+K1xL6 C5"])
+def test_greedy_output_equals_plain_decoding_batched_and_solo(label):
+    model, adapter = random_pair(3)
+    want = plain(model, PROMPTS)
+    shape = BeamShape.parse(label)
+    got, stats = run_decode(model, adapter, PROMPTS, max_tokens=24, shape=shape)
+    assert got == want
+    for r, prompt in enumerate(PROMPTS[:2]):  # each row alone: another row changes nothing
+        solo, _ = run_decode(model, adapter, [prompt], max_tokens=24, shape=shape)
+        assert solo[0] == want[r]
+    assert set(stats["source_tokens"]) == set(SOURCE_NAMES)
+    assert stats["source_tokens"]["drafter"] == 0  # the chain is the early-exit source's
+    if "K" in label:
+        assert stats["lookup_tokens"] == stats["source_tokens"][SOURCE_NAMES[LOOKUP]]
+
+
+def transparent_pair():
+    """A 2-layer target whose layer 1 adds nothing (zero o_proj and down_proj) and a fresh
+    adapter exiting after layer 1 (zero o_proj, the target's final norm): the chain drafts
+    exactly the target's greedy tokens."""
+    model = tiny_model(seed=4, vocab=48, layers=2)
+    layer = model.model.layers[1]
+    layer.self_attn.o_proj.weight = mx.zeros_like(layer.self_attn.o_proj.weight)
+    layer.mlp.down_proj.weight = mx.zeros_like(layer.mlp.down_proj.weight)
+    return model, EE.new_adapter(model, 1, seed=0)
+
+
+def test_a_target_transparent_past_the_exit_accepts_every_draft():
+    model, adapter = transparent_pair()
+    want = plain(model, PROMPTS, 30)
+    shape = BeamShape.parse("W1xL4")
+    got, stats = run_decode(model, adapter, PROMPTS, max_tokens=30, shape=shape)
+    assert got == want
+    # eta cuts a chain whose drafts are unsure; with eta 0 every draft is proposed
+    assert stats["source_tokens"]["early_exit"] == stats["accepted_tokens"] > 0
+    model, adapter = transparent_pair()  # a new adapter: steps are compiled per adapter
+    adapter.args.extra["eta"] = 0.0  # as an "eta" key in its config.json
+    got, stats = run_decode(model, adapter, PROMPTS, max_tokens=30, shape=shape)
+    assert got == want
+    assert stats["tokens_per_step"] > 3.5  # 4 a step, except the last, cut steps
+    assert stats["source_tokens"]["early_exit"] == stats["accepted_tokens"]
+
+
+def test_sources_of_an_early_exit_shape():
+    _, adapter = random_pair()
+    sources = step_sources(BeamShape.parse("W1xL5+K1xL7"), adapter)
+    assert [type(s).__name__ for s in sources] == ["EarlyExitSource", "LookupSource"]
+    assert sources[0].length == 5 and sources[0].refresh == 7 and sources[0].eta == 0.6
+    assert step_sources(BeamShape.parse("W1xL5"), adapter)[0].refresh == 0
+    with pytest.raises(ValueError, match="beam-width 1"):
+        step_sources(BeamShape.parse("W2xL4"), adapter)
+    assert isinstance(sources[0], EarlyExitSource)
+
+
+@pytest.mark.parametrize("label", ["W1xL3+K1xL6", "W1xL4"])
+def test_adapter_cache_holds_the_committed_text_after_the_refresh(label):
+    """After steps whose accepted path may be another source's (a lookup chain's), the next
+    draft's refresh leaves the adapter cache equal to a fresh prefill of the committed text
+    (no refresh, or a shorter one, fails this test once lookup wins a step)."""
+    model = near_bigram_model(3, vocab=32, layers=3)
+    adapter = EarlyExitAdapter(EarlyExitArgs.for_target(model.args, 2))
+    _randomize(adapter, 9, 1.0)
+    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
+    shape = BeamShape.parse(label)
+    slots = 64
+    keys, values = model.make_cache(1, slots)
+    zero = mx.zeros((1,), mx.int32)
+    toks = mx.array([prompt], mx.int32)
+    hidden, lengths, keys, values = prefill_chunk(
+        model, toks, zero + len(prompt), zero, keys, values, slots
+    )
+    first = mx.argmax(model.logits(hidden), axis=-1).astype(mx.int32)
+    history = mx.array([prompt + [0] * (slots - len(prompt))], mx.int32)
+    state = DecodeState(
+        first,
+        hidden,
+        lengths,
+        keys,
+        values,
+        history,
+        (prefill_ee(model, adapter, [prompt], slots),),
+    )
+    step = uniform_step(model, adapter, shape, SamplerConfig(), 1, compiled=False)
+    source = step_sources(shape, adapter)[0]
+    won = set()
+    for _ in range(6):
+        state, out = step(state, slots)
+        won.add(int(out.source[0]))
+        n = int(state.lengths[0])
+        ctx = DraftContext(
+            model, state.hidden, state.init_token, state.lengths, state.history, slots,
+            keys=state.keys, values=state.values,
+        )  # fmt: skip
+        refreshed = source.propose(ctx._replace(own=state.sources[0])).state
+        fresh = prefill_ee(model, adapter, [state.history[0, :n].tolist()], slots)
+        for a, b in zip(refreshed[0] + refreshed[1], fresh[0] + fresh[1]):
+            assert mx.allclose(a[:, :, :n], b[:, :, :n], atol=1e-4).item()
+    if shape.lookup:
+        assert LOOKUP in won
+
+
+@pytest.mark.parametrize("transparent", [False, True], ids=["random", "transparent"])
+def test_server_rows_with_an_early_exit_drafter_equal_solo_plain_decoding(transparent):
+    """Rows join mid-way (more requests than rows: resizes, placements, each row's adapter
+    cache from its own prefill): each row's output equals plain decoding; on a transparent
+    target every row's drafts are all accepted. The shape is pinned (no adaptive choice)."""
+    from redrafter_mlx.serve.scheduler import Request, Scheduler
+    from tests.test_serve_scheduler import Collector, drain
+
+    if transparent:
+        model, adapter = transparent_pair()
+        adapter.args.extra["eta"] = 0.0
+    else:
+        model, adapter = random_pair(5)
+    prompts = [[1, 5, 9, 3, 5, 9], [2, 7, 7, 4], [3, 3, 8, 1, 2, 3, 8, 1, 2], [4, 4]]
+    shape = BeamShape.parse("W1xL4" if transparent else "W1xL4+K1xL5")
+    sched = Scheduler(model, adapter, shape, (), max_batch=2, adapt=True)
+    assert sched.choice is None  # pinned: the adapter cache follows only the chain's steps
+    sinks = []
+    for i, prompt in enumerate(prompts):
+        sinks.append(Collector())
+        sched.submit(Request(prompt, 16 + 4 * i, sinks[-1]))
+        sched.run_once()
+    drain(sched)
+    for i, (prompt, sink) in enumerate(zip(prompts, sinks)):
+        want, _ = run_decode(model, None, [prompt], max_tokens=16 + 4 * i, shape=AR)
+        assert sink.tokens == want[0], i
+        if transparent:
+            stats = sink.last.stats
+            assert stats.by_source[EARLY_EXIT] == stats.accepted_drafts
+            assert stats.accepted_drafts >= 3 * (stats.steps - 1), i  # all but a cut step
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """(model dir, early-exit adapter dir, an adapter for another model)."""
+    root = tmp_path_factory.mktemp("ee")
+    model = tiny_model(vocab=32000, hidden=32, layers=3)
+    save_model_dir(model, root / "model", VICUNA_TOKENIZER)
+    adapter = EarlyExitAdapter(EarlyExitArgs.for_target(model.args, 2))
+    _randomize(adapter, 1, 1.0)
+    save_adapter(root / "ee", adapter)
+    other = EarlyExitAdapter(EarlyExitArgs.for_target(tiny_model(vocab=320, layers=3).args, 2))
+    save_adapter(root / "other", other)
+    return str(root / "model"), str(root / "ee"), str(root / "other")
+
+
+W1XL4 = ("--beam-width", 1, "--beam-length", 4)
+
+
+def test_cli_drafter_folder_of_kind_early_exit(app, folders):
+    model, ee, other = folders
+    args = ["generate", "--model", model, "-p", "Hello there", "-n", 16, "--no-adapt"]
+    plain_run = run_json(app, *args, "--no-draft")
+    got = run_json(app, *args, "--drafter", ee, "--no-lookup", *W1XL4)
+    assert got["tokens"] == plain_run["tokens"]
+    stats = got["stats"]
+    assert sum(stats["source_tokens"].values()) == stats["accepted_tokens"]
+    assert stats["source_tokens"]["drafter"] == 0
+    merged = run_json(app, *args, "--drafter", ee, *W1XL4, "--lookup", 1, "--lookup-length", 5)
+    assert merged["tokens"] == plain_run["tokens"]
+    wide = invoke(app, *args, "--drafter", ee, "--beam-width", 2, "--beam-length", 4)
+    assert wide.exit_code != 0 and "--beam-width 1" in wide.output
+    with pytest.raises(LoadError, match="adapter trained for this model"):
+        load(model, other)
+    loaded = load(model, ee)[1]
+    assert isinstance(loaded, EarlyExitAdapter) and loaded.args.exit_layer == 2
+
+
+def test_an_early_exit_drafter_with_a_draft_model_is_one_clear_error():
+    model, adapter = random_pair()
+    with pytest.raises(ValueError, match="either the early-exit folder"):
+        run_decode(model, adapter, PROMPTS, max_tokens=4, shape=BeamShape.parse("W1xL3"),
+                   draft_model=model)  # fmt: skip

@@ -56,7 +56,6 @@ from .adaptive import rank0_shape
 from .batch_choice import ShapePolicy
 from .branches import BranchTree, Fork, SplitRows, split_rows
 from .cache import (
-    PREFILL_CHUNK,
     SLOT_QUANTUM,
     Session,
     ensure_slots,
@@ -90,7 +89,7 @@ from .sampling import (
     stack_rows,
 )
 from .shape import AR, BeamShape
-from .sources import SOURCE_NAMES, by_source, map_states
+from .sources import PREFILL_CHUNK, SOURCE_NAMES, by_source, map_states
 
 
 def split_row_keys(row_keys: mx.array) -> tuple[mx.array, mx.array]:

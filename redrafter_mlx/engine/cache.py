@@ -24,9 +24,8 @@ import mlx.core as mx
 
 from .decode import DecodeState, prefill_chunk
 from .model import Model
-from .sources import grow_states
+from .sources import grow_states, padded_chunks
 
-PREFILL_CHUNK = 512
 SLOT_QUANTUM = 256
 
 
@@ -198,14 +197,10 @@ def prefill_session(
     session.claim()
     model = session.model
     B = session.batch
-    longest = max(len(t) for t in new_tokens)
     known = [len(c) for c in session.cached]  # exact row lengths before each chunk
     h_last = mx.zeros((B, model.state_width), dtype=session.keys[0].dtype)
-    for start in range(0, longest, PREFILL_CHUNK):
-        chunk = [t[start : start + PREFILL_CHUNK] for t in new_tokens]
-        T = max(len(c) for c in chunk)
-        tokens = mx.array([c + [0] * (T - len(c)) for c in chunk], dtype=mx.int32)
-        counts = mx.array([len(c) for c in chunk], dtype=mx.int32)
+    for chunk, tokens, counts in padded_chunks(new_tokens):
+        T = tokens.shape[1]
         window = bucket(max(known) + T, quantum)
         session.ensure_slots(window)
         h, lengths, session.keys, session.values = prefill_chunk(

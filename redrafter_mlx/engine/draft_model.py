@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from .sources import DRAFT_MODEL, DraftContext, Proposal
+from .sources import DRAFT_MODEL, DraftContext, Proposal, padded_chunks
 from .tree import arange, cache_mask, chain_mask
-
-PREFILL_CHUNK = 512
 
 
 class DraftModelSource:
@@ -80,16 +78,13 @@ def prefill(draft, rows: list[list[int]], slots: int) -> tuple:
     their K/V at slots [0, n); the next draft re-runs its last ones anyway."""
     B = len(rows)
     keys, values = draft.make_cache(B, slots)
-    longest = max((len(r) for r in rows), default=0)
     lengths = mx.zeros((B,), mx.int32)
-    for begin in range(0, longest, PREFILL_CHUNK):
-        chunk = [r[begin : begin + PREFILL_CHUNK] for r in rows]
-        T = max(len(c) for c in chunk)
-        tokens = mx.array([c + [0] * (T - len(c)) for c in chunk], dtype=mx.int32)
+    for _, tokens, counts in padded_chunks(rows):
+        T = tokens.shape[1]
         idx = lengths[:, None] + arange(T)[None, :]
         mask = cache_mask(lengths, chain_mask(T), slots)
         _, keys, values = draft(tokens, idx, mask, keys, values, idx)
-        lengths = lengths + mx.array([len(c) for c in chunk], dtype=mx.int32)
+        lengths = lengths + counts
         mx.eval(keys, values)  # per chunk, before the decode loop
     return keys, values
 

@@ -37,7 +37,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from .model import Attention, Model, ModelArgs, fused_kernels, window_mask
-from .sources import EARLY_EXIT, DraftContext, Proposal
+from .sources import EARLY_EXIT, DraftContext, Proposal, padded_chunks
 from .tree import arange, cache_mask, chain_mask
 
 KIND = "early-exit"
@@ -467,23 +467,17 @@ def prefill(model: Model, adapter: EarlyExitAdapter, rows: list[list[int]], slot
     (keys, values), ``slots`` slots per row (>= the longest row). Runs the target's first
     ``exit_layer`` layers on a scratch cache, then the adapter, chunk by chunk (host side,
     before the decode loop)."""
-    from .draft_model import PREFILL_CHUNK
-
     B = len(rows)
     exit_layer = adapter.args.exit_layer
     keys, values = model.make_cache(B, slots)
     keys, values = keys[:exit_layer], values[:exit_layer]
     ak, av = adapter.make_cache(B, slots)
-    longest = max((len(r) for r in rows), default=0)
     lengths = mx.zeros((B,), mx.int32)
-    for begin in range(0, longest, PREFILL_CHUNK):
-        chunk = [r[begin : begin + PREFILL_CHUNK] for r in rows]
-        T = max(len(c) for c in chunk)
-        tokens = mx.array([c + [0] * (T - len(c)) for c in chunk], dtype=mx.int32)
+    for _, tokens, counts in padded_chunks(rows):
         keys, values, ak, av = adapter_prefill(
             model, adapter, tokens, lengths, keys, values, ak, av, slots
         )
-        lengths = lengths + mx.array([len(c) for c in chunk], dtype=mx.int32)
+        lengths = lengths + counts
         mx.eval(keys, values, ak, av)  # per chunk, before the decode loop
     return ak, av
 

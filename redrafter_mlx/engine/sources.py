@@ -51,6 +51,20 @@ import mlx.core as mx
 from .drafter import beam_search, frontier_tree
 from .lookup import ABSENT, STRONG_MATCH, lookup_chains
 
+PREFILL_CHUNK = 512  # prompt tokens per row a prefill runs in one forward (every prefill's)
+
+
+def padded_chunks(rows: list[list[int]], size: int = PREFILL_CHUNK):
+    """B rows' token lists in chunks of ``size``, right-padded with 0, for a prefill: yields
+    (the chunk's B lists, tokens (B, T) int32, counts (B,) int32 real tokens per row)."""
+    longest = max((len(r) for r in rows), default=0)
+    for begin in range(0, longest, size):
+        chunk = [r[begin : begin + size] for r in rows]
+        T = max(len(c) for c in chunk)
+        tokens = mx.array([c + [0] * (T - len(c)) for c in chunk], dtype=mx.int32)
+        yield chunk, tokens, mx.array([len(c) for c in chunk], dtype=mx.int32)
+
+
 SOURCE_NAMES = ("drafter", "lookup", "draft_model", "early_exit")
 DRAFTER, LOOKUP, DRAFT_MODEL, EARLY_EXIT = range(len(SOURCE_NAMES))
 

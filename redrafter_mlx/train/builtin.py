@@ -81,16 +81,8 @@ def prepare(
         seed=opts.seed,
         features=reused_layers,
     )
-    own_deadline = started + OWN_PROMPT_SHARE * amount if kind == "seconds" else None
-    prompts = own_prompt_stage(data, opts, progress, own_deadline)
-    held, pool = prompts[: opts.val_prompts], prompts[opts.val_prompts :]
     resumed = resumed_run(plan.work, opts)
-    rows = answer_stage(data, held, pool, kind, amount, started, resumed, progress)
-    held_ids = {p["id"] for p in held}
-    val_rows = [r for r in rows if r["id"] in held_ids]
-    train_rows = [r for r in rows if r["id"] not in held_ids]
-    if resumed:
-        train_rows = train_rows[: resumed["data"]["answers"]]
+    train_rows, val_rows, held = answered(data, opts, kind, amount, started, resumed, progress)
     if not train_rows:
         raise ValueError(
             f"the budget {opts.budget} left no time to answer any training prompt; "
@@ -155,6 +147,21 @@ def own_prompt_stage(data, opts: DistillOptions, progress, deadline) -> list[dic
         return data.prompts(opts.own_prompts, tick, deadline)
     finally:
         progress.stop()
+
+
+def answered(data, opts: DistillOptions, kind, amount, started, resumed, progress):
+    """The model's own prompts, then its answers (``own_prompt_stage``, ``answer_stage``):
+    (training rows, held-out rows, held-out prompts). ``resumed``: the run record of a
+    resumed run, whose training data stays its first ``data.answers`` rows."""
+    own_deadline = started + OWN_PROMPT_SHARE * amount if kind == "seconds" else None
+    prompts = own_prompt_stage(data, opts, progress, own_deadline)
+    held, pool = prompts[: opts.val_prompts], prompts[opts.val_prompts :]
+    rows = answer_stage(data, held, pool, kind, amount, started, resumed, progress)
+    held_ids = {p["id"] for p in held}
+    train_rows = [r for r in rows if r["id"] not in held_ids]
+    if resumed:
+        train_rows = train_rows[: resumed["data"]["answers"]]
+    return train_rows, [r for r in rows if r["id"] in held_ids], held
 
 
 def resumed_run(out: Path, opts: DistillOptions) -> dict | None:

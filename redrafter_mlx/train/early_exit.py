@@ -397,7 +397,7 @@ def _file_data(files, tokenizer, opts: DistillOptions):
 def _builtin_data(model, tokenizer, path, dtype, plan, opts, progress, started, resumed):
     """The recurrent drafter's built-in data (``selfdata``, same folder and stages): each
     answer is a sequence of prompt + answer tokens, training on the answer's."""
-    from .builtin import answer_stage, own_prompt_stage
+    from .builtin import answered
     from .selfdata import SelfData, parse_budget, work_folder, work_key
     from .targets import model_fingerprint
 
@@ -414,16 +414,9 @@ def _builtin_data(model, tokenizer, path, dtype, plan, opts, progress, started, 
         seed=opts.seed,
         features=_folder_features(folder),
     )
-    deadline = started + 0.1 * amount if kind == "seconds" else None
-    prompts = own_prompt_stage(data, opts, progress, deadline)
-    held, pool = prompts[: opts.val_prompts], prompts[opts.val_prompts :]
     # the answer stage stops at the budget's answering share (half a time budget)
-    rows = answer_stage(data, held, pool, kind, amount, started, resumed, progress)
-    held_ids = {p["id"] for p in held}
-    train_rows = [r for r in rows if r["id"] not in held_ids]
-    val_rows = [r for r in rows if r["id"] in held_ids]
-    if resumed:
-        train_rows = train_rows[: resumed["run"]["data"]["answers"]]
+    run = resumed["run"] if resumed else None
+    train_rows, val_rows, _ = answered(data, opts, kind, amount, started, run, progress)
     if not train_rows:
         raise ValueError(f"the budget {opts.budget} left no time to answer any training prompt")
 

@@ -98,7 +98,7 @@ def canonical_name(name: str, root) -> str:
 def plan_tensors(refs: list[TensorRef], config: dict, root) -> DrafterPlan:
     """Match drafter tensors to its config: keep (renamed), drop, or refuse with a clear error."""
     shapes = expected_shapes(config)
-    kept, dropped, seen = [], [], set()
+    kept, dropped = [], []
     for ref in refs:
         name = canonical_name(ref.name, root)
         if name in _DROPPED:
@@ -110,22 +110,28 @@ def plan_tensors(refs: list[TensorRef], config: dict, root) -> DrafterPlan:
                 f"exit_dim={config['exit_dim']}, num_draft_layers={config['num_draft_layers']}, "
                 f"rnn={config['rnn']}; check {root}/config.json"
             )
-        if ref.shape != shapes[name]:
-            raise ConversionError(
-                f"drafter tensor {ref.name} has shape {list(ref.shape)} but {root}/config.json "
-                "implies "
-                f"{list(shapes[name])}; the config does not match the weights"
-            )
-        if name in seen:
-            raise ConversionError(
-                f"drafter {root} holds {name} twice (both naming layouts); keep one"
-            )
-        seen.add(name)
-        kept.append((name, ref))
-    missing = sorted(set(shapes) - seen)
+        keep(kept, "drafter", name, ref, shapes, root)
+    return complete(kept, dropped, "drafter", shapes, root)
+
+
+def keep(kept: list, what: str, name: str, ref: TensorRef, shapes: dict, root) -> None:
+    """Add ``ref`` as ``name`` to ``kept`` once its shape is the one its config implies."""
+    if ref.shape != shapes[name]:
+        raise ConversionError(
+            f"{what} tensor {ref.name} has shape {list(ref.shape)} but {root}/config.json "
+            f"implies {list(shapes[name])}; the config does not match the weights"
+        )
+    if any(n == name for n, _ in kept):
+        raise ConversionError(f"{what} {root} holds {name} twice (two namings); keep one")
+    kept.append((name, ref))
+
+
+def complete(kept: list, dropped: list, what: str, shapes: dict, root) -> DrafterPlan:
+    """The plan, once every tensor the config implies is kept."""
+    missing = sorted(set(shapes) - {n for n, _ in kept})
     if missing:
         raise ConversionError(
-            f"drafter checkpoint {root} lacks {', '.join(missing)}, which its config implies"
+            f"{what} checkpoint {root} lacks {', '.join(missing)}, which its config implies"
         )
     return DrafterPlan(kept, dropped)
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import re
 
 from redrafter_mlx.engine.early_exit import EarlyExitArgs, check_exit_layer
-from weights_convert.drafter import DrafterPlan
+from weights_convert.drafter import DrafterPlan, complete, keep
 from weights_convert.errors import ConversionError
 from weights_convert.tensors import TensorRef
 
@@ -106,7 +106,7 @@ def expected_shapes(args: EarlyExitArgs) -> dict[str, tuple[int, ...]]:
 def plan_tensors(refs: list[TensorRef], args: EarlyExitArgs, root) -> DrafterPlan:
     """Keep the adapter's tensors (names unchanged), drop the unused, refuse the rest."""
     shapes = expected_shapes(args)
-    kept, dropped, seen = [], [], set()
+    kept, dropped = [], []
     for ref in refs:
         name = _name(ref.name)
         if name not in shapes:
@@ -117,21 +117,8 @@ def plan_tensors(refs: list[TensorRef], args: EarlyExitArgs, root) -> DrafterPla
                 f"adapter tensor {ref.name} in {ref.path.name} is not part of a Kangaroo adapter "
                 f"with {args.num_layers} layer(s); check {root}/config.json (num_hidden_layers)"
             )
-        if ref.shape != shapes[name]:
-            raise ConversionError(
-                f"adapter tensor {ref.name} has shape {list(ref.shape)} but {root}/config.json "
-                f"implies {list(shapes[name])}; the config does not match the weights"
-            )
-        if name in seen:
-            raise ConversionError(f"adapter {root} holds {name} twice; keep one")
-        seen.add(name)
-        kept.append((name, ref))
-    missing = sorted(set(shapes) - seen)
-    if missing:
-        raise ConversionError(
-            f"adapter checkpoint {root} lacks {', '.join(missing)}, which its config implies"
-        )
-    return DrafterPlan(kept, dropped)
+        keep(kept, "adapter", name, ref, shapes, root)
+    return complete(kept, dropped, "adapter", shapes, root)
 
 
 def output_config(args: EarlyExitArgs, dtype: str) -> dict:

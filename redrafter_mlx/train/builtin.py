@@ -54,7 +54,7 @@ def prepare(
 ) -> RunContext:
     """The built-in data (``selfdata``): prompts, answers with hidden states, targets; the
     held-out prompts' answers for selection; the steps fitted to the budget."""
-    from .selfdata import SelfData, answer_sequences, parse_budget, work_folder, work_key
+    from .selfdata import answer_sequences, parse_budget, work_folder, work_key
 
     if world > 1:
         raise ValueError(
@@ -71,16 +71,7 @@ def prepare(
         progress.note(f"answers: reusing {folder} (its final normed hidden states)")
         # answers added to that folder keep its rows' width: they capture its layers
         reused_layers = tuple(int(i) for i in folder.name.rsplit("-f", 1)[1].split("."))
-    data = SelfData(
-        folder,
-        model,
-        tokenizer,
-        temperature=opts.gen_temp,
-        answer_tokens=opts.answer_tokens,
-        batch=opts.gen_batch,
-        seed=opts.seed,
-        features=reused_layers,
-    )
+    data = self_data(folder, model, tokenizer, opts, reused_layers)
     resumed = resumed_run(plan.work, opts)
     train_rows, val_rows, held = answered(data, opts, kind, amount, started, resumed, progress)
     if not train_rows:
@@ -147,6 +138,24 @@ def own_prompt_stage(data, opts: DistillOptions, progress, deadline) -> list[dic
         return data.prompts(opts.own_prompts, tick, deadline)
     finally:
         progress.stop()
+
+
+def self_data(folder: Path, model, tokenizer, opts: DistillOptions, features):
+    """The model's own answers in ``folder`` (a ``selfdata.SelfData``), written with
+    ``opts``' generation settings; ``features``: the layers its rows hold (None: the final
+    normed hidden state)."""
+    from .selfdata import SelfData
+
+    return SelfData(
+        folder,
+        model,
+        tokenizer,
+        temperature=opts.gen_temp,
+        answer_tokens=opts.answer_tokens,
+        batch=opts.gen_batch,
+        seed=opts.seed,
+        features=features,
+    )
 
 
 def answered(data, opts: DistillOptions, kind, amount, started, resumed, progress):

@@ -397,23 +397,14 @@ def _file_data(files, tokenizer, opts: DistillOptions):
 def _builtin_data(model, tokenizer, path, dtype, plan, opts, progress, started, resumed):
     """The recurrent drafter's built-in data (``selfdata``, same folder and stages): each
     answer is a sequence of prompt + answer tokens, training on the answer's."""
-    from .builtin import answered
-    from .selfdata import SelfData, parse_budget, work_folder, work_key
+    from .builtin import answered, self_data
+    from .selfdata import parse_budget, work_folder, work_key
     from .targets import model_fingerprint
 
     kind, amount = parse_budget(opts.budget)
     key = work_key(model_fingerprint(path, dtype), opts.gen_temp, opts.answer_tokens, opts.seed)
     folder = work_folder(plan.cache_root, key, ())
-    data = SelfData(
-        folder,
-        model,
-        tokenizer,
-        temperature=opts.gen_temp,
-        answer_tokens=opts.answer_tokens,
-        batch=opts.gen_batch,
-        seed=opts.seed,
-        features=_folder_features(folder),
-    )
+    data = self_data(folder, model, tokenizer, opts, _folder_features(folder))
     # the answer stage stops at the budget's answering share (half a time budget)
     run = resumed["run"] if resumed else None
     train_rows, val_rows, _ = answered(data, opts, kind, amount, started, run, progress)

@@ -3,9 +3,12 @@
     python -m scripts.build_smollm2_apar                       # the full recipe, resumable
     python -m scripts.build_smollm2_apar --prompts 16 --answer-tokens 256 --iters 4   # smoke
 
-1. Answers: SmolLM2-135M-Instruct's own greedy answers to the built-in prompts
-   (``train.selfdata.builtin_prompts``, seeded order; a conversation's first turn only),
+1. Answers: SmolLM2-135M-Instruct's own greedy answers (a conversation's first turn only),
    appended to ``answers.jsonl`` in the work folder, so a rerun answers only what is missing.
+   The prompts: ``--list-share`` of them ask for a list (``LIST_TEMPLATES`` over the
+   distillation topics, ``train.selfdata.ASKS_FILE``; the ``lists`` bench set's topics are
+   held out), the rest are the built-in prompts (``train.selfdata.builtin_prompts``), both
+   in a seeded order. SmolLM2 answers most list requests as ``N. **Title** - details``.
 2. Data: each answer (one cut at the token limit ends at its last paragraph break) made a
    paragraph tree by rule (``train.apar_data``), the counts per rule printed; structured and
    unstructured samples mixed half and half; each branch one causal sequence with its loss
@@ -42,7 +45,21 @@ from redrafter_mlx.train.apar_lora import (
     prepare_model,
     train,
 )
-from redrafter_mlx.train.selfdata import append_jsonl, builtin_prompts, read_jsonl
+from redrafter_mlx.train.selfdata import ASKS_FILE, append_jsonl, builtin_prompts, read_jsonl
+
+# Requests for a list, filled with a distillation topic and a count; the ``lists`` bench set
+# (redrafter_mlx/data/list_prompts.jsonl) asks about other topics.
+LIST_TEMPLATES = (
+    "Give me {n} tips for {topic}.",
+    "What are {n} ways to get better at {topic}?",
+    "List {n} common mistakes people make with {topic} and how to avoid them.",
+    "What are the main benefits of {topic}? Answer with a numbered list.",
+    "What are the key steps to get started with {topic}?",
+    "Suggest {n} ideas for a weekend project about {topic}.",
+    "What should a beginner know about {topic}? List the essentials.",
+    "Name {n} important facts about {topic}.",
+)
+COUNTS = ("three", "four", "five", "six")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -50,16 +67,40 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", default=None, help="SmolLM2 folder (default: make smollm2's)")
     p.add_argument("--work", type=Path, default=None, help="work folder (resumable)")
     p.add_argument("--out", type=Path, default=None, help="fused model folder (default WORK/model)")
-    p.add_argument("--prompts", type=int, default=2000, help="built-in prompts to answer")
-    p.add_argument("--answer-tokens", type=int, default=384, help="most tokens per answer")
+    p.add_argument("--prompts", type=int, default=560, help="prompts to answer")
+    p.add_argument("--list-share", type=float, default=0.65, help="share asking for a list")
+    p.add_argument("--answer-tokens", type=int, default=256, help="most tokens per answer")
     p.add_argument("--gen-batch", type=int, default=16, help="prompts answered per batch")
-    p.add_argument("--iters", type=int, default=2000, help="training steps in all")
+    p.add_argument("--iters", type=int, default=400, help="training steps in all")
     p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--save-every", type=int, default=100, help="steps between checkpoints")
+    p.add_argument("--save-every", type=int, default=25, help="steps between checkpoints")
     p.add_argument("--lora-layers", type=int, default=8)
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--stop-after", choices=("answers", "data"), default=None, help="stop after a stage"
+    )
     return p.parse_args(argv)
+
+
+def list_prompts(seed: int) -> list[str]:
+    """Every list request (``LIST_TEMPLATES`` x topics, a seeded count each), seeded order."""
+    topics = [r["topic"] for r in read_jsonl(ASKS_FILE) if "topic" in r]
+    rng = random.Random(f"apar-lists/{seed}")
+    out = [t.format(n=rng.choice(COUNTS), topic=topic) for t in LIST_TEMPLATES for topic in topics]
+    rng.shuffle(out)
+    return out
+
+
+def training_prompts(n: int, list_share: float, seed: int) -> list[str]:
+    """``n`` prompts: ``round(n * list_share)`` list requests, the rest built-in prompts."""
+    lists = list_prompts(seed)[: round(n * list_share)]
+    others = [r["prompt"] for r in builtin_prompts()]
+    rng = random.Random(f"apar/{seed}")
+    rng.shuffle(others)
+    mixed = lists + others[: n - len(lists)]
+    rng.shuffle(mixed)
+    return mixed
 
 
 def answer_prompts(model_dir: Path, prompts: list[str], file: Path, args) -> list[dict]:
@@ -99,12 +140,13 @@ def main(argv=None) -> None:
         raise SystemExit(f"no model at {model_dir}: run `make smollm2` first (or pass --model)")
     work = args.work or home() / "build" / "smollm2-apar"
     work.mkdir(parents=True, exist_ok=True)
-    prompts = [r["prompt"] for r in builtin_prompts()]
-    random.Random(f"apar/{args.seed}").shuffle(prompts)
-    rows = answer_prompts(model_dir, prompts[: args.prompts], work / "answers.jsonl", args)
+    prompts = training_prompts(args.prompts, args.list_share, args.seed)
+    rows = answer_prompts(model_dir, prompts, work / "answers.jsonl", args)
     # an answer cut at the token limit ends at its last paragraph break (or is left out)
     ended = [{**r, "answer": trim_cut(r["answer"])} if r["finish"] == "length" else r for r in rows]
     ended = [r for r in ended if r["answer"]]
+    if args.stop_after == "answers":
+        return
     answers = [r["answer"] for r in ended]
     stopped = sum(r["finish"] == "stop" for r in rows)
     print(
@@ -137,6 +179,8 @@ def main(argv=None) -> None:
     )
     rows_out = [json.dumps({"tokens": s, "loss_from": o}) + "\n" for s, o in samples]
     (work / "data.jsonl").write_text("".join(rows_out))
+    if args.stop_after == "data":
+        return
 
     settings = LoraSettings(
         layers=args.lora_layers,

@@ -49,6 +49,28 @@ def test_list_answer_puts_each_items_details_in_a_child():
     )
 
 
+DASH_LIST = """Tips for calm:
+
+1. **Breathe slowly** - Count to four on each breath in and out.
+
+2. **Sit still** - Keep your back straight and your hands resting.
+
+3. **Start small** - Five minutes a day is enough at first - really."""
+
+
+def test_dash_separated_titles_are_list_items_too():
+    """SmolLM2's own list form, ``N. **Title** - details``: the first dash ends the title."""
+    result = paragraph_tree(DASH_LIST)
+    assert result.rule == "list"
+    assert result.tree.text() == DASH_LIST
+    assert [c.text() for c in result.tree.children()] == [
+        " Count to four on each breath in and out.",
+        " Keep your back straight and your hands resting.",
+        " Five minutes a day is enough at first - really.",
+    ]
+    assert "**Breathe slowly** -<F>\n\n2." in result.tree.marked("<F>")
+
+
 def test_paragraph_answer_keeps_first_sentences_in_the_parent():
     result = paragraph_tree(PARAGRAPH_ANSWER)
     assert result.rule == "paragraphs"

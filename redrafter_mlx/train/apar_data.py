@@ -10,7 +10,8 @@ back the answer exactly.
 The rules (APAR's data pipeline, the first turn of a conversation only):
 
 1. *List*: a numbered or bulleted list of at least ``MIN_ITEMS`` lines shaped
-   ``N. title: details`` (``- title: details``) puts each item's details in a child stream;
+   ``N. title: details`` (``- title: details``, or ``N. **title** - details`` as small chat
+   models write it) puts each item's details in a child stream;
    the parent keeps ``N. title:``, the fork token and the line break. A stream shorter than
    ``MIN_STREAM_CHARS`` rejects the sample.
 2. *Paragraphs*: otherwise, text of more than 2 paragraphs keeps each paragraph's first
@@ -50,10 +51,12 @@ EXCLUDED = {
     "link": re.compile(r"https?://|www\.|\]\(|\b\S+\.(?:com|org|net|io)\b"),
     "cjk": re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uff00-\uffef]"),
 }
-# "1. Title: details", "2) **Title**: details", "- Title: details"; the title has no colon
-# and at most 80 characters; the details run to the end of the line.
+# "1. Title: details", "2) **Title**: details", "- Title: details", and the dash form small
+# chat models write, "1. **Title** - details" (also – and —); the title has no colon and at
+# most 80 characters (the first separator ends it); the details run to the end of the line.
 LIST_ITEM = re.compile(
-    r"^(?P<head>[ \t]*(?P<mark>\d{1,2}[.)]|[-*+•])[ \t]+[^:\n]{1,80}:)(?P<details>[^\n]*\S)[ \t]*$",
+    r"^(?P<head>[ \t]*(?P<mark>\d{1,2}[.)]|[-*+•])[ \t]+[^:\n]{1,80}?(?::|[ \t][-–—]))"
+    r"(?P<details>[^\n]*\S)[ \t]*$",
     re.M,
 )
 PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")

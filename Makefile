@@ -20,6 +20,7 @@ install: openblas
 # ~/.cache/redrafter-mlx (redrafter_mlx.engine.bundled.home()); a no-op once done.
 smollm2:
 	$(PYTHON) -m weights_convert.smollm2
+	$(PYTHON) -m weights_convert.smollm2_apar
 
 # The bundled SmolLM2 drafter (redrafter_mlx/smollm2_drafter/): one `redrafter-mlx distill`
 # run without --data (the model's own answers to the built-in prompts, hidden states kept,
@@ -29,9 +30,11 @@ smollm2:
 smollm2-drafter: smollm2
 	$(PYTHON) -m scripts.build_smollm2_drafter
 
-# An APAR (parallel branches) SmolLM2: its own answers to the built-in prompts made paragraph
-# trees by rule, LoRA with the two split tokens added to the vocabulary, the fused model in
-# HOME/build/smollm2-apar/model. Resumable: run it again to continue. See the script's docstring.
+# The packaged APAR adapter (redrafter_mlx/smollm2_apar/, --model smollm2-apar): SmolLM2's
+# own answers to list requests and built-in prompts made paragraph trees by rule, LoRA with
+# the two split tokens added to the vocabulary, the adapter into the package and fused into
+# HOME/models/smollm2-apar. About an hour of CPU; resumable: run it again to continue (work
+# files in HOME/build/smollm2-apar). See redrafter_mlx/smollm2_apar/BUILD.md.
 smollm2-apar: smollm2
 	$(PYTHON) -m scripts.build_smollm2_apar
 

@@ -16,7 +16,10 @@
 3. Training: mlx-lm's LoRA trainer with the split tokens added to the vocabulary (the
    embedding and its tied head grow by two trainable rows); checkpoints every
    ``--save-every`` steps, a rerun resumes from the newest (``train.apar_lora``).
-4. The fused model (a branching model: config ``branches`` block) into ``--out``.
+4. The adapter (LoRA matrices and the two new embedding rows, ~2.6 MB) into the package,
+   ``redrafter_mlx/smollm2_apar/`` (``--out``), and fused into ``HOME/models/smollm2-apar``
+   (``weights_convert.smollm2_apar``, what ``make smollm2`` runs): ``--model smollm2-apar``
+   (with ``--model DIR``: into ``WORK/model``).
 
 Work folder: HOME/build/smollm2-apar (``engine.bundled.home()``).
 """
@@ -29,7 +32,12 @@ import random
 import time
 from pathlib import Path
 
-from redrafter_mlx.engine.bundled import home, smollm2_path
+from redrafter_mlx.engine.bundled import (
+    SMOLLM2_APAR_ADAPTER,
+    home,
+    smollm2_apar_path,
+    smollm2_path,
+)
 from redrafter_mlx.train.apar_data import (
     SplitIds,
     branch_sequences,
@@ -41,8 +49,8 @@ from redrafter_mlx.train.apar_data import (
 from redrafter_mlx.train.apar_lora import (
     LoraSettings,
     add_split_tokens,
-    export,
     prepare_model,
+    save_adapter,
     train,
 )
 from redrafter_mlx.train.selfdata import ASKS_FILE, append_jsonl, builtin_prompts, read_jsonl
@@ -60,14 +68,17 @@ LIST_TEMPLATES = (
     "Name {n} important facts about {topic}.",
 )
 COUNTS = ("three", "four", "five", "six")
+POOL = 560  # prompts in the seeded mix that --prompts takes a prefix of
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None, help="SmolLM2 folder (default: make smollm2's)")
     p.add_argument("--work", type=Path, default=None, help="work folder (resumable)")
-    p.add_argument("--out", type=Path, default=None, help="fused model folder (default WORK/model)")
-    p.add_argument("--prompts", type=int, default=560, help="prompts to answer")
+    p.add_argument(
+        "--out", type=Path, default=SMOLLM2_APAR_ADAPTER, help="adapter folder (the package's)"
+    )
+    p.add_argument("--prompts", type=int, default=256, help="prompts to answer")
     p.add_argument("--list-share", type=float, default=0.65, help="share asking for a list")
     p.add_argument("--answer-tokens", type=int, default=256, help="most tokens per answer")
     p.add_argument("--gen-batch", type=int, default=16, help="prompts answered per batch")
@@ -93,14 +104,17 @@ def list_prompts(seed: int) -> list[str]:
 
 
 def training_prompts(n: int, list_share: float, seed: int) -> list[str]:
-    """``n`` prompts: ``round(n * list_share)`` list requests, the rest built-in prompts."""
-    lists = list_prompts(seed)[: round(n * list_share)]
+    """The first ``n`` prompts of a seeded mix of ``max(n, POOL)``: ``list_share`` of them
+    list requests, the rest built-in prompts. Fewer prompts are a prefix of more (a run
+    with a smaller ``--prompts`` reuses the answers of a larger one)."""
+    pool = max(n, POOL)
+    lists = list_prompts(seed)[: round(pool * list_share)]
     others = [r["prompt"] for r in builtin_prompts()]
     rng = random.Random(f"apar/{seed}")
     rng.shuffle(others)
-    mixed = lists + others[: n - len(lists)]
+    mixed = lists + others[: pool - len(lists)]
     rng.shuffle(mixed)
-    return mixed
+    return mixed[:n]
 
 
 def answer_prompts(model_dir: Path, prompts: list[str], file: Path, args) -> list[dict]:
@@ -159,7 +173,7 @@ def main(argv=None) -> None:
 
     import mlx_lm
 
-    model, tokenizer, config = mlx_lm.load(str(model_dir), return_config=True)
+    model, tokenizer = mlx_lm.load(str(model_dir))
     fork, child = add_split_tokens(tokenizer)
     ids = SplitIds(fork=fork, child=child, eos=tokenizer.eos_token_id)
 
@@ -196,9 +210,12 @@ def main(argv=None) -> None:
         f"trained {result['iters']} steps; {result['tokens_per_s']:.0f} training tokens/s; "
         f"loss {result['train_loss']}"
     )
-    out = args.out or work / "model"
-    export(model, tokenizer, config, out)
-    print(f"branching model in {out}")
+    save_adapter(model, settings, args.out)
+    print(f"adapter in {args.out}")
+    from weights_convert.smollm2_apar import build
+
+    fused = build(model_dir, args.out, work / "model" if args.model else smollm2_apar_path())
+    print(f"branching model in {fused} (--model smollm2-apar)")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """APAR LoRA helper (train/apar_lora.py) on a tiny tied Llama: the vocabulary grows by the
-split tokens, only LoRA and the new rows train, checkpoints resume, the fused export loads
-as a branching model with the trained model's logits."""
+split tokens, only LoRA and the new rows train, checkpoints resume, the saved adapter fused
+into the base folder (weights_convert.smollm2_apar) loads as a branching model with the
+trained model's logits, quantized bases included."""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ from redrafter_mlx.train.apar_lora import (
     LoraSettings,
     add_split_tokens,
     done_iters,
-    export,
     prepare_model,
+    save_adapter,
     train,
     trainable_weights,
 )
+from weights_convert.smollm2_apar import build
 
 TOKENIZER = Path(__file__).parent / "fixtures" / "convert" / "tokenizer"
 CONFIG = {
@@ -70,8 +72,8 @@ def test_ids_after_the_embedding_are_required():
         prepare_model(model, SETTINGS, [200, 201])
 
 
-def test_checkpoints_resume_and_export_is_a_branching_model(tmp_path):
-    model, tokenizer, ids = tiny()
+def test_checkpoints_resume_and_the_fused_adapter_is_a_branching_model(tmp_path):
+    model, _, ids = tiny()
     prepare_model(model, SETTINGS, ids)
     before = np.array(model.model.embed_tokens.extra)
     result = train(model, samples(), tmp_path / "ck", SETTINGS, report=lambda s: None)
@@ -94,14 +96,73 @@ def test_checkpoints_resume_and_export_is_a_branching_model(tmp_path):
 
     x = mx.array([[1, 5, 128, 129, 9]])
     want = np.array(again(x))
-    export(again, tokenizer, dict(CONFIG), tmp_path / "out")
+    save_adapter(again, SETTINGS, tmp_path / "adapter")
+    out = build(base_folder(tmp_path / "base"), tmp_path / "adapter", tmp_path / "out")
     import mlx_lm
 
-    loaded, tok = mlx_lm.load(str(tmp_path / "out"))
+    loaded, tok = mlx_lm.load(str(out))
     np.testing.assert_allclose(np.array(loaded(x)), want, atol=1e-4)
-    assert json.loads((tmp_path / "out" / "config.json").read_text())["vocab_size"] == 130
-    assert branch_rules(tmp_path / "out") == BranchRules(128, 129)
+    assert json.loads((out / "config.json").read_text())["vocab_size"] == 130
+    assert branch_rules(out) == BranchRules(128, 129)
     assert tok.encode("w5 [SplitMask]", add_special_tokens=False) == [5, 128]
+    assert tok.decode([5, 129]).endswith("[SplitSop]")
+    assert not list(tmp_path.glob(".out.*"))  # the temp folder was renamed
+
+
+def base_folder(folder: Path, bits: int | None = None) -> Path:
+    """The untrained tiny model (``tiny``'s seed) as an mlx-lm folder, quantized if asked."""
+    import shutil
+
+    from mlx_lm.utils import quantize_model, save_config, save_model
+
+    model, _, _ = tiny()
+    config = dict(CONFIG)
+    if bits:
+        model, config = quantize_model(model, config, group_size=32, bits=bits)
+    folder.mkdir(parents=True)
+    save_model(folder, model)
+    save_config(config, folder / "config.json")
+    for f in TOKENIZER.iterdir():
+        shutil.copyfile(f, folder / f.name)
+    return folder
+
+
+def test_fusing_into_a_quantized_base_matches_mlx_lms_fuse(tmp_path):
+    """A 4-bit base: each adapted weight dequantized, fused and quantized again, as mlx-lm's
+    ``LoRALinear.fuse`` does; the grown embedding keeps its quantization."""
+    import mlx_lm
+    from mlx_lm.tuner.utils import linear_to_lora_layers
+
+    model, _, ids = tiny()
+    quantized = base_folder(tmp_path / "base", bits=4)
+    reference, _ = mlx_lm.load(str(quantized))
+    linear_to_lora_layers(reference, 1, {"rank": 2, "scale": SETTINGS.scale, "dropout": 0.0})
+    prepare_model(model, SETTINGS, ids)
+    rng = np.random.default_rng(1)
+    trained = {
+        k: mx.array(rng.standard_normal(v.shape).astype(np.float32) * 0.05)
+        for k, v in trainable_weights(model).items()
+    }
+    model.load_weights(list(trained.items()), strict=False)
+    reference.load_weights([(k, v) for k, v in trained.items() if "lora" in k], strict=False)
+    save_adapter(model, SETTINGS, tmp_path / "adapter")
+    out = build(quantized, tmp_path / "adapter", tmp_path / "out")
+    fused, _ = mlx_lm.load(str(out))
+    layer = fused.model.layers[1].self_attn.q_proj
+    want = reference.model.layers[1].self_attn.q_proj.fuse()
+    assert layer.bits == 4 and layer.group_size == 32
+    np.testing.assert_array_equal(np.array(layer.weight), np.array(want.weight))
+    np.testing.assert_array_equal(np.array(layer.scales), np.array(want.scales))
+    rows = mx.dequantize(
+        fused.model.embed_tokens.weight[128:],
+        fused.model.embed_tokens.scales[128:],
+        fused.model.embed_tokens.biases[128:],
+        group_size=32,
+        bits=4,
+    )
+    np.testing.assert_allclose(
+        np.array(rows), np.array(trained["model.embed_tokens.extra"]), atol=0.02
+    )
 
 
 def test_a_stopped_runs_saves_are_adopted_with_their_step_numbers(tmp_path):

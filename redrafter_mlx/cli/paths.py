@@ -22,7 +22,7 @@ class ModelPaths:
 
 
 def installed_bundled(model: str | None):
-    """The bundled model ``--model`` names (``demo``, ``smollm2``; no ``--model``: the default
+    """The bundled model ``--model`` names (``bundled.NAMES``; no ``--model``: the default
     one), checked to be installed; None when ``model`` names something else (a folder, a Hub
     id). Raises ``LoadError`` with the command that installs it."""
     from redrafter_mlx.engine.bundled import bundled, default_model
@@ -31,14 +31,9 @@ def installed_bundled(model: str | None):
     if named is not None and not named.installed:
         from redrafter_mlx.engine.loading import LoadError
 
-        fix = (
-            "run 'make smollm2' (part of make install)"
-            if named.name == "smollm2"
-            else "rebuild it with 'make demo-model'"
-        )
         raise LoadError(
             f"the {named.name} model is not installed ({named.base} has no config.json); "
-            f"{fix}, or pass --model DIR"
+            f"run {named.install}, or pass --model DIR"
         )
     return named
 

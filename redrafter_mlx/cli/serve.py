@@ -128,11 +128,11 @@ def model_aliases(model: str | None, paths) -> tuple[str, ...]:
     ``default`` (whatever is loaded)."""
     from pathlib import Path
 
-    from redrafter_mlx.engine.bundled import bundled
+    from redrafter_mlx.engine.bundled import NAMES, bundled
 
     path = Path(paths.model).expanduser()
     names = [model] if model else []
-    names += [n for n in ("demo", "smollm2") if path == bundled(n).base.expanduser()]
+    names += [n for n in NAMES if path == bundled(n).base.expanduser()]
     if not paths.demo:  # the demo's folder is called "base"
         names.append(path.name)
     names.append("default")

@@ -9,6 +9,10 @@
   MLX 4/8-bit on Metal), with the drafter shipped in ``redrafter_mlx/smollm2_drafter/``,
   which serves both.
 
+* ``smollm2-apar``: SmolLM2 post-trained for APAR parallel branches (a LoRA adapter shipped in
+  ``redrafter_mlx/smollm2_apar/``, fused into ``home()/models/smollm2-apar`` by ``make install``
+  through ``weights_convert.smollm2_apar``); it forks list answers into branches.
+
 With no ``--model`` the CLI uses ``smollm2`` when it is installed with a drafter, else ``demo``.
 """
 
@@ -25,22 +29,31 @@ SMOLLM2_NAME = "smollm2-135m-instruct"
 SMOLLM2_DRAFTER = PACKAGE_ROOT / "smollm2_drafter"
 # Written by weights_convert.smollm2 into the SmolLM2-135M-Instruct folder it converts.
 SMOLLM2_MARKER = ".redrafter-smollm2.json"
+SMOLLM2_APAR_NAME = "smollm2-apar"
+SMOLLM2_APAR_ADAPTER = PACKAGE_ROOT / "smollm2_apar"  # the LoRA adapter (make smollm2-apar)
+SMOLLM2_APAR_MARKER = ".redrafter-smollm2-apar.json"  # weights_convert.smollm2_apar's, last
 
 DEMO_NOTE = (
     "Using the bundled demo model (a small Llama trained on Python's standard library); "
     "pass --model for a real one (--model smollm2 after make install)."
 )
 SMOLLM2_NOTE = "Using SmolLM2-135M-Instruct (installed by make install); --model demo for the toy."
+SMOLLM2_APAR_NOTE = (
+    "Using SmolLM2-APAR (SmolLM2-135M-Instruct post-trained to decode list items as parallel "
+    "branches; --branches off for one sequence)."
+)
 
 
 @dataclass(frozen=True)
 class BundledModel:
-    """A named model: its directory, its drafter directory (None without one) and a note."""
+    """A named model: its directory, its drafter directory (None without one), a note, and
+    the command that installs it."""
 
     name: str
     base: Path
     drafter: Path | None
     note: str
+    install: str = "'make install'"
 
     @property
     def installed(self) -> bool:
@@ -61,6 +74,11 @@ def home() -> Path:
 def smollm2_path(root: Path | None = None) -> Path:
     """Where ``make smollm2`` converts SmolLM2-135M-Instruct (whether or not it exists yet)."""
     return (root or home()) / "models" / SMOLLM2_NAME
+
+
+def smollm2_apar_path(root: Path | None = None) -> Path:
+    """Where ``weights_convert.smollm2_apar`` fuses SmolLM2-APAR (whether or not it exists)."""
+    return (root or home()) / "models" / SMOLLM2_APAR_NAME
 
 
 def _drafter_dir(path: Path) -> Path | None:
@@ -121,7 +139,7 @@ def bundled_drafter_for(model_dir) -> Path | None:
     return SMOLLM2_DRAFTER if config is not None and _same_weights_as_the_gguf(config) else None
 
 
-NAMES = ("smollm2", "demo")
+NAMES = ("smollm2", "smollm2-apar", "demo")
 
 
 def unknown_name_error(spec: str) -> str | None:
@@ -138,13 +156,21 @@ def unknown_name_error(spec: str) -> str | None:
 
 
 def bundled(name: str) -> BundledModel | None:
-    """The bundled model called ``name`` (``demo``, ``smollm2``), or None for other names."""
+    """The bundled model called ``name`` (``demo``, ``smollm2``, ``smollm2-apar``), or None
+    for other names."""
     if name == "demo":
         base, drafter = demo_paths()
-        return BundledModel("demo", base, drafter, DEMO_NOTE)
+        return BundledModel("demo", base, drafter, DEMO_NOTE, "'make demo-model'")
     if name == "smollm2":
         path = smollm2_path()
-        return BundledModel("smollm2", path, bundled_drafter_for(path), SMOLLM2_NOTE)
+        drafter = bundled_drafter_for(path)
+        return BundledModel(
+            "smollm2", path, drafter, SMOLLM2_NOTE, "'make smollm2' (part of make install)"
+        )
+    if name == SMOLLM2_APAR_NAME:
+        path = smollm2_apar_path()
+        fuse = "'make smollm2' (part of make install; it fuses the packaged APAR adapter)"
+        return BundledModel(SMOLLM2_APAR_NAME, path, None, SMOLLM2_APAR_NOTE, fuse)
     return None
 
 

@@ -254,14 +254,21 @@ def read_weights_drafter(path: Path) -> dict[str, mx.array]:
     return dict(_load_checked(file))
 
 
+MAX_ADDED_TOKENS = 8  # ids a model may have gained past its drafter's vocabulary
+
+
 def check_pair(model: Model, drafter: Drafter) -> None:
-    """The drafter must read this LLM's hidden states and embeddings and share its vocabulary."""
+    """The drafter must read this LLM's hidden states and embeddings and share its vocabulary:
+    the same, or the first ids of the model's when the model grew by added tokens since (an
+    APAR model's two split tokens): such a drafter drafts only ids it knows, and the verify
+    draws from the whole vocabulary, so output is unchanged."""
     if drafter.args.hidden_size != model.hidden_size:
         raise LoadError(
             f"drafter hidden_size {drafter.args.hidden_size} != model hidden_size "
             f"{model.hidden_size}: this drafter was trained for another base model"
         )
-    if drafter.args.vocab_size != model.vocab_size:
+    grown = model.vocab_size - drafter.args.vocab_size
+    if not 0 <= grown <= MAX_ADDED_TOKENS:
         raise LoadError(
             f"drafter vocab_size {drafter.args.vocab_size} != model vocab_size "
             f"{model.vocab_size}: this drafter was trained for another base model"

@@ -1,6 +1,6 @@
-"""Prompt sets: the built-in ones (MT-Bench, Vicuna-bench, the edit set, the demo model's
-held-out prompts) or a user's file, read the same way by ``bench``, ``tune`` and the build
-scripts.
+"""Prompt sets: the built-in ones (MT-Bench, Vicuna-bench, the edit set, the list requests,
+the demo model's held-out prompts) or a user's file, read the same way by ``bench``, ``tune``
+and the build scripts.
 
 A file is JSONL (each line ``{"turns": [str, ...]}``, ``{"prompt": str}`` or ``{"text": str}``,
 with an optional ``"category"``) or plain text with one prompt per line. :func:`load_prompts`
@@ -20,6 +20,9 @@ PROMPT_SETS = {
     "mt-bench": PACKAGE_DATA / "mt_bench_questions.jsonl",
     "vicuna-bench": PACKAGE_DATA / "vicuna_bench_questions.jsonl",
     "edit": PACKAGE_DATA / "edit_prompts.jsonl",
+    # requests answered with lists: MT-Bench writing and humanities (first turns) and asks for
+    # tips or steps on topics the APAR training prompts leave out (scripts.build_smollm2_apar)
+    "lists": PACKAGE_DATA / "list_prompts.jsonl",
     "demo": heldout_prompts_path(),
 }
 

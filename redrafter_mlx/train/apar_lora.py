@@ -1,15 +1,18 @@
 """APAR post-training with mlx-lm's LoRA trainer: the split tokens added to the vocabulary
 (embedding and tied head grow by two trainable rows), LoRA on the last layers, checkpoints
-every few steps and a resumed run that continues from the newest, and the fused model folder
-(a branching model: its config's ``branches`` block and tokenizer name both tokens).
+every few steps and a resumed run that continues from the newest, and the adapter saved for
+the package (``weights_convert.smollm2_apar`` fuses it into a branching model folder: its
+config's ``branches`` block and tokenizer name both tokens).
 
 Data are mlx-lm's ``(tokens, loss_from)`` items from :func:`apar_data.branch_sequences`.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -186,27 +189,29 @@ def trainable_weights(model) -> dict[str, mx.array]:
     return dict(tree_flatten(model.trainable_parameters()))
 
 
-def export(model, tokenizer, config: dict, out: Path) -> None:
-    """The fused model into ``out``: LoRA folded into the weights, the grown embedding as a
-    plain one, ``vocab_size`` and the ``branches`` block in config.json, the tokenizer with
-    both split tokens."""
-    from mlx.utils import tree_unflatten
-    from mlx_lm.utils import save_config, save_model
-
-    fused = [(n, m.fuse()) for n, m in model.named_modules() if hasattr(m, "fuse")]
-    if fused:
-        model.update_modules(tree_unflatten(fused))
-    grown = model.model.embed_tokens
-    table = grown.table()
-    embedding = nn.Embedding(*table.shape)
-    embedding.weight = table
-    model.model.embed_tokens = embedding
-    out.mkdir(parents=True, exist_ok=True)
-    save_model(out, model)
-    config = {
-        **config,
-        "vocab_size": int(table.shape[0]),
-        "branches": {"fork": FORK_TOKEN, "child": CHILD_TOKEN},
-    }
-    save_config(config, out / "config.json")
-    tokenizer.save_pretrained(str(out))
+def save_adapter(model, settings: LoraSettings, out: Path) -> None:
+    """The trained adapter into ``out`` (temp folder, renamed at the end):
+    ``adapters.safetensors`` (:func:`trainable_weights`: each adapted linear's ``lora_a``
+    (in, r) and ``lora_b`` (r, out), and ``model.embed_tokens.extra``, the split tokens' rows)
+    and ``adapter_config.json`` (rank, scale, layers, the tokens). ``weights_convert.
+    smollm2_apar`` fuses it into the base model's folder."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    try:
+        mx.save_safetensors(str(tmp / ADAPTER_FILE), trainable_weights(model))
+        config = {
+            "rank": settings.rank,
+            "scale": settings.scale,
+            "layers": settings.layers,
+            "tokens": list(SPLIT_TOKENS),
+        }
+        (tmp / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+        kept = out.iterdir() if out.exists() else ()
+        for f in kept:  # BUILD.md, eval.json stay
+            if f.is_file() and f.name not in {ADAPTER_FILE, "adapter_config.json"}:
+                shutil.copy2(f, tmp / f.name)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,177 @@
+"""APAR parallel branches, measured: the same model with branches off and on, with plain
+decoding and with speculation in every branch, on list requests and on prompts that do not
+ask for lists; and the answers' quality under the original model.
+
+    python -m scripts.bench_branches                       # smollm2-apar, scored by smollm2
+    python -m scripts.bench_branches --num-prompts 4 --max-tokens 128 --answers docs/bench/x.md
+
+Prompt sets: ``lists`` (MT-Bench writing and humanities, asks for tips or steps on held-out
+topics) and MT-Bench's other categories (``--rest``). Every prompt runs its four variants
+(plain / speculative x branches off / on) one after another, so machine noise falls on all
+alike; greedy. Per set and variant: forks per answer (branches past the root), sequential
+steps per answer (the loop's steps: branches decode side by side), tokens per answer (all
+branches), seconds per answer (prefill included) and tokens/s over those seconds; the
+ratios are against branches off with the same decoding. Quality: the original model's
+(``--score-model``) mean log-likelihood per token of each answer (branches on: the rebuilt
+text) after the prompt, against that of the same model's answers with branches off.
+Numbers, not assertions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+from rich.console import Console
+from rich.table import Table
+
+from redrafter_mlx.engine.bundled import NAMES, bundled
+from redrafter_mlx.engine.generation import stream_generate
+from redrafter_mlx.engine.loading import load, load_model
+from redrafter_mlx.engine.plan import default_plan
+from redrafter_mlx.engine.prompts import load_records
+from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.tokenizer import load_tokenizer
+
+LIST_CATEGORIES = ("writing", "humanities")  # MT-Bench's, in the lists set
+
+
+@dataclass
+class Tally:
+    """One variant's sums over a set's prompts."""
+
+    answers: int = 0
+    forks: int = 0
+    steps: int = 0
+    tokens: int = 0
+    seconds: float = 0.0
+    loglik: float = 0.0  # sum of per-answer means
+    texts: list = field(default_factory=list)
+
+    def add(self, forks: int, steps: int, tokens: int, seconds: float, text: str) -> None:
+        self.answers += 1
+        self.forks += forks
+        self.steps += steps
+        self.tokens += tokens
+        self.seconds += seconds
+        self.texts.append(text)
+
+
+def model_dir(spec: str) -> Path:
+    return bundled(spec).base if spec in NAMES else Path(spec).expanduser()
+
+
+def answer(model, drafter, tok, prompt: str, shape, branches: str, max_tokens: int):
+    """One greedy answer: (text, tokens, steps, forks, seconds)."""
+    ids = tok.chat_prompt([{"role": "user", "content": prompt}])
+    text, tokens, final = [], 0, None
+    tic = time.perf_counter()
+    for r in stream_generate(
+        model, drafter, tok, ids, max_tokens=max_tokens, shape=shape, adapt=False,
+        branches=branches,
+    ):  # fmt: skip
+        text.append(r.text)
+        final = r
+    seconds = time.perf_counter() - tic
+    forks = max(final.branches - 1, 0)
+    tokens = final.generation_tokens
+    return "".join(text), tokens, final.steps, forks, seconds
+
+
+def mean_loglik(scorer, tok, prompt: str, text: str) -> float:
+    """The scoring model's mean log-likelihood per token of ``text`` after ``prompt``."""
+    ids = tok.chat_prompt([{"role": "user", "content": prompt}])
+    answer_ids = tok.encode(text, add_bos=False) if text else []
+    if not answer_ids:
+        return 0.0
+    x = mx.array([ids + answer_ids])
+    logits = scorer(x[:, :-1]).astype(mx.float32)
+    logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    target = x[:, 1:]
+    picked = mx.take_along_axis(logp, target[..., None], axis=-1)[0, :, 0]
+    return float(picked[len(ids) - 1 :].mean())
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2-apar")
+    p.add_argument("--drafter", default=None, help="drafter folder (default: none)")
+    p.add_argument("--score-model", default="smollm2", help="the original model, for quality")
+    p.add_argument("--num-prompts", type=int, default=12, help="per set")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--shape", default=None, help="speculative shape (default: the model's plan)")
+    p.add_argument("--answers", type=Path, default=None, help="write answers side by side (md)")
+    p.add_argument("--json", type=Path, default=None, help="write the raw tallies")
+    args = p.parse_args(argv)
+
+    folder = model_dir(args.model)
+    model, drafter = load(str(folder), args.drafter)
+    tok = load_tokenizer(folder)
+    spec = BeamShape.parse(args.shape) if args.shape else default_plan(drafter).shape
+    plain = BeamShape.autoregressive()
+    lists = [r.prompt for r in load_records("lists", 40)]
+    list_tips = lists[20:]  # the held-out asks for tips or steps
+    list_mt = lists[:20]
+    half = args.num_prompts // 2
+    sets = {
+        "lists": list_mt[: args.num_prompts - half] + list_tips[:half],
+        "rest": [
+            r.prompt for r in load_records("mt-bench", 80) if r.category not in LIST_CATEGORIES
+        ][:: max(60 // args.num_prompts, 1)][: args.num_prompts],
+    }
+    variants = [("plain", plain), (f"spec {spec.label}", spec)]
+    tallies = {(s, v, b): Tally() for s in sets for v, _ in variants for b in ("off", "on")}
+    console = Console()
+    for name, prompts in sets.items():
+        for i, prompt in enumerate(prompts):
+            for v, shape in variants:
+                for b in ("off", "on"):
+                    text, tokens, steps, forks, seconds = answer(
+                        model, drafter, tok, prompt, shape, b, args.max_tokens
+                    )
+                    tallies[(name, v, b)].add(forks, steps, tokens, seconds, text)
+            console.print(f"{name} {i + 1}/{len(prompts)}", end="\r")
+    del model, drafter
+    scorer, _ = load_model(model_dir(args.score_model))
+    score_tok = load_tokenizer(model_dir(args.score_model))
+    for (name, _, _), t in tallies.items():
+        t.loglik = sum(mean_loglik(scorer, score_tok, q, a) for q, a in zip(sets[name], t.texts))
+
+    table = Table(title=f"{args.model}: branches off vs on, greedy, max {args.max_tokens} tokens")
+    for col in ("set", "decoding", "branches", "forks/ans", "steps/ans", "tok/ans", "s/ans",
+                "tok/s", "fewer steps", "speed", "loglik/tok"):  # fmt: skip
+        table.add_column(col, justify="right" if col not in ("set", "decoding") else "left")
+    for (name, v, b), t in tallies.items():
+        off = tallies[(name, v, "off")]
+        n = max(t.answers, 1)
+        rate = t.tokens / t.seconds if t.seconds else 0.0
+        off_rate = off.tokens / off.seconds if off.seconds else 0.0
+        table.add_row(
+            name, v, b, f"{t.forks / n:.1f}", f"{t.steps / n:.0f}", f"{t.tokens / n:.0f}",
+            f"{t.seconds / n:.2f}", f"{rate:.1f}", f"{off.steps / max(t.steps, 1):.2f}x",
+            f"{rate / off_rate:.2f}x" if off_rate else "-", f"{t.loglik / n:.3f}",
+        )  # fmt: skip
+    console.print(table)
+    console.print(
+        "fewer steps, speed: branches off / on with the same decoding (tok/s over wall time, "
+        "prefill included); loglik/tok: the original model's mean log-likelihood per token"
+    )
+    if args.json:
+        raw = {"|".join(k): {**t.__dict__, "texts": None} for k, t in tallies.items()}
+        args.json.write_text(json.dumps(raw, indent=1) + "\n")
+    if args.answers:
+        lines = [f"# {args.model}: answers with branches off and on (greedy, plain decoding)\n"]
+        for name, prompts in sets.items():
+            off, on = tallies[(name, "plain", "off")], tallies[(name, "plain", "on")]
+            for q, a, b in list(zip(prompts, off.texts, on.texts))[:3]:
+                lines += [f"## {q}\n", "### branches off\n", a.strip() + "\n"]
+                lines += ["### branches on (rebuilt)\n", b.strip() + "\n"]
+        args.answers.write_text("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -29,16 +29,29 @@ def model_and_drafter():
     return model, tiny_drafter(model, 3)
 
 
-def run_batch(model, drafter, shape, requests, rules=RULES, max_batch=64, eos=(EOS,), draft=None):
+def run_batch(
+    model,
+    drafter,
+    shape,
+    requests,
+    rules=RULES,
+    max_batch=64,
+    eos=(EOS,),
+    draft=None,
+    budget=False,
+):
     """Decode ``requests`` [(prompt, sampler, seed, limit, branching)] together; returns each
     request's root row (its ``family`` and tree hold the branches). ``draft``: a draft
-    model for the shape's ``D1×L`` chain."""
+    model for the shape's ``D1×L`` chain. ``budget``: a branching request's ``limit``
+    bounds its answer (``BranchTree.budget``, as ``generate_steps`` and the server set it),
+    else each of its rows."""
     drafter = drafter if shape.drafts else None
     batch = BatchGenerator(model, drafter, FixedShape(shape), eos, max_batch, draft=draft)
     batch.reset()
     roots = []
     for prompt, sampler, seed, limit, branching in requests:
-        tree = BranchTree(rules) if branching else None
+        tree = BranchTree(rules, budget=limit if budget else None) if branching else None
+        limit = rules.row_tokens(limit) if branching and budget else limit
         row = Row(sampler, limit, len(prompt), RowStats(len(prompt)), branches=tree)
         batch.insert(Prefill([prompt], sampler, seed, Session(model, 1), rows=[row]))
         roots.append(row)

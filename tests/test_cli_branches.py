@@ -108,3 +108,15 @@ def test_branch_text_shows_control_characters_visibly(cli_app, apar_folder):
     assert result.exit_code == 0, result.output
     assert "branches in" in result.stderr
     assert "^G" in result.stdout and "\x07" not in result.stdout
+
+
+def test_max_tokens_bounds_the_answer_not_each_branch(cli_app, apar_folder):
+    """``-n 12`` with branches: the answer (the rebuilt text) holds 12 tokens, as a plain
+    answer would; each branch is not given 12 of its own. The rule is in --help."""
+    out = json.loads(generate(cli_app, apar_folder, "--json").stdout)
+    assert out["stats"]["branches"] > 1
+    assert len(out["tokens"]) == 12 and out["finish_reason"] == "length"
+    for command in ("generate", "chat", "bench"):
+        result = CliRunner().invoke(cli_app, [command, "--help"], env={"COLUMNS": "200"})
+        text = " ".join(result.output.replace("│", " ").split())
+        assert "the answer is the first N tokens of the rebuilt text" in text, command

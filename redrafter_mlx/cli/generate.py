@@ -51,7 +51,12 @@ from redrafter_mlx.cli.common import (
     sampling_flags,
     stats_line,
 )
-from redrafter_mlx.cli.options import BranchDepthOpt, BranchesOpt, MaxBranchesOpt
+from redrafter_mlx.cli.options import (
+    MAX_TOKENS_BRANCHES,
+    BranchDepthOpt,
+    BranchesOpt,
+    MaxBranchesOpt,
+)
 from redrafter_mlx.cli.terminal import visible
 from tuning import ShapeChoice
 
@@ -181,7 +186,10 @@ def generate(
     drafter: DrafterOpt = None,
     draft_model: DraftModelOpt = None,
     max_tokens: Annotated[
-        int, typer.Option("--max-tokens", "-m", "-n", help="Most tokens to generate.")
+        int,
+        typer.Option(
+            "--max-tokens", "-m", "-n", help=f"Most tokens in the answer. {MAX_TOKENS_BRANCHES}"
+        ),
     ] = 256,
     temp: TempOpt = None,
     top_p: TopPOpt = None,

@@ -153,10 +153,11 @@ def generate_steps(
     the shape (no adaptive choice yet: its cache follows only the steps that run it), as
     an early-exit adapter as the drafter does (``early_exit.EarlyExitSource``).
     ``branches``: the model's branching rules (``branches.branch_rules``; None: off): each
-    row's branches decode as rows of their own, each up to ``max_tokens`` (a fork copies
-    the parent's draft-model cache too); the events give the rebuilt text (module
-    docstring); the session's cache is emptied afterwards (it holds no one row of the
-    rebuilt text).
+    row's branches decode as rows of their own (a fork copies the parent's draft-model
+    cache too), and ``max_tokens`` bounds each prompt's answer, the rebuilt text (its first
+    ``max_tokens`` tokens: ``branches``' module docstring, "The answer's length"); the
+    events give the rebuilt text (module docstring); the session's cache is emptied
+    afterwards (it holds no one row of the rebuilt text).
     """
     prompts = [list(map(int, p)) for p in prompts]
     if draft_model is not None:
@@ -175,7 +176,8 @@ def generate_steps(
     if layers and tuple(layers) != model.feature_layers:
         model.capture_features(layers)  # what ``loading.attach`` does (a drafter loaded alone)
     _check_prompts(model, prompts, max_tokens)
-    longest = max(len(p) for p in prompts) + max_tokens
+    row_tokens = branches.row_tokens(max_tokens) if branches else max_tokens  # a row's most
+    longest = max(len(p) for p in prompts) + row_tokens
     check_step_memory(
         model, drafter, shape, len(prompts), longest, not sampler.greedy, draft=draft_model
     )
@@ -197,8 +199,8 @@ def generate_steps(
     seed = seed if seed is not None else int(time.time_ns() % (1 << 31))
     rows = []
     for p in prompts:
-        limit, at_limit = token_limit(model, len(p), max_tokens)
-        tree = BranchTree(branches) if branches else None
+        limit, at_limit = token_limit(model, len(p), row_tokens)
+        tree = BranchTree(branches, budget=max_tokens) if branches else None
         rows.append(Row(sampler, limit, len(p), RowStats(len(p)), at_limit=at_limit, branches=tree))
     out = [[] for _ in range(B)]
 

@@ -329,9 +329,11 @@ class Scheduler:
                 self._fail_one(request, e)
                 continue
             held = Held(request, ticket)
-            limit, _ = token_limit(self.model, len(request.prompt), request.max_tokens)
+            rules, budget = self.branches, request.max_tokens
+            row_tokens = rules.row_tokens(budget) if rules else budget  # its answer's rows
+            limit, _ = token_limit(self.model, len(request.prompt), row_tokens)
             stats = RowStats(len(request.prompt))
-            tree = BranchTree(self.branches) if self.branches else None
+            tree = BranchTree(rules, budget=budget) if rules else None
             row = Row(request.sampler, limit, len(request.prompt), stats, held, branches=tree)
             job = Prefill([request.prompt], request.sampler, event["seed"], session, held, [row])
             stats.queued_s = job.started - request.submitted

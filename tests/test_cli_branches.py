@@ -120,3 +120,17 @@ def test_max_tokens_bounds_the_answer_not_each_branch(cli_app, apar_folder):
         result = CliRunner().invoke(cli_app, [command, "--help"], env={"COLUMNS": "200"})
         text = " ".join(result.output.replace("│", " ").split())
         assert "the answer is the first N tokens of the rebuilt text" in text, command
+
+
+def test_piped_chat_prints_the_rebuilt_answer_once(cli_app, apar_folder):
+    """Off a terminal, no live view: each answer is the rebuilt text, printed once, the
+    same text ``generate`` gives the same turn."""
+    flags = ["--model", apar_folder, "-n", "16", "--logit-bias", "4094:40", "--no-adapt"]
+    args = ["generate", "--prompt", "hi", "--json", *flags]
+    answer = json.loads(CliRunner().invoke(cli_app, [str(a) for a in args]).stdout)
+    assert answer["stats"]["branches"] > 1 and answer["text"].strip()
+    result = CliRunner().invoke(
+        cli_app, [str(a) for a in ["chat", *flags]], input="hi\n/quit\n", env={"COLUMNS": "120"}
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stdout.count(answer["text"]) == 1 and "▌" not in result.stdout

@@ -128,6 +128,16 @@ class Extension:
     fork: Fork | None = None
 
 
+class Piece(NamedTuple):
+    """A run of one branch's text in the rebuilt text (:meth:`BranchTree.pieces`): its
+    ``tokens`` (split tokens left out), and ``writing``: the branch is still running and
+    writes its next token right after this run."""
+
+    branch: int
+    tokens: tuple[int, ...]
+    writing: bool
+
+
 @dataclass
 class Branch:
     """One branch: ``tokens`` are its own (a child's start with the child token),
@@ -278,6 +288,34 @@ class BranchTree:
         text order stops at the end of the first unfinished branch it meets (its next token,
         or a later branch's, would come there)."""
         return self._walk(0, stop_unfinished=True)[0][: self.budget]
+
+    def pieces(self) -> tuple[Piece, ...]:
+        """The rebuilt text so far, all branches' (not only its final part), as runs of one
+        branch each in text order; a running branch's last run is marked ``writing`` (a
+        run may be empty, where a branch has not yet written past a fork). Cut at
+        ``budget`` like :meth:`linear`. For a live view of the branches growing."""
+        out: list[Piece] = []
+
+        def walk(branch: int) -> None:
+            b = self.branches[branch]
+            children = dict(b.forks)
+            run: list[int] = []
+            for i, token in enumerate(b.tokens):
+                if i in children:
+                    out.append(Piece(branch, tuple(run), False))
+                    run = []
+                    walk(children[i])
+                elif token not in self.rules.split_ids:
+                    run.append(token)
+            out.append(Piece(branch, tuple(run), not b.done))
+
+        walk(0)
+        left = self.budget if self.budget is not None else sum(len(p.tokens) for p in out)
+        cut = []
+        for piece in out:  # at most ``budget`` tokens, like ``linear``
+            cut.append(piece._replace(tokens=piece.tokens[:left]))
+            left -= len(cut[-1].tokens)
+        return tuple(p for p in cut if p.tokens or p.writing)
 
     def take_final(self) -> list[int]:
         """The tokens of :meth:`final` not handed out by an earlier call (for streaming)."""

@@ -28,7 +28,7 @@ from .adaptive import Adaptive
 from .arguments import api_arguments
 from .batch import BatchGenerator, Prefill, Row, RowStats
 from .batch_choice import FixedShape, ShapePolicy, SoloChoice
-from .branches import BRANCH_MODES, BranchRules, BranchTree, branch_rules
+from .branches import BRANCH_MODES, BranchRules, BranchTree, Piece, branch_rules
 from .cache import SLOT_QUANTUM, Session, token_limit
 from .decode import DecodeState
 from .distributed import shared_seed
@@ -87,6 +87,8 @@ class DecodeEvent:
     by_source: per row, accepted draft tokens per source (``SOURCE_NAMES`` order)
     branches: per row, with branching on, ``[(branch id, its new tokens), ...]`` this step
               (``tokens`` is then the rebuilt text's newly final part); empty else
+    pieces:   per row, with branching on, the whole rebuilt text so far by branch, in text
+              order (``BranchTree.pieces``: a live view's); empty else
     """
 
     tokens: list[list[int]]
@@ -96,6 +98,7 @@ class DecodeEvent:
     stats: DecodeStats
     by_source: list[tuple[int, ...]] = field(default_factory=list)
     branches: list[list[tuple[int, list[int]]]] = field(default_factory=list)
+    pieces: list[tuple[Piece, ...]] = field(default_factory=list)
 
 
 @dataclass
@@ -105,7 +108,8 @@ class GenerationResponse(DecodeStats):
     ``text``/``tokens`` are new since the previous response; ``drafted_tokens`` marks which of
     ``tokens`` came from the drafter; ``finish_reason`` is None until the last response.
     With branching on, ``text``/``tokens`` are the rebuilt text's newly final part and
-    ``branch_tokens`` each branch's own new tokens this step (``DecodeEvent.branches``).
+    ``branch_tokens`` each branch's own new tokens this step (``DecodeEvent.branches``),
+    ``branch_pieces`` the whole rebuilt text so far by branch (``DecodeEvent.pieces``).
     """
 
     text: str = ""
@@ -114,6 +118,7 @@ class GenerationResponse(DecodeStats):
     finish_reason: str | None = None
     drafted_tokens: list[bool] = field(default_factory=list)
     branch_tokens: list[tuple[int, list[int]]] = field(default_factory=list)  # (id, new)
+    branch_pieces: tuple[Piece, ...] = ()
 
     @property
     def stats(self) -> DecodeStats:
@@ -289,6 +294,7 @@ def _branch_event(rows: list[Row], stepped, stats: DecodeStats) -> DecodeEvent:
         stats,
         by,
         per_branch,
+        [root.branches.pieces() for root in rows],
     )
 
 
@@ -452,6 +458,7 @@ def stream_generate(
             finish_reason=done,
             drafted_tokens=ev.drafted[0],
             branch_tokens=ev.branches[0] if ev.branches else [],
+            branch_pieces=ev.pieces[0] if ev.pieces else (),
         )
 
 

@@ -57,6 +57,7 @@ from redrafter_mlx.cli.options import (
     BranchesOpt,
     MaxBranchesOpt,
 )
+from redrafter_mlx.cli.stats import branch_stats
 from redrafter_mlx.cli.terminal import visible
 from tuning import ShapeChoice
 
@@ -153,7 +154,8 @@ def run_generation(
 def result_json(
     engine: Engine, plan: ShapeChoice, sampling: SamplerConfig, result: Generation, chat: bool
 ) -> dict:
-    """The ``--json`` object: text, token ids, finish reason, stats, beam, paths, dtype."""
+    """The ``--json`` object: text, token ids, finish reason, stats, APAR branches (forks,
+    sequential steps, answer tokens; null with branching off), beam, paths, dtype."""
     final = result.final
     return {
         "text": result.text,
@@ -161,6 +163,7 @@ def result_json(
         "drafted_tokens": sum(result.drafted),
         "finish_reason": final.finish_reason,
         "stats": response_stats(final),
+        "branches": branch_stats(final.branches, final.steps, len(result.tokens)),
         "beam": plan.to_dict(),
         "sampling": sampling.to_dict(),
         "chat_template": chat,

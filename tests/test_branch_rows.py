@@ -7,7 +7,7 @@ import pytest
 
 from redrafter_mlx.engine.batch import BatchGenerator, Prefill, Row, RowStats, make_batch_step
 from redrafter_mlx.engine.batch_choice import FixedShape
-from redrafter_mlx.engine.branches import BranchRules, BranchTree, split_rows
+from redrafter_mlx.engine.branches import BranchRules, BranchTree, request_rows, split_rows
 from redrafter_mlx.engine.cache import Session, ensure_slots, text_history
 from redrafter_mlx.engine.decode import DecodeState
 from redrafter_mlx.engine.sampling import SamplerConfig
@@ -50,8 +50,9 @@ def run_batch(
     batch.reset()
     roots = []
     for prompt, sampler, seed, limit, branching in requests:
-        tree = BranchTree(rules, budget=limit if budget else None) if branching else None
-        limit = rules.row_tokens(limit) if branching and budget else limit
+        tree = BranchTree(rules) if branching else None
+        if branching and budget:
+            limit, tree = request_rows(rules, limit)
         row = Row(sampler, limit, len(prompt), RowStats(len(prompt)), branches=tree)
         batch.insert(Prefill([prompt], sampler, seed, Session(model, 1), rows=[row]))
         roots.append(row)

@@ -345,6 +345,16 @@ class BranchTree:
         return tokens[-1] if tokens else None
 
 
+def request_rows(rules: BranchRules | None, max_tokens: int) -> tuple[int, BranchTree | None]:
+    """A request's (most tokens each of its rows may hold, its tree): with branching on,
+    :meth:`BranchRules.row_tokens` and a tree whose ``budget`` is ``max_tokens`` (the
+    answer's length); off, ``max_tokens`` and None. The one rule for every client of the
+    loop (``generation``, the server's scheduler)."""
+    if rules is None:
+        return max_tokens, None
+    return rules.row_tokens(max_tokens), BranchTree(rules, budget=max_tokens)
+
+
 def mask_split_tokens(logits: mx.array, tokens: mx.array, fork_ok: mx.array, rules: BranchRules):
     """The branching rules applied to a step's logits: (B, N, V) -> (B, N, V).
 

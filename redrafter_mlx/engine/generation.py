@@ -28,7 +28,7 @@ from .adaptive import Adaptive
 from .arguments import api_arguments
 from .batch import BatchGenerator, Prefill, Row, RowStats
 from .batch_choice import FixedShape, ShapePolicy, SoloChoice
-from .branches import BRANCH_MODES, BranchRules, BranchTree, Piece, branch_rules
+from .branches import BRANCH_MODES, BranchRules, Piece, branch_rules, request_rows
 from .cache import SLOT_QUANTUM, Session, token_limit
 from .decode import DecodeState
 from .distributed import shared_seed
@@ -181,7 +181,7 @@ def generate_steps(
     if layers and tuple(layers) != model.feature_layers:
         model.capture_features(layers)  # what ``loading.attach`` does (a drafter loaded alone)
     _check_prompts(model, prompts, max_tokens)
-    row_tokens = branches.row_tokens(max_tokens) if branches else max_tokens  # a row's most
+    row_tokens, _ = request_rows(branches, max_tokens)  # a row's most tokens
     longest = max(len(p) for p in prompts) + row_tokens
     check_step_memory(
         model, drafter, shape, len(prompts), longest, not sampler.greedy, draft=draft_model
@@ -204,8 +204,8 @@ def generate_steps(
     seed = seed if seed is not None else int(time.time_ns() % (1 << 31))
     rows = []
     for p in prompts:
+        _, tree = request_rows(branches, max_tokens)
         limit, at_limit = token_limit(model, len(p), row_tokens)
-        tree = BranchTree(branches, budget=max_tokens) if branches else None
         rows.append(Row(sampler, limit, len(p), RowStats(len(p)), at_limit=at_limit, branches=tree))
     out = [[] for _ in range(B)]
 

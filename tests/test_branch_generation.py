@@ -41,7 +41,11 @@ def test_events_stream_each_prompts_rebuilt_text_in_order():
     trees = []
     for r, prompt in enumerate([PROMPT, OTHER]):
         roots, _, _ = run_batch(
-            model, drafter, BeamShape(2, 3), [(prompt, forking_sampler(), 0, 10, True)]
+            model,
+            drafter,
+            BeamShape(2, 3),
+            [(prompt, forking_sampler(), 0, 10, True)],
+            budget=True,
         )
         trees.append(roots[0].branches)
         streamed = [t for ev in events for t in ev.tokens[r]]
@@ -61,7 +65,8 @@ def test_seeded_sampling_streams_the_same_text_as_the_loop():
     model, drafter = model_and_drafter()
     sampler = forking_sampler(temperature=0.8)
     events = call(model, drafter, [OTHER], sampler, seed=5)
-    roots, _, _ = run_batch(model, drafter, BeamShape(2, 3), [(OTHER, sampler, 5, 10, True)])
+    request = [(OTHER, sampler, 5, 10, True)]
+    roots, _, _ = run_batch(model, drafter, BeamShape(2, 3), request, budget=True)
     assert [t for ev in events for t in ev.tokens[0]] == roots[0].branches.linear()
     assert len(roots[0].branches.branches) > 2
 

@@ -7,7 +7,7 @@ import pytest
 
 from redrafter_mlx.engine.batch import BatchGenerator, Prefill, Row, RowStats, make_batch_step
 from redrafter_mlx.engine.batch_choice import FixedShape
-from redrafter_mlx.engine.branches import BranchRules, BranchTree, split_rows
+from redrafter_mlx.engine.branches import BranchRules, BranchTree, request_rows, split_rows
 from redrafter_mlx.engine.cache import Session, ensure_slots, text_history
 from redrafter_mlx.engine.decode import DecodeState
 from redrafter_mlx.engine.sampling import SamplerConfig
@@ -29,16 +29,30 @@ def model_and_drafter():
     return model, tiny_drafter(model, 3)
 
 
-def run_batch(model, drafter, shape, requests, rules=RULES, max_batch=64, eos=(EOS,), draft=None):
+def run_batch(
+    model,
+    drafter,
+    shape,
+    requests,
+    rules=RULES,
+    max_batch=64,
+    eos=(EOS,),
+    draft=None,
+    budget=False,
+):
     """Decode ``requests`` [(prompt, sampler, seed, limit, branching)] together; returns each
     request's root row (its ``family`` and tree hold the branches). ``draft``: a draft
-    model for the shape's ``D1×L`` chain."""
+    model for the shape's ``D1×L`` chain. ``budget``: a branching request's ``limit``
+    bounds its answer (``BranchTree.budget``, as ``generate_steps`` and the server set it),
+    else each of its rows."""
     drafter = drafter if shape.drafts else None
     batch = BatchGenerator(model, drafter, FixedShape(shape), eos, max_batch, draft=draft)
     batch.reset()
     roots = []
     for prompt, sampler, seed, limit, branching in requests:
         tree = BranchTree(rules) if branching else None
+        if branching and budget:
+            limit, tree = request_rows(rules, limit)
         row = Row(sampler, limit, len(prompt), RowStats(len(prompt)), branches=tree)
         batch.insert(Prefill([prompt], sampler, seed, Session(model, 1), rows=[row]))
         roots.append(row)

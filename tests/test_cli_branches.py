@@ -108,3 +108,66 @@ def test_branch_text_shows_control_characters_visibly(cli_app, apar_folder):
     assert result.exit_code == 0, result.output
     assert "branches in" in result.stderr
     assert "^G" in result.stdout and "\x07" not in result.stdout
+
+
+def test_max_tokens_bounds_the_answer_not_each_branch(cli_app, apar_folder):
+    """``-n 12`` with branches: the answer (the rebuilt text) holds 12 tokens, as a plain
+    answer would; each branch is not given 12 of its own. The rule is in --help."""
+    out = json.loads(generate(cli_app, apar_folder, "--json").stdout)
+    assert out["stats"]["branches"] > 1
+    assert len(out["tokens"]) == 12 and out["finish_reason"] == "length"
+    for command in ("generate", "chat", "bench"):
+        result = CliRunner().invoke(cli_app, [command, "--help"], env={"COLUMNS": "200"})
+        text = " ".join(result.output.replace("│", " ").split())
+        assert "the answer is the first N tokens of the rebuilt text" in text, command
+
+
+def test_piped_chat_prints_the_rebuilt_answer_once(cli_app, apar_folder):
+    """Off a terminal, no live view: each answer is the rebuilt text, printed once, the
+    same text ``generate`` gives the same turn."""
+    flags = ["--model", apar_folder, "-n", "16", "--logit-bias", "4094:40", "--no-adapt"]
+    args = ["generate", "--prompt", "hi", "--json", *flags]
+    answer = json.loads(CliRunner().invoke(cli_app, [str(a) for a in args]).stdout)
+    assert answer["stats"]["branches"] > 1 and answer["text"].strip()
+    result = CliRunner().invoke(
+        cli_app, [str(a) for a in ["chat", *flags]], input="hi\n/quit\n", env={"COLUMNS": "120"}
+    )
+    assert result.exit_code == 0, result.output
+    assert result.stdout.count(answer["text"]) == 1 and "▌" not in result.stdout
+
+
+def test_generate_json_reports_forks_steps_and_answer_tokens(cli_app, apar_folder):
+    out = json.loads(generate(cli_app, apar_folder, "--json").stdout)
+    stats = out["stats"]
+    assert out["branches"] == {
+        "forks": stats["branches"] - 1,
+        "steps": stats["steps"],
+        "answer_tokens": len(out["tokens"]),
+    }
+    assert out["branches"]["forks"] > 0
+    off = json.loads(generate(cli_app, apar_folder, "--json", "--branches", "off").stdout)
+    assert off["branches"] is None
+
+
+def test_bench_reports_branches_per_answer_and_shows_them_in_its_table(cli_app, apar_folder):
+    import io
+
+    from rich.console import Console
+
+    from redrafter_mlx.cli.bench_report import render_table
+
+    args = ["bench", "--model", apar_folder, "--num-prompts", "2", "-n", "10"]
+    args += ["--logit-bias", "4094:40", "--configs", "AR,K1xL4", "--json"]
+    result = CliRunner().invoke(cli_app, [str(a) for a in args], env={"COLUMNS": "120"})
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    for row in data["configs"]:
+        runs = data["per_prompt"][row["config"]]
+        assert row["forks_per_answer"] == sum(r["branches"] - 1 for r in runs) / 2 > 0
+        assert row["steps_per_answer"] == sum(r["steps"] for r in runs) / 2
+        assert row["tokens_per_answer"] == sum(r["tokens"] for r in runs) / 2 == 10
+    console = Console(file=io.StringIO(), width=80)
+    console.print(render_table(data["configs"], "bench"))
+    header = next(line for line in console.file.getvalue().splitlines() if "tok/s" in line)
+    assert header.split()[:1] == ["config"] and "forks" in header and "tok/ans" in header
+    assert "eff" not in header  # its place: the branch columns, within 80 columns

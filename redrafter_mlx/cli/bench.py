@@ -56,7 +56,12 @@ from redrafter_mlx.cli.common import (
     same_plan_everywhere,
     sampling_flags,
 )
-from redrafter_mlx.cli.options import BranchDepthOpt, BranchesOpt, MaxBranchesOpt
+from redrafter_mlx.cli.options import (
+    MAX_TOKENS_BRANCHES,
+    BranchDepthOpt,
+    BranchesOpt,
+    MaxBranchesOpt,
+)
 
 if TYPE_CHECKING:
     from redrafter_mlx.engine.sampling import SamplerConfig
@@ -356,7 +361,10 @@ def bench(
         ),
     ] = 1,
     max_tokens: Annotated[
-        int, typer.Option("--max-tokens", "-m", "-n", help="Most tokens per answer.")
+        int,
+        typer.Option(
+            "--max-tokens", "-m", "-n", help=f"Most tokens per answer. {MAX_TOKENS_BRANCHES}"
+        ),
     ] = 128,
     grid: Annotated[
         str | None,

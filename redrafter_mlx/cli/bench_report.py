@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from redrafter_mlx.cli.stats import branch_stats
 from redrafter_mlx.engine.shape import AR, BeamShape
 from redrafter_mlx.engine.sources import LOOKUP, SOURCE_NAMES
 from redrafter_mlx.measure.throughput import Run, measure_generation
@@ -389,12 +390,32 @@ def _summary_row(
         draft_model_length=config.field("model_length") or None,
         source_shares=source_shares(runs) if config.kind != "ar" else None,
         ttft_s=sum(r.ttft_s for r in runs) / len(runs),
+        **branch_columns(runs),
         peak_memory_gb=max(r.peak_memory_gb for r in runs),
         # checked for greedy runs only: a sample differs from AR's by design
         matches_ar=((config.name, turn) not in mismatched)
         if config.kind == "redrafter" and greedy
         else None,
     )
+
+
+# ``stats.branch_stats``' keys -> the summary's per-answer columns
+BRANCH_COLUMNS = {
+    "forks": "forks_per_answer",
+    "steps": "steps_per_answer",
+    "answer_tokens": "tokens_per_answer",
+}
+
+
+def branch_columns(runs: list[Run]) -> dict:
+    """The means over ``runs`` of each answer's APAR numbers (``stats.branch_stats``: forks,
+    sequential steps, tokens of the rebuilt text); None each when no run branched."""
+    answers = [branch_stats(r.branches, r.steps, len(r.tokens)) for r in runs]
+    answers = [a for a in answers if a is not None]
+    if not answers:
+        return dict.fromkeys(BRANCH_COLUMNS.values())
+    n = len(answers)
+    return {col: sum(a[key] for a in answers) / n for key, col in BRANCH_COLUMNS.items()}
 
 
 def report(result: BenchResult, meta: dict) -> dict:
@@ -416,6 +437,7 @@ def report(result: BenchResult, meta: dict) -> dict:
                     decode_s=r.decode_s,
                     ttft_s=r.ttft_s,
                     steps=r.steps,
+                    branches=r.branches,
                     accepted_tokens=r.accepted_tokens,
                     source_tokens=r.source_tokens,
                 )
@@ -451,6 +473,9 @@ CSV_FIELDS = (
     "draft_model_length",
     "ttft_s",
     "peak_memory_gb",
+    "forks_per_answer",
+    "steps_per_answer",
+    "tokens_per_answer",
     "matches_ar",
 )
 
@@ -464,24 +489,28 @@ def write_csv(rows: list[dict], path: str) -> None:
 
 
 def render_table(rows: list[dict], title: str):
-    """A rich table of the summary rows (mismatching configurations in red); fits 80 columns."""
+    """A rich table of the summary rows (mismatching configurations in red); fits 80 columns.
+    With APAR branches the per-answer forks, sequential steps and tokens take the place of
+    eff and packed (both still in ``--json`` and ``--csv``)."""
     from rich import box
     from rich.table import Table
 
+    branching = any(row.get("forks_per_answer") is not None for row in rows)
+    drafting = any(row.get("draft_model_length") for row in rows)  # a draft model's chain
     table = Table(
         title=title,
         box=box.SIMPLE_HEAD,
         pad_edge=False,
         padding=0,
-        caption="speedup: decode tok/s over the same prompts ÷ AR's · eff: speedup ÷ "
-        "tok/step · packed: mean packed tree / W·L+K·Lk · lookup: share of accepted drafts "
-        "from context lookup (draft: from the draft model) · TTFT in ms · GB: peak memory",
+        caption="speedup: decode tok/s over the same prompts ÷ AR's · "
+        + ("" if branching else "eff: speedup ÷ tok/step · packed: mean packed tree / W·L+K·Lk · ")
+        + "lookup: share of accepted drafts from context lookup (draft: from the draft model) · "
+        "TTFT in ms · GB: peak memory" + (BRANCH_CAPTION if branching else ""),
     )
-    shares = [(row.get("source_shares") or {}).get("draft_model") for row in rows]
-    drafting = any(share is not None for share in shares)
-    columns = ["config", "tok/s", "speedup", "tok/step", "eff", "packed", "lookup"]
-    columns += ["draft"] if drafting else []
-    for column in (*columns, "TTFT", "GB", "= AR"):
+    cells = [_table_cells(row) for row in rows]
+    columns = [c for c in cells[0] if c not in (BRANCH_HIDES if branching else BRANCH_CELLS)]
+    columns = [c for c in columns if c != "draft" or drafting]
+    for column in columns:
         # a long config name wraps (at its space, else anywhere) before any number is cut
         table.add_column(
             column,
@@ -489,29 +518,37 @@ def render_table(rows: list[dict], title: str):
             no_wrap=column != "config",
             overflow="fold",
         )
-    for row, by_draft in zip(rows, shares):
-        packed = (
-            f"{row['mean_packed']:.1f}/{row['tree_size']}"
-            if row["mean_packed"] is not None
-            else "–"
-        )
-        same = {True: "[green]yes[/]", False: "[bold red]NO[/]", None: "–"}[row["matches_ar"]]
-        share = row.get("lookup_share")
-        table.add_row(
-            row["config"],
-            f"{row['tokens_per_s']:.1f}",
-            f"{row['speedup']:.2f}×",
-            f"{row['tokens_per_step']:.2f}",
-            f"{row['efficiency']:.2f}",
-            packed,
-            "–" if share is None else f"{share:.0%}",
-            *([] if not drafting else ["–" if by_draft is None else f"{by_draft:.0%}"]),
-            f"{row['ttft_s'] * 1e3:.0f}",
-            f"{row['peak_memory_gb']:.3f}",
-            same,
-            style="red" if row["matches_ar"] is False else None,
-        )
+    for row, cell in zip(rows, cells):
+        style = "red" if row["matches_ar"] is False else None
+        table.add_row(*(cell[c] for c in columns), style=style)
     return table
+
+
+BRANCH_CELLS = ("forks", "steps", "tok/ans")  # columns shown when branches ran
+BRANCH_HIDES = ("eff", "packed")  # the columns they replace (80 columns)
+BRANCH_CAPTION = " · APAR branches, per answer: forks, sequential steps, tokens (rebuilt text)"
+
+
+def _table_cells(row: dict) -> dict:
+    """Every column's text for one summary row, in the table's order."""
+    packed = row["mean_packed"]
+    share = row.get("lookup_share")
+    by_draft = (row.get("source_shares") or {}).get("draft_model")
+    branch = [row.get(key) for key in BRANCH_COLUMNS.values()]
+    return {
+        "config": row["config"],
+        "tok/s": f"{row['tokens_per_s']:.1f}",
+        "speedup": f"{row['speedup']:.2f}×",
+        "tok/step": f"{row['tokens_per_step']:.2f}",
+        "eff": f"{row['efficiency']:.2f}",
+        "packed": "–" if packed is None else f"{packed:.1f}/{row['tree_size']}",
+        "lookup": "–" if share is None else f"{share:.0%}",
+        "draft": "–" if by_draft is None else f"{by_draft:.0%}",
+        **{c: "–" if v is None else f"{v:.1f}" for c, v in zip(BRANCH_CELLS, branch)},
+        "TTFT": f"{row['ttft_s'] * 1e3:.0f}",
+        "GB": f"{row['peak_memory_gb']:.3f}",
+        "= AR": {True: "[green]yes[/]", False: "[bold red]NO[/]", None: "–"}[row["matches_ar"]],
+    }
 
 
 # --------------------------------------------------------------------------- verify cost

@@ -42,7 +42,12 @@ from redrafter_mlx.cli.common import (
     prepare_engine,
     sampling_flags,
 )
-from redrafter_mlx.cli.options import BranchDepthOpt, BranchesOpt, MaxBranchesOpt
+from redrafter_mlx.cli.options import (
+    MAX_TOKENS_BRANCHES,
+    BranchDepthOpt,
+    BranchesOpt,
+    MaxBranchesOpt,
+)
 
 
 def greeting(engine, plan, show_accepted: bool, sampling: str = "") -> str:
@@ -83,7 +88,7 @@ def chat(
             "-m",
             "-n",
             help="Most tokens per answer (default: a quarter of the model's context, at most "
-            f"{MAX_ANSWER_TOKENS}, so a conversation fits).",
+            f"{MAX_ANSWER_TOKENS}, so a conversation fits). {MAX_TOKENS_BRANCHES}",
             show_default=False,
         ),
     ] = None,

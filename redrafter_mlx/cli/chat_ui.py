@@ -177,13 +177,19 @@ class ChatLoop:
         return text
 
     def stream_answer(self, ids: list[int]) -> tuple[str, bool]:
-        """Print the answer as steps are accepted; return (text, interrupted by Ctrl-C)."""
+        """Print the answer as steps are accepted; return (text, interrupted by Ctrl-C).
+
+        An answer whose APAR branches run side by side (responses with ``branch_pieces``)
+        shows, on a terminal, a live view of the branches growing (``cli.branch_view``) that
+        gives way to the final text, printed once as a normal answer; off a terminal, only
+        that text. Ctrl-C keeps the text that was final."""
         from redrafter_mlx.engine.tokenizer import StreamDecoder
 
         e = self.engine
         decoder = StreamDecoder(e.tokenizer)
         text = ""
         self.last = None
+        branching = BranchAnswer(self.console, e.tokenizer.decode)
         draft = getattr(e, "draft_model", None)
         stream = self.stream(
             e.model,
@@ -202,10 +208,12 @@ class ChatLoop:
             for response in stream:
                 text += response.text
                 self.last = response
-                self.show(response, decoder)
+                if not branching.take(response):
+                    self.show(response, decoder)
         except KeyboardInterrupt:
             return text, True
         finally:
+            branching.close(text)  # the live view gives way to the final text
             stream.close()  # hands the KV cache back to the session
             self.console.print()
         return text, False
@@ -339,6 +347,44 @@ class ChatLoop:
         what = str(e) if isinstance(e, ValueError) else f"unexpected {type(e).__name__}: {e}"
         tail = " (the conversation is unchanged)" if unchanged else ""
         self.console.print(Text(f"error: {what}{tail}", style="bold red"))
+
+
+class BranchAnswer:
+    """One answer's branch display: inactive until a response carries ``branch_pieces``
+    (branching on); then, on a terminal, a ``rich.live.Live`` of :class:`BranchView`
+    (transient: it leaves nothing behind), and at the end the final text printed once."""
+
+    def __init__(self, console: Console, decode):
+        self.console = console
+        self.decode = decode
+        self.view = None
+        self.live = None
+
+    def take(self, response) -> bool:
+        """Show ``response`` if the answer branches (True), else leave it to the caller."""
+        from redrafter_mlx.cli.branch_view import BranchView, render_branches
+
+        if self.view is None:
+            if not response.branch_pieces:
+                return False
+            self.view = BranchView(self.decode)
+            if self.console.is_terminal:
+                from rich.live import Live
+
+                self.live = Live(console=self.console, transient=True, auto_refresh=False)
+                self.live.start()
+        self.view.update(response)
+        if self.live is not None:
+            size = self.console.size
+            self.live.update(render_branches(self.view, size.width, size.height), refresh=True)
+        return True
+
+    def close(self, text: str) -> None:
+        """End the live view and print ``text`` (the answer's final text) as an answer."""
+        if self.live is not None:
+            self.live.stop()
+        if self.view is not None:
+            self.console.print(visible(text), end="", markup=False, emoji=False)
 
 
 def run_chat(loop: ChatLoop, read: Callable[[str], str | None] = read_line) -> None:

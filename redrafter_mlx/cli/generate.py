@@ -51,7 +51,13 @@ from redrafter_mlx.cli.common import (
     sampling_flags,
     stats_line,
 )
-from redrafter_mlx.cli.options import BranchDepthOpt, BranchesOpt, MaxBranchesOpt
+from redrafter_mlx.cli.options import (
+    MAX_TOKENS_BRANCHES,
+    BranchDepthOpt,
+    BranchesOpt,
+    MaxBranchesOpt,
+)
+from redrafter_mlx.cli.stats import branch_stats
 from redrafter_mlx.cli.terminal import visible
 from tuning import ShapeChoice
 
@@ -148,7 +154,8 @@ def run_generation(
 def result_json(
     engine: Engine, plan: ShapeChoice, sampling: SamplerConfig, result: Generation, chat: bool
 ) -> dict:
-    """The ``--json`` object: text, token ids, finish reason, stats, beam, paths, dtype."""
+    """The ``--json`` object: text, token ids, finish reason, stats, APAR branches (forks,
+    sequential steps, answer tokens; null with branching off), beam, paths, dtype."""
     final = result.final
     return {
         "text": result.text,
@@ -156,6 +163,7 @@ def result_json(
         "drafted_tokens": sum(result.drafted),
         "finish_reason": final.finish_reason,
         "stats": response_stats(final),
+        "branches": branch_stats(final.branches, final.steps, len(result.tokens)),
         "beam": plan.to_dict(),
         "sampling": sampling.to_dict(),
         "chat_template": chat,
@@ -181,7 +189,10 @@ def generate(
     drafter: DrafterOpt = None,
     draft_model: DraftModelOpt = None,
     max_tokens: Annotated[
-        int, typer.Option("--max-tokens", "-m", "-n", help="Most tokens to generate.")
+        int,
+        typer.Option(
+            "--max-tokens", "-m", "-n", help=f"Most tokens in the answer. {MAX_TOKENS_BRANCHES}"
+        ),
     ] = 256,
     temp: TempOpt = None,
     top_p: TopPOpt = None,

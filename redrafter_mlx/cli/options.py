@@ -103,13 +103,19 @@ LogitBiasOpt = Annotated[
         show_default=False,
     ),
 ]
+# --max-tokens with branches: one rule (engine/branches.py, "The answer's length")
+MAX_TOKENS_BRANCHES = (
+    "With APAR branches it bounds the answer, not each branch: the answer is the first N "
+    "tokens of the rebuilt text (a branch stops once all it could still write lies past them)."
+)
 BranchesOpt = Annotated[
     str,
     typer.Option(
         "--branches",
         help="APAR parallel branches: auto (on when the model's config.json marks it an APAR "
         "model, e.g. a converted THUDM/apar-7b), on (needs its split tokens), off. Each "
-        "branch decodes as a row of its own; the answer is the rebuilt text.",
+        "branch decodes as a row of its own; the answer is the rebuilt text, and --max-tokens "
+        "bounds it (its first N tokens), not each branch.",
     ),
 ]
 BranchDepthOpt = Annotated[

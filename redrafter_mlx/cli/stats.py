@@ -51,9 +51,25 @@ def stats_line(response, plan: ShapeChoice) -> str:
     return " · ".join(parts)
 
 
+def branch_stats(branches: int, steps: int, answer_tokens: int) -> dict | None:
+    """One answer's APAR numbers, None with branching off (``branches`` 0): its forks (the
+    branches beyond the root), sequential steps, and tokens (the rebuilt text's; the stats'
+    ``generation_tokens`` count every branch's, split tokens included)."""
+    if not branches:
+        return None
+    return {"forks": branches - 1, "steps": steps, "answer_tokens": answer_tokens}
+
+
 def response_stats(response) -> dict:
     """All statistics of a final GenerationResponse as a JSON-ready dict."""
     return response.stats.to_dict()
 
 
-__all__ = ["FINISH_TEXT", "format_hist", "response_stats", "source_share", "stats_line"]
+__all__ = [
+    "FINISH_TEXT",
+    "branch_stats",
+    "format_hist",
+    "response_stats",
+    "source_share",
+    "stats_line",
+]

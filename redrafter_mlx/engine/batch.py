@@ -618,6 +618,7 @@ class BatchGenerator:
         emitted = [self.emit(row, [token]) for row, token in zip(rows, first)]
         for row, (new, finish) in zip(rows, emitted):
             self.grow_branches(row, new, finish)
+        self.end_answers(rows)
         return emitted
 
     def _adopt(self, rows, session: Session, hidden, first, keys) -> None:
@@ -722,6 +723,22 @@ class BatchGenerator:
             self.fork(row, ext.fork)
         if finish is not None:
             tree.finish(row.branch)
+
+    def end_answers(self, rows) -> list[Row]:
+        """After a step (or a join) of ``rows``: the branches whose text would all lie past
+        their answer's end (``BranchTree.past_budget``) finish (``"length"``), their rows
+        freed; returns those rows. Once per step, after every row's tokens, so what a
+        request decodes never depends on its rows' order in the batch."""
+        ended = []
+        for row in {id(r.branches): r for r in rows if r.branches is not None}.values():
+            past = row.branches.past_budget()
+            for other in row.family:
+                if other.branch in past:
+                    other.finish = "length"
+                    self.leave(other)
+                    row.branches.finish(other.branch)
+                    ended.append(other)
+        return ended
 
     def fork(self, parent: Row, fork: Fork) -> Row:
         """A new row for ``fork``'s child: a copy of the parent's row (K/V, the draft
@@ -981,6 +998,9 @@ class BatchGenerator:
             self.grow_branches(row, new, finish)
             delivered.append(RowStep(row, new, finish, counts[r], packed[r], by[r]))
             if row.finished and row.shadow is not None:
+                resolved += row.shadow.finish(0)
+        for row in self.end_answers([d.row for d in delivered]):
+            if row.shadow is not None:
                 resolved += row.shadow.finish(0)
         self.policy.finished(len(step.owners), step.shape or AR, ran, seconds)
         self.policy.lookup_seen(resolved)

@@ -26,6 +26,17 @@ The rules (``BranchRules``; APAR's decoder):
   branch limit. Their forks come in row order; a fork past the limit is dropped with the
   tokens after it, as if rejected, and the row redraws there with forks masked.
 
+The answer's length (``--max-tokens N``, ``BranchTree(rules, budget=N)``): the answer is the
+rebuilt text, so N bounds the rebuilt text, as it bounds a plain answer: the answer is the
+first N tokens of the rebuilt text. Branches run side by side, so a branch cannot know where
+its text will land until the text before it is final; what it knows is a lower bound, the
+text already written before its next token (:meth:`BranchTree.ends`). A branch stops once
+that bound reaches N (everything it could still write lies past the answer's end), a fork
+there makes no child, and the rebuilt text is cut at N. Each branch is still plain decoding
+of its own row, up to where the answer ends; its row's own bound
+(:meth:`BranchRules.row_tokens`) only keeps it inside the context. (The APAR code bounds each
+sequence instead, so its answers run to several times its limit; ours do not.)
+
 One fork per row per step: of a step's accepted tokens, the row keeps those up to and
 including the first fork token (:class:`Extension`); the rest are dropped as if rejected
 (the next step redraws them from the fork token, where the rules ban a second split token).
@@ -81,6 +92,14 @@ class BranchRules:
     def split_ids(self) -> tuple[int, int]:
         return (self.fork_id, self.child_id)
 
+    def row_tokens(self, max_tokens: int) -> int:
+        """The most tokens a branch's row holds (after the prompt) while the answer's first
+        ``max_tokens`` tokens are still being written: its text before the answer's end and
+        its split tokens (a fork token per fork of the request, one kept as text at the
+        row's end, and a child token per level). A row that reaches it is past the
+        answer's end (module docstring), so this bound never cuts the answer."""
+        return max_tokens + self.max_branches + self.max_depth
+
 
 @dataclass(frozen=True)
 class Fork:
@@ -109,6 +128,16 @@ class Extension:
     fork: Fork | None = None
 
 
+class Piece(NamedTuple):
+    """A run of one branch's text in the rebuilt text (:meth:`BranchTree.pieces`): its
+    ``tokens`` (split tokens left out), and ``writing``: the branch is still running and
+    writes its next token right after this run."""
+
+    branch: int
+    tokens: tuple[int, ...]
+    writing: bool
+
+
 @dataclass
 class Branch:
     """One branch: ``tokens`` are its own (a child's start with the child token),
@@ -125,10 +154,17 @@ class Branch:
 
 
 class BranchTree:
-    """The branches of one request; branch 0 is the root (the request's first row)."""
+    """The branches of one request; branch 0 is the root (the request's first row).
 
-    def __init__(self, rules: BranchRules):
+    ``budget``: the answer's most tokens (``--max-tokens``; None: no bound here, each row
+    bounded by its own limit): the rebuilt text is its first ``budget`` tokens, and branches
+    whose text would all lie past them stop (module docstring, "The answer's length")."""
+
+    def __init__(self, rules: BranchRules, budget: int | None = None):
+        if budget is not None and budget < 1:
+            raise ParamError("max_tokens", f"the answer's token budget must be >= 1, got {budget}")
         self.rules = rules
+        self.budget = budget
         self.branches: list[Branch] = [Branch(id=0, parent=None, depth=0, base=0)]
         self._taken = 0  # final tokens already handed out by take_final
 
@@ -160,12 +196,15 @@ class BranchTree:
         as its first token), or those before a fork past the branch limit (module
         docstring). ``can_fork=False``: the row ends with these tokens (its token limit), so
         a fork token among them makes no child (no room for one): it stays as text, which
-        the rebuilt text leaves out."""
+        the rebuilt text leaves out; so does a fork whose child's text would lie past the
+        answer's ``budget``."""
         b = self.branches[branch]
         if b.done:
             raise ValueError(f"branch {branch} is finished; it takes no more tokens")
         new_tokens = [int(t) for t in new_tokens]
         fork_id, child_id = self.rules.split_ids
+        # where the text of a fork at new_tokens[i] would land: past the answer, no child
+        at = self.ends()[branch] if self.budget is not None else None
         for i, token in enumerate(new_tokens):
             previous = new_tokens[i - 1] if i else self._last(branch)
             if token == child_id:
@@ -175,7 +214,7 @@ class BranchTree:
                 )
             if token != fork_id:
                 continue
-            if not can_fork:
+            if not can_fork or (at is not None and at + i >= self.budget):
                 if previous in self.rules.split_ids:
                     raise ValueError(f"branch {branch}: a fork token after a split token")
                 continue
@@ -211,15 +250,72 @@ class BranchTree:
     def done(self) -> bool:
         return all(b.done for b in self.branches)
 
+    def ends(self) -> list[int]:
+        """Per branch, where its next token would land in the rebuilt text: the text tokens
+        before it (its own and its children's spliced in, and all before its start). Other
+        branches still write text before it, so it is a lower bound."""
+        ends = [0] * len(self.branches)
+
+        def walk(branch: int, at: int) -> int:
+            b = self.branches[branch]
+            children = dict(b.forks)
+            for i, token in enumerate(b.tokens):
+                if i in children:
+                    at = walk(children[i], at)
+                elif token not in self.rules.split_ids:
+                    at += 1
+            ends[branch] = at
+            return at
+
+        walk(0, 0)
+        return ends
+
+    def past_budget(self) -> list[int]:
+        """The unfinished branches whose text would all lie past the answer's ``budget``
+        (:meth:`ends` at or past it): they stop (the caller ends their rows)."""
+        if self.budget is None:
+            return []
+        ends = self.ends()
+        return [b.id for b in self.branches if not b.done and ends[b.id] >= self.budget]
+
     def linear(self) -> list[int]:
-        """The whole text as token ids, root -> detail -> next, split tokens left out."""
-        return self._walk(0, stop_unfinished=False)[0]
+        """The whole text as token ids, root -> detail -> next, split tokens left out (its
+        first ``budget`` tokens)."""
+        return self._walk(0, stop_unfinished=False)[0][: self.budget]
 
     def final(self) -> list[int]:
         """The longest prefix of :meth:`linear` that no later token can change: the walk in
         text order stops at the end of the first unfinished branch it meets (its next token,
         or a later branch's, would come there)."""
-        return self._walk(0, stop_unfinished=True)[0]
+        return self._walk(0, stop_unfinished=True)[0][: self.budget]
+
+    def pieces(self) -> tuple[Piece, ...]:
+        """The rebuilt text so far, all branches' (not only its final part), as runs of one
+        branch each in text order; a running branch's last run is marked ``writing`` (a
+        run may be empty, where a branch has not yet written past a fork). Cut at
+        ``budget`` like :meth:`linear`. For a live view of the branches growing."""
+        out: list[Piece] = []
+
+        def walk(branch: int) -> None:
+            b = self.branches[branch]
+            children = dict(b.forks)
+            run: list[int] = []
+            for i, token in enumerate(b.tokens):
+                if i in children:
+                    out.append(Piece(branch, tuple(run), False))
+                    run = []
+                    walk(children[i])
+                elif token not in self.rules.split_ids:
+                    run.append(token)
+            out.append(Piece(branch, tuple(run), not b.done))
+
+        walk(0)
+        left = self.budget if self.budget is not None else sum(len(p.tokens) for p in out)
+        cut = []
+        for piece in out:  # at most ``budget`` tokens, like ``linear``
+            cut.append(piece._replace(tokens=piece.tokens[:left]))
+            left -= len(cut[-1].tokens)
+        return tuple(p for p in cut if p.tokens or p.writing)
 
     def take_final(self) -> list[int]:
         """The tokens of :meth:`final` not handed out by an earlier call (for streaming)."""
@@ -247,6 +343,16 @@ class BranchTree:
         """The token before ``branch``'s next one in its row (None at the prompt's end)."""
         tokens = self.branches[branch].tokens  # a child's holds its child token at least
         return tokens[-1] if tokens else None
+
+
+def request_rows(rules: BranchRules | None, max_tokens: int) -> tuple[int, BranchTree | None]:
+    """A request's (most tokens each of its rows may hold, its tree): with branching on,
+    :meth:`BranchRules.row_tokens` and a tree whose ``budget`` is ``max_tokens`` (the
+    answer's length); off, ``max_tokens`` and None. The one rule for every client of the
+    loop (``generation``, the server's scheduler)."""
+    if rules is None:
+        return max_tokens, None
+    return rules.row_tokens(max_tokens), BranchTree(rules, budget=max_tokens)
 
 
 def mask_split_tokens(logits: mx.array, tokens: mx.array, fork_ok: mx.array, rules: BranchRules):

@@ -28,7 +28,7 @@ from .adaptive import Adaptive
 from .arguments import api_arguments
 from .batch import BatchGenerator, Prefill, Row, RowStats
 from .batch_choice import FixedShape, ShapePolicy, SoloChoice
-from .branches import BRANCH_MODES, BranchRules, BranchTree, branch_rules
+from .branches import BRANCH_MODES, BranchRules, Piece, branch_rules, request_rows
 from .cache import SLOT_QUANTUM, Session, token_limit
 from .decode import DecodeState
 from .distributed import shared_seed
@@ -87,6 +87,8 @@ class DecodeEvent:
     by_source: per row, accepted draft tokens per source (``SOURCE_NAMES`` order)
     branches: per row, with branching on, ``[(branch id, its new tokens), ...]`` this step
               (``tokens`` is then the rebuilt text's newly final part); empty else
+    pieces:   per row, with branching on, the whole rebuilt text so far by branch, in text
+              order (``BranchTree.pieces``: a live view's); empty else
     """
 
     tokens: list[list[int]]
@@ -96,6 +98,7 @@ class DecodeEvent:
     stats: DecodeStats
     by_source: list[tuple[int, ...]] = field(default_factory=list)
     branches: list[list[tuple[int, list[int]]]] = field(default_factory=list)
+    pieces: list[tuple[Piece, ...]] = field(default_factory=list)
 
 
 @dataclass
@@ -105,7 +108,8 @@ class GenerationResponse(DecodeStats):
     ``text``/``tokens`` are new since the previous response; ``drafted_tokens`` marks which of
     ``tokens`` came from the drafter; ``finish_reason`` is None until the last response.
     With branching on, ``text``/``tokens`` are the rebuilt text's newly final part and
-    ``branch_tokens`` each branch's own new tokens this step (``DecodeEvent.branches``).
+    ``branch_tokens`` each branch's own new tokens this step (``DecodeEvent.branches``),
+    ``branch_pieces`` the whole rebuilt text so far by branch (``DecodeEvent.pieces``).
     """
 
     text: str = ""
@@ -114,6 +118,7 @@ class GenerationResponse(DecodeStats):
     finish_reason: str | None = None
     drafted_tokens: list[bool] = field(default_factory=list)
     branch_tokens: list[tuple[int, list[int]]] = field(default_factory=list)  # (id, new)
+    branch_pieces: tuple[Piece, ...] = ()
 
     @property
     def stats(self) -> DecodeStats:
@@ -153,10 +158,11 @@ def generate_steps(
     the shape (no adaptive choice yet: its cache follows only the steps that run it), as
     an early-exit adapter as the drafter does (``early_exit.EarlyExitSource``).
     ``branches``: the model's branching rules (``branches.branch_rules``; None: off): each
-    row's branches decode as rows of their own, each up to ``max_tokens`` (a fork copies
-    the parent's draft-model cache too); the events give the rebuilt text (module
-    docstring); the session's cache is emptied afterwards (it holds no one row of the
-    rebuilt text).
+    row's branches decode as rows of their own (a fork copies the parent's draft-model
+    cache too), and ``max_tokens`` bounds each prompt's answer, the rebuilt text (its first
+    ``max_tokens`` tokens: ``branches``' module docstring, "The answer's length"); the
+    events give the rebuilt text (module docstring); the session's cache is emptied
+    afterwards (it holds no one row of the rebuilt text).
     """
     prompts = [list(map(int, p)) for p in prompts]
     if draft_model is not None:
@@ -175,7 +181,8 @@ def generate_steps(
     if layers and tuple(layers) != model.feature_layers:
         model.capture_features(layers)  # what ``loading.attach`` does (a drafter loaded alone)
     _check_prompts(model, prompts, max_tokens)
-    longest = max(len(p) for p in prompts) + max_tokens
+    row_tokens, _ = request_rows(branches, max_tokens)  # a row's most tokens
+    longest = max(len(p) for p in prompts) + row_tokens
     check_step_memory(
         model, drafter, shape, len(prompts), longest, not sampler.greedy, draft=draft_model
     )
@@ -197,8 +204,8 @@ def generate_steps(
     seed = seed if seed is not None else int(time.time_ns() % (1 << 31))
     rows = []
     for p in prompts:
-        limit, at_limit = token_limit(model, len(p), max_tokens)
-        tree = BranchTree(branches) if branches else None
+        _, tree = request_rows(branches, max_tokens)
+        limit, at_limit = token_limit(model, len(p), row_tokens)
         rows.append(Row(sampler, limit, len(p), RowStats(len(p)), at_limit=at_limit, branches=tree))
     out = [[] for _ in range(B)]
 
@@ -287,6 +294,7 @@ def _branch_event(rows: list[Row], stepped, stats: DecodeStats) -> DecodeEvent:
         stats,
         by,
         per_branch,
+        [root.branches.pieces() for root in rows],
     )
 
 
@@ -450,6 +458,7 @@ def stream_generate(
             finish_reason=done,
             drafted_tokens=ev.drafted[0],
             branch_tokens=ev.branches[0] if ev.branches else [],
+            branch_pieces=ev.pieces[0] if ev.pieces else (),
         )
 
 

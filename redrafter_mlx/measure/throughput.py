@@ -19,18 +19,20 @@ from redrafter_mlx.engine.shape import BeamShape
 
 @dataclass
 class Run:
-    """One timed generation: its tokens and measurements."""
+    """One timed generation: its tokens (with APAR branches: the rebuilt text's) and
+    measurements."""
 
     tokens: list[int]
     decode_tokens: int  # tokens after the first (those the decode loop produced)
     decode_s: float  # time from the first token to the last
-    steps: int
+    steps: int  # sequential steps (with branches: of all its branches side by side)
     tokens_per_step: float
     mean_packed: float
     ttft_s: float
     peak_memory_gb: float
     accepted_tokens: int = 0  # draft tokens the verifier accepted
     source_tokens: dict = field(default_factory=dict)  # of those, per draft source name
+    branches: int = 0  # APAR branches decoded, the root counted (0: branching off)
 
     @property
     def tokens_per_s(self) -> float:
@@ -93,4 +95,5 @@ def measure_generation(
         mx.get_peak_memory() / 1e9,
         final.accepted_tokens,
         dict(final.source_tokens),
+        final.branches,
     )

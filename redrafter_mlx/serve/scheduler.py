@@ -39,7 +39,7 @@ import time
 from redrafter_mlx.engine.adaptive import Adaptive
 from redrafter_mlx.engine.batch import BatchGenerator, Prefill, Row, RowStats
 from redrafter_mlx.engine.batch_choice import BatchChoice, FixedShape
-from redrafter_mlx.engine.branches import BranchRules, BranchTree
+from redrafter_mlx.engine.branches import BranchRules, request_rows
 from redrafter_mlx.engine.cache import Session, token_limit
 from redrafter_mlx.engine.draft_model import check_draft_model
 from redrafter_mlx.engine.early_exit import EarlyExitAdapter
@@ -329,9 +329,9 @@ class Scheduler:
                 self._fail_one(request, e)
                 continue
             held = Held(request, ticket)
-            limit, _ = token_limit(self.model, len(request.prompt), request.max_tokens)
+            row_tokens, tree = request_rows(self.branches, request.max_tokens)
+            limit, _ = token_limit(self.model, len(request.prompt), row_tokens)
             stats = RowStats(len(request.prompt))
-            tree = BranchTree(self.branches) if self.branches else None
             row = Row(request.sampler, limit, len(request.prompt), stats, held, branches=tree)
             job = Prefill([request.prompt], request.sampler, event["seed"], session, held, [row])
             stats.queued_s = job.started - request.submitted

@@ -51,6 +51,7 @@ from redrafter_mlx.train.apar_lora import (
     add_split_tokens,
     prepare_model,
     save_adapter,
+    split_rows_start,
     train,
 )
 from redrafter_mlx.train.selfdata import ASKS_FILE, append_jsonl, builtin_prompts, read_jsonl
@@ -78,15 +79,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--out", type=Path, default=SMOLLM2_APAR_ADAPTER, help="adapter folder (the package's)"
     )
-    p.add_argument("--prompts", type=int, default=256, help="prompts to answer")
+    p.add_argument("--prompts", type=int, default=224, help="prompts to answer")
     p.add_argument("--list-share", type=float, default=0.65, help="share asking for a list")
     p.add_argument("--answer-tokens", type=int, default=256, help="most tokens per answer")
     p.add_argument("--gen-batch", type=int, default=16, help="prompts answered per batch")
-    p.add_argument("--iters", type=int, default=400, help="training steps in all")
+    p.add_argument("--iters", type=int, default=120, help="training steps in all")
     p.add_argument("--batch-size", type=int, default=4)
-    p.add_argument("--save-every", type=int, default=25, help="steps between checkpoints")
+    p.add_argument("--save-every", type=int, default=20, help="steps between checkpoints")
     p.add_argument("--lora-layers", type=int, default=8)
-    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--lr", type=float, default=2e-4, help="LoRA's learning rate")
+    p.add_argument("--rows-lr", type=float, default=5e-3, help="the split tokens' rows' rate")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--stop-after", choices=("answers", "data"), default=None, help="stop after a stage"
@@ -199,12 +201,14 @@ def main(argv=None) -> None:
     settings = LoraSettings(
         layers=args.lora_layers,
         lr=args.lr,
+        rows_lr=args.rows_lr,
         batch_size=args.batch_size,
         iters=args.iters,
         save_every=args.save_every,
         seed=args.seed,
     )
-    prepare_model(model, settings, [fork, child])
+    start = split_rows_start(model.model.embed_tokens.weight, samples, fork, child)
+    prepare_model(model, settings, [fork, child], start)
     result = train(model, samples, work / "checkpoints", settings)
     print(
         f"trained {result['iters']} steps; {result['tokens_per_s']:.0f} training tokens/s; "

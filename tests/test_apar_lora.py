@@ -19,6 +19,7 @@ from redrafter_mlx.train.apar_lora import (
     done_iters,
     prepare_model,
     save_adapter,
+    split_rows_start,
     train,
     trainable_weights,
 )
@@ -64,6 +65,21 @@ def test_grown_vocabulary_and_what_trains():
     assert "model.embed_tokens.extra" in names
     assert {n for n in names if "lora" not in n} == {"model.embed_tokens.extra"}
     assert all(n.startswith("model.layers.1.") for n in names if "lora" in n)  # last layer only
+
+
+def test_split_rows_start_where_forks_and_children_stand():
+    """The fork row starts at the mean of the tokens after a child token, the child row at
+    the mean of the tokens before a fork."""
+    table = mx.array(np.random.default_rng(0).standard_normal((128, 32)).astype(np.float32))
+    rows = split_rows_start(table, samples(), fork=128, child=129)
+    np.testing.assert_allclose(np.array(rows[0]), np.array(table[9]), rtol=1e-6)  # after 129
+    want = (np.array(table[7]) + np.array(table[8])) / 2  # before each 128
+    np.testing.assert_allclose(np.array(rows[1]), want, rtol=1e-5)
+    model, _, ids = tiny()
+    prepare_model(model, SETTINGS, ids, rows)
+    np.testing.assert_array_equal(np.array(model.model.embed_tokens.extra), np.array(rows))
+    with pytest.raises(ValueError, match="no fork followed by a child"):
+        split_rows_start(table, [([1, 2, 3], 0)], fork=128, child=129)
 
 
 def test_ids_after_the_embedding_are_required():

@@ -157,6 +157,7 @@ def build(base: Path, adapter_dir: Path, out: Path) -> Path:
         )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    tmp.chmod(0o755)  # mkdtemp's 0700 would hide the folder from other users
     try:
         mx.save_safetensors(str(tmp / "model.safetensors"), fused, metadata={"format": "mlx"})
         branches = {"fork": FORK_TOKEN, "child": CHILD_TOKEN}

@@ -30,14 +30,19 @@ CHECKPOINT = re.compile(r"^(\d{7})_adapters\.safetensors$")  # mlx-lm's numbered
 
 class GrownEmbedding(nn.Module):
     """A frozen embedding (V, H) and ``extra`` (n, H) trainable rows after it (ids V..V+n-1);
-    ``as_linear`` is the tied head over all V + n rows."""
+    ``as_linear`` is the tied head over all V + n rows. ``rows``: the new rows' start
+    (:func:`split_rows_start`), else the mean row."""
 
-    def __init__(self, base: nn.Embedding, n: int):
+    def __init__(self, base: nn.Embedding, n: int, rows: mx.array | None = None):
         super().__init__()
         self.base = base
         self.base.freeze()
-        mean = base.weight.astype(mx.float32).mean(axis=0)  # new rows start at the mean row
-        self.extra = mx.broadcast_to(mean, (n, base.weight.shape[1])).astype(base.weight.dtype)
+        if rows is None:
+            mean = base.weight.astype(mx.float32).mean(axis=0)
+            rows = mx.broadcast_to(mean, (n, base.weight.shape[1]))
+        if rows.shape != (n, base.weight.shape[1]):
+            raise ValueError(f"the new rows' start has shape {rows.shape}, not {n} rows")
+        self.extra = rows.astype(base.weight.dtype)
 
     def table(self) -> mx.array:
         """(V + n, H) the whole embedding."""
@@ -58,6 +63,7 @@ class LoraSettings:
     rank: int = 8
     scale: float = 20.0
     lr: float = 1e-4
+    rows_lr: float = 5e-3  # the new embedding rows' (a tied head row moves slowly at lr)
     batch_size: int = 4
     iters: int = 100  # total, across resumed runs
     save_every: int = 20
@@ -72,24 +78,40 @@ def add_split_tokens(tokenizer) -> list[int]:
     return [hf.convert_tokens_to_ids(t) for t in SPLIT_TOKENS]
 
 
-def prepare_model(model, settings: LoraSettings, vocab_ids: list[int]):
+def split_rows_start(table: mx.array, samples, fork: int, child: int) -> mx.array:
+    """(2, H) where the fork and child rows start: the fork row at the mean embedding of the
+    tokens that follow a child token in ``samples`` (a child's first text token: where the
+    parent forks, the untrained model already expects such a token, so the tied head starts
+    scoring the fork there), the child row at the mean of the tokens before a fork (the
+    heading's end, ``:`` or `` -``, after which details follow). ``table``: (V, H)."""
+    after = [t[i + 1] for t, _ in samples for i, x in enumerate(t[:-1]) if x == child]
+    before = [t[i - 1] for t, _ in samples for i, x in enumerate(t) if x == fork and i > 0]
+    before = [b for b in before if b not in (fork, child)]
+    if not after or not before:
+        raise ValueError("the samples hold no fork followed by a child: nothing to start from")
+    rows = [table[mx.array(ids)].astype(mx.float32).mean(axis=0) for ids in (after, before)]
+    return mx.stack(rows)
+
+
+def prepare_model(model, settings: LoraSettings, vocab_ids: list[int], rows=None):
     """Freeze ``model`` (an mlx-lm Llama-family model with a tied head), grow its embedding
-    by the split tokens' rows and put LoRA on its last ``settings.layers`` blocks."""
+    by the split tokens' rows (starting at ``rows``, (2, H), else the mean row) and put LoRA
+    on its last ``settings.layers`` blocks."""
     from mlx_lm.tuner.utils import linear_to_lora_layers
 
     inner = model.model
-    rows = inner.embed_tokens.weight.shape[0]
-    if vocab_ids != list(range(rows, rows + len(vocab_ids))):
+    V = inner.embed_tokens.weight.shape[0]
+    if vocab_ids != list(range(V, V + len(vocab_ids))):
         raise ValueError(
             f"the split tokens got ids {vocab_ids}, not the next ids after the embedding's "
-            f"{rows} rows: the tokenizer and the model disagree on the vocabulary size"
+            f"{V} rows: the tokenizer and the model disagree on the vocabulary size"
         )
     if not getattr(model.args, "tie_word_embeddings", False):
         raise ValueError("growing the vocabulary here needs a tied head (as SmolLM2 has)")
     model.freeze()
     lora = {"rank": settings.rank, "scale": settings.scale, "dropout": 0.0}
     linear_to_lora_layers(model, settings.layers, lora)
-    inner.embed_tokens = GrownEmbedding(inner.embed_tokens, len(vocab_ids))
+    inner.embed_tokens = GrownEmbedding(inner.embed_tokens, len(vocab_ids), rows)
     return model
 
 
@@ -161,9 +183,13 @@ def train(model, samples, work: Path, settings: LoraSettings, report=print) -> d
     callback = Reports()
     tic = time.perf_counter()
     model.train()
+    rows_first = optim.MultiOptimizer(  # the new rows at their own rate, LoRA at lr
+        [optim.Adam(learning_rate=settings.rows_lr), optim.Adam(learning_rate=settings.lr)],
+        [lambda path, _: path.endswith("embed_tokens.extra")],
+    )
     lora_train(
         model,
-        optim.Adam(learning_rate=settings.lr),
+        rows_first,
         samples,
         None,
         args,
@@ -197,6 +223,7 @@ def save_adapter(model, settings: LoraSettings, out: Path) -> None:
     smollm2_apar`` fuses it into the base model's folder."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
+    tmp.chmod(0o755)  # mkdtemp's 0700 would hide the folder from other users
     try:
         mx.save_safetensors(str(tmp / ADAPTER_FILE), trainable_weights(model))
         config = {

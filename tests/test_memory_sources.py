@@ -1,0 +1,87 @@
+"""The memory check counts what the loop really holds (``engine/memory.py``, issue 49): the
+early-exit adapter's own K/V cache and a draft model's, for every row as the batch grows,
+and for a request with parallel branches the rows its branches can grow to."""
+
+from __future__ import annotations
+
+import pytest
+
+import redrafter_mlx.engine.memory as memory
+from redrafter_mlx.engine.batch import BatchGenerator
+from redrafter_mlx.engine.batch_choice import FixedShape
+from redrafter_mlx.engine.branches import BranchRules
+from redrafter_mlx.engine.cache import ensure_slots
+from redrafter_mlx.engine.early_exit import EarlyExitAdapter, EarlyExitArgs
+from redrafter_mlx.engine.memory import ShapeTooLarge, check_step_memory, decode_window
+from redrafter_mlx.engine.shape import AR, BeamShape
+from tests.helpers import run_decode, tiny_model
+
+TOKENS = 300  # prompt and answer
+
+
+def held_cache(model, drafter, shape, rows, draft=None) -> int:
+    """Bytes of the caches the loop holds for ``rows`` rows at the window of ``TOKENS``
+    tokens: the target's K/V, the token history and every draft source's state."""
+    batch = BatchGenerator(model, drafter, FixedShape(shape), max_batch=rows, draft=draft)
+    batch.reset()
+    batch.resize(rows)
+    state = ensure_slots(batch.state, decode_window(TOKENS, model.max_context, shape))
+    arrays = [*state.keys, *state.values, state.history]
+    arrays += [a for source in state.sources for part in source for a in part]
+    return sum(a.nbytes for a in arrays)
+
+
+def adapter_for(model, layers=1):
+    args = EarlyExitArgs.for_target(model.args, 1)
+    args.num_layers = layers
+    return EarlyExitAdapter(args)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 16])
+@pytest.mark.parametrize("source", ["early-exit", "early-exit-2", "draft", "self-draft"])
+def test_the_estimate_counts_every_cache_the_loop_holds(source, rows):
+    """The estimate's resident cache is what the loop allocates for that many rows: the
+    early-exit adapter's cache (per adapter layer) and a draft model's, besides the
+    target's; none of them left out as the batch grows."""
+    model = tiny_model(3, vocab=48, layers=3)
+    drafter = draft = None
+    if source.startswith("early-exit"):
+        drafter = adapter_for(model, 2 if source.endswith("2") else 1)
+        shape = BeamShape.parse("W1xL4+K1xL4")
+    else:
+        draft = model if source == "self-draft" else tiny_model(4, vocab=48, layers=2, hidden=16)
+        shape = BeamShape.parse("K1xL4+D1xL4")
+    held = held_cache(model, drafter, shape, rows, draft)
+    estimate = check_step_memory(model, drafter, shape, rows, TOKENS, draft=draft)
+    assert held <= estimate.cache <= 1.01 * held, (held, estimate.cache)
+
+
+def test_an_early_exit_shape_that_fits_alone_is_refused_for_its_adapter_cache():
+    """A budget that holds the target's cache but not the adapter's beside it refuses the
+    early-exit shape (it named no row count before: the adapter cache was left out)."""
+    model = tiny_model(3, vocab=48, layers=2)
+    adapter = adapter_for(model, 4)  # an adapter cache twice the target's
+    shape = BeamShape.parse("W1xL4")
+    without = check_step_memory(model, None, BeamShape.lookup_only(1, 4), 8, TOKENS)
+    budget = (without.total + held_cache(model, None, AR, 8) // 2, "the test's budget")
+    with pytest.raises(ShapeTooLarge, match="for 8 rows"):
+        check_step_memory(model, adapter, shape, 8, TOKENS, available=budget)
+
+
+def test_branches_are_counted_as_the_rows_they_can_grow_to(monkeypatch):
+    """A request with parallel branches can hold ``max_branches`` rows: a budget that fits
+    one row but not eight refuses it before anything runs, and the same request without
+    branches runs."""
+    model = tiny_model(3, vocab=48, layers=2)
+    rules = BranchRules(46, 47, max_branches=8)
+    prompt, n = [1, 2, 3], 40
+    one = check_step_memory(model, None, AR, 1, len(prompt) + n)
+    eight = check_step_memory(model, None, AR, 8, len(prompt) + n)
+    assert eight.total > one.total
+    limit = (one.total + eight.total) // 2
+    monkeypatch.setattr(memory, "available_memory", lambda: (limit, "the test's budget"))
+    with pytest.raises(ShapeTooLarge, match="for 8 rows"):
+        run_decode(model, None, [prompt], max_tokens=n, shape=AR, branches=rules)
+    assert not model.__dict__.get("_batch_steps")  # refused before compiling
+    tokens, _ = run_decode(model, None, [prompt], max_tokens=n, shape=AR)
+    assert len(tokens[0]) == n

@@ -4,15 +4,35 @@ and for a request with parallel branches the rows its branches can grow to."""
 
 from __future__ import annotations
 
+import gc
+
+import mlx.core as mx
 import pytest
 
 import redrafter_mlx.engine.memory as memory
-from redrafter_mlx.engine.batch import BatchGenerator
+from redrafter_mlx.engine.batch import BatchGenerator, uniform_step
 from redrafter_mlx.engine.batch_choice import FixedShape
 from redrafter_mlx.engine.branches import BranchRules
-from redrafter_mlx.engine.cache import ensure_slots
+from redrafter_mlx.engine.cache import (
+    Session,
+    ensure_slots,
+    prefill_session,
+    step_window,
+    text_history,
+)
+from redrafter_mlx.engine.decode import DecodeState
+from redrafter_mlx.engine.draft_model import prefill as draft_prefill
 from redrafter_mlx.engine.early_exit import EarlyExitAdapter, EarlyExitArgs
-from redrafter_mlx.engine.memory import ShapeTooLarge, check_step_memory, decode_window
+from redrafter_mlx.engine.early_exit import prefill as early_exit_prefill
+from redrafter_mlx.engine.memory import (
+    Dims,
+    ShapeTooLarge,
+    check_step_memory,
+    decode_window,
+    step_memory,
+    with_draft_model,
+)
+from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape
 from tests.helpers import run_decode, tiny_model
 
@@ -85,3 +105,51 @@ def test_branches_are_counted_as_the_rows_they_can_grow_to(monkeypatch):
     assert not model.__dict__.get("_batch_steps")  # refused before compiling
     tokens, _ = run_decode(model, None, [prompt], max_tokens=n, shape=AR)
     assert len(tokens[0]) == n
+
+
+def step_peak(model, drafter, shape, batch, sampler, draft=None, prompt=40):
+    """The peak memory one compiled step of ``shape`` adds (compiled and run once first),
+    its draft sources' caches prefilled, and the attention window it used."""
+    rows = [[(7 * i + r) % model.vocab_size for i in range(prompt)] for r in range(batch)]
+    session = Session(model, batch)
+    hidden = prefill_session(session, session.reuse(rows))
+    window = step_window(prompt, 1, shape.longest, shape.slots)
+    sources = ()
+    if drafter is not None:
+        sources += (early_exit_prefill(model, drafter, rows, session.slots),)
+    if draft is not None:
+        sources += (draft_prefill(draft, rows, session.slots),)
+    history = text_history(rows, session.slots)
+    init = mx.full((batch,), 3, mx.int32)
+    keys, values = session.keys, session.values
+    state = DecodeState(init, hidden, session.lengths, keys, values, history, sources)
+    state = ensure_slots(state, window)
+    session.keys = session.values = None
+    step = uniform_step(model, drafter, shape, sampler, batch, draft=draft)
+    state, out = step(state, window)  # compile, and run once
+    mx.eval(state, out)
+    del out
+    gc.collect()
+    mx.clear_cache()
+    base = mx.get_active_memory()
+    mx.reset_peak_memory()
+    state, out = step(state, window)
+    mx.eval(state, out)
+    return mx.get_peak_memory() - base, window
+
+
+@pytest.mark.parametrize("label, batch", [("W1xL4", 4), ("W1xL7+K1xL8", 2), ("D1xL4", 4)])
+def test_the_estimate_bounds_the_measured_step_of_each_source(label, batch):
+    """The transient estimate is at least an early-exit or draft-model step's measured peak
+    and at most 4x it (as ``test_guards`` checks for the drafter and lookup)."""
+    model = tiny_model(vocab=4096, hidden=64, layers=3, heads=4, kv_heads=2)
+    shape = BeamShape.parse(label)
+    drafter = adapter_for(model) if shape.drafts else None
+    draft = tiny_model(5, vocab=4096, hidden=64, layers=2) if shape.model_length else None
+    sampler = SamplerConfig(temperature=0.8, top_p=0.9)
+    peak, window = step_peak(model, drafter, shape, batch, sampler, draft)
+    estimate = step_memory(Dims.of(model, drafter), shape, batch, window, sampling=True)
+    if draft is not None:
+        estimate = with_draft_model(estimate, Dims.of(draft), shape, batch, window, False)
+    assert peak > 0.3e6  # large enough for the bound to mean something
+    assert peak <= estimate.step <= 4 * peak, (peak, estimate.step)

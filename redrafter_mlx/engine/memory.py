@@ -218,8 +218,7 @@ def step_memory(
     )
     step = phases + commit_bytes(d, shape, batch, slots)
     cache = kv_bytes(d, batch, slots) + batch * slots * INT32  # + the token history
-    if shape.drafts:  # the drafter's own cache (an early-exit adapter's), over the same slots
-        cache += d.draft_kv * batch * slots
+    cache += d.draft_kv * batch * slots  # the drafter's own (held whatever the step's shape)
     return StepMemory(d.weight_bytes, cache, step)
 
 

@@ -183,20 +183,20 @@ def generate_steps(
     _check_prompts(model, prompts, max_tokens)
     row_tokens, _ = request_rows(branches, max_tokens)  # a row's most tokens
     longest = max(len(p) for p in prompts) + row_tokens
+    B = len(prompts)
+    max_batch = B * branches.max_branches if branches else B  # every branch is a row
     check_step_memory(
-        model, drafter, shape, len(prompts), longest, not sampler.greedy, draft=draft_model
+        model, drafter, shape, max_batch, longest, not sampler.greedy, draft=draft_model
     )
     session = session or Session(model, len(prompts))
     if session.batch != len(prompts):
         raise ValueError(f"session has {session.batch} rows but {len(prompts)} prompts were given")
-    B = len(prompts)
     eos = set(int(e) for e in eos_token_ids)
     if adapt is True and seed is not None and not sampler.greedy:
         adapt = False  # the schedule follows wall time: a seeded sample must be reproducible
     policy: ShapePolicy = FixedShape(shape)
     if adapt and not shape.is_autoregressive and not branches:  # its measures are per row
         policy = SoloChoice(model, drafter, shape, sampler, adapt)
-    max_batch = B * branches.max_branches if branches else B
     batch = BatchGenerator(model, drafter, policy, eos, max_batch, release=False, draft=draft_model)
 
     group = getattr(model, "group", None)  # tensor parallel: every rank must draw alike

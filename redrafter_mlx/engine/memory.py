@@ -8,7 +8,10 @@ prompt needs one slot at least): such a step can never be whole, and building it
 small model (``--lookup 1000``: 7,004 slots against 512) took minutes before failing.
 
 The estimate counts what stays resident (the weights, the K/V cache and the token history
-over ``slots`` cache slots) and the step's largest transient working set, phase by phase
+over ``slots`` cache slots, the drafter's own K/V cache when it keeps one (an early-exit
+adapter's), a draft model's weights and K/V cache: ``with_draft_model``) for every row the
+batch can hold (a request with parallel branches can grow to ``max_branches`` rows: the
+caller passes those), and the step's largest transient working set, phase by phase
 (``engine/decode.py``), for B rows, N = W + K candidates of at most Lt tokens packed into
 P = ``shape.slots`` slots, attention over A window slots, e bytes per activation:
 
@@ -52,7 +55,9 @@ class Dims:
 
     ``draft_vocab``: rows of the drafter's head (0: no drafter); ``act_bytes``: bytes per
     activation (the float dtype the weights compute in); ``weight_bytes``: both modules'
-    parameters as loaded (quantized ones included).
+    parameters as loaded (quantized ones included); ``draft_kv``: bytes per row and cache
+    slot of the drafter's own K/V cache (an early-exit adapter's, ``early_exit.py``; 0: a
+    recurrent drafter, which keeps none).
     """
 
     hidden: int
@@ -65,6 +70,7 @@ class Dims:
     draft_vocab: int
     act_bytes: int
     weight_bytes: int
+    draft_kv: int = 0
 
     @classmethod
     def of(cls, model, drafter=None) -> Dims:
@@ -85,7 +91,18 @@ class Dims:
             draft_vocab=head if drafter is not None else 0,
             act_bytes=model.model.norm.weight.dtype.size,
             weight_bytes=weights,
+            draft_kv=_own_cache_bytes(drafter),
         )
+
+
+def _own_cache_bytes(drafter) -> int:
+    """Bytes per row and slot of the K/V cache a drafter keeps (``make_cache``: an early-exit
+    adapter's, per adapter layer (B, n_kv, S, D) keys and values); 0 for one that keeps
+    none."""
+    if not hasattr(drafter, "make_cache"):
+        return 0
+    keys, values = drafter.make_cache(1, 1)
+    return sum(a.nbytes for a in (*keys, *values))
 
 
 def _nbytes(module) -> int:
@@ -201,6 +218,7 @@ def step_memory(
     )
     step = phases + commit_bytes(d, shape, batch, slots)
     cache = kv_bytes(d, batch, slots) + batch * slots * INT32  # + the token history
+    cache += d.draft_kv * batch * slots  # the drafter's own (held whatever the step's shape)
     return StepMemory(d.weight_bytes, cache, step)
 
 

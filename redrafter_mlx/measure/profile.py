@@ -40,6 +40,7 @@ from redrafter_mlx.engine.decode import (
     accept_phase,
     commit_phase,
     shape_candidates,
+    step_sources,
     verify_phase,
 )
 from redrafter_mlx.engine.drafter import Drafter
@@ -236,6 +237,8 @@ def profile_steps(
             shape = shape_of[name]
             W, L, C = shape.width, shape.length, shape.slots
             row.update(width=W, length=L, capacity=C, draft_steps=L - 1 if shape.drafts else 0)
+            if early_exit and shape.drafts and step_sources(shape, drafter, draft)[0].refresh:
+                row.update(drafter_refreshes=1)  # its refresh of another source's path
             if shape.lookup:
                 row.update(lookup=shape.lookup, lookup_length=shape.chain_length)
             if shape.model_length:  # a catch-up forward, then Ld - 2 one-token forwards
@@ -421,20 +424,30 @@ class MacCost:
 class WeightBytes:
     """Bytes of weights a step reads: ``model`` per LLM forward (the input embedding table of
     an untied model excluded: a forward gathers only its rows), and the drafter's
-    ``drafter_once`` per step (feature projection) plus ``drafter_step`` per draft step."""
+    ``drafter_once`` per step (feature projection) plus ``drafter_step`` per draft step.
+
+    An early-exit adapter as the drafter (``engine/early_exit.py``) drafts with the target's
+    first layers: its chain of L tokens runs L forwards of those layers and the adapter and
+    L - 1 of the target's head, so ``drafter_once`` is one forward of the layers and the
+    adapter and ``drafter_step`` one of the layers, the adapter and the head; a refresh of
+    the committed tokens (``early_exit.refresh_committed``, with another source in the tree)
+    reads the layers and the adapter once more (``drafter_refresh``)."""
 
     model: int
     drafter_once: int = 0
     drafter_step: int = 0
     draft_model: int = 0  # a draft model's forward (``--draft-model``)
+    drafter_refresh: int = 0  # an early-exit refresh's forward
 
-    def per_step(self, draft_steps: int, model_forwards: int = 0) -> int:
+    def per_step(self, draft_steps: int, model_forwards: int = 0, refreshes: int = 0) -> int:
         """Bytes one step reads: one forward of the LLM, plus ``draft_steps`` of the drafter
-        and ``model_forwards`` of a draft model."""
+        (and ``refreshes`` of an early-exit one's refresh) and ``model_forwards`` of a draft
+        model."""
         extra = model_forwards * self.draft_model
         if not draft_steps:
             return self.model + extra
-        return self.model + self.drafter_once + draft_steps * self.drafter_step + extra
+        once = self.drafter_once + refreshes * self.drafter_refresh
+        return self.model + once + draft_steps * self.drafter_step + extra
 
 
 def _nbytes(array: mx.array, dtype: str | None) -> int:
@@ -447,6 +460,8 @@ def _nbytes(array: mx.array, dtype: str | None) -> int:
 def weight_bytes(model: nn.Module, drafter: nn.Module | None, dtype: str | None) -> WeightBytes:
     """The bytes of weights a forward of ``model`` and a draft step of ``drafter`` read, float
     weights counted as ``dtype`` (None: as loaded)."""
+    from redrafter_mlx.engine.early_exit import EarlyExitAdapter
+
     params = tree_flatten(model.parameters())
     untied = any(name.startswith("lm_head.") for name, _ in params)
     gathered = "model.embed_tokens."  # read whole only as a tied output head
@@ -455,6 +470,14 @@ def weight_bytes(model: nn.Module, drafter: nn.Module | None, dtype: str | None)
     )
     if drafter is None:
         return WeightBytes(total)
+    if isinstance(drafter, EarlyExitAdapter):
+        shallow = tuple(f"model.layers.{i}." for i in range(drafter.args.exit_layer))
+        head = "lm_head." if untied else gathered
+        layers = sum(_nbytes(a, dtype) for name, a in params if name.startswith(shallow))
+        heads = sum(_nbytes(a, dtype) for name, a in params if name.startswith(head))
+        adapter = sum(_nbytes(a, dtype) for _, a in tree_flatten(drafter.parameters()))
+        once = layers + adapter
+        return WeightBytes(total, once, once + heads, drafter_refresh=once)
     once = step = 0
     for name, a in tree_flatten(drafter.parameters()):
         if name.startswith("feature_proj."):
@@ -476,7 +499,11 @@ def launch_bound(rows: list[dict], weights: WeightBytes, cost: MacCost) -> list[
     """
 
     def estimate(row: dict) -> dict:
-        nbytes = weights.per_step(row.get("draft_steps", 0), row.get("draft_model_forwards", 0))
+        nbytes = weights.per_step(
+            row.get("draft_steps", 0),
+            row.get("draft_model_forwards", 0),
+            row.get("drafter_refreshes", 0),
+        )
         launch_ms, memory_ms = cost.ms(row["step_kernels"], nbytes)
         return dict(
             mac_bytes=nbytes,

@@ -1,0 +1,155 @@
+"""The memory check counts what the loop really holds (``engine/memory.py``, issue 49): the
+early-exit adapter's own K/V cache and a draft model's, for every row as the batch grows,
+and for a request with parallel branches the rows its branches can grow to."""
+
+from __future__ import annotations
+
+import gc
+
+import mlx.core as mx
+import pytest
+
+import redrafter_mlx.engine.memory as memory
+from redrafter_mlx.engine.batch import BatchGenerator, uniform_step
+from redrafter_mlx.engine.batch_choice import FixedShape
+from redrafter_mlx.engine.branches import BranchRules
+from redrafter_mlx.engine.cache import (
+    Session,
+    ensure_slots,
+    prefill_session,
+    step_window,
+    text_history,
+)
+from redrafter_mlx.engine.decode import DecodeState
+from redrafter_mlx.engine.draft_model import prefill as draft_prefill
+from redrafter_mlx.engine.early_exit import EarlyExitAdapter, EarlyExitArgs
+from redrafter_mlx.engine.early_exit import prefill as early_exit_prefill
+from redrafter_mlx.engine.memory import (
+    Dims,
+    ShapeTooLarge,
+    check_step_memory,
+    decode_window,
+    step_memory,
+    with_draft_model,
+)
+from redrafter_mlx.engine.sampling import SamplerConfig
+from redrafter_mlx.engine.shape import AR, BeamShape
+from tests.helpers import run_decode, tiny_model
+
+TOKENS = 300  # prompt and answer
+
+
+def held_cache(model, drafter, shape, rows, draft=None) -> int:
+    """Bytes of the caches the loop holds for ``rows`` rows at the window of ``TOKENS``
+    tokens: the target's K/V, the token history and every draft source's state."""
+    batch = BatchGenerator(model, drafter, FixedShape(shape), max_batch=rows, draft=draft)
+    batch.reset()
+    batch.resize(rows)
+    state = ensure_slots(batch.state, decode_window(TOKENS, model.max_context, shape))
+    arrays = [*state.keys, *state.values, state.history]
+    arrays += [a for source in state.sources for part in source for a in part]
+    return sum(a.nbytes for a in arrays)
+
+
+def adapter_for(model, layers=1):
+    args = EarlyExitArgs.for_target(model.args, 1)
+    args.num_layers = layers
+    return EarlyExitAdapter(args)
+
+
+@pytest.mark.parametrize("rows", [1, 4, 16])
+@pytest.mark.parametrize("source", ["early-exit", "early-exit-2", "draft", "self-draft"])
+def test_the_estimate_counts_every_cache_the_loop_holds(source, rows):
+    """The estimate's resident cache is what the loop allocates for that many rows: the
+    early-exit adapter's cache (per adapter layer) and a draft model's, besides the
+    target's; none of them left out as the batch grows."""
+    model = tiny_model(3, vocab=48, layers=3)
+    drafter = draft = None
+    if source.startswith("early-exit"):
+        drafter = adapter_for(model, 2 if source.endswith("2") else 1)
+        shape = BeamShape.parse("W1xL4+K1xL4")
+    else:
+        draft = model if source == "self-draft" else tiny_model(4, vocab=48, layers=2, hidden=16)
+        shape = BeamShape.parse("K1xL4+D1xL4")
+    held = held_cache(model, drafter, shape, rows, draft)
+    estimate = check_step_memory(model, drafter, shape, rows, TOKENS, draft=draft)
+    assert held <= estimate.cache <= 1.01 * held, (held, estimate.cache)
+
+
+def test_an_early_exit_shape_that_fits_alone_is_refused_for_its_adapter_cache():
+    """A budget that holds the target's cache but not the adapter's beside it refuses the
+    early-exit shape (it named no row count before: the adapter cache was left out)."""
+    model = tiny_model(3, vocab=48, layers=2)
+    adapter = adapter_for(model, 4)  # an adapter cache twice the target's
+    shape = BeamShape.parse("W1xL4")
+    without = check_step_memory(model, None, BeamShape.lookup_only(1, 4), 8, TOKENS)
+    budget = (without.total + held_cache(model, None, AR, 8) // 2, "the test's budget")
+    with pytest.raises(ShapeTooLarge, match="for 8 rows"):
+        check_step_memory(model, adapter, shape, 8, TOKENS, available=budget)
+
+
+def test_branches_are_counted_as_the_rows_they_can_grow_to(monkeypatch):
+    """A request with parallel branches can hold ``max_branches`` rows: a budget that fits
+    one row but not eight refuses it before anything runs, and the same request without
+    branches runs."""
+    model = tiny_model(3, vocab=48, layers=2)
+    rules = BranchRules(46, 47, max_branches=8)
+    prompt, n = [1, 2, 3], 40
+    one = check_step_memory(model, None, AR, 1, len(prompt) + n)
+    eight = check_step_memory(model, None, AR, 8, len(prompt) + n)
+    assert eight.total > one.total
+    limit = (one.total + eight.total) // 2
+    monkeypatch.setattr(memory, "available_memory", lambda: (limit, "the test's budget"))
+    with pytest.raises(ShapeTooLarge, match="for 8 rows"):
+        run_decode(model, None, [prompt], max_tokens=n, shape=AR, branches=rules)
+    assert not model.__dict__.get("_batch_steps")  # refused before compiling
+    tokens, _ = run_decode(model, None, [prompt], max_tokens=n, shape=AR)
+    assert len(tokens[0]) == n
+
+
+def step_peak(model, drafter, shape, batch, sampler, draft=None, prompt=40):
+    """The peak memory one compiled step of ``shape`` adds (compiled and run once first),
+    its draft sources' caches prefilled, and the attention window it used."""
+    rows = [[(7 * i + r) % model.vocab_size for i in range(prompt)] for r in range(batch)]
+    session = Session(model, batch)
+    hidden = prefill_session(session, session.reuse(rows))
+    window = step_window(prompt, 1, shape.longest, shape.slots)
+    sources = ()
+    if drafter is not None:
+        sources += (early_exit_prefill(model, drafter, rows, session.slots),)
+    if draft is not None:
+        sources += (draft_prefill(draft, rows, session.slots),)
+    history = text_history(rows, session.slots)
+    init = mx.full((batch,), 3, mx.int32)
+    keys, values = session.keys, session.values
+    state = DecodeState(init, hidden, session.lengths, keys, values, history, sources)
+    state = ensure_slots(state, window)
+    session.keys = session.values = None
+    step = uniform_step(model, drafter, shape, sampler, batch, draft=draft)
+    state, out = step(state, window)  # compile, and run once
+    mx.eval(state, out)
+    del out
+    gc.collect()
+    mx.clear_cache()
+    base = mx.get_active_memory()
+    mx.reset_peak_memory()
+    state, out = step(state, window)
+    mx.eval(state, out)
+    return mx.get_peak_memory() - base, window
+
+
+@pytest.mark.parametrize("label, batch", [("W1xL4", 4), ("W1xL7+K1xL8", 2), ("D1xL4", 4)])
+def test_the_estimate_bounds_the_measured_step_of_each_source(label, batch):
+    """The transient estimate is at least an early-exit or draft-model step's measured peak
+    and at most 4x it (as ``test_guards`` checks for the drafter and lookup)."""
+    model = tiny_model(vocab=4096, hidden=64, layers=3, heads=4, kv_heads=2)
+    shape = BeamShape.parse(label)
+    drafter = adapter_for(model) if shape.drafts else None
+    draft = tiny_model(5, vocab=4096, hidden=64, layers=2) if shape.model_length else None
+    sampler = SamplerConfig(temperature=0.8, top_p=0.9)
+    peak, window = step_peak(model, drafter, shape, batch, sampler, draft)
+    estimate = step_memory(Dims.of(model, drafter), shape, batch, window, sampling=True)
+    if draft is not None:
+        estimate = with_draft_model(estimate, Dims.of(draft), shape, batch, window, False)
+    assert peak > 0.3e6  # large enough for the bound to mean something
+    assert peak <= estimate.step <= 4 * peak, (peak, estimate.step)

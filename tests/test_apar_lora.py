@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from redrafter_mlx.engine.branches import BranchRules, branch_rules
+from redrafter_mlx.engine.errors import ParamError
 from redrafter_mlx.train.apar_lora import (
     LoraSettings,
     add_split_tokens,
@@ -119,7 +120,13 @@ def test_checkpoints_resume_and_the_fused_adapter_is_a_branching_model(tmp_path)
     loaded, tok = mlx_lm.load(str(out))
     np.testing.assert_allclose(np.array(loaded(x)), want, atol=1e-4)
     assert json.loads((out / "config.json").read_text())["vocab_size"] == 130
-    assert branch_rules(out) == BranchRules(128, 129)
+    assert branch_rules(out) == BranchRules(128, 129, max_depth=1)  # one-level trees
+    assert branch_rules(out, max_depth=2) == BranchRules(128, 129, max_depth=2)  # a flag wins
+    config = json.loads((out / "config.json").read_text())
+    config["branches"]["max_depth"] = "one"
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ParamError, match="max_depth 'one', not a whole number"):
+        branch_rules(out)
     assert tok.encode("w5 [SplitMask]", add_special_tokens=False) == [5, 128]
     assert tok.decode([5, 129]).endswith("[SplitSop]")
     assert not list(tmp_path.glob(".out.*"))  # the temp folder was renamed

@@ -11,7 +11,8 @@ fuses it into the converted SmolLM2 folder's weights, once, into
 The fused folder: each adapted linear's weight plus ``scale * B^T A^T`` (mlx-lm's
 ``LoRALinear.fuse``; a quantized weight is dequantized, fused and quantized again with its own
 group size and bits), the embedding (the tied head) grown by the adapter's rows, ``vocab_size``
-and the ``branches`` block in ``config.json`` (a branching model), the tokenizer with both split
+and the ``branches`` block in ``config.json`` (a branching model; ``max_depth`` 1, as its
+training trees), the tokenizer with both split
 tokens as special tokens at the new ids. Written into a temp folder, renamed at the end; its
 marker names the adapter's digest, so a newer packaged adapter is fused again.
 """
@@ -42,6 +43,7 @@ ADAPTER_CONFIG = "adapter_config.json"
 EMBEDDING = "model.embed_tokens"
 EXTRA_ROWS = f"{EMBEDDING}.extra"  # the adapter's new embedding rows, (n, H)
 SPLIT_TOKENS = (FORK_TOKEN, CHILD_TOKEN)  # in id order after the base vocabulary
+MAX_DEPTH = 1  # its training trees are one level deep (train.apar_data): children never fork
 
 
 def adapter_digest(adapter_dir: Path) -> str:
@@ -160,7 +162,7 @@ def build(base: Path, adapter_dir: Path, out: Path) -> Path:
     tmp.chmod(0o755)  # mkdtemp's 0700 would hide the folder from other users
     try:
         mx.save_safetensors(str(tmp / "model.safetensors"), fused, metadata={"format": "mlx"})
-        branches = {"fork": FORK_TOKEN, "child": CHILD_TOKEN}
+        branches = {"fork": FORK_TOKEN, "child": CHILD_TOKEN, "max_depth": MAX_DEPTH}
         (tmp / "config.json").write_text(
             json.dumps({**config, "vocab_size": grown, "branches": branches}, indent=4) + "\n"
         )

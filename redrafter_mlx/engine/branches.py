@@ -460,7 +460,8 @@ def branch_rules(model_dir, mode: str = "auto", **limits) -> BranchRules | None:
     ``auto`` turns branching on when the model's ``config.json`` has a ``branches`` block
     (``{"fork": name, "child": name}``, written by ``convert`` for APAR checkpoints);
     ``on`` forces it, with the public checkpoints' token names unless the config names
-    others; ``limits`` are ``max_depth`` / ``max_branches`` overrides."""
+    others. The block may set the model's own ``max_depth`` / ``max_branches`` (a model
+    trained on one-level trees: ``max_depth`` 1); ``limits`` (the flags) override them."""
     if mode not in BRANCH_MODES:
         raise ParamError(
             "branches", f"--branches must be one of {', '.join(BRANCH_MODES)}, got {mode!r}"
@@ -481,7 +482,18 @@ def branch_rules(model_dir, mode: str = "auto", **limits) -> BranchRules | None:
             f"model's tokenizer, but {model_dir} has no {' or '.join(missing)}: use an APAR "
             "model (e.g. THUDM/apar-7b through `redrafter-mlx convert`) or --branches off",
         )
-    return BranchRules(fork_id=ids[fork_name], child_id=ids[child_name], **limits)
+    own = {k: names[k] for k in LIMIT_KEYS if k in names}  # the model's own limits
+    for key, value in own.items():
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ParamError(
+                "branches",
+                f"{model_dir}/config.json's branches block gives {key} {value!r}, not a whole "
+                "number: fix the file or pass the limit as a flag",
+            )
+    return BranchRules(fork_id=ids[fork_name], child_id=ids[child_name], **{**own, **limits})
+
+
+LIMIT_KEYS = ("max_depth", "max_branches")  # a config's branches block may set them
 
 
 def _read_json(path: Path):

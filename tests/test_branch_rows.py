@@ -214,3 +214,36 @@ def test_batches_without_a_branching_row_keep_their_step(monkeypatch):
     seen.clear()
     run_batch(model, drafter, AR, [(PROMPT, forking_sampler(), 0, 4, True)])
     assert set(seen) == {(FORK, CHILD)}
+
+
+def test_split_tokens_are_structure_not_text_for_penalties():
+    """A branching row's split tokens are neither counted by a penalty nor penalized (the
+    rebuilt answer holds none; a list's forks a few tokens apart would penalize the next
+    fork away); a row with branching off, in the same batch, keeps them as text."""
+    import mlx.core as mx
+
+    from redrafter_mlx.engine.branches import split_rows
+    from redrafter_mlx.engine.penalties import node_text
+    from redrafter_mlx.engine.sampling import RowSampler, process_text
+
+    cfg = SamplerConfig(repetition_penalty=2.0, repetition_context_size=4)
+    plain = RowSampler.from_config(cfg, 32, None, batch=2)
+    sampler = plain._replace(
+        mode=plain.mode._replace(split=RULES.split_ids),
+        split=split_rows([True, False], [True, True], [-1, -1]),
+    )
+    history = mx.array([[5, FORK, 6, CHILD], [5, FORK, 6, CHILD]], mx.int32)
+    text = node_text(history, mx.array([4, 4]), 4, 4)
+    logits = mx.ones((2, 1, 32))
+    out = process_text(logits, sampler, text)
+    assert out[0, 0, FORK].item() == out[0, 0, CHILD].item() == 1.0  # branching row: kept
+    assert out[1, 0, FORK].item() == out[1, 0, CHILD].item() == 0.5  # branching off: text
+    assert out[0, 0, 5].item() == out[1, 0, 5].item() == 0.5  # other tokens as before
+
+
+@pytest.mark.parametrize("shape", [AR, BeamShape(2, 3)], ids=["ar", "drafter"])
+def test_branches_with_a_repetition_penalty_equal_their_rows(shape):
+    model, drafter = model_and_drafter()
+    sampler = forking_sampler(repetition_penalty=1.5, repetition_context_size=6)
+    roots, _, _ = run_batch(model, drafter, shape, [(PROMPT, sampler, 0, 10, True)])
+    check_branches(model, drafter, None, roots[0], PROMPT, sampler, 0, 10)

@@ -423,8 +423,22 @@ def process_text(logits: mx.array, sampler: RowSampler, text: NodeText | None) -
         logits = logits.astype(mx.float32) + s.logit_bias[:, None, :]
     if mode.penalize:
         penalties = (s.repetition_penalty, s.presence_penalty, s.frequency_penalty)
-        logits = penalize(logits.astype(mx.float32), text, *penalties)
+        penalized = penalize(logits.astype(mx.float32), text, *penalties)
+        logits = unpenalized_splits(logits, penalized, sampler)
     return logits
+
+
+def unpenalized_splits(logits: mx.array, penalized: mx.array, sampler: RowSampler) -> mx.array:
+    """``penalized`` with a branching row's split tokens at their logits before the
+    penalties (bias kept): they are structure, not text (the rebuilt answer holds none), and
+    a token's penalty depends only on its own count, so this is as if no penalty counted
+    them. A list's forks, a few tokens apart, would otherwise penalize the next fork away."""
+    if not sampler.mode.split or sampler.split is None:
+        return penalized
+    vocab = mx.arange(logits.shape[-1])
+    split = (vocab == sampler.mode.split[0]) | (vocab == sampler.mode.split[1])
+    on = sampler.split.on.reshape((-1,) + (1,) * (logits.ndim - 1))
+    return mx.where(on & split, logits.astype(penalized.dtype), penalized)
 
 
 def target_log_weights(logits: mx.array, sampler: RowSampler) -> mx.array:

@@ -11,7 +11,8 @@ topics) and MT-Bench's other categories (``--rest``). Every prompt runs its four
 alike; greedy. Per set and variant: forks per answer (branches past the root), sequential
 steps per answer (the loop's steps: branches decode side by side), tokens per answer (all
 branches), seconds per answer (prefill included) and tokens/s over those seconds; the
-ratios are against branches off with the same decoding. Quality: the original model's
+ratios are against branches off with the same decoding (``decoded``: every branch's tokens,
+those written past the answer's end included). Quality: the original model's
 (``--score-model``) mean log-likelihood per token of each answer (branches on: the rebuilt
 text) after the prompt, against that of the same model's answers with branches off.
 Numbers, not assertions.
@@ -31,7 +32,7 @@ from rich.table import Table
 
 from redrafter_mlx.engine.bundled import NAMES, bundled
 from redrafter_mlx.engine.generation import stream_generate
-from redrafter_mlx.engine.loading import load, load_model
+from redrafter_mlx.engine.loading import load
 from redrafter_mlx.engine.plan import default_plan
 from redrafter_mlx.engine.prompts import load_records
 from redrafter_mlx.engine.shape import BeamShape
@@ -47,13 +48,15 @@ class Tally:
     answers: int = 0
     forks: int = 0
     steps: int = 0
-    tokens: int = 0
+    tokens: int = 0  # the answers' (rebuilt text)
+    decoded: int = 0  # every branch's tokens
     seconds: float = 0.0
     loglik: float = 0.0  # sum of per-answer means
     texts: list = field(default_factory=list)
 
-    def add(self, forks: int, steps: int, tokens: int, seconds: float, text: str) -> None:
+    def add(self, forks, steps, tokens, seconds, text, decoded) -> None:
         self.answers += 1
+        self.decoded += decoded
         self.forks += forks
         self.steps += steps
         self.tokens += tokens
@@ -66,7 +69,8 @@ def model_dir(spec: str) -> Path:
 
 
 def answer(model, drafter, tok, prompt: str, shape, branches: str, max_tokens: int):
-    """One greedy answer: (text, tokens, steps, forks, seconds)."""
+    """One greedy answer: (text, answer tokens, steps, forks, seconds, decoded tokens: every
+    branch's, those past the answer's end included)."""
     ids = tok.chat_prompt([{"role": "user", "content": prompt}])
     text, tokens, final = [], 0, None
     tic = time.perf_counter()
@@ -75,11 +79,11 @@ def answer(model, drafter, tok, prompt: str, shape, branches: str, max_tokens: i
         branches=branches,
     ):  # fmt: skip
         text.append(r.text)
+        tokens += len(r.tokens)
         final = r
     seconds = time.perf_counter() - tic
     forks = max(final.branches - 1, 0)
-    tokens = final.generation_tokens
-    return "".join(text), tokens, final.steps, forks, seconds
+    return "".join(text), tokens, final.steps, forks, seconds, final.generation_tokens
 
 
 def mean_loglik(scorer, tok, prompt: str, text: str) -> float:
@@ -99,7 +103,7 @@ def mean_loglik(scorer, tok, prompt: str, text: str) -> float:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-apar")
-    p.add_argument("--drafter", default=None, help="drafter folder (default: none)")
+    p.add_argument("--drafter", default=None, help="drafter folder (default: a bundled one's)")
     p.add_argument("--score-model", default="smollm2", help="the original model, for quality")
     p.add_argument("--num-prompts", type=int, default=12, help="per set")
     p.add_argument("--max-tokens", type=int, default=256)
@@ -109,8 +113,9 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
 
     folder = model_dir(args.model)
-    model, drafter = load(str(folder), args.drafter)
-    tok = load_tokenizer(folder)
+    named = bundled(args.model) if args.model in NAMES else None
+    drafter_dir = args.drafter or (named.drafter if named is not None else None)
+    model, drafter, tok = load(str(folder), drafter_dir and str(drafter_dir))
     spec = BeamShape.parse(args.shape) if args.shape else default_plan(drafter).shape
     plain = BeamShape.autoregressive()
     lists = [r.prompt for r in load_records("lists", 40)]
@@ -125,40 +130,51 @@ def main(argv=None) -> None:
     }
     variants = [("plain", plain), (f"spec {spec.label}", spec)]
     tallies = {(s, v, b): Tally() for s in sets for v, _ in variants for b in ("off", "on")}
-    console = Console()
+    console = Console(width=200)
     for name, prompts in sets.items():
         for i, prompt in enumerate(prompts):
             for v, shape in variants:
                 for b in ("off", "on"):
-                    text, tokens, steps, forks, seconds = answer(
+                    text, tokens, steps, forks, seconds, decoded = answer(
                         model, drafter, tok, prompt, shape, b, args.max_tokens
                     )
-                    tallies[(name, v, b)].add(forks, steps, tokens, seconds, text)
+                    tallies[(name, v, b)].add(forks, steps, tokens, seconds, text, decoded)
             console.print(f"{name} {i + 1}/{len(prompts)}", end="\r")
     del model, drafter
-    scorer, _ = load_model(model_dir(args.score_model))
+    import mlx_lm
+
+    scorer, _ = mlx_lm.load(str(model_dir(args.score_model)))  # the reference forward
     score_tok = load_tokenizer(model_dir(args.score_model))
     for (name, _, _), t in tallies.items():
         t.loglik = sum(mean_loglik(scorer, score_tok, q, a) for q, a in zip(sets[name], t.texts))
 
     table = Table(title=f"{args.model}: branches off vs on, greedy, max {args.max_tokens} tokens")
-    for col in ("set", "decoding", "branches", "forks/ans", "steps/ans", "tok/ans", "s/ans",
-                "tok/s", "fewer steps", "speed", "loglik/tok"):  # fmt: skip
-        table.add_column(col, justify="right" if col not in ("set", "decoding") else "left")
+    columns = ("set", "decoding", "branches", "forks/ans", "steps/ans", "tok/ans", "decoded/ans",
+               "s/ans", "tok/s", "fewer steps", "speed", "steps vs plain", "speed vs plain",
+               "loglik/tok")  # fmt: skip
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("set", "decoding") else "right")
+
+    def rate(t: Tally) -> float:
+        return t.tokens / t.seconds if t.seconds else 0.0
+
     for (name, v, b), t in tallies.items():
-        off = tallies[(name, v, "off")]
+        off, plain_off = tallies[(name, v, "off")], tallies[(name, "plain", "off")]
         n = max(t.answers, 1)
-        rate = t.tokens / t.seconds if t.seconds else 0.0
-        off_rate = off.tokens / off.seconds if off.seconds else 0.0
         table.add_row(
             name, v, b, f"{t.forks / n:.1f}", f"{t.steps / n:.0f}", f"{t.tokens / n:.0f}",
-            f"{t.seconds / n:.2f}", f"{rate:.1f}", f"{off.steps / max(t.steps, 1):.2f}x",
-            f"{rate / off_rate:.2f}x" if off_rate else "-", f"{t.loglik / n:.3f}",
+            f"{t.decoded / n:.0f}", f"{t.seconds / n:.2f}", f"{rate(t):.1f}",
+            f"{off.steps / max(t.steps, 1):.2f}x", f"{rate(t) / max(rate(off), 1e-9):.2f}x",
+            f"{plain_off.steps / max(t.steps, 1):.2f}x",
+            f"{rate(t) / max(rate(plain_off), 1e-9):.2f}x", f"{t.loglik / n:.3f}",
         )  # fmt: skip
     console.print(table)
     console.print(
-        "fewer steps, speed: branches off / on with the same decoding (tok/s over wall time, "
-        "prefill included); loglik/tok: the original model's mean log-likelihood per token"
+        "tok/ans: the answer's (rebuilt text, at most --max-tokens); decoded/ans: every "
+        "branch's tokens; tok/s: answer tokens over wall time, prefill included; fewer steps, "
+        "speed: branches off / on with the same decoding; ... vs plain: against plain decoding "
+        "with branches off; loglik/tok: the original model's "
+        "mean log-likelihood per token of the answers"
     )
     if args.json:
         raw = {"|".join(k): {**t.__dict__, "texts": None} for k, t in tallies.items()}

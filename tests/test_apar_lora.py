@@ -196,3 +196,36 @@ def test_a_stopped_runs_saves_are_adopted_with_their_step_numbers(tmp_path):
     mx.save_safetensors(str(run / "adapters.safetensors"), {"x": mx.zeros(1)})
     assert done_iters(tmp_path) == 6
     assert sorted(p.name for p in tmp_path.iterdir()) == ["0000006_adapters.safetensors"]
+
+
+def test_install_fuses_the_packaged_adapter_once_and_again_when_it_changes(tmp_path, monkeypatch):
+    """``make smollm2``'s step (``ensure_smollm2_apar``): nothing without a packaged adapter,
+    a clear error without SmolLM2, a no-op once fused, a new fuse for a new adapter."""
+    from redrafter_mlx.engine.bundled import smollm2_apar_path, smollm2_path
+    from weights_convert import ConversionError, smollm2_apar
+
+    home, adapter = tmp_path / "home", tmp_path / "adapter"
+    monkeypatch.setattr(smollm2_apar, "SMOLLM2_APAR_ADAPTER", adapter)
+    assert smollm2_apar.ensure_smollm2_apar(home) is None  # nothing packaged
+    model, _, ids = tiny()
+    prepare_model(model, SETTINGS, ids)
+    save_adapter(model, SETTINGS, adapter)
+    with pytest.raises(ConversionError, match="run `make smollm2` first"):
+        smollm2_apar.ensure_smollm2_apar(home)
+    base_folder(smollm2_path(home))
+    out = smollm2_apar.ensure_smollm2_apar(home)
+    assert out == smollm2_apar_path(home) and branch_rules(out) is not None
+    fused_at = (out / "model.safetensors").stat().st_mtime_ns
+    assert smollm2_apar.ensure_smollm2_apar(home) == out
+    assert (out / "model.safetensors").stat().st_mtime_ns == fused_at  # nothing redone
+    model.model.embed_tokens.extra = model.model.embed_tokens.extra + 1.0  # a new adapter
+    save_adapter(model, SETTINGS, adapter)
+    smollm2_apar.ensure_smollm2_apar(home)
+    import mlx_lm
+
+    fused, _ = mlx_lm.load(str(out))
+    np.testing.assert_allclose(
+        np.array(fused.model.embed_tokens.weight[128:]),
+        np.array(model.model.embed_tokens.extra),
+        atol=1e-6,
+    )

@@ -4,9 +4,12 @@ of the steps that did not run it, so the loop may switch them off and on mid-ans
 adaptive chooser, ``engine/adaptive.py``), solo and batched, with rows joining while the
 source is off; greedy output stays plain decoding's."""
 
+import json
+
 import mlx.core as mx
 import pytest
 
+import redrafter_mlx.cli.tune
 from redrafter_mlx.engine import early_exit
 from redrafter_mlx.engine.adaptive import Adaptive
 from redrafter_mlx.engine.batch import BatchGenerator, Prefill, Row, RowStats
@@ -15,9 +18,13 @@ from redrafter_mlx.engine.draft_model import prefill as draft_prefill
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape
 from redrafter_mlx.engine.sources import DRAFT_MODEL, EARLY_EXIT, catch_up_chunk
+from tests.fakes import FakeChip, FakeClock  # noqa: F401
 from tests.helpers import run_decode, tiny_model
 from tests.test_batch_loop import Scripted
 from tests.test_early_exit_source import random_pair, transparent_pair
+from tests.test_tuning_lookup import LookupChip, invoke, model_dir  # noqa: F401 (fixture)
+from tuning import tuned_choice
+from tuning.profiles import ProfileStore
 
 PROMPTS = [[1, 5, 9, 3, 5, 9, 1, 5], [2, 7, 7, 4], [3, 3, 8, 1, 2, 3, 8, 1, 2]]
 D = BeamShape.parse("D1xL4")
@@ -198,3 +205,73 @@ def test_the_chooser_offers_the_draft_models_shapes():
     assert labels[:5] == ["AR", "W1×L4+K1×L8+D1×L4", "D1×L4", "K1×L8+D1×L4", "W1×L4+D1×L4"]
     assert "W1×L4+K1×L8" in labels and "K1×L8" in labels  # and without the draft model
     assert [s.label for s in Adaptive().candidates(D)] == ["AR", "D1×L4"]
+
+
+# --------------------------------------------------------------------------- tune
+
+
+class DraftChip(LookupChip):
+    """A fake chip on which a draft model's chain (``D1×Ld``) is accepted with probability
+    ``draft_accept`` per depth, beside the drafter's beams and lookup chains."""
+
+    def __init__(self, clock, *, draft_accept=0.9, **kwargs):
+        super().__init__(clock, **kwargs)
+        self.draft_accept = draft_accept
+
+    def tokens_per_step(self, shape):
+        total = 1.0
+        for depth in range(1, shape.longest):
+            beams = shape.width if shape.drafts and depth < shape.length else 0
+            miss = (1 - self.accept**depth) ** beams
+            if depth < shape.chain_length:
+                miss *= (1 - self.lookup_accept**depth) ** shape.lookup
+            if depth < shape.model_length:
+                miss *= 1 - self.draft_accept**depth
+            total += 1 - miss
+        return total
+
+
+def test_the_tune_grid_holds_the_draft_models_chains():
+    from redrafter_mlx.cli.tune import grid_for
+
+    shapes, _ = grid_for("1-2", "3", None, "drafter", False, None, [1], [8], [3, 4])
+    labels = [s.label for s in shapes]
+    assert labels[:2] == ["D1×L3", "D1×L4"]  # the chain alone first
+    for base in ("K1×L8", "W1×L3", "W2×L3+K1×L8"):
+        assert {base, f"{base}+D1×L3", f"{base}+D1×L4"} <= set(labels)
+    assert len(labels) == len(set(labels)) == 2 + 3 * 5
+    lookup_alone, _ = grid_for("1", "3", None, None, False, None, [1], [8], [4])
+    assert [s.label for s in lookup_alone] == ["D1×L4", "K1×L8", "K1×L8+D1×L4"]
+    one_chain, note = grid_for("1-3", "3-4", None, "d", False, None, [], [], [], early_exit=True)
+    assert {s.width for s in one_chain} == {1} and "one chain" in note
+
+
+def test_tune_with_a_draft_model_lists_and_picks_its_shapes(cli_app, home, model_dir, monkeypatch):
+    """``tune --draft-model``: the chain alone and beside the lookup chains are measured and
+    listed; where the draft model drafts well the profile (keyed by the draft model) holds
+    a shape with its chain and names the sources it runs."""
+    clock = FakeClock()
+    chip = DraftChip(clock, per_token=0.004, lookup_accept=0.3, draft_accept=0.9)
+    loaded = []
+
+    def build(model, drafter, *_args, draft_model=None, **_kwargs):
+        loaded.append(draft_model)
+        return chip, clock
+
+    monkeypatch.setattr(redrafter_mlx.cli.tune, "build_measure", build)
+    args = ("--model", model_dir, "--draft-model", model_dir, "--draft-length", "3-4", "--json")
+    result = invoke(cli_app, *args)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    labels = {row["label"] for row in data["shapes"]}
+    assert {"AR", "D1×L3", "D1×L4", "K1×L8+D1×L4", "K1×L4"} <= labels
+    assert loaded == [data["draft_model"]] and data["draft_model"]
+    recommended = BeamShape.parse(data["recommended"]["label"])
+    assert recommended.model_length and "draft_model" in data["sources"]
+    store = ProfileStore().load()
+    (profile,) = store.values()
+    assert profile.shape == recommended and "draft_model" in profile.sources
+    assert profile.key.draft_model != "none"
+    assert tuned_choice(model_dir, None, None) is None  # not the profile of the model alone
+    bad = invoke(cli_app, "--model", model_dir, "--draft-model", model_dir, "--draft-length", "1")
+    assert bad.exit_code == 1 and "--draft-length" in bad.stderr

@@ -275,3 +275,28 @@ def test_tune_with_a_draft_model_lists_and_picks_its_shapes(cli_app, home, model
     assert tuned_choice(model_dir, None, None) is None  # not the profile of the model alone
     bad = invoke(cli_app, "--model", model_dir, "--draft-model", model_dir, "--draft-length", "1")
     assert bad.exit_code == 1 and "--draft-length" in bad.stderr
+
+
+def test_the_server_adapts_with_a_draft_model():
+    """The scheduler no longer pins a draft model's shape: its batches choose among shapes
+    with and without the chain (rows joining mid-way), every row equal to plain decoding."""
+    from redrafter_mlx.serve.scheduler import Request, Scheduler
+    from tests.test_serve_scheduler import Collector, drain
+
+    model = tiny_model(5, vocab=48, layers=2)
+    draft = tiny_model(9, vocab=48, layers=1)
+    adapt = Adaptive(step_cost=lambda s: 1.0 if s == AR else 1.3, every=2, probe=3)
+    shape = BeamShape.parse("K1xL5+D1xL3")
+    sched = Scheduler(model, None, shape, (), max_batch=2, adapt=adapt, draft_model=draft)
+    assert sched.choice is not None
+    prompts = [*PROMPTS, [4, 4, 4]]
+    sinks = []
+    for i, prompt in enumerate(prompts):
+        sinks.append(Collector())
+        sched.submit(Request(prompt, 16 + 4 * i, sinks[-1]))
+        sched.run_once()
+    drain(sched)
+    for i, (prompt, sink) in enumerate(zip(prompts, sinks)):
+        assert sink.tokens == plain(model, [prompt], 16 + 4 * i)[0], i
+    ran = set(sched.choice.ran)
+    assert any(s.model_length for s in ran) and len(ran) >= 2

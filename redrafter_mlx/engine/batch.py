@@ -7,8 +7,10 @@ placing rows (an empty batch takes their cache as is; else their K/V, hidden sta
 token and key are written into free rows), growing and shrinking the batch (a re-lay of the
 cache over one of a few row counts, rare), the queue-then-read pipeline (``queue`` a step
 with ``mx.async_eval``, ``read`` an older one that is computed), exact stopping at EOS or a
-row's limit (``cache.stop_at``), each row's statistics, and the shape choice (a
-``batch_choice.ShapePolicy``: each step's shape, and what each step gave). ``step`` is one
+row's limit (``cache.stop_at``), each row's statistics, the shape choice (a
+``batch_choice.ShapePolicy``: each step's shape, and what each step gave) and the stateful
+draft sources' catch-up after steps without them (``catch_up``; ``sources.py``, "Sources
+that sit out steps"). ``step`` is one
 turn of the loop: the next step queued and the previous one read, in the order
 ``platform.read_first`` measured for the backend. Its clients are thin: generation
 (``generation.generate_steps``) and the server's scheduler, which keeps the requests, their

@@ -919,7 +919,8 @@ class BatchGenerator:
     def _step_fn(self, shape: BeamShape | None, mode: StepMode):
         drafter = self.drafter if shape else None
         draft = self.draft if shape and shape.model_length else None
-        return batch_step(self.model, drafter, shape, mode, self.compiled, draft, self.held)
+        held = self.held or None  # none held: the step every other caller keys alike
+        return batch_step(self.model, drafter, shape, mode, self.compiled, draft, held)
 
     def catch_up(self, shape: BeamShape | None, window: int) -> None:
         """Before queueing a step of ``shape``: each held source it runs whose state may

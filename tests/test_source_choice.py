@@ -18,7 +18,7 @@ from redrafter_mlx.engine.draft_model import prefill as draft_prefill
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape
 from redrafter_mlx.engine.sources import DRAFT_MODEL, EARLY_EXIT, catch_up_chunk
-from tests.fakes import FakeChip, FakeClock  # noqa: F401
+from tests.fakes import FakeClock
 from tests.helpers import run_decode, tiny_model
 from tests.test_batch_loop import Scripted
 from tests.test_early_exit_source import random_pair, transparent_pair

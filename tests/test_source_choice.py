@@ -300,3 +300,28 @@ def test_the_server_adapts_with_a_draft_model():
         assert sink.tokens == plain(model, [prompt], 16 + 4 * i)[0], i
     ran = set(sched.choice.ran)
     assert any(s.model_length for s in ran) and len(ran) >= 2
+
+
+def test_a_long_catch_up_runs_in_chunks_and_rebuilds_the_whole_cache():
+    """A catch-up longer than one chunk (80 missed tokens: two chunks of 64, the second
+    mostly padding past the length) from an empty draft cache equals a fresh prefill; the
+    positions are each row's last ``count`` from 0 in a shorter row."""
+    from redrafter_mlx.engine.draft_model import DraftModelSource
+    from redrafter_mlx.engine.sources import DraftContext, catch_up_positions
+
+    lengths = mx.array([80, 30], mx.int32)
+    chunks = catch_up_positions(lengths, 80)
+    assert [c.shape for c in chunks] == [(2, 64), (2, 64)]
+    assert chunks[0][:, 0].tolist() == [0, 0] and chunks[1][:, 0].tolist() == [64, 64]
+    assert catch_up_positions(mx.array([50]), 8)[0].tolist() == [list(range(42, 50))]
+    model = tiny_model(5, vocab=48, layers=2)
+    draft = tiny_model(9, vocab=48, layers=1)
+    text = [(7 * i + 3) % 48 for i in range(80)]
+    slots = 256
+    history = mx.array([text + [0] * (slots - 80)], mx.int32)
+    empty = draft.make_cache(1, slots)
+    ctx = DraftContext(model, None, mx.array([1]), mx.array([80]), history, slots, own=empty)
+    (keys, _), cache = DraftModelSource(draft, 4, 2).catch_up(ctx, 80)
+    fresh = draft_prefill(draft, [text], slots)[0]
+    assert cache is None
+    assert mx.allclose(keys[0][:, :, :80], fresh[0][:, :, :80], atol=1e-4).item()

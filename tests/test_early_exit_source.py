@@ -151,7 +151,8 @@ def test_adapter_cache_holds_the_committed_text_after_the_refresh(label):
 def test_server_rows_with_an_early_exit_drafter_equal_solo_plain_decoding(transparent):
     """Rows join mid-way (more requests than rows: resizes, placements, each row's adapter
     cache from its own prefill): each row's output equals plain decoding; on a transparent
-    target every row's drafts are all accepted. The shape is pinned (no adaptive choice)."""
+    target (shape pinned) every row's drafts are all accepted; the random pair runs the
+    adaptive choice (the adapter's chain switched off and on, its cache caught up)."""
     from redrafter_mlx.serve.scheduler import Request, Scheduler
     from tests.test_serve_scheduler import Collector, drain
 
@@ -162,8 +163,8 @@ def test_server_rows_with_an_early_exit_drafter_equal_solo_plain_decoding(transp
         model, adapter = random_pair(5)
     prompts = [[1, 5, 9, 3, 5, 9], [2, 7, 7, 4], [3, 3, 8, 1, 2, 3, 8, 1, 2], [4, 4]]
     shape = BeamShape.parse("W1xL4" if transparent else "W1xL4+K1xL5")
-    sched = Scheduler(model, adapter, shape, (), max_batch=2, adapt=True)
-    assert sched.choice is None  # pinned: the adapter cache follows only the chain's steps
+    sched = Scheduler(model, adapter, shape, (), max_batch=2, adapt=not transparent)
+    assert (sched.choice is None) == transparent  # an early-exit drafter no longer pins
     sinks = []
     for i, prompt in enumerate(prompts):
         sinks.append(Collector())

@@ -257,7 +257,7 @@ def test_engine_measure_passes_shapes_and_reads_stats(monkeypatch):
     assert m.mean_packed == 7.0
     drafter, prompt, max_tokens, shape, sampling = calls[0]
     assert (drafter, prompt, max_tokens) == ("drafter", [1, 3], 32)
-    greedy = {"sampler": SamplerConfig(temperature=0.0)}
+    greedy = {"sampler": SamplerConfig(temperature=0.0), "draft_model": None}
     assert shape == BeamShape(2, 5, 7) and sampling == greedy
     measure(BeamShape.autoregressive(), 16)
     assert calls[-1][0] is None and calls[-1][4] == greedy

@@ -10,6 +10,7 @@ With lookup, :func:`with_lookup` adds to every drafter shape ``W×L`` its varian
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 from redrafter_mlx.engine.plan import (  # noqa: F401 (the drafter's reach: the engine's)
     max_length_for,
@@ -113,6 +114,34 @@ def with_lookup(
             capacity = None if shape.capacity is None else shape.capacity + k * (n - 1)
             out.append(BeamShape(shape.width, shape.length, capacity, k, n))
     return list(dict.fromkeys(out)) if pairs else list(shapes)
+
+
+def with_draft_model(shapes: list[BeamShape], lengths: list[int]) -> list[BeamShape]:
+    """A draft model's chains in the grid: for each ``Ld`` of ``lengths``, the chain alone
+    (``D1×Ld``), then every shape of ``shapes`` followed by its variants with the chain
+    added (a capped shape keeps its ``C`` and adds the chain's ``Ld - 1`` slots). No
+    ``lengths``: ``shapes`` unchanged."""
+    out = [BeamShape(0, 1, None, 0, 0, n) for n in lengths]
+    for shape in shapes:
+        out.append(shape)
+        for n in lengths:
+            capacity = None if shape.capacity is None else shape.capacity + n - 1
+            out.append(replace(shape, capacity=capacity, model_length=n))
+    return list(dict.fromkeys(out))
+
+
+def shape_sources(shape: BeamShape, early_exit: bool = False) -> list[str]:
+    """The draft sources a shape's step runs (``engine.sources.SOURCE_NAMES``): the drafter's
+    beams (an early-exit adapter's chain when the drafter is one), lookup chains, a draft
+    model's chain; none for plain decoding."""
+    names = []
+    if shape.drafts and not shape.is_autoregressive:
+        names.append("early_exit" if early_exit else "drafter")
+    if shape.lookup:
+        names.append("lookup")
+    if shape.model_length:
+        names.append("draft_model")
+    return names
 
 
 def limit_lengths(

@@ -6,7 +6,8 @@ for :func:`tuning.search.successive_halving`: it decodes each prompt greedily fo
 ``redrafter-mlx bench``: decode tokens/s, prompt processing excluded), one sample per prompt.
 The autoregressive shape and the lookup-only shapes (no drafter beam) run with
 ``drafter=None`` through the same API; ``drafter`` itself may be None (a model tuned for
-context lookup alone).
+context lookup alone); shapes with a draft model's chain (``D1×Ld``) run with
+``draft_model``.
 Warm-up is the search's job (it discards a short first run of every shape).
 """
 
@@ -46,6 +47,7 @@ class EngineMeasure:
     drafter: Any
     tokenizer: Any
     prompts: Sequence[str]
+    draft_model: Any = None  # ``tune --draft-model``: the chain of shapes with ``D1×Ld``
 
     def __post_init__(self) -> None:
         self._encoded = [encode_prompt(self.tokenizer, p) for p in self.prompts]
@@ -55,10 +57,18 @@ class EngineMeasure:
         from redrafter_mlx.measure.throughput import measure_generation
 
         drafter = self.drafter if shape.drafts else None
+        draft = self.draft_model if shape.model_length else None
         tps, per_step, packed = [], [], []
         for prompt in self._encoded:
             run = measure_generation(
-                self.model, drafter, self.tokenizer, prompt, shape, n_tokens, sampler=GREEDY
+                self.model,
+                drafter,
+                self.tokenizer,
+                prompt,
+                shape,
+                n_tokens,
+                sampler=GREEDY,
+                draft_model=draft,
             )
             tps.append(run.tokens_per_s)
             per_step.append(run.tokens_per_step)

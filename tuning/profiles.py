@@ -103,12 +103,24 @@ class ProfileKey:
     dtype: str
     quantization: str
     version: str
+    draft_model: str = "none"  # ``tune --draft-model``: its shapes were measured with it
+    draft_model_fingerprint: str = "-"
 
     @classmethod
-    def build(cls, chip_id: str, model_path, drafter_path, dtype, version: str | None = None):
-        """The key for a chip, model/drafter paths (or hub ids) and dtype (any printable)."""
+    def build(
+        cls,
+        chip_id: str,
+        model_path,
+        drafter_path,
+        dtype,
+        version: str | None = None,
+        draft_model_path=None,
+    ):
+        """The key for a chip, model/drafter paths (or hub ids), dtype (any printable) and
+        the draft model tuned with (None: none)."""
         model, model_fp = describe_model(model_path)
         drafter, drafter_fp = describe_model(drafter_path)
+        draft, draft_fp = describe_model(draft_model_path)
         return cls(
             chip_id=chip_id,
             model=model,
@@ -118,12 +130,18 @@ class ProfileKey:
             dtype=_dtype_name(dtype),
             quantization=describe_quantization(model_path),
             version=version or package_version(),
+            draft_model=draft,
+            draft_model_fingerprint=draft_fp,
         )
 
     @property
     def text(self) -> str:
-        """The string the profile is stored under."""
-        return "|".join(asdict(self).values())
+        """The string the profile is stored under (without a draft model: as before there
+        was one, so older profiles keep their keys)."""
+        fields = asdict(self)
+        if self.draft_model == "none":
+            del fields["draft_model"], fields["draft_model_fingerprint"]
+        return "|".join(fields.values())
 
 
 def _dtype_name(dtype: Any) -> str:
@@ -155,6 +173,7 @@ class Profile:
     summary: dict
     lookup_searched: bool = False  # the search tried context lookup: the shape's lookup
     # fields (none included) were measured, so commands must not add the default chain
+    sources: tuple[str, ...] = ()  # the draft sources the shape runs (``grid.shape_sources``)
 
     @property
     def date(self) -> str:
@@ -172,6 +191,7 @@ class Profile:
             "created": self.created,
             "summary": self.summary,
             "lookup_searched": self.lookup_searched,
+            "sources": list(self.sources),
         }
 
     @classmethod
@@ -187,11 +207,13 @@ class Profile:
             created=str(record["created"]),
             summary=dict(record.get("summary") or {}),
             lookup_searched=bool(record.get("lookup_searched", False)),
+            sources=tuple(str(name) for name in record.get("sources") or ()),
         )
 
 
 def shape_from_dict(shape: dict) -> BeamShape:
-    """The inverse of ``BeamShape.to_dict``; absent ``lookup``/``lookup_length`` mean none.
+    """The inverse of ``BeamShape.to_dict``; absent ``lookup``/``lookup_length`` (or
+    ``model_length``) mean none.
     Raises KeyError/TypeError/ValueError when malformed."""
     capacity = shape.get("capacity")
     chains = int(shape.get("lookup") or 0)
@@ -201,6 +223,7 @@ def shape_from_dict(shape: dict) -> BeamShape:
         None if capacity is None else int(capacity),
         chains,
         int(shape.get("lookup_length") or 0) if chains else 0,
+        int(shape.get("model_length") or 0),
     )
 
 

@@ -222,8 +222,7 @@ def serve(
             split_ok=True,
             draft_model=draft_model,
         )
-        # a draft model pins the shape (its cache follows only the steps that run it)
-        adapt = not no_adapt and ready.plan.speculative and ready.engine.draft_model is None
+        adapt = not no_adapt and ready.plan.speculative
         plan = ready.plan if adapt else serving_plan(ready.plan)
         engine, paths = ready.engine, ready.engine.paths
         group = getattr(engine.model, "group", None)

@@ -7,6 +7,10 @@
   ``--lookup`` K chains of ``--lookup-length`` tokens added (W×L+K×Lk) and the chains alone
   (K×Lk), so the profile says whether lookup pays here; ``--no-lookup`` searches W×L only. A
   model without a drafter is tuned over the lookup-only shapes (against plain decoding).
+  ``--draft-model`` adds a draft model's chain (``D1×Ld`` for each ``--draft-length``) alone
+  and beside every shape, and the profile (keyed by the draft model too) says which draft
+  sources the recommended shape runs. An early-exit adapter as ``--drafter`` drafts one
+  chain: the grid keeps W = 1.
 * ``tune --chip m2`` prints the built-in preset for that chip without measuring.
 * ``tune --show`` lists saved profiles, ``tune --clear`` deletes them.
 
@@ -29,6 +33,8 @@ from typing import Annotated
 import typer
 
 from redrafter_mlx.cli.common import FlagError, ModelPaths, VerboseOpt, cli_errors, resolve_paths
+from redrafter_mlx.cli.options import DraftModelOpt
+from redrafter_mlx.cli.paths import resolve_draft_model
 from redrafter_mlx.engine.shape import BeamShape
 from tuning.grid import (
     build_grid,
@@ -38,6 +44,8 @@ from tuning.grid import (
     parse_lookup,
     parse_lookup_lengths,
     read_predict_tokens,
+    shape_sources,
+    with_draft_model,
     with_lookup,
 )
 from tuning.measure import TuneError
@@ -165,10 +173,12 @@ def build_measure(
     prompts: str,
     num_prompts: int,
     shapes: list[BeamShape] = (),
+    draft_model: str | None = None,
 ):
     """(measure, clock) for the real engine; the tests replace this with a fake cost model.
     Every one of ``shapes`` must fit the loaded model's context and memory (a
-    ``ShapeTooLarge`` naming the flag otherwise), so none is skipped without a word."""
+    ``ShapeTooLarge`` naming the flag otherwise), so none is skipped without a word.
+    ``draft_model``: the draft model of the shapes with a ``D1×Ld`` chain."""
     from redrafter_mlx.engine.loading import load
     from redrafter_mlx.engine.memory import check_step_memory
     from redrafter_mlx.engine.platform import fit_blas_threads
@@ -182,13 +192,14 @@ def build_measure(
     except PromptSetError as e:
         raise TuneError(f"--prompts: {e}") from None
     group = world()
-    llm, draft, tokenizer = load(
-        model, drafter, dtype=dtype, group=group
-    )  # a LoadError: a TuneError
+    loaded = load(model, drafter, dtype=dtype, group=group, draft_model=draft_model)
+    llm, draft, tokenizer = loaded[:3]  # a LoadError: a TuneError
+    chain = loaded[3] if draft_model is not None else None
     fit_blas_threads(llm, draft)
     for shape in shapes:
-        check_step_memory(llm, draft if shape.drafts else None, shape)
-    measure = EngineMeasure(llm, draft, tokenizer, questions)
+        dm = chain if shape.model_length else None
+        check_step_memory(llm, draft if shape.drafts else None, shape, draft=dm)
+    measure = EngineMeasure(llm, draft, tokenizer, questions, chain)
     if group is None:
         return measure, time.perf_counter
     return shared_measure(measure, group), shared_clock(group)
@@ -280,21 +291,28 @@ def grid_for(
     first: BeamShape | None,
     chains: list[int] = (),
     chain_lengths: list[int] = (),
+    draft_lengths: list[int] = (),
+    early_exit: bool = False,
 ) -> tuple[list[BeamShape], str]:
     """The shapes to search and a note about dropped lengths: the W×L[ C] grid, each with
     its lookup variants (``chains`` × ``chain_lengths``) and the lookup-only shapes first;
     ``first`` (the chip's preset) and its lookup variants moved to the very front. Without
-    a drafter: the lookup-only shapes alone."""
+    a drafter: the lookup-only shapes alone. ``draft_lengths``: a draft model's chains
+    alone first, then beside every shape (``with_draft_model``). ``early_exit``: the
+    drafter is an early-exit adapter (one chain: W = 1 only)."""
     chains, chain_lengths = list(chains), list(chain_lengths)
     if drafter is None:
-        return with_lookup([], chains, chain_lengths), ""
+        return with_draft_model(with_lookup([], chains, chain_lengths), list(draft_lengths)), ""
     width_list = parse_int_set(widths, "--widths")
     length_list = parse_int_set(lengths, "--lengths")
     predict = read_predict_tokens(drafter)
     kept, dropped = limit_lengths(length_list, predict, force_lengths)
     note = ""
+    if early_exit and width_list != [1]:
+        width_list = [1]
+        note = "the early-exit drafter drafts one chain: widths 1 only; "
     if dropped:
-        note = (
+        note += (
             f"lengths {dropped} skipped: the drafter predicts {predict} tokens "
             f"(max length {predict + 1}); pass --force-lengths to try them anyway"
         )
@@ -306,19 +324,27 @@ def grid_for(
     if first in shapes:
         front = with_lookup([first], chains, chain_lengths)[len(chains) * len(chain_lengths) :]
         shapes = front + [s for s in shapes if s not in front]
-    return shapes, note
+    return with_draft_model(shapes, list(draft_lengths)), note.rstrip("; ")
 
 
 def save_profile(
-    chip_id: str, model: str, drafter: str | None, dtype: str | None, result, lookup: bool
+    chip_id: str,
+    model: str,
+    drafter: str | None,
+    dtype: str | None,
+    result,
+    lookup: bool,
+    draft_model: str | None = None,
+    early_exit: bool = False,
 ) -> str:
     """Store the search outcome as this setup's profile (``lookup``: the grid tried context
-    lookup, so the shape's lookup fields are measured); returns the file path."""
+    lookup, so the shape's lookup fields are measured; keyed by ``draft_model`` too, and
+    naming the draft sources the shape runs); returns the file path."""
     from tuning.profiles import Profile, ProfileKey, ProfileStore, now_iso
 
     best = result.best if result.speculation_wins else None
     profile = Profile(
-        key=ProfileKey.build(chip_id, model, drafter, dtype),
+        key=ProfileKey.build(chip_id, model, drafter, dtype, draft_model_path=draft_model),
         shape=result.recommended,
         speculative=result.speculation_wins,
         speedup=result.speedup(best).median if best else None,
@@ -330,6 +356,7 @@ def save_profile(
             "elapsed_s": round(result.elapsed_s, 2),
         },
         lookup_searched=lookup,
+        sources=tuple(shape_sources(result.recommended, early_exit)),
     )
     store = ProfileStore()
     store.put(profile)
@@ -378,8 +405,15 @@ def run_tuning(
     """Measure, decide, save and report."""
     from tuning.search import SearchPlan, successive_halving
 
+    draft_model = options.get("draft_model")
     measure, clock = build_measure(
-        model, drafter, options["dtype"], options["prompts"], options["num_prompts"], shapes
+        model,
+        drafter,
+        options["dtype"],
+        options["prompts"],
+        options["num_prompts"],
+        shapes,
+        draft_model=draft_model,
     )
     max_tokens = options["max_tokens"]
     plan = SearchPlan(
@@ -402,7 +436,14 @@ def run_tuning(
     if gap is None and leader:
         try:
             path = save_profile(
-                chip.chip_id, model, drafter, options["dtype"], result, bool(lookup.get("chains"))
+                chip.chip_id,
+                model,
+                drafter,
+                options["dtype"],
+                result,
+                bool(lookup.get("chains")),
+                draft_model,
+                options.get("early_exit", False),
             )
         except OSError as e:  # the measurement is still shown below, then the error
             failure = e
@@ -419,6 +460,8 @@ def run_tuning(
                     "chip": chip.to_dict(),
                     "model": model,
                     "drafter": drafter,
+                    "draft_model": draft_model,
+                    "sources": shape_sources(result.recommended, options.get("early_exit", False)),
                     "lookup": lookup or None,
                     "note": note,
                     "profile_path": path,
@@ -485,6 +528,15 @@ def tune(
         bool,
         typer.Option("--no-lookup", help="Search drafter shapes only, no context lookup."),
     ] = False,
+    draft_model: DraftModelOpt = None,
+    draft_length: Annotated[
+        str,
+        typer.Option(
+            "--draft-length",
+            help="With --draft-model: its chain's tokens, counting the init token, to try "
+            "alone and beside every shape: 4 or a set like 3-5.",
+        ),
+    ] = "4",
     budget_seconds: Annotated[
         float | None,
         typer.Option(
@@ -561,6 +613,9 @@ def tune(
         if plot and drafter is None:
             raise FlagError("--plot draws the W x L heatmap of drafter shapes; this has no drafter")
         chains, chain_lengths = lookup_grid(lookup, lookup_length, no_lookup, drafter is not None)
+        draft_model = resolve_draft_model(draft_model)
+        draft_lengths = parse_draft_lengths(draft_length) if draft_model is not None else []
+        early = drafter is not None and drafter_is_early_exit(drafter)
         shapes, note = grid_for(
             widths,
             lengths,
@@ -570,6 +625,8 @@ def tune(
             preset_for(info.preset)[0].shape,
             chains,
             chain_lengths,
+            draft_lengths,
+            early,
         )
         shapes = same_shapes_everywhere(shapes, group)
         if group is None or group.rank() == 0:  # rank 0 saves: refuse before measuring
@@ -585,6 +642,8 @@ def tune(
             "json": json_output,
             "plot": plot,
             "lookup": {"chains": chains, "lengths": chain_lengths} if chains else None,
+            "draft_model": draft_model,
+            "early_exit": early,
         }
         try:
             run_tuning(info, model, drafter, shapes, note, options)
@@ -594,6 +653,21 @@ def tune(
                 f"{e} (detected {info.chip_id}; its preset is {preset.shape.label}: "
                 f"redrafter-mlx tune --chip {preset.name})"
             ) from None
+
+
+def parse_draft_lengths(text: str) -> list[int]:
+    """``--draft-length``: chain lengths >= 2 (they count the init token)."""
+    lengths = parse_int_set(text, "--draft-length")
+    if min(lengths) < 2:
+        raise ValueError(f"--draft-length {text}: a chain counts the init token, use >= 2")
+    return lengths
+
+
+def drafter_is_early_exit(drafter: str) -> bool:
+    """Whether the ``--drafter`` folder is an early-exit adapter (its config.json's kind)."""
+    from redrafter_mlx.engine.early_exit import is_early_exit
+
+    return is_early_exit(drafter)
 
 
 def same_shapes_everywhere(shapes: list[BeamShape], group) -> list[BeamShape]:

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .distributed import broadcast_text
 from .shape import AR, BeamShape
@@ -82,9 +82,31 @@ class _Width:
         self.last_step = step
 
 
-def family(shape: BeamShape) -> tuple[int, int, int]:
-    """Shapes whose acceptance is modelled together: same drafter width and lookup chains."""
-    return (shape.width if shape.drafts else 0, shape.lookup, shape.chain_length)
+def family(shape: BeamShape) -> tuple[int, int, int, bool]:
+    """Shapes whose acceptance is modelled together: same drafter width (an early-exit
+    adapter's chain is its W1), lookup chains and whether a draft model's chain joins."""
+    width = shape.width if shape.drafts else 0
+    return (width, shape.lookup, shape.chain_length, drafting_model(shape))
+
+
+def drafting_model(shape: BeamShape) -> bool:
+    """Whether a draft model's chain is among ``shape``'s candidates."""
+    return shape.model_length > 0
+
+
+def drafts_any(shape: BeamShape) -> bool:
+    """Whether a model drafts in ``shape`` (drafter beams, an early-exit chain or a draft
+    model's chain), beside any lookup chains."""
+    return shape.drafts or drafting_model(shape)
+
+
+def drafted_part(shape: BeamShape) -> BeamShape:
+    """``shape`` without its lookup chains: the drafter's beams and the draft model's chain
+    (plain decoding when neither)."""
+    if not drafts_any(shape):
+        return AR
+    width, length = (shape.width, shape.length) if shape.drafts else (0, 1)
+    return BeamShape(width, length, None, 0, 0, shape.model_length)
 
 
 LONG_CHAIN = 2  # adaptive runs also try lookup chains this many times the asked length
@@ -155,7 +177,7 @@ class ShapeChooser:
         if key == AR:
             return 1.0
         if matches and key.lookup:
-            drafted = self._drafted(key) if key.drafts else 0.0
+            drafted = self._drafted(key) if drafts_any(key) else 0.0
             rows = [max(self.shadow_tokens_per_step(key, m) or 1.0, drafted) for m in matches]
             return sum(rows) / len(rows)
         own = self.own[key]
@@ -165,16 +187,17 @@ class ShapeChooser:
         shadow = self.shadow_tokens_per_step(key)
         if shadow is None:
             return chain
-        if not key.drafts:
+        if not drafts_any(key):
             return shadow
         return max(shadow, self._drafted(key))  # the better of the beams and the chains
 
     def _drafted(self, key: Hashable) -> float:
-        """Expected tokens per step of the drafter's part of ``key`` alone."""
-        part = key.without_lookup()
+        """Expected tokens per step of the drafting part of ``key`` alone (``drafted_part``:
+        drafter beams and the draft model's chain)."""
+        part = drafted_part(key)
         if part in self.own:
             return self.tokens_per_step(part)
-        return sum(self.acceptance(key) ** k for k in range(key.length))
+        return sum(self.acceptance(key) ** k for k in range(part.longest))
 
     def shadow_tokens_per_step(self, key: Hashable, match: int | None = None) -> float | None:
         """Tokens per step a shape's lookup chain would give, from the shadow: of steps that
@@ -237,7 +260,7 @@ class ShapeChooser:
         if best != self.current:
             self._switch(best)
         if best == AR and not unknown:  # (a probe is judged by rates: every cost known)
-            drafting = [k for k in self.shapes if k != AR and k.drafts]
+            drafting = [k for k in self.shapes if k != AR and drafts_any(k)]
             probe = self._probe_due(
                 lambda: max(drafting, key=lambda k: self.rate(k, matches)) if drafting else None
             )
@@ -386,9 +409,17 @@ class Adaptive:
         they may beat every tree with drafter beams, and where it does not, AR wins),
         for one beam and one chain, room for one of them (each row verifies its beam or
         its chain, whichever the match says, at the cost of the beam alone), and chains
-        ``LONG_CHAIN`` times as long alone (a passage being copied)."""
+        ``LONG_CHAIN`` times as long alone (a passage being copied). An early-exit adapter
+        as the drafter: its chains are the single beams. With a draft model's chain
+        (``D1×Ld``): also that chain alone, with the lookup chains and with the drafter's
+        beams, and all of the above without it (``model_choices``)."""
         if self.shapes:
             spec = list(self.shapes)
+        elif shape.model_length:
+            rest = replace(shape, model_length=0)
+            spec = model_choices(shape)
+            if rest.drafts or rest.lookup:
+                spec += self.candidates(rest)[1:]
         elif shape.is_autoregressive:
             spec = []
         else:
@@ -399,10 +430,24 @@ class Adaptive:
                 if shape.width == 1 and shape.lookup == 1:  # one chain, the drafter's cost
                     room = min(shape.length, shape.chain_length)
                     spec.append(BeamShape(1, shape.length, room, 1, shape.chain_length))
-        if shape.lookup and not self.shapes:  # a passage being copied: chains twice as long
+        if shape.lookup and not self.shapes and not shape.model_length:
+            # a passage being copied: chains twice as long
             spec.append(BeamShape.lookup_only(shape.lookup, LONG_CHAIN * shape.chain_length))
         spec = [s for s in spec if not s.is_autoregressive]
         return [AR, *dict.fromkeys(spec)]
+
+
+def model_choices(shape: BeamShape) -> list[BeamShape]:
+    """The shapes with ``shape``'s draft-model chain an adaptive run tries: ``shape``
+    itself, the chain alone, the chain with the lookup chains alone and with the drafter's
+    beams alone (no capacity: every candidate's tokens)."""
+    chain = BeamShape(0, 1, None, 0, 0, shape.model_length)
+    spec = [shape, chain]
+    if shape.lookup:
+        spec.append(replace(chain, lookup=shape.lookup, lookup_length=shape.chain_length))
+    if shape.drafts:
+        spec.append(replace(chain, width=shape.width, length=shape.length))
+    return spec
 
 
 def single_beams(length: int) -> list[BeamShape]:

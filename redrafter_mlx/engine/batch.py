@@ -7,8 +7,10 @@ placing rows (an empty batch takes their cache as is; else their K/V, hidden sta
 token and key are written into free rows), growing and shrinking the batch (a re-lay of the
 cache over one of a few row counts, rare), the queue-then-read pipeline (``queue`` a step
 with ``mx.async_eval``, ``read`` an older one that is computed), exact stopping at EOS or a
-row's limit (``cache.stop_at``), each row's statistics, and the shape choice (a
-``batch_choice.ShapePolicy``: each step's shape, and what each step gave). ``step`` is one
+row's limit (``cache.stop_at``), each row's statistics, the shape choice (a
+``batch_choice.ShapePolicy``: each step's shape, and what each step gave) and the stateful
+draft sources' catch-up after steps without them (``catch_up``; ``sources.py``, "Sources
+that sit out steps"). ``step`` is one
 turn of the loop: the next step queued and the previous one read, in the order
 ``platform.read_first`` measured for the backend. Its clients are thin: generation
 (``generation.generate_steps``) and the server's scheduler, which keeps the requests, their
@@ -71,6 +73,7 @@ from .decode import (
     check_features,
     first_draw,
     redrafter_step,
+    step_sources,
 )
 from .draft_model import prefill as draft_prefill
 from .early_exit import EarlyExitAdapter
@@ -89,7 +92,15 @@ from .sampling import (
     stack_rows,
 )
 from .shape import AR, BeamShape
-from .sources import PREFILL_CHUNK, SOURCE_NAMES, by_source, map_states
+from .sources import (
+    DRAFT_MODEL,
+    EARLY_EXIT,
+    PREFILL_CHUNK,
+    SOURCE_NAMES,
+    DraftContext,
+    by_source,
+    map_states,
+)
 
 
 def split_row_keys(row_keys: mx.array) -> tuple[mx.array, mx.array]:
@@ -98,7 +109,27 @@ def split_row_keys(row_keys: mx.array) -> tuple[mx.array, mx.array]:
     return both[:, 0], both[:, 1]
 
 
-def make_batch_step(model, drafter, shape, mode: StepMode, compiled: bool = True, draft=None):
+def held_sources(drafter, draft) -> tuple[int, ...]:
+    """The stateful sources whose states a loop with this drafter and draft model holds in
+    ``DecodeState.sources``, in that order (``sources.py``: "Sources that sit out steps"):
+    an early-exit adapter's, then a draft model's."""
+    held = (EARLY_EXIT,) if isinstance(drafter, EarlyExitAdapter) else ()
+    return held + ((DRAFT_MODEL,) if draft is not None else ())
+
+
+def stateful_sources(shape: BeamShape | None, drafter, draft) -> list:
+    """The stateful sources a step of ``shape`` runs (``decode.step_sources``; None: plain
+    decoding runs none)."""
+    if shape is None or shape.is_autoregressive:
+        return []
+    drafter = drafter if shape.drafts else None
+    draft = draft if shape.model_length else None
+    return [s for s in step_sources(shape, drafter, draft) if s.stateful]
+
+
+def make_batch_step(
+    model, drafter, shape, mode: StepMode, compiled: bool = True, draft=None, held=None
+):
     """A step ``(state, row_keys, active, rows, window, split) -> (state, row_keys,
     StepOutput)``; ``active`` (B,) bool, ``rows`` the batch's ``RowSettings``, ``split`` its
     rows' branching arrays (``branches.SplitRows``; read when ``mode.split``, else None).
@@ -106,9 +137,13 @@ def make_batch_step(model, drafter, shape, mode: StepMode, compiled: bool = True
     ``shape=None`` decodes autoregressively; a shape without drafter beams speculates from
     lookup chains alone (they read ``state.history``). Compile keys: B, cache slots, window.
     ``draft``: a draft model for the shape's ``D1×L`` chain (its cache in ``state.sources``).
+    ``held``: the source ids of ``state.sources`` (``held_sources``): the step hands the
+    sources it runs their own states and passes the others' through; None: ``state.sources``
+    holds exactly the states of the stateful sources this shape runs.
     ``run.counter["traces"]`` counts tracings (each is a compile).
     """
     check_features(model, drafter)
+    runs = [s.source_id for s in stateful_sources(shape, drafter, draft)]
 
     def step(
         init_token,
@@ -130,15 +165,20 @@ def make_batch_step(model, drafter, shape, mode: StepMode, compiled: bool = True
             row_keys, draw_keys = split_row_keys(row_keys)
         split = SplitRows(*split) if mode.split else None
         sampler = RowSampler(RowSettings(*rows), draw_keys, mode, split)
-        state = DecodeState(init_token, hidden, lengths, keys, values, history, sources)
+        own = sources if held is None else tuple(sources[held.index(i)] for i in runs)
+        state = DecodeState(init_token, hidden, lengths, keys, values, history, own)
         if shape is None:
             nxt, out = autoregressive_step(model, state, sampler, window)
         else:
             nxt, out = redrafter_step(
                 model, drafter if shape.drafts else None, state, shape, sampler, window, draft
             )
-        held = mx.where(active, nxt.lengths, 0)  # free rows stay empty
-        nxt = nxt._replace(lengths=held)
+        if held is not None:  # the sources that sat this step out keep their states
+            kept = list(sources)
+            for i, new in zip(runs, nxt.sources):
+                kept[held.index(i)] = new
+            nxt = nxt._replace(sources=tuple(kept))
+        nxt = nxt._replace(lengths=mx.where(active, nxt.lengths, 0))  # free rows stay empty
         return (*nxt, row_keys, *out)
 
     counter = {"traces": 0}
@@ -167,16 +207,23 @@ MAX_BATCH_STEPS = 16  # per model: shapes x sampling modes x drafters
 
 
 def batch_step(
-    model, drafter, shape: BeamShape | None, mode: StepMode, compiled: bool = True, draft=None
+    model,
+    drafter,
+    shape: BeamShape | None,
+    mode: StepMode,
+    compiled: bool = True,
+    draft=None,
+    held=None,
 ):
     """The compiled batch step of this configuration, kept on the model (compiled once for
     every loop over it: each chat turn, each request batch)."""
     cache = model.__dict__.setdefault("_batch_steps", {})
-    key = (id(drafter), shape, mode, compiled, getattr(model, "feature_layers", ()), id(draft))
+    layers = getattr(model, "feature_layers", ())
+    key = (id(drafter), shape, mode, compiled, layers, id(draft), held)
     if key not in cache:
         while len(cache) >= MAX_BATCH_STEPS:  # drop the oldest (and the drafter it holds)
             cache.pop(next(iter(cache)))
-        cache[key] = make_batch_step(model, drafter, shape, mode, compiled, draft)
+        cache[key] = make_batch_step(model, drafter, shape, mode, compiled, draft, held)
     return cache[key]
 
 
@@ -524,6 +571,11 @@ class BatchGenerator:
                 "pass either the early-exit folder (--drafter) or --draft-model"
             )
         self.model, self.drafter, self.draft = model, drafter, draft
+        self.held = held_sources(drafter, draft)  # ids of ``DecodeState.sources``' states
+        # Per held source: committed tokens its state may miss (``sources.py``, "Sources that
+        # sit out steps"); host side, from the shapes queued, never read from the device.
+        self.behind = dict.fromkeys(self.held, 0)
+        self.catch_ups = 0  # catch-ups queued (a source back after steps without it)
         self.policy = policy
         self.eos = eos
         self.max_batch = max_batch
@@ -568,15 +620,16 @@ class BatchGenerator:
         self.prefills = []
         self._params = None
         self.reserved = 0
+        self.behind = dict.fromkeys(self.held, 0)
         self.policy.reset()
 
     def _empty_sources(self, B: int) -> tuple:
-        """The stateful draft sources' empty states (an early-exit adapter's cache, a draft
-        model's cache: ``decode.step_sources`` order) for B rows."""
+        """The held stateful sources' empty states (an early-exit adapter's cache, a draft
+        model's cache: ``held_sources`` order) for B rows."""
         states = ()
-        if isinstance(self.drafter, EarlyExitAdapter):
+        if EARLY_EXIT in self.held:
             states += (self.drafter.make_cache(B, SLOT_QUANTUM),)
-        if self.draft is not None:
+        if DRAFT_MODEL in self.held:
             states += (self.draft.make_cache(B, SLOT_QUANTUM),)
         return states
 
@@ -633,17 +686,18 @@ class BatchGenerator:
         self.row_keys, self.rows = keys, list(rows)
         for r, row in enumerate(self.rows):
             row.slot = r
+        self.behind = dict.fromkeys(self.held, 0)  # every source prefilled with every row
 
     def _prefilled_sources(self, session: Session, rows: slice) -> tuple:
         """The stateful draft sources' states (a draft model's cache) after ``session``'s
         ``rows``' prompts (all in its cache): the model as its own draft starts from the
         model's own prefill K/V (no second prefill); another draft model prefills them."""
         states = ()
-        if isinstance(self.drafter, EarlyExitAdapter):
+        if EARLY_EXIT in self.held:
             states += (
                 early_exit_prefill(self.model, self.drafter, session.cached[rows], session.slots),
             )
-        if self.draft is None:
+        if DRAFT_MODEL not in self.held:
             return states
         if self.draft is self.model:
             return (*states, ([k[rows] for k in session.keys], [v[rows] for v in session.values]))
@@ -882,7 +936,37 @@ class BatchGenerator:
     def _step_fn(self, shape: BeamShape | None, mode: StepMode):
         drafter = self.drafter if shape else None
         draft = self.draft if shape and shape.model_length else None
-        return batch_step(self.model, drafter, shape, mode, self.compiled, draft)
+        held = self.held or None  # none held: the step every other caller keys alike
+        return batch_step(self.model, drafter, shape, mode, self.compiled, draft, held)
+
+    def catch_up(self, shape: BeamShape | None, window: int) -> None:
+        """Before queueing a step of ``shape``: each held source it runs whose state may
+        miss more committed tokens than its own draft re-runs (``covers``) re-runs them
+        now (``catch_up``, lazy: the step's graph takes the result); then account for the
+        step in every held source's bound (``sources.py``, "Sources that sit out steps")."""
+        running = {s.source_id: s for s in stateful_sources(shape, self.drafter, self.draft)}
+        for sid, source in running.items():
+            missed = self.behind[sid]
+            if missed <= source.covers:
+                continue
+            i, s = self.held.index(sid), self.state
+            ctx = DraftContext(
+                self.model, s.hidden, s.init_token, s.lengths, s.history, window,
+                own=s.sources[i], keys=s.keys, values=s.values,
+            )  # fmt: skip
+            state, cache = source.catch_up(ctx, missed)
+            sources = list(s.sources)
+            sources[i] = state
+            s = s._replace(sources=tuple(sources))
+            if cache is not None:
+                s = s._replace(keys=cache[0], values=cache[1])
+            self.state = s
+            self.catch_ups += 1
+        for sid in self.held:
+            if sid in running:
+                self.behind[sid] = running[sid].covers
+            else:
+                self.behind[sid] += shape.longest if shape else 1
 
     def next_shape(self) -> BeamShape | None:
         """The shape of the step queued now (None: plain decoding): the policy's, for this
@@ -959,6 +1043,7 @@ class BatchGenerator:
         window = step_window(longest, self.inflight, self.policy.per_step, self.policy.slots)
         self.state = ensure_slots(self.state, window)
         shape = self.next_shape()
+        self.catch_up(shape, window)
         mode, active, rows, split = self._row_params()
         key = (shape, mode, len(self.rows), window, self.state.keys[0].shape[2])
         started = time.perf_counter() if key in self._traced else None  # else: it compiles

@@ -12,13 +12,17 @@ forward, ``catchup`` covering every token committed since its last draft
 the committed tokens' K/V (slots past ``len`` hold junk until rewritten). Then ``Ld - 2``
 one-token forwards extend the chain from its argmax. No host read; static shapes.
 The verifier decides what is emitted, so a draft model can change speed, never the output.
+
+Steps that do not run the draft model (another shape chosen, ``sources.py``: "Sources that
+sit out steps") leave its cache further behind than ``catchup`` covers: the loop then runs
+``DraftModelSource.catch_up`` over the missed committed positions before the step.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 
-from .sources import DRAFT_MODEL, DraftContext, Proposal, padded_chunks
+from .sources import DRAFT_MODEL, DraftContext, Proposal, catch_up_positions, padded_chunks
 from .tree import arange, cache_mask, chain_mask
 
 
@@ -32,6 +36,28 @@ class DraftModelSource:
         if length < 2:
             raise ValueError(f"a draft-model chain needs >= 2 tokens, got {length}")
         self.draft, self.length, self.catchup = draft, length, max(catchup, 1)
+
+    @property
+    def covers(self) -> int:
+        """Committed tokens its draft re-runs itself (the last ``catchup - 1``, then the init
+        token): the most a step of this source may leave behind for the next one."""
+        return self.catchup - 1
+
+    def catch_up(self, ctx: DraftContext, count: int) -> tuple:
+        """Its state after re-running each row's last ``count`` committed positions,
+        ``[len - count, len)`` (from 0 in a shorter row), read from ``ctx.history``, in
+        chunks of ``sources.catch_up_chunk(count)`` tokens; positions at or past a row's
+        length compute junk written above it. Returns (state, None): the target's cache is
+        not touched. Lazy: no host read (the loop queues it before a step)."""
+        keys, values = ctx.own
+        S = keys[0].shape[2]
+        history, lengths = ctx.history, ctx.lengths
+        for pos in catch_up_positions(lengths, count):
+            text = mx.take_along_axis(history, mx.minimum(pos, history.shape[1] - 1), axis=1)
+            mask = (arange(ctx.window)[None, None, :] <= pos[:, :, None])[:, None]
+            write = mx.where(pos < lengths[:, None], pos, mx.minimum(pos, S - 1))
+            _, keys, values = self.draft(text, pos, mask, keys, values, write)
+        return (keys, values), None
 
     def propose(self, ctx: DraftContext) -> Proposal:
         keys, values = ctx.own

@@ -37,7 +37,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from .model import Attention, Model, ModelArgs, fused_kernels, window_mask
-from .sources import EARLY_EXIT, DraftContext, Proposal, padded_chunks
+from .sources import EARLY_EXIT, DraftContext, Proposal, catch_up_positions, padded_chunks
 from .tree import arange, cache_mask, chain_mask
 
 KIND = "early-exit"
@@ -305,7 +305,7 @@ class Chain(NamedTuple):
 
 def refresh_committed(
     model: Model, adapter, history, lengths, keys, values, adapter_keys, adapter_values,
-    window: int, count: int,
+    window: int, count: int, start: mx.array | None = None,
 ):  # fmt: skip
     """Rewrite the adapter K/V of each row's last ``count`` committed tokens.
 
@@ -318,11 +318,17 @@ def refresh_committed(
     above every row's length (junk that drafting overwrites). Positions past a short row's
     length compute junk that lands above its length too. Returns (keys, values,
     adapter_keys, adapter_values).
+
+    ``start`` (B,): run positions ``[start, start + count)`` instead (a catch-up chunk,
+    ``EarlyExitSource.catch_up``); the slots above the length are then clamped to the cache.
     """
-    start = mx.maximum(lengths - count, 0)  # (B,)
     j = arange(count)[None, :]  # (1, P)
-    pos = start[:, None] + j  # (B, P)
     above = lengths[:, None] + j  # (B, P) slots at or above the length
+    if start is None:
+        start = mx.maximum(lengths - count, 0)  # (B,)
+    else:
+        above = mx.minimum(above, keys[0].shape[2] - 1)
+    pos = start[:, None] + j  # (B, P)
     committed = pos < lengths[:, None]
     tokens = mx.take_along_axis(history, mx.minimum(pos, history.shape[1] - 1), axis=1)
     slots = arange(window)[None, None, :]
@@ -424,6 +430,28 @@ class EarlyExitSource:
             raise ValueError(f"an early-exit chain needs >= 2 tokens, got {length}")
         self.adapter, self.length, self.refresh = adapter, length, refresh
         self.eta = adapter_eta(adapter) if eta is None else eta
+
+    @property
+    def covers(self) -> int:
+        """Committed tokens its draft re-runs itself (``refresh``): the most a step of this
+        source may leave behind for the next one (alone: 0, its path is in its cache)."""
+        return self.refresh
+
+    def catch_up(self, ctx: DraftContext, count: int) -> tuple:
+        """Its state after re-running each row's last ``count`` committed tokens through the
+        target's first layers and the adapter (``refresh_committed``, chunk by chunk,
+        ``sources.catch_up_positions``), and the target's cache with those layers' junk
+        K/V written only above each row's length. Returns (state, (keys, values))."""
+        exit_layer = self.adapter.args.exit_layer
+        shallow_k, shallow_v = list(ctx.keys[:exit_layer]), list(ctx.values[:exit_layer])
+        ak, av = ctx.own
+        for pos in catch_up_positions(ctx.lengths, count):
+            shallow_k, shallow_v, ak, av = refresh_committed(
+                ctx.model, self.adapter, ctx.history, ctx.lengths, shallow_k, shallow_v,
+                ak, av, ctx.window, pos.shape[1], start=pos[:, 0],
+            )  # fmt: skip
+        keys = shallow_k + list(ctx.keys[exit_layer:])
+        return (ak, av), (keys, shallow_v + list(ctx.values[exit_layer:]))
 
     def propose(self, ctx: DraftContext) -> Proposal:
         adapter_keys, adapter_values = ctx.own

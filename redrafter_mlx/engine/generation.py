@@ -34,7 +34,6 @@ from .decode import DecodeState
 from .distributed import shared_seed
 from .draft_model import check_draft_model
 from .drafter import Drafter
-from .early_exit import EarlyExitAdapter
 from .errors import ParamError
 from .memory import check_step_memory
 from .model import Model
@@ -154,9 +153,9 @@ def generate_steps(
     Rows that finish stop emitting; the loop ends when all rows have finished.
     A ``shape`` whose step cannot fit in memory raises ``memory.ShapeTooLarge`` first.
     ``draft_model``: a model sharing the vocabulary whose greedy chain joins the tree
-    (``draft_model.py``; the shape's ``D1×L``, else ``D1×`` its drafter length); it pins
-    the shape (no adaptive choice yet: its cache follows only the steps that run it), as
-    an early-exit adapter as the drafter does (``early_exit.EarlyExitSource``).
+    (``draft_model.py``; the shape's ``D1×L``, else ``D1×`` its drafter length); adaptive
+    runs choose among shapes with and without its chain, as with an early-exit adapter as
+    the drafter (the loop catches a source's cache up on steps it sat out: ``sources.py``).
     ``branches``: the model's branching rules (``branches.branch_rules``; None: off): each
     row's branches decode as rows of their own (a fork copies the parent's draft-model
     cache too), and ``max_tokens`` bounds each prompt's answer, the rebuilt text (its first
@@ -167,9 +166,6 @@ def generate_steps(
     prompts = [list(map(int, p)) for p in prompts]
     if draft_model is not None:
         check_draft_model(model, draft_model)
-        adapt = False
-    if isinstance(drafter, EarlyExitAdapter):  # its adapter cache likewise: pinned
-        adapt = False
     shape = shape.validate(model.vocab_size).runnable(drafter is not None, draft_model is not None)
     if not shape.model_length:
         draft_model = None

@@ -40,6 +40,35 @@ and an adapter with its own K/V cache: ``early_exit.EarlyExitSource``) is (1)-(5
 adapter passed as the drafter: ``DraftContext.model`` is the target, it reads the target's
 cache (``DraftContext.keys``/``values``) and returns it with its first layers' K/V written
 above each row's length (``Proposal.cache``), which the verify then takes.
+
+Sources that sit out steps (the adaptive choice runs shapes with and without a stateful
+source). A stateful source's state follows the committed text only on the steps that run
+it, so the rule is:
+
+* ``DecodeState.sources`` holds one state per stateful source the loop *has* (not per
+  source a shape runs), in a fixed order (``batch.held_sources``: early-exit, then draft
+  model); a step of a shape without one passes its state through untouched
+  (``batch.make_batch_step`` hands each step only the states of the sources it runs);
+* each stateful source says how many committed tokens its own draft re-runs first
+  (``covers``: a draft model's ``catchup - 1``, an early-exit chain's ``refresh``), which
+  bounds what a step of it leaves behind for the next;
+* the loop (``batch.BatchGenerator``, host side, between steps) keeps, per held source, a
+  bound on the committed tokens its state misses: after a step that ran it, that step's
+  ``covers``; each step that did not, plus the most tokens that step commits (its shape's
+  ``longest``; plain decoding: 1). Before queueing a step that runs the source with the
+  bound above that step's ``covers``, it queues ``catch_up(ctx, bound)``: the source re-runs
+  each row's last ``bound`` committed tokens, read from ``DraftContext.history`` (the
+  device's text, which includes the step still in flight: the host never reads it), in
+  chunks of ``catch_up_chunk(bound)`` (``catch_up_positions``); then the bound is 0. Lazy
+  arrays only: no host read, and the step's graph takes the caught-up state as input;
+* rows joining while the source is off get its state prefilled with their prompt when they
+  join (``BatchGenerator._prefilled_sources``), so they start in sync; a forked row copies
+  its parent's.
+
+Re-running a token already in sync rewrites the same K/V, so the bound may overshoot; it
+may never undershoot (tests/test_source_choice.py shows a missing catch-up changes drafts).
+The verifier decides what is emitted: a stale source state only costs acceptance, so the
+greedy-identity tests check the caches directly as well.
 """
 
 from __future__ import annotations
@@ -63,6 +92,28 @@ def padded_chunks(rows: list[list[int]], size: int = PREFILL_CHUNK):
         T = max(len(c) for c in chunk)
         tokens = mx.array([c + [0] * (T - len(c)) for c in chunk], dtype=mx.int32)
         yield chunk, tokens, mx.array([len(c) for c in chunk], dtype=mx.int32)
+
+
+CATCH_UP_CHUNK = 64  # most tokens per row one catch-up forward re-runs
+
+
+def catch_up_chunk(count: int) -> int:
+    """Tokens per catch-up forward for ``count`` missed tokens: the power of two >= count
+    (at least 4: few shapes to build), at most ``CATCH_UP_CHUNK``."""
+    size = 4
+    while size < min(count, CATCH_UP_CHUNK):
+        size *= 2
+    return size
+
+
+def catch_up_positions(lengths: mx.array, count: int) -> list[mx.array]:
+    """The text positions a catch-up of ``count`` tokens re-runs, chunk by chunk: each row's
+    ``[len - count, len)`` (from 0 in a shorter row), as (B, T) int32 arrays of
+    ``catch_up_chunk(count)`` positions; the last chunk's positions at or past a row's
+    length are padding (the caller writes them above the length)."""
+    T = catch_up_chunk(count)
+    begin = mx.maximum(lengths - count, 0)[:, None] + mx.arange(T, dtype=mx.int32)[None, :]
+    return [begin + c for c in range(0, count, T)]
 
 
 SOURCE_NAMES = ("drafter", "lookup", "draft_model", "early_exit")

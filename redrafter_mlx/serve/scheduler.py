@@ -42,7 +42,6 @@ from redrafter_mlx.engine.batch_choice import BatchChoice, FixedShape
 from redrafter_mlx.engine.branches import BranchRules, request_rows
 from redrafter_mlx.engine.cache import Session, token_limit
 from redrafter_mlx.engine.draft_model import check_draft_model
-from redrafter_mlx.engine.early_exit import EarlyExitAdapter
 from redrafter_mlx.engine.loading import materialize
 from redrafter_mlx.engine.shape import AR, BeamShape
 
@@ -89,11 +88,8 @@ class Scheduler:
         self.branches = branches  # APAR branching rules (each request's branches are rows)
         if drafter is not None and shape is None:
             raise ValueError("a drafter needs a beam shape")
-        if draft_model is not None:  # its cache follows only the steps that run it: pinned
+        if draft_model is not None:
             check_draft_model(model, draft_model)
-            adapt = False
-        if isinstance(drafter, EarlyExitAdapter):  # its adapter cache likewise: pinned
-            adapt = False
         shape = (shape or AR).runnable(drafter is not None, draft_model is not None)
         draft_model = draft_model if shape.model_length else None
         materialize(model, drafter)

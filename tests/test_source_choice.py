@@ -1,0 +1,327 @@
+"""Stateful draft sources under a changing shape (``engine/sources.py``, "Sources that sit out
+steps"): a draft model's or an early-exit adapter's cache is caught up on the committed text
+of the steps that did not run it, so the loop may switch them off and on mid-answer (the
+adaptive chooser, ``engine/adaptive.py``), solo and batched, with rows joining while the
+source is off; greedy output stays plain decoding's."""
+
+import json
+
+import mlx.core as mx
+import pytest
+
+import redrafter_mlx.cli.tune
+from redrafter_mlx.engine import early_exit
+from redrafter_mlx.engine.adaptive import Adaptive
+from redrafter_mlx.engine.batch import BatchGenerator, Prefill, Row, RowStats
+from redrafter_mlx.engine.cache import Session
+from redrafter_mlx.engine.draft_model import prefill as draft_prefill
+from redrafter_mlx.engine.sampling import SamplerConfig
+from redrafter_mlx.engine.shape import AR, BeamShape
+from redrafter_mlx.engine.sources import DRAFT_MODEL, EARLY_EXIT, catch_up_chunk
+from tests.fakes import FakeClock
+from tests.helpers import run_decode, tiny_model
+from tests.test_batch_loop import Scripted
+from tests.test_early_exit_source import random_pair, transparent_pair
+from tests.test_tuning_lookup import LookupChip, invoke, model_dir  # noqa: F401 (fixture)
+from tuning import tuned_choice
+from tuning.profiles import ProfileStore
+
+PROMPTS = [[1, 5, 9, 3, 5, 9, 1, 5], [2, 7, 7, 4], [3, 3, 8, 1, 2, 3, 8, 1, 2]]
+D = BeamShape.parse("D1xL4")
+# the source off for 1, then 3, then 9 steps (9 > a catch-up chunk of 8), and on beside
+# lookup and alone
+CYCLE = [D, AR, D, AR, AR, AR, BeamShape.parse("K1xL5"), D, *[AR] * 9, D, D]
+
+
+def plain(model, prompts, n):
+    out, _ = run_decode(model, None, prompts, max_tokens=n, shape=AR)
+    return out
+
+
+def rows_of(prompts, n):
+    return [Row(SamplerConfig(), n, len(p), RowStats(len(p))) for p in prompts]
+
+
+def drive(batch, waves, steps_between=3):
+    """Join each wave of (prompts, limit) after ``steps_between`` turns of the one before
+    (the later waves join mid-cycle, while the source is off or on), run to the end;
+    returns (rows, their emitted tokens)."""
+    batch.reset()
+    rows, out = [], {}
+    for w, (prompts, n) in enumerate(waves):
+        new = rows_of(prompts, n)
+        rows += new
+        out.update({id(r): [] for r in new})
+        session = Session(batch.model, len(prompts))
+        batch.insert(Prefill(prompts, SamplerConfig(), 0, session, rows=new))
+        turns = steps_between if w + 1 < len(waves) else 200
+        for _ in range(turns):
+            turn = batch.next()
+            for got in turn.joined + turn.stepped:
+                out[id(got.row)] += got.new
+            if all(r.finished for r in rows):
+                break
+    return rows, [out[id(r)] for r in rows]
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["solo", "rows-joining"])
+def test_the_target_as_its_own_draft_accepts_everything_whenever_it_is_back(batched):
+    """The target as its own draft, switched off and on by a scripted policy: every step of
+    it accepts all its drafts (a draft cache left behind by the steps without it would
+    draft wrong tokens: without the catch-up this fails), and every row equals plain
+    decoding, rows that joined while it was off included."""
+    model = tiny_model(5, vocab=48, layers=2)
+    policy = Scripted(CYCLE)
+    batch = BatchGenerator(model, None, policy, max_batch=4, draft=model)
+    waves = [(PROMPTS[:1], 40)]
+    if batched:
+        waves += [(PROMPTS[1:2], 30), (PROMPTS[2:], 30)]
+    rows, got = drive(batch, waves, steps_between=4)
+    for tokens, (prompts, n) in zip(got, [(p, n) for ps, n in waves for p in ps]):
+        assert tokens == plain(model, [prompts], n)[0]
+    full = [c for shape, counts in policy.told if shape == D for c in counts]
+    assert len(full) >= 5 and sum(c == 4 for c in full) >= len(full) - len(rows)  # a cut last
+    assert batch.catch_ups >= 3
+
+
+def test_without_the_catch_up_the_draft_falls_behind(monkeypatch):
+    """The control: with the loop's catch-up switched off, the same script loses drafts
+    (so the test above can fail)."""
+    model = tiny_model(5, vocab=48, layers=2)
+    policy = Scripted(CYCLE)
+    batch = BatchGenerator(model, None, policy, max_batch=1, draft=model)
+    monkeypatch.setattr(batch, "catch_up", lambda shape, window: None)
+    drive(batch, [(PROMPTS[:1], 40)])
+    full = [c for shape, counts in policy.told if shape == D for c in counts]
+    assert sum(c < 4 for c in full) >= 2
+
+
+def source_cache(batch, sid, row):
+    """Row ``row``'s held state of source ``sid`` (keys of its first layer), (S, ...)."""
+    return batch.state.sources[batch.held.index(sid)][0][0][row]
+
+
+@pytest.mark.parametrize("kind", ["draft-model", "early-exit"])
+def test_after_the_catch_up_the_cache_equals_a_fresh_prefill(kind):
+    """After steps without the source (plain decoding, lookup), the catch-up queued before
+    its next step leaves its cache equal, at every committed slot, to a fresh prefill of
+    the committed text; before it, it differs."""
+    if kind == "draft-model":
+        model = tiny_model(5, vocab=48, layers=2)
+        draft, drafter, on = tiny_model(9, vocab=48, layers=1), None, D
+        sid = DRAFT_MODEL
+    else:
+        model, drafter = random_pair(3)
+        draft, on, sid = None, BeamShape.parse("W1xL4"), EARLY_EXIT
+    cycle = [on, AR, AR, BeamShape.parse("K1xL5"), AR, AR]
+    batch = BatchGenerator(model, drafter, Scripted(cycle), max_batch=1, draft=draft)
+    batch.reset()
+    batch.insert(
+        Prefill(PROMPTS[:1], SamplerConfig(), 0, Session(model, 1), rows=rows_of(PROMPTS[:1], 200))
+    )
+    for _ in cycle:  # each step of the cycle queued once, the last ones without the source
+        batch.next()
+    batch.settle()
+    n = int(batch.state.lengths[0])
+    text = batch.state.history[0, :n].tolist()
+    slots = batch.state.keys[0].shape[2]
+    if kind == "draft-model":
+        fresh = draft_prefill(draft, [text], slots)[0][0][0]
+    else:
+        fresh = early_exit.prefill(model, drafter, [text], slots)[0][0][0]
+    assert not mx.allclose(source_cache(batch, sid, 0)[:, :n], fresh[:, :n], atol=1e-4).item()
+    assert batch.behind[sid] > 5
+    batch.catch_up(on, slots)
+    assert mx.allclose(source_cache(batch, sid, 0)[:, :n], fresh[:, :n], atol=1e-4).item()
+
+
+def test_the_behind_bound_follows_the_shapes_queued():
+    """The host's bound: a step of the source leaves its ``covers``; a step without adds its
+    longest candidate (plain decoding: 1); a catch-up runs only above ``covers``."""
+    model = tiny_model(5, vocab=48, layers=2)
+    lookup = BeamShape.parse("K1xL5")
+    batch = BatchGenerator(model, None, Scripted([D]), max_batch=1, draft=model)
+    drive(batch, [(PROMPTS[:1], 6)])
+    batch.behind[DRAFT_MODEL] = 0
+    window = batch.state.keys[0].shape[2]
+    batch.catch_up(D, window)  # D1xL4 alone re-runs 1 committed token itself
+    assert batch.behind[DRAFT_MODEL] == 1 and batch.catch_ups == 0
+    batch.catch_up(None, window)
+    batch.catch_up(lookup, window)
+    assert batch.behind[DRAFT_MODEL] == 1 + 1 + 5
+    batch.catch_up(D, window)
+    assert batch.catch_ups == 1 and batch.behind[DRAFT_MODEL] == 1
+    assert [catch_up_chunk(n) for n in (1, 5, 8, 9, 100)] == [4, 8, 8, 16, 64]
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["solo", "rows-joining"])
+def test_an_early_exit_source_switched_off_and_on_keeps_greedy_output(batched):
+    """An early-exit adapter as the drafter under a script that leaves it out for 1 to 9
+    steps: every row equals plain decoding (random adapter), rows joining while it is off
+    included."""
+    model, adapter = random_pair(3)
+    on, both = BeamShape.parse("W1xL4"), BeamShape.parse("W1xL3+K1xL6")
+    cycle = [on, AR, both, AR, AR, AR, BeamShape.parse("K1xL5"), on, *[AR] * 9, on]
+    batch = BatchGenerator(model, adapter, Scripted(cycle), max_batch=4)
+    waves = [(PROMPTS[:1], 40)]
+    if batched:
+        waves += [(PROMPTS[1:], 30)]
+    _, got = drive(batch, waves, steps_between=4)
+    for tokens, (prompt, n) in zip(got, [(p, n) for ps, n in waves for p in ps]):
+        assert tokens == plain(model, [prompt], n)[0]
+    assert batch.catch_ups >= 2
+
+
+def test_adaptive_generation_chooses_among_a_draft_models_shapes():
+    """``generate_steps`` with a draft model adapts (no pin): its candidates include the
+    draft model's chain alone and merged, and also shapes without it; the run switches
+    between them and greedy output stays plain decoding's."""
+    model = tiny_model(5, vocab=48, layers=2)
+    shape = BeamShape.parse("K1xL5+D1xL3")
+    costs = {AR: 1.0}
+    adapt = Adaptive(step_cost=lambda s: costs.get(s, 1.5), every=2, probe=3)
+    got, _ = run_decode(
+        model, None, PROMPTS, max_tokens=40, shape=shape, draft_model=model, adapt=adapt
+    )
+    assert got == plain(model, PROMPTS, 40)
+    shapes = adapt.chooser.shapes
+    assert {s.label for s in shapes} >= {"AR", "K1×L5+D1×L3", "D1×L3", "K1×L5"}
+    ran = set(adapt.history)
+    assert any(s.model_length for s in ran) and AR in ran
+
+
+def test_adaptive_generation_with_an_early_exit_adapter_is_not_pinned():
+    model, adapter = transparent_pair()
+    adapt = Adaptive(step_cost=lambda s: 1.0 if s == AR else 1.2, every=2, probe=3)
+    got, _ = run_decode(
+        model, adapter, PROMPTS, max_tokens=40, shape=BeamShape.parse("W1xL4+K1xL5"), adapt=adapt
+    )
+    assert got == plain(model, PROMPTS, 40)
+    assert len(set(adapt.history)) >= 2 and AR in adapt.chooser.shapes
+
+
+def test_the_chooser_offers_the_draft_models_shapes():
+    labels = [s.label for s in Adaptive().candidates(BeamShape.parse("W1xL4+K1xL8+D1xL4"))]
+    assert labels[:5] == ["AR", "W1×L4+K1×L8+D1×L4", "D1×L4", "K1×L8+D1×L4", "W1×L4+D1×L4"]
+    assert "W1×L4+K1×L8" in labels and "K1×L8" in labels  # and without the draft model
+    assert [s.label for s in Adaptive().candidates(D)] == ["AR", "D1×L4"]
+
+
+# --------------------------------------------------------------------------- tune
+
+
+class DraftChip(LookupChip):
+    """A fake chip on which a draft model's chain (``D1×Ld``) is accepted with probability
+    ``draft_accept`` per depth, beside the drafter's beams and lookup chains."""
+
+    def __init__(self, clock, *, draft_accept=0.9, **kwargs):
+        super().__init__(clock, **kwargs)
+        self.draft_accept = draft_accept
+
+    def tokens_per_step(self, shape):
+        total = 1.0
+        for depth in range(1, shape.longest):
+            beams = shape.width if shape.drafts and depth < shape.length else 0
+            miss = (1 - self.accept**depth) ** beams
+            if depth < shape.chain_length:
+                miss *= (1 - self.lookup_accept**depth) ** shape.lookup
+            if depth < shape.model_length:
+                miss *= 1 - self.draft_accept**depth
+            total += 1 - miss
+        return total
+
+
+def test_the_tune_grid_holds_the_draft_models_chains():
+    from redrafter_mlx.cli.tune import grid_for
+
+    shapes, _ = grid_for("1-2", "3", None, "drafter", False, None, [1], [8], [3, 4])
+    labels = [s.label for s in shapes]
+    assert labels[:2] == ["D1×L3", "D1×L4"]  # the chain alone first
+    for base in ("K1×L8", "W1×L3", "W2×L3+K1×L8"):
+        assert {base, f"{base}+D1×L3", f"{base}+D1×L4"} <= set(labels)
+    assert len(labels) == len(set(labels)) == 2 + 3 * 5
+    lookup_alone, _ = grid_for("1", "3", None, None, False, None, [1], [8], [4])
+    assert [s.label for s in lookup_alone] == ["D1×L4", "K1×L8", "K1×L8+D1×L4"]
+    one_chain, note = grid_for("1-3", "3-4", None, "d", False, None, [], [], [], early_exit=True)
+    assert {s.width for s in one_chain} == {1} and "one chain" in note
+
+
+def test_tune_with_a_draft_model_lists_and_picks_its_shapes(cli_app, home, model_dir, monkeypatch):
+    """``tune --draft-model``: the chain alone and beside the lookup chains are measured and
+    listed; where the draft model drafts well the profile (keyed by the draft model) holds
+    a shape with its chain and names the sources it runs."""
+    clock = FakeClock()
+    chip = DraftChip(clock, per_token=0.004, lookup_accept=0.3, draft_accept=0.9)
+    loaded = []
+
+    def build(model, drafter, *_args, draft_model=None, **_kwargs):
+        loaded.append(draft_model)
+        return chip, clock
+
+    monkeypatch.setattr(redrafter_mlx.cli.tune, "build_measure", build)
+    args = ("--model", model_dir, "--draft-model", model_dir, "--draft-length", "3-4", "--json")
+    result = invoke(cli_app, *args)
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    labels = {row["label"] for row in data["shapes"]}
+    assert {"AR", "D1×L3", "D1×L4", "K1×L8+D1×L4", "K1×L4"} <= labels
+    assert loaded == [data["draft_model"]] and data["draft_model"]
+    recommended = BeamShape.parse(data["recommended"]["label"])
+    assert recommended.model_length and "draft_model" in data["sources"]
+    store = ProfileStore().load()
+    (profile,) = store.values()
+    assert profile.shape == recommended and "draft_model" in profile.sources
+    assert profile.key.draft_model != "none"
+    assert tuned_choice(model_dir, None, None) is None  # not the profile of the model alone
+    bad = invoke(cli_app, "--model", model_dir, "--draft-model", model_dir, "--draft-length", "1")
+    assert bad.exit_code == 1 and "--draft-length" in bad.stderr
+
+
+def test_the_server_adapts_with_a_draft_model():
+    """The scheduler no longer pins a draft model's shape: its batches choose among shapes
+    with and without the chain (rows joining mid-way), every row equal to plain decoding."""
+    from redrafter_mlx.serve.scheduler import Request, Scheduler
+    from tests.test_serve_scheduler import Collector, drain
+
+    model = tiny_model(5, vocab=48, layers=2)
+    draft = tiny_model(9, vocab=48, layers=1)
+    adapt = Adaptive(step_cost=lambda s: 1.0 if s == AR else 1.3, every=2, probe=3)
+    shape = BeamShape.parse("K1xL5+D1xL3")
+    sched = Scheduler(model, None, shape, (), max_batch=2, adapt=adapt, draft_model=draft)
+    assert sched.choice is not None
+    prompts = [*PROMPTS, [4, 4, 4]]
+    sinks = []
+    for i, prompt in enumerate(prompts):
+        sinks.append(Collector())
+        sched.submit(Request(prompt, 16 + 4 * i, sinks[-1]))
+        sched.run_once()
+    drain(sched)
+    for i, (prompt, sink) in enumerate(zip(prompts, sinks)):
+        assert sink.tokens == plain(model, [prompt], 16 + 4 * i)[0], i
+    ran = set(sched.choice.ran)
+    assert any(s.model_length for s in ran) and len(ran) >= 2
+
+
+def test_a_long_catch_up_runs_in_chunks_and_rebuilds_the_whole_cache():
+    """A catch-up longer than one chunk (80 missed tokens: two chunks of 64, the second
+    mostly padding past the length) from an empty draft cache equals a fresh prefill; the
+    positions are each row's last ``count`` from 0 in a shorter row."""
+    from redrafter_mlx.engine.draft_model import DraftModelSource
+    from redrafter_mlx.engine.sources import DraftContext, catch_up_positions
+
+    lengths = mx.array([80, 30], mx.int32)
+    chunks = catch_up_positions(lengths, 80)
+    assert [c.shape for c in chunks] == [(2, 64), (2, 64)]
+    assert chunks[0][:, 0].tolist() == [0, 0] and chunks[1][:, 0].tolist() == [64, 64]
+    assert catch_up_positions(mx.array([50]), 8)[0].tolist() == [list(range(42, 50))]
+    model = tiny_model(5, vocab=48, layers=2)
+    draft = tiny_model(9, vocab=48, layers=1)
+    text = [(7 * i + 3) % 48 for i in range(80)]
+    slots = 256
+    history = mx.array([text + [0] * (slots - 80)], mx.int32)
+    empty = draft.make_cache(1, slots)
+    ctx = DraftContext(model, None, mx.array([1]), mx.array([80]), history, slots, own=empty)
+    (keys, _), cache = DraftModelSource(draft, 4, 2).catch_up(ctx, 80)
+    fresh = draft_prefill(draft, [text], slots)[0]
+    assert cache is None
+    assert mx.allclose(keys[0][:, :, :80], fresh[0][:, :, :80], atol=1e-4).item()

@@ -35,6 +35,7 @@ from redrafter_mlx.engine.generation import stream_generate
 from redrafter_mlx.engine.loading import load
 from redrafter_mlx.engine.plan import default_plan
 from redrafter_mlx.engine.prompts import load_records
+from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import BeamShape
 from redrafter_mlx.engine.tokenizer import load_tokenizer
 
@@ -68,7 +69,7 @@ def model_dir(spec: str) -> Path:
     return bundled(spec).base if spec in NAMES else Path(spec).expanduser()
 
 
-def answer(model, drafter, tok, prompt: str, shape, branches: str, max_tokens: int):
+def answer(model, drafter, tok, prompt: str, shape, branches: str, max_tokens: int, sampler):
     """One greedy answer: (text, answer tokens, steps, forks, seconds, decoded tokens: every
     branch's, those past the answer's end included)."""
     ids = tok.chat_prompt([{"role": "user", "content": prompt}])
@@ -76,7 +77,7 @@ def answer(model, drafter, tok, prompt: str, shape, branches: str, max_tokens: i
     tic = time.perf_counter()
     for r in stream_generate(
         model, drafter, tok, ids, max_tokens=max_tokens, shape=shape, adapt=False,
-        branches=branches,
+        branches=branches, sampler=sampler,
     ):  # fmt: skip
         text.append(r.text)
         tokens += len(r.tokens)
@@ -108,6 +109,9 @@ def main(argv=None) -> None:
     p.add_argument("--num-prompts", type=int, default=12, help="per set")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--shape", default=None, help="speculative shape (default: the model's plan)")
+    p.add_argument(
+        "--repetition-penalty", type=float, default=1.0, help="greedy with this penalty (1: off)"
+    )
     p.add_argument("--answers", type=Path, default=None, help="write answers side by side (md)")
     p.add_argument("--json", type=Path, default=None, help="write the raw tallies")
     args = p.parse_args(argv)
@@ -116,6 +120,7 @@ def main(argv=None) -> None:
     named = bundled(args.model) if args.model in NAMES else None
     drafter_dir = args.drafter or (named.drafter if named is not None else None)
     model, drafter, tok = load(str(folder), drafter_dir and str(drafter_dir))
+    sampler = SamplerConfig(repetition_penalty=args.repetition_penalty)
     spec = BeamShape.parse(args.shape) if args.shape else default_plan(drafter).shape
     plain = BeamShape.autoregressive()
     lists = [r.prompt for r in load_records("lists", 40)]
@@ -136,7 +141,7 @@ def main(argv=None) -> None:
             for v, shape in variants:
                 for b in ("off", "on"):
                     text, tokens, steps, forks, seconds, decoded = answer(
-                        model, drafter, tok, prompt, shape, b, args.max_tokens
+                        model, drafter, tok, prompt, shape, b, args.max_tokens, sampler
                     )
                     tallies[(name, v, b)].add(forks, steps, tokens, seconds, text, decoded)
             console.print(f"{name} {i + 1}/{len(prompts)}", end="\r")
@@ -148,7 +153,8 @@ def main(argv=None) -> None:
     for (name, _, _), t in tallies.items():
         t.loglik = sum(mean_loglik(scorer, score_tok, q, a) for q, a in zip(sets[name], t.texts))
 
-    table = Table(title=f"{args.model}: branches off vs on, greedy, max {args.max_tokens} tokens")
+    what = f"greedy, repetition penalty {args.repetition_penalty}, max {args.max_tokens} tokens"
+    table = Table(title=f"{args.model}: branches off vs on, {what}")
     columns = ("set", "decoding", "branches", "forks/ans", "steps/ans", "tok/ans", "decoded/ans",
                "s/ans", "tok/s", "fewer steps", "speed", "steps vs plain", "speed vs plain",
                "loglik/tok")  # fmt: skip
@@ -180,7 +186,7 @@ def main(argv=None) -> None:
         raw = {"|".join(k): {**t.__dict__, "texts": None} for k, t in tallies.items()}
         args.json.write_text(json.dumps(raw, indent=1) + "\n")
     if args.answers:
-        lines = [f"# {args.model}: answers with branches off and on (greedy, plain decoding)\n"]
+        lines = [f"# {args.model}: answers with branches off and on ({what}, plain decoding)\n"]
         for name, prompts in sets.items():
             off, on = tallies[(name, "plain", "off")], tallies[(name, "plain", "on")]
             for q, a, b in list(zip(prompts, off.texts, on.texts))[:3]:

@@ -171,3 +171,23 @@ def test_bench_reports_branches_per_answer_and_shows_them_in_its_table(cli_app, 
     header = next(line for line in console.file.getvalue().splitlines() if "tok/s" in line)
     assert header.split()[:1] == ["config"] and "forks" in header and "tok/ans" in header
     assert "eff" not in header  # its place: the branch columns, within 80 columns
+
+
+def test_serve_checks_memory_for_the_branch_rows_longer_rows(cli_app, apar_folder, monkeypatch):
+    """A branch row holds its split tokens besides the answer (``BranchRules.row_tokens``):
+    serve's start-up memory check sizes for that once it knows the model branches."""
+    import redrafter_mlx.cli.serve as serve
+    from redrafter_mlx.cli.common import FlagError
+
+    seen = []
+
+    def check_memory(engine, shape, max_tokens, sampling, batch):
+        seen.append((max_tokens, batch))
+        raise FlagError("stopped before serving")  # the test needs no server
+
+    monkeypatch.setattr(serve, "check_memory", check_memory)
+    args = ["serve", "--model", apar_folder, "--max-tokens-limit", "100", "--max-batch", "4"]
+    args += ["--max-branches", "8", "--branch-depth", "2", "--port", "0"]
+    result = CliRunner().invoke(cli_app, [str(a) for a in args])
+    assert "stopped before serving" in result.output
+    assert seen == [(100 + 8 + 2, 4)]

@@ -34,6 +34,7 @@ from redrafter_mlx.cli.common import (
     NoLookupOpt,
     VerboseOpt,
     branch_flags,
+    check_memory,
     cli_errors,
     err_console,
     prepare_engine,
@@ -227,6 +228,8 @@ def serve(
         engine, paths = ready.engine, ready.engine.paths
         group = getattr(engine.model, "group", None)
         rules = branch_flags(engine, branches, branch_depth, max_branches)  # checked here
+        if rules is not None and hasattr(plan, "shape"):  # a branch row holds a few more
+            check_memory(engine, plan.shape, rules.row_tokens(max_tokens_limit), True, max_batch)
         if group is not None and group.rank() != 0:
             follow(engine, plan, max_batch, group, adapt, rules)
             exit_now()

@@ -6,8 +6,9 @@ ask for lists; and the answers' quality under the original model.
     python -m scripts.bench_branches --num-prompts 4 --max-tokens 128 --answers docs/bench/x.md
 
 Prompt sets: ``lists`` (MT-Bench writing and humanities, asks for tips or steps on held-out
-topics) and MT-Bench's other categories (``--rest``). Every prompt runs its four variants
-(plain / speculative x branches off / on) one after another, so machine noise falls on all
+topics) and MT-Bench's other categories (``--rest``). Every prompt runs its variants
+(plain, speculative pinned, adaptive as chat runs it; each with branches off and on) one
+after another, so machine noise falls on all
 alike; greedy. Per set and variant: forks per answer (branches past the root), sequential
 steps per answer (the loop's steps: branches decode side by side), tokens per answer (all
 branches), seconds per answer (prefill included) and tokens/s over those seconds; the
@@ -69,14 +70,14 @@ def model_dir(spec: str) -> Path:
     return bundled(spec).base if spec in NAMES else Path(spec).expanduser()
 
 
-def answer(model, drafter, tok, prompt: str, shape, branches: str, max_tokens: int, sampler):
+def answer(model, drafter, tok, prompt, shape, adapt, branches, max_tokens, sampler):
     """One greedy answer: (text, answer tokens, steps, forks, seconds, decoded tokens: every
     branch's, those past the answer's end included)."""
     ids = tok.chat_prompt([{"role": "user", "content": prompt}])
     text, tokens, final = [], 0, None
     tic = time.perf_counter()
     for r in stream_generate(
-        model, drafter, tok, ids, max_tokens=max_tokens, shape=shape, adapt=False,
+        model, drafter, tok, ids, max_tokens=max_tokens, shape=shape, adapt=adapt,
         branches=branches, sampler=sampler,
     ):  # fmt: skip
         text.append(r.text)
@@ -112,6 +113,7 @@ def main(argv=None) -> None:
     p.add_argument(
         "--repetition-penalty", type=float, default=1.0, help="greedy with this penalty (1: off)"
     )
+    p.add_argument("--no-adaptive", action="store_true", help="leave out the adaptive rows")
     p.add_argument("--answers", type=Path, default=None, help="write answers side by side (md)")
     p.add_argument("--json", type=Path, default=None, help="write the raw tallies")
     args = p.parse_args(argv)
@@ -133,15 +135,17 @@ def main(argv=None) -> None:
             r.prompt for r in load_records("mt-bench", 80) if r.category not in LIST_CATEGORIES
         ][:: max(60 // args.num_prompts, 1)][: args.num_prompts],
     }
-    variants = [("plain", plain), (f"spec {spec.label}", spec)]
-    tallies = {(s, v, b): Tally() for s in sets for v, _ in variants for b in ("off", "on")}
+    variants = [("plain", plain, False), (f"spec {spec.label}", spec, False)]
+    if not args.no_adaptive:  # what chat runs: the shape chosen per batch size
+        variants.append(("adaptive", spec, True))
+    tallies = {(s, v, b): Tally() for s in sets for v, _, _ in variants for b in ("off", "on")}
     console = Console(width=200)
     for name, prompts in sets.items():
         for i, prompt in enumerate(prompts):
-            for v, shape in variants:
+            for v, shape, adapt in variants:
                 for b in ("off", "on"):
                     text, tokens, steps, forks, seconds, decoded = answer(
-                        model, drafter, tok, prompt, shape, b, args.max_tokens, sampler
+                        model, drafter, tok, prompt, shape, adapt, b, args.max_tokens, sampler
                     )
                     tallies[(name, v, b)].add(forks, steps, tokens, seconds, text, decoded)
             console.print(f"{name} {i + 1}/{len(prompts)}", end="\r")

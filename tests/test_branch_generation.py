@@ -130,3 +130,31 @@ def test_branches_on_for_a_model_without_split_tokens_says_how_to_fix(demo_apar)
     base, _ = demo_paths()
     with pytest.raises(ParamError, match="--branches off"):
         list(stream_generate(model, None, load_tokenizer(base), "x", max_tokens=2, branches="on"))
+
+
+def test_adaptive_branches_choose_per_batch_size_and_keep_the_text(monkeypatch):
+    """With branches the rows come and go, so an adaptive run chooses as the server does,
+    per batch size (``BatchChoice``); greedy text is the pinned run's."""
+    from redrafter_mlx.engine.adaptive import Adaptive
+    from redrafter_mlx.engine.batch_choice import BatchChoice
+
+    ran = []
+    finished = BatchChoice.finished
+
+    def spy(self, rows, shape, counts, seconds):
+        ran.append((rows, shape))
+        return finished(self, rows, shape, counts, seconds)
+
+    monkeypatch.setattr(BatchChoice, "finished", spy)
+
+    model, drafter = model_and_drafter()
+    kw = dict(max_tokens=10, shape=BeamShape(2, 3), sampler=forking_sampler(), seed=0)
+    kw.update(eos_token_ids=[EOS], branches=RULES)
+    pinned = list(generate_steps(model, drafter, [PROMPT, OTHER], **kw))
+    every = Adaptive(every=1, probe=1)  # switch as often as it can
+    adaptive = list(generate_steps(model, drafter, [PROMPT, OTHER], adapt=every, **kw))
+    for r in range(2):
+        want = [t for ev in pinned for t in ev.tokens[r]]
+        assert [t for ev in adaptive for t in ev.tokens[r]] == want
+    assert adaptive[-1].stats.branches == pinned[-1].stats.branches > 4
+    assert len({shape for _, shape in ran}) > 1 and len({rows for rows, _ in ran}) > 1

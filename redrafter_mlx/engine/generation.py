@@ -27,7 +27,7 @@ import mlx.core as mx
 from .adaptive import Adaptive
 from .arguments import api_arguments
 from .batch import BatchGenerator, Prefill, Row, RowStats
-from .batch_choice import FixedShape, ShapePolicy, SoloChoice
+from .batch_choice import BatchChoice, FixedShape, ShapePolicy, SoloChoice
 from .branches import BRANCH_MODES, BranchRules, Piece, branch_rules, request_rows
 from .cache import SLOT_QUANTUM, Session, token_limit
 from .decode import DecodeState
@@ -157,7 +157,8 @@ def generate_steps(
     runs choose among shapes with and without its chain, as with an early-exit adapter as
     the drafter (the loop catches a source's cache up on steps it sat out: ``sources.py``).
     ``branches``: the model's branching rules (``branches.branch_rules``; None: off): each
-    row's branches decode as rows of their own (a fork copies the parent's draft-model
+    row's branches decode as rows of their own (adaptive runs choose per batch size, as the
+    server does: ``batch_choice.BatchChoice``; a fork copies the parent's draft-model
     cache too), and ``max_tokens`` bounds each prompt's answer, the rebuilt text (its first
     ``max_tokens`` tokens: ``branches``' module docstring, "The answer's length"); the
     events give the rebuilt text (module docstring); the session's cache is emptied
@@ -191,8 +192,10 @@ def generate_steps(
     if adapt is True and seed is not None and not sampler.greedy:
         adapt = False  # the schedule follows wall time: a seeded sample must be reproducible
     policy: ShapePolicy = FixedShape(shape)
-    if adapt and not shape.is_autoregressive and not branches:  # its measures are per row
+    if adapt and not shape.is_autoregressive and not branches:
         policy = SoloChoice(model, drafter, shape, sampler, adapt)
+    elif adapt and not shape.is_autoregressive:  # branch rows come and go: the server's
+        policy = BatchChoice(shape, adapt if isinstance(adapt, Adaptive) else Adaptive())
     batch = BatchGenerator(model, drafter, policy, eos, max_batch, release=False, draft=draft_model)
 
     group = getattr(model, "group", None)  # tensor parallel: every rank must draw alike

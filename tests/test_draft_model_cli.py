@@ -12,7 +12,7 @@ from redrafter_mlx.engine.loading import LoadError, load
 from redrafter_mlx.engine.memory import Dims, check_step_memory, kv_bytes
 from redrafter_mlx.engine.shape import AR, BeamShape
 from redrafter_mlx.engine.sources import DRAFT_MODEL
-from redrafter_mlx.serve.scheduler import Request, Scheduler
+from redrafter_mlx.serve.scheduler import Scheduler
 from tests.helpers import (
     VICUNA_TOKENIZER,
     run_decode,
@@ -20,7 +20,7 @@ from tests.helpers import (
     tiny_model,
 )
 from tests.test_cli import app, invoke, run_json  # noqa: F401 (fixtures)
-from tests.test_serve_scheduler import Collector, drain
+from tests.test_serve_scheduler import staggered
 
 
 @pytest.fixture(scope="module")
@@ -78,12 +78,7 @@ def test_server_rows_with_a_draft_model_equal_solo_plain_decoding(itself):
     prompts = [[1, 5, 9, 3, 5, 9], [2, 7, 7, 4], [3, 3, 8, 1, 2, 3, 8, 1, 2], [4, 4]]
     shape = BeamShape.parse("D1xL4" if itself else "K1xL5+D1xL4")
     sched = Scheduler(model, None, shape, (), max_batch=2, draft_model=draft)
-    sinks = []
-    for i, prompt in enumerate(prompts):
-        sinks.append(Collector())
-        sched.submit(Request(prompt, 16 + 4 * i, sinks[-1]))
-        sched.run_once()
-    drain(sched)
+    sinks = staggered(sched, prompts, [16 + 4 * i for i in range(len(prompts))])
     for i, (prompt, sink) in enumerate(zip(prompts, sinks)):
         want, _ = run_decode(model, None, [prompt], max_tokens=16 + 4 * i, shape=AR)
         assert sink.tokens == want[0], i

@@ -153,8 +153,8 @@ def test_server_rows_with_an_early_exit_drafter_equal_solo_plain_decoding(transp
     cache from its own prefill): each row's output equals plain decoding; on a transparent
     target (shape pinned) every row's drafts are all accepted; the random pair runs the
     adaptive choice (the adapter's chain switched off and on, its cache caught up)."""
-    from redrafter_mlx.serve.scheduler import Request, Scheduler
-    from tests.test_serve_scheduler import Collector, drain
+    from redrafter_mlx.serve.scheduler import Scheduler
+    from tests.test_serve_scheduler import staggered
 
     if transparent:
         model, adapter = transparent_pair()
@@ -165,12 +165,7 @@ def test_server_rows_with_an_early_exit_drafter_equal_solo_plain_decoding(transp
     shape = BeamShape.parse("W1xL4" if transparent else "W1xL4+K1xL5")
     sched = Scheduler(model, adapter, shape, (), max_batch=2, adapt=not transparent)
     assert (sched.choice is None) == transparent  # an early-exit drafter no longer pins
-    sinks = []
-    for i, prompt in enumerate(prompts):
-        sinks.append(Collector())
-        sched.submit(Request(prompt, 16 + 4 * i, sinks[-1]))
-        sched.run_once()
-    drain(sched)
+    sinks = staggered(sched, prompts, [16 + 4 * i for i in range(len(prompts))])
     for i, (prompt, sink) in enumerate(zip(prompts, sinks)):
         want, _ = run_decode(model, None, [prompt], max_tokens=16 + 4 * i, shape=AR)
         assert sink.tokens == want[0], i

@@ -50,6 +50,18 @@ def drain(sched):
     raise AssertionError("scheduler did not finish")
 
 
+def staggered(sched, prompts, max_tokens) -> list:
+    """Each prompt submitted with its ``max_tokens`` (a list), one loop turn after each (the
+    later ones join a running batch), then drained: each request's ``Collector``."""
+    sinks = []
+    for prompt, limit in zip(prompts, max_tokens):
+        sinks.append(Collector())
+        sched.submit(Request(prompt, limit, sinks[-1]))
+        sched.run_once()
+    drain(sched)
+    return sinks
+
+
 def solo(pair, prompt, max_tokens, shape, temperature=0.0, top_p=1.0, seed=None):
     model, drafter, tok = pair
     beam = dict(beam_width=shape.width, beam_length=shape.length) if shape else {}

@@ -280,8 +280,8 @@ def test_tune_with_a_draft_model_lists_and_picks_its_shapes(cli_app, home, model
 def test_the_server_adapts_with_a_draft_model():
     """The scheduler no longer pins a draft model's shape: its batches choose among shapes
     with and without the chain (rows joining mid-way), every row equal to plain decoding."""
-    from redrafter_mlx.serve.scheduler import Request, Scheduler
-    from tests.test_serve_scheduler import Collector, drain
+    from redrafter_mlx.serve.scheduler import Scheduler
+    from tests.test_serve_scheduler import staggered
 
     model = tiny_model(5, vocab=48, layers=2)
     draft = tiny_model(9, vocab=48, layers=1)
@@ -290,12 +290,7 @@ def test_the_server_adapts_with_a_draft_model():
     sched = Scheduler(model, None, shape, (), max_batch=2, adapt=adapt, draft_model=draft)
     assert sched.choice is not None
     prompts = [*PROMPTS, [4, 4, 4]]
-    sinks = []
-    for i, prompt in enumerate(prompts):
-        sinks.append(Collector())
-        sched.submit(Request(prompt, 16 + 4 * i, sinks[-1]))
-        sched.run_once()
-    drain(sched)
+    sinks = staggered(sched, prompts, [16 + 4 * i for i in range(len(prompts))])
     for i, (prompt, sink) in enumerate(zip(prompts, sinks)):
         assert sink.tokens == plain(model, [prompt], 16 + 4 * i)[0], i
     ran = set(sched.choice.ran)

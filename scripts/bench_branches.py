@@ -31,9 +31,9 @@ import mlx.core as mx
 from rich.console import Console
 from rich.table import Table
 
-from redrafter_mlx.engine.bundled import NAMES, bundled
+from redrafter_mlx.cli.common import load_engine
+from redrafter_mlx.cli.paths import resolve_paths
 from redrafter_mlx.engine.generation import stream_generate
-from redrafter_mlx.engine.loading import load
 from redrafter_mlx.engine.plan import default_plan
 from redrafter_mlx.engine.prompts import load_records
 from redrafter_mlx.engine.sampling import SamplerConfig
@@ -64,10 +64,6 @@ class Tally:
         self.tokens += tokens
         self.seconds += seconds
         self.texts.append(text)
-
-
-def model_dir(spec: str) -> Path:
-    return bundled(spec).base if spec in NAMES else Path(spec).expanduser()
 
 
 def answer(model, drafter, tok, prompt, shape, adapt, branches, max_tokens, sampler):
@@ -105,7 +101,7 @@ def mean_loglik(scorer, tok, prompt: str, text: str) -> float:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-apar")
-    p.add_argument("--drafter", default=None, help="drafter folder (default: a bundled one's)")
+    p.add_argument("--drafter", default=None, help="drafter folder (default: the model's own)")
     p.add_argument("--score-model", default="smollm2", help="the original model, for quality")
     p.add_argument("--num-prompts", type=int, default=12, help="per set")
     p.add_argument("--max-tokens", type=int, default=256)
@@ -118,10 +114,8 @@ def main(argv=None) -> None:
     p.add_argument("--json", type=Path, default=None, help="write the raw tallies")
     args = p.parse_args(argv)
 
-    folder = model_dir(args.model)
-    named = bundled(args.model) if args.model in NAMES else None
-    drafter_dir = args.drafter or (named.drafter if named is not None else None)
-    model, drafter, tok = load(str(folder), drafter_dir and str(drafter_dir))
+    engine = load_engine(resolve_paths(args.model, args.drafter), None)  # as chat resolves
+    model, drafter, tok = engine.model, engine.drafter, engine.tokenizer
     sampler = SamplerConfig(repetition_penalty=args.repetition_penalty)
     spec = BeamShape.parse(args.shape) if args.shape else default_plan(drafter).shape
     plain = BeamShape.autoregressive()
@@ -152,8 +146,9 @@ def main(argv=None) -> None:
     del model, drafter
     import mlx_lm
 
-    scorer, _ = mlx_lm.load(str(model_dir(args.score_model)))  # the reference forward
-    score_tok = load_tokenizer(model_dir(args.score_model))
+    score_dir = resolve_paths(args.score_model, None).model
+    scorer, _ = mlx_lm.load(score_dir)  # the reference forward
+    score_tok = load_tokenizer(score_dir)
     for (name, _, _), t in tallies.items():
         t.loglik = sum(mean_loglik(scorer, score_tok, q, a) for q, a in zip(sets[name], t.texts))
 

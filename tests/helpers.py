@@ -71,6 +71,22 @@ def tiny_drafter(
     return drafter
 
 
+def greedy_prefilled(model: Model, prompt: list[int], slots: int, sources=()):
+    """One row's ``DecodeState`` after prefilling ``prompt`` into a fresh cache of ``slots``
+    slots, its first token greedy; ``sources``: the stateful sources' prefilled states."""
+    from redrafter_mlx.engine.decode import DecodeState, prefill_chunk
+
+    keys, values = model.make_cache(1, slots)
+    zero = mx.zeros((1,), mx.int32)
+    toks = mx.array([prompt], mx.int32)
+    hidden, lengths, keys, values = prefill_chunk(
+        model, toks, zero + len(prompt), zero, keys, values, slots
+    )
+    first = mx.argmax(model.logits(hidden), axis=-1).astype(mx.int32)
+    history = mx.array([prompt + [0] * (slots - len(prompt))], mx.int32)
+    return DecodeState(first, hidden, lengths, keys, values, history, tuple(sources))
+
+
 def near_bigram_model(seed=0, attn_scale=0.02, **kw) -> Model:
     """A random Llama whose attention output is scaled down: next token ~ f(current token).
 

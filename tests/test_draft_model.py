@@ -11,12 +11,12 @@ import pytest
 
 import tests.test_sampling as sampling
 from redrafter_mlx.engine.batch import uniform_step
-from redrafter_mlx.engine.decode import DecodeState, prefill_chunk, step_sources
+from redrafter_mlx.engine.decode import step_sources
 from redrafter_mlx.engine.draft_model import DraftModelSource, check_draft_model, prefill
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape
 from redrafter_mlx.engine.sources import DRAFT_MODEL, SOURCE_NAMES, DraftContext
-from tests.helpers import near_bigram_model, run_decode, tiny_drafter, tiny_model
+from tests.helpers import greedy_prefilled, near_bigram_model, run_decode, tiny_drafter, tiny_model
 
 PROMPTS = [[1, 5, 9, 3, 5, 9], [2, 7, 7, 4], [3, 3, 8, 1, 2, 3, 8, 1, 2]]
 
@@ -67,16 +67,7 @@ def test_draft_cache_holds_the_committed_text_after_catch_up(label):
     shape = BeamShape.parse(label)
     drafter = tiny_drafter(model, 4) if shape.drafts else None
     slots = 64
-    keys, values = model.make_cache(1, slots)
-    zero = mx.zeros((1,), mx.int32)
-    toks = mx.array([prompt], mx.int32)
-    hidden, lengths, keys, values = prefill_chunk(
-        model, toks, zero + len(prompt), zero, keys, values, slots
-    )
-    first = mx.argmax(model.logits(hidden), axis=-1).astype(mx.int32)
-    history = mx.array([prompt + [0] * (slots - len(prompt))], mx.int32)
-    sources = (prefill(draft, [prompt], slots),)
-    state = DecodeState(first, hidden, lengths, keys, values, history, sources)
+    state = greedy_prefilled(model, prompt, slots, [prefill(draft, [prompt], slots)])
     step = uniform_step(model, drafter, shape, SamplerConfig(), 1, compiled=False, draft=draft)
     for _ in range(4):
         state, _ = step(state, slots)

@@ -10,7 +10,7 @@ import mlx.core as mx
 import pytest
 
 from redrafter_mlx.engine.batch import uniform_step
-from redrafter_mlx.engine.decode import DecodeState, prefill_chunk, step_sources
+from redrafter_mlx.engine.decode import step_sources
 from redrafter_mlx.engine.early_exit import (
     EarlyExitAdapter,
     EarlyExitArgs,
@@ -26,6 +26,7 @@ from redrafter_mlx.train import early_exit as EE
 from tests.helpers import (
     VICUNA_TOKENIZER,
     _randomize,
+    greedy_prefilled,
     near_bigram_model,
     run_decode,
     save_model_dir,
@@ -111,23 +112,7 @@ def test_adapter_cache_holds_the_committed_text_after_the_refresh(label):
     prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
     shape = BeamShape.parse(label)
     slots = 64
-    keys, values = model.make_cache(1, slots)
-    zero = mx.zeros((1,), mx.int32)
-    toks = mx.array([prompt], mx.int32)
-    hidden, lengths, keys, values = prefill_chunk(
-        model, toks, zero + len(prompt), zero, keys, values, slots
-    )
-    first = mx.argmax(model.logits(hidden), axis=-1).astype(mx.int32)
-    history = mx.array([prompt + [0] * (slots - len(prompt))], mx.int32)
-    state = DecodeState(
-        first,
-        hidden,
-        lengths,
-        keys,
-        values,
-        history,
-        (prefill_ee(model, adapter, [prompt], slots),),
-    )
+    state = greedy_prefilled(model, prompt, slots, [prefill_ee(model, adapter, [prompt], slots)])
     step = uniform_step(model, adapter, shape, SamplerConfig(), 1, compiled=False)
     source = step_sources(shape, adapter)[0]
     won = set()

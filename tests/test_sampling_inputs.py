@@ -33,11 +33,11 @@ from redrafter_mlx.engine.sampling import (
     target_log_weights,
 )
 from redrafter_mlx.engine.shape import BeamShape
-from redrafter_mlx.serve.scheduler import Request, Scheduler
+from redrafter_mlx.serve.scheduler import Scheduler
 from tests.helpers import run_decode, tiny_drafter, tiny_model
 from tests.test_cli import app, invoke, model_args, pair, run_json  # noqa: F401 (fixtures)
 from tests.test_serve_hostile import Server, stream
-from tests.test_serve_scheduler import Collector, drain
+from tests.test_serve_scheduler import staggered
 
 HUGE_K = 3_000_000_000  # > 2**31: the int32 cast raised std::bad_cast
 TINY = [1e-12, 1e-38, 1e-40, 1e-300, 5e-324]  # temperatures below GREEDY_TEMPERATURE
@@ -246,11 +246,7 @@ def test_server_rows_with_limit_settings_equal_the_api(model, shape):
         SamplerConfig(0.0),
     ]
     sched = Scheduler(model, drafter, shape, (), max_batch=4)
-    sinks = []
-    for prompt, sampler in zip(prompts, rows):
-        sinks.append(Collector())
-        sched.submit(Request(prompt, 16, sinks[-1], sampler))
-    drain(sched)
+    sinks = staggered(sched, prompts, [16] * len(prompts), rows, turn=False)
     for prompt, sampler, sink in zip(prompts, rows, sinks):
         assert sink.last.error is None, sink.last.error
         alone = _solo(model, drafter, shape or BeamShape(1, 1), prompt, sampler)
@@ -280,11 +276,7 @@ def test_server_a_row_whose_settings_fail_fails_alone(model, monkeypatch):
         SamplerConfig(0.0),
     ]
     sched = Scheduler(model, drafter, shape, (), max_batch=4)
-    sinks = []
-    for prompt, sampler in zip(prompts, rows):
-        sinks.append(Collector())
-        sched.submit(Request(prompt, 16, sinks[-1], sampler))
-    drain(sched)
+    sinks = staggered(sched, prompts, [16] * len(prompts), rows, turn=False)
     assert sinks[1].last.error and sinks[1].last.status == 500 and not sinks[1].tokens
     for i in (0, 2, 3):
         assert sinks[i].last.error is None, sinks[i].last.error

@@ -8,10 +8,10 @@ import pytest
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import BeamShape
 from redrafter_mlx.serve.protocol import ProtocolError, parse_chat, parse_completion
-from redrafter_mlx.serve.scheduler import Request, Scheduler
+from redrafter_mlx.serve.scheduler import Scheduler
 from tests.helpers import run_decode, tiny_drafter, tiny_model
 from tests.test_serve_hostile import Server, error_of
-from tests.test_serve_scheduler import Collector, drain
+from tests.test_serve_scheduler import staggered
 
 
 @pytest.fixture(scope="module")
@@ -85,12 +85,7 @@ def test_rows_with_top_k_and_min_p_equal_their_solo_runs(shape):
     drafter = tiny_drafter(model) if shape is not None else None
     prompts = [[1, 5, 9, 2, 7], [1, 3, 3, 8], [2, 4, 6], [1, 1, 2, 3, 5, 8]]
     sched = Scheduler(model, drafter, shape, (), max_batch=4)
-    sinks = []
-    for prompt, sampler in zip(prompts, ROWS):
-        sinks.append(Collector())
-        sched.submit(Request(prompt, 20, sinks[-1], sampler))
-        sched.run_once()
-    drain(sched)
+    sinks = staggered(sched, prompts, [20] * len(prompts), ROWS)
     for prompt, sampler, sink in zip(prompts, ROWS, sinks):
         alone, _ = run_decode(
             model,

@@ -50,14 +50,17 @@ def drain(sched):
     raise AssertionError("scheduler did not finish")
 
 
-def staggered(sched, prompts, max_tokens) -> list:
-    """Each prompt submitted with its ``max_tokens`` (a list), one loop turn after each (the
-    later ones join a running batch), then drained: each request's ``Collector``."""
+def staggered(sched, prompts, max_tokens, samplers=None, turn=True) -> list:
+    """Each prompt submitted with its ``max_tokens`` (a list) and sampler (``samplers``, else
+    the scheduler's), one loop turn after each when ``turn`` (the later ones join a running
+    batch), then drained: each request's ``Collector``."""
     sinks = []
-    for prompt, limit in zip(prompts, max_tokens):
+    for prompt, limit, sampler in zip(prompts, max_tokens, samplers or [None] * len(prompts)):
         sinks.append(Collector())
-        sched.submit(Request(prompt, limit, sinks[-1]))
-        sched.run_once()
+        own = () if sampler is None else (sampler,)  # else the Request's default
+        sched.submit(Request(prompt, limit, sinks[-1], *own))
+        if turn:
+            sched.run_once()
     drain(sched)
     return sinks
 

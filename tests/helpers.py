@@ -87,6 +87,23 @@ def greedy_prefilled(model: Model, prompt: list[int], slots: int, sources=()):
     return DecodeState(first, hidden, lengths, keys, values, history, tuple(sources))
 
 
+def step_added_peak(step, state, window: int) -> int:
+    """The peak memory a compiled ``step`` adds over what is live (compiled and run once
+    first, caches cleared): bytes."""
+    import gc
+
+    state, out = step(state, window)  # compile, and run once
+    mx.eval(state, out)
+    del out
+    gc.collect()
+    mx.clear_cache()
+    base = mx.get_active_memory()
+    mx.reset_peak_memory()
+    state, out = step(state, window)  # the old state is held by the step's graph only
+    mx.eval(state, out)
+    return mx.get_peak_memory() - base
+
+
 def near_bigram_model(seed=0, attn_scale=0.02, **kw) -> Model:
     """A random Llama whose attention output is scaled down: next token ~ f(current token).
 

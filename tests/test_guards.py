@@ -196,7 +196,6 @@ GIB = 2**30
 def _step_peak(model, drafter, shape, batch, sampler, prompt=40):
     """The peak memory one compiled step of ``shape`` adds (compiled and run once first), and
     the attention window it used."""
-    import gc
 
     import mlx.core as mx
 
@@ -209,6 +208,7 @@ def _step_peak(model, drafter, shape, batch, sampler, prompt=40):
         text_history,
     )
     from redrafter_mlx.engine.decode import DecodeState
+    from tests.helpers import step_added_peak
 
     rows = [[(7 * i + r) % model.vocab_size for i in range(prompt)] for r in range(batch)]
     session = Session(model, batch)
@@ -220,16 +220,7 @@ def _step_peak(model, drafter, shape, batch, sampler, prompt=40):
     state = ensure_slots(state, window)
     session.keys = session.values = None
     step = uniform_step(model, drafter, shape, sampler, batch)
-    state, out = step(state, window)  # compile, and run once
-    mx.eval(state, out)
-    del out
-    gc.collect()
-    mx.clear_cache()
-    base = mx.get_active_memory()
-    mx.reset_peak_memory()
-    state, out = step(state, window)  # the old state is held by the step's graph only
-    mx.eval(state, out)
-    return mx.get_peak_memory() - base, window
+    return step_added_peak(step, state, window), window
 
 
 @pytest.mark.parametrize(

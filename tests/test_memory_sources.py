@@ -4,8 +4,6 @@ and for a request with parallel branches the rows its branches can grow to."""
 
 from __future__ import annotations
 
-import gc
-
 import mlx.core as mx
 import pytest
 
@@ -34,7 +32,7 @@ from redrafter_mlx.engine.memory import (
 )
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape
-from tests.helpers import run_decode, tiny_model
+from tests.helpers import run_decode, step_added_peak, tiny_model
 
 TOKENS = 300  # prompt and answer
 
@@ -126,16 +124,7 @@ def step_peak(model, drafter, shape, batch, sampler, draft=None, prompt=40):
     state = ensure_slots(state, window)
     session.keys = session.values = None
     step = uniform_step(model, drafter, shape, sampler, batch, draft=draft)
-    state, out = step(state, window)  # compile, and run once
-    mx.eval(state, out)
-    del out
-    gc.collect()
-    mx.clear_cache()
-    base = mx.get_active_memory()
-    mx.reset_peak_memory()
-    state, out = step(state, window)
-    mx.eval(state, out)
-    return mx.get_peak_memory() - base, window
+    return step_added_peak(step, state, window), window
 
 
 @pytest.mark.parametrize("label, batch", [("W1xL4", 4), ("W1xL7+K1xL8", 2), ("D1xL4", 4)])

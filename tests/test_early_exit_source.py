@@ -2,7 +2,7 @@
 equals plain decoding, alone and merged with lookup in one tree, solo and batched (rows of
 different lengths); a target whose layers past the exit do nothing gets every draft
 accepted; the accepted drafts are counted for the ``early_exit`` source; a shape of several
-beams is a clear error."""
+beams is a clear error; the adapter and a draft model in one tree."""
 
 from __future__ import annotations
 
@@ -21,7 +21,13 @@ from redrafter_mlx.engine.early_exit import prefill as prefill_ee
 from redrafter_mlx.engine.loading import LoadError, load
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape
-from redrafter_mlx.engine.sources import EARLY_EXIT, LOOKUP, SOURCE_NAMES, DraftContext
+from redrafter_mlx.engine.sources import (
+    DRAFT_MODEL,
+    EARLY_EXIT,
+    LOOKUP,
+    SOURCE_NAMES,
+    DraftContext,
+)
 from redrafter_mlx.train import early_exit as EE
 from tests.helpers import (
     VICUNA_TOKENIZER,
@@ -188,6 +194,9 @@ def test_cli_drafter_folder_of_kind_early_exit(app, folders):
     assert stats["source_tokens"]["drafter"] == 0
     merged = run_json(app, *args, "--drafter", ee, *W1XL4, "--lookup", 1, "--lookup-length", 5)
     assert merged["tokens"] == plain_run["tokens"]
+    both = run_json(app, *args, "--drafter", ee, *W1XL4, "--draft-model", model)
+    assert both["tokens"] == plain_run["tokens"]
+    assert both["stats"]["source_tokens"]["draft_model"] > 0  # the target as its own draft
     wide = invoke(app, *args, "--drafter", ee, "--beam-width", 2, "--beam-length", 4)
     assert wide.exit_code != 0 and "--beam-width 1" in wide.output
     with pytest.raises(LoadError, match="adapter trained for this model"):
@@ -196,8 +205,67 @@ def test_cli_drafter_folder_of_kind_early_exit(app, folders):
     assert isinstance(loaded, EarlyExitAdapter) and loaded.args.exit_layer == 2
 
 
-def test_an_early_exit_drafter_with_a_draft_model_is_one_clear_error():
-    model, adapter = random_pair()
-    with pytest.raises(ValueError, match="either the early-exit folder"):
-        run_decode(model, adapter, PROMPTS, max_tokens=4, shape=BeamShape.parse("W1xL3"),
-                   draft_model=model)  # fmt: skip
+ALL_STATEFUL = ["W1xL4+D1xL4", "W1xL3+K1xL6+D1xL4", "W1xL5+K2xL4+D1xL3"]
+
+
+@pytest.mark.parametrize("label", ALL_STATEFUL)
+def test_an_early_exit_adapter_and_a_draft_model_in_one_tree(label):
+    """The adapter's chain, a draft model's chain (and lookup) in one tree: greedy output
+    equals plain decoding, batched and solo, with another small model as the draft and with
+    the target as its own draft. The target as its own draft proposes exactly the target's
+    greedy tokens, so it wins every step with its whole chain: an adapter refresh or a draft
+    catch-up that missed tokens another source committed would show here as rejected
+    drafts."""
+    model, adapter = random_pair(3)
+    want = plain(model, PROMPTS)
+    shape = BeamShape.parse(label)
+    other = tiny_model(9, vocab=48, layers=1)
+    got, stats = run_decode(model, adapter, PROMPTS, max_tokens=24, shape=shape, draft_model=other)
+    assert got == want
+    assert stats["source_tokens"]["early_exit"] > 0
+    solo, _ = run_decode(model, adapter, PROMPTS[1:2], max_tokens=24, shape=shape,
+                         draft_model=other)  # fmt: skip
+    assert solo[0] == want[1]
+    got, stats = run_decode(model, adapter, PROMPTS, max_tokens=24, shape=shape, draft_model=model)
+    assert got == want
+    assert stats["source_tokens"]["draft_model"] >= 0.9 * stats["accepted_tokens"]  # or lookup's
+    assert stats["tokens_per_step"] > shape.model_length - 0.5  # whole chains, but cut ends
+
+
+@pytest.mark.parametrize("itself", [True, False], ids=["target-as-draft", "other-draft"])
+def test_both_caches_hold_the_committed_text_whichever_source_won(itself):
+    """Steps of W1xL3+K1xL6+D1xL4 (adapter, lookup and a draft model in one tree): after
+    each, the next draft's adapter refresh and the draft model's catch-up leave both caches
+    equal to a fresh prefill of the committed text: with the target as its own draft
+    lookup and the draft model win steps, with another model lookup and the adapter."""
+    from redrafter_mlx.engine.draft_model import prefill as prefill_draft
+
+    model = near_bigram_model(3, vocab=32, layers=3)
+    adapter = EarlyExitAdapter(EarlyExitArgs.for_target(model.args, 2))
+    _randomize(adapter, 9, 1.0)
+    draft = model if itself else near_bigram_model(5, vocab=32, layers=1)
+    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
+    shape = BeamShape.parse("W1xL3+K1xL6+D1xL4")
+    slots = 64
+    own = [prefill_ee(model, adapter, [prompt], slots), prefill_draft(draft, [prompt], slots)]
+    state = greedy_prefilled(model, prompt, slots, own)
+    step = uniform_step(model, adapter, shape, SamplerConfig(), 1, compiled=False, draft=draft)
+    sources = step_sources(shape, adapter, draft)
+    assert [s.source_id for s in sources if s.stateful] == [EARLY_EXIT, DRAFT_MODEL]
+    won = set()
+    for _ in range(8):
+        state, out = step(state, slots)
+        won.add(int(out.source[0]))
+        n = int(state.lengths[0])
+        ctx = DraftContext(
+            model, state.hidden, state.init_token, state.lengths, state.history, slots,
+            keys=state.keys, values=state.values,
+        )  # fmt: skip
+        text = [state.history[0, :n].tolist()]
+        refreshed = sources[0].propose(ctx._replace(own=state.sources[0])).state
+        caught_up = sources[-1].propose(ctx._replace(own=state.sources[1])).state
+        fresh = [prefill_ee(model, adapter, text, slots), prefill_draft(draft, text, slots)]
+        for mine, theirs in zip([refreshed, caught_up], fresh):
+            for a, b in zip(mine[0] + mine[1], theirs[0] + theirs[1]):
+                assert mx.allclose(a[:, :, :n], b[:, :, :n], atol=1e-4).item()
+    assert won == ({LOOKUP, DRAFT_MODEL} if itself else {LOOKUP, EARLY_EXIT})

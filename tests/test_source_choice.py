@@ -172,6 +172,30 @@ def test_an_early_exit_source_switched_off_and_on_keeps_greedy_output(batched):
     assert batch.catch_ups >= 2
 
 
+@pytest.mark.parametrize("batched", [False, True], ids=["solo", "rows-joining"])
+def test_an_early_exit_adapter_and_a_draft_model_switched_off_and_on(batched):
+    """Both stateful sources held at once (the adapter's state, then the draft model's),
+    a script running each alone, both, neither and lookup for 1 to 9 steps: every row
+    equals plain decoding; the target as its own draft accepts its whole chain on every
+    step that runs it (a state left behind by steps without it would not), and both
+    sources were caught up."""
+    model, adapter = random_pair(3)
+    E, ED = BeamShape.parse("W1xL3"), BeamShape.parse("W1xL3+K1xL5+D1xL4")
+    cycle = [ED, AR, E, D, AR, AR, AR, BeamShape.parse("K1xL5"), ED, *[AR] * 9, D, E, ED]
+    policy = Scripted(cycle)
+    batch = BatchGenerator(model, adapter, policy, max_batch=4, draft=model)
+    assert batch.held == (EARLY_EXIT, DRAFT_MODEL)
+    waves = [(PROMPTS[:1], 40)]
+    if batched:
+        waves += [(PROMPTS[1:2], 30), (PROMPTS[2:], 30)]
+    rows, got = drive(batch, waves, steps_between=4)
+    for tokens, (prompt, n) in zip(got, [(p, n) for ps, n in waves for p in ps]):
+        assert tokens == plain(model, [prompt], n)[0]
+    chained = [c for shape, counts in policy.told if shape.model_length for c in counts]
+    assert chained and sum(c >= 4 for c in chained) >= len(chained) - 2 * len(rows)
+    assert batch.catch_ups >= 2
+
+
 def test_adaptive_generation_chooses_among_a_draft_models_shapes():
     """``generate_steps`` with a draft model adapts (no pin): its candidates include the
     draft model's chain alone and merged, and also shapes without it; the run switches
@@ -198,6 +222,22 @@ def test_adaptive_generation_with_an_early_exit_adapter_is_not_pinned():
     )
     assert got == plain(model, PROMPTS, 40)
     assert len(set(adapt.history)) >= 2 and AR in adapt.chooser.shapes
+
+
+def test_adaptive_generation_with_an_early_exit_adapter_and_a_draft_model():
+    """Both stateful sources in an adaptive run: the chooser switches among shapes with
+    either, both and neither; greedy output stays plain decoding's."""
+    model, adapter = random_pair(3)
+    costs = {AR: 1.0}
+    adapt = Adaptive(step_cost=lambda s: costs.get(s, 1.2), every=2, probe=3)
+    shape = BeamShape.parse("W1xL3+K1xL5+D1xL3")
+    got, stats = run_decode(
+        model, adapter, PROMPTS, max_tokens=40, shape=shape, draft_model=model, adapt=adapt
+    )
+    assert got == plain(model, PROMPTS, 40)
+    ran = set(adapt.history)
+    assert any(s.model_length for s in ran) and any(s.drafts for s in ran)
+    assert stats["source_tokens"]["draft_model"] > 0
 
 
 def test_the_chooser_offers_the_draft_models_shapes():

@@ -3,7 +3,7 @@
 The emitted tokens must be exact samples from the target whatever proposes the candidates:
 the early-exit adapter's chain (the target's first layer, an adapter and its head, with the
 confidence cut), alone and in one tree with lookup chains; a draft model's chain, alone
-and merged with lookup and the drafter. Checked by the chi-square test of
+and merged with lookup and the drafter; both in one tree. Checked by the chi-square test of
 ``tests/test_sampling.py`` against the exact joint distribution of the first 3 tokens:
 
 * solo settings: one decode of 3,000 rows that all draw with one setting
@@ -115,6 +115,25 @@ def test_draft_model_sampling_with_drafter_and_lookup_is_exact():
     )
     assert stats["source_tokens"]["draft_model"] > 0.05 * N
     assert chi_square_pvalue(counts, exact_joint(model, COOL), N) > 1e-3
+
+
+def test_early_exit_and_draft_model_in_one_tree_sampling_is_exact():
+    """The adapter's chain, a draft model's chain and a lookup chain in one tree (both
+    stateful sources held and refreshed in one step)."""
+    model, adapter = early_exit_pair()
+    counts, stats = sample_counts(
+        model,
+        adapter,
+        HOT,
+        N,
+        seed=47,
+        shape=BeamShape.parse("W1xL3+K1xL3+D1xL4"),
+        adapt=False,
+        draft_model=draft_model_for(model),
+    )
+    assert stats["source_tokens"]["early_exit"] > 0.05 * N
+    assert stats["source_tokens"]["draft_model"] > 0.05 * N
+    assert chi_square_pvalue(counts, exact_joint(model, HOT), N) > 1e-3
 
 
 # ----------------------------------------------------------------- batched, settings per row

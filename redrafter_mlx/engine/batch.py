@@ -565,11 +565,6 @@ class BatchGenerator:
         release: bool = True,
         draft=None,
     ):
-        if isinstance(drafter, EarlyExitAdapter) and draft is not None:
-            raise ValueError(
-                "an early-exit drafter and a draft model in one run are not supported yet: "
-                "pass either the early-exit folder (--drafter) or --draft-model"
-            )
         self.model, self.drafter, self.draft = model, drafter, draft
         self.held = held_sources(drafter, draft)  # ids of ``DecodeState.sources``' states
         # Per held source: committed tokens its state may miss (``sources.py``, "Sources that

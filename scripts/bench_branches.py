@@ -13,7 +13,8 @@ alike; greedy. Per set and variant: forks per answer (branches past the root), s
 steps per answer (the loop's steps: branches decode side by side), tokens per answer (all
 branches), seconds per answer (prefill included) and tokens/s over those seconds; the
 ratios are against branches off with the same decoding (``decoded``: every branch's tokens,
-those written past the answer's end included). Quality: the original model's
+those written past the answer's end included). The ``no fork`` rows repeat the prompts of
+both sets on which no variant forked: what branches cost where they are never used. Quality: the original model's
 (``--score-model``) mean log-likelihood per token of each answer (branches on: the rebuilt
 text) after the prompt, against that of the same model's answers with branches off.
 Numbers, not assertions.
@@ -41,6 +42,7 @@ from redrafter_mlx.engine.shape import BeamShape
 from redrafter_mlx.engine.tokenizer import load_tokenizer
 
 LIST_CATEGORIES = ("writing", "humanities")  # MT-Bench's, in the lists set
+NO_FORK = "no fork"  # the prompts of both sets on which no variant forked
 
 
 @dataclass
@@ -132,17 +134,26 @@ def main(argv=None) -> None:
     variants = [("plain", plain, False), (f"spec {spec.label}", spec, False)]
     if not args.no_adaptive:  # what chat runs: the shape chosen per batch size
         variants.append(("adaptive", spec, True))
-    tallies = {(s, v, b): Tally() for s in sets for v, _, _ in variants for b in ("off", "on")}
+    groups = [*sets, NO_FORK]
+    tallies = {(s, v, b): Tally() for s in groups for v, _, _ in variants for b in ("off", "on")}
+    never: list[str] = []  # the prompts no variant forked on, from every set
     console = Console(width=200)
     for name, prompts in sets.items():
         for i, prompt in enumerate(prompts):
+            got = {}
             for v, shape, adapt in variants:
                 for b in ("off", "on"):
-                    text, tokens, steps, forks, seconds, decoded = answer(
+                    got[(v, b)] = answer(
                         model, drafter, tok, prompt, shape, adapt, b, args.max_tokens, sampler
-                    )
-                    tallies[(name, v, b)].add(forks, steps, tokens, seconds, text, decoded)
+                    )  # (text, tokens, steps, forks, seconds, decoded)
+            groups = [name] + ([NO_FORK] if all(r[3] == 0 for r in got.values()) else [])
+            for group in groups:
+                for (v, b), (text, tokens, steps, forks, seconds, decoded) in got.items():
+                    tallies[(group, v, b)].add(forks, steps, tokens, seconds, text, decoded)
+            if NO_FORK in groups:
+                never.append(prompt)
             console.print(f"{name} {i + 1}/{len(prompts)}", end="\r")
+    sets[NO_FORK] = never
     del model, drafter
     import mlx_lm
 
@@ -164,6 +175,8 @@ def main(argv=None) -> None:
         return t.tokens / t.seconds if t.seconds else 0.0
 
     for (name, v, b), t in tallies.items():
+        if not t.answers:
+            continue  # (no prompt went without a fork)
         off, plain_off = tallies[(name, v, "off")], tallies[(name, "plain", "off")]
         n = max(t.answers, 1)
         table.add_row(
@@ -187,6 +200,8 @@ def main(argv=None) -> None:
     if args.answers:
         lines = [f"# {args.model}: answers with branches off and on ({what}, plain decoding)\n"]
         for name, prompts in sets.items():
+            if name == NO_FORK:
+                continue
             off, on = tallies[(name, "plain", "off")], tallies[(name, "plain", "on")]
             for q, a, b in list(zip(prompts, off.texts, on.texts))[:3]:
                 lines += [f"## {q}\n", "### branches off\n", a.strip() + "\n"]

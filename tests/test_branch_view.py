@@ -46,6 +46,21 @@ def test_pieces_are_the_rebuilt_text_by_branch_with_the_writers_marked():
     assert [t for p in budget.pieces() for t in p.tokens] == budget.linear() == [1, 2, 4]
 
 
+def test_the_rebuilt_text_carries_each_branchs_draft_marks():
+    """Each token's accepted-draft mark goes with it into the rebuilt text: the detail's
+    marks come where its text does (root -> detail -> next), the split tokens' go."""
+    tree = BranchTree(TOY)
+    tree.extend(0, [1, 2, F], drafted=[True, False, False])
+    tree.extend(0, [3], drafted=[True])
+    tree.extend(1, [4, 5], drafted=[True, True])
+    assert tree.take_final_marked() == ([1, 2, 4, 5], [True, False, True, True])
+    tree.finish(1)
+    tree.extend(0, [1])  # no marks: none was a draft
+    tree.finish(0)
+    assert tree.take_final_marked() == ([3, 1], [True, False])
+    assert tree.take_final_marked() == ([], [])
+
+
 def scripted():
     """A toy answer's events as (tree steps, final tokens handed out): the root forks a
     detail, writes the next item beside it, the detail finishes, then the root."""

@@ -10,8 +10,9 @@ Ctrl-C during an answer stops that answer, keeps what was said, and returns to t
 from __future__ import annotations
 
 import contextlib
+import itertools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from rich.console import Console
 from rich.text import Text
@@ -28,6 +29,21 @@ HELP = (
     "accepted), 2 tokens (one drafted token accepted + the model's own), and so on."
 )
 DRAFTED_STYLE = "green"
+
+
+def accepted_chunk(decoder, tokens: Sequence[int], drafted: Sequence[bool], flush: bool) -> Text:
+    """``tokens`` as text (through ``decoder``, a ``StreamDecoder``; ``flush``: the answer
+    ends here) with those accepted from drafts (their ``drafted`` mark) in DRAFTED_STYLE:
+    each run of tokens with one mark is one span (``--show-accepted``; a linear step's
+    drafts come first, an APAR answer's marks come from the branches that wrote them)."""
+    marks = [*drafted, *[False] * (len(tokens) - len(drafted))]
+    chunk = Text()
+    for mark, run in itertools.groupby(zip(tokens, marks), key=lambda pair: pair[1]):
+        text = decoder.add([token for token, _ in run])
+        chunk.append(visible(text), style=DRAFTED_STYLE if mark else None)
+    if flush:
+        chunk.append(visible(decoder.flush()))
+    return chunk
 
 
 def read_line(prompt: str = ">> ") -> str | None:
@@ -189,7 +205,8 @@ class ChatLoop:
         decoder = StreamDecoder(e.tokenizer)
         text = ""
         self.last = None
-        branching = BranchAnswer(self.console, e.tokenizer.decode)
+        accepted = StreamDecoder(e.tokenizer) if self.show_accepted else None
+        branching = BranchAnswer(self.console, e.tokenizer.decode, accepted)
         draft = getattr(e, "draft_model", None)
         stream = self.stream(
             e.model,
@@ -220,18 +237,12 @@ class ChatLoop:
 
     def show(self, response, decoder) -> None:
         """Print one streamed chunk (control characters shown visibly: ``terminal.visible``);
-        with --show-accepted, drafter tokens are coloured."""
+        with --show-accepted, tokens accepted from drafts are coloured."""
         if not self.show_accepted:
             self.console.print(visible(response.text), end="", markup=False, emoji=False)
             return
-        k = sum(response.drafted_tokens)  # drafted tokens come first in a step
-        drafted = decoder.add(response.tokens[:k])
-        own = decoder.add(response.tokens[k:])
-        if response.finish_reason:
-            own += decoder.flush()
-        chunk = Text()
-        chunk.append(visible(drafted), style=DRAFTED_STYLE)
-        chunk.append(visible(own))
+        done = bool(response.finish_reason)
+        chunk = accepted_chunk(decoder, response.tokens, response.drafted_tokens, done)
         self.console.print(chunk, end="")
 
     def repair_session(self) -> None:
@@ -352,11 +363,15 @@ class ChatLoop:
 class BranchAnswer:
     """One answer's branch display: inactive until a response carries ``branch_pieces``
     (branching on); then, on a terminal, a ``rich.live.Live`` of :class:`BranchView`
-    (transient: it leaves nothing behind), and at the end the final text printed once."""
+    (transient: it leaves nothing behind), and at the end the final text printed once.
+    ``accepted``: a ``StreamDecoder`` with ``--show-accepted`` (None: without): the final
+    text, live and settled, then colours the tokens accepted from drafts, each branch's
+    marks carried through the rebuild (:func:`accepted_chunk`)."""
 
-    def __init__(self, console: Console, decode):
+    def __init__(self, console: Console, decode, accepted=None):
         self.console = console
         self.decode = decode
+        self.accepted = accepted
         self.view = None
         self.live = None
 
@@ -367,23 +382,30 @@ class BranchAnswer:
         if self.view is None:
             if not response.branch_pieces:
                 return False
-            self.view = BranchView(self.decode)
+            self.view = BranchView(self.decode, marked=None if self.accepted is None else Text())
             if self.console.is_terminal:
                 from rich.live import Live
 
                 self.live = Live(console=self.console, transient=True, auto_refresh=False)
                 self.live.start()
         self.view.update(response)
+        if self.accepted is not None:
+            done = bool(response.finish_reason)
+            chunk = accepted_chunk(self.accepted, response.tokens, response.drafted_tokens, done)
+            self.view.marked.append_text(chunk)
         if self.live is not None:
             size = self.console.size
             self.live.update(render_branches(self.view, size.width, size.height), refresh=True)
         return True
 
     def close(self, text: str) -> None:
-        """End the live view and print ``text`` (the answer's final text) as an answer."""
+        """End the live view and print ``text`` (the answer's final text) as an answer
+        (with ``accepted``: the same text, its accepted drafts coloured)."""
         if self.live is not None:
             self.live.stop()
-        if self.view is not None:
+        if self.view is not None and self.view.marked is not None:
+            self.console.print(self.view.marked, end="")
+        elif self.view is not None:
             self.console.print(visible(text), end="", markup=False, emoji=False)
 
 

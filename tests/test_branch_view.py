@@ -154,7 +154,7 @@ def test_chat_on_a_terminal_shows_the_branches_live_then_the_answer(apar_engine)
     assert loop.last.branches > 1 and text
     assert CURSOR in out and "writing ·" in out  # the live view was drawn
     assert out.rindex(text) > out.rindex(CURSOR)  # then the answer, printed in full
-    assert f"{loop.last.branches} branches in {loop.last.steps} steps" in out  # stats line
+    assert f"{loop.last.branches} branches · {loop.last.steps} steps (" in out  # stats line
 
 
 def test_chat_off_a_terminal_prints_the_rebuilt_text_once(apar_engine):

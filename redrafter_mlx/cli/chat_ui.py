@@ -26,7 +26,10 @@ HELP = (
     "//text  sends /text (a message that begins with /)\n"
     "The line after an answer: tokens, tok/s, tok/step (tokens per verify step), and "
     "'steps emitting 1/2/3/4 tokens: a/b/c/d': how many steps emitted 1 token (no draft "
-    "accepted), 2 tokens (one drafted token accepted + the model's own), and so on."
+    "accepted), 2 tokens (one drafted token accepted + the model's own), and so on. "
+    "With branches (APAR): the answer's tokens (the rebuilt text's) and their tok/s, the "
+    "branches, the sequential steps (with the answer's tokens per step); 'branch steps "
+    "emitting ...' counts each branch's own steps."
 )
 DRAFTED_STYLE = "green"
 
@@ -124,6 +127,7 @@ class ChatLoop:
         self.adapt = True  # switch beam shapes by measured tokens/s (chat --no-adapt: False)
         self.branches = "auto"  # APAR branches (chat --branches): the answer is rebuilt text
         self.last = None  # the last answer's final GenerationResponse
+        self.answer_tokens = 0  # its text's tokens (with branches: the rebuilt text's)
         self.dropped_turns = 0
 
     # ------------------------------------------------------------------ prompt and context
@@ -189,7 +193,7 @@ class ChatLoop:
         if self.last is not None:
             from redrafter_mlx.cli.common import stats_line
 
-            self.note(stats_line(self.last, self.plan))
+            self.note(stats_line(self.last, self.plan, self.answer_tokens))
         return text
 
     def stream_answer(self, ids: list[int]) -> tuple[str, bool]:
@@ -204,7 +208,7 @@ class ChatLoop:
         e = self.engine
         decoder = StreamDecoder(e.tokenizer)
         text = ""
-        self.last = None
+        self.last, self.answer_tokens = None, 0
         accepted = StreamDecoder(e.tokenizer) if self.show_accepted else None
         branching = BranchAnswer(self.console, e.tokenizer.decode, accepted)
         draft = getattr(e, "draft_model", None)
@@ -225,6 +229,7 @@ class ChatLoop:
             for response in stream:
                 text += response.text
                 self.last = response
+                self.answer_tokens += len(response.tokens)
                 if not branching.take(response):
                     self.show(response, decoder)
         except KeyboardInterrupt:
@@ -275,7 +280,7 @@ class ChatLoop:
         """Forget the conversation, the KV cache and the dropped-turns count."""
         self.messages.clear()
         self.session.reset()
-        self.last = None
+        self.last, self.answer_tokens = None, 0
         self.dropped_turns = 0
         self.note("[conversation cleared]")
 
@@ -322,18 +327,29 @@ class ChatLoop:
         r = self.last
         if r is None:
             return "\n".join(lines + ["no answer yet"])
+        from redrafter_mlx.cli.stats import answer_branch_stats
+
+        branched = answer_branch_stats(r, self.answer_tokens)
+        if branched is None:
+            answer = f"answer: {r.generation_tokens} tokens, {r.generation_tps:.1f} tok/s"
+        else:  # the rebuilt text's tokens, then all the branches decoded
+            answer = (
+                f"answer: {branched['answer_tokens']} tokens, {branched['answer_tps']:.1f} "
+                f"tok/s ({r.generation_tokens} decoded in {r.branches} branches)"
+            )
         lines += [
             f"prompt: {r.prompt_tokens} tokens, {r.prefilled_tokens} prefilled "
             f"({r.prompt_tokens - r.prefilled_tokens} reused from the cache), "
             f"{r.prompt_tps:.0f} tok/s",
-            f"answer: {r.generation_tokens} tokens, {r.generation_tps:.1f} tok/s, "
-            f"time to first token {r.time_to_first_token * 1e3:.0f} ms, "
+            f"{answer}, time to first token {r.time_to_first_token * 1e3:.0f} ms, "
             f"finish {r.finish_reason or 'interrupted'}",
         ]
         if self.plan.speculative:
+            per_step = "step" if branched is None else "branch step"
             lines.append(
-                f"steps: {r.steps}, {r.tokens_per_step:.2f} tokens/step, {self.packed_text(r)}, "
-                f"host {r.host_ms_per_step:.2f} ms/step, {format_hist(r.accept_hist)}"
+                f"steps: {r.steps}, {r.tokens_per_step:.2f} tokens/{per_step}, "
+                f"{self.packed_text(r)}, host {r.host_ms_per_step:.2f} ms/step, "
+                f"{format_hist(r.accept_hist, per_step + 's')}"
             )
         lines.append(f"peak memory: {r.peak_memory_gb:.3f} GB")
         return "\n".join(lines)

@@ -46,6 +46,21 @@ def test_pieces_are_the_rebuilt_text_by_branch_with_the_writers_marked():
     assert [t for p in budget.pieces() for t in p.tokens] == budget.linear() == [1, 2, 4]
 
 
+def test_the_rebuilt_text_carries_each_branchs_draft_marks():
+    """Each token's accepted-draft mark goes with it into the rebuilt text: the detail's
+    marks come where its text does (root -> detail -> next), the split tokens' go."""
+    tree = BranchTree(TOY)
+    tree.extend(0, [1, 2, F], drafted=[True, False, False])
+    tree.extend(0, [3], drafted=[True])
+    tree.extend(1, [4, 5], drafted=[True, True])
+    assert tree.take_final_marked() == ([1, 2, 4, 5], [True, False, True, True])
+    tree.finish(1)
+    tree.extend(0, [1])  # no marks: none was a draft
+    tree.finish(0)
+    assert tree.take_final_marked() == ([3, 1], [True, False])
+    assert tree.take_final_marked() == ([], [])
+
+
 def scripted():
     """A toy answer's events as (tree steps, final tokens handed out): the root forks a
     detail, writes the next item beside it, the detail finishes, then the root."""
@@ -114,7 +129,7 @@ def apar_engine(apar_folder):
     return load_engine(ModelPaths(str(apar_folder), None), None)
 
 
-def chat_loop(engine, terminal: bool) -> ChatLoop:
+def chat_loop(engine, terminal: bool, show_accepted: bool = False) -> ChatLoop:
     """A chat on the demo model marked as an APAR model, forks biased up (4094), greedy."""
     console = Console(
         file=io.StringIO(),
@@ -127,7 +142,7 @@ def chat_loop(engine, terminal: bool) -> ChatLoop:
     )
     plan = plan_from_flags(engine.paths, None, BeamFlags())
     sampler = SamplerConfig(logit_bias=((4094, 40.0),))
-    loop = ChatLoop(engine, plan, sampler, 24, console=console)
+    loop = ChatLoop(engine, plan, sampler, 24, console=console, show_accepted=show_accepted)
     loop.branches, loop.adapt = "auto", False
     return loop
 
@@ -139,7 +154,7 @@ def test_chat_on_a_terminal_shows_the_branches_live_then_the_answer(apar_engine)
     assert loop.last.branches > 1 and text
     assert CURSOR in out and "writing ·" in out  # the live view was drawn
     assert out.rindex(text) > out.rindex(CURSOR)  # then the answer, printed in full
-    assert f"{loop.last.branches} branches in {loop.last.steps} steps" in out  # stats line
+    assert f"{loop.last.branches} branches · {loop.last.steps} steps (" in out  # stats line
 
 
 def test_chat_off_a_terminal_prints_the_rebuilt_text_once(apar_engine):
@@ -163,3 +178,39 @@ def test_ctrl_c_keeps_the_final_text_of_a_branching_answer(apar_engine):
     assert partial, "the test needs some final text before the interruption"
     assert loop.messages[-1] == {"role": "assistant", "content": partial}
     assert out.rindex(partial) > out.rindex(CURSOR)
+
+
+def test_show_accepted_colours_each_branchs_accepted_drafts_in_the_answer(apar_engine):
+    """``--show-accepted`` with branches: the settled answer colours the tokens accepted from
+    drafts (here from context lookup) as a linear answer does, each mark carried from the
+    branch that wrote the token; the text itself is the same."""
+    from redrafter_mlx.cli.chat_ui import DRAFTED_STYLE, accepted_chunk
+    from redrafter_mlx.engine.generation import stream_generate
+    from redrafter_mlx.engine.tokenizer import StreamDecoder
+
+    loop = chat_loop(apar_engine, terminal=True, show_accepted=True)
+    responses = []
+
+    def recording(*args, **kwargs):
+        for response in stream_generate(*args, **kwargs):
+            responses.append(response)
+            yield response
+
+    loop.stream = recording
+    text = loop.answer("hi")
+    assert loop.last.branches > 1 and text
+    tokens = [t for r in responses for t in r.tokens]
+    marks = [m for r in responses for m in r.drafted_tokens]
+    assert len(marks) == len(tokens) and 0 < sum(marks) < len(tokens)
+    assert sum(marks) <= loop.last.accepted_tokens  # of those, the answer's (not cut off)
+    out = loop.console.file.getvalue()
+    settled = out[out.rindex(CURSOR) :]  # after the live view: the final text, printed once
+    expected = accepted_chunk(StreamDecoder(apar_engine.tokenizer), tokens, marks, True)
+    assert expected.plain == text
+    assert any(span.style == DRAFTED_STYLE for span in expected.spans)
+    ansi = Console(file=io.StringIO(), force_terminal=True, color_system="standard", width=100)
+    ansi.print(expected, end="", soft_wrap=True)
+    assert ansi.file.getvalue() in settled  # coloured exactly as the marks say
+    assert "\x1b[32m" in out[: out.rindex(CURSOR)]  # the live view's final part too
+    plain = chat_loop(apar_engine, terminal=True)
+    assert plain.answer("hi") == text  # the same answer uncoloured

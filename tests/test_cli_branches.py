@@ -44,7 +44,7 @@ def test_generate_auto_decodes_an_apar_models_branches(cli_app, apar_folder):
 def test_generate_prints_the_rebuilt_text_and_counts_branches(cli_app, apar_folder):
     result = generate(cli_app, apar_folder)
     assert result.exit_code == 0, result.output
-    assert "branches in" in result.stderr
+    assert " branches · " in result.stderr
 
 
 def test_branches_on_without_split_tokens_names_the_fix(cli_app):
@@ -76,7 +76,7 @@ def test_chat_answers_turn_after_turn_with_branches(cli_app, apar_folder):
         cli_app, [str(a) for a in args], input=script, env={"COLUMNS": "120"}
     )
     assert result.exit_code == 0, result.output
-    assert result.output.count("branches in") == 2, result.output
+    assert result.output.count(" branches · ") == 2, result.output
 
 
 def test_branch_limits_are_flags(cli_app, apar_folder):
@@ -97,7 +97,7 @@ def test_branches_with_a_draft_model_count_sources_and_branches(cli_app, apar_fo
     accepted drafts and the branches decoded."""
     result = generate(cli_app, apar_folder, "--draft-model", apar_folder)
     assert result.exit_code == 0, result.output
-    assert "draft model" in result.stderr and "branches in" in result.stderr
+    assert "draft model" in result.stderr and " branches · " in result.stderr
     assert "with --draft-model" in result.stderr
 
 
@@ -106,7 +106,7 @@ def test_branch_text_shows_control_characters_visibly(cli_app, apar_folder):
     biased up) in a branch prints as ``^G``, never raw."""
     result = generate(cli_app, apar_folder, "--logit-bias", "10:30")
     assert result.exit_code == 0, result.output
-    assert "branches in" in result.stderr
+    assert " branches · " in result.stderr
     assert "^G" in result.stdout and "\x07" not in result.stdout
 
 
@@ -139,12 +139,17 @@ def test_piped_chat_prints_the_rebuilt_answer_once(cli_app, apar_folder):
 def test_generate_json_reports_forks_steps_and_answer_tokens(cli_app, apar_folder):
     out = json.loads(generate(cli_app, apar_folder, "--json").stdout)
     stats = out["stats"]
+    answer = len(out["tokens"])
+    decode_s = stats["generation_tokens"] / stats["generation_tps"]
     assert out["branches"] == {
         "forks": stats["branches"] - 1,
         "steps": stats["steps"],
-        "answer_tokens": len(out["tokens"]),
+        "answer_tokens": answer,
+        "answer_tokens_per_step": answer / stats["steps"],
+        "answer_tps": pytest.approx(answer / decode_s),
     }
     assert out["branches"]["forks"] > 0
+    assert stats["generation_tokens"] > answer  # every branch's: not the answer's
     off = json.loads(generate(cli_app, apar_folder, "--json", "--branches", "off").stdout)
     assert off["branches"] is None
 
@@ -191,3 +196,83 @@ def test_serve_checks_memory_for_the_branch_rows_longer_rows(cli_app, apar_folde
     result = CliRunner().invoke(cli_app, [str(a) for a in args])
     assert "stopped before serving" in result.output
     assert seen == [(100 + 8 + 2, 4)]
+
+
+# --- the stats line with branches: the answer's tokens, as --json says -------------------
+
+
+def plan(speculative: bool = False):
+    from types import SimpleNamespace
+
+    from redrafter_mlx.engine.shape import BeamShape
+
+    shape = BeamShape(1, 4) if speculative else BeamShape.autoregressive()
+    return SimpleNamespace(speculative=speculative, shape=shape, label="W1×L4", source="preset")
+
+
+def response(branches: int, **extra):
+    from redrafter_mlx.engine.generation import GenerationResponse
+
+    return GenerationResponse(
+        generation_tokens=300,
+        generation_tps=60.0,  # 5 s of decoding
+        steps=109,
+        branches=branches,
+        time_to_first_token=0.05,
+        finish_reason="stop",
+        **extra,
+    )
+
+
+def test_the_stats_line_with_branches_counts_the_answers_tokens_not_every_branchs():
+    """300 tokens decoded over 4 branches (split tokens and text past the answer's end
+    included), 163 of them in the rebuilt text the user reads: the line says 163, and their
+    speed over the same 5 s; then the branches and the sequential steps."""
+    from redrafter_mlx.cli.stats import stats_line
+
+    line = stats_line(response(4), plan(), answer_tokens=163)
+    assert line.startswith("163 tokens · 32.6 tok/s · 4 branches · 109 steps (1.50 tok/step) · ")
+    assert "300" not in line and "60.0" not in line
+    spec = stats_line(response(4, accept_hist=[80, 20, 9]), plan(True), answer_tokens=163)
+    assert "branch steps emitting 1/2/3 tokens: 80/20/9" in spec
+    assert spec.count("tok/step") == 1  # the answer's per sequential step, not a row's
+    # without branches nothing changes: every token is the answer's
+    assert stats_line(response(0), plan(), answer_tokens=163).startswith("300 tokens · 60.0 tok/s")
+    with pytest.raises(ValueError, match="rebuilt text"):
+        stats_line(response(4), plan())
+
+
+def test_generates_stats_line_says_what_its_json_reports(cli_app, apar_folder):
+    """The same greedy answer: the stats line's tokens, steps and tokens per step are the
+    ``--json`` object's ``branches``, the answer's (12 tokens), not ``stats``' count."""
+    out = json.loads(generate(cli_app, apar_folder, "--json").stdout)
+    branches = out["branches"]
+    assert branches["answer_tokens"] == 12 < out["stats"]["generation_tokens"]
+    line = generate(cli_app, apar_folder).stderr
+    per_step = branches["answer_tokens_per_step"]
+    assert line.startswith("12 tokens · ")
+    assert f" · {out['stats']['branches']} branches · " in line
+    assert f" · {branches['steps']} steps ({per_step:.2f} tok/step) · " in line
+
+
+def test_chats_stats_line_and_stats_command_count_the_answers_tokens(cli_app, apar_folder):
+    """Piped chat, one branching turn of at most 16 tokens: the line after it says the
+    answer's 16 tokens (what ``generate --json`` reports), ``/stats`` too, beside what all
+    the branches decoded."""
+    flags = ["--model", apar_folder, "-n", "16", "--logit-bias", "4094:40", "--no-adapt"]
+    args = ["generate", "--prompt", "hi", "--json", *flags]
+    answer = json.loads(CliRunner().invoke(cli_app, [str(a) for a in args]).stdout)
+    decoded, steps = answer["stats"]["generation_tokens"], answer["branches"]["steps"]
+    assert answer["branches"]["answer_tokens"] == 16 < decoded
+    result = CliRunner().invoke(
+        cli_app,
+        [str(a) for a in ["chat", *flags]],
+        input="hi\n/stats\n/quit\n",
+        env={"COLUMNS": "200"},
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    line = next(line for line in lines if " branches · " in line)
+    assert line.startswith("16 tokens · ") and f" · {steps} steps ({16 / steps:.2f} " in line
+    stats = next(line for line in lines if line.startswith("answer: "))
+    assert stats.startswith("answer: 16 tokens, ") and f"({decoded} decoded in " in stats

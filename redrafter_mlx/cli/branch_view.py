@@ -4,8 +4,10 @@ While the branches run, the view shows the whole rebuilt text so far in order: t
 branch can change any more (the answer's final text, as streamed) in the normal style, then
 the text of the branches still being written, each in place (a list item's details under its
 heading, the next item after them), dimmed, with a cursor where each running branch writes
-next, and a status line (branches, how many are writing, sequential steps). When the answer
-ends the view goes away and the chat prints the final text as a normal answer.
+next, and a status line (branches, how many are writing, sequential steps). With
+``--show-accepted`` the final part colours the tokens accepted from drafts, as a linear
+answer does. When the answer ends the view goes away and the chat prints the final text as a
+normal answer.
 
 :func:`render_branches` is a pure function of the view's state (:class:`BranchView`), so the
 tests drive it with scripted events; the chat owns the ``rich.live.Live`` around it.
@@ -37,6 +39,8 @@ class BranchView:
     pieces:      the whole rebuilt text so far by branch (``GenerationResponse.branch_pieces``)
     steps:       sequential steps so far
     branches:    branches so far, the root counted
+    marked:      with ``--show-accepted``, ``final_text`` as shown, its accepted drafts
+                 coloured (the chat builds it: ``chat_ui.accepted_chunk``); None: plain
     """
 
     decode: Callable[[Sequence[int]], str]
@@ -45,6 +49,7 @@ class BranchView:
     pieces: tuple = ()
     steps: int = 0
     branches: int = 1
+    marked: Text | None = None
 
     def update(self, response) -> None:
         """Take one streamed ``GenerationResponse``."""
@@ -60,7 +65,7 @@ def render_branches(view: BranchView, width: int, height: int | None = None) -> 
     at each running branch, and a status line; wrapped to ``width`` and, with ``height``,
     cut to its last ``height`` lines (the status line always shown), so a live display never
     outgrows the terminal."""
-    body = Text(visible(view.final_text))
+    body = Text(visible(view.final_text)) if view.marked is None else view.marked.copy()
     skip = view.final_count  # tokens of the pieces that are already in final_text
     for piece in view.pieces:
         tokens = piece.tokens[skip:]

@@ -63,7 +63,7 @@ def greeting(engine, plan, show_accepted: bool, sampling: str = "") -> str:
     ]
     if show_accepted and plan.speculative:
         lines.append(
-            f"[dim]Drafter-accepted tokens are shown in [{DRAFTED_STYLE}]{DRAFTED_STYLE}[/].[/]"
+            f"[dim]Tokens accepted from drafts are shown in [{DRAFTED_STYLE}]{DRAFTED_STYLE}[/].[/]"
         )
     return "\n".join(lines)
 
@@ -114,7 +114,12 @@ def chat(
     branch_depth: BranchDepthOpt = None,
     max_branches: MaxBranchesOpt = None,
     show_accepted: Annotated[
-        bool, typer.Option("--show-accepted", help="Colour the tokens that came from the drafter.")
+        bool,
+        typer.Option(
+            "--show-accepted",
+            help="Colour the tokens accepted from drafts (drafter, lookup, draft model; with "
+            "branches, each branch's).",
+        ),
     ] = False,
     dtype: DtypeOpt = None,
     verbose: VerboseOpt = False,

@@ -10,8 +10,9 @@ Ctrl-C during an answer stops that answer, keeps what was said, and returns to t
 from __future__ import annotations
 
 import contextlib
+import itertools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from rich.console import Console
 from rich.text import Text
@@ -25,9 +26,27 @@ HELP = (
     "//text  sends /text (a message that begins with /)\n"
     "The line after an answer: tokens, tok/s, tok/step (tokens per verify step), and "
     "'steps emitting 1/2/3/4 tokens: a/b/c/d': how many steps emitted 1 token (no draft "
-    "accepted), 2 tokens (one drafted token accepted + the model's own), and so on."
+    "accepted), 2 tokens (one drafted token accepted + the model's own), and so on. "
+    "With branches (APAR): the answer's tokens (the rebuilt text's) and their tok/s, the "
+    "branches, the sequential steps (with the answer's tokens per step); 'branch steps "
+    "emitting ...' counts each branch's own steps."
 )
 DRAFTED_STYLE = "green"
+
+
+def accepted_chunk(decoder, tokens: Sequence[int], drafted: Sequence[bool], flush: bool) -> Text:
+    """``tokens`` as text (through ``decoder``, a ``StreamDecoder``; ``flush``: the answer
+    ends here) with those accepted from drafts (their ``drafted`` mark) in DRAFTED_STYLE:
+    each run of tokens with one mark is one span (``--show-accepted``; a linear step's
+    drafts come first, an APAR answer's marks come from the branches that wrote them)."""
+    marks = [*drafted, *[False] * (len(tokens) - len(drafted))]
+    chunk = Text()
+    for mark, run in itertools.groupby(zip(tokens, marks), key=lambda pair: pair[1]):
+        text = decoder.add([token for token, _ in run])
+        chunk.append(visible(text), style=DRAFTED_STYLE if mark else None)
+    if flush:
+        chunk.append(visible(decoder.flush()))
+    return chunk
 
 
 def read_line(prompt: str = ">> ") -> str | None:
@@ -108,6 +127,7 @@ class ChatLoop:
         self.adapt = True  # switch beam shapes by measured tokens/s (chat --no-adapt: False)
         self.branches = "auto"  # APAR branches (chat --branches): the answer is rebuilt text
         self.last = None  # the last answer's final GenerationResponse
+        self.answer_tokens = 0  # its text's tokens (with branches: the rebuilt text's)
         self.dropped_turns = 0
 
     # ------------------------------------------------------------------ prompt and context
@@ -173,7 +193,7 @@ class ChatLoop:
         if self.last is not None:
             from redrafter_mlx.cli.common import stats_line
 
-            self.note(stats_line(self.last, self.plan))
+            self.note(stats_line(self.last, self.plan, self.answer_tokens))
         return text
 
     def stream_answer(self, ids: list[int]) -> tuple[str, bool]:
@@ -188,8 +208,9 @@ class ChatLoop:
         e = self.engine
         decoder = StreamDecoder(e.tokenizer)
         text = ""
-        self.last = None
-        branching = BranchAnswer(self.console, e.tokenizer.decode)
+        self.last, self.answer_tokens = None, 0
+        accepted = StreamDecoder(e.tokenizer) if self.show_accepted else None
+        branching = BranchAnswer(self.console, e.tokenizer.decode, accepted)
         draft = getattr(e, "draft_model", None)
         stream = self.stream(
             e.model,
@@ -208,6 +229,7 @@ class ChatLoop:
             for response in stream:
                 text += response.text
                 self.last = response
+                self.answer_tokens += len(response.tokens)
                 if not branching.take(response):
                     self.show(response, decoder)
         except KeyboardInterrupt:
@@ -220,18 +242,12 @@ class ChatLoop:
 
     def show(self, response, decoder) -> None:
         """Print one streamed chunk (control characters shown visibly: ``terminal.visible``);
-        with --show-accepted, drafter tokens are coloured."""
+        with --show-accepted, tokens accepted from drafts are coloured."""
         if not self.show_accepted:
             self.console.print(visible(response.text), end="", markup=False, emoji=False)
             return
-        k = sum(response.drafted_tokens)  # drafted tokens come first in a step
-        drafted = decoder.add(response.tokens[:k])
-        own = decoder.add(response.tokens[k:])
-        if response.finish_reason:
-            own += decoder.flush()
-        chunk = Text()
-        chunk.append(visible(drafted), style=DRAFTED_STYLE)
-        chunk.append(visible(own))
+        done = bool(response.finish_reason)
+        chunk = accepted_chunk(decoder, response.tokens, response.drafted_tokens, done)
         self.console.print(chunk, end="")
 
     def repair_session(self) -> None:
@@ -264,7 +280,7 @@ class ChatLoop:
         """Forget the conversation, the KV cache and the dropped-turns count."""
         self.messages.clear()
         self.session.reset()
-        self.last = None
+        self.last, self.answer_tokens = None, 0
         self.dropped_turns = 0
         self.note("[conversation cleared]")
 
@@ -311,18 +327,29 @@ class ChatLoop:
         r = self.last
         if r is None:
             return "\n".join(lines + ["no answer yet"])
+        from redrafter_mlx.cli.stats import answer_branch_stats
+
+        branched = answer_branch_stats(r, self.answer_tokens)
+        if branched is None:
+            answer = f"answer: {r.generation_tokens} tokens, {r.generation_tps:.1f} tok/s"
+        else:  # the rebuilt text's tokens, then all the branches decoded
+            answer = (
+                f"answer: {branched['answer_tokens']} tokens, {branched['answer_tps']:.1f} "
+                f"tok/s ({r.generation_tokens} decoded in {r.branches} branches)"
+            )
         lines += [
             f"prompt: {r.prompt_tokens} tokens, {r.prefilled_tokens} prefilled "
             f"({r.prompt_tokens - r.prefilled_tokens} reused from the cache), "
             f"{r.prompt_tps:.0f} tok/s",
-            f"answer: {r.generation_tokens} tokens, {r.generation_tps:.1f} tok/s, "
-            f"time to first token {r.time_to_first_token * 1e3:.0f} ms, "
+            f"{answer}, time to first token {r.time_to_first_token * 1e3:.0f} ms, "
             f"finish {r.finish_reason or 'interrupted'}",
         ]
         if self.plan.speculative:
+            per_step = "step" if branched is None else "branch step"
             lines.append(
-                f"steps: {r.steps}, {r.tokens_per_step:.2f} tokens/step, {self.packed_text(r)}, "
-                f"host {r.host_ms_per_step:.2f} ms/step, {format_hist(r.accept_hist)}"
+                f"steps: {r.steps}, {r.tokens_per_step:.2f} tokens/{per_step}, "
+                f"{self.packed_text(r)}, host {r.host_ms_per_step:.2f} ms/step, "
+                f"{format_hist(r.accept_hist, per_step + 's')}"
             )
         lines.append(f"peak memory: {r.peak_memory_gb:.3f} GB")
         return "\n".join(lines)
@@ -352,11 +379,15 @@ class ChatLoop:
 class BranchAnswer:
     """One answer's branch display: inactive until a response carries ``branch_pieces``
     (branching on); then, on a terminal, a ``rich.live.Live`` of :class:`BranchView`
-    (transient: it leaves nothing behind), and at the end the final text printed once."""
+    (transient: it leaves nothing behind), and at the end the final text printed once.
+    ``accepted``: a ``StreamDecoder`` with ``--show-accepted`` (None: without): the final
+    text, live and settled, then colours the tokens accepted from drafts, each branch's
+    marks carried through the rebuild (:func:`accepted_chunk`)."""
 
-    def __init__(self, console: Console, decode):
+    def __init__(self, console: Console, decode, accepted=None):
         self.console = console
         self.decode = decode
+        self.accepted = accepted
         self.view = None
         self.live = None
 
@@ -367,23 +398,30 @@ class BranchAnswer:
         if self.view is None:
             if not response.branch_pieces:
                 return False
-            self.view = BranchView(self.decode)
+            self.view = BranchView(self.decode, marked=None if self.accepted is None else Text())
             if self.console.is_terminal:
                 from rich.live import Live
 
                 self.live = Live(console=self.console, transient=True, auto_refresh=False)
                 self.live.start()
         self.view.update(response)
+        if self.accepted is not None:
+            done = bool(response.finish_reason)
+            chunk = accepted_chunk(self.accepted, response.tokens, response.drafted_tokens, done)
+            self.view.marked.append_text(chunk)
         if self.live is not None:
             size = self.console.size
             self.live.update(render_branches(self.view, size.width, size.height), refresh=True)
         return True
 
     def close(self, text: str) -> None:
-        """End the live view and print ``text`` (the answer's final text) as an answer."""
+        """End the live view and print ``text`` (the answer's final text) as an answer
+        (with ``accepted``: the same text, its accepted drafts coloured)."""
         if self.live is not None:
             self.live.stop()
-        if self.view is not None:
+        if self.view is not None and self.view.marked is not None:
+            self.console.print(self.view.marked, end="")
+        elif self.view is not None:
             self.console.print(visible(text), end="", markup=False, emoji=False)
 
 

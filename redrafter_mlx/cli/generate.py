@@ -57,7 +57,7 @@ from redrafter_mlx.cli.options import (
     BranchesOpt,
     MaxBranchesOpt,
 )
-from redrafter_mlx.cli.stats import branch_stats
+from redrafter_mlx.cli.stats import answer_branch_stats
 from redrafter_mlx.cli.terminal import visible
 from tuning import ShapeChoice
 
@@ -155,7 +155,8 @@ def result_json(
     engine: Engine, plan: ShapeChoice, sampling: SamplerConfig, result: Generation, chat: bool
 ) -> dict:
     """The ``--json`` object: text, token ids, finish reason, stats, APAR branches (forks,
-    sequential steps, answer tokens; null with branching off), beam, paths, dtype."""
+    sequential steps, answer tokens, per step and per second: what the stats line says;
+    null with branching off), beam, paths, dtype."""
     final = result.final
     return {
         "text": result.text,
@@ -163,7 +164,7 @@ def result_json(
         "drafted_tokens": sum(result.drafted),
         "finish_reason": final.finish_reason,
         "stats": response_stats(final),
-        "branches": branch_stats(final.branches, final.steps, len(result.tokens)),
+        "branches": answer_branch_stats(final, len(result.tokens)),
         "beam": plan.to_dict(),
         "sampling": sampling.to_dict(),
         "chat_template": chat,
@@ -269,4 +270,6 @@ def generate(
         if as_json:
             print(json.dumps(result_json(engine, plan, sampling, result, chat)))
         else:
-            err_console().print(stats_line(result.final, plan), style="dim", markup=False)
+            err_console().print(
+                stats_line(result.final, plan, len(result.tokens)), style="dim", markup=False
+            )

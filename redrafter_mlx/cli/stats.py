@@ -15,12 +15,13 @@ FINISH_TEXT = {
 }
 
 
-def format_hist(hist: list[int]) -> str:
-    """``steps emitting 1/2/3/4 tokens: 12/5/2/1`` (accepted drafts + the bonus token)."""
+def format_hist(hist: list[int], steps: str = "steps") -> str:
+    """``steps emitting 1/2/3/4 tokens: 12/5/2/1`` (accepted drafts + the bonus token);
+    ``steps``: what a step is called (``branch steps``: one branch row's step)."""
     if not hist or not any(hist):
         return ""
     sizes = "/".join(str(i) for i in range(1, len(hist) + 1))
-    return f"steps emitting {sizes} tokens: " + "/".join(str(n) for n in hist)
+    return f"{steps} emitting {sizes} tokens: " + "/".join(str(n) for n in hist)
 
 
 def source_share(source_tokens: dict) -> str:
@@ -30,19 +31,34 @@ def source_share(source_tokens: dict) -> str:
     return "accepted drafts: " + (" + ".join(parts) if parts else "0")
 
 
-def stats_line(response, plan: ShapeChoice) -> str:
-    """The one-line summary after an answer: tokens, speed, acceptance, why it ended, shape."""
-    parts = [f"{response.generation_tokens} tokens", f"{response.generation_tps:.1f} tok/s"]
+def stats_line(response, plan: ShapeChoice, answer_tokens: int | None = None) -> str:
+    """The one-line summary after an answer: tokens, speed, acceptance, why it ended, shape.
+
+    With APAR branches (``response.branches``) the tokens and the speed are the answer's,
+    the rebuilt text's ``answer_tokens`` (required then; the stats' ``generation_tokens``
+    count every branch's, split tokens and tokens past the answer's end included), then the
+    branches and the sequential steps with the answer's tokens per step
+    (:func:`answer_branch_stats`, what ``generate --json`` reports); the acceptance
+    histogram counts branch steps (one branch row's step)."""
+    branched = answer_branch_stats(response, answer_tokens)
+    if branched is None:
+        parts = [f"{response.generation_tokens} tokens", f"{response.generation_tps:.1f} tok/s"]
+    else:
+        parts = [
+            f"{branched['answer_tokens']} tokens",
+            f"{branched['answer_tps']:.1f} tok/s",
+            f"{response.branches} branches",
+            f"{branched['steps']} steps ({branched['answer_tokens_per_step']:.2f} tok/step)",
+        ]
     if plan.speculative:
-        parts.append(f"{response.tokens_per_step:.2f} tok/step")
-        hist = format_hist(response.accept_hist)
+        if branched is None:
+            parts.append(f"{response.tokens_per_step:.2f} tok/step")
+        hist = format_hist(response.accept_hist, "steps" if branched is None else "branch steps")
         if hist:
             parts.append(hist)
         shape = plan.shape
         if shape.drafts + bool(shape.lookup) + bool(shape.model_length) > 1:  # their shares
             parts.append(source_share(response.source_tokens))
-    if getattr(response, "branches", 0):  # APAR: branches decoded side by side
-        parts.append(f"{response.branches} branches in {response.steps} steps")
     parts.append(f"TTFT {response.time_to_first_token * 1e3:.0f} ms")
     finish = FINISH_TEXT.get(response.finish_reason)
     if finish:
@@ -51,13 +67,40 @@ def stats_line(response, plan: ShapeChoice) -> str:
     return " · ".join(parts)
 
 
-def branch_stats(branches: int, steps: int, answer_tokens: int) -> dict | None:
+def branch_stats(
+    branches: int, steps: int, answer_tokens: int, decode_s: float | None = None
+) -> dict | None:
     """One answer's APAR numbers, None with branching off (``branches`` 0): its forks (the
-    branches beyond the root), sequential steps, and tokens (the rebuilt text's; the stats'
-    ``generation_tokens`` count every branch's, split tokens included)."""
+    branches beyond the root), sequential steps, tokens (the rebuilt text's; the stats'
+    ``generation_tokens`` count every branch's, split tokens included) and tokens per
+    sequential step, and with ``decode_s`` (the decoding's seconds, after the first token)
+    the answer's tokens per second."""
     if not branches:
         return None
-    return {"forks": branches - 1, "steps": steps, "answer_tokens": answer_tokens}
+    out = {
+        "forks": branches - 1,
+        "steps": steps,
+        "answer_tokens": answer_tokens,
+        "answer_tokens_per_step": answer_tokens / max(steps, 1),
+    }
+    if decode_s is not None:
+        out["answer_tps"] = answer_tokens / decode_s if decode_s > 0 else 0.0
+    return out
+
+
+def answer_branch_stats(response, answer_tokens: int | None) -> dict | None:
+    """:func:`branch_stats` of a final GenerationResponse whose answer (the rebuilt text)
+    holds ``answer_tokens`` tokens, its speed over the same decoding time as the stats'
+    ``generation_tps`` (their ``generation_tokens`` over it); None with branching off. The
+    one place the chat's and ``generate``'s stats line and ``generate --json`` take them."""
+    branches = getattr(response, "branches", 0)
+    if not branches:
+        return None
+    if answer_tokens is None:
+        raise ValueError("an answer with branches needs its rebuilt text's token count")
+    tps = response.generation_tps
+    decode_s = response.generation_tokens / tps if tps > 0 else 0.0
+    return branch_stats(branches, response.steps, answer_tokens, decode_s)
 
 
 def response_stats(response) -> dict:
@@ -67,6 +110,7 @@ def response_stats(response) -> dict:
 
 __all__ = [
     "FINISH_TEXT",
+    "answer_branch_stats",
     "branch_stats",
     "format_hist",
     "response_stats",

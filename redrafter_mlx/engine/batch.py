@@ -754,18 +754,22 @@ class BatchGenerator:
 
     # ------------------------------------------------------------------ branches
 
-    def grow_branches(self, row: Row, new: list[int], finish: str | None) -> None:
-        """A branching row's emitted tokens into its request's tree (``BranchTree.extend``);
-        a fork makes the child's row (``fork``), a finished row finishes its branch."""
+    def grow_branches(
+        self, row: Row, new: list[int], finish: str | None, drafted: list[bool] | None = None
+    ) -> None:
+        """A branching row's emitted tokens into its request's tree (``BranchTree.extend``,
+        with ``drafted``: which were accepted drafts); a fork makes the child's row
+        (``fork``), a finished row finishes its branch."""
         tree = row.branches
         if tree is None:
             return
+        drafted = drafted or [False] * len(new)
         if row.forced >= 0:  # a child's first step: its forced child token, already recorded
             if new[:1] != [row.forced]:
                 raise RuntimeError(f"branch {row.branch} did not draw its forced child token")
-            new, row.forced, self._params = new[1:], -1, None
+            new, drafted, row.forced, self._params = new[1:], drafted[1:], -1, None
         # A row that ends here makes no child: a fork at its token limit has no room for one.
-        ext = tree.extend(row.branch, new, can_fork=finish is None)
+        ext = tree.extend(row.branch, new, can_fork=finish is None, drafted=drafted)
         if ext.keep != len(new):  # fork_ok grants no fork past the limits (``_split``)
             raise RuntimeError(f"branch {row.branch} forked past the branch limit")
         if ext.fork is not None:
@@ -1075,7 +1079,7 @@ class BatchGenerator:
             if row.shadow is not None:  # what a lookup chain would have given this step
                 resolved += row.shadow.step(0, tokens[r][: counts[r]])
             new, finish = self.emit(row, tokens[r][: counts[r]])
-            self.grow_branches(row, new, finish)
+            self.grow_branches(row, new, finish, [i < counts[r] - 1 for i in range(len(new))])
             delivered.append(RowStep(row, new, finish, counts[r], packed[r], by[r]))
             if row.finished and row.shadow is not None:
                 resolved += row.shadow.finish(0)

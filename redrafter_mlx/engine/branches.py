@@ -141,6 +141,7 @@ class Piece(NamedTuple):
 @dataclass
 class Branch:
     """One branch: ``tokens`` are its own (a child's start with the child token),
+    ``drafted`` marks each of them that was an accepted draft (``--show-accepted``),
     ``base`` the length of the parent row prefix before them (through the fork token),
     ``forks`` ``[(index of a fork token in tokens, child id), ...]``."""
 
@@ -151,6 +152,12 @@ class Branch:
     tokens: list[int] = field(default_factory=list)
     forks: list[tuple[int, int]] = field(default_factory=list)
     done: bool = False
+    drafted: list[bool] = field(default_factory=list)
+
+    def add(self, tokens: list[int], drafted: list[bool]) -> None:
+        """Append ``tokens`` with their draft marks."""
+        self.tokens.extend(tokens)
+        self.drafted.extend(drafted)
 
 
 class BranchTree:
@@ -190,18 +197,21 @@ class BranchTree:
         so it is rebuilt then, not every step)."""
         return [self.fork_allowed(b) for b in branches]
 
-    def extend(self, branch: int, new_tokens, can_fork: bool = True) -> Extension:
+    def extend(self, branch: int, new_tokens, can_fork: bool = True, drafted=None) -> Extension:
         """Record a row's newly accepted tokens (stop tokens left out): all of them, or those
         through the first fork token, which makes a child branch (its child token recorded
         as its first token), or those before a fork past the branch limit (module
         docstring). ``can_fork=False``: the row ends with these tokens (its token limit), so
         a fork token among them makes no child (no room for one): it stays as text, which
         the rebuilt text leaves out; so does a fork whose child's text would lie past the
-        answer's ``budget``."""
+        answer's ``budget``. ``drafted``: per token, whether it was an accepted draft (None:
+        none was); the rebuilt text carries the marks (:meth:`take_final_marked`)."""
         b = self.branches[branch]
         if b.done:
             raise ValueError(f"branch {branch} is finished; it takes no more tokens")
         new_tokens = [int(t) for t in new_tokens]
+        marks = [bool(d) for d in drafted or ()][: len(new_tokens)]
+        marks += [False] * (len(new_tokens) - len(marks))
         fork_id, child_id = self.rules.split_ids
         # where the text of a fork at new_tokens[i] would land: past the answer, no child
         at = self.ends()[branch] if self.budget is not None else None
@@ -225,9 +235,9 @@ class BranchTree:
                     "it (mask_split_tokens)"
                 )
             if len(self.branches) >= self.rules.max_branches:  # another row took the last
-                b.tokens.extend(new_tokens[:i])
+                b.add(new_tokens[:i], marks[:i])
                 return Extension(keep=i)
-            b.tokens.extend(new_tokens[: i + 1])
+            b.add(new_tokens[: i + 1], marks[: i + 1])
             prefix_len = b.base + len(b.tokens)
             child = Branch(
                 id=len(self.branches),
@@ -235,11 +245,12 @@ class BranchTree:
                 depth=b.depth + 1,
                 base=prefix_len,
                 tokens=[child_id],
+                drafted=[False],
             )
             b.forks.append((len(b.tokens) - 1, child.id))
             self.branches.append(child)
             return Extension(keep=i + 1, fork=Fork(branch, child.id, prefix_len))
-        b.tokens.extend(new_tokens)
+        b.add(new_tokens, marks)
         return Extension(keep=len(new_tokens))
 
     def finish(self, branch: int) -> None:
@@ -281,13 +292,13 @@ class BranchTree:
     def linear(self) -> list[int]:
         """The whole text as token ids, root -> detail -> next, split tokens left out (its
         first ``budget`` tokens)."""
-        return self._walk(0, stop_unfinished=False)[0][: self.budget]
+        return [t for t, _ in self._walk(0, stop_unfinished=False)[0][: self.budget]]
 
     def final(self) -> list[int]:
         """The longest prefix of :meth:`linear` that no later token can change: the walk in
         text order stops at the end of the first unfinished branch it meets (its next token,
         or a later branch's, would come there)."""
-        return self._walk(0, stop_unfinished=True)[0][: self.budget]
+        return [t for t, _ in self._final()]
 
     def pieces(self) -> tuple[Piece, ...]:
         """The rebuilt text so far, all branches' (not only its final part), as runs of one
@@ -319,24 +330,33 @@ class BranchTree:
 
     def take_final(self) -> list[int]:
         """The tokens of :meth:`final` not handed out by an earlier call (for streaming)."""
-        final = self.final()
-        new, self._taken = final[self._taken :], len(final)
-        return new
+        return self.take_final_marked()[0]
 
-    def _walk(self, branch: int, stop_unfinished: bool) -> tuple[list[int], bool]:
-        """(text tokens of ``branch`` with its children spliced in, whether the walk
-        stopped inside it)."""
+    def take_final_marked(self) -> tuple[list[int], list[bool]]:
+        """:meth:`take_final` with each token's draft mark (``extend``'s ``drafted``: the
+        marks of the branch that wrote it), so the rebuilt text can show accepted drafts."""
+        final = self._final()
+        new, self._taken = final[self._taken :], len(final)
+        return [t for t, _ in new], [d for _, d in new]
+
+    def _final(self) -> list[tuple[int, bool]]:
+        """:meth:`final` as (token, drafted) pairs."""
+        return self._walk(0, stop_unfinished=True)[0][: self.budget]
+
+    def _walk(self, branch: int, stop_unfinished: bool) -> tuple[list[tuple[int, bool]], bool]:
+        """(text tokens of ``branch`` with its children spliced in, each with its draft
+        mark, whether the walk stopped inside it)."""
         b = self.branches[branch]
         children = dict(b.forks)
-        out: list[int] = []
-        for i, token in enumerate(b.tokens):
+        out: list[tuple[int, bool]] = []
+        for i, (token, drafted) in enumerate(zip(b.tokens, b.drafted, strict=True)):
             if i in children:
                 text, stopped = self._walk(children[i], stop_unfinished)
                 out.extend(text)
                 if stopped:
                     return out, True
             elif token not in self.rules.split_ids:
-                out.append(token)
+                out.append((token, drafted))
         return out, stop_unfinished and not b.done
 
     def _last(self, branch: int) -> int | None:

@@ -79,7 +79,8 @@ class DecodeEvent:
 
     tokens:   per row, the new tokens (after EOS/limit truncation; empty once finished)
     accepted: per row, draft tokens the verifier accepted this step
-    drafted:  per row, for each new token, whether it was a draft (drafter or lookup)
+    drafted:  per row, for each new token, whether it was a draft (drafter or lookup; with
+              branching on, as the branch that wrote it accepted it)
     finish:   per row, None while running, then ``"stop"`` (EOS), ``"length"`` (max_tokens)
               or ``"context"`` (the model's context is full)
     stats:    running statistics of the whole call
@@ -106,7 +107,8 @@ class GenerationResponse(DecodeStats):
 
     ``text``/``tokens`` are new since the previous response; ``drafted_tokens`` marks which of
     ``tokens`` came from the drafter; ``finish_reason`` is None until the last response.
-    With branching on, ``text``/``tokens`` are the rebuilt text's newly final part and
+    With branching on, ``text``/``tokens`` are the rebuilt text's newly final part (each
+    token's ``drafted_tokens`` mark carried from the branch that wrote it) and
     ``branch_tokens`` each branch's own new tokens this step (``DecodeEvent.branches``),
     ``branch_pieces`` the whole rebuilt text so far by branch (``DecodeEvent.pieces``).
     """
@@ -274,12 +276,15 @@ def _family(rows: list[Row]) -> list[Row]:
 
 
 def _branch_event(rows: list[Row], stepped, stats: DecodeStats) -> DecodeEvent:
-    """A branching call's event: per request, the rebuilt text's newly final tokens, its
-    branches' own tokens, accepted drafts summed over its rows."""
-    tokens, accepted, by, per_branch = [], [], [], []
+    """A branching call's event: per request, the rebuilt text's newly final tokens (with
+    their draft marks, carried from the branches that wrote them), its branches' own tokens,
+    accepted drafts summed over its rows."""
+    tokens, drafted, accepted, by, per_branch = [], [], [], [], []
     for root in rows:
         mine = [g for g in stepped if g.row.branches is root.branches]
-        tokens.append(root.branches.take_final())
+        final, marks = root.branches.take_final_marked()
+        tokens.append(final)
+        drafted.append(marks)
         accepted.append(sum(g.count - 1 for g in mine))
         own = [g.by_source or (0,) * len(SOURCE_NAMES) for g in mine]
         by.append(tuple(sum(b[i] for b in own) for i in range(len(SOURCE_NAMES))))
@@ -288,7 +293,7 @@ def _branch_event(rows: list[Row], stepped, stats: DecodeStats) -> DecodeEvent:
     return DecodeEvent(
         tokens,
         accepted,
-        [[False] * len(t) for t in tokens],
+        drafted,
         [root.request_finish for root in rows],
         stats,
         by,

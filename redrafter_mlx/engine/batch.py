@@ -76,7 +76,7 @@ from .decode import (
     step_sources,
 )
 from .draft_model import prefill as draft_prefill
-from .early_exit import EarlyExitAdapter
+from .early_exit import adapter_of
 from .early_exit import prefill as early_exit_prefill
 from .lookup import LookupShadow
 from .platform import read_first
@@ -112,9 +112,11 @@ def split_row_keys(row_keys: mx.array) -> tuple[mx.array, mx.array]:
 def held_sources(drafter, draft) -> tuple[int, ...]:
     """The stateful sources whose states a loop with this drafter and draft model holds in
     ``DecodeState.sources``, in that order (``sources.py``: "Sources that sit out steps"):
-    an early-exit adapter's, then a draft model's."""
-    held = (EARLY_EXIT,) if isinstance(drafter, EarlyExitAdapter) else ()
-    return held + ((DRAFT_MODEL,) if draft is not None else ())
+    an early-exit adapter's (as the drafter or in the draft slot: ``early_exit.adapter_of``),
+    then a draft model's (a real one only)."""
+    adapter = adapter_of(drafter, draft)
+    held = (EARLY_EXIT,) if adapter is not None else ()
+    return held + ((DRAFT_MODEL,) if draft is not None and draft is not adapter else ())
 
 
 def stateful_sources(shape: BeamShape | None, drafter, draft) -> list:
@@ -566,6 +568,7 @@ class BatchGenerator:
         draft=None,
     ):
         self.model, self.drafter, self.draft = model, drafter, draft
+        self.adapter = adapter_of(drafter, draft)  # an early-exit adapter, in either slot
         self.held = held_sources(drafter, draft)  # ids of ``DecodeState.sources``' states
         # Per held source: committed tokens its state may miss (``sources.py``, "Sources that
         # sit out steps"); host side, from the shapes queued, never read from the device.
@@ -619,11 +622,12 @@ class BatchGenerator:
         self.policy.reset()
 
     def _empty_sources(self, B: int) -> tuple:
-        """The held stateful sources' empty states (an early-exit adapter's cache, a draft
-        model's cache: ``held_sources`` order) for B rows."""
+        """The held stateful sources' empty states (an early-exit adapter's cache, as the
+        drafter or in the draft slot; a draft model's cache: ``held_sources`` order) for B
+        rows."""
         states = ()
         if EARLY_EXIT in self.held:
-            states += (self.drafter.make_cache(B, SLOT_QUANTUM),)
+            states += (self.adapter.make_cache(B, SLOT_QUANTUM),)
         if DRAFT_MODEL in self.held:
             states += (self.draft.make_cache(B, SLOT_QUANTUM),)
         return states
@@ -684,13 +688,14 @@ class BatchGenerator:
         self.behind = dict.fromkeys(self.held, 0)  # every source prefilled with every row
 
     def _prefilled_sources(self, session: Session, rows: slice) -> tuple:
-        """The stateful draft sources' states (a draft model's cache) after ``session``'s
+        """The stateful draft sources' states (an early-exit adapter's cache, wherever it sits;
+        a draft model's cache) after ``session``'s
         ``rows``' prompts (all in its cache): the model as its own draft starts from the
         model's own prefill K/V (no second prefill); another draft model prefills them."""
         states = ()
         if EARLY_EXIT in self.held:
             states += (
-                early_exit_prefill(self.model, self.drafter, session.cached[rows], session.slots),
+                early_exit_prefill(self.model, self.adapter, session.cached[rows], session.slots),
             )
         if DRAFT_MODEL not in self.held:
             return states

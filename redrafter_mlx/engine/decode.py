@@ -4,7 +4,8 @@ A step is a pure function of mx arrays with static shapes for a given (B, W, L, 
 cache slots), so it runs under ``mx.compile`` and never reads the device. The candidates
 come from draft sources (``sources.py``): the drafter's W beams (or, an early-exit adapter
 as the drafter, its one chain: ``early_exit.py``), K context-lookup chains (``lookup.py``)
-and a draft model's chain (``draft_model.py``), in one tree. The
+and the draft slot's chain (a draft model's, ``draft_model.py``, or an early-exit adapter's
+beside the recurrent drafter), in one tree. The
 autoregressive baseline is the same machinery with one token per step.
 
 State carried between steps (``DecodeState``):
@@ -37,7 +38,7 @@ import mlx.core as mx
 from .branches import fork_not_drafted, split_logits
 from .draft_model import DraftModelSource, catchup_tokens
 from .drafter import Drafter, beam_search
-from .early_exit import EarlyExitAdapter, EarlyExitSource, check_width
+from .early_exit import EarlyExitSource, adapter_of, check_width
 from .lookup import ABSENT, lookup_chains, write_history
 from .model import Model, write_slots
 from .penalties import node_text
@@ -136,9 +137,14 @@ def slot_destinations(lengths, path_slots, n, capacity: int):
 def step_sources(shape: BeamShape, drafter=None, draft=None) -> list:
     """The draft sources of a step of ``shape``, in source order: the drafter's beams (when
     it drafts; an early-exit adapter as the drafter: its one chain of L tokens), the lookup
-    chains, the draft model's chain (``shape.model_length``)."""
+    chains, the draft slot's chain (``shape.model_length``): a draft model's, or an
+    early-exit adapter's (``draft`` an ``EarlyExitAdapter``: its chain of ``model_length``
+    tokens beside the recurrent drafter's beams). An adapter in both slots: ValueError
+    (``early_exit.adapter_of``)."""
     sources = []
-    early_exit = isinstance(drafter, EarlyExitAdapter) and shape.drafts
+    adapter = adapter_of(drafter, draft)
+    early_exit = adapter is drafter and adapter is not None and shape.drafts
+    chained = adapter is draft and adapter is not None and shape.model_length
     if drafter is not None and shape.drafts and not early_exit:
         sources.append(DrafterSource(drafter, shape.width, shape.length))
     if shape.lookup:
@@ -149,7 +155,10 @@ def step_sources(shape: BeamShape, drafter=None, draft=None) -> list:
         if draft is not None and shape.model_length:
             refresh = max(refresh, shape.model_length)
         sources.insert(0, EarlyExitSource(drafter, shape.length, refresh))
-    if draft is not None and shape.model_length:
+    if chained:  # the adapter in the draft slot: refreshed over any other path, as above
+        refresh = max([0, *(source.length for source in sources)])
+        sources.append(EarlyExitSource(draft, shape.model_length, refresh))
+    elif draft is not None and shape.model_length:
         catchup = catchup_tokens([source.length for source in sources])
         sources.append(DraftModelSource(draft, shape.model_length, catchup))
     return sources
@@ -383,10 +392,12 @@ def redrafter_step(
 
 
 def is_beam_and_chain(shape: BeamShape) -> bool:
-    """One drafter beam and one lookup chain with a slot for every token of both (the
-    default hybrid, W1xL + K1xLk at its full capacity): ``beam_and_chain_step`` runs it."""
+    """One drafter beam and one lookup chain with a slot for every token of both, and no
+    draft-slot chain (the default hybrid, W1xL + K1xLk at its full capacity):
+    ``beam_and_chain_step`` runs it."""
     full = 1 + (shape.length - 1) + (shape.chain_length - 1)
-    return shape.drafts and shape.width == 1 and shape.lookup == 1 and shape.slots == full
+    one = shape.drafts and shape.width == 1 and shape.lookup == 1 and not shape.model_length
+    return one and shape.slots == full
 
 
 @functools.lru_cache(maxsize=32)

@@ -480,6 +480,27 @@ def adapter_eta(adapter: EarlyExitAdapter) -> float:
     return float(adapter.args.extra.get("eta", ETA))
 
 
+def adapter_of(drafter, draft=None) -> EarlyExitAdapter | None:
+    """The early-exit adapter a run holds, wherever it sits: as the drafter (its chain is
+    the shape's W1×L beam) or in the draft-model slot (its chain is the shape's D1×L);
+    None when neither is one. Every place that holds, prefills or prices the adapter's
+    state asks this (``batch.held_sources``, ``BatchGenerator``, ``memory``, ``profile``).
+    ValueError when both are adapters: a run holds one adapter state."""
+    if isinstance(draft, EarlyExitAdapter):
+        if isinstance(drafter, EarlyExitAdapter):
+            raise ValueError(both_slots_message())
+        return draft
+    return drafter if isinstance(drafter, EarlyExitAdapter) else None
+
+
+def both_slots_message() -> str:
+    return (
+        "an early-exit adapter was given both as the drafter and as the draft model: a run "
+        "holds one adapter; pass it once (--drafter <recurrent drafter> --draft-model "
+        "<early-exit folder> runs it beside the recurrent drafter)"
+    )
+
+
 def check_width(width: int) -> None:
     """ValueError unless the shape drafts one beam: the early-exit drafter makes one chain."""
     if width != 1:

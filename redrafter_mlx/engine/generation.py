@@ -32,7 +32,7 @@ from .branches import BRANCH_MODES, BranchRules, Piece, branch_rules, request_ro
 from .cache import SLOT_QUANTUM, Session, token_limit
 from .decode import DecodeState
 from .distributed import shared_seed
-from .draft_model import check_draft_model
+from .draft_model import check_draft_slot
 from .drafter import Drafter
 from .errors import ParamError
 from .memory import check_step_memory
@@ -155,7 +155,9 @@ def generate_steps(
     Rows that finish stop emitting; the loop ends when all rows have finished.
     A ``shape`` whose step cannot fit in memory raises ``memory.ShapeTooLarge`` first.
     ``draft_model``: a model sharing the vocabulary whose greedy chain joins the tree
-    (``draft_model.py``; the shape's ``D1×L``, else ``D1×`` its drafter length); adaptive
+    (``draft_model.py``; the shape's ``D1×L``, else ``D1×`` its drafter length), or an
+    early-exit adapter (``early_exit.py``: its chain is the ``D1×L``, beside the recurrent
+    drafter's beams; an adapter in both slots is a ValueError); adaptive
     runs choose among shapes with and without its chain, as with an early-exit adapter as
     the drafter (the loop catches a source's cache up on steps it sat out: ``sources.py``).
     ``branches``: the model's branching rules (``branches.branch_rules``; None: off): each
@@ -167,8 +169,7 @@ def generate_steps(
     afterwards (it holds no one row of the rebuilt text).
     """
     prompts = [list(map(int, p)) for p in prompts]
-    if draft_model is not None:
-        check_draft_model(model, draft_model)
+    check_draft_slot(model, drafter, draft_model)  # a model or an early-exit adapter
     shape = shape.validate(model.vocab_size).runnable(drafter is not None, draft_model is not None)
     if not shape.model_length:
         draft_model = None

@@ -9,14 +9,16 @@ small model (``--lookup 1000``: 7,004 slots against 512) took minutes before fai
 
 The estimate counts what stays resident (the weights, the K/V cache and the token history
 over ``slots`` cache slots, the drafter's own K/V cache when it keeps one (an early-exit
-adapter's), a draft model's weights and K/V cache: ``with_draft_model``) for every row the
-batch can hold (a request with parallel branches can grow to ``max_branches`` rows: the
-caller passes those), and the step's largest transient working set, phase by phase
-(``engine/decode.py``), for B rows, N = W + K candidates of at most Lt tokens packed into
-P = ``shape.slots`` slots, attention over A window slots, e bytes per activation:
+adapter's, as the drafter or in the draft slot), a draft model's weights and K/V cache:
+``with_draft_model``) for every row the batch can hold (a request with parallel branches can
+grow to ``max_branches`` rows: the caller passes those), and the step's largest transient
+working set, phase by phase (``engine/decode.py``), for B rows, N = W + K candidates of at
+most Lt tokens packed into P = ``shape.slots`` slots, attention over A window slots, e bytes
+per activation:
 
 * draft: the drafter's logits (B, W, Vd) float32 at each step, with the top-50 partition
-  (or, past 50 beams, the full log-softmax and a sort of all W·Vd candidates);
+  (or, past 50 beams, the full log-softmax and a sort of all W·Vd candidates); an
+  early-exit chain in the draft slot by the same rule for its one chain (``head_bytes``);
 * pack (``engine/tree.py``): the prefix matches (B, N, N, Lt), the slot hits (B, P, N·Lt),
   the ancestor test (B, P, Lt, P) and the tree mask (B, P, P);
 * verify: the cache mask (B, P, A), one layer's attention scores (B, heads, P, A) in
@@ -41,6 +43,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from .cache import bucket
+from .early_exit import adapter_of
 from .shape import BeamShape, ShapeError
 
 F32 = 4
@@ -57,7 +60,10 @@ class Dims:
     activation (the float dtype the weights compute in); ``weight_bytes``: both modules'
     parameters as loaded (quantized ones included); ``draft_kv``: bytes per row and cache
     slot of the drafter's own K/V cache (an early-exit adapter's, ``early_exit.py``; 0: a
-    recurrent drafter, which keeps none).
+    recurrent drafter, which keeps none). An early-exit adapter in the draft slot
+    (``chain``) counts as one as the drafter does: its weights in ``weight_bytes``, its
+    cache in ``draft_kv``, and ``chain_vocab``, the head its chain ranks each draft step
+    (``draft_bytes``; 0: no such chain).
     """
 
     hidden: int
@@ -71,12 +77,16 @@ class Dims:
     act_bytes: int
     weight_bytes: int
     draft_kv: int = 0
+    chain_vocab: int = 0
 
     @classmethod
-    def of(cls, model, drafter=None) -> Dims:
-        """The dimensions of a loaded ``Model`` and optional ``Drafter``."""
+    def of(cls, model, drafter=None, chain=None) -> Dims:
+        """The dimensions of a loaded ``Model``, an optional drafter (a ``Drafter`` or an
+        early-exit adapter) and an optional early-exit adapter in the draft slot
+        (``chain``)."""
         args = model.args
-        weights = sum(_nbytes(m) for m in (model, drafter) if isinstance(m, nn.Module))
+        parts = (model, drafter, chain)
+        weights = sum(_nbytes(m) for m in parts if isinstance(m, nn.Module))
         head = getattr(getattr(drafter, "args", None), "head_size", args.vocab_size)
         group = getattr(model, "group", None)
         shards = 1 if group is None else group.size()  # a split model: this rank's share
@@ -91,7 +101,8 @@ class Dims:
             draft_vocab=head if drafter is not None else 0,
             act_bytes=model.model.norm.weight.dtype.size,
             weight_bytes=weights,
-            draft_kv=_own_cache_bytes(drafter),
+            draft_kv=_own_cache_bytes(drafter) + _own_cache_bytes(chain),
+            chain_vocab=args.vocab_size if chain is not None else 0,
         )
 
 
@@ -124,11 +135,20 @@ class StepMemory:
 
 
 def draft_bytes(d: Dims, shape: BeamShape, batch: int) -> int:
-    """The draft phase's working set: one beam step's drafter logits and their ranking."""
-    if not shape.drafts or not d.draft_vocab:
+    """The draft phase's working set: one beam step's drafter logits and their ranking, or
+    one draft step of an early-exit chain in the draft slot (the same rule for its one
+    chain: ``Dims.chain_vocab``), whichever is larger (they run one after the other)."""
+    beams = head_bytes(batch, shape.width, d.draft_vocab) if shape.drafts else 0
+    chain = head_bytes(batch, 1, d.chain_vocab) if shape.model_length else 0
+    return max(beams, chain)
+
+
+def head_bytes(batch: int, width: int, vocab: int) -> int:
+    """One draft step's logits (B, W, V) float32 and their ranking (0: no head)."""
+    if not vocab:
         return 0
-    logits = batch * shape.width * d.draft_vocab * F32
-    if shape.width <= DRAFT_TOP_K < d.draft_vocab:
+    logits = batch * width * vocab * F32
+    if width <= DRAFT_TOP_K < vocab:
         return 3 * logits  # logits, their full log-softmax's inputs, the partition's indices
     return 7 * logits  # full log-softmax, top-k floor, and a sort of every candidate
 
@@ -327,8 +347,12 @@ def check_step_memory(
     (bytes, what), default :func:`available_memory`) or its tree cannot fit the model's
     context beside a prompt, naming the field that makes it large (``largest_part``, the flag
     the user most likely raised) and the largest shape that fits. ``draft``: a draft model
-    (``draft_model.py``), counted with its weights, K/V cache and working set."""
-    d = Dims.of(model, drafter)
+    (``draft_model.py``), counted with its weights, K/V cache and working set, or an
+    early-exit adapter, counted as the drafter's is (``Dims.of``'s ``chain``)."""
+    chain = draft if draft is not None and adapter_of(drafter, draft) is draft else None
+    if chain is not None:
+        draft = None
+    d = Dims.of(model, drafter, chain)
     dd = Dims.of(draft) if draft is not None else None
     context = model.max_context
 

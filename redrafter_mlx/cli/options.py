@@ -36,7 +36,9 @@ DraftModelOpt = Annotated[
         help="A draft model sharing --model's tokenizer (a directory, a Hugging Face repo id, "
         "or a bundled model: smollm2, demo): its greedy chain of L tokens (the beam length, "
         "else 4) joins the drafter's beams and the lookup chains in one verified tree. "
-        "--draft-model set to --model drafts with the model itself.",
+        "--draft-model set to --model drafts with the model itself. An early-exit adapter's "
+        "folder (config.json kind early-exit) works too: its chain runs beside the "
+        "recurrent drafter's beams.",
         show_default=False,
     ),
 ]

@@ -296,9 +296,12 @@ def load(model_path, drafter_path=None, dtype=None, group=None, draft_model=None
 
     ``group``: an ``mx.distributed`` group to split the model across (each rank loads its
     shard; the drafter is whole on every rank), None for the whole model here.
-    ``draft_model``: a draft model's folder or Hub id (``load_draft_model``); then the
-    result is (model, drafter or None, tokenizer, draft model).
+    ``draft_model``: a draft model's folder or Hub id (``load_draft_model``), or an early-exit
+    adapter's folder (config.json kind "early-exit": ``load_adapter_for``; its chain joins
+    the recurrent drafter's beams); then the result is (model, drafter or None, tokenizer,
+    draft model or adapter).
     """
+    from . import early_exit
     from .tokenizer import load_tokenizer
 
     if isinstance(dtype, str):
@@ -310,7 +313,10 @@ def load(model_path, drafter_path=None, dtype=None, group=None, draft_model=None
     tokenizer = load_tokenizer(path)
     if draft_model is None:
         return model, drafter, tokenizer
-    same = resolve_path(draft_model) == path and group is None
+    where = resolve_path(draft_model)
+    if early_exit.is_early_exit(where):  # an early-exit adapter in the draft slot
+        return model, drafter, tokenizer, load_adapter_for(model, where, dtype, drafter)
+    same = where == path and group is None
     draft = model if same else load_draft_model(draft_model, model, tokenizer, dtype)
     return model, drafter, tokenizer, draft
 
@@ -327,9 +333,20 @@ def load_any_drafter(model: Model, path, dtype=None):
         check_pair(model, drafter)
         attach(model, drafter)
         return drafter
+    return load_adapter_for(model, where, dtype)
+
+
+def load_adapter_for(model: Model, where: Path, dtype=None, drafter=None):
+    """The early-exit adapter in the folder ``where`` (``early_exit.load_adapter``), checked
+    against ``model`` (``early_exit.check_pair``), as the drafter or (``drafter`` given: the
+    run's drafter, which must not be one too) in the draft-model slot. LoadError naming the
+    folder otherwise."""
+    from . import early_exit
+
     try:
         adapter = early_exit.load_adapter(where, dtype)
         early_exit.check_pair(model, adapter)
+        early_exit.adapter_of(drafter, adapter)  # not an adapter in both slots
     except ValueError as e:
         raise LoadError(f"{where}: {e}") from None
     return adapter

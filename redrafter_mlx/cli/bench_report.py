@@ -14,7 +14,7 @@ from __future__ import annotations
 import csv
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from redrafter_mlx.cli.stats import branch_stats
 from redrafter_mlx.engine.shape import AR, BeamShape
@@ -597,9 +597,9 @@ def profile_rows(engine, shapes, ids, repeats: int, cost=None) -> dict:
     draft = getattr(engine, "draft_model", None)
     extra = {"draft": draft} if draft is not None else {}
     data = profile_steps(engine.model, engine.drafter, list(shapes), ids, repeats=repeats, **extra)
-    weights = weight_bytes(engine.model, engine.drafter, cost.dtype)
-    if draft is not None:  # its forwards read its weights (the model's own, as its own draft)
-        weights = replace(weights, draft_model=weight_bytes(draft, None, cost.dtype).model)
+    # The draft slot's forwards read its weights (the model's own, as its own draft; an
+    # early-exit adapter's chain: the target's first layers, the adapter and the head).
+    weights = weight_bytes(engine.model, engine.drafter, cost.dtype, draft=draft)
     data["rows"] = launch_bound(data["rows"], weights, cost)
     data["mac"] = dict(
         launch_us=cost.launch_us,

@@ -140,7 +140,7 @@ def profile_steps(
     """
     from redrafter_mlx.engine.cache import Session, bucket, prefill_session, text_history
     from redrafter_mlx.engine.draft_model import prefill as draft_prefill
-    from redrafter_mlx.engine.early_exit import EarlyExitAdapter
+    from redrafter_mlx.engine.early_exit import adapter_of
     from redrafter_mlx.engine.early_exit import prefill as early_exit_prefill
 
     shapes = [_as_shape(s) for s in shapes]
@@ -160,11 +160,14 @@ def profile_steps(
     # the loop; every call sees the same lengths (and so the same context).
     kv = {"kv": (session.keys, session.values)}
     session.keys = session.values = None
-    # A draft model's or an early-exit adapter's own cache, carried likewise (the steps
-    # without its chain pass it on), in ``decode.step_sources`` order.
-    early_exit = isinstance(drafter, EarlyExitAdapter)
-    src = (early_exit_prefill(model, drafter, [list(prompt)], window),) if early_exit else ()
-    if draft is not None:
+    # A draft model's or an early-exit adapter's own cache (the adapter's as the drafter or
+    # in the draft slot), carried likewise (the steps without its chain pass it on), in
+    # ``decode.step_sources`` order.
+    adapter = adapter_of(drafter, draft)
+    early_exit = adapter is not None and adapter is drafter
+    chained = adapter is not None and adapter is draft  # the adapter in the draft slot
+    src = (early_exit_prefill(model, adapter, [list(prompt)], window),) if adapter else ()
+    if draft is not None and not chained:
         src += (draft_prefill(draft, [list(prompt)], window),)
     sources = {"src": src}
 
@@ -241,7 +244,12 @@ def profile_steps(
                 row.update(drafter_refreshes=1)  # its refresh of another source's path
             if shape.lookup:
                 row.update(lookup=shape.lookup, lookup_length=shape.chain_length)
-            if shape.model_length:  # a catch-up forward, then Ld - 2 one-token forwards
+            if shape.model_length and chained:  # the adapter's chain in the draft slot
+                Ld = shape.model_length
+                row.update(model_length=Ld, chain_steps=Ld - 1)
+                if step_sources(shape, drafter if shape.drafts else None, draft)[-1].refresh:
+                    row.update(chain_refreshes=1)
+            elif shape.model_length:  # a catch-up forward, then Ld - 2 one-token forwards
                 Ld = shape.model_length
                 row.update(model_length=Ld, draft_model_forwards=Ld - 1)
             if all(f"{p}_ms" in row for p in PHASES):
@@ -431,19 +439,34 @@ class WeightBytes:
     L - 1 of the target's head, so ``drafter_once`` is one forward of the layers and the
     adapter and ``drafter_step`` one of the layers, the adapter and the head; a refresh of
     the committed tokens (``early_exit.refresh_committed``, with another source in the tree)
-    reads the layers and the adapter once more (``drafter_refresh``)."""
+    reads the layers and the adapter once more (``drafter_refresh``). An early-exit adapter
+    in the draft slot (``--draft-model <early-exit folder>``) is priced by the same rule
+    (``adapter_bytes``): ``chain_once`` (its first forward, and its refresh) and
+    ``chain_step`` (each draft step)."""
 
     model: int
     drafter_once: int = 0
     drafter_step: int = 0
     draft_model: int = 0  # a draft model's forward (``--draft-model``)
     drafter_refresh: int = 0  # an early-exit refresh's forward
+    chain_once: int = 0  # an early-exit adapter in the draft slot: layers + adapter
+    chain_step: int = 0  # ... and with the head
 
-    def per_step(self, draft_steps: int, model_forwards: int = 0, refreshes: int = 0) -> int:
+    def per_step(
+        self,
+        draft_steps: int,
+        model_forwards: int = 0,
+        refreshes: int = 0,
+        chain_steps: int = 0,
+        chain_refreshes: int = 0,
+    ) -> int:
         """Bytes one step reads: one forward of the LLM, plus ``draft_steps`` of the drafter
-        (and ``refreshes`` of an early-exit one's refresh) and ``model_forwards`` of a draft
-        model."""
+        (and ``refreshes`` of an early-exit one's refresh), ``model_forwards`` of a draft
+        model, and ``chain_steps`` of a draft-slot early-exit chain (with its first forward
+        and ``chain_refreshes`` refreshes)."""
         extra = model_forwards * self.draft_model
+        if chain_steps:
+            extra += (1 + chain_refreshes) * self.chain_once + chain_steps * self.chain_step
         if not draft_steps:
             return self.model + extra
         once = self.drafter_once + refreshes * self.drafter_refresh
@@ -457,10 +480,13 @@ def _nbytes(array: mx.array, dtype: str | None) -> int:
     return array.size * getattr(mx, dtype).size
 
 
-def weight_bytes(model: nn.Module, drafter: nn.Module | None, dtype: str | None) -> WeightBytes:
+def weight_bytes(
+    model: nn.Module, drafter: nn.Module | None, dtype: str | None, draft=None
+) -> WeightBytes:
     """The bytes of weights a forward of ``model`` and a draft step of ``drafter`` read, float
-    weights counted as ``dtype`` (None: as loaded)."""
-    from redrafter_mlx.engine.early_exit import EarlyExitAdapter
+    weights counted as ``dtype`` (None: as loaded). ``draft``: the draft slot's module, a
+    draft model (``draft_model``: a forward of it) or an early-exit adapter (``chain_*``)."""
+    from redrafter_mlx.engine.early_exit import EarlyExitAdapter, adapter_of
 
     params = tree_flatten(model.parameters())
     untied = any(name.startswith("lm_head.") for name, _ in params)
@@ -468,16 +494,17 @@ def weight_bytes(model: nn.Module, drafter: nn.Module | None, dtype: str | None)
     total = sum(
         _nbytes(a, dtype) for name, a in params if not (untied and name.startswith(gathered))
     )
+    if draft is not None:  # the draft slot, then the drafter
+        priced = weight_bytes(model, drafter, dtype)
+        if adapter_of(drafter, draft) is draft:
+            once, step = adapter_bytes(params, untied, draft, dtype)
+            return replace(priced, chain_once=once, chain_step=step)
+        return replace(priced, draft_model=weight_bytes(draft, None, dtype).model)
     if drafter is None:
         return WeightBytes(total)
     if isinstance(drafter, EarlyExitAdapter):
-        shallow = tuple(f"model.layers.{i}." for i in range(drafter.args.exit_layer))
-        head = "lm_head." if untied else gathered
-        layers = sum(_nbytes(a, dtype) for name, a in params if name.startswith(shallow))
-        heads = sum(_nbytes(a, dtype) for name, a in params if name.startswith(head))
-        adapter = sum(_nbytes(a, dtype) for _, a in tree_flatten(drafter.parameters()))
-        once = layers + adapter
-        return WeightBytes(total, once, once + heads, drafter_refresh=once)
+        once, step = adapter_bytes(params, untied, drafter, dtype)
+        return WeightBytes(total, once, step, drafter_refresh=once)
     once = step = 0
     for name, a in tree_flatten(drafter.parameters()):
         if name.startswith("feature_proj."):
@@ -485,6 +512,18 @@ def weight_bytes(model: nn.Module, drafter: nn.Module | None, dtype: str | None)
         else:
             step += _nbytes(a, dtype)
     return WeightBytes(total, once, step)
+
+
+def adapter_bytes(params: list, untied: bool, adapter, dtype: str | None) -> tuple[int, int]:
+    """An early-exit chain's reads (the one rule, wherever the adapter sits): a forward of
+    the target's first ``exit_layer`` layers and the adapter (``params``: the target's
+    flattened parameters), and that plus the target's head (a draft step)."""
+    shallow = tuple(f"model.layers.{i}." for i in range(adapter.args.exit_layer))
+    head = "lm_head." if untied else "model.embed_tokens."
+    layers = sum(_nbytes(a, dtype) for name, a in params if name.startswith(shallow))
+    heads = sum(_nbytes(a, dtype) for name, a in params if name.startswith(head))
+    once = layers + sum(_nbytes(a, dtype) for _, a in tree_flatten(adapter.parameters()))
+    return once, once + heads
 
 
 def launch_bound(rows: list[dict], weights: WeightBytes, cost: MacCost) -> list[dict]:
@@ -503,6 +542,8 @@ def launch_bound(rows: list[dict], weights: WeightBytes, cost: MacCost) -> list[
             row.get("draft_steps", 0),
             row.get("draft_model_forwards", 0),
             row.get("drafter_refreshes", 0),
+            row.get("chain_steps", 0),
+            row.get("chain_refreshes", 0),
         )
         launch_ms, memory_ms = cost.ms(row["step_kernels"], nbytes)
         return dict(

@@ -91,7 +91,7 @@ class Scheduler:
         check_draft_slot(model, drafter, draft_model)  # a model or an early-exit adapter
         shape = (shape or AR).runnable(drafter is not None, draft_model is not None)
         draft_model = draft_model if shape.model_length else None
-        materialize(model, drafter)
+        materialize(model, drafter, draft_model)  # an adapter's rope tables too
         self.max_batch = max_batch
         self.queue: queue.Queue[Request] = queue.Queue(maxsize=max(max_queue, 1))
         self.group = group  # under mlx.launch: the ranks' group; rank 0 decides the events

@@ -3,7 +3,8 @@
 The emitted tokens must be exact samples from the target whatever proposes the candidates:
 the early-exit adapter's chain (the target's first layer, an adapter and its head, with the
 confidence cut), alone and in one tree with lookup chains; a draft model's chain, alone
-and merged with lookup and the drafter; both in one tree. Checked by the chi-square test of
+and merged with lookup and the drafter; both in one tree; the adapter in the draft slot
+beside the recurrent drafter. Checked by the chi-square test of
 ``tests/test_sampling.py`` against the exact joint distribution of the first 3 tokens:
 
 * solo settings: one decode of 3,000 rows that all draw with one setting
@@ -133,6 +134,27 @@ def test_early_exit_and_draft_model_in_one_tree_sampling_is_exact():
     )
     assert stats["source_tokens"]["early_exit"] > 0.05 * N
     assert stats["source_tokens"]["draft_model"] > 0.05 * N
+    assert chi_square_pvalue(counts, exact_joint(model, HOT), N) > 1e-3
+
+
+def test_recurrent_drafter_and_an_early_exit_adapter_in_the_draft_slot_sampling_is_exact():
+    """The recurrent drafter's beams, a lookup chain and the early-exit adapter's chain in
+    the draft slot (``--draft-model <early-exit folder>``) in one tree: the adapter refreshed
+    over the drafter's and lookup's accepted paths."""
+    model, adapter = early_exit_pair()
+    counts, stats = sample_counts(
+        model,
+        OracleDrafter(model, noise=0.2),
+        HOT,
+        N,
+        seed=53,
+        shape=BeamShape.parse("W1xL3+K1xL3+D1xL4"),
+        adapt=False,
+        draft_model=adapter,
+    )
+    assert stats["source_tokens"]["drafter"] > 0.05 * N
+    assert stats["source_tokens"]["early_exit"] > 0.05 * N
+    assert stats["source_tokens"]["draft_model"] == 0  # the slot holds no draft model
     assert chi_square_pvalue(counts, exact_joint(model, HOT), N) > 1e-3
 
 

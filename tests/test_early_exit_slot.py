@@ -434,3 +434,18 @@ def test_cli_chat_bench_and_serve_take_the_adapter_slot(app, folders, monkeypatc
     result = invoke(app, "serve", *slot, "--port", 0)
     assert "stopped before serving" in result.output
     assert seen and seen[0][0] is EarlyExitAdapter and seen[0][1].endswith("D1×L4")
+
+
+def test_cli_tune_measures_the_adapter_slots_chain(app, folders, home):
+    """``tune --draft-model <early-exit folder>``: the chain alone and beside the drafter's
+    beams are measured (the adapter loaded into the draft slot), the chain alone drafting
+    whole chains on the transparent target."""
+    model, drafter, ee = folders
+    data = run_json(app, "tune", "--model", model, "--drafter", drafter, "--draft-model", ee,
+                    "--widths", 1, "--lengths", 3, "--draft-length", 3, "--no-lookup",
+                    "--budget-seconds", 60, "--num-prompts", 1, "--max-tokens", 8,
+                    "--prompts", "demo")  # fmt: skip
+    rows = {row["label"]: row for row in data["shapes"]}
+    assert {"D1×L3", "W1×L3+D1×L3"} <= set(rows)
+    assert all(rows[label]["error"] is None for label in ("D1×L3", "W1×L3+D1×L3"))
+    assert rows["D1×L3"]["tokens_per_step"] > 2.5

@@ -37,7 +37,13 @@ draft model's ``draft_model.prefill``); (6) a separate model: its argument down 
 and ``memory.check_step_memory``'s ``draft``. Stats, bench rows, ``--json`` and the chat
 line read ``SOURCE_NAMES`` and need nothing. An early-exit source (the target's first layers
 and an adapter with its own K/V cache: ``early_exit.EarlyExitSource``) is (1)-(5), its
-adapter passed as the drafter: ``DraftContext.model`` is the target, it reads the target's
+adapter passed as the drafter (its chain is the shape's W1×L beam) or in the draft-model
+slot (``draft=``, its chain the shape's D1×L, beside the recurrent drafter's beams):
+``decode.step_sources`` picks the source by the module's type, and every place that holds,
+prefills or prices the adapter's state finds it with ``early_exit.adapter_of`` wherever it
+sits (``batch.held_sources``, ``BatchGenerator``, ``memory.check_step_memory``,
+``measure.profile``; the draft slot's checks: ``draft_model.check_draft_slot``,
+``loading.load``). ``DraftContext.model`` is the target, it reads the target's
 cache (``DraftContext.keys``/``values``) and returns it with its first layers' K/V written
 above each row's length (``Proposal.cache``), which the verify then takes.
 
@@ -46,9 +52,10 @@ source). A stateful source's state follows the committed text only on the steps 
 it, so the rule is:
 
 * ``DecodeState.sources`` holds one state per stateful source the loop *has* (not per
-  source a shape runs), in a fixed order (``batch.held_sources``: early-exit, then draft
-  model); a step of a shape without one passes its state through untouched
-  (``batch.make_batch_step`` hands each step only the states of the sources it runs);
+  source a shape runs), in a fixed order (``batch.held_sources``: early-exit, as the drafter
+  or in the draft slot, then a draft model); a step of a shape without one passes its
+  state through untouched (``batch.make_batch_step`` hands each step only the states of the
+  sources it runs);
 * each stateful source says how many committed tokens its own draft re-runs first
   (``covers``: a draft model's ``catchup - 1``, an early-exit chain's ``refresh``), which
   bounds what a step of it leaves behind for the next;

@@ -83,7 +83,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--list-share", type=float, default=0.65, help="share asking for a list")
     p.add_argument("--answer-tokens", type=int, default=256, help="most tokens per answer")
     p.add_argument("--gen-batch", type=int, default=16, help="prompts answered per batch")
-    p.add_argument("--iters", type=int, default=120, help="training steps in all")
+    p.add_argument("--iters", type=int, default=200, help="training steps in all")
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--save-every", type=int, default=20, help="steps between checkpoints")
     p.add_argument("--lora-layers", type=int, default=8)

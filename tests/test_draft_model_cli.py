@@ -100,3 +100,35 @@ def test_memory_counts_the_draft_models_weights_and_cache():
     assert with_draft.cache >= alone.cache + kv_bytes(d, 1, 128)
     itself = check_step_memory(model, None, shape, tokens=128, draft=model)
     assert itself.weights == alone.weights  # the model as its own draft: no second copy
+
+
+@pytest.mark.parametrize("tuned", ["K1xL5+D1xL3", "K1xL5"], ids=["with-chain", "chain-off"])
+def test_a_profile_tuned_with_the_draft_model_decides_its_chain(app, dirs, home, tuned):
+    """A profile of ``tune --draft-model`` (keyed by the draft model) gives the run its whole
+    shape: its chain's length, or no chain where the chain did not pay (the run leaves the
+    draft model out); the profile of the model alone is not read for it, and flags asking
+    for a shape or lookup still win."""
+    from redrafter_mlx.engine.chip import detect_chip
+    from tuning.profiles import Profile, ProfileKey, ProfileStore, now_iso
+
+    model, draft, _ = dirs
+    chip = detect_chip().chip_id
+    store = ProfileStore()
+    key = ProfileKey.build(chip, model, None, None, draft_model_path=draft)
+    shape = BeamShape.parse(tuned)
+    store.put(Profile(key, shape, True, 1.5, 10.0, now_iso(), {}, True, ()))
+    alone = ProfileKey.build(chip, model, None, None)  # the model without the draft model
+    store.put(Profile(alone, BeamShape.parse("K2xL7"), True, 1.2, 9.0, now_iso(), {}, True, ()))
+    args = ["generate", "--model", model, "-p", "Hello there", "-n", 16, "--no-adapt"]
+    plain = run_json(app, *args, "--no-draft")
+    got = run_json(app, *args, "--draft-model", draft)
+    assert got["tokens"] == plain["tokens"]
+    assert got["beam"]["label"] == shape.label and "with this draft model" in got["beam"]["source"]
+    assert got["draft_model"] == (draft if shape.model_length else None)
+    if not shape.model_length:
+        assert "without the draft model" in got["beam"]["source"]
+        assert got["stats"]["source_tokens"]["draft_model"] == 0
+    flagged = run_json(app, *args, "--draft-model", draft, "--lookup", 1, "--lookup-length", 4)
+    assert flagged["beam"]["label"] == "K1×L4+D1×L4"  # the flags' shape, the chain added
+    assert run_json(app, *args)["beam"]["label"] == "K2×L7"  # no draft model: its own profile
+

@@ -60,13 +60,15 @@ def tuned_choice(
     dtype,
     chip: ChipInfo | str | None = None,
     store: ProfileStore | None = None,
+    draft_model=None,
 ) -> ShapeChoice | None:
     """The tuned profile's choice for exactly this setup (``drafter_path`` None: a model
-    tuned without a drafter, lookup alone), or None; no preset, no length cap."""
+    tuned without a drafter, lookup alone; ``draft_model``: tuned with that draft model,
+    ``tune --draft-model``), or None; no preset, no length cap."""
     chip_id, _ = chip_target(chip)
     if chip_id is None:
         return None
-    key = ProfileKey.build(chip_id, model_path, drafter_path, dtype)
+    key = ProfileKey.build(chip_id, model_path, drafter_path, dtype, draft_model_path=draft_model)
     profile = (store or ProfileStore()).load().get(key.text)
     return None if profile is None else _from_profile(profile)
 
@@ -109,8 +111,8 @@ class ProfileSources(PlanSources):
     def __init__(self, chip: ChipInfo | str | None = None, store: ProfileStore | None = None):
         self.chip, self.store = chip, store
 
-    def tuned(self, model, drafter, dtype) -> ShapeChoice | None:
-        return tuned_choice(model, drafter, dtype, self.chip, self.store)
+    def tuned(self, model, drafter, dtype, draft_model=None) -> ShapeChoice | None:
+        return tuned_choice(model, drafter, dtype, self.chip, self.store, draft_model)
 
     def beam(self, model, drafter, dtype) -> ShapeChoice:
         return resolve_beam_shape(model, drafter, dtype, self.chip, self.store)

@@ -246,7 +246,15 @@ def plan_from_flags(paths: ModelPaths, dtype: str | None, beam: BeamFlags) -> Sh
 
     if beam.length is not None:
         check_length(beam.length)
-    plan = resolve_plan(paths.model, paths.drafter, dtype, beam, ProfileSources(), demo=paths.demo)
+    plan = resolve_plan(
+        paths.model,
+        paths.drafter,
+        dtype,
+        beam,
+        ProfileSources(),
+        demo=paths.demo,
+        draft_model=paths.draft_model,
+    )
     if beam.asks_beam and plan.shape.drafts:
         warn_untrained_length(plan.shape, paths.drafter)
     return plan
@@ -403,6 +411,8 @@ def prepare_engine(
     engine.model.cap_context(max_kv_size)
     if engine.draft_model is not None and hasattr(plan, "shape") and not beam.no_draft:
         plan = with_draft_model(plan, engine.drafter is not None, beam.length)
+        if not plan.shape.model_length:  # tuned with it: its chain did not pay here
+            engine.draft_model = None
     origin, note = "", ""
     if flags is not None:
         given = {k for k, v in sampling.items() if v is not None and k in DEFAULTED}
@@ -423,9 +433,16 @@ def prepare_engine(
 def with_draft_model(plan, has_drafter: bool, length: int | None):
     """The plan's shape with a draft model's chain (``BeamShape.runnable``); a plan of plain
     decoding (no drafter, no lookup, or tuning found AR faster) becomes the chain alone, of
-    ``--beam-length`` tokens, else ``DEFAULT_MODEL_LENGTH``."""
+    ``--beam-length`` tokens, else ``DEFAULT_MODEL_LENGTH``. A plan tuned with this draft
+    model (``ShapeChoice.draft_tuned``) stands as tuned: with its chain, or without it (the
+    chain did not pay there: the run leaves the draft model out)."""
     from redrafter_mlx.engine.shape import DEFAULT_MODEL_LENGTH, BeamShape
 
+    if plan.draft_tuned:
+        if plan.shape.model_length:
+            return plan
+        why = "its chain did not pay here: running without the draft model"
+        return replace(plan, source=f"{plan.source}; {why}")
     if plan.speculative:
         shape = plan.shape.runnable(has_drafter, True)
     else:

@@ -170,7 +170,7 @@ def result_json(
         "chat_template": chat,
         "model": engine.paths.model,
         "drafter": engine.paths.drafter if plan.speculative else None,
-        "draft_model": engine.paths.draft_model,
+        "draft_model": engine.paths.draft_model if engine.draft_model is not None else None,
         "demo": engine.paths.demo,
         "dtype": engine.dtype,
     }

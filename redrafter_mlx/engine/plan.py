@@ -39,6 +39,8 @@ class ShapeChoice:
     source: str
     lookup_tuned: bool = False  # from a profile whose search tried context lookup: the
     # shape's lookup fields (none included) were measured; do not add the default chain
+    draft_tuned: bool = False  # from a profile tuned with this draft model (``tune
+    # --draft-model``): its chain, or its absence (it did not pay), was measured
 
     @property
     def speculative(self) -> bool:
@@ -146,8 +148,9 @@ class PlanSources:
     """Where a plan's defaults come from. The engine's own: no profile, the chip's preset
     (``tuning.defaults.ProfileSources`` adds the tuned profiles)."""
 
-    def tuned(self, model, drafter, dtype) -> ShapeChoice | None:
-        """The tuned choice for exactly this setup (``drafter`` None: lookup alone), or None."""
+    def tuned(self, model, drafter, dtype, draft_model=None) -> ShapeChoice | None:
+        """The tuned choice for exactly this setup (``drafter`` None: lookup alone;
+        ``draft_model``: tuned with that draft model), or None."""
         return None
 
     def beam(self, model, drafter, dtype) -> ShapeChoice:
@@ -227,16 +230,24 @@ def resolve_plan(
     sources: PlanSources | None = None,
     *,
     demo: bool = False,
+    draft_model=None,
 ) -> ShapeChoice:
     """The plan for ``model`` with ``drafter`` (folders; ``drafter`` None: none): the asked
     shape over the tuned profile / chip preset; context-lookup chains join it unless asked
     otherwise or the tuner measured them (its profile's chains, or their absence, stand unless
     ``args`` say otherwise); no drafter -> the tuned lookup-only profile, else lookup alone,
-    or AR."""
+    or AR. ``draft_model`` (a folder): a profile tuned with it (``tune --draft-model``)
+    decides the whole shape, its chain included or left out (``ShapeChoice.draft_tuned``),
+    unless ``args`` ask for a shape or for lookup; without one, the plan is made as without
+    a draft model (the caller adds its chain)."""
     sources = sources or PlanSources()
     chains, chain_length = args.lookup_chains()
     if args.no_draft:
         return ShapeChoice(AR, "--no-draft: plain decoding")
+    if draft_model is not None and not (args.asks_beam or args.asks_lookup):
+        tuned = sources.tuned(model, drafter, dtype, draft_model)
+        if tuned is not None:
+            return replace(tuned, source=f"{tuned.source}, with this draft model", draft_tuned=True)
     if drafter is None:
         why = "the demo model has no drafter yet" if demo else "no --drafter given"
         tuned = None if args.asks_lookup else sources.tuned(model, None, dtype)

@@ -106,7 +106,7 @@ def test_memory_counts_the_draft_models_weights_and_cache():
 def test_a_profile_tuned_with_the_draft_model_decides_its_chain(app, dirs, home, tuned):
     """A profile of ``tune --draft-model`` (keyed by the draft model) gives the run its whole
     shape: its chain's length, or no chain where the chain did not pay (the run leaves the
-    draft model out); the profile of the model alone is not read for it, and flags asking
+    draft model out); it wins over the profile of the model alone, and flags asking
     for a shape or lookup still win."""
     from redrafter_mlx.engine.chip import detect_chip
     from tuning.profiles import Profile, ProfileKey, ProfileStore, now_iso
@@ -131,4 +131,3 @@ def test_a_profile_tuned_with_the_draft_model_decides_its_chain(app, dirs, home,
     flagged = run_json(app, *args, "--draft-model", draft, "--lookup", 1, "--lookup-length", 4)
     assert flagged["beam"]["label"] == "K1×L4+D1×L4"  # the flags' shape, the chain added
     assert run_json(app, *args)["beam"]["label"] == "K2×L7"  # no draft model: its own profile
-

@@ -122,7 +122,8 @@ def test_stream_generate_auto_turns_branches_on_for_an_apar_model(demo_apar):
     assert auto[-1].branches > 1 and off[-1].branches == 0
     assert any(r.branch_tokens for r in auto) and not any(r.branch_tokens for r in off)
     assert 4095 not in [t for r in auto for t in r.tokens]
-    assert 4094 in [t for r in off for t in r.tokens]  # off: the fork token is text
+    # off: one sequence, in which neither split token is ever drawn (however likely)
+    assert not {4094, 4095} & {t for r in off for t in r.tokens}
 
 
 def test_branches_on_for_a_model_without_split_tokens_says_how_to_fix(demo_apar):
@@ -158,3 +159,44 @@ def test_adaptive_branches_choose_per_batch_size_and_keep_the_text(monkeypatch):
         assert [t for ev in adaptive for t in ev.tokens[r]] == want
     assert adaptive[-1].stats.branches == pinned[-1].stats.branches > 4
     assert len({shape for _, shape in ran}) > 1 and len({rows for rows, _ in ran}) > 1
+
+
+@pytest.mark.parametrize("shape", ["AR", "W2xL3", "W1xL3+K1xL4"])
+@pytest.mark.parametrize("sampler", [SamplerConfig(), SamplerConfig(temperature=1.0)],
+                         ids=["greedy", "sampled"])  # fmt: skip
+def test_branching_off_never_draws_a_split_token(shape, sampler):
+    """A model with split tokens (``Model.split_ids``, set at load for an APAR folder)
+    decoding one sequence: its rows draw exactly as if both split tokens were banned (a
+    -1e6 logit bias on a model without them), even where the fork is the likeliest token,
+    solo and batched, plain and speculative, greedy and seeded sampling."""
+    from dataclasses import replace
+
+    model, drafter = model_and_drafter()
+    prompts = [PROMPT, OTHER]
+    shape = BeamShape.parse(shape)
+    kw = dict(max_tokens=16, shape=shape, seed=3, eos_token_ids=[EOS], adapt=False)
+    likes_forks = replace(sampler, logit_bias=((FORK, 3.0), (CHILD, 2.0)))
+    banned = replace(sampler, logit_bias=((FORK, -1e6), (CHILD, -1e6)))
+
+    def tokens(sampler, rows):
+        out = [[] for _ in rows]
+        for ev in generate_steps(model, drafter, rows, sampler=sampler, **kw):
+            for r, t in enumerate(ev.tokens):
+                out[r] += t
+        return out
+
+    free = tokens(likes_forks, prompts)
+    assert {FORK, CHILD} & {t for row in free for t in row}  # the control: drawn freely
+    want, alone = tokens(banned, prompts), tokens(banned, prompts[1:])
+    model.split_ids = (FORK, CHILD)
+    try:
+        assert tokens(likes_forks, prompts) == want
+        assert tokens(likes_forks, prompts[1:]) == alone
+    finally:
+        model.split_ids = ()
+
+
+def test_an_apar_folder_loads_with_its_split_ids(demo_apar):
+    model, _ = demo_apar
+    assert model.split_ids == (4094, 4095)
+    assert load_model(demo_paths()[0])[0].split_ids == ()

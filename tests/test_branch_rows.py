@@ -180,6 +180,26 @@ def test_branching_and_plain_requests_share_a_batch():
     assert roots[1].family == [roots[1]]
 
 
+def test_a_linear_request_of_an_apar_model_never_draws_split_tokens_in_a_branching_batch():
+    """The same batch on a model whose split tokens are its own (``Model.split_ids``): the
+    request with branching off draws neither split token (however biased up) and equals
+    its own run alone, in which the batch's other rows play no part."""
+    model, drafter = model_and_drafter()
+    model.split_ids = (FORK, CHILD)
+    shape = BeamShape(2, 3)
+    other = [9, 8, 7, 6, 5]
+    plain = SamplerConfig(logit_bias=((CHILD, 6.0), (FORK, 6.0)))
+    requests = [
+        (PROMPT, forking_sampler(), 0, 10, True),
+        (other, plain, 0, 10, False),
+        (other, forking_sampler(temperature=0.8), 5, 10, True),
+    ]
+    roots, outs, _ = run_batch(model, drafter, shape, requests)
+    _, alone_out, _ = run_batch(model, drafter, shape, [(other, plain, 0, 10, False)])
+    assert outs[1] == alone_out[0] and not {FORK, CHILD} & set(outs[1])
+    assert len(roots[0].family) > 1  # the branching request did fork beside it
+
+
 def test_limits_hold_when_the_batch_or_the_request_runs_out_of_room():
     """Forks are granted only where the branch limit and the batch's free rows leave room
     for the child: a tree never passes ``max_branches`` and the batch never grows past

@@ -467,10 +467,13 @@ class Prefill:
         mode, settings = stack_rows([own] * rows, model.vocab_size)
         split, last = None, None
         trees = [row.branches for row in self.rows or ()]
-        if any(t is not None for t in trees):
-            mode = mode._replace(split=next(t for t in trees if t).rules.split_ids)
+        ids = next((t.rules.split_ids for t in trees if t), getattr(model, "split_ids", ()))
+        if ids:  # a branching row, or an APAR model's linear rows (no split token drawn)
+            mode = mode._replace(split=ids)
             fork_ok = fork_ok or [False] * rows
-            split = split_rows([t is not None for t in trees], fork_ok, [-1] * rows)
+            on = [t is not None for t in trees] or [False] * rows
+            own = ids == getattr(model, "split_ids", ())
+            split = split_rows(on, fork_ok, [-1] * rows, own)
             last = mx.array([p[-1] for p in prompts], mx.int32)
         sampler = RowSampler(settings, row_keys_of(first_key, rows), mode, split)
         history = text_history(prompts, self.session.slots) if self.sampler.reads_text else None
@@ -869,16 +872,23 @@ class BatchGenerator:
         return grants
 
     def _split(self) -> tuple[tuple[int, ...], SplitRows | None]:
-        """The step's split ids and per-row branching arrays (none without a branching row)."""
+        """The step's split ids and per-row branching arrays (none without a branching row,
+        unless the model has split tokens: then its linear rows must not draw them)."""
         trees = [r.branches for r in self.rows if r is not None and r.branches is not None]
         if not trees:
             self.reserved = 0
-            return (), None
+            ids = getattr(self.model, "split_ids", ())
+            if not ids:
+                return (), None
+            off = [False] * len(self.rows)
+            return ids, split_rows(off, off, [-1] * len(self.rows), own=True)
         grants = self.fork_grants(self.rows)
         self.reserved = sum(grants)
         on = [r is not None and r.branches is not None for r in self.rows]
         forced = [r.forced if r is not None else -1 for r in self.rows]
-        return trees[0].rules.split_ids, split_rows(on, grants, forced)
+        ids = trees[0].rules.split_ids
+        own = ids == getattr(self.model, "split_ids", ())
+        return ids, split_rows(on, grants, forced, own)
 
     @property
     def branching(self) -> bool:

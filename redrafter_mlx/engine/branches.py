@@ -400,28 +400,39 @@ class SplitRows(NamedTuple):
                         request's branch limit and the batch's free rows counted)
     forced  (B,) int32: the token the row's root draw is forced to (a new child's child
                         token), -1: none
+    linear  (B,) bool:  a row with branching off of a model whose split tokens are its own
+                        (``Model.split_ids``): it never draws them (other rows: untouched,
+                        whatever the rest of the batch does)
     """
 
     on: mx.array
     fork_ok: mx.array
     forced: mx.array
+    linear: mx.array
 
 
-def split_rows(on, fork_ok, forced) -> SplitRows:
-    """:class:`SplitRows` from per-row Python lists."""
+def split_rows(on, fork_ok, forced, own: bool = False) -> SplitRows:
+    """:class:`SplitRows` from per-row Python lists; ``own``: the split ids are the model's
+    own (``Model.split_ids``), so the rows with branching off never draw them."""
+    linear = [own and not o for o in on]
     return SplitRows(
-        mx.array(list(on), mx.bool_), mx.array(list(fork_ok), mx.bool_), mx.array(forced, mx.int32)
+        mx.array(list(on), mx.bool_),
+        mx.array(list(fork_ok), mx.bool_),
+        mx.array(forced, mx.int32),
+        mx.array(linear, mx.bool_),
     )
 
 
 def split_logits(logits: mx.array, tokens: mx.array, root, sampler) -> mx.array:
     """The branching rules in a step's draws: (B, N, V) -> (B, N, V), unchanged unless the
-    step's mode holds split ids (``StepMode.split``: a batch with a branching row).
+    step's mode holds split ids (``StepMode.split``: a batch with a branching row, or rows
+    of an APAR model, ``Model.split_ids``).
 
     tokens (B, N): each position's token; root (B or 1, N) bool: positions of the row's
     first draw this step (a forced child token goes there). Rows with branching on get
-    :func:`mask_split_tokens`; a row with a forced token draws it (every other token
-    -inf there), so greedy and sampled draws and verification all take it.
+    :func:`mask_split_tokens`; rows with it off of a model whose split tokens these are
+    (``SplitRows.linear``) never draw either; a row with a forced token draws it (every
+    other token -inf there), so greedy and sampled draws and verification all take it.
     Apply after the logit bias and penalties, before temperature and filters.
     """
     split, rows = sampler.mode.split, sampler.split
@@ -429,7 +440,10 @@ def split_logits(logits: mx.array, tokens: mx.array, root, sampler) -> mx.array:
         return logits
     rules = BranchRules(*split)
     masked = mask_split_tokens(logits, tokens, rows.fork_ok, rules)
-    logits = mx.where(rows.on[:, None, None], masked, logits)
+    vocab = mx.arange(logits.shape[-1])
+    split_ids = (vocab == rules.fork_id) | (vocab == rules.child_id)
+    linear = mx.where(rows.linear[:, None, None] & split_ids, -float("inf"), logits)
+    logits = mx.where(rows.on[:, None, None], masked, linear.astype(logits.dtype))
     vocab = mx.arange(logits.shape[-1])
     only = mx.where(vocab == rows.forced[:, None, None], 0.0, -float("inf")).astype(logits.dtype)
     forced_at = (rows.forced[:, None] >= 0) & root  # (B, N)
@@ -514,6 +528,23 @@ def branch_rules(model_dir, mode: str = "auto", **limits) -> BranchRules | None:
 
 
 LIMIT_KEYS = ("max_depth", "max_branches")  # a config's branches block may set them
+
+
+def split_token_ids(model_dir) -> tuple[int, ...]:
+    """The (fork, child) ids of the split tokens a model folder's ``config.json`` names in
+    its ``branches`` block (an APAR model), () for any other model or when the tokenizer
+    lacks them. A row of such a model that decodes one sequence (branching off) never draws
+    them (:func:`split_logits`): they are structure, and the model writes linear text
+    without them."""
+    config = _read_json(Path(model_dir) / "config.json") or {}
+    names = config.get("branches")
+    if not isinstance(names, dict):
+        return ()
+    ids = [
+        find_token_id(model_dir, names.get(k, d))
+        for k, d in (("fork", FORK_TOKEN), ("child", CHILD_TOKEN))
+    ]
+    return () if None in ids else tuple(ids)
 
 
 def _read_json(path: Path):

@@ -17,6 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import config as config_file
+from .branches import split_token_ids
 from .drafter import Drafter, DrafterArgs
 from .model import Model, ModelArgs, copies_embedding
 from .platform import default_dtype
@@ -178,6 +179,7 @@ def load_model(path: str | os.PathLike, dtype=None, group=None) -> tuple[Model, 
     except config_file.ConfigError as e:  # a tied config with another head in the file
         raise LoadError(str(e)) from None
     _apply_weights(model, weights, config, dtype or default_dtype(), path)
+    model.split_ids = split_token_ids(path)  # an APAR model's: never drawn without branches
     model.eval()
     return model, path
 

@@ -411,6 +411,9 @@ class Model(nn.Module):
         if not args.tie_word_embeddings:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         self.feature_layers: tuple[int, ...] = ()  # see ``capture_features``
+        # An APAR model's split token ids (fork, child; ``branches.split_token_ids``, set at
+        # load): a row decoding one sequence (branching off) never draws them.
+        self.split_ids: tuple[int, ...] = ()
 
     def capture_features(self, layers) -> None:
         """Make every forward also return the residual stream entering each of ``layers``

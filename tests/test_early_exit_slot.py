@@ -412,6 +412,7 @@ def test_cli_chat_bench_and_serve_take_the_adapter_slot(app, folders, monkeypatc
     adapter into the draft slot and builds its server on it (stopped there: the test needs
     no server)."""
     from redrafter_mlx.cli import serve
+    from redrafter_mlx.cli.bench_report import render_table
     from redrafter_mlx.cli.common import FlagError
 
     model, drafter, ee = folders
@@ -424,6 +425,9 @@ def test_cli_chat_bench_and_serve_take_the_adapter_slot(app, folders, monkeypatc
     (row,) = [r for r in data["configs"] if r["config"] != "AR"]
     assert data["ok"] and row["config"] == "W1×L4+D1×L4"
     assert row["source_shares"]["early_exit"] > 0
+    table = render_table(data["configs"], "bench")  # its share has a column of its own
+    assert "exit" in [c.header for c in table.columns]
+    assert "exit" not in [c.header for c in render_table(data["configs"][:1], "AR").columns]
     seen = []
 
     def build(engine, plan, *args, **kwargs):

@@ -497,6 +497,7 @@ def render_table(rows: list[dict], title: str):
 
     branching = any(row.get("forks_per_answer") is not None for row in rows)
     drafting = any(row.get("draft_model_length") for row in rows)  # a draft model's chain
+    exiting = any((row.get("source_shares") or {}).get("early_exit") for row in rows)
     table = Table(
         title=title,
         box=box.SIMPLE_HEAD,
@@ -504,12 +505,14 @@ def render_table(rows: list[dict], title: str):
         padding=0,
         caption="speedup: decode tok/s over the same prompts ÷ AR's · "
         + ("" if branching else "eff: speedup ÷ tok/step · packed: mean packed tree / W·L+K·Lk · ")
-        + "lookup: share of accepted drafts from context lookup (draft: from the draft model) · "
+        + "lookup: share of accepted drafts from context lookup (draft: from the draft model"
+        + ("; exit: from the early-exit adapter" if exiting else "")
+        + ") · "
         "TTFT in ms · GB: peak memory" + (BRANCH_CAPTION if branching else ""),
     )
     cells = [_table_cells(row) for row in rows]
     columns = [c for c in cells[0] if c not in (BRANCH_HIDES if branching else BRANCH_CELLS)]
-    columns = [c for c in columns if c != "draft" or drafting]
+    columns = [c for c in columns if (c != "draft" or drafting) and (c != "exit" or exiting)]
     for column in columns:
         # a long config name wraps (at its space, else anywhere) before any number is cut
         table.add_column(
@@ -534,6 +537,7 @@ def _table_cells(row: dict) -> dict:
     packed = row["mean_packed"]
     share = row.get("lookup_share")
     by_draft = (row.get("source_shares") or {}).get("draft_model")
+    by_exit = (row.get("source_shares") or {}).get("early_exit")
     branch = [row.get(key) for key in BRANCH_COLUMNS.values()]
     return {
         "config": row["config"],
@@ -544,6 +548,7 @@ def _table_cells(row: dict) -> dict:
         "packed": "–" if packed is None else f"{packed:.1f}/{row['tree_size']}",
         "lookup": "–" if share is None else f"{share:.0%}",
         "draft": "–" if by_draft is None else f"{by_draft:.0%}",
+        "exit": "–" if by_exit is None else f"{by_exit:.0%}",
         **{c: "–" if v is None else f"{v:.1f}" for c, v in zip(BRANCH_CELLS, branch)},
         "TTFT": f"{row['ttft_s'] * 1e3:.0f}",
         "GB": f"{row['peak_memory_gb']:.3f}",

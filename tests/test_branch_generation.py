@@ -200,3 +200,17 @@ def test_an_apar_folder_loads_with_its_split_ids(demo_apar):
     model, _ = demo_apar
     assert model.split_ids == (4094, 4095)
     assert load_model(demo_paths()[0])[0].split_ids == ()
+
+
+def test_branching_answers_keep_their_shape_choice_across_calls():
+    """With branches on, ``adapt=True`` chooses per batch size (``BatchChoice``) and keeps
+    that choice on the model across calls (``learnt_batch``), as a solo answer keeps its
+    ``Adaptive``: the next answer starts from what this one measured."""
+    model, drafter = model_and_drafter()
+    kw = dict(max_tokens=10, shape=BeamShape(2, 3), eos_token_ids=[EOS], branches=RULES)
+    list(generate_steps(model, drafter, [PROMPT], sampler=forking_sampler(), adapt=True, **kw))
+    (choice,) = model._batch_choice.values()
+    first = sum(choice.ran.values())
+    list(generate_steps(model, drafter, [PROMPT], sampler=forking_sampler(), adapt=True, **kw))
+    assert list(model._batch_choice.values()) == [choice]
+    assert first > 0 and sum(choice.ran.values()) > first

@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Protocol
 
-from .adaptive import Adaptive, ShapeChooser, SharedChoice, learnt
+from .adaptive import MAX_LEARNT, Adaptive, ShapeChooser, SharedChoice, learnt
 from .lookup import LookupShadow
 from .shape import BeamShape
 
@@ -246,3 +246,17 @@ class BatchChoice:
         """The batch started over (an engine failure): forget steps in flight."""
         for chooser in self.choosers.values():
             chooser.resume()
+
+
+def learnt_batch(model, drafter, shape: BeamShape, sampler) -> BatchChoice:
+    """The ``BatchChoice`` of this configuration kept on the model across calls (as
+    ``adaptive.learnt`` keeps a solo run's), so a branching answer's choosers per batch
+    size start from what the earlier answers measured instead of exploring again: an
+    answer that never forks then runs as a solo answer does (docs/bench/apar.txt)."""
+    store = model.__dict__.setdefault("_batch_choice", {})
+    key = (id(drafter), shape, sampler)
+    if key not in store:
+        while len(store) >= MAX_LEARNT:
+            store.pop(next(iter(store)))
+        store[key] = BatchChoice(shape, Adaptive())
+    return store[key]

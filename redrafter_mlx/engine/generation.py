@@ -27,7 +27,7 @@ import mlx.core as mx
 from .adaptive import Adaptive
 from .arguments import api_arguments
 from .batch import BatchGenerator, Prefill, Row, RowStats
-from .batch_choice import BatchChoice, FixedShape, ShapePolicy, SoloChoice
+from .batch_choice import BatchChoice, FixedShape, ShapePolicy, SoloChoice, learnt_batch
 from .branches import BRANCH_MODES, BranchRules, Piece, branch_rules, request_rows
 from .cache import SLOT_QUANTUM, Session, token_limit
 from .decode import DecodeState
@@ -198,7 +198,10 @@ def generate_steps(
     if adapt and not shape.is_autoregressive and not branches:
         policy = SoloChoice(model, drafter, shape, sampler, adapt)
     elif adapt and not shape.is_autoregressive:  # branch rows come and go: the server's
-        policy = BatchChoice(shape, adapt if isinstance(adapt, Adaptive) else Adaptive())
+        if isinstance(adapt, Adaptive):
+            policy = BatchChoice(shape, adapt)
+        else:  # kept on the model: the next answer starts from what this one measured
+            policy = learnt_batch(model, drafter, shape, sampler)
     batch = BatchGenerator(model, drafter, policy, eos, max_batch, release=False, draft=draft_model)
 
     group = getattr(model, "group", None)  # tensor parallel: every rank must draw alike

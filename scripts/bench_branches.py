@@ -14,9 +14,10 @@ steps per answer (the loop's steps: branches decode side by side), tokens per an
 branches), seconds per answer (prefill included) and tokens/s over those seconds; the
 ratios are against branches off with the same decoding (``decoded``: every branch's tokens,
 those written past the answer's end included). The ``no fork`` rows repeat the prompts of
-both sets on which no variant forked: what branches cost where they are never used. Quality: the original model's
-(``--score-model``) mean log-likelihood per token of each answer (branches on: the rebuilt
-text) after the prompt, against that of the same model's answers with branches off.
+both sets on which no variant forked: what branches cost where they are never used.
+Quality: the original model's (``--score-model``) mean log-likelihood per token of each
+answer (branches on: the rebuilt text) after the prompt, against that of the same model's
+answers with branches off.
 Numbers, not assertions.
 """
 

@@ -20,7 +20,6 @@ from redrafter_mlx.engine.cache import Session
 from redrafter_mlx.engine.decode import step_sources
 from redrafter_mlx.engine.early_exit import (
     EarlyExitAdapter,
-    EarlyExitArgs,
     EarlyExitSource,
     adapter_of,
     load_adapter,
@@ -31,13 +30,12 @@ from redrafter_mlx.engine.loading import LoadError, load
 from redrafter_mlx.engine.memory import Dims, check_step_memory
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape
-from redrafter_mlx.engine.sources import DRAFTER, EARLY_EXIT, LOOKUP, DraftContext
+from redrafter_mlx.engine.sources import DRAFTER, EARLY_EXIT, LOOKUP
 from redrafter_mlx.measure.profile import profile_steps, weight_bytes
 from redrafter_mlx.train import early_exit as EE
 from tests.helpers import (
     VICUNA_TOKENIZER,
     OracleDrafter,
-    _randomize,
     greedy_prefilled,
     near_bigram_model,
     run_decode,
@@ -48,9 +46,17 @@ from tests.helpers import (
 )
 from tests.test_batch_loop import Scripted
 from tests.test_cli import app, invoke, run_json  # noqa: F401 (fixtures)
-from tests.test_early_exit_source import PROMPTS, plain, random_pair, transparent_pair
+from tests.test_early_exit_source import (
+    PROMPTS,
+    REPEATING,
+    bigram_pair,
+    plain,
+    random_pair,
+    states_follow_the_text,
+    transparent_pair,
+)
 from tests.test_memory_sources import TOKENS, held_cache
-from tests.test_source_choice import drive, rows_of, source_cache
+from tests.test_source_choice import assert_rows_plain, drive, rows_of, source_cache
 
 
 def transparent_bigram():
@@ -165,30 +171,17 @@ def test_the_adapter_cache_holds_the_committed_text_whichever_source_won():
     the next draft's refresh leaves the adapter cache equal to a fresh prefill of the
     committed text; the drafter and lookup both win steps (their paths are longer than the
     chain: a refresh shorter than them fails this test)."""
-    model = near_bigram_model(3, vocab=32, layers=3)
-    adapter = EarlyExitAdapter(EarlyExitArgs.for_target(model.args, 2))
-    _randomize(adapter, 9, 1.0)
+    model, adapter = bigram_pair()
     drafter = OracleDrafter(model, noise=0.0)
-    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
     shape = BeamShape.parse("W1xL4+K1xL6+D1xL3")
     slots = 64
-    state = greedy_prefilled(model, prompt, slots, [prefill_ee(model, adapter, [prompt], slots)])
+    own = [prefill_ee(model, adapter, [REPEATING], slots)]
+    state = greedy_prefilled(model, REPEATING, slots, own)
     step = uniform_step(model, drafter, shape, SamplerConfig(), 1, compiled=False, draft=adapter)
     chain = step_sources(shape, drafter, adapter)[-1]
     assert chain.refresh == 6
-    won = set()
-    for _ in range(10):
-        state, out = step(state, slots)
-        won.add(int(out.source[0]))
-        n = int(state.lengths[0])
-        ctx = DraftContext(
-            model, state.hidden, state.init_token, state.lengths, state.history, slots,
-            keys=state.keys, values=state.values,
-        )  # fmt: skip
-        refreshed = chain.propose(ctx._replace(own=state.sources[0])).state
-        fresh = prefill_ee(model, adapter, [state.history[0, :n].tolist()], slots)
-        for a, b in zip(refreshed[0] + refreshed[1], fresh[0] + fresh[1]):
-            assert mx.allclose(a[:, :, :n], b[:, :, :n], atol=1e-4).item()
+    check = (chain, 0, lambda text: prefill_ee(model, adapter, text, slots))
+    won = states_follow_the_text(model, step, state, slots, 10, [check])
     assert {DRAFTER, LOOKUP} <= won
 
 
@@ -212,8 +205,7 @@ def test_the_adapter_in_the_draft_slot_switched_off_and_on(batched):
     if batched:
         waves += [(PROMPTS[1:2], 30), (PROMPTS[2:], 30)]
     _, got = drive(batch, waves, steps_between=4)
-    for tokens, (prompt, n) in zip(got, [(p, n) for ps, n in waves for p in ps]):
-        assert tokens == plain(model, [prompt], n)[0]
+    assert_rows_plain(model, got, waves)
     assert batch.catch_ups >= 2
 
 

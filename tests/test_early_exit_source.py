@@ -107,22 +107,24 @@ def test_sources_of_an_early_exit_shape():
     assert isinstance(sources[0], EarlyExitSource)
 
 
-@pytest.mark.parametrize("label", ["W1xL3+K1xL6", "W1xL4"])
-def test_adapter_cache_holds_the_committed_text_after_the_refresh(label):
-    """After steps whose accepted path may be another source's (a lookup chain's), the next
-    draft's refresh leaves the adapter cache equal to a fresh prefill of the committed text
-    (no refresh, or a shorter one, fails this test once lookup wins a step)."""
+REPEATING = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]  # a prompt lookup chains find matches in
+
+
+def bigram_pair():
+    """A 3-layer near-bigram target and a random adapter exiting after its layer 2."""
     model = near_bigram_model(3, vocab=32, layers=3)
     adapter = EarlyExitAdapter(EarlyExitArgs.for_target(model.args, 2))
     _randomize(adapter, 9, 1.0)
-    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
-    shape = BeamShape.parse(label)
-    slots = 64
-    state = greedy_prefilled(model, prompt, slots, [prefill_ee(model, adapter, [prompt], slots)])
-    step = uniform_step(model, adapter, shape, SamplerConfig(), 1, compiled=False)
-    source = step_sources(shape, adapter)[0]
+    return model, adapter
+
+
+def states_follow_the_text(model, step, state, slots: int, steps: int, checks) -> set[int]:
+    """Run ``steps`` steps of ``step`` (one row) from ``state``; after each, for every
+    ``(source, held index, prefill)`` of ``checks`` the source's next draft leaves its state
+    (``state.sources[index]``) equal, at every committed slot, to ``prefill(text)`` of the
+    committed text. Returns the ids of the sources that won steps."""
     won = set()
-    for _ in range(6):
+    for _ in range(steps):
         state, out = step(state, slots)
         won.add(int(out.source[0]))
         n = int(state.lengths[0])
@@ -130,10 +132,29 @@ def test_adapter_cache_holds_the_committed_text_after_the_refresh(label):
             model, state.hidden, state.init_token, state.lengths, state.history, slots,
             keys=state.keys, values=state.values,
         )  # fmt: skip
-        refreshed = source.propose(ctx._replace(own=state.sources[0])).state
-        fresh = prefill_ee(model, adapter, [state.history[0, :n].tolist()], slots)
-        for a, b in zip(refreshed[0] + refreshed[1], fresh[0] + fresh[1]):
-            assert mx.allclose(a[:, :, :n], b[:, :, :n], atol=1e-4).item()
+        text = [state.history[0, :n].tolist()]
+        for source, index, prefill in checks:
+            mine = source.propose(ctx._replace(own=state.sources[index])).state
+            theirs = prefill(text)
+            for a, b in zip(mine[0] + mine[1], theirs[0] + theirs[1]):
+                assert mx.allclose(a[:, :, :n], b[:, :, :n], atol=1e-4).item()
+    return won
+
+
+@pytest.mark.parametrize("label", ["W1xL3+K1xL6", "W1xL4"])
+def test_adapter_cache_holds_the_committed_text_after_the_refresh(label):
+    """After steps whose accepted path may be another source's (a lookup chain's), the next
+    draft's refresh leaves the adapter cache equal to a fresh prefill of the committed text
+    (no refresh, or a shorter one, fails this test once lookup wins a step)."""
+    model, adapter = bigram_pair()
+    shape = BeamShape.parse(label)
+    slots = 64
+    own = [prefill_ee(model, adapter, [REPEATING], slots)]
+    state = greedy_prefilled(model, REPEATING, slots, own)
+    step = uniform_step(model, adapter, shape, SamplerConfig(), 1, compiled=False)
+    source = step_sources(shape, adapter)[0]
+    check = (source, 0, lambda text: prefill_ee(model, adapter, text, slots))
+    won = states_follow_the_text(model, step, state, slots, 6, [check])
     if shape.lookup:
         assert LOOKUP in won
 
@@ -240,32 +261,18 @@ def test_both_caches_hold_the_committed_text_whichever_source_won(itself):
     lookup and the draft model win steps, with another model lookup and the adapter."""
     from redrafter_mlx.engine.draft_model import prefill as prefill_draft
 
-    model = near_bigram_model(3, vocab=32, layers=3)
-    adapter = EarlyExitAdapter(EarlyExitArgs.for_target(model.args, 2))
-    _randomize(adapter, 9, 1.0)
+    model, adapter = bigram_pair()
     draft = model if itself else near_bigram_model(5, vocab=32, layers=1)
-    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
     shape = BeamShape.parse("W1xL3+K1xL6+D1xL4")
     slots = 64
-    own = [prefill_ee(model, adapter, [prompt], slots), prefill_draft(draft, [prompt], slots)]
-    state = greedy_prefilled(model, prompt, slots, own)
+    own = [prefill_ee(model, adapter, [REPEATING], slots), prefill_draft(draft, [REPEATING], slots)]
+    state = greedy_prefilled(model, REPEATING, slots, own)
     step = uniform_step(model, adapter, shape, SamplerConfig(), 1, compiled=False, draft=draft)
     sources = step_sources(shape, adapter, draft)
     assert [s.source_id for s in sources if s.stateful] == [EARLY_EXIT, DRAFT_MODEL]
-    won = set()
-    for _ in range(8):
-        state, out = step(state, slots)
-        won.add(int(out.source[0]))
-        n = int(state.lengths[0])
-        ctx = DraftContext(
-            model, state.hidden, state.init_token, state.lengths, state.history, slots,
-            keys=state.keys, values=state.values,
-        )  # fmt: skip
-        text = [state.history[0, :n].tolist()]
-        refreshed = sources[0].propose(ctx._replace(own=state.sources[0])).state
-        caught_up = sources[-1].propose(ctx._replace(own=state.sources[1])).state
-        fresh = [prefill_ee(model, adapter, text, slots), prefill_draft(draft, text, slots)]
-        for mine, theirs in zip([refreshed, caught_up], fresh):
-            for a, b in zip(mine[0] + mine[1], theirs[0] + theirs[1]):
-                assert mx.allclose(a[:, :, :n], b[:, :, :n], atol=1e-4).item()
+    checks = [
+        (sources[0], 0, lambda text: prefill_ee(model, adapter, text, slots)),
+        (sources[-1], 1, lambda text: prefill_draft(draft, text, slots)),
+    ]
+    won = states_follow_the_text(model, step, state, slots, 8, checks)
     assert won == ({LOOKUP, DRAFT_MODEL} if itself else {LOOKUP, EARLY_EXIT})

@@ -64,6 +64,13 @@ def drive(batch, waves, steps_between=3):
     return rows, [out[id(r)] for r in rows]
 
 
+def assert_rows_plain(model, got, waves) -> None:
+    """Each row ``drive`` ran (``got``, in the order of ``waves``' prompts) equals plain
+    decoding of its own prompt to its own limit."""
+    for tokens, (prompt, n) in zip(got, [(p, n) for ps, n in waves for p in ps]):
+        assert tokens == plain(model, [prompt], n)[0]
+
+
 @pytest.mark.parametrize("batched", [False, True], ids=["solo", "rows-joining"])
 def test_the_target_as_its_own_draft_accepts_everything_whenever_it_is_back(batched):
     """The target as its own draft, switched off and on by a scripted policy: every step of
@@ -77,8 +84,7 @@ def test_the_target_as_its_own_draft_accepts_everything_whenever_it_is_back(batc
     if batched:
         waves += [(PROMPTS[1:2], 30), (PROMPTS[2:], 30)]
     rows, got = drive(batch, waves, steps_between=4)
-    for tokens, (prompts, n) in zip(got, [(p, n) for ps, n in waves for p in ps]):
-        assert tokens == plain(model, [prompts], n)[0]
+    assert_rows_plain(model, got, waves)
     full = [c for shape, counts in policy.told if shape == D for c in counts]
     assert len(full) >= 5 and sum(c == 4 for c in full) >= len(full) - len(rows)  # a cut last
     assert batch.catch_ups >= 3
@@ -167,8 +173,7 @@ def test_an_early_exit_source_switched_off_and_on_keeps_greedy_output(batched):
     if batched:
         waves += [(PROMPTS[1:], 30)]
     _, got = drive(batch, waves, steps_between=4)
-    for tokens, (prompt, n) in zip(got, [(p, n) for ps, n in waves for p in ps]):
-        assert tokens == plain(model, [prompt], n)[0]
+    assert_rows_plain(model, got, waves)
     assert batch.catch_ups >= 2
 
 
@@ -189,8 +194,7 @@ def test_an_early_exit_adapter_and_a_draft_model_switched_off_and_on(batched):
     if batched:
         waves += [(PROMPTS[1:2], 30), (PROMPTS[2:], 30)]
     rows, got = drive(batch, waves, steps_between=4)
-    for tokens, (prompt, n) in zip(got, [(p, n) for ps, n in waves for p in ps]):
-        assert tokens == plain(model, [prompt], n)[0]
+    assert_rows_plain(model, got, waves)
     chained = [c for shape, counts in policy.told if shape.model_length for c in counts]
     assert chained and sum(c >= 4 for c in chained) >= len(chained) - 2 * len(rows)
     assert batch.catch_ups >= 2

@@ -462,12 +462,17 @@ def learnt(model, drafter, shape: BeamShape, sampler) -> Adaptive:
     """The default ``Adaptive`` of this configuration, kept on the model across calls, so a
     new generation (a chat turn, the next prompt) starts from the measured costs and
     acceptance instead of exploring again."""
-    store = model.__dict__.setdefault("_adaptive", {})
-    key = (id(drafter), shape, sampler)
+    return remembered(model, "_adaptive", (id(drafter), shape, sampler), Adaptive)
+
+
+def remembered(model, name: str, key, make):
+    """``make()``, kept on ``model`` (in its store ``name``) under ``key`` across calls: at
+    most ``MAX_LEARNT`` configurations per store, the oldest dropped first."""
+    store = model.__dict__.setdefault(name, {})
     if key not in store:
         while len(store) >= MAX_LEARNT:
             store.pop(next(iter(store)))
-        store[key] = Adaptive()
+        store[key] = make()
     return store[key]
 
 

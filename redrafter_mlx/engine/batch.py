@@ -56,7 +56,7 @@ import mlx.nn as nn
 
 from .adaptive import rank0_shape
 from .batch_choice import ShapePolicy
-from .branches import BranchTree, Fork, SplitRows, split_rows
+from .branches import BranchTree, Fork, SplitRows, step_split
 from .cache import (
     SLOT_QUANTUM,
     Session,
@@ -465,15 +465,12 @@ class Prefill:
         for row in self.rows or ():
             row.sampling = own
         mode, settings = stack_rows([own] * rows, model.vocab_size)
-        split, last = None, None
-        trees = [row.branches for row in self.rows or ()]
-        ids = next((t.rules.split_ids for t in trees if t), getattr(model, "split_ids", ()))
+        last = None
+        trees = [row.branches for row in self.rows] if self.rows else [None] * rows
+        fork_ok = fork_ok or [False] * rows
+        ids, split = step_split(trees, fork_ok, [-1] * rows, getattr(model, "split_ids", ()))
         if ids:  # a branching row, or an APAR model's linear rows (no split token drawn)
             mode = mode._replace(split=ids)
-            fork_ok = fork_ok or [False] * rows
-            on = [t is not None for t in trees] or [False] * rows
-            own = ids == getattr(model, "split_ids", ())
-            split = split_rows(on, fork_ok, [-1] * rows, own)
             last = mx.array([p[-1] for p in prompts], mx.int32)
         sampler = RowSampler(settings, row_keys_of(first_key, rows), mode, split)
         history = text_history(prompts, self.session.slots) if self.sampler.reads_text else None
@@ -872,23 +869,15 @@ class BatchGenerator:
         return grants
 
     def _split(self) -> tuple[tuple[int, ...], SplitRows | None]:
-        """The step's split ids and per-row branching arrays (none without a branching row,
-        unless the model has split tokens: then its linear rows must not draw them)."""
-        trees = [r.branches for r in self.rows if r is not None and r.branches is not None]
-        if not trees:
-            self.reserved = 0
-            ids = getattr(self.model, "split_ids", ())
-            if not ids:
-                return (), None
-            off = [False] * len(self.rows)
-            return ids, split_rows(off, off, [-1] * len(self.rows), own=True)
-        grants = self.fork_grants(self.rows)
+        """The step's split ids and per-row branching arrays (``branches.step_split``: none
+        without a branching row, unless the model has split tokens: then its linear rows
+        must not draw them)."""
+        trees = [r.branches if r is not None else None for r in self.rows]
+        branching = any(t is not None for t in trees)
+        grants = self.fork_grants(self.rows) if branching else [False] * len(self.rows)
         self.reserved = sum(grants)
-        on = [r is not None and r.branches is not None for r in self.rows]
         forced = [r.forced if r is not None else -1 for r in self.rows]
-        ids = trees[0].rules.split_ids
-        own = ids == getattr(self.model, "split_ids", ())
-        return ids, split_rows(on, grants, forced, own)
+        return step_split(trees, grants, forced, getattr(self.model, "split_ids", ()))
 
     @property
     def branching(self) -> bool:

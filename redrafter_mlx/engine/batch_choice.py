@@ -33,7 +33,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Protocol
 
-from .adaptive import MAX_LEARNT, Adaptive, ShapeChooser, SharedChoice, learnt
+from .adaptive import Adaptive, ShapeChooser, SharedChoice, learnt, remembered
 from .lookup import LookupShadow
 from .shape import BeamShape
 
@@ -253,10 +253,5 @@ def learnt_batch(model, drafter, shape: BeamShape, sampler) -> BatchChoice:
     ``adaptive.learnt`` keeps a solo run's), so a branching answer's choosers per batch
     size start from what the earlier answers measured instead of exploring again: an
     answer that never forks then runs as a solo answer does (docs/bench/apar.txt)."""
-    store = model.__dict__.setdefault("_batch_choice", {})
     key = (id(drafter), shape, sampler)
-    if key not in store:
-        while len(store) >= MAX_LEARNT:
-            store.pop(next(iter(store)))
-        store[key] = BatchChoice(shape, Adaptive())
-    return store[key]
+    return remembered(model, "_batch_choice", key, lambda: BatchChoice(shape, Adaptive()))

@@ -423,6 +423,20 @@ def split_rows(on, fork_ok, forced, own: bool = False) -> SplitRows:
     )
 
 
+def step_split(trees, fork_ok, forced, model_ids=()) -> tuple[tuple[int, ...], SplitRows | None]:
+    """A draw's split ids and per-row arrays: ``trees`` per row (a branching row's
+    ``BranchTree``, else None), ``fork_ok`` and ``forced`` per row (:class:`SplitRows`). The
+    ids are the branching rows' rules', else the model's own split tokens (``model_ids``,
+    ``Model.split_ids``); neither: ``((), None)``, the draw untouched. Where the ids are the
+    model's own, its rows with branching off never draw them (``SplitRows.linear``)."""
+    model_ids = tuple(model_ids)
+    ids = next((t.rules.split_ids for t in trees if t is not None), model_ids)
+    if not ids:
+        return (), None
+    on = [t is not None for t in trees]
+    return ids, split_rows(on, fork_ok, forced, own=ids == model_ids)
+
+
 def split_logits(logits: mx.array, tokens: mx.array, root, sampler) -> mx.array:
     """The branching rules in a step's draws: (B, N, V) -> (B, N, V), unchanged unless the
     step's mode holds split ids (``StepMode.split``: a batch with a branching row, or rows

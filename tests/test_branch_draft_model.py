@@ -38,8 +38,8 @@ def test_a_fork_copies_the_draft_cache_and_branches_equal_plain_decoding(
     copied = []
     fork = BatchGenerator.fork
 
-    def checked(self, parent, at):
-        child = fork(self, parent, at)
+    def checked(self, parent, at, read=None):
+        child = fork(self, parent, at, read)
         copied.append(draft_rows_equal(self.state, child.slot, parent.slot))
         return child
 

@@ -267,3 +267,64 @@ def test_branches_with_a_repetition_penalty_equal_their_rows(shape):
     sampler = forking_sampler(repetition_penalty=1.5, repetition_context_size=6)
     roots, _, _ = run_batch(model, drafter, shape, [(PROMPT, sampler, 0, 10, True)])
     check_branches(model, drafter, None, roots[0], PROMPT, sampler, 0, 10)
+
+
+def read_first_always(monkeypatch):
+    """The loop as it was: a branching row's step read before the next is queued."""
+    monkeypatch.setattr(BatchGenerator, "queue_ahead", lambda self: not self.branching)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [AR, BeamShape(2, 3), BeamShape(1, 3, None, 1, 4)],
+    ids=["ar", "drafter", "hybrid"],
+)
+@pytest.mark.parametrize("temperature", [0.0, 0.8], ids=["greedy", "sampled"])
+def test_steps_queue_ahead_of_a_branching_step_and_change_no_token(monkeypatch, shape, temperature):
+    """With the limits far off, the next step is queued before a branching row's step is
+    read (``queue_ahead``): a fork then copies that step's end state while the parent's
+    next step is already in flight. Every branch of every request equals the loop that
+    reads each branching step first: same tokens, same forks, same steps per row."""
+    model, drafter = model_and_drafter()
+    sampler = forking_sampler(temperature=temperature)
+    prompt = [3, 30, 24, 14, 3, 30, 24, 14, 3]  # text lookup chains can find
+    requests = [(PROMPT, sampler, 7, 12, True), (prompt, sampler, 3, 12, True)]
+    roots, outs, batch = run_batch(model, drafter, shape, requests)
+    assert batch.ahead > 5  # steps queued with a branching step in flight
+    assert sum(len(r.branches.branches) for r in roots) > 4
+    read_first_always(monkeypatch)
+    want_roots, want_outs, first = run_batch(model, drafter, shape, requests)
+    assert first.ahead == 0
+    assert outs == want_outs
+    for root, want in zip(roots, want_roots):  # branch ids are in fork order: compare as sets
+        assert root.branches.linear() == want.branches.linear()
+        assert sorted(branch_rows(root)) == sorted(branch_rows(want))
+
+
+def branch_rows(root: Row) -> list[tuple]:
+    """Each branch of ``root``'s request as (fork point, tokens, steps its row took)."""
+    tree = root.branches
+    return [
+        (tuple(fork_points(tree, row.branch)), tuple(tree.branches[row.branch].tokens),
+         row.stats.steps)
+        for row in root.family
+    ]  # fmt: skip
+
+
+def test_near_the_limits_a_branching_step_is_read_first(monkeypatch):
+    """Where a fork of the step in flight could take the room another fork needs (the
+    batch's free rows here), the step is read before the next is queued, and the limits
+    hold."""
+    model, drafter = model_and_drafter()
+    answers = []
+    decide = BatchGenerator.queue_ahead
+
+    def recording(self):
+        answers.append(decide(self))
+        return answers[-1]
+
+    monkeypatch.setattr(BatchGenerator, "queue_ahead", recording)
+    sampler = forking_sampler()
+    roots, _, batch = run_batch(model, drafter, AR, [(PROMPT, sampler, 0, 10, True)], RULES, 3)
+    assert True in answers and False in answers
+    assert len(roots[0].branches.branches) > 1 and len(batch.rows) <= 3

@@ -39,9 +39,10 @@ Parallel branches (APAR, ``engine.branches``): a row whose ``branches`` holds it
 row copied from the parent's (``fork``: no prefill, no roll-back, the fork being always a
 step's last token) whose next draw is forced to the child token (``SplitRows.forced``). Forks
 are granted per step only where the branch limit and the free rows leave room
-(``fork_grants``; ``reserved``: rows the step in flight may take), and with a branching row
-in the batch each step is read before the next is queued (``branching``). docs/design.md,
-"The loop".
+(``fork_grants``; ``reserved``: rows the step in flight may take). The next step is queued
+before a branching row's step is read as long as no fork that step may make could change
+the next one's grants (``queue_ahead``: the limits far off); a fork then copies the step's
+own end state (``Queued.end``). docs/design.md, "The loop".
 """
 
 from __future__ import annotations
@@ -376,6 +377,7 @@ class Row:
     branches: BranchTree | None = None
     branch: int = 0
     forced: int = -1
+    forced_queued: bool = False  # its forced draw is in a queued step (later ones draw freely)
     family: list = field(default_factory=list, compare=False, repr=False)
 
     def __post_init__(self):
@@ -511,6 +513,8 @@ class Queued:
     owners: tuple[Row | None, ...]
     shape: BeamShape | None
     started: float | None
+    grants: tuple[bool, ...] = ()  # per owner: whether it may fork in this step
+    end: tuple = ()  # (init_token (B,), hidden (B, H), lengths (B,), row_keys (B, 2)) after it
 
 
 def take_rows(
@@ -593,7 +597,7 @@ class BatchGenerator:
         self.pending: Queued | None = None  # the step queued and not yet read
         self.inflight = 0  # steps queued and not yet read
         self.prefills: list[Prefill] = []  # waiting to join, in order (``insert``)
-        self.reserved = 0  # rows the step in flight may fork into (``fork_grants``)
+        self.ahead = 0  # steps queued while one with a branching row was in flight
 
     # ------------------------------------------------------------------ state
 
@@ -617,7 +621,6 @@ class BatchGenerator:
         self.pending = None
         self.prefills = []
         self._params = None
-        self.reserved = 0
         self.behind = dict.fromkeys(self.held, 0)
         self.policy.reset()
 
@@ -760,11 +763,17 @@ class BatchGenerator:
     # ------------------------------------------------------------------ branches
 
     def grow_branches(
-        self, row: Row, new: list[int], finish: str | None, drafted: list[bool] | None = None
+        self,
+        row: Row,
+        new: list[int],
+        finish: str | None,
+        drafted: list[bool] | None = None,
+        read: tuple[Queued, int] | None = None,
     ) -> None:
         """A branching row's emitted tokens into its request's tree (``BranchTree.extend``,
         with ``drafted``: which were accepted drafts); a fork makes the child's row
-        (``fork``), a finished row finishes its branch."""
+        (``fork``; ``read``: the step read and the row's index in it, None: its first
+        token, just joined), a finished row finishes its branch."""
         tree = row.branches
         if tree is None:
             return
@@ -772,13 +781,13 @@ class BatchGenerator:
         if row.forced >= 0:  # a child's first step: its forced child token, already recorded
             if new[:1] != [row.forced]:
                 raise RuntimeError(f"branch {row.branch} did not draw its forced child token")
-            new, drafted, row.forced, self._params = new[1:], drafted[1:], -1, None
+            new, drafted, row.forced = new[1:], drafted[1:], -1
         # A row that ends here makes no child: a fork at its token limit has no room for one.
         ext = tree.extend(row.branch, new, can_fork=finish is None, drafted=drafted)
         if ext.keep != len(new):  # fork_ok grants no fork past the limits (``_split``)
             raise RuntimeError(f"branch {row.branch} forked past the branch limit")
         if ext.fork is not None:
-            self.fork(row, ext.fork)
+            self.fork(row, ext.fork, read)
         if finish is not None:
             tree.finish(row.branch)
 
@@ -798,12 +807,18 @@ class BatchGenerator:
                     ended.append(other)
         return ended
 
-    def fork(self, parent: Row, fork: Fork) -> Row:
+    def fork(self, parent: Row, fork: Fork, read: tuple[Queued, int] | None = None) -> Row:
         """A new row for ``fork``'s child: a copy of the parent's row (K/V, the draft
         sources' states such as a draft model's cache, text, hidden state, init token = the
-        fork token, key; no prefill), whose next draw is forced to the child token. The
-        parent's state after the step that drew the fork token is the fork's own (a fork is
-        always a step's last token: ``branches.fork_not_drafted``)."""
+        fork token, key; no prefill), whose next draw is forced to the child token.
+
+        The fork's state is the parent's after the step that drew the fork token (a fork is
+        always a step's last token: ``branches.fork_not_drafted``): ``read``, that step and
+        the parent's index in it, whose end state (``Queued.end``) gives the small arrays.
+        The caches and the text are taken as they are now, even with a later step of the
+        parent queued (``queue_ahead``): that step writes only past the fork's length, which
+        the child's own steps overwrite. None: the parent's row as it is now (a first token,
+        the row just joined)."""
         if None not in self.rows:
             self.resize(self.bucket_for(len(self.rows) + 1))
         p, c = parent.slot, self.rows.index(None)
@@ -813,17 +828,21 @@ class BatchGenerator:
             for layer in cache:
                 layer[c : c + 1] = layer[p : p + 1]
         at = mx.arange(len(self.rows)) == c
+        end, i = (s.init_token, s.hidden, s.lengths, self.row_keys), p
+        if read is not None:
+            end, i = read[0].end, read[1]
 
-        def copied(a):  # (B, ...): row c takes row p's values
-            return mx.where(at.reshape((-1,) + (1,) * (a.ndim - 1)), a[p : p + 1], a)
+        def copied(a, src, j=i):  # (B, ...): row c takes row j of ``src``
+            return mx.where(at.reshape((-1,) + (1,) * (a.ndim - 1)), src[j : j + 1], a)
 
+        init_token, hidden, lengths, row_keys = end
         self.state = s._replace(
-            init_token=copied(s.init_token),
-            hidden=copied(s.hidden),
-            lengths=copied(s.lengths),
-            history=None if s.history is None else copied(s.history),
+            init_token=copied(s.init_token, init_token),
+            hidden=copied(s.hidden, hidden),
+            lengths=copied(s.lengths, lengths),
+            history=None if s.history is None else copied(s.history, s.history, p),
         )
-        self.row_keys = copied(self.row_keys)
+        self.row_keys = copied(self.row_keys, row_keys)
         tree = parent.branches
         child = Row(
             parent.sampler,
@@ -845,22 +864,29 @@ class BatchGenerator:
         self._params = None
         return child
 
-    def fork_grants(self, rows: list[Row | None]) -> list[bool]:
+    def fork_grants(self, rows: list[Row | None], in_flight: bool = True) -> list[bool]:
         """Which of ``rows`` may fork in the draw made now: each branching row its tree
         allows (``BranchTree.fork_allowed``), in row order, as long as its request's branch
-        limit and the batch's free rows (less the rows of waiting prefills, and those the
-        step in flight may fork into) leave room for the children (one fork per row per
-        draw), so every fork drawn can be made."""
+        limit and the batch's free rows (less the rows of waiting prefills) leave room for
+        the children (one fork per row per draw), so every fork drawn can be made.
+        ``in_flight``: the step in flight, not yet read, forks wherever it was granted (the
+        rows and branches it may take are not free); False: it forks nowhere."""
         free = self.max_batch - len(self.active)
         free -= sum(len(job.prompts) for job in self.prefills)
-        free -= self.reserved if self.pending is not None else 0
+        taken: dict[int, int] = {}
+        if in_flight and self.pending is not None:
+            for row, granted in zip(self.pending.owners, self.pending.grants):
+                if granted:
+                    taken[id(row.branches)] = taken.get(id(row.branches), 0) + 1
+                    free -= 1
         room: dict[int, int] = {}
         grants = []
         for row in rows:
             tree = row.branches if row is not None else None
             ok = tree is not None and not row.finished and tree.fork_allowed(row.branch)
             if ok:
-                left = room.setdefault(id(tree), tree.rules.max_branches - len(tree.branches))
+                left = tree.rules.max_branches - len(tree.branches) - taken.get(id(tree), 0)
+                left = room.setdefault(id(tree), left)
                 ok = left > 0 and free > 0
             if ok:
                 room[id(tree)] -= 1
@@ -868,23 +894,34 @@ class BatchGenerator:
             grants.append(ok)
         return grants
 
-    def _split(self) -> tuple[tuple[int, ...], SplitRows | None]:
+    @property
+    def reserved(self) -> int:
+        """Rows the step in flight may fork into (its grants; ``fork_grants``)."""
+        return sum(self.pending.grants) if self.pending is not None else 0
+
+    def _split(self, grants: list[bool]) -> tuple[tuple[int, ...], SplitRows | None]:
         """The step's split ids and per-row branching arrays (``branches.step_split``: none
         without a branching row, unless the model has split tokens: then its linear rows
-        must not draw them)."""
+        must not draw them). A child's forced draw is queued once."""
         trees = [r.branches if r is not None else None for r in self.rows]
-        branching = any(t is not None for t in trees)
-        grants = self.fork_grants(self.rows) if branching else [False] * len(self.rows)
-        self.reserved = sum(grants)
-        forced = [r.forced if r is not None else -1 for r in self.rows]
+        forced = [r.forced if r is not None and not r.forced_queued else -1 for r in self.rows]
         return step_split(trees, grants, forced, getattr(self.model, "split_ids", ()))
 
     @property
     def branching(self) -> bool:
-        """Whether a running row or the step in flight has branching on (the loop then reads
-        each step before queueing the next: a fork copies the state the step left)."""
-        rows = [*self.active, *(self.pending.owners if self.pending else ())]
-        return any(r is not None and r.branches is not None for r in rows)
+        """Whether a running row has branching on."""
+        return any(r.branches is not None for r in self.active)
+
+    def queue_ahead(self) -> bool:
+        """Whether the next step may be queued before the one in flight is read, with
+        branching rows (each a fork in waiting): when no fork that step could make changes
+        the next step's grants (limits far off: its grants are the same whether it forks
+        everywhere it may or nowhere). A fork then copies the step's own end state
+        (``Queued.end``): the next step only writes past it. Otherwise the step is read
+        first and the grants see its forks."""
+        if not self.branching:
+            return True
+        return self.fork_grants(self.rows) == self.fork_grants(self.rows, in_flight=False)
 
     # ------------------------------------------------------------------ batch size
 
@@ -921,8 +958,12 @@ class BatchGenerator:
     # ------------------------------------------------------------------ stepping
 
     def _row_params(self):
-        """(StepMode, active (B,), RowSettings, SplitRows or None): rebuilt only after rows
-        join or leave (a fork joins a row) or a child draws its forced token."""
+        """(StepMode, active (B,), RowSettings, SplitRows or None, grants): rebuilt only
+        after rows join or leave (a fork joins a row), a child's forced draw is queued, or
+        the rows' fork grants change."""
+        grants = self.fork_grants(self.rows) if self.branching else [False] * len(self.rows)
+        if self._params is not None and self._params[4] != grants:
+            self._params = None
         if self._params is None:
             V = self.model.vocab_size
             for row in self.active:
@@ -932,8 +973,8 @@ class BatchGenerator:
                 [r.sampling if r is not None else None for r in self.rows], V
             )
             active = mx.array([r is not None for r in self.rows])
-            ids, split = self._split()
-            self._params = (mode._replace(split=ids), active, settings, split)
+            ids, split = self._split(grants)
+            self._params = (mode._replace(split=ids), active, settings, split, grants)
         return self._params
 
     def _step_fn(self, shape: BeamShape | None, mode: StepMode):
@@ -1029,11 +1070,15 @@ class BatchGenerator:
     def step(self) -> list[RowStep]:
         """One turn of the loop: queue the next step for the running rows and read the one
         queued before it, as ``reads_first`` says (else the device never waits for the
-        host's reading and shape choice: the step is queued first). Returns what the read
-        step gave each row it ran that was still going (none on the first turn)."""
+        host's reading and shape choice: the step is queued first; with branching rows,
+        as ``queue_ahead`` allows). Returns what the read step gave each row it ran that
+        was still going (none on the first turn)."""
         got = []
-        if (self.reads_first or self.branching) and self.pending is not None:
-            got, self.pending = self.read(self.pending), None
+        if self.pending is not None:
+            if self.reads_first or not self.queue_ahead():
+                got, self.pending = self.read(self.pending), None
+            elif self.branching:
+                self.ahead += 1
         nxt = self.queue() if any(not row.finished for row in self.active) else None
         if self.pending is not None:
             got += self.read(self.pending)
@@ -1047,7 +1092,7 @@ class BatchGenerator:
         self.state = ensure_slots(self.state, window)
         shape = self.next_shape()
         self.catch_up(shape, window)
-        mode, active, rows, split = self._row_params()
+        mode, active, rows, split, grants = self._row_params()
         key = (shape, mode, len(self.rows), window, self.state.keys[0].shape[2])
         started = time.perf_counter() if key in self._traced else None  # else: it compiles
         self._traced.add(key)
@@ -1061,7 +1106,13 @@ class BatchGenerator:
             self.state = state
         self.host_s += time.perf_counter() - host
         self.inflight += 1
-        return Queued(out, tuple(self.rows), shape, started)
+        for row in self.active:
+            if row.forced >= 0 and not row.forced_queued:
+                row.forced_queued, self._params = True, None
+        end = ()
+        if any(grants):  # what a fork copies (``fork``): small arrays, the cache is not held
+            end = (state.init_token, state.hidden, state.lengths, self.row_keys)
+        return Queued(out, tuple(self.rows), shape, started, tuple(grants), end)
 
     def read(self, step: Queued) -> list[RowStep]:
         """A computed step's tokens for the rows it ran that are still going: per row, the
@@ -1083,7 +1134,8 @@ class BatchGenerator:
             if row.shadow is not None:  # what a lookup chain would have given this step
                 resolved += row.shadow.step(0, tokens[r][: counts[r]])
             new, finish = self.emit(row, tokens[r][: counts[r]])
-            self.grow_branches(row, new, finish, [i < counts[r] - 1 for i in range(len(new))])
+            drafted = [i < counts[r] - 1 for i in range(len(new))]
+            self.grow_branches(row, new, finish, drafted, (step, r))
             delivered.append(RowStep(row, new, finish, counts[r], packed[r], by[r]))
             if row.finished and row.shadow is not None:
                 resolved += row.shadow.finish(0)

@@ -75,9 +75,10 @@ def distill(
     ),
     draft_vocab: int | None = typer.Option(
         None,
-        help="Shortlist vocabulary: the drafter's head covers only the N most frequent "
-        "training tokens (e.g. 8192); drafting is cheaper, output is unchanged. Built-in "
-        "data: 8192 when the vocabulary is over 32768.",
+        help="Shortlist vocabulary: the drafter's head (an early-exit adapter: the rows of "
+        "the model's head it drafts from) covers only the N most frequent training tokens "
+        "(e.g. 8192); drafting is cheaper, output is unchanged. Built-in data: 8192 when the "
+        "vocabulary is over 32768.",
     ),
     soft_targets: bool | None = typer.Option(
         None,
@@ -135,7 +136,8 @@ def distill(
         "Kangaroo adapter over the model's first --exit-layer layers; it uses --data or the "
         "built-in data, --steps/--epochs, --batch-size (positions: whole sequences of about "
         "that many), --seq-len, --lr, --warmup, --weight-decay, --resume, --save-every, "
-        "--seed and the built-in data's options).",
+        "--seed, --draft-vocab (the head rows it drafts from) and the built-in data's "
+        "options).",
     ),
     exit_layer: int | None = typer.Option(
         None,
@@ -184,7 +186,9 @@ def distill(
             val_prompts=val_prompts,
         )
         if kind == "early-exit":
-            return early_exit(model_dir, data, out, exit_layer=exit_layer, **shared)
+            return early_exit(
+                model_dir, data, out, exit_layer=exit_layer, draft_vocab=draft_vocab, **shared
+            )
 
         summary = run_distill(
             model_dir,

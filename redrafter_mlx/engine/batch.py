@@ -77,7 +77,7 @@ from .decode import (
     step_sources,
 )
 from .draft_model import prefill as draft_prefill
-from .early_exit import adapter_of
+from .early_exit import adapter_of, bind_head
 from .early_exit import prefill as early_exit_prefill
 from .lookup import LookupShadow
 from .platform import read_first
@@ -573,6 +573,8 @@ class BatchGenerator:
     ):
         self.model, self.drafter, self.draft = model, drafter, draft
         self.adapter = adapter_of(drafter, draft)  # an early-exit adapter, in either slot
+        if self.adapter is not None:
+            bind_head(model, self.adapter)  # its shortlist's head rows, before any compile
         self.held = held_sources(drafter, draft)  # ids of ``DecodeState.sources``' states
         # Per held source: committed tokens its state may miss (``sources.py``, "Sources that
         # sit out steps"); host side, from the shapes queued, never read from the device.

@@ -128,13 +128,14 @@ def check_draft_model(model, draft) -> None:
 
 def check_draft_slot(model, drafter, draft) -> None:
     """What the draft slot holds, checked against the target before anything runs: an
-    early-exit adapter (``early_exit.check_pair``; not in both slots: ``adapter_of``), else
-    a draft model (``check_draft_model``). ValueError naming the fix."""
-    from .early_exit import adapter_of, check_pair
+    early-exit adapter (``early_exit.pair``: checked, its shortlist bound; not in both
+    slots: ``adapter_of``), else a draft model (``check_draft_model``). ValueError naming
+    the fix."""
+    from .early_exit import adapter_of, pair
 
     if draft is None:
         return
     if adapter_of(drafter, draft) is draft:
-        check_pair(model, draft)
+        pair(model, draft)
     else:
         check_draft_model(model, draft)

@@ -28,6 +28,7 @@ G = gamma drafted tokens.
 from __future__ import annotations
 
 import json
+import weakref
 from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -61,6 +62,7 @@ class EarlyExitArgs:
     rope_traditional: bool = False
     rope_scaling: dict[str, Any] | None = None
     num_layers: int = 1  # adapter attention layers (Kangaroo: 1)
+    draft_vocab: list[int] | None = None  # shortlist: the head rows drafting reads (None: all)
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -80,6 +82,11 @@ class EarlyExitArgs:
             rope_traditional=target.rope_traditional,
             rope_scaling=target.rope_scaling,
         )
+
+    @property
+    def head_size(self) -> int:
+        """Rows of the head drafting reads: K with a shortlist, else vocab_size."""
+        return len(self.draft_vocab) if self.draft_vocab else self.vocab_size
 
     @classmethod
     def from_config(cls, config: dict) -> EarlyExitArgs:
@@ -105,6 +112,10 @@ class EarlyExitArgs:
     def to_config(self) -> dict:
         cfg = dict(self.extra)
         cfg.update({k: v for k, v in asdict(self).items() if k != "extra"})
+        if self.draft_vocab is None:
+            cfg.pop("draft_vocab")
+        else:
+            cfg["draft_vocab"] = [int(i) for i in self.draft_vocab]
         cfg["kind"] = KIND
         return cfg
 
@@ -151,7 +162,12 @@ class AdapterLayer(nn.Module):
 
 
 class EarlyExitAdapter(nn.Module):
-    """The adapter: exit-layer hidden states -> states the target's LM head reads."""
+    """The adapter: exit-layer hidden states -> states the target's LM head reads.
+
+    With a shortlist (``args.draft_vocab``, K ids) drafting reads only those K rows of the
+    target's head (``draft_top1``): gathered once per target (``bind_head``), as the
+    recurrent drafter's shortlist head does (FR-Spec). The verify still reads the whole
+    head, so the output is unchanged; a draft outside the shortlist is never proposed."""
 
     def __init__(self, args: EarlyExitArgs):
         super().__init__()
@@ -159,6 +175,15 @@ class EarlyExitAdapter(nn.Module):
         attn = args.attention_args()
         self.layers = [AdapterLayer(attn, i) for i in range(args.num_layers)]
         self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.set_shortlist(args.draft_vocab)
+
+    def set_shortlist(self, ids: list[int] | None) -> None:
+        """Draft from the head rows of ``ids`` (None: the whole head); unbinds the rows."""
+        self.args.draft_vocab = [int(i) for i in ids] if ids else None
+        # not parameters (underscore): constants of the adapter
+        self._draft_ids = mx.array(self.args.draft_vocab, mx.int32) if ids else None
+        self._head = None  # (K, H) rows of the bound target's head (``bind_head``)
+        self._head_of = None  # a weak reference to that target
 
     def __call__(self, x, positions, mask, keys, values, write_idx):
         """x: (B, T, H) exit-layer states; positions, write_idx: (B, T); mask: (B, 1, T, A);
@@ -195,8 +220,63 @@ def check_pair(model: Model, adapter: EarlyExitAdapter) -> None:
             f"{a.vocab_size}, the model has {t.hidden_size} and {t.vocab_size}: use the "
             "adapter trained for this model"
         )
+    ids = a.draft_vocab or []
+    if ids and not all(0 <= i < t.vocab_size for i in ids):
+        raise ValueError(
+            f"this early-exit adapter's draft_vocab holds ids outside the vocabulary "
+            f"[0, {t.vocab_size}): its config.json is damaged; train or convert it again"
+        )
     if model.shards != 1:
         raise ValueError("the early-exit drafter does not run under tensor parallelism yet")
+
+
+def pair(model: Model, adapter: EarlyExitAdapter) -> EarlyExitAdapter:
+    """``check_pair``, then ``bind_head``: what every place that pairs an adapter with its
+    target calls once, before a step is compiled. Returns the adapter."""
+    check_pair(model, adapter)
+    bind_head(model, adapter)
+    return adapter
+
+
+def head_rows(model: Model, ids: mx.array) -> mx.array:
+    """(K, H) the rows of ``ids`` (K,) of the target's LM head (the tied embedding or
+    ``lm_head``), dequantized where the head is quantized."""
+    layer = model.model.embed_tokens if model.args.tie_word_embeddings else model.lm_head
+    if not hasattr(layer, "scales"):
+        return layer.weight[ids]
+    biases = layer.biases[ids] if getattr(layer, "biases", None) is not None else None
+    mode = getattr(layer, "mode", "affine")
+    return mx.dequantize(
+        layer.weight[ids], layer.scales[ids], biases, layer.group_size, layer.bits, mode=mode
+    )
+
+
+def bind_head(model: Model, adapter: EarlyExitAdapter) -> None:
+    """Gather the shortlist's head rows for ``model`` once, evaluated (no-op without a
+    shortlist): a step compiled after this reads them as a constant."""
+    if adapter._draft_ids is None or (adapter._head_of and adapter._head_of() is model):
+        return
+    rows = head_rows(model, adapter._draft_ids)
+    mx.eval(rows)
+    adapter._head, adapter._head_of = rows, weakref.ref(model)
+
+
+def draft_top1(model: Model, adapter: EarlyExitAdapter, h: mx.array):
+    """The greedy draft from adapter states h (B, H): (token (B,) int32, its probability
+    (B,)). With a shortlist, over its K rows only (the probability is the shortlist's
+    softmax: the confidence exit reads it); the rows bound to ``model`` (``bind_head``),
+    else gathered here (correct, slower: a step would gather them each time)."""
+    ids = adapter._draft_ids
+    if ids is None:
+        return top1(model.logits(h))
+    bound = adapter._head_of() if adapter._head_of is not None else None
+    rows = adapter._head if bound is model else head_rows(model, ids)
+    logits = (h @ rows.T).astype(mx.float32)
+    cap = model.args.final_logit_softcapping
+    if cap:
+        logits = mx.tanh(logits / cap) * cap
+    token, prob = top1(logits)
+    return ids[token], prob
 
 
 def run_layers(model: Model, x, positions, mask, keys, values, write_idx, start: int, stop: int):
@@ -394,7 +474,7 @@ def draft_chain(
             _, ak, av = adapter(x, pos, mask, ak, av, pos)
             break
         h, ak, av = adapter(x, pos, mask, ak, av, pos)
-        token, prob = top1(model.logits(h[:, 0]))
+        token, prob = draft_top1(model, adapter, h[:, 0])
         tokens.append(token)
         probs.append(prob)
     drafted = mx.stack(tokens, axis=1)  # (B, G+1)

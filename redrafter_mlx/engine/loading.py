@@ -340,14 +340,14 @@ def load_any_drafter(model: Model, path, dtype=None):
 
 def load_adapter_for(model: Model, where: Path, dtype=None, drafter=None):
     """The early-exit adapter in the folder ``where`` (``early_exit.load_adapter``), checked
-    against ``model`` (``early_exit.check_pair``), as the drafter or (``drafter`` given: the
-    run's drafter, which must not be one too) in the draft-model slot. LoadError naming the
-    folder otherwise."""
+    against ``model`` and bound to it (``early_exit.pair``), as the drafter or (``drafter``
+    given: the run's drafter, which must not be one too) in the draft-model slot. LoadError
+    naming the folder otherwise."""
     from . import early_exit
 
     try:
         adapter = early_exit.load_adapter(where, dtype)
-        early_exit.check_pair(model, adapter)
+        early_exit.pair(model, adapter)
         early_exit.adapter_of(drafter, adapter)  # not an adapter in both slots
     except ValueError as e:
         raise LoadError(f"{where}: {e}") from None

@@ -102,7 +102,7 @@ class Dims:
             act_bytes=model.model.norm.weight.dtype.size,
             weight_bytes=weights,
             draft_kv=_own_cache_bytes(drafter) + _own_cache_bytes(chain),
-            chain_vocab=args.vocab_size if chain is not None else 0,
+            chain_vocab=chain.args.head_size if chain is not None else 0,
         )
 
 
@@ -117,8 +117,10 @@ def _own_cache_bytes(drafter) -> int:
 
 
 def _nbytes(module) -> int:
-    """Bytes of a module's parameters."""
-    return sum(v.nbytes for _, v in tree_flatten(module.parameters()))
+    """Bytes of a module's parameters (and an early-exit adapter's bound shortlist rows)."""
+    head = getattr(module, "_head", None)
+    extra = head.nbytes if isinstance(head, mx.array) else 0
+    return extra + sum(v.nbytes for _, v in tree_flatten(module.parameters()))
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ from ..engine.early_exit import (
     EarlyExitAdapter,
     EarlyExitArgs,
     adapter_write,
+    bind_head,
     check_exit_layer,
     draft_chain,
 )
@@ -54,8 +55,8 @@ from .checkpoints import (
     save_checkpoint,
 )
 from .data import Sequence, files_digest, load_training_data
-from .options import DistillOptions, NullProgress
-from .training import CLIP_GRAD_NORM, DataOrder, lr_schedule
+from .options import AUTO_DRAFT_VOCAB, DistillOptions, NullProgress
+from .training import CLIP_GRAD_NORM, DataOrder, lr_schedule, shortlist_vocab
 
 PAD_TO = 32  # batches are padded to a multiple of this many tokens (few distinct shapes)
 HELD_OUT_SHARE = 0.05  # of the data-file sequences, for the held-out scores
@@ -245,6 +246,13 @@ def chain_score(
     return dict(mean_accepted=accepted / rows, mean_drafted=kept / rows, chains=rows)
 
 
+def coverage(sequences: list[Sequence], ids: list[int]) -> float:
+    """The share of ``sequences``' training tokens that ``ids`` holds."""
+    keep = set(ids)
+    targets = [t for s in sequences for t, train in zip(s.tokens, s.train) if train]
+    return sum(t in keep for t in targets) / max(len(targets), 1)
+
+
 def _rows(B: int, cache: list) -> list:
     """Each (1, ...) cache array broadcast to B rows."""
     return [mx.broadcast_to(c, (B, *c.shape[1:])) for c in cache]
@@ -327,7 +335,18 @@ def _run(model_dir, data_files, plan, opts: DistillOptions, exit_layer, progress
         seed=opts.seed,
         data=data,
     )
+    size = opts.draft_vocab
+    if size is None and not data_files and model.vocab_size > 4 * AUTO_DRAFT_VOCAB:
+        size = AUTO_DRAFT_VOCAB
+    if size:
+        run["draft_vocab"] = size
     trainer = AdapterTrainer(new_adapter(model, exit_layer, opts.seed), model, opts, total)
+    if size:  # drafting reads these head rows only; training reads the whole head
+        ids = shortlist_vocab(train_seqs, size, model.vocab_size, sorted(tokenizer.eos_token_ids))
+        trainer.drafter.set_shortlist(ids)
+        bind_head(model, trainer.drafter)
+        progress.note(f"shortlist: {len(ids)} ids cover {coverage(train_seqs, ids):.1%} of the "
+                      "training targets")  # fmt: skip
     start = 0
     if resumed:
         info = load_checkpoint(list_checkpoints(work)[-1], trainer)

@@ -8,6 +8,7 @@ adapter in both slots is one clear error."""
 
 from __future__ import annotations
 
+import json
 import threading
 from dataclasses import replace
 
@@ -419,6 +420,12 @@ def test_cli_chat_bench_and_serve_take_the_adapter_slot(app, folders, monkeypatc
     assert row["source_shares"]["early_exit"] > 0
     table = render_table(data["configs"], "bench")  # its share has a column of its own
     assert "exit" in [c.header for c in table.columns]
+    lm = invoke(app, "bench", *slot, "--configs", "W1xL4", "--num-prompts", 1,
+                "--max-tokens", 8, "--mlx-lm", "--json")  # fmt: skip
+    assert lm.exit_code == 0, lm.output  # mlx-lm has no early-exit drafter: its plain run
+    assert "mlx-lm has no early-exit drafter" in lm.output
+    lm_rows = [r for r in json.loads(lm.stdout)["configs"] if r["config"] == "mlx-lm"]
+    assert lm_rows and lm_rows[0]["tokens"] == 8
     assert "exit" not in [c.header for c in render_table(data["configs"][:1], "AR").columns]
     seen = []
 

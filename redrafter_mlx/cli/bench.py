@@ -186,13 +186,21 @@ def make_runner(
     """A function (config, prompt ids) -> Run that dispatches on the configuration's kind
     (``branches``: the ``--branches`` rules, ``branch_flags``, for our engine's runs).
     With ``--draft-model``, mlx-lm runs its speculative decoding with the same draft model,
-    drafting as many tokens a step as the first shape's draft-model chain."""
+    drafting as many tokens a step as the first shape's draft-model chain (an early-exit
+    adapter in the draft slot: mlx-lm has none, so its plain generator runs)."""
     from redrafter_mlx.cli import bench_report as logic
+    from redrafter_mlx.engine.early_exit import is_early_exit
 
     lm = None
     if with_mlx_lm:
         drafts = [c.shape.model_length - 1 for c in configs if c.field("model_length")]
         draft_path = engine.paths.draft_model if drafts else None
+        if draft_path is not None and is_early_exit(draft_path):
+            err_console().print(
+                "mlx-lm has no early-exit drafter: its row runs its plain generator",
+                markup=False,
+            )
+            draft_path = None
         lm = logic.load_mlx_lm(engine.paths.model, engine.dtype, draft_path, *drafts[:1])
 
     def runner(config, ids):

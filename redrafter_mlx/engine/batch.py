@@ -76,6 +76,7 @@ from .decode import (
     redrafter_step,
     step_sources,
 )
+from .draft_model import DraftPair, draft_model_of, slot_modules, step_capacity
 from .draft_model import prefill as draft_prefill
 from .early_exit import adapter_of, bind_head
 from .early_exit import prefill as early_exit_prefill
@@ -111,13 +112,13 @@ def split_row_keys(row_keys: mx.array) -> tuple[mx.array, mx.array]:
 
 
 def held_sources(drafter, draft) -> tuple[int, ...]:
-    """The stateful sources whose states a loop with this drafter and draft model holds in
+    """The stateful sources whose states a loop with this drafter and draft slot holds in
     ``DecodeState.sources``, in that order (``sources.py``: "Sources that sit out steps"):
-    an early-exit adapter's (as the drafter or in the draft slot: ``early_exit.adapter_of``),
-    then a draft model's (a real one only)."""
-    adapter = adapter_of(drafter, draft)
-    held = (EARLY_EXIT,) if adapter is not None else ()
-    return held + ((DRAFT_MODEL,) if draft is not None and draft is not adapter else ())
+    an early-exit adapter's (as the drafter or in the draft slot, alone or in a
+    ``DraftPair``: ``early_exit.adapter_of``), then a draft model's
+    (``draft_model.draft_model_of``)."""
+    held = (EARLY_EXIT,) if adapter_of(drafter, draft) is not None else ()
+    return held + ((DRAFT_MODEL,) if draft_model_of(draft) is not None else ())
 
 
 def stateful_sources(shape: BeamShape | None, drafter, draft) -> list:
@@ -139,7 +140,8 @@ def make_batch_step(
 
     ``shape=None`` decodes autoregressively; a shape without drafter beams speculates from
     lookup chains alone (they read ``state.history``). Compile keys: B, cache slots, window.
-    ``draft``: a draft model for the shape's ``D1×L`` chain (its cache in ``state.sources``).
+    ``draft``: the draft slot for the shape's ``D1×L`` chains (a draft model, an early-exit
+    adapter or a ``DraftPair``; their caches in ``state.sources``).
     ``held``: the source ids of ``state.sources`` (``held_sources``): the step hands the
     sources it runs their own states and passes the others' through; None: ``state.sources``
     holds exactly the states of the stateful sources this shape runs.
@@ -187,7 +189,8 @@ def make_batch_step(
     counter = {"traces": 0}
     # Weights are implicit inputs, read at every call: a model, drafter or draft model updated
     # in place (e.g. by training between evaluations) is never served with stale weights.
-    weights = [m.state for m in (model, drafter, draft) if isinstance(m, nn.Module)]
+    modules = (model, drafter, *slot_modules(draft))
+    weights = [m.state for m in modules if isinstance(m, nn.Module)]
     fn = mx.compile(step, inputs=weights) if compiled else step
 
     def run(
@@ -222,7 +225,8 @@ def batch_step(
     every loop over it: each chat turn, each request batch)."""
     cache = model.__dict__.setdefault("_batch_steps", {})
     layers = getattr(model, "feature_layers", ())
-    key = (id(drafter), shape, mode, compiled, layers, id(draft), held)
+    slot = tuple(id(m) for m in slot_modules(draft))  # a pair: its two modules
+    key = (id(drafter), shape, mode, compiled, layers, slot, held)
     if key not in cache:
         while len(cache) >= MAX_BATCH_STEPS:  # drop the oldest (and the drafter it holds)
             cache.pop(next(iter(cache)))
@@ -244,7 +248,8 @@ def uniform_step(
     as ``run(state, window) -> (state, StepOutput)`` with the rows' keys (from ``seed``,
     split every step) carried inside: the product's own step, for measurements and tests.
     ``shape=None``: plain decoding; ``run.step``: the compiled step (``.counter``);
-    ``draft``: a draft model for the shape's ``D1×L`` chain (its cache in ``state.sources``)."""
+    ``draft``: the draft slot for the shape's ``D1×L`` chains (a draft model, an early-exit
+    adapter or a ``DraftPair``; their caches in ``state.sources``)."""
     mode, settings = row_settings([sampler] * rows, model.vocab_size)
     draft = draft if shape and shape.model_length else None
     step = batch_step(model, drafter if shape else None, shape, mode, compiled, draft)
@@ -571,8 +576,9 @@ class BatchGenerator:
         release: bool = True,
         draft=None,
     ):
-        self.model, self.drafter, self.draft = model, drafter, draft
+        self.model, self.drafter, self.draft = model, drafter, draft  # draft: the slot
         self.adapter = adapter_of(drafter, draft)  # an early-exit adapter, in either slot
+        self.draft_model = draft_model_of(draft)  # the slot's draft model (alone or paired)
         if self.adapter is not None:
             bind_head(model, self.adapter)  # its shortlist's head rows, before any compile
         self.held = held_sources(drafter, draft)  # ids of ``DecodeState.sources``' states
@@ -634,7 +640,7 @@ class BatchGenerator:
         if EARLY_EXIT in self.held:
             states += (self.adapter.make_cache(B, SLOT_QUANTUM),)
         if DRAFT_MODEL in self.held:
-            states += (self.draft.make_cache(B, SLOT_QUANTUM),)
+            states += (self.draft_model.make_cache(B, SLOT_QUANTUM),)
         return states
 
     @property
@@ -694,7 +700,7 @@ class BatchGenerator:
 
     def _prefilled_sources(self, session: Session, rows: slice) -> tuple:
         """The stateful draft sources' states (an early-exit adapter's cache, wherever it sits;
-        a draft model's cache) after ``session``'s
+        the slot's draft model's cache) after ``session``'s
         ``rows``' prompts (all in its cache): the model as its own draft starts from the
         model's own prefill K/V (no second prefill); another draft model prefills them."""
         states = ()
@@ -704,9 +710,9 @@ class BatchGenerator:
             )
         if DRAFT_MODEL not in self.held:
             return states
-        if self.draft is self.model:
+        if self.draft_model is self.model:
             return (*states, ([k[rows] for k in session.keys], [v[rows] for v in session.values]))
-        return (*states, draft_prefill(self.draft, session.cached[rows], session.slots))
+        return (*states, draft_prefill(self.draft_model, session.cached[rows], session.slots))
 
     def _place(self, r: int, session: Session, i: int, hidden, first, rng) -> None:
         """Write row ``i`` of a prefilled session into batch row ``r`` (lazy array updates)."""
@@ -1014,6 +1020,14 @@ class BatchGenerator:
             else:
                 self.behind[sid] += shape.longest if shape else 1
 
+    def most_slots(self) -> int:
+        """The most slots a step of the policy's shapes writes past a row: its ``slots``, and
+        with a ``DraftPair`` each shape's ``draft_model.step_capacity`` (its second chain)."""
+        if not isinstance(self.draft, DraftPair):
+            return self.policy.slots
+        most = max(step_capacity(s, self.draft) for s in self.policy.shapes)
+        return max(self.policy.slots, most)
+
     def next_shape(self) -> BeamShape | None:
         """The shape of the step queued now (None: plain decoding): the policy's, for this
         batch's size and its running rows' lookup match states. Split across ranks (with
@@ -1090,7 +1104,7 @@ class BatchGenerator:
     def queue(self) -> Queued:
         """Queue one step for all rows; attention covers every active row's possible length."""
         longest = max(row.length for row in self.active)
-        window = step_window(longest, self.inflight, self.policy.per_step, self.policy.slots)
+        window = step_window(longest, self.inflight, self.policy.per_step, self.most_slots())
         self.state = ensure_slots(self.state, window)
         shape = self.next_shape()
         self.catch_up(shape, window)

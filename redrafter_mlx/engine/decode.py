@@ -4,8 +4,8 @@ A step is a pure function of mx arrays with static shapes for a given (B, W, L, 
 cache slots), so it runs under ``mx.compile`` and never reads the device. The candidates
 come from draft sources (``sources.py``): the drafter's W beams (or, an early-exit adapter
 as the drafter, its one chain: ``early_exit.py``), K context-lookup chains (``lookup.py``)
-and the draft slot's chain (a draft model's, ``draft_model.py``, or an early-exit adapter's
-beside the recurrent drafter), in one tree. The
+and the draft slot's chains (a draft model's, ``draft_model.py``, an early-exit adapter's
+beside the recurrent drafter, or both: ``draft_model.DraftPair``), in one tree. The
 autoregressive baseline is the same machinery with one token per step.
 
 State carried between steps (``DecodeState``):
@@ -36,7 +36,7 @@ from typing import NamedTuple
 import mlx.core as mx
 
 from .branches import fork_not_drafted, split_logits
-from .draft_model import DraftModelSource, catchup_tokens
+from .draft_model import DraftModelSource, catchup_tokens, draft_model_of, step_capacity
 from .drafter import Drafter, beam_search
 from .early_exit import EarlyExitSource, adapter_of, check_width
 from .lookup import ABSENT, lookup_chains, write_history
@@ -137,30 +137,37 @@ def slot_destinations(lengths, path_slots, n, capacity: int):
 def step_sources(shape: BeamShape, drafter=None, draft=None) -> list:
     """The draft sources of a step of ``shape``, in source order: the drafter's beams (when
     it drafts; an early-exit adapter as the drafter: its one chain of L tokens), the lookup
-    chains, the draft slot's chain (``shape.model_length``): a draft model's, or an
-    early-exit adapter's (``draft`` an ``EarlyExitAdapter``: its chain of ``model_length``
-    tokens beside the recurrent drafter's beams). An adapter in both slots: ValueError
+    chains, then the draft slot's chains (``shape.model_length``): an early-exit adapter's
+    (``draft`` an ``EarlyExitAdapter`` or a ``DraftPair``'s: beside the recurrent drafter's
+    beams), refreshed over every other candidate, and a draft model's (``draft`` a model or
+    a pair's), caught up over every candidate before it. A pair proposes both chains, of
+    ``model_length`` tokens each. The stateful ones come in ``batch.held_sources`` order
+    (early-exit, then the draft model). An adapter in both slots: ValueError
     (``early_exit.adapter_of``)."""
     sources = []
     adapter = adapter_of(drafter, draft)
+    own = draft_model_of(draft)  # the slot's draft model
     early_exit = adapter is drafter and adapter is not None and shape.drafts
-    chained = adapter is draft and adapter is not None and shape.model_length
+    chained = adapter is not drafter and adapter is not None and shape.model_length
     if drafter is not None and shape.drafts and not early_exit:
         sources.append(DrafterSource(drafter, shape.width, shape.length))
     if shape.lookup:
         sources.append(LookupSource(shape.lookup, shape.chain_length))
+    modelled = own is not None and shape.model_length  # the draft model's chain joins
     if early_exit:
         check_width(shape.width)
         refresh = max([0, *(source.length for source in sources)])  # another path's tokens
-        if draft is not None and shape.model_length:
+        if modelled:
             refresh = max(refresh, shape.model_length)
         sources.insert(0, EarlyExitSource(drafter, shape.length, refresh))
     if chained:  # the adapter in the draft slot: refreshed over any other path, as above
         refresh = max([0, *(source.length for source in sources)])
-        sources.append(EarlyExitSource(draft, shape.model_length, refresh))
-    elif draft is not None and shape.model_length:
+        if modelled:
+            refresh = max(refresh, shape.model_length)
+        sources.append(EarlyExitSource(adapter, shape.model_length, refresh))
+    if modelled:
         catchup = catchup_tokens([source.length for source in sources])
-        sources.append(DraftModelSource(draft, shape.model_length, catchup))
+        sources.append(DraftModelSource(own, shape.model_length, catchup))
     return sources
 
 
@@ -230,7 +237,7 @@ def shape_candidates(
         keys=state.keys, values=state.values,
     )  # fmt: skip
     sources = step_sources(shape, drafter, draft)
-    return draft_phase(sources, ctx, shape.slots, state.sources)
+    return draft_phase(sources, ctx, step_capacity(shape, draft), state.sources)
 
 
 def verify_phase(
@@ -334,11 +341,12 @@ def redrafter_step(
     ``window``: attention covers cache slots [0, window); it must exceed every row's
     length + capacity (the loop picks it in buckets, so it is a rare compile key).
     The step's draft sources (``step_sources``): the drafter's beams, the shape's lookup
-    chains (they need ``state.history``) and ``draft``'s chain (a draft model: its cache
-    is ``state.sources[0]``; it reads ``state.history``).
+    chains (they need ``state.history``) and the draft slot's chains (``draft``: a draft
+    model, an early-exit adapter or a ``DraftPair``; their caches are ``state.sources``, in
+    ``step_sources`` order; they read ``state.history``).
     """
     B = state.lengths.shape[0]
-    capacity = shape.slots
+    capacity = step_capacity(shape, draft)  # a draft pair's second chain gets its room
     if isinstance(drafter, Drafter) and is_beam_and_chain(shape):
         return beam_and_chain_step(model, drafter, state, shape, sampler, window)
     sources = step_sources(shape, drafter, draft)

@@ -16,14 +16,76 @@ The verifier decides what is emitted, so a draft model can change speed, never t
 Steps that do not run the draft model (another shape chosen, ``sources.py``: "Sources that
 sit out steps") leave its cache further behind than ``catchup`` covers: the loop then runs
 ``DraftModelSource.catch_up`` over the missed committed positions before the step.
+
+The draft slot (``draft=`` down the loop, ``draft_model=`` in the API, ``--draft-model``)
+holds a draft model, an early-exit adapter (``early_exit.py``: its chain is then the
+``D1×L``), or both (``DraftPair``: each proposes its own chain of the shape's
+``model_length``). ``draft_model_of`` is the draft model it holds, ``early_exit.adapter_of``
+the adapter, and ``slot_modules`` both.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import mlx.core as mx
 
+from .early_exit import EarlyExitAdapter, adapter_of, pair
 from .sources import DRAFT_MODEL, DraftContext, Proposal, catch_up_positions, padded_chunks
 from .tree import arange, cache_mask, chain_mask
+
+
+@dataclass(frozen=True, eq=False)
+class DraftPair:
+    """The draft slot holding a draft model and an early-exit adapter at once: in a step of
+    a shape with a ``D1×L`` part each proposes its own chain of ``L`` tokens (the adapter's
+    first, then the draft model's: ``decode.step_sources``), beside the drafter's beams and
+    the lookup chains, and the loop holds both states (``batch.held_sources``). ``model``:
+    a model sharing the target's tokenizer (the target itself allowed); ``adapter``: an
+    ``EarlyExitAdapter`` for the target. Compared and hashed by identity."""
+
+    model: Any
+    adapter: EarlyExitAdapter
+
+    def __post_init__(self):
+        if not isinstance(self.adapter, EarlyExitAdapter):
+            raise TypeError(
+                f"DraftPair's adapter must be an early-exit adapter, got "
+                f"{type(self.adapter).__name__}: DraftPair(draft model, adapter)"
+            )
+        if self.model is None or isinstance(self.model, EarlyExitAdapter):
+            what = "None" if self.model is None else "an early-exit adapter"
+            raise TypeError(
+                f"DraftPair's model must be a draft model, got {what}: a run holds one "
+                "adapter; DraftPair(draft model, adapter), or pass the adapter alone"
+            )
+
+
+def draft_model_of(draft) -> Any:
+    """The draft model the draft slot holds: a pair's model, a plain draft model, or None
+    (an early-exit adapter alone, or an empty slot)."""
+    if isinstance(draft, DraftPair):
+        return draft.model
+    return None if draft is None or isinstance(draft, EarlyExitAdapter) else draft
+
+
+def step_capacity(shape, draft) -> int:
+    """Packed slots a step of ``shape`` verifies with the draft slot ``draft``: the shape's
+    (``BeamShape.slots``), and with a ``DraftPair`` and no capacity asked, room for its
+    second chain too (``BeamShape.max_packed`` counts one ``D1×L`` chain; the tree holds
+    both). Every place that sizes a step by its slots asks this (the step, the loop's
+    attention window, the memory check, the profile)."""
+    if isinstance(draft, DraftPair) and shape.model_length and shape.capacity is None:
+        return shape.max_packed + shape.model_length - 1
+    return shape.slots
+
+
+def slot_modules(draft) -> tuple:
+    """The modules the draft slot holds: (model, adapter) of a pair, (draft,), or ()."""
+    if isinstance(draft, DraftPair):
+        return (draft.model, draft.adapter)
+    return () if draft is None else (draft,)
 
 
 class DraftModelSource:
@@ -127,15 +189,15 @@ def check_draft_model(model, draft) -> None:
 
 
 def check_draft_slot(model, drafter, draft) -> None:
-    """What the draft slot holds, checked against the target before anything runs: an
+    """What the draft slot holds, checked against the target before anything runs: its
     early-exit adapter (``early_exit.pair``: checked, its shortlist bound; not in both
-    slots: ``adapter_of``), else a draft model (``check_draft_model``). ValueError naming
-    the fix."""
-    from .early_exit import adapter_of, pair
-
+    slots: ``adapter_of``) and its draft model (``check_draft_model``), either or both (a
+    ``DraftPair``). ValueError naming the fix."""
     if draft is None:
         return
-    if adapter_of(drafter, draft) is draft:
-        pair(model, draft)
-    else:
-        check_draft_model(model, draft)
+    adapter = adapter_of(drafter, draft)
+    if adapter is not None and adapter is not drafter:
+        pair(model, adapter)
+    own = draft_model_of(draft)
+    if own is not None:
+        check_draft_model(model, own)

@@ -562,14 +562,18 @@ def adapter_eta(adapter: EarlyExitAdapter) -> float:
 
 def adapter_of(drafter, draft=None) -> EarlyExitAdapter | None:
     """The early-exit adapter a run holds, wherever it sits: as the drafter (its chain is
-    the shape's W1×L beam) or in the draft-model slot (its chain is the shape's D1×L);
-    None when neither is one. Every place that holds, prefills or prices the adapter's
-    state asks this (``batch.held_sources``, ``BatchGenerator``, ``memory``, ``profile``).
-    ValueError when both are adapters: a run holds one adapter state."""
-    if isinstance(draft, EarlyExitAdapter):
+    the shape's W1×L beam) or in the draft slot, alone or beside a draft model
+    (``draft_model.DraftPair``; its chain is the shape's D1×L); None when neither is one.
+    Every place that holds, prefills or prices the adapter's state asks this
+    (``batch.held_sources``, ``BatchGenerator``, ``memory``, ``profile``).
+    ValueError when both slots hold one: a run holds one adapter state."""
+    from .draft_model import DraftPair  # draft_model imports this module
+
+    slot = draft.adapter if isinstance(draft, DraftPair) else draft
+    if isinstance(slot, EarlyExitAdapter):
         if isinstance(drafter, EarlyExitAdapter):
             raise ValueError(both_slots_message())
-        return draft
+        return slot
     return drafter if isinstance(drafter, EarlyExitAdapter) else None
 
 

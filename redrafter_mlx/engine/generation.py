@@ -157,7 +157,8 @@ def generate_steps(
     ``draft_model``: a model sharing the vocabulary whose greedy chain joins the tree
     (``draft_model.py``; the shape's ``D1×L``, else ``D1×`` its drafter length), or an
     early-exit adapter (``early_exit.py``: its chain is the ``D1×L``, beside the recurrent
-    drafter's beams; an adapter in both slots is a ValueError); adaptive
+    drafter's beams; an adapter in both slots is a ValueError), or both
+    (``draft_model.DraftPair``: each proposes its own ``D1×L`` chain); adaptive
     runs choose among shapes with and without its chain, as with an early-exit adapter as
     the drafter (the loop catches a source's cache up on steps it sat out: ``sources.py``).
     ``branches``: the model's branching rules (``branches.branch_rules``; None: off): each
@@ -169,7 +170,7 @@ def generate_steps(
     afterwards (it holds no one row of the rebuilt text).
     """
     prompts = [list(map(int, p)) for p in prompts]
-    check_draft_slot(model, drafter, draft_model)  # a model or an early-exit adapter
+    check_draft_slot(model, drafter, draft_model)  # a model, an early-exit adapter or both
     shape = shape.validate(model.vocab_size).runnable(drafter is not None, draft_model is not None)
     if not shape.model_length:
         draft_model = None
@@ -428,8 +429,9 @@ def stream_generate(
     (:class:`SamplerConfig`), drawn from ``seed`` (else ``sampler.seed``). ``prompt`` is a
     string (encoded with BOS) or a list of token ids. Pass a ``Session`` to reuse its KV
     cache across calls (only tokens not already cached are prefilled). ``draft_model``: a
-    draft model sharing the tokenizer (``load(..., draft_model_path=...)``), whose chain
-    joins the tree (``generate_steps``). ``branches``: ``"auto"`` (on for an APAR model:
+    draft model sharing the tokenizer, an early-exit adapter, or both in a ``DraftPair``
+    (``load(..., draft_model=...)`` loads and checks them), whose chains join the tree
+    (``generate_steps``). ``branches``: ``"auto"`` (on for an APAR model:
     its config's ``branches`` block), ``"on"``, ``"off"`` or ``BranchRules``
     (``resolve_branches``); with branching on, the text is the rebuilt text, streamed as it
     becomes final.

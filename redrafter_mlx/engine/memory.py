@@ -43,6 +43,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from .cache import bucket
+from .draft_model import draft_model_of, step_capacity
 from .early_exit import adapter_of
 from .shape import BeamShape, ShapeError
 
@@ -348,17 +349,20 @@ def check_step_memory(
     or raise :class:`ShapeTooLarge` when it exceeds the memory available (``available``:
     (bytes, what), default :func:`available_memory`) or its tree cannot fit the model's
     context beside a prompt, naming the field that makes it large (``largest_part``, the flag
-    the user most likely raised) and the largest shape that fits. ``draft``: a draft model
-    (``draft_model.py``), counted with its weights, K/V cache and working set, or an
-    early-exit adapter, counted as the drafter's is (``Dims.of``'s ``chain``)."""
-    chain = draft if draft is not None and adapter_of(drafter, draft) is draft else None
-    if chain is not None:
-        draft = None
+    the user most likely raised) and the largest shape that fits. ``draft``: the draft slot:
+    its draft model (``draft_model.py``) counted with its weights (none when it is the
+    target), K/V cache and working set, its early-exit adapter as the drafter's is
+    (``Dims.of``'s ``chain``), either or both (a ``DraftPair``)."""
+    adapter = adapter_of(drafter, draft)
+    chain = adapter if adapter is not drafter else None  # the adapter in the draft slot
+    slot, draft = draft, draft_model_of(draft)
     d = Dims.of(model, drafter, chain)
     dd = Dims.of(draft) if draft is not None else None
     context = model.max_context
 
     def need(s: BeamShape) -> StepMemory:
+        if step_capacity(s, slot) != s.slots:  # a draft pair's second chain: its slots too
+            s = replace(s, capacity=step_capacity(s, slot))
         window = decode_window(tokens, context, s)
         est = step_memory(d, s, batch, window, sampling=sampling)
         if dd is None:

@@ -109,11 +109,14 @@ def _weights(*modules):
     return [m.state for m in modules if isinstance(m, nn.Module)]
 
 
-def _as_shape(shape) -> BeamShape:
-    """A :class:`BeamShape` with its capacity filled in, from a shape or a (W, L, C) tuple."""
+def _as_shape(shape, draft=None) -> BeamShape:
+    """A :class:`BeamShape` with its capacity filled in, from a shape or a (W, L, C) tuple
+    (the slots its step packs with the draft slot ``draft``: ``step_capacity``)."""
+    from redrafter_mlx.engine.draft_model import step_capacity
+
     if not isinstance(shape, BeamShape):
         shape = BeamShape(*shape)
-    return replace(shape, capacity=shape.slots)
+    return replace(shape, capacity=step_capacity(shape, draft))
 
 
 def profile_steps(
@@ -136,14 +139,16 @@ def profile_steps(
     per-phase ms and op counts, ``step_ms``/``step_ops`` (one compiled step), ``loop_ms``
     (generation loop wall time per step), ``host_ms`` (loop - step) and
     ``overhead_ms`` (step - verify). Timings are medians over ``repeats`` interleaved rounds.
-    ``draft``: a draft model for the shapes with its chain (``D1×L``: whole step only).
+    ``draft``: the draft slot for the shapes with its chains (``D1×L``: whole step only): a
+    draft model, an early-exit adapter or both (a ``DraftPair``).
     """
     from redrafter_mlx.engine.cache import Session, bucket, prefill_session, text_history
+    from redrafter_mlx.engine.draft_model import draft_model_of
     from redrafter_mlx.engine.draft_model import prefill as draft_prefill
-    from redrafter_mlx.engine.early_exit import adapter_of
+    from redrafter_mlx.engine.early_exit import EarlyExitSource, adapter_of
     from redrafter_mlx.engine.early_exit import prefill as early_exit_prefill
 
-    shapes = [_as_shape(s) for s in shapes]
+    shapes = [_as_shape(s, draft) for s in shapes]
     sampler = SamplerConfig()
     session = Session(model, 1)
     hidden = prefill_session(session, [list(prompt)])
@@ -162,13 +167,14 @@ def profile_steps(
     session.keys = session.values = None
     # A draft model's or an early-exit adapter's own cache (the adapter's as the drafter or
     # in the draft slot), carried likewise (the steps without its chain pass it on), in
-    # ``decode.step_sources`` order.
+    # ``decode.step_sources`` order: both, the adapter's first, for a pair.
     adapter = adapter_of(drafter, draft)
+    own = draft_model_of(draft)  # the slot's draft model
     early_exit = adapter is not None and adapter is drafter
-    chained = adapter is not None and adapter is draft  # the adapter in the draft slot
+    chained = adapter is not None and adapter is not drafter  # the adapter in the draft slot
     src = (early_exit_prefill(model, adapter, [list(prompt)], window),) if adapter else ()
-    if draft is not None and not chained:
-        src += (draft_prefill(draft, [list(prompt)], window),)
+    if own is not None:
+        src += (draft_prefill(own, [list(prompt)], window),)
     sources = {"src": src}
 
     def base_state():
@@ -222,6 +228,8 @@ def profile_steps(
     for r in range(loop_rounds + 1):
         for name, _ in configs:
             shape = shape_of.get(name, AR)
+            if shape.capacity is not None and shape.capacity > shape.max_packed:
+                shape = replace(shape, capacity=None)  # a draft pair's: the loop's own rule
             ms = _loop_ms_per_step(model, drafter, prompt, shape, loop_tokens, draft)
             if r:  # round 0 warms up
                 loop[name].append(ms)
@@ -244,14 +252,20 @@ def profile_steps(
                 row.update(drafter_refreshes=1)  # its refresh of another source's path
             if shape.lookup:
                 row.update(lookup=shape.lookup, lookup_length=shape.chain_length)
-            if shape.model_length and chained:  # the adapter's chain in the draft slot
-                Ld = shape.model_length
-                row.update(model_length=Ld, chain_steps=Ld - 1)
-                if step_sources(shape, drafter if shape.drafts else None, draft)[-1].refresh:
+            Ld = shape.model_length
+            if Ld:
+                row.update(model_length=Ld)
+            if Ld and chained:  # the adapter's chain in the draft slot
+                row.update(chain_steps=Ld - 1)
+                chain = [
+                    s
+                    for s in step_sources(shape, drafter if shape.drafts else None, draft)
+                    if isinstance(s, EarlyExitSource) and s.adapter is adapter
+                ]
+                if chain[0].refresh:
                     row.update(chain_refreshes=1)
-            elif shape.model_length:  # a catch-up forward, then Ld - 2 one-token forwards
-                Ld = shape.model_length
-                row.update(model_length=Ld, draft_model_forwards=Ld - 1)
+            if Ld and own is not None:  # a catch-up forward, then Ld - 2 one-token forwards
+                row.update(draft_model_forwards=Ld - 1)
             if all(f"{p}_ms" in row for p in PHASES):
                 row["phases_ms"] = sum(row[f"{p}_ms"] for p in PHASES)
                 row["overhead_ms"] = row["step_ms"] - row["verify_ms"]
@@ -442,7 +456,7 @@ class WeightBytes:
     reads the layers and the adapter once more (``drafter_refresh``). An early-exit adapter
     in the draft slot (``--draft-model <early-exit folder>``) is priced by the same rule
     (``adapter_bytes``): ``chain_once`` (its first forward, and its refresh) and
-    ``chain_step`` (each draft step)."""
+    ``chain_step`` (each draft step); beside a draft model (``DraftPair``) both are priced."""
 
     model: int
     drafter_once: int = 0
@@ -484,8 +498,10 @@ def weight_bytes(
     model: nn.Module, drafter: nn.Module | None, dtype: str | None, draft=None
 ) -> WeightBytes:
     """The bytes of weights a forward of ``model`` and a draft step of ``drafter`` read, float
-    weights counted as ``dtype`` (None: as loaded). ``draft``: the draft slot's module, a
-    draft model (``draft_model``: a forward of it) or an early-exit adapter (``chain_*``)."""
+    weights counted as ``dtype`` (None: as loaded). ``draft``: the draft slot: its draft
+    model (``draft_model``: a forward of it), its early-exit adapter (``chain_*``), either
+    or both (a ``DraftPair``)."""
+    from redrafter_mlx.engine.draft_model import draft_model_of
     from redrafter_mlx.engine.early_exit import EarlyExitAdapter, adapter_of
 
     params = tree_flatten(model.parameters())
@@ -496,10 +512,13 @@ def weight_bytes(
     )
     if draft is not None:  # the draft slot, then the drafter
         priced = weight_bytes(model, drafter, dtype)
-        if adapter_of(drafter, draft) is draft:
-            once, step = adapter_bytes(params, untied, draft, dtype)
-            return replace(priced, chain_once=once, chain_step=step)
-        return replace(priced, draft_model=weight_bytes(draft, None, dtype).model)
+        adapter, own = adapter_of(drafter, draft), draft_model_of(draft)
+        if adapter is not None and adapter is not drafter:
+            once, step = adapter_bytes(params, untied, adapter, dtype)
+            priced = replace(priced, chain_once=once, chain_step=step)
+        if own is not None:
+            priced = replace(priced, draft_model=weight_bytes(own, None, dtype).model)
+        return priced
     if drafter is None:
         return WeightBytes(total)
     if isinstance(drafter, EarlyExitAdapter):

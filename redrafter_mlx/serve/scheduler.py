@@ -41,7 +41,7 @@ from redrafter_mlx.engine.batch import BatchGenerator, Prefill, Row, RowStats
 from redrafter_mlx.engine.batch_choice import BatchChoice, FixedShape
 from redrafter_mlx.engine.branches import BranchRules, request_rows
 from redrafter_mlx.engine.cache import Session, token_limit
-from redrafter_mlx.engine.draft_model import check_draft_slot
+from redrafter_mlx.engine.draft_model import check_draft_slot, slot_modules
 from redrafter_mlx.engine.loading import materialize
 from redrafter_mlx.engine.shape import AR, BeamShape
 
@@ -88,10 +88,10 @@ class Scheduler:
         self.branches = branches  # APAR branching rules (each request's branches are rows)
         if drafter is not None and shape is None:
             raise ValueError("a drafter needs a beam shape")
-        check_draft_slot(model, drafter, draft_model)  # a model or an early-exit adapter
+        check_draft_slot(model, drafter, draft_model)  # a model, an early-exit adapter or both
         shape = (shape or AR).runnable(drafter is not None, draft_model is not None)
         draft_model = draft_model if shape.model_length else None
-        materialize(model, drafter, draft_model)  # an adapter's rope tables too
+        materialize(model, drafter, *slot_modules(draft_model))  # an adapter's rope tables too
         self.max_batch = max_batch
         self.queue: queue.Queue[Request] = queue.Queue(maxsize=max(max_queue, 1))
         self.group = group  # under mlx.launch: the ranks' group; rank 0 decides the events

@@ -25,6 +25,7 @@ _EXPORTS = {
     "generate": "engine.generation",
     "stream_generate": "engine.generation",
     "Session": "engine.cache",
+    "DraftPair": "engine.draft_model",
     "load": "engine.loading",
     "LoadError": "engine.loading",
 }

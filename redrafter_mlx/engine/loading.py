@@ -298,12 +298,14 @@ def load(model_path, drafter_path=None, dtype=None, group=None, draft_model=None
 
     ``group``: an ``mx.distributed`` group to split the model across (each rank loads its
     shard; the drafter is whole on every rank), None for the whole model here.
-    ``draft_model``: a draft model's folder or Hub id (``load_draft_model``), or an early-exit
-    adapter's folder (config.json kind "early-exit": ``load_adapter_for``; its chain joins
-    the recurrent drafter's beams); then the result is (model, drafter or None, tokenizer,
-    draft model or adapter).
+    ``draft_model``: what the draft slot loads, one path or a sequence of up to two
+    (``draft_slot_paths``): a draft model's folder or Hub id (``load_draft_model``; the
+    model's own path: the model itself), an early-exit adapter's folder (config.json kind
+    "early-exit": ``load_adapter_for``; its chain joins the recurrent drafter's beams), or
+    one of each; then the result is (model, drafter or None, tokenizer, the draft slot: the
+    draft model, the adapter, or both as a ``draft_model.DraftPair``).
     """
-    from . import early_exit
+    from .draft_model import DraftPair
     from .tokenizer import load_tokenizer
 
     if isinstance(dtype, str):
@@ -315,12 +317,48 @@ def load(model_path, drafter_path=None, dtype=None, group=None, draft_model=None
     tokenizer = load_tokenizer(path)
     if draft_model is None:
         return model, drafter, tokenizer
-    where = resolve_path(draft_model)
-    if early_exit.is_early_exit(where):  # an early-exit adapter in the draft slot
-        return model, drafter, tokenizer, load_adapter_for(model, where, dtype, drafter)
-    same = where == path and group is None
-    draft = model if same else load_draft_model(draft_model, model, tokenizer, dtype)
-    return model, drafter, tokenizer, draft
+    model_path, adapter_path = draft_slot_paths(draft_model)
+    adapter = own = None
+    if adapter_path is not None:  # an early-exit adapter in the draft slot
+        adapter = load_adapter_for(model, resolve_path(adapter_path), dtype, drafter)
+    if model_path is not None:
+        same = resolve_path(model_path) == path and group is None
+        own = model if same else load_draft_model(model_path, model, tokenizer, dtype)
+    if own is not None and adapter is not None:
+        return model, drafter, tokenizer, DraftPair(own, adapter)
+    return model, drafter, tokenizer, own if own is not None else adapter
+
+
+def draft_slot_paths(draft_model) -> tuple:
+    """What the draft slot loads, as (the draft model's path or Hub id, the early-exit
+    adapter's folder), either None, each as given: ``draft_model`` is one path or a
+    sequence of up to two, at most one draft model and one adapter
+    (``early_exit.is_early_exit`` tells them apart). LoadError naming the fix otherwise."""
+    from .early_exit import is_early_exit
+
+    single = isinstance(draft_model, (str, os.PathLike))
+    given = [draft_model] if single else list(draft_model)
+    if not 1 <= len(given) <= 2:
+        raise LoadError(
+            f"the draft slot takes one or two paths (a draft model, an early-exit adapter's "
+            f"folder, or one of each), got {len(given)}: pass --draft-model once or twice"
+        )
+    models, adapters = [], []
+    for p in given:
+        (adapters if is_early_exit(resolve_path(p)) else models).append(str(p))
+    if len(adapters) > 1:
+        raise LoadError(
+            f"two early-exit adapters were given for the draft slot ({adapters[0]} and "
+            f"{adapters[1]}): it holds one adapter and one draft model at most; pass one "
+            "adapter (a second one could only be the drafter, in place of a recurrent one)"
+        )
+    if len(models) > 1:
+        raise LoadError(
+            f"two draft models were given for the draft slot ({models[0]} and {models[1]}): "
+            "it holds one draft model and one early-exit adapter at most; pass one draft "
+            "model (the other --draft-model may be an early-exit adapter's folder)"
+        )
+    return (models[0] if models else None, adapters[0] if adapters else None)
 
 
 def load_any_drafter(model: Model, path, dtype=None):

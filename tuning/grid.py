@@ -130,17 +130,20 @@ def with_draft_model(shapes: list[BeamShape], lengths: list[int]) -> list[BeamSh
     return list(dict.fromkeys(out))
 
 
-def shape_sources(shape: BeamShape, early_exit: bool = False) -> list[str]:
+def shape_sources(
+    shape: BeamShape, early_exit: bool = False, slot: tuple[str, ...] = ("draft_model",)
+) -> list[str]:
     """The draft sources a shape's step runs (``engine.sources.SOURCE_NAMES``): the drafter's
-    beams (an early-exit adapter's chain when the drafter is one), lookup chains, a draft
-    model's chain; none for plain decoding."""
+    beams (an early-exit adapter's chain when the drafter is one), lookup chains, the draft
+    slot's chains (``slot``: what it holds, a draft model's chain, an early-exit adapter's,
+    or both); none for plain decoding."""
     names = []
     if shape.drafts and not shape.is_autoregressive:
         names.append("early_exit" if early_exit else "drafter")
     if shape.lookup:
         names.append("lookup")
     if shape.model_length:
-        names.append("draft_model")
+        names += slot
     return names
 
 

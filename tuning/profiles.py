@@ -117,10 +117,15 @@ class ProfileKey:
         draft_model_path=None,
     ):
         """The key for a chip, model/drafter paths (or hub ids), dtype (any printable) and
-        the draft model tuned with (None: none)."""
+        the draft slot tuned with (None: none; a path; or a (draft model, early-exit
+        adapter) pair: both, joined by ``+``)."""
         model, model_fp = describe_model(model_path)
         drafter, drafter_fp = describe_model(drafter_path)
-        draft, draft_fp = describe_model(draft_model_path)
+        if isinstance(draft_model_path, (tuple, list)):
+            parts = [describe_model(p) for p in draft_model_path]
+            draft, draft_fp = ("+".join(part[i] for part in parts) for i in (0, 1))
+        else:
+            draft, draft_fp = describe_model(draft_model_path)
         return cls(
             chip_id=chip_id,
             model=model,

@@ -187,7 +187,8 @@ def make_runner(
     (``branches``: the ``--branches`` rules, ``branch_flags``, for our engine's runs).
     With ``--draft-model``, mlx-lm runs its speculative decoding with the same draft model,
     drafting as many tokens a step as the first shape's draft-model chain (an early-exit
-    adapter in the draft slot: mlx-lm has none, so its plain generator runs)."""
+    adapter in the draft slot: mlx-lm has none, so its plain generator runs; beside a draft
+    model, mlx-lm drafts with the draft model alone)."""
     from redrafter_mlx.cli import bench_report as logic
     from redrafter_mlx.engine.early_exit import is_early_exit
 
@@ -195,7 +196,13 @@ def make_runner(
     if with_mlx_lm:
         drafts = [c.shape.model_length - 1 for c in configs if c.field("model_length")]
         draft_path = engine.paths.draft_model if drafts else None
-        if draft_path is not None and is_early_exit(draft_path):
+        if isinstance(draft_path, tuple):  # (draft model, early-exit adapter)
+            err_console().print(
+                "mlx-lm has no early-exit drafter: its row drafts with the draft model alone",
+                markup=False,
+            )
+            draft_path = draft_path[0]
+        elif draft_path is not None and is_early_exit(draft_path):
             err_console().print(
                 "mlx-lm has no early-exit drafter: its row runs its plain generator",
                 markup=False,

@@ -284,7 +284,9 @@ class Engine:
     paths: ModelPaths
     dtype: str
     folder: Path | None = None  # the model's local folder (a Hub id resolved)
-    draft_model: object = None  # --draft-model, loaded (the model itself when it names it)
+    # --draft-model, loaded: the draft slot (a draft model, the model itself when it names
+    # it, an early-exit adapter, or both as a ``DraftPair`` when it was given twice)
+    draft_model: object = None
 
 
 def load_engine(paths: ModelPaths, dtype: str | None, with_drafter: bool = True) -> Engine:
@@ -365,7 +367,7 @@ def prepare_engine(
     batch: int = 1,
     max_kv_size: int | None = None,
     split_ok: bool = False,
-    draft_model: str | None = None,
+    draft_model: str | list[str] | None = None,
 ) -> Prepared:
     """The set-up of chat, generate, serve and bench: check the flags, resolve, plan, load.
 
@@ -379,7 +381,8 @@ def prepare_engine(
     are checked against the vocabulary. Last, a step of the plan's shape over ``batch`` rows
     must fit in memory. Under ``mlx.launch`` the model is split across the ranks
     (``load_engine``), which a command must say it handles (``split_ok``). ``draft_model``:
-    ``--draft-model``, loaded beside the model (the plan's shape gains its ``D1×L`` chain).
+    ``--draft-model`` (one value or two: a draft model and an early-exit adapter's folder),
+    loaded beside the model (the plan's shape gains its ``D1×L`` part).
     """
     from redrafter_mlx.engine.distributed import world
 

@@ -30,7 +30,7 @@ DrafterOpt = Annotated[
     ),
 ]
 DraftModelOpt = Annotated[
-    str | None,
+    list[str] | None,
     typer.Option(
         "--draft-model",
         help="A draft model sharing --model's tokenizer (a directory, a Hugging Face repo id, "
@@ -38,7 +38,8 @@ DraftModelOpt = Annotated[
         "else 4) joins the drafter's beams and the lookup chains in one verified tree. "
         "--draft-model set to --model drafts with the model itself. An early-exit adapter's "
         "folder (config.json kind early-exit) works too: its chain runs beside the "
-        "recurrent drafter's beams.",
+        "recurrent drafter's beams. Give it twice, a draft model and an early-exit folder, "
+        "for both chains in one tree.",
         show_default=False,
     ),
 ]

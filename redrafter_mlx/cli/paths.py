@@ -3,6 +3,7 @@ name), else the bundled model; ``--drafter``, else the model's own or the packag
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,7 +19,9 @@ class ModelPaths:
     drafter: str | None
     demo: bool = False
     notes: tuple[str, ...] = ()
-    draft_model: str | None = None  # --draft-model, resolved (``resolve_draft_model``)
+    # --draft-model, resolved (``resolve_draft_model``): one path (a draft model or an
+    # early-exit adapter's folder), or (draft model, adapter) when it was given twice
+    draft_model: str | tuple[str, str] | None = None
 
 
 def installed_bundled(model: str | None):
@@ -64,9 +67,23 @@ def resolve_paths(model: str | None, drafter: str | None) -> ModelPaths:
     return ModelPaths(model, drafter)
 
 
-def resolve_draft_model(name: str | None) -> str | None:
-    """``--draft-model`` as a path or Hub id: a bundled model's name (``smollm2``, ``demo``)
-    is its installed folder; anything else is passed on as given (None: no draft model)."""
+def resolve_draft_model(name: str | Sequence[str] | None) -> str | tuple[str, str] | None:
+    """``--draft-model`` (repeatable) as a path or Hub id: a bundled model's name
+    (``smollm2``, ``demo``) is its installed folder; anything else is passed on as given
+    (None or empty: no draft model). Given twice: (the draft model, the early-exit
+    adapter's folder), in that order whatever the flags' (``loading.draft_slot_paths``:
+    a LoadError naming the fix for two models, two adapters or more than two values)."""
+    if name is None or isinstance(name, str):
+        return _resolve_one(name)
+    names = [_resolve_one(n) for n in name]
+    if len(names) <= 1:
+        return names[0] if names else None
+    from redrafter_mlx.engine.loading import draft_slot_paths
+
+    return draft_slot_paths(names)  # two of a kind or more than two: a LoadError
+
+
+def _resolve_one(name: str | None) -> str | None:
     if name is None:
         return None
     named = installed_bundled(name)

@@ -9,8 +9,9 @@
   model without a drafter is tuned over the lookup-only shapes (against plain decoding).
   ``--draft-model`` adds a draft model's chain (``D1×Ld`` for each ``--draft-length``) alone
   and beside every shape, and the profile (keyed by the draft model too) says which draft
-  sources the recommended shape runs. An early-exit adapter as ``--drafter`` drafts one
-  chain: the grid keeps W = 1.
+  sources the recommended shape runs; given twice (a draft model and an early-exit
+  adapter's folder) the ``D1×Ld`` part is both chains. An early-exit adapter as
+  ``--drafter`` drafts one chain: the grid keeps W = 1.
 * ``tune --chip m2`` prints the built-in preset for that chip without measuring.
 * ``tune --show`` lists saved profiles, ``tune --clear`` deletes them.
 
@@ -173,12 +174,13 @@ def build_measure(
     prompts: str,
     num_prompts: int,
     shapes: list[BeamShape] = (),
-    draft_model: str | None = None,
+    draft_model: str | tuple[str, str] | None = None,
 ):
     """(measure, clock) for the real engine; the tests replace this with a fake cost model.
     Every one of ``shapes`` must fit the loaded model's context and memory (a
     ``ShapeTooLarge`` naming the flag otherwise), so none is skipped without a word.
-    ``draft_model``: the draft model of the shapes with a ``D1×Ld`` chain."""
+    ``draft_model``: the draft slot of the shapes with a ``D1×Ld`` part (a draft model, an
+    early-exit adapter's folder, or (draft model, adapter): both chains)."""
     from redrafter_mlx.engine.loading import load
     from redrafter_mlx.engine.memory import check_step_memory
     from redrafter_mlx.engine.platform import fit_blas_threads
@@ -334,7 +336,7 @@ def save_profile(
     dtype: str | None,
     result,
     lookup: bool,
-    draft_model: str | None = None,
+    draft_model: str | tuple[str, str] | None = None,
     early_exit: bool = False,
 ) -> str:
     """Store the search outcome as this setup's profile (``lookup``: the grid tried context
@@ -356,7 +358,7 @@ def save_profile(
             "elapsed_s": round(result.elapsed_s, 2),
         },
         lookup_searched=lookup,
-        sources=tuple(shape_sources(result.recommended, early_exit)),
+        sources=tuple(shape_sources(result.recommended, early_exit, slot_sources(draft_model))),
     )
     store = ProfileStore()
     store.put(profile)
@@ -461,7 +463,11 @@ def run_tuning(
                     "model": model,
                     "drafter": drafter,
                     "draft_model": draft_model,
-                    "sources": shape_sources(result.recommended, options.get("early_exit", False)),
+                    "sources": shape_sources(
+                        result.recommended,
+                        options.get("early_exit", False),
+                        slot_sources(draft_model),
+                    ),
                     "lookup": lookup or None,
                     "note": note,
                     "profile_path": path,
@@ -661,6 +667,17 @@ def parse_draft_lengths(text: str) -> list[int]:
     if min(lengths) < 2:
         raise ValueError(f"--draft-length {text}: a chain counts the init token, use >= 2")
     return lengths
+
+
+def slot_sources(draft_model: str | tuple[str, str] | None) -> tuple[str, ...]:
+    """The sources of the draft slot's ``D1×L`` part (``--draft-model``, resolved): a draft
+    model and an early-exit adapter (given twice): both; an early-exit folder: its chain;
+    else a draft model's."""
+    if isinstance(draft_model, tuple):
+        return ("early_exit", "draft_model")
+    if draft_model is not None and drafter_is_early_exit(draft_model):
+        return ("early_exit",)
+    return ("draft_model",)
 
 
 def drafter_is_early_exit(drafter: str) -> bool:

@@ -236,7 +236,8 @@ def resolve_plan(
     shape over the tuned profile / chip preset; context-lookup chains join it unless asked
     otherwise or the tuner measured them (its profile's chains, or their absence, stand unless
     ``args`` say otherwise); no drafter -> the tuned lookup-only profile, else lookup alone,
-    or AR. ``draft_model`` (a folder): a profile tuned with it (``tune --draft-model``)
+    or AR. ``draft_model`` (a folder, or the (draft model, early-exit adapter) pair of
+    ``--draft-model`` given twice): a profile tuned with it (``tune --draft-model``)
     decides the whole shape, its chain included or left out (``ShapeChoice.draft_tuned``),
     unless ``args`` ask for a shape or for lookup; without one, the plan is made as without
     a draft model (the caller adds its chain)."""

@@ -43,9 +43,13 @@ slot (``draft=``, its chain the shape's D1×L, beside the recurrent drafter's be
 prefills or prices the adapter's state finds it with ``early_exit.adapter_of`` wherever it
 sits (``batch.held_sources``, ``BatchGenerator``, ``memory.check_step_memory``,
 ``measure.profile``; the draft slot's checks: ``draft_model.check_draft_slot``,
-``loading.load``). ``DraftContext.model`` is the target, it reads the target's
-cache (``DraftContext.keys``/``values``) and returns it with its first layers' K/V written
-above each row's length (``Proposal.cache``), which the verify then takes.
+``loading.load``). The draft slot may hold a draft model and an adapter at once
+(``draft_model.DraftPair``: both chains in the shape's D1×L part), so those places read the
+slot's draft model with ``draft_model.draft_model_of``, its modules with ``slot_modules``
+and a step's packed slots with ``step_capacity``. ``DraftContext.model`` is the target, it
+reads the target's cache (``DraftContext.keys``/``values``) and returns it with its first
+layers' K/V written above each row's length (``Proposal.cache``), which the verify then
+takes.
 
 Sources that sit out steps (the adaptive choice runs shapes with and without a stateful
 source). A stateful source's state follows the committed text only on the steps that run
@@ -53,7 +57,8 @@ it, so the rule is:
 
 * ``DecodeState.sources`` holds one state per stateful source the loop *has* (not per
   source a shape runs), in a fixed order (``batch.held_sources``: early-exit, as the drafter
-  or in the draft slot, then a draft model); a step of a shape without one passes its
+  or in the draft slot, then a draft model; both with a ``DraftPair``); a step of a shape
+  without one passes its
   state through untouched (``batch.make_batch_step`` hands each step only the states of the
   sources it runs);
 * each stateful source says how many committed tokens its own draft re-runs first

@@ -469,6 +469,29 @@ def test_load_takes_a_pair_in_either_order(folders):
     assert draft_slot_paths(f["ee"]) == (None, f["ee"])
 
 
+def test_the_python_api_takes_the_pair(folders):
+    """``redrafter_mlx.load(..., draft_model=[M, EE])`` then ``generate`` /
+    ``batch_generate`` with ``draft_model=`` the pair: plain decoding's text and tokens."""
+    import redrafter_mlx
+
+    f = folders
+    model, drafter, tokenizer, pair = redrafter_mlx.load(
+        f["model"], f["drafter"], draft_model=[f["model"], f["ee"]]
+    )
+    assert isinstance(pair, redrafter_mlx.DraftPair)
+    ar = redrafter_mlx.BeamShape.autoregressive()
+    want = redrafter_mlx.generate(model, None, tokenizer, "Hello there", max_tokens=12, shape=ar)
+    got = redrafter_mlx.generate(model, drafter, tokenizer, "Hello there", max_tokens=12,
+                                 shape="W1xL4+K1xL8+D1xL4", draft_model=pair)  # fmt: skip
+    assert got == want
+    prompts = ["Hello there", "Once upon a time, there"]
+    plain_ids = redrafter_mlx.batch_generate(model, None, tokenizer, prompts, max_tokens=10,
+                                             shape=ar)  # fmt: skip
+    ids = redrafter_mlx.batch_generate(model, drafter, tokenizer, prompts, max_tokens=10,
+                                       shape="W1xL4+D1xL3", draft_model=pair)  # fmt: skip
+    assert ids == plain_ids
+
+
 def test_loading_refuses_what_the_slot_cannot_hold(folders):
     f = folders
     cases = [
@@ -517,15 +540,18 @@ def test_cli_errors_name_the_fix(app, folders):
         assert result.exit_code != 0 and message in result.output, result.output
 
 
-def test_cli_bench_and_serve_take_the_pair(app, folders, monkeypatch):
-    """bench measures the four-source tree (both shares reported; mlx-lm drafts with the
-    draft model alone) and serve builds its server on the pair (stopped there)."""
+def test_cli_chat_bench_and_serve_take_the_pair(app, folders, monkeypatch):
+    """chat answers (its stats line counts the draft model's drafts), bench measures the
+    four-source tree (both shares reported; mlx-lm drafts with the draft model alone) and
+    serve builds its server on the pair (stopped there)."""
     from redrafter_mlx.cli import serve
     from redrafter_mlx.cli.common import FlagError
 
     f = folders
     slot = ["--model", f["model"], "--drafter", f["drafter"], "--draft-model", f["ee"],
             "--draft-model", f["model"]]  # fmt: skip
+    chat = invoke(app, "chat", *slot, "-n", 8, input="hello\n")
+    assert chat.exit_code == 0 and "draft model" in chat.output, chat.output
     result = invoke(app, "bench", *slot, "--configs", "W1xL4", "--num-prompts", 1,
                     "--max-tokens", 8, "--mlx-lm", "--json")  # fmt: skip
     assert result.exit_code == 0, result.output

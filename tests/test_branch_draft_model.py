@@ -7,6 +7,7 @@ import pytest
 
 from redrafter_mlx.engine.batch import BatchGenerator
 from redrafter_mlx.engine.generation import generate_steps
+from redrafter_mlx.engine.platform import READ_FIRST_ENV
 from redrafter_mlx.engine.shape import AR, BeamShape
 from redrafter_mlx.engine.sources import DRAFT_MODEL
 from tests.helpers import tiny_model
@@ -30,8 +31,9 @@ def draft_rows_equal(state, a: int, b: int) -> bool:
 
 @pytest.mark.parametrize("itself", [False, True], ids=["small-draft", "self-draft"])
 @pytest.mark.parametrize("label", ["D1xL4", "K1xL4+D1xL3"])
+@pytest.mark.parametrize("first", ["1", "0"], ids=["read-first", "queue-ahead"])
 def test_a_fork_copies_the_draft_cache_and_branches_equal_plain_decoding(
-    monkeypatch, itself, label
+    monkeypatch, itself, label, first
 ):
     model, drafter = model_and_drafter()
     draft = model if itself else tiny_model(9, vocab=32, layers=1, hidden=16, heads=2, kv_heads=1)
@@ -44,6 +46,7 @@ def test_a_fork_copies_the_draft_cache_and_branches_equal_plain_decoding(
         return child
 
     monkeypatch.setattr(BatchGenerator, "fork", checked)
+    monkeypatch.setenv(READ_FIRST_ENV, first)  # both read orders of branching steps
     sampler = forking_sampler()
     shape = BeamShape.parse(label)
     roots, _, _ = run_batch(model, None, shape, [(PROMPT, sampler, 0, 10, True)], draft=draft)

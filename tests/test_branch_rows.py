@@ -10,6 +10,7 @@ from redrafter_mlx.engine.batch_choice import FixedShape
 from redrafter_mlx.engine.branches import BranchRules, BranchTree, request_rows, split_rows
 from redrafter_mlx.engine.cache import Session, ensure_slots, text_history
 from redrafter_mlx.engine.decode import DecodeState
+from redrafter_mlx.engine.platform import READ_FIRST_ENV
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape
 from tests.helpers import near_bigram_model, tiny_drafter
@@ -123,8 +124,16 @@ def check_branches(model, drafter, shape, root, prompt, sampler, seed, limit):
         assert tree.row(b) == want, f"branch {b}"
 
 
+@pytest.fixture(params=["1", "0"], ids=["read-first", "queue-ahead"])
+def read_order(request, monkeypatch):
+    """Both read orders of a loop with branching rows (``platform.read_first``: the CPU
+    reads each branching step first, a GPU queues ahead where no fork can change the next)."""
+    monkeypatch.setenv(READ_FIRST_ENV, request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("shape", [AR, BeamShape(2, 3)], ids=["ar", "drafter"])
-def test_greedy_branches_equal_plain_decoding_of_their_own_rows(shape):
+def test_greedy_branches_equal_plain_decoding_of_their_own_rows(shape, read_order):
     model, drafter = model_and_drafter()
     sampler = forking_sampler()
     roots, _, batch = run_batch(model, drafter, shape, [(PROMPT, sampler, 0, 10, True)])
@@ -135,7 +144,7 @@ def test_greedy_branches_equal_plain_decoding_of_their_own_rows(shape):
 
 
 @pytest.mark.parametrize("shape", [AR, BeamShape(2, 3)], ids=["ar", "drafter"])
-def test_seeded_sampling_branches_equal_their_rows_decoded_alone(shape):
+def test_seeded_sampling_branches_equal_their_rows_decoded_alone(shape, read_order):
     """Each branch draws with its own key, the parent's at the fork (copied), split per step
     as a solo run's: its tokens equal its row decoded alone with the same seed and shape."""
     model, drafter = model_and_drafter()
@@ -148,7 +157,7 @@ def test_seeded_sampling_branches_equal_their_rows_decoded_alone(shape):
 @pytest.mark.parametrize(
     "shape", [BeamShape.lookup_only(1, 4), BeamShape(1, 3, None, 1, 4)], ids=["lookup", "hybrid"]
 )
-def test_lookup_and_hybrid_steps_fork_like_plain_decoding(shape):
+def test_lookup_and_hybrid_steps_fork_like_plain_decoding(shape, read_order):
     """Lookup chains (and the beam-and-chain step) speculate for every branch row too; a
     drafted fork token is never accepted, so the fork is the step's last token."""
     model, drafter = model_and_drafter()
@@ -269,11 +278,6 @@ def test_branches_with_a_repetition_penalty_equal_their_rows(shape):
     check_branches(model, drafter, None, roots[0], PROMPT, sampler, 0, 10)
 
 
-def read_first_always(monkeypatch):
-    """The loop as it was: a branching row's step read before the next is queued."""
-    monkeypatch.setattr(BatchGenerator, "queue_ahead", lambda self: not self.branching)
-
-
 @pytest.mark.parametrize(
     "shape",
     [AR, BeamShape(2, 3), BeamShape(1, 3, None, 1, 4)],
@@ -289,10 +293,11 @@ def test_steps_queue_ahead_of_a_branching_step_and_change_no_token(monkeypatch, 
     sampler = forking_sampler(temperature=temperature)
     prompt = [3, 30, 24, 14, 3, 30, 24, 14, 3]  # text lookup chains can find
     requests = [(PROMPT, sampler, 7, 12, True), (prompt, sampler, 3, 12, True)]
+    monkeypatch.setenv(READ_FIRST_ENV, "0")  # a GPU's default (the CPU's reads first)
     roots, outs, batch = run_batch(model, drafter, shape, requests)
     assert batch.ahead > 5  # steps queued with a branching step in flight
     assert sum(len(r.branches.branches) for r in roots) > 4
-    read_first_always(monkeypatch)
+    monkeypatch.setenv(READ_FIRST_ENV, "1")
     want_roots, want_outs, first = run_batch(model, drafter, shape, requests)
     assert first.ahead == 0
     assert outs == want_outs
@@ -324,6 +329,7 @@ def test_near_the_limits_a_branching_step_is_read_first(monkeypatch):
         return answers[-1]
 
     monkeypatch.setattr(BatchGenerator, "queue_ahead", recording)
+    monkeypatch.setenv(READ_FIRST_ENV, "0")
     sampler = forking_sampler()
     roots, _, batch = run_batch(model, drafter, AR, [(PROMPT, sampler, 0, 10, True)], RULES, 3)
     assert True in answers and False in answers

@@ -39,10 +39,11 @@ Parallel branches (APAR, ``engine.branches``): a row whose ``branches`` holds it
 row copied from the parent's (``fork``: no prefill, no roll-back, the fork being always a
 step's last token) whose next draw is forced to the child token (``SplitRows.forced``). Forks
 are granted per step only where the branch limit and the free rows leave room
-(``fork_grants``; ``reserved``: rows the step in flight may take). The next step is queued
-before a branching row's step is read as long as no fork that step may make could change
-the next one's grants (``queue_ahead``: the limits far off); a fork then copies the step's
-own end state (``Queued.end``). docs/design.md, "The loop".
+(``fork_grants``; ``reserved``: rows the step in flight may take). Where the backend reads
+first (``platform.read_first``: the CPU) a branching row's step is read before the next is
+queued; elsewhere the next step is queued first as long as no fork the step in flight may
+make could change the next one's grants (``queue_ahead``: the limits far off), and a fork
+then copies that step's own end state (``Queued.end``). docs/design.md, "The loop".
 """
 
 from __future__ import annotations
@@ -596,6 +597,9 @@ class BatchGenerator:
         # The loop's read order: step k is read before step k+1 is queued when the policy
         # chooses each step from the text so far and the backend gains by it (measured).
         self.reads_first = policy.each_step and read_first()
+        # Branching rows: each step read first as well (the CPU's measured default), else
+        # queued ahead wherever no fork can change the next step (``queue_ahead``).
+        self.branches_read_first = read_first()
         self.release = release
         self._traced: set = set()  # (shape, mode, rows, window, slots) of steps already run
         self.host_s = 0.0  # time spent queueing steps (dispatch)
@@ -1087,13 +1091,16 @@ class BatchGenerator:
         """One turn of the loop: queue the next step for the running rows and read the one
         queued before it, as ``reads_first`` says (else the device never waits for the
         host's reading and shape choice: the step is queued first; with branching rows,
-        as ``queue_ahead`` allows). Returns what the read step gave each row it ran that
-        was still going (none on the first turn)."""
+        read first as ``platform.read_first`` says, else as ``queue_ahead`` allows).
+        Returns what the read step gave each row it ran that was still going (none on the
+        first turn)."""
         got = []
         if self.pending is not None:
-            if self.reads_first or not self.queue_ahead():
+            branching = self.branching
+            first = branching and (self.branches_read_first or not self.queue_ahead())
+            if self.reads_first or first:
                 got, self.pending = self.read(self.pending), None
-            elif self.branching:
+            elif branching:
                 self.ahead += 1
         nxt = self.queue() if any(not row.finished for row in self.active) else None
         if self.pending is not None:

@@ -1,0 +1,70 @@
+"""Same-run A/B: a branching answer's loop queueing the next step before reading the one in
+flight (``BatchGenerator.queue_ahead``) against reading each branching step first (the loop
+before it), on SmolLM2-APAR's list prompts, plain decoding and the pinned speculative shape,
+branches on, greedy. Each prompt runs both loops back to back in A B B A order, so drift falls
+on both; the tokens must be equal (far from the limits the forks are the same).
+
+    python -m scripts.experiments.branch_queue_ahead --num-prompts 6 --max-tokens 192
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from redrafter_mlx.cli.common import load_engine
+from redrafter_mlx.cli.paths import resolve_paths
+from redrafter_mlx.engine.batch import BatchGenerator
+from redrafter_mlx.engine.plan import default_plan
+from redrafter_mlx.engine.prompts import load_records
+from redrafter_mlx.engine.sampling import SamplerConfig
+from redrafter_mlx.engine.shape import BeamShape
+from scripts.bench_branches import answer
+
+AHEAD = BatchGenerator.queue_ahead
+
+
+def read_first(self) -> bool:
+    return not self.branching
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--model", default="smollm2-apar")
+    p.add_argument("--num-prompts", type=int, default=6)
+    p.add_argument("--max-tokens", type=int, default=192)
+    args = p.parse_args(argv)
+    engine = load_engine(resolve_paths(args.model, None), None)
+    model, drafter, tok = engine.model, engine.drafter, engine.tokenizer
+    lists = [r.prompt for r in load_records("lists", 40)]
+    half = args.num_prompts // 2
+    prompts = lists[: args.num_prompts - half] + lists[20 : 20 + half]
+    spec = default_plan(drafter).shape
+    sampler = SamplerConfig()
+    for label, shape in (("plain", BeamShape.autoregressive()), (f"pinned {spec.label}", spec)):
+        seconds = {"ahead": 0.0, "first": 0.0}
+        tokens = steps = 0
+        for prompt in prompts:
+            got = {}
+            for mode in ("ahead", "first", "first", "ahead"):
+                BatchGenerator.queue_ahead = AHEAD if mode == "ahead" else read_first
+                text, n, s, _, sec, _ = answer(
+                    model, drafter, tok, prompt, shape, False, "on", args.max_tokens, sampler
+                )
+                seconds[mode] += sec
+                if mode in got and got[mode] != text:
+                    raise SystemExit("the same loop gave two answers")
+                got[mode] = text
+                tokens, steps = tokens + n, steps + s
+            if got["ahead"] != got["first"]:
+                print(f"  answers differ on {prompt[:40]!r} (a limit was reached)")
+        BatchGenerator.queue_ahead = AHEAD
+        rate = {m: tokens / 4 * 2 / s for m, s in seconds.items()}
+        print(
+            f"{label}: queue ahead {rate['ahead']:.1f} tok/s, read first {rate['first']:.1f} "
+            f"tok/s, ratio {rate['ahead'] / rate['first']:.3f}x ({len(prompts)} prompts x 2 "
+            "runs each)"
+        )
+
+
+if __name__ == "__main__":
+    main()

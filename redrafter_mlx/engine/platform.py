@@ -200,9 +200,9 @@ def read_first() -> bool:
     The same rule holds for a loop with branching rows (APAR), whatever its policy: read
     first, each branching step is read before the next is queued; else the next is queued
     first wherever no fork can change it (``BatchGenerator.queue_ahead``). Measured on the
-    CPU, same run (SmolLM2-APAR, 6 list prompts x 192 tokens, branches on): queueing ahead
-    gave 0.99x the speed plain and 0.95x pinned W1xL4+K1xL8
-    (``scripts/experiments/branch_queue_ahead.py``)."""
+    CPU, same run (SmolLM2-APAR, 6 prompts x 192 tokens, branches on): queueing ahead gave
+    0.99x the speed plain and 0.95x pinned W1xL4+K1xL8 on list prompts, 1.00x and 1.01x on
+    the other MT-Bench prompts (few forks) (``scripts/experiments/branch_queue_ahead.py``)."""
     import mlx.core as mx
 
     value = os.environ.get(READ_FIRST_ENV, "").strip()

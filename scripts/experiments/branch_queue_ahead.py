@@ -1,10 +1,11 @@
 """Same-run A/B: a branching answer's loop queueing the next step before reading the one in
 flight (``BatchGenerator.queue_ahead``) against reading each branching step first (the loop
-before it), on SmolLM2-APAR's list prompts, plain decoding and the pinned speculative shape,
-branches on, greedy. Each prompt runs both loops back to back in A B B A order, so drift falls
+before it), on SmolLM2-APAR's list prompts (or the other MT-Bench prompts), plain decoding
+and the pinned speculative shape, branches on, greedy. Each prompt runs both loops back to back in A B B A order, so drift falls
 on both; the tokens must be equal (far from the limits the forks are the same).
 
     python -m scripts.experiments.branch_queue_ahead --num-prompts 6 --max-tokens 192
+    python -m scripts.experiments.branch_queue_ahead --num-prompts 6 --max-tokens 192 --set rest
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from redrafter_mlx.engine.plan import default_plan
 from redrafter_mlx.engine.prompts import load_records
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import BeamShape
+from scripts.bench_branches import LIST_CATEGORIES as LISTS
 from scripts.bench_branches import answer
 
 AHEAD = BatchGenerator.queue_ahead
@@ -32,12 +34,21 @@ def main(argv=None) -> None:
     p.add_argument("--model", default="smollm2-apar")
     p.add_argument("--num-prompts", type=int, default=6)
     p.add_argument("--max-tokens", type=int, default=192)
+    p.add_argument(
+        "--set",
+        choices=("lists", "rest"),
+        default="lists",
+        help="list prompts, or MT-Bench's other categories (few or no forks)",
+    )
     args = p.parse_args(argv)
     engine = load_engine(resolve_paths(args.model, None), None)
     model, drafter, tok = engine.model, engine.drafter, engine.tokenizer
     lists = [r.prompt for r in load_records("lists", 40)]
     half = args.num_prompts // 2
     prompts = lists[: args.num_prompts - half] + lists[20 : 20 + half]
+    if args.set == "rest":  # as bench_branches picks them
+        rest = [r.prompt for r in load_records("mt-bench", 80) if r.category not in LISTS]
+        prompts = rest[:: max(60 // args.num_prompts, 1)][: args.num_prompts]
     spec = default_plan(drafter).shape
     sampler = SamplerConfig()
     for label, shape in (("plain", BeamShape.autoregressive()), (f"pinned {spec.label}", spec)):

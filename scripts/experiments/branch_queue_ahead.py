@@ -1,8 +1,9 @@
 """Same-run A/B: a branching answer's loop queueing the next step before reading the one in
 flight (``BatchGenerator.queue_ahead``) against reading each branching step first (the loop
 before it), on SmolLM2-APAR's list prompts (or the other MT-Bench prompts), plain decoding
-and the pinned speculative shape, branches on, greedy. Each prompt runs both loops back to back in A B B A order, so drift falls
-on both; the tokens must be equal (far from the limits the forks are the same).
+and the pinned speculative shape, branches on, greedy. Each prompt runs both loops back to
+back in A B B A order, so drift falls on both; the tokens must be equal (far from the
+limits the forks are the same).
 
     python -m scripts.experiments.branch_queue_ahead --num-prompts 6 --max-tokens 192
     python -m scripts.experiments.branch_queue_ahead --num-prompts 6 --max-tokens 192 --set rest

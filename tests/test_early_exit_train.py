@@ -104,3 +104,14 @@ def test_chain_score_is_exact_when_the_layers_past_the_exit_do_nothing():
     moved = EE.new_adapter(model, 1, seed=0)  # a different adapter accepts less
     moved.norm.weight = -moved.norm.weight + 0.5
     assert EE.chain_score(model, moved, [example], gamma=4, eta=0.0)["mean_accepted"] < 4.0
+
+
+def test_a_positions_budget_trains_on_that_many_answer_positions():
+    """``--budget 100k`` on a self-data folder that a larger run filled: the first answers
+    whose positions reach the budget, not every answer the folder holds."""
+    rows = [{"response_ids": [1] * n} for n in (40, 30, 50, 20)]
+    assert EE.within_positions(rows, 60) == rows[:2]  # 40, then 70 >= 60
+    assert EE.within_positions(rows, 70) == rows[:2]
+    assert EE.within_positions(rows, 71) == rows[:3]
+    assert EE.within_positions(rows, 10**6) == rows
+    assert EE.within_positions([], 5) == []

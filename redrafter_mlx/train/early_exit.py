@@ -427,6 +427,8 @@ def _builtin_data(model, tokenizer, path, dtype, plan, opts, progress, started, 
     # the answer stage stops at the budget's answering share (half a time budget)
     run = resumed["run"] if resumed else None
     train_rows, val_rows, _ = answered(data, opts, kind, amount, started, run, progress)
+    if kind == "positions" and not resumed:  # a larger earlier run's answers: the budget's
+        train_rows = within_positions(train_rows, amount)
     if not train_rows:
         raise ValueError(f"the budget {opts.budget} left no time to answer any training prompt")
 
@@ -436,6 +438,20 @@ def _builtin_data(model, tokenizer, path, dtype, plan, opts, progress, started, 
 
     data = dict(answers=len(train_rows), held_out_answers=len(val_rows), folder=folder.name)
     return [seq(r) for r in train_rows], [seq(r) for r in val_rows], data
+
+
+def within_positions(rows: list[dict], amount: float) -> list[dict]:
+    """The first answer rows whose answer positions reach ``amount`` (all of them when they
+    hold fewer): a positions budget trains on that many even when the self-data folder
+    holds more (answers a larger run wrote). Each sequence's features are kept in memory
+    for the run (``sequence_features``), so this bounds the run's memory and time too."""
+    kept, total = [], 0
+    for r in rows:
+        if total >= amount:
+            break
+        kept.append(r)
+        total += len(r["response_ids"])
+    return kept
 
 
 def _folder_features(folder: Path):

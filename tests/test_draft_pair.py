@@ -15,7 +15,6 @@ import shutil
 import mlx.core as mx
 import pytest
 
-import redrafter_mlx.cli.tune
 import redrafter_mlx.engine.decode as decode
 from redrafter_mlx.engine.adaptive import Adaptive
 from redrafter_mlx.engine.batch import BatchGenerator, Prefill, held_sources, uniform_step
@@ -49,7 +48,6 @@ from redrafter_mlx.engine.sources import (
 )
 from redrafter_mlx.measure.profile import profile_steps, weight_bytes
 from redrafter_mlx.train import early_exit as EE
-from tests.fakes import FakeClock
 from tests.helpers import (
     VICUNA_TOKENIZER,
     OracleDrafter,
@@ -576,21 +574,13 @@ def test_cli_chat_bench_and_serve_take_the_pair(app, folders, monkeypatch):
 def test_cli_tune_keys_the_profile_by_the_pair(app, model_dir, home, tmp_path, monkeypatch):
     """``tune --draft-model M --draft-model EE``: the pair is loaded for the D1×Ld shapes,
     the profile is keyed by both folders and names both chains among its sources."""
-    from tests.test_source_choice import DraftChip
+    from tests.test_source_choice import fake_draft_measure
     from tuning.profiles import ProfileStore
 
     ee = tmp_path / "ee"  # the measure is faked: the folder need only say its kind
     ee.mkdir()
     (ee / "config.json").write_text('{"kind": "early-exit"}')
-    clock = FakeClock()
-    chip = DraftChip(clock, per_token=0.004, lookup_accept=0.3, draft_accept=0.9)
-    loaded = []
-
-    def build(model, drafter, *_args, draft_model=None, **_kwargs):
-        loaded.append(draft_model)
-        return chip, clock
-
-    monkeypatch.setattr(redrafter_mlx.cli.tune, "build_measure", build)
+    loaded = fake_draft_measure(monkeypatch)
     result = invoke(app, "tune", "--model", model_dir, "--draft-model", str(ee), "--draft-model",
                     model_dir, "--draft-length", "3", "--json")  # fmt: skip
     assert result.exit_code == 0, result.output

@@ -17,12 +17,12 @@ from redrafter_mlx.engine.early_exit import (
     check_pair,
     draft_chain,
     draft_top1,
-    head_rows,
     load_adapter,
     pair,
     save_adapter,
 )
 from redrafter_mlx.engine.memory import Dims
+from redrafter_mlx.engine.model import output_rows
 from redrafter_mlx.engine.shape import BeamShape
 from redrafter_mlx.train import early_exit as EE
 
@@ -70,11 +70,11 @@ def test_a_chain_with_the_whole_vocabulary_as_shortlist_is_the_full_heads_chain(
 def test_quantized_head_rows_are_the_dequantized_rows():
     model, _ = make_pair(seed=3, vocab=64)
     ids = mx.array(IDS, mx.int32)
-    dense = np.array(head_rows(model, ids))
+    dense = np.array(output_rows(model, ids))
     nn.quantize(model, group_size=32, bits=8)
     layer = model.model.embed_tokens if model.args.tie_word_embeddings else model.lm_head
     assert hasattr(layer, "scales")
-    rows = np.array(head_rows(model, ids))
+    rows = np.array(output_rows(model, ids))
     whole = mx.dequantize(layer.weight, layer.scales, layer.biases, 32, 8)
     np.testing.assert_array_equal(rows, np.array(whole)[IDS])
     assert np.abs(rows - dense).max() < 0.05 * np.abs(dense).max()

@@ -290,10 +290,9 @@ def test_the_tune_grid_holds_the_draft_models_chains():
     assert {s.width for s in one_chain} == {1} and "one chain" in note
 
 
-def test_tune_with_a_draft_model_lists_and_picks_its_shapes(cli_app, home, model_dir, monkeypatch):
-    """``tune --draft-model``: the chain alone and beside the lookup chains are measured and
-    listed; where the draft model drafts well the profile (keyed by the draft model) holds
-    a shape with its chain and names the sources it runs."""
+def fake_draft_measure(monkeypatch) -> list:
+    """``tune``'s measure replaced by a ``DraftChip`` on a fake clock (the draft model's chain
+    accepted well); returns the list each build appends its ``draft_model`` to."""
     clock = FakeClock()
     chip = DraftChip(clock, per_token=0.004, lookup_accept=0.3, draft_accept=0.9)
     loaded = []
@@ -303,6 +302,14 @@ def test_tune_with_a_draft_model_lists_and_picks_its_shapes(cli_app, home, model
         return chip, clock
 
     monkeypatch.setattr(redrafter_mlx.cli.tune, "build_measure", build)
+    return loaded
+
+
+def test_tune_with_a_draft_model_lists_and_picks_its_shapes(cli_app, home, model_dir, monkeypatch):
+    """``tune --draft-model``: the chain alone and beside the lookup chains are measured and
+    listed; where the draft model drafts well the profile (keyed by the draft model) holds
+    a shape with its chain and names the sources it runs."""
+    loaded = fake_draft_measure(monkeypatch)
     args = ("--model", model_dir, "--draft-model", model_dir, "--draft-length", "3-4", "--json")
     result = invoke(cli_app, *args)
     assert result.exit_code == 0, result.output

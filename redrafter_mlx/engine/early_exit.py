@@ -37,7 +37,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from .model import Attention, Model, ModelArgs, fused_kernels, window_mask
+from .model import Attention, Model, ModelArgs, fused_kernels, output_rows, window_mask
 from .sources import EARLY_EXIT, DraftContext, Proposal, catch_up_positions, padded_chunks
 from .tree import arange, cache_mask, chain_mask
 
@@ -238,25 +238,12 @@ def pair(model: Model, adapter: EarlyExitAdapter) -> EarlyExitAdapter:
     return adapter
 
 
-def head_rows(model: Model, ids: mx.array) -> mx.array:
-    """(K, H) the rows of ``ids`` (K,) of the target's LM head (the tied embedding or
-    ``lm_head``), dequantized where the head is quantized."""
-    layer = model.model.embed_tokens if model.args.tie_word_embeddings else model.lm_head
-    if not hasattr(layer, "scales"):
-        return layer.weight[ids]
-    biases = layer.biases[ids] if getattr(layer, "biases", None) is not None else None
-    mode = getattr(layer, "mode", "affine")
-    return mx.dequantize(
-        layer.weight[ids], layer.scales[ids], biases, layer.group_size, layer.bits, mode=mode
-    )
-
-
 def bind_head(model: Model, adapter: EarlyExitAdapter) -> None:
     """Gather the shortlist's head rows for ``model`` once, evaluated (no-op without a
     shortlist): a step compiled after this reads them as a constant."""
     if adapter._draft_ids is None or (adapter._head_of and adapter._head_of() is model):
         return
-    rows = head_rows(model, adapter._draft_ids)
+    rows = output_rows(model, adapter._draft_ids)
     mx.eval(rows)
     adapter._head, adapter._head_of = rows, weakref.ref(model)
 
@@ -270,12 +257,8 @@ def draft_top1(model: Model, adapter: EarlyExitAdapter, h: mx.array):
     if ids is None:
         return top1(model.logits(h))
     bound = adapter._head_of() if adapter._head_of is not None else None
-    rows = adapter._head if bound is model else head_rows(model, ids)
-    logits = (h @ rows.T).astype(mx.float32)
-    cap = model.args.final_logit_softcapping
-    if cap:
-        logits = mx.tanh(logits / cap) * cap
-    token, prob = top1(logits)
+    rows = adapter._head if bound is model else output_rows(model, ids)
+    token, prob = top1(model.soft_capped((h @ rows.T).astype(mx.float32)))
     return ids[token], prob
 
 

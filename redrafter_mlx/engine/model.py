@@ -518,9 +518,13 @@ class Model(nn.Module):
             out = self.model.embed_tokens.as_linear(hidden)
         else:
             out = self.lm_head(hidden)
-        out = out.astype(mx.float32)
+        return self.soft_capped(out.astype(mx.float32))
+
+    def soft_capped(self, logits: mx.array) -> mx.array:
+        """Logits through the final soft cap (Gemma 2; others unchanged): the one rule for
+        ``logits`` and every head read in part (a shortlist's rows: ``output_rows``)."""
         cap = self.args.final_logit_softcapping
-        return mx.tanh(out / cap) * cap if cap else out
+        return mx.tanh(logits / cap) * cap if cap else logits
 
     def make_cache(self, batch: int, slots: int, dtype=None):
         """Zeroed K/V lists, each (batch, n_kv, slots, D); n_kv counts this rank's heads."""
@@ -547,4 +551,22 @@ def copies_embedding(weights: dict) -> bool:
     return all(
         embedding in weights and bool(mx.array_equal(weights[head], weights[embedding]))
         for head, embedding in head_pairs(weights)
+    )
+
+
+def output_rows(model: Model, ids=None) -> mx.array:
+    """The model's output embedding (its head's weight, or the tied input embedding) at
+    ``ids`` (token ids, a list or an array; None: every id): (K or V, H), dequantized when
+    quantized. A shortlist head's rows (a drafter's teacher, an early-exit adapter's)."""
+    layer = model.model.embed_tokens if model.args.tie_word_embeddings else model.lm_head
+    index = None if ids is None else mx.array(ids, dtype=mx.int32)
+    weight = layer.weight if index is None else layer.weight[index]
+    if "scales" not in layer:
+        return weight
+    scales = layer.scales if index is None else layer.scales[index]
+    biases = layer.get("biases")
+    if biases is not None and index is not None:
+        biases = biases[index]
+    return mx.dequantize(
+        weight, scales, biases, layer.group_size, layer.bits, getattr(layer, "mode", "affine")
     )

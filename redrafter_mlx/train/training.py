@@ -19,7 +19,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
 from ..engine.drafter import Drafter, DrafterArgs
-from ..engine.model import Model
+from ..engine.model import Model, output_rows
 from .data import Sequence
 from .softmax import logsumexp, softmax
 from .targets import TargetCache
@@ -115,23 +115,6 @@ def new_drafter(args: DrafterArgs, seed: int) -> Drafter:
     drafter.set_dtype(mx.float32)
     mx.eval(drafter.parameters())
     return drafter
-
-
-def output_rows(model: Model, ids=None) -> mx.array:
-    """The model's output embedding (its head's weight, or the tied input embedding) at
-    ``ids`` (a list of token ids; None: every id): (K or V, H), dequantized when quantized."""
-    layer = model.model.embed_tokens if model.args.tie_word_embeddings else model.lm_head
-    index = None if ids is None else mx.array(ids, dtype=mx.int32)
-    weight = layer.weight if index is None else layer.weight[index]
-    if "scales" not in layer:
-        return weight
-    scales = layer.scales if index is None else layer.scales[index]
-    biases = layer.get("biases")
-    if biases is not None and index is not None:
-        biases = biases[index]
-    return mx.dequantize(
-        weight, scales, biases, layer.group_size, layer.bits, getattr(layer, "mode", "affine")
-    )
 
 
 def drafter_loss(drafter: Drafter, hidden, emb, targets, valid, teacher=None, soft=None):
@@ -253,9 +236,7 @@ def teacher_targets(cache: TargetCache, model: Model, idx: np.ndarray, head_ids=
         logits = model.logits(h)
     else:
         h = h[:, : model.hidden_size]  # the final normed state (a wider cache: features)
-        logits = (h @ output_rows(model, head_ids).T).astype(mx.float32)
-        cap = model.args.final_logit_softcapping  # as Model.logits does (Gemma 2)
-        logits = mx.tanh(logits / cap) * cap if cap else logits
+        logits = model.soft_capped((h @ output_rows(model, head_ids).T).astype(mx.float32))
     teacher = softmax(logits).reshape(len(idx), T, -1)
     return teacher, mx.array(soft)
 

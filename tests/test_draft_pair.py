@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 
 import mlx.core as mx
 import pytest
@@ -25,6 +26,7 @@ from redrafter_mlx.engine.draft_model import (
     DraftPair,
     draft_model_of,
     slot_modules,
+    step_candidates,
     step_capacity,
 )
 from redrafter_mlx.engine.draft_model import prefill as prefill_draft
@@ -36,7 +38,13 @@ from redrafter_mlx.engine.early_exit import (
 )
 from redrafter_mlx.engine.early_exit import prefill as prefill_ee
 from redrafter_mlx.engine.loading import LoadError, draft_slot_paths, load
-from redrafter_mlx.engine.memory import check_step_memory
+from redrafter_mlx.engine.memory import (
+    Dims,
+    check_step_memory,
+    commit_bytes,
+    pack_bytes,
+    step_memory,
+)
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape
 from redrafter_mlx.engine.sources import (
@@ -412,6 +420,29 @@ def test_the_memory_check_counts_both(rows):
     assert estimate.cache > max(with_adapter.cache, with_model.cache)
     itself = check_step_memory(model, drafter, shape, rows, TOKENS, draft=DraftPair(model, adapter))
     assert itself.weights == with_adapter.weights
+
+
+def test_the_step_estimate_packs_and_commits_both_chains():
+    """A pair's step packs two D chains (``step_candidates``): the packing's working set and
+    the commit's margin count the second, which ``BeamShape.beams`` does not; a chain alone
+    (``D1×L4`` with one source in the slot) commits in place, a pair's two chains do not."""
+    model, adapter = random_pair(3)
+    drafter, other = tiny_drafter(model, 12), tiny_model(4, vocab=48, layers=2, hidden=16)
+    pair = DraftPair(other, adapter)
+    tree = BeamShape.parse("W2xL4+K1xL4+D1xL4")
+    assert step_candidates(tree, pair) == tree.beams + 1 == 5
+    assert step_candidates(tree, other) == step_candidates(tree, adapter) == tree.beams
+    assert step_candidates(tree.runnable(True, False), pair) == 3  # no D chain: none added
+    d = Dims.of(model, drafter, adapter)
+    for shape in (tree, BeamShape.parse("D1xL4")):
+        s, n = replace(shape, capacity=step_capacity(shape, pair)), step_candidates(shape, pair)
+        assert pack_bytes(s, 2, n) >= pack_bytes(s, 2), shape.label
+    chain = BeamShape.parse("D1xL4")  # one chain packs as is; the pair's two are a tree
+    s, n = replace(chain, capacity=step_capacity(chain, pair)), step_candidates(chain, pair)
+    assert pack_bytes(s, 2) == 0 < pack_bytes(s, 2, n)
+    assert step_memory(d, s, 2, 64, candidates=n).step > step_memory(d, s, 2, 64).step
+    assert commit_bytes(d, chain, 2, 64) == 0
+    assert commit_bytes(d, chain, 2, 64, step_candidates(chain, pair)) > 0
 
 
 def test_the_profile_prices_and_prefills_both():

@@ -81,6 +81,15 @@ def step_capacity(shape, draft) -> int:
     return shape.slots
 
 
+def step_candidates(shape, draft) -> int:
+    """Candidates a step of ``shape`` packs with the draft slot ``draft``: the shape's
+    (``BeamShape.beams``, which counts one ``D1×L`` chain), and a ``DraftPair``'s second
+    chain. The packing's working set grows with them (``memory.pack_bytes``)."""
+    if isinstance(draft, DraftPair) and shape.model_length:
+        return shape.beams + 1
+    return shape.beams
+
+
 def slot_modules(draft) -> tuple:
     """The modules the draft slot holds: (model, adapter) of a pair, (draft,), or ()."""
     if isinstance(draft, DraftPair):

@@ -12,9 +12,10 @@ over ``slots`` cache slots, the drafter's own K/V cache when it keeps one (an ea
 adapter's, as the drafter or in the draft slot), a draft model's weights and K/V cache:
 ``with_draft_model``) for every row the batch can hold (a request with parallel branches can
 grow to ``max_branches`` rows: the caller passes those), and the step's largest transient
-working set, phase by phase (``engine/decode.py``), for B rows, N = W + K candidates of at
-most Lt tokens packed into P = ``shape.slots`` slots, attention over A window slots, e bytes
-per activation:
+working set, phase by phase (``engine/decode.py``), for B rows, N candidates (W beams, K
+chains, the draft slot's chains: ``draft_model.step_candidates``) of at most Lt tokens
+packed into P = ``shape.slots`` slots, attention over A window slots, e bytes per
+activation:
 
 * draft: the drafter's logits (B, W, Vd) float32 at each step, with the top-50 partition
   (or, past 50 beams, the full log-softmax and a sort of all W·Vd candidates); an
@@ -43,7 +44,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from .cache import bucket
-from .draft_model import draft_model_of, step_capacity
+from .draft_model import draft_model_of, step_candidates, step_capacity
 from .early_exit import adapter_of
 from .shape import BeamShape, ShapeError
 
@@ -156,9 +157,11 @@ def head_bytes(batch: int, width: int, vocab: int) -> int:
     return 7 * logits  # full log-softmax, top-k floor, and a sort of every candidate
 
 
-def pack_bytes(shape: BeamShape, batch: int) -> int:
-    """Tree packing's working set (nothing for a single chain, which is packed as is)."""
-    n, lt, p = shape.beams, shape.longest, shape.slots
+def pack_bytes(shape: BeamShape, batch: int, candidates: int | None = None) -> int:
+    """Tree packing's working set (nothing for a single chain, which is packed as is);
+    ``candidates``: how many the step packs (default ``shape.beams``; a draft pair's second
+    chain: ``draft_model.step_candidates``)."""
+    n, lt, p = candidates or shape.beams, shape.longest, shape.slots
     if n <= 1:
         return 0
     dedup = batch * n * n * lt * (2 * BOOL + 2 * INT32)
@@ -184,11 +187,13 @@ def kv_bytes(d: Dims, batch: int, slots: int) -> int:
     return 2 * d.layers * batch * d.kv_heads * slots * d.head_dim * d.act_bytes
 
 
-def commit_bytes(d: Dims, shape: BeamShape, batch: int, slots: int) -> int:
+def commit_bytes(
+    d: Dims, shape: BeamShape, batch: int, slots: int, candidates: int | None = None
+) -> int:
     """Committing a tree's chosen path (``decode.commit_path``): at most one copy of the K/V
     caches (kept as a margin: the path is written in place from the verify's own K/V). A
-    single chain commits in place: nothing."""
-    single = shape.beams <= 1 or (
+    single chain commits in place: nothing. ``candidates``: as ``pack_bytes``."""
+    single = (candidates or shape.beams) <= 1 or (
         shape.drafts
         and shape.width == 1
         and shape.lookup == 1
@@ -228,18 +233,19 @@ def step_memory(
     window: int,
     slots: int | None = None,
     sampling: bool = False,
+    candidates: int | None = None,
 ) -> StepMemory:
     """The memory of one step of ``shape`` over ``batch`` rows attending to ``window`` slots
-    of a cache of ``slots`` slots (default: the window)."""
+    of a cache of ``slots`` slots (default: the window); ``candidates``: as ``pack_bytes``."""
     if shape.is_autoregressive:
         shape = BeamShape(1, 1, 1)
     slots = max(slots or 0, window)
     phases = max(
         draft_bytes(d, shape, batch),
-        pack_bytes(shape, batch),
+        pack_bytes(shape, batch, candidates),
         verify_bytes(d, shape, batch, window, sampling),
     )
-    step = phases + commit_bytes(d, shape, batch, slots)
+    step = phases + commit_bytes(d, shape, batch, slots, candidates)
     cache = kv_bytes(d, batch, slots) + batch * slots * INT32  # + the token history
     cache += d.draft_kv * batch * slots  # the drafter's own (held whatever the step's shape)
     return StepMemory(d.weight_bytes, cache, step)
@@ -364,7 +370,8 @@ def check_step_memory(
         if step_capacity(s, slot) != s.slots:  # a draft pair's second chain: its slots too
             s = replace(s, capacity=step_capacity(s, slot))
         window = decode_window(tokens, context, s)
-        est = step_memory(d, s, batch, window, sampling=sampling)
+        candidates = step_candidates(s, slot)
+        est = step_memory(d, s, batch, window, sampling=sampling, candidates=candidates)
         if dd is None:
             return est
         return with_draft_model(est, dd, s, batch, window, shared=draft is model)

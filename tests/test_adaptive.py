@@ -219,3 +219,68 @@ def test_a_shapes_first_call_is_not_timed_as_a_step():
     time.sleep(0.01)
     plan.finished(1, queued.pop(0), [1], None)  # AR's own step is timed
     assert plan.chooser.cost[AR] is not None and plan.chooser.cost[AR] < 0.03
+
+
+def busy_steps(chooser, shape, tokens: list[int], seconds: list[float]) -> None:
+    """``chooser`` observes steps of ``shape`` emitting ``tokens`` in ``seconds`` each."""
+    for n, s in zip(tokens, seconds):
+        chooser.observe(shape, [n], s)
+
+
+@pytest.mark.parametrize("window", [5, 0])
+def test_a_busy_moment_does_not_price_a_working_drafter_out(window):
+    """Noise in a step's wall time only adds time (another process, a stall). W1xL2 makes 1.5
+    tokens per 1.2-AR-step (1.25x plain decoding); three of its steps run while the machine
+    is busy (2.5x their time, under the outlier rule's 3x). The least of the recent times
+    (``cost_window``) keeps its price, so it keeps running; an average of them (window 0,
+    the rule before) priced it below plain decoding and left it."""
+    W1L2 = BeamShape(1, 2)
+    c = ShapeChooser([AR, W1L2], costs={AR: 1.0, W1L2: 1.2}, every=1, cost_window=window)
+    busy_steps(c, W1L2, [1, 2] * 5, [1.2] * 10)
+    assert c.next_shape() == W1L2
+    busy_steps(c, W1L2, [2, 1, 2], [3.0] * 3)
+    if window:
+        assert c.cost[W1L2] == pytest.approx(1.2)
+        assert c.next_shape() == W1L2
+    else:
+        assert c.cost[W1L2] > 2.0
+        assert c.next_shape() == AR
+
+
+def test_the_cost_window_follows_a_lasting_change():
+    """A step that really became dearer (a longer context) is priced at its new time once
+    ``cost_window`` steps have run at it; a cheaper one at once."""
+    W1L2 = BeamShape(1, 2)
+    c = ShapeChooser([AR, W1L2], costs={AR: 1.0, W1L2: 1.2}, cost_window=3)
+    busy_steps(c, W1L2, [2, 2], [2.0, 2.0])
+    assert c.cost[W1L2] == pytest.approx(1.2)  # the seed is still among the last three
+    busy_steps(c, W1L2, [2], [2.0])
+    assert c.cost[W1L2] == pytest.approx(2.0)
+    busy_steps(c, W1L2, [2], [0.9])
+    assert c.cost[W1L2] == pytest.approx(0.9)
+
+
+def ar_steps_to_probe(c: ShapeChooser, limit: int = 100) -> int:
+    """Plain-decoding steps the chooser queues before its next probe (which loses: one
+    token), observed one by one."""
+    for n in range(limit):
+        shape = c.next_shape()
+        c.observe(shape, [1], c.cost[shape])
+        if shape != AR:
+            return n
+    return limit
+
+
+@pytest.mark.parametrize("reset", [True, False])
+def test_a_new_generation_probes_from_the_start_again(reset):
+    """Probes that lose space out (2, 4, 8 plain steps here); the next generation (a new
+    answer, a chat's next turn) starts the spacing over with ``reset_probe``, instead of
+    leaving the drafter unmeasured for ``max_probe`` steps of text it has not seen."""
+    W1L2 = BeamShape(1, 2)
+    c = ShapeChooser(
+        [AR, W1L2], costs={AR: 1.0, W1L2: 2.0}, every=1, probe=2, max_probe=8, start=AR
+    )
+    c.reset_probe = reset
+    assert [ar_steps_to_probe(c) for _ in range(4)] == [1, 3, 7, 7]
+    c.resume()
+    assert ar_steps_to_probe(c) == (1 if reset else 7)

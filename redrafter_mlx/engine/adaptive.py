@@ -8,9 +8,14 @@ boundary is exact: greedy output equals AR's whatever shape runs.
 The choice uses only what the loop reads on the host anyway (tokens emitted per row by
 finished steps, one step behind; no new device sync) and wall-clock time:
 
-* cost per shape: an EMA of measured seconds per step (seeded by ``costs``, e.g. from a
-  tuning profile, else by the first steps run with it); a time far above the EMA (a
-  compile, a stall) is ignored once;
+* cost per shape: the least of its last ``cost_window`` measured seconds per step (seeded by
+  ``costs``, e.g. from a tuning profile, until its first step is timed). Noise in a step's
+  wall time is one-sided (another process, a stall, a collection only add time), so the
+  least recent time is the step's own cost; an average kept a noisy time for as long as
+  the shape sat out, and a shape that ran once while the machine was busy stayed priced
+  out (on MT-Bench's first turns plain decoding then ran 27-71% of the steps, against
+  under 5% with the window: docs/bench/chooser_cost_window.txt). The window follows slow
+  changes (a growing context) within ``cost_window`` runs;
 * tokens per step: a shape run lately is judged by its own decayed mean of tokens per step
   (``run_decay`` per step it runs: slow, so a few unlucky steps do not lock a working
   drafter out; context lookup makes acceptance bursty: long runs on text the model copies, none
@@ -29,7 +34,8 @@ finished steps, one step behind; no new device sync) and wall-clock time:
   and chains is taken as the better of its two parts.
 * While AR runs nothing is drafted, so every ``probe`` AR steps one step of the best
   speculative shape re-measures acceptance; the interval doubles (up to ``max_probe``)
-  while probes lose, and resets when one wins.
+  while probes lose, and resets when one wins (with ``reset_probe``, also when a new
+  generation starts).
 
 A model split across ranks (``mlx.launch``) must run the same shape on every rank, but each
 rank times its own steps: there rank 0's chooser decides the shapes of the next ``every``
@@ -128,8 +134,12 @@ class ShapeChooser:
     # ... and in the records of the steps that ran (their tokens per step and acceptance):
     # slower, since a few unlucky steps must not lock a working drafter out (see observe)
     run_decay: float = 0.9
-    cost_ema: float = 0.25  # weight of a new step time in the cost EMA
-    outlier: float = 3.0  # a step this many times the EMA is ignored once
+    cost_window: int = 5  # a shape's cost: the least of its last this many step times
+    # (0: an EMA of them, ``cost_ema``, ignoring once a time ``outlier`` times above it)
+    cost_ema: float = 0.25  # weight of a new step time in the cost EMA (cost_window 0)
+    outlier: float = 3.0  # a step this many times the EMA is ignored once (cost_window 0)
+    reset_probe: bool = False  # a new generation probes from ``probe`` again (``resume``;
+    # not the default: same-run A/Bs did not show it helping, docs/bench/chooser_cost_window.txt)
     stale: int = 16  # steps after which a width's acceptance follows the overall one
     margin: float = 0.1  # switch only to a shape expected this much faster (hysteresis)
     risk: float = 0.0  # per-step choice: a shape costing c ARs is judged at rate/(1+risk(c-1))
@@ -156,6 +166,10 @@ class ShapeChooser:
         self._ar_queued = 0
         self._probe: Hashable | None = None
         self._outlier_seen: set = set()
+        self._times: dict[Hashable, deque] = {  # a seed counts as the first time
+            k: deque([] if c is None else [c], maxlen=self.cost_window or None)
+            for k, c in self.cost.items()
+        }
         # Decayed counts of the lookup drafts a chain would have had accepted (k -> weight):
         # over all steps (key None) and per match state (the suffix tokens matched when the
         # step started, ``LookupShadow.match``).
@@ -327,6 +341,13 @@ class ShapeChooser:
     def _observe_cost(self, key: Hashable, seconds: float | None) -> None:
         if seconds is None or seconds <= 0:
             return
+        if self.cost_window:
+            times = self._times[key]
+            if times.maxlen != self.cost_window:  # the window was set after construction
+                times = self._times[key] = deque(times, maxlen=self.cost_window)
+            times.append(seconds)
+            self.cost[key] = min(times)
+            return
         old = self.cost[key]
         if old is not None and seconds > self.outlier * old and key not in self._outlier_seen:
             self._outlier_seen.add(key)  # a compile or a stall: ignore it once
@@ -358,9 +379,13 @@ class ShapeChooser:
 
     def resume(self) -> None:
         """Start a new generation with what was learnt (costs, acceptance, the shape
-        chosen, the probe back-off); a probe still in flight is forgotten."""
+        chosen); a probe still in flight is forgotten, and with ``reset_probe`` the probe
+        back-off starts over (the text whose drafts lost is gone)."""
         self._probe = None
         self._queued = 0
+        if self.reset_probe:
+            self._probe_every = self.probe
+            self._ar_queued = 0
 
     def _switch(self, key: Hashable) -> None:
         self.switches.append((self.steps, self.current, key))

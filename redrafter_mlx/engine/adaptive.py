@@ -13,8 +13,8 @@ finished steps, one step behind; no new device sync) and wall-clock time:
   wall time is one-sided (another process, a stall, a collection only add time), so the
   least recent time is the step's own cost; an average kept a noisy time for as long as
   the shape sat out, and a shape that ran once while the machine was busy stayed priced
-  out (on MT-Bench's first turns plain decoding then ran 27-71% of the steps, against
-  under 5% with the window: docs/bench/chooser_cost_window.txt). The window follows slow
+  out (on MT-Bench's first turns plain decoding then ran 27-71% of the steps:
+  docs/bench/chooser_cost_window.txt). The window follows slow
   changes (a growing context) within ``cost_window`` runs;
 * tokens per step: a shape run lately is judged by its own decayed mean of tokens per step
   (``run_decay`` per step it runs: slow, so a few unlucky steps do not lock a working

@@ -101,7 +101,7 @@ def report(totals, names: list[str]) -> None:
             shapes = totals[(s, turn, name)][3]
             n = sum(shapes.values())
             top = ", ".join(f"{k} {v / n:.0%}" for k, v in shapes.most_common(5))
-            print(f"   {name}: {top}")
+            print(f"   {name}: {top}; plain decoding {shapes['AR'] / n:.0%}")
 
 
 def main(argv=None) -> None:

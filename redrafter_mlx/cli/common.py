@@ -530,4 +530,15 @@ def branch_flags(engine: Engine, mode: str, depth: int | None, most: int | None)
     from redrafter_mlx.engine.generation import resolve_branches
 
     limits = {k: v for k, v in (("max_depth", depth), ("max_branches", most)) if v is not None}
-    return resolve_branches(engine.tokenizer, mode, **limits)
+    rules = resolve_branches(engine.tokenizer, mode, **limits)
+    if rules is None and limits:  # a limit on branches that never happen: say so
+        flag = "--max-branches" if most is not None else "--branch-depth"
+        value = most if most is not None else depth
+        why = (
+            "--branches off turns branching off"
+            if mode == "off"
+            else "this model does not branch (its config.json has no branches block: not an "
+            "APAR model)"
+        )
+        raise FlagError(f"{flag} {value} limits APAR branches, but {why}; drop {flag}")
+    return rules

@@ -101,7 +101,9 @@ def cli_errors(verbose: bool = False, interrupted: str = "interrupted") -> Itera
         raise fail(str(e), code=2) from None
     except ParamError as e:
         _maybe_traceback(verbose)
-        raise fail(f"{flag_for(e.param)}: {e.message}", code=2) from None
+        flag = flag_for(e.param)  # named once: a message that starts with it stands alone
+        said = e.message if e.message.startswith(flag + " ") else f"{flag}: {e.message}"
+        raise fail(said, code=2) from None
     except KeyboardInterrupt:
         _maybe_traceback(verbose)
         raise fail(interrupted, code=130) from None

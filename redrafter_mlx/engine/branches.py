@@ -526,7 +526,7 @@ def branch_rules(model_dir, mode: str = "auto", **limits) -> BranchRules | None:
     trained on one-level trees: ``max_depth`` 1); ``limits`` (the flags) override them."""
     if mode not in BRANCH_MODES:
         raise ParamError(
-            "branches", f"branches must be one of {', '.join(BRANCH_MODES)}, got {mode!r}"
+            "branches", f"--branches must be one of {', '.join(BRANCH_MODES)}, got {mode!r}"
         )
     config = _read_json(Path(model_dir) / "config.json") or {}
     names = config.get("branches")

@@ -325,7 +325,7 @@ def test_tune_with_a_draft_model_lists_and_picks_its_shapes(cli_app, home, model
     assert profile.key.draft_model != "none"
     assert tuned_choice(model_dir, None, None) is None  # not the profile of the model alone
     bad = invoke(cli_app, "--model", model_dir, "--draft-model", model_dir, "--draft-length", "1")
-    assert bad.exit_code == 1 and "--draft-length" in bad.stderr
+    assert bad.exit_code == 2 and "--draft-length" in bad.stderr
 
 
 def test_the_server_adapts_with_a_draft_model():

@@ -33,6 +33,12 @@ def branches_block(root: Path, config: dict) -> dict | None:
             f"{root}'s tokenizer names the APAR token {name} but not {other}; an APAR model "
             "needs both: re-download the tokenizer files (added_tokens.json, tokenizer.json)"
         )
+    if found[FORK_TOKEN] == found[CHILD_TOKEN]:
+        raise ConversionError(
+            f"{root}'s tokenizer gives both APAR tokens ({FORK_TOKEN}, {CHILD_TOKEN}) the id "
+            f"{found[FORK_TOKEN]}; they are two tokens: re-download the tokenizer files "
+            "(added_tokens.json, tokenizer.json)"
+        )
     vocab = int(config.get("vocab_size", 0))
     for name, i in found.items():
         if not 0 <= i < vocab:
@@ -44,11 +50,21 @@ def branches_block(root: Path, config: dict) -> dict | None:
     return {"fork": FORK_TOKEN, "child": CHILD_TOKEN}
 
 
-def medusa_notes(root: Path) -> list[str]:
-    """A note for each Medusa head file or folder beside the model (not converted)."""
+def medusa_notes(root: Path, branching: bool = True) -> list[str]:
+    """A note for each Medusa head file or folder beside the model (not converted); beside
+    a model whose tokenizer names no split token (``branching`` False), one more: an APAR
+    checkpoint's tokenizer files are missing, so it converts as a plain model."""
     found = sorted(p.name for p in root.iterdir() if p.name.lower().startswith(MEDUSA_PREFIX))
-    return [
-        f"{name} left out: Medusa heads are not used here (branching runs on the model alone; "
-        "a drafter can be distilled for it)"
+    why = "branching runs on the model alone" if branching else "decoding runs on the model"
+    notes = [
+        f"{name} left out: Medusa heads are not used here ({why}; a drafter can be distilled "
+        "for it)"
         for name in found
     ]
+    if found and not branching:
+        notes.append(
+            f"no APAR split tokens ({FORK_TOKEN}, {CHILD_TOKEN}) in {root}'s tokenizer files: "
+            "converted as a plain model (branching off); for an APAR checkpoint, copy its "
+            "added_tokens.json / tokenizer.json beside the weights and convert again"
+        )
+    return notes

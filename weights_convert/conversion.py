@@ -270,7 +270,7 @@ def convert(
     branches, notes = None, []
     if model_dir.is_dir():  # APAR checkpoints: the split tokens mark a branching model
         branches = apar.branches_block(model_dir, base.config)
-        notes = apar.medusa_notes(model_dir)
+        notes = apar.medusa_notes(model_dir, branching=branches is not None)
         if branches is not None:
             notes.insert(
                 0, f"branching model (APAR): fork {branches['fork']}, child {branches['child']}"
@@ -293,6 +293,12 @@ def convert(
             draft_plan = kangaroo.plan_tensors(refs, args, drafter_dir)
             draft_config = kangaroo.output_config(args, dtype)
         else:
+            missing = kangaroo.missing_norm(refs)
+            if exit_layer is not None and missing:
+                raise ConversionError(
+                    f"{drafter_dir} holds a Kangaroo adapter's attention tensors but lacks "
+                    f"{missing}: the checkpoint is incomplete; re-download or re-save it whole"
+                )
             if exit_layer is not None:
                 raise ConversionError(
                     f"--exit-layer is for an early-exit (Kangaroo) adapter; {drafter_dir} is "

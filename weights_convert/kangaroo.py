@@ -52,6 +52,15 @@ def is_kangaroo(refs: list[TensorRef]) -> bool:
     return _MARKER in names and "norm.weight" in names and "embed_tokens.weight" not in names
 
 
+def missing_norm(refs: list[TensorRef]) -> str | None:
+    """The final norm's name when a checkpoint has a Kangaroo adapter's attention tensors
+    (and no embedding table) but lacks that norm: an incomplete adapter, not another kind."""
+    names = {_name(r.name) for r in refs}
+    if _MARKER in names and "embed_tokens.weight" not in names and "norm.weight" not in names:
+        return "norm.weight"
+    return None
+
+
 def adapter_args(config: dict, base_config: dict, root, exit_layer: int | None) -> EarlyExitArgs:
     """The adapter's ``EarlyExitArgs`` from its LlamaConfig, checked against the base model."""
     for key in ("hidden_size", "num_attention_heads"):

@@ -101,7 +101,9 @@ def cli_errors(verbose: bool = False, interrupted: str = "interrupted") -> Itera
         raise fail(str(e), code=2) from None
     except ParamError as e:
         _maybe_traceback(verbose)
-        raise fail(f"{flag_for(e.param)}: {e.message}", code=2) from None
+        flag = flag_for(e.param)  # named once: a message that starts with it stands alone
+        said = e.message if e.message.startswith(flag + " ") else f"{flag}: {e.message}"
+        raise fail(said, code=2) from None
     except KeyboardInterrupt:
         _maybe_traceback(verbose)
         raise fail(interrupted, code=130) from None
@@ -530,4 +532,15 @@ def branch_flags(engine: Engine, mode: str, depth: int | None, most: int | None)
     from redrafter_mlx.engine.generation import resolve_branches
 
     limits = {k: v for k, v in (("max_depth", depth), ("max_branches", most)) if v is not None}
-    return resolve_branches(engine.tokenizer, mode, **limits)
+    rules = resolve_branches(engine.tokenizer, mode, **limits)
+    if rules is None and limits:  # a limit on branches that never happen: say so
+        flag = "--max-branches" if most is not None else "--branch-depth"
+        value = most if most is not None else depth
+        why = (
+            "--branches off turns branching off"
+            if mode == "off"
+            else "this model does not branch (its config.json has no branches block: not an "
+            "APAR model)"
+        )
+        raise FlagError(f"{flag} {value} limits APAR branches, but {why}; drop {flag}")
+    return rules

@@ -536,13 +536,14 @@ def tune(
     ] = False,
     draft_model: DraftModelOpt = None,
     draft_length: Annotated[
-        str,
+        str | None,
         typer.Option(
             "--draft-length",
             help="With --draft-model: its chain's tokens, counting the init token, to try "
-            "alone and beside every shape: 4 or a set like 3-5.",
+            "alone and beside every shape: 4 or a set like 3-5 (default: 4).",
+            show_default=False,
         ),
-    ] = "4",
+    ] = None,
     budget_seconds: Annotated[
         float | None,
         typer.Option(
@@ -619,8 +620,13 @@ def tune(
         if plot and drafter is None:
             raise FlagError("--plot draws the W x L heatmap of drafter shapes; this has no drafter")
         chains, chain_lengths = lookup_grid(lookup, lookup_length, no_lookup, drafter is not None)
+        if draft_length is not None and not draft_model:
+            raise FlagError(
+                f"--draft-length {draft_length} sizes the draft model's chain; add --draft-model "
+                "(a draft model or an early-exit adapter's folder) or drop --draft-length"
+            )
         draft_model = resolve_draft_model(draft_model)
-        draft_lengths = parse_draft_lengths(draft_length) if draft_model is not None else []
+        draft_lengths = parse_draft_lengths(draft_length or "4") if draft_model is not None else []
         early = drafter is not None and drafter_is_early_exit(drafter)
         shapes, note = grid_for(
             widths,
@@ -663,9 +669,12 @@ def tune(
 
 def parse_draft_lengths(text: str) -> list[int]:
     """``--draft-length``: chain lengths >= 2 (they count the init token)."""
-    lengths = parse_int_set(text, "--draft-length")
+    try:
+        lengths = parse_int_set(text, "--draft-length")
+    except ValueError as e:
+        raise FlagError(str(e)) from None
     if min(lengths) < 2:
-        raise ValueError(f"--draft-length {text}: a chain counts the init token, use >= 2")
+        raise FlagError(f"--draft-length {text}: a chain counts the init token, use >= 2")
     return lengths
 
 

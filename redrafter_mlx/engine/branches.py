@@ -487,19 +487,33 @@ def find_token_id(model_dir, name: str) -> int | None:
     path = Path(model_dir)
     added = _read_json(path / "added_tokens.json")
     if isinstance(added, dict) and name in added:
-        return int(added[name])
+        return _token_id(added[name], path / "added_tokens.json", name)
     tok = _read_json(path / "tokenizer.json") or {}
     for entry in tok.get("added_tokens") or []:
-        if entry.get("content") == name:
-            return int(entry["id"])
+        if isinstance(entry, dict) and entry.get("content") == name:
+            return _token_id(entry.get("id"), path / "tokenizer.json", name)
     vocab = (tok.get("model") or {}).get("vocab")
     if isinstance(vocab, dict) and name in vocab:
-        return int(vocab[name])
+        return _token_id(vocab[name], path / "tokenizer.json", name)
     config = _read_json(path / "tokenizer_config.json") or {}
     for key, entry in (config.get("added_tokens_decoder") or {}).items():
         if isinstance(entry, dict) and entry.get("content") == name:
-            return int(key)
+            return _token_id(key, path / "tokenizer_config.json", name)
     return None
+
+
+def _token_id(value, file: Path, name: str) -> int:
+    """A token id as a tokenizer file gives it (an int, or a whole number as a string in
+    ``added_tokens_decoder``); ParamError naming the file otherwise."""
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value)
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    raise ParamError(
+        "model",
+        f"{file} gives {name} the id {value!r}, not a token id (a whole number >= 0); fix the "
+        "file or re-download the tokenizer",
+    )
 
 
 def branch_rules(model_dir, mode: str = "auto", **limits) -> BranchRules | None:

@@ -107,6 +107,7 @@ class EarlyExitArgs:
             raise ValueError(f"early-exit config.json lacks {missing}")
         known = {k: v for k, v in config.items() if k in names}
         extra = {k: v for k, v in config.items() if k not in names and k != "kind"}
+        check_config(known)
         return cls(**known, extra=extra)
 
     def to_config(self) -> dict:
@@ -135,6 +136,44 @@ class EarlyExitArgs:
             rope_traditional=self.rope_traditional,
             rope_scaling=self.rope_scaling,
         )
+
+
+POSITIVE = ("exit_layer", "hidden_size", "num_attention_heads", "num_key_value_heads")
+POSITIVE += ("head_dim", "vocab_size", "num_layers")
+
+
+def check_config(config: dict) -> None:
+    """ValueError naming the key unless an adapter config's sizes are whole numbers >= 1 and
+    its ``draft_vocab`` (when present) is a non-empty list of distinct ids in
+    ``[0, vocab_size)``: a damaged config.json, caught before any tensor is built."""
+    fix = "its config.json is damaged; train or convert the adapter again"
+    for key in POSITIVE:
+        value = config.get(key, 1)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"config.json gives {key} {value!r}, not a whole number >= 1: {fix}")
+    ids = config.get("draft_vocab")
+    if ids is None:
+        return
+    if not isinstance(ids, list) or not ids:
+        raise ValueError(
+            f"config.json's draft_vocab is {type(ids).__name__ if ids else 'empty'}, not a "
+            f"non-empty list of token ids (leave the key out to draft from the whole "
+            f"vocabulary): {fix}"
+        )
+    bad = [i for i in ids if not isinstance(i, int) or isinstance(i, bool)]
+    if bad:
+        raise ValueError(f"config.json's draft_vocab holds {bad[0]!r}, not a token id: {fix}")
+    vocab = config["vocab_size"]
+    bad = [i for i in ids if not 0 <= i < vocab]
+    if bad:
+        raise ValueError(
+            f"config.json's draft_vocab holds ids outside the vocabulary [0, {vocab}) (e.g. "
+            f"{bad[0]}): {fix}"
+        )
+    if len(set(ids)) != len(ids):
+        seen: set = set()
+        twice = next(i for i in ids if i in seen or seen.add(i))
+        raise ValueError(f"config.json's draft_vocab lists id {twice} more than once: {fix}")
 
 
 def check_exit_layer(exit_layer: int, layers: int) -> None:
@@ -212,8 +251,21 @@ class EarlyExitAdapter(nn.Module):
 
 def check_pair(model: Model, adapter: EarlyExitAdapter) -> None:
     """ValueError unless ``adapter`` was made for a model shaped like ``model``."""
-    a, t = adapter.args, model.args
-    check_exit_layer(a.exit_layer, t.num_hidden_layers)
+    check_args(model.args, adapter.args)
+    if model.shards != 1:
+        raise ValueError("the early-exit drafter does not run under tensor parallelism yet")
+
+
+def check_args(t: ModelArgs, a: EarlyExitArgs) -> None:
+    """ValueError unless an adapter of config ``a`` was made for a model of ``t``'s shape
+    (checked before its weights are read: ``load_adapter``'s ``target``)."""
+    layers = t.num_hidden_layers
+    if not 1 <= a.exit_layer < layers:
+        raise ValueError(
+            f"this early-exit adapter exits after layer {a.exit_layer}, but the model has "
+            f"{layers} layers (an adapter needs an exit layer in [1, {layers})): it was made "
+            "for a deeper model; use the adapter trained for this model"
+        )
     if (a.hidden_size, a.vocab_size) != (t.hidden_size, t.vocab_size):
         raise ValueError(
             f"this early-exit adapter was made for hidden size {a.hidden_size} and vocabulary "
@@ -226,8 +278,6 @@ def check_pair(model: Model, adapter: EarlyExitAdapter) -> None:
             f"this early-exit adapter's draft_vocab holds ids outside the vocabulary "
             f"[0, {t.vocab_size}): its config.json is damaged; train or convert it again"
         )
-    if model.shards != 1:
-        raise ValueError("the early-exit drafter does not run under tensor parallelism yet")
 
 
 def pair(model: Model, adapter: EarlyExitAdapter) -> EarlyExitAdapter:
@@ -616,18 +666,45 @@ def is_early_exit(path: str | Path) -> bool:
         return False
 
 
-def load_adapter(path: str | Path, dtype=None) -> EarlyExitAdapter:
+def kind_problem(path: str | Path) -> str | None:
+    """Why a folder whose ``config.json`` reads as an adapter's (it has ``exit_layer``, a key
+    only an adapter's config has) is not taken for one: its ``kind`` is not "early-exit"
+    (misspelt or missing); None otherwise."""
+    file = Path(path) / "config.json"
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict) or "exit_layer" not in config or config.get("kind") == KIND:
+        return None
+    return (
+        f"{file} has an early-exit adapter's exit_layer but kind {config.get('kind')!r}, not "
+        f'{KIND!r}: set "kind": "{KIND}" in it (or train or convert the adapter again)'
+    )
+
+
+def load_adapter(path: str | Path, dtype=None, target: ModelArgs | None = None) -> EarlyExitAdapter:
     """The adapter saved in ``path`` (``save_adapter``'s layout); ValueError naming a missing
-    or unexpected tensor, or a config that is not of kind early-exit."""
+    or unexpected tensor, a damaged or truncated file, or a config that is not of kind
+    early-exit. ``target``: the model's args, checked against the config (``check_args``)
+    before the weights are read."""
+    from .safetensors_check import check_file
+
     path = Path(path)
     try:
         config = json.loads((path / "config.json").read_text())
     except (OSError, ValueError) as e:
         raise ValueError(f"{path}/config.json cannot be read ({e}): not an adapter") from None
-    adapter = EarlyExitAdapter(EarlyExitArgs.from_config(config))
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}/config.json is not a JSON object: not an adapter")
+    args = EarlyExitArgs.from_config(config)
+    if target is not None:
+        check_args(target, args)
+    adapter = EarlyExitAdapter(args)
     file = path / "model.safetensors"
     if not file.exists():
         raise ValueError(f"{path} has no model.safetensors: convert or train the adapter first")
+    check_file(file)  # truncated or corrupt: one message naming the file and the fix
     weights = mx.load(str(file))
     expected = set(dict(tree_flatten(adapter.parameters())))
     missing, unexpected = expected - set(weights), set(weights) - expected
@@ -636,6 +713,14 @@ def load_adapter(path: str | Path, dtype=None) -> EarlyExitAdapter:
             f"{file} does not match its config.json: missing {sorted(missing)}, "
             f"unexpected {sorted(unexpected)}"
         )
+    shapes = dict(tree_flatten(adapter.parameters()))
+    for name, value in weights.items():
+        if value.shape != shapes[name].shape:
+            raise ValueError(
+                f"{file} does not match its config.json: {name} has shape "
+                f"{list(value.shape)}, the config implies {list(shapes[name].shape)}; train or "
+                "convert the adapter again"
+            )
     if dtype is not None:
         weights = {k: v.astype(dtype) for k, v in weights.items()}
     adapter.load_weights(list(weights.items()))

@@ -186,9 +186,7 @@ def generate_steps(
     longest = max(len(p) for p in prompts) + row_tokens
     B = len(prompts)
     max_batch = B * branches.max_branches if branches else B  # every branch is a row
-    check_step_memory(
-        model, drafter, shape, max_batch, longest, not sampler.greedy, draft=draft_model
-    )
+    check_branch_memory(model, drafter, shape, B, max_batch, longest, sampler, draft_model)
     session = session or Session(model, len(prompts))
     if session.batch != len(prompts):
         raise ValueError(f"session has {session.batch} rows but {len(prompts)} prompts were given")
@@ -305,6 +303,29 @@ def _branch_event(rows: list[Row], stepped, stats: DecodeStats) -> DecodeEvent:
         per_branch,
         [root.branches.pieces() for root in rows],
     )
+
+
+def check_branch_memory(model, drafter, shape, rows, max_batch, longest, sampler, draft):
+    """``check_step_memory`` for ``max_batch`` rows (``rows`` prompts, each up to its branch
+    limit); when the prompts alone fit, the branch limit is what does not: a ParamError
+    naming ``max_branches`` (the flag), not the shape's largest part."""
+    from .memory import ShapeTooLarge
+
+    sampling = not sampler.greedy
+    try:
+        check_step_memory(model, drafter, shape, max_batch, longest, sampling, draft=draft)
+    except ShapeTooLarge as e:
+        if max_batch == rows:
+            raise
+        try:
+            check_step_memory(model, drafter, shape, rows, longest, sampling, draft=draft)
+        except ShapeTooLarge:
+            raise e from None
+        raise ParamError(
+            "max_branches",
+            f"{max_batch // rows} branches per answer make up to {max_batch} rows, and "
+            f"{e.message.split('; ')[0]}; lower --max-branches (each branch is a row)",
+        ) from None
 
 
 def resolve_branches(tokenizer, branches, **limits) -> BranchRules | None:

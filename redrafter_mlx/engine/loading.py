@@ -345,7 +345,9 @@ def draft_slot_paths(draft_model) -> tuple:
         )
     models, adapters = [], []
     for p in given:
-        (adapters if is_early_exit(resolve_path(p)) else models).append(str(p))
+        where = resolve_path(p)
+        check_kind(where)
+        (adapters if is_early_exit(where) else models).append(str(p))
     if len(adapters) > 1:
         raise LoadError(
             f"two early-exit adapters were given for the draft slot ({adapters[0]} and "
@@ -368,12 +370,23 @@ def load_any_drafter(model: Model, path, dtype=None):
     from . import early_exit
 
     where = resolve_path(path, "drafter")
+    check_kind(where)
     if not early_exit.is_early_exit(where):
         drafter = load_drafter(path, dtype)
         check_pair(model, drafter)
         attach(model, drafter)
         return drafter
     return load_adapter_for(model, where, dtype)
+
+
+def check_kind(where) -> None:
+    """LoadError when ``where`` reads as an early-exit adapter whose config.json's kind is
+    not "early-exit" (``early_exit.kind_problem``): never loaded as something else."""
+    from .early_exit import kind_problem
+
+    problem = kind_problem(where)
+    if problem is not None:
+        raise LoadError(problem)
 
 
 def load_adapter_for(model: Model, where: Path, dtype=None, drafter=None):
@@ -384,7 +397,7 @@ def load_adapter_for(model: Model, where: Path, dtype=None, drafter=None):
     from . import early_exit
 
     try:
-        adapter = early_exit.load_adapter(where, dtype)
+        adapter = early_exit.load_adapter(where, dtype, target=model.args)
         early_exit.pair(model, adapter)
         early_exit.adapter_of(drafter, adapter)  # not an adapter in both slots
     except ValueError as e:
@@ -404,9 +417,26 @@ def load_draft_model(path, model: Model, tokenizer=None, dtype=None) -> Model:
         check_draft_model(model, draft)
     except ValueError as e:
         raise LoadError(f"{where}: {e}") from None
-    if tokenizer is not None:
-        check_same_tokenizer(tokenizer, load_tokenizer(where), where)
+    if tokenizer is not None and has_tokenizer(where):  # none there: the vocabulary size only
+        try:
+            other = load_tokenizer(where)
+        except Exception as e:  # a damaged tokenizer file: transformers' errors vary
+            raise LoadError(
+                f"the draft model's tokenizer in {where} cannot be read ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''}); fix or re-download its "
+                "tokenizer files, or remove them (the vocabulary size is then checked alone)"
+            ) from None
+        check_same_tokenizer(tokenizer, other, where)
     return draft
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
+
+
+def has_tokenizer(folder: Path) -> bool:
+    """Whether ``folder`` holds a tokenizer's vocabulary file (a tokenizer_config.json alone
+    does not make one)."""
+    return any((Path(folder) / name).is_file() for name in TOKENIZER_FILES)
 
 
 TOKENIZER_PROBE = "The quick brown fox, 1234 -- \u00fcn\u00efcode \u4e2d\u6587!\n  f(x)"

@@ -89,6 +89,12 @@ def parse_records(text: str, source: str) -> list[PromptRecord]:
             turns = [record.get("prompt") or record.get("text")]
         if not isinstance(turns[0], str):
             raise PromptSetError(f"{source}:{number} has no 'turns', 'prompt' or 'text' string")
+        empty = next((i for i, turn in enumerate(turns, 1) if not turn.strip()), None)
+        if empty is not None:
+            raise PromptSetError(
+                f"{source}:{number}'s turn {empty} is empty; give every turn some text (or "
+                "remove the line)"
+            )
         category = record.get("category")
         records.append(PromptRecord(tuple(turns), category if isinstance(category, str) else None))
     return records

@@ -47,6 +47,15 @@ UNSUPPORTED = {
     "function_call": (None, "none"),
 }
 
+# request fields that name a server setting (a flag of ``serve``): refused, never ignored
+SERVER_SETTINGS = {
+    "branches": "--branches",
+    "max_branches": "--max-branches",
+    "branch_depth": "--branch-depth",
+    "draft_model": "--draft-model",
+    "drafter": "--drafter",
+}
+
 
 class ProtocolError(Exception):
     """A request the server refuses; ``status`` and ``body()`` are the HTTP answer."""
@@ -191,6 +200,13 @@ def _common(body: dict, kind: str, max_tokens_limit: int) -> Params:
     for name, allowed in UNSUPPORTED.items():
         if name in body and (allowed is None or body[name] not in allowed):
             raise ProtocolError(f"'{name}' is not supported by this server", name)
+    for name, flag in SERVER_SETTINGS.items():
+        if name in body:
+            raise ProtocolError(
+                f"'{name}' is a setting of the whole server, not of a request: start the "
+                f"server with {flag} (see GET /health for what it runs); drop '{name}'",
+                name,
+            )
     n = _get(body, "n", _is_int, "an integer", 1)
     if n != 1:
         raise ProtocolError(f"only n=1 is supported, got n={n}", "n")

@@ -45,6 +45,7 @@ from ..engine.early_exit import (
     check_exit_layer,
     draft_chain,
 )
+from ..engine.errors import ParamError
 from ..engine.model import Model
 from ..engine.tree import cache_mask, chain_mask
 from .checkpoints import (
@@ -55,7 +56,7 @@ from .checkpoints import (
     save_checkpoint,
 )
 from .data import Sequence, files_digest, load_training_data
-from .options import AUTO_DRAFT_VOCAB, DistillOptions, NullProgress
+from .options import AUTO_DRAFT_VOCAB, DistillOptions, NullProgress, check_draft_vocab
 from .training import CLIP_GRAD_NORM, DataOrder, lr_schedule, shortlist_vocab
 
 PAD_TO = 32  # batches are padded to a multiple of this many tokens (few distinct shapes)
@@ -295,21 +296,24 @@ def _run(model_dir, data_files, plan, opts: DistillOptions, exit_layer, progress
     model, tokenizer, path, dtype = load_serving(model_dir, opts)
     n_layers = model.args.num_hidden_layers
     exit_layer = default_exit_layer(n_layers) if exit_layer is None else exit_layer
-    check_exit_layer(exit_layer, n_layers)
+    try:
+        check_exit_layer(exit_layer, n_layers)
+    except ValueError as e:  # a flag's value: named by it, exit code 2
+        raise ParamError("exit_layer", str(e)) from None
+    check_draft_vocab(opts.draft_vocab, model.vocab_size)
+    size = opts.draft_vocab
+    if size is None and not data_files and model.vocab_size > 4 * AUTO_DRAFT_VOCAB:
+        size = AUTO_DRAFT_VOCAB
     work = plan.work
     work.mkdir(parents=True, exist_ok=True)
     resumed = _resumed(work, opts)
+    if resumed:  # before the data and the features: a changed setting is refused first
+        _check_resume(plan.out, resumed["run"], opts, exit_layer, size)
     if data_files:
         train_seqs, held_seqs, data = _file_data(data_files, tokenizer, opts)
     else:
         train_seqs, held_seqs, data = _builtin_data(
             model, tokenizer, path, dtype, plan, opts, progress, started, resumed
-        )
-    if resumed and resumed["run"].get("exit_layer") != exit_layer:
-        raise ValueError(
-            f"{plan.out} was trained with --exit-layer "
-            f"{resumed['run'].get('exit_layer')}; resume with that, or start over with "
-            "--overwrite"
         )
     progress.start("features (frozen model)", total=len(train_seqs) + len(held_seqs), unit="seq")
     try:
@@ -332,12 +336,10 @@ def _run(model_dir, data_files, plan, opts: DistillOptions, exit_layer, progress
         exit_layer=exit_layer,
         total_steps=total,
         batch_sequences=order.batch_size,
+        batch_size=opts.batch_size,
         seed=opts.seed,
         data=data,
     )
-    size = opts.draft_vocab
-    if size is None and not data_files and model.vocab_size > 4 * AUTO_DRAFT_VOCAB:
-        size = AUTO_DRAFT_VOCAB
     if size:
         run["draft_vocab"] = size
     trainer = AdapterTrainer(new_adapter(model, exit_layer, opts.seed), model, opts, total)
@@ -387,6 +389,33 @@ def _run(model_dir, data_files, plan, opts: DistillOptions, exit_layer, progress
         rank=0,
         seconds=round(time.perf_counter() - tic, 2),
     )
+
+
+def _check_resume(out: Path, run: dict, opts: DistillOptions, exit_layer: int, size) -> None:
+    """ValueError naming each setting (as its flag) that differs from the run being resumed:
+    a resumed run continues the one it was started as (its exit layer, seed, batch, head
+    shortlist and, when ``--steps`` is given, its step count), never a mix of two."""
+    now = {"exit_layer": exit_layer, "seed": opts.seed, "draft_vocab": size or None}
+    if "batch_size" in run:  # runs saved before it was recorded: not compared
+        now["batch_size"] = opts.batch_size
+    if opts.steps is not None:
+        now["total_steps"] = opts.steps
+    flags = {"total_steps": "--steps"}
+    then = {k: run.get(k) for k in now}
+    differ = [k for k in now if then[k] != now[k]]
+    if differ:
+        detail = ", ".join(
+            f"{flags.get(k, '--' + k.replace('_', '-'))} {_shown(then[k])} (now {_shown(now[k])})"
+            for k in differ
+        )
+        raise ValueError(
+            f"{out} was trained with {detail}; resume with the same settings, or start over "
+            "with --overwrite"
+        )
+
+
+def _shown(value) -> str:
+    return "not given" if value is None else str(value)
 
 
 def _resumed(work: Path, opts: DistillOptions) -> dict | None:

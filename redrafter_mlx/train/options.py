@@ -270,10 +270,21 @@ def run_record(opts: DistillOptions, key: str, order: DataOrder, total: int, wor
     return run
 
 
+def check_draft_vocab(size: int | None, vocab_size: int) -> None:
+    """ParamError unless ``--draft-vocab`` (None: not given) fits the model's vocabulary."""
+    if size is not None and size > vocab_size:
+        raise ParamError(
+            "draft_vocab",
+            f"{size} ids exceed the model's vocabulary ({vocab_size} ids); use fewer (the "
+            "shortlist is a part of the vocabulary), or leave --draft-vocab out",
+        )
+
+
 def choose_shortlist(sequences, size, model: Model, tokenizer, cache, progress):
     """The shortlist head ids (``size`` most frequent training tokens), or None."""
     if not size:
         return None
+    check_draft_vocab(size, model.vocab_size)
     vocab = shortlist_vocab(sequences, size, model.vocab_size, sorted(tokenizer.eos_token_ids))
     covered = shortlist_index(vocab, model.vocab_size)[cache.tokens[:, 1:]] >= 0
     share = float((covered & cache.valid).sum() / max(int(cache.valid.sum()), 1))

@@ -511,7 +511,7 @@ def parse_budget(text: str) -> tuple[str, float]:
     import re
 
     t = text.strip().lower().replace(" ", "").replace("_", "")
-    if re.fullmatch(r"\d+k?", t):
+    if re.fullmatch(r"\d+k?", t) and int(t.rstrip("k")) > 0:
         return "positions", float(int(t.rstrip("k")) * (1000 if t.endswith("k") else 1))
     parts = re.findall(r"(\d+(?:\.\d+)?)(h|min|m|s)", t)
     if parts and "".join(a + b for a, b in parts) == t:
@@ -520,8 +520,8 @@ def parse_budget(text: str) -> tuple[str, float]:
         if seconds > 0:
             return "seconds", seconds
     raise ValueError(
-        f"budget must be a time (e.g. 30m, 2h, 1h30m, 90s) or a number of training "
-        f"positions (e.g. 200k, 500000), got {text!r}"
+        f"budget must be a time > 0 (e.g. 30m, 2h, 1h30m, 90s) or a number of training "
+        f"positions > 0 (e.g. 200k, 500000), got {text!r}"
     )
 
 

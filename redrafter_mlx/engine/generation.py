@@ -307,8 +307,8 @@ def _branch_event(rows: list[Row], stepped, stats: DecodeStats) -> DecodeEvent:
 
 def check_branch_memory(model, drafter, shape, rows, max_batch, longest, sampler, draft):
     """``check_step_memory`` for ``max_batch`` rows (``rows`` prompts, each up to its branch
-    limit); when the prompts alone fit, the branch limit is what does not: a ParamError
-    naming ``max_branches`` (the flag), not the shape's largest part."""
+    limit); when the prompts alone fit, the branch limit is what does not: ``ShapeTooLarge``
+    (a ``ParamError``) naming ``max_branches`` (the flag), not the shape's largest part."""
     from .memory import ShapeTooLarge
 
     sampling = not sampler.greedy
@@ -321,7 +321,7 @@ def check_branch_memory(model, drafter, shape, rows, max_batch, longest, sampler
             check_step_memory(model, drafter, shape, rows, longest, sampling, draft=draft)
         except ShapeTooLarge:
             raise e from None
-        raise ParamError(
+        raise ShapeTooLarge(
             "max_branches",
             f"{max_batch // rows} branches per answer make up to {max_batch} rows, and "
             f"{e.message.split('; ')[0]}; lower --max-branches (each branch is a row)",

@@ -5,6 +5,7 @@ Step costs are injected (``Adaptive(step_cost=...)``) so the decisions are deter
 """
 
 import random
+from collections import Counter
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -284,3 +285,33 @@ def test_a_new_generation_probes_from_the_start_again(reset):
     assert [ar_steps_to_probe(c) for _ in range(4)] == [1, 3, 7, 7]
     c.resume()
     assert ar_steps_to_probe(c) == (1 if reset else 7)
+
+
+@pytest.mark.parametrize("steady", [True, False])
+def test_a_drafter_is_probed_while_plain_decoding_and_chains_take_turns(steady):
+    """Fresh text with a match now and then: the per-step choice runs lookup chains on a
+    match and plain decoding elsewhere, switching every few steps. A drafter that looked
+    useless after an unlucky start (it really emits 2 tokens per 1.2-AR-step) must still be
+    probed. The count to the next probe used to restart at every switch, so it never came
+    due: the drafter ran once in 300 steps (``steady_probe`` False, the rule before); it
+    now counts every step no model drafted, and the drafter is back within a probe."""
+    W1L2, chains = BeamShape(1, 2), BeamShape.lookup_only(1, 8)
+    c = ShapeChooser(
+        [AR, chains, W1L2], costs={AR: 1.0, chains: 1.4, W1L2: 1.2}, steady_probe=steady
+    )
+    for _ in range(6):
+        c.observe_lookup([(2, 4), (0, 0)])  # a 2-token match: 4 drafts accepted; none: 0
+    for _ in range(8):
+        c.observe(W1L2, [1], 1.2)
+    ran = Counter()
+    for i in range(300):
+        match = 2 if i % 3 == 2 else 0
+        shape = c.next_shape([match])
+        ran[shape] += 1
+        tokens = {AR: 1, W1L2: 2, chains: 5 if match == 2 else 1}[shape]
+        c.observe(shape, [tokens], c.cost[shape])
+        c.observe_lookup([(match, 4 if match == 2 else 0)])
+    if steady:
+        assert ran[W1L2] > 150 and ran[AR] < 50
+    else:
+        assert ran[W1L2] <= 2 and ran[AR] > 150

@@ -138,6 +138,8 @@ class ShapeChooser:
     # (0: an EMA of them, ``cost_ema``, ignoring once a time ``outlier`` times above it)
     cost_ema: float = 0.25  # weight of a new step time in the cost EMA (cost_window 0)
     outlier: float = 3.0  # a step this many times the EMA is ignored once (cost_window 0)
+    steady_probe: bool = True  # per-step choice: the count to the next probe runs across
+    # switches between plain decoding and lookup chains (False: restarts at each, as before)
     reset_probe: bool = False  # a new generation probes from ``probe`` again (``resume``;
     # not the default: same-run A/Bs did not show it helping, docs/bench/chooser_cost_window.txt)
     stale: int = 16  # steps after which a width's acceptance follows the overall one
@@ -263,17 +265,23 @@ class ShapeChooser:
 
         Acceptance of lookup is bursty and the match state predicts it (a long match is
         usually a passage being copied, none is fresh text), so the choice is made per step
-        rather than every few. Shapes not timed yet run first; while plain decoding wins,
-        every ``probe`` steps (doubling while probes lose) a drafting shape runs once so
-        the drafter's acceptance stays measured (the shadow measures lookup for free).
+        rather than every few. Shapes not timed yet run first; while no model drafts (plain
+        decoding or lookup chains alone win), every ``probe`` such steps (doubling while
+        probes lose) a drafting shape runs once so the drafter's acceptance stays measured
+        (the shadow measures lookup for free). The count runs across switches between plain
+        decoding and the chains: it used to restart at each, and on fresh text that flips
+        with the match state every few steps, so the drafter was never probed again
+        (plain decoding ran 49-71% of MT-Bench steps in such runs:
+        docs/bench/chooser_cost_window.txt).
         """
         if self._probe is not None:  # a probe is in flight: nothing new to judge by
             return self.current
         unknown = [k for k in self.shapes if self.cost[k] is None]
         best = unknown[0] if unknown else max(self.shapes, key=lambda k: self._judged(k, matches))
         if best != self.current:
-            self._switch(best)
-        if best == AR and not unknown:  # (a probe is judged by rates: every cost known)
+            self._switch(best, count=not self.steady_probe)
+        quiet = not drafts_any(best) if self.steady_probe else best == AR
+        if quiet and not unknown:  # (a probe is judged by rates: costs known)
             drafting = [k for k in self.shapes if k != AR and drafts_any(k)]
             probe = self._probe_due(
                 lambda: max(drafting, key=lambda k: self.rate(k, matches)) if drafting else None
@@ -304,6 +312,8 @@ class ShapeChooser:
         and its wall time (None when unknown)."""
         self.steps += 1
         self._observe_cost(key, seconds)
+        if drafts_any(key):  # a model drafted: the steps to the next probe count anew
+            self._ar_queued = 0
         if key != AR and counts:
             # A drafter shape that loses a few steps in a row is left for plain decoding and
             # comes back only by probes (spaced further while they lose), so its record must
@@ -387,10 +397,13 @@ class ShapeChooser:
             self._probe_every = self.probe
             self._ar_queued = 0
 
-    def _switch(self, key: Hashable) -> None:
+    def _switch(self, key: Hashable, count: bool = True) -> None:
+        """Run ``key`` from now on; ``count``: restart the count of steps to the next probe
+        (the per-step choice keeps it: it restarts when a model drafts, ``observe``)."""
         self.switches.append((self.steps, self.current, key))
         self.current = key
-        self._ar_queued = 0
+        if count:
+            self._ar_queued = 0
 
 
 @dataclass

@@ -9,7 +9,8 @@ a draft made of a subset of the target's decoder layers (the first k, as
 final norm and head predicts the next token, fed the true text. The share of positions where
 its argmax equals the target's bounds what a greedy draft chain can get accepted: a chain of
 n drafts accepts about p + p^2 + ... + p^n tokens a step at agreement p
-(``docs/bench/draft_model_small.txt``).
+(``docs/bench/draft_model_small.txt``). ``--top K`` also prints the share where the target's
+token is among the draft's K best (what a tree of the draft's top tokens could get accepted).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(smollm2_path()), help="target model folder")
     ap.add_argument("--tokens", type=int, default=96, help="answer tokens per prompt")
+    ap.add_argument("--top", type=int, default=1, help="also the share within the K best")
     args = ap.parse_args(argv)
     model, tokenizer = load(args.model)
     texts = []
@@ -52,24 +54,30 @@ def main(argv=None) -> None:
         texts.append((tokenizer.encode(text + answer), len(tokenizer.encode(text))))
     layers = list(model.model.layers)
 
-    def argmax(subset, ids):
+    def ranked(subset, ids, k):  # (T, k) the k best ids at each position, best first
         model.model.layers = [layers[i] for i in subset]
         try:
-            return mx.argmax(model(mx.array([ids]))[0], axis=-1)
+            return mx.argsort(-model(mx.array([ids]))[0], axis=-1)[:, :k]
         finally:
             model.model.layers = layers
 
     every = list(range(len(layers)))
-    targets = [(argmax(every, ids), start) for ids, start in texts]
+    targets = [(ranked(every, ids, 1)[:, 0], start) for ids, start in texts]
     positions = sum(len(ids) - start for ids, start in texts)
-    print(f"{'draft layers':<20} {'layers':>6} {'agreement':>9}  ({positions} answer positions)")
+    tops = "".join(f" {'top-' + str(j):>7}" for j in range(2, args.top + 1))
+    print(
+        f"{'draft layers':<20} {'layers':>6} {'agreement':>9}{tops}  ({positions} answer positions)"
+    )
     for name, subset in subsets(len(layers)):
-        agree = total = 0
+        within, total = [0] * args.top, 0
         for (ids, start), (want, _) in zip(texts, targets):
-            got = argmax(subset, ids)
-            agree += int((got[start - 1 : -1] == want[start - 1 : -1]).sum())
+            got = ranked(subset, ids, args.top)[start - 1 : -1]
+            hit = got == want[start - 1 : -1, None]  # (T, k)
+            for j in range(args.top):
+                within[j] += int(hit[:, : j + 1].any(axis=1).sum())
             total += len(ids) - start
-        print(f"{name:<20} {len(subset):>6} {agree / total:>9.3f}", flush=True)
+        shares = "".join(f" {w / total:>7.3f}" for w in within[1:])
+        print(f"{name:<20} {len(subset):>6} {within[0] / total:>9.3f}{shares}", flush=True)
 
 
 if __name__ == "__main__":

@@ -335,7 +335,8 @@ def test_history_grows_with_the_cache():
 def test_each_step_shape_follows_the_match_state():
     """Per-step choice: a long chain where a long match has been copied before, a short one
     where short matches pay a little, plain decoding where nothing matches, and a drafting
-    probe every ``probe`` plain steps so the drafter's acceptance stays measured."""
+    probe every ``probe`` steps in which no model drafted, so the drafter's acceptance stays
+    measured."""
     from redrafter_mlx.engine.adaptive import ShapeChooser
 
     beam, k8, k16 = BeamShape(1, 4), BeamShape.lookup_only(1, 8), BeamShape.lookup_only(1, 16)
@@ -347,11 +348,13 @@ def test_each_step_shape_follows_the_match_state():
     assert chooser.next_shape([4]) == k16  # 16 tokens for 2.2
     assert chooser.next_shape([2]) == k8  # 4 tokens for 1.6
     assert chooser.next_shape([4, 2]) == k16  # rows' expectations are averaged
-    picks = [chooser.next_shape([0]) for _ in range(3)]
-    assert picks == [AR, AR, AR]
-    assert chooser.next_shape([0]) == beam  # the 4th plain step: a drafting probe
-    chooser.observe(beam, [1], 1.5)
-    assert chooser.next_shape([0]) == AR
+    # The 4th step in which no model drafted (three chain steps, then this): a probe. The
+    # count runs across the switches between chains and plain decoding (steady_probe).
+    assert chooser.next_shape([0]) == beam
+    chooser.observe(beam, [1], 1.5)  # it loses: the next probe comes 8 such steps later
+    picks = [chooser.next_shape([0]) for _ in range(7)]
+    assert picks == [AR] * 7
+    assert chooser.next_shape([0]) == beam
     # The state-free estimate (block choices, a split model) mixes the states.
     assert chooser.tokens_per_step(k16) < chooser.tokens_per_step(k16, [4])
 

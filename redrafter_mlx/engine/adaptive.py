@@ -165,12 +165,12 @@ class ShapeChooser:
         self._all = _Width()  # over all speculative steps
         self._queued = 0  # steps queued since the last choice
         self._probe_every = self.probe
-        self._ar_queued = 0
+        self._quiet_steps = 0  # steps in which no model drafted, since the last probe
         self._probe: Hashable | None = None
         self._outlier_seen: set = set()
-        self._times: dict[Hashable, deque] = {  # a seed counts as the first time
-            k: deque([] if c is None else [c], maxlen=self.cost_window or None)
-            for k, c in self.cost.items()
+        # each shape's latest step times (a seed counts as the first), for ``cost_window``
+        self._times: dict[Hashable, list] = {
+            k: [] if c is None else [c] for k, c in self.cost.items()
         }
         # Decayed counts of the lookup drafts a chain would have had accepted (k -> weight):
         # over all steps (key None) and per match state (the suffix tokens matched when the
@@ -300,10 +300,10 @@ class ShapeChooser:
     def _probe_due(self, choose: Callable[[], Hashable | None]) -> Hashable | None:
         """Count one plain-decoding step; every ``_probe_every`` of them, the shape
         ``choose()`` names runs once as a probe (kept in ``_probe`` until observed)."""
-        self._ar_queued += 1
-        if self._ar_queued < self._probe_every:
+        self._quiet_steps += 1
+        if self._quiet_steps < self._probe_every:
             return None
-        self._ar_queued = 0
+        self._quiet_steps = 0
         self._probe = choose()
         return self._probe
 
@@ -313,7 +313,7 @@ class ShapeChooser:
         self.steps += 1
         self._observe_cost(key, seconds)
         if drafts_any(key):  # a model drafted: the steps to the next probe count anew
-            self._ar_queued = 0
+            self._quiet_steps = 0
         if key != AR and counts:
             # A drafter shape that loses a few steps in a row is left for plain decoding and
             # comes back only by probes (spaced further while they lose), so its record must
@@ -353,9 +353,8 @@ class ShapeChooser:
             return
         if self.cost_window:
             times = self._times[key]
-            if times.maxlen != self.cost_window:  # the window was set after construction
-                times = self._times[key] = deque(times, maxlen=self.cost_window)
             times.append(seconds)
+            del times[: -self.cost_window]
             self.cost[key] = min(times)
             return
         old = self.cost[key]
@@ -395,7 +394,7 @@ class ShapeChooser:
         self._queued = 0
         if self.reset_probe:
             self._probe_every = self.probe
-            self._ar_queued = 0
+            self._quiet_steps = 0
 
     def _switch(self, key: Hashable, count: bool = True) -> None:
         """Run ``key`` from now on; ``count``: restart the count of steps to the next probe
@@ -403,7 +402,7 @@ class ShapeChooser:
         self.switches.append((self.steps, self.current, key))
         self.current = key
         if count:
-            self._ar_queued = 0
+            self._quiet_steps = 0
 
 
 @dataclass

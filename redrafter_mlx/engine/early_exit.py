@@ -260,12 +260,14 @@ def check_args(t: ModelArgs, a: EarlyExitArgs) -> None:
     """ValueError unless an adapter of config ``a`` was made for a model of ``t``'s shape
     (checked before its weights are read: ``load_adapter``'s ``target``)."""
     layers = t.num_hidden_layers
-    if not 1 <= a.exit_layer < layers:
+    try:
+        check_exit_layer(a.exit_layer, layers)
+    except ValueError:  # the rule's own message names a training flag; this is a file
         raise ValueError(
             f"this early-exit adapter exits after layer {a.exit_layer}, but the model has "
             f"{layers} layers (an adapter needs an exit layer in [1, {layers})): it was made "
             "for a deeper model; use the adapter trained for this model"
-        )
+        ) from None
     if (a.hidden_size, a.vocab_size) != (t.hidden_size, t.vocab_size):
         raise ValueError(
             f"this early-exit adapter was made for hidden size {a.hidden_size} and vocabulary "

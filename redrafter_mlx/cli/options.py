@@ -222,7 +222,8 @@ DtypeOpt = Annotated[
     str | None,
     typer.Option(
         "--dtype",
-        help="float16, bfloat16 or float32 (default: float16 on Metal, float32 on CPU).",
+        help="float16, bfloat16 or float32 (default: float16 on a GPU, Metal or CUDA; "
+        "float32 on CPU).",
         show_default=False,
     ),
 ]

@@ -565,7 +565,8 @@ def tune(
     dtype: Annotated[
         str | None,
         typer.Option(
-            help="float16, bfloat16 or float32 (default: float16 on Metal, float32 on CPU)."
+            help="float16, bfloat16 or float32 (default: float16 on a GPU, Metal or CUDA; "
+            "float32 on CPU)."
         ),
     ] = None,
     json_output: Annotated[bool, typer.Option("--json", help="Print JSON only.")] = False,

@@ -294,7 +294,7 @@ def attach(model: Model, drafter: Drafter | None) -> None:
 
 
 def load(model_path, drafter_path=None, dtype=None, group=None, draft_model=None):
-    """Load (model, drafter or None, tokenizer). dtype: float16 on Metal, float32 on CPU.
+    """Load (model, drafter or None, tokenizer). dtype: float16 on a GPU, float32 on CPU.
 
     ``group``: an ``mx.distributed`` group to split the model across (each rank loads its
     shard; the drafter is whole on every rank), None for the whole model here.

@@ -175,10 +175,11 @@ def fit_blas_threads(*modules) -> None:
 
 
 def default_dtype():
-    """float16 on Metal, float32 on the CPU backend (fp16 matmul is slow there)."""
+    """float16 on a GPU (Metal, or MLX's CUDA backend), float32 on the CPU backend (fp16
+    matmul is slow there)."""
     import mlx.core as mx
 
-    return mx.float16 if mx.metal.is_available() else mx.float32
+    return mx.float16 if mx.default_device() == mx.gpu else mx.float32
 
 
 READ_FIRST_ENV = "REDRAFTER_MLX_READ_FIRST"

@@ -400,7 +400,8 @@ def test_bench_grid_table_and_csv(app, pair, tmp_path):
     assert data["configs"][1]["lookup_share"] is None
 
 
-def test_bench_reports_mismatches_loudly(app, pair, monkeypatch):
+def corrupt_third_token(monkeypatch) -> None:
+    """Every ReDrafter run's third token changed (+1): a mismatch with AR at token 2."""
     import redrafter_mlx.cli.bench_report as logic
 
     real = logic.run_engine
@@ -412,6 +413,10 @@ def test_bench_reports_mismatches_loudly(app, pair, monkeypatch):
         return run
 
     monkeypatch.setattr(logic, "run_engine", corrupt)
+
+
+def test_bench_reports_mismatches_loudly(app, pair, monkeypatch):
+    corrupt_third_token(monkeypatch)
     result = invoke(app, "bench", *model_args(pair), "--num-prompts", 2, "-n", 4)
     assert result.exit_code == 1
     assert result.stderr.count("MISMATCH: adaptive W1×L4+K1×L8 differs from AR") == 2
@@ -433,18 +438,9 @@ def test_bench_reports_mismatches_loudly(app, pair, monkeypatch):
 def test_bench_near_tie_mismatch_is_a_note_not_a_failure(app, pair, monkeypatch):
     """A mismatch at a near-tie (rounding-level lead) is reported in yellow, the row shows
     "tie", and the bench succeeds; the JSON carries the lead and the noise."""
-    import redrafter_mlx.cli.bench_report as logic
     from redrafter_mlx.measure import near_tie
 
-    real = logic.run_engine
-
-    def corrupt(engine, config, ids, max_tokens, sampling, branches="auto"):
-        run = real(engine, config, ids, max_tokens, sampling, branches)
-        if config.kind == "redrafter":
-            run.tokens = run.tokens[:2] + [run.tokens[2] + 1] + run.tokens[3:]
-        return run
-
-    monkeypatch.setattr(logic, "run_engine", corrupt)
+    corrupt_third_token(monkeypatch)
     monkeypatch.setattr(near_tie, "check", lambda *a: near_tie.TieCheck(lead=0.004, noise=0.01))
     result = invoke(app, "bench", *model_args(pair), "--num-prompts", 1, "-n", 4)
     assert result.exit_code == 0, result.output

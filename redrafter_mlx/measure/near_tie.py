@@ -46,7 +46,7 @@ class TieCheck:
         return dict(lead=self.lead, noise=self.noise, near_tie=self.near_tie)
 
 
-def _forward(model, tokens: list[int], start: int, keys, values) -> tuple[mx.array, list, list]:
+def last_logits(model, tokens: list[int], start: int, keys, values) -> tuple[mx.array, list, list]:
     """Tokens at positions ``start..`` against a cache holding the ``start`` before them;
     returns (last position's float32 logits (V,), keys, values)."""
     n = len(tokens)
@@ -65,9 +65,9 @@ def check(model, prefix: list[int], token: int, other: int) -> TieCheck:
     one over P - 1 then a one-token step (``model``: the engine's ``Model``)."""
     if len(prefix) < 2:
         raise ValueError("a near-tie check needs a prefix of at least 2 tokens")
-    whole, _, _ = _forward(model, prefix, 0, *model.make_cache(1, len(prefix)))
-    _, keys, values = _forward(model, prefix[:-1], 0, *model.make_cache(1, len(prefix)))
-    step, _, _ = _forward(model, prefix[-1:], len(prefix) - 1, keys, values)
+    whole, _, _ = last_logits(model, prefix, 0, *model.make_cache(1, len(prefix)))
+    _, keys, values = last_logits(model, prefix[:-1], 0, *model.make_cache(1, len(prefix)))
+    step, _, _ = last_logits(model, prefix[-1:], len(prefix) - 1, keys, values)
     lead = step[token] - step[other]
     noise = mx.max(mx.abs(step - whole))
     biggest = mx.maximum(mx.abs(step[token]), mx.abs(step[other]))

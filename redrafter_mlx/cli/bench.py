@@ -325,14 +325,12 @@ def print_mismatches(mismatches: list[dict], dtype: str) -> None:
                 )
             )
             continue
-        lead = (
-            ""
-            if m.get("lead") is None
-            else (
+        lead = ""
+        if m.get("lead") is not None:
+            lead = (
                 f"; AR's token leads by {m['lead']:.3g} logits, beyond the {m['noise']:.2g} of "
                 f"float rounding in {dtype}"
             )
-        )
         console.print(
             Text(
                 f"MISMATCH: {head} ({m['tokens']} vs {m['ar_tokens']} tokens){lead}: greedy "

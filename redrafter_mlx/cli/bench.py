@@ -672,7 +672,7 @@ def split_cost(engine: Engine, configs: list) -> dict | None:
     if group is None:
         return None
     H, count = engine.model.hidden_size, 2 * engine.model.args.num_hidden_layers
-    dtype = engine.model.model.norm.weight.dtype
+    dtype = engine.model.dtype
     rows = []
     for T in sorted({1} | {c.shape.slots for c in configs if c.shape is not None}):
         x = mx.zeros((1, T, H), dtype)

@@ -515,7 +515,7 @@ def dtype_name(model) -> str:
     """The float dtype the model's weights were loaded in (``float32``...)."""
     import mlx.core as mx
 
-    dt = model.model.norm.weight.dtype
+    dt = model.dtype
     for name in DTYPES:
         if dt == getattr(mx, name):
             return name

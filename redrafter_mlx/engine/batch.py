@@ -49,6 +49,7 @@ then copies that step's own end state (``Queued.end``). docs/design.md, "The loo
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -225,6 +226,8 @@ def batch_step(
     """The compiled batch step of this configuration, kept on the model (compiled once for
     every loop over it: each chat turn, each request batch)."""
     cache = model.__dict__.setdefault("_batch_steps", {})
+    if shape is not None and getattr(model, "recurrent", False) and not shape.verifies_chain:
+        shape = chain_for_recurrent(model, shape)
     layers = getattr(model, "feature_layers", ())
     slot = tuple(id(m) for m in slot_modules(draft))  # a pair: its two modules
     key = (id(drafter), shape, mode, compiled, layers, slot, held)
@@ -233,6 +236,21 @@ def batch_step(
             cache.pop(next(iter(cache)))
         cache[key] = make_batch_step(model, drafter, shape, mode, compiled, draft, held)
     return cache[key]
+
+
+def chain_for_recurrent(model, shape: BeamShape) -> BeamShape:
+    """``shape.as_chain()``, said once per model: a model with recurrent layers verifies one
+    chain a step (their state follows a chain, not a tree's branches)."""
+    chain = shape.as_chain()
+    if not model.__dict__.get("_chain_said"):
+        model.__dict__["_chain_said"] = True
+        warnings.warn(
+            f"{model.model_type} keeps recurrent state, which follows one chain a step, not "
+            f"a tree: {shape.label} runs as {chain.label} (one drafter beam, one lookup "
+            "chain, or the draft model's chain, whichever each row ranks first)",
+            stacklevel=3,
+        )
+    return chain
 
 
 def uniform_step(

@@ -36,9 +36,12 @@ def bucket(n: int, quantum: int = SLOT_QUANTUM) -> int:
 
 def grow(arrays: list, slots: int, axis: int = 2) -> list:
     """Zero-extend each array to ``slots`` along its slot ``axis`` (a rare copy): the
-    (B, n_kv, S, D) K/V caches (axis 2) or the (B, S) token history (axis 1)."""
+    (B, n_kv, S, D) K/V caches (axis 2) or the (B, S) token history (axis 1). A recurrent
+    layer's (B, 1, F) state has no slots and is kept."""
 
     def one(a):
+        if axis == 2 and a.ndim < 4:  # a recurrent layer's state: no slot axis
+            return a
         pad = slots - a.shape[axis]
         if pad <= 0:
             return a
@@ -162,15 +165,20 @@ class Session:
         """Keep each row's longest cached prefix of its prompt; return the tokens to prefill.
 
         At least one prompt token is always prefilled (its hidden state starts decoding).
+        A model with recurrent layers keeps a prefix only when it is the whole cached text:
+        their state cannot be rewound to a shorter one.
         Starts a generation's use of the session: :meth:`claim` first.
         """
         self.claim()
         keep = []
+        rewinds = not getattr(self.model, "recurrent", False)
         for cached, prompt in zip(self.cached, prompts):
             n = 0
             limit = min(len(cached), len(prompt) - 1)
             while n < limit and cached[n] == prompt[n]:
                 n += 1
+            if not rewinds and n < len(cached):  # a recurrent state holds all it took in
+                n = 0
             keep.append(n)
         self.lengths = mx.array(keep, dtype=mx.int32)
         self.cached = [p[:n] for p, n in zip(prompts, keep)]

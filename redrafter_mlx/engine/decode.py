@@ -112,12 +112,21 @@ def commit_path(keys, values, lengths, path_slots, n, fresh):
     was written to, so each cache is only written (in place): reading and writing it in one
     graph made MLX copy the whole cache every step.
     """
-    dst = slot_destinations(lengths, path_slots, n, fresh[0][0].shape[1])  # (B, C)
+    capacity = next(f[0].shape[1] for f in fresh if isinstance(f, tuple))
+    dst = slot_destinations(lengths, path_slots, n, capacity)  # (B, C)
     new_keys, new_values = [], []
-    for k, v, (k_new, v_new) in zip(keys, values, fresh):
-        new_keys.append(write_slots(k, dst, k_new))
-        new_values.append(write_slots(v, dst, v_new))
+    for k, v, f in zip(keys, values, fresh):
+        if isinstance(f, tuple):  # an attention cache; else a state (``commit_states``)
+            k, v = write_slots(k, dst, f[0]), write_slots(v, dst, f[1])
+        new_keys.append(k)
+        new_values.append(v)
     return new_keys, new_values
+
+
+def commit_states(keys: list, fresh: list, n) -> list:
+    """``keys`` with each recurrent layer's state taken at the accepted length: n (B,)
+    drafts and the init token (``lm_model.StateCommit``; a chain's tokens are its path)."""
+    return [f.commit(n + 1) if hasattr(f, "commit") else k for k, f in zip(keys, fresh)]
 
 
 def slot_destinations(lengths, path_slots, n, capacity: int):
@@ -321,6 +330,7 @@ def commit_phase(keys, values, lengths, path_slots, hidden, n, fresh, in_place: 
     """
     if not in_place:
         keys, values = commit_path(keys, values, lengths, path_slots, n, fresh)
+    keys = commit_states(keys, fresh, n)
     last_slot = mx.take_along_axis(path_slots, n[:, None], axis=1)  # (B, 1)
     next_hidden = mx.take_along_axis(hidden, last_slot[:, :, None], axis=1)[:, 0]
     return keys, values, next_hidden, lengths + n + 1
@@ -361,6 +371,11 @@ def redrafter_step(
         if cand.present is not None:
             beams = mx.where(cand.present, beams, 0)
         beams = beams[:, :, :capacity]
+    if beams.shape[1] > 1 and getattr(model, "recurrent", False):  # at trace time
+        raise ValueError(
+            f"{shape.label} packs a tree, which a model with recurrent layers cannot verify: "
+            f"run {shape.as_chain().label} (batch.batch_step does)"
+        )
     tree = pack(beams, capacity, cand.present if beams.shape[1] > 1 else None)  # 2. pack
     fresh = []  # the verify's own K/V per layer: the commit reads the path from them
     hidden, target, keys, values = verify_phase(
@@ -444,6 +459,8 @@ def beam_and_chain_step(model, drafter, state, shape, sampler, window):
     candidate accepts more wins (the beam on a tie), and its path moves to consecutive
     slots in one scatter per cache array. Returns (next DecodeState, StepOutput).
     """
+    if getattr(model, "recurrent", False):  # at trace time: two chains are a tree
+        raise ValueError(f"{shape.label} is a tree, which a recurrent model cannot verify")
     L, Lk = shape.length, shape.chain_length
     n_max = max(L, Lk)
     beam, _, _ = beam_search(drafter, model.embed, state.hidden, state.init_token, 1, L)
@@ -553,7 +570,7 @@ def prefill_chunk(model: Model, tokens, counts, lengths, keys, values, window: i
     _B, T = tokens.shape
     idx = lengths[:, None] + arange(T)[None, :]
     mask = cache_mask(lengths, chain_mask(T), window)
-    hidden, keys, values = model(tokens, idx, mask, keys, values, idx)
+    hidden, keys, values = model(tokens, idx, mask, keys, values, idx, counts=counts)
     last = mx.maximum(counts - 1, 0)[:, None, None]
     h_last = mx.take_along_axis(hidden, last, axis=1)[:, 0]
     return h_last, lengths + counts, keys, values

@@ -189,6 +189,12 @@ def prefill(draft, rows: list[list[int]], slots: int) -> tuple:
 def check_draft_model(model, draft) -> None:
     """A draft model must share the target's vocabulary (same ids, same size): a clear error
     before anything runs."""
+    if getattr(draft, "recurrent", False):
+        raise ValueError(
+            f"the draft model ({draft.model_type}) has recurrent layers, whose state cannot "
+            "re-run the positions a draft model re-runs each step; pick a draft model with "
+            "attention layers only (the target may still be recurrent)"
+        )
     if draft.vocab_size != model.vocab_size:
         raise ValueError(
             f"the draft model's vocabulary ({draft.vocab_size} ids) differs from the model's "

@@ -101,7 +101,7 @@ class Dims:
             intermediate=args.intermediate_size // shards,
             vocab=args.vocab_size,
             draft_vocab=head if drafter is not None else 0,
-            act_bytes=model.model.norm.weight.dtype.size,
+            act_bytes=model.dtype.size,
             weight_bytes=weights,
             draft_kv=_own_cache_bytes(drafter) + _own_cache_bytes(chain),
             chain_vocab=chain.args.head_size if chain is not None else 0,

@@ -445,6 +445,11 @@ class Model(nn.Module):
         return self.args.hidden_size
 
     @property
+    def dtype(self):
+        """The float dtype the model computes in (its final norm's)."""
+        return self.model.norm.weight.dtype
+
+    @property
     def vocab_size(self) -> int:
         return self.args.vocab_size
 
@@ -469,8 +474,9 @@ class Model(nn.Module):
         (unscaled: Gemma's sqrt(H) factor is applied in ``__call__`` only)."""
         return self.model.embed_tokens(tokens)
 
-    def __call__(self, tokens, positions, mask, keys, values, write_idx, fresh=None):
-        """One forward over T new tokens per row against the cache.
+    def __call__(self, tokens, positions, mask, keys, values, write_idx, fresh=None, counts=None):
+        """One forward over T new tokens per row against the cache (``counts``, the real
+        tokens per row of a right-padded call, matters only to recurrent layers: none here).
 
         tokens, positions, write_idx: (B, T) int32; mask: (B, 1, T, A) bool (True = attend)
         over the first A cache slots *after* this call's writes; keys/values: lists (one per

@@ -80,6 +80,23 @@ class BeamShape:
             return cls(0, 1, capacity, chains, chain_length, model_length)
         return cls(int(m["w"]), int(m["l"]), capacity, chains, chain_length, model_length)
 
+    def as_chain(self) -> BeamShape:
+        """The nearest shape whose step verifies one chain: one drafter beam, one lookup
+        chain, and with more than one candidate room for one of them (each row verifies the
+        candidate its ranking puts first). What a model with recurrent layers runs: their
+        state follows a chain, not a tree's branches (docs/design/any-model.md)."""
+        one = replace(self, width=1 if self.drafts else self.width, lookup=min(self.lookup, 1))
+        lengths = [one.length if one.drafts else 0, one.chain_length, one.model_length]
+        lengths = [n for n in lengths if n]
+        if len(lengths) > 1:
+            one = replace(one, capacity=min([*lengths, one.capacity or min(lengths)]))
+        return one
+
+    @property
+    def verifies_chain(self) -> bool:
+        """Whether every step of this shape verifies a single chain (``as_chain``)."""
+        return self.as_chain() == self
+
     @property
     def is_autoregressive(self) -> bool:
         """True for the plain-decoding shape (W1, L1, no lookup): no draft is proposed."""

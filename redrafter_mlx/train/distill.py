@@ -482,7 +482,7 @@ def final_eval(ctx: RunContext, opts: DistillOptions, progress) -> dict | None:
     else:
         prompts = training_prompts(ctx, opts.eval_prompts)
         source = "training data (in-sample: pass --eval-data for held-out prompts)"
-    drafter = load_drafter(ctx.out, ctx.model.model.norm.weight.dtype)
+    drafter = load_drafter(ctx.out, ctx.model.dtype)
     results = evaluate(
         ctx.model, drafter, prompts, shapes, opts.eval_max_tokens, ctx.tokenizer.eos_token_ids
     )

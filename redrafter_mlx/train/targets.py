@@ -224,7 +224,7 @@ def build_target_cache(
     if total == 0:
         raise ValueError("the training data has no training positions")
     with staged(path) as tmp:
-        dtype = np.float16 if model.model.norm.weight.dtype == mx.float16 else np.float32
+        dtype = np.float16 if model.dtype == mx.float16 else np.float32
         mm = np.lib.format.open_memmap
         hidden = mm(tmp / "hidden.npy", "w+", dtype, (total, model.state_width))
         tokens = mm(tmp / "tokens.npy", "w+", np.int32, (total, depth + 1))

@@ -41,7 +41,7 @@ def main(argv=None) -> None:
     drafters = {}
     for spec in args.drafter:
         name, path = spec.split("=", 1)
-        drafters[name] = load_drafter(Path(path).expanduser(), model.model.norm.weight.dtype)
+        drafters[name] = load_drafter(Path(path).expanduser(), model.dtype)
     read = {tuple(d.args.feature_layers or ()) for d in drafters.values()} - {()}
     if len(read) > 1:
         raise SystemExit(f"the drafters read different feature layers {sorted(read)}: score apart")

@@ -36,7 +36,7 @@ def main(argv=None) -> None:
     rows = []
     for spec in args.drafter:
         name, path = spec.split("=", 1)
-        drafter = load_drafter(Path(path), model.model.norm.weight.dtype)
+        drafter = load_drafter(Path(path), model.dtype)
         attach(model, drafter)
         config = json.loads((Path(path) / "config.json").read_text())
         sel = config.get("selected") or {}

@@ -1,0 +1,720 @@
+"""The verifier as mlx-lm builds it: any text model mlx-lm implements, trees included.
+
+:class:`LmModel` wraps the model object of ``mlx_lm.models.<family>`` and gives it the
+engine's forward, ``(tokens, positions, mask, keys, values, write_idx, fresh)``, through the
+hooks mlx-lm's own code already calls; no family's forward is copied
+(docs/design/any-model.md):
+
+* **K/V and masks.** Each attention layer gets a :class:`SlotCache`, an object of mlx-lm's
+  cache protocol (``offset``, ``update_and_fetch``, ``make_mask``, ``state``) over our
+  preallocated, slot-addressed storage: ``update_and_fetch`` writes the call's K/V at its
+  slots (``write_idx``) and returns the buffers up to the attention window, and
+  ``make_mask(N, window_size=w)`` answers with the engine's mask (a tree's ancestor mask
+  over the cache), narrowed to the layer's sliding window when it asks for one.
+* **Positions.** Every rope module of the model gets each token's own position (``len +
+  depth`` in a tree): mx.fast.rope takes one offset per batch row, so a call's tokens are
+  moved into the batch axis with offsets = their positions. On the CPU backend, where that
+  kernel is slow, each distinct rope gives one cos/sin table per forward (the same kernel
+  run once on a unit vector) and the layers rotate by it. Every ``rope_utils`` variant keeps
+  its own frequencies either way.
+* **Hidden states.** The module that holds the layers (``model.model`` for most families)
+  is tapped: its output is the hidden state the engine keeps and the drafter reads; the
+  outer model's own head turns a hidden state into logits (its tie, soft cap and scaling
+  included). A drafter's feature layers are taps on those layers' inputs.
+
+Taps change a module's class to a subclass with another ``__call__``; the parameter tree,
+weight names and every call outside the engine's forward (mlx-lm's own ``generate`` in
+``bench --mlx-lm``) are unchanged.
+
+Shapes: B batch rows, T new tokens, S cache slots, A attended slots (A <= S), H hidden.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .model import fused_kernels, window_mask, write_slots
+from .tree import arange
+
+
+class LmCall:
+    """The engine's arrays for one forward, read by the caches and taps during it.
+
+    ``keys``/``values`` are in the engine's order (``LmModel.order``): attention caches
+    first, then recurrent layers' states, each a flat (B, 1, F) float32 array in ``keys``
+    (``values`` holds a (B, 1, 1) placeholder there). ``counts`` (B,): tokens of this call
+    that count per row (a right-padded prefill, a commit's accepted path); None: all T.
+    """
+
+    def __init__(self, model, positions, mask, keys, values, write_idx, counts=None):
+        self.model = model
+        self.positions = positions  # (B, T) int32
+        self.mask = mask  # (B, 1, T, A) bool
+        self.keys, self.values = list(keys), list(values)
+        self.write_idx = write_idx  # (B, T)
+        self.counts = counts
+        self.fresh: dict[int, tuple] = {}  # attention cache -> its new (K, V), (B, T, n, D)
+        self.set_states: dict[int, dict] = {}  # recurrent cache -> {entry: new array}
+        self.windows: dict[int, mx.array] = {}  # sliding masks by window size
+        self.tables: dict[int, tuple] = {}  # rope group -> (cos, sin)
+        self.features: dict[int, mx.array] = {}  # layer -> its input
+        self.recorded: dict[int, tuple] = {}  # recurrent cache -> (layer, x, args, kwargs)
+        self.hidden: mx.array | None = None
+        self._ssm_mask = None
+
+    def window(self, size: int) -> mx.array:
+        """The mask narrowed to keys within ``size`` positions of each query."""
+        if size not in self.windows:
+            self.windows[size] = window_mask(self.mask, self.positions, self.write_idx, size)
+        return self.windows[size]
+
+    def ssm_mask(self) -> mx.array:
+        """(B, T) bool: the tokens a recurrent layer takes in (all of them unless
+        ``counts``). One object per call, so a commit can find it among a layer's
+        arguments (``StateCommit``)."""
+        if self._ssm_mask is None:
+            B, T = self.positions.shape
+            if self.counts is None:
+                self._ssm_mask = mx.ones((B, T), dtype=mx.bool_)
+            else:
+                self._ssm_mask = arange(T)[None, :] < self.counts[:, None]
+        return self._ssm_mask
+
+
+class SlotCache:
+    """One attention cache of mlx-lm's protocol over the engine's slot storage."""
+
+    def __init__(self, call: LmCall, index: int):
+        self.call = call
+        self.index = index  # the engine's
+
+    @property
+    def offset(self) -> mx.array:
+        """(B,) the position of each row's first new token (mlx-lm's batched offset)."""
+        return self.call.positions[:, 0]
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        """keys/values (B, n_kv, T, D) written at the call's slots; returns the buffers over
+        the attention window, (B, n_kv, A, D) each."""
+        call, i = self.call, self.index
+        new_k, new_v = keys.transpose(0, 2, 1, 3), values.transpose(0, 2, 1, 3)
+        call.fresh[i] = (new_k, new_v)
+        call.keys[i] = write_slots(call.keys[i], call.write_idx, new_k)
+        call.values[i] = write_slots(call.values[i], call.write_idx, new_v)
+        return self.keys_and_values()
+
+    def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
+        """The engine's (B, 1, T, A) mask; within ``window_size`` positions when given."""
+        return self.call.mask if window_size is None else self.call.window(window_size)
+
+    def keys_and_values(self):
+        """The buffers over the attention window (a layer sharing this cache reads them)."""
+        A = self.call.mask.shape[-1]
+        i = self.index
+        return self.call.keys[i][:, :, :A], self.call.values[i][:, :, :A]
+
+    @property
+    def state(self):
+        return self.keys_and_values()
+
+    def is_trimmable(self) -> bool:
+        return False
+
+    def empty(self) -> bool:
+        return False
+
+
+class StateCache:
+    """One recurrent layer's cache of mlx-lm's ``ArraysCache`` protocol (conv windows, SSM
+    and delta-rule states) over the engine's flat (B, 1, F) storage.
+
+    ``lengths`` is mlx-lm's right-padding hook: a layer takes in only each row's first
+    ``lengths`` tokens and leaves its state there, which is how a commit keeps the accepted
+    path alone (``StateCommit``).
+    """
+
+    def __init__(self, call: LmCall, index: int, layout: list, start: mx.array):
+        self.call = call
+        self.index = index  # the engine's
+        self.layout = layout  # per entry: (shape, dtype, offset, size) or None
+        self.start = start  # (B, 1, F) the state before this call
+        self.left_padding = None
+
+    @property
+    def lengths(self):
+        return self.call.counts
+
+    def __getitem__(self, j: int):
+        entry = self.layout[j]
+        if entry is None:
+            return None
+        shape, dtype, at, size = entry
+        B = self.start.shape[0]
+        return self.start[:, 0, at : at + size].reshape(B, *shape).astype(dtype)
+
+    def __setitem__(self, j: int, value: mx.array) -> None:
+        self.call.set_states.setdefault(self.index, {})[j] = value
+
+    def advance(self, N: int) -> None:
+        pass
+
+    def make_mask(self, N: int, *args, **kwargs):
+        return self.call.ssm_mask()
+
+    def empty(self) -> bool:
+        return False
+
+    def flat(self) -> mx.array:
+        """The state after the call, (B, 1, F) float32 (entries not set keep theirs)."""
+        new = self.call.set_states.get(self.index, {})
+        B = self.start.shape[0]
+        parts = []
+        for j, entry in enumerate(self.layout):
+            if entry is None:
+                continue
+            _, _, at, size = entry
+            if j in new:
+                parts.append(new[j].astype(mx.float32).reshape(B, 1, size))
+            else:
+                parts.append(self.start[:, :, at : at + size])
+        return mx.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0]
+
+
+class StateCommit:
+    """A recurrent layer's state at each row's accepted length, computed at the commit: the
+    layer runs again over the verified tokens from its state before the step, taking in
+    only the first ``count`` of them (mlx-lm's ``lengths``; its outputs are never read, so
+    only the state's share of the layer is computed)."""
+
+    def __init__(self, call: LmCall, index: int, layout: list, start: mx.array):
+        self.call, self.index, self.layout, self.start = call, index, layout, start
+
+    def commit(self, count: mx.array) -> mx.array:
+        """count (B,) tokens kept per row -> the flat state (B, 1, F) after them."""
+        call = self.call
+        layer, x, args, kwargs = call.recorded[self.index]
+        again = LmCall(call.model, call.positions, call.mask, [], [], call.write_idx, count)
+        cache = StateCache(again, self.index, self.layout, self.start)
+        old_cache, old_mask = None, call._ssm_mask
+
+        def swap(value):
+            if isinstance(value, StateCache):
+                return cache
+            if old_mask is not None and value is old_mask:
+                return again.ssm_mask()
+            return value
+
+        args = [swap(a) for a in args]
+        kwargs = {k: swap(v) for k, v in kwargs.items()}
+        del old_cache
+        type(layer).__call__(layer, x, *args, **kwargs)
+        return cache.flat()
+
+
+class ProbeCache:
+    """Records the K/V shapes an attention cache is given (one lazy forward at load)."""
+
+    def __init__(self, shapes: dict, index: int):
+        self.shapes = shapes
+        self.index = index
+        self.offset = 0
+
+    def update_and_fetch(self, keys, values):
+        self.shapes[self.index] = (keys.shape[1], keys.shape[3], values.shape[3])
+        self.kv = keys, values
+        return keys, values
+
+    def keys_and_values(self):
+        return self.kv
+
+    def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
+        return None
+
+    def empty(self) -> bool:
+        return True
+
+
+class ProbeState:
+    """Records the arrays a recurrent layer keeps in its ``ArraysCache``."""
+
+    def __init__(self, size: int):
+        self.entries: list = [None] * size
+        self.lengths = None
+        self.left_padding = None
+
+    def __getitem__(self, j: int):
+        return self.entries[j]
+
+    def __setitem__(self, j: int, value) -> None:
+        self.entries[j] = value
+
+    def advance(self, N: int) -> None:
+        pass
+
+    def make_mask(self, N: int, *args, **kwargs):
+        return None
+
+    def empty(self) -> bool:
+        return True
+
+    def layout(self) -> list:
+        """Per entry (shape after the batch axis, dtype, offset, size) in the flat state."""
+        out, at = [], 0
+        for value in self.entries:
+            if value is None:
+                out.append(None)
+                continue
+            size = math.prod(value.shape[1:])
+            out.append((tuple(value.shape[1:]), value.dtype, at, size))
+            at += size
+        return out
+
+
+def _patched(module: nn.Module, call_fn, tag: str) -> None:
+    """Give ``module`` a ``__call__`` of ``call_fn(self, original, *args, **kwargs)``: its class
+    becomes a subclass (one per class and tag), so its parameters keep their names."""
+    base = type(module)
+    cache = _patched.classes
+    key = (base, tag)
+    if key not in cache:
+
+        def __call__(self, *args, **kwargs):
+            return call_fn(self, base.__call__, *args, **kwargs)
+
+        cache[key] = type(f"{base.__name__}", (base,), {"__call__": __call__})
+    module.__class__ = cache[key]
+
+
+_patched.classes = {}
+
+
+def _hidden_tap(self, original, *args, **kwargs):
+    """The layers' module: its output is the engine's hidden state, or, while the head is
+    read (``LmModel.logits``), the given hidden state stands in for it."""
+    owner = self._rd_owner
+    if owner.substitute is not None:
+        return owner.substitute
+    h = original(self, *args, **kwargs)
+    if owner.call is not None:
+        owner.call.hidden = h
+    elif owner.probing:
+        owner.last_hidden = h
+    return h
+
+
+def _layer_tap(self, original, x, *args, **kwargs):
+    """Every layer: record its input when a drafter reads it, and a recurrent layer's whole
+    call, which the commit runs again over the accepted tokens (``StateCommit``)."""
+    call = self._rd_owner.call
+    if call is not None:
+        if self._rd_index in self._rd_owner.feature_layers:
+            call.features[self._rd_index] = x
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, StateCache):
+                call.recorded[value.index] = (self, x, args, kwargs)
+    return original(self, x, *args, **kwargs)
+
+
+def _rope_tap(self, original, x, *args, **kwargs):
+    """Per-token positions for any rope module (the offset mlx-lm passes is ignored)."""
+    owner = self._rd_owner
+    call = owner.call
+    if call is None:
+        return original(self, x, *args, **kwargs)
+    positions = call.positions
+    if self._rd_layout is None or fused_kernels():
+        return _rope_rows(lambda rows, off: original(self, rows, off), x, positions)
+    group = self._rd_group
+    if group not in call.tables:
+        call.tables[group] = _rope_table(self, original, positions)
+    cos, sin = call.tables[group]
+    return _rotate(x, cos, sin, *self._rd_layout)
+
+
+def _rope_rows(rope, x: mx.array, positions: mx.array) -> mx.array:
+    """``rope`` at per-token positions: x (B, ..., T, D), positions (B, T). The T tokens move
+    into the batch axis, one offset each."""
+    B, T, D = x.shape[0], x.shape[-2], x.shape[-1]
+    moved = mx.moveaxis(x, -2, 1)  # (B, T, ..., D)
+    mid = moved.shape[2:-1]
+    rows = moved.reshape(B * T, -1, 1, D)
+    out = rope(rows, positions.reshape(-1)).reshape(B, T, *mid, D)
+    return mx.moveaxis(out, 1, -2)
+
+
+def _rope_table(module, original, positions: mx.array):
+    """(cos, sin), (B, 1, T, dims/2) each, of ``module`` at ``positions`` (B, T): the rope of a
+    unit vector (rotation is linear, so any input scale it applies is in the table)."""
+    dims, traditional = module._rd_layout
+    half = dims // 2
+    if traditional:
+        unit = mx.array([1.0, 0.0] * half, dtype=mx.float32)
+    else:
+        unit = mx.array([1.0] * half + [0.0] * half, dtype=mx.float32)
+    B, T = positions.shape
+    rows = mx.broadcast_to(unit, (B * T, 1, 1, dims))
+    out = original(module, rows, positions.reshape(-1)).reshape(B, 1, T, dims)
+    if traditional:
+        return out[..., 0::2], out[..., 1::2]
+    return out[..., :half], out[..., half:]
+
+
+def _rotate(x, cos, sin, dims: int, traditional: bool) -> mx.array:
+    """Rotate x (B, ..., T, D)'s first ``dims`` by tables (B, 1, T, dims/2); the rest passes."""
+    half = dims // 2
+    cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
+    if x.ndim != 4:
+        cos = cos.reshape(cos.shape[0], *([1] * (x.ndim - 3)), *cos.shape[2:])
+        sin = sin.reshape(cos.shape)
+    rest = x[..., dims:]
+    if traditional:
+        pairs = x[..., :dims].reshape(*x.shape[:-1], half, 2)
+        a, b = pairs[..., 0], pairs[..., 1]
+        rotated = mx.stack([a * cos - b * sin, b * cos + a * sin], axis=-1)
+        rotated = rotated.reshape(*x.shape[:-1], dims)
+    else:
+        a, b = x[..., :half], x[..., half:dims]
+        rotated = mx.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+    return mx.concatenate([rotated, rest], axis=-1) if rest.shape[-1] else rotated
+
+
+def _rope_layout(module) -> tuple[int, bool] | None:
+    """(rotated dims, traditional) of a rope module, or None when it does not say."""
+    dims = getattr(module, "dims", None) or getattr(module, "dim", None)
+    traditional = getattr(module, "traditional", False)
+    if not isinstance(dims, int) or dims % 2:
+        return None
+    return dims, bool(traditional)
+
+
+def _is_rope(module) -> bool:
+    name = type(module).__name__.lower()
+    return "rope" in name or "rotary" in name
+
+
+class LmArgs:
+    """The sizes the engine reads of any model (``model.args``: memory estimates, layer
+    counts, the context), from its config.json (or its ``text_config``) and the probe."""
+
+    def __init__(self, config: dict, hidden: int, vocab: int, layers: int, caches: list):
+        text = {**(config.get("text_config") or {}), **config}
+        self.model_type = config.get("model_type")
+        self.hidden_size = hidden
+        self.vocab_size = vocab
+        self.num_hidden_layers = layers
+        self.max_position_embeddings = text.get("max_position_embeddings")
+        kv_heads = max((n for n, _, _ in caches), default=1)
+        self.num_key_value_heads = kv_heads
+        self.head_dim = max((max(dk, dv) for _, dk, dv in caches), default=1)
+        self.num_attention_heads = _positive(text.get("num_attention_heads"), kv_heads)
+        self.intermediate_size = _positive(text.get("intermediate_size"), 4 * hidden)
+
+
+def _positive(value, default: int) -> int:
+    return value if isinstance(value, int) and value > 0 else default
+
+
+def _layers_owner(model: nn.Module) -> tuple[nn.Module, nn.Module, str]:
+    """(the module holding the layers list, its parent, its name there): breadth first."""
+    queue = [(model, None, "")]
+    while queue:
+        module, parent, name = queue.pop(0)
+        if parent is not None and _layer_list(module) is not None:
+            return module, parent, name
+        for key, child in module.children().items():
+            if isinstance(child, nn.Module):
+                queue.append((child, module, key))
+    raise ValueError(f"{type(model).__module__} has no module holding its layers")
+
+
+LAYER_LISTS = ("layers", "h", "blocks")  # what families call their list of blocks
+
+
+def _layer_list(module: nn.Module) -> list | None:
+    """The module's list of blocks, if it holds one."""
+    for name in LAYER_LISTS:
+        layers = module.get(name)
+        if isinstance(layers, list) and layers and isinstance(layers[0], nn.Module):
+            return layers
+    return None
+
+
+def _embedding(owner: nn.Module) -> nn.Module:
+    """The input embedding table of the layers' module."""
+    for name in ("embed_tokens", "wte", "tok_embeddings", "word_embeddings", "embeddings"):
+        child = owner.get(name)
+        if isinstance(child, (nn.Embedding, nn.QuantizedEmbedding)):
+            return child
+    for _, child in owner.named_modules():
+        if isinstance(child, (nn.Embedding, nn.QuantizedEmbedding)):
+            return child
+    raise ValueError("the model has no input embedding table")
+
+
+# mlx-lm's caches of keys and values (full or sliding: the window comes from ``make_mask``).
+ATTENTION_CACHES = ("KVCache", "RotatingKVCache", "QuantizedKVCache", "ConcatenateKVCache")
+
+
+class LmModel(nn.Module):
+    """Any mlx-lm text model as the engine's verifier.
+
+    ``lm``: the model object of ``mlx_lm.models.<family>`` (weights loaded);
+    ``config``: its config.json dict.
+    """
+
+    def __init__(self, lm: nn.Module, config: dict):
+        super().__init__()
+        self.lm = lm
+        self.config = config
+        self.model_type = config.get("model_type")
+        self.group = None
+        self.shards = 1
+        self.split_ids: tuple[int, ...] = ()
+        self.feature_layers: tuple[int, ...] = ()
+        owner, _parent, _name = _layers_owner(lm)
+        # Plain attributes, not children: the parameter tree stays ``lm``'s alone.
+        object.__setattr__(self, "_owner", owner)
+        object.__setattr__(self, "_layers", _layer_list(owner))
+        object.__setattr__(self, "_embedding", _embedding(owner))
+        object.__setattr__(self, "_state", _Owner())
+        self._install_taps()
+        kv, states, hidden, vocab = self._probe()
+        # The engine's cache order: attention caches first (slot 0 always has slots; a
+        # model without attention gets one empty cache for it), then recurrent states.
+        order = list(kv) or [None]
+        object.__setattr__(self, "_order", order + list(states))
+        object.__setattr__(self, "_kv_shapes", [kv.get(i, (1, 1, 1)) for i in order])
+        object.__setattr__(self, "_layouts", [states[i] for i in states])
+        self._hidden_size = hidden
+        shapes = list(self._kv_shapes)
+        self.args = LmArgs(config, hidden, vocab, len(self._layers), shapes)
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether some layer keeps a recurrent state: a verify then commits it by running
+        the layer again, which follows a chain but not a tree's branches."""
+        return bool(self._layouts)
+
+    # -- taps ---------------------------------------------------------------------------
+
+    def _install_taps(self) -> None:
+        state = self._state
+        object.__setattr__(self._owner, "_rd_owner", state)
+        _patched(self._owner, _hidden_tap, "hidden")
+        for i, layer in enumerate(self._layers):
+            object.__setattr__(layer, "_rd_owner", state)
+            object.__setattr__(layer, "_rd_index", i)
+            _patched(layer, _layer_tap, "layer")
+        groups: list[tuple[nn.Module, Any]] = []
+        for _, module in self.lm.named_modules():
+            if not _is_rope(module) or hasattr(module, "_rd_owner"):
+                continue
+            object.__setattr__(module, "_rd_owner", state)
+            object.__setattr__(module, "_rd_layout", _rope_layout(module))
+            object.__setattr__(module, "_rd_group", _rope_group(module, groups))
+            _patched(module, _rope_tap, "rope")
+
+    def _probe(self):
+        """One lazy one-token forward (nothing is evaluated): each attention cache's
+        (n_kv, key dim, value dim) and each recurrent cache's layout, by mlx-lm index,
+        the hidden size and the vocabulary. A cache kind we cannot hold: ValueError."""
+        kinds = self._make_lm_cache()
+        shapes: dict[int, tuple] = {}
+        caches: list = []
+        for i, kind in enumerate(kinds):
+            name = type(kind).__name__
+            if kind is None or name in ATTENTION_CACHES:
+                caches.append(ProbeCache(shapes, i))
+            elif isinstance(getattr(kind, "cache", None), list):  # ArraysCache, MambaCache
+                caches.append(ProbeState(len(kind.cache)))
+            else:
+                raise ValueError(
+                    f"model_type {self.model_type!r} keeps a {name} cache, which this "
+                    "version cannot hold yet"
+                )
+        tokens = mx.zeros((1, 1), dtype=mx.int32)
+        self._state.probing = True
+        try:
+            logits = self.lm(tokens, cache=caches)
+        finally:
+            self._state.probing = False
+        hidden, self._state.last_hidden = self._state.last_hidden, None
+        states = {i: c.layout() for i, c in enumerate(caches) if isinstance(c, ProbeState)}
+        kv = {i: shapes[i] for i, c in enumerate(caches) if i in shapes}
+        unused = [i for i, c in enumerate(caches) if isinstance(c, ProbeCache) and i not in kv]
+        if unused:  # a cache a layer shares rather than writes: never read from ours
+            kv.update({i: (1, 1, 1) for i in unused})
+        object.__setattr__(self, "_n_lm", len(caches))
+        return kv, states, hidden.shape[-1], logits.shape[-1]
+
+    def _make_lm_cache(self) -> list:
+        if hasattr(self.lm, "make_cache"):
+            return self.lm.make_cache()
+        return [None] * len(self._layers)
+
+    # -- the engine's interface ---------------------------------------------------------
+
+    def capture_features(self, layers) -> None:
+        """Make every forward also return the residual stream entering each of ``layers``
+        (``engine.model.Model.capture_features``)."""
+        layers = tuple(int(i) for i in layers or ())
+        n = self.args.num_hidden_layers
+        bad = [i for i in layers if not 0 <= i < n]
+        if bad:
+            raise ValueError(f"feature layers {bad} are outside this model's layers [0, {n})")
+        if layers != self.feature_layers:
+            self.__dict__.pop("_batch_steps", None)
+        self.feature_layers = layers
+        self._state.feature_layers = layers
+
+    @property
+    def state_width(self) -> int:
+        return self.hidden_size * (1 + len(self.feature_layers))
+
+    @property
+    def hidden_size(self) -> int:
+        return self._hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.args.vocab_size
+
+    @property
+    def dtype(self):
+        return self._embedding_dtype()
+
+    def _embedding_dtype(self):
+        scales = self._embedding.get("scales")
+        return (scales if scales is not None else self._embedding.weight).dtype
+
+    @property
+    def max_context(self) -> int | None:
+        trained = self.args.max_position_embeddings
+        cap = getattr(self, "context_cap", None)
+        if cap is None:
+            return trained
+        return cap if trained is None else min(trained, cap)
+
+    def cap_context(self, tokens: int | None) -> None:
+        if tokens is not None and tokens < 1:
+            raise ValueError(f"a context cap must be >= 1 token, got {tokens}")
+        self.context_cap = tokens
+
+    def embed(self, tokens: mx.array) -> mx.array:
+        """The input embedding lookup, (...) -> (..., H), unscaled."""
+        return self._embedding(tokens)
+
+    def __call__(self, tokens, positions, mask, keys, values, write_idx, fresh=None, counts=None):
+        """One forward over T new tokens per row against the cache (``Model.__call__``).
+
+        tokens, positions, write_idx: (B, T); mask: (B, 1, T, A) bool; keys/values: per
+        cache in the engine's order (``_order``). ``counts`` (B,): the tokens per row a
+        recurrent layer takes in (a right-padded prefill); None: all T. ``fresh``: a list
+        that receives, per cache, what the commit needs: an attention cache's new (K, V),
+        (B, T, n_kv, D) each, or a recurrent layer's ``StateCommit``.
+        Returns (hidden (B, T, state_width), keys, values).
+        """
+        call = LmCall(self, positions, mask, keys, values, write_idx, counts)
+        caches: list = [None] * self._n_lm
+        n_kv = len(self._kv_shapes)
+        for e, i in enumerate(self._order):
+            if e < n_kv:
+                if i is not None:
+                    caches[i] = SlotCache(call, e)
+                continue
+            start = call.keys[e]
+            if start.shape[0] > 0:  # a row starting at position 0 starts from zero state
+                fresh_row = (positions[:, 0] == 0)[:, None, None]
+                start = mx.where(fresh_row, mx.zeros_like(start), start)
+            caches[i] = StateCache(call, e, self._layouts[e - n_kv], start)
+        state = self._state
+        state.call = call
+        try:
+            self.lm(tokens, cache=caches)  # the logits are never read: lazily dead
+        finally:
+            state.call = None
+        for e, i in enumerate(self._order[n_kv:], start=n_kv):
+            call.keys[e] = caches[i].flat()
+        if fresh is not None:
+            for e, i in enumerate(self._order):
+                if e < n_kv:
+                    fresh.append(call.fresh.get(e))
+                else:
+                    layout = self._layouts[e - n_kv]
+                    fresh.append(StateCommit(call, e, layout, caches[i].start))
+        hidden = call.hidden
+        if self.feature_layers:
+            hidden = mx.concatenate(
+                [hidden, *(call.features[i] for i in self.feature_layers)], axis=-1
+            )
+        return hidden, call.keys, call.values
+
+    def logits(self, hidden: mx.array) -> mx.array:
+        """(..., H) -> (..., V) float32 logits from the model's own head."""
+        H = self.hidden_size
+        if hidden.shape[-1] != H:
+            hidden = hidden[..., :H]
+        lead = hidden.shape[:-1]
+        flat = hidden.reshape(1, -1, H)
+        state = self._state
+        state.substitute = flat
+        try:
+            out = self.lm(mx.zeros(flat.shape[:2], dtype=mx.int32))
+        finally:
+            state.substitute = None
+        return out.reshape(*lead, -1).astype(mx.float32)
+
+    def soft_capped(self, logits: mx.array) -> mx.array:
+        cap = self.config.get("final_logit_softcapping")
+        return mx.tanh(logits / cap) * cap if cap else logits
+
+    def make_cache(self, batch: int, slots: int, dtype=None):
+        """Zeroed caches in the engine's order: (batch, n_kv, slots, D) keys and values per
+        attention cache, then a (batch, 1, F) float32 state (and a (batch, 1, 1)
+        placeholder value) per recurrent layer."""
+        dtype = dtype or self.dtype
+        keys = [mx.zeros((batch, n, slots, dk), dtype) for n, dk, _ in self._kv_shapes]
+        values = [mx.zeros((batch, n, slots, dv), dtype) for n, _, dv in self._kv_shapes]
+        for layout in self._layouts:
+            size = sum(entry[3] for entry in layout if entry is not None)
+            keys.append(mx.zeros((batch, 1, size), mx.float32))
+            values.append(mx.zeros((batch, 1, 1), mx.float32))
+        return keys, values
+
+
+class _Owner:
+    """What the taps read: the current call, the feature layers, a substituted hidden."""
+
+    def __init__(self):
+        self.call: LmCall | None = None
+        self.substitute: mx.array | None = None
+        self.feature_layers: tuple[int, ...] = ()
+        self.last_hidden = None
+        self.probing = False
+
+
+def _rope_group(module, groups: list) -> int:
+    """The index of the rope modules that rotate exactly like ``module`` (one cos/sin table
+    per group and forward): compared on a probe of positions, once at load."""
+    layout = _rope_layout(module)
+    if layout is None:
+        groups.append((module, None))
+        return len(groups) - 1
+    probe = mx.ones((4, 1, 1, layout[0]))
+    offsets = mx.array([0, 1, 7, 1000], dtype=mx.int32)
+    try:
+        out = type(module).__call__(module, probe, offsets)
+        mx.eval(out)
+    except Exception:  # a rope that cannot rotate alone: a group of its own
+        groups.append((module, None))
+        return len(groups) - 1
+    for i, (other, seen) in enumerate(groups):
+        same = seen is not None and type(other) is type(module) and seen.shape == out.shape
+        if same and bool(mx.array_equal(seen, out)):
+            return i
+    groups.append((module, out))
+    return len(groups) - 1

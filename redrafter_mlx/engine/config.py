@@ -50,6 +50,35 @@ FAMILY_DEFAULTS = {
 }
 
 
+OWN_ROPE_TYPES = ("default", "linear", "llama3")  # what ``engine.rope`` computes
+
+
+def runs_own_forward(config: dict) -> bool:
+    """Whether ``engine.model.Model`` implements every setting of ``config`` that changes
+    attention: one of its families, sliding windows only where Gemma's rule places them,
+    no attention sinks, a rope type of its own. Every other model runs as mlx-lm builds
+    it (``engine.lm_model``)."""
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return False
+    layer_types = config.get("layer_types")
+    gemma = model_type.startswith("gemma")
+    windowed = isinstance(layer_types, list) and any(k != "full_attention" for k in layer_types)
+    if windowed and not gemma:
+        return False
+    if not gemma and config.get("use_sliding_window") and config.get("sliding_window"):
+        return False
+    if any(key in config for key in ("sinks", "attention_sinks", "use_sinks")):
+        return False
+    rope = config.get("rope_scaling") or {}
+    params = config.get("rope_parameters")
+    if isinstance(params, dict) and not ({"full_attention", "sliding_attention"} & set(params)):
+        rope = params
+    if not isinstance(rope, dict):
+        return False
+    return (rope.get("type") or rope.get("rope_type") or "default") in OWN_ROPE_TYPES
+
+
 def with_family_defaults(config: dict) -> dict:
     """``config`` with each key its ``model_type`` defines but it leaves out set to the
     family's reference default (:data:`FAMILY_DEFAULTS`); a key present (even null) is kept."""

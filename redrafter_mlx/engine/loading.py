@@ -15,10 +15,12 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from . import config as config_file
 from .branches import split_token_ids
 from .drafter import Drafter, DrafterArgs
+from .lm_model import LmModel
 from .model import Model, ModelArgs, copies_embedding
 from .platform import default_dtype
 from .safetensors_check import CorruptFileError, check_file
@@ -154,6 +156,8 @@ def load_model(path: str | os.PathLike, dtype=None, group=None) -> tuple[Model, 
     rank's 1/N of it (``engine/distributed.py``), read from disk slice by slice."""
     path = resolve_path(path)
     config = read_config(path)
+    if not config_file.runs_own_forward(config):
+        return load_lm_model(path, config, dtype or default_dtype(), group), path
     try:
         config_file.check_model_config(config, path / "config.json")
     except config_file.ConfigError as e:
@@ -182,6 +186,61 @@ def load_model(path: str | os.PathLike, dtype=None, group=None) -> tuple[Model, 
     model.split_ids = split_token_ids(path)  # an APAR model's: never drawn without branches
     model.eval()
     return model, path
+
+
+def load_lm_model(path: Path, config: dict, dtype, group=None) -> LmModel:
+    """The verifier as mlx-lm builds it (``engine.lm_model``): its family class, its
+    ``sanitize`` and quantization rules, float weights in ``dtype`` (where the family keeps
+    some in float32, they stay). A ``model_type`` mlx-lm does not know, or a config or
+    weights mlx-lm refuses: LoadError naming mlx-lm's version and reason."""
+    import mlx_lm
+    from mlx_lm.utils import _get_classes
+    from mlx_lm.utils import load_model as mlx_lm_load
+
+    version = mlx_lm.__version__
+    model_type = config.get("model_type")
+    if not isinstance(model_type, str):
+        raise LoadError(f"{path}/config.json has no model_type; re-download the config")
+    try:
+        _get_classes(config)
+    except ValueError:
+        raise LoadError(
+            f"{path}: model_type {model_type!r} is not one mlx-lm {version} implements; "
+            "upgrade mlx-lm (pip install -U mlx-lm) for newer families"
+        ) from None
+    for file in _weight_files(path):
+        _check(file)
+    try:
+        lm, _ = mlx_lm_load(path, lazy=True, strict=True)
+    except (ValueError, TypeError, KeyError, AttributeError) as e:
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise LoadError(
+            f"{path}: mlx-lm {version} cannot build this {model_type} model: {reason}"
+        ) from None
+    keep = getattr(lm, "cast_predicate", None)
+    cast = [
+        (name, value.astype(dtype))
+        for name, value in tree_flatten(lm.parameters())
+        if mx.issubdtype(value.dtype, mx.floating) and (keep is None or keep(name))
+    ]
+    lm.load_weights(cast, strict=False)
+    if group is not None:
+        if not hasattr(lm, "shard"):
+            raise LoadError(
+                f"{path}: mlx-lm {version} does not split {model_type} models across "
+                "processes (no shard); run it in one process"
+            )
+        lm.shard(group)
+    materialize(lm)
+    try:
+        model = LmModel(lm, config)
+    except ValueError as e:
+        raise LoadError(f"{path}: {e}") from None
+    if group is not None:
+        model.group, model.shards = group, group.size()
+    model.split_ids = split_token_ids(path)
+    model.eval()
+    return model
 
 
 def check_split(args: ModelArgs, config: dict, group, path: Path) -> None:

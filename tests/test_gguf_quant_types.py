@@ -251,6 +251,30 @@ def test_q4_k_m_mix_kept_on_metal_loads_and_stays_close(q4_k_m, tmp_path, on_met
     assert np.argmax(logits) == np.argmax(reference)
 
 
+@pytest.mark.parametrize("keep", [True, False])
+def test_a_gemma3_q5_0_file_converts_kept_or_dequantized(tmp_path, monkeypatch, keep):
+    """Gemma 3 270M's Q4_K_M is mostly Q5_0 (its rows of 640 are not whole super-blocks):
+    kept as MLX 5-bit, or dequantized, it gives the logits of the model it was written from."""
+    import mlx.core as mx
+
+    from redrafter_mlx.engine.loading import load_model
+    from tests.test_families import _prefill_hidden, write_family_gguf
+
+    if keep:
+        monkeypatch.setenv(KEEP_QUANTIZED_ENV, "1")
+    model = write_family_gguf(tmp_path / "gemma3.gguf", "gemma3_text", "Q5_0")
+    summary = convert(str(tmp_path / "gemma3.gguf"), tmp_path / "out", progress=False)
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert config["model_type"] == "gemma3_text" and summary.dtype == "float32"
+    assert config.get("quantization") == (
+        {"group_size": 32, "bits": 5, "mode": "affine"} if keep else None
+    )
+    loaded, _ = load_model(tmp_path / "out", mx.float32)
+    want = np.array(model.logits(_prefill_hidden(model)))
+    got = np.array(loaded.logits(_prefill_hidden(loaded)))
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+
+
 # --- errors --------------------------------------------------------------------------------------
 
 

@@ -17,8 +17,6 @@ from tests.fixtures.gguf_files import TinyGGUF, llama_cpp_permute, write_llama_g
 from tests.fixtures.hf_gguf_tokenizer import hf_gguf_tokenizer
 from weights_convert import ConversionError, convert
 
-pytest.importorskip("gguf")
-
 FLOAT_TYPES = ("F32", "F16", "BF16")
 QUANT_TYPES = ("Q8_0", "Q4_0", "Q4_1")
 PROMPT = np.array([1, 17, 150, 42, 3, 299, 88, 201, 5, 64])

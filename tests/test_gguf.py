@@ -1,7 +1,8 @@
 """GGUF input: exact tensors against the gguf package's dequantization, logits against the
 same weights converted from a Hugging Face checkpoint, kept quantization, the tokenizer against
-transformers' GGUF tokenizer, end-of-turn EOS, and the errors (type, architecture, truncated,
-corrupt). The GGUF files are written in tmp_path by ``tests/fixtures/gguf_files.py``."""
+transformers' GGUF tokenizer, end-of-turn EOS, and the errors (architecture, truncated,
+corrupt); the other tensor types (K-quants, i-quants, ...) are in test_gguf_quant_types.py.
+The GGUF files are written in tmp_path by ``tests/fixtures/gguf_files.py``."""
 
 from __future__ import annotations
 
@@ -15,8 +16,6 @@ import pytest
 from tests.fixtures.gguf_files import TinyGGUF, llama_cpp_permute, write_llama_gguf
 from tests.fixtures.hf_gguf_tokenizer import hf_gguf_tokenizer
 from weights_convert import ConversionError, convert
-
-pytest.importorskip("gguf")
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
 QUANT_TYPES = ("Q8_0", "Q4_0", "Q4_1")
@@ -392,12 +391,6 @@ def _refused(src: Path, tmp_path: Path, match: str) -> None:
     with pytest.raises(ConversionError, match=match):
         convert(str(src), out, progress=False)
     assert not out.exists() and not list(tmp_path.glob(".never*"))
-
-
-def test_k_quants_are_refused_with_a_way_out(tmp_path):
-    path = tmp_path / "k.gguf"
-    write_llama_gguf(path, "Q8_0", header_only_types={"blk.0.ffn_up.weight": 12})
-    _refused(path, tmp_path, r"blk\.0\.ffn_up\.weight is Q4_K.*Q8_0")
 
 
 def test_other_architectures_are_refused(tmp_path):

@@ -67,7 +67,15 @@ class ConversionSummary:
         """Human-readable summary, one fact per line."""
 
         def quant_text(q: dict | None) -> str:
-            return f"{q['bits']}-bit affine, group size {q['group_size']}" if q else "none"
+            if not q:
+                return "none"
+            text = f"{q['bits']}-bit affine, group size {q['group_size']}"
+            others = sorted({v["bits"] for v in q.values() if isinstance(v, dict)} - {q["bits"]})
+            layers = sum(isinstance(v, dict) for v in q.values())
+            if layers:  # per-layer entries (a GGUF's mixed types kept as they are)
+                bits = "/".join(map(str, others)) or str(q["bits"])
+                text += f"; {layers} layer{'s' * (layers > 1)} at {bits}-bit"
+            return text
 
         out = [
             f"output         {self.out_dir}",

@@ -9,19 +9,35 @@ llama.cpp does not store are set as llama.cpp sets them: the attention scale (he
 but hidden / heads for the 27B models), Gemma 3's sliding pattern (every 6th layer global)
 and local rope base (10000), Gemma 2's soft caps (50, 30) when absent.
 
-The file is parsed here with bounds checks on every read (no ``gguf`` package at run time, and
-no ``mx.load``: MLX's GGUF reader crashes on a corrupt header, turns BF16 into float16 and
-silently dequantizes K-quants). Tensor data is memory-mapped and read one tensor at a time.
+The file is parsed here with bounds checks on every read (no ``mx.load``: MLX's GGUF reader
+crashes on a corrupt header, turns BF16 into float16 and silently dequantizes K-quants). Tensor
+data is memory-mapped and read one tensor at a time.
 
-Supported tensor types: F32, F16, BF16, Q8_0, Q4_0, Q4_1 (blocks of 32 values along a row).
-A block quantizes as ``x = d * q + m``, which is MLX's affine form with group size 32:
+Tensor types: every type llama.cpp writes for weights, i.e. every one the ``gguf`` package
+(llama.cpp's own Python package, a runtime dependency) dequantizes: F32, F16, BF16, Q4_0, Q4_1,
+Q5_0, Q5_1, Q8_0, the K-quants Q2_K to Q6_K, the i-quants (IQ1_S to IQ4_XS), TQ1_0, TQ2_0,
+MXFP4. A quantized tensor is dequantized with the package's own arithmetic
+(``gguf.quants.dequantize``, bit for bit), or, where MLX's affine format (``x = scale * q + bias``
+per group of 32 values along a row) holds it exactly, kept quantized (:func:`packed_triple`):
 
-    Q8_0   d: f16, q: int8          -> MLX 8-bit  q + 128, scale d, bias -128 d
-    Q4_0   d: f16, q: 4-bit         -> MLX 4-bit  q,       scale d, bias -8 d
-    Q4_1   d, m: f16, q: 4-bit      -> MLX 4-bit  q,       scale d, bias m
+    Q8_0   d: f16, q: int8                        -> 8-bit  q + 128, scale d,      bias -128 d
+    Q4_0   d: f16, q: 4-bit                       -> 4-bit  q,       scale d,      bias -8 d
+    Q4_1   d, m: f16, q: 4-bit                    -> 4-bit  q,       scale d,      bias m
+    Q5_0   d: f16, q: 5-bit                       -> 5-bit  q,       scale d,      bias -16 d
+    Q5_1   d, m: f16, q: 5-bit                    -> 5-bit  q,       scale d,      bias m
+    Q4_K   d, dmin: f16 per 256 values;           -> 4-bit  q,       scale d sc,   bias -dmin m
+           6-bit sc, m per 32; q: 4-bit
+    Q5_K   the same with 5-bit q                  -> 5-bit
 
-so quantized tensors can be kept exactly (:func:`packed_triple`) or dequantized
-(:func:`dequantize`, the ``gguf`` package's arithmetic, bit for bit).
+``scale * q`` is exact in float32 for all of them (at most 22 significant bits), so MLX's
+``scale * q + bias`` rounds once where gguf's ``d * q + m`` does, and gives the same float32.
+The 32-block types' scales and biases are exact in float16. A K-quant's ``d * sc`` and
+``dmin * m`` have up to 17 significant bits: exact in float32, not in float16, so K-quant
+scales and biases are written in float32 when the other floats are float32, and rounded once to
+float16 (relative error at most 2^-11, the precision a float16 model computes in) otherwise.
+Q2_K, Q3_K and Q6_K scale sub-blocks of 16 values (MLX's smallest group is 32), and the
+i-quants and MXFP4 use codebooks or float grids: those are dequantized, and so are the rare
+ternary TQ1_0 and TQ2_0.
 
 llama.cpp's converter permutes the rows of Q and K for its interleaved rope; they are
 un-permuted here (:func:`unpermute_rows`) so the output uses the Hugging Face layout.
@@ -29,6 +45,7 @@ un-permuted here (:func:`unpermute_rows`) so the output uses the Hugging Face la
 
 from __future__ import annotations
 
+import functools
 import mmap
 import re
 import struct
@@ -43,26 +60,16 @@ from weights_convert.tensors import TensorRef
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
-QK = 32  # values per quantization block (Q8_0, Q4_0, Q4_1)
+GROUP = 32  # MLX group size of the tensors kept quantized
 MAX_DIMS = 4
+PACK_CHUNK_VALUES = 1 << 20  # values repacked at a time (bounds the temporaries)
 
-# ggml type id -> (name, values per block, bytes per block) for the types we read.
-SUPPORTED_TYPES: dict[int, tuple[str, int, int]] = {
-    0: ("F32", 1, 4),
-    1: ("F16", 1, 2),
-    2: ("Q4_0", QK, 2 + QK // 2),
-    3: ("Q4_1", QK, 4 + QK // 2),
-    8: ("Q8_0", QK, 2 + QK),
-    30: ("BF16", 1, 2),
-}
-QUANT_BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}
-# Names of the other ggml types, for error messages only.
-OTHER_TYPE_NAMES = {
-    6: "Q5_0", 7: "Q5_1", 9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K",
-    15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S", 20: "IQ4_NL",
-    21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16", 26: "I32", 27: "I64",
-    28: "F64", 29: "IQ1_M", 34: "TQ1_0", 35: "TQ2_0", 39: "MXFP4",
-}  # fmt: skip
+# Float tensor types -> numpy dtype of their data (BF16 as uint16 bits).
+FLOAT_TYPES = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}
+# Quantized types MLX's affine format holds exactly (group size 32) -> bits.
+KEPT_BITS = {"Q8_0": 8, "Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q4_K": 4, "Q5_K": 5}
+K_QUANTS = ("Q4_K", "Q5_K")  # kept types whose scales need float32 to stay exact
+K_SCALES = slice(4, 16)  # Q4_K/Q5_K: the 12 bytes of packed 6-bit sub-block scales and mins
 
 # GGUF metadata value types: id -> struct format of a scalar.
 _SCALARS = {
@@ -127,8 +134,8 @@ _LAYER_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _GLOBAL_RE = re.compile(r"^(\w+)\.(weight|bias)$")
 
 CONVERT_HINT = (
-    "re-export it with llama.cpp (convert_hf_to_gguf.py --outtype f16|bf16|q8_0, or llama-quantize "
-    "to Q8_0/Q4_0/Q4_1), or convert the original Hugging Face checkpoint instead"
+    "re-export it with llama.cpp (convert_hf_to_gguf.py, or llama-quantize to a Q*_K or Q8_0 "
+    "type), or convert the original Hugging Face checkpoint instead"
 )
 
 
@@ -152,7 +159,12 @@ class GGUFTensor:
 
     @property
     def quantized(self) -> bool:
-        return self.type_name in QUANT_BITS
+        return self.type_name not in FLOAT_TYPES
+
+    @property
+    def keepable(self) -> bool:
+        """MLX's affine format holds this 2-D tensor exactly (see the module docstring)."""
+        return self.type_name in KEPT_BITS and len(self.shape) == 2
 
 
 @dataclass(frozen=True)
@@ -252,14 +264,61 @@ def _read_metadata(cur: _Cursor) -> tuple[int, int, dict]:
     return version, n_tensors, metadata
 
 
+def gguf_package():
+    """The ``gguf`` package (llama.cpp's reader and dequantizer), or a ConversionError saying
+    how to install it."""
+    try:
+        import gguf
+    except ImportError:
+        raise ConversionError(
+            "converting a GGUF file needs the gguf package (llama.cpp's own Python package): "
+            "pip install gguf"
+        ) from None
+    return gguf
+
+
+@functools.cache
+def dequantizable(type_name: str) -> bool:
+    """Whether the installed gguf package dequantizes ggml type ``type_name`` (all weight types
+    llama.cpp writes; not Q8_K, Q8_1, the integer types or F64)."""
+    if type_name in FLOAT_TYPES:
+        return True
+    gguf = gguf_package()
+    qtype = gguf.GGMLQuantizationType[type_name]
+    _, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    try:
+        gguf.quants.dequantize(np.zeros((1, block_bytes), np.uint8), qtype)
+    except NotImplementedError:
+        return False
+    return True
+
+
 def _type_of(name: str, type_id: int, path: Path) -> tuple[str, int, int]:
-    if type_id in SUPPORTED_TYPES:
-        return SUPPORTED_TYPES[type_id]
-    type_name = OTHER_TYPE_NAMES.get(type_id, f"ggml type {type_id}")
-    raise ConversionError(
-        f"{path.name}: tensor {name} is {type_name}, which is not supported (supported: F32, F16, "
-        f"BF16, Q8_0, Q4_0, Q4_1; K-quants and i-quants are not); {CONVERT_HINT}"
-    )
+    """A tensor's ggml type id -> (type name, values per block, bytes per block).
+
+    Raises:
+        ConversionError: a type the gguf package does not know or cannot dequantize, naming
+            the type and the tensor.
+    """
+    from importlib.metadata import version
+
+    gguf = gguf_package()
+    try:
+        qtype = gguf.GGMLQuantizationType(type_id)
+    except ValueError:
+        raise ConversionError(
+            f"{path.name}: tensor {name} has ggml type {type_id}, which the installed gguf "
+            f"package ({version('gguf')}) does not know; upgrade it (pip install -U gguf), or "
+            f"{CONVERT_HINT}"
+        ) from None
+    if not dequantizable(qtype.name):
+        raise ConversionError(
+            f"{path.name}: tensor {name} is {qtype.name} (ggml type {type_id}), which is not a "
+            "weight type llama.cpp writes (supported: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, "
+            f"Q8_0, Q2_K to Q6_K, the IQ types, TQ1_0, TQ2_0, MXFP4); {CONVERT_HINT}"
+        )
+    block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    return qtype.name, block, block_bytes
 
 
 def _read_tensor_info(cur: _Cursor) -> tuple[str, int, tuple[int, ...], int]:
@@ -328,71 +387,122 @@ def _blocks(raw: np.ndarray, block_bytes: int) -> np.ndarray:
     return raw.reshape(*raw.shape[:-1], -1, block_bytes)
 
 
+def _f16(blocks: np.ndarray, at: int) -> np.ndarray:
+    """The float16 at byte ``at`` of every block, as float32: (rows, blocks, bytes) -> (rows,
+    blocks)."""
+    return blocks[..., at : at + 2].copy().view(np.float16)[..., 0].astype(np.float32)
+
+
 def _nibbles(qs: np.ndarray) -> np.ndarray:
-    """(..., 16) packed bytes -> (..., 32) 4-bit values in ggml order (low nibbles, then high)."""
+    """(..., n) packed bytes -> (..., 2n) 4-bit values in ggml order (low nibbles, then high)."""
     return np.concatenate([qs & np.uint8(0x0F), qs >> np.uint8(4)], axis=-1)
 
 
-def _scale_bias(blocks: np.ndarray, type_name: str) -> tuple[np.ndarray, np.ndarray]:
-    """Per-block (d, m) with ``x = d * q + m`` for q the unsigned stored value, as float16.
+def _bits32(qh: np.ndarray) -> np.ndarray:
+    """(..., 4) bytes of a little-endian uint32 -> (..., 32) its bits, bit j at j."""
+    return np.unpackbits(qh, axis=-1, bitorder="little")
 
-    Shapes: (rows, blocks) each. Q8_0 and Q4_0 store signed values (q - 128, q - 8), so their
-    bias is ``-128 d`` / ``-8 d``: exact in float16 (a power-of-two multiple).
+
+def _k_quant_values(blocks: np.ndarray, type_name: str) -> np.ndarray:
+    """Q4_K/Q5_K blocks (rows, n, bytes) -> (rows, n, 8, 32) unsigned q per sub-block.
+
+    The 128 bytes of low nibbles hold sub-blocks 2i and 2i+1 in the low and high nibbles of
+    bytes 32i..32i+31; Q5_K's 32 bytes of high bits hold sub-block i's fifth bits at bit i.
     """
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
-    if type_name == "Q4_1":
-        return d, blocks[..., 2:4].copy().view(np.float16)[..., 0]
-    offset = 128 if type_name == "Q8_0" else 8
-    with np.errstate(over="ignore"):
-        return d, (d.astype(np.float32) * -offset).astype(np.float16)
+    qs = blocks[..., -128:].reshape(*blocks.shape[:-1], 4, 1, 32)
+    q = ((qs >> np.array([0, 4], np.uint8)[:, None]) & np.uint8(0x0F)).reshape(
+        *blocks.shape[:-1], 8, 32
+    )
+    if type_name == "Q5_K":
+        qh = blocks[..., 16:48][..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]
+        q |= (qh & np.uint8(1)) << np.uint8(4)
+    return q
 
 
-def _unsigned_values(blocks: np.ndarray, type_name: str) -> np.ndarray:
-    """(rows, blocks, block bytes) -> (rows, blocks, 32) uint8 q with ``x = d * q + m``."""
+def affine_form(blocks: np.ndarray, type_name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Blocks of a kept type -> (q, scale, bias) with ``x = scale * q + bias`` per 32 values.
+
+    Shapes: blocks (rows, n, block bytes) -> q (rows, columns) uint8 unsigned, scale and bias
+    (rows, columns / 32) float32, exact (products of a float16 and a small integer).
+    """
+    rows = blocks.shape[0]
+    if type_name in K_QUANTS:
+        from gguf.quants import Q4_K
+
+        d, dmin = _f16(blocks, 0)[..., None], _f16(blocks, 2)[..., None]
+        sc, m = Q4_K.get_scale_min(np.ascontiguousarray(blocks[..., K_SCALES]).reshape(-1, 12))
+        scale = d * sc.reshape(*blocks.shape[:-1], 8).astype(np.float32)
+        bias = -(dmin * m.reshape(*blocks.shape[:-1], 8).astype(np.float32))
+        q = _k_quant_values(blocks, type_name)
+        return q.reshape(rows, -1), scale.reshape(rows, -1), bias.reshape(rows, -1)
+    d = _f16(blocks, 0)
     if type_name == "Q8_0":
-        return blocks[..., 2:] ^ np.uint8(0x80)  # int8 v -> v + 128
-    return _nibbles(blocks[..., 4:] if type_name == "Q4_1" else blocks[..., 2:])
+        q, bias = blocks[..., 2:] ^ np.uint8(0x80), -128 * d  # int8 v -> v + 128
+    elif type_name == "Q4_0":
+        q, bias = _nibbles(blocks[..., 2:]), -8 * d
+    elif type_name == "Q4_1":
+        q, bias = _nibbles(blocks[..., 4:]), _f16(blocks, 2)
+    elif type_name == "Q5_0":
+        q = _nibbles(blocks[..., 6:]) | (_bits32(blocks[..., 2:6]) << np.uint8(4))
+        bias = -16 * d
+    else:  # Q5_1
+        q = _nibbles(blocks[..., 8:]) | (_bits32(blocks[..., 4:8]) << np.uint8(4))
+        bias = _f16(blocks, 2)
+    return q.reshape(rows, -1), d, bias
+
+
+def pack(q: np.ndarray, bits: int) -> np.ndarray:
+    """(rows, columns) values below 2**bits -> (rows, columns * bits / 32) uint32 in MLX's
+    layout: value i at bits [bits * i, bits * (i + 1)) of the row's little-endian bit stream."""
+    groups = q.reshape(q.shape[0], -1, 8).astype("<u8")  # 8 values = ``bits`` whole bytes
+    word = np.zeros(groups.shape[:-1], "<u8")
+    for j in range(8):
+        word |= groups[..., j] << np.uint64(bits * j)
+    packed = word[..., None].view(np.uint8)[..., :bits]
+    return np.ascontiguousarray(packed).reshape(q.shape[0], -1).view("<u4")
 
 
 def dequantize(raw: np.ndarray, type_name: str) -> np.ndarray:
-    """Quantized rows -> float32, with the ``gguf`` package's arithmetic (bit-identical).
+    """Quantized rows -> float32 with the ``gguf`` package's own arithmetic.
 
     Shapes: raw (rows, row bytes) -> (rows, columns).
     """
-    _, _, block_bytes = next(t for t in SUPPORTED_TYPES.values() if t[0] == type_name)
-    blocks = _blocks(raw, block_bytes)
-    d = blocks[..., 0:2].copy().view(np.float16).astype(np.float32)
-    if type_name == "Q8_0":
-        x = blocks[..., 2:].copy().view(np.int8).astype(np.float32) * d
-    elif type_name == "Q4_0":
-        x = d * (_nibbles(blocks[..., 2:]).astype(np.int8) - np.int8(8)).astype(np.float32)
-    else:
-        m = blocks[..., 2:4].copy().view(np.float16).astype(np.float32)
-        x = d * _nibbles(blocks[..., 4:]).astype(np.float32) + m
-    return x.reshape(*raw.shape[:-1], -1)
+    gguf = gguf_package()
+    qtype = gguf.GGMLQuantizationType[type_name]
+    return gguf.quants.dequantize(raw, qtype).astype(np.float32, copy=False)
 
 
-def packed_triple(raw: np.ndarray, type_name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Quantized rows -> MLX affine (weight uint32, scales f16, biases f16), group size 32.
+def packed_triple(
+    raw: np.ndarray, type_name: str, scale_dtype=np.float16
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of a kept type -> MLX affine (weight uint32, scales, biases), group size 32.
 
-    Lossless: ``mx.dequantize`` of the triple equals :func:`dequantize` up to float32 rounding.
+    ``scale_dtype`` float16 is exact for the 32-block types; K-quants need float32 to be
+    (see the module docstring). ``mx.dequantize`` of a float32 triple equals
+    :func:`dequantize` bit for bit. Rows are repacked a chunk at a time.
     Shapes: raw (rows, row bytes) -> (rows, columns * bits / 32), (rows, columns / 32) twice.
     """
-    _, _, block_bytes = next(t for t in SUPPORTED_TYPES.values() if t[0] == type_name)
-    blocks = _blocks(raw, block_bytes)
-    q = _unsigned_values(blocks, type_name).reshape(*raw.shape[:-1], -1)
-    if QUANT_BITS[type_name] == 4:
-        q = q[..., 0::2] | (q[..., 1::2] << np.uint8(4))  # MLX: value i at bits 4*(i % 8)
-    weight = np.ascontiguousarray(q).view("<u4")
-    scales, biases = _scale_bias(blocks, type_name)
-    return weight, np.ascontiguousarray(scales), np.ascontiguousarray(biases)
+    gguf = gguf_package()
+    block, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
+    bits = KEPT_BITS[type_name]
+    rows, cols = raw.shape[0], raw.shape[1] // block_bytes * block
+    weight = np.empty((rows, cols * bits // 32), "<u4")
+    scales = np.empty((rows, cols // GROUP), scale_dtype)
+    biases = np.empty((rows, cols // GROUP), scale_dtype)
+    step = max(1, PACK_CHUNK_VALUES // cols)
+    for start in range(0, rows, step):
+        part = slice(start, start + step)
+        q, scale, bias = affine_form(_blocks(raw[part], block_bytes), type_name)
+        weight[part] = pack(q, bits)
+        with np.errstate(over="ignore"):
+            scales[part], biases[part] = scale, bias
+    return weight, scales, biases
 
 
 def float_values(gguf: GGUFFile, tensor: GGUFTensor) -> tuple[np.ndarray, str]:
     """A float tensor's data -> (array, safetensors code); BF16 comes as its uint16 bits."""
     raw = gguf.raw(tensor)
-    dtype = {"F32": "<f4", "F16": "<f2", "BF16": "<u2"}[tensor.type_name]
-    return raw.view(dtype).reshape(tensor.shape), tensor.type_name
+    return raw.view(FLOAT_TYPES[tensor.type_name]).reshape(tensor.shape), tensor.type_name
 
 
 def unpermute_rows(x: np.ndarray, n_heads: int) -> np.ndarray:
@@ -602,12 +712,23 @@ def float_ref(gguf: GGUFFile, tensor: GGUFTensor, config: dict) -> TensorRef:
     return TensorRef(name, code, tensor.shape, gguf.path, load)
 
 
-def quantized_triple(gguf: GGUFFile, tensor: GGUFTensor, config: dict) -> list[np.ndarray]:
-    """A quantized tensor as MLX (weight, scales, biases), Q/K rows un-permuted."""
+def scale_code(tensor: GGUFTensor, dtype_code: str) -> str:
+    """Safetensors code of a kept tensor's scales and biases: float16, which holds the 32-block
+    types' exactly; a K-quant's in float32 when the other floats are (see the module
+    docstring)."""
+    return "F32" if tensor.type_name in K_QUANTS and dtype_code == "F32" else "F16"
+
+
+def quantized_triple(
+    gguf: GGUFFile, tensor: GGUFTensor, config: dict, code: str = "F16"
+) -> list[np.ndarray]:
+    """A kept tensor as MLX (weight, scales, biases), scales and biases of safetensors ``code``,
+    Q/K rows un-permuted."""
     heads = _qk_heads(tensor.name, config)
-    triple = packed_triple(gguf.raw(tensor), tensor.type_name)
-    if not np.isfinite(triple[2]).all():  # -8 d or -128 d beyond float16 (|weights| > 65504)
-        raise ConversionError(
+    dtype = np.float32 if code == "F32" else np.float16
+    triple = packed_triple(gguf.raw(tensor), tensor.type_name, dtype)
+    if not (np.isfinite(triple[1]).all() and np.isfinite(triple[2]).all()):
+        raise ConversionError(  # e.g. -8 d, or a K-quant's d * sc, beyond float16's 65504
             f"{gguf.path.name}: {tensor.name} has values too large to keep in MLX's float16 "
             "quantization; convert with --dtype float32"
         )
@@ -639,20 +760,22 @@ class GGUFPlan:
     quantization: dict | None
 
 
-def _kept_job(gguf: GGUFFile, tensor: GGUFTensor, ref: TensorRef, config: dict):
-    """A job writing a quantized tensor as MLX's affine triple, exactly as stored."""
+def _kept_job(gguf: GGUFFile, tensor: GGUFTensor, ref: TensorRef, config: dict, dtype_code: str):
+    """A job writing a kept tensor as MLX's affine triple, the same values as stored."""
     from weights_convert.safetensors_io import TensorSpec
     from weights_convert.writer import Job, Quantization
 
-    bits = QUANT_BITS[tensor.type_name]
+    bits = KEPT_BITS[tensor.type_name]
+    code = scale_code(tensor, dtype_code)
     rows, cols = tensor.shape
     prefix = ref.name[: -len(".weight")]
     specs = (
         TensorSpec(ref.name, "U32", (rows, cols * bits // 32)),
-        TensorSpec(f"{prefix}.scales", "F16", (rows, cols // QK)),
-        TensorSpec(f"{prefix}.biases", "F16", (rows, cols // QK)),
+        TensorSpec(f"{prefix}.scales", code, (rows, cols // GROUP)),
+        TensorSpec(f"{prefix}.biases", code, (rows, cols // GROUP)),
     )
-    return Job(ref, specs, Quantization(QK, bits), lambda: quantized_triple(gguf, tensor, config))
+    produce = lambda: quantized_triple(gguf, tensor, config, code)
+    return Job(ref, specs, Quantization(GROUP, bits), produce)
 
 
 def _quantization_block(jobs: list) -> dict | None:
@@ -684,7 +807,8 @@ def plan_gguf(
         eos_ids: the EOS ids for config.json.
         dtype_code: safetensors code of float outputs (and of dequantized tensors).
         quant: :class:`~weights_convert.writer.Quantization` to (re)quantize with, or None.
-        keep_quantized: write Q8_0/Q4_0/Q4_1 tensors as MLX affine triples instead of floats.
+        keep_quantized: write the tensors MLX's affine format holds exactly (:data:`KEPT_BITS`)
+            as MLX affine triples; others are dequantized to ``dtype_code`` all the same.
     """
     from weights_convert import llama
     from weights_convert.writer import make_job
@@ -698,25 +822,27 @@ def plan_gguf(
     jobs = []
     for name, ref in plan.tensors:
         tensor = by_hf[name]
-        if keep_quantized and tensor.quantized and len(tensor.shape) == 2:
-            jobs.append(_kept_job(gguf, tensor, ref, config))
+        if keep_quantized and tensor.keepable:
+            jobs.append(_kept_job(gguf, tensor, ref, config, dtype_code))
         else:
             jobs.append(make_job(name, ref, dtype_code, quant))
     return GGUFPlan(gguf, eos_ids, config, jobs, plan.tied, _quantization_block(jobs))
 
 
-# Set to 1 to keep a GGUF's Q8_0/Q4_0/Q4_1 tensors quantized on the CPU backend too (other
-# floats float32 there), as Metal does by default: to measure the Mac install on Linux.
+# Set to 1 to keep a GGUF's quantized tensors that MLX holds exactly (Q8_0, Q4_0, Q4_1, Q5_0,
+# Q5_1, Q4_K, Q5_K) quantized on the CPU backend too (other floats float32 there), as Metal does
+# by default: to measure the Mac install on Linux.
 KEEP_QUANTIZED_ENV = "REDRAFTER_MLX_GGUF_KEEP_QUANTIZED"
 
 
 def resolve_dtype(dtype: str | None, quantize: bool) -> tuple[str, bool]:
     """``--dtype`` for GGUF input -> (dtype, keep quantized tensors as they are).
 
-    An explicit dtype dequantizes. Without one: on Metal, quantized tensors stay quantized
-    (other floats float16) unless ``--quantize`` asks for new settings; on the CPU backend,
-    everything becomes float32 (MLX's CPU quantized and half-precision matmuls are slow),
-    unless ``$REDRAFTER_MLX_GGUF_KEEP_QUANTIZED=1`` keeps the quantized tensors as on Metal.
+    An explicit dtype dequantizes. Without one: on Metal, the quantized tensors MLX holds
+    exactly stay quantized (other tensors float16) unless ``--quantize`` asks for new
+    settings; on the CPU backend, everything becomes float32 (MLX's CPU quantized and
+    half-precision matmuls are slow), unless ``$REDRAFTER_MLX_GGUF_KEEP_QUANTIZED=1`` keeps
+    those tensors quantized as on Metal.
     """
     import os
 

@@ -53,6 +53,7 @@ from .checkpoints import (
     list_checkpoints,
     load_checkpoint,
     plan_output,
+    resumed_state,
     save_checkpoint,
 )
 from .data import Sequence, files_digest, load_training_data
@@ -420,16 +421,7 @@ def _shown(value) -> str:
 
 def _resumed(work: Path, opts: DistillOptions) -> dict | None:
     """training_state.json of the newest checkpoint when resuming an early-exit run."""
-    existing = list_checkpoints(work) if opts.resume else []
-    if not existing:
-        return None
-    info = json.loads((existing[-1] / "training_state.json").read_text())
-    if info.get("run", {}).get("kind") != "early-exit":
-        raise ValueError(
-            f"{work} holds a recurrent drafter's run: resume it without --kind early-exit, "
-            "or choose another --out"
-        )
-    return info
+    return resumed_state(work, "early-exit") if opts.resume else None
 
 
 def _file_data(files, tokenizer, opts: DistillOptions):

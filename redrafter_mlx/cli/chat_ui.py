@@ -327,11 +327,11 @@ class ChatLoop:
         r = self.last
         if r is None:
             return "\n".join(lines + ["no answer yet"])
-        from redrafter_mlx.cli.stats import answer_branch_stats
+        from redrafter_mlx.cli.stats import answer_branch_stats, rate_text
 
         branched = answer_branch_stats(r, self.answer_tokens)
         if branched is None:
-            answer = f"answer: {r.generation_tokens} tokens, {r.generation_tps:.1f} tok/s"
+            answer = f"answer: {r.generation_tokens} tokens, {rate_text(r)}"
         else:  # the rebuilt text's tokens, then all the branches decoded
             answer = (
                 f"answer: {branched['answer_tokens']} tokens, {branched['answer_tps']:.1f} "

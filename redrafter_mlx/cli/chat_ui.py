@@ -207,8 +207,7 @@ class ChatLoop:
 
         e = self.engine
         decoder = StreamDecoder(e.tokenizer)
-        text = ""
-        self.last, self.answer_tokens = None, 0
+        text, tokens = "", 0  # the last answer's stats stay until this one has a response
         accepted = StreamDecoder(e.tokenizer) if self.show_accepted else None
         branching = BranchAnswer(self.console, e.tokenizer.decode, accepted)
         draft = getattr(e, "draft_model", None)
@@ -228,8 +227,8 @@ class ChatLoop:
         try:
             for response in stream:
                 text += response.text
-                self.last = response
-                self.answer_tokens += len(response.tokens)
+                tokens += len(response.tokens)
+                self.last, self.answer_tokens = response, tokens
                 if not branching.take(response):
                     self.show(response, decoder)
         except KeyboardInterrupt:

@@ -168,10 +168,13 @@ class ChatLoop:
         first token) cancels the turn; either way the conversation, dropped turns included,
         stays as it was before the message.
         """
+        from redrafter_mlx.cli.common import check_prompt_fits, context_limit
+
         asked = [*self.messages, {"role": "user", "content": user_text}]
         text, interrupted = "", False
         try:
             kept, ids, dropped = self.fit_context(asked)
+            check_prompt_fits(self.engine.model, len(ids))
             text, interrupted = self.stream_answer(ids)
         except KeyboardInterrupt:  # while preparing the turn: nothing was said
             text, interrupted = "", True
@@ -186,10 +189,8 @@ class ChatLoop:
             self.messages = [*kept, {"role": "assistant", "content": text}]
             self.dropped_turns += dropped
             if dropped:  # said once it has happened: a refused turn drops nothing
-                context = self.engine.model.max_context
-                self.note(
-                    f"[dropped the oldest {dropped} turn(s) to fit the context of {context} tokens]"
-                )
+                limit = context_limit(self.engine.model)
+                self.note(f"[dropped the oldest {dropped} turn(s) to fit {limit}]")
         if self.last is not None:
             from redrafter_mlx.cli.common import stats_line
 
@@ -305,13 +306,15 @@ class ChatLoop:
         context = self.engine.model.max_context
         if context is None:
             return None
+        from redrafter_mlx.cli.common import context_limit
+
         empty_turn = [{"role": "user", "content": ""}]
         used = len(self.engine.tokenizer.chat_prompt(empty_turn, system=system))
         if context - used >= 2:
             return None
         return (
-            f"the system prompt takes {used:,} tokens in the chat format but the model's "
-            f"context holds {context:,}, leaving no room for a message and an answer; shorten it"
+            f"the system prompt takes {used:,} tokens in the chat format, leaving no room for "
+            f"a message and an answer in {context_limit(self.engine.model)}; shorten it"
         )
 
     def stats_text(self) -> str:

@@ -109,9 +109,11 @@ def test_chain_score_is_exact_when_the_layers_past_the_exit_do_nothing():
 def test_a_positions_budget_trains_on_that_many_answer_positions():
     """``--budget 100k`` on a self-data folder that a larger run filled: the first answers
     whose positions reach the budget, not every answer the folder holds."""
+    from redrafter_mlx.train.builtin import within_positions
+
     rows = [{"response_ids": [1] * n} for n in (40, 30, 50, 20)]
-    assert EE.within_positions(rows, 60) == rows[:2]  # 40, then 70 >= 60
-    assert EE.within_positions(rows, 70) == rows[:2]
-    assert EE.within_positions(rows, 71) == rows[:3]
-    assert EE.within_positions(rows, 10**6) == rows
-    assert EE.within_positions([], 5) == []
+    assert within_positions(rows, 60) == rows[:2]  # 40, then 70 >= 60
+    assert within_positions(rows, 70) == rows[:2]
+    assert within_positions(rows, 71) == rows[:3]
+    assert within_positions(rows, 10**6) == rows
+    assert within_positions([], 5) == []

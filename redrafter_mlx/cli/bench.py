@@ -277,12 +277,13 @@ def show_profile(engine: Engine, configs: list, ids: list[int], as_json: bool, c
         wide.print(table)
 
 
-def judge_mismatches(engine: Engine, result, data: dict) -> None:
+def judge_mismatches(engine: Engine, result, data: dict, sampling: SamplerConfig) -> None:
     """Check each greedy mismatch for a near-tie that float rounding decided
-    (``measure.near_tie``): its ``lead``, ``noise`` and ``near_tie`` join it in ``data``
-    (None where no check applies: a branching run, whose text is rebuilt from branches, or
-    runs that part by stopping). A row whose mismatches are all near-ties gets ``near_tie``
-    True; ``ok`` holds when every mismatch is a near-tie."""
+    (``measure.near_tie``, on the logits as ``sampling``'s bias and penalties leave them):
+    its ``lead``, ``noise`` and ``near_tie`` join it in ``data`` (None where no check
+    applies: a branching run, whose text is rebuilt from branches, or runs that part by
+    stopping). A row whose mismatches are all near-ties gets ``near_tie`` True; ``ok`` holds
+    when every mismatch is a near-tie."""
     from redrafter_mlx.cli.bench_report import AR_NAME
     from redrafter_mlx.measure import near_tie
 
@@ -295,7 +296,8 @@ def judge_mismatches(engine: Engine, result, data: dict) -> None:
             m.update(lead=None, noise=None, near_tie=None)
             continue
         prefix = list(result.items[k].ids) + list(ref[:p])
-        m.update(near_tie.check(engine.model, prefix, ref[p], run.tokens[p]).to_dict())
+        verdict = near_tie.check(engine.model, prefix, ref[p], run.tokens[p], sampling)
+        m.update(verdict.to_dict())
     for row in data["configs"]:
         if row["matches_ar"] is False:
             mine = [
@@ -643,7 +645,7 @@ def bench(
         )
         data = logic.report(result, meta)
         if data["mismatches"]:
-            judge_mismatches(engine, result, data)
+            judge_mismatches(engine, result, data, sampling)
         data["split"] = split_cost(engine, chosen)
         if csv_path is not None:
             logic.write_csv(data["configs"], str(csv_path))

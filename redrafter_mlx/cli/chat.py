@@ -54,9 +54,9 @@ def greeting(engine, plan, show_accepted: bool, sampling: str = "") -> str:
     """The first lines: which model, which beam shape and sampling and why, how to leave."""
     from redrafter_mlx.cli.chat_ui import DRAFTED_STYLE
 
-    drafter = f" + drafter {engine.paths.drafter}" if plan.speculative else ""
     lines = [
-        f"[bold]redrafter-mlx chat[/] · {engine.paths.model}{drafter} ({engine.dtype})",
+        f"[bold]redrafter-mlx chat[/] · {engine.paths.model}{draft_sources(engine, plan)} "
+        f"({engine.dtype})",
         f"[dim]beam {plan.label} ({plan.source})[/]",
         *([f"[dim]sampling: {sampling}[/]"] if sampling else []),
         "[dim]Type /help for commands; /quit or Ctrl-D leaves; Ctrl-C stops an answer.[/]",
@@ -66,6 +66,21 @@ def greeting(engine, plan, show_accepted: bool, sampling: str = "") -> str:
             f"[dim]Tokens accepted from drafts are shown in [{DRAFTED_STYLE}]{DRAFTED_STYLE}[/].[/]"
         )
     return "\n".join(lines)
+
+
+def draft_sources(engine, plan) -> str:
+    """`` + drafter D + draft model M + early-exit adapter A``: the draft models the chat
+    loads beside the model (none for plain decoding)."""
+    from redrafter_mlx.engine.early_exit import is_early_exit
+
+    parts = []
+    if plan.speculative and engine.drafter is not None:
+        parts.append(f"drafter {engine.paths.drafter}")
+    if plan.speculative and engine.draft_model is not None:
+        given = engine.paths.draft_model
+        for path in given if isinstance(given, tuple) else (given,):
+            parts.append(f"{'early-exit adapter' if is_early_exit(path) else 'draft model'} {path}")
+    return "".join(f" + {part}" for part in parts)
 
 
 MAX_ANSWER_TOKENS = 1024

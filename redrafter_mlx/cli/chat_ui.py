@@ -168,10 +168,13 @@ class ChatLoop:
         first token) cancels the turn; either way the conversation, dropped turns included,
         stays as it was before the message.
         """
+        from redrafter_mlx.cli.common import check_prompt_fits, context_limit
+
         asked = [*self.messages, {"role": "user", "content": user_text}]
         text, interrupted = "", False
         try:
             kept, ids, dropped = self.fit_context(asked)
+            check_prompt_fits(self.engine.model, len(ids))
             text, interrupted = self.stream_answer(ids)
         except KeyboardInterrupt:  # while preparing the turn: nothing was said
             text, interrupted = "", True
@@ -186,10 +189,8 @@ class ChatLoop:
             self.messages = [*kept, {"role": "assistant", "content": text}]
             self.dropped_turns += dropped
             if dropped:  # said once it has happened: a refused turn drops nothing
-                context = self.engine.model.max_context
-                self.note(
-                    f"[dropped the oldest {dropped} turn(s) to fit the context of {context} tokens]"
-                )
+                limit = context_limit(self.engine.model)
+                self.note(f"[dropped the oldest {dropped} turn(s) to fit {limit}]")
         if self.last is not None:
             from redrafter_mlx.cli.common import stats_line
 
@@ -207,8 +208,7 @@ class ChatLoop:
 
         e = self.engine
         decoder = StreamDecoder(e.tokenizer)
-        text = ""
-        self.last, self.answer_tokens = None, 0
+        text, tokens = "", 0  # the last answer's stats stay until this one has a response
         accepted = StreamDecoder(e.tokenizer) if self.show_accepted else None
         branching = BranchAnswer(self.console, e.tokenizer.decode, accepted)
         draft = getattr(e, "draft_model", None)
@@ -228,8 +228,8 @@ class ChatLoop:
         try:
             for response in stream:
                 text += response.text
-                self.last = response
-                self.answer_tokens += len(response.tokens)
+                tokens += len(response.tokens)
+                self.last, self.answer_tokens = response, tokens
                 if not branching.take(response):
                     self.show(response, decoder)
         except KeyboardInterrupt:
@@ -306,13 +306,15 @@ class ChatLoop:
         context = self.engine.model.max_context
         if context is None:
             return None
+        from redrafter_mlx.cli.common import context_limit
+
         empty_turn = [{"role": "user", "content": ""}]
         used = len(self.engine.tokenizer.chat_prompt(empty_turn, system=system))
         if context - used >= 2:
             return None
         return (
-            f"the system prompt takes {used:,} tokens in the chat format but the model's "
-            f"context holds {context:,}, leaving no room for a message and an answer; shorten it"
+            f"the system prompt takes {used:,} tokens in the chat format, leaving no room for "
+            f"a message and an answer in {context_limit(self.engine.model)}; shorten it"
         )
 
     def stats_text(self) -> str:
@@ -327,11 +329,11 @@ class ChatLoop:
         r = self.last
         if r is None:
             return "\n".join(lines + ["no answer yet"])
-        from redrafter_mlx.cli.stats import answer_branch_stats
+        from redrafter_mlx.cli.stats import answer_branch_stats, rate_text
 
         branched = answer_branch_stats(r, self.answer_tokens)
         if branched is None:
-            answer = f"answer: {r.generation_tokens} tokens, {r.generation_tps:.1f} tok/s"
+            answer = f"answer: {r.generation_tokens} tokens, {rate_text(r)}"
         else:  # the rebuilt text's tokens, then all the branches decoded
             answer = (
                 f"answer: {branched['answer_tokens']} tokens, {branched['answer_tps']:.1f} "

@@ -213,6 +213,33 @@ def check_max_tokens(max_tokens: int) -> int:
     return max_tokens
 
 
+def kv_capped(model) -> bool:
+    """Whether ``--max-kv-size``, not the model's trained context, bounds a row's tokens."""
+    cap = getattr(model, "context_cap", None)
+    trained = model.args.max_position_embeddings
+    return cap is not None and (trained is None or cap < trained)
+
+
+def context_limit(model) -> str:
+    """What bounds a row's tokens, in words: ``the model's context of N tokens``, or ``the
+    --max-kv-size cap of N tokens`` when that cap is below the model's context."""
+    if kv_capped(model):
+        return f"the --max-kv-size cap of {model.max_context:,} tokens"
+    return f"the model's context of {model.max_context:,} tokens"
+
+
+def check_prompt_fits(model, prompt_tokens: int) -> None:
+    """ValueError naming the limit (``context_limit``) and its fix when a prompt of
+    ``prompt_tokens`` leaves no room for an answer."""
+    context = model.max_context
+    if context is None or prompt_tokens < context:
+        return
+    fix = "raise --max-kv-size or shorten the prompt" if kv_capped(model) else "shorten the prompt"
+    raise ValueError(
+        f"prompt of {prompt_tokens:,} tokens does not fit {context_limit(model)}; {fix}"
+    )
+
+
 def check_length(length: int) -> None:
     """FlagError unless ``--beam-length`` counts the init token and one draft."""
     if length < 2:

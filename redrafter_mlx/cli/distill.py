@@ -91,7 +91,8 @@ def distill(
         None,
         help="Without --data: how long the whole run may take (30m, 2h, 1h30m; default 45m: "
         "half answering prompts, then training, then the evaluation) or how many answer "
-        "positions to generate (200k; then one epoch). Resumable: rerun with --resume.",
+        "positions to train on (200k, then one epoch; at least one batch of answers, "
+        "--gen-batch x --answer-tokens). Resumable: rerun with --resume.",
     ),
     gen_temp: float = typer.Option(
         0.0, help="Without --data: the model's answers, greedy (0) or sampled at this temperature."

@@ -43,6 +43,7 @@ from redrafter_mlx.cli.common import (
     TopPOpt,
     VerboseOpt,
     branch_flags,
+    check_prompt_fits,
     cli_errors,
     err_console,
     out_console,
@@ -257,6 +258,7 @@ def generate(
         if ready.sampling_origin and not as_json:  # values the user did not type: say so
             err_console().print(f"sampling: {ready.sampling_note}", style="dim", markup=False)
         ids = prompt_ids(engine.tokenizer, ready.checked, chat, system_prompt)
+        check_prompt_fits(engine.model, len(ids))
         result = run_generation(
             engine,
             plan,

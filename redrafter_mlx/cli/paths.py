@@ -52,7 +52,8 @@ def resolve_paths(model: str | None, drafter: str | None) -> ModelPaths:
     named = installed_bundled(model)
     if named is not None:
         chosen = drafter if drafter is not None else (str(named.drafter) if named.drafter else None)
-        return ModelPaths(str(named.base), chosen, demo=named.name == "demo", notes=(named.note,))
+        note = named.note if model is None else asked_note(named.note)
+        return ModelPaths(str(named.base), chosen, demo=named.name == "demo", notes=(note,))
     _check_model_name(model)
     own = Path(model).expanduser() / "drafter"
     if drafter is None and (own / "config.json").is_file():
@@ -65,6 +66,13 @@ def resolve_paths(model: str | None, drafter: str | None) -> ModelPaths:
         note = f"using the packaged SmolLM2 drafter: {packaged} (--drafter to choose another)"
         return ModelPaths(model, str(packaged), notes=(note,))
     return ModelPaths(model, drafter)
+
+
+def asked_note(note: str) -> str:
+    """A bundled model's note when ``--model`` named it: without the advice to pass
+    ``--model`` for a real model, which is for the demo chosen by default."""
+    head, advice, _ = note.partition("; pass --model")
+    return head + "." if advice else note
 
 
 def resolve_draft_model(name: str | Sequence[str] | None) -> str | tuple[str, str] | None:

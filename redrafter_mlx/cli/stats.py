@@ -31,6 +31,19 @@ def source_share(source_tokens: dict) -> str:
     return "accepted drafts: " + (" + ".join(parts) if parts else "0")
 
 
+def generation_rate(response) -> float | None:
+    """The answer's decoding speed, tokens/s after the first token (the stats'
+    ``generation_tps``); None when the answer ended at its first token: no decoding step was
+    timed, so a rate would divide by a near-zero interval."""
+    return response.generation_tps if response.steps > 0 else None
+
+
+def rate_text(response) -> str:
+    """``12.3 tok/s``, or ``no decoding step`` for an answer that ended at its first token."""
+    rate = generation_rate(response)
+    return "no decoding step" if rate is None else f"{rate:.1f} tok/s"
+
+
 def stats_line(response, plan: ShapeChoice, answer_tokens: int | None = None) -> str:
     """The one-line summary after an answer: tokens, speed, acceptance, why it ended, shape.
 
@@ -42,7 +55,7 @@ def stats_line(response, plan: ShapeChoice, answer_tokens: int | None = None) ->
     histogram counts branch steps (one branch row's step)."""
     branched = answer_branch_stats(response, answer_tokens)
     if branched is None:
-        parts = [f"{response.generation_tokens} tokens", f"{response.generation_tps:.1f} tok/s"]
+        parts = [f"{response.generation_tokens} tokens", rate_text(response)]
     else:
         parts = [
             f"{branched['answer_tokens']} tokens",
@@ -50,7 +63,7 @@ def stats_line(response, plan: ShapeChoice, answer_tokens: int | None = None) ->
             f"{response.branches} branches",
             f"{branched['steps']} steps ({branched['answer_tokens_per_step']:.2f} tok/step)",
         ]
-    if plan.speculative:
+    if plan.speculative and response.steps:
         if branched is None:
             parts.append(f"{response.tokens_per_step:.2f} tok/step")
         hist = format_hist(response.accept_hist, "steps" if branched is None else "branch steps")
@@ -104,8 +117,9 @@ def answer_branch_stats(response, answer_tokens: int | None) -> dict | None:
 
 
 def response_stats(response) -> dict:
-    """All statistics of a final GenerationResponse as a JSON-ready dict."""
-    return response.stats.to_dict()
+    """All statistics of a final GenerationResponse as a JSON-ready dict; ``generation_tps``
+    is null for an answer that ended at its first token (``generation_rate``)."""
+    return {**response.stats.to_dict(), "generation_tps": generation_rate(response)}
 
 
 __all__ = [
@@ -113,6 +127,8 @@ __all__ = [
     "answer_branch_stats",
     "branch_stats",
     "format_hist",
+    "generation_rate",
+    "rate_text",
     "response_stats",
     "source_share",
     "stats_line",

@@ -18,6 +18,16 @@ differs from another by that much). ``lead``: how far the plain path's token lea
 other run's token in the one-token logits. A lead within ``TIE_FACTOR`` times the noise is a
 near-tie; a larger one cannot come from rounding, so the engine accepted a token the model
 does not choose: a bug.
+
+Both are read from the distribution the run decoded from: the raw logits after the run's
+text processors (``sampling.process_text``: its logit bias, and its repetition, presence and
+frequency penalties over the last ``repetition_context_size`` tokens of the prefix, the
+window plain decoding reads there), applied alike to the one-token step and the whole-prefix
+logits. Where a run drew a token its settings ban (a bias of -100 on it) or a penalty
+pushed down, plain decoding's token leads it by what the settings moved it, however close
+their raw logits are. The
+resolution floor is the raw logits' unit in the last place carried through the same
+processing (a repetition penalty scales it; a bias or the other penalties shift it).
 """
 
 from __future__ import annotations
@@ -27,13 +37,17 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from redrafter_mlx.engine.penalties import node_text
+from redrafter_mlx.engine.sampling import RowSampler, SamplerConfig, process_text
+
 TIE_FACTOR = 2.0
 
 
 @dataclass(frozen=True)
 class TieCheck:
     """``lead``: plain decoding's token over the other's, one-token step logits; ``noise``:
-    max |step - whole-prefix forward| logits; ``near_tie``: ``|lead| <= TIE_FACTOR * noise``."""
+    max |step - whole-prefix forward| logits (both processed as the run decoded them);
+    ``near_tie``: ``|lead| <= TIE_FACTOR * noise``."""
 
     lead: float
     noise: float
@@ -59,20 +73,58 @@ def last_logits(model, tokens: list[int], start: int, keys, values) -> tuple[mx.
     return model.logits(hidden[0, -1]), keys, values
 
 
-def check(model, prefix: list[int], token: int, other: int) -> TieCheck:
+def check(
+    model, prefix: list[int], token: int, other: int, sampling: SamplerConfig | None = None
+) -> TieCheck:
     """``prefix``: the prompt and the tokens both runs share, (P,) with P >= 2; ``token``:
-    plain decoding's next token; ``other``: the other run's. One forward over P tokens and
+    plain decoding's next token; ``other``: the other run's; ``sampling``: the runs' settings
+    (their bias and penalties are applied; None: raw logits). One forward over P tokens and
     one over P - 1 then a one-token step (``model``: the engine's ``Model``)."""
     if len(prefix) < 2:
         raise ValueError("a near-tie check needs a prefix of at least 2 tokens")
     whole, _, _ = last_logits(model, prefix, 0, *model.make_cache(1, len(prefix)))
     _, keys, values = last_logits(model, prefix[:-1], 0, *model.make_cache(1, len(prefix)))
     step, _, _ = last_logits(model, prefix[-1:], len(prefix) - 1, keys, values)
+    process = processor(prefix, sampling, step.shape[-1])
+    floor = resolution(step, (token, other), prefix, sampling, model)
+    step, whole = process(step), process(whole)
     lead = step[token] - step[other]
     noise = mx.max(mx.abs(step - whole))
-    biggest = mx.maximum(mx.abs(step[token]), mx.abs(step[other]))
-    mx.eval(lead, noise, biggest)
-    return TieCheck(lead=lead.item(), noise=max(noise.item(), ulp(biggest.item(), model)))
+    mx.eval(lead, noise)
+    return TieCheck(lead=lead.item(), noise=max(noise.item(), floor))
+
+
+def processor(prefix: list[int], sampling: SamplerConfig | None, vocab_size: int):
+    """The run's text processing of the logits after ``prefix``: (V,) -> (V,) float32
+    (``sampling.process_text``, its penalty window the last ``repetition_context_size``
+    tokens of ``prefix``, as plain decoding reads them); the identity without settings."""
+    if sampling is None or not (sampling.logit_bias or sampling.reads_text):
+        return lambda logits: logits.astype(mx.float32)
+    sampler = RowSampler.from_config(sampling, vocab_size, mx.random.key(0))
+    text = None
+    if sampler.reads_text:
+        span, context = sampler.penalty_window()
+        text = node_text(mx.array([prefix], mx.int32), mx.array([len(prefix)]), span, context)
+    return lambda logits: process_text(logits[None, None], sampler, text)[0, 0].astype(mx.float32)
+
+
+def resolution(
+    raw: mx.array, tokens: tuple[int, ...], prefix: list[int], sampling: SamplerConfig | None, model
+) -> float:
+    """The logits' resolution at ``tokens``: each one's raw logit (V,) unit in the last place
+    in the model's dtype (``ulp``), scaled as the run's repetition penalty scales a token seen
+    in its window (``penalties.penalize``: divided by the penalty if positive, else multiplied;
+    a bias or the other penalties shift a logit, keeping its unit); the largest."""
+    window = set(prefix[-sampling.repetition_context_size :]) if sampling else set()
+    penalty = sampling.repetition_penalty if sampling else 1.0
+    units = []
+    for t in tokens:
+        value = raw[t].item()
+        unit = ulp(abs(value), model)
+        if t in window:
+            unit *= 1 / penalty if value > 0 else penalty
+        units.append(unit)
+    return max(units)
 
 
 def ulp(value: float, model) -> float:

@@ -74,6 +74,8 @@ def prepare(
     data = self_data(folder, model, tokenizer, opts, reused_layers)
     resumed = resumed_run(plan.work, opts)
     train_rows, val_rows, held = answered(data, opts, kind, amount, started, resumed, progress)
+    if kind == "positions" and not resumed:  # the budget's share of the answers written
+        train_rows = within_positions(train_rows, amount)
     if not train_rows:
         raise ValueError(
             f"the budget {opts.budget} left no time to answer any training prompt; "
@@ -171,6 +173,21 @@ def answered(data, opts: DistillOptions, kind, amount, started, resumed, progres
     if resumed:
         train_rows = train_rows[: resumed["data"]["answers"]]
     return train_rows, [r for r in rows if r["id"] in held_ids], held
+
+
+def within_positions(rows: list[dict], amount: float) -> list[dict]:
+    """The first answer rows whose answer positions reach ``amount`` (all of them when they
+    hold fewer): a positions budget trains on that many even when the self-data folder
+    holds more (answers a larger run wrote). Each sequence's features are kept in memory
+    for the run (``sequence_features``: an early-exit adapter's run), and a drafter's targets
+    are computed for these, so this bounds the run's memory and time too."""
+    kept, total = [], 0
+    for r in rows:
+        if total >= amount:
+            break
+        kept.append(r)
+        total += len(r["response_ids"])
+    return kept
 
 
 def resumed_run(out: Path, opts: DistillOptions) -> dict | None:

@@ -36,6 +36,29 @@ def list_checkpoints(out: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step-"))
 
 
+# A run's kind (``"kind"`` in its run record; a recurrent drafter's run records none): what
+# it is called, and how ``distill --resume`` continues it.
+RUN_KINDS = {
+    "recurrent": ("a recurrent drafter's run", "without --kind early-exit"),
+    "early-exit": ("an early-exit adapter's run", "with --kind early-exit"),
+}
+
+
+def resumed_state(out: Path, kind: str) -> dict | None:
+    """``training_state.json`` of ``out``'s newest checkpoint (None: no checkpoint), for a
+    ``kind`` run (``RUN_KINDS``) to resume; ValueError naming the kind ``out`` holds and how
+    to resume it when it is another kind's run."""
+    existing = list_checkpoints(out)
+    if not existing:
+        return None
+    info = json.loads((existing[-1] / "training_state.json").read_text())
+    held = info.get("run", {}).get("kind", "recurrent")
+    if held != kind and held in RUN_KINDS:
+        name, flag = RUN_KINDS[held]
+        raise ValueError(f"{out} holds {name}: resume it {flag}, or choose another --out")
+    return info
+
+
 def drafter_config(args: DrafterArgs, predict_tokens: int, targets: str) -> dict:
     cfg = args.to_config()
     cfg.update(predict_tokens=predict_tokens, distill_targets=targets)

@@ -92,6 +92,7 @@ from .checkpoints import (  # noqa: F401  (re-exported: the run's API in one pla
     load_checkpoint,
     plan_output,
     publish_drafter,
+    resumed_state,
     save_checkpoint,
     write_drafter_files,
 )
@@ -163,6 +164,8 @@ def distill(model_dir, data_files, out_dir, progress=None, **options) -> dict:
     out = Path(out_dir).expanduser()
     inputs = [Path(model_dir).expanduser(), *data_files, *map(Path, opts.eval_data or [])]
     plan = plan_output(out, opts, [p for p in inputs if p.exists()])
+    if opts.resume:  # before the model and the data: another kind's run is named first
+        resumed_state(plan.work, "recurrent")
     group = mx.distributed.init() if mx.distributed.is_available() else None
     rank = group.rank() if group is not None else 0
     quiet = opts.quiet or rank != 0 or progress is None

@@ -53,6 +53,7 @@ from .checkpoints import (
     list_checkpoints,
     load_checkpoint,
     plan_output,
+    resumed_state,
     save_checkpoint,
 )
 from .data import Sequence, files_digest, load_training_data
@@ -420,16 +421,7 @@ def _shown(value) -> str:
 
 def _resumed(work: Path, opts: DistillOptions) -> dict | None:
     """training_state.json of the newest checkpoint when resuming an early-exit run."""
-    existing = list_checkpoints(work) if opts.resume else []
-    if not existing:
-        return None
-    info = json.loads((existing[-1] / "training_state.json").read_text())
-    if info.get("run", {}).get("kind") != "early-exit":
-        raise ValueError(
-            f"{work} holds a recurrent drafter's run: resume it without --kind early-exit, "
-            "or choose another --out"
-        )
-    return info
+    return resumed_state(work, "early-exit") if opts.resume else None
 
 
 def _file_data(files, tokenizer, opts: DistillOptions):
@@ -445,7 +437,7 @@ def _file_data(files, tokenizer, opts: DistillOptions):
 def _builtin_data(model, tokenizer, path, dtype, plan, opts, progress, started, resumed):
     """The recurrent drafter's built-in data (``selfdata``, same folder and stages): each
     answer is a sequence of prompt + answer tokens, training on the answer's."""
-    from .builtin import answered, self_data
+    from .builtin import answered, self_data, within_positions
     from .selfdata import parse_budget, work_folder, work_key
     from .targets import model_fingerprint
 
@@ -467,20 +459,6 @@ def _builtin_data(model, tokenizer, path, dtype, plan, opts, progress, started, 
 
     data = dict(answers=len(train_rows), held_out_answers=len(val_rows), folder=folder.name)
     return [seq(r) for r in train_rows], [seq(r) for r in val_rows], data
-
-
-def within_positions(rows: list[dict], amount: float) -> list[dict]:
-    """The first answer rows whose answer positions reach ``amount`` (all of them when they
-    hold fewer): a positions budget trains on that many even when the self-data folder
-    holds more (answers a larger run wrote). Each sequence's features are kept in memory
-    for the run (``sequence_features``), so this bounds the run's memory and time too."""
-    kept, total = [], 0
-    for r in rows:
-        if total >= amount:
-            break
-        kept.append(r)
-        total += len(r["response_ids"])
-    return kept
 
 
 def _folder_features(folder: Path):

@@ -131,9 +131,19 @@ class DistillOptions:
             from .selfdata import parse_budget
 
             try:
-                parse_budget(self.budget)
+                kind, amount = parse_budget(self.budget)
             except ValueError as e:
                 raise ParamError("budget", str(e)) from None
+            batch = self.gen_batch * self.answer_tokens
+            if kind == "positions" and amount < batch:
+                raise ParamError(
+                    "budget",
+                    f"--budget {self.budget} asks for {amount:,.0f} answer positions, less than "
+                    f"one batch of answers (--gen-batch {self.gen_batch} x --answer-tokens "
+                    f"{self.answer_tokens} = up to {batch:,} positions), which the run writes "
+                    f"whole; give --budget {math.ceil(batch / 1000)}k or more, a smaller "
+                    "--gen-batch, or a time with its unit (30m, 1h)",
+                )
         spec = str(self.feature_layers or "last").strip().lower().replace(" ", "")
         if spec not in ("auto", "last") and not all(p.isdigit() for p in spec.split(",")):
             raise ParamError(

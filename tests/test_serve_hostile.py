@@ -317,6 +317,30 @@ def test_a_body_at_the_limit_is_read(server):
     assert httpx.post(server.url + "/v1/completions", content=raw + b" ").status_code == 413
 
 
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "content-length"])
+def test_an_oversized_upload_that_stalls_is_answered_before_the_read_timeout(server, chunked):
+    """Past the body limit, then nothing more: the 413 comes as the limit is crossed and the
+    connection closes soon after, well before this server's 30 s read timeout (the socket
+    gives up after 10 s)."""
+    port = int(server.url.rsplit(":", 1)[1])
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        if chunked:
+            piece = b"%x\r\n%s\r\n" % (16 << 10, b"x" * (16 << 10))
+            conn.sendall(head + b"Transfer-Encoding: chunked\r\n\r\n" + piece * 5)
+        else:
+            conn.sendall(head + b"Content-Length: %d\r\n\r\n" % (BODY_LIMIT + 1) + b"x" * 100)
+        conn.settimeout(10.0)
+        answer = b""
+        try:
+            while chunk := conn.recv(4096):
+                answer += chunk
+        except ConnectionResetError:  # a close with the client's last bytes unread
+            pass
+    assert answer.startswith(b"HTTP/1.1 413") and b"request_too_large" in answer, answer[:300]
+    assert server.health().status_code == 200
+
+
 def test_a_batch_fault_answers_all_20_and_the_server_goes_on(server, alone, monkeypatch):
     """A fault in the batched step itself fails the requests in flight: each gets an error
     (a 500 or an error event), none hangs, and the next requests are exact again."""

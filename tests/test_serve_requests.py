@@ -156,6 +156,7 @@ def test_completion_tokens_end_at_the_stop_string_however_the_steps_fall():
 
 TIMEOUT_S = 0.6
 MAX_CONNECTIONS = 12
+BODY_LIMIT = 4096
 
 
 @pytest.fixture(scope="module")
@@ -166,6 +167,7 @@ def server():
     scheduler.start(warmup_prompt=[1, 2, 3])
     config = ServeConfig(tok, "org/tiny", 64, model.max_context, model.vocab_size, {}, ("t",))
     config.read_timeout_s, config.max_connections = TIMEOUT_S, MAX_CONNECTIONS
+    config.max_body_bytes = BODY_LIMIT
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -261,3 +263,58 @@ def test_connections_beyond_the_cap_get_503_until_the_idle_ones_time_out(server)
     for c in idle:
         assert closed_within(c, 3 * TIMEOUT_S) is not None
     assert httpx.get(f"{url}/health").status_code == 200
+
+
+OVER_LIMIT_HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+
+
+def oversized_then_stalled(port: int, chunked: bool) -> socket.socket:
+    """A connection whose body passes ``BODY_LIMIT`` (chunked: by the bytes sent; else by its
+    Content-Length, with a part of it sent), and then sends nothing more."""
+    conn = socket.create_connection(("127.0.0.1", port))
+    if chunked:
+        chunk = b"x" * 1024
+        piece = b"%x\r\n%s\r\n" % (len(chunk), chunk)
+        conn.sendall(OVER_LIMIT_HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + piece * 6)
+    else:
+        conn.sendall(OVER_LIMIT_HEAD + b"Content-Length: 100000\r\n\r\n" + b"x" * 6000)
+    return conn
+
+
+def test_oversized_bodies_that_stall_get_a_413_and_free_their_slot(server):
+    """Every slot held by a client whose body is over the limit and then stalls (a request
+    holds two: its connection and its task): each gets its 413 and its connection is closed,
+    after which a normal request is served."""
+    port, url = server
+    conns = [oversized_then_stalled(port, i % 2 == 0) for i in range(MAX_CONNECTIONS // 2)]
+    answers = [closed_within(c, 10.0) for c in conns]
+    assert all(a is not None for a in answers), "an oversized upload kept its connection"
+    for a in answers:
+        assert a.startswith(b"HTTP/1.1 413") and b"request_too_large" in a, a[:200]
+    body = dict(prompt="alpha", max_tokens=2, temperature=0)
+    assert httpx.post(f"{url}/v1/completions", json=body, timeout=10).status_code == 200
+
+
+def test_an_oversized_body_still_trickling_is_cut_off_at_the_read_deadline(server):
+    """A client that goes on sending past the limit, a little at a time, gets its 413 and is
+    closed at the request's read deadline, however long it would go on."""
+    port, _ = server
+    conn = oversized_then_stalled(port, chunked=True)
+    stop = threading.Event()
+
+    def trickle():
+        piece = b"1\r\nx\r\n"
+        while not stop.wait(TIMEOUT_S / 6):
+            try:
+                conn.sendall(piece)
+            except OSError:  # closed by the server
+                return
+
+    sender = threading.Thread(target=trickle, daemon=True)
+    sender.start()
+    try:
+        answer = closed_within(conn, 10.0)
+    finally:
+        stop.set()
+        sender.join(5)
+    assert answer is not None and answer.startswith(b"HTTP/1.1 413"), answer

@@ -191,6 +191,19 @@ def test_get_a_model_by_id_or_alias(server):
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
 
 
+def test_a_long_unknown_model_name_is_not_echoed_whole(server):
+    _, url = server
+    name = "m" * 3000  # within the 4 KiB body limit
+    for r in (
+        httpx.get(f"{url}/v1/models/{name}"),
+        httpx.post(f"{url}/v1/completions", json=dict(prompt="a", max_tokens=1, model=name)),
+    ):
+        error = r.json()["error"]
+        assert r.status_code == 404 and error["code"] == "model_not_found"
+        assert len(error["message"]) < 400 and "(3000 characters)" in error["message"]
+        assert "'org/tiny'" in error["message"]  # what it does serve
+
+
 def test_openai_client_retrieves_the_model(server):
     import openai
 

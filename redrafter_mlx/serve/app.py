@@ -279,7 +279,7 @@ class _Run:
             delta, stopped = self.text.add(event.tokens)
             self.tokens = self.text.tokens
             if stopped:
-                self.request.cancel()
+                self.request.end()
                 self.finish = "stop"
                 yield delta, "stop"
                 return

@@ -166,12 +166,23 @@ def check_model(requested: str | None, names: tuple[str, ...]) -> None:
     if requested is None or requested.casefold() in {n.casefold() for n in names}:
         return
     raise ProtocolError(
-        f"the model '{requested}' is not served here; this server runs "
+        f"the model {shown(requested)} is not served here; this server runs "
         f"{', '.join(repr(n) for n in names)} (see GET /v1/models)",
         "model",
         status=404,
         code="model_not_found",
     )
+
+
+SHOWN_CHARS = 80  # the most of a client's text an error message repeats
+
+
+def shown(text: str, most: int = SHOWN_CHARS) -> str:
+    """``text`` quoted for an error message, cut to its first ``most`` characters (the
+    length given) when longer: a client's 5,000-character name is not echoed whole."""
+    if len(text) <= most:
+        return repr(text)
+    return f"{text[:most]!r}... ({len(text)} characters)"
 
 
 # --------------------------------------------------------------------------- field checks

@@ -59,9 +59,16 @@ class Request:
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
     cancelled: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
+    complete: bool = False  # ended by its client with its answer whole (a stop string)
 
     def cancel(self) -> None:
         """Ask the engine to free this request's row at the next step boundary."""
+        self.cancelled.set()
+
+    def end(self) -> None:
+        """Free the row as ``cancel`` does, the answer being complete (a stop string ended
+        it): ``/health`` counts it done, not cancelled."""
+        self.complete = True
         self.cancelled.set()
 
 

@@ -340,21 +340,29 @@ class Scheduler:
             if job.owner.ticket == ticket:
                 self.batch.prefills.remove(job)
                 if error is None:
-                    self.stats.requests_cancelled += 1
+                    self._count_freed(job.owner.request)
                 else:
                     self._reject(job.owner.request, error, status)
                 return
         for row in self.batch.active:
             if row.owner.ticket == ticket:
                 if error is None:
-                    self.stats.requests_cancelled += 1
-                    log.debug("%s cancelled after %d tokens", row.owner.request.id, row.out)
+                    self._count_freed(row.owner.request)
+                    log.debug("%s freed after %d tokens", row.owner.request.id, row.out)
                 else:
                     self._send(row, [], error=error, status=status)
                 for branch in row.family:  # every branch's row of the request
                     if self.batch.rows[branch.slot] is branch:
                         self.batch.leave(branch)
                 return
+
+    def _count_freed(self, request: Request) -> None:
+        """Count a request its client freed: done when its answer was complete (a stop
+        string: ``Request.end``), else cancelled."""
+        if request.complete:
+            self.stats.requests_done += 1
+        else:
+            self.stats.requests_cancelled += 1
 
     def _fail_all(self, error: Exception) -> None:
         """Fail every request in flight with a 500 and start over with an empty batch.

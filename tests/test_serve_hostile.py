@@ -309,9 +309,9 @@ def test_the_model_may_be_named_by_its_id_or_an_alias(server):
 
 
 def test_a_body_at_the_limit_is_read(server):
-    body = dict(prompt="alpha", max_tokens=2, temperature=0, junk="")
+    body = dict(prompt="alpha", max_tokens=2, temperature=0, user="")
     pad = BODY_LIMIT - len(json.dumps(body))
-    raw = json.dumps(dict(body, junk="x" * pad)).encode()
+    raw = json.dumps(dict(body, user="x" * pad)).encode()
     assert len(raw) == BODY_LIMIT
     assert httpx.post(server.url + "/v1/completions", content=raw).status_code == 200
     assert httpx.post(server.url + "/v1/completions", content=raw + b" ").status_code == 413

@@ -127,7 +127,7 @@ class _Decoded:
         return "".join(self.TEXT[i] for i in ids)
 
 
-def usage_of(steps: list[list[int]]) -> tuple[str, int]:
+def usage_of(steps: list[list[int]], min_tokens: int = 0) -> tuple[str, int]:
     """Text and ``completion_tokens`` of a request whose engine steps emit ``steps``."""
     from redrafter_mlx.engine.batch import RowStats
 
@@ -137,7 +137,8 @@ def usage_of(steps: list[list[int]]) -> tuple[str, int]:
             events.put_nowait(Event(tokens, RowStats(3)))
         events.put_nowait(Event([], RowStats(3), finish="length"))
         request = Request([1, 2, 3], 64, sink=lambda ev: None)
-        r = _Run(request, events, TextStream(_Decoded(), ["ST"]), params=None)
+        text = TextStream(_Decoded(), ["ST"], min_tokens)
+        r = _Run(request, events, text, params=None)
         text = "".join([d async for d, _ in r.pieces(None)])
         return text, r.usage()["completion_tokens"]
 
@@ -150,6 +151,16 @@ def test_completion_tokens_end_at_the_stop_string_however_the_steps_fall():
     splits = ([tokens], [tokens[:3], tokens[3:]], [[t] for t in tokens], [tokens[:8], [8, 9]])
     for steps in splits:
         assert usage_of(steps) == ("abcdef", 8), steps
+
+
+def test_min_tokens_holds_stop_strings_back_until_that_many_tokens():
+    """``ST`` is completed by the 8th token: with min_tokens 8 it ends the text; with 9 it
+    is text (its end lies within the first 8 tokens' text), however the steps fall."""
+    tokens = list(range(13))
+    splits = ([tokens], [tokens[:3], tokens[3:]], [[t] for t in tokens], [tokens[:8], tokens[8:]])
+    for steps in splits:
+        assert usage_of(steps, min_tokens=8) == ("abcdef", 8), steps
+        assert usage_of(steps, min_tokens=9) == ("abcdefSTOPxyz", 13), steps
 
 
 # --------------------------------------------------------------------------- live server

@@ -40,6 +40,7 @@ from .protocol import (
     TextStream,
     check_bias_ids,
     check_context,
+    check_ids,
     check_model,
     error_body,
     new_id,
@@ -117,6 +118,9 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
             param = "messages" if params.kind == "chat" else "prompt"
             check_context(ids, config.context, config.vocab_size, param)
             check_bias_ids(params.sent.get("logit_bias", ()), config.vocab_size)
+            check_ids(params.stop_ids, config.vocab_size, "stop_token_ids")
+            if scheduler.branches is not None:
+                _check_unbranched(params)
         except ProtocolError as e:
             if e.status == 413:  # answered now; the connection closes by the read deadline
                 return _Refusal(e.body(), e.status, deadline)
@@ -137,6 +141,9 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
             sink=lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
             sampler=params.sampling(config.sampling_defaults),
             id=new_id(params.kind),
+            stop_ids=params.stop_ids,
+            ignore_eos=params.ignore_eos,
+            min_tokens=params.min_tokens,
         )
         try:
             scheduler.submit(request)
@@ -146,7 +153,8 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
             return error_response(str(e), 503, "server_error")
         except ValueError as e:
             return error_response(str(e), 400, "invalid_request_error")
-        run = _Run(request, events, TextStream(config.tokenizer, params.stop), params)
+        text = TextStream(config.tokenizer, params.stop, params.min_tokens)
+        run = _Run(request, events, text, params)
         if params.stream:
             return await _stream(http, run)
         return await _collect(http, run)
@@ -331,6 +339,22 @@ async def _read_body(request: HTTPRequest, limit: int) -> bytes:
             raise _too_large(f"over {limit} bytes", limit)
         parts.append(chunk)
     return b"".join(parts)
+
+
+def _check_unbranched(params) -> None:
+    """ProtocolError for the fields a server running APAR branches does not honour (each
+    branch is a row that ends on its own)."""
+    for name, value in (
+        ("stop_token_ids", params.stop_ids),
+        ("ignore_eos", params.ignore_eos),
+        ("min_tokens", params.min_tokens),
+    ):
+        if value:
+            raise ProtocolError(
+                f"'{name}' is not supported while this server runs APAR branches "
+                "(serve --branches); drop it, or start the server with --branches off",
+                name,
+            )
 
 
 def _read_deadline(request: HTTPRequest, seconds: float) -> float:

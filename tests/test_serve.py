@@ -192,11 +192,15 @@ def test_stop_strings_cut_the_text(live, references):
     case = CASES[7]
     text = references[case][0]
     stop = text[len(text) // 2 : len(text) // 2 + 3]
+    before = wait_idle(live)
     got, finish, usage, _ = ask(live.client, *case, stop=[stop, "\u2603 never"])
     assert got == text[: text.index(stop)] and finish == "stop"
     assert 0 < usage.completion_tokens <= references[case][1]
     streamed = ask(live.client, *case, stream=True, stop=stop)
     assert streamed[:2] == (got, "stop")
+    health = wait_idle(live)  # a stop string's answer is complete: done, not cancelled
+    assert health["requests_cancelled"] == before["requests_cancelled"]
+    assert health["requests_done"] == before["requests_done"] + 2
 
 
 def test_client_disconnect_mid_stream_frees_its_row(live, references):

@@ -309,12 +309,36 @@ def test_the_model_may_be_named_by_its_id_or_an_alias(server):
 
 
 def test_a_body_at_the_limit_is_read(server):
-    body = dict(prompt="alpha", max_tokens=2, temperature=0, junk="")
+    body = dict(prompt="alpha", max_tokens=2, temperature=0, user="")
     pad = BODY_LIMIT - len(json.dumps(body))
-    raw = json.dumps(dict(body, junk="x" * pad)).encode()
+    raw = json.dumps(dict(body, user="x" * pad)).encode()
     assert len(raw) == BODY_LIMIT
     assert httpx.post(server.url + "/v1/completions", content=raw).status_code == 200
     assert httpx.post(server.url + "/v1/completions", content=raw + b" ").status_code == 413
+
+
+@pytest.mark.parametrize("chunked", [True, False], ids=["chunked", "content-length"])
+def test_an_oversized_upload_that_stalls_is_answered_before_the_read_timeout(server, chunked):
+    """Past the body limit, then nothing more: the 413 comes as the limit is crossed and the
+    connection closes soon after, well before this server's 30 s read timeout (the socket
+    gives up after 10 s)."""
+    port = int(server.url.rsplit(":", 1)[1])
+    head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    with socket.create_connection(("127.0.0.1", port)) as conn:
+        if chunked:
+            piece = b"%x\r\n%s\r\n" % (16 << 10, b"x" * (16 << 10))
+            conn.sendall(head + b"Transfer-Encoding: chunked\r\n\r\n" + piece * 5)
+        else:
+            conn.sendall(head + b"Content-Length: %d\r\n\r\n" % (BODY_LIMIT + 1) + b"x" * 100)
+        conn.settimeout(10.0)
+        answer = b""
+        try:
+            while chunk := conn.recv(4096):
+                answer += chunk
+        except ConnectionResetError:  # a close with the client's last bytes unread
+            pass
+    assert answer.startswith(b"HTTP/1.1 413") and b"request_too_large" in answer, answer[:300]
+    assert server.health().status_code == 200
 
 
 def test_a_batch_fault_answers_all_20_and_the_server_goes_on(server, alone, monkeypatch):

@@ -127,7 +127,7 @@ class _Decoded:
         return "".join(self.TEXT[i] for i in ids)
 
 
-def usage_of(steps: list[list[int]]) -> tuple[str, int]:
+def usage_of(steps: list[list[int]], min_tokens: int = 0) -> tuple[str, int]:
     """Text and ``completion_tokens`` of a request whose engine steps emit ``steps``."""
     from redrafter_mlx.engine.batch import RowStats
 
@@ -137,7 +137,8 @@ def usage_of(steps: list[list[int]]) -> tuple[str, int]:
             events.put_nowait(Event(tokens, RowStats(3)))
         events.put_nowait(Event([], RowStats(3), finish="length"))
         request = Request([1, 2, 3], 64, sink=lambda ev: None)
-        r = _Run(request, events, TextStream(_Decoded(), ["ST"]), params=None)
+        text = TextStream(_Decoded(), ["ST"], min_tokens)
+        r = _Run(request, events, text, params=None)
         text = "".join([d async for d, _ in r.pieces(None)])
         return text, r.usage()["completion_tokens"]
 
@@ -152,10 +153,21 @@ def test_completion_tokens_end_at_the_stop_string_however_the_steps_fall():
         assert usage_of(steps) == ("abcdef", 8), steps
 
 
+def test_min_tokens_holds_stop_strings_back_until_that_many_tokens():
+    """``ST`` is completed by the 8th token: with min_tokens 8 it ends the text; with 9 it
+    is text (its end lies within the first 8 tokens' text), however the steps fall."""
+    tokens = list(range(13))
+    splits = ([tokens], [tokens[:3], tokens[3:]], [[t] for t in tokens], [tokens[:8], tokens[8:]])
+    for steps in splits:
+        assert usage_of(steps, min_tokens=8) == ("abcdef", 8), steps
+        assert usage_of(steps, min_tokens=9) == ("abcdefSTOPxyz", 13), steps
+
+
 # --------------------------------------------------------------------------- live server
 
 TIMEOUT_S = 0.6
 MAX_CONNECTIONS = 12
+BODY_LIMIT = 4096
 
 
 @pytest.fixture(scope="module")
@@ -166,6 +178,7 @@ def server():
     scheduler.start(warmup_prompt=[1, 2, 3])
     config = ServeConfig(tok, "org/tiny", 64, model.max_context, model.vocab_size, {}, ("t",))
     config.read_timeout_s, config.max_connections = TIMEOUT_S, MAX_CONNECTIONS
+    config.max_body_bytes = BODY_LIMIT
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
@@ -187,6 +200,19 @@ def test_get_a_model_by_id_or_alias(server):
         assert r.status_code == 200 and r.json()["id"] == want and r.json()["object"] == "model"
     r = httpx.get(f"{url}/v1/models/gpt-4")
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+def test_a_long_unknown_model_name_is_not_echoed_whole(server):
+    _, url = server
+    name = "m" * 3000  # within the 4 KiB body limit
+    for r in (
+        httpx.get(f"{url}/v1/models/{name}"),
+        httpx.post(f"{url}/v1/completions", json=dict(prompt="a", max_tokens=1, model=name)),
+    ):
+        error = r.json()["error"]
+        assert r.status_code == 404 and error["code"] == "model_not_found"
+        assert len(error["message"]) < 400 and "(3000 characters)" in error["message"]
+        assert "'org/tiny'" in error["message"]  # what it does serve
 
 
 def test_openai_client_retrieves_the_model(server):
@@ -261,3 +287,58 @@ def test_connections_beyond_the_cap_get_503_until_the_idle_ones_time_out(server)
     for c in idle:
         assert closed_within(c, 3 * TIMEOUT_S) is not None
     assert httpx.get(f"{url}/health").status_code == 200
+
+
+OVER_LIMIT_HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+
+
+def oversized_then_stalled(port: int, chunked: bool) -> socket.socket:
+    """A connection whose body passes ``BODY_LIMIT`` (chunked: by the bytes sent; else by its
+    Content-Length, with a part of it sent), and then sends nothing more."""
+    conn = socket.create_connection(("127.0.0.1", port))
+    if chunked:
+        chunk = b"x" * 1024
+        piece = b"%x\r\n%s\r\n" % (len(chunk), chunk)
+        conn.sendall(OVER_LIMIT_HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + piece * 6)
+    else:
+        conn.sendall(OVER_LIMIT_HEAD + b"Content-Length: 100000\r\n\r\n" + b"x" * 6000)
+    return conn
+
+
+def test_oversized_bodies_that_stall_get_a_413_and_free_their_slot(server):
+    """Every slot held by a client whose body is over the limit and then stalls (a request
+    holds two: its connection and its task): each gets its 413 and its connection is closed,
+    after which a normal request is served."""
+    port, url = server
+    conns = [oversized_then_stalled(port, i % 2 == 0) for i in range(MAX_CONNECTIONS // 2)]
+    answers = [closed_within(c, 10.0) for c in conns]
+    assert all(a is not None for a in answers), "an oversized upload kept its connection"
+    for a in answers:
+        assert a.startswith(b"HTTP/1.1 413") and b"request_too_large" in a, a[:200]
+    body = dict(prompt="alpha", max_tokens=2, temperature=0)
+    assert httpx.post(f"{url}/v1/completions", json=body, timeout=10).status_code == 200
+
+
+def test_an_oversized_body_still_trickling_is_cut_off_at_the_read_deadline(server):
+    """A client that goes on sending past the limit, a little at a time, gets its 413 and is
+    closed at the request's read deadline, however long it would go on."""
+    port, _ = server
+    conn = oversized_then_stalled(port, chunked=True)
+    stop = threading.Event()
+
+    def trickle():
+        piece = b"1\r\nx\r\n"
+        while not stop.wait(TIMEOUT_S / 6):
+            try:
+                conn.sendall(piece)
+            except OSError:  # closed by the server
+                return
+
+    sender = threading.Thread(target=trickle, daemon=True)
+    sender.start()
+    try:
+        answer = closed_within(conn, 10.0)
+    finally:
+        stop.set()
+        sender.join(5)
+    assert answer is not None and answer.startswith(b"HTTP/1.1 413"), answer

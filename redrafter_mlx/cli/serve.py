@@ -183,7 +183,7 @@ def serve(
         float,
         typer.Option(
             "--read-timeout",
-            help="Seconds a client has to send a request's headers, then its body; beyond: "
+            help="Seconds a client has to send a whole request (headers and body); beyond: "
             "closed (headers) or 408 (body).",
         ),
     ] = DEFAULT_READ_TIMEOUT_S,

@@ -273,7 +273,7 @@ def verify_phase(
     mask = cache_mask(lengths, tree.mask, window)
     hidden, keys, values = model(tree.tokens, positions, mask, keys, values, write_idx, fresh)
     text = tree_text(sampler, history, lengths, tree.tokens, tree.depth, tree.mask)
-    logits = process_text(model.logits(hidden), sampler, text)
+    logits = process_text(model.logits(hidden), sampler, text, positions + 1)
     logits = split_logits(logits, tree.tokens, tree.depth == 0, sampler)
     return hidden, draw(logits, sampler), keys, values
 
@@ -535,7 +535,8 @@ def autoregressive_step(model: Model, state: DecodeState, sampler: RowSampler, w
     text = tree_text(
         sampler, state.history, lengths, tokens, 0 * tokens, mx.ones((1, 1, 1), mx.bool_)
     )
-    logits = split_logits(process_text(logits, sampler, text), tokens, mx.array([[True]]), sampler)
+    logits = process_text(logits, sampler, text, lengths[:, None] + 1)
+    logits = split_logits(logits, tokens, mx.array([[True]]), sampler)
     nxt = draw(logits[:, 0], sampler)
     one = mx.ones((B,), dtype=mx.int32)
     history = state.history
@@ -555,7 +556,7 @@ def first_draw(model: Model, hidden, sampler: RowSampler, history, lengths, last
     """
     logits = model.logits(hidden)[:, None]  # (B, 1, V)
     text = tree_text(sampler, history, lengths)
-    logits = process_text(logits, sampler, text)
+    logits = process_text(logits, sampler, text, lengths[:, None])  # the first output token
     if last is not None:
         logits = split_logits(logits, last[:, None], mx.array([[True]]), sampler)
     return draw(logits[:, 0], sampler)

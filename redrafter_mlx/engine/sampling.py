@@ -61,8 +61,10 @@ class SamplerConfig:
     ``frequency_penalty`` (0 = off) read the last ``repetition_context_size`` tokens of
     prompt + output, as mlx-lm's logits processors do; ``logit_bias`` is
     ``((token id, bias), ...)`` added to the logits first. A ``top_k`` of the vocabulary
-    size or more keeps every token. The draws take these settings as per-row arrays
-    (``row_settings``).
+    size or more keeps every token. ``end_ids``: token ids that end a text (EOS, stop ids),
+    never drawn at a text position (prompt and output) below ``min_length`` (transformers'
+    ``min_length`` rule; a server's ``min_tokens`` is the prompt length plus it). The draws
+    take these settings as per-row arrays (``row_settings``).
     """
 
     temperature: float = 0.0
@@ -74,6 +76,8 @@ class SamplerConfig:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    min_length: int = 0
+    end_ids: tuple[int, ...] = ()
     seed: int | None = field(default=None, compare=False)
 
     @property
@@ -97,6 +101,8 @@ class SamplerConfig:
         values = {k: v for k, v in values.items() if k in names}
         if "logit_bias" in values:
             values["logit_bias"] = tuple((t, b) for t, b in values["logit_bias"])
+        if "end_ids" in values:
+            values["end_ids"] = tuple(values["end_ids"])
         return cls(**values).validate()
 
     def with_defaults(self, defaults: Mapping, given: Sequence[str]) -> SamplerConfig:
@@ -109,6 +115,11 @@ class SamplerConfig:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["logit_bias"] = {str(t): b for t, b in self.logit_bias}
         return out
+
+    @property
+    def bans_ends(self) -> bool:
+        """Whether some draw may not end the text (``end_ids`` before ``min_length``)."""
+        return self.min_length > 0 and bool(self.end_ids)
 
     @property
     def reads_text(self) -> bool:
@@ -159,6 +170,7 @@ class SamplerConfig:
                 f"got {size!r}",
             )
         check_logit_bias(self.logit_bias, vocab_size)
+        check_end_ids(self.min_length, self.end_ids, vocab_size)
         check_seed(self.seed)
         return self
 
@@ -198,6 +210,26 @@ def check_logit_bias(bias, vocab_size: int | None = None) -> None:
                 f"logit_bias token id {token} is outside the vocabulary [0, {vocab_size})",
             )
         _bounded("logit_bias", value, f"logit_bias for token {token}")
+
+
+def check_end_ids(min_length, end_ids, vocab_size: int | None = None) -> None:
+    """Raise ParamError unless ``min_length`` is an integer in [0, 2**31 - 1] and ``end_ids``
+    token ids (within the vocabulary when ``vocab_size`` is given)."""
+    if (
+        isinstance(min_length, bool)
+        or not isinstance(min_length, int)
+        or not 0 <= min_length < 2**31
+    ):
+        raise ParamError(
+            "min_length", f"min_length must be an integer in [0, 2**31 - 1], got {min_length!r}"
+        )
+    for token in end_ids:
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+            raise ParamError("end_ids", f"end_ids must be token ids >= 0, got {token!r}")
+        if vocab_size is not None and token >= vocab_size:
+            raise ParamError(
+                "end_ids", f"end_ids token id {token} is outside the vocabulary [0, {vocab_size})"
+            )
 
 
 def check_seed(seed) -> int | None:
@@ -271,8 +303,9 @@ class StepMode(NamedTuple):
     """Static switches of a batch step's sampling (a compile key): any row samples, the
     ``filters`` some sampling row uses (``FILTERS`` names), any row has a logit bias / a
     penalty, reading ``span`` history tokens; ``split``: the fork and child token ids of a
-    batch holding a branching row (``branches.split_logits``), () else. An all-greedy batch
-    pays for an argmax only."""
+    batch holding a branching row (``branches.split_logits``), () else; ``ban``: some row
+    bans its ``end_ids`` below its ``min_length``. An all-greedy batch pays for an argmax
+    only."""
 
     sample: bool = False
     filters: tuple[str, ...] = ()
@@ -280,6 +313,7 @@ class StepMode(NamedTuple):
     penalize: bool = False
     span: int = 0
     split: tuple[int, ...] = ()
+    ban: bool = False
 
 
 class RowSettings(NamedTuple):
@@ -289,7 +323,8 @@ class RowSettings(NamedTuple):
     temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty: (B,)
     float32 (temperature 0 = a greedy row; 1 / 0 = off); top_k (0 = off),
     repetition_context_size: (B,) int32; logit_bias: (B, V) float32 added first, or (B, 1)
-    zeros when no row has one.
+    zeros when no row has one; min_length: (B,) int32 (0 = off); end_ids: (B, V) bool, the
+    ids a row may not draw below its min_length, or (B, 1) False when no row bans any.
     """
 
     temperature: mx.array
@@ -301,6 +336,8 @@ class RowSettings(NamedTuple):
     frequency_penalty: mx.array
     repetition_context_size: mx.array
     logit_bias: mx.array
+    min_length: mx.array
+    end_ids: mx.array
 
 
 class Rows(NamedTuple):
@@ -312,16 +349,18 @@ class Rows(NamedTuple):
 
 PENALTY_SPANS = (20, 64, 256, 1024)  # history a batch's penalties read: few compile keys
 GREEDY = SamplerConfig()  # a free row's settings
-INT_FIELDS = ("top_k", "repetition_context_size")  # held as int32, the others as float32
+INT_FIELDS = ("top_k", "repetition_context_size", "min_length")  # int32; others float32
+VOCAB_FIELDS = ("logit_bias", "end_ids")  # (B, V) when a row uses them, else (B, 1)
 
 
 def held_values(cfg: SamplerConfig, vocab_size: int) -> dict:
     """``cfg``'s values as the step holds them (the one place they are made to fit): a greedy
     row's temperature 0, a top_k of the vocabulary size or more 0 (off); the others as
     validated (each fits float32 / int32: ``SamplerConfig.validate``)."""
-    values = {name: getattr(cfg, name) for name in RowSettings._fields if name != "logit_bias"}
+    values = {name: getattr(cfg, name) for name in RowSettings._fields if name not in VOCAB_FIELDS}
     values["temperature"] = 0.0 if cfg.greedy else float(cfg.temperature)
     values["top_k"] = cfg.top_k if cfg.top_k < vocab_size else 0
+    values["min_length"] = cfg.min_length if cfg.bans_ends else 0
     return values
 
 
@@ -335,7 +374,9 @@ def one_row(cfg: SamplerConfig | None, vocab_size: int) -> Rows:
     span = 0
     if cfg.reads_text:
         span = next(s for s in PENALTY_SPANS if s >= cfg.repetition_context_size)
-    mode = StepMode(sampling, filters, bool(cfg.logit_bias), cfg.reads_text, span)
+    mode = StepMode(
+        sampling, filters, bool(cfg.logit_bias), cfg.reads_text, span, (), cfg.bans_ends
+    )
     columns = {
         name: mx.array([value], mx.int32 if name in INT_FIELDS else mx.float32)
         for name, value in held.items()
@@ -344,6 +385,9 @@ def one_row(cfg: SamplerConfig | None, vocab_size: int) -> Rows:
         columns["logit_bias"] = bias_vector(cfg.logit_bias, vocab_size)[None]
     else:
         columns["logit_bias"] = mx.zeros((1, 1), mx.float32)
+    columns["end_ids"] = mx.zeros((1, 1), mx.bool_)
+    if cfg.bans_ends:
+        columns["end_ids"] = (mx.arange(vocab_size) == mx.array(cfg.end_ids)[:, None]).any(0)[None]
     return Rows(mode, RowSettings(**columns))
 
 
@@ -358,12 +402,13 @@ def stack_rows(rows: Sequence[Rows | None], vocab_size: int) -> Rows:
         any(m.bias for m in modes),
         any(m.penalize for m in modes),
         max(m.span for m in modes),
+        ban=any(m.ban for m in modes),
     )
     columns = {}
     for name in RowSettings._fields:
         parts = [getattr(r.settings, name) for r in rows]
-        if name == "logit_bias":
-            width = vocab_size if mode.bias else 1
+        if name in VOCAB_FIELDS:
+            width = vocab_size if (mode.bias if name == "logit_bias" else mode.ban) else 1
             parts = [mx.broadcast_to(p, (1, width)) if p.shape[1] != width else p for p in parts]
         columns[name] = parts[0] if len(parts) == 1 else mx.concatenate(parts)
     return Rows(mode, RowSettings(**columns))
@@ -415,9 +460,13 @@ class RowSampler(NamedTuple):
         return self.mode.span, self.settings.repetition_context_size
 
 
-def process_text(logits: mx.array, sampler: RowSampler, text: NodeText | None) -> mx.array:
-    """Each row's logit bias and penalties: (B, C, V) -> (B, C, V), raw logits. ``text`` is
-    each node's window (``penalties.node_text``), needed when ``sampler.reads_text``."""
+def process_text(
+    logits: mx.array, sampler: RowSampler, text: NodeText | None, positions=None
+) -> mx.array:
+    """Each row's logit bias and penalties, then its banned ends: (B, C, V) -> (B, C, V), raw
+    logits. ``text`` is each node's window (``penalties.node_text``), needed when
+    ``sampler.reads_text``; ``positions`` (B, C) int32: the text position of the token each
+    node draws, needed when ``sampler.mode.ban`` (``ban_ends``)."""
     mode, s = sampler.mode, sampler.settings
     if mode.bias:
         logits = logits.astype(mx.float32) + s.logit_bias[:, None, :]
@@ -425,7 +474,20 @@ def process_text(logits: mx.array, sampler: RowSampler, text: NodeText | None) -
         penalties = (s.repetition_penalty, s.presence_penalty, s.frequency_penalty)
         penalized = penalize(logits.astype(mx.float32), text, *penalties)
         logits = unpenalized_splits(logits, penalized, sampler)
+    if mode.ban:
+        if positions is None:
+            raise ValueError("banning end ids (min_length) needs each draw's text position")
+        logits = ban_ends(logits, s.end_ids, s.min_length, positions)
     return logits
+
+
+def ban_ends(logits: mx.array, end_ids: mx.array, min_length: mx.array, positions) -> mx.array:
+    """Each row's ``end_ids`` (B, V) bool at -inf where the token drawn lands below its
+    ``min_length`` (B,) int32: logits (B, C, V), positions (B, C). A row with none banned, or
+    past its min_length, is unchanged: the same rule at every node, whatever the step."""
+    early = positions < min_length[:, None]  # (B, C)
+    banned = early[..., None] & end_ids[:, None, :]
+    return mx.where(banned, mx.array(NEG_INF, dtype=logits.dtype), logits)
 
 
 def unpenalized_splits(logits: mx.array, penalized: mx.array, sampler: RowSampler) -> mx.array:

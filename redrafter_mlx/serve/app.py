@@ -6,10 +6,11 @@ the request's events from an ``asyncio.Queue`` that the engine thread fills thro
 then ``data: [DONE]``); a client that goes away cancels its request, which frees its row at
 the next step.
 
-Status codes: 400 bad request (OpenAI error body), 404 unknown model, 408 body not received
-within ``read_timeout_s``, 413 body over ``max_body_bytes``, 429 queue full, 500 engine
-failure (of this request, or of the batched step: then of every request in it), 503 shutting
-down or over ``max_connections``.
+Status codes: 400 bad request (OpenAI error body), 404 unknown model, 408 request not read
+within ``read_timeout_s`` (headers and body together), 413 body over ``max_body_bytes``
+(answered as soon as it is known), 429 queue full, 500 engine failure (of this request, or
+of the batched step: then of every request in it), 503 shutting down or over
+``max_connections``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from .protocol import (
     TextStream,
     check_bias_ids,
     check_context,
+    check_ids,
     check_model,
     error_body,
     new_id,
@@ -53,6 +55,8 @@ from .scheduler import Event, QueueFull, Request, Scheduler, ShuttingDown
 log = logging.getLogger("redrafter_mlx.serve")
 
 DISCARD_LIMIT = 64 << 20  # the most of a refused body read (and dropped) so the 413 arrives
+LINGER_S = 1.0  # after a 413: how long a client sending nothing more is waited for
+READ_DEADLINE = "redrafter_mlx.read_deadline"  # scope key: when the request must be read by
 
 
 class EngineFailure(Exception):
@@ -77,7 +81,7 @@ class ServeConfig:
     aliases: tuple[str, ...] = ()  # other names a request's ``model`` may use
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     sampling_defaults: dict = field(default_factory=dict)  # the model's generation_config
-    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S  # headers, then body: beyond it, closed / 408
+    read_timeout_s: float = DEFAULT_READ_TIMEOUT_S  # a whole request: beyond, closed / 408
     max_connections: int = DEFAULT_MAX_CONNECTIONS
 
     @property
@@ -104,19 +108,23 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
         return await _complete(request, parse_completion)
 
     async def _complete(request: HTTPRequest, parse) -> Response:
+        deadline = _read_deadline(request, config.read_timeout_s)
         try:
             raw = _read_body(request, config.max_body_bytes)
-            body = parse_body(await _within(raw, config.read_timeout_s))
+            body = parse_body(await _within(raw, deadline, config.read_timeout_s))
             params = parse(body, config.max_tokens_limit)
             check_model(params.model, config.names)
             ids = prompt_ids(params, config.tokenizer)
             param = "messages" if params.kind == "chat" else "prompt"
             check_context(ids, config.context, config.vocab_size, param)
             check_bias_ids(params.sent.get("logit_bias", ()), config.vocab_size)
+            check_ids(params.stop_ids, config.vocab_size, "stop_token_ids")
+            if scheduler.branches is not None:
+                _check_unbranched(params)
         except ProtocolError as e:
-            if e.status == 413:
-                await _discard_body(request, DISCARD_LIMIT)
-            if e.status in (408, 413):
+            if e.status == 413:  # answered now; the connection closes by the read deadline
+                return _Refusal(e.body(), e.status, deadline)
+            if e.status == 408:
                 return JSONResponse(e.body(), e.status, headers={"Connection": "close"})
             return JSONResponse(e.body(), status_code=e.status)
         except ClientDisconnect:  # gone while sending its body: nobody to answer
@@ -133,6 +141,9 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
             sink=lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
             sampler=params.sampling(config.sampling_defaults),
             id=new_id(params.kind),
+            stop_ids=params.stop_ids,
+            ignore_eos=params.ignore_eos,
+            min_tokens=params.min_tokens,
         )
         try:
             scheduler.submit(request)
@@ -142,7 +153,8 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
             return error_response(str(e), 503, "server_error")
         except ValueError as e:
             return error_response(str(e), 400, "invalid_request_error")
-        run = _Run(request, events, TextStream(config.tokenizer, params.stop), params)
+        text = TextStream(config.tokenizer, params.stop, params.min_tokens)
+        run = _Run(request, events, text, params)
         if params.stream:
             return await _stream(http, run)
         return await _collect(http, run)
@@ -275,7 +287,7 @@ class _Run:
             delta, stopped = self.text.add(event.tokens)
             self.tokens = self.text.tokens
             if stopped:
-                self.request.cancel()
+                self.request.end()
                 self.finish = "stop"
                 yield delta, "stop"
                 return
@@ -329,14 +341,40 @@ async def _read_body(request: HTTPRequest, limit: int) -> bytes:
     return b"".join(parts)
 
 
-async def _within(read, seconds: float):
-    """Await ``read`` (the body), or ProtocolError 408 once it takes over ``seconds``: a
-    client that sends its body slowly (or never) does not hold its connection for ever."""
+def _check_unbranched(params) -> None:
+    """ProtocolError for the fields a server running APAR branches does not honour (each
+    branch is a row that ends on its own)."""
+    for name, value in (
+        ("stop_token_ids", params.stop_ids),
+        ("ignore_eos", params.ignore_eos),
+        ("min_tokens", params.min_tokens),
+    ):
+        if value:
+            raise ProtocolError(
+                f"'{name}' is not supported while this server runs APAR branches "
+                "(serve --branches); drop it, or start the server with --branches off",
+                name,
+            )
+
+
+def _read_deadline(request: HTTPRequest, seconds: float) -> float:
+    """When this request must be read by (event loop time): ``seconds`` after the server began
+    waiting for it (the connection opened, or the previous response ended: stamped in the
+    scope by ``_timed_http``), else (another server) ``seconds`` from now."""
+    deadline = request.scope.get(READ_DEADLINE)
+    return deadline if deadline is not None else asyncio.get_running_loop().time() + seconds
+
+
+async def _within(read, deadline: float, seconds: float):
+    """Await ``read`` (the body), or ProtocolError 408 once the request's read ``deadline``
+    passes (``seconds``: the read timeout, for the message): a client that sends slowly (or
+    never) holds its connection no longer than the read timeout, however it sends."""
+    left = deadline - asyncio.get_running_loop().time()
     try:
-        return await asyncio.wait_for(read, seconds)
+        return await asyncio.wait_for(read, max(left, 0.0))
     except TimeoutError:
         raise ProtocolError(
-            f"the request body was not received within {seconds:g} s (serve --read-timeout)",
+            f"the request was not received within {seconds:g} s (serve --read-timeout)",
             status=408,
             code="request_timeout",
         ) from None
@@ -351,15 +389,39 @@ def _too_large(size: str, limit: int) -> ProtocolError:
     )
 
 
-async def _discard_body(request: HTTPRequest, most: int) -> None:
-    """Read and drop the rest of a refused body (up to ``most`` bytes), so that a client still
-    sending it reads the 413 instead of a reset connection; the connection then closes."""
-    seen = 0
-    with contextlib.suppress(Exception):  # the client may be gone already
-        async for chunk in request.stream():
-            seen += len(chunk)
-            if seen > most:
-                return
+class _Refusal(JSONResponse):
+    """An error answered while the client may still be sending its body (a 413): the whole
+    answer is sent at once, then the rest of the body is read and dropped, so that a client
+    still sending reads the answer instead of a reset connection, until the body ends, the
+    client sends nothing for ``LINGER_S``, ``DISCARD_LIMIT`` bytes or the request's read
+    ``deadline``, whichever comes first; then the connection closes."""
+
+    def __init__(self, content: dict, status: int, deadline: float):
+        super().__init__(content, status, headers={"Connection": "close"})
+        self.deadline = deadline
+
+    async def __call__(self, scope, receive, send) -> None:
+        start = {"type": "http.response.start", "status": self.status_code}
+        await send({**start, "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": self.body, "more_body": True})
+        await _discard_body(receive, self.deadline)
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _discard_body(receive, deadline: float) -> None:
+    """Read and drop the rest of a refused body (``_Refusal``)."""
+    loop, seen = asyncio.get_running_loop(), 0
+    while seen <= DISCARD_LIMIT:
+        wait = min(LINGER_S, deadline - loop.time())
+        if wait <= 0:
+            return
+        try:
+            message = await asyncio.wait_for(receive(), wait)
+        except TimeoutError:
+            return
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return  # the body ended, or the client left
+        seen += len(message.get("body", b""))
 
 
 async def _until_disconnect(http: HTTPRequest, work, run: _Run):
@@ -436,16 +498,19 @@ def _timed_http(seconds: float):
     """uvicorn's h11 protocol, closing a connection whose next request's headers have not all
     arrived within ``seconds`` of it opening (or of the previous response): uvicorn itself
     waits for ever for the first request, and a trickle of bytes outlives its keep-alive
-    timeout. The body's time is the app's (``_within``)."""
+    timeout. The same deadline bounds the body, which the app reads (``_within``): it is
+    stamped in the request's scope (``READ_DEADLINE``)."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     class TimedH11Protocol(H11Protocol):
         _timer = None
+        _deadline = 0.0
         _waiting = None  # the cycle before the request being waited for
 
         def _arm(self) -> None:
             self._disarm()
             self._waiting = self.cycle
+            self._deadline = self.loop.time() + seconds
             self._timer = self.loop.call_later(seconds, self._expire)
 
         def _disarm(self) -> None:
@@ -455,6 +520,8 @@ def _timed_http(seconds: float):
 
         def _check(self) -> None:
             if self.cycle is not self._waiting:  # the headers arrived: a new cycle runs
+                if self._timer is not None:  # its body is due by the same deadline
+                    self.cycle.scope[READ_DEADLINE] = self._deadline
                 self._disarm()
 
         def _expire(self) -> None:

@@ -7,9 +7,14 @@ Supported: ``max_tokens`` (``max_completion_tokens``), ``stop``, ``n=1``, ``stre
 ``temperature`` (0 = greedy), ``top_p``, ``top_k``, ``min_p``, ``seed``, ``logit_bias``,
 ``presence_penalty`` and ``frequency_penalty`` (over the last ``repetition_context_size``
 tokens, as mlx-lm's server), and mlx-lm's ``repetition_penalty`` and
-``repetition_context_size``. Sampling fields a request leaves out take the model's
-``generation_config.json`` values, else OpenAI's defaults (``Params.sampling``).
-What it does not implement (``tools``, ``logprobs``, ``response_format`` ...) is refused.
+``repetition_context_size``; the common extensions of vLLM and other servers,
+``stop_token_ids``, ``ignore_eos`` and ``min_tokens`` (``EXTENSIONS``); and OpenAI's
+``user``, ``metadata``, ``prompt_cache_key`` and ``safety_identifier``, which change no
+answer. Sampling fields a request leaves out take the model's ``generation_config.json``
+values, else OpenAI's defaults (``Params.sampling``). What it does not implement
+(``tools``, ``logprobs``, ``response_format`` ...) is refused, a server flag sent as a field
+(``draft_model``, ``beam_width`` ...) is refused, and so is any other field
+(``check_fields``): none is ever ignored.
 
 Every field is checked here, before anything reaches the engine: the sampling settings by
 the engine's own rules (``SamplerConfig.validate``) within OpenAI's ranges, and a value the
@@ -31,6 +36,7 @@ DEFAULT_MAX_BODY_BYTES = 4 << 20  # 4 MiB: ~1M prompt tokens as JSON ids, far pa
 DEFAULT_READ_TIMEOUT_S = 30.0  # a client's time to send a request's headers, then its body
 DEFAULT_MAX_CONNECTIONS = 1024  # open connections (beyond: 503), slow clients included
 MAX_STOP = 4
+MAX_STOP_IDS = 256  # stop_token_ids a request may send
 ROLES = ("system", "developer", "user", "assistant")
 # Parameters that would change the output in ways this server does not implement.
 UNSUPPORTED = {
@@ -45,7 +51,19 @@ UNSUPPORTED = {
     "parallel_tool_calls": None,
     "tool_choice": (None, "none"),
     "function_call": (None, "none"),
+    "store": (None, False),
+    "service_tier": (None, "auto", "default"),
+    "modalities": (None, ["text"]),
+    "audio": None,
+    "prediction": None,
+    "reasoning_effort": None,
+    "verbosity": None,
+    "web_search_options": None,
 }
+# OpenAI fields that change no answer (who asks, labels, a cache hint): accepted, checked
+METADATA = {"user": str, "metadata": dict, "prompt_cache_key": str, "safety_identifier": str}
+# Extensions other OpenAI-compatible servers (vLLM, ...) honour, and so does this one.
+EXTENSIONS = ("stop_token_ids", "ignore_eos", "min_tokens")
 
 # request fields that name a server setting (a flag of ``serve``): refused, never ignored
 SERVER_SETTINGS = {
@@ -54,6 +72,20 @@ SERVER_SETTINGS = {
     "branch_depth": "--branch-depth",
     "draft_model": "--draft-model",
     "drafter": "--drafter",
+    "beam_width": "--beam-width",
+    "beam_length": "--beam-length",
+    "capacity": "--capacity",
+    "no_draft": "--no-draft",
+    "lookup": "--lookup",
+    "lookup_length": "--lookup-length",
+    "no_lookup": "--no-lookup",
+    "adapt": "--no-adapt",
+    "no_adapt": "--no-adapt",
+    "dtype": "--dtype",
+    "max_kv_size": "--max-kv-size",
+    "max_batch": "--max-batch",
+    "max_queue": "--max-queue",
+    "max_tokens_limit": "--max-tokens-limit",
 }
 
 
@@ -100,6 +132,9 @@ class Params:
     stream: bool = False
     include_usage: bool = False
     sent: dict = field(default_factory=dict)
+    stop_ids: tuple[int, ...] = ()  # stop_token_ids
+    ignore_eos: bool = False
+    min_tokens: int = 0
 
     def sampling(self, defaults: dict | None = None) -> SamplerConfig:
         """The request's sampling settings: what it sent, else the model's ``defaults``
@@ -166,12 +201,23 @@ def check_model(requested: str | None, names: tuple[str, ...]) -> None:
     if requested is None or requested.casefold() in {n.casefold() for n in names}:
         return
     raise ProtocolError(
-        f"the model '{requested}' is not served here; this server runs "
+        f"the model {shown(requested)} is not served here; this server runs "
         f"{', '.join(repr(n) for n in names)} (see GET /v1/models)",
         "model",
         status=404,
         code="model_not_found",
     )
+
+
+SHOWN_CHARS = 80  # the most of a client's text an error message repeats
+
+
+def shown(text: str, most: int = SHOWN_CHARS) -> str:
+    """``text`` quoted for an error message, cut to its first ``most`` characters (the
+    length given) when longer: a client's 5,000-character name is not echoed whole."""
+    if len(text) <= most:
+        return repr(text)
+    return f"{text[:most]!r}... ({len(text)} characters)"
 
 
 # --------------------------------------------------------------------------- field checks
@@ -195,18 +241,71 @@ def _get(body: dict, name: str, check, expected: str, default=None):
     return value
 
 
-def _common(body: dict, kind: str, max_tokens_limit: int) -> Params:
-    """The fields chat and completions share."""
-    for name, allowed in UNSUPPORTED.items():
-        if name in body and (allowed is None or body[name] not in allowed):
+# Each sampling setting a request may send: its JSON type, and OpenAI's range where it is
+# narrower than the engine's (the engine's own rules, ``SamplerConfig.validate``, apply to all).
+SENT_FIELDS = {
+    "temperature": (float, (0.0, 2.0)),
+    "top_p": (float, None),
+    "top_k": (int, None),
+    "min_p": (float, None),
+    "seed": (int, None),
+    "repetition_penalty": (float, (0.0, 10.0)),
+    "repetition_context_size": (int, None),
+    "presence_penalty": (float, (-2.0, 2.0)),
+    "frequency_penalty": (float, (-2.0, 2.0)),
+}
+
+
+# The fields a request may send besides its kind's own (``KIND_FIELDS``): each is honoured,
+# or refused when set to what this server does not do (``UNSUPPORTED``).
+COMMON_FIELDS = (
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "stop",
+    "n",
+    "stream",
+    "stream_options",
+    "logit_bias",
+    *SENT_FIELDS,
+    *EXTENSIONS,
+    *METADATA,
+    *UNSUPPORTED,
+)
+KIND_FIELDS = {"chat": ("messages",), "completion": ("prompt",)}
+
+
+def check_fields(body: dict, kind: str) -> None:
+    """Every field of ``body`` must be one this server reads, else ProtocolError naming it:
+    one it does not implement (``UNSUPPORTED``) or a server setting (``SERVER_SETTINGS``,
+    also spelt with dashes) with its own reason, any other as unknown."""
+    known = {*COMMON_FIELDS, *KIND_FIELDS[kind]}
+    for name, value in body.items():
+        allowed = UNSUPPORTED.get(name, ())
+        if name in UNSUPPORTED and (allowed is None or value not in allowed):
             raise ProtocolError(f"'{name}' is not supported by this server", name)
-    for name, flag in SERVER_SETTINGS.items():
-        if name in body:
+        setting = name.replace("-", "_").casefold()
+        if setting in SERVER_SETTINGS:
             raise ProtocolError(
                 f"'{name}' is a setting of the whole server, not of a request: start the "
-                f"server with {flag} (see GET /health for what it runs); drop '{name}'",
+                f"server with {SERVER_SETTINGS[setting]} (see GET /health for what it runs); "
+                f"drop '{name}'",
                 name,
             )
+        if name not in known:
+            honoured = sorted(n for n in known if n not in UNSUPPORTED)
+            raise ProtocolError(
+                f"unknown field {shown(name)}: this server takes {', '.join(honoured)} "
+                "(docs/serving.md, 'Endpoints and fields'); drop it",
+                name[:SHOWN_CHARS],
+            )
+
+
+def _common(body: dict, kind: str, max_tokens_limit: int) -> Params:
+    """The fields chat and completions share."""
+    check_fields(body, kind)
+    for name, kind_ in METADATA.items():
+        _get(body, name, lambda v, k=kind_: isinstance(v, k), f"a {kind_.__name__}")
     n = _get(body, "n", _is_int, "an integer", 1)
     if n != 1:
         raise ProtocolError(f"only n=1 is supported, got n={n}", "n")
@@ -225,6 +324,14 @@ def _common(body: dict, kind: str, max_tokens_limit: int) -> Params:
     if not isinstance(include_usage, bool):
         raise ProtocolError("'stream_options.include_usage' must be a boolean", "stream_options")
     model = _get(body, "model", lambda v: isinstance(v, str), "a string")
+    ignore_eos = _get(body, "ignore_eos", lambda v: isinstance(v, bool), "a boolean", False)
+    min_tokens = _get(body, "min_tokens", _is_int, "an integer", 0)
+    most = max_tokens or max_tokens_limit
+    if not 0 <= min_tokens <= most:
+        raise ProtocolError(
+            f"'min_tokens' must be in [0, {most}] (at most max_tokens), got {min_tokens}",
+            "min_tokens",
+        )
     return Params(
         kind,
         model,
@@ -233,22 +340,24 @@ def _common(body: dict, kind: str, max_tokens_limit: int) -> Params:
         stream=stream,
         include_usage=include_usage,
         sent=_sampling(body),
+        stop_ids=_stop_ids(body.get("stop_token_ids")),
+        ignore_eos=ignore_eos,
+        min_tokens=min_tokens,
     )
 
 
-# Each sampling setting a request may send: its JSON type, and OpenAI's range where it is
-# narrower than the engine's (the engine's own rules, ``SamplerConfig.validate``, apply to all).
-SENT_FIELDS = {
-    "temperature": (float, (0.0, 2.0)),
-    "top_p": (float, None),
-    "top_k": (int, None),
-    "min_p": (float, None),
-    "seed": (int, None),
-    "repetition_penalty": (float, (0.0, 10.0)),
-    "repetition_context_size": (int, None),
-    "presence_penalty": (float, (-2.0, 2.0)),
-    "frequency_penalty": (float, (-2.0, 2.0)),
-}
+def _stop_ids(value) -> tuple[int, ...]:
+    """``stop_token_ids``: up to ``MAX_STOP_IDS`` token ids (the vocabulary: ``check_ids``)."""
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(_is_int(t) and t >= 0 for t in value):
+        raise ProtocolError("'stop_token_ids' must be a list of token ids", "stop_token_ids")
+    if len(value) > MAX_STOP_IDS:
+        raise ProtocolError(
+            f"'stop_token_ids' takes at most {MAX_STOP_IDS} ids, got {len(value)}",
+            "stop_token_ids",
+        )
+    return tuple(dict.fromkeys(value))
 
 
 def _sampling(body: dict) -> dict:
@@ -278,11 +387,15 @@ def _sampling(body: dict) -> dict:
 
 def check_bias_ids(bias: tuple[tuple[int, float], ...], vocab_size: int) -> None:
     """Every ``logit_bias`` token id must be in the vocabulary, else ProtocolError."""
-    bad = [t for t, _ in bias if t >= vocab_size]
+    check_ids([t for t, _ in bias], vocab_size, "logit_bias")
+
+
+def check_ids(ids, vocab_size: int, param: str) -> None:
+    """Every token id of ``param`` must be in the vocabulary, else ProtocolError."""
+    bad = [t for t in ids if t >= vocab_size]
     if bad:
         raise ProtocolError(
-            f"'logit_bias' token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})",
-            "logit_bias",
+            f"'{param}' token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})", param
         )
 
 
@@ -482,10 +595,12 @@ class TextStream:
     Text that could still become the start of a stop string is held back until it cannot.
     ``tokens`` counts the generated tokens the text is made of: after a stop string, those up
     to and including the one that completed it (the usage's ``completion_tokens``, the same
-    however the engine's steps split the tokens).
+    however the engine's steps split the tokens). With ``min_tokens``, only a stop string
+    completed by the ``min_tokens``-th token or a later one ends the text (vLLM's rule): one
+    that ends within the text of the tokens before (``floor`` characters) is text.
     """
 
-    def __init__(self, tokenizer, stop: list[str]):
+    def __init__(self, tokenizer, stop: list[str], min_tokens: int = 0):
         from redrafter_mlx.engine.tokenizer import StreamDecoder
 
         self.decoder = StreamDecoder(tokenizer)
@@ -494,10 +609,16 @@ class TextStream:
         self.text = ""
         self.sent = 0
         self.tokens = 0
+        self.before = max(min_tokens - 1, 0)  # tokens that complete no stop string
+        self.floor = 0  # characters of their text
 
     def add(self, tokens: list[int]) -> tuple[str, bool]:
         """New text safe to send, and whether a stop string ended the text."""
-        self.text += self.decoder.add(tokens)
+        early = self.before - len(self.decoder.tokens)
+        if early > 0:
+            self.text += self.decoder.add(tokens[:early])
+            self.floor = len(self.text)
+        self.text += self.decoder.add(tokens[max(early, 0) :])
         delta, stopped = self._release(final=False)
         self.tokens = len(self.decoder.tokens)
         if stopped:
@@ -509,9 +630,14 @@ class TextStream:
         done = self.decoder.tokens[: len(self.decoder.tokens) - len(tokens)]
         for k in range(1, len(tokens)):  # once per request, over one step's tokens
             text = self.decoder.tokenizer.decode(done + tokens[:k])
-            if any(s in text for s in self.stop):
+            if self._first_stop(text) is not None:
                 return k
         return len(tokens)
+
+    def _first_stop(self, text: str) -> int | None:
+        """Where the first stop string that ends past ``floor`` starts in ``text``, or None."""
+        hits = [text.find(s, max(self.floor - len(s) + 1, 0)) for s in self.stop]
+        return min((i for i in hits if i >= 0), default=None)
 
     def finish(self) -> str:
         """The rest of the text once generation ended."""
@@ -519,10 +645,10 @@ class TextStream:
         return self._release(final=True)[0]
 
     def _release(self, final: bool) -> tuple[str, bool]:
-        hits = [i for i in (self.text.find(s) for s in self.stop) if i >= 0]
-        stopped = bool(hits)
+        hit = self._first_stop(self.text)
+        stopped = hit is not None
         if stopped:
-            self.text = self.text[: min(hits)]
+            self.text = self.text[:hit]
         end = len(self.text) if (final or stopped) else max(len(self.text) - self.hold, 0)
         delta = self.text[self.sent : end] if end > self.sent else ""
         self.sent = max(self.sent, end)

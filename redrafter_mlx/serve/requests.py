@@ -50,18 +50,30 @@ _ids = itertools.count()
 @dataclass
 class Request:
     """One generation. ``sink`` is called on the engine thread with each ``Event``;
-    ``sampler``: its sampling settings and seed (None: rank 0 draws one at admission)."""
+    ``sampler``: its sampling settings and seed (None: rank 0 draws one at admission).
+    It ends ("stop") at the model's EOS (not with ``ignore_eos``) and at any of its
+    ``stop_ids``, neither of which ends it within its first ``min_tokens`` tokens."""
 
     prompt: list[int]
     max_tokens: int
     sink: Callable[[Event], None]
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    stop_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    min_tokens: int = 0
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
     cancelled: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
+    complete: bool = False  # ended by its client with its answer whole (a stop string)
 
     def cancel(self) -> None:
         """Ask the engine to free this request's row at the next step boundary."""
+        self.cancelled.set()
+
+    def end(self) -> None:
+        """Free the row as ``cancel`` does, the answer being complete (a stop string ended
+        it): ``/health`` counts it done, not cancelled."""
+        self.complete = True
         self.cancelled.set()
 
 
@@ -72,6 +84,7 @@ class Held:
     request: Request
     ticket: int
     answered: bool = False  # its last event (finish or error) was sent
+    ends: frozenset = frozenset()  # the token ids that end its rows (``Scheduler.ends``)
 
 
 @dataclass
@@ -118,6 +131,13 @@ def check(request: Request, model) -> None:
         raise ValueError(f"prompt token ids must be in [0, {V})")
     if request.max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {request.max_tokens}")
+    if any(not 0 <= t < V for t in request.stop_ids):
+        raise ValueError(f"stop token ids must be in [0, {V})")
+    if not 0 <= request.min_tokens <= request.max_tokens:
+        raise ValueError(
+            f"min_tokens must be in [0, max_tokens = {request.max_tokens}], "
+            f"got {request.min_tokens}"
+        )
     context = model.max_context
     if context is not None and len(request.prompt) >= context:
         raise ValueError(
@@ -141,7 +161,8 @@ STOP = {"op": "stop"}
 def admit_event(request: Request, seed: int, ticket: int) -> dict:
     """The event that admits ``request`` (its prompt and settings, not its sink)."""
     fields = dict(prompt=request.prompt, max_tokens=request.max_tokens, id=request.id)
-    fields["sampler"] = request.sampler.to_dict()
+    fields.update(stop_ids=request.stop_ids, ignore_eos=request.ignore_eos)
+    fields.update(min_tokens=request.min_tokens, sampler=request.sampler.to_dict())
     return {"op": "admit", "ticket": ticket, "seed": seed, "request": fields}
 
 
@@ -154,6 +175,7 @@ def request_from(event: dict) -> Request:
     fields = dict(event["request"])
     sent = dict(fields.pop("sampler"))
     sent["logit_bias"] = tuple((int(t), float(b)) for t, b in sent["logit_bias"].items())
+    fields["stop_ids"] = tuple(fields["stop_ids"])
     return Request(sink=lambda ev: None, sampler=SamplerConfig.resolve(sent), **fields)
 
 

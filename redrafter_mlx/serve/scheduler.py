@@ -35,6 +35,7 @@ import logging
 import queue
 import threading
 import time
+from dataclasses import replace
 
 from redrafter_mlx.engine.adaptive import Adaptive
 from redrafter_mlx.engine.batch import BatchGenerator, Prefill, Row, RowStats
@@ -63,6 +64,20 @@ from .requests import (
 log = logging.getLogger("redrafter_mlx.serve")
 
 IDLE_NAP = 0.8  # of rank 0's idle wait: how long the other ranks sleep while it idles
+
+
+class RequestBatch(BatchGenerator):
+    """The engine's batch, each row stopping at its own request's end ids (``Held.ends``:
+    the model's EOS unless ``ignore_eos``, and the request's ``stop_token_ids``) rather than
+    at the batch's one EOS set: ``emit`` runs with the row's set in its place."""
+
+    def emit(self, row: Row, tokens: list[int]) -> tuple[list[int], str | None]:
+        shared = self.eos
+        self.eos = row.owner.ends if isinstance(row.owner, Held) else shared
+        try:
+            return super().emit(row, tokens)
+        finally:
+            self.eos = shared
 
 
 class Scheduler:
@@ -103,8 +118,9 @@ class Scheduler:
         if adapt and self.speculative:
             self.choice = BatchChoice(shape, adapt if isinstance(adapt, Adaptive) else Adaptive())
         policy = self.choice or FixedShape(shape)
+        self.eos = frozenset(eos)
         # The rows, their state, the steps and the loop's order (``engine/batch.py``).
-        self.batch = BatchGenerator(
+        self.batch = RequestBatch(
             model, drafter, policy, eos, max_batch, compiled, group, draft=draft_model
         )
         self.stats = ServerStats()
@@ -323,15 +339,30 @@ class Scheduler:
             except Exception as e:  # this request's own cache
                 self._fail_one(request, e)
                 continue
-            held = Held(request, ticket)
+            held = Held(request, ticket, ends=self.ends(request))
+            sampler = self.row_sampler(request, held.ends)
             row_tokens, tree = request_rows(self.branches, request.max_tokens)
             limit, _ = token_limit(self.model, len(request.prompt), row_tokens)
             stats = RowStats(len(request.prompt))
-            row = Row(request.sampler, limit, len(request.prompt), stats, held, branches=tree)
-            job = Prefill([request.prompt], request.sampler, event["seed"], session, held, [row])
+            row = Row(sampler, limit, len(request.prompt), stats, held, branches=tree)
+            job = Prefill([request.prompt], sampler, event["seed"], session, held, [row])
             stats.queued_s = job.started - request.submitted
             self.batch.insert(job)
         return True
+
+    def ends(self, request: Request) -> frozenset:
+        """The token ids that end ``request``'s rows: the model's EOS (not with
+        ``ignore_eos``) and its own ``stop_ids``."""
+        return frozenset(request.stop_ids) | (frozenset() if request.ignore_eos else self.eos)
+
+    @staticmethod
+    def row_sampler(request: Request, ends: frozenset):
+        """``request``'s sampling settings, with its ``ends`` never drawn within its first
+        ``min_tokens`` tokens (``SamplerConfig.min_length``: the prompt's length plus them)."""
+        if request.min_tokens < 1 or not ends:
+            return request.sampler
+        min_length = len(request.prompt) + request.min_tokens
+        return replace(request.sampler, min_length=min_length, end_ids=tuple(sorted(ends)))
 
     def _free(self, ticket: int, error: str | None, status: int) -> None:
         """The request with ``ticket`` leaves its prefill or row: cancelled (no ``error``),
@@ -340,21 +371,29 @@ class Scheduler:
             if job.owner.ticket == ticket:
                 self.batch.prefills.remove(job)
                 if error is None:
-                    self.stats.requests_cancelled += 1
+                    self._count_freed(job.owner.request)
                 else:
                     self._reject(job.owner.request, error, status)
                 return
         for row in self.batch.active:
             if row.owner.ticket == ticket:
                 if error is None:
-                    self.stats.requests_cancelled += 1
-                    log.debug("%s cancelled after %d tokens", row.owner.request.id, row.out)
+                    self._count_freed(row.owner.request)
+                    log.debug("%s freed after %d tokens", row.owner.request.id, row.out)
                 else:
                     self._send(row, [], error=error, status=status)
                 for branch in row.family:  # every branch's row of the request
                     if self.batch.rows[branch.slot] is branch:
                         self.batch.leave(branch)
                 return
+
+    def _count_freed(self, request: Request) -> None:
+        """Count a request its client freed: done when its answer was complete (a stop
+        string: ``Request.end``), else cancelled."""
+        if request.complete:
+            self.stats.requests_done += 1
+        else:
+            self.stats.requests_cancelled += 1
 
     def _fail_all(self, error: Exception) -> None:
         """Fail every request in flight with a 500 and start over with an empty batch.

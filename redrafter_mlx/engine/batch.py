@@ -400,13 +400,27 @@ class Row:
     @property
     def request_finish(self) -> str | None:
         """Why its request finished (None: it goes on): branching off, this row's reason;
-        with branches, once every branch has, the first reason other than EOS among them
-        (a limit cut text), else ``"stop"``."""
+        with branches, once every branch has: ``"context"`` when the context cap
+        (``at_limit``) cut a branch inside the answer (the text before its cut ends before
+        the answer's budget: ``BranchTree.ends``), else ``"length"`` when a limit cut the
+        text (the answer's budget; a branch cut by the context only past it), else
+        ``"stop"``. Each branch's row is bounded by the context on its own (the prompt,
+        its row: ``BranchTree.row``), so an answer may hold more tokens than the cap."""
         if self.branches is None:
             return self.finish
         if not self.request_done:
             return None
-        return next((r.finish for r in self.family if r.finish != "stop"), "stop")
+        tree = self.branches
+        ends = tree.ends()
+        reasons = []
+        for row in self.family:
+            reason = row.finish
+            if reason == "context" and tree.budget is not None and ends[row.branch] >= tree.budget:
+                reason = "length"  # what it would still write lies past the answer's end
+            reasons.append(reason)
+        if "context" in reasons:
+            return "context"
+        return next((r for r in reasons if r not in ("stop", None)), "stop")
 
     def request_stats(self) -> RowStats:
         """Its request's counters: this row's, or with branches every branch's row's summed

@@ -639,6 +639,7 @@ class BatchGenerator:
         self.inflight = 0  # steps queued and not yet read
         self.prefills: list[Prefill] = []  # waiting to join, in order (``insert``)
         self.waiting: list[WaitingFork] = []  # children waiting for a free row (``fork``)
+        self.vacated: dict[int, Row] = {}  # slots freed since the last step queued (``cache_slot``)
         self.ahead = 0  # steps queued while one with a branching row was in flight
 
     # ------------------------------------------------------------------ state
@@ -663,6 +664,7 @@ class BatchGenerator:
         self.pending = None
         self.prefills = []
         self.waiting = []
+        self.vacated = {}
         self._params = None
         self.behind = dict.fromkeys(self.held, 0)
         self.policy.reset()
@@ -708,6 +710,7 @@ class BatchGenerator:
                 self._place(r, session, i, hidden[i : i + 1], mx.array(first[i : i + 1]), keys[i])
                 row.slot = r
                 self.rows[r] = row
+                self.vacated.pop(r, None)
         self._params = None
         now = time.perf_counter()
         for row, token, text in zip(rows, first, session.cached):
@@ -802,10 +805,18 @@ class BatchGenerator:
                 w.source = heir.row
             return
         self.rows[r] = None
+        self.vacated[r] = row
         self._params = None
         at = mx.arange(len(self.rows)) == r
         self.state = self.state._replace(lengths=mx.where(at, 0, self.state.lengths))
         self.seat()
+
+    def cache_slot(self, row: Row) -> int | None:
+        """The slot whose cache still holds ``row``'s (its slot while it runs, or since it
+        left if no step was queued after: a later step writes into free rows), else None."""
+        slot = row.slot  # a row that left keeps its last slot, which a re-lay may drop
+        running = 0 <= slot < len(self.rows) and self.rows[slot] is row
+        return slot if running or self.vacated.get(slot) is row else None
 
     def drop(self, row: Row) -> None:
         """End ``row``'s whole request now (cancelled, or answered with an error): its
@@ -958,6 +969,7 @@ class BatchGenerator:
         child = waiting.row
         child.slot, child.joined = c, time.perf_counter()
         self.rows[c] = child
+        self.vacated.pop(c, None)
         self._params = None
 
     def fork_grants(self, rows: list[Row | None], in_flight: bool = True) -> list[bool]:
@@ -1038,6 +1050,7 @@ class BatchGenerator:
         """
         rows = self.rows
         self.resizes += 1
+        self.vacated = {}  # free slots are not carried over
         if n > len(rows):
             order, extra, idx = list(range(len(rows))), n - len(rows), None
         else:
@@ -1195,6 +1208,7 @@ class BatchGenerator:
 
     def queue(self) -> Queued:
         """Queue one step for all rows; attention covers every active row's possible length."""
+        self.vacated = {}  # the step writes into free rows
         longest = max(row.length for row in self.active)
         window = step_window(longest, self.inflight, self.policy.per_step, self.most_slots())
         self.state = ensure_slots(self.state, window)

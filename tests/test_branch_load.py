@@ -5,12 +5,14 @@ one, is the text it gives alone."""
 
 import pytest
 
-from redrafter_mlx.engine.batch import BatchGenerator
+from redrafter_mlx.engine.batch import BatchGenerator, Row, RowStats
+from redrafter_mlx.engine.branches import BranchTree
 from redrafter_mlx.engine.platform import READ_FIRST_ENV
 from redrafter_mlx.engine.shape import AR, BeamShape
 from redrafter_mlx.serve.scheduler import Request, Scheduler
 from tests.test_branch_rows import (
     EOS,
+    FORK,
     PROMPT,
     RULES,
     check_branches,
@@ -131,3 +133,25 @@ def test_a_cancelled_request_leaves_no_waiting_child(monkeypatch):
     assert not sched.batch.waiting and not sched.batch.active
     assert kept.tokens == want
     assert sched.stats.requests_cancelled == 1
+
+
+def test_an_answer_that_reached_its_budget_finishes_length_however_its_branches_stopped():
+    """Under load a detail past the answer's end may run to its EOS before the budget
+    stops it (its start known too late): every branch then stops at EOS, yet the answer
+    is cut at its budget as alone, so it finishes ``"length"``, as alone."""
+    tree = BranchTree(RULES, budget=3)
+    root = Row(forking_sampler(), 20, 3, RowStats(3), branches=tree)
+    child = Row(forking_sampler(), 20, 3, RowStats(3), branches=tree, branch=1, family=root.family)
+    root.family.append(child)
+    assert tree.extend(0, [5, FORK]).fork is not None
+    tree.extend(0, [6])
+    tree.extend(1, [7, 8])
+    for row in root.family:
+        tree.finish(row.branch)
+        row.finished, row.finish = True, "stop"
+    assert tree.linear() == [5, 7, 8]  # of [5, 7, 8, 6]
+    assert root.request_finish == "length"
+    tree.budget = 4
+    assert root.request_finish == "length"  # exactly its budget, as a plain answer's
+    tree.budget = 5
+    assert root.request_finish == "stop"

@@ -400,27 +400,28 @@ class Row:
     @property
     def request_finish(self) -> str | None:
         """Why its request finished (None: it goes on): branching off, this row's reason;
-        with branches, once every branch has: ``"context"`` when the context cap
+        with branches, once every branch has, from the answer alone, not from which branch
+        stopped how (that follows the timing: a branch whose text lies past the answer's
+        end may stop at the budget or at its EOS): ``"context"`` when the context cap
         (``at_limit``) cut a branch inside the answer (the text before its cut ends before
-        the answer's budget: ``BranchTree.ends``), else ``"length"`` when a limit cut the
-        text (the answer's budget; a branch cut by the context only past it), else
-        ``"stop"``. Each branch's row is bounded by the context on its own (the prompt,
-        its row: ``BranchTree.row``), so an answer may hold more tokens than the cap."""
+        the budget: ``BranchTree.ends``), else ``"length"`` when the answer reached its
+        budget (as a plain answer of ``max_tokens`` tokens does) or a row's own limit cut
+        it, else ``"stop"``. Each branch's row is bounded by the context on its own (the
+        prompt, its row: ``BranchTree.row``), so an answer may hold more tokens than the
+        cap."""
         if self.branches is None:
             return self.finish
         if not self.request_done:
             return None
-        tree = self.branches
+        tree, budget = self.branches, self.branches.budget
         ends = tree.ends()
-        reasons = []
         for row in self.family:
-            reason = row.finish
-            if reason == "context" and tree.budget is not None and ends[row.branch] >= tree.budget:
-                reason = "length"  # what it would still write lies past the answer's end
-            reasons.append(reason)
-        if "context" in reasons:
-            return "context"
-        return next((r for r in reasons if r not in ("stop", None)), "stop")
+            if row.finish == "context" and (budget is None or ends[row.branch] < budget):
+                return "context"
+        if budget is not None and len(tree.linear()) >= budget:
+            return "length"
+        limits = (r.finish for r in self.family if r.finish not in ("stop", "context", None))
+        return next(limits, "stop")
 
     def request_stats(self) -> RowStats:
         """Its request's counters: this row's, or with branches every branch's row's summed

@@ -210,20 +210,23 @@ def test_a_linear_request_of_an_apar_model_never_draws_split_tokens_in_a_branchi
 
 
 def test_limits_hold_when_the_batch_or_the_request_runs_out_of_room():
-    """Forks are granted only where the branch limit and the batch's free rows leave room
-    for the child: a tree never passes ``max_branches`` and the batch never grows past
-    ``max_batch``; a child token biased up is still never drawn freely (masked)."""
+    """Forks are granted only where the branch limit leaves room for the child: a tree never
+    passes ``max_branches``; the batch never grows past ``max_batch`` (a child with no free
+    row waits for one, its tree as it is alone); a child token biased up is still never
+    drawn freely (masked)."""
     model, drafter = model_and_drafter()
     sampler = SamplerConfig(logit_bias=((FORK, 3.0), (CHILD, 8.0)))
+    request = [(PROMPT, sampler, 0, 10, True)]
     for rules, max_batch in [(BranchRules(FORK, CHILD, max_branches=3), 8), (RULES, 2)]:
-        roots, _, batch = run_batch(
-            model, drafter, AR, [(PROMPT, sampler, 0, 10, True)], rules, max_batch
-        )
+        roots, _, batch = run_batch(model, drafter, AR, request, rules, max_batch)
         tree = roots[0].branches
-        assert 1 < len(tree.branches) <= min(rules.max_branches, max_batch)
-        assert len(batch.rows) <= max_batch and tree.done
+        assert 1 < len(tree.branches) <= rules.max_branches
+        assert len(batch.rows) <= max_batch and tree.done and not batch.waiting
         for b in tree.branches:
             assert CHILD not in b.tokens[1:]
+        alone, _, _ = run_batch(model, drafter, AR, request, rules, 64)
+        assert tree.linear() == alone[0].branches.linear()
+    assert len(tree.branches) > max_batch  # the children waited for rows
 
 
 def test_batches_without_a_branching_row_keep_their_step(monkeypatch):
@@ -318,8 +321,8 @@ def branch_rows(root: Row) -> list[tuple]:
 
 def test_near_the_limits_a_branching_step_is_read_first(monkeypatch):
     """Where a fork of the step in flight could take the room another fork needs (the
-    batch's free rows here), the step is read before the next is queued, and the limits
-    hold."""
+    request's branch limit here), the step is read before the next is queued, and the
+    limits hold."""
     model, drafter = model_and_drafter()
     answers = []
     decide = BatchGenerator.queue_ahead
@@ -331,6 +334,7 @@ def test_near_the_limits_a_branching_step_is_read_first(monkeypatch):
     monkeypatch.setattr(BatchGenerator, "queue_ahead", recording)
     monkeypatch.setenv(READ_FIRST_ENV, "0")
     sampler = forking_sampler()
-    roots, _, batch = run_batch(model, drafter, AR, [(PROMPT, sampler, 0, 10, True)], RULES, 3)
+    rules = BranchRules(FORK, CHILD, max_branches=4)
+    roots, _, batch = run_batch(model, drafter, AR, [(PROMPT, sampler, 0, 10, True)], rules, 3)
     assert True in answers and False in answers
-    assert len(roots[0].branches.branches) > 1 and len(batch.rows) <= 3
+    assert 1 < len(roots[0].branches.branches) <= 4 and len(batch.rows) <= 3

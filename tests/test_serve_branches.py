@@ -70,7 +70,7 @@ def test_usage_counts_every_branch_token():
     assert Row  # the batch row type the scheduler builds per branch
 
 
-def test_a_full_batch_grants_no_fork_it_cannot_seat():
+def test_a_full_batch_seats_every_fork_within_its_rows():
     """Three branching requests in four rows: forks wait for free rows (never past
     ``max_batch``, nor past requests admitted meanwhile), each request ends once."""
     model, drafter = model_and_drafter()

@@ -38,8 +38,10 @@ Parallel branches (APAR, ``engine.branches``): a row whose ``branches`` holds it
 ``BranchTree`` passes its emitted tokens through it (``grow_branches``); a fork makes a new
 row copied from the parent's (``fork``: no prefill, no roll-back, the fork being always a
 step's last token) whose next draw is forced to the child token (``SplitRows.forced``). Forks
-are granted per step only where the branch limit and the free rows leave room
-(``fork_grants``; ``reserved``: rows the step in flight may take). Where the backend reads
+are granted per step where the branch limit leaves room (``fork_grants``), never by the
+batch's free rows: a child with none free waits (``WaitingFork``, ``seat``), and its
+parent's slot goes to it when the parent leaves first, so a request's answer is the one it
+gives alone (``reserved``: free rows kept for the step in flight's forks). Where the backend reads
 first (``platform.read_first``: the CPU) a branching row's step is read before the next is
 queued; elsewhere the next step is queued first as long as no fork the step in flight may
 make could change the next one's grants (``queue_ahead``: the limits far off), and a fork
@@ -416,13 +418,28 @@ class Row:
     @property
     def request_finish(self) -> str | None:
         """Why its request finished (None: it goes on): branching off, this row's reason;
-        with branches, once every branch has, the first reason other than EOS among them
-        (a limit cut text), else ``"stop"``."""
+        with branches, once every branch has, from the answer alone, not from which branch
+        stopped how (that follows the timing: a branch whose text lies past the answer's
+        end may stop at the budget or at its EOS): ``"context"`` when the context cap
+        (``at_limit``) cut a branch inside the answer (the text before its cut ends before
+        the budget: ``BranchTree.ends``), else ``"length"`` when the answer reached its
+        budget (as a plain answer of ``max_tokens`` tokens does) or a row's own limit cut
+        it, else ``"stop"``. Each branch's row is bounded by the context on its own (the
+        prompt, its row: ``BranchTree.row``), so an answer may hold more tokens than the
+        cap."""
         if self.branches is None:
             return self.finish
         if not self.request_done:
             return None
-        return next((r.finish for r in self.family if r.finish != "stop"), "stop")
+        tree, budget = self.branches, self.branches.budget
+        ends = tree.ends()
+        for row in self.family:
+            if row.finish == "context" and (budget is None or ends[row.branch] < budget):
+                return "context"
+        if budget is not None and len(tree.linear()) >= budget:
+            return "length"
+        limits = (r.finish for r in self.family if r.finish not in ("stop", "context", None))
+        return next(limits, "stop")
 
     def request_stats(self) -> RowStats:
         """Its request's counters: this row's, or with branches every branch's row's summed
@@ -541,6 +558,19 @@ class Queued:
     end: tuple = ()  # (init_token (B,), hidden (B, H), lengths (B,), row_keys (B, 2)) after it
 
 
+@dataclass
+class WaitingFork:
+    """A child branch's row waiting for a slot (``BatchGenerator.fork``): ``row`` (in its
+    request's ``family``, slot -1 until seated), ``source``: the running row whose cache
+    holds the child's prefix (its parent, or the heir its parent's slot went to), ``end``:
+    the small arrays of the fork, (init_token (1,), hidden (1, H), lengths (1,), row_keys
+    (1, 2))."""
+
+    row: Row
+    source: Row
+    end: tuple
+
+
 def take_rows(
     state: DecodeState, row_keys: mx.array, idx: mx.array | None, extra: int = 0
 ) -> tuple[DecodeState, mx.array]:
@@ -627,6 +657,8 @@ class BatchGenerator:
         self.pending: Queued | None = None  # the step queued and not yet read
         self.inflight = 0  # steps queued and not yet read
         self.prefills: list[Prefill] = []  # waiting to join, in order (``insert``)
+        self.waiting: list[WaitingFork] = []  # children waiting for a free row (``fork``)
+        self.vacated: dict[int, Row] = {}  # slots freed since the last step queued (``cache_slot``)
         self.ahead = 0  # steps queued while one with a branching row was in flight
 
     # ------------------------------------------------------------------ state
@@ -650,6 +682,8 @@ class BatchGenerator:
         self.inflight = 0
         self.pending = None
         self.prefills = []
+        self.waiting = []
+        self.vacated = {}
         self._params = None
         self.behind = dict.fromkeys(self.held, 0)
         self.policy.reset()
@@ -695,6 +729,7 @@ class BatchGenerator:
                 self._place(r, session, i, hidden[i : i + 1], mx.array(first[i : i + 1]), keys[i])
                 row.slot = r
                 self.rows[r] = row
+                self.vacated.pop(r, None)
         self._params = None
         now = time.perf_counter()
         for row, token, text in zip(rows, first, session.cached):
@@ -767,16 +802,48 @@ class BatchGenerator:
 
     def leave(self, row: Row) -> None:
         """Free ``row``'s slot: it stops emitting now and its cache length returns to 0
-        (without ``release`` it keeps its slot and cache, emitting nothing)."""
-        r = row.slot
+        (without ``release`` it keeps its slot and cache, emitting nothing). A branch's row
+        whose children wait for rows (``fork``) hands its slot to the one with the longest
+        prefix instead (its cache already holds it); a waiting child just stops waiting.
+        A freed slot seats the next waiting child (``seat``)."""
         row.finished = True
+        waiting = next((w for w in self.waiting if w.row is row), None)
+        if waiting is not None:
+            self.waiting.remove(waiting)
+            return
+        r = row.slot
         keep = not self.release and row.branches is None  # a branch's row is always freed
         if self.rows[r] is not row or keep:
             return
+        heirs = [w for w in self.waiting if w.source is row]
+        if heirs:
+            heir = max(heirs, key=lambda w: w.row.length)  # the others' prefixes lie in its
+            self.waiting.remove(heir)
+            self._seat(heir, r)
+            for w in heirs:
+                w.source = heir.row
+            return
         self.rows[r] = None
+        self.vacated[r] = row
         self._params = None
         at = mx.arange(len(self.rows)) == r
         self.state = self.state._replace(lengths=mx.where(at, 0, self.state.lengths))
+        self.seat()
+
+    def cache_slot(self, row: Row) -> int | None:
+        """The slot whose cache still holds ``row``'s (its slot while it runs, or since it
+        left if no step was queued after: a later step writes into free rows), else None."""
+        slot = row.slot  # a row that left keeps its last slot, which a re-lay may drop
+        running = 0 <= slot < len(self.rows) and self.rows[slot] is row
+        return slot if running or self.vacated.get(slot) is row else None
+
+    def drop(self, row: Row) -> None:
+        """End ``row``'s whole request now (cancelled, or answered with an error): its
+        waiting children stop waiting, then every row it holds leaves its slot."""
+        family = row.family
+        self.waiting = [w for w in self.waiting if w.row.family is not family]
+        for branch in family:
+            self.leave(branch)
 
     def emit(self, row: Row, tokens: list[int]) -> tuple[list[int], str | None]:
         """The part of ``tokens`` the row emits, up to EOS / its limit, and why it finished
@@ -844,35 +911,13 @@ class BatchGenerator:
 
         The fork's state is the parent's after the step that drew the fork token (a fork is
         always a step's last token: ``branches.fork_not_drafted``): ``read``, that step and
-        the parent's index in it, whose end state (``Queued.end``) gives the small arrays.
-        The caches and the text are taken as they are now, even with a later step of the
-        parent queued (``queue_ahead``): that step writes only past the fork's length, which
-        the child's own steps overwrite. None: the parent's row as it is now (a first token,
-        the row just joined)."""
-        if None not in self.rows:
-            self.resize(self.bucket_for(len(self.rows) + 1))
-        p, c = parent.slot, self.rows.index(None)
-        s = self.state
-        source_caches = [part for state in s.sources if state is not None for part in state]
-        for cache in (s.keys, s.values, *source_caches):
-            for layer in cache:
-                layer[c : c + 1] = layer[p : p + 1]
-        at = mx.arange(len(self.rows)) == c
-        end, i = (s.init_token, s.hidden, s.lengths, self.row_keys), p
-        if read is not None:
-            end, i = read[0].end, read[1]
-
-        def copied(a, src, j=i):  # (B, ...): row c takes row j of ``src``
-            return mx.where(at.reshape((-1,) + (1,) * (a.ndim - 1)), src[j : j + 1], a)
-
-        init_token, hidden, lengths, row_keys = end
-        self.state = s._replace(
-            init_token=copied(s.init_token, init_token),
-            hidden=copied(s.hidden, hidden),
-            lengths=copied(s.lengths, lengths),
-            history=None if s.history is None else copied(s.history, s.history, p),
-        )
-        self.row_keys = copied(self.row_keys, row_keys)
+        the parent's index in it, whose end state (``Queued.end``) gives the small arrays
+        (None: the parent's row as it is now, a first token, the row just joined); they are
+        kept with the child (``WaitingFork.end``). The caches and the text are copied when
+        the child is seated, from the row that holds the prefix then (``WaitingFork.source``):
+        its later steps write only past the fork's length, which the child's own steps
+        overwrite. With no row free the child waits (``seat``; its parent goes on) rather
+        than the fork being refused: a request forks where it would alone."""
         tree = parent.branches
         child = Row(
             parent.sampler,
@@ -881,7 +926,7 @@ class BatchGenerator:
             RowStats(parent.stats.prompt_tokens),
             owner=parent.owner,
             at_limit=parent.at_limit,
-            slot=c,
+            slot=-1,
             out=parent.out,
             sampling=parent.sampling,
             branches=tree,
@@ -890,25 +935,75 @@ class BatchGenerator:
             family=parent.family,
         )
         parent.family.append(child)
-        self.rows[c] = child
-        self._params = None
+        s, i = self.state, parent.slot
+        end = (s.init_token, s.hidden, s.lengths, self.row_keys)
+        if read is not None:
+            end, i = read[0].end, read[1]
+        end = tuple(a[i : i + 1] for a in end)  # this row's: (1,), (1, H), (1,), (1, 2)
+        self.waiting.append(WaitingFork(child, parent, end))
+        self.seat()
         return child
+
+    @property
+    def free_rows(self) -> int:
+        """Rows a waiting child may take now: ``max_batch`` less the running rows and the
+        rows the waiting prefills will take (``insert``: admitted first, they keep theirs)."""
+        prefilling = sum(len(job.prompts) for job in self.prefills)
+        return self.max_batch - len(self.active) - prefilling
+
+    def seat(self) -> None:
+        """Seat waiting children (``fork``) in free rows, oldest first."""
+        while self.waiting and self.free_rows > 0:
+            waiting = self.waiting.pop(0)
+            if None not in self.rows:
+                self.resize(self.bucket_for(len(self.rows) + 1))
+            self._seat(waiting, self.rows.index(None))
+
+    def _seat(self, waiting: WaitingFork, c: int) -> None:
+        """Put a waiting child in slot ``c``: the caches and text of its source's row
+        (unless ``c`` is that row's own slot, handed over: ``leave``), then the small arrays
+        of its fork (``WaitingFork.end``)."""
+        s, p = self.state, waiting.source.slot
+        at = mx.arange(len(self.rows)) == c
+        history = s.history
+        if p != c:
+            source_caches = [part for state in s.sources if state is not None for part in state]
+            for cache in (s.keys, s.values, *source_caches):
+                for layer in cache:
+                    layer[c : c + 1] = layer[p : p + 1]
+            if history is not None:
+                history = mx.where(at[:, None], history[p : p + 1], history)
+
+        def copied(a, row):  # (B, ...): slot c takes ``row`` (1, ...)
+            return mx.where(at.reshape((-1,) + (1,) * (a.ndim - 1)), row, a)
+
+        init_token, hidden, lengths, row_keys = waiting.end
+        self.state = s._replace(
+            init_token=copied(s.init_token, init_token),
+            hidden=copied(s.hidden, hidden),
+            lengths=copied(s.lengths, lengths),
+            history=history,
+        )
+        self.row_keys = copied(self.row_keys, row_keys)
+        child = waiting.row
+        child.slot, child.joined = c, time.perf_counter()
+        self.rows[c] = child
+        self.vacated.pop(c, None)
+        self._params = None
 
     def fork_grants(self, rows: list[Row | None], in_flight: bool = True) -> list[bool]:
         """Which of ``rows`` may fork in the draw made now: each branching row its tree
         allows (``BranchTree.fork_allowed``), in row order, as long as its request's branch
-        limit and the batch's free rows (less the rows of waiting prefills) leave room for
-        the children (one fork per row per draw), so every fork drawn can be made.
+        limit leaves room for the children (one fork per row per draw), so every fork drawn
+        is made. The batch's free rows play no part: a child with no row free waits for one
+        (``fork``), so a request forks where it would alone, whatever else the batch runs.
         ``in_flight``: the step in flight, not yet read, forks wherever it was granted (the
-        rows and branches it may take are not free); False: it forks nowhere."""
-        free = self.max_batch - len(self.active)
-        free -= sum(len(job.prompts) for job in self.prefills)
+        branches it may make are taken); False: it forks nowhere."""
         taken: dict[int, int] = {}
         if in_flight and self.pending is not None:
             for row, granted in zip(self.pending.owners, self.pending.grants):
                 if granted:
                     taken[id(row.branches)] = taken.get(id(row.branches), 0) + 1
-                    free -= 1
         room: dict[int, int] = {}
         grants = []
         for row in rows:
@@ -916,18 +1011,20 @@ class BatchGenerator:
             ok = tree is not None and not row.finished and tree.fork_allowed(row.branch)
             if ok:
                 left = tree.rules.max_branches - len(tree.branches) - taken.get(id(tree), 0)
-                left = room.setdefault(id(tree), left)
-                ok = left > 0 and free > 0
+                ok = room.setdefault(id(tree), left) > 0
             if ok:
                 room[id(tree)] -= 1
-                free -= 1
             grants.append(ok)
         return grants
 
     @property
     def reserved(self) -> int:
-        """Rows the step in flight may fork into (its grants; ``fork_grants``)."""
-        return sum(self.pending.grants) if self.pending is not None else 0
+        """Free rows kept for the forks of the step in flight (its grants, at most the rows
+        free after the waiting children's: ``free_rows``), so that a new request admitted
+        meanwhile does not make them wait."""
+        if self.pending is None:
+            return 0
+        return max(0, min(sum(self.pending.grants), self.free_rows - len(self.waiting)))
 
     def _split(self, grants: list[bool]) -> tuple[tuple[int, ...], SplitRows | None]:
         """The step's split ids and per-row branching arrays (``branches.step_split``: none
@@ -972,6 +1069,7 @@ class BatchGenerator:
         """
         rows = self.rows
         self.resizes += 1
+        self.vacated = {}  # free slots are not carried over
         if n > len(rows):
             order, extra, idx = list(range(len(rows))), n - len(rows), None
         else:
@@ -1120,6 +1218,7 @@ class BatchGenerator:
                 got, self.pending = self.read(self.pending), None
             elif branching:
                 self.ahead += 1
+        self.seat()  # rows a join left free (a waiting prefill counts until it joins)
         nxt = self.queue() if any(not row.finished for row in self.active) else None
         if self.pending is not None:
             got += self.read(self.pending)
@@ -1128,6 +1227,7 @@ class BatchGenerator:
 
     def queue(self) -> Queued:
         """Queue one step for all rows; attention covers every active row's possible length."""
+        self.vacated = {}  # the step writes into free rows
         longest = max(row.length for row in self.active)
         window = step_window(longest, self.inflight, self.policy.per_step, self.most_slots())
         self.state = ensure_slots(self.state, window)

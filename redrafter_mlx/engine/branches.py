@@ -35,7 +35,10 @@ that bound reaches N (everything it could still write lies past the answer's end
 there makes no child, and the rebuilt text is cut at N. Each branch is still plain decoding
 of its own row, up to where the answer ends; its row's own bound
 (:meth:`BranchRules.row_tokens`) only keeps it inside the context. (The APAR code bounds each
-sequence instead, so its answers run to several times its limit; ours do not.)
+sequence instead, so its answers run to several times its limit; ours do not.) The context
+(the model's, or ``--max-kv-size``) bounds each branch's row, as it bounds a plain row, not
+the answer; a branch it cuts inside the answer makes the request finish ``"context"``
+(``batch.Row.request_finish``).
 
 One fork per row per step: of a step's accepted tokens, the row keeps those up to and
 including the first fork token (:class:`Extension`); the rest are dropped as if rejected

@@ -166,8 +166,9 @@ def generate_steps(
     server does: ``batch_choice.BatchChoice``; a fork copies the parent's draft-model
     cache too), and ``max_tokens`` bounds each prompt's answer, the rebuilt text (its first
     ``max_tokens`` tokens: ``branches``' module docstring, "The answer's length"); the
-    events give the rebuilt text (module docstring); the session's cache is emptied
-    afterwards (it holds no one row of the rebuilt text).
+    events give the rebuilt text (module docstring); the session keeps the prompts' cache
+    afterwards (no one row holds the rebuilt text, but every branch's starts with its
+    prompt), so a next turn prefills what follows them.
     """
     prompts = [list(map(int, p)) for p in prompts]
     check_draft_slot(model, drafter, draft_model)  # a model, an early-exit adapter or both
@@ -266,9 +267,8 @@ def generate_steps(
                 by,
             )
     finally:
-        if branches:  # the cache's rows are branches, not the rebuilt text: start afresh
-            session.keys, session.values = model.make_cache(B, SLOT_QUANTUM)
-            session.reset()
+        if branches:
+            _hand_back_prompts(session, batch, rows, prompts)
         elif batch.state is not None:
             _hand_back(session, batch.state, prompts, out)
 
@@ -356,6 +356,30 @@ def _hand_back(session: Session, state: DecodeState, prompts, out) -> None:
     held = [min(n - len(p), len(o)) for n, p, o in zip(lengths, prompts, out)]
     session.cached = [p + o[:h] for p, o, h in zip(prompts, out, held)]
     session.lengths = mx.array([len(c) for c in session.cached], dtype=mx.int32)
+
+
+def _hand_back_prompts(session: Session, batch: BatchGenerator, rows: list[Row], prompts) -> None:
+    """With branches, return the prompts' cache to the session: the cache's rows are
+    branches, not the rebuilt text, but every branch's row starts with its prompt, so the
+    next turn prefills only what follows it. Each request's rows: one whose slot still holds
+    its cache (``BatchGenerator.cache_slot``); with none (a prompt not yet joined) the session
+    starts afresh."""
+    slots = [] if batch.state is None else [_held_slot(batch, root) for root in rows]
+    if not slots or None in slots:
+        session.keys, session.values = batch.model.make_cache(len(prompts), SLOT_QUANTUM)
+        session.reset()
+        return
+    idx = mx.array(slots, mx.int32)
+    session.keys = [k[idx] for k in batch.state.keys]
+    session.values = [v[idx] for v in batch.state.values]
+    mx.eval(session.keys, session.values)  # a copy of its rows: the batch's cache is freed
+    session.cached = [list(p) for p in prompts]
+    session.lengths = mx.array([len(p) for p in prompts], dtype=mx.int32)
+
+
+def _held_slot(batch: BatchGenerator, root: Row) -> int | None:
+    """A slot that holds one of ``root``'s request's rows' cache (None: none does)."""
+    return next((s for r in root.family if (s := batch.cache_slot(r)) is not None), None)
 
 
 def _check_prompts(model: Model, prompts: list[list[int]], max_tokens: int) -> None:

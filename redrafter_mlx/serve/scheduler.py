@@ -382,9 +382,7 @@ class Scheduler:
                     log.debug("%s freed after %d tokens", row.owner.request.id, row.out)
                 else:
                     self._send(row, [], error=error, status=status)
-                for branch in row.family:  # every branch's row of the request
-                    if self.batch.rows[branch.slot] is branch:
-                        self.batch.leave(branch)
+                self.batch.drop(row)  # every branch's row of the request, waiting ones too
                 return
 
     def _count_freed(self, request: Request) -> None:
@@ -451,8 +449,11 @@ class Scheduler:
         and prefills this iteration frees), waiting up to ``timeout`` when ``block``. An
         unseeded request gets its seed here."""
         events = []
-        # rows forks of the step in flight may take (``BatchGenerator.fork_grants``)
-        held = self.active_rows + len(self.batch.prefills) + self.batch.reserved - leaving
+        # rows children waiting for one and forks of the step in flight will take
+        # (``BatchGenerator.fork``, ``reserved``)
+        batch = self.batch
+        held = self.active_rows + len(batch.prefills) + len(batch.waiting) + batch.reserved
+        held -= leaving
         while held + len(events) < self.max_batch:
             try:
                 request = self.queue.get(block=block, timeout=timeout if block else None)

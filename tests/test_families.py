@@ -467,11 +467,20 @@ def test_quantized_folders_load_and_match_mlx_lm(name, tmp_path):
     np.testing.assert_allclose(got, want, atol=1e-3, rtol=1e-3)
 
 
-def test_an_unsupported_rope_scaling_is_a_load_error(tmp_path):
-    from redrafter_mlx.engine.loading import LoadError, load_model
+def test_a_rope_type_of_mlx_lm_alone_runs_as_mlx_lm_builds_it(tmp_path):
+    """A rope scaling our forward lacks (yarn) loads through mlx-lm, with its frequencies."""
+    from mlx_lm.utils import load_model as mlx_lm_load
+
+    from redrafter_mlx.engine.lm_model import LmModel
+    from redrafter_mlx.engine.loading import load_model
 
     model = family_model("qwen2")
     config = dict(CONFIGS["qwen2"], rope_scaling={"rope_type": "yarn", "factor": 4.0})
     _write_folder(tmp_path / "m", config, dict(tree_flatten(model.parameters())))
-    with pytest.raises(LoadError, match="rope_scaling type 'yarn' is not supported"):
-        load_model(tmp_path / "m")
+    ours, _ = load_model(tmp_path / "m", mx.float32)
+    assert isinstance(ours, LmModel)
+    ref, _ = mlx_lm_load(tmp_path / "m")
+    ref.set_dtype(mx.float32)
+    got = np.array(ours.logits(_prefill_hidden(ours)))
+    want = np.array(ref(mx.array([PROMPT]))[0].astype(mx.float32))
+    np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)

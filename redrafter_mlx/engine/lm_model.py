@@ -38,7 +38,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .model import fused_kernels, window_mask, write_slots
-from .tree import arange
+from .tree import arange, cache_mask, chain_mask
 
 
 class LmCall:
@@ -492,6 +492,30 @@ class LmModel(nn.Module):
         self._hidden_size = hidden
         shapes = list(self._kv_shapes)
         self.args = LmArgs(config, hidden, vocab, len(self._layers), shapes)
+
+    def check_commit(self) -> None:
+        """ValueError unless every recurrent layer stops at mlx-lm's right-padding
+        ``lengths``: the state after 3 tokens of which the first counts must equal the
+        state after that token alone (a family that ignores ``lengths`` would commit a
+        rejected draft's state, and pad a batched prefill into a row's state)."""
+        if not self.recurrent:
+            return
+        keys, values = self.make_cache(1, 8)
+        tokens = mx.array([[1, 2, 3]], dtype=mx.int32) % self.vocab_size
+        start = mx.zeros((1,), mx.int32)
+        pos = arange(3)[None]
+        mask = cache_mask(start, chain_mask(3), 8)
+        _, padded, _ = self(tokens, pos, mask, keys, values, pos, counts=mx.array([1]))
+        one = cache_mask(start, chain_mask(1), 8)
+        _, alone, _ = self(tokens[:, :1], pos[:, :1], one, keys, values, pos[:, :1])
+        n_kv = len(self._kv_shapes)
+        for a, b in zip(padded[n_kv:], alone[n_kv:]):
+            if not bool(mx.allclose(a, b, atol=1e-5, rtol=1e-4)):
+                raise ValueError(
+                    f"model_type {self.model_type!r}: its recurrent layers take in tokens "
+                    "past mlx-lm's right-padding lengths, so a step could not keep the "
+                    "accepted tokens' state alone; this family cannot be sped up yet"
+                )
 
     @property
     def recurrent(self) -> bool:

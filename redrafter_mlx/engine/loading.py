@@ -234,6 +234,7 @@ def load_lm_model(path: Path, config: dict, dtype, group=None) -> LmModel:
     materialize(lm)
     try:
         model = LmModel(lm, config)
+        model.check_commit()
     except ValueError as e:
         raise LoadError(f"{path}: {e}") from None
     if group is not None:

@@ -348,3 +348,31 @@ def test_a_config_mlx_lm_refuses_gets_its_reason_in_one_line(tmp_path):
     text = str(e.value)
     assert "mlx-lm" in text and "cannot build this gpt_oss model" in text
     assert "\n" not in text
+
+
+def test_a_drafter_distilled_for_a_hybrid_model_speculates_losslessly(tmp_path):
+    """Self-distillation on a tiny qwen3_5 (its own greedy answers: one causal forward per
+    sequence), then the drafter's chains speculate and plain decoding's tokens come out."""
+    from redrafter_mlx.train import distill as D
+    from redrafter_mlx.train.data import Sequence
+
+    model = family("qwen3_5")
+    prompts = [[i % 500 + 1, (7 * i) % 500 + 1, (13 * i) % 500 + 1] for i in range(24)]
+    answers, _ = run_decode(model, None, prompts, max_tokens=30, shape=BeamShape.autoregressive())
+    sequences = [
+        Sequence(p + a, [False] * len(p) + [True] * len(a)) for p, a in zip(prompts, answers)
+    ]
+    with pytest.raises(ValueError, match="--targets self"):
+        D.build_target_cache(model, sequences[:1], 3, "distill", tmp_path / "rollouts")
+    cache = D.build_target_cache(model, sequences, 3, "self", tmp_path / "cache")
+    opts = D.DistillOptions(predict_tokens=3, lr=3e-3, warmup=0.1, batch_size=64).validate()
+    steps = 150
+    drafter = D.new_drafter(D.drafter_args(model, opts), seed=0)
+    trainer = D.Trainer(drafter, opts, steps)
+    order = D.DataOrder(cache.size, opts.batch_size, seed=0)
+    for step in range(steps):
+        trainer.step([D.read_batch(cache, model, order.batch(step))])
+    shape = BeamShape.parse("W1xL4")
+    got, stats = run_decode(model, drafter, prompts[:4], max_tokens=30, shape=shape)
+    assert got == answers[:4]
+    assert stats["tokens_per_step"] > 2.0  # it learnt the model's own answers (3.9 measured)

@@ -280,6 +280,12 @@ def sequence_targets(model: Model, seq: Sequence, positions: list[int], depth: i
     """(hidden (M, H), tokens (M, T+1), valid (M, T)) as numpy for one sequence."""
     toks = mx.array(seq.tokens, dtype=mx.int32)
     pos = mx.array(positions, dtype=mx.int32)
+    if mode == "distill" and getattr(model, "recurrent", False):
+        raise ValueError(
+            f"--targets distill rolls out every position's continuation as branches of one "
+            f"tree, which {model.model_type}'s recurrent layers cannot follow; use --targets "
+            "self (the model's own answers: distill without --data) or --targets ground-truth"
+        )
     if mode == "distill":
         h, greedy = rollout_targets(model, toks, pos, depth)
         mx.eval(h, greedy)

@@ -20,6 +20,7 @@ import json
 import warnings
 
 import mlx.core as mx
+import mlx.nn as nn
 import pytest
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
@@ -138,12 +139,13 @@ def _ancestors(i: int) -> set[int]:
     return out
 
 
-class ReplayDrafter:
+class ReplayDrafter(nn.Module):
     """A drafter that knows the model's greedy continuation: after token t it proposes the
     token that followed t in ``texts``, off by one for every ``wrong``-th id, so drafts are
     accepted in part and rejected in part (commits at every length)."""
 
     def __init__(self, model, texts, wrong: int = 5):
+        super().__init__()
         V = model.vocab_size
         follows: dict[int, int] = {}
         for text in texts:
@@ -376,3 +378,31 @@ def test_a_drafter_distilled_for_a_hybrid_model_speculates_losslessly(tmp_path):
     got, stats = run_decode(model, drafter, prompts[:4], max_tokens=30, shape=shape)
     assert got == answers[:4]
     assert stats["tokens_per_step"] > 2.0  # it learnt the model's own answers (3.9 measured)
+
+
+@pytest.mark.parametrize("name", ["qwen3_5", "lfm2", "qwen3_moe"])
+def test_server_rows_joining_mid_generation_give_their_solo_tokens(name):
+    """The server's scheduler over a hybrid / MoE model: requests join a running batch, rows
+    are reused, and each answer is the request's plain decoding alone."""
+    from redrafter_mlx.serve.scheduler import Request, Scheduler
+    from tests.test_serve_scheduler import Collector, drain
+
+    model = family(name)
+    prompts = [p + [i + 1] for i, p in enumerate(PROMPTS * 2)]
+    drafter = ReplayDrafter(model, [p + a for p, a in zip(PROMPTS, plain(name))])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sched = Scheduler(model, drafter, BeamShape.parse("W1xL4+K1xL4"), [], max_batch=3)
+        runs = []
+        for i, prompt in enumerate(prompts):
+            sink = Collector()
+            sched.submit(Request(prompt, 10 + 3 * i, sink))
+            runs.append((prompt, 10 + 3 * i, sink))
+            for _ in range(1 + i % 3):
+                sched.run_once()
+        drain(sched)
+    for prompt, max_tokens, sink in runs:
+        want, _ = run_decode(
+            model, None, [prompt], max_tokens=max_tokens, shape=BeamShape.autoregressive()
+        )
+        assert sink.tokens == want[0]

@@ -116,7 +116,40 @@ def folders(tmp_path_factory):
         model, _ = load_model(out[name], mx.float32)
         save_drafter_dir(tiny_drafter(model, seed=10 + len(out)), root / f"{name}-drafter")
         out[f"{name}-drafter"] = str(root / f"{name}-drafter")
+    for name, config in (("sliding", SLIDING), ("hybrid", HYBRID)):  # mlx-lm's ``shard``
+        out[name] = str(write_mlx_lm_model(root / name, config))
+        model, _ = load_model(out[name], mx.float32)
+        save_drafter_dir(tiny_drafter(model, seed=10 + len(out)), root / f"{name}-drafter")
+        out[f"{name}-drafter"] = str(root / f"{name}-drafter")
     return out
+
+
+# Models that run as mlx-lm builds them (engine/lm_model.py), split by the family's own
+# ``shard``: a Llama with sliding layers, and a Qwen3.5 hybrid (Gated DeltaNet + attention).
+SLIDING = dict(
+    LLAMA, num_hidden_layers=3, sliding_window=4,
+    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+)  # fmt: skip
+HYBRID = dict(
+    model_type="qwen3_5", hidden_size=64, num_hidden_layers=4, intermediate_size=128,
+    num_attention_heads=4, num_key_value_heads=2, vocab_size=64, linear_num_value_heads=4,
+    linear_num_key_heads=2, linear_key_head_dim=16, linear_value_head_dim=16,
+    linear_conv_kernel_dim=3, rms_norm_eps=1e-5, head_dim=16, rope_theta=1000.0,
+    partial_rotary_factor=0.5, max_position_embeddings=1000, full_attention_interval=2,
+)  # fmt: skip
+
+
+def write_mlx_lm_model(path: Path, config: dict) -> Path:
+    """A folder of mlx-lm's own class for ``config``, random weights."""
+    from mlx_lm.utils import _get_classes
+
+    cls, args = _get_classes(config)
+    model = cls(args.from_dict(config))
+    _randomize(model, 3, 2.0)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    return path
 
 
 REPEAT = [1, 5, 9, 13, 17, 21, 5, 9, 13, 17, 21, 5, 9, 13]  # lookup finds continuations
@@ -146,6 +179,8 @@ def cases(folders: dict, n: int) -> dict:
             "gemma2": case("gemma2", "W2xL3+K1xL4", [REPEAT]),
             "quant": case("quant", "W1xL3", two),
             "fused": case("llama", "W2xL3+K1xL4", [REPEAT, two[1]], fused=True),  # Metal's path
+            "sliding": case("sliding", "W2xL3+K1xL4", [REPEAT, two[1]]),
+            "hybrid": case("hybrid", "W1xL3+K1xL4", [REPEAT, two[1]]),
         }
     return out
 

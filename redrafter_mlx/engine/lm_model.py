@@ -692,9 +692,10 @@ class LmModel(nn.Module):
             state.substitute = None
         return out.reshape(*lead, -1).astype(mx.float32)
 
-    def soft_capped(self, logits: mx.array) -> mx.array:
-        cap = self.config.get("final_logit_softcapping")
-        return mx.tanh(logits / cap) * cap if cap else logits
+    def head_logits(self, hidden: mx.array, ids) -> mx.array:
+        """(..., H) -> (..., K) float32 logits of token ``ids`` alone: the model's own head
+        (any scaling or cap a family applies), then those columns."""
+        return mx.take(self.logits(hidden), mx.array(ids, dtype=mx.int32), axis=-1)
 
     def make_cache(self, batch: int, slots: int, dtype=None):
         """Zeroed caches in the engine's order: (batch, n_kv, slots, D) keys and values per

@@ -526,6 +526,12 @@ class Model(nn.Module):
             out = self.lm_head(hidden)
         return self.soft_capped(out.astype(mx.float32))
 
+    def head_logits(self, hidden: mx.array, ids) -> mx.array:
+        """(..., H) -> (..., K) float32 logits of token ``ids`` alone (a shortlist head):
+        the head's rows at ``ids``, through the final soft cap."""
+        rows = output_rows(self, ids)
+        return self.soft_capped((hidden[..., : self.hidden_size] @ rows.T).astype(mx.float32))
+
     def soft_capped(self, logits: mx.array) -> mx.array:
         """Logits through the final soft cap (Gemma 2; others unchanged): the one rule for
         ``logits`` and every head read in part (a shortlist's rows: ``output_rows``)."""

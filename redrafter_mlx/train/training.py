@@ -19,7 +19,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
 from ..engine.drafter import Drafter, DrafterArgs
-from ..engine.model import Model, output_rows
+from ..engine.model import Model
 from .data import Sequence
 from .softmax import logsumexp, softmax
 from .targets import TargetCache
@@ -235,8 +235,7 @@ def teacher_targets(cache: TargetCache, model: Model, idx: np.ndarray, head_ids=
     if head_ids is None:
         logits = model.logits(h)
     else:
-        h = h[:, : model.hidden_size]  # the final normed state (a wider cache: features)
-        logits = model.soft_capped((h @ output_rows(model, head_ids).T).astype(mx.float32))
+        logits = model.head_logits(h, head_ids)  # a wider cache (features): its first H
     teacher = softmax(logits).reshape(len(idx), T, -1)
     return teacher, mx.array(soft)
 

@@ -406,3 +406,14 @@ def test_server_rows_joining_mid_generation_give_their_solo_tokens(name):
             model, None, [prompt], max_tokens=max_tokens, shape=BeamShape.autoregressive()
         )
         assert sink.tokens == want[0]
+
+
+def test_parallel_branches_are_refused_on_a_recurrent_model():
+    from redrafter_mlx.engine.branches import BranchRules
+    from redrafter_mlx.serve.scheduler import Scheduler
+
+    rules = BranchRules(fork_id=5, child_id=6)
+    with pytest.raises(ValueError, match="--branches off"):
+        run_decode(family("qwen3_5"), None, [[1, 2]], max_tokens=2, branches=rules)
+    with pytest.raises(ValueError, match="recurrent state"):
+        Scheduler(family("qwen3_5"), None, BeamShape.autoregressive(), [], branches=rules)

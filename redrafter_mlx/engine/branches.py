@@ -519,6 +519,16 @@ def _token_id(value, file: Path, name: str) -> int:
     )
 
 
+def check_branching_model(model) -> None:
+    """ValueError for branches on a model with recurrent layers: a fork copies its parent's
+    cache at the fork, and a recurrent state cannot be rewound to it."""
+    if getattr(model, "recurrent", False):
+        raise ValueError(
+            f"parallel branches copy a row's cache at each fork, which {model.model_type}'s "
+            "recurrent state cannot be rewound to; decode it as one sequence (--branches off)"
+        )
+
+
 def branch_rules(model_dir, mode: str = "auto", **limits) -> BranchRules | None:
     """The model's branching rules under ``--branches mode``, None when branching is off.
 

@@ -28,7 +28,14 @@ from .adaptive import Adaptive
 from .arguments import api_arguments
 from .batch import BatchGenerator, Prefill, Row, RowStats
 from .batch_choice import BatchChoice, FixedShape, ShapePolicy, SoloChoice, learnt_batch
-from .branches import BRANCH_MODES, BranchRules, Piece, branch_rules, request_rows
+from .branches import (
+    BRANCH_MODES,
+    BranchRules,
+    Piece,
+    branch_rules,
+    check_branching_model,
+    request_rows,
+)
 from .cache import SLOT_QUANTUM, Session, token_limit
 from .decode import DecodeState
 from .distributed import shared_seed
@@ -183,6 +190,8 @@ def generate_steps(
     if layers and tuple(layers) != model.feature_layers:
         model.capture_features(layers)  # what ``loading.attach`` does (a drafter loaded alone)
     _check_prompts(model, prompts, max_tokens)
+    if branches is not None:
+        check_branching_model(model)
     row_tokens, _ = request_rows(branches, max_tokens)  # a row's most tokens
     longest = max(len(p) for p in prompts) + row_tokens
     B = len(prompts)

@@ -40,7 +40,7 @@ from dataclasses import replace
 from redrafter_mlx.engine.adaptive import Adaptive
 from redrafter_mlx.engine.batch import BatchGenerator, Prefill, Row, RowStats
 from redrafter_mlx.engine.batch_choice import BatchChoice, FixedShape
-from redrafter_mlx.engine.branches import BranchRules, request_rows
+from redrafter_mlx.engine.branches import BranchRules, check_branching_model, request_rows
 from redrafter_mlx.engine.cache import Session, token_limit
 from redrafter_mlx.engine.draft_model import check_draft_slot, slot_modules
 from redrafter_mlx.engine.loading import materialize
@@ -100,6 +100,8 @@ class Scheduler:
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         self.model, self.drafter = model, drafter
+        if branches is not None:
+            check_branching_model(model)
         self.branches = branches  # APAR branching rules (each request's branches are rows)
         if drafter is not None and shape is None:
             raise ValueError("a drafter needs a beam shape")

@@ -417,3 +417,36 @@ def test_parallel_branches_are_refused_on_a_recurrent_model():
         run_decode(family("qwen3_5"), None, [[1, 2]], max_tokens=2, branches=rules)
     with pytest.raises(ValueError, match="recurrent state"):
         Scheduler(family("qwen3_5"), None, BeamShape.autoregressive(), [], branches=rules)
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe", "qwen3_5"])
+def test_a_quantized_folder_with_mixed_bits_loads_as_mlx_lm_loads_it(name, tmp_path):
+    """4-bit affine with an 8-bit embedding (mlx-lm's per-layer entries): the logits are
+    mlx-lm's own load's, and speculation gives plain decoding's tokens."""
+    from mlx_lm.utils import load_model as mlx_lm_load
+
+    config = dict(FAMILIES[name])
+    lm = mlx_lm_class(config)
+    embedding = next(p for p, m in lm.named_modules() if isinstance(m, nn.Embedding))
+
+    def bits(path, module):
+        if not hasattr(module, "to_quantized") or module.weight.shape[-1] % 32:
+            return False
+        return {"group_size": 32, "bits": 8 if path == embedding else 4}
+
+    nn.quantize(lm, group_size=32, bits=4, class_predicate=bits)
+    config["quantization"] = {"group_size": 32, "bits": 4, embedding: {"group_size": 32, "bits": 8}}
+    save_folder(lm, config, tmp_path / "q")
+    model, _ = load_model(tmp_path / "q", mx.float32)
+    ref, _ = mlx_lm_load(tmp_path / "q")
+    tokens = mx.array([PROMPT])
+    want = ref(tokens)[0, -1].astype(mx.float32)
+    assert mx.abs(engine_logits(model)[0] - want).max().item() <= 1e-4
+    plain_tokens, _ = run_decode(
+        model, None, PROMPTS, max_tokens=12, shape=BeamShape.autoregressive()
+    )
+    drafter = ReplayDrafter(model, [p + a for p, a in zip(PROMPTS, plain_tokens)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got, _ = run_decode(model, drafter, PROMPTS, max_tokens=12, shape=BeamShape.parse("W1xL4"))
+    assert got == plain_tokens

@@ -129,5 +129,5 @@ def resolution(
 
 def ulp(value: float, model) -> float:
     """One unit in the last place of ``value`` in the model's dtype (its head's output)."""
-    eps = mx.finfo(model.model.norm.weight.dtype).eps
+    eps = mx.finfo(model.dtype).eps
     return eps * 2.0 ** math.floor(math.log2(value)) if value > 0 else 0.0

@@ -430,6 +430,12 @@ def prepare_engine(
     if max_kv_size is not None and max_kv_size < MIN_KV_SIZE:
         raise FlagError(f"--max-kv-size must be >= {MIN_KV_SIZE} tokens, got {max_kv_size}")
     check_dtype(dtype)
+    if beam.no_draft and draft_model and choose is None:
+        raise FlagError(
+            f"--no-draft decodes plainly, without the draft model --draft-model "
+            f"{' '.join(draft_model) if isinstance(draft_model, list) else draft_model} would "
+            "load; drop --draft-model for plain decoding, or --no-draft to draft with it"
+        )
     checked = check() if check is not None else None
     paths = resolve_paths(model, drafter)
     if draft_model is not None:

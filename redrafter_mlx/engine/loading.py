@@ -426,10 +426,15 @@ def check_not_a_slot_folder(where: Path, given_as: str = "the model (--model)") 
     check_kind(where)
     kind = folder_kind(where)
     if kind == "drafter":
+        model = "--model" in given_as
+        then = (
+            "and as the model the base model it was trained for"
+            if model
+            else ("beside --model (a draft model is a whole model sharing its tokenizer)")
+        )
         raise LoadError(
             f"{where} is a ReDrafter drafter's folder, not a model, given as {given_as}: pass "
-            "it as the drafter (--drafter; load's drafter_path), and as the model the base "
-            "model it was trained for"
+            f"it as the drafter (--drafter; load's drafter_path), {then}"
         )
     if kind == "early-exit":
         fix = "--draft-model, or --drafter" if "--model" in given_as else "--drafter"

@@ -17,13 +17,13 @@ PROMPT = "def add(a, b):"
 
 @pytest.fixture(scope="module")
 def demo():
-    model, _, tokenizer = load(demo_paths()[0])
-    return model, tokenizer
+    model, drafter, tokenizer = load(*demo_paths())
+    return model, tokenizer, drafter
 
 
 def run(demo, prompt=PROMPT, **kw):
-    model, tokenizer = demo
-    return generate(model, None, tokenizer, prompt, **{"max_tokens": 6, **kw})
+    model, tokenizer, drafter = demo  # a shape's W part needs the drafter
+    return generate(model, drafter, tokenizer, prompt, **{"max_tokens": 6, **kw})
 
 
 def test_unambiguous_forms_run_as_their_canonical_ones(demo):
@@ -41,7 +41,7 @@ def test_unambiguous_forms_run_as_their_canonical_ones(demo):
 
 
 def test_logit_bias_as_a_mapping(demo):
-    model, tokenizer = demo
+    model, tokenizer, _ = demo
     token = tokenizer.encode(" zzz", add_bos=False)[0]
     for bias in ({token: 100.0}, {str(token): 100.0}, ((token, 100.0),)):
         for sampler in (SamplerConfig(logit_bias=bias), {"logit_bias": bias}):
@@ -82,7 +82,7 @@ def test_bad_values_still_name_the_argument(demo):
 
 
 def test_batch_generate_takes_a_list_of_prompts(demo):
-    model, tokenizer = demo
+    model, tokenizer, _ = demo
     with pytest.raises(TypeError, match="prompts must be a list of prompts"):
         batch_generate(model, None, tokenizer, PROMPT, max_tokens=2)
     with pytest.raises(TypeError, match=r"prompts\[0\] is a string but tokenizer is None"):

@@ -39,4 +39,7 @@ def test_the_banner_names_the_drafter_and_the_draft_models(cli_app, adapter_dir)
     assert f" + drafter {DRAFTER} + draft model {DEMO} + early-exit adapter {adapter_dir} " in line
     alone = banner(cli_app, "--draft-model", str(adapter_dir))
     assert alone.endswith(f" + early-exit adapter {adapter_dir} (float32)")
-    assert "draft model" not in banner(cli_app, "--no-draft", "--draft-model", "demo")
+    refused = CliRunner().invoke(  # plain decoding loads no draft model: one of them goes
+        cli_app, ["chat", "--model", "demo", "--no-draft", "--draft-model", "demo"], input="/quit\n"
+    )
+    assert refused.exit_code == 2 and "drop --draft-model" in refused.stderr

@@ -108,7 +108,7 @@ def choose_configs(
         parse_grid,
     )
     from redrafter_mlx.cli.common import check_shape
-    from redrafter_mlx.engine.generation import DEFAULT_SHAPE
+    from redrafter_mlx.engine.generation import DEFAULT_SHAPE, missing_sources
     from redrafter_mlx.engine.shape import BeamShape
 
     if grid is not None and shapes is not None:
@@ -121,15 +121,18 @@ def choose_configs(
     plan = None
     if shapes is not None:
         chosen = parse_configs(shapes)
-        needs = [s.label for s in chosen if s.drafts]
-        if needs and not has_drafter:
+        lacks = {
+            s.label: missing_sources(s, has_drafter, paths.draft_model is not None) for s in chosen
+        }
+        needs = [label for label, what in lacks.items() if "drafter" in what]
+        if needs:
             why = "--no-draft was given" if beam.no_draft else "there is no drafter (--drafter)"
             raise FlagError(
                 f"--configs {', '.join(needs)} need the drafter, but {why}; lookup-only "
                 f"shapes (K1xL8) run without it"
             )
-        drafting = [s.label for s in chosen if s.model_length]
-        if drafting and paths.draft_model is None:
+        drafting = [label for label, what in lacks.items() if "draft model" in what]
+        if drafting:
             raise FlagError(
                 f"--configs {', '.join(drafting)} need a draft model; add --draft-model "
                 "(e.g. the model itself)"

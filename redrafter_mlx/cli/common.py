@@ -405,6 +405,9 @@ def prepare_engine(
     ``check()`` (its result is ``Prepared.checked``), the model and drafter paths, the beam
     plan (``plan_from_flags`` from ``beam``, or the command's ``choose(paths) -> (plan,
     speculative)``), then loading, with the drafter only when the plan speculates.
+    ``--no-draft`` with ``--draft-model`` is refused before any path is resolved (plain
+    decoding drafts nothing; bench's ``choose`` may run the draft model's shapes without
+    the drafter).
     Sampling settings not given by a flag then take the model's ``generation_config.json``
     values (``model_defaults``; bench keeps the engine's greedy default), and logit-bias ids
     are checked against the vocabulary. Last, a step of the plan's shape over ``batch`` rows
@@ -430,6 +433,13 @@ def prepare_engine(
     if max_kv_size is not None and max_kv_size < MIN_KV_SIZE:
         raise FlagError(f"--max-kv-size must be >= {MIN_KV_SIZE} tokens, got {max_kv_size}")
     check_dtype(dtype)
+    if beam.no_draft and draft_model and choose is None:
+        raise FlagError(
+            f"--no-draft decodes plainly, so --draft-model "
+            f"{' '.join(draft_model) if isinstance(draft_model, list) else draft_model} would "
+            "load for nothing; drop --draft-model for plain decoding, or --no-draft to draft "
+            "with it"
+        )
     checked = check() if check is not None else None
     paths = resolve_paths(model, drafter)
     if draft_model is not None:

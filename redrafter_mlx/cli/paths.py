@@ -78,7 +78,8 @@ def asked_note(note: str) -> str:
 def resolve_draft_model(name: str | Sequence[str] | None) -> str | tuple[str, str] | None:
     """``--draft-model`` (repeatable) as a path or Hub id: a bundled model's name
     (``smollm2``, ``demo``) is its installed folder; anything else is passed on as given
-    (None or empty: no draft model). Given twice: (the draft model, the early-exit
+    (None: no draft model; an empty value, or a local path that is no folder: an error
+    naming ``--draft-model``). Given twice: (the draft model, the early-exit
     adapter's folder), in that order whatever the flags' (``loading.draft_slot_paths``:
     a LoadError naming the fix for two models, two adapters or more than two values)."""
     if name is None or isinstance(name, str):
@@ -94,11 +95,38 @@ def resolve_draft_model(name: str | Sequence[str] | None) -> str | tuple[str, st
 def _resolve_one(name: str | None) -> str | None:
     if name is None:
         return None
+    if not name.strip():
+        from redrafter_mlx.cli.common import FlagError
+
+        raise FlagError(
+            f"--draft-model {name!r} is an empty path (it would name the current folder): "
+            "pass a draft model's folder or Hub id, or an early-exit adapter's folder, or "
+            "drop --draft-model"
+        )
     named = installed_bundled(name)
     if named is not None:
         return str(named.base)
     _check_model_name(name)
+    _check_local(name)
     return name
+
+
+def _check_local(name: str) -> None:
+    """A LoadError naming ``--draft-model`` when ``name`` reads as a local path (not a Hub
+    id: ``hub.is_path``) and is no folder, before anything is loaded."""
+    from redrafter_mlx.engine.hub import is_path
+
+    path = Path(name).expanduser()
+    if not is_path(name) or path.is_dir():
+        return
+    from redrafter_mlx.engine.loading import LoadError
+
+    if path.exists():
+        raise LoadError(f"--draft-model {name}: a file; pass the folder that holds config.json")
+    raise LoadError(
+        f"--draft-model {name}: no such folder; pass a draft model's folder or Hugging Face "
+        "repo id (or smollm2, demo), or an early-exit adapter's folder"
+    )
 
 
 def _check_model_name(model: str) -> None:

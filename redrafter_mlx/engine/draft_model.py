@@ -13,6 +13,11 @@ the committed tokens' K/V (slots past ``len`` hold junk until rewritten). Then `
 one-token forwards extend the chain from its argmax. No host read; static shapes.
 The verifier decides what is emitted, so a draft model can change speed, never the output.
 
+A draft model's vocabulary may be the target's first ids, up to ``loading.MAX_ADDED_TOKENS``
+fewer (the target grew by added tokens since, as an APAR model's split tokens): every id
+it reads (prefill, catch-up, draft) passes ``known_ids`` first, an id it lacks read as id 0,
+so it never indexes past its embedding; its drafts are its own ids, all the target's too.
+
 Steps that do not run the draft model (another shape chosen, ``sources.py``: "Sources that
 sit out steps") leave its cache further behind than ``catchup`` covers: the loop then runs
 ``DraftModelSource.catch_up`` over the missed committed positions before the step.
@@ -125,6 +130,7 @@ class DraftModelSource:
         history, lengths = ctx.history, ctx.lengths
         for pos in catch_up_positions(lengths, count):
             text = mx.take_along_axis(history, mx.minimum(pos, history.shape[1] - 1), axis=1)
+            text = known_ids(self.draft, text)
             mask = (arange(ctx.window)[None, None, :] <= pos[:, :, None])[:, None]
             write = mx.where(pos < lengths[:, None], pos, mx.minimum(pos, S - 1))
             _, keys, values = self.draft(text, pos, mask, keys, values, write)
@@ -139,6 +145,7 @@ class DraftModelSource:
         S = ctx.history.shape[1]
         text = mx.take_along_axis(ctx.history, mx.minimum(pos, S - 1), axis=1)
         text = mx.where(pos == lengths[:, None], ctx.init_token[:, None], text)
+        text = known_ids(draft, text)
         mask = cache_mask(start, chain_mask(T), window)
         hidden, keys, values = draft(text, pos, mask, keys, values, pos)
         at = (lengths - start)[:, None, None]  # the init token's column
@@ -153,6 +160,14 @@ class DraftModelSource:
             token = mx.argmax(draft.logits(hidden)[:, 0], axis=-1).astype(mx.int32)
             chain.append(token)
         return Proposal(mx.stack(chain, axis=1)[:, None], None, 1, (keys, values))
+
+
+def known_ids(draft, tokens: mx.array) -> mx.array:
+    """``tokens`` (any shape, the target's ids) as the draft model reads them: an id past its
+    vocabulary (one the target gained since: ``check_draft_model``) becomes id 0, so its
+    embedding is never read out of range. The draft of such a position is a guess like any
+    other: the verifier decides the output."""
+    return mx.where(tokens < draft.vocab_size, tokens, 0)
 
 
 def catchup_tokens(other_lengths) -> int:
@@ -180,26 +195,30 @@ def prefill(draft, rows: list[list[int]], slots: int) -> tuple:
         T = tokens.shape[1]
         idx = lengths[:, None] + arange(T)[None, :]
         mask = cache_mask(lengths, chain_mask(T), slots)
-        _, keys, values = draft(tokens, idx, mask, keys, values, idx)
+        _, keys, values = draft(known_ids(draft, tokens), idx, mask, keys, values, idx)
         lengths = lengths + counts
         mx.eval(keys, values)  # per chunk, before the decode loop
     return keys, values
 
 
 def check_draft_model(model, draft) -> None:
-    """A draft model must share the target's vocabulary (same ids, same size): a clear error
-    before anything runs."""
+    """A draft model must share the target's vocabulary: the same ids, all of them or the
+    first ones when the target has up to ``loading.MAX_ADDED_TOKENS`` more (added tokens,
+    as an APAR model's split tokens: ``known_ids``); a clear error before anything runs."""
+    from .loading import MAX_ADDED_TOKENS
+
     if getattr(draft, "recurrent", False):
         raise ValueError(
             f"the draft model ({draft.model_type}) has recurrent layers, whose state cannot "
             "re-run the positions a draft model re-runs each step; pick a draft model with "
             "attention layers only (the target may still be recurrent)"
         )
-    if draft.vocab_size != model.vocab_size:
+    if not 0 <= model.vocab_size - draft.vocab_size <= MAX_ADDED_TOKENS:
         raise ValueError(
             f"the draft model's vocabulary ({draft.vocab_size} ids) differs from the model's "
-            f"({model.vocab_size}): a draft model must use the same tokenizer; pick one of "
-            "the target's family (e.g. a smaller model of the same release)"
+            f"({model.vocab_size}): a draft model must use the same tokenizer (the model may "
+            f"have up to {MAX_ADDED_TOKENS} added ids more); pick one of the target's family "
+            "(e.g. a smaller model of the same release)"
         )
 
 
@@ -207,12 +226,36 @@ def check_draft_slot(model, drafter, draft) -> None:
     """What the draft slot holds, checked against the target before anything runs: its
     early-exit adapter (``early_exit.pair``: checked, its shortlist bound; not in both
     slots: ``adapter_of``) and its draft model (``check_draft_model``), either or both (a
-    ``DraftPair``). ValueError naming the fix."""
+    ``DraftPair``). A path (``check_loaded``): TypeError; otherwise ValueError naming the
+    fix."""
     if draft is None:
         return
+    check_loaded(draft)
     adapter = adapter_of(drafter, draft)
     if adapter is not None and adapter is not drafter:
         pair(model, adapter)
     own = draft_model_of(draft)
     if own is not None:
         check_draft_model(model, own)
+
+
+def check_loaded(draft) -> None:
+    """TypeError unless the draft slot holds something loaded (a model, an early-exit adapter
+    or a ``DraftPair``): a path names how to load it (``load(..., draft_model=path)``)."""
+    import os
+
+    if isinstance(draft, str | os.PathLike):
+        raise TypeError(
+            f"draft_model takes a loaded draft model, early-exit adapter or DraftPair, got the "
+            f"path {str(draft)!r}; load it first: model, drafter, tokenizer, draft = "
+            f"redrafter_mlx.load(model_path, drafter_path, draft_model={str(draft)!r}), then "
+            "pass draft_model=draft"
+        )
+    if isinstance(draft, DraftPair | EarlyExitAdapter):
+        return
+    if not hasattr(draft, "vocab_size") or not callable(draft):
+        raise TypeError(
+            f"draft_model takes a loaded draft model, early-exit adapter or DraftPair, got "
+            f"{type(draft).__name__}; load one with redrafter_mlx.load(model_path, "
+            "drafter_path, draft_model=path) (its fourth item)"
+        )

@@ -28,6 +28,7 @@ G = gamma drafted tokens.
 from __future__ import annotations
 
 import json
+import math
 import weakref
 from dataclasses import MISSING, asdict, dataclass, field
 from pathlib import Path
@@ -107,7 +108,7 @@ class EarlyExitArgs:
             raise ValueError(f"early-exit config.json lacks {missing}")
         known = {k: v for k, v in config.items() if k in names}
         extra = {k: v for k, v in config.items() if k not in names and k != "kind"}
-        check_config(known)
+        check_config(config)
         return cls(**known, extra=extra)
 
     def to_config(self) -> dict:
@@ -142,15 +143,31 @@ POSITIVE = ("exit_layer", "hidden_size", "num_attention_heads", "num_key_value_h
 POSITIVE += ("head_dim", "vocab_size", "num_layers")
 
 
+# The real-valued keys and the range each accepts, as (key, lowest, highest, whether the
+# lowest itself is accepted).
+NUMBERS = (
+    ("rms_norm_eps", 0.0, float("inf"), False),
+    ("rope_theta", 0.0, float("inf"), False),
+    ("eta", 0.0, 1.0, True),  # the confidence exit (``ETA``): a probability
+)
+
+
 def check_config(config: dict) -> None:
-    """ValueError naming the key unless an adapter config's sizes are whole numbers >= 1 and
-    its ``draft_vocab`` (when present) is a non-empty list of distinct ids in
-    ``[0, vocab_size)``: a damaged config.json, caught before any tensor is built."""
+    """ValueError naming the key and its accepted range unless an adapter config's sizes are
+    whole numbers >= 1, its ``NUMBERS`` finite numbers in their ranges and its
+    ``draft_vocab`` (when present) a non-empty list of distinct ids in ``[0, vocab_size)``:
+    a damaged config.json, caught before any tensor is built."""
     fix = "its config.json is damaged; train or convert the adapter again"
     for key in POSITIVE:
         value = config.get(key, 1)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"config.json gives {key} {value!r}, not a whole number >= 1: {fix}")
+    for key, low, high, closed in NUMBERS:
+        if key in config and not _in_range(config[key], low, high, closed):
+            bound = f"in [{low:g}, {high:g}]" if high < float("inf") else f"> {low:g}"
+            raise ValueError(
+                f"config.json gives {key} {config[key]!r}, not a finite number {bound}: {fix}"
+            )
     ids = config.get("draft_vocab")
     if ids is None:
         return
@@ -174,6 +191,14 @@ def check_config(config: dict) -> None:
         seen: set = set()
         twice = next(i for i in ids if i in seen or seen.add(i))
         raise ValueError(f"config.json's draft_vocab lists id {twice} more than once: {fix}")
+
+
+def _in_range(value, low: float, high: float, closed: bool) -> bool:
+    """Whether ``value`` is a finite number (not a bool) in ``[low, high]`` (``(low, high]``
+    unless ``closed``)."""
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value):
+        return False
+    return (low <= value if closed else low < value) and value <= high
 
 
 def check_exit_layer(exit_layer: int, layers: int) -> None:
@@ -685,6 +710,21 @@ def kind_problem(path: str | Path) -> str | None:
     )
 
 
+def check_finite(weights: dict, file: Path) -> None:
+    """ValueError naming the tensors of ``file`` that hold a NaN or an infinity
+    (``loading.non_finite``: what a diverged training run leaves), as for a drafter."""
+    from .loading import non_finite
+
+    bad = non_finite(weights)
+    if bad:
+        raise ValueError(
+            f"{file} holds non-finite weights (NaN or infinity in {', '.join(bad[:3])}"
+            f"{', ...' if len(bad) > 3 else ''}), as a diverged training run leaves them; such "
+            "an adapter never gets a draft accepted. Train it again (distill --kind early-exit "
+            "with a lower --lr) or use another adapter"
+        )
+
+
 def load_adapter(path: str | Path, dtype=None, target: ModelArgs | None = None) -> EarlyExitAdapter:
     """The adapter saved in ``path`` (``save_adapter``'s layout); ValueError naming a missing
     or unexpected tensor, a damaged or truncated file, or a config that is not of kind
@@ -723,6 +763,7 @@ def load_adapter(path: str | Path, dtype=None, target: ModelArgs | None = None) 
                 f"{list(value.shape)}, the config implies {list(shapes[name].shape)}; train or "
                 "convert the adapter again"
             )
+    check_finite(weights, file)
     if dtype is not None:
         weights = {k: v.astype(dtype) for k, v in weights.items()}
     adapter.load_weights(list(weights.items()))

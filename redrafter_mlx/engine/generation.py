@@ -39,7 +39,7 @@ from .branches import (
 from .cache import SLOT_QUANTUM, Session, token_limit
 from .decode import DecodeState
 from .distributed import shared_seed
-from .draft_model import check_draft_slot
+from .draft_model import check_draft_slot, check_loaded
 from .drafter import Drafter
 from .errors import ParamError
 from .memory import check_step_memory
@@ -358,6 +358,56 @@ def resolve_branches(tokenizer, branches, **limits) -> BranchRules | None:
     return None
 
 
+def missing_sources(shape: BeamShape, has_drafter: bool, has_draft_model: bool) -> list[str]:
+    """The draft sources a pinned ``shape``'s parts need that a run lacks: ``"drafter"``
+    for its beams (``W×L``), ``"draft model"`` for its draft model's chain (``D1×L``); the
+    lookup chains need none. A run would drop such a part (``BeamShape.runnable``), so the
+    API and the CLI refuse the shape instead (``check_shape_sources``, bench ``--configs``)."""
+    missing = []
+    if shape.drafts and not shape.is_autoregressive and not has_drafter:
+        missing.append("drafter")
+    if shape.model_length and not has_draft_model:
+        missing.append("draft model")
+    return missing
+
+
+def check_shape_sources(shape: BeamShape | None, drafter, draft_model) -> None:
+    """ParamError (``shape``) when a pinned ``shape`` (None: the default plan, which
+    follows the sources) has a part whose source was not given (``missing_sources``),
+    naming the part and the fix, before anything runs."""
+    if shape is None:
+        return
+    missing = missing_sources(shape, drafter is not None, draft_model is not None)
+    if "drafter" in missing:
+        raise ParamError(
+            "shape",
+            f"shape {shape.label} has drafter beams (W{shape.width}×L{shape.length}) but "
+            "drafter is None: pass a drafter (redrafter_mlx.load(model_path, drafter_path)), "
+            "or a shape without its W part (lookup alone: K1xL8; plain decoding: "
+            "BeamShape.autoregressive())",
+        )
+    if "draft model" in missing:
+        raise ParamError(
+            "shape",
+            f"shape {shape.label} has a draft model's chain (D1×L{shape.model_length}) but "
+            "draft_model is None: pass one (model, drafter, tokenizer, draft = "
+            "redrafter_mlx.load(model_path, drafter_path, draft_model=path); "
+            "draft_model=draft), or a shape without its D part",
+        )
+
+
+def check_drafter(drafter) -> None:
+    """TypeError when ``drafter`` is a path, not a loaded drafter: how to load it."""
+    import os
+
+    if isinstance(drafter, str | os.PathLike):
+        raise TypeError(
+            f"drafter takes a loaded drafter or None, got the path {str(drafter)!r}; load it "
+            f"first: model, drafter, tokenizer = redrafter_mlx.load(model_path, "
+            f"{str(drafter)!r})"
+        )
+
+
 def _hand_back(session: Session, state: DecodeState, prompts, out) -> None:
     """Return the cache to the session: row r holds prompt + a prefix of its raw stream."""
     lengths = state.lengths.tolist()  # once, after the loop
@@ -450,6 +500,16 @@ class _Call:
         )
 
 
+def check_api_sources(drafter, draft_model, shape: BeamShape | None) -> None:
+    """The API entry's checks of the draft sources, before anything runs: loaded, not paths
+    (``check_drafter``, ``draft_model.check_loaded``), and every part of a pinned ``shape``
+    given its source (``check_shape_sources``)."""
+    check_drafter(drafter)
+    if draft_model is not None:
+        check_loaded(draft_model)  # the rest of its checks: ``generate_steps``
+    check_shape_sources(shape, drafter, draft_model)
+
+
 def _prompt_ids(tokenizer, prompt) -> list[int]:
     if isinstance(prompt, str):
         return tokenizer.encode(prompt)
@@ -476,7 +536,9 @@ def stream_generate(
 
     ``shape``: the beam shape (:class:`BeamShape`, W beams of L tokens, optional packing
     capacity, lookup chains); None (the default) runs what ``chat`` runs on a machine with no
-    tuned profile (``engine.plan.default_plan``: the chip's preset with a lookup chain). With
+    tuned profile (``engine.plan.default_plan``: the chip's preset with a lookup chain). A
+    shape given needs the sources of its parts: ``drafter`` for its beams, ``draft_model``
+    for its ``D1×L`` chain (``check_shape_sources``: a ParamError otherwise). With
     ``adapt`` (the default) the loop switches between it, its parts, the shorter single
     beams and plain decoding by measured tokens/s (``generate_steps``). ``sampler``: greedy by
     default, else temperature / top-p / top-k / min-p, penalties and logit bias
@@ -495,6 +557,7 @@ def stream_generate(
     prompt, max_tokens, shape, sampler, seed, session = api_arguments(
         tokenizer, prompt, max_tokens, shape, sampler, seed, session
     )
+    check_api_sources(drafter, draft_model, shape)
     rules = resolve_branches(tokenizer, branches)
     detok = StreamDecoder(tokenizer)
     events = generate_steps(
@@ -553,6 +616,7 @@ def batch_generate(
     prompts, max_tokens, shape, sampler, seed, session = api_arguments(
         tokenizer, prompts, max_tokens, shape, sampler, seed, session, batch=True
     )
+    check_api_sources(drafter, draft_model, shape)
     rules = resolve_branches(tokenizer, branches)
     ids = [_prompt_ids(tokenizer, p) for p in prompts]
     out = [[] for _ in ids]

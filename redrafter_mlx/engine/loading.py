@@ -370,34 +370,92 @@ def load(model_path, drafter_path=None, dtype=None, group=None, draft_model=None
 
     if isinstance(dtype, str):
         dtype = getattr(mx, dtype)
+    slot = draft_slot_paths(draft_model) if draft_model is not None else None
+    model_path = resolve_path(model_path)
+    check_not_a_slot_folder(model_path)
     model, path = load_model(model_path, dtype, group)
     drafter = None
     if drafter_path is not None:
         drafter = load_any_drafter(model, drafter_path, dtype)
     tokenizer = load_tokenizer(path)
-    if draft_model is None:
+    if slot is None:
         return model, drafter, tokenizer
-    model_path, adapter_path = draft_slot_paths(draft_model)
+    own_path, adapter_path = slot
     adapter = own = None
     if adapter_path is not None:  # an early-exit adapter in the draft slot
         adapter = load_adapter_for(model, resolve_path(adapter_path), dtype, drafter)
-    if model_path is not None:
-        same = resolve_path(model_path) == path and group is None
-        own = model if same else load_draft_model(model_path, model, tokenizer, dtype)
+    if own_path is not None:
+        same = resolve_path(own_path) == path and group is None
+        own = model if same else load_draft_model(own_path, model, tokenizer, dtype)
     if own is not None and adapter is not None:
         return model, drafter, tokenizer, DraftPair(own, adapter)
     return model, drafter, tokenizer, own if own is not None else adapter
+
+
+DRAFTER_KEYS = ("exit_dim", "num_draft_layers")  # keys only a ReDrafter drafter's config has
+
+
+def folder_kind(where: Path) -> str | None:
+    """What the folder ``where`` holds when it is not a model, read from its config.json:
+    ``"drafter"`` (a ReDrafter drafter: ``model_type`` recurrent_drafting_drafter, or its
+    keys ``DRAFTER_KEYS`` without a model's ``MODEL_KEYS``), ``"early-exit"`` (config.json
+    kind "early-exit": ``early_exit.is_early_exit``), else None (a model, or unreadable:
+    loading it names that)."""
+    from .early_exit import is_early_exit
+
+    try:
+        config = json.loads((Path(where) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    if is_early_exit(where):
+        return "early-exit"
+    drafter_keys = any(k in config for k in DRAFTER_KEYS) and not any(
+        k in config for k in MODEL_KEYS
+    )
+    if config.get("model_type") == "recurrent_drafting_drafter" or drafter_keys:
+        return "drafter"
+    return None
+
+
+def check_not_a_slot_folder(where: Path, given_as: str = "the model (--model)") -> None:
+    """LoadError when ``where``, given as a model (``given_as``: the model, or a draft
+    model), holds a drafter or an early-exit adapter (``folder_kind``), naming where it goes;
+    an adapter whose config.json's kind is misspelt: ``check_kind``'s message."""
+    check_kind(where)
+    kind = folder_kind(where)
+    if kind == "drafter":
+        model = "--model" in given_as
+        then = (
+            "and as the model the base model it was trained for"
+            if model
+            else ("beside --model (a draft model is a whole model sharing its tokenizer)")
+        )
+        raise LoadError(
+            f"{where} is a ReDrafter drafter's folder, not a model, given as {given_as}: pass "
+            f"it as the drafter (--drafter; load's drafter_path), {then}"
+        )
+    if kind == "early-exit":
+        fix = "--draft-model, or --drafter" if "--model" in given_as else "--drafter"
+        raise LoadError(
+            f"{where} is an early-exit adapter's folder, not a model, given as {given_as}: "
+            f"pass it as {fix} (it drafts with the first layers of the model it was trained "
+            "for; pass that model as --model)"
+        )
 
 
 def draft_slot_paths(draft_model) -> tuple:
     """What the draft slot loads, as (the draft model's path or Hub id, the early-exit
     adapter's folder), either None, each as given: ``draft_model`` is one path or a
     sequence of up to two, at most one draft model and one adapter
-    (``early_exit.is_early_exit`` tells them apart). LoadError naming the fix otherwise."""
+    (``early_exit.is_early_exit`` tells them apart). TypeError for anything but paths;
+    LoadError naming the fix otherwise (an empty path, a folder that is not found or holds
+    a drafter, two of a kind, more than two)."""
     from .early_exit import is_early_exit
 
     single = isinstance(draft_model, (str, os.PathLike))
-    given = [draft_model] if single else list(draft_model)
+    given = [draft_model] if single else check_path_list(draft_model)
     if not 1 <= len(given) <= 2:
         raise LoadError(
             f"the draft slot takes one or two paths (a draft model, an early-exit adapter's "
@@ -405,9 +463,16 @@ def draft_slot_paths(draft_model) -> tuple:
         )
     models, adapters = [], []
     for p in given:
-        where = resolve_path(p)
-        check_kind(where)
-        (adapters if is_early_exit(where) else models).append(str(p))
+        if not str(p).strip():
+            raise LoadError(
+                "the draft model's path is empty (it would name the current folder): pass a "
+                "draft model's folder or Hub id, or an early-exit adapter's folder, or none"
+            )
+        where = resolve_path(p, "draft model")
+        adapter = is_early_exit(where)
+        if not adapter:
+            check_not_a_slot_folder(where, "a draft model (--draft-model)")
+        (adapters if adapter else models).append(str(p))
     if len(adapters) > 1:
         raise LoadError(
             f"two early-exit adapters were given for the draft slot ({adapters[0]} and "
@@ -421,6 +486,33 @@ def draft_slot_paths(draft_model) -> tuple:
             "model (the other --draft-model may be an early-exit adapter's folder)"
         )
     return (models[0] if models else None, adapters[0] if adapters else None)
+
+
+def check_path_list(draft_model) -> list:
+    """``load``'s ``draft_model`` given as several paths: a list or tuple of str or
+    ``os.PathLike``; TypeError naming what it takes otherwise (a loaded model belongs in
+    ``generate``'s ``draft_model``, not ``load``'s)."""
+    takes = (
+        "load's draft_model takes a path or Hub id (str or os.PathLike), or a list of two (a "
+        "draft model and an early-exit adapter's folder)"
+    )
+    if not isinstance(draft_model, list | tuple):
+        loaded = (
+            " (a loaded one goes to generate's draft_model)"
+            if hasattr(draft_model, "vocab_size")
+            else ""
+        )
+        raise TypeError(f"{takes}, got {_described(draft_model)}{loaded}")
+    bad = [p for p in draft_model if not isinstance(p, str | os.PathLike)]
+    if bad:
+        raise TypeError(f"{takes}, got a {type(draft_model).__name__} holding {_described(bad[0])}")
+    return list(draft_model)
+
+
+def _described(value) -> str:
+    """``value``'s type, and its value when it is a number (short)."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    return f"{type(value).__name__} {value!r}" if number else type(value).__name__
 
 
 def load_any_drafter(model: Model, path, dtype=None):
@@ -503,17 +595,26 @@ TOKENIZER_PROBE = "The quick brown fox, 1234 -- \u00fcn\u00efcode \u4e2d\u6587!\
 
 
 def check_same_tokenizer(target, other, where: Path) -> None:
-    """The draft model's tokenizer must give the target's ids: same size, same encoding of a
-    probe text, same text for a spread of ids."""
-    ids = range(0, target.vocab_size, max(1, target.vocab_size // 512))
+    """The draft model's tokenizer must give the target's ids: every id the same token
+    (``Tokenizer.id_tokens``, the whole vocabulary), the target allowed up to
+    ``MAX_ADDED_TOKENS`` added ids past the draft model's (as an APAR model's split tokens),
+    and the same encoding of a probe text."""
+    mine, theirs = target.id_tokens(), other.id_tokens()
+    added = len(mine) - len(theirs)
     same = (
-        other.vocab_size == target.vocab_size
+        0 <= added <= MAX_ADDED_TOKENS
+        and mine[: len(theirs)] == theirs
         and other.encode(TOKENIZER_PROBE) == target.encode(TOKENIZER_PROBE)
-        and all(other.decode([i]) == target.decode([i]) for i in ids)
     )
     if not same:
+        first = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), None)
+        differs = (
+            f"; id {first} is {theirs[first]!r} there, {mine[first]!r} here"
+            if first is not None
+            else ""
+        )
         raise LoadError(
-            f"{where} has another tokenizer than the model ({other.vocab_size} vs "
-            f"{target.vocab_size} ids, or other ids for the same text): a draft model must "
-            "share the model's tokenizer; pick one of the same family"
+            f"{where} has another tokenizer than the model ({len(theirs)} vs {len(mine)} ids, "
+            f"or other ids for the same text{differs}): a draft model must share the model's "
+            "tokenizer; pick one of the same family"
         )

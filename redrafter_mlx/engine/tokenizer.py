@@ -51,6 +51,18 @@ class Tokenizer:
             self.eos_token_ids = set(self._hf.eos_token_ids)
             self.vocab_size = len(self._hf.get_vocab())
 
+    def id_tokens(self) -> list[str | None]:
+        """Each id's token string, in id order (None for an id the vocabulary skips): the
+        whole vocabulary, which two tokenizers must share for one model to draft another's
+        ids (``loading.check_same_tokenizer``)."""
+        if self._sp is not None:
+            return [self._sp.id_to_piece(i) for i in range(self.vocab_size)]
+        vocab = self._hf.get_vocab()
+        tokens: list[str | None] = [None] * (max(vocab.values(), default=-1) + 1)
+        for token, i in vocab.items():
+            tokens[i] = token
+        return tokens
+
     @property
     def eos_token_id(self) -> int:
         return min(self.eos_token_ids)

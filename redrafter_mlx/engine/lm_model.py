@@ -37,7 +37,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
-from .model import fused_kernels, window_mask, write_slots
+from .model import Verifier, fused_kernels, window_mask, write_slots
 from .tree import arange, cache_mask, chain_mask
 
 
@@ -311,7 +311,7 @@ def _layer_tap(self, original, x, *args, **kwargs):
     call, which the commit runs again over the accepted tokens (``StateCommit``)."""
     call = self._rd_owner.call
     if call is not None:
-        if self._rd_index in self._rd_owner.feature_layers:
+        if self._rd_index in call.model.feature_layers:
             call.features[self._rd_index] = x
         for value in (*args, *kwargs.values()):
             if isinstance(value, StateCache):
@@ -459,7 +459,7 @@ def _embedding(owner: nn.Module) -> nn.Module:
 ATTENTION_CACHES = ("KVCache", "RotatingKVCache", "QuantizedKVCache", "ConcatenateKVCache")
 
 
-class LmModel(nn.Module):
+class LmModel(Verifier):
     """Any mlx-lm text model as the engine's verifier.
 
     ``lm``: the model object of ``mlx_lm.models.<family>`` (weights loaded);
@@ -582,23 +582,6 @@ class LmModel(nn.Module):
 
     # -- the engine's interface ---------------------------------------------------------
 
-    def capture_features(self, layers) -> None:
-        """Make every forward also return the residual stream entering each of ``layers``
-        (``engine.model.Model.capture_features``)."""
-        layers = tuple(int(i) for i in layers or ())
-        n = self.args.num_hidden_layers
-        bad = [i for i in layers if not 0 <= i < n]
-        if bad:
-            raise ValueError(f"feature layers {bad} are outside this model's layers [0, {n})")
-        if layers != self.feature_layers:
-            self.__dict__.pop("_batch_steps", None)
-        self.feature_layers = layers
-        self._state.feature_layers = layers
-
-    @property
-    def state_width(self) -> int:
-        return self.hidden_size * (1 + len(self.feature_layers))
-
     @property
     def hidden_size(self) -> int:
         return self._hidden_size
@@ -614,19 +597,6 @@ class LmModel(nn.Module):
     def _embedding_dtype(self):
         scales = self._embedding.get("scales")
         return (scales if scales is not None else self._embedding.weight).dtype
-
-    @property
-    def max_context(self) -> int | None:
-        trained = self.args.max_position_embeddings
-        cap = getattr(self, "context_cap", None)
-        if cap is None:
-            return trained
-        return cap if trained is None else min(trained, cap)
-
-    def cap_context(self, tokens: int | None) -> None:
-        if tokens is not None and tokens < 1:
-            raise ValueError(f"a context cap must be >= 1 token, got {tokens}")
-        self.context_cap = tokens
 
     def embed(self, tokens: mx.array) -> mx.array:
         """The input embedding lookup, (...) -> (..., H), unscaled."""
@@ -712,12 +682,11 @@ class LmModel(nn.Module):
 
 
 class _Owner:
-    """What the taps read: the current call, the feature layers, a substituted hidden."""
+    """What the taps read: the current call, a substituted hidden state, the probe."""
 
     def __init__(self):
         self.call: LmCall | None = None
         self.substitute: mx.array | None = None
-        self.feature_layers: tuple[int, ...] = ()
         self.last_hidden = None
         self.probing = False
 

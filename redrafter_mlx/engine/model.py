@@ -392,28 +392,11 @@ def window_mask(mask: mx.array, positions: mx.array, write_idx: mx.array, window
     return mask & near[:, None]
 
 
-class Model(nn.Module):
-    """The causal LM. ``__call__`` returns final normed hidden states and the cache.
-
-    ``group``: an ``mx.distributed`` group of N > 1 ranks to split the layers across (tensor
-    parallelism, ``engine/distributed.py``): this rank holds 1/N of each layer's heads and MLP
-    rows and of the K/V cache, and each attention and MLP ends with one ``all_sum``. None
-    (the default): the whole model in this process.
-    """
-
-    def __init__(self, args: ModelArgs, group=None):
-        super().__init__()
-        self.args = args
-        self.model_type = args.model_type
-        self.group = group
-        self.shards = 1 if group is None else group.size()
-        self.model = LlamaModel(args, group)
-        if not args.tie_word_embeddings:
-            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
-        self.feature_layers: tuple[int, ...] = ()  # see ``capture_features``
-        # An APAR model's split token ids (fork, child; ``branches.split_token_ids``, set at
-        # load): a row decoding one sequence (branching off) never draws them.
-        self.split_ids: tuple[int, ...] = ()
+class Verifier(nn.Module):
+    """What every verifier keeps beside its forward (this module's ``Model``, and
+    ``lm_model.LmModel``): the feature layers a drafter reads and the context cap. A
+    subclass sets ``args`` (``num_hidden_layers``, ``max_position_embeddings``) and
+    ``hidden_size``, and starts ``feature_layers`` empty."""
 
     def capture_features(self, layers) -> None:
         """Make every forward also return the residual stream entering each of ``layers``
@@ -441,19 +424,6 @@ class Model(nn.Module):
         return self.args.hidden_size * (1 + len(self.feature_layers))
 
     @property
-    def hidden_size(self) -> int:
-        return self.args.hidden_size
-
-    @property
-    def dtype(self):
-        """The float dtype the model computes in (its final norm's)."""
-        return self.model.norm.weight.dtype
-
-    @property
-    def vocab_size(self) -> int:
-        return self.args.vocab_size
-
-    @property
     def max_context(self) -> int | None:
         """Most tokens a row may hold: the model's trained context, or less after
         ``cap_context`` (every loop, chat and the server stop or trim at this one figure)."""
@@ -468,6 +438,43 @@ class Model(nn.Module):
         if tokens is not None and tokens < 1:
             raise ValueError(f"a context cap must be >= 1 token, got {tokens}")
         self.context_cap = tokens
+
+
+class Model(Verifier):
+    """The causal LM. ``__call__`` returns final normed hidden states and the cache.
+
+    ``group``: an ``mx.distributed`` group of N > 1 ranks to split the layers across (tensor
+    parallelism, ``engine/distributed.py``): this rank holds 1/N of each layer's heads and MLP
+    rows and of the K/V cache, and each attention and MLP ends with one ``all_sum``. None
+    (the default): the whole model in this process.
+    """
+
+    def __init__(self, args: ModelArgs, group=None):
+        super().__init__()
+        self.args = args
+        self.model_type = args.model_type
+        self.group = group
+        self.shards = 1 if group is None else group.size()
+        self.model = LlamaModel(args, group)
+        if not args.tie_word_embeddings:
+            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        self.feature_layers: tuple[int, ...] = ()  # see ``capture_features``
+        # An APAR model's split token ids (fork, child; ``branches.split_token_ids``, set at
+        # load): a row decoding one sequence (branching off) never draws them.
+        self.split_ids: tuple[int, ...] = ()
+
+    @property
+    def hidden_size(self) -> int:
+        return self.args.hidden_size
+
+    @property
+    def dtype(self):
+        """The float dtype the model computes in (its final norm's)."""
+        return self.model.norm.weight.dtype
+
+    @property
+    def vocab_size(self) -> int:
+        return self.args.vocab_size
 
     def embed(self, tokens: mx.array) -> mx.array:
         """The LLM's input embedding table lookup, (...) -> (..., H). The drafter reads it too

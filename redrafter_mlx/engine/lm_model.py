@@ -31,247 +31,15 @@ Shapes: B batch rows, T new tokens, S cache slots, A attended slots (A <= S), H 
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from .model import Verifier, fused_kernels, window_mask, write_slots
+from .lm_cache import LmCall, ProbeCache, ProbeState, SlotCache, StateCache, StateCommit
+from .lm_rope import is_rope, rope_group, rope_layout, rope_tap
+from .model import Verifier
 from .tree import arange, cache_mask, chain_mask
-
-
-class LmCall:
-    """The engine's arrays for one forward, read by the caches and taps during it.
-
-    ``keys``/``values`` are in the engine's order (``LmModel.order``): attention caches
-    first, then recurrent layers' states, each a flat (B, 1, F) float32 array in ``keys``
-    (``values`` holds a (B, 1, 1) placeholder there). ``counts`` (B,): tokens of this call
-    that count per row (a right-padded prefill, a commit's accepted path); None: all T.
-    """
-
-    def __init__(self, model, positions, mask, keys, values, write_idx, counts=None):
-        self.model = model
-        self.positions = positions  # (B, T) int32
-        self.mask = mask  # (B, 1, T, A) bool
-        self.keys, self.values = list(keys), list(values)
-        self.write_idx = write_idx  # (B, T)
-        self.counts = counts
-        self.fresh: dict[int, tuple] = {}  # attention cache -> its new (K, V), (B, T, n, D)
-        self.set_states: dict[int, dict] = {}  # recurrent cache -> {entry: new array}
-        self.windows: dict[int, mx.array] = {}  # sliding masks by window size
-        self.tables: dict[int, tuple] = {}  # rope group -> (cos, sin)
-        self.features: dict[int, mx.array] = {}  # layer -> its input
-        self.recorded: dict[int, tuple] = {}  # recurrent cache -> (layer, x, args, kwargs)
-        self.hidden: mx.array | None = None
-        self._ssm_mask = None
-
-    def window(self, size: int) -> mx.array:
-        """The mask narrowed to keys within ``size`` positions of each query."""
-        if size not in self.windows:
-            self.windows[size] = window_mask(self.mask, self.positions, self.write_idx, size)
-        return self.windows[size]
-
-    def ssm_mask(self) -> mx.array:
-        """(B, T) bool: the tokens a recurrent layer takes in (all of them unless
-        ``counts``). One object per call, so a commit can find it among a layer's
-        arguments (``StateCommit``)."""
-        if self._ssm_mask is None:
-            B, T = self.positions.shape
-            if self.counts is None:
-                self._ssm_mask = mx.ones((B, T), dtype=mx.bool_)
-            else:
-                self._ssm_mask = arange(T)[None, :] < self.counts[:, None]
-        return self._ssm_mask
-
-
-class SlotCache:
-    """One attention cache of mlx-lm's protocol over the engine's slot storage."""
-
-    def __init__(self, call: LmCall, index: int):
-        self.call = call
-        self.index = index  # the engine's
-
-    @property
-    def offset(self) -> mx.array:
-        """(B,) the position of each row's first new token (mlx-lm's batched offset)."""
-        return self.call.positions[:, 0]
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array):
-        """keys/values (B, n_kv, T, D) written at the call's slots; returns the buffers over
-        the attention window, (B, n_kv, A, D) each."""
-        call, i = self.call, self.index
-        new_k, new_v = keys.transpose(0, 2, 1, 3), values.transpose(0, 2, 1, 3)
-        call.fresh[i] = (new_k, new_v)
-        call.keys[i] = write_slots(call.keys[i], call.write_idx, new_k)
-        call.values[i] = write_slots(call.values[i], call.write_idx, new_v)
-        return self.keys_and_values()
-
-    def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
-        """The engine's (B, 1, T, A) mask; within ``window_size`` positions when given."""
-        return self.call.mask if window_size is None else self.call.window(window_size)
-
-    def keys_and_values(self):
-        """The buffers over the attention window (a layer sharing this cache reads them)."""
-        A = self.call.mask.shape[-1]
-        i = self.index
-        return self.call.keys[i][:, :, :A], self.call.values[i][:, :, :A]
-
-    @property
-    def state(self):
-        return self.keys_and_values()
-
-    def is_trimmable(self) -> bool:
-        return False
-
-    def empty(self) -> bool:
-        return False
-
-
-class StateCache:
-    """One recurrent layer's cache of mlx-lm's ``ArraysCache`` protocol (conv windows, SSM
-    and delta-rule states) over the engine's flat (B, 1, F) storage.
-
-    ``lengths`` is mlx-lm's right-padding hook: a layer takes in only each row's first
-    ``lengths`` tokens and leaves its state there, which is how a commit keeps the accepted
-    path alone (``StateCommit``).
-    """
-
-    def __init__(self, call: LmCall, index: int, layout: list, start: mx.array):
-        self.call = call
-        self.index = index  # the engine's
-        self.layout = layout  # per entry: (shape, dtype, offset, size) or None
-        self.start = start  # (B, 1, F) the state before this call
-        self.left_padding = None
-
-    @property
-    def lengths(self):
-        return self.call.counts
-
-    def __getitem__(self, j: int):
-        entry = self.layout[j]
-        if entry is None:
-            return None
-        shape, dtype, at, size = entry
-        B = self.start.shape[0]
-        return self.start[:, 0, at : at + size].reshape(B, *shape).astype(dtype)
-
-    def __setitem__(self, j: int, value: mx.array) -> None:
-        self.call.set_states.setdefault(self.index, {})[j] = value
-
-    def advance(self, N: int) -> None:
-        pass
-
-    def make_mask(self, N: int, *args, **kwargs):
-        return self.call.ssm_mask()
-
-    def empty(self) -> bool:
-        return False
-
-    def flat(self) -> mx.array:
-        """The state after the call, (B, 1, F) float32 (entries not set keep theirs)."""
-        new = self.call.set_states.get(self.index, {})
-        B = self.start.shape[0]
-        parts = []
-        for j, entry in enumerate(self.layout):
-            if entry is None:
-                continue
-            _, _, at, size = entry
-            if j in new:
-                parts.append(new[j].astype(mx.float32).reshape(B, 1, size))
-            else:
-                parts.append(self.start[:, :, at : at + size])
-        return mx.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0]
-
-
-class StateCommit:
-    """A recurrent layer's state at each row's accepted length, computed at the commit: the
-    layer runs again over the verified tokens from its state before the step, taking in
-    only the first ``count`` of them (mlx-lm's ``lengths``; its outputs are never read, so
-    only the state's share of the layer is computed)."""
-
-    def __init__(self, call: LmCall, index: int, layout: list, start: mx.array):
-        self.call, self.index, self.layout, self.start = call, index, layout, start
-
-    def commit(self, count: mx.array) -> mx.array:
-        """count (B,) tokens kept per row -> the flat state (B, 1, F) after them."""
-        call = self.call
-        layer, x, args, kwargs = call.recorded[self.index]
-        again = LmCall(call.model, call.positions, call.mask, [], [], call.write_idx, count)
-        cache = StateCache(again, self.index, self.layout, self.start)
-        old_cache, old_mask = None, call._ssm_mask
-
-        def swap(value):
-            if isinstance(value, StateCache):
-                return cache
-            if old_mask is not None and value is old_mask:
-                return again.ssm_mask()
-            return value
-
-        args = [swap(a) for a in args]
-        kwargs = {k: swap(v) for k, v in kwargs.items()}
-        del old_cache
-        type(layer).__call__(layer, x, *args, **kwargs)
-        return cache.flat()
-
-
-class ProbeCache:
-    """Records the K/V shapes an attention cache is given (one lazy forward at load)."""
-
-    def __init__(self, shapes: dict, index: int):
-        self.shapes = shapes
-        self.index = index
-        self.offset = 0
-
-    def update_and_fetch(self, keys, values):
-        self.shapes[self.index] = (keys.shape[1], keys.shape[3], values.shape[3])
-        self.kv = keys, values
-        return keys, values
-
-    def keys_and_values(self):
-        return self.kv
-
-    def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
-        return None
-
-    def empty(self) -> bool:
-        return True
-
-
-class ProbeState:
-    """Records the arrays a recurrent layer keeps in its ``ArraysCache``."""
-
-    def __init__(self, size: int):
-        self.entries: list = [None] * size
-        self.lengths = None
-        self.left_padding = None
-
-    def __getitem__(self, j: int):
-        return self.entries[j]
-
-    def __setitem__(self, j: int, value) -> None:
-        self.entries[j] = value
-
-    def advance(self, N: int) -> None:
-        pass
-
-    def make_mask(self, N: int, *args, **kwargs):
-        return None
-
-    def empty(self) -> bool:
-        return True
-
-    def layout(self) -> list:
-        """Per entry (shape after the batch axis, dtype, offset, size) in the flat state."""
-        out, at = [], 0
-        for value in self.entries:
-            if value is None:
-                out.append(None)
-                continue
-            size = math.prod(value.shape[1:])
-            out.append((tuple(value.shape[1:]), value.dtype, at, size))
-            at += size
-        return out
 
 
 def _patched(module: nn.Module, call_fn, tag: str) -> None:
@@ -317,83 +85,6 @@ def _layer_tap(self, original, x, *args, **kwargs):
             if isinstance(value, StateCache):
                 call.recorded[value.index] = (self, x, args, kwargs)
     return original(self, x, *args, **kwargs)
-
-
-def _rope_tap(self, original, x, *args, **kwargs):
-    """Per-token positions for any rope module (the offset mlx-lm passes is ignored)."""
-    owner = self._rd_owner
-    call = owner.call
-    if call is None:
-        return original(self, x, *args, **kwargs)
-    positions = call.positions
-    if self._rd_layout is None or fused_kernels():
-        return _rope_rows(lambda rows, off: original(self, rows, off), x, positions)
-    group = self._rd_group
-    if group not in call.tables:
-        call.tables[group] = _rope_table(self, original, positions)
-    cos, sin = call.tables[group]
-    return _rotate(x, cos, sin, *self._rd_layout)
-
-
-def _rope_rows(rope, x: mx.array, positions: mx.array) -> mx.array:
-    """``rope`` at per-token positions: x (B, ..., T, D), positions (B, T). The T tokens move
-    into the batch axis, one offset each."""
-    B, T, D = x.shape[0], x.shape[-2], x.shape[-1]
-    moved = mx.moveaxis(x, -2, 1)  # (B, T, ..., D)
-    mid = moved.shape[2:-1]
-    rows = moved.reshape(B * T, -1, 1, D)
-    out = rope(rows, positions.reshape(-1)).reshape(B, T, *mid, D)
-    return mx.moveaxis(out, 1, -2)
-
-
-def _rope_table(module, original, positions: mx.array):
-    """(cos, sin), (B, 1, T, dims/2) each, of ``module`` at ``positions`` (B, T): the rope of a
-    unit vector (rotation is linear, so any input scale it applies is in the table)."""
-    dims, traditional = module._rd_layout
-    half = dims // 2
-    if traditional:
-        unit = mx.array([1.0, 0.0] * half, dtype=mx.float32)
-    else:
-        unit = mx.array([1.0] * half + [0.0] * half, dtype=mx.float32)
-    B, T = positions.shape
-    rows = mx.broadcast_to(unit, (B * T, 1, 1, dims))
-    out = original(module, rows, positions.reshape(-1)).reshape(B, 1, T, dims)
-    if traditional:
-        return out[..., 0::2], out[..., 1::2]
-    return out[..., :half], out[..., half:]
-
-
-def _rotate(x, cos, sin, dims: int, traditional: bool) -> mx.array:
-    """Rotate x (B, ..., T, D)'s first ``dims`` by tables (B, 1, T, dims/2); the rest passes."""
-    half = dims // 2
-    cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
-    if x.ndim != 4:
-        cos = cos.reshape(cos.shape[0], *([1] * (x.ndim - 3)), *cos.shape[2:])
-        sin = sin.reshape(cos.shape)
-    rest = x[..., dims:]
-    if traditional:
-        pairs = x[..., :dims].reshape(*x.shape[:-1], half, 2)
-        a, b = pairs[..., 0], pairs[..., 1]
-        rotated = mx.stack([a * cos - b * sin, b * cos + a * sin], axis=-1)
-        rotated = rotated.reshape(*x.shape[:-1], dims)
-    else:
-        a, b = x[..., :half], x[..., half:dims]
-        rotated = mx.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
-    return mx.concatenate([rotated, rest], axis=-1) if rest.shape[-1] else rotated
-
-
-def _rope_layout(module) -> tuple[int, bool] | None:
-    """(rotated dims, traditional) of a rope module, or None when it does not say."""
-    dims = getattr(module, "dims", None) or getattr(module, "dim", None)
-    traditional = getattr(module, "traditional", False)
-    if not isinstance(dims, int) or dims % 2:
-        return None
-    return dims, bool(traditional)
-
-
-def _is_rope(module) -> bool:
-    name = type(module).__name__.lower()
-    return "rope" in name or "rotary" in name
 
 
 class LmArgs:
@@ -535,12 +226,12 @@ class LmModel(Verifier):
             _patched(layer, _layer_tap, "layer")
         groups: list[tuple[nn.Module, Any]] = []
         for _, module in self.lm.named_modules():
-            if not _is_rope(module) or hasattr(module, "_rd_owner"):
+            if not is_rope(module) or hasattr(module, "_rd_owner"):
                 continue
             object.__setattr__(module, "_rd_owner", state)
-            object.__setattr__(module, "_rd_layout", _rope_layout(module))
-            object.__setattr__(module, "_rd_group", _rope_group(module, groups))
-            _patched(module, _rope_tap, "rope")
+            object.__setattr__(module, "_rd_layout", rope_layout(module))
+            object.__setattr__(module, "_rd_group", rope_group(module, groups))
+            _patched(module, rope_tap, "rope")
 
     def _probe(self):
         """One lazy one-token forward (nothing is evaluated): each attention cache's
@@ -689,26 +380,3 @@ class _Owner:
         self.substitute: mx.array | None = None
         self.last_hidden = None
         self.probing = False
-
-
-def _rope_group(module, groups: list) -> int:
-    """The index of the rope modules that rotate exactly like ``module`` (one cos/sin table
-    per group and forward): compared on a probe of positions, once at load."""
-    layout = _rope_layout(module)
-    if layout is None:
-        groups.append((module, None))
-        return len(groups) - 1
-    probe = mx.ones((4, 1, 1, layout[0]))
-    offsets = mx.array([0, 1, 7, 1000], dtype=mx.int32)
-    try:
-        out = type(module).__call__(module, probe, offsets)
-        mx.eval(out)
-    except Exception:  # a rope that cannot rotate alone: a group of its own
-        groups.append((module, None))
-        return len(groups) - 1
-    for i, (other, seen) in enumerate(groups):
-        same = seen is not None and type(other) is type(module) and seen.shape == out.shape
-        if same and bool(mx.array_equal(seen, out)):
-            return i
-    groups.append((module, out))
-    return len(groups) - 1

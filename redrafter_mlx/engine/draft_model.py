@@ -31,6 +31,7 @@ the adapter, and ``slot_modules`` both.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -242,8 +243,6 @@ def check_draft_slot(model, drafter, draft) -> None:
 def check_loaded(draft) -> None:
     """TypeError unless the draft slot holds something loaded (a model, an early-exit adapter
     or a ``DraftPair``): a path names how to load it (``load(..., draft_model=path)``)."""
-    import os
-
     if isinstance(draft, str | os.PathLike):
         raise TypeError(
             f"draft_model takes a loaded draft model, early-exit adapter or DraftPair, got the "

@@ -18,6 +18,7 @@ detail -> next, split tokens left out), and the request finishes when every bran
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
@@ -398,8 +399,6 @@ def check_shape_sources(shape: BeamShape | None, drafter, draft_model) -> None:
 
 def check_drafter(drafter) -> None:
     """TypeError when ``drafter`` is a path, not a loaded drafter: how to load it."""
-    import os
-
     if isinstance(drafter, str | os.PathLike):
         raise TypeError(
             f"drafter takes a loaded drafter or None, got the path {str(drafter)!r}; load it "

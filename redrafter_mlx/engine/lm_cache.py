@@ -181,7 +181,7 @@ class StateCommit:
         layer, x, args, kwargs = call.recorded[self.index]
         again = LmCall(call.model, call.positions, call.mask, [], [], call.write_idx, count)
         cache = StateCache(again, self.index, self.layout, self.start)
-        old_cache, old_mask = None, call._ssm_mask
+        old_mask = call._ssm_mask  # the verify's (B, T) mask object, if a layer asked
 
         def swap(value):
             if isinstance(value, StateCache):
@@ -192,7 +192,6 @@ class StateCommit:
 
         args = [swap(a) for a in args]
         kwargs = {k: swap(v) for k, v in kwargs.items()}
-        del old_cache
         type(layer).__call__(layer, x, *args, **kwargs)
         return cache.flat()
 

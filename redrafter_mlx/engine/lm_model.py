@@ -109,16 +109,14 @@ def _positive(value, default: int) -> int:
     return value if isinstance(value, int) and value > 0 else default
 
 
-def _layers_owner(model: nn.Module) -> tuple[nn.Module, nn.Module, str]:
-    """(the module holding the layers list, its parent, its name there): breadth first."""
-    queue = [(model, None, "")]
+def _layers_owner(model: nn.Module) -> nn.Module:
+    """The module below ``model`` that holds the layers list (breadth first)."""
+    queue = [child for child in model.children().values() if isinstance(child, nn.Module)]
     while queue:
-        module, parent, name = queue.pop(0)
-        if parent is not None and _layer_list(module) is not None:
-            return module, parent, name
-        for key, child in module.children().items():
-            if isinstance(child, nn.Module):
-                queue.append((child, module, key))
+        module = queue.pop(0)
+        if _layer_list(module) is not None:
+            return module
+        queue += [child for child in module.children().values() if isinstance(child, nn.Module)]
     raise ValueError(f"{type(model).__module__} has no module holding its layers")
 
 
@@ -166,7 +164,7 @@ class LmModel(Verifier):
         self.shards = 1
         self.split_ids: tuple[int, ...] = ()
         self.feature_layers: tuple[int, ...] = ()
-        owner, _parent, _name = _layers_owner(lm)
+        owner = _layers_owner(lm)
         # Plain attributes, not children: the parameter tree stays ``lm``'s alone.
         object.__setattr__(self, "_owner", owner)
         object.__setattr__(self, "_layers", _layer_list(owner))
@@ -283,9 +281,7 @@ class LmModel(Verifier):
 
     @property
     def dtype(self):
-        return self._embedding_dtype()
-
-    def _embedding_dtype(self):
+        """The float dtype the model computes in (its embedding's, or its scales')."""
         scales = self._embedding.get("scales")
         return (scales if scales is not None else self._embedding.weight).dtype
 

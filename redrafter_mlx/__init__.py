@@ -25,9 +25,12 @@ _EXPORTS = {
     "generate": "engine.generation",
     "stream_generate": "engine.generation",
     "Session": "engine.cache",
-    "DraftPair": "engine.draft_model",
     "load": "engine.loading",
     "LoadError": "engine.loading",
+    "DraftSource": "engine.sources",
+    "DraftContext": "engine.sources",
+    "Proposal": "engine.sources",
+    "register_source": "engine.sources",
 }
 
 __all__ = [*_EXPORTS, "__version__"]

@@ -191,3 +191,9 @@ def run_decode(model, drafter, prompts, **kw):
             out[r] += t
         stats = ev.stats.to_dict()
     return out, stats
+
+
+def state_slot(batch, source_id: int) -> int:
+    """The index in ``batch.state.sources`` (and ``batch.behind``) of the stateful source
+    with ``source_id`` the loop holds."""
+    return [s.source_id for s in batch.stateful].index(source_id)

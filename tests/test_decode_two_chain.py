@@ -1,5 +1,6 @@
-"""One drafter beam and one lookup chain in a static layout (``decode.beam_and_chain_step``):
-no packing, a chain node that repeats the beam's prefix judged by the beam's draw. Greedy
+"""Two chains in a static layout (``two_chains``; the step's case for one drafter beam and
+one lookup chain at full capacity): no packing, a chain node that repeats the beam's prefix
+judged by the beam's draw. Greedy
 identity is in test_lookup.py / test_penalties.py (their hybrid shapes run this step);
 here, the layout and exact sampling where the two candidates share prefixes."""
 
@@ -9,11 +10,12 @@ import mlx.core as mx
 import pytest
 
 import tests.test_sampling as sampling
-from redrafter_mlx.engine.decode import is_beam_and_chain, two_chain_layout
+from redrafter_mlx.engine.decode import shape_candidates
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import BeamShape
 from redrafter_mlx.engine.tree import pack
-from tests.helpers import OracleDrafter, near_bigram_model
+from redrafter_mlx.engine.two_chains import two_chain_layout
+from tests.helpers import OracleDrafter, greedy_prefilled, near_bigram_model, tiny_model
 
 
 def test_the_static_layout_is_the_packed_tree_of_two_distinct_chains():
@@ -31,10 +33,19 @@ def test_the_static_layout_is_the_packed_tree_of_two_distinct_chains():
 
 
 def test_only_full_capacity_hybrids_of_one_beam_and_one_chain_take_the_static_layout():
-    assert is_beam_and_chain(BeamShape(1, 4, None, 1, 8))
-    assert not is_beam_and_chain(BeamShape(1, 4, 6, 1, 8))  # short capacity: ranked
-    assert not is_beam_and_chain(BeamShape(2, 4, None, 1, 8))
-    assert not is_beam_and_chain(BeamShape.lookup_only(1, 8))
+    """The draft phase decides from the candidates: two single chains, the first full, and
+    a slot for every token of both."""
+    model = tiny_model(vocab=16)
+    drafter = OracleDrafter(model)
+    state = greedy_prefilled(model, [1, 2, 3, 1, 2], 64)
+
+    def two(shape):
+        return shape_candidates(model, state, shape, drafter, window=64).two
+
+    assert two(BeamShape(1, 4, None, 1, 8)) == (4, 8)
+    assert two(BeamShape(1, 4, 6, 1, 8)) is None  # short capacity: ranked
+    assert two(BeamShape(2, 4, None, 1, 8)) is None
+    assert two(BeamShape.lookup_only(1, 8)) is None
 
 
 @pytest.mark.slow

@@ -1,5 +1,5 @@
 """Every draft source in one tree (issue 49): the draft slot holding a draft model and an
-early-exit adapter at once (``draft_model.DraftPair``, ``--draft-model M --draft-model EE``),
+early-exit adapter at once (the draft slot as ``(M, EE)``, ``--draft-model M --draft-model EE``),
 each proposing its own chain of the shape's ``D1×L`` length beside the recurrent drafter's
 beams and the lookup chains. Greedy output equals plain decoding (batched, solo, switched
 off and on, adaptive); both held states equal a fresh prefill of the committed text
@@ -18,25 +18,18 @@ import pytest
 
 import redrafter_mlx.engine.decode as decode
 from redrafter_mlx.engine.adaptive import Adaptive
-from redrafter_mlx.engine.batch import BatchGenerator, Prefill, held_sources, uniform_step
+from redrafter_mlx.engine.batch import BatchGenerator, Prefill, uniform_step
 from redrafter_mlx.engine.cache import Session
 from redrafter_mlx.engine.decode import step_sources
-from redrafter_mlx.engine.draft_model import (
-    DraftModelSource,
-    DraftPair,
-    draft_model_of,
-    slot_modules,
-    step_candidates,
-    step_capacity,
-)
+from redrafter_mlx.engine.draft_model import DraftModelSource
 from redrafter_mlx.engine.draft_model import prefill as prefill_draft
 from redrafter_mlx.engine.early_exit import (
     EarlyExitAdapter,
     EarlyExitSource,
-    adapter_of,
     save_adapter,
 )
 from redrafter_mlx.engine.early_exit import prefill as prefill_ee
+from redrafter_mlx.engine.held import held_sources, slot_modules
 from redrafter_mlx.engine.loading import LoadError, draft_slot_paths, load
 from redrafter_mlx.engine.memory import (
     Dims,
@@ -53,7 +46,10 @@ from redrafter_mlx.engine.sources import (
     EARLY_EXIT,
     LOOKUP,
     SOURCE_NAMES,
+    stateful,
 )
+from redrafter_mlx.engine.sources import step_candidates as held_candidates
+from redrafter_mlx.engine.sources import step_capacity as held_capacity
 from redrafter_mlx.measure.profile import profile_steps, weight_bytes
 from redrafter_mlx.train import early_exit as EE
 from tests.helpers import (
@@ -64,6 +60,7 @@ from tests.helpers import (
     run_decode,
     save_drafter_dir,
     save_model_dir,
+    state_slot,
     tiny_drafter,
     tiny_model,
 )
@@ -93,35 +90,45 @@ def a_pair(itself: bool):
     model the target itself or another small model."""
     model, adapter = random_pair(3)
     draft = model if itself else other_draft()
-    return model, tiny_drafter(model, 12), DraftPair(draft, adapter)
+    return model, tiny_drafter(model, 12), (draft, adapter)
 
 
 # --------------------------------------------------------------------------- the slot
 
 
+def step_capacity(shape, draft, drafter=None) -> int:
+    return held_capacity(shape, held_sources(drafter, draft))
+
+
+def step_candidates(shape, draft, drafter=None) -> int:
+    return held_candidates(shape, held_sources(drafter, draft))
+
+
+def ids(held) -> list[int]:
+    return [s.source_id for s in stateful(held)]
+
+
 def test_what_the_draft_slot_holds():
-    """``DraftPair`` takes a draft model and an adapter, in that order (a clear TypeError
-    otherwise); ``draft_model_of``, ``adapter_of`` and ``slot_modules`` read every kind of
-    slot; an adapter as the drafter beside a pair is the both-slots error; the loop holds
-    the adapter's state, then the draft model's."""
+    """The draft slot holds a draft model and an adapter in either order; the loop holds
+    the adapter's state, then the draft model's; ``slot_modules`` reads every kind of slot;
+    two adapters, or an adapter as the drafter beside one in the slot, are the both-slots
+    error."""
     model, adapter = random_pair()
     other, drafter = other_draft(), tiny_drafter(model, 12)
-    pair = DraftPair(other, adapter)
-    assert pair.model is other and pair.adapter is adapter
-    assert draft_model_of(pair) is other and draft_model_of(other) is other
-    assert draft_model_of(adapter) is None and draft_model_of(None) is None
+    pair = (other, adapter)
     assert [m is p for m, p in zip(slot_modules(pair), (other, adapter))] == [True, True]
     assert len(slot_modules(adapter)) == 1 and slot_modules(None) == ()
-    assert adapter_of(drafter, pair) is adapter and adapter_of(None, pair) is adapter
-    with pytest.raises(TypeError, match="must be an early-exit adapter"):
-        DraftPair(other, other)
-    with pytest.raises(TypeError, match="a run holds one adapter"):
-        DraftPair(adapter, adapter)
+    held = stateful(held_sources(drafter, pair))
+    assert held[0].adapter is adapter and held[1].draft is other
+    assert ids(held_sources(drafter, (adapter, other))) == ids(held_sources(drafter, pair))
     with pytest.raises(ValueError, match="both as the drafter and as the draft model"):
-        adapter_of(adapter, pair)
-    assert held_sources(drafter, pair) == (EARLY_EXIT, DRAFT_MODEL) == held_sources(None, pair)
-    assert held_sources(drafter, other) == (DRAFT_MODEL,)
-    assert held_sources(drafter, adapter) == (EARLY_EXIT,)
+        held_sources(None, (adapter, adapter))
+    with pytest.raises(ValueError, match="both as the drafter and as the draft model"):
+        held_sources(adapter, pair)
+    assert ids(held_sources(drafter, pair)) == [EARLY_EXIT, DRAFT_MODEL]
+    assert ids(held_sources(None, pair)) == [EARLY_EXIT, DRAFT_MODEL]
+    assert ids(held_sources(drafter, other)) == [DRAFT_MODEL]
+    assert ids(held_sources(drafter, adapter)) == [EARLY_EXIT]
 
 
 def kinds(sources):
@@ -137,7 +144,7 @@ def test_the_sources_of_a_pair():
     Every other slot builds what it built before the pair."""
     model, adapter = random_pair()
     other, drafter = other_draft(), tiny_drafter(model, 12)
-    pair = DraftPair(other, adapter)
+    pair = (other, adapter)
     shape = BeamShape.parse("W1xL4+K1xL6+D1xL3")
     sources = step_sources(shape, drafter, pair)
     assert kinds(sources) == [("DrafterSource", 4, 0), ("LookupSource", 6, 0),
@@ -160,7 +167,7 @@ def test_a_pairs_step_has_room_for_both_chains():
     """``step_capacity``: a pair's step packs both D chains (``max_packed`` counts one), an
     asked capacity stands, and any other slot packs the shape's own slots."""
     _, adapter = random_pair()
-    pair = DraftPair(other_draft(), adapter)
+    pair = (other_draft(), adapter)
     shape = BeamShape.parse("W1xL4+K1xL6+D1xL3")
     assert step_capacity(shape, pair) == shape.max_packed + 2 == 1 + 3 + 5 + 2 + 2
     assert step_capacity(shape, adapter) == step_capacity(shape, None) == shape.slots
@@ -210,7 +217,7 @@ def test_the_drafter_and_the_target_as_its_own_draft_both_win_steps():
     want = plain(model, prompts, 40)
     shape = BeamShape.parse("W1xL6+K1xL6+D1xL3")
     got, stats = run_decode(model, OracleDrafter(model, noise=0.1), prompts, max_tokens=40,
-                            shape=shape, draft_model=DraftPair(model, adapter),
+                            shape=shape, draft_model=(model, adapter),
                             adapt=False)  # fmt: skip
     assert got == want
     by = stats["source_tokens"]
@@ -225,7 +232,7 @@ def test_an_exact_adapter_wins_beside_another_draft_model():
     model, adapter = transparent_bigram()
     prompts = [[1, 5, 9, 3], [2, 7, 7, 4, 1]]
     want = plain(model, prompts, 40)
-    pair = DraftPair(near_bigram_model(5, vocab=32, layers=1), adapter)
+    pair = (near_bigram_model(5, vocab=32, layers=1), adapter)
     got, stats = run_decode(model, OracleDrafter(model, noise=0.1), prompts, max_tokens=40,
                             shape=BeamShape.parse("W1xL6+D1xL3"), draft_model=pair,
                             adapt=False)  # fmt: skip
@@ -256,7 +263,7 @@ def test_both_states_hold_the_committed_text_whichever_source_won(label, kind):
     draft model's catch-up must cover the adapter's chain)."""
     model, adapter = transparent_bigram() if kind == "exact-adapter" else bigram_pair()
     draft = model if kind == "itself" else near_bigram_model(5, vocab=32, layers=1)
-    pair = DraftPair(draft, adapter)
+    pair = (draft, adapter)
     shape = BeamShape.parse(label)
     drafter = OracleDrafter(model, noise=0.0) if shape.drafts else None
     slots = 128
@@ -291,7 +298,7 @@ def test_the_pair_switched_off_and_on(batched):
     model, drafter, pair = a_pair(itself=True)
     policy = Scripted(CYCLE)
     batch = BatchGenerator(model, drafter, policy, max_batch=4, draft=pair)
-    assert batch.held == (EARLY_EXIT, DRAFT_MODEL) and batch.draft_model is model
+    assert ids(batch.held) == [EARLY_EXIT, DRAFT_MODEL] and batch.stateful[1].draft is model
     waves = [(PROMPTS[:1], 40)]
     if batched:
         waves += [(PROMPTS[1:2], 30), (PROMPTS[2:], 30)]
@@ -319,12 +326,12 @@ def test_after_the_catch_up_both_states_equal_a_fresh_prefill():
     text = batch.state.history[0, :n].tolist()
     slots = batch.state.keys[0].shape[2]
     fresh = {
-        EARLY_EXIT: prefill_ee(model, pair.adapter, [text], slots)[0][0][0],
-        DRAFT_MODEL: prefill_draft(pair.model, [text], slots)[0][0][0],
+        EARLY_EXIT: prefill_ee(model, pair[1], [text], slots)[0][0][0],
+        DRAFT_MODEL: prefill_draft(pair[0], [text], slots)[0][0][0],
     }
     for sid, want in fresh.items():
         assert not mx.allclose(source_cache(batch, sid, 0)[:, :n], want[:, :n], atol=1e-4)
-        assert batch.behind[sid] > WD.longest
+        assert batch.behind[state_slot(batch, sid)] > WD.longest
     batch.catch_up(WD, slots)
     for sid, want in fresh.items():
         assert mx.allclose(source_cache(batch, sid, 0)[:, :n], want[:, :n], atol=1e-4), sid
@@ -353,7 +360,7 @@ def test_the_server_takes_the_pair():
     model, drafter, pair = a_pair(itself=False)
     prompts = [[1, 5, 9, 3, 5, 9], [2, 7, 7, 4], [3, 3, 8, 1, 2, 3, 8, 1, 2], [4, 4]]
     sched = Scheduler(model, drafter, WD, (), max_batch=2, adapt=True, draft_model=pair)
-    assert sched.batch.held == (EARLY_EXIT, DRAFT_MODEL)
+    assert ids(sched.batch.held) == [EARLY_EXIT, DRAFT_MODEL]
     sinks = staggered(sched, prompts, [16 + 4 * i for i in range(len(prompts))])
     for i, (prompt, sink) in enumerate(zip(prompts, sinks)):
         assert sink.tokens == plain(model, [prompt], 16 + 4 * i)[0], i
@@ -372,7 +379,7 @@ def test_four_sources_in_one_tree_sampling_is_exact(monkeypatch):
     from tests.test_sources_exact import HOT, N, draft_model_for, early_exit_pair
 
     model, adapter = early_exit_pair()
-    pair = DraftPair(draft_model_for(model), adapter)
+    pair = (draft_model_for(model), adapter)
     shape = BeamShape.parse("W1xL3+K1xL3+D1xL4")
     drafter = OracleDrafter(model, noise=0.2)
 
@@ -407,7 +414,7 @@ def test_the_memory_check_counts_both(rows):
     of the target as its own draft); the estimate's cache is what the loop holds."""
     model, adapter = random_pair(3)
     drafter, other = tiny_drafter(model, 12), tiny_model(4, vocab=48, layers=2, hidden=16)
-    pair = DraftPair(other, adapter)
+    pair = (other, adapter)
     shape = BeamShape.parse("W1xL4+K1xL4+D1xL4")
     held = held_cache(model, drafter, shape, rows, pair)
     estimate = check_step_memory(model, drafter, shape, rows, TOKENS, draft=pair)
@@ -418,7 +425,7 @@ def test_the_memory_check_counts_both(rows):
     added = (with_adapter.weights - alone.weights) + (with_model.weights - alone.weights)
     assert estimate.weights - alone.weights == added > with_adapter.weights - alone.weights > 0
     assert estimate.cache > max(with_adapter.cache, with_model.cache)
-    itself = check_step_memory(model, drafter, shape, rows, TOKENS, draft=DraftPair(model, adapter))
+    itself = check_step_memory(model, drafter, shape, rows, TOKENS, draft=(model, adapter))
     assert itself.weights == with_adapter.weights
 
 
@@ -428,7 +435,7 @@ def test_the_step_estimate_packs_and_commits_both_chains():
     (``D1×L4`` with one source in the slot) commits in place, a pair's two chains do not."""
     model, adapter = random_pair(3)
     drafter, other = tiny_drafter(model, 12), tiny_model(4, vocab=48, layers=2, hidden=16)
-    pair = DraftPair(other, adapter)
+    pair = (other, adapter)
     tree = BeamShape.parse("W2xL4+K1xL4+D1xL4")
     assert step_candidates(tree, pair) == tree.beams + 1 == 5
     assert step_candidates(tree, other) == step_candidates(tree, adapter) == tree.beams
@@ -450,7 +457,7 @@ def test_the_profile_prices_and_prefills_both():
     packed; the adapter priced as in the slot alone, the draft model as alone."""
     model, adapter = random_pair(3)
     drafter, other = tiny_drafter(model, 12), other_draft()
-    pair = DraftPair(other, adapter)
+    pair = (other, adapter)
     got = weight_bytes(model, drafter, None, draft=pair)
     as_adapter = weight_bytes(model, drafter, None, draft=adapter)
     as_model = weight_bytes(model, drafter, None, draft=other)
@@ -487,11 +494,11 @@ def test_load_takes_a_pair_in_either_order(folders):
     f = folders
     for given in ([f["ee"], f["model"]], (f["model"], f["ee"])):
         model, drafter, _, draft = load(f["model"], f["drafter"], draft_model=given)
-        assert isinstance(draft, DraftPair) and draft.model is model  # the target itself
-        assert isinstance(draft.adapter, EarlyExitAdapter)
+        assert isinstance(draft, tuple) and draft[0] is model  # the target itself
+        assert isinstance(draft[1], EarlyExitAdapter)
         assert not isinstance(drafter, EarlyExitAdapter)
     _, _, _, draft = load(f["model"], None, draft_model=[f["other"], f["ee"]])
-    assert isinstance(draft, DraftPair) and draft.model.args.hidden_size == 16
+    assert isinstance(draft, tuple) and draft[0].args.hidden_size == 16
     one = load(f["model"], None, draft_model=[f["ee"]])[3]  # one value: as a plain path
     assert isinstance(one, EarlyExitAdapter)
     assert draft_slot_paths([f["ee"], f["other"]]) == (f["other"], f["ee"])
@@ -507,7 +514,7 @@ def test_the_python_api_takes_the_pair(folders):
     model, drafter, tokenizer, pair = redrafter_mlx.load(
         f["model"], f["drafter"], draft_model=[f["model"], f["ee"]]
     )
-    assert isinstance(pair, redrafter_mlx.DraftPair)
+    assert isinstance(pair, tuple) and isinstance(pair[1], EarlyExitAdapter)
     ar = redrafter_mlx.BeamShape.autoregressive()
     want = redrafter_mlx.generate(model, None, tokenizer, "Hello there", max_tokens=12, shape=ar)
     got = redrafter_mlx.generate(model, drafter, tokenizer, "Hello there", max_tokens=12,
@@ -599,7 +606,7 @@ def test_cli_chat_bench_and_serve_take_the_pair(app, folders, monkeypatch):
     monkeypatch.setattr(serve, "build", build)
     result = invoke(app, "serve", *slot, "--port", 0)
     assert "stopped before serving" in result.output
-    assert isinstance(seen[0][0], DraftPair) and seen[0][1].endswith("D1×L4")
+    assert isinstance(seen[0][0], tuple) and seen[0][1].endswith("D1×L4")
 
 
 def test_cli_tune_keys_the_profile_by_the_pair(app, model_dir, home, tmp_path, monkeypatch):

@@ -16,22 +16,22 @@ import mlx.core as mx
 import pytest
 
 from redrafter_mlx.engine.adaptive import Adaptive
-from redrafter_mlx.engine.batch import BatchGenerator, Prefill, held_sources, uniform_step
+from redrafter_mlx.engine.batch import BatchGenerator, Prefill, uniform_step
 from redrafter_mlx.engine.cache import Session
 from redrafter_mlx.engine.decode import step_sources
 from redrafter_mlx.engine.early_exit import (
     EarlyExitAdapter,
     EarlyExitSource,
-    adapter_of,
     load_adapter,
     save_adapter,
 )
 from redrafter_mlx.engine.early_exit import prefill as prefill_ee
+from redrafter_mlx.engine.held import held_sources
 from redrafter_mlx.engine.loading import LoadError, load
 from redrafter_mlx.engine.memory import Dims, check_step_memory
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape
-from redrafter_mlx.engine.sources import DRAFTER, EARLY_EXIT, LOOKUP
+from redrafter_mlx.engine.sources import DRAFTER, EARLY_EXIT, LOOKUP, stateful
 from redrafter_mlx.measure.profile import profile_steps, weight_bytes
 from redrafter_mlx.train import early_exit as EE
 from tests.helpers import (
@@ -42,6 +42,7 @@ from tests.helpers import (
     run_decode,
     save_drafter_dir,
     save_model_dir,
+    state_slot,
     tiny_drafter,
     tiny_model,
 )
@@ -91,8 +92,13 @@ def test_the_draft_slot_takes_an_early_exit_chain():
     assert (chain.length, chain.refresh, chain.source_id) == (3, 7, EARLY_EXIT)
     assert step_sources(BeamShape.parse("D1xL4"), None, adapter)[0].refresh == 0
     assert step_sources(BeamShape.parse("W1xL4"), drafter, adapter)[0].source_id == DRAFTER
-    assert held_sources(drafter, adapter) == (EARLY_EXIT,) == held_sources(adapter, None)
-    assert adapter_of(drafter, adapter) is adapter and adapter_of(drafter, model) is None
+
+    def ids(held):
+        return [s.source_id for s in stateful(held)]
+
+    assert ids(held_sources(drafter, adapter)) == [EARLY_EXIT] == ids(held_sources(adapter, None))
+    assert stateful(held_sources(drafter, adapter))[0].adapter is adapter
+    assert [s.source_id for s in stateful(held_sources(drafter, model))] != [EARLY_EXIT]
 
 
 def test_an_adapter_in_both_slots_is_one_clear_error():
@@ -201,7 +207,7 @@ def test_the_adapter_in_the_draft_slot_switched_off_and_on(batched):
     drafter = tiny_drafter(model, 12)
     cycle = [WD, AR, W, D, AR, AR, AR, K, WD, *[AR] * 9, D, W, WD]
     batch = BatchGenerator(model, drafter, Scripted(cycle), max_batch=4, draft=adapter)
-    assert batch.held == (EARLY_EXIT,)
+    assert [s.source_id for s in batch.stateful] == [EARLY_EXIT]
     waves = [(PROMPTS[:1], 40)]
     if batched:
         waves += [(PROMPTS[1:2], 30), (PROMPTS[2:], 30)]
@@ -229,7 +235,7 @@ def test_after_the_catch_up_the_adapter_cache_equals_a_fresh_prefill():
     slots = batch.state.keys[0].shape[2]
     fresh = prefill_ee(model, adapter, [text], slots)[0][0][0]
     assert not mx.allclose(source_cache(batch, EARLY_EXIT, 0)[:, :n], fresh[:, :n], atol=1e-4)
-    assert batch.behind[EARLY_EXIT] > WD.longest
+    assert batch.behind[state_slot(batch, EARLY_EXIT)] > WD.longest
     batch.catch_up(WD, slots)
     assert mx.allclose(source_cache(batch, EARLY_EXIT, 0)[:, :n], fresh[:, :n], atol=1e-4)
 
@@ -270,7 +276,7 @@ def test_server_rows_with_the_adapter_slot_equal_solo_plain_decoding(transparent
     shape = BeamShape.parse("W1xL3+D1xL4" if transparent else "W1xL3+K1xL5+D1xL3")
     sched = Scheduler(model, drafter, shape, (), max_batch=2, adapt=not transparent,
                       draft_model=adapter)  # fmt: skip
-    assert sched.batch.held == (EARLY_EXIT,)
+    assert [s.source_id for s in sched.batch.stateful] == [EARLY_EXIT]
     sinks = staggered(sched, prompts, [16 + 4 * i for i in range(len(prompts))])
     for i, (prompt, sink) in enumerate(zip(prompts, sinks)):
         want, _ = run_decode(model, None, [prompt], max_tokens=16 + 4 * i, shape=AR)

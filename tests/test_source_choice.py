@@ -19,7 +19,7 @@ from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape
 from redrafter_mlx.engine.sources import DRAFT_MODEL, EARLY_EXIT, catch_up_chunk
 from tests.fakes import FakeClock
-from tests.helpers import run_decode, tiny_model
+from tests.helpers import run_decode, state_slot, tiny_model
 from tests.test_batch_loop import Scripted
 from tests.test_early_exit_source import random_pair, transparent_pair
 from tests.test_tuning_lookup import LookupChip, invoke, model_dir  # noqa: F401 (fixture)
@@ -104,7 +104,7 @@ def test_without_the_catch_up_the_draft_falls_behind(monkeypatch):
 
 def source_cache(batch, sid, row):
     """Row ``row``'s held state of source ``sid`` (keys of its first layer), (S, ...)."""
-    return batch.state.sources[batch.held.index(sid)][0][0][row]
+    return batch.state.sources[[s.source_id for s in batch.stateful].index(sid)][0][0][row]
 
 
 @pytest.mark.parametrize("kind", ["draft-model", "early-exit"])
@@ -136,7 +136,7 @@ def test_after_the_catch_up_the_cache_equals_a_fresh_prefill(kind):
     else:
         fresh = early_exit.prefill(model, drafter, [text], slots)[0][0][0]
     assert not mx.allclose(source_cache(batch, sid, 0)[:, :n], fresh[:, :n], atol=1e-4).item()
-    assert batch.behind[sid] > 5
+    assert batch.behind[state_slot(batch, sid)] > 5
     batch.catch_up(on, slots)
     assert mx.allclose(source_cache(batch, sid, 0)[:, :n], fresh[:, :n], atol=1e-4).item()
 
@@ -148,15 +148,15 @@ def test_the_behind_bound_follows_the_shapes_queued():
     lookup = BeamShape.parse("K1xL5")
     batch = BatchGenerator(model, None, Scripted([D]), max_batch=1, draft=model)
     drive(batch, [(PROMPTS[:1], 6)])
-    batch.behind[DRAFT_MODEL] = 0
+    batch.behind[state_slot(batch, DRAFT_MODEL)] = 0
     window = batch.state.keys[0].shape[2]
     batch.catch_up(D, window)  # D1xL4 alone re-runs 1 committed token itself
-    assert batch.behind[DRAFT_MODEL] == 1 and batch.catch_ups == 0
+    assert batch.behind[state_slot(batch, DRAFT_MODEL)] == 1 and batch.catch_ups == 0
     batch.catch_up(None, window)
     batch.catch_up(lookup, window)
-    assert batch.behind[DRAFT_MODEL] == 1 + 1 + 5
+    assert batch.behind[state_slot(batch, DRAFT_MODEL)] == 1 + 1 + 5
     batch.catch_up(D, window)
-    assert batch.catch_ups == 1 and batch.behind[DRAFT_MODEL] == 1
+    assert batch.catch_ups == 1 and batch.behind[state_slot(batch, DRAFT_MODEL)] == 1
     assert [catch_up_chunk(n) for n in (1, 5, 8, 9, 100)] == [4, 8, 8, 16, 64]
 
 
@@ -189,7 +189,7 @@ def test_an_early_exit_adapter_and_a_draft_model_switched_off_and_on(batched):
     cycle = [ED, AR, E, D, AR, AR, AR, BeamShape.parse("K1xL5"), ED, *[AR] * 9, D, E, ED]
     policy = Scripted(cycle)
     batch = BatchGenerator(model, adapter, policy, max_batch=4, draft=model)
-    assert batch.held == (EARLY_EXIT, DRAFT_MODEL)
+    assert [s.source_id for s in batch.stateful] == [EARLY_EXIT, DRAFT_MODEL]
     waves = [(PROMPTS[:1], 40)]
     if batched:
         waves += [(PROMPTS[1:2], 30), (PROMPTS[2:], 30)]

@@ -75,15 +75,10 @@ from .decode import (
     DecodeState,
     StepOutput,
     autoregressive_step,
-    check_features,
     first_draw,
     redrafter_step,
-    step_sources,
 )
-from .draft_model import DraftPair, draft_model_of, slot_modules, step_capacity
-from .draft_model import prefill as draft_prefill
-from .early_exit import adapter_of, bind_head
-from .early_exit import prefill as early_exit_prefill
+from .held import held_modules, held_sources, slot_items
 from .lookup import LookupShadow
 from .platform import read_first
 from .sampling import (
@@ -99,13 +94,14 @@ from .sampling import (
 )
 from .shape import AR, BeamShape
 from .sources import (
-    DRAFT_MODEL,
-    EARLY_EXIT,
     PREFILL_CHUNK,
     SOURCE_NAMES,
     DraftContext,
     by_source,
     map_states,
+    sized_sources,
+    stateful,
+    step_capacity,
 )
 
 
@@ -115,44 +111,21 @@ def split_row_keys(row_keys: mx.array) -> tuple[mx.array, mx.array]:
     return both[:, 0], both[:, 1]
 
 
-def held_sources(drafter, draft) -> tuple[int, ...]:
-    """The stateful sources whose states a loop with this drafter and draft slot holds in
-    ``DecodeState.sources``, in that order (``sources.py``: "Sources that sit out steps"):
-    an early-exit adapter's (as the drafter or in the draft slot, alone or in a
-    ``DraftPair``: ``early_exit.adapter_of``), then a draft model's
-    (``draft_model.draft_model_of``)."""
-    held = (EARLY_EXIT,) if adapter_of(drafter, draft) is not None else ()
-    return held + ((DRAFT_MODEL,) if draft_model_of(draft) is not None else ())
-
-
-def stateful_sources(shape: BeamShape | None, drafter, draft) -> list:
-    """The stateful sources a step of ``shape`` runs (``decode.step_sources``; None: plain
-    decoding runs none)."""
-    if shape is None or shape.is_autoregressive:
-        return []
-    drafter = drafter if shape.drafts else None
-    draft = draft if shape.model_length else None
-    return [s for s in step_sources(shape, drafter, draft) if s.stateful]
-
-
-def make_batch_step(
-    model, drafter, shape, mode: StepMode, compiled: bool = True, draft=None, held=None
-):
+def make_batch_step(model, drafter, shape, mode: StepMode, compiled: bool = True, draft=None):
     """A step ``(state, row_keys, active, rows, window, split) -> (state, row_keys,
     StepOutput)``; ``active`` (B,) bool, ``rows`` the batch's ``RowSettings``, ``split`` its
     rows' branching arrays (``branches.SplitRows``; read when ``mode.split``, else None).
 
     ``shape=None`` decodes autoregressively; a shape without drafter beams speculates from
     lookup chains alone (they read ``state.history``). Compile keys: B, cache slots, window.
-    ``draft``: the draft slot for the shape's ``D1×L`` chains (a draft model, an early-exit
-    adapter or a ``DraftPair``; their caches in ``state.sources``).
-    ``held``: the source ids of ``state.sources`` (``held_sources``): the step hands the
-    sources it runs their own states and passes the others' through; None: ``state.sources``
-    holds exactly the states of the stateful sources this shape runs.
+    ``drafter`` and ``draft`` (the draft slot): the sources the loop holds
+    (``held.held_sources``), every stateful one's state in ``state.sources``; the step runs
+    those the shape turns on and passes the others' states through.
     ``run.counter["traces"]`` counts tracings (each is a compile).
     """
-    check_features(model, drafter)
-    runs = [s.source_id for s in stateful_sources(shape, drafter, draft)]
+    held = held_sources(drafter, draft)
+    for source in held:
+        source.check(model)
 
     def step(
         init_token,
@@ -174,26 +147,18 @@ def make_batch_step(
             row_keys, draw_keys = split_row_keys(row_keys)
         split = SplitRows(*split) if mode.split else None
         sampler = RowSampler(RowSettings(*rows), draw_keys, mode, split)
-        own = sources if held is None else tuple(sources[held.index(i)] for i in runs)
-        state = DecodeState(init_token, hidden, lengths, keys, values, history, own)
+        state = DecodeState(init_token, hidden, lengths, keys, values, history, sources)
         if shape is None:
             nxt, out = autoregressive_step(model, state, sampler, window)
         else:
-            nxt, out = redrafter_step(
-                model, drafter if shape.drafts else None, state, shape, sampler, window, draft
-            )
-        if held is not None:  # the sources that sat this step out keep their states
-            kept = list(sources)
-            for i, new in zip(runs, nxt.sources):
-                kept[held.index(i)] = new
-            nxt = nxt._replace(sources=tuple(kept))
+            nxt, out = redrafter_step(model, held, state, shape, sampler, window)
         nxt = nxt._replace(lengths=mx.where(active, nxt.lengths, 0))  # free rows stay empty
         return (*nxt, row_keys, *out)
 
     counter = {"traces": 0}
     # Weights are implicit inputs, read at every call: a model, drafter or draft model updated
     # in place (e.g. by training between evaluations) is never served with stale weights.
-    modules = (model, drafter, *slot_modules(draft))
+    modules = (model, *held_modules(held))
     weights = [m.state for m in modules if isinstance(m, nn.Module)]
     fn = mx.compile(step, inputs=weights) if compiled else step
 
@@ -223,7 +188,6 @@ def batch_step(
     mode: StepMode,
     compiled: bool = True,
     draft=None,
-    held=None,
 ):
     """The compiled batch step of this configuration, kept on the model (compiled once for
     every loop over it: each chat turn, each request batch)."""
@@ -231,12 +195,12 @@ def batch_step(
     if shape is not None and getattr(model, "recurrent", False) and not shape.verifies_chain:
         shape = chain_for_recurrent(model, shape)
     layers = getattr(model, "feature_layers", ())
-    slot = tuple(id(m) for m in slot_modules(draft))  # a pair: its two modules
-    key = (id(drafter), shape, mode, compiled, layers, slot, held)
+    slot = tuple(id(item) for item in slot_items(draft))
+    key = (id(drafter), shape, mode, compiled, layers, slot)
     if key not in cache:
         while len(cache) >= MAX_BATCH_STEPS:  # drop the oldest (and the drafter it holds)
             cache.pop(next(iter(cache)))
-        cache[key] = make_batch_step(model, drafter, shape, mode, compiled, draft, held)
+        cache[key] = make_batch_step(model, drafter, shape, mode, compiled, draft)
     return cache[key]
 
 
@@ -269,8 +233,8 @@ def uniform_step(
     as ``run(state, window) -> (state, StepOutput)`` with the rows' keys (from ``seed``,
     split every step) carried inside: the product's own step, for measurements and tests.
     ``shape=None``: plain decoding; ``run.step``: the compiled step (``.counter``);
-    ``draft``: the draft slot for the shape's ``D1×L`` chains (a draft model, an early-exit
-    adapter or a ``DraftPair``; their caches in ``state.sources``)."""
+    ``draft``: the draft slot for the shape's ``D1×L`` chains (``held.slot_items``; the
+    stateful sources' states in ``state.sources``)."""
     mode, settings = row_settings([sampler] * rows, model.vocab_size)
     draft = draft if shape and shape.model_length else None
     step = batch_step(model, drafter if shape else None, shape, mode, compiled, draft)
@@ -626,14 +590,13 @@ class BatchGenerator:
         draft=None,
     ):
         self.model, self.drafter, self.draft = model, drafter, draft  # draft: the slot
-        self.adapter = adapter_of(drafter, draft)  # an early-exit adapter, in either slot
-        self.draft_model = draft_model_of(draft)  # the slot's draft model (alone or paired)
-        if self.adapter is not None:
-            bind_head(model, self.adapter)  # its shortlist's head rows, before any compile
-        self.held = held_sources(drafter, draft)  # ids of ``DecodeState.sources``' states
-        # Per held source: committed tokens its state may miss (``sources.py``, "Sources that
-        # sit out steps"); host side, from the shapes queued, never read from the device.
-        self.behind = dict.fromkeys(self.held, 0)
+        self.held = held_sources(drafter, draft)  # every source, in ``DecodeState`` order
+        for source in self.held:
+            source.bind(model)  # e.g. an adapter's shortlist head rows, before any compile
+        self.stateful = stateful(self.held)  # those with a state in ``DecodeState.sources``
+        # Per stateful source: committed tokens its state may miss (``sources.py``, "Sources
+        # that sit out steps"); host side, from the shapes queued, never read from the device.
+        self.behind = [0] * len(self.stateful)
         self.catch_ups = 0  # catch-ups queued (a source back after steps without it)
         self.policy = policy
         self.eos = eos
@@ -685,19 +648,12 @@ class BatchGenerator:
         self.waiting = []
         self.vacated = {}
         self._params = None
-        self.behind = dict.fromkeys(self.held, 0)
+        self.behind = [0] * len(self.stateful)
         self.policy.reset()
 
     def _empty_sources(self, B: int) -> tuple:
-        """The held stateful sources' empty states (an early-exit adapter's cache, as the
-        drafter or in the draft slot; a draft model's cache: ``held_sources`` order) for B
-        rows."""
-        states = ()
-        if EARLY_EXIT in self.held:
-            states += (self.adapter.make_cache(B, SLOT_QUANTUM),)
-        if DRAFT_MODEL in self.held:
-            states += (self.draft_model.make_cache(B, SLOT_QUANTUM),)
-        return states
+        """The stateful sources' empty states for B rows (``DecodeState.sources``)."""
+        return tuple(s.empty_state(self.model, B, SLOT_QUANTUM) for s in self.stateful)
 
     @property
     def active(self) -> list[Row]:
@@ -753,23 +709,12 @@ class BatchGenerator:
         self.row_keys, self.rows = keys, list(rows)
         for r, row in enumerate(self.rows):
             row.slot = r
-        self.behind = dict.fromkeys(self.held, 0)  # every source prefilled with every row
+        self.behind = [0] * len(self.stateful)  # every source prefilled with every row
 
     def _prefilled_sources(self, session: Session, rows: slice) -> tuple:
-        """The stateful draft sources' states (an early-exit adapter's cache, wherever it sits;
-        the slot's draft model's cache) after ``session``'s
-        ``rows``' prompts (all in its cache): the model as its own draft starts from the
-        model's own prefill K/V (no second prefill); another draft model prefills them."""
-        states = ()
-        if EARLY_EXIT in self.held:
-            states += (
-                early_exit_prefill(self.model, self.adapter, session.cached[rows], session.slots),
-            )
-        if DRAFT_MODEL not in self.held:
-            return states
-        if self.draft_model is self.model:
-            return (*states, ([k[rows] for k in session.keys], [v[rows] for v in session.values]))
-        return (*states, draft_prefill(self.draft_model, session.cached[rows], session.slots))
+        """The stateful sources' states after ``session``'s ``rows``' prompts (all in its
+        cache: ``Source.prefill``)."""
+        return tuple(s.prefill(self.model, session, rows) for s in self.stateful)
 
     def _place(self, r: int, session: Session, i: int, hidden, first, rng) -> None:
         """Write row ``i`` of a prefilled session into batch row ``r`` (lazy array updates)."""
@@ -1106,22 +1051,21 @@ class BatchGenerator:
         return self._params
 
     def _step_fn(self, shape: BeamShape | None, mode: StepMode):
-        drafter = self.drafter if shape else None
-        draft = self.draft if shape and shape.model_length else None
-        held = self.held or None  # none held: the step every other caller keys alike
-        return batch_step(self.model, drafter, shape, mode, self.compiled, draft, held)
+        return batch_step(self.model, self.drafter, shape, mode, self.compiled, self.draft)
 
     def catch_up(self, shape: BeamShape | None, window: int) -> None:
-        """Before queueing a step of ``shape``: each held source it runs whose state may
+        """Before queueing a step of ``shape``: each stateful source it runs whose state may
         miss more committed tokens than its own draft re-runs (``covers``) re-runs them
         now (``catch_up``, lazy: the step's graph takes the result); then account for the
-        step in every held source's bound (``sources.py``, "Sources that sit out steps")."""
-        running = {s.source_id: s for s in stateful_sources(shape, self.drafter, self.draft)}
-        for sid, source in running.items():
-            missed = self.behind[sid]
+        step in every stateful source's bound (``sources.py``, "Sources that sit out
+        steps")."""
+        running = sized_sources(self.held, shape) if shape is not None else []
+        ran = {source.state_index: source for source in running if source.stateful}
+        for i, source in ran.items():
+            missed = self.behind[i]
             if missed <= source.covers:
                 continue
-            i, s = self.held.index(sid), self.state
+            s = self.state
             ctx = DraftContext(
                 self.model, s.hidden, s.init_token, s.lengths, s.history, window,
                 own=s.sources[i], keys=s.keys, values=s.values,
@@ -1134,18 +1078,16 @@ class BatchGenerator:
                 s = s._replace(keys=cache[0], values=cache[1])
             self.state = s
             self.catch_ups += 1
-        for sid in self.held:
-            if sid in running:
-                self.behind[sid] = running[sid].covers
+        for i in range(len(self.stateful)):
+            if i in ran:
+                self.behind[i] = ran[i].covers
             else:
-                self.behind[sid] += shape.longest if shape else 1
+                self.behind[i] += shape.longest if shape else 1
 
     def most_slots(self) -> int:
         """The most slots a step of the policy's shapes writes past a row: its ``slots``, and
-        with a ``DraftPair`` each shape's ``draft_model.step_capacity`` (its second chain)."""
-        if not isinstance(self.draft, DraftPair):
-            return self.policy.slots
-        most = max(step_capacity(s, self.draft) for s in self.policy.shapes)
+        each shape's ``sources.step_capacity`` (further draft-slot chains)."""
+        most = max(step_capacity(s, self.held) for s in self.policy.shapes)
         return max(self.policy.slots, most)
 
     def next_shape(self) -> BeamShape | None:

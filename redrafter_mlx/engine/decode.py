@@ -30,30 +30,28 @@ host counts ``count - 1`` accepted drafts for it, ``sources.by_source``).
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import mlx.core as mx
 
 from .branches import fork_not_drafted, split_logits
-from .draft_model import DraftModelSource, catchup_tokens, draft_model_of, step_capacity
-from .drafter import Drafter, beam_search
-from .early_exit import EarlyExitSource, adapter_of, check_width
-from .lookup import ABSENT, lookup_chains, write_history
+from .held import held_sources
+from .lookup import write_history
 from .model import Model, write_slots
 from .penalties import node_text
 from .sampling import RowSampler, draw, process_text
 from .shape import BeamShape
 from .sources import (
-    DRAFTER,
-    LOOKUP,
+    ABSENT,
     DraftContext,
-    DrafterSource,
-    LookupSource,
     merge,
     pad,
+    present_of,
+    sized_sources,
+    step_capacity,
 )
-from .tree import PackedTree, arange, cache_mask, chain_mask, pack, unpack
+from .tree import arange, cache_mask, chain_mask, pack, unpack
+from .two_chains import accept_two_chains, lay_two_chains
 
 
 class DecodeState(NamedTuple):
@@ -83,6 +81,7 @@ class Candidates(NamedTuple):
     only: int | None = None  # the one source every candidate came from, if so
     cache: tuple | None = None  # (keys, values): the target's cache a source wrote above
     # each row's length while drafting (``Proposal.cache``), for the verify; None: untouched
+    two: tuple | None = None  # (L1, L2): two chains in a static layout (``two_chains``)
 
 
 def accept(beams, target, unpacker, capacity):
@@ -144,40 +143,9 @@ def slot_destinations(lengths, path_slots, n, capacity: int):
 
 
 def step_sources(shape: BeamShape, drafter=None, draft=None) -> list:
-    """The draft sources of a step of ``shape``, in source order: the drafter's beams (when
-    it drafts; an early-exit adapter as the drafter: its one chain of L tokens), the lookup
-    chains, then the draft slot's chains (``shape.model_length``): an early-exit adapter's
-    (``draft`` an ``EarlyExitAdapter`` or a ``DraftPair``'s: beside the recurrent drafter's
-    beams), refreshed over every other candidate, and a draft model's (``draft`` a model or
-    a pair's), caught up over every candidate before it. A pair proposes both chains, of
-    ``model_length`` tokens each. The stateful ones come in ``batch.held_sources`` order
-    (early-exit, then the draft model). An adapter in both slots: ValueError
-    (``early_exit.adapter_of``)."""
-    sources = []
-    adapter = adapter_of(drafter, draft)
-    own = draft_model_of(draft)  # the slot's draft model
-    early_exit = adapter is drafter and adapter is not None and shape.drafts
-    chained = adapter is not drafter and adapter is not None and shape.model_length
-    if drafter is not None and shape.drafts and not early_exit:
-        sources.append(DrafterSource(drafter, shape.width, shape.length))
-    if shape.lookup:
-        sources.append(LookupSource(shape.lookup, shape.chain_length))
-    modelled = own is not None and shape.model_length  # the draft model's chain joins
-    if early_exit:
-        check_width(shape.width)
-        refresh = max([0, *(source.length for source in sources)])  # another path's tokens
-        if modelled:
-            refresh = max(refresh, shape.model_length)
-        sources.insert(0, EarlyExitSource(drafter, shape.length, refresh))
-    if chained:  # the adapter in the draft slot: refreshed over any other path, as above
-        refresh = max([0, *(source.length for source in sources)])
-        if modelled:
-            refresh = max(refresh, shape.model_length)
-        sources.append(EarlyExitSource(adapter, shape.model_length, refresh))
-    if modelled:
-        catchup = catchup_tokens([source.length for source in sources])
-        sources.append(DraftModelSource(own, shape.model_length, catchup))
-    return sources
+    """The draft sources of a step of ``shape`` with this drafter and draft slot, sized and
+    in held order (``held.held_sources``, ``sources.sized_sources``)."""
+    return sized_sources(held_sources(drafter, draft), shape)
 
 
 def draft_phase(sources: list, ctx: DraftContext, capacity: int, states: tuple = ()):
@@ -186,29 +154,41 @@ def draft_phase(sources: list, ctx: DraftContext, capacity: int, states: tuple =
     All start at the init token. Packing is candidate-major and truncates the last
     candidates first, so the order is the ranking: per row, higher-ranked sources first (a
     row whose best lookup match is at least ``STRONG_MATCH`` tokens puts its lookup chains
-    first, any other row its drafter beams), the drafter's dropped beams last. ``states``:
-    the stateful sources' states, in order. One candidate per source in a ``capacity`` that
-    holds only one of them: each row takes its top-ranked one, and the step verifies a
-    single chain (no tree to pack or commit).
+    first, any other row its drafter beams), the drafter's dropped beams last. ``sources``:
+    sized (``sources.sized_sources``); ``states``: every held stateful source's state
+    (``DecodeState.sources``): each running one reads its own (``Source.state_index``),
+    the others pass through. One candidate per source in a ``capacity`` that holds only
+    one of them: each row takes its top-ranked one, and the step verifies a single chain
+    (no tree to pack or commit). Two, one full chain and one chain, with a slot for every
+    token of both: ``two_chains`` (a static layout, no packing).
     """
-    proposals, ids, new_states, held, cache = [], [], [], iter(states), None
+    proposals, ids, new_states, cache = [], [], list(states), None
     for source in sources:
-        own = next(held) if getattr(source, "stateful", False) else None
+        own = states[source.state_index] if source.stateful else None
         p = source.propose(ctx._replace(own=own))
         if p.cache is not None:  # the next source and the verify read the written cache
             cache = p.cache
             ctx = ctx._replace(keys=cache[0], values=cache[1])
         proposals.append(p)
         ids.append(source.source_id)
-        if getattr(source, "stateful", False):
-            new_states.append(p.state)
+        if source.stateful:
+            new_states[source.state_index] = p.state
+    states = tuple(new_states)
     one_each = all(p.tokens.shape[1] == 1 and p.tail is None for p in proposals)
     if len(proposals) > 1 and one_each and capacity <= min(p.tokens.shape[2] for p in proposals):
         # Room for one chain only: another could add no slot, so pick one per row.
         tokens, source = pick_one(proposals, ids, capacity)
-        return Candidates(tokens, None, source, tuple(new_states), cache=cache)
+        return Candidates(tokens, None, source, states, cache=cache)
+    full = 1 + sum(p.tokens.shape[2] - 1 for p in proposals)
+    if len(proposals) == 2 and one_each and proposals[0].present is None and capacity == full:
+        first, second = proposals
+        n = max(first.tokens.shape[2], second.tokens.shape[2])
+        tokens = mx.concatenate([pad(first.tokens, n, ABSENT), pad(second.tokens, n, ABSENT)], 1)
+        present = mx.concatenate([present_of(first, n), present_of(second, n)], axis=1)
+        source = mx.array([ids], mx.int32)
+        lengths = (first.tokens.shape[2], second.tokens.shape[2])
+        return Candidates(tokens, present, source, states, cache=cache, two=lengths)
     merged = merge(proposals, ids)
-    states = tuple(new_states)
     return Candidates(merged.tokens, merged.present, merged.source, states, merged.only, cache)
 
 
@@ -245,8 +225,9 @@ def shape_candidates(
         model, state.hidden, state.init_token, state.lengths, state.history, window,
         keys=state.keys, values=state.values,
     )  # fmt: skip
-    sources = step_sources(shape, drafter, draft)
-    return draft_phase(sources, ctx, step_capacity(shape, draft), state.sources)
+    held = held_sources(drafter, draft)
+    capacity = step_capacity(shape, held)
+    return draft_phase(sized_sources(held, shape), ctx, capacity, state.sources)
 
 
 def verify_phase(
@@ -338,33 +319,27 @@ def commit_phase(keys, values, lengths, path_slots, hidden, n, fresh, in_place: 
 
 def redrafter_step(
     model: Model,
-    drafter: Drafter | None,
+    held: tuple,
     state: DecodeState,
     shape: BeamShape,
     sampler: RowSampler,
     window: int,
-    draft=None,
 ):
     """One speculative step of ``shape``, each row drawing with its own settings and key
     (``sampler``). Returns (next DecodeState, StepOutput).
 
+    ``held``: the loop's draft sources (``held.held_sources``); the step runs those the
+    shape turns on (``sources.sized_sources``), their states in ``state.sources``.
     ``window``: attention covers cache slots [0, window); it must exceed every row's
     length + capacity (the loop picks it in buckets, so it is a rare compile key).
-    The step's draft sources (``step_sources``): the drafter's beams, the shape's lookup
-    chains (they need ``state.history``) and the draft slot's chains (``draft``: a draft
-    model, an early-exit adapter or a ``DraftPair``; their caches are ``state.sources``, in
-    ``step_sources`` order; they read ``state.history``).
     """
     B = state.lengths.shape[0]
-    capacity = step_capacity(shape, draft)  # a draft pair's second chain gets its room
-    if isinstance(drafter, Drafter) and is_beam_and_chain(shape):
-        return beam_and_chain_step(model, drafter, state, shape, sampler, window)
-    sources = step_sources(shape, drafter, draft)
+    capacity = step_capacity(shape, held)  # each further draft-slot chain gets its room
     ctx = DraftContext(
         model, state.hidden, state.init_token, state.lengths, state.history, window,
         keys=state.keys, values=state.values,
     )  # fmt: skip
-    cand = draft_phase(sources, ctx, capacity, state.sources)
+    cand = draft_phase(sized_sources(held, shape), ctx, capacity, state.sources)  # 1. draft
     keys, values = cand.cache or (state.keys, state.values)
     beams = cand.beams
     if beams.shape[1] == 1:  # a lone chain fills its C slots
@@ -376,7 +351,11 @@ def redrafter_step(
             f"{shape.label} packs a tree, which a model with recurrent layers cannot verify: "
             f"run {shape.as_chain().label} (batch.batch_step does)"
         )
-    tree = pack(beams, capacity, cand.present if beams.shape[1] > 1 else None)  # 2. pack
+    if cand.two:  # 2. pack: two chains in a static layout, or the trie of every candidate
+        layout = lay_two_chains(beams, cand.present, cand.two)
+        tree = layout.tree
+    else:
+        tree = pack(beams, capacity, cand.present if beams.shape[1] > 1 else None)
     fresh = []  # the verify's own K/V per layer: the commit reads the path from them
     hidden, target, keys, values = verify_phase(
         model,
@@ -390,17 +369,22 @@ def redrafter_step(
         fresh,
     )
     judged = fork_not_drafted(beams, sampler)  # a fork is only ever the bonus
-    tokens, n, bonus, path_slots, path, best = accept_phase(judged, target, tree.unpacker, capacity)
+    if cand.two:  # 4. accept
+        tokens, n, bonus, path_slots, path, best = accept_two_chains(judged, target, layout)
+    else:
+        accepted = accept_phase(judged, target, tree.unpacker, capacity)
+        tokens, n, bonus, path_slots, path, best = accepted
     history = state.history
     if history is not None:
-        history = write_history(history, state.lengths, path)
-    keys, values, next_hidden, lengths = commit_phase(
+        history = write_history(history, state.lengths, path)  # junk past n
+    keys, values, next_hidden, lengths = commit_phase(  # 5. commit
         keys, values, state.lengths, path_slots, hidden, n, fresh, in_place=beams.shape[1] == 1
     )
-    states = cand.states or state.sources
-    next_state = DecodeState(bonus, next_hidden, lengths, keys, values, history, states)
+    next_state = DecodeState(bonus, next_hidden, lengths, keys, values, history, cand.states)
     if beams.shape[1] == 1:  # one chain fills every slot: a constant, no kernel
         packed = mx.broadcast_to(mx.array(capacity, dtype=mx.int32), (B,))
+    elif cand.two:
+        packed = layout.packed
     else:
         packed = mx.broadcast_to(tree.valid.sum(axis=-1).astype(mx.int32), (B,))
     source = cand.source
@@ -412,114 +396,6 @@ def redrafter_step(
         chosen = mx.take_along_axis(mx.broadcast_to(source, beams.shape[:2]), best[:, None], 1)
         chosen = chosen[:, 0]
     return next_state, StepOutput(tokens, n + 1, packed, chosen.astype(mx.int32))
-
-
-def is_beam_and_chain(shape: BeamShape) -> bool:
-    """One drafter beam and one lookup chain with a slot for every token of both, and no
-    draft-slot chain (the default hybrid, W1xL + K1xLk at its full capacity):
-    ``beam_and_chain_step`` runs it."""
-    full = 1 + (shape.length - 1) + (shape.chain_length - 1)
-    one = shape.drafts and shape.width == 1 and shape.lookup == 1 and not shape.model_length
-    return one and shape.slots == full
-
-
-@functools.lru_cache(maxsize=32)
-def two_chain_layout(length: int, chain_length: int):
-    """The static tree of one beam of L tokens and one chain of Lk, sharing the init token.
-
-    Slot 0 holds the init token, slots 1 .. L-1 the beam's drafts, slots L .. L+Lk-2 the
-    chain's. Returns constants: depth (1, C), ancestor mask (1, C, C), and the slot of each
-    position of the beam (1, Lk) (padded with its last slot) and of the chain (1, Lk).
-    """
-    C = length + chain_length - 1
-    depth = [0] + list(range(1, length)) + list(range(1, chain_length))
-    branch = [0] + [1] * (length - 1) + [2] * (chain_length - 1)  # root, beam, chain
-    mask = [
-        [j == i or (j == 0) or (branch[j] == branch[i] and depth[j] <= depth[i]) for j in range(C)]
-        for i in range(C)
-    ]
-    n = max(length, chain_length)
-    beam_slots = [min(k, length - 1) for k in range(n)]
-    chain_slots = [0] + [length - 1 + k for k in range(1, chain_length)]
-    chain_slots += [chain_slots[-1]] * (n - chain_length)
-    return (
-        mx.array([depth], dtype=mx.int32),
-        mx.array([mask], dtype=mx.bool_),
-        mx.array([beam_slots], dtype=mx.int32),
-        mx.array([chain_slots], dtype=mx.int32),
-    )
-
-
-def beam_and_chain_step(model, drafter, state, shape, sampler, window):
-    """``redrafter_step`` for one beam and one chain in a static layout (``two_chain_layout``).
-
-    No packing: the tree's depth and mask are constants, and a chain token that repeats the
-    beam's prefix is verified in its own slot but judged by the beam's draw (one draw per
-    distinct prefix, as the trie would give: lossless, and exact when sampling). Whichever
-    candidate accepts more wins (the beam on a tie), and its path moves to consecutive
-    slots in one scatter per cache array. Returns (next DecodeState, StepOutput).
-    """
-    if getattr(model, "recurrent", False):  # at trace time: two chains are a tree
-        raise ValueError(f"{shape.label} is a tree, which a recurrent model cannot verify")
-    L, Lk = shape.length, shape.chain_length
-    n_max = max(L, Lk)
-    beam, _, _ = beam_search(drafter, model.embed, state.hidden, state.init_token, 1, L)
-    found = lookup_chains(state.history, state.lengths, state.init_token, 1, Lk)
-    beam = pad(beam, n_max, ABSENT)[:, 0]  # (B, n)
-    chain = pad(found.tokens, n_max, ABSENT)[:, 0]  # (B, n)
-    present = pad(found.present, n_max, False)[:, 0]  # (B, n)
-    depth, mask, beam_slots, chain_slots = two_chain_layout(L, Lk)
-    tokens = mx.concatenate(
-        [beam[:, :L], mx.where(found.present[:, 0, 1:], found.tokens[:, 0, 1:], 0)], axis=1
-    )  # (B, C)
-    tree = PackedTree(tokens, depth, None, None, mask)
-    fresh = []
-    hidden, target, keys, values = verify_phase(
-        model,
-        tree,
-        state.lengths,
-        state.keys,
-        state.values,
-        sampler,
-        window,
-        state.history,
-        fresh,
-    )
-    beam, chain = fork_not_drafted(beam, sampler), fork_not_drafted(chain, sampler)
-    on_beam = mx.take_along_axis(target, mx.broadcast_to(beam_slots, beam.shape), axis=1)
-    own = mx.take_along_axis(target, mx.broadcast_to(chain_slots, chain.shape), axis=1)
-    # A chain node whose prefix is the beam's is the beam's node: its draw is the beam's.
-    shared = mx.cumprod((chain == beam).astype(mx.int32), axis=1) > 0  # (B, n)
-    on_chain = mx.where(shared, on_beam, own)
-    beam_run = _run(beam, on_beam, arange(n_max)[None, :] < L)
-    chain_run = _run(chain, on_chain, present)
-    take_chain = chain_run > beam_run  # (B,)
-    n = mx.maximum(beam_run, chain_run)
-    pick = take_chain[:, None]
-    path = mx.where(pick, chain, beam)
-    path_slots = mx.where(pick, chain_slots, beam_slots)  # (B, n)
-    path_target = mx.where(pick, on_chain, on_beam)
-    bonus = mx.take_along_axis(path_target, n[:, None], axis=1)[:, 0]
-    k = arange(n_max)[None, :]
-    out = mx.where(k < n[:, None], mx.roll(path, -1, axis=1), 0)
-    out = mx.where(k == n[:, None], bonus[:, None], out)
-    history = state.history
-    if history is not None:
-        history = write_history(history, state.lengths, path)  # junk past n
-    keys, values, next_hidden, lengths = commit_phase(
-        keys, values, state.lengths, path_slots, hidden, n, fresh
-    )
-    next_state = DecodeState(bonus, next_hidden, lengths, keys, values, history, state.sources)
-    packed = (L + present.sum(axis=1) - 1).astype(mx.int32)  # (B,) slots holding a token
-    chosen = mx.where(take_chain, LOOKUP, DRAFTER)  # (B,) int32
-    return next_state, StepOutput(out, n + 1, packed, chosen)
-
-
-def _run(candidate, draws, present):
-    """Accepted drafts of one candidate: the leading k = 1.. with candidate[k] == draws[k-1]
-    (present): (B, n), (B, n), (B or 1, n) -> (B,) int32."""
-    match = (candidate[:, 1:] == draws[:, :-1]) & present[:, 1:]
-    return mx.cumprod(match.astype(mx.int32), axis=1).sum(axis=1).astype(mx.int32)
 
 
 def autoregressive_step(model: Model, state: DecodeState, sampler: RowSampler, window: int):
@@ -575,15 +451,3 @@ def prefill_chunk(model: Model, tokens, counts, lengths, keys, values, window: i
     last = mx.maximum(counts - 1, 0)[:, None, None]
     h_last = mx.take_along_axis(hidden, last, axis=1)[:, 0]
     return h_last, lengths + counts, keys, values
-
-
-def check_features(model: Model, drafter) -> None:
-    """A drafter with ``feature_layers`` needs the model to capture exactly those layers
-    (``engine.loading.attach``): equal widths from other layers would draft silently worse."""
-    layers = tuple(getattr(getattr(drafter, "args", None), "feature_layers", None) or ())
-    if layers and layers != tuple(getattr(model, "feature_layers", ())):
-        raise ValueError(
-            f"the drafter reads feature layers {list(layers)} but the model captures "
-            f"{list(getattr(model, 'feature_layers', ()))}: call "
-            "engine.loading.attach(model, drafter) (load does)"
-        )

@@ -23,96 +23,80 @@ sit out steps") leave its cache further behind than ``catchup`` covers: the loop
 ``DraftModelSource.catch_up`` over the missed committed positions before the step.
 
 The draft slot (``draft=`` down the loop, ``draft_model=`` in the API, ``--draft-model``)
-holds a draft model, an early-exit adapter (``early_exit.py``: its chain is then the
-``D1×L``), or both (``DraftPair``: each proposes its own chain of the shape's
-``model_length``). ``draft_model_of`` is the draft model it holds, ``early_exit.adapter_of``
-the adapter, and ``slot_modules`` both.
+holds any number of draft models and other draft-slot sources (``held.held_sources``); a
+draft model is held as a ``DraftModelSource``, which owns its whole life: its empty state,
+its prefill where rows join, its catch-up, its chain and its check against the target.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
 
-from .early_exit import EarlyExitAdapter, adapter_of, pair
-from .sources import DRAFT_MODEL, DraftContext, Proposal, catch_up_positions, padded_chunks
+from .sources import (
+    DraftContext,
+    Proposal,
+    Source,
+    catch_up_positions,
+    padded_chunks,
+    register_source,
+)
 from .tree import arange, cache_mask, chain_mask
 
 
-@dataclass(frozen=True, eq=False)
-class DraftPair:
-    """The draft slot holding a draft model and an early-exit adapter at once: in a step of
-    a shape with a ``D1×L`` part each proposes its own chain of ``L`` tokens (the adapter's
-    first, then the draft model's: ``decode.step_sources``), beside the drafter's beams and
-    the lookup chains, and the loop holds both states (``batch.held_sources``). ``model``:
-    a model sharing the target's tokenizer (the target itself allowed); ``adapter``: an
-    ``EarlyExitAdapter`` for the target. Compared and hashed by identity."""
+class DraftModelSource(Source):
+    """A draft model's greedy chain of ``length`` tokens (init token first): the shape's
+    ``D1×L``. Its state is its own K/V cache (keys, values), per layer (B, n_kv, S, D)."""
 
-    model: Any
-    adapter: EarlyExitAdapter
-
-    def __post_init__(self):
-        if not isinstance(self.adapter, EarlyExitAdapter):
-            raise TypeError(
-                f"DraftPair's adapter must be an early-exit adapter, got "
-                f"{type(self.adapter).__name__}: DraftPair(draft model, adapter)"
-            )
-        if self.model is None or isinstance(self.model, EarlyExitAdapter):
-            what = "None" if self.model is None else "an early-exit adapter"
-            raise TypeError(
-                f"DraftPair's model must be a draft model, got {what}: a run holds one "
-                "adapter; DraftPair(draft model, adapter), or pass the adapter alone"
-            )
-
-
-def draft_model_of(draft) -> Any:
-    """The draft model the draft slot holds: a pair's model, a plain draft model, or None
-    (an early-exit adapter alone, or an empty slot)."""
-    if isinstance(draft, DraftPair):
-        return draft.model
-    return None if draft is None or isinstance(draft, EarlyExitAdapter) else draft
-
-
-def step_capacity(shape, draft) -> int:
-    """Packed slots a step of ``shape`` verifies with the draft slot ``draft``: the shape's
-    (``BeamShape.slots``), and with a ``DraftPair`` and no capacity asked, room for its
-    second chain too (``BeamShape.max_packed`` counts one ``D1×L`` chain; the tree holds
-    both). Every place that sizes a step by its slots asks this (the step, the loop's
-    attention window, the memory check, the profile)."""
-    if isinstance(draft, DraftPair) and shape.model_length and shape.capacity is None:
-        return shape.max_packed + shape.model_length - 1
-    return shape.slots
-
-
-def step_candidates(shape, draft) -> int:
-    """Candidates a step of ``shape`` packs with the draft slot ``draft``: the shape's
-    (``BeamShape.beams``, which counts one ``D1×L`` chain), and a ``DraftPair``'s second
-    chain. The packing's working set grows with them (``memory.pack_bytes``)."""
-    if isinstance(draft, DraftPair) and shape.model_length:
-        return shape.beams + 1
-    return shape.beams
-
-
-def slot_modules(draft) -> tuple:
-    """The modules the draft slot holds: (model, adapter) of a pair, (draft,), or ()."""
-    if isinstance(draft, DraftPair):
-        return (draft.model, draft.adapter)
-    return () if draft is None else (draft,)
-
-
-class DraftModelSource:
-    """A draft model's greedy chain of ``length`` tokens (init token first)."""
-
-    source_id = DRAFT_MODEL
+    source_id = register_source("draft_model")
     stateful = True
+    order = 20  # after an early-exit adapter in the draft slot
 
-    def __init__(self, draft, length: int, catchup: int):
+    def __init__(self, draft: Any, length: int = 0, catchup: int = 2):
+        self.draft, self.length, self.catchup = draft, length, max(catchup, 1)
+
+    @property
+    def modules(self) -> tuple:
+        return (self.draft,)
+
+    def describe(self) -> str:
+        return f"draft model {getattr(self.draft, 'model_type', type(self.draft).__name__)}"
+
+    def check(self, model) -> None:
+        check_draft_model(model, self.draft)
+
+    def for_step(self, shape, length: int, other: int) -> DraftModelSource:
         if length < 2:
             raise ValueError(f"a draft-model chain needs >= 2 tokens, got {length}")
-        self.draft, self.length, self.catchup = draft, length, max(catchup, 1)
+        return DraftModelSource(self.draft, length, catchup_tokens([other]))
+
+    def empty_state(self, model, batch: int, slots: int) -> tuple:
+        return self.draft.make_cache(batch, slots)
+
+    def profile_counts(self) -> dict:
+        """A catch-up forward, then ``length - 2`` one-token forwards."""
+        return {"draft_model_forwards": self.length - 1}
+
+    def price(self, pricer):
+        return pricer.draft_model(self.draft)
+
+    def memory(self, model, shape, batch: int, window: int):
+        """Its weights (none when it is the target itself), its K/V cache over the window,
+        and its chain's working set (``memory.draft_model_bytes``) when ``shape`` runs it."""
+        from .memory import Dims, StepMemory, draft_model_bytes, kv_bytes
+
+        dd = Dims.of(self.draft)
+        weights = 0 if self.draft is model else dd.weight_bytes
+        step = draft_model_bytes(dd, shape, batch, window) if shape.model_length else 0
+        return StepMemory(weights, kv_bytes(dd, batch, window), step)
+
+    def prefill(self, model, session, rows: slice) -> tuple:
+        """The model as its own draft starts from the model's own prefill K/V (no second
+        prefill); another draft model prefills the rows' prompts (``prefill``)."""
+        if self.draft is model:
+            return [k[rows] for k in session.keys], [v[rows] for v in session.values]
+        return prefill(self.draft, session.cached[rows], session.slots)
 
     @property
     def covers(self) -> int:
@@ -180,11 +164,6 @@ def catchup_tokens(other_lengths) -> int:
     return max([2, *other_lengths])
 
 
-def initial_state(draft, batch: int, slots: int, dtype=None) -> tuple:
-    """An empty draft-model state for ``batch`` rows: (keys, values)."""
-    return draft.make_cache(batch, slots, dtype)
-
-
 def prefill(draft, rows: list[list[int]], slots: int) -> tuple:
     """The draft model's state after each row's committed text ``rows`` (B lists of ids):
     (keys, values), ``slots`` slots per row (>= the longest row). A row of n tokens holds
@@ -220,41 +199,4 @@ def check_draft_model(model, draft) -> None:
             f"({model.vocab_size}): a draft model must use the same tokenizer (the model may "
             f"have up to {MAX_ADDED_TOKENS} added ids more); pick one of the target's family "
             "(e.g. a smaller model of the same release)"
-        )
-
-
-def check_draft_slot(model, drafter, draft) -> None:
-    """What the draft slot holds, checked against the target before anything runs: its
-    early-exit adapter (``early_exit.pair``: checked, its shortlist bound; not in both
-    slots: ``adapter_of``) and its draft model (``check_draft_model``), either or both (a
-    ``DraftPair``). A path (``check_loaded``): TypeError; otherwise ValueError naming the
-    fix."""
-    if draft is None:
-        return
-    check_loaded(draft)
-    adapter = adapter_of(drafter, draft)
-    if adapter is not None and adapter is not drafter:
-        pair(model, adapter)
-    own = draft_model_of(draft)
-    if own is not None:
-        check_draft_model(model, own)
-
-
-def check_loaded(draft) -> None:
-    """TypeError unless the draft slot holds something loaded (a model, an early-exit adapter
-    or a ``DraftPair``): a path names how to load it (``load(..., draft_model=path)``)."""
-    if isinstance(draft, str | os.PathLike):
-        raise TypeError(
-            f"draft_model takes a loaded draft model, early-exit adapter or DraftPair, got the "
-            f"path {str(draft)!r}; load it first: model, drafter, tokenizer, draft = "
-            f"redrafter_mlx.load(model_path, drafter_path, draft_model={str(draft)!r}), then "
-            "pass draft_model=draft"
-        )
-    if isinstance(draft, DraftPair | EarlyExitAdapter):
-        return
-    if not hasattr(draft, "vocab_size") or not callable(draft):
-        raise TypeError(
-            f"draft_model takes a loaded draft model, early-exit adapter or DraftPair, got "
-            f"{type(draft).__name__}; load one with redrafter_mlx.load(model_path, "
-            "drafter_path, draft_model=path) (its fourth item)"
         )

@@ -27,6 +27,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from .sources import ABSENT, DraftContext, Proposal, Source, register_source
 from .tree import arange
 
 # The reference inference keeps the drafter's top-50 logits and floors the rest.
@@ -118,6 +119,16 @@ class Drafter(nn.Module):
             self.rnn_w = nn.Linear(H, H, bias=False)
         if args.feature_layers:
             self.feature_proj = nn.Linear(len(args.feature_layers) * H, H)
+
+    def as_source(self, part: str) -> DrafterSource:
+        """This drafter as a draft source: its beams are the shape's W×L (``part``
+        ``"beams"``: the drafter slot); ValueError in the draft slot."""
+        if part != "beams":
+            raise ValueError(
+                "a recurrent drafter drafts beams from the model's hidden state: pass it as "
+                "the drafter (--drafter), not as a draft model"
+            )
+        return DrafterSource(self)
 
     def first_state(self, token_emb: mx.array) -> mx.array:
         """``next_state(0, token_emb)`` without multiplying zeros: (..., H) -> (..., H)."""
@@ -355,3 +366,56 @@ def frontier_tree(frontiers: list, length: int, absent: int):
         tokens.append(mx.concatenate([beams, pad], axis=-1))
         present.append(mx.broadcast_to(arange(length) < d, (B, W, length)))
     return mx.concatenate(tokens, axis=1), mx.concatenate(present, axis=1)
+
+
+class DrafterSource(Source):
+    """The recurrent drafter's W beams of L tokens (beam search over its head: the shape's
+    W×L), plus the beams the search dropped on the way as a tail (``frontier_tree``)."""
+
+    source_id = register_source("drafter")
+    part = "beams"
+
+    def __init__(self, drafter, width: int = 0, length: int = 0):
+        self.drafter, self.width, self.length = drafter, width, length
+
+    @property
+    def modules(self) -> tuple:
+        return (self.drafter,)
+
+    def check(self, model) -> None:
+        args = getattr(self.drafter, "args", None)
+        layers = tuple(getattr(args, "feature_layers", None) or ())
+        if layers and layers != tuple(getattr(model, "feature_layers", ())):
+            raise ValueError(
+                f"the drafter reads feature layers {list(layers)} but the model captures "
+                f"{list(getattr(model, 'feature_layers', ()))}: call "
+                "engine.loading.attach(model, drafter) (load does)"
+            )
+
+    def memory(self, model, shape, batch: int, window: int):
+        """Its weights, and one beam step's logits and their ranking (``head_bytes``)."""
+        from .memory import StepMemory, head_bytes, module_bytes
+
+        head = getattr(getattr(self.drafter, "args", None), "head_size", model.vocab_size)
+        step = head_bytes(batch, shape.width, head) if shape.drafts else 0
+        weights = module_bytes(self.drafter) if isinstance(self.drafter, nn.Module) else 0
+        return StepMemory(weights, 0, step)
+
+    def price(self, pricer):
+        return pricer.drafter(self.drafter)
+
+    def for_step(self, shape, length: int, other: int) -> DrafterSource:
+        return DrafterSource(self.drafter, shape.width, length)
+
+    def propose(self, ctx: DraftContext) -> Proposal:
+        frontiers = []
+        beams, _, _ = beam_search(
+            self.drafter,
+            ctx.model.embed,
+            ctx.hidden,
+            ctx.init_token,
+            self.width,
+            self.length,
+            frontiers,
+        )
+        return Proposal(beams, None, 1, None, frontier_tree(frontiers, self.length, ABSENT))

@@ -39,13 +39,20 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from .model import Attention, Model, ModelArgs, fused_kernels, output_rows, window_mask
-from .sources import EARLY_EXIT, DraftContext, Proposal, catch_up_positions, padded_chunks
+from .sources import (
+    ABSENT,
+    DraftContext,
+    Proposal,
+    Source,
+    catch_up_positions,
+    padded_chunks,
+    register_source,
+)
 from .tree import arange, cache_mask, chain_mask
 
 KIND = "early-exit"
 GAMMA = 6  # the paper's most drafted tokens per step
 ETA = 0.6  # the paper's confidence exit: stop after a draft whose top-1 prob is below this
-ABSENT = -1  # token id past the confidence cut (engine/lookup.py's ABSENT)
 
 
 @dataclass
@@ -262,6 +269,11 @@ class EarlyExitAdapter(nn.Module):
             new_keys.append(k)
             new_values.append(v)
         return self.norm(x), new_keys, new_values
+
+    def as_source(self, part: str) -> EarlyExitSource:
+        """This adapter as a draft source of the shape's ``part`` (``"beams"``: as the
+        drafter, its chain the W1×L; ``"chain"``: in the draft slot, one D1×L chain)."""
+        return EarlyExitSource(self, part=part)
 
     def make_cache(self, batch: int, slots: int, dtype=None):
         """Zeroed adapter K/V lists, each (batch, n_kv, slots, D)."""
@@ -552,24 +564,82 @@ def draft_chain(
     )
 
 
-class EarlyExitSource:
+class EarlyExitSource(Source):
     """The early-exit chain as a draft source (``sources.py``): one greedy chain of
     ``length`` tokens (init token first, ``length - 1`` drafts, ``ABSENT`` past the
-    confidence cut ``eta``) per row. Its state (``DecodeState.sources``) is the adapter's
-    cache (keys, values), per adapter layer (B, n_kv, S, D), prefilled with the prompt
-    (``prefill``). ``refresh``: the most tokens another source's accepted path can commit
-    (0 when the chain is the only source: its own accepted drafts are already in the
+    confidence cut ``eta``) per row: the shape's W1×L as the drafter (``part`` ``"beams"``),
+    or one ``D1×L`` chain in the draft slot (``"chain"``). Its state (``DecodeState.sources``)
+    is the adapter's cache (keys, values), per adapter layer (B, n_kv, S, D), prefilled with
+    the prompt (``prefill``). ``refresh``: the most tokens another source's accepted path can
+    commit (0 when the chain is the only source: its own accepted drafts are already in the
     adapter cache); each draft first rewrites the adapter K/V of that many last committed
-    tokens (``draft_chain``), so it needs ``DraftContext.history`` then."""
+    tokens (``draft_chain``), so it needs ``DraftContext.history`` then. A run holds one
+    adapter state (``one_per_run``)."""
 
-    source_id = EARLY_EXIT
+    source_id = register_source("early_exit")
     stateful = True
+    one_per_run = True
+    order = 10  # before a draft model in the draft slot
 
-    def __init__(self, adapter: EarlyExitAdapter, length: int, refresh: int = 0, eta=None):
+    def __init__(
+        self,
+        adapter: EarlyExitAdapter,
+        length: int = 0,
+        refresh: int = 0,
+        eta=None,
+        part: str = "beams",
+    ):
+        self.adapter, self.length, self.refresh, self.part = adapter, length, refresh, part
+        self.eta = adapter_eta(adapter) if eta is None else eta
+
+    @property
+    def modules(self) -> tuple:
+        return (self.adapter,)
+
+    def once_message(self) -> str:
+        return both_slots_message()
+
+    def check(self, model) -> None:
+        check_pair(model, self.adapter)
+
+    def bind(self, model) -> None:
+        bind_head(model, self.adapter)  # its shortlist's head rows, before any compile
+
+    def length_in(self, shape) -> int:
+        if self.part == "beams" and shape.drafts:
+            check_width(shape.width)
+        return super().length_in(shape)
+
+    def for_step(self, shape, length: int, other: int) -> EarlyExitSource:
         if length < 2:
             raise ValueError(f"an early-exit chain needs >= 2 tokens, got {length}")
-        self.adapter, self.length, self.refresh = adapter, length, refresh
-        self.eta = adapter_eta(adapter) if eta is None else eta
+        return EarlyExitSource(self.adapter, length, other, self.eta, self.part)
+
+    def empty_state(self, model, batch: int, slots: int) -> tuple:
+        return self.adapter.make_cache(batch, slots)
+
+    def profile_counts(self) -> dict:
+        """As the drafter its draft steps are the shape's; a refresh of another source's path
+        reads the layers and the adapter once more. In the draft slot: its chain's steps."""
+        if self.part == "beams":
+            return {"drafter_refreshes": 1} if self.refresh else {}
+        return {"chain_steps": self.length - 1, "chain_refreshes": 1 if self.refresh else 0}
+
+    def price(self, pricer):
+        return pricer.early_exit(self.adapter, self.part)
+
+    def memory(self, model, shape, batch: int, window: int):
+        """Its weights (and bound head rows), its K/V cache over the window, and one draft
+        step's logits over its head (``head_bytes``) when ``shape`` runs it."""
+        from .memory import StepMemory, head_bytes, module_bytes, own_cache_bytes
+
+        runs = super().length_in(shape) > 0
+        step = head_bytes(batch, 1, self.adapter.args.head_size) if runs else 0
+        cache = own_cache_bytes(self.adapter) * batch * window
+        return StepMemory(module_bytes(self.adapter), cache, step)
+
+    def prefill(self, model, session, rows: slice) -> tuple:
+        return prefill(model, self.adapter, session.cached[rows], session.slots)
 
     @property
     def covers(self) -> int:
@@ -618,23 +688,6 @@ class EarlyExitSource:
 def adapter_eta(adapter: EarlyExitAdapter) -> float:
     """The confidence exit: ``eta`` from the adapter folder's config.json, else ``ETA``."""
     return float(adapter.args.extra.get("eta", ETA))
-
-
-def adapter_of(drafter, draft=None) -> EarlyExitAdapter | None:
-    """The early-exit adapter a run holds, wherever it sits: as the drafter (its chain is
-    the shape's W1×L beam) or in the draft slot, alone or beside a draft model
-    (``draft_model.DraftPair``; its chain is the shape's D1×L); None when neither is one.
-    Every place that holds, prefills or prices the adapter's state asks this
-    (``batch.held_sources``, ``BatchGenerator``, ``memory``, ``profile``).
-    ValueError when both slots hold one: a run holds one adapter state."""
-    from .draft_model import DraftPair  # draft_model imports this module
-
-    slot = draft.adapter if isinstance(draft, DraftPair) else draft
-    if isinstance(slot, EarlyExitAdapter):
-        if isinstance(drafter, EarlyExitAdapter):
-            raise ValueError(both_slots_message())
-        return slot
-    return drafter if isinstance(drafter, EarlyExitAdapter) else None
 
 
 def both_slots_message() -> str:

@@ -40,9 +40,9 @@ from .branches import (
 from .cache import SLOT_QUANTUM, Session, token_limit
 from .decode import DecodeState
 from .distributed import shared_seed
-from .draft_model import check_draft_slot, check_loaded
 from .drafter import Drafter
 from .errors import ParamError
+from .held import check_draft_slot, check_loaded
 from .memory import check_step_memory
 from .model import Model
 from .plan import DEFAULT_SHAPE, default_plan

@@ -363,9 +363,8 @@ def load(model_path, drafter_path=None, dtype=None, group=None, draft_model=None
     model's own path: the model itself), an early-exit adapter's folder (config.json kind
     "early-exit": ``load_adapter_for``; its chain joins the recurrent drafter's beams), or
     one of each; then the result is (model, drafter or None, tokenizer, the draft slot: the
-    draft model, the adapter, or both as a ``draft_model.DraftPair``).
+    draft model, the adapter, or both as a tuple, ``(draft model, adapter)``).
     """
-    from .draft_model import DraftPair
     from .tokenizer import load_tokenizer
 
     if isinstance(dtype, str):
@@ -388,7 +387,7 @@ def load(model_path, drafter_path=None, dtype=None, group=None, draft_model=None
         same = resolve_path(own_path) == path and group is None
         own = model if same else load_draft_model(own_path, model, tokenizer, dtype)
     if own is not None and adapter is not None:
-        return model, drafter, tokenizer, DraftPair(own, adapter)
+        return model, drafter, tokenizer, (own, adapter)
     return model, drafter, tokenizer, own if own is not None else adapter
 
 
@@ -547,11 +546,12 @@ def load_adapter_for(model: Model, where: Path, dtype=None, drafter=None):
     given: the run's drafter, which must not be one too) in the draft-model slot. LoadError
     naming the folder otherwise."""
     from . import early_exit
+    from .held import held_sources
 
     try:
         adapter = early_exit.load_adapter(where, dtype, target=model.args)
         early_exit.pair(model, adapter)
-        early_exit.adapter_of(drafter, adapter)  # not an adapter in both slots
+        held_sources(drafter, adapter)  # not an adapter in both slots
     except ValueError as e:
         raise LoadError(f"{where}: {e}") from None
     return adapter

@@ -34,6 +34,7 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
+from .sources import ABSENT, DraftContext, Proposal, Source, register_source
 from .tree import arange
 
 DEFAULT_CHAINS = 1  # lookup chains per step by default (the CLI's --lookup)
@@ -41,7 +42,6 @@ DEFAULT_CHAIN_LENGTH = 8  # tokens per chain, the init token included (--lookup-
 MAX_NGRAM = 4  # longest suffix matched
 MIN_NGRAM = 1  # shortest suffix that proposes a chain
 STRONG_MATCH = 2  # a match this long ranks lookup chains before the drafter's beams
-ABSENT = -1  # token id of a chain position that holds nothing
 
 
 class LookupChains(NamedTuple):
@@ -258,3 +258,29 @@ class LookupShadow:
             done.append((match, n))
         self.pending[r] = keep
         return done
+
+
+class LookupSource(Source):
+    """K context-lookup chains of Lk tokens (``lookup_chains``): the shape's K×Lk. A row
+    whose best match is at least ``STRONG_MATCH`` tokens ranks them before the drafter's
+    beams (rank 1): their rank is the match length shifted so that ``STRONG_MATCH`` ranks 2,
+    one shorter ties with the drafter (which comes first in source order)."""
+
+    source_id = register_source("lookup")
+    part = "lookup"
+
+    def __init__(self, chains: int = 0, length: int = 0):
+        self.chains, self.length = chains, length
+
+    def length_in(self, shape) -> int:
+        return shape.chain_length if shape.lookup else 0
+
+    def for_step(self, shape, length: int, other: int) -> LookupSource:
+        return LookupSource(shape.lookup, length)
+
+    def propose(self, ctx: DraftContext) -> Proposal:
+        found = lookup_chains(ctx.history, ctx.lengths, ctx.init_token, self.chains, self.length)
+        rank = found.match[:, 0]  # (B,); a view when STRONG_MATCH is 2
+        if STRONG_MATCH != 2:
+            rank = rank + (2 - STRONG_MATCH)
+        return Proposal(found.tokens, found.present, rank)

@@ -44,9 +44,8 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from .cache import bucket
-from .draft_model import draft_model_of, step_candidates, step_capacity
-from .early_exit import adapter_of
 from .shape import BeamShape, ShapeError
+from .sources import step_candidates, step_capacity
 
 F32 = 4
 INT32 = 4
@@ -88,7 +87,7 @@ class Dims:
         (``chain``)."""
         args = model.args
         parts = (model, drafter, chain)
-        weights = sum(_nbytes(m) for m in parts if isinstance(m, nn.Module))
+        weights = sum(module_bytes(m) for m in parts if isinstance(m, nn.Module))
         head = getattr(getattr(drafter, "args", None), "head_size", args.vocab_size)
         group = getattr(model, "group", None)
         shards = 1 if group is None else group.size()  # a split model: this rank's share
@@ -103,12 +102,12 @@ class Dims:
             draft_vocab=head if drafter is not None else 0,
             act_bytes=model.dtype.size,
             weight_bytes=weights,
-            draft_kv=_own_cache_bytes(drafter) + _own_cache_bytes(chain),
+            draft_kv=own_cache_bytes(drafter) + own_cache_bytes(chain),
             chain_vocab=chain.args.head_size if chain is not None else 0,
         )
 
 
-def _own_cache_bytes(drafter) -> int:
+def own_cache_bytes(drafter) -> int:
     """Bytes per row and slot of the K/V cache a drafter keeps (``make_cache``: an early-exit
     adapter's, per adapter layer (B, n_kv, S, D) keys and values); 0 for one that keeps
     none."""
@@ -118,7 +117,7 @@ def _own_cache_bytes(drafter) -> int:
     return sum(a.nbytes for a in (*keys, *values))
 
 
-def _nbytes(module) -> int:
+def module_bytes(module) -> int:
     """Bytes of a module's parameters (and an early-exit adapter's bound shortlist rows)."""
     head = getattr(module, "_head", None)
     extra = head.nbytes if isinstance(head, mx.array) else 0
@@ -355,26 +354,26 @@ def check_step_memory(
     or raise :class:`ShapeTooLarge` when it exceeds the memory available (``available``:
     (bytes, what), default :func:`available_memory`) or its tree cannot fit the model's
     context beside a prompt, naming the field that makes it large (``largest_part``, the flag
-    the user most likely raised) and the largest shape that fits. ``draft``: the draft slot:
-    its draft model (``draft_model.py``) counted with its weights (none when it is the
-    target), K/V cache and working set, its early-exit adapter as the drafter's is
-    (``Dims.of``'s ``chain``), either or both (a ``DraftPair``)."""
-    adapter = adapter_of(drafter, draft)
-    chain = adapter if adapter is not drafter else None  # the adapter in the draft slot
-    slot, draft = draft, draft_model_of(draft)
-    d = Dims.of(model, drafter, chain)
-    dd = Dims.of(draft) if draft is not None else None
+    the user most likely raised) and the largest shape that fits. The draft sources the run
+    holds (``drafter`` and the draft slot ``draft``: ``held.held_sources``) each add their
+    own part (``Source.memory``: weights, their state, their draft working set)."""
+    from .held import held_sources  # the sources price themselves with this module
+
+    held = held_sources(drafter, draft)
+    d = Dims.of(model)
     context = model.max_context
 
     def need(s: BeamShape) -> StepMemory:
-        if step_capacity(s, slot) != s.slots:  # a draft pair's second chain: its slots too
-            s = replace(s, capacity=step_capacity(s, slot))
+        if step_capacity(s, held) != s.slots:  # further draft-slot chains: their slots too
+            s = replace(s, capacity=step_capacity(s, held))
         window = decode_window(tokens, context, s)
-        candidates = step_candidates(s, slot)
+        candidates = step_candidates(s, held)
         est = step_memory(d, s, batch, window, sampling=sampling, candidates=candidates)
-        if dd is None:
-            return est
-        return with_draft_model(est, dd, s, batch, window, shared=draft is model)
+        for part in (source.memory(model, s, batch, window) for source in held):
+            est = StepMemory(
+                est.weights + part.weights, est.cache + part.cache, max(est.step, part.step)
+            )
+        return est
 
     def in_context(s: BeamShape) -> bool:  # the tree after a prompt of one token at least
         return context is None or s.is_autoregressive or s.tree_tokens < context

@@ -10,72 +10,50 @@ over sources, each proposing candidates that start at the init token:
     Proposal.rank     int or (B,) int  higher packs first (per row); ties keep source order
     Proposal.state    the source's own state after drafting (None: it has none)
     Proposal.tail     (tokens, present) packed after every source's candidates (or None)
+    Proposal.cache    the target's cache, written above each row's length (or None)
+
+A source is one object (a ``Source``) that owns its whole life: its per-row state (the
+empty state, the prefill where rows join, the catch-up after steps that ran without it),
+its part of each step's tree (``length_in`` the shape, ``for_step``, ``propose``), its
+checks against the target, its modules (compile inputs), its memory and profile parts and
+its name in the stats. The loop holds an ordered tuple of them (``held.held_sources``, the
+one place that turns the ``drafter`` and draft slots into sources and orders them) and
+never asks which kind one is. Adding a source is one class in its own module, registered
+by name (``register_source``: its id in ``StepOutput.source`` and its column in the
+stats), passed in the draft slot (``draft=``; ``docs/design/sources.md``).
 
 A source reads the step's ``DraftContext``: the target model, its hidden state at the last
 cached token, the init token, the committed lengths and text (``history``), the attention
 window, and ``own``, the source's state carried in ``DecodeState.sources``. A source state is
 a tuple of lists of per-row cache arrays, rows on axis 0 and cache slots on axis 2 (a K/V
 cache: (B, n_kv, S, D)), so the loop grows, re-lays and places it like the target's cache
-(``grow_states``, ``pick_rows``). A source whose state must follow the committed text (a
+(``grow_states``, ``map_states``). A source whose state must follow the committed text (a
 draft model's K/V cache) re-runs, at the start of its next draft, the last committed tokens
-whatever source had them accepted (``draft_model.DraftModelSource``): nothing is moved at
-the commit, and the step needs no per-source commit hook.
-
-Every source has a fixed id (its index in ``SOURCE_NAMES``): a step reports, per row, the
-id of the source whose candidate it accepted, ``StepOutput.source`` (B,), and the host
-counts that step's accepted drafts for that source (``by_source``).
-
-Adding a source touches: (1) its class (``source_id``, ``length``, ``stateful``,
-``propose``), here or in its own module; (2) its name in ``SOURCE_NAMES``; (3)
-``decode.step_sources``, which builds a step's sources from the shape; (4) the shape field
-that turns it on and sizes it (``shape.BeamShape``: parse, label, ``max_packed``,
-``longest``, ``runnable``, ``validate``); (5) a stateful source: its state's prefill where
-rows start (``batch.BatchGenerator._empty_sources`` and ``_prefilled_sources``, as the
-draft model's ``draft_model.prefill``); (6) a separate model: its argument down the loop
-(``draft_model=``, like the drafter's: ``batch.make_batch_step`` / ``batch_step`` /
-``uniform_step``, ``BatchGenerator``, ``generation``, the scheduler, the CLI's ``Engine``)
-and ``memory.check_step_memory``'s ``draft``. Stats, bench rows, ``--json`` and the chat
-line read ``SOURCE_NAMES`` and need nothing. An early-exit source (the target's first layers
-and an adapter with its own K/V cache: ``early_exit.EarlyExitSource``) is (1)-(5), its
-adapter passed as the drafter (its chain is the shape's W1×L beam) or in the draft-model
-slot (``draft=``, its chain the shape's D1×L, beside the recurrent drafter's beams):
-``decode.step_sources`` picks the source by the module's type, and every place that holds,
-prefills or prices the adapter's state finds it with ``early_exit.adapter_of`` wherever it
-sits (``batch.held_sources``, ``BatchGenerator``, ``memory.check_step_memory``,
-``measure.profile``; the draft slot's checks: ``draft_model.check_draft_slot``,
-``loading.load``). The draft slot may hold a draft model and an adapter at once
-(``draft_model.DraftPair``: both chains in the shape's D1×L part), so those places read the
-slot's draft model with ``draft_model.draft_model_of``, its modules with ``slot_modules``
-and a step's packed slots with ``step_capacity``. ``DraftContext.model`` is the target, it
-reads the target's cache (``DraftContext.keys``/``values``) and returns it with its first
-layers' K/V written above each row's length (``Proposal.cache``), which the verify then
-takes.
+whatever source had them accepted: nothing is moved at the commit, and the step needs no
+per-source commit hook. ``for_step`` tells it the longest candidate of the step's other
+sources (``other``), which bounds what another source's accepted path commits.
 
 Sources that sit out steps (the adaptive choice runs shapes with and without a stateful
 source). A stateful source's state follows the committed text only on the steps that run
 it, so the rule is:
 
-* ``DecodeState.sources`` holds one state per stateful source the loop *has* (not per
-  source a shape runs), in a fixed order (``batch.held_sources``: early-exit, as the drafter
-  or in the draft slot, then a draft model; both with a ``DraftPair``); a step of a shape
-  without one passes its
-  state through untouched (``batch.make_batch_step`` hands each step only the states of the
-  sources it runs);
+* ``DecodeState.sources`` holds one state per stateful source the loop *holds* (not per
+  source a shape runs), in held order; a step of a shape without one passes its state
+  through untouched (``decode.draft_phase``);
 * each stateful source says how many committed tokens its own draft re-runs first
   (``covers``: a draft model's ``catchup - 1``, an early-exit chain's ``refresh``), which
   bounds what a step of it leaves behind for the next;
-* the loop (``batch.BatchGenerator``, host side, between steps) keeps, per held source, a
-  bound on the committed tokens its state misses: after a step that ran it, that step's
-  ``covers``; each step that did not, plus the most tokens that step commits (its shape's
-  ``longest``; plain decoding: 1). Before queueing a step that runs the source with the
-  bound above that step's ``covers``, it queues ``catch_up(ctx, bound)``: the source re-runs
-  each row's last ``bound`` committed tokens, read from ``DraftContext.history`` (the
-  device's text, which includes the step still in flight: the host never reads it), in
-  chunks of ``catch_up_chunk(bound)`` (``catch_up_positions``); then the bound is 0. Lazy
-  arrays only: no host read, and the step's graph takes the caught-up state as input;
+* the loop (host side, between steps) keeps, per held source, a bound on the committed
+  tokens its state misses: after a step that ran it, that step's ``covers``; each step
+  that did not, plus the most tokens that step commits (its shape's ``longest``; plain
+  decoding: 1). Before queueing a step that runs the source with the bound above that
+  step's ``covers``, it queues ``catch_up(ctx, bound)``: the source re-runs each row's last
+  ``bound`` committed tokens, read from ``DraftContext.history`` (the device's text, which
+  includes the step still in flight: the host never reads it), in chunks of
+  ``catch_up_chunk(bound)`` (``catch_up_positions``); then the bound is 0. Lazy arrays
+  only: no host read, and the step's graph takes the caught-up state as input;
 * rows joining while the source is off get its state prefilled with their prompt when they
-  join (``BatchGenerator._prefilled_sources``), so they start in sync; a forked row copies
-  its parent's.
+  join (``prefill``), so they start in sync; a forked row copies its parent's.
 
 Re-running a token already in sync rewrites the same K/V, so the bound may overshoot; it
 may never undershoot (tests/test_source_choice.py shows a missing catch-up changes drafts).
@@ -85,13 +63,12 @@ greedy-identity tests check the caches directly as well.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Protocol
+import copy
+from typing import Any, NamedTuple
 
 import mlx.core as mx
 
-from .drafter import beam_search, frontier_tree
-from .lookup import ABSENT, STRONG_MATCH, lookup_chains
-
+ABSENT = -1  # token id of a candidate position that holds nothing
 PREFILL_CHUNK = 512  # prompt tokens per row a prefill runs in one forward (every prefill's)
 
 
@@ -128,8 +105,21 @@ def catch_up_positions(lengths: mx.array, count: int) -> list[mx.array]:
     return [begin + c for c in range(0, count, T)]
 
 
-SOURCE_NAMES = ("drafter", "lookup", "draft_model", "early_exit")
-DRAFTER, LOOKUP, DRAFT_MODEL, EARLY_EXIT = range(len(SOURCE_NAMES))
+SOURCE_NAMES: list[str] = []  # every registered source's name; its index is its id
+
+
+def register_source(name: str) -> int:
+    """The id of the source named ``name`` (``StepOutput.source``, the stats' column), new
+    names appended: a source class calls it once, at import (``source_id = ...``)."""
+    if name not in SOURCE_NAMES:
+        SOURCE_NAMES.append(name)
+    return SOURCE_NAMES.index(name)
+
+
+DRAFTER = register_source("drafter")
+LOOKUP = register_source("lookup")
+DRAFT_MODEL = register_source("draft_model")
+EARLY_EXIT = register_source("early_exit")
 
 
 class DraftContext(NamedTuple):
@@ -156,58 +146,149 @@ class Proposal(NamedTuple):
     # only above each row's length (the verify overwrites those slots); None: untouched
 
 
-class DraftSource(Protocol):
-    """A source of draft candidates (see the module docstring)."""
+class Source:
+    """A draft source a loop holds (the module docstring). A subclass sets ``source_id``
+    (``register_source``) and defines ``propose``; a stateful one (``stateful = True``)
+    defines ``empty_state``, ``prefill``, ``catch_up`` and ``covers`` too.
 
-    source_id: int  # index in SOURCE_NAMES
-    length: int  # tokens of its candidates, the init token included
-    stateful: bool  # whether it carries a state in ``DecodeState.sources``
+    ``part``: the shape's part that turns it on and sizes it: ``"chain"`` (the draft slot:
+    one chain of the shape's ``D1×L``, ``model_length``), ``"beams"`` (the drafter slot: the
+    shape's W×L) or ``"lookup"`` (K×Lk). Sized for a step by ``for_step`` (a copy: ``length``
+    its candidates' tokens, the init token included; ``other`` the longest candidate of the
+    step's other sources)."""
 
-    def propose(self, ctx: DraftContext) -> Proposal: ...
+    source_id: int = -1
+    stateful: bool = False
+    part: str = "chain"
+    order: int = 50  # the draft slot's order, lower first (``held.held_sources``)
+    one_per_run: bool = False  # a run holds at most one source of this class
+    length: int = 0
+    other: int = 0
+    state_index: int = -1  # sized: its state's index in ``DecodeState.sources``
 
+    @property
+    def name(self) -> str:
+        return SOURCE_NAMES[self.source_id]
 
-class DrafterSource:
-    """The recurrent drafter's W beams of L tokens (beam search over its head), plus the
-    beams the search dropped on the way as a tail (``drafter.frontier_tree``)."""
+    @property
+    def modules(self) -> tuple:
+        """The modules its steps read (their weights are the compiled step's inputs)."""
+        return ()
 
-    source_id = DRAFTER
-    stateful = False
+    def describe(self) -> str:
+        """Its name for a banner or a table."""
+        return self.name
 
-    def __init__(self, drafter, width: int, length: int):
-        self.drafter, self.width, self.length = drafter, width, length
+    def memory(self, model, shape, batch: int, window: int):
+        """Its share of a step's memory (``memory.StepMemory``) for ``batch`` rows over
+        ``window`` cache slots: the weights it holds, its state, and its draft's working set
+        when ``shape`` runs it (the phases run one after the other)."""
+        from .memory import StepMemory  # the estimate's types; memory reads the sources
 
-    def propose(self, ctx: DraftContext) -> Proposal:
-        frontiers = []
-        beams, _, _ = beam_search(
-            self.drafter,
-            ctx.model.embed,
-            ctx.hidden,
-            ctx.init_token,
-            self.width,
-            self.length,
-            frontiers,
+        return StepMemory(0, 0, 0)
+
+    def profile_counts(self) -> dict:
+        """Sized: the forwards of its own parts one step runs, by ``measure.profile``'s
+        weight-read names (``WeightBytes.per_step``'s counts); {}: none priced."""
+        return {}
+
+    def price(self, pricer):
+        """Its weight reads, by ``pricer`` (``measure.profile.WeightPricer``): a source
+        calls the pricer's method for what it runs; None: it reads no weights of its own."""
+        return None
+
+    def once_message(self) -> str:
+        """Why a second source of its class is refused (``one_per_run``)."""
+        return f"the {self.name} source was given twice: a run holds one; pass it once"
+
+    def check(self, model) -> None:
+        """ValueError naming the fix unless it can draft for ``model`` (before anything runs)."""
+
+    def bind(self, model) -> None:
+        """Prepare for ``model`` before any step is compiled (e.g. bind a head)."""
+
+    def length_in(self, shape) -> int:
+        """Tokens of its candidates in a step of ``shape``, the init token included; 0: the
+        step runs without it."""
+        return {"chain": shape.model_length, "beams": shape.length if shape.drafts else 0}.get(
+            self.part, 0
         )
-        return Proposal(beams, None, 1, None, frontier_tree(frontiers, self.length, ABSENT))
 
-
-class LookupSource:
-    """K context-lookup chains of Lk tokens (``lookup.lookup_chains``); a row whose best
-    match is at least ``STRONG_MATCH`` tokens ranks them before the drafter's beams (rank
-    1): their rank is the match length shifted so that ``STRONG_MATCH`` ranks 2, one
-    shorter ties with the drafter (which comes first in source order)."""
-
-    source_id = LOOKUP
-    stateful = False
-
-    def __init__(self, chains: int, length: int):
-        self.chains, self.length = chains, length
+    def for_step(self, shape, length: int, other: int) -> Source:
+        """A copy sized for a step of ``shape``: ``length`` tokens (``length_in``), ``other``
+        the longest candidate of the step's other sources (0: none)."""
+        sized = copy.copy(self)
+        sized.length, sized.other = length, other
+        return sized
 
     def propose(self, ctx: DraftContext) -> Proposal:
-        found = lookup_chains(ctx.history, ctx.lengths, ctx.init_token, self.chains, self.length)
-        rank = found.match[:, 0]  # (B,); a view when STRONG_MATCH is 2
-        if STRONG_MATCH != 2:
-            rank = rank + (2 - STRONG_MATCH)
-        return Proposal(found.tokens, found.present, rank)
+        raise NotImplementedError
+
+    # A stateful source's life (``stateful``): its state in ``DecodeState.sources``.
+    covers: int = 0  # committed tokens its own draft re-runs (sized: ``for_step``)
+
+    def empty_state(self, model, batch: int, slots: int):
+        """Its state for ``batch`` empty rows of ``slots`` cache slots."""
+
+    def prefill(self, model, session, rows: slice):
+        """Its state after the prompts of ``session``'s ``rows`` (all in its cache:
+        ``cache.Session``; ``session.cached[rows]`` their tokens)."""
+
+    def catch_up(self, ctx: DraftContext, count: int) -> tuple:
+        """(its state after re-running each row's last ``count`` committed tokens, the
+        target's cache (keys, values) if it wrote it, else None). Lazy: no host read."""
+        raise NotImplementedError
+
+
+DraftSource = Source  # the public name (``redrafter_mlx.DraftSource``)
+
+
+def sized_sources(held, shape) -> list[Source]:
+    """The sources of ``held`` a step of ``shape`` runs, in held order, each sized for it
+    (``Source.for_step``) and given ``state_index``: its state's index in
+    ``DecodeState.sources`` (one per stateful held source, in held order; -1: none)."""
+    lengths = [source.length_in(shape) for source in held]
+    running = [i for i, n in enumerate(lengths) if n]
+    out = []
+    for i in running:
+        other = max([0, *(lengths[j] for j in running if j != i)])
+        sized = held[i].for_step(shape, lengths[i], other)
+        sized.state_index = state_index(held, i)
+        out.append(sized)
+    return out
+
+
+def state_index(held, i: int) -> int:
+    """The index of ``held[i]``'s state in ``DecodeState.sources`` (-1: it has none)."""
+    return sum(1 for s in held[:i] if s.stateful) if held[i].stateful else -1
+
+
+def stateful(held) -> list[Source]:
+    """The held sources with a state, in ``DecodeState.sources`` order."""
+    return [s for s in held if s.stateful]
+
+
+def step_capacity(shape, sources) -> int:
+    """Packed slots a step of ``shape`` verifies with the sources ``sources`` (held or sized):
+    the shape's (``BeamShape.slots``), and with no capacity asked, room for each chain of the
+    draft slot past the first (``BeamShape.max_packed`` counts one ``D1×L`` chain). Every
+    place that sizes a step by its slots asks this (the step, the loop's attention window,
+    the memory check, the profile)."""
+    extra = _extra_chains(shape, sources)
+    if extra and shape.capacity is None:
+        return shape.max_packed + extra * (shape.model_length - 1)
+    return shape.slots
+
+
+def step_candidates(shape, sources) -> int:
+    """Candidates a step of ``shape`` packs with ``sources``: the shape's
+    (``BeamShape.beams``, one ``D1×L`` chain) and each further draft-slot chain."""
+    return shape.beams + _extra_chains(shape, sources)
+
+
+def _extra_chains(shape, sources) -> int:
+    chains = sum(1 for s in sources if s.part == "chain")
+    return max(chains - 1, 0) if shape.model_length else 0
 
 
 class Merged(NamedTuple):
@@ -226,7 +307,7 @@ def merge(proposals: list[Proposal], ids: list[int]) -> Merged:
     if all(p.present is None and p.tokens.shape[2] == n for p in proposals):
         present = None
     else:
-        present = [_present(p, n) for p in proposals]
+        present = [present_of(p, n) for p in proposals]
     source = [[i] * p.tokens.shape[1] for p, i in zip(proposals, ids)]  # static, per source
     ranks = [p.rank for p in proposals]
     if len(proposals) > 1 and any(isinstance(r, mx.array) for r in ranks):
@@ -271,7 +352,8 @@ def _rank_keys(rank, B: int, N: int) -> mx.array:
     return mx.full((B, N), -rank, mx.int32)
 
 
-def _present(p: Proposal, n: int) -> mx.array:
+def present_of(p: Proposal, n: int) -> mx.array:
+    """(B, N, n) bool: where a proposal's candidates hold a token, padded to ``n``."""
     B, N, L = p.tokens.shape
     if p.present is not None:
         return pad(p.present, n, False)

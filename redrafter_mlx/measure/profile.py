@@ -40,13 +40,13 @@ from redrafter_mlx.engine.decode import (
     accept_phase,
     commit_phase,
     shape_candidates,
-    step_sources,
     verify_phase,
 )
 from redrafter_mlx.engine.drafter import Drafter
 from redrafter_mlx.engine.model import Model
 from redrafter_mlx.engine.sampling import RowSampler, SamplerConfig, draw
 from redrafter_mlx.engine.shape import AR, BeamShape
+from redrafter_mlx.engine.sources import sized_sources
 from redrafter_mlx.engine.tree import PackedTree, pack
 
 PHASES = ("draft", "pack", "verify", "accept", "commit")
@@ -109,14 +109,15 @@ def _weights(*modules):
     return [m.state for m in modules if isinstance(m, nn.Module)]
 
 
-def _as_shape(shape, draft=None) -> BeamShape:
+def _as_shape(shape, draft=None, drafter=None) -> BeamShape:
     """A :class:`BeamShape` with its capacity filled in, from a shape or a (W, L, C) tuple
-    (the slots its step packs with the draft slot ``draft``: ``step_capacity``)."""
-    from redrafter_mlx.engine.draft_model import step_capacity
+    (the slots its step packs with the run's sources: ``sources.step_capacity``)."""
+    from redrafter_mlx.engine.held import held_sources
+    from redrafter_mlx.engine.sources import step_capacity
 
     if not isinstance(shape, BeamShape):
         shape = BeamShape(*shape)
-    return replace(shape, capacity=step_capacity(shape, draft))
+    return replace(shape, capacity=step_capacity(shape, held_sources(drafter, draft)))
 
 
 def profile_steps(
@@ -143,12 +144,11 @@ def profile_steps(
     draft model, an early-exit adapter or both (a ``DraftPair``).
     """
     from redrafter_mlx.engine.cache import Session, bucket, prefill_session, text_history
-    from redrafter_mlx.engine.draft_model import draft_model_of
-    from redrafter_mlx.engine.draft_model import prefill as draft_prefill
-    from redrafter_mlx.engine.early_exit import EarlyExitSource, adapter_of
-    from redrafter_mlx.engine.early_exit import prefill as early_exit_prefill
+    from redrafter_mlx.engine.held import held_sources
+    from redrafter_mlx.engine.sources import stateful
 
-    shapes = [_as_shape(s, draft) for s in shapes]
+    held = held_sources(drafter, draft)
+    shapes = [_as_shape(s, draft, drafter) for s in shapes]
     sampler = SamplerConfig()
     session = Session(model, 1)
     hidden = prefill_session(session, [list(prompt)])
@@ -157,24 +157,18 @@ def profile_steps(
     C_max = max([s.slots for s in shapes] + [1])
     window = bucket(len(prompt) + C_max + 1)
     session.ensure_slots(window)
+    session.cached = [list(prompt)]
     # The committed text, as the loop keeps it for context lookup (every step writes it, as
     # in the loop; the lookup chains read it).
     history = text_history([list(prompt)], window)
-    mx.eval(first, hidden, lengths, session.keys, session.values, history)
+    # The stateful sources' states (``Source.prefill``), carried like the cache (the steps
+    # without a source pass its state on).
+    src = tuple(source.prefill(model, session, slice(None)) for source in stateful(held))
+    mx.eval(first, hidden, lengths, session.keys, session.values, history, src)
     # The cache is carried from call to call so that scatters update it in place, as in
     # the loop; every call sees the same lengths (and so the same context).
     kv = {"kv": (session.keys, session.values)}
     session.keys = session.values = None
-    # A draft model's or an early-exit adapter's own cache (the adapter's as the drafter or
-    # in the draft slot), carried likewise (the steps without its chain pass it on), in
-    # ``decode.step_sources`` order: both, the adapter's first, for a pair.
-    adapter = adapter_of(drafter, draft)
-    own = draft_model_of(draft)  # the slot's draft model
-    early_exit = adapter is not None and adapter is drafter
-    chained = adapter is not None and adapter is not drafter  # the adapter in the draft slot
-    src = (early_exit_prefill(model, adapter, [list(prompt)], window),) if adapter else ()
-    if own is not None:
-        src += (draft_prefill(own, [list(prompt)], window),)
     sources = {"src": src}
 
     def base_state():
@@ -203,7 +197,8 @@ def profile_steps(
         if shape.label in shape_of:
             continue
         shape_of[shape.label] = shape
-        if shape.lookup or shape.model_length or early_exit:  # the whole step only
+        stateful_runs = any(source.stateful for source in sized_sources(held, shape))
+        if shape.lookup or shape.model_length or stateful_runs:  # the whole step only
             timed = _lookup_thunks(
                 model, drafter, shape, sampler, window, base_state, keep, draft, sources
             )
@@ -229,7 +224,7 @@ def profile_steps(
         for name, _ in configs:
             shape = shape_of.get(name, AR)
             if shape.capacity is not None and shape.capacity > shape.max_packed:
-                shape = replace(shape, capacity=None)  # a draft pair's: the loop's own rule
+                shape = replace(shape, capacity=None)  # further chains': the loop's own rule
             ms = _loop_ms_per_step(model, drafter, prompt, shape, loop_tokens, draft)
             if r:  # round 0 warms up
                 loop[name].append(ms)
@@ -248,24 +243,12 @@ def profile_steps(
             shape = shape_of[name]
             W, L, C = shape.width, shape.length, shape.slots
             row.update(width=W, length=L, capacity=C, draft_steps=L - 1 if shape.drafts else 0)
-            if early_exit and shape.drafts and step_sources(shape, drafter, draft)[0].refresh:
-                row.update(drafter_refreshes=1)  # its refresh of another source's path
             if shape.lookup:
                 row.update(lookup=shape.lookup, lookup_length=shape.chain_length)
-            Ld = shape.model_length
-            if Ld:
-                row.update(model_length=Ld)
-            if Ld and chained:  # the adapter's chain in the draft slot
-                row.update(chain_steps=Ld - 1)
-                chain = [
-                    s
-                    for s in step_sources(shape, drafter if shape.drafts else None, draft)
-                    if isinstance(s, EarlyExitSource) and s.adapter is adapter
-                ]
-                if chain[0].refresh:
-                    row.update(chain_refreshes=1)
-            if Ld and own is not None:  # a catch-up forward, then Ld - 2 one-token forwards
-                row.update(draft_model_forwards=Ld - 1)
+            if shape.model_length:
+                row.update(model_length=shape.model_length)
+            for source in sized_sources(held, shape):  # each source's own forwards
+                row.update(source.profile_counts())
             if all(f"{p}_ms" in row for p in PHASES):
                 row["phases_ms"] = sum(row[f"{p}_ms"] for p in PHASES)
                 row["overhead_ms"] = row["step_ms"] - row["verify_ms"]
@@ -497,40 +480,57 @@ def _nbytes(array: mx.array, dtype: str | None) -> int:
 def weight_bytes(
     model: nn.Module, drafter: nn.Module | None, dtype: str | None, draft=None
 ) -> WeightBytes:
-    """The bytes of weights a forward of ``model`` and a draft step of ``drafter`` read, float
-    weights counted as ``dtype`` (None: as loaded). ``draft``: the draft slot: its draft
-    model (``draft_model``: a forward of it), its early-exit adapter (``chain_*``), either
-    or both (a ``DraftPair``)."""
-    from redrafter_mlx.engine.draft_model import draft_model_of
-    from redrafter_mlx.engine.early_exit import EarlyExitAdapter, adapter_of
+    """The bytes of weights a forward of ``model`` and a draft step of each source the run
+    holds (``drafter`` and the draft slot ``draft``: ``held.held_sources``) read, float
+    weights counted as ``dtype`` (None: as loaded). Each source says what it reads
+    (``Source.price``, by ``WeightPricer``)."""
+    from redrafter_mlx.engine.held import held_sources
 
-    params = tree_flatten(model.parameters())
-    untied = any(name.startswith("lm_head.") for name, _ in params)
-    gathered = "model.embed_tokens."  # read whole only as a tied output head
-    total = sum(
-        _nbytes(a, dtype) for name, a in params if not (untied and name.startswith(gathered))
-    )
-    if draft is not None:  # the draft slot, then the drafter
-        priced = weight_bytes(model, drafter, dtype)
-        adapter, own = adapter_of(drafter, draft), draft_model_of(draft)
-        if adapter is not None and adapter is not drafter:
-            once, step = adapter_bytes(params, untied, adapter, dtype)
-            priced = replace(priced, chain_once=once, chain_step=step)
-        if own is not None:
-            priced = replace(priced, draft_model=weight_bytes(own, None, dtype).model)
-        return priced
-    if drafter is None:
-        return WeightBytes(total)
-    if isinstance(drafter, EarlyExitAdapter):
-        once, step = adapter_bytes(params, untied, drafter, dtype)
-        return WeightBytes(total, once, step, drafter_refresh=once)
-    once = step = 0
-    for name, a in tree_flatten(drafter.parameters()):
-        if name.startswith("feature_proj."):
-            once += _nbytes(a, dtype)
-        else:
-            step += _nbytes(a, dtype)
-    return WeightBytes(total, once, step)
+    pricer = WeightPricer(model, dtype)
+    priced = WeightBytes(pricer.total)
+    for source in held_sources(drafter, draft):
+        fields = source.price(pricer)
+        if fields:
+            priced = replace(priced, **fields)
+    return priced
+
+
+class WeightPricer:
+    """What each kind of draft source reads per step (``Source.price`` calls the method for
+    its kind), against the target ``model``'s parameters as ``dtype``."""
+
+    def __init__(self, model: nn.Module, dtype: str | None):
+        self.params = tree_flatten(model.parameters())
+        self.untied = any(name.startswith("lm_head.") for name, _ in self.params)
+        self.dtype = dtype
+        gathered = "model.embed_tokens."  # read whole only as a tied output head
+        self.total = sum(
+            _nbytes(a, dtype)
+            for name, a in self.params
+            if not (self.untied and name.startswith(gathered))
+        )
+
+    def drafter(self, drafter) -> dict:
+        """A recurrent drafter: its feature projection once a step, the rest per draft step."""
+        once = step = 0
+        for name, a in tree_flatten(drafter.parameters()):
+            if name.startswith("feature_proj."):
+                once += _nbytes(a, self.dtype)
+            else:
+                step += _nbytes(a, self.dtype)
+        return dict(drafter_once=once, drafter_step=step)
+
+    def early_exit(self, adapter, part: str) -> dict:
+        """An early-exit chain (``adapter_bytes``): as the drafter (``part`` "beams"), its
+        refresh a forward of the layers and the adapter; in the draft slot, ``chain_*``."""
+        once, step = adapter_bytes(self.params, self.untied, adapter, self.dtype)
+        if part == "beams":
+            return dict(drafter_once=once, drafter_step=step, drafter_refresh=once)
+        return dict(chain_once=once, chain_step=step)
+
+    def draft_model(self, draft) -> dict:
+        """A draft model: one forward of it."""
+        return dict(draft_model=WeightPricer(draft, self.dtype).total)
 
 
 def adapter_bytes(params: list, untied: bool, adapter, dtype: str | None) -> tuple[int, int]:

@@ -1,0 +1,103 @@
+"""The sources a loop holds: the drafter slot and the draft slot as one ordered tuple.
+
+A run names its draft sources in two slots: the drafter (``drafter=``, ``--drafter``: a
+recurrent drafter, or an early-exit adapter drafting the shape's W1×L) and the draft slot
+(``draft=`` down the loop, ``draft_model=`` in the API, ``--draft-model``, repeatable: any
+number of draft models, an early-exit adapter, or any ``sources.Source``, each proposing one
+chain of the shape's ``D1×L``). ``held_sources`` turns them into the loop's sources, in the
+one order every step, state and statistic follows: the drafter slot's, the context lookup
+(always held: it reads the text), then the draft slot's by ``Source.order`` (an early-exit
+adapter before a draft model; the given order on ties). Nothing else in the engine asks
+what kind a source is.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .draft_model import DraftModelSource
+from .drafter import DrafterSource
+from .lookup import LookupSource
+from .sources import Source
+
+
+def slot_items(draft) -> list:
+    """What the draft slot holds, as a list: None -> [], a list or tuple -> its items."""
+    if draft is None:
+        return []
+    return list(draft) if isinstance(draft, list | tuple) else [draft]
+
+
+def as_source(thing, part: str) -> Source:
+    """``thing`` as a source of the shape's ``part`` (``"beams"``: the drafter slot,
+    ``"chain"``: the draft slot): a ``Source`` as it is, a module that knows its source
+    (``as_source``: a recurrent drafter, an early-exit adapter), else a drafter's beams in
+    the drafter slot and a draft model's chain in the draft slot."""
+    if isinstance(thing, Source):
+        return thing
+    if hasattr(thing, "as_source"):
+        return thing.as_source(part)
+    if part == "beams":
+        return DrafterSource(thing)
+    check_loaded(thing)
+    return DraftModelSource(thing)
+
+
+def held_sources(drafter=None, draft=None) -> tuple[Source, ...]:
+    """The sources a loop with this drafter slot and draft slot holds, in order (the module
+    docstring). ValueError when a source that a run holds once (``Source.one_per_run``:
+    an early-exit adapter's state) is given twice."""
+    beams = [as_source(drafter, "beams")] if drafter is not None else []
+    chains = [as_source(item, "chain") for item in slot_items(draft)]
+    chains.sort(key=lambda source: source.order)  # stable: the given order on ties
+    held = (*beams, LookupSource(), *chains)
+    for source in held:
+        if source.one_per_run and sum(type(s) is type(source) for s in held) > 1:
+            raise ValueError(source.once_message())
+    return held
+
+
+def check_draft_slot(model, drafter, draft) -> None:
+    """What the draft slot holds, checked against the target before anything runs: each
+    item loaded (``check_loaded``: TypeError naming how to load a path), then each held
+    source's own check (``Source.check``: ValueError naming the fix)."""
+    if draft is None:
+        return
+    check_loaded(draft)
+    for source in held_sources(drafter, draft):
+        source.check(model)
+
+
+def check_loaded(draft) -> None:
+    """TypeError unless every item of the draft slot is something loaded (a model, an
+    early-exit adapter or a ``Source``): a path names how to load it."""
+    for item in slot_items(draft):
+        _check_item(item)
+
+
+def _check_item(draft) -> None:
+    if isinstance(draft, str | os.PathLike):
+        raise TypeError(
+            f"draft_model takes a loaded draft model, early-exit adapter or draft source, got "
+            f"the path {str(draft)!r}; load it first: model, drafter, tokenizer, draft = "
+            f"redrafter_mlx.load(model_path, drafter_path, draft_model={str(draft)!r}), then "
+            "pass draft_model=draft"
+        )
+    if isinstance(draft, Source) or hasattr(draft, "as_source"):
+        return
+    if not hasattr(draft, "vocab_size") or not callable(draft):
+        raise TypeError(
+            f"draft_model takes a loaded draft model, early-exit adapter or draft source, got "
+            f"{type(draft).__name__}; load one with redrafter_mlx.load(model_path, "
+            "drafter_path, draft_model=path) (its fourth item)"
+        )
+
+
+def held_modules(held) -> tuple:
+    """Every module the held sources read (compile inputs; what a server materializes)."""
+    return tuple(m for source in held for m in source.modules)
+
+
+def slot_modules(draft) -> tuple:
+    """Every module the draft slot's sources read."""
+    return held_modules(as_source(item, "chain") for item in slot_items(draft))

@@ -30,21 +30,13 @@ from redrafter_mlx.cli.common import (
     DtypeOpt,
     Engine,
     FlagError,
-    LogitBiasOpt,
     LookupLengthOpt,
     LookupOpt,
-    MinPOpt,
     ModelOpt,
     ModelPaths,
     NoDraftOpt,
     NoLookupOpt,
-    RepetitionContextOpt,
-    RepetitionPenaltyOpt,
-    SeedOpt,
     SystemPromptOpt,
-    TempOpt,
-    TopKOpt,
-    TopPOpt,
     VerboseOpt,
     branch_flags,
     cli_errors,
@@ -54,13 +46,14 @@ from redrafter_mlx.cli.common import (
     plan_from_flags,
     prepare_engine,
     same_plan_everywhere,
-    sampling_flags,
 )
 from redrafter_mlx.cli.options import (
     MAX_TOKENS_BRANCHES,
     BranchDepthOpt,
     BranchesOpt,
     MaxBranchesOpt,
+    SamplingFlags,
+    sampling_options,
 )
 
 if TYPE_CHECKING:
@@ -396,6 +389,7 @@ def check_csv_path(path: Path) -> None:
         path.unlink(missing_ok=True)
 
 
+@sampling_options
 def bench(
     model: ModelOpt = None,
     drafter: DrafterOpt = None,
@@ -510,14 +504,7 @@ def bench(
     ] = None,
     hidden: Annotated[int, typer.Option("--hidden", help="--verify-cost: hidden size.")] = 2048,
     layers: Annotated[int, typer.Option("--layers", help="--verify-cost: layers.")] = 8,
-    temp: TempOpt = None,
-    top_p: TopPOpt = None,
-    top_k: TopKOpt = None,
-    min_p: MinPOpt = None,
-    seed: SeedOpt = None,
-    repetition_penalty: RepetitionPenaltyOpt = None,
-    repetition_context_size: RepetitionContextOpt = 20,
-    logit_bias: LogitBiasOpt = None,
+    sampling_flags: SamplingFlags = SamplingFlags(),
     system_prompt: SystemPromptOpt = None,
     beam_width: BeamWidthOpt = None,
     beam_length: BeamLengthOpt = None,
@@ -592,16 +579,7 @@ def bench(
             model,
             drafter,
             dtype,
-            sampling=sampling_flags(
-                temp,
-                top_p,
-                top_k,
-                min_p,
-                seed,
-                repetition_penalty,
-                repetition_context_size,
-                logit_bias,
-            ),
+            sampling=sampling_flags,
             max_tokens=max_tokens,
             check=check,
             choose=choose,

@@ -19,34 +19,27 @@ from redrafter_mlx.cli.common import (
     DraftModelOpt,
     DtypeOpt,
     FlagError,
-    LogitBiasOpt,
     LookupLengthOpt,
     LookupOpt,
     MaxKvSizeOpt,
-    MinPOpt,
     ModelOpt,
     NoAdaptOpt,
     NoDraftOpt,
     NoLookupOpt,
-    RepetitionContextOpt,
-    RepetitionPenaltyOpt,
-    SeedOpt,
     SystemPromptOpt,
-    TempOpt,
-    TopKOpt,
-    TopPOpt,
     VerboseOpt,
     branch_flags,
     cli_errors,
     out_console,
     prepare_engine,
-    sampling_flags,
 )
 from redrafter_mlx.cli.options import (
     MAX_TOKENS_BRANCHES,
     BranchDepthOpt,
     BranchesOpt,
     MaxBranchesOpt,
+    SamplingFlags,
+    sampling_options,
 )
 
 
@@ -92,6 +85,7 @@ def answer_budget(context: int | None) -> int:
     return MAX_ANSWER_TOKENS if context is None else max(1, min(MAX_ANSWER_TOKENS, context // 4))
 
 
+@sampling_options
 def chat(
     model: ModelOpt = None,
     drafter: DrafterOpt = None,
@@ -107,14 +101,7 @@ def chat(
             show_default=False,
         ),
     ] = None,
-    temp: TempOpt = None,
-    top_p: TopPOpt = None,
-    top_k: TopKOpt = None,
-    min_p: MinPOpt = None,
-    seed: SeedOpt = None,
-    repetition_penalty: RepetitionPenaltyOpt = None,
-    repetition_context_size: RepetitionContextOpt = 20,
-    logit_bias: LogitBiasOpt = None,
+    sampling_flags: SamplingFlags = SamplingFlags(),
     system_prompt: SystemPromptOpt = None,
     max_kv_size: MaxKvSizeOpt = None,
     beam_width: BeamWidthOpt = None,
@@ -148,16 +135,7 @@ def chat(
             BeamFlags(
                 beam_width, beam_length, capacity, no_draft, lookup, lookup_length, no_lookup
             ),
-            sampling=sampling_flags(
-                temp,
-                top_p,
-                top_k,
-                min_p,
-                seed,
-                repetition_penalty,
-                repetition_context_size,
-                logit_bias,
-            ),
+            sampling=sampling_flags,
             max_tokens=max_tokens,
             max_kv_size=max_kv_size,
             split_ok=True,

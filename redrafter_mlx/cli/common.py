@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from tuning import ShapeChoice
 
 from redrafter_mlx.cli.options import *  # noqa: F403 (the option types, for the commands)
-from redrafter_mlx.cli.options import DTYPES, MIN_KV_SIZE
+from redrafter_mlx.cli.options import DTYPES, MIN_KV_SIZE, SamplingFlags
 from redrafter_mlx.cli.paths import *  # noqa: F403 (model choice, for the commands)
 from redrafter_mlx.cli.paths import ModelPaths, resolve_draft_model, resolve_paths
 
@@ -124,37 +124,27 @@ def _maybe_traceback(verbose: bool) -> None:
 # --------------------------------------------------------------------------- flag validation
 
 
-def sampling_flags(
-    temp: float | None = None,
-    top_p: float | None = None,
-    top_k: int | None = None,
-    min_p: float | None = None,
-    seed: int | None = None,
-    repetition_penalty: float | None = None,
-    repetition_context_size: int = 20,
-    logit_bias: str | None = None,
-) -> dict:
+def sampling_fields(flags: SamplingFlags) -> dict:
     """The sampling flags as typed, as ``SamplerConfig`` fields (None: not given, the model's
     default fills it); ``--logit-bias`` parsed (FlagError when it cannot be)."""
     return dict(
-        temperature=temp,
-        top_p=top_p,
-        top_k=top_k,
-        min_p=min_p,
-        seed=seed,
-        repetition_penalty=repetition_penalty,
-        repetition_context_size=repetition_context_size,
-        logit_bias=parse_logit_bias(logit_bias),
+        temperature=flags.temp,
+        top_p=flags.top_p,
+        top_k=flags.top_k,
+        min_p=flags.min_p,
+        seed=flags.seed,
+        repetition_penalty=flags.repetition_penalty,
+        repetition_context_size=flags.repetition_context_size,
+        logit_bias=parse_logit_bias(flags.logit_bias),
     )
-
-
-DEFAULTED = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
 def describe_sampling(sampler: SamplerConfig, given=(), origin: str = "") -> str:
     """``temp 0.2 · top-p 0.9 (generation_config.json)``: the values in force and whence
     (``given``: the fields set by flags; ``origin``: where the others came from, if not the
     engine's defaults)."""
+    from redrafter_mlx.engine.sampling import MODEL_DEFAULT_KEYS
+
     greedy = sampler.greedy
     parts = ["greedy"] if greedy else [f"temp {sampler.temperature:g}"]
     if not greedy:
@@ -168,7 +158,7 @@ def describe_sampling(sampler: SamplerConfig, given=(), origin: str = "") -> str
         )
     if sampler.logit_bias:
         parts.append(f"logit bias on {len(sampler.logit_bias)} tokens")
-    if origin and set(DEFAULTED) - set(given):
+    if origin and set(MODEL_DEFAULT_KEYS) - set(given):
         whence = "model's " + origin + (", flags" if given else "")
     else:
         whence = "flags" if given else "default"
@@ -388,7 +378,7 @@ def prepare_engine(
     dtype: str | None,
     beam: BeamFlags = BeamFlags(),
     *,
-    sampling: dict | None = None,
+    sampling: SamplingFlags | None = None,
     max_tokens: int | None = None,
     check: Callable[[], Any] | None = None,
     choose: Callable[[ModelPaths], tuple[Any, bool]] | None = None,
@@ -401,7 +391,7 @@ def prepare_engine(
     """The set-up of chat, generate, serve and bench: check the flags, resolve, plan, load.
 
     In this order (the first bad flag is the one reported): the sampling flags
-    (``sampling_flags``), ``--max-tokens``, ``--dtype``, the command's own
+    (``sampling_fields``), ``--max-tokens``, ``--dtype``, the command's own
     ``check()`` (its result is ``Prepared.checked``), the model and drafter paths, the beam
     plan (``plan_from_flags`` from ``beam``, or the command's ``choose(paths) -> (plan,
     speculative)``), then loading, with the drafter only when the plan speculates.
@@ -425,9 +415,10 @@ def prepare_engine(
             "tune do); start it as one process"
         )
     follow_rank0(group)
-    from redrafter_mlx.engine.sampling import SamplerConfig
+    from redrafter_mlx.engine.sampling import MODEL_DEFAULT_KEYS, SamplerConfig
 
-    flags = SamplerConfig.resolve(sampling) if sampling is not None else None
+    typed = sampling_fields(sampling) if sampling is not None else None
+    sampler = SamplerConfig.resolve(typed) if typed is not None else None
     if max_tokens is not None:
         check_max_tokens(max_tokens)
     if max_kv_size is not None and max_kv_size < MIN_KV_SIZE:
@@ -456,20 +447,21 @@ def prepare_engine(
         if not plan.shape.model_length:  # tuned with it: its chain did not pay here
             engine.draft_model = None
     origin, note = "", ""
-    if flags is not None:
-        given = {k for k, v in sampling.items() if v is not None and k in DEFAULTED}
+    if sampler is not None:
+        given = {k for k, v in typed.items() if v is not None and k in MODEL_DEFAULT_KEYS}
         if model_defaults:
             from redrafter_mlx.engine.sampling import GENERATION_CONFIG
             from redrafter_mlx.engine.sampling import model_defaults as defaults_of
 
             found = {k: v for k, v in defaults_of(engine.folder).items() if k not in given}
-            flags, origin = flags.with_defaults(found, given), GENERATION_CONFIG if found else ""
-        flags.validate(engine.model.vocab_size)
-        note = describe_sampling(flags, given, origin)
+            sampler = sampler.with_defaults(found, given)
+            origin = GENERATION_CONFIG if found else ""
+        sampler.validate(engine.model.vocab_size)
+        note = describe_sampling(sampler, given, origin)
     if hasattr(plan, "shape"):  # a ShapeChoice: refuse a step that cannot fit, before compiling
-        sampled = flags is None or not flags.greedy  # serve's rows may sample
+        sampled = sampler is None or not sampler.greedy  # serve's rows may sample
         check_memory(engine, plan.shape, max_tokens, sampled, batch)
-    return Prepared(engine, plan, flags, checked, origin, note)
+    return Prepared(engine, plan, sampler, checked, origin, note)
 
 
 def with_draft_model(plan, has_drafter: bool, length: int | None):

@@ -25,22 +25,14 @@ from redrafter_mlx.cli.common import (
     DtypeOpt,
     Engine,
     FlagError,
-    LogitBiasOpt,
     LookupLengthOpt,
     LookupOpt,
     MaxKvSizeOpt,
-    MinPOpt,
     ModelOpt,
     NoAdaptOpt,
     NoDraftOpt,
     NoLookupOpt,
-    RepetitionContextOpt,
-    RepetitionPenaltyOpt,
-    SeedOpt,
     SystemPromptOpt,
-    TempOpt,
-    TopKOpt,
-    TopPOpt,
     VerboseOpt,
     branch_flags,
     check_prompt_fits,
@@ -49,7 +41,6 @@ from redrafter_mlx.cli.common import (
     out_console,
     prepare_engine,
     response_stats,
-    sampling_flags,
     stats_line,
 )
 from redrafter_mlx.cli.options import (
@@ -57,6 +48,8 @@ from redrafter_mlx.cli.options import (
     BranchDepthOpt,
     BranchesOpt,
     MaxBranchesOpt,
+    SamplingFlags,
+    sampling_options,
 )
 from redrafter_mlx.cli.stats import answer_branch_stats
 from redrafter_mlx.cli.terminal import visible
@@ -177,6 +170,7 @@ def result_json(
     }
 
 
+@sampling_options
 def generate(
     prompt: Annotated[
         str | None,
@@ -196,14 +190,7 @@ def generate(
             "--max-tokens", "-m", "-n", help=f"Most tokens in the answer. {MAX_TOKENS_BRANCHES}"
         ),
     ] = 256,
-    temp: TempOpt = None,
-    top_p: TopPOpt = None,
-    top_k: TopKOpt = None,
-    min_p: MinPOpt = None,
-    seed: SeedOpt = None,
-    repetition_penalty: RepetitionPenaltyOpt = None,
-    repetition_context_size: RepetitionContextOpt = 20,
-    logit_bias: LogitBiasOpt = None,
+    sampling_flags: SamplingFlags = SamplingFlags(),
     system_prompt: SystemPromptOpt = None,
     max_kv_size: MaxKvSizeOpt = None,
     beam_width: BeamWidthOpt = None,
@@ -238,16 +225,7 @@ def generate(
             BeamFlags(
                 beam_width, beam_length, capacity, no_draft, lookup, lookup_length, no_lookup
             ),
-            sampling=sampling_flags(
-                temp,
-                top_p,
-                top_k,
-                min_p,
-                seed,
-                repetition_penalty,
-                repetition_context_size,
-                logit_bias,
-            ),
+            sampling=sampling_flags,
             max_tokens=max_tokens,
             max_kv_size=max_kv_size,
             check=lambda: shared_prompt(prompt),

@@ -1,9 +1,16 @@
 """The typer option types every command shares (``--model``, ``--drafter``, sampling and beam
 flags), so each flag is spelled and documented once, following ``mlx_lm.generate`` /
-``mlx_lm.chat``. Only typer is imported (``--help`` stays fast)."""
+``mlx_lm.chat``. The sampling flags are one group, ``SamplingFlags``, that
+``sampling_options`` puts in a command's signature. Only typer and the standard library are
+imported (``--help`` stays fast)."""
 
 from __future__ import annotations
 
+import functools
+import inspect
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Annotated
 
 import typer
@@ -106,6 +113,59 @@ LogitBiasOpt = Annotated[
         show_default=False,
     ),
 ]
+
+
+@dataclass(frozen=True)
+class SamplingFlags:
+    """The sampling flags of chat, generate and bench, as typed (None: not given, so the
+    model's ``generation_config.json`` value or the engine's default holds), declared here
+    once: ``sampling_options`` makes each field an option of a command, in this order.
+    ``cli.common.sampling_fields`` turns them into ``SamplerConfig`` fields."""
+
+    temp: TempOpt = None
+    top_p: TopPOpt = None
+    top_k: TopKOpt = None
+    min_p: MinPOpt = None
+    seed: SeedOpt = None
+    repetition_penalty: RepetitionPenaltyOpt = None
+    repetition_context_size: RepetitionContextOpt = 20
+    logit_bias: LogitBiasOpt = None
+
+
+def sampling_options(command: Callable) -> Callable:
+    """``command`` with ``SamplingFlags``' fields as its options, where its one parameter
+    typed ``SamplingFlags`` stands (so ``--help`` lists them there); typer sees the fields,
+    the command gets them as one ``SamplingFlags``. TypeError, at import, when the command
+    has no such parameter or one of its own already takes a field's name."""
+    signature = inspect.signature(command, eval_str=True)
+    slots = [p for p in signature.parameters.values() if p.annotation is SamplingFlags]
+    if len(slots) != 1:
+        raise TypeError(f"{command.__name__} needs one parameter typed SamplingFlags")
+    slot = slots[0]
+    types = typing.get_type_hints(SamplingFlags, include_extras=True)
+    options = [
+        inspect.Parameter(f.name, slot.kind, default=f.default, annotation=types[f.name])
+        for f in fields(SamplingFlags)
+    ]
+    taken = sorted({o.name for o in options} & set(signature.parameters))
+    if taken:
+        raise TypeError(f"{command.__name__}: {', '.join(taken)} clash with SamplingFlags")
+    params = []
+    for param in signature.parameters.values():
+        params += options if param is slot else [param]
+
+    @functools.wraps(command)
+    def with_flags(*args, **kwargs):
+        given = {o.name: kwargs.pop(o.name) for o in options if o.name in kwargs}
+        return command(*args, **kwargs, **{slot.name: SamplingFlags(**given)})
+
+    with_flags.__signature__ = signature.replace(parameters=params)
+    with_flags.__annotations__ = {p.name: p.annotation for p in params}
+    if signature.return_annotation is not signature.empty:
+        with_flags.__annotations__["return"] = signature.return_annotation
+    return with_flags
+
+
 # --max-tokens with branches: one rule (engine/branches.py, "The answer's length")
 MAX_TOKENS_BRANCHES = (
     "With APAR branches it bounds the answer, not each branch: the answer is the first N "
@@ -252,10 +312,12 @@ __all__ = [
     "NoLookupOpt",
     "RepetitionContextOpt",
     "RepetitionPenaltyOpt",
+    "SamplingFlags",
     "SeedOpt",
     "SystemPromptOpt",
     "TempOpt",
     "TopKOpt",
     "TopPOpt",
     "VerboseOpt",
+    "sampling_options",
 ]

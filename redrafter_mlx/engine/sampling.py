@@ -21,8 +21,8 @@ Adding a sampling setting touches:
 1. ``SamplerConfig``: the field, and its rule in ``validate`` (the range the step holds);
 2. ``RowSettings``: its per-row array, named as the field (``row_settings`` fills it);
 3. a filter: its function and its ``FILTERS`` entry (a processor of the text: ``process_text``);
-4. its CLI flag (``cli/options.py``, ``cli/common.py``'s ``sampling_flags``) and its
-   request field (``serve/protocol.py``'s ``SENT_FIELDS``).
+4. its CLI flag (a ``SamplingFlags`` field in ``cli/options.py``, read by ``cli/common.py``'s
+   ``sampling_fields``) and its request field (``serve/protocol.py``'s ``SENT_FIELDS``).
 """
 
 from __future__ import annotations
@@ -548,7 +548,8 @@ def process_logits(logits: mx.array, cfg: SamplerConfig) -> mx.array:
 
 
 GENERATION_CONFIG = "generation_config.json"
-# generation_config.json keys that set a SamplerConfig field (Hugging Face's names).
+# generation_config.json keys that set a SamplerConfig field (Hugging Face's names): the
+# settings a model's file fills where no flag or request gave them (the CLI reads this list).
 MODEL_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 

@@ -3,11 +3,13 @@ each branch's row (the prompt, the text before its fork, its own text), not the 
 answer, and a request whose answer a branch's cut shortened finishes ``"context"``, as a
 plain run the cap stops does (``Row.request_finish``)."""
 
-from redrafter_mlx.engine.batch import BatchGenerator, Prefill, Row, RowStats
+from redrafter_mlx.engine.batch import BatchGenerator
 from redrafter_mlx.engine.batch_choice import FixedShape
 from redrafter_mlx.engine.branches import request_rows
 from redrafter_mlx.engine.cache import Session, token_limit
 from redrafter_mlx.engine.generation import generate_steps
+from redrafter_mlx.engine.prompts import Prefill
+from redrafter_mlx.engine.rows import Row, RowStats
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR
 from tests.test_branch_rows import EOS, PROMPT, RULES, model_and_drafter

@@ -5,14 +5,17 @@ equals plain decoding of its own linear sequence under the same masks."""
 import mlx.core as mx
 import pytest
 
-from redrafter_mlx.engine.batch import BatchGenerator, Prefill, Row, RowStats, make_batch_step
+from redrafter_mlx.engine.batch import BatchGenerator
 from redrafter_mlx.engine.batch_choice import FixedShape
 from redrafter_mlx.engine.branches import BranchRules, BranchTree, request_rows, split_rows
 from redrafter_mlx.engine.cache import Session, ensure_slots, text_history
 from redrafter_mlx.engine.decode import DecodeState
 from redrafter_mlx.engine.platform import READ_FIRST_ENV
+from redrafter_mlx.engine.prompts import Prefill
+from redrafter_mlx.engine.rows import Row, RowStats
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape
+from redrafter_mlx.engine.step import make_batch_step
 from tests.helpers import near_bigram_model, tiny_drafter
 
 FORK, CHILD, EOS = 30, 31, 29

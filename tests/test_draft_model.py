@@ -10,12 +10,12 @@ import mlx.core as mx
 import pytest
 
 import tests.test_sampling as sampling
-from redrafter_mlx.engine.batch import uniform_step
 from redrafter_mlx.engine.decode import step_sources
 from redrafter_mlx.engine.draft_model import DraftModelSource, check_draft_model, prefill
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape
 from redrafter_mlx.engine.sources import DRAFT_MODEL, SOURCE_NAMES, DraftContext
+from redrafter_mlx.engine.step import uniform_step
 from tests.helpers import greedy_prefilled, near_bigram_model, run_decode, tiny_drafter, tiny_model
 
 PROMPTS = [[1, 5, 9, 3, 5, 9], [2, 7, 7, 4], [3, 3, 8, 1, 2, 3, 8, 1, 2]]
@@ -148,9 +148,11 @@ def test_rows_of_one_prefill_placed_into_a_running_batch_equal_plain_decoding(it
     """A prefill of two rows joins a batch already running one (each placed into a free row,
     its draft cache taken from that row of the prefill): every row equals plain decoding,
     and as its own draft every step accepts all its drafts but a cut last one."""
-    from redrafter_mlx.engine.batch import BatchGenerator, Prefill, Row, RowStats
+    from redrafter_mlx.engine.batch import BatchGenerator
     from redrafter_mlx.engine.batch_choice import FixedShape
     from redrafter_mlx.engine.cache import Session
+    from redrafter_mlx.engine.prompts import Prefill
+    from redrafter_mlx.engine.rows import Row, RowStats
 
     model = tiny_model(5, vocab=48, layers=2)
     draft = model if itself else tiny_model(9, vocab=48, layers=1)

@@ -18,7 +18,7 @@ import pytest
 
 import redrafter_mlx.engine.decode as decode
 from redrafter_mlx.engine.adaptive import Adaptive
-from redrafter_mlx.engine.batch import BatchGenerator, Prefill, uniform_step
+from redrafter_mlx.engine.batch import BatchGenerator
 from redrafter_mlx.engine.cache import Session
 from redrafter_mlx.engine.decode import step_sources
 from redrafter_mlx.engine.draft_model import DraftModelSource
@@ -38,6 +38,7 @@ from redrafter_mlx.engine.memory import (
     pack_bytes,
     step_memory,
 )
+from redrafter_mlx.engine.prompts import Prefill
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape
 from redrafter_mlx.engine.sources import (
@@ -50,6 +51,7 @@ from redrafter_mlx.engine.sources import (
 )
 from redrafter_mlx.engine.sources import step_candidates as held_candidates
 from redrafter_mlx.engine.sources import step_capacity as held_capacity
+from redrafter_mlx.engine.step import uniform_step
 from redrafter_mlx.measure.profile import profile_steps, weight_bytes
 from redrafter_mlx.train import early_exit as EE
 from tests.helpers import (

@@ -16,7 +16,7 @@ import mlx.core as mx
 import pytest
 
 from redrafter_mlx.engine.adaptive import Adaptive
-from redrafter_mlx.engine.batch import BatchGenerator, Prefill, uniform_step
+from redrafter_mlx.engine.batch import BatchGenerator
 from redrafter_mlx.engine.cache import Session
 from redrafter_mlx.engine.decode import step_sources
 from redrafter_mlx.engine.early_exit import (
@@ -29,9 +29,11 @@ from redrafter_mlx.engine.early_exit import prefill as prefill_ee
 from redrafter_mlx.engine.held import held_sources
 from redrafter_mlx.engine.loading import LoadError, load
 from redrafter_mlx.engine.memory import Dims, check_step_memory
+from redrafter_mlx.engine.prompts import Prefill
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape
 from redrafter_mlx.engine.sources import DRAFTER, EARLY_EXIT, LOOKUP, stateful
+from redrafter_mlx.engine.step import uniform_step
 from redrafter_mlx.measure.profile import profile_steps, weight_bytes
 from redrafter_mlx.train import early_exit as EE
 from tests.helpers import (

@@ -9,7 +9,6 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from redrafter_mlx.engine.batch import uniform_step
 from redrafter_mlx.engine.decode import step_sources
 from redrafter_mlx.engine.early_exit import (
     EarlyExitAdapter,
@@ -28,6 +27,7 @@ from redrafter_mlx.engine.sources import (
     SOURCE_NAMES,
     DraftContext,
 )
+from redrafter_mlx.engine.step import uniform_step
 from redrafter_mlx.train import early_exit as EE
 from tests.helpers import (
     VICUNA_TOKENIZER,

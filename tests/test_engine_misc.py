@@ -8,13 +8,13 @@ import pytest
 from mlx.utils import tree_flatten
 
 import redrafter_mlx
-from redrafter_mlx.engine.batch import batch_step, uniform_step
 from redrafter_mlx.engine.cache import Session
 from redrafter_mlx.engine.decode import DecodeState, prefill_chunk
 from redrafter_mlx.engine.generation import generate_steps
 from redrafter_mlx.engine.loading import LoadError
 from redrafter_mlx.engine.sampling import SamplerConfig, StepMode
 from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.step import batch_step, uniform_step
 from tests.helpers import (
     VICUNA_TOKENIZER,
     run_decode,

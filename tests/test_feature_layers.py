@@ -17,13 +17,13 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from redrafter_mlx.engine.batch import uniform_step
 from redrafter_mlx.engine.cache import Session, bucket, grow, prefill_session
 from redrafter_mlx.engine.decode import DecodeState, first_draw
 from redrafter_mlx.engine.drafter import Drafter, DrafterArgs
 from redrafter_mlx.engine.loading import LoadError, load, load_drafter
 from redrafter_mlx.engine.sampling import RowSampler, SamplerConfig
 from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.step import uniform_step
 from redrafter_mlx.engine.tree import cache_mask, chain_mask
 from redrafter_mlx.train.targets import cache_key
 from redrafter_mlx.train.training import resolve_feature_layers

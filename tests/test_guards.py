@@ -199,7 +199,6 @@ def _step_peak(model, drafter, shape, batch, sampler, prompt=40):
 
     import mlx.core as mx
 
-    from redrafter_mlx.engine.batch import uniform_step
     from redrafter_mlx.engine.cache import (
         Session,
         ensure_slots,
@@ -208,6 +207,7 @@ def _step_peak(model, drafter, shape, batch, sampler, prompt=40):
         text_history,
     )
     from redrafter_mlx.engine.decode import DecodeState
+    from redrafter_mlx.engine.step import uniform_step
     from tests.helpers import step_added_peak
 
     rows = [[(7 * i + r) % model.vocab_size for i in range(prompt)] for r in range(batch)]

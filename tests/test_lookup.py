@@ -7,12 +7,12 @@ import mlx.core as mx
 import pytest
 
 from redrafter_mlx.engine.adaptive import Adaptive
-from redrafter_mlx.engine.batch import batch_step
 from redrafter_mlx.engine.cache import Session
 from redrafter_mlx.engine.generation import generate_steps
 from redrafter_mlx.engine.lookup import ABSENT, lookup_chains
 from redrafter_mlx.engine.sampling import StepMode
 from redrafter_mlx.engine.shape import AR, BeamShape
+from redrafter_mlx.engine.step import batch_step
 from redrafter_mlx.engine.tree import pack
 from tests.helpers import OracleDrafter, near_bigram_model, run_decode, tiny_drafter, tiny_model
 from tests.test_tree import brute_force

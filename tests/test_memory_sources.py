@@ -8,7 +8,7 @@ import mlx.core as mx
 import pytest
 
 import redrafter_mlx.engine.memory as memory
-from redrafter_mlx.engine.batch import BatchGenerator, uniform_step
+from redrafter_mlx.engine.batch import BatchGenerator
 from redrafter_mlx.engine.batch_choice import FixedShape
 from redrafter_mlx.engine.branches import BranchRules
 from redrafter_mlx.engine.cache import (
@@ -32,6 +32,7 @@ from redrafter_mlx.engine.memory import (
 )
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape
+from redrafter_mlx.engine.step import uniform_step
 from tests.helpers import run_decode, step_added_peak, tiny_model
 
 TOKENS = 300  # prompt and answer

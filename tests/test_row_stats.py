@@ -1,7 +1,7 @@
 """Row and call statistics: each step counted once (``RowStats.accept_hist`` and its per-source
 split), everything else read from those counts; a call's stats are its rows' summed."""
 
-from redrafter_mlx.engine.batch import RowStats
+from redrafter_mlx.engine.rows import RowStats
 from redrafter_mlx.engine.shape import BeamShape
 from redrafter_mlx.engine.sources import DRAFTER, LOOKUP, SOURCE_NAMES, by_source
 from tests.helpers import near_bigram_model, run_decode

@@ -19,7 +19,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-import redrafter_mlx.engine.batch as batch_module
+import redrafter_mlx.engine.prompts as prompts_module
 from redrafter_mlx.engine import tree
 from redrafter_mlx.engine.errors import ParamError
 from redrafter_mlx.engine.sampling import (
@@ -260,14 +260,14 @@ def test_server_a_row_whose_settings_fail_fails_alone(model, monkeypatch):
     500; the other three rows run on and equal their solo runs."""
     shape = BeamShape(2, 3)
     drafter = tiny_drafter(model)
-    real = batch_module.one_row
+    real = prompts_module.one_row
 
     def one_row_failing(cfg, vocab_size):
         if cfg is not None and cfg.top_k == 7:
             raise RuntimeError("std::bad_cast")
         return real(cfg, vocab_size)
 
-    monkeypatch.setattr(batch_module, "one_row", one_row_failing)
+    monkeypatch.setattr(prompts_module, "one_row", one_row_failing)
     prompts = [[1, 5, 9, 2, 7], [1, 3, 3, 8], [2, 4, 6], [1, 1, 2, 3, 5, 8]]
     rows = [
         SamplerConfig(0.0),

@@ -2,7 +2,7 @@
 its events stream the rebuilt text in order, one finish event comes once every branch has,
 and its stats count every branch's tokens."""
 
-from redrafter_mlx.engine.batch import Row
+from redrafter_mlx.engine.rows import Row
 from redrafter_mlx.engine.shape import BeamShape
 from redrafter_mlx.serve.app import _Run
 from redrafter_mlx.serve.scheduler import Request, Scheduler

@@ -20,7 +20,7 @@ import time
 import httpx
 import pytest
 
-import redrafter_mlx.engine.batch as batch_module
+import redrafter_mlx.engine.prompts as prompts_module
 from redrafter_mlx.engine import tree
 from redrafter_mlx.engine.bundled import demo_paths
 from redrafter_mlx.engine.shape import BeamShape
@@ -259,14 +259,14 @@ HOSTILE_CASES = [
 
 @pytest.mark.parametrize("hostile", HOSTILE_CASES, ids=lambda f: f.__name__)
 def test_one_hostile_request_leaves_the_other_19_exact(server, alone, hostile, monkeypatch):
-    prefill = batch_module.prefill_session
+    prefill = prompts_module.prefill_session
 
     def faulty(session, chunks):
         if chunks[0] == FAULT_PROMPT:
             raise RuntimeError("injected prefill fault")
         return prefill(session, chunks)
 
-    monkeypatch.setattr(batch_module, "prefill_session", faulty)
+    monkeypatch.setattr(prompts_module, "prefill_session", faulty)
     before = server.wait_idle()
     results, _ = run_together(server.url, hostile)
     assert results == alone

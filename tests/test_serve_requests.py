@@ -129,7 +129,7 @@ class _Decoded:
 
 def usage_of(steps: list[list[int]], min_tokens: int = 0) -> tuple[str, int]:
     """Text and ``completion_tokens`` of a request whose engine steps emit ``steps``."""
-    from redrafter_mlx.engine.batch import RowStats
+    from redrafter_mlx.engine.rows import RowStats
 
     async def run():
         events = asyncio.Queue()

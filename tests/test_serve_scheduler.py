@@ -237,17 +237,17 @@ def test_rows_with_lookup_equal_solo_runs(pair, prompts, with_drafter):
 def test_a_request_failing_on_its_own_ends_alone(pair, prompts, monkeypatch):
     """A queued request whose seed the engine cannot key (-1, past the door's check) and one
     whose prefill raises each get an error event; the rows around them equal solo runs."""
-    import redrafter_mlx.engine.batch as batch_module
+    import redrafter_mlx.engine.prompts as prompts_module
 
     model, drafter, tok = pair
-    prefill = batch_module.prefill_session
+    prefill = prompts_module.prefill_session
 
     def faulty(session, chunks):
         if chunks[0] == prompts[3]:
             raise RuntimeError("injected prefill fault")
         return prefill(session, chunks)
 
-    monkeypatch.setattr(batch_module, "prefill_session", faulty)
+    monkeypatch.setattr(prompts_module, "prefill_session", faulty)
     shape = BeamShape(2, 4)
     sched = Scheduler(model, drafter, shape, tok.eos_token_ids, max_batch=4)
     good = [Collector() for _ in range(3)]

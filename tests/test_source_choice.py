@@ -12,9 +12,11 @@ import pytest
 import redrafter_mlx.cli.tune
 from redrafter_mlx.engine import early_exit
 from redrafter_mlx.engine.adaptive import Adaptive
-from redrafter_mlx.engine.batch import BatchGenerator, Prefill, Row, RowStats
+from redrafter_mlx.engine.batch import BatchGenerator
 from redrafter_mlx.engine.cache import Session
 from redrafter_mlx.engine.draft_model import prefill as draft_prefill
+from redrafter_mlx.engine.prompts import Prefill
+from redrafter_mlx.engine.rows import Row, RowStats
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape
 from redrafter_mlx.engine.sources import DRAFT_MODEL, EARLY_EXIT, catch_up_chunk

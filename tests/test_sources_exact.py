@@ -27,7 +27,6 @@ import pytest
 from mlx.utils import tree_flatten
 
 import redrafter_mlx.engine.decode as decode
-from redrafter_mlx.engine.batch import make_batch_step
 from redrafter_mlx.engine.cache import text_history
 from redrafter_mlx.engine.decode import DecodeState, first_draw, prefill_chunk
 from redrafter_mlx.engine.draft_model import prefill as draft_prefill
@@ -43,6 +42,7 @@ from redrafter_mlx.engine.sampling import (
 )
 from redrafter_mlx.engine.shape import AR, BeamShape
 from redrafter_mlx.engine.sources import SOURCE_NAMES
+from redrafter_mlx.engine.step import make_batch_step
 from redrafter_mlx.train.early_exit import new_adapter
 from tests.helpers import OracleDrafter, near_bigram_model, run_decode, tiny_args
 from tests.test_sampling import PROMPT, chi_square_pvalue, exact_joint, sample_counts

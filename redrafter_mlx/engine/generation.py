@@ -27,7 +27,7 @@ import mlx.core as mx
 
 from .adaptive import Adaptive
 from .arguments import api_arguments
-from .batch import BatchGenerator, Prefill, Row, RowStats
+from .batch import BatchGenerator
 from .batch_choice import BatchChoice, FixedShape, ShapePolicy, SoloChoice, learnt_batch
 from .branches import (
     BRANCH_MODES,
@@ -46,6 +46,8 @@ from .held import check_draft_slot, check_loaded
 from .memory import check_step_memory
 from .model import Model
 from .plan import DEFAULT_SHAPE, default_plan
+from .prompts import Prefill
+from .rows import Row, RowStats
 from .sampling import SamplerConfig, check_seed
 from .shape import BeamShape
 from .sources import SOURCE_NAMES

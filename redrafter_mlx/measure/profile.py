@@ -34,7 +34,6 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from redrafter_mlx.engine.batch import uniform_step
 from redrafter_mlx.engine.decode import (
     DecodeState,
     accept_phase,
@@ -47,6 +46,7 @@ from redrafter_mlx.engine.model import Model
 from redrafter_mlx.engine.sampling import RowSampler, SamplerConfig, draw
 from redrafter_mlx.engine.shape import AR, BeamShape
 from redrafter_mlx.engine.sources import sized_sources
+from redrafter_mlx.engine.step import uniform_step
 from redrafter_mlx.engine.tree import PackedTree, pack
 
 PHASES = ("draft", "pack", "verify", "accept", "commit")

@@ -12,11 +12,11 @@ import time
 
 import mlx.core as mx
 
-from redrafter_mlx.engine.batch import uniform_step
 from redrafter_mlx.engine.decode import DecodeState, prefill_chunk
 from redrafter_mlx.engine.model import Model, ModelArgs
 from redrafter_mlx.engine.platform import default_dtype
 from redrafter_mlx.engine.sampling import RowSampler, SamplerConfig, draw
+from redrafter_mlx.engine.step import uniform_step
 from redrafter_mlx.engine.tree import arange, cache_mask, chain_mask
 
 

@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from redrafter_mlx.engine.batch import RowStats
 from redrafter_mlx.engine.distributed import broadcast_bytes
+from redrafter_mlx.engine.rows import RowStats
 from redrafter_mlx.engine.sampling import SamplerConfig
 
 

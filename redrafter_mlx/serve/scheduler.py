@@ -38,12 +38,14 @@ import time
 from dataclasses import replace
 
 from redrafter_mlx.engine.adaptive import Adaptive
-from redrafter_mlx.engine.batch import BatchGenerator, Prefill, Row, RowStats
+from redrafter_mlx.engine.batch import BatchGenerator
 from redrafter_mlx.engine.batch_choice import BatchChoice, FixedShape
 from redrafter_mlx.engine.branches import BranchRules, check_branching_model, request_rows
 from redrafter_mlx.engine.cache import Session, token_limit
 from redrafter_mlx.engine.held import check_draft_slot, slot_modules
 from redrafter_mlx.engine.loading import materialize
+from redrafter_mlx.engine.prompts import Prefill
+from redrafter_mlx.engine.rows import Row, RowStats
 from redrafter_mlx.engine.shape import AR, BeamShape
 
 from .requests import (

@@ -23,11 +23,12 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from ..engine.batch import batch_step, take_rows
 from ..engine.cache import Session, bucket, ensure_slots, prefill_session, stop_at
 from ..engine.decode import DecodeState, first_draw
 from ..engine.model import Model
+from ..engine.rows import take_rows
 from ..engine.sampling import RowSampler, SamplerConfig, row_keys_of, row_settings
+from ..engine.step import batch_step
 
 CHECK_EVERY = 16  # steps between host reads of "have all rows ended?"
 # Attention windows in steps of 64 slots, not the engine's 256: a batch of answers attends

@@ -16,7 +16,8 @@ import pytest
 from mlx.utils import tree_flatten
 from typer.testing import CliRunner
 
-from redrafter_mlx.engine.early_exit import check_pair, draft_chain, load_adapter
+from redrafter_mlx.engine.early_exit import check_pair, load_adapter
+from redrafter_mlx.engine.early_exit_chain import draft_chain
 from redrafter_mlx.engine.loading import load_model
 from redrafter_mlx.engine.tree import cache_mask, chain_mask
 from weights_convert.conversion import convert

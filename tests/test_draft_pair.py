@@ -23,12 +23,8 @@ from redrafter_mlx.engine.cache import Session
 from redrafter_mlx.engine.decode import step_sources
 from redrafter_mlx.engine.draft_model import DraftModelSource
 from redrafter_mlx.engine.draft_model import prefill as prefill_draft
-from redrafter_mlx.engine.early_exit import (
-    EarlyExitAdapter,
-    EarlyExitSource,
-    save_adapter,
-)
-from redrafter_mlx.engine.early_exit import prefill as prefill_ee
+from redrafter_mlx.engine.early_exit import EarlyExitAdapter, EarlyExitSource, save_adapter
+from redrafter_mlx.engine.early_exit_chain import prefill as prefill_ee
 from redrafter_mlx.engine.held import held_sources, slot_modules
 from redrafter_mlx.engine.loading import LoadError, draft_slot_paths, load
 from redrafter_mlx.engine.memory import (

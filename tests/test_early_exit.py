@@ -12,18 +12,20 @@ import pytest
 
 from redrafter_mlx.engine import model as model_module
 from redrafter_mlx.engine.early_exit import (
-    ABSENT,
     EarlyExitAdapter,
     EarlyExitArgs,
-    adapter_prefill,
-    adapter_write,
     check_pair,
-    confident_prefix,
-    draft_chain,
     is_early_exit,
     load_adapter,
     save_adapter,
 )
+from redrafter_mlx.engine.early_exit_chain import (
+    adapter_prefill,
+    adapter_write,
+    confident_prefix,
+    draft_chain,
+)
+from redrafter_mlx.engine.sources import ABSENT
 from redrafter_mlx.engine.tree import cache_mask, chain_mask
 
 from .helpers import _randomize, tiny_model

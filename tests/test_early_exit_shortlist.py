@@ -12,15 +12,8 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from redrafter_mlx.engine.early_exit import (
-    bind_head,
-    check_pair,
-    draft_chain,
-    draft_top1,
-    load_adapter,
-    pair,
-    save_adapter,
-)
+from redrafter_mlx.engine.early_exit import bind_head, check_pair, load_adapter, pair, save_adapter
+from redrafter_mlx.engine.early_exit_chain import draft_chain, draft_top1
 from redrafter_mlx.engine.memory import Dims
 from redrafter_mlx.engine.model import output_rows
 from redrafter_mlx.engine.shape import BeamShape

@@ -25,7 +25,7 @@ from redrafter_mlx.engine.early_exit import (
     load_adapter,
     save_adapter,
 )
-from redrafter_mlx.engine.early_exit import prefill as prefill_ee
+from redrafter_mlx.engine.early_exit_chain import prefill as prefill_ee
 from redrafter_mlx.engine.held import held_sources
 from redrafter_mlx.engine.loading import LoadError, load
 from redrafter_mlx.engine.memory import Dims, check_step_memory

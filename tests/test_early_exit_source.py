@@ -16,7 +16,7 @@ from redrafter_mlx.engine.early_exit import (
     EarlyExitSource,
     save_adapter,
 )
-from redrafter_mlx.engine.early_exit import prefill as prefill_ee
+from redrafter_mlx.engine.early_exit_chain import prefill as prefill_ee
 from redrafter_mlx.engine.loading import LoadError, load
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape

@@ -21,7 +21,7 @@ from redrafter_mlx.engine.cache import (
 from redrafter_mlx.engine.decode import DecodeState
 from redrafter_mlx.engine.draft_model import prefill as draft_prefill
 from redrafter_mlx.engine.early_exit import EarlyExitAdapter, EarlyExitArgs
-from redrafter_mlx.engine.early_exit import prefill as early_exit_prefill
+from redrafter_mlx.engine.early_exit_chain import prefill as early_exit_prefill
 from redrafter_mlx.engine.memory import (
     Dims,
     ShapeTooLarge,

@@ -31,7 +31,7 @@ from redrafter_mlx.engine.cache import text_history
 from redrafter_mlx.engine.decode import DecodeState, first_draw, prefill_chunk
 from redrafter_mlx.engine.draft_model import prefill as draft_prefill
 from redrafter_mlx.engine.early_exit import EarlyExitAdapter
-from redrafter_mlx.engine.early_exit import prefill as early_exit_prefill
+from redrafter_mlx.engine.early_exit_chain import prefill as early_exit_prefill
 from redrafter_mlx.engine.model import Model
 from redrafter_mlx.engine.sampling import (
     RowSampler,

@@ -435,7 +435,7 @@ class WeightBytes:
     first layers: its chain of L tokens runs L forwards of those layers and the adapter and
     L - 1 of the target's head, so ``drafter_once`` is one forward of the layers and the
     adapter and ``drafter_step`` one of the layers, the adapter and the head; a refresh of
-    the committed tokens (``early_exit.refresh_committed``, with another source in the tree)
+    the committed tokens (``early_exit_chain.refresh_committed``, with another source in the tree)
     reads the layers and the adapter once more (``drafter_refresh``). An early-exit adapter
     in the draft slot (``--draft-model <early-exit folder>``) is priced by the same rule
     (``adapter_bytes``): ``chain_once`` (its first forward, and its refresh) and

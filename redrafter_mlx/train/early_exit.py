@@ -35,16 +35,8 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 
-from ..engine.early_exit import (
-    ETA,
-    GAMMA,
-    EarlyExitAdapter,
-    EarlyExitArgs,
-    adapter_write,
-    bind_head,
-    check_exit_layer,
-    draft_chain,
-)
+from ..engine.early_exit import EarlyExitAdapter, EarlyExitArgs, bind_head, check_exit_layer
+from ..engine.early_exit_chain import ETA, GAMMA, adapter_write, draft_chain
 from ..engine.errors import ParamError
 from ..engine.model import Model
 from ..engine.tree import cache_mask, chain_mask

@@ -8,7 +8,6 @@ A Hugging Face repo id is resolved through the local Hugging Face cache.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 from pathlib import Path
@@ -21,13 +20,18 @@ from . import config as config_file
 from .branches import split_token_ids
 from .drafter import Drafter, DrafterArgs
 from .lm_model import LmModel
-from .model import Model, ModelArgs, copies_embedding
+from .model import Model, ModelArgs
 from .platform import default_dtype
-from .safetensors_check import CorruptFileError, check_file
-
-
-class LoadError(Exception):
-    """A model or drafter that cannot be loaded; the message names the problem and the fix."""
+from .weight_files import (
+    LoadError,
+    check_weight_file,
+    head_copies,
+    load_checked,
+    non_finite,
+    read_weights,
+    tensor_names,
+    weight_files_of,
+)
 
 
 def resolve_path(path_or_repo: str | os.PathLike, what: str = "model") -> Path:
@@ -46,69 +50,6 @@ def read_config(path: Path, what: str = "model") -> dict:
         return config_file.read_config(path, what)
     except config_file.ConfigError as e:
         raise LoadError(str(e)) from None
-
-
-def read_weights(path: Path) -> dict[str, mx.array]:
-    """All tensors of ``model*.safetensors`` in ``path`` (index-listed shards must exist)."""
-    weights: dict[str, mx.array] = {}
-    for f in _weight_files(path):
-        weights.update(_load_checked(f))
-    return weights
-
-
-def non_finite(weights: dict[str, mx.array]) -> list[str]:
-    """The names of the floating-point tensors in ``weights`` that hold a NaN or an infinity
-    (what a diverged training run leaves; such weights are never saved or loaded)."""
-    names = [k for k, v in weights.items() if mx.issubdtype(v.dtype, mx.floating)]
-    flags = [mx.all(mx.isfinite(weights[k])) for k in names]
-    mx.eval(flags)
-    return [k for k, flag in zip(names, flags) if not flag.item()]
-
-
-def tensor_names(files: list[Path]) -> set[str]:
-    """The names of the tensors in ``files`` (headers only; each file checked whole)."""
-    return {name for f in files for name in _check(f) if name != "__metadata__"}
-
-
-def _head_copies(files: list[Path]) -> bool:
-    """Whether the checkpoint's head is a copy of its embedding (only those tensors are read:
-    ``mx.load`` is lazy)."""
-    weights = {k: v for f in files for k, v in mx.load(str(f)).items()}
-    return copies_embedding(weights)
-
-
-def _weight_files(path: Path) -> list[Path]:
-    """The model's safetensors files (index-listed shards must exist), or LoadError."""
-    index = path / "model.safetensors.index.json"
-    if index.exists():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        missing = [s for s in shards if not os.path.lexists(path / s)]
-        if missing:
-            raise LoadError(f"{path}: shards listed in the index are missing: {missing}")
-        files = [str(path / s) for s in shards]
-    else:
-        files = sorted(glob.glob(str(path / "model*.safetensors")))
-    if not files:
-        raise LoadError(
-            f"{path} has no model*.safetensors. PyTorch checkpoints must be converted first: "
-            f"redrafter-mlx convert --model {path} --out <dir>"
-        )
-    return [Path(f) for f in files]
-
-
-def _check(file: Path) -> dict:
-    """The file's header, or LoadError naming the damage unless the safetensors file opens and
-    is whole (a symbolic link in a loop, say)."""
-    try:
-        return check_file(file)
-    except CorruptFileError as e:
-        raise LoadError(str(e)) from None
-
-
-def _load_checked(file: Path) -> dict[str, mx.array]:
-    """``mx.load`` of a safetensors file checked first, so damage gets a clear LoadError."""
-    _check(file)
-    return mx.load(str(file))
 
 
 def _apply_weights(module: nn.Module, weights: dict, config: dict, dtype, where: Path):
@@ -162,10 +103,10 @@ def load_model(path: str | os.PathLike, dtype=None, group=None) -> tuple[Model, 
         config_file.check_model_config(config, path / "config.json")
     except config_file.ConfigError as e:
         raise LoadError(str(e)) from None
-    files = _weight_files(path)
+    files = weight_files_of(path)
     try:
         tied = config_file.ties_head(
-            config, tensor_names(files), path / "config.json", lambda: _head_copies(files)
+            config, tensor_names(files), path / "config.json", lambda: head_copies(files)
         )
     except config_file.ConfigError as e:
         raise LoadError(str(e)) from None
@@ -208,8 +149,8 @@ def load_lm_model(path: Path, config: dict, dtype, group=None) -> LmModel:
             f"{path}: model_type {model_type!r} is not one mlx-lm {version} implements; "
             "upgrade mlx-lm (pip install -U mlx-lm) for newer families"
         ) from None
-    for file in _weight_files(path):
-        _check(file)
+    for file in weight_files_of(path):
+        check_weight_file(file)
     try:
         lm, _ = mlx_lm_load(path, lazy=True, strict=True)
     except (ValueError, TypeError, KeyError, AttributeError) as e:
@@ -260,9 +201,9 @@ def read_shard(path: Path, group) -> dict[str, mx.array]:
     read from disk)."""
     from .distributed import read_sharded
 
-    files = _weight_files(path)
+    files = weight_files_of(path)
     for f in files:
-        _check(f)
+        check_weight_file(f)
     return read_sharded(files, group.rank(), group.size())
 
 
@@ -313,7 +254,7 @@ def read_weights_drafter(path: Path) -> dict[str, mx.array]:
                 f"redrafter-mlx convert --model <base> --drafter {path} --out <dir>"
             )
         raise LoadError(f"{path} has no model.safetensors")
-    return dict(_load_checked(file))
+    return dict(load_checked(file))
 
 
 MAX_ADDED_TOKENS = 8  # ids a model may have gained past its drafter's vocabulary

@@ -8,7 +8,7 @@ from redrafter_mlx.engine import batch as batch_module
 from redrafter_mlx.engine.batch import BatchGenerator
 from redrafter_mlx.engine.cache import Session
 from redrafter_mlx.engine.platform import READ_FIRST_ENV
-from redrafter_mlx.engine.prompts import Prefill
+from redrafter_mlx.engine.prefilling import Prefill
 from redrafter_mlx.engine.rows import Row, RowStats
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape

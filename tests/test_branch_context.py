@@ -8,7 +8,7 @@ from redrafter_mlx.engine.batch_choice import FixedShape
 from redrafter_mlx.engine.branches import request_rows
 from redrafter_mlx.engine.cache import Session, token_limit
 from redrafter_mlx.engine.generation import generate_steps
-from redrafter_mlx.engine.prompts import Prefill
+from redrafter_mlx.engine.prefilling import Prefill
 from redrafter_mlx.engine.rows import Row, RowStats
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR

@@ -11,7 +11,7 @@ from redrafter_mlx.engine.branches import BranchRules, BranchTree, request_rows,
 from redrafter_mlx.engine.cache import Session, ensure_slots, text_history
 from redrafter_mlx.engine.decode import DecodeState
 from redrafter_mlx.engine.platform import READ_FIRST_ENV
-from redrafter_mlx.engine.prompts import Prefill
+from redrafter_mlx.engine.prefilling import Prefill
 from redrafter_mlx.engine.rows import Row, RowStats
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape

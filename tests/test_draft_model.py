@@ -151,7 +151,7 @@ def test_rows_of_one_prefill_placed_into_a_running_batch_equal_plain_decoding(it
     from redrafter_mlx.engine.batch import BatchGenerator
     from redrafter_mlx.engine.batch_choice import FixedShape
     from redrafter_mlx.engine.cache import Session
-    from redrafter_mlx.engine.prompts import Prefill
+    from redrafter_mlx.engine.prefilling import Prefill
     from redrafter_mlx.engine.rows import Row, RowStats
 
     model = tiny_model(5, vocab=48, layers=2)

@@ -34,7 +34,7 @@ from redrafter_mlx.engine.memory import (
     pack_bytes,
     step_memory,
 )
-from redrafter_mlx.engine.prompts import Prefill
+from redrafter_mlx.engine.prefilling import Prefill
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape
 from redrafter_mlx.engine.sources import (

@@ -29,7 +29,7 @@ from redrafter_mlx.engine.early_exit_chain import prefill as prefill_ee
 from redrafter_mlx.engine.held import held_sources
 from redrafter_mlx.engine.loading import LoadError, load
 from redrafter_mlx.engine.memory import Dims, check_step_memory
-from redrafter_mlx.engine.prompts import Prefill
+from redrafter_mlx.engine.prefilling import Prefill
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape
 from redrafter_mlx.engine.sources import DRAFTER, EARLY_EXIT, LOOKUP, stateful

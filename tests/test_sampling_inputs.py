@@ -19,7 +19,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-import redrafter_mlx.engine.prompts as prompts_module
+import redrafter_mlx.engine.prefilling as prompts_module
 from redrafter_mlx.engine import tree
 from redrafter_mlx.engine.errors import ParamError
 from redrafter_mlx.engine.sampling import (

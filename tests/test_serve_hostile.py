@@ -20,7 +20,7 @@ import time
 import httpx
 import pytest
 
-import redrafter_mlx.engine.prompts as prompts_module
+import redrafter_mlx.engine.prefilling as prompts_module
 from redrafter_mlx.engine import tree
 from redrafter_mlx.engine.bundled import demo_paths
 from redrafter_mlx.engine.shape import BeamShape

@@ -237,7 +237,7 @@ def test_rows_with_lookup_equal_solo_runs(pair, prompts, with_drafter):
 def test_a_request_failing_on_its_own_ends_alone(pair, prompts, monkeypatch):
     """A queued request whose seed the engine cannot key (-1, past the door's check) and one
     whose prefill raises each get an error event; the rows around them equal solo runs."""
-    import redrafter_mlx.engine.prompts as prompts_module
+    import redrafter_mlx.engine.prefilling as prompts_module
 
     model, drafter, tok = pair
     prefill = prompts_module.prefill_session

@@ -15,7 +15,7 @@ from redrafter_mlx.engine.adaptive import Adaptive
 from redrafter_mlx.engine.batch import BatchGenerator
 from redrafter_mlx.engine.cache import Session
 from redrafter_mlx.engine.draft_model import prefill as draft_prefill
-from redrafter_mlx.engine.prompts import Prefill
+from redrafter_mlx.engine.prefilling import Prefill
 from redrafter_mlx.engine.rows import Row, RowStats
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape

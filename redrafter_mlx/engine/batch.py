@@ -4,7 +4,7 @@ sampling settings, penalties, logit bias and seed (after mlx-lm's ``BatchGenerat
 ``BatchGenerator`` holds the decode state of B rows and orchestrates three parts, each in
 its own module:
 
-* prompt processing (``prompts.py``: ``Prefill``, chunk by chunk, then ``join``: an empty
+* prompt processing (``prefilling.py``: ``Prefill``, chunk by chunk, then ``join``: an empty
   batch takes the rows' cache as is, else their K/V, hidden state, init token, key and every
   stateful source's state are written into free rows);
 * generation (``stepping.py``: each step's shape from the ``batch_choice.ShapePolicy``, the
@@ -42,7 +42,7 @@ from .decode import (
 )
 from .held import held_sources
 from .platform import read_first
-from .prompts import Prefill, PromptProcessing
+from .prefilling import Prefill, PromptProcessing
 from .rows import Row, RowStep, row_buckets, take_rows
 from .sources import (
     PREFILL_CHUNK,

@@ -46,7 +46,7 @@ from .held import check_draft_slot, check_loaded
 from .memory import check_step_memory
 from .model import Model
 from .plan import DEFAULT_SHAPE, default_plan
-from .prompts import Prefill
+from .prefilling import Prefill
 from .rows import Row, RowStats
 from .sampling import SamplerConfig, check_seed
 from .shape import BeamShape

@@ -1,216 +1,154 @@
-"""Prompt processing, the loop's first part: prompts prefilled chunk by chunk in their own
-cache (``Prefill``), then placed into free rows of the batch (``PromptProcessing.join``),
-every stateful draft source's state prefilled with them (``Source.prefill``)."""
+"""Prompt sets: the built-in ones (MT-Bench, Vicuna-bench, the edit set, the list requests,
+the demo model's held-out prompts) or a user's file, read the same way by ``bench``, ``tune``
+and the build scripts.
+
+A file is JSONL (each line ``{"turns": [str, ...]}``, ``{"prompt": str}`` or ``{"text": str}``,
+with an optional ``"category"``) or plain text with one prompt per line. :func:`load_prompts`
+gives the first turn of each; :func:`load_records` keeps every turn and the category.
+"""
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
-from typing import Any
+import json
+from dataclasses import dataclass
+from pathlib import Path
 
-import mlx.core as mx
+from .bundled import PACKAGE_ROOT, heldout_prompts_path
 
-from .branches import step_split
-from .cache import (
-    Session,
-    ensure_slots,
-    prefill_session,
-    text_history,
-)
-from .decode import (
-    DecodeState,
-    first_draw,
-)
-from .rows import Row, RowStep
-from .sampling import (
-    RowSampler,
-    SamplerConfig,
-    one_row,
-    row_keys_of,
-    stack_rows,
-)
-from .sources import (
-    PREFILL_CHUNK,
-)
+PACKAGE_DATA = PACKAGE_ROOT / "data"
+PROMPT_SETS = {
+    "mt-bench": PACKAGE_DATA / "mt_bench_questions.jsonl",
+    "vicuna-bench": PACKAGE_DATA / "vicuna_bench_questions.jsonl",
+    "edit": PACKAGE_DATA / "edit_prompts.jsonl",
+    # requests answered with lists: MT-Bench writing and humanities (first turns) and asks for
+    # tips or steps on topics the APAR training prompts leave out (scripts.build_smollm2_apar)
+    "lists": PACKAGE_DATA / "list_prompts.jsonl",
+    "demo": heldout_prompts_path(),
+}
 
 
-@dataclass
-class Prefill:
-    """Prompts prefilled in their own cache (``session``, one row per prompt), one chunk at a
-    time, before they join a batch (``BatchGenerator.join``): a server's request (one row), or
-    a generation call's rows (a chat ``Session`` keeps its cached prefix: only the rest is
-    run). ``seed``: the rows' draws' seed (``row_keys_of``); ``owner``: the client's handle."""
+class PromptSetError(ValueError):
+    """A prompt set that cannot be read; the message names the file and the fix."""
 
-    prompts: list[list[int]]
-    sampler: SamplerConfig
-    seed: int
-    session: Session
-    owner: Any = None
-    rows: list[Row] = field(default_factory=list)  # the rows they become (one per prompt)
-    started: float = field(default_factory=time.perf_counter)
-    done: int = 0  # tokens of each row's new part prefilled so far
-    hidden: mx.array | None = None  # (B, H) at each row's last prefilled token
 
-    def __post_init__(self):
-        self.new = self.session.reuse(self.prompts)  # each row's tokens not cached yet
-        self.kept = [len(c) for c in self.session.cached]
+def prompt_source(spec: str) -> Path:
+    """The file behind a prompt-set name or a path."""
+    if spec in PROMPT_SETS:
+        return PROMPT_SETS[spec]
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise PromptSetError(
+            f"{spec!r} is not a file and neither a prompt set ({', '.join(PROMPT_SETS)}); pass "
+            f"a .jsonl file (with 'turns', 'prompt' or 'text') or a .txt file (one per line)"
+        )
+    return path
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    """One prompt of a set: its user turns (the first is the prompt) and its category."""
+
+    turns: tuple[str, ...]
+    category: str | None = None
 
     @property
-    def prefilled(self) -> int:
-        """Prompt tokens to run (those not already cached)."""
-        return sum(len(t) for t in self.new)
-
-    def advance(self) -> int:
-        """Prefill the next chunk of every row; returns its token count.
-
-        Chunk by chunk through the engine's own prefill, with the session's cached tokens
-        kept current, this computes exactly what one prefill of the prompts computes.
-        """
-        chunks = [t[self.done : self.done + PREFILL_CHUNK] for t in self.new]
-        hidden = prefill_session(self.session, chunks)
-        if self.hidden is not None:  # a row whose prompt ended in an earlier chunk keeps its own
-            ran = mx.array([len(c) > 0 for c in chunks])
-            hidden = mx.where(ran[:, None], hidden, self.hidden)
-        self.hidden = hidden
-        self.done += PREFILL_CHUNK
-        self.session.cached = [p[: k + self.done] for p, k in zip(self.prompts, self.kept)]
-        return sum(len(c) for c in chunks)
-
-    @property
-    def complete(self) -> bool:
-        return self.done >= max(len(t) for t in self.new)
-
-    def first_token(self, model, fork_ok: list[bool] | None = None) -> tuple[list[int], mx.array]:
-        """Each row's first token, drawn now with its own key (so that an error in its own
-        prefill or draw surfaces here, not in a batched step), and the rows' next keys
-        (B, 2) (``row_keys_of``: a lone row's are the seed's own). Rows with branching on
-        draw under its rules, forking where ``fork_ok`` (per row) says they may."""
-        rng, first_key = mx.random.split(mx.random.key(self.seed))
-        prompts, rows = self.prompts, len(self.prompts)
-        own = one_row(self.sampler, model.vocab_size)  # checked here: a bad value fails it alone
-        for row in self.rows or ():
-            row.sampling = own
-        mode, settings = stack_rows([own] * rows, model.vocab_size)
-        last = None
-        trees = [row.branches for row in self.rows] if self.rows else [None] * rows
-        fork_ok = fork_ok or [False] * rows
-        ids, split = step_split(trees, fork_ok, [-1] * rows, getattr(model, "split_ids", ()))
-        if ids:  # a branching row, or an APAR model's linear rows (no split token drawn)
-            mode = mode._replace(split=ids)
-            last = mx.array([p[-1] for p in prompts], mx.int32)
-        sampler = RowSampler(settings, row_keys_of(first_key, rows), mode, split)
-        history = text_history(prompts, self.session.slots) if self.sampler.reads_text else None
-        lengths = mx.array([len(p) for p in prompts], mx.int32)
-        first = first_draw(model, self.hidden, sampler, history, lengths, last)
-        return first.tolist(), row_keys_of(rng, rows)
+    def prompt(self) -> str:
+        """The first turn."""
+        return self.turns[0]
 
 
-class PromptProcessing:
-    """Prefill and join: the part of ``batch.BatchGenerator`` that admits prompts (its
-    ``prefills`` queue, ``insert``, ``prefill_turn``) and writes their rows into the batch
-    (``join``)."""
+def parse_records(text: str, source: str) -> list[PromptRecord]:
+    """Records of a JSONL text (``turns``, ``prompt`` or ``text``; ``category``) or one
+    single-turn prompt per line.
 
-    def insert(self, job: Prefill) -> None:
-        """Queue prompts to join (their rows in ``job.rows``); ``next`` prefills them."""
-        self.prefills.append(job)
-        self._params = None  # the rows forks may take (``fork_grants``) count it
-
-    def prefill_turn(self, budget: int | None, turn) -> None:
-        """Up to ``budget`` prompt tokens of the waiting prefills, in order (at least one
-        chunk; None: all of them), each joining with its first token once complete (into
-        ``turn.joined``); a prefill or first draw that raises fails that prefill alone
-        (``turn.failed``)."""
-        while self.prefills and (budget is None or budget > 0):
-            job = self.prefills[0]
-            try:
-                ran = job.advance()
-                first = None
-                if job.complete:
-                    first = job.first_token(self.model, self.fork_grants(job.rows))
-            except Exception as e:  # this prefill's own work: the others go on
-                self.prefills.pop(0)
-                turn.failed.append((job, e))
-                continue
-            budget = None if budget is None else budget - ran
-            if first is not None:
-                joined = self.join(job.rows, job.session, job.hidden, *first)
-                self.prefills.pop(0)  # after the join: a failing join leaves it to answer
-                for row, (new, finish) in zip(job.rows, joined):
-                    turn.joined.append(RowStep(row, new, finish, 1, 0))
-
-    def join(
-        self, rows: list[Row], session: Session, hidden: mx.array, first: list[int], keys
-    ) -> list[tuple[list[int], str | None]]:
-        """Place prefilled ``rows`` (``session``'s rows, their hidden states (b, H) at the last
-        prompt token, first tokens drawn, next keys (b, 2): a ``Prefill``) into free rows,
-        growing the batch when none is free. An empty batch with no step in flight takes the
-        session's cache itself (no copy; the session gives it up). Returns each row's first
-        token's emitted part and why it finished (None: it goes on)."""
-        empty = all(r is None for r in self.rows) and self.pending is None
-        if empty and len(rows) in self.buckets:
-            self._adopt(rows, session, hidden, first, keys)
+    The text is JSONL when ``source`` ends in ``.jsonl`` or its first line is a JSON object.
+    A record's turns are its leading string turns (at least the first).
+    """
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not (source.endswith(".jsonl") or (lines and lines[0].startswith("{"))):
+        return [PromptRecord((line,)) for line in lines]
+    records = []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except ValueError as e:
+            raise PromptSetError(
+                f"{source}:{number} is not valid JSON ({e}); each line must be an object "
+                f'with "turns": [str, ...], "prompt" or "text"'
+            ) from None
+        record = record if isinstance(record, dict) else {}
+        turns = record.get("turns")
+        if turns and isinstance(turns, list):
+            kept: list = []
+            for turn in turns:
+                if not isinstance(turn, str):
+                    break
+                kept.append(turn)
+            turns = kept or [turns[0]]
         else:
-            for i, row in enumerate(rows):
-                if None not in self.rows:
-                    self.resize(self.bucket_for(len(self.rows) + 1))
-                r = self.rows.index(None)
-                self._place(r, session, i, hidden[i : i + 1], mx.array(first[i : i + 1]), keys[i])
-                row.slot = r
-                self.rows[r] = row
-                self.vacated.pop(r, None)
-        self._params = None
-        now = time.perf_counter()
-        for row, token, text in zip(rows, first, session.cached):
-            row.joined = now
-            row.shadow = self.policy.shadow([*text, token])
-        emitted = [self.emit(row, [token]) for row, token in zip(rows, first)]
-        for row, (new, finish) in zip(rows, emitted):
-            self.grow_branches(row, new, finish)
-        self.end_answers(rows)
-        return emitted
+            turns = [record.get("prompt") or record.get("text")]
+        if not isinstance(turns[0], str):
+            raise PromptSetError(f"{source}:{number} has no 'turns', 'prompt' or 'text' string")
+        empty = next((i for i, turn in enumerate(turns, 1) if not turn.strip()), None)
+        if empty is not None:
+            raise PromptSetError(
+                f"{source}:{number}'s turn {empty} is empty; give every turn some text (or "
+                "remove the line)"
+            )
+        category = record.get("category")
+        records.append(PromptRecord(tuple(turns), category if isinstance(category, str) else None))
+    return records
 
-    def _adopt(self, rows, session: Session, hidden, first, keys) -> None:
-        """Take a prefilled session's cache as the whole batch, row ``i`` in slot ``i``."""
-        history = text_history(session.cached, session.slots)
-        first = mx.array(first, mx.int32)
-        sources = self._prefilled_sources(session, slice(None))
-        self.state = DecodeState(
-            first, hidden, session.lengths, session.keys, session.values, history, sources
-        )
-        session.keys = session.values = None  # the batch owns the cache (in-place updates)
-        self.row_keys, self.rows = keys, list(rows)
-        for r, row in enumerate(self.rows):
-            row.slot = r
-        self.behind = [0] * len(self.stateful)  # every source prefilled with every row
 
-    def _prefilled_sources(self, session: Session, rows: slice) -> tuple:
-        """The stateful sources' states after ``session``'s ``rows``' prompts (all in its
-        cache: ``Source.prefill``)."""
-        return tuple(s.prefill(self.model, session, rows) for s in self.stateful)
+def parse_prompts(text: str, source: str) -> list[str]:
+    """Prompts of a JSONL text (first turn, ``prompt`` or ``text``) or one per line."""
+    return [record.prompt for record in parse_records(text, source)]
 
-    def _place(self, r: int, session: Session, i: int, hidden, first, rng) -> None:
-        """Write row ``i`` of a prefilled session into batch row ``r`` (lazy array updates)."""
-        self.state = ensure_slots(self.state, session.slots)
-        at = mx.arange(len(self.rows)) == r  # (B,)
-        for cache, row_cache in (
-            (self.state.keys, session.keys),
-            (self.state.values, session.values),
-        ):
-            for layer, src in enumerate(row_cache):
-                cache[layer][r : r + 1, :, : src.shape[2]] = src[i : i + 1]
-        s = self.state
-        history = s.history
-        if history is not None:  # the row's text so far: its prompt, all in the cache
-            text = text_history(session.cached[i : i + 1], history.shape[1])
-            history = mx.where(at[:, None], text, history)
-        for state, row_state in zip(s.sources, self._prefilled_sources(session, slice(i, i + 1))):
-            for cache, row_cache in zip(state, row_state):  # (keys, values)
-                for layer, src in enumerate(row_cache):
-                    cache[layer][r : r + 1, :, : src.shape[2]] = src
-        self.state = s._replace(
-            init_token=mx.where(at, first, s.init_token),
-            hidden=mx.where(at[:, None], hidden, s.hidden),
-            lengths=mx.where(at, session.lengths[i], s.lengths),
-            history=history,
-        )
-        self.row_keys = mx.where(at[:, None], rng[None], self.row_keys)
+
+def spread(records: list[PromptRecord], count: int) -> list[PromptRecord]:
+    """``count`` records spread over the categories: round-robin over the categories in file
+    order (the first of each, then the second of each, ...), returned in file order.
+
+    Records without a category count as one more category; a file without categories gives
+    its first ``count``.
+    """
+    groups: dict[str | None, list[int]] = {}
+    for index, record in enumerate(records):
+        groups.setdefault(record.category, []).append(index)
+    chosen: list[int] = []
+    depth = 0
+    while len(chosen) < min(count, len(records)):
+        for members in groups.values():
+            if depth < len(members) and len(chosen) < count:
+                chosen.append(members[depth])
+        depth += 1
+    return [records[i] for i in sorted(chosen)]
+
+
+def load_records(
+    spec: str, limit: int | None = None, spread_categories: bool = False
+) -> list[PromptRecord]:
+    """``limit`` records (all when None) of a prompt set or file: the first ones, or with
+    ``spread_categories`` spread over its categories (:func:`spread`)."""
+    source = prompt_source(spec)
+    try:
+        text = source.read_text(encoding="utf-8")
+    except OSError as e:
+        raise PromptSetError(f"prompt set {spec!r} cannot be read ({e})") from None
+    except UnicodeDecodeError as e:
+        raise PromptSetError(
+            f"{source} is not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start}); "
+            f"pass a UTF-8 .jsonl file (with 'turns', 'prompt' or 'text') or a .txt file "
+            f"(one prompt per line)"
+        ) from None
+    records = parse_records(text, str(source))
+    if not records:
+        raise PromptSetError(f"{source} holds no prompts")
+    if limit is None:
+        return records
+    return spread(records, limit) if spread_categories else records[:limit]
+
+
+def load_prompts(spec: str, limit: int | None = None) -> list[str]:
+    """The first ``limit`` prompts (all when None) of a prompt set or file."""
+    return [record.prompt for record in load_records(spec, limit)]

@@ -44,7 +44,7 @@ from redrafter_mlx.engine.branches import BranchRules, check_branching_model, re
 from redrafter_mlx.engine.cache import Session, token_limit
 from redrafter_mlx.engine.held import check_draft_slot, slot_modules
 from redrafter_mlx.engine.loading import materialize
-from redrafter_mlx.engine.prompts import Prefill
+from redrafter_mlx.engine.prefilling import Prefill
 from redrafter_mlx.engine.rows import Row, RowStats
 from redrafter_mlx.engine.shape import AR, BeamShape
 

@@ -304,7 +304,7 @@ class Engine:
     dtype: str
     folder: Path | None = None  # the model's local folder (a Hub id resolved)
     # --draft-model, loaded: the draft slot (a draft model, the model itself when it names
-    # it, an early-exit adapter, or both as a ``DraftPair`` when it was given twice)
+    # it, an early-exit adapter, or both as a (draft model, adapter) tuple when it was given twice)
     draft_model: object = None
 
 

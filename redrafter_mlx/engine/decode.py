@@ -5,7 +5,7 @@ cache slots), so it runs under ``mx.compile`` and never reads the device. The ca
 come from draft sources (``sources.py``): the drafter's W beams (or, an early-exit adapter
 as the drafter, its one chain: ``early_exit.py``), K context-lookup chains (``lookup.py``)
 and the draft slot's chains (a draft model's, ``draft_model.py``, an early-exit adapter's
-beside the recurrent drafter, or both: ``draft_model.DraftPair``), in one tree. The
+beside the recurrent drafter, or any other draft-slot source: ``held.py``), in one tree. The
 autoregressive baseline is the same machinery with one token per step.
 
 State carried between steps (``DecodeState``):
@@ -15,12 +15,12 @@ State carried between steps (``DecodeState``):
     lengths    (B,)   committed cache length per row
     keys/values       per layer (B, n_kv, S, D)
     history    (B, S) the committed token ids, slot by slot (None: no lookup)
-    sources           the stateful draft sources' states, in ``step_sources`` order (an
-                      early-exit adapter's, a draft model's K/V cache: (keys, values), per
-                      layer (B, n_kv, S, D))
+    sources           every stateful held source's state, in held order (an early-exit
+                      adapter's, a draft model's K/V cache: (keys, values), per layer
+                      (B, n_kv, S, D); ``held.held_sources``)
 
 Rows draw with their own keys (``sampling.RowSampler``, split per step by the batch step,
-``batch.batch_step``): the state carries no key.
+``step.batch_step``): the state carries no key.
 
 A step's output for the host (``StepOutput``): ``tokens`` (B, L) with ``count`` (B,) valid
 entries per row — the accepted draft tokens followed by the bonus token — and

@@ -141,7 +141,7 @@ def profile_steps(
     (generation loop wall time per step), ``host_ms`` (loop - step) and
     ``overhead_ms`` (step - verify). Timings are medians over ``repeats`` interleaved rounds.
     ``draft``: the draft slot for the shapes with its chains (``D1×L``: whole step only): a
-    draft model, an early-exit adapter or both (a ``DraftPair``).
+    draft model, an early-exit adapter, both, or any draft-slot sources (``held.held_sources``).
     """
     from redrafter_mlx.engine.cache import Session, bucket, prefill_session, text_history
     from redrafter_mlx.engine.held import held_sources
@@ -439,7 +439,7 @@ class WeightBytes:
     reads the layers and the adapter once more (``drafter_refresh``). An early-exit adapter
     in the draft slot (``--draft-model <early-exit folder>``) is priced by the same rule
     (``adapter_bytes``): ``chain_once`` (its first forward, and its refresh) and
-    ``chain_step`` (each draft step); beside a draft model (``DraftPair``) both are priced."""
+    ``chain_step`` (each draft step); beside a draft model both are priced."""
 
     model: int
     drafter_once: int = 0

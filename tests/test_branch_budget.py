@@ -67,7 +67,7 @@ def reference_text(model, drafter, shape, prompt):
     forks are masked by position alone."""
     request = [(prompt, SOME_FORKS, 0, 30, True)]
     roots, _, _ = run_batch(model, drafter, shape, request, budget=False)
-    tree = roots[0].branches
+    tree = roots[0].tree
     assert 2 < len(tree.branches) < RULES.max_branches
     ends = tree.ends()
     cut = [ends[r.branch] for r in roots[0].family if r.finish != "stop"]

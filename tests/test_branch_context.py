@@ -27,7 +27,7 @@ def decode(max_tokens: int, cap: int | None = CAP) -> Row:
     row_tokens, tree = request_rows(RULES, max_tokens)
     limit, at_limit = token_limit(model, len(PROMPT), row_tokens)
     root = Row(SOME_FORKS, limit, len(PROMPT), RowStats(len(PROMPT)), at_limit=at_limit)
-    root.branches = tree
+    root.tree = tree
     batch = BatchGenerator(model, None, FixedShape(AR), (EOS,), 64)
     batch.reset()
     batch.insert(Prefill([PROMPT], SOME_FORKS, 0, Session(model, 1), rows=[root]))
@@ -42,7 +42,7 @@ def test_each_branch_fits_the_cap_and_a_cut_inside_the_answer_finishes_context()
     """The answer reaches its budget (its root stops there, ``"length"``) but a detail the
     cap cut lies inside it: the request finishes ``"context"``."""
     root = decode(max_tokens=N)
-    tree = root.branches
+    tree = root.tree
     assert len(tree.branches) > 2, "the test needs forks"
     for b in range(len(tree.branches)):  # every branch's sequence fits the cap
         assert len(PROMPT) + len(tree.row(b)) <= CAP, b
@@ -54,7 +54,7 @@ def test_each_branch_fits_the_cap_and_a_cut_inside_the_answer_finishes_context()
     assert len(tree.linear()) == N > CAP - len(PROMPT)  # the cap bounds rows, not the answer
     uncapped = decode(max_tokens=N, cap=None)
     assert uncapped.request_finish == "length"
-    assert uncapped.branches.linear() != tree.linear()  # the cut changed the answer
+    assert uncapped.tree.linear() != tree.linear()  # the cut changed the answer
 
 
 def test_a_cut_at_the_answers_end_is_its_length():
@@ -62,11 +62,11 @@ def test_a_cut_at_the_answers_end_is_its_length():
     budget): the cap changed nothing in the answer, ``"length"``, and the text is the
     uncapped answer's."""
     root = decode(max_tokens=16)
-    ends = root.branches.ends()
+    ends = root.tree.ends()
     assert any(r.finish == "context" and ends[r.branch] == 16 for r in root.family)
     assert root.request_finish == "length"
     uncapped = decode(max_tokens=16, cap=None)
-    assert root.branches.linear() == uncapped.branches.linear()
+    assert root.tree.linear() == uncapped.tree.linear()
 
 
 def test_generate_reports_the_context_cut():

@@ -49,11 +49,11 @@ def test_a_fork_copies_the_draft_cache_and_branches_equal_plain_decoding(
     monkeypatch.setenv(READ_FIRST_ENV, first)  # both read orders of branching steps
     sampler = forking_sampler()
     shape = BeamShape.parse(label)
-    roots, _, _ = run_batch(model, None, shape, [(PROMPT, sampler, 0, 10, True)], draft=draft)
+    roots, _, _ = run_batch(model, None, shape, [(PROMPT, sampler, 0, 10, True)], draft_model=draft)
     assert copied and all(copied)  # every child starts from its parent's draft cache
     check_branches(model, drafter, None, roots[0], PROMPT, sampler, 0, 10)
     stats = roots[0].request_stats()
-    assert stats.branches == len(roots[0].branches.branches)
+    assert stats.branches == len(roots[0].tree.branches)
     if itself:  # the model as its own draft: drafts get accepted in every branch's row
         assert stats.by_source[DRAFT_MODEL] > 0
         assert all(r.stats.accepted_drafts > 0 for r in roots[0].family)

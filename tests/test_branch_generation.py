@@ -47,7 +47,7 @@ def test_events_stream_each_prompts_rebuilt_text_in_order():
             [(prompt, forking_sampler(), 0, 10, True)],
             budget=True,
         )
-        trees.append(roots[0].branches)
+        trees.append(roots[0].tree)
         streamed = [t for ev in events for t in ev.tokens[r]]
         assert streamed == trees[r].linear()
         assert FORK not in streamed and CHILD not in streamed
@@ -67,8 +67,8 @@ def test_seeded_sampling_streams_the_same_text_as_the_loop():
     events = call(model, drafter, [OTHER], sampler, seed=5)
     request = [(OTHER, sampler, 5, 10, True)]
     roots, _, _ = run_batch(model, drafter, BeamShape(2, 3), request, budget=True)
-    assert [t for ev in events for t in ev.tokens[0]] == roots[0].branches.linear()
-    assert len(roots[0].branches.branches) > 2
+    assert [t for ev in events for t in ev.tokens[0]] == roots[0].tree.linear()
+    assert len(roots[0].tree.branches) > 2
 
 
 def test_branch_modes_resolve_from_the_tokenizer_folder(tmp_path):

@@ -31,8 +31,8 @@ def alone(model, drafter, prompt, sampler, seed=0, limit=12, shape=SHAPE) -> lis
     """The request's answer decoded alone, with rows to spare for every branch."""
     request = [(prompt, sampler, seed, limit, True)]
     roots, _, _ = run_batch(model, drafter, shape, request, budget=True)
-    assert len(roots[0].branches.branches) > 2, "the test needs forks"
-    return roots[0].branches.linear()
+    assert len(roots[0].tree.branches) > 2, "the test needs forks"
+    return roots[0].tree.linear()
 
 
 def serve(model, drafter, requests, max_batch, limit=12) -> tuple[list[Collector], Scheduler]:
@@ -109,7 +109,7 @@ def test_branches_that_waited_equal_plain_decoding_of_their_own_rows(shape):
     check_branches(model, drafter, reference_shape, roots[1], other, sampler, 5, 12)
     for root, (prompt, _, seed, limit, _) in zip(roots, requests):
         solo, _, _ = run_batch(model, drafter, shape, [(prompt, sampler, seed, limit, True)])
-        assert root.branches.linear() == solo[0].branches.linear()
+        assert root.tree.linear() == solo[0].tree.linear()
 
 
 def test_a_cancelled_request_leaves_no_waiting_child(monkeypatch):

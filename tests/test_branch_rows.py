@@ -41,16 +41,18 @@ def run_batch(
     rules=RULES,
     max_batch=64,
     eos=(EOS,),
-    draft=None,
+    draft_model=None,
     budget=False,
 ):
     """Decode ``requests`` [(prompt, sampler, seed, limit, branching)] together; returns each
-    request's root row (its ``family`` and tree hold the branches). ``draft``: a draft
-    model for the shape's ``D1×L`` chain. ``budget``: a branching request's ``limit``
+    request's root row (its ``family`` and tree hold the branches). ``draft_model``: a draft model
+    for the shape's ``D1×L`` chain. ``budget``: a branching request's ``limit``
     bounds its answer (``BranchTree.budget``, as ``generate_steps`` and the server set it),
     else each of its rows."""
     drafter = drafter if shape.drafts else None
-    batch = BatchGenerator(model, drafter, FixedShape(shape), eos, max_batch, draft=draft)
+    batch = BatchGenerator(
+        model, drafter, FixedShape(shape), eos, max_batch, draft_model=draft_model
+    )
     batch.reset()
     roots = []
     for prompt, sampler, seed, limit, branching in requests:
@@ -119,7 +121,7 @@ def fork_points(tree: BranchTree, b: int) -> list[int]:
 
 
 def check_branches(model, drafter, shape, root, prompt, sampler, seed, limit):
-    tree = root.branches
+    tree = root.tree
     assert len(tree.branches) > 2, "the test needs forks"
     assert len(tree.branches) < tree.rules.max_branches  # no limit reached: masks by depth
     for b in range(len(tree.branches)):
@@ -142,7 +144,7 @@ def test_greedy_branches_equal_plain_decoding_of_their_own_rows(shape, read_orde
     roots, _, batch = run_batch(model, drafter, shape, [(PROMPT, sampler, 0, 10, True)])
     root = roots[0]
     check_branches(model, drafter, None, root, PROMPT, sampler, 0, 10)
-    assert all(r.finished for r in root.family) and root.branches.done
+    assert all(r.finished for r in root.family) and root.tree.done
     assert not batch.active  # every branch freed its row
 
 
@@ -222,13 +224,13 @@ def test_limits_hold_when_the_batch_or_the_request_runs_out_of_room():
     request = [(PROMPT, sampler, 0, 10, True)]
     for rules, max_batch in [(BranchRules(FORK, CHILD, max_branches=3), 8), (RULES, 2)]:
         roots, _, batch = run_batch(model, drafter, AR, request, rules, max_batch)
-        tree = roots[0].branches
+        tree = roots[0].tree
         assert 1 < len(tree.branches) <= rules.max_branches
         assert len(batch.rows) <= max_batch and tree.done and not batch.waiting
         for b in tree.branches:
             assert CHILD not in b.tokens[1:]
         alone, _, _ = run_batch(model, drafter, AR, request, rules, 64)
-        assert tree.linear() == alone[0].branches.linear()
+        assert tree.linear() == alone[0].tree.linear()
     assert len(tree.branches) > max_batch  # the children waited for rows
 
 
@@ -302,19 +304,19 @@ def test_steps_queue_ahead_of_a_branching_step_and_change_no_token(monkeypatch, 
     monkeypatch.setenv(READ_FIRST_ENV, "0")  # a GPU's default (the CPU's reads first)
     roots, outs, batch = run_batch(model, drafter, shape, requests)
     assert batch.ahead > 5  # steps queued with a branching step in flight
-    assert sum(len(r.branches.branches) for r in roots) > 4
+    assert sum(len(r.tree.branches) for r in roots) > 4
     monkeypatch.setenv(READ_FIRST_ENV, "1")
     want_roots, want_outs, first = run_batch(model, drafter, shape, requests)
     assert first.ahead == 0
     assert outs == want_outs
     for root, want in zip(roots, want_roots):  # branch ids are in fork order: compare as sets
-        assert root.branches.linear() == want.branches.linear()
+        assert root.tree.linear() == want.tree.linear()
         assert sorted(branch_rows(root)) == sorted(branch_rows(want))
 
 
 def branch_rows(root: Row) -> list[tuple]:
     """Each branch of ``root``'s request as (fork point, tokens, steps its row took)."""
-    tree = root.branches
+    tree = root.tree
     return [
         (tuple(fork_points(tree, row.branch)), tuple(tree.branches[row.branch].tokens),
          row.stats.steps)
@@ -340,4 +342,4 @@ def test_near_the_limits_a_branching_step_is_read_first(monkeypatch):
     rules = BranchRules(FORK, CHILD, max_branches=4)
     roots, _, batch = run_batch(model, drafter, AR, [(PROMPT, sampler, 0, 10, True)], rules, 3)
     assert True in answers and False in answers
-    assert 1 < len(roots[0].branches.branches) <= 4 and len(batch.rows) <= 3
+    assert 1 < len(roots[0].tree.branches) <= 4 and len(batch.rows) <= 3

@@ -68,7 +68,9 @@ def test_draft_cache_holds_the_committed_text_after_catch_up(label):
     drafter = tiny_drafter(model, 4) if shape.drafts else None
     slots = 64
     state = greedy_prefilled(model, prompt, slots, [prefill(draft, [prompt], slots)])
-    step = uniform_step(model, drafter, shape, SamplerConfig(), 1, compiled=False, draft=draft)
+    step = uniform_step(
+        model, drafter, shape, SamplerConfig(), 1, compiled=False, draft_model=draft
+    )
     for _ in range(4):
         state, _ = step(state, slots)
     n = int(state.lengths[0])
@@ -157,7 +159,7 @@ def test_rows_of_one_prefill_placed_into_a_running_batch_equal_plain_decoding(it
     model = tiny_model(5, vocab=48, layers=2)
     draft = model if itself else tiny_model(9, vocab=48, layers=1)
     shape = BeamShape.parse("D1xL4" if itself else "K1xL5+D1xL4")
-    batch = BatchGenerator(model, None, FixedShape(shape), max_batch=4, draft=draft)
+    batch = BatchGenerator(model, None, FixedShape(shape), max_batch=4, draft_model=draft)
     batch.reset()
     first, later = PROMPTS[:1], PROMPTS[1:]
 

@@ -94,11 +94,11 @@ def test_memory_counts_the_draft_models_weights_and_cache():
     shape = BeamShape.parse("D1xL4")
     alone = check_step_memory(model, None, replace(shape, model_length=0, lookup=1,
                                                    lookup_length=4), tokens=128)  # fmt: skip
-    with_draft = check_step_memory(model, None, shape, tokens=128, draft=draft)
+    with_draft = check_step_memory(model, None, shape, tokens=128, draft_model=draft)
     d = Dims.of(draft)
     assert with_draft.weights == alone.weights + d.weight_bytes
     assert with_draft.cache >= alone.cache + kv_bytes(d, 1, 128)
-    itself = check_step_memory(model, None, shape, tokens=128, draft=model)
+    itself = check_step_memory(model, None, shape, tokens=128, draft_model=model)
     assert itself.weights == alone.weights  # the model as its own draft: no second copy
 
 

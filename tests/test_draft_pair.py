@@ -267,7 +267,7 @@ def test_both_states_hold_the_committed_text_whichever_source_won(label, kind):
     slots = 128
     own = [prefill_ee(model, adapter, [REPEATING], slots), prefill_draft(draft, [REPEATING], slots)]
     state = greedy_prefilled(model, REPEATING, slots, own)
-    step = uniform_step(model, drafter, shape, SamplerConfig(), 1, compiled=False, draft=pair)
+    step = uniform_step(model, drafter, shape, SamplerConfig(), 1, compiled=False, draft_model=pair)
     sources = step_sources(shape, drafter, pair)
     ee, dm = sources[-2], sources[-1]
     assert isinstance(ee, EarlyExitSource) and isinstance(dm, DraftModelSource)
@@ -295,7 +295,7 @@ def test_the_pair_switched_off_and_on(batched):
     were caught up."""
     model, drafter, pair = a_pair(itself=True)
     policy = Scripted(CYCLE)
-    batch = BatchGenerator(model, drafter, policy, max_batch=4, draft=pair)
+    batch = BatchGenerator(model, drafter, policy, max_batch=4, draft_model=pair)
     assert ids(batch.held) == [EARLY_EXIT, DRAFT_MODEL] and batch.stateful[1].draft is model
     waves = [(PROMPTS[:1], 40)]
     if batched:
@@ -313,7 +313,7 @@ def test_after_the_catch_up_both_states_equal_a_fresh_prefill():
     states equal to a fresh prefill of the committed text; before it, both differ."""
     model, drafter, pair = a_pair(itself=False)
     cycle = [WD, AR, W, K, AR, W]
-    batch = BatchGenerator(model, drafter, Scripted(cycle), max_batch=1, draft=pair)
+    batch = BatchGenerator(model, drafter, Scripted(cycle), max_batch=1, draft_model=pair)
     batch.reset()
     session = Session(model, 1)
     batch.insert(Prefill(PROMPTS[:1], SamplerConfig(), 0, session, rows=rows_of(PROMPTS[:1], 200)))
@@ -415,15 +415,15 @@ def test_the_memory_check_counts_both(rows):
     pair = (other, adapter)
     shape = BeamShape.parse("W1xL4+K1xL4+D1xL4")
     held = held_cache(model, drafter, shape, rows, pair)
-    estimate = check_step_memory(model, drafter, shape, rows, TOKENS, draft=pair)
+    estimate = check_step_memory(model, drafter, shape, rows, TOKENS, draft_model=pair)
     assert held <= estimate.cache <= 1.01 * held, (held, estimate.cache)
     alone = check_step_memory(model, drafter, shape.runnable(True, False), rows, TOKENS)
-    with_adapter = check_step_memory(model, drafter, shape, rows, TOKENS, draft=adapter)
-    with_model = check_step_memory(model, drafter, shape, rows, TOKENS, draft=other)
+    with_adapter = check_step_memory(model, drafter, shape, rows, TOKENS, draft_model=adapter)
+    with_model = check_step_memory(model, drafter, shape, rows, TOKENS, draft_model=other)
     added = (with_adapter.weights - alone.weights) + (with_model.weights - alone.weights)
     assert estimate.weights - alone.weights == added > with_adapter.weights - alone.weights > 0
     assert estimate.cache > max(with_adapter.cache, with_model.cache)
-    itself = check_step_memory(model, drafter, shape, rows, TOKENS, draft=(model, adapter))
+    itself = check_step_memory(model, drafter, shape, rows, TOKENS, draft_model=(model, adapter))
     assert itself.weights == with_adapter.weights
 
 
@@ -456,14 +456,14 @@ def test_the_profile_prices_and_prefills_both():
     model, adapter = random_pair(3)
     drafter, other = tiny_drafter(model, 12), other_draft()
     pair = (other, adapter)
-    got = weight_bytes(model, drafter, None, draft=pair)
-    as_adapter = weight_bytes(model, drafter, None, draft=adapter)
-    as_model = weight_bytes(model, drafter, None, draft=other)
+    got = weight_bytes(model, drafter, None, draft_model=pair)
+    as_adapter = weight_bytes(model, drafter, None, draft_model=adapter)
+    as_model = weight_bytes(model, drafter, None, draft_model=other)
     assert (got.chain_once, got.chain_step) == (as_adapter.chain_once, as_adapter.chain_step)
     assert got.draft_model == as_model.draft_model > 0
     shape = BeamShape.parse("W1xL3+D1xL4")
     data = profile_steps(model, drafter, [shape], [1, 2, 3, 1, 2], repeats=1, loop_tokens=6,
-                         loop_rounds=1, draft=pair)  # fmt: skip
+                         loop_rounds=1, draft_model=pair)  # fmt: skip
     ar, row = data["rows"]
     assert row["step_kernels"] > ar["step_kernels"] > 0
     assert (row["chain_steps"], row["chain_refreshes"], row["draft_model_forwards"]) == (3, 1, 3)

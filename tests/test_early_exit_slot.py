@@ -108,7 +108,7 @@ def test_an_adapter_in_both_slots_is_one_clear_error():
     shape = BeamShape.parse("W1xL3+D1xL3")
     for call in (
         lambda: step_sources(shape, adapter, adapter),
-        lambda: BatchGenerator(model, adapter, Scripted([AR]), draft=adapter),
+        lambda: BatchGenerator(model, adapter, Scripted([AR]), draft_model=adapter),
         lambda: run_decode(model, adapter, PROMPTS[:1], max_tokens=4, shape=shape,
                            draft_model=adapter),
     ):  # fmt: skip
@@ -186,7 +186,9 @@ def test_the_adapter_cache_holds_the_committed_text_whichever_source_won():
     slots = 64
     own = [prefill_ee(model, adapter, [REPEATING], slots)]
     state = greedy_prefilled(model, REPEATING, slots, own)
-    step = uniform_step(model, drafter, shape, SamplerConfig(), 1, compiled=False, draft=adapter)
+    step = uniform_step(
+        model, drafter, shape, SamplerConfig(), 1, compiled=False, draft_model=adapter
+    )
     chain = step_sources(shape, drafter, adapter)[-1]
     assert chain.refresh == 6
     check = (chain, 0, lambda text: prefill_ee(model, adapter, text, slots))
@@ -208,7 +210,7 @@ def test_the_adapter_in_the_draft_slot_switched_off_and_on(batched):
     model, adapter = random_pair(3)
     drafter = tiny_drafter(model, 12)
     cycle = [WD, AR, W, D, AR, AR, AR, K, WD, *[AR] * 9, D, W, WD]
-    batch = BatchGenerator(model, drafter, Scripted(cycle), max_batch=4, draft=adapter)
+    batch = BatchGenerator(model, drafter, Scripted(cycle), max_batch=4, draft_model=adapter)
     assert [s.source_id for s in batch.stateful] == [EARLY_EXIT]
     waves = [(PROMPTS[:1], 40)]
     if batched:
@@ -225,7 +227,7 @@ def test_after_the_catch_up_the_adapter_cache_equals_a_fresh_prefill():
     model, adapter = random_pair(3)
     drafter = tiny_drafter(model, 12)
     cycle = [WD, AR, W, K, AR, W]
-    batch = BatchGenerator(model, drafter, Scripted(cycle), max_batch=1, draft=adapter)
+    batch = BatchGenerator(model, drafter, Scripted(cycle), max_batch=1, draft_model=adapter)
     batch.reset()
     session = Session(model, 1)
     batch.insert(Prefill(PROMPTS[:1], SamplerConfig(), 0, session, rows=rows_of(PROMPTS[:1], 200)))
@@ -328,7 +330,7 @@ def test_the_memory_check_counts_the_adapter_in_the_draft_slot(rows):
     drafter = tiny_drafter(model, 12)
     shape = BeamShape.parse("W1xL4+K1xL4+D1xL4")
     held = held_cache(model, drafter, shape, rows, adapter)
-    estimate = check_step_memory(model, drafter, shape, rows, TOKENS, draft=adapter)
+    estimate = check_step_memory(model, drafter, shape, rows, TOKENS, draft_model=adapter)
     assert held <= estimate.cache <= 1.01 * held, (held, estimate.cache)
     alone = check_step_memory(model, drafter, shape.runnable(True, False), rows, TOKENS)
     as_drafter = check_step_memory(model, adapter, BeamShape.parse("W1xL4"), rows, TOKENS)
@@ -346,7 +348,7 @@ def test_the_profile_prices_the_adapter_slot_as_the_early_exit_drafter():
     model, adapter = random_pair(3)
     drafter = tiny_drafter(model, 12)
     as_drafter = weight_bytes(model, adapter, None)
-    got = weight_bytes(model, drafter, None, draft=adapter)
+    got = weight_bytes(model, drafter, None, draft_model=adapter)
     assert (got.chain_once, got.chain_step) == (as_drafter.drafter_once, as_drafter.drafter_step)
     assert replace(got, chain_once=0, chain_step=0) == weight_bytes(model, drafter, None)
     # D1×L4: its first forward, three draft steps and a refresh
@@ -354,7 +356,7 @@ def test_the_profile_prices_the_adapter_slot_as_the_early_exit_drafter():
     assert got.per_step(3, chain_steps=3, chain_refreshes=1) == expected
     shape = BeamShape.parse("W1xL3+D1xL4")
     data = profile_steps(model, drafter, [shape], [1, 2, 3, 1, 2], repeats=1, loop_tokens=6,
-                         loop_rounds=1, draft=adapter)  # fmt: skip
+                         loop_rounds=1, draft_model=adapter)  # fmt: skip
     ar, row = data["rows"]
     assert row["step_kernels"] > ar["step_kernels"] > 0
     assert (row["chain_steps"], row["chain_refreshes"]) == (3, 1)

@@ -267,7 +267,9 @@ def test_both_caches_hold_the_committed_text_whichever_source_won(itself):
     slots = 64
     own = [prefill_ee(model, adapter, [REPEATING], slots), prefill_draft(draft, [REPEATING], slots)]
     state = greedy_prefilled(model, REPEATING, slots, own)
-    step = uniform_step(model, adapter, shape, SamplerConfig(), 1, compiled=False, draft=draft)
+    step = uniform_step(
+        model, adapter, shape, SamplerConfig(), 1, compiled=False, draft_model=draft
+    )
     sources = step_sources(shape, adapter, draft)
     assert [s.source_id for s in sources if s.stateful] == [EARLY_EXIT, DRAFT_MODEL]
     checks = [

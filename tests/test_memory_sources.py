@@ -38,10 +38,12 @@ from tests.helpers import run_decode, step_added_peak, tiny_model
 TOKENS = 300  # prompt and answer
 
 
-def held_cache(model, drafter, shape, rows, draft=None) -> int:
+def held_cache(model, drafter, shape, rows, draft_model=None) -> int:
     """Bytes of the caches the loop holds for ``rows`` rows at the window of ``TOKENS``
     tokens: the target's K/V, the token history and every draft source's state."""
-    batch = BatchGenerator(model, drafter, FixedShape(shape), max_batch=rows, draft=draft)
+    batch = BatchGenerator(
+        model, drafter, FixedShape(shape), max_batch=rows, draft_model=draft_model
+    )
     batch.reset()
     batch.resize(rows)
     state = ensure_slots(batch.state, decode_window(TOKENS, model.max_context, shape))
@@ -71,7 +73,7 @@ def test_the_estimate_counts_every_cache_the_loop_holds(source, rows):
         draft = model if source == "self-draft" else tiny_model(4, vocab=48, layers=2, hidden=16)
         shape = BeamShape.parse("K1xL4+D1xL4")
     held = held_cache(model, drafter, shape, rows, draft)
-    estimate = check_step_memory(model, drafter, shape, rows, TOKENS, draft=draft)
+    estimate = check_step_memory(model, drafter, shape, rows, TOKENS, draft_model=draft)
     assert held <= estimate.cache <= 1.01 * held, (held, estimate.cache)
 
 
@@ -106,7 +108,7 @@ def test_branches_are_counted_as_the_rows_they_can_grow_to(monkeypatch):
     assert len(tokens[0]) == n
 
 
-def step_peak(model, drafter, shape, batch, sampler, draft=None, prompt=40):
+def step_peak(model, drafter, shape, batch, sampler, draft_model=None, prompt=40):
     """The peak memory one compiled step of ``shape`` adds (compiled and run once first),
     its draft sources' caches prefilled, and the attention window it used."""
     rows = [[(7 * i + r) % model.vocab_size for i in range(prompt)] for r in range(batch)]
@@ -116,15 +118,15 @@ def step_peak(model, drafter, shape, batch, sampler, draft=None, prompt=40):
     sources = ()
     if drafter is not None:
         sources += (early_exit_prefill(model, drafter, rows, session.slots),)
-    if draft is not None:
-        sources += (draft_prefill(draft, rows, session.slots),)
+    if draft_model is not None:
+        sources += (draft_prefill(draft_model, rows, session.slots),)
     history = text_history(rows, session.slots)
     init = mx.full((batch,), 3, mx.int32)
     keys, values = session.keys, session.values
     state = DecodeState(init, hidden, session.lengths, keys, values, history, sources)
     state = ensure_slots(state, window)
     session.keys = session.values = None
-    step = uniform_step(model, drafter, shape, sampler, batch, draft=draft)
+    step = uniform_step(model, drafter, shape, sampler, batch, draft_model=draft_model)
     return step_added_peak(step, state, window), window
 
 

@@ -47,7 +47,7 @@ def test_profile_runs_for_each_source(label):
         drafter = EarlyExitAdapter(EarlyExitArgs.for_target(model.args, 1))
     data = profile_steps(
         model, drafter, [shape], [1, 2, 3, 1, 2], repeats=1, loop_tokens=6, loop_rounds=1,
-        draft=draft,
+        draft_model=draft,
     )  # fmt: skip
     ar, row = data["rows"]
     assert row["step_kernels"] > ar["step_kernels"] > 0 and row["loop_ms"] > 0

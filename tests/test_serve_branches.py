@@ -42,7 +42,7 @@ def test_requests_stream_their_rebuilt_text_and_count_every_branch():
     for prompt, sink in zip(prompts, sinks):
         request = [(prompt, forking_sampler(), 0, 10, True)]
         roots, _, _ = run_batch(model, drafter, shape, request, budget=True)
-        tree = roots[0].branches
+        tree = roots[0].tree
         assert sink.tokens == tree.linear()
         finishes = [e.finish for e in sink.events if e.finish is not None]
         assert len(finishes) == 1 and sink.events[-1].finish is not None

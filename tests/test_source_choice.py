@@ -81,7 +81,7 @@ def test_the_target_as_its_own_draft_accepts_everything_whenever_it_is_back(batc
     decoding, rows that joined while it was off included."""
     model = tiny_model(5, vocab=48, layers=2)
     policy = Scripted(CYCLE)
-    batch = BatchGenerator(model, None, policy, max_batch=4, draft=model)
+    batch = BatchGenerator(model, None, policy, max_batch=4, draft_model=model)
     waves = [(PROMPTS[:1], 40)]
     if batched:
         waves += [(PROMPTS[1:2], 30), (PROMPTS[2:], 30)]
@@ -97,7 +97,7 @@ def test_without_the_catch_up_the_draft_falls_behind(monkeypatch):
     (so the test above can fail)."""
     model = tiny_model(5, vocab=48, layers=2)
     policy = Scripted(CYCLE)
-    batch = BatchGenerator(model, None, policy, max_batch=1, draft=model)
+    batch = BatchGenerator(model, None, policy, max_batch=1, draft_model=model)
     monkeypatch.setattr(batch, "catch_up", lambda shape, window: None)
     drive(batch, [(PROMPTS[:1], 40)])
     full = [c for shape, counts in policy.told if shape == D for c in counts]
@@ -122,7 +122,7 @@ def test_after_the_catch_up_the_cache_equals_a_fresh_prefill(kind):
         model, drafter = random_pair(3)
         draft, on, sid = None, BeamShape.parse("W1xL4"), EARLY_EXIT
     cycle = [on, AR, AR, BeamShape.parse("K1xL5"), AR, AR]
-    batch = BatchGenerator(model, drafter, Scripted(cycle), max_batch=1, draft=draft)
+    batch = BatchGenerator(model, drafter, Scripted(cycle), max_batch=1, draft_model=draft)
     batch.reset()
     batch.insert(
         Prefill(PROMPTS[:1], SamplerConfig(), 0, Session(model, 1), rows=rows_of(PROMPTS[:1], 200))
@@ -148,7 +148,7 @@ def test_the_behind_bound_follows_the_shapes_queued():
     longest candidate (plain decoding: 1); a catch-up runs only above ``covers``."""
     model = tiny_model(5, vocab=48, layers=2)
     lookup = BeamShape.parse("K1xL5")
-    batch = BatchGenerator(model, None, Scripted([D]), max_batch=1, draft=model)
+    batch = BatchGenerator(model, None, Scripted([D]), max_batch=1, draft_model=model)
     drive(batch, [(PROMPTS[:1], 6)])
     batch.behind[state_slot(batch, DRAFT_MODEL)] = 0
     window = batch.state.keys[0].shape[2]
@@ -190,7 +190,7 @@ def test_an_early_exit_adapter_and_a_draft_model_switched_off_and_on(batched):
     E, ED = BeamShape.parse("W1xL3"), BeamShape.parse("W1xL3+K1xL5+D1xL4")
     cycle = [ED, AR, E, D, AR, AR, AR, BeamShape.parse("K1xL5"), ED, *[AR] * 9, D, E, ED]
     policy = Scripted(cycle)
-    batch = BatchGenerator(model, adapter, policy, max_batch=4, draft=model)
+    batch = BatchGenerator(model, adapter, policy, max_batch=4, draft_model=model)
     assert [s.source_id for s in batch.stateful] == [EARLY_EXIT, DRAFT_MODEL]
     waves = [(PROMPTS[:1], 40)]
     if batched:

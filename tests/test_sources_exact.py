@@ -161,7 +161,7 @@ def test_recurrent_drafter_and_an_early_exit_adapter_in_the_draft_slot_sampling_
 # ----------------------------------------------------------------- batched, settings per row
 
 
-def mixed_batch(model, drafter, shape, groups, steps=3, draft=None):
+def mixed_batch(model, drafter, shape, groups, steps=3, draft_model=None):
     """One batch of the product's step over groups of rows, each group (settings, rows,
     seed) drawing as one request of that many rows (``batch.Prefill``'s keys: a lone row's
     are its seed's own). Every row's prompt is PROMPT. Returns (per group, each row's
@@ -188,10 +188,12 @@ def mixed_batch(model, drafter, shape, groups, steps=3, draft=None):
     sources = ()
     if isinstance(drafter, EarlyExitAdapter):
         sources += (early_exit_prefill(model, drafter, rows, slots),)
-    if draft is not None:
-        sources += (draft_prefill(draft, rows, slots),)
+    if draft_model is not None:
+        sources += (draft_prefill(draft_model, rows, slots),)
     state = DecodeState(token, hidden, lengths, cache_k, cache_v, history, sources)
-    step = make_batch_step(model, drafter, shape, settings.mode, compiled=True, draft=draft)
+    step = make_batch_step(
+        model, drafter, shape, settings.mode, compiled=True, draft_model=draft_model
+    )
     active = mx.ones((B,), mx.bool_)
     out = [[t] for t in token.tolist()]
     by_source = dict.fromkeys(SOURCE_NAMES, 0)
@@ -223,12 +225,12 @@ def mixed_groups(n):
     return [(HOT, n, 11), (GREEDY, 2, 0), *LONE, (COOL, n, 12)]
 
 
-def check_mixed(model, drafter, shape, source, draft=None, n=N // 2):
+def check_mixed(model, drafter, shape, source, draft_model=None, n=N // 2):
     """Run ``mixed_groups`` in one batch: each sampled group exact against its own
     distribution (and rejected against the other's: the test tells settings apart), the
     greedy rows plain decoding, each lone row its own solo run."""
     (hot, greedy, *lone, cool), by_source = mixed_batch(
-        model, drafter, shape, mixed_groups(n), draft=draft
+        model, drafter, shape, mixed_groups(n), draft_model=draft_model
     )
     assert by_source[source] > 0.1 * n  # the source's drafts are really tested
     plain, _ = run_decode(model, None, [PROMPT], max_tokens=4, shape=AR)
@@ -236,7 +238,7 @@ def check_mixed(model, drafter, shape, source, draft=None, n=N // 2):
     for (cfg, _, seed), row in zip(LONE, lone):
         solo, _ = run_decode(
             model, drafter, [PROMPT], max_tokens=4, sampler=cfg, seed=seed, shape=shape,
-            adapt=False, draft_model=draft,
+            adapt=False, draft_model=draft_model,
         )  # fmt: skip
         assert row[0][:4] == solo[0], cfg
     want_hot, want_cool = exact_joint(model, HOT), exact_joint(model, COOL)
@@ -256,7 +258,7 @@ def test_draft_model_rows_with_their_own_settings_are_exact(label):
     model = target()
     shape = BeamShape.parse(label)
     drafter = OracleDrafter(model, noise=0.2) if shape.drafts else None
-    check_mixed(model, drafter, shape, "draft_model", draft=draft_model_for(model))
+    check_mixed(model, drafter, shape, "draft_model", draft_model=draft_model_for(model))
 
 
 # ------------------------------------------------------------------------------------ power

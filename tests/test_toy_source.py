@@ -41,7 +41,7 @@ class RepeatSource(DraftSource):
 PROMPTS = [[3, 5, 7, 3, 5, 7, 3, 5], [1, 2, 3, 4, 1, 2, 3], [9, 8, 9, 8, 9, 8, 9, 8, 9]]
 
 
-def decode(shape, prompts, draft=None, drafter=None, sampler=None, seed=0):
+def decode(shape, prompts, draft_model=None, drafter=None, sampler=None, seed=0):
     model = near_bigram_model(11, vocab=16, hidden=32)
     out, stats = run_decode(
         model,
@@ -49,7 +49,7 @@ def decode(shape, prompts, draft=None, drafter=None, sampler=None, seed=0):
         prompts,
         max_tokens=24,
         shape=shape,
-        draft_model=draft,
+        draft_model=draft_model,
         sampler=sampler or SamplerConfig(),
         seed=seed,
     )

@@ -607,7 +607,7 @@ def profile_rows(engine, shapes, ids, repeats: int, cost=None) -> dict:
     data = profile_steps(engine.model, engine.drafter, list(shapes), ids, repeats=repeats, **extra)
     # The draft slot's forwards read its weights (the model's own, as its own draft; an
     # early-exit adapter's chain: the target's first layers, the adapter and the head).
-    weights = weight_bytes(engine.model, engine.drafter, cost.dtype, draft=draft)
+    weights = weight_bytes(engine.model, engine.drafter, cost.dtype, draft_model=draft)
     data["rows"] = launch_bound(data["rows"], weights, cost)
     data["mac"] = dict(
         launch_us=cost.launch_us,

@@ -536,7 +536,7 @@ def check_memory(
 
     tokens = 64 + (max_tokens or 256)
     check_step_memory(
-        engine.model, engine.drafter, shape, batch, tokens, sampling, draft=engine.draft_model
+        engine.model, engine.drafter, shape, batch, tokens, sampling, draft_model=engine.draft_model
     )
 
 

@@ -195,13 +195,13 @@ def build_measure(
         raise TuneError(f"--prompts: {e}") from None
     group = world()
     loaded = load(model, drafter, dtype=dtype, group=group, draft_model=draft_model)
-    llm, draft, tokenizer = loaded[:3]  # a LoadError: a TuneError
+    llm, loaded_drafter, tokenizer = loaded[:3]  # a LoadError: a TuneError
     chain = loaded[3] if draft_model is not None else None
-    fit_blas_threads(llm, draft)
+    fit_blas_threads(llm, loaded_drafter)
     for shape in shapes:
         dm = chain if shape.model_length else None
-        check_step_memory(llm, draft if shape.drafts else None, shape, draft=dm)
-    measure = EngineMeasure(llm, draft, tokenizer, questions, chain)
+        check_step_memory(llm, loaded_drafter if shape.drafts else None, shape, draft_model=dm)
+    measure = EngineMeasure(llm, loaded_drafter, tokenizer, questions, chain)
     if group is None:
         return measure, time.perf_counter
     return shared_measure(measure, group), shared_clock(group)

@@ -79,10 +79,10 @@ class BatchGenerator(PromptProcessing, Stepping, BranchRows):
         compiled: bool = True,
         group=None,
         release: bool = True,
-        draft=None,
+        draft_model=None,
     ):
-        self.model, self.drafter, self.draft = model, drafter, draft  # draft: the slot
-        self.held = held_sources(drafter, draft)  # every source, in ``DecodeState`` order
+        self.model, self.drafter, self.draft_model = model, drafter, draft_model  # the slots
+        self.held = held_sources(drafter, draft_model)  # every source, in ``DecodeState`` order
         for source in self.held:
             source.bind(model)  # e.g. an adapter's shortlist head rows, before any compile
         self.stateful = stateful(self.held)  # those with a state in ``DecodeState.sources``
@@ -166,7 +166,7 @@ class BatchGenerator(PromptProcessing, Stepping, BranchRows):
             self.waiting.remove(waiting)
             return
         r = row.slot
-        keep = not self.release and row.branches is None  # a branch's row is always freed
+        keep = not self.release and row.tree is None  # a branch's row is always freed
         if self.rows[r] is not row or keep:
             return
         heirs = [w for w in self.waiting if w.source is row]

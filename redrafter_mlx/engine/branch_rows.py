@@ -54,7 +54,7 @@ class BranchRows:
         with ``drafted``: which were accepted drafts); a fork makes the child's row
         (``fork``; ``read``: the step read and the row's index in it, None: its first
         token, just joined), a finished row finishes its branch."""
-        tree = row.branches
+        tree = row.tree
         if tree is None:
             return
         drafted = drafted or [False] * len(new)
@@ -77,13 +77,13 @@ class BranchRows:
         freed; returns those rows. Once per step, after every row's tokens, so what a
         request decodes never depends on its rows' order in the batch."""
         ended = []
-        for row in {id(r.branches): r for r in rows if r.branches is not None}.values():
-            past = row.branches.past_budget()
+        for row in {id(r.tree): r for r in rows if r.tree is not None}.values():
+            past = row.tree.past_budget()
             for other in row.family:
                 if other.branch in past:
                     other.finish = "length"
                     self.leave(other)
-                    row.branches.finish(other.branch)
+                    row.tree.finish(other.branch)
                     ended.append(other)
         return ended
 
@@ -101,7 +101,7 @@ class BranchRows:
         its later steps write only past the fork's length, which the child's own steps
         overwrite. With no row free the child waits (``seat``; its parent goes on) rather
         than the fork being refused: a request forks where it would alone."""
-        tree = parent.branches
+        tree = parent.tree
         child = Row(
             parent.sampler,
             parent.limit,
@@ -112,7 +112,7 @@ class BranchRows:
             slot=-1,
             out=parent.out,
             sampling=parent.sampling,
-            branches=tree,
+            tree=tree,
             branch=fork.child,
             forced=tree.rules.child_id,
             family=parent.family,
@@ -186,11 +186,11 @@ class BranchRows:
         if in_flight and self.pending is not None:
             for row, granted in zip(self.pending.owners, self.pending.grants):
                 if granted:
-                    taken[id(row.branches)] = taken.get(id(row.branches), 0) + 1
+                    taken[id(row.tree)] = taken.get(id(row.tree), 0) + 1
         room: dict[int, int] = {}
         grants = []
         for row in rows:
-            tree = row.branches if row is not None else None
+            tree = row.tree if row is not None else None
             ok = tree is not None and not row.finished and tree.fork_allowed(row.branch)
             if ok:
                 left = tree.rules.max_branches - len(tree.branches) - taken.get(id(tree), 0)
@@ -213,14 +213,14 @@ class BranchRows:
         """The step's split ids and per-row branching arrays (``branches.step_split``: none
         without a branching row, unless the model has split tokens: then its linear rows
         must not draw them). A child's forced draw is queued once."""
-        trees = [r.branches if r is not None else None for r in self.rows]
+        trees = [r.tree if r is not None else None for r in self.rows]
         forced = [r.forced if r is not None and not r.forced_queued else -1 for r in self.rows]
         return step_split(trees, grants, forced, getattr(self.model, "split_ids", ()))
 
     @property
     def branching(self) -> bool:
         """Whether a running row has branching on."""
-        return any(r.branches is not None for r in self.active)
+        return any(r.tree is not None for r in self.active)
 
     def queue_ahead(self) -> bool:
         """Whether the next step may be queued before the one in flight is read, with

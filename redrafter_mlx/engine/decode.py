@@ -142,10 +142,10 @@ def slot_destinations(lengths, path_slots, n, capacity: int):
     return lengths[:, None] + mx.where(depth > 0, depth - 1, capacity - 1).astype(mx.int32)
 
 
-def step_sources(shape: BeamShape, drafter=None, draft=None) -> list:
+def step_sources(shape: BeamShape, drafter=None, draft_model=None) -> list:
     """The draft sources of a step of ``shape`` with this drafter and draft slot, sized and
     in held order (``held.held_sources``, ``sources.sized_sources``)."""
-    return sized_sources(held_sources(drafter, draft), shape)
+    return sized_sources(held_sources(drafter, draft_model), shape)
 
 
 def draft_phase(sources: list, ctx: DraftContext, capacity: int, states: tuple = ()):
@@ -217,7 +217,7 @@ def pick_one(proposals: list, ids: list[int], capacity: int):
 
 
 def shape_candidates(
-    model: Model, state: DecodeState, shape: BeamShape, drafter=None, draft=None, window=0
+    model: Model, state: DecodeState, shape: BeamShape, drafter=None, draft_model=None, window=0
 ) -> Candidates:
     """``draft_phase`` of ``shape``'s sources (``step_sources``) on ``state``, at its capacity
     (a measuring or testing entry; the step builds the same)."""
@@ -225,7 +225,7 @@ def shape_candidates(
         model, state.hidden, state.init_token, state.lengths, state.history, window,
         keys=state.keys, values=state.values,
     )  # fmt: skip
-    held = held_sources(drafter, draft)
+    held = held_sources(drafter, draft_model)
     capacity = step_capacity(shape, held)
     return draft_phase(sized_sources(held, shape), ctx, capacity, state.sources)
 

@@ -214,7 +214,9 @@ def generate_steps(
             policy = BatchChoice(shape, adapt)
         else:  # kept on the model: the next answer starts from what this one measured
             policy = learnt_batch(model, drafter, shape, sampler)
-    batch = BatchGenerator(model, drafter, policy, eos, max_batch, release=False, draft=draft_model)
+    batch = BatchGenerator(
+        model, drafter, policy, eos, max_batch, release=False, draft_model=draft_model
+    )
 
     group = getattr(model, "group", None)  # tensor parallel: every rank must draw alike
     seed = shared_seed(seed, group) if group is not None else seed
@@ -296,15 +298,15 @@ def _branch_event(rows: list[Row], stepped, stats: DecodeStats) -> DecodeEvent:
     accepted drafts summed over its rows."""
     tokens, drafted, accepted, by, per_branch = [], [], [], [], []
     for root in rows:
-        mine = [g for g in stepped if g.row.branches is root.branches]
-        final, marks = root.branches.take_final_marked()
+        mine = [g for g in stepped if g.row.tree is root.tree]
+        final, marks = root.tree.take_final_marked()
         tokens.append(final)
         drafted.append(marks)
         accepted.append(sum(g.count - 1 for g in mine))
         own = [g.by_source or (0,) * len(SOURCE_NAMES) for g in mine]
         by.append(tuple(sum(b[i] for b in own) for i in range(len(SOURCE_NAMES))))
         per_branch.append([(g.row.branch, g.new) for g in mine])
-    stats.branches = sum(len(root.branches.branches) for root in rows)
+    stats.branches = sum(len(root.tree.branches) for root in rows)
     return DecodeEvent(
         tokens,
         accepted,
@@ -313,11 +315,11 @@ def _branch_event(rows: list[Row], stepped, stats: DecodeStats) -> DecodeEvent:
         stats,
         by,
         per_branch,
-        [root.branches.pieces() for root in rows],
+        [root.tree.pieces() for root in rows],
     )
 
 
-def check_branch_memory(model, drafter, shape, rows, max_batch, longest, sampler, draft):
+def check_branch_memory(model, drafter, shape, rows, max_batch, longest, sampler, draft_model):
     """``check_step_memory`` for ``max_batch`` rows (``rows`` prompts, each up to its branch
     limit); when the prompts alone fit, the branch limit is what does not: ``ShapeTooLarge``
     (a ``ParamError``) naming ``max_branches`` (the flag), not the shape's largest part."""
@@ -325,12 +327,16 @@ def check_branch_memory(model, drafter, shape, rows, max_batch, longest, sampler
 
     sampling = not sampler.greedy
     try:
-        check_step_memory(model, drafter, shape, max_batch, longest, sampling, draft=draft)
+        check_step_memory(
+            model, drafter, shape, max_batch, longest, sampling, draft_model=draft_model
+        )
     except ShapeTooLarge as e:
         if max_batch == rows:
             raise
         try:
-            check_step_memory(model, drafter, shape, rows, longest, sampling, draft=draft)
+            check_step_memory(
+                model, drafter, shape, rows, longest, sampling, draft_model=draft_model
+            )
         except ShapeTooLarge:
             raise e from None
         raise ShapeTooLarge(

@@ -2,7 +2,7 @@
 
 A run names its draft sources in two slots: the drafter (``drafter=``, ``--drafter``: a
 recurrent drafter, or an early-exit adapter drafting the shape's W1×L) and the draft slot
-(``draft=`` down the loop, ``draft_model=`` in the API, ``--draft-model``, repeatable: any
+(``draft_model=``, in the loop and the API; ``--draft-model``, repeatable: any
 number of draft models, an early-exit adapter, or any ``sources.Source``, each proposing one
 chain of the shape's ``D1×L``). ``held_sources`` turns them into the loop's sources, in the
 one order every step, state and statistic follows: the drafter slot's, the context lookup
@@ -21,11 +21,11 @@ from .lookup import LookupSource
 from .sources import Source
 
 
-def slot_items(draft) -> list:
+def slot_items(draft_model) -> list:
     """What the draft slot holds, as a list: None -> [], a list or tuple -> its items."""
-    if draft is None:
+    if draft_model is None:
         return []
-    return list(draft) if isinstance(draft, list | tuple) else [draft]
+    return list(draft_model) if isinstance(draft_model, list | tuple) else [draft_model]
 
 
 def as_source(thing, part: str) -> Source:
@@ -43,12 +43,12 @@ def as_source(thing, part: str) -> Source:
     return DraftModelSource(thing)
 
 
-def held_sources(drafter=None, draft=None) -> tuple[Source, ...]:
+def held_sources(drafter=None, draft_model=None) -> tuple[Source, ...]:
     """The sources a loop with this drafter slot and draft slot holds, in order (the module
     docstring). ValueError when a source that a run holds once (``Source.one_per_run``:
     an early-exit adapter's state) is given twice."""
     beams = [as_source(drafter, "beams")] if drafter is not None else []
-    chains = [as_source(item, "chain") for item in slot_items(draft)]
+    chains = [as_source(item, "chain") for item in slot_items(draft_model)]
     chains.sort(key=lambda source: source.order)  # stable: the given order on ties
     held = (*beams, LookupSource(), *chains)
     for source in held:
@@ -57,21 +57,21 @@ def held_sources(drafter=None, draft=None) -> tuple[Source, ...]:
     return held
 
 
-def check_draft_slot(model, drafter, draft) -> None:
+def check_draft_slot(model, drafter, draft_model) -> None:
     """What the draft slot holds, checked against the target before anything runs: each
     item loaded (``check_loaded``: TypeError naming how to load a path), then each held
     source's own check (``Source.check``: ValueError naming the fix)."""
-    if draft is None:
+    if draft_model is None:
         return
-    check_loaded(draft)
-    for source in held_sources(drafter, draft):
+    check_loaded(draft_model)
+    for source in held_sources(drafter, draft_model):
         source.check(model)
 
 
-def check_loaded(draft) -> None:
+def check_loaded(draft_model) -> None:
     """TypeError unless every item of the draft slot is something loaded (a model, an
     early-exit adapter or a ``Source``): a path names how to load it."""
-    for item in slot_items(draft):
+    for item in slot_items(draft_model):
         _check_item(item)
 
 
@@ -98,6 +98,6 @@ def held_modules(held) -> tuple:
     return tuple(m for source in held for m in source.modules)
 
 
-def slot_modules(draft) -> tuple:
+def slot_modules(draft_model) -> tuple:
     """Every module the draft slot's sources read."""
-    return held_modules(as_source(item, "chain") for item in slot_items(draft))
+    return held_modules(as_source(item, "chain") for item in slot_items(draft_model))

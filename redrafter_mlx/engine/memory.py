@@ -348,18 +348,18 @@ def check_step_memory(
     tokens: int = 512,
     sampling: bool = False,
     available: tuple[int, str] | None = None,
-    draft=None,
+    draft_model=None,
 ) -> StepMemory:
     """Return the estimate for ``batch`` rows of up to ``tokens`` tokens (prompt and answer),
     or raise :class:`ShapeTooLarge` when it exceeds the memory available (``available``:
     (bytes, what), default :func:`available_memory`) or its tree cannot fit the model's
     context beside a prompt, naming the field that makes it large (``largest_part``, the flag
     the user most likely raised) and the largest shape that fits. The draft sources the run
-    holds (``drafter`` and the draft slot ``draft``: ``held.held_sources``) each add their
+    holds (``drafter`` and the draft slot ``draft_model``: ``held.held_sources``) each add their
     own part (``Source.memory``: weights, their state, their draft working set)."""
     from .held import held_sources  # the sources price themselves with this module
 
-    held = held_sources(drafter, draft)
+    held = held_sources(drafter, draft_model)
     d = Dims.of(model)
     context = model.max_context
 

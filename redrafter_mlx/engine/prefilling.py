@@ -92,7 +92,7 @@ class Prefill:
             row.sampling = own
         mode, settings = stack_rows([own] * rows, model.vocab_size)
         last = None
-        trees = [row.branches for row in self.rows] if self.rows else [None] * rows
+        trees = [row.tree for row in self.rows] if self.rows else [None] * rows
         fork_ok = fork_ok or [False] * rows
         ids, split = step_split(trees, fork_ok, [-1] * rows, getattr(model, "split_ids", ()))
         if ids:  # a branching row, or an APAR model's linear rows (no split token drawn)

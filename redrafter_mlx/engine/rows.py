@@ -17,7 +17,7 @@ from .decode import (
 )
 from .lookup import LookupShadow
 from .sampling import (
-    Rows,
+    RowSampling,
     SamplerConfig,
 )
 from .shape import BeamShape
@@ -120,7 +120,7 @@ class Row:
     the most tokens it may emit, ``at_limit`` why (``"length"`` / ``"context"``);
     ``owner``: the client's handle (the scheduler's request record).
 
-    Branching (APAR, ``engine.branches``): ``branches`` is the request's ``BranchTree``
+    Branching (APAR, ``engine.branches``): ``tree`` is the request's ``BranchTree``
     (None: branching off) and ``branch`` this row's branch in it; every branch of a request
     is a row (``family``: all of them, the root first; a child shares its root's owner,
     sampler and limit, which bounds its own row like any row's). ``forced``: the token its
@@ -138,8 +138,10 @@ class Row:
     finished: bool = False
     finish: str | None = None  # why it finished: "stop" (EOS), "length" or "context"
     shadow: LookupShadow | None = None  # what lookup would have given it (adaptive shapes)
-    sampling: Rows | None = None  # its sampling as arrays (``one_row``); None: built at its step
-    branches: BranchTree | None = None
+    sampling: RowSampling | None = (
+        None  # its sampling as arrays (``one_row``); None: built at its step
+    )
+    tree: BranchTree | None = None
     branch: int = 0
     forced: int = -1
     forced_queued: bool = False  # its forced draw is in a queued step (later ones draw freely)
@@ -166,11 +168,11 @@ class Row:
         it, else ``"stop"``. Each branch's row is bounded by the context on its own (the
         prompt, its row: ``BranchTree.row``), so an answer may hold more tokens than the
         cap."""
-        if self.branches is None:
+        if self.tree is None:
             return self.finish
         if not self.request_done:
             return None
-        tree, budget = self.branches, self.branches.budget
+        tree, budget = self.tree, self.tree.budget
         ends = tree.ends()
         for row in self.family:
             if row.finish == "context" and (budget is None or ends[row.branch] < budget):
@@ -183,10 +185,10 @@ class Row:
     def request_stats(self) -> RowStats:
         """Its request's counters: this row's, or with branches every branch's row's summed
         (``RowStats.summed``), ``branches`` set."""
-        if self.branches is None:
+        if self.tree is None:
             return self.stats
         total = RowStats.summed([r.stats for r in self.family])
-        total.branches = len(self.branches.branches)
+        total.branches = len(self.tree.branches)
         return total
 
 

@@ -340,7 +340,7 @@ class RowSettings(NamedTuple):
     end_ids: mx.array
 
 
-class Rows(NamedTuple):
+class RowSampling(NamedTuple):
     """Rows' sampling: the static ``StepMode`` and the ``RowSettings`` arrays."""
 
     mode: StepMode
@@ -364,7 +364,7 @@ def held_values(cfg: SamplerConfig, vocab_size: int) -> dict:
     return values
 
 
-def one_row(cfg: SamplerConfig | None, vocab_size: int) -> Rows:
+def one_row(cfg: SamplerConfig | None, vocab_size: int) -> RowSampling:
     """One row's sampling, checked (``validate`` against the vocabulary): build it when the
     row is admitted, so that a bad value fails that row alone. None: a free row (greedy)."""
     cfg = GREEDY if cfg is None else cfg.validate(vocab_size)
@@ -388,10 +388,10 @@ def one_row(cfg: SamplerConfig | None, vocab_size: int) -> Rows:
     columns["end_ids"] = mx.zeros((1, 1), mx.bool_)
     if cfg.bans_ends:
         columns["end_ids"] = (mx.arange(vocab_size) == mx.array(cfg.end_ids)[:, None]).any(0)[None]
-    return Rows(mode, RowSettings(**columns))
+    return RowSampling(mode, RowSettings(**columns))
 
 
-def stack_rows(rows: Sequence[Rows | None], vocab_size: int) -> Rows:
+def stack_rows(rows: Sequence[RowSampling | None], vocab_size: int) -> RowSampling:
     """A batch's sampling from its rows' (``one_row``; None: a free row, greedy)."""
     rows = [r if r is not None else one_row(None, vocab_size) for r in rows]
     modes = [r.mode for r in rows]
@@ -411,10 +411,10 @@ def stack_rows(rows: Sequence[Rows | None], vocab_size: int) -> Rows:
             width = vocab_size if (mode.bias if name == "logit_bias" else mode.ban) else 1
             parts = [mx.broadcast_to(p, (1, width)) if p.shape[1] != width else p for p in parts]
         columns[name] = parts[0] if len(parts) == 1 else mx.concatenate(parts)
-    return Rows(mode, RowSettings(**columns))
+    return RowSampling(mode, RowSettings(**columns))
 
 
-def row_settings(configs: Sequence[SamplerConfig | None], vocab_size: int) -> Rows:
+def row_settings(configs: Sequence[SamplerConfig | None], vocab_size: int) -> RowSampling:
     """One batch's sampling from its rows' ``SamplerConfig``s (None: a free row, greedy)."""
     return stack_rows([one_row(c, vocab_size) for c in configs], vocab_size)
 
@@ -437,8 +437,8 @@ class RowSampler(NamedTuple):
     split: tuple | None = None
 
     @classmethod
-    def of(cls, rows: Rows, keys: mx.array | None) -> RowSampler:
-        return cls(rows.settings, keys, rows.mode)
+    def of(cls, sampling: RowSampling, keys: mx.array | None) -> RowSampler:
+        return cls(sampling.settings, keys, sampling.mode)
 
     @classmethod
     def from_config(

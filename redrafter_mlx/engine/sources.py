@@ -20,7 +20,7 @@ its name in the stats. The loop holds an ordered tuple of them (``held.held_sour
 one place that turns the ``drafter`` and draft slots into sources and orders them) and
 never asks which kind one is. Adding a source is one class in its own module, registered
 by name (``register_source``: its id in ``StepOutput.source`` and its column in the
-stats), passed in the draft slot (``draft=``; ``docs/design/sources.md``).
+stats), passed in the draft slot (``draft_model=``; ``docs/design/adding-a-source.md``).
 
 A source reads the step's ``DraftContext``: the target model, its hidden state at the last
 cached token, the init token, the committed lengths and text (``history``), the attention

@@ -5,7 +5,7 @@ The step is compiled for a fixed B (one of the row buckets), and nothing about t
 compile key: per-row settings travel as arrays:
 
     active      (B,) bool     free rows compute but never advance their cache length
-    rows        each row's sampling settings (``engine.sampling.RowSettings``: temperature,
+    settings    each row's sampling settings (``engine.sampling.RowSettings``: temperature,
                 top-p, top-k, min-p, penalties, logit bias), each row's built when it is
                 admitted (``sampling.one_row``, checked there), stacked by ``stack_rows``
     row_keys    (B, 2) uint32 one PRNG key per row, split once per step like a solo run's
@@ -49,19 +49,19 @@ def split_row_keys(row_keys: mx.array) -> tuple[mx.array, mx.array]:
     return both[:, 0], both[:, 1]
 
 
-def make_batch_step(model, drafter, shape, mode: StepMode, compiled: bool = True, draft=None):
-    """A step ``(state, row_keys, active, rows, window, split) -> (state, row_keys,
-    StepOutput)``; ``active`` (B,) bool, ``rows`` the batch's ``RowSettings``, ``split`` its
+def make_batch_step(model, drafter, shape, mode: StepMode, compiled: bool = True, draft_model=None):
+    """A step ``(state, row_keys, active, settings, window, split) -> (state, row_keys,
+    StepOutput)``; ``active`` (B,) bool, ``settings`` the batch's ``RowSettings``, ``split`` its
     rows' branching arrays (``branches.SplitRows``; read when ``mode.split``, else None).
 
     ``shape=None`` decodes autoregressively; a shape without drafter beams speculates from
     lookup chains alone (they read ``state.history``). Compile keys: B, cache slots, window.
-    ``drafter`` and ``draft`` (the draft slot): the sources the loop holds
+    ``drafter`` and ``draft_model`` (the draft slot): the sources the loop holds
     (``held.held_sources``), every stateful one's state in ``state.sources``; the step runs
     those the shape turns on and passes the others' states through.
     ``run.counter["traces"]`` counts tracings (each is a compile).
     """
-    held = held_sources(drafter, draft)
+    held = held_sources(drafter, draft_model)
     for source in held:
         source.check(model)
 
@@ -75,7 +75,7 @@ def make_batch_step(model, drafter, shape, mode: StepMode, compiled: bool = True
         sources,
         row_keys,
         active,
-        rows,
+        settings,
         window,
         split,
     ):
@@ -84,7 +84,7 @@ def make_batch_step(model, drafter, shape, mode: StepMode, compiled: bool = True
         if mode.sample:
             row_keys, draw_keys = split_row_keys(row_keys)
         split = SplitRows(*split) if mode.split else None
-        sampler = RowSampler(RowSettings(*rows), draw_keys, mode, split)
+        sampler = RowSampler(RowSettings(*settings), draw_keys, mode, split)
         state = DecodeState(init_token, hidden, lengths, keys, values, history, sources)
         if shape is None:
             nxt, out = autoregressive_step(model, state, sampler, window)
@@ -104,11 +104,11 @@ def make_batch_step(model, drafter, shape, mode: StepMode, compiled: bool = True
         state: DecodeState,
         row_keys: mx.array,
         active,
-        rows: RowSettings,
+        settings: RowSettings,
         window: int,
         split: SplitRows | None = None,
     ):
-        out = fn(*state, row_keys, active, tuple(rows), window, tuple(split or ()))
+        out = fn(*state, row_keys, active, tuple(settings), window, tuple(split or ()))
         fields = len(DecodeState._fields)
         return DecodeState(*out[:fields]), out[fields], StepOutput(*out[fields + 1 :])
 
@@ -125,7 +125,7 @@ def batch_step(
     shape: BeamShape | None,
     mode: StepMode,
     compiled: bool = True,
-    draft=None,
+    draft_model=None,
 ):
     """The compiled batch step of this configuration, kept on the model (compiled once for
     every loop over it: each chat turn, each request batch)."""
@@ -133,12 +133,12 @@ def batch_step(
     if shape is not None and getattr(model, "recurrent", False) and not shape.verifies_chain:
         shape = chain_for_recurrent(model, shape)
     layers = getattr(model, "feature_layers", ())
-    slot = tuple(id(item) for item in slot_items(draft))
+    slot = tuple(id(item) for item in slot_items(draft_model))
     key = (id(drafter), shape, mode, compiled, layers, slot)
     if key not in cache:
         while len(cache) >= MAX_BATCH_STEPS:  # drop the oldest (and the drafter it holds)
             cache.pop(next(iter(cache)))
-        cache[key] = make_batch_step(model, drafter, shape, mode, compiled, draft)
+        cache[key] = make_batch_step(model, drafter, shape, mode, compiled, draft_model)
     return cache[key]
 
 
@@ -165,17 +165,17 @@ def uniform_step(
     rows: int,
     seed: int = 0,
     compiled: bool = True,
-    draft=None,
+    draft_model=None,
 ):
     """The batch step (``batch_step``) of ``rows`` active rows that all draw with ``sampler``,
     as ``run(state, window) -> (state, StepOutput)`` with the rows' keys (from ``seed``,
     split every step) carried inside: the product's own step, for measurements and tests.
     ``shape=None``: plain decoding; ``run.step``: the compiled step (``.counter``);
-    ``draft``: the draft slot for the shape's ``D1×L`` chains (``held.slot_items``; the
+    ``draft_model``: the draft slot for the shape's ``D1×L`` chains (``held.slot_items``; the
     stateful sources' states in ``state.sources``)."""
     mode, settings = row_settings([sampler] * rows, model.vocab_size)
-    draft = draft if shape and shape.model_length else None
-    step = batch_step(model, drafter if shape else None, shape, mode, compiled, draft)
+    draft_model = draft_model if shape and shape.model_length else None
+    step = batch_step(model, drafter if shape else None, shape, mode, compiled, draft_model)
     active = mx.ones((rows,), dtype=mx.bool_)
     keys = {"rows": row_keys_of(mx.random.key(seed), rows)}
 

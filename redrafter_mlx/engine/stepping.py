@@ -72,7 +72,7 @@ class Stepping:
         return self._params
 
     def _step_fn(self, shape: BeamShape | None, mode: StepMode):
-        return batch_step(self.model, self.drafter, shape, mode, self.compiled, self.draft)
+        return batch_step(self.model, self.drafter, shape, mode, self.compiled, self.draft_model)
 
     def catch_up(self, shape: BeamShape | None, window: int) -> None:
         """Before queueing a step of ``shape``: each stateful source it runs whose state may
@@ -157,7 +157,7 @@ class Stepping:
         self.state = ensure_slots(self.state, window)
         shape = self.next_shape()
         self.catch_up(shape, window)
-        mode, active, rows, split, grants = self._row_params()
+        mode, active, settings, split, grants = self._row_params()
         key = (shape, mode, len(self.rows), window, self.state.keys[0].shape[2])
         started = time.perf_counter() if key in self._traced else None  # else: it compiles
         self._traced.add(key)
@@ -165,7 +165,7 @@ class Stepping:
         state, self.state = self.state, None  # only the step's graph holds the cache
         host = time.perf_counter()
         try:
-            state, self.row_keys, out = step(state, self.row_keys, active, rows, window, split)
+            state, self.row_keys, out = step(state, self.row_keys, active, settings, window, split)
             mx.async_eval(out, state, self.row_keys)
         finally:
             self.state = state

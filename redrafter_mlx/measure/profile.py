@@ -109,7 +109,7 @@ def _weights(*modules):
     return [m.state for m in modules if isinstance(m, nn.Module)]
 
 
-def _as_shape(shape, draft=None, drafter=None) -> BeamShape:
+def _as_shape(shape, draft_model=None, drafter=None) -> BeamShape:
     """A :class:`BeamShape` with its capacity filled in, from a shape or a (W, L, C) tuple
     (the slots its step packs with the run's sources: ``sources.step_capacity``)."""
     from redrafter_mlx.engine.held import held_sources
@@ -117,7 +117,7 @@ def _as_shape(shape, draft=None, drafter=None) -> BeamShape:
 
     if not isinstance(shape, BeamShape):
         shape = BeamShape(*shape)
-    return replace(shape, capacity=step_capacity(shape, held_sources(drafter, draft)))
+    return replace(shape, capacity=step_capacity(shape, held_sources(drafter, draft_model)))
 
 
 def profile_steps(
@@ -128,7 +128,7 @@ def profile_steps(
     repeats: int = 40,
     loop_tokens: int = 96,
     loop_rounds: int = 3,
-    draft=None,
+    draft_model=None,
 ) -> dict:
     """Profile the AR step and a speculative step per shape on ``prompt`` (greedy).
 
@@ -140,15 +140,15 @@ def profile_steps(
     per-phase ms and op counts, ``step_ms``/``step_ops`` (one compiled step), ``loop_ms``
     (generation loop wall time per step), ``host_ms`` (loop - step) and
     ``overhead_ms`` (step - verify). Timings are medians over ``repeats`` interleaved rounds.
-    ``draft``: the draft slot for the shapes with its chains (``D1×L``: whole step only): a
+    ``draft_model``: the draft slot for the shapes with its chains (``D1×L``: whole step only): a
     draft model, an early-exit adapter, both, or any draft-slot sources (``held.held_sources``).
     """
     from redrafter_mlx.engine.cache import Session, bucket, prefill_session, text_history
     from redrafter_mlx.engine.held import held_sources
     from redrafter_mlx.engine.sources import stateful
 
-    held = held_sources(drafter, draft)
-    shapes = [_as_shape(s, draft, drafter) for s in shapes]
+    held = held_sources(drafter, draft_model)
+    shapes = [_as_shape(s, draft_model, drafter) for s in shapes]
     sampler = SamplerConfig()
     session = Session(model, 1)
     hidden = prefill_session(session, [list(prompt)])
@@ -200,7 +200,7 @@ def profile_steps(
         stateful_runs = any(source.stateful for source in sized_sources(held, shape))
         if shape.lookup or shape.model_length or stateful_runs:  # the whole step only
             timed = _lookup_thunks(
-                model, drafter, shape, sampler, window, base_state, keep, draft, sources
+                model, drafter, shape, sampler, window, base_state, keep, draft_model, sources
             )
         else:
             W, L, C = shape.width, shape.length, shape.slots
@@ -225,7 +225,7 @@ def profile_steps(
             shape = shape_of.get(name, AR)
             if shape.capacity is not None and shape.capacity > shape.max_packed:
                 shape = replace(shape, capacity=None)  # further chains': the loop's own rule
-            ms = _loop_ms_per_step(model, drafter, prompt, shape, loop_tokens, draft)
+            ms = _loop_ms_per_step(model, drafter, prompt, shape, loop_tokens, draft_model)
             if r:  # round 0 warms up
                 loop[name].append(ms)
 
@@ -347,11 +347,19 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
 
 
 def _lookup_thunks(
-    model, drafter, shape: BeamShape, sampler, window, base_state, keep, draft=None, sources=None
+    model,
+    drafter,
+    shape: BeamShape,
+    sampler,
+    window,
+    base_state,
+    keep,
+    draft_model=None,
+    sources=None,
 ):
     """The whole compiled step of a shape with lookup chains or a draft model's chain (its
     phases are not split); ``sources``: where the draft model's cache is carried."""
-    step_fn = uniform_step(model, drafter, shape, sampler, 1, draft=draft)
+    step_fn = uniform_step(model, drafter, shape, sampler, 1, draft_model=draft_model)
 
     def t_step(counter):
         nxt, out = step_fn(base_state(), window)
@@ -365,12 +373,14 @@ def _lookup_thunks(
     return {"step": _Timed("step", t_step)}
 
 
-def _loop_ms_per_step(model, drafter, prompt, shape: BeamShape, max_tokens, draft=None) -> float:
+def _loop_ms_per_step(
+    model, drafter, prompt, shape: BeamShape, max_tokens, draft_model=None
+) -> float:
     """Wall ms per step of the generation loop (first token excluded), greedy, no EOS."""
     from redrafter_mlx.engine.generation import generate_steps
 
     drafter = drafter if shape.drafts else None
-    draft = draft if shape.model_length else None
+    draft_model = draft_model if shape.model_length else None
     steps, start = 0, None
     events = generate_steps(
         model,
@@ -379,7 +389,7 @@ def _loop_ms_per_step(model, drafter, prompt, shape: BeamShape, max_tokens, draf
         max_tokens=max_tokens,
         shape=shape,
         seed=0,
-        draft_model=draft,
+        draft_model=draft_model,
     )
     for ev in events:
         if start is None:
@@ -478,17 +488,17 @@ def _nbytes(array: mx.array, dtype: str | None) -> int:
 
 
 def weight_bytes(
-    model: nn.Module, drafter: nn.Module | None, dtype: str | None, draft=None
+    model: nn.Module, drafter: nn.Module | None, dtype: str | None, draft_model=None
 ) -> WeightBytes:
     """The bytes of weights a forward of ``model`` and a draft step of each source the run
-    holds (``drafter`` and the draft slot ``draft``: ``held.held_sources``) read, float
+    holds (``drafter`` and the draft slot ``draft_model``: ``held.held_sources``) read, float
     weights counted as ``dtype`` (None: as loaded). Each source says what it reads
     (``Source.price``, by ``WeightPricer``)."""
     from redrafter_mlx.engine.held import held_sources
 
     pricer = WeightPricer(model, dtype)
     priced = WeightBytes(pricer.total)
-    for source in held_sources(drafter, draft):
+    for source in held_sources(drafter, draft_model):
         fields = source.price(pricer)
         if fields:
             priced = replace(priced, **fields)

@@ -125,7 +125,7 @@ class Scheduler:
         self.eos = frozenset(eos)
         # The rows, their state, the steps and the loop's order (``engine/batch.py``).
         self.batch = RequestBatch(
-            model, drafter, policy, eos, max_batch, compiled, group, draft=draft_model
+            model, drafter, policy, eos, max_batch, compiled, group, draft_model=draft_model
         )
         self.stats = ServerStats()
         self._draining = False
@@ -481,11 +481,11 @@ class Scheduler:
         branch's row sends its request's rebuilt text as it becomes final
         (``BranchTree.take_final``), finishing once every branch has (once)."""
         self.stats.generated += len(new)
-        if row.branches is not None:
+        if row.tree is not None:
             root = row.family[0]
             if root.owner.answered:
                 return
-            new, finish = row.branches.take_final(), root.request_finish
+            new, finish = row.tree.take_final(), root.request_finish
             if not new and finish is None:
                 return
             row = root

@@ -141,8 +141,8 @@ def test_an_answer_that_reached_its_budget_finishes_length_however_its_branches_
     stops it (its start known too late): every branch then stops at EOS, yet the answer
     is cut at its budget as alone, so it finishes ``"length"``, as alone."""
     tree = BranchTree(RULES, budget=3)
-    root = Row(forking_sampler(), 20, 3, RowStats(3), branches=tree)
-    child = Row(forking_sampler(), 20, 3, RowStats(3), branches=tree, branch=1, family=root.family)
+    root = Row(forking_sampler(), 20, 3, RowStats(3), tree=tree)
+    child = Row(forking_sampler(), 20, 3, RowStats(3), tree=tree, branch=1, family=root.family)
     root.family.append(child)
     assert tree.extend(0, [5, FORK]).fork is not None
     tree.extend(0, [6])

@@ -59,7 +59,7 @@ def run_batch(
         tree = BranchTree(rules) if branching else None
         if branching and budget:
             limit, tree = request_rows(rules, limit)
-        row = Row(sampler, limit, len(prompt), RowStats(len(prompt)), branches=tree)
+        row = Row(sampler, limit, len(prompt), RowStats(len(prompt)), tree=tree)
         batch.insert(Prefill([prompt], sampler, seed, Session(model, 1), rows=[row]))
         roots.append(row)
     outs = [[] for _ in roots]
@@ -82,7 +82,7 @@ def reference(model, drafter, shape, prompt, sampler, seed, limit, forks, rules=
     masks on (a fork token is kept as text), the child token forced after each of ``forks``
     (emitted-token counts), the depth going up there; stops at EOS or ``limit``."""
     session = Session(model, 1)
-    row = Row(sampler, limit, len(prompt), RowStats(len(prompt)), branches=BranchTree(rules))
+    row = Row(sampler, limit, len(prompt), RowStats(len(prompt)), tree=BranchTree(rules))
     job = Prefill([prompt], sampler, seed, session, rows=[row])
     while not job.complete:
         job.advance()

@@ -225,7 +225,7 @@ def generate_steps(
     for p in prompts:
         _, tree = request_rows(branches, max_tokens)
         limit, at_limit = token_limit(model, len(p), row_tokens)
-        rows.append(Row(sampler, limit, len(p), RowStats(len(p)), at_limit=at_limit, branches=tree))
+        rows.append(Row(sampler, limit, len(p), RowStats(len(p)), at_limit=at_limit, tree=tree))
     out = [[] for _ in range(B)]
 
     tic = time.perf_counter()

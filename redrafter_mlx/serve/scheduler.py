@@ -348,7 +348,7 @@ class Scheduler:
             row_tokens, tree = request_rows(self.branches, request.max_tokens)
             limit, _ = token_limit(self.model, len(request.prompt), row_tokens)
             stats = RowStats(len(request.prompt))
-            row = Row(sampler, limit, len(request.prompt), stats, held, branches=tree)
+            row = Row(sampler, limit, len(request.prompt), stats, held, tree=tree)
             job = Prefill([request.prompt], sampler, event["seed"], session, held, [row])
             stats.queued_s = job.started - request.submitted
             self.batch.insert(job)

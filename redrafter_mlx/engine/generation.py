@@ -28,7 +28,6 @@ import mlx.core as mx
 from .adaptive import Adaptive
 from .arguments import api_arguments
 from .batch import BatchGenerator
-from .batch_choice import BatchChoice, FixedShape, ShapePolicy, SoloChoice, learnt_batch
 from .branches import (
     BRANCH_MODES,
     BranchRules,
@@ -37,17 +36,17 @@ from .branches import (
     check_branching_model,
     request_rows,
 )
-from .cache import SLOT_QUANTUM, Session, token_limit
+from .cache import SLOT_QUANTUM, Session
 from .decode import DecodeState
 from .distributed import shared_seed
 from .drafter import Drafter
 from .errors import ParamError
-from .held import check_draft_slot, check_loaded
 from .memory import check_step_memory
 from .model import Model
 from .plan import DEFAULT_SHAPE, default_plan
 from .prefilling import Prefill
 from .rows import Row, RowStats
+from .run import Run, check_slot_loaded, make_row
 from .sampling import SamplerConfig, check_seed
 from .shape import BeamShape
 from .sources import SOURCE_NAMES
@@ -181,17 +180,10 @@ def generate_steps(
     prompt), so a next turn prefills what follows them.
     """
     prompts = [list(map(int, p)) for p in prompts]
-    check_draft_slot(model, drafter, draft_model)  # a model, an early-exit adapter or both
-    shape = shape.validate(model.vocab_size).runnable(drafter is not None, draft_model is not None)
-    if not shape.model_length:
-        draft_model = None
-    if not shape.drafts:
-        drafter = None
+    run = Run.of(model, drafter, draft_model, shape)  # the slot checked, the shape resolved
+    shape, drafter, draft_model = run.shape, run.drafter, run.draft_model
     sampler = sampler.validate(model.vocab_size)
     seed = check_seed(seed) if seed is not None else sampler.seed
-    layers = getattr(getattr(drafter, "args", None), "feature_layers", None)
-    if layers and tuple(layers) != model.feature_layers:
-        model.capture_features(layers)  # what ``loading.attach`` does (a drafter loaded alone)
     _check_prompts(model, prompts, max_tokens)
     if branches is not None:
         check_branching_model(model)
@@ -206,26 +198,13 @@ def generate_steps(
     eos = set(int(e) for e in eos_token_ids)
     if adapt is True and seed is not None and not sampler.greedy:
         adapt = False  # the schedule follows wall time: a seeded sample must be reproducible
-    policy: ShapePolicy = FixedShape(shape)
-    if adapt and not shape.is_autoregressive and not branches:
-        policy = SoloChoice(model, drafter, shape, sampler, adapt)
-    elif adapt and not shape.is_autoregressive:  # branch rows come and go: the server's
-        if isinstance(adapt, Adaptive):
-            policy = BatchChoice(shape, adapt)
-        else:  # kept on the model: the next answer starts from what this one measured
-            policy = learnt_batch(model, drafter, shape, sampler)
-    batch = BatchGenerator(
-        model, drafter, policy, eos, max_batch, release=False, draft_model=draft_model
-    )
+    policy = run.policy(adapt, "branches" if branches else "fixed", sampler)
+    batch = run.generator(policy, eos, max_batch, release=False)
 
     group = getattr(model, "group", None)  # tensor parallel: every rank must draw alike
     seed = shared_seed(seed, group) if group is not None else seed
     seed = seed if seed is not None else int(time.time_ns() % (1 << 31))
-    rows = []
-    for p in prompts:
-        _, tree = request_rows(branches, max_tokens)
-        limit, at_limit = token_limit(model, len(p), row_tokens)
-        rows.append(Row(sampler, limit, len(p), RowStats(len(p)), at_limit=at_limit, tree=tree))
+    rows = [make_row(model, sampler, len(p), max_tokens, branches) for p in prompts]
     out = [[] for _ in range(B)]
 
     tic = time.perf_counter()
@@ -509,11 +488,10 @@ class _Call:
 
 def check_api_sources(drafter, draft_model, shape: BeamShape | None) -> None:
     """The API entry's checks of the draft sources, before anything runs: loaded, not paths
-    (``check_drafter``, ``draft_model.check_loaded``), and every part of a pinned ``shape``
+    (``check_drafter``, ``run.check_slot_loaded``), and every part of a pinned ``shape``
     given its source (``check_shape_sources``)."""
     check_drafter(drafter)
-    if draft_model is not None:
-        check_loaded(draft_model)  # the rest of its checks: ``generate_steps``
+    check_slot_loaded(draft_model)  # the rest of its checks: ``generate_steps`` (``Run.of``)
     check_shape_sources(shape, drafter, draft_model)
 
 

@@ -265,6 +265,13 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
     return app
 
 
+def wire_finish(finish: str) -> str:
+    """The ``finish_reason`` a client reads for the engine's ``finish``: OpenAI's values
+    (``"stop"``, ``"length"``), so a cut by the model's context (``"context"``) is
+    ``"length"``, as OpenAI and vLLM report it."""
+    return "length" if finish == "context" else finish
+
+
 class _Run:
     """One request in flight on the HTTP side: its events, text and counters."""
 
@@ -275,7 +282,7 @@ class _Run:
         self.stats = None
 
     async def pieces(self, first: Event | None):
-        """Yield (text delta, finish reason or None) until the request ends.
+        """Yield (text delta, finish reason or None: ``wire_finish``) until the request ends.
 
         A stop string ends it early (the engine row is cancelled); an engine error raises.
         """
@@ -292,8 +299,8 @@ class _Run:
                 yield delta, "stop"
                 return
             if event.finish is not None:
-                self.finish = event.finish
-                yield delta + self.text.finish(), event.finish
+                self.finish = event.finish  # the engine's reason (logged)
+                yield delta + self.text.finish(), wire_finish(event.finish)
                 return
             yield delta, None
             event = await self.events.get()

@@ -29,7 +29,8 @@ class ShuttingDown(Exception):
 class Event:
     """What a request receives: new tokens, then one event with ``finish`` or ``error``.
 
-    finish: "stop" (EOS) or "length"; error: a message, with ``status`` the HTTP code
+    finish: "stop" (EOS), "length" (max_tokens) or "context" (the model's context is full:
+    ``engine.run.make_row``); error: a message, with ``status`` the HTTP code
     (500 engine failure, 503 shutdown).
     """
 

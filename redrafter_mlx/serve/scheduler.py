@@ -39,14 +39,13 @@ from dataclasses import replace
 
 from redrafter_mlx.engine.adaptive import Adaptive
 from redrafter_mlx.engine.batch import BatchGenerator
-from redrafter_mlx.engine.batch_choice import BatchChoice, FixedShape
-from redrafter_mlx.engine.branches import BranchRules, check_branching_model, request_rows
-from redrafter_mlx.engine.cache import Session, token_limit
-from redrafter_mlx.engine.held import check_draft_slot, slot_modules
-from redrafter_mlx.engine.loading import materialize
+from redrafter_mlx.engine.batch_choice import BatchChoice
+from redrafter_mlx.engine.branches import BranchRules, check_branching_model
+from redrafter_mlx.engine.cache import Session
 from redrafter_mlx.engine.prefilling import Prefill
 from redrafter_mlx.engine.rows import Row, RowStats
-from redrafter_mlx.engine.shape import AR, BeamShape
+from redrafter_mlx.engine.run import Run, make_row
+from redrafter_mlx.engine.shape import BeamShape
 
 from .requests import (
     STOP,
@@ -101,31 +100,26 @@ class Scheduler:
     ):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
-        self.model, self.drafter = model, drafter
         if branches is not None:
             check_branching_model(model)
         self.branches = branches  # APAR branching rules (each request's branches are rows)
-        if drafter is not None and shape is None:
-            raise ValueError("a drafter needs a beam shape")
-        check_draft_slot(model, drafter, draft_model)  # a model, an early-exit adapter or both
-        shape = (shape or AR).runnable(drafter is not None, draft_model is not None)
-        draft_model = draft_model if shape.model_length else None
-        materialize(model, drafter, *slot_modules(draft_model))  # an adapter's rope tables too
+        # The slot checked, the shape resolved to its sources' parts, the arrays evaluated
+        # (the loop runs on its own thread): ``engine/run.py``, as ``generate_steps`` builds.
+        run = Run.of(model, drafter, draft_model, shape, own_thread=True)
+        self.model, self.drafter = model, run.drafter
         self.max_batch = max_batch
         self.queue: queue.Queue[Request] = queue.Queue(maxsize=max(max_queue, 1))
         self.group = group  # under mlx.launch: the ranks' group; rank 0 decides the events
         self.leader = group is None or group.rank() == 0
         eos = {int(e) for e in eos_token_ids}
-        self.speculative = not shape.is_autoregressive
-        # Adaptive shapes (``engine/batch_choice``), else the one shape; None: not adaptive.
-        self.choice: BatchChoice | None = None
-        if adapt and self.speculative:
-            self.choice = BatchChoice(shape, adapt if isinstance(adapt, Adaptive) else Adaptive())
-        policy = self.choice or FixedShape(shape)
+        self.speculative = run.speculative
+        policy = run.policy(adapt, "requests")  # adaptive: a ``BatchChoice``, else the shape
+        # Adaptive shapes (``engine/batch_choice``); None: not adaptive.
+        self.choice: BatchChoice | None = policy if isinstance(policy, BatchChoice) else None
         self.eos = frozenset(eos)
         # The rows, their state, the steps and the loop's order (``engine/batch.py``).
-        self.batch = RequestBatch(
-            model, drafter, policy, eos, max_batch, compiled, group, draft_model=draft_model
+        self.batch = run.generator(
+            policy, eos, max_batch, compiled=compiled, group=group, kind=RequestBatch
         )
         self.stats = ServerStats()
         self._draining = False
@@ -345,12 +339,10 @@ class Scheduler:
                 continue
             held = Held(request, ticket, ends=self.ends(request))
             sampler = self.row_sampler(request, held.ends)
-            row_tokens, tree = request_rows(self.branches, request.max_tokens)
-            limit, _ = token_limit(self.model, len(request.prompt), row_tokens)
-            stats = RowStats(len(request.prompt))
-            row = Row(sampler, limit, len(request.prompt), stats, held, tree=tree)
-            job = Prefill([request.prompt], sampler, event["seed"], session, held, [row])
-            stats.queued_s = job.started - request.submitted
+            prompt, most = request.prompt, request.max_tokens
+            row = make_row(self.model, sampler, len(prompt), most, self.branches, held)
+            job = Prefill([prompt], sampler, event["seed"], session, held, [row])
+            row.stats.queued_s = job.started - request.submitted
             self.batch.insert(job)
         return True
 

@@ -6,11 +6,14 @@ training targets are read off the answer, and the hidden state of each position 
 decoding computed anyway. Keeping it saves the separate forward over every sequence that
 ``targets="self"`` otherwise needs (the slowest stage of a large build).
 
-It runs the engine's own step (``batch.batch_step``, plain decoding, a key per row), row
-compaction (``batch.take_rows``) and stop rule (``cache.stop_at``), in a loop of its own
-rather than ``batch.BatchGenerator``'s: it keeps every step's hidden state, reads the device
-only every ``CHECK_EVERY`` steps (not each step), and interleaves batches on several CPU
-streams (``answers_in_lanes``).
+It runs the engine's own step (``batch.batch_step``, plain decoding, a key per row), first
+draw (``decode.first_draw``), row compaction (``batch.take_rows``) and stop rule
+(``cache.stop_at``), in a loop of its own rather than ``batch.BatchGenerator``'s: it keeps
+every step's hidden state, prefills the prefix its prompts share once (``prefill_shared``)
+in windows of ``WINDOW_QUANTUM`` slots, reads the device only every ``CHECK_EVERY`` steps
+(not each step), drops ended rows by its own rule (``rows_to_keep``), keeps the end-of-turn
+id in the answer, and interleaves batches on several CPU streams (``answers_in_lanes``).
+As a ``BatchGenerator`` client it measured slower (docs/design.md, "The loop").
 
 Shapes: B rows, n answer tokens of a row, H hidden, T drafter steps (predict_tokens).
 """

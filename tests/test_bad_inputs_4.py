@@ -209,7 +209,7 @@ def test_branch_limits_on_a_model_that_does_not_branch_are_refused(cli_app):
 
 
 def test_too_many_branches_for_memory_names_max_branches(monkeypatch):
-    from redrafter_mlx.engine import generation, memory
+    from redrafter_mlx.engine import memory, run
     from redrafter_mlx.engine.errors import ParamError
     from redrafter_mlx.engine.sampling import SamplerConfig
     from redrafter_mlx.engine.shape import BeamShape
@@ -218,9 +218,9 @@ def test_too_many_branches_for_memory_names_max_branches(monkeypatch):
         if batch > 1:
             raise memory.ShapeTooLarge("lookup_length", f"needs 9 GiB for {batch} rows")
 
-    monkeypatch.setattr(generation, "check_step_memory", check)
+    monkeypatch.setattr(run, "check_step_memory", check)
     with pytest.raises(ParamError) as e:
-        generation.check_branch_memory(
+        run.check_branch_memory(
             None, None, BeamShape(1, 4), 1, 100, 64, SamplerConfig(), None
         )
     assert e.value.param == "max_branches" and "lower --max-branches" in e.value.message

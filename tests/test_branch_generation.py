@@ -9,8 +9,9 @@ import pytest
 from redrafter_mlx.engine.branches import CHILD_TOKEN, FORK_TOKEN, BranchRules
 from redrafter_mlx.engine.bundled import demo_paths
 from redrafter_mlx.engine.errors import ParamError
-from redrafter_mlx.engine.generation import generate_steps, resolve_branches, stream_generate
+from redrafter_mlx.engine.generation import generate_steps, stream_generate
 from redrafter_mlx.engine.loading import load_model
+from redrafter_mlx.engine.run import resolve_branches
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import BeamShape
 from redrafter_mlx.engine.tokenizer import load_tokenizer

@@ -101,7 +101,8 @@ def choose_configs(
         parse_grid,
     )
     from redrafter_mlx.cli.common import check_shape
-    from redrafter_mlx.engine.generation import DEFAULT_SHAPE, missing_sources
+    from redrafter_mlx.engine.generation import DEFAULT_SHAPE
+    from redrafter_mlx.engine.run import missing_sources
     from redrafter_mlx.engine.shape import BeamShape
 
     if grid is not None and shapes is not None:

@@ -556,9 +556,9 @@ from redrafter_mlx.cli.stats import *  # noqa: E402, F403 (the stats line, for t
 
 def branch_flags(engine: Engine, mode: str, depth: int | None, most: int | None):
     """``--branches MODE`` with ``--branch-depth`` / ``--max-branches`` for the loaded model:
-    its ``BranchRules``, or None when branching is off (``generation.resolve_branches``; a
+    its ``BranchRules``, or None when branching is off (``run.resolve_branches``; a
     ParamError says what is missing and the fix)."""
-    from redrafter_mlx.engine.generation import resolve_branches
+    from redrafter_mlx.engine.run import resolve_branches
 
     limits = {k: v for k, v in (("max_depth", depth), ("max_branches", most)) if v is not None}
     rules = resolve_branches(engine.tokenizer, mode, **limits)

@@ -18,7 +18,6 @@ detail -> next, split tokens left out), and the request finishes when every bran
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
@@ -29,10 +28,8 @@ from .adaptive import Adaptive
 from .arguments import api_arguments
 from .batch import BatchGenerator
 from .branches import (
-    BRANCH_MODES,
     BranchRules,
     Piece,
-    branch_rules,
     check_branching_model,
     request_rows,
 )
@@ -40,13 +37,18 @@ from .cache import SLOT_QUANTUM, Session
 from .decode import DecodeState
 from .distributed import shared_seed
 from .drafter import Drafter
-from .errors import ParamError
-from .memory import check_step_memory
 from .model import Model
 from .plan import DEFAULT_SHAPE, default_plan
 from .prefilling import Prefill
 from .rows import Row, RowStats
-from .run import Run, check_slot_loaded, make_row
+from .run import (
+    Run,
+    check_api_sources,
+    check_branch_memory,
+    check_prompts,
+    make_row,
+    resolve_branches,
+)
 from .sampling import SamplerConfig, check_seed
 from .shape import BeamShape
 from .sources import SOURCE_NAMES
@@ -184,7 +186,7 @@ def generate_steps(
     shape, drafter, draft_model = run.shape, run.drafter, run.draft_model
     sampler = sampler.validate(model.vocab_size)
     seed = check_seed(seed) if seed is not None else sampler.seed
-    _check_prompts(model, prompts, max_tokens)
+    check_prompts(model, prompts, max_tokens)
     if branches is not None:
         check_branching_model(model)
     row_tokens, _ = request_rows(branches, max_tokens)  # a row's most tokens
@@ -298,102 +300,6 @@ def _branch_event(rows: list[Row], stepped, stats: DecodeStats) -> DecodeEvent:
     )
 
 
-def check_branch_memory(model, drafter, shape, rows, max_batch, longest, sampler, draft_model):
-    """``check_step_memory`` for ``max_batch`` rows (``rows`` prompts, each up to its branch
-    limit); when the prompts alone fit, the branch limit is what does not: ``ShapeTooLarge``
-    (a ``ParamError``) naming ``max_branches`` (the flag), not the shape's largest part."""
-    from .memory import ShapeTooLarge
-
-    sampling = not sampler.greedy
-    try:
-        check_step_memory(
-            model, drafter, shape, max_batch, longest, sampling, draft_model=draft_model
-        )
-    except ShapeTooLarge as e:
-        if max_batch == rows:
-            raise
-        try:
-            check_step_memory(
-                model, drafter, shape, rows, longest, sampling, draft_model=draft_model
-            )
-        except ShapeTooLarge:
-            raise e from None
-        raise ShapeTooLarge(
-            "max_branches",
-            f"{max_batch // rows} branches per answer make up to {max_batch} rows, and "
-            f"{e.message.split('; ')[0]}; lower --max-branches (each branch is a row)",
-        ) from None
-
-
-def resolve_branches(tokenizer, branches, **limits) -> BranchRules | None:
-    """The branching rules of ``branches`` (``"auto"`` / ``"on"`` / ``"off"``, or
-    ``BranchRules`` / None as is) for the model whose tokenizer folder is
-    ``tokenizer.path`` (``branches.branch_rules``, with ``limits``: ``max_depth``,
-    ``max_branches``); without a folder, ``"auto"`` is off."""
-    if branches is None or isinstance(branches, BranchRules):
-        return branches
-    folder = getattr(tokenizer, "path", None)
-    if folder is not None:
-        return branch_rules(folder, branches, **limits)
-    if branches not in BRANCH_MODES:
-        return branch_rules(".", branches)  # the ParamError naming the modes
-    if branches == "on":
-        raise ParamError(
-            "branches",
-            "branches='on' needs the model's tokenizer folder (its split tokens); pass the "
-            "tokenizer of an APAR model, or BranchRules, or branches='off'",
-        )
-    return None
-
-
-def missing_sources(shape: BeamShape, has_drafter: bool, has_draft_model: bool) -> list[str]:
-    """The draft sources a pinned ``shape``'s parts need that a run lacks: ``"drafter"``
-    for its beams (``W×L``), ``"draft model"`` for its draft model's chain (``D1×L``); the
-    lookup chains need none. A run would drop such a part (``BeamShape.runnable``), so the
-    API and the CLI refuse the shape instead (``check_shape_sources``, bench ``--configs``)."""
-    missing = []
-    if shape.drafts and not shape.is_autoregressive and not has_drafter:
-        missing.append("drafter")
-    if shape.model_length and not has_draft_model:
-        missing.append("draft model")
-    return missing
-
-
-def check_shape_sources(shape: BeamShape | None, drafter, draft_model) -> None:
-    """ParamError (``shape``) when a pinned ``shape`` (None: the default plan, which
-    follows the sources) has a part whose source was not given (``missing_sources``),
-    naming the part and the fix, before anything runs."""
-    if shape is None:
-        return
-    missing = missing_sources(shape, drafter is not None, draft_model is not None)
-    if "drafter" in missing:
-        raise ParamError(
-            "shape",
-            f"shape {shape.label} has drafter beams (W{shape.width}×L{shape.length}) but "
-            "drafter is None: pass a drafter (redrafter_mlx.load(model_path, drafter_path)), "
-            "or a shape without its W part (lookup alone: K1xL8; plain decoding: "
-            "BeamShape.autoregressive())",
-        )
-    if "draft model" in missing:
-        raise ParamError(
-            "shape",
-            f"shape {shape.label} has a draft model's chain (D1×L{shape.model_length}) but "
-            "draft_model is None: pass one (model, drafter, tokenizer, draft = "
-            "redrafter_mlx.load(model_path, drafter_path, draft_model=path); "
-            "draft_model=draft), or a shape without its D part",
-        )
-
-
-def check_drafter(drafter) -> None:
-    """TypeError when ``drafter`` is a path, not a loaded drafter: how to load it."""
-    if isinstance(drafter, str | os.PathLike):
-        raise TypeError(
-            f"drafter takes a loaded drafter or None, got the path {str(drafter)!r}; load it "
-            f"first: model, drafter, tokenizer = redrafter_mlx.load(model_path, "
-            f"{str(drafter)!r})"
-        )
-
-
 def _hand_back(session: Session, state: DecodeState, prompts, out) -> None:
     """Return the cache to the session: row r holds prompt + a prefix of its raw stream."""
     lengths = state.lengths.tolist()  # once, after the loop
@@ -425,26 +331,6 @@ def _hand_back_prompts(session: Session, batch: BatchGenerator, rows: list[Row],
 def _held_slot(batch: BatchGenerator, root: Row) -> int | None:
     """A slot that holds one of ``root``'s request's rows' cache (None: none does)."""
     return next((s for r in root.family if (s := batch.cache_slot(r)) is not None), None)
-
-
-def _check_prompts(model: Model, prompts: list[list[int]], max_tokens: int) -> None:
-    if not prompts or any(len(p) == 0 for p in prompts):
-        raise ValueError("every prompt needs at least one token")
-    if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    V = model.vocab_size
-    for p in prompts:
-        bad = [t for t in p if not 0 <= t < V]
-        if bad:
-            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {V})")
-    context = model.max_context
-    if context is not None:
-        longest = max(len(p) for p in prompts)
-        if longest >= context:
-            raise ValueError(
-                f"prompt of {longest} tokens does not fit the model's context of {context} "
-                f"tokens; shorten the prompt"
-            )
 
 
 @dataclass
@@ -484,15 +370,6 @@ class _Call:
             accepted_tokens=total.accepted_drafts,
             source_tokens=dict(zip(SOURCE_NAMES, total.by_source)),
         )
-
-
-def check_api_sources(drafter, draft_model, shape: BeamShape | None) -> None:
-    """The API entry's checks of the draft sources, before anything runs: loaded, not paths
-    (``check_drafter``, ``run.check_slot_loaded``), and every part of a pinned ``shape``
-    given its source (``check_shape_sources``)."""
-    check_drafter(drafter)
-    check_slot_loaded(draft_model)  # the rest of its checks: ``generate_steps`` (``Run.of``)
-    check_shape_sources(shape, drafter, draft_model)
 
 
 def _prompt_ids(tokenizer, prompt) -> list[int]:

@@ -12,20 +12,34 @@ branch tree when branching is on.
 
 The draft slot's checks (``held.check_draft_slot``, ``check_loaded``,
 ``slot_modules``) are called from this module alone.
+
+The checks a run makes before anything runs live here too: the API's sources and pinned
+shape (``check_api_sources``, ``check_shape_sources``, ``missing_sources``), the prompts
+(``check_prompts``), the branching rules (``resolve_branches``) and a branching run's memory
+(``check_branch_memory``).
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
 from .adaptive import Adaptive
 from .batch import BatchGenerator
 from .batch_choice import BatchChoice, FixedShape, ShapePolicy, SoloChoice, learnt_batch
-from .branches import BranchRules, request_rows
+from .branches import (
+    BRANCH_MODES,
+    BranchRules,
+    branch_rules,
+    request_rows,
+)
 from .cache import token_limit
+from .errors import ParamError
 from .held import check_draft_slot, check_loaded, slot_modules
 from .loading import materialize
+from .memory import check_step_memory
+from .model import Model
 from .rows import Row, RowStats
 from .sampling import SamplerConfig
 from .shape import AR, BeamShape
@@ -157,3 +171,128 @@ def make_row(
     limit, at_limit = token_limit(model, prompt_len, row_tokens)
     stats = RowStats(prompt_len)
     return Row(sampler, limit, prompt_len, stats, owner, at_limit=at_limit, tree=tree)
+
+
+def check_branch_memory(model, drafter, shape, rows, max_batch, longest, sampler, draft_model):
+    """``check_step_memory`` for ``max_batch`` rows (``rows`` prompts, each up to its branch
+    limit); when the prompts alone fit, the branch limit is what does not: ``ShapeTooLarge``
+    (a ``ParamError``) naming ``max_branches`` (the flag), not the shape's largest part."""
+    from .memory import ShapeTooLarge
+
+    sampling = not sampler.greedy
+    try:
+        check_step_memory(
+            model, drafter, shape, max_batch, longest, sampling, draft_model=draft_model
+        )
+    except ShapeTooLarge as e:
+        if max_batch == rows:
+            raise
+        try:
+            check_step_memory(
+                model, drafter, shape, rows, longest, sampling, draft_model=draft_model
+            )
+        except ShapeTooLarge:
+            raise e from None
+        raise ShapeTooLarge(
+            "max_branches",
+            f"{max_batch // rows} branches per answer make up to {max_batch} rows, and "
+            f"{e.message.split('; ')[0]}; lower --max-branches (each branch is a row)",
+        ) from None
+
+
+def resolve_branches(tokenizer, branches, **limits) -> BranchRules | None:
+    """The branching rules of ``branches`` (``"auto"`` / ``"on"`` / ``"off"``, or
+    ``BranchRules`` / None as is) for the model whose tokenizer folder is
+    ``tokenizer.path`` (``branches.branch_rules``, with ``limits``: ``max_depth``,
+    ``max_branches``); without a folder, ``"auto"`` is off."""
+    if branches is None or isinstance(branches, BranchRules):
+        return branches
+    folder = getattr(tokenizer, "path", None)
+    if folder is not None:
+        return branch_rules(folder, branches, **limits)
+    if branches not in BRANCH_MODES:
+        return branch_rules(".", branches)  # the ParamError naming the modes
+    if branches == "on":
+        raise ParamError(
+            "branches",
+            "branches='on' needs the model's tokenizer folder (its split tokens); pass the "
+            "tokenizer of an APAR model, or BranchRules, or branches='off'",
+        )
+    return None
+
+
+def missing_sources(shape: BeamShape, has_drafter: bool, has_draft_model: bool) -> list[str]:
+    """The draft sources a pinned ``shape``'s parts need that a run lacks: ``"drafter"``
+    for its beams (``W×L``), ``"draft model"`` for its draft model's chain (``D1×L``); the
+    lookup chains need none. A run would drop such a part (``BeamShape.runnable``), so the
+    API and the CLI refuse the shape instead (``check_shape_sources``, bench ``--configs``)."""
+    missing = []
+    if shape.drafts and not shape.is_autoregressive and not has_drafter:
+        missing.append("drafter")
+    if shape.model_length and not has_draft_model:
+        missing.append("draft model")
+    return missing
+
+
+def check_shape_sources(shape: BeamShape | None, drafter, draft_model) -> None:
+    """ParamError (``shape``) when a pinned ``shape`` (None: the default plan, which
+    follows the sources) has a part whose source was not given (``missing_sources``),
+    naming the part and the fix, before anything runs."""
+    if shape is None:
+        return
+    missing = missing_sources(shape, drafter is not None, draft_model is not None)
+    if "drafter" in missing:
+        raise ParamError(
+            "shape",
+            f"shape {shape.label} has drafter beams (W{shape.width}×L{shape.length}) but "
+            "drafter is None: pass a drafter (redrafter_mlx.load(model_path, drafter_path)), "
+            "or a shape without its W part (lookup alone: K1xL8; plain decoding: "
+            "BeamShape.autoregressive())",
+        )
+    if "draft model" in missing:
+        raise ParamError(
+            "shape",
+            f"shape {shape.label} has a draft model's chain (D1×L{shape.model_length}) but "
+            "draft_model is None: pass one (model, drafter, tokenizer, draft = "
+            "redrafter_mlx.load(model_path, drafter_path, draft_model=path); "
+            "draft_model=draft), or a shape without its D part",
+        )
+
+
+def check_drafter(drafter) -> None:
+    """TypeError when ``drafter`` is a path, not a loaded drafter: how to load it."""
+    if isinstance(drafter, str | os.PathLike):
+        raise TypeError(
+            f"drafter takes a loaded drafter or None, got the path {str(drafter)!r}; load it "
+            f"first: model, drafter, tokenizer = redrafter_mlx.load(model_path, "
+            f"{str(drafter)!r})"
+        )
+
+
+def check_prompts(model: Model, prompts: list[list[int]], max_tokens: int) -> None:
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    V = model.vocab_size
+    for p in prompts:
+        bad = [t for t in p if not 0 <= t < V]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {V})")
+    context = model.max_context
+    if context is not None:
+        longest = max(len(p) for p in prompts)
+        if longest >= context:
+            raise ValueError(
+                f"prompt of {longest} tokens does not fit the model's context of {context} "
+                f"tokens; shorten the prompt"
+            )
+
+
+def check_api_sources(drafter, draft_model, shape: BeamShape | None) -> None:
+    """The API entry's checks of the draft sources, before anything runs: loaded, not paths
+    (``check_drafter``, ``run.check_slot_loaded``), and every part of a pinned ``shape``
+    given its source (``check_shape_sources``)."""
+    check_drafter(drafter)
+    check_slot_loaded(draft_model)  # the rest of its checks: ``generate_steps`` (``Run.of``)
+    check_shape_sources(shape, drafter, draft_model)

@@ -220,9 +220,7 @@ def test_too_many_branches_for_memory_names_max_branches(monkeypatch):
 
     monkeypatch.setattr(run, "check_step_memory", check)
     with pytest.raises(ParamError) as e:
-        run.check_branch_memory(
-            None, None, BeamShape(1, 4), 1, 100, 64, SamplerConfig(), None
-        )
+        run.check_branch_memory(None, None, BeamShape(1, 4), 1, 100, 64, SamplerConfig(), None)
     assert e.value.param == "max_branches" and "lower --max-branches" in e.value.message
     assert "100 branches per answer make up to 100 rows" in e.value.message
 

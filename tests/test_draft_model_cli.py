@@ -8,8 +8,9 @@ from dataclasses import replace
 
 import pytest
 
+from redrafter_mlx.engine.footprint import Dims, kv_bytes
 from redrafter_mlx.engine.loading import LoadError, load
-from redrafter_mlx.engine.memory import Dims, check_step_memory, kv_bytes
+from redrafter_mlx.engine.memory import check_step_memory
 from redrafter_mlx.engine.shape import AR, BeamShape
 from redrafter_mlx.engine.sources import DRAFT_MODEL
 from redrafter_mlx.serve.scheduler import Scheduler

@@ -25,15 +25,10 @@ from redrafter_mlx.engine.draft_model import DraftModelSource
 from redrafter_mlx.engine.draft_model import prefill as prefill_draft
 from redrafter_mlx.engine.early_exit import EarlyExitAdapter, EarlyExitSource, save_adapter
 from redrafter_mlx.engine.early_exit_chain import prefill as prefill_ee
+from redrafter_mlx.engine.footprint import Dims, commit_bytes, pack_bytes, step_memory
 from redrafter_mlx.engine.held import held_sources, slot_modules
 from redrafter_mlx.engine.loading import LoadError, draft_slot_paths, load
-from redrafter_mlx.engine.memory import (
-    Dims,
-    check_step_memory,
-    commit_bytes,
-    pack_bytes,
-    step_memory,
-)
+from redrafter_mlx.engine.memory import check_step_memory
 from redrafter_mlx.engine.prefilling import Prefill
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape

@@ -14,7 +14,7 @@ import pytest
 
 from redrafter_mlx.engine.early_exit import bind_head, check_pair, load_adapter, pair, save_adapter
 from redrafter_mlx.engine.early_exit_chain import draft_chain, draft_top1
-from redrafter_mlx.engine.memory import Dims
+from redrafter_mlx.engine.footprint import Dims
 from redrafter_mlx.engine.model import output_rows
 from redrafter_mlx.engine.shape import BeamShape
 from redrafter_mlx.train import early_exit as EE

@@ -26,9 +26,10 @@ from redrafter_mlx.engine.early_exit import (
     save_adapter,
 )
 from redrafter_mlx.engine.early_exit_chain import prefill as prefill_ee
+from redrafter_mlx.engine.footprint import Dims
 from redrafter_mlx.engine.held import held_sources
 from redrafter_mlx.engine.loading import LoadError, load
-from redrafter_mlx.engine.memory import Dims, check_step_memory
+from redrafter_mlx.engine.memory import check_step_memory
 from redrafter_mlx.engine.prefilling import Prefill
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape

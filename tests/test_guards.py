@@ -236,7 +236,7 @@ def _step_peak(model, drafter, shape, batch, sampler, prompt=40):
 )
 def test_the_estimate_bounds_the_measured_step(label, batch, temperature):
     """The transient estimate is at least the step's measured peak and at most 4x it."""
-    from redrafter_mlx.engine.memory import Dims, step_memory
+    from redrafter_mlx.engine.footprint import Dims, step_memory
     from redrafter_mlx.engine.sampling import SamplerConfig
     from redrafter_mlx.engine.shape import BeamShape
     from tests.helpers import tiny_drafter, tiny_model
@@ -253,7 +253,7 @@ def test_the_estimate_bounds_the_measured_step(label, batch, temperature):
 
 def _smollm2_dims():
     """SmolLM2-135M's sizes in float32 with its 8,192-token shortlist drafter."""
-    from redrafter_mlx.engine.memory import Dims
+    from redrafter_mlx.engine.footprint import Dims
 
     return Dims(576, 30, 9, 3, 64, 1536, 49152, 8192, 4, 600 * 2**20)
 
@@ -261,8 +261,9 @@ def _smollm2_dims():
 def test_ordinary_shapes_fit_a_small_machine():
     """The defaults, the presets and every shape the tuner tries fit in 4 GiB for a SmolLM2
     chat of 2,048 tokens."""
+    from redrafter_mlx.engine.footprint import step_memory
     from redrafter_mlx.engine.generation import DEFAULT_SHAPE
-    from redrafter_mlx.engine.memory import decode_window, step_memory
+    from redrafter_mlx.engine.memory import decode_window
     from tuning.grid import build_grid, with_lookup
     from tuning.presets import get_preset, preset_names
 

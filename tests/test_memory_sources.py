@@ -22,14 +22,8 @@ from redrafter_mlx.engine.decode import DecodeState
 from redrafter_mlx.engine.draft_model import prefill as draft_prefill
 from redrafter_mlx.engine.early_exit import EarlyExitAdapter, EarlyExitArgs
 from redrafter_mlx.engine.early_exit_chain import prefill as early_exit_prefill
-from redrafter_mlx.engine.memory import (
-    Dims,
-    ShapeTooLarge,
-    check_step_memory,
-    decode_window,
-    step_memory,
-    with_draft_model,
-)
+from redrafter_mlx.engine.footprint import Dims, step_memory, with_draft_model
+from redrafter_mlx.engine.memory import ShapeTooLarge, check_step_memory, decode_window
 from redrafter_mlx.engine.sampling import SamplerConfig
 from redrafter_mlx.engine.shape import AR, BeamShape
 from redrafter_mlx.engine.step import uniform_step

@@ -13,7 +13,7 @@ the committed tokens' K/V (slots past ``len`` hold junk until rewritten). Then `
 one-token forwards extend the chain from its argmax. No host read; static shapes.
 The verifier decides what is emitted, so a draft model can change speed, never the output.
 
-A draft model's vocabulary may be the target's first ids, up to ``loading.MAX_ADDED_TOKENS``
+A draft model's vocabulary may be the target's first ids, up to ``MAX_ADDED_TOKENS``
 fewer (the target grew by added tokens since, as an APAR model's split tokens): every id
 it reads (prefill, catch-up, draft) passes ``known_ids`` first, an id it lacks read as id 0,
 so it never indexes past its embedding; its drafts are its own ids, all the target's too.
@@ -34,6 +34,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from .footprint import Dims, StepMemory, draft_model_bytes, kv_bytes
 from .sources import (
     DraftContext,
     Proposal,
@@ -43,6 +44,8 @@ from .sources import (
     register_source,
 )
 from .tree import arange, cache_mask, chain_mask
+
+MAX_ADDED_TOKENS = 8  # ids a model may have gained past its drafter's or draft model's vocabulary
 
 
 class DraftModelSource(Source):
@@ -83,9 +86,7 @@ class DraftModelSource(Source):
 
     def memory(self, model, shape, batch: int, window: int):
         """Its weights (none when it is the target itself), its K/V cache over the window,
-        and its chain's working set (``memory.draft_model_bytes``) when ``shape`` runs it."""
-        from .memory import Dims, StepMemory, draft_model_bytes, kv_bytes
-
+        and its chain's working set (``footprint.draft_model_bytes``) when ``shape`` runs it."""
         dd = Dims.of(self.draft)
         weights = 0 if self.draft is model else dd.weight_bytes
         step = draft_model_bytes(dd, shape, batch, window) if shape.model_length else 0
@@ -183,10 +184,8 @@ def prefill(draft, rows: list[list[int]], slots: int) -> tuple:
 
 def check_draft_model(model, draft) -> None:
     """A draft model must share the target's vocabulary: the same ids, all of them or the
-    first ones when the target has up to ``loading.MAX_ADDED_TOKENS`` more (added tokens,
+    first ones when the target has up to ``MAX_ADDED_TOKENS`` more (added tokens,
     as an APAR model's split tokens: ``known_ids``); a clear error before anything runs."""
-    from .loading import MAX_ADDED_TOKENS
-
     if getattr(draft, "recurrent", False):
         raise ValueError(
             f"the draft model ({draft.model_type}) has recurrent layers, whose state cannot "

@@ -27,6 +27,7 @@ from typing import Any
 import mlx.core as mx
 import mlx.nn as nn
 
+from .footprint import StepMemory, head_bytes, module_bytes
 from .sources import ABSENT, DraftContext, Proposal, Source, register_source
 from .tree import arange
 
@@ -394,8 +395,6 @@ class DrafterSource(Source):
 
     def memory(self, model, shape, batch: int, window: int):
         """Its weights, and one beam step's logits and their ranking (``head_bytes``)."""
-        from .memory import StepMemory, head_bytes, module_bytes
-
         head = getattr(getattr(self.drafter, "args", None), "head_size", model.vocab_size)
         step = head_bytes(batch, shape.width, head) if shape.drafts else 0
         weights = module_bytes(self.drafter) if isinstance(self.drafter, nn.Module) else 0

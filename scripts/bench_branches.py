@@ -35,12 +35,12 @@ from rich.table import Table
 
 from redrafter_mlx.cli.common import load_engine
 from redrafter_mlx.cli.paths import resolve_paths
-from redrafter_mlx.engine.generation import stream_generate
-from redrafter_mlx.engine.plan import default_plan
-from redrafter_mlx.engine.prompts import load_records
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import BeamShape
-from redrafter_mlx.engine.tokenizer import load_tokenizer
+from redrafter_mlx.engine.base.prompts import load_records
+from redrafter_mlx.engine.base.tokenizer import load_tokenizer
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import BeamShape
+from redrafter_mlx.engine.loop.generation import stream_generate
+from redrafter_mlx.engine.loop.plan import default_plan
 
 LIST_CATEGORIES = ("writing", "humanities")  # MT-Bench's, in the lists set
 NO_FORK = "no fork"  # the prompts of both sets on which no variant forked

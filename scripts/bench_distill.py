@@ -118,9 +118,9 @@ def main(argv=None) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from redrafter_mlx.engine.loading import load_model
-    from redrafter_mlx.engine.platform import fit_blas_threads
-    from redrafter_mlx.engine.tokenizer import load_tokenizer
+    from redrafter_mlx.engine.base.platform import fit_blas_threads
+    from redrafter_mlx.engine.base.tokenizer import load_tokenizer
+    from redrafter_mlx.engine.loop.loading import load_model
     from redrafter_mlx.train.training import resolve_feature_layers
 
     if args.model is None:
@@ -134,7 +134,7 @@ def main(argv=None) -> int:
     for name in ("stage", "shape", "positions", "seconds", "positions/s"):
         table.add_column(name, justify="left" if name in ("stage", "shape") else "right")
     if args.stage in ("answers", "both"):
-        from redrafter_mlx.engine.platform import answer_lanes
+        from redrafter_mlx.engine.base.platform import answer_lanes
 
         tok = load_tokenizer(path)
         lanes = [answer_lanes()] if args.lanes == "auto" else map(int, args.lanes.split(","))

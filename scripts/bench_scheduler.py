@@ -29,10 +29,10 @@ from rich.table import Table
 
 from redrafter_mlx.cli.common import load_engine, parse_logit_bias
 from redrafter_mlx.cli.paths import resolve_paths
-from redrafter_mlx.engine.branches import branch_rules
-from redrafter_mlx.engine.prompts import load_records
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.base.prompts import load_records
+from redrafter_mlx.engine.core.branches import branch_rules
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import BeamShape
 from redrafter_mlx.serve.scheduler import Request, Scheduler
 
 BRANCH_SETTINGS = {"on": ("on",), "off": ("off",), "both": ("off", "on")}

@@ -33,7 +33,7 @@ import openai
 from rich.console import Console
 from rich.table import Table
 
-from redrafter_mlx.engine.prompts import load_records
+from redrafter_mlx.engine.base.prompts import load_records
 
 MODES = {  # serve flags per mode
     "adaptive": [],

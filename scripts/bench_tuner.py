@@ -34,9 +34,9 @@ def main() -> None:
     from rich.table import Table
 
     from redrafter_mlx.cli.common import resolve_paths
-    from redrafter_mlx.engine.loading import load
-    from redrafter_mlx.engine.prompts import load_prompts
-    from redrafter_mlx.engine.shape import BeamShape
+    from redrafter_mlx.engine.base.prompts import load_prompts
+    from redrafter_mlx.engine.core.shape import BeamShape
+    from redrafter_mlx.engine.loop.loading import load
     from tuning.grid import build_grid
     from tuning.measure import EngineMeasure
     from tuning.search import SearchPlan, successive_halving

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
-from redrafter_mlx.engine.chat_format import VICUNA_SYSTEM, vicuna_prompt
+from redrafter_mlx.engine.base.chat_format import VICUNA_SYSTEM, vicuna_prompt
 
 STAGES = ("corpus", "tokenizer", "base", "drafter")
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "demo_model"

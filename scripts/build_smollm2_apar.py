@@ -21,7 +21,7 @@
    (``weights_convert.smollm2_apar``, what ``make smollm2`` runs): ``--model smollm2-apar``
    (with ``--model DIR``: into ``WORK/model``).
 
-Work folder: HOME/build/smollm2-apar (``engine.bundled.home()``).
+Work folder: HOME/build/smollm2-apar (``engine.base.bundled.home()``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import random
 import time
 from pathlib import Path
 
-from redrafter_mlx.engine.bundled import (
+from redrafter_mlx.engine.base.bundled import (
     SMOLLM2_APAR_ADAPTER,
     home,
     smollm2_apar_path,
@@ -121,8 +121,8 @@ def training_prompts(n: int, list_share: float, seed: int) -> list[str]:
 
 def answer_prompts(model_dir: Path, prompts: list[str], file: Path, args) -> list[dict]:
     """Greedy answers to ``prompts``, those already in ``file`` kept; -> rows in prompt order."""
-    from redrafter_mlx.engine.loading import load_model
-    from redrafter_mlx.engine.tokenizer import load_tokenizer
+    from redrafter_mlx.engine.base.tokenizer import load_tokenizer
+    from redrafter_mlx.engine.loop.loading import load_model
     from redrafter_mlx.train.selfgen import greedy_with_hidden
 
     done = {r["prompt"]: r for r in read_jsonl(file)} if file.exists() else {}

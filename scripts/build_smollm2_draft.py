@@ -13,8 +13,8 @@ source model's first k layers followed by the final norm and the head
 (``tests/test_build_draft.py``).
 
 The folder is written beside ``--out`` under a hidden name and renamed into place at the
-end (``engine.output_dir.staging_dir``): an interrupted build leaves nothing half written.
-Default ``--out``: HOME/models/smollm2-draft-L{k} (HOME: ``engine.bundled.home()``).
+end (``engine.base.output_dir.staging_dir``): an interrupted build leaves nothing half written.
+Default ``--out``: HOME/models/smollm2-draft-L{k} (HOME: ``engine.base.bundled.home()``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ PER_LAYER = ("layer_types",)  # config lists with one entry per decoder layer
 
 def default_out(layers: int) -> Path:
     """HOME/models/smollm2-draft-L{k}."""
-    from redrafter_mlx.engine.bundled import home
+    from redrafter_mlx.engine.base.bundled import home
 
     return home() / "models" / f"smollm2-draft-L{layers}"
 
@@ -81,7 +81,7 @@ def build(model: Path, out: Path, layers: int) -> Path:
     """Write the first ``layers`` layers of the model in ``model`` as a folder at ``out``."""
     import mlx.core as mx
 
-    from redrafter_mlx.engine.output_dir import staging_dir
+    from redrafter_mlx.engine.base.output_dir import staging_dir
 
     config = truncated_config(json.loads((model / "config.json").read_text()), layers)
     weights = {}
@@ -107,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="output folder (default HOME/models/smollm2-draft-L{k})")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
     args = parser.parse_args(argv)
-    from redrafter_mlx.engine.bundled import smollm2_path
-    from redrafter_mlx.engine.output_dir import refusal
+    from redrafter_mlx.engine.base.bundled import smollm2_path
+    from redrafter_mlx.engine.base.output_dir import refusal
 
     model = Path(args.model).expanduser() if args.model else smollm2_path()
     out = Path(args.out).expanduser() if args.out else default_out(args.layers)

@@ -35,8 +35,8 @@ SETTINGS = (
 
 
 def default_work() -> Path:
-    """The build's work folder in the one home folder (``engine.bundled.home()``)."""
-    from redrafter_mlx.engine.bundled import home
+    """The build's work folder in the one home folder (``engine.base.bundled.home()``)."""
+    from redrafter_mlx.engine.base.bundled import home
 
     return home() / "build" / "smollm2-drafter"
 

@@ -29,13 +29,13 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from redrafter_mlx.engine import model as model_module
-from redrafter_mlx.engine.adaptive import Adaptive
-from redrafter_mlx.engine.distributed import world
-from redrafter_mlx.engine.generation import generate_steps
-from redrafter_mlx.engine.loading import load_drafter, load_model
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import AR, BeamShape
+from redrafter_mlx.engine.base.distributed import world
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import AR, BeamShape
+from redrafter_mlx.engine.loop.adaptive import Adaptive
+from redrafter_mlx.engine.loop.generation import generate_steps
+from redrafter_mlx.engine.loop.loading import load_drafter, load_model
+from redrafter_mlx.engine.verifier import model as model_module
 from redrafter_mlx.serve import scheduler as scheduler_module
 from redrafter_mlx.serve.scheduler import Request, Scheduler
 

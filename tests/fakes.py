@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.core.shape import BeamShape
 from tuning.search import Measurement
 
 

@@ -8,8 +8,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from redrafter_mlx.engine.drafter import Drafter, DrafterArgs
-from redrafter_mlx.engine.model import Model, ModelArgs
+from redrafter_mlx.engine.drafting.drafter import Drafter, DrafterArgs
+from redrafter_mlx.engine.verifier.model import Model, ModelArgs
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 VICUNA_TOKENIZER = FIXTURES / "vicuna-tokenizer"
@@ -74,7 +74,7 @@ def tiny_drafter(
 def greedy_prefilled(model: Model, prompt: list[int], slots: int, sources=()):
     """One row's ``DecodeState`` after prefilling ``prompt`` into a fresh cache of ``slots``
     slots, its first token greedy; ``sources``: the stateful sources' prefilled states."""
-    from redrafter_mlx.engine.decode import DecodeState, prefill_chunk
+    from redrafter_mlx.engine.decoding.decode import DecodeState, prefill_chunk
 
     keys, values = model.make_cache(1, slots)
     zero = mx.zeros((1,), mx.int32)
@@ -175,9 +175,9 @@ def save_drafter_dir(drafter: Drafter, path) -> None:
 
 
 def run_decode(model, drafter, prompts, **kw):
-    """All tokens per row and the final stats of ``engine.generation.generate_steps``."""
-    from redrafter_mlx.engine.generation import generate_steps
-    from redrafter_mlx.engine.shape import BeamShape
+    """All tokens per row and the final stats of ``engine.loop.generation.generate_steps``."""
+    from redrafter_mlx.engine.core.shape import BeamShape
+    from redrafter_mlx.engine.loop.generation import generate_steps
 
     width, length, capacity = (kw.pop(k, None) for k in ("beam_width", "beam_length", "capacity"))
     if (width, length, capacity) != (None, None, None):

@@ -4,8 +4,8 @@ against the recorded plain-decoding answer."""
 import pytest
 
 from redrafter_mlx.cli.common import load_engine, resolve_paths
-from redrafter_mlx.engine.generation import batch_generate
-from redrafter_mlx.engine.shape import AR, BeamShape
+from redrafter_mlx.engine.core.shape import AR, BeamShape
+from redrafter_mlx.engine.loop.generation import batch_generate
 from scripts.experiments.ab_chooser import Arm, parse_arm, run
 
 

@@ -12,15 +12,15 @@ import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 
-from redrafter_mlx.engine.bundled import demo_paths
-from redrafter_mlx.engine.early_exit import (
+from redrafter_mlx.engine.base.bundled import demo_paths
+from redrafter_mlx.engine.drafting.early_exit import (
     EarlyExitAdapter,
     EarlyExitArgs,
     adapter_eta,
     load_adapter,
     save_adapter,
 )
-from redrafter_mlx.engine.loading import LoadError, load, load_model
+from redrafter_mlx.engine.loop.loading import LoadError, load, load_model
 from tests.cli_errors import error_line, invoke
 
 DEMO = demo_paths()[0]

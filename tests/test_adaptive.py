@@ -11,10 +11,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from redrafter_mlx.engine.adaptive import Adaptive, ShapeChooser
-from redrafter_mlx.engine.drafter import DrafterArgs
-from redrafter_mlx.engine.generation import generate_steps
-from redrafter_mlx.engine.shape import AR, BeamShape
+from redrafter_mlx.engine.core.shape import AR, BeamShape
+from redrafter_mlx.engine.drafting.drafter import DrafterArgs
+from redrafter_mlx.engine.loop.adaptive import Adaptive, ShapeChooser
+from redrafter_mlx.engine.loop.generation import generate_steps
 from tests.helpers import near_bigram_model, run_decode, tiny_drafter, tiny_model
 
 
@@ -200,7 +200,7 @@ def test_a_shapes_first_call_is_not_timed_as_a_step():
     being read."""
     import time
 
-    from redrafter_mlx.engine.batch_choice import SoloChoice
+    from redrafter_mlx.engine.loop.batch_choice import SoloChoice
 
     W1L2 = BeamShape(1, 2)
     plan = SoloChoice(object(), object(), W1L2, None, Adaptive(shapes=[W1L2], every=10**6))

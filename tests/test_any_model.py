@@ -1,4 +1,4 @@
-"""Any model mlx-lm builds is the verifier (``engine/lm_model.py``), trees and recurrent
+"""Any model mlx-lm builds is the verifier (``engine/verifier/lm_model.py``), trees and recurrent
 layers included: tiny random models of 31 families written by mlx-lm's own classes.
 
 * prefill and one-token steps give mlx-lm's own logits (its forward with its own caches);
@@ -26,12 +26,12 @@ from mlx.utils import tree_flatten
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import _get_classes
 
-from redrafter_mlx.engine.drafter import DrafterArgs
-from redrafter_mlx.engine.lm_model import LmModel
-from redrafter_mlx.engine.loading import LoadError, load_model
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import BeamShape
-from redrafter_mlx.engine.tree import cache_mask, chain_mask
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import BeamShape
+from redrafter_mlx.engine.core.tree import cache_mask, chain_mask
+from redrafter_mlx.engine.drafting.drafter import DrafterArgs
+from redrafter_mlx.engine.loop.loading import LoadError, load_model
+from redrafter_mlx.engine.verifier.lm_model import LmModel
 from tests.fixtures.mlx_lm_families import ATTENTION, IGNORES_LENGTHS, RECURRENT
 from tests.helpers import run_decode
 from tests.test_sampling import chi_square_pvalue
@@ -88,7 +88,7 @@ def engine_logits(model: LmModel) -> list[mx.array]:
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_prefill_and_steps_give_mlx_lm_logits(name, fused, monkeypatch):
-    from redrafter_mlx.engine import model as model_module
+    from redrafter_mlx.engine.verifier import model as model_module
 
     monkeypatch.setattr(model_module, "FUSED_KERNELS", fused)  # rope tables or the kernel
     model = family(name)
@@ -409,7 +409,7 @@ def test_server_rows_joining_mid_generation_give_their_solo_tokens(name):
 
 
 def test_parallel_branches_are_refused_on_a_recurrent_model():
-    from redrafter_mlx.engine.branches import BranchRules
+    from redrafter_mlx.engine.core.branches import BranchRules
     from redrafter_mlx.serve.scheduler import Scheduler
 
     rules = BranchRules(fork_id=5, child_id=6)

@@ -12,8 +12,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from redrafter_mlx.engine.branches import BranchRules, branch_rules
-from redrafter_mlx.engine.errors import ParamError
+from redrafter_mlx.engine.base.errors import ParamError
+from redrafter_mlx.engine.core.branches import BranchRules, branch_rules
 from redrafter_mlx.train.apar_lora import (
     LoraSettings,
     add_split_tokens,
@@ -201,7 +201,7 @@ def test_a_stopped_runs_saves_are_adopted_with_their_step_numbers(tmp_path):
 def test_install_fuses_the_packaged_adapter_once_and_again_when_it_changes(tmp_path, monkeypatch):
     """``make smollm2``'s step (``ensure_smollm2_apar``): nothing without a packaged adapter,
     a clear error without SmolLM2, a no-op once fused, a new fuse for a new adapter."""
-    from redrafter_mlx.engine.bundled import smollm2_apar_path, smollm2_path
+    from redrafter_mlx.engine.base.bundled import smollm2_apar_path, smollm2_path
     from weights_convert import ConversionError, smollm2_apar
 
     home, adapter = tmp_path / "home", tmp_path / "adapter"

@@ -1,5 +1,5 @@
 """The Python API's loose arguments, normalised once at its entry
-(``engine/arguments.py``). Before: a bytes prompt was read as token ids, ``max_tokens=None``
+(``engine/loop/arguments.py``). Before: a bytes prompt was read as token ids, ``max_tokens=None``
 or ``"8"`` raised ``'<' not supported``, ``logit_bias={5: 1.0}`` failed to unpack, a shape
 label or a dict sampler raised ``AttributeError``, and a string given to ``batch_generate``
 was decoded as one prompt per character."""
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from redrafter_mlx import BeamShape, SamplerConfig, batch_generate, generate, load
-from redrafter_mlx.engine.bundled import demo_paths
+from redrafter_mlx.engine.base.bundled import demo_paths
 
 PROMPT = "def add(a, b):"
 

@@ -151,8 +151,10 @@ def ours(module: str) -> bool:
 
 
 def test_the_layers_are_folders():
-    engine = {p.stem for p in (ROOT / "redrafter_mlx" / "engine").glob("*.py")}
+    engine = {p.stem for p in (ROOT / "redrafter_mlx" / "engine").rglob("*.py")}
     assert {"model", "drafter", "tree", "sampling", "decode", "generation", "loading"} <= engine
+    flat = {p.name for p in (ROOT / "redrafter_mlx" / "engine").glob("*.py")}
+    assert flat == {"__init__.py"}, f"engine modules outside a sub-package: {sorted(flat)}"
     assert not engine & {"measure", "profile", "throughput"}, "measuring tools live in measure/"
     assert {"throughput", "profile", "verify_cost"} <= {
         p.stem for p in (ROOT / "redrafter_mlx" / "measure").glob("*.py")
@@ -173,6 +175,7 @@ def test_the_design_map_names_every_folder():
     code |= {
         f"redrafter_mlx/{p.parent.name}" for p in (ROOT / "redrafter_mlx").glob("*/__init__.py")
     }
+    code |= {f"redrafter_mlx/engine/{p.parent.name}" for p in ENGINE_DIR.glob("*/__init__.py")}
     assert mapped == code - {"redrafter_mlx"}
 
 
@@ -181,6 +184,60 @@ def test_imports_point_down_the_layers(path):
     wrong = upward_imports(path)
     importer = layer_of(module_name(path))
     assert not wrong, f"{path.relative_to(ROOT)} ({importer}) imports upward: {wrong}"
+
+
+# The engine's sub-packages, lowest first: each imports its own or a lower one, never a higher
+# one, at module level or inside a function (docs/design.md, "The engine's map").
+ENGINE_LAYERS = ("base", "core", "verifier", "drafting", "decoding", "loop")
+ENGINE_DIR = ROOT / "redrafter_mlx" / "engine"
+
+
+def engine_layer(module: str) -> int | None:
+    """The rank of an engine module's sub-package in ``ENGINE_LAYERS`` (None: not one)."""
+    parts = module.split(".")
+    if parts[:2] != ["redrafter_mlx", "engine"] or len(parts) < 3:
+        return None
+    return ENGINE_LAYERS.index(parts[2]) if parts[2] in ENGINE_LAYERS else None
+
+
+def engine_upward(path: Path, root: Path = ROOT) -> list[str]:
+    """This engine file's imports of a higher engine sub-package (empty when it keeps the rule)."""
+    own = engine_layer(module_name(path, root))
+    return [
+        f"line {line}: {module}"
+        for line, module in imports_of(path, root)
+        if own is not None and (engine_layer(module) or 0) > own
+    ]
+
+
+def test_the_engine_sub_packages_are_the_map():
+    found = {p.parent.name for p in ENGINE_DIR.glob("*/__init__.py")}
+    assert found == set(ENGINE_LAYERS)
+
+
+@pytest.mark.parametrize(
+    "path", sorted(ENGINE_DIR.rglob("*.py")), ids=lambda p: str(p.relative_to(ENGINE_DIR))
+)
+def test_engine_imports_point_down_its_sub_packages(path):
+    wrong = engine_upward(path)
+    assert not wrong, f"{path.relative_to(ROOT)} imports a higher engine sub-package: {wrong}"
+
+
+def test_the_engine_checker_sees_an_upward_import(tmp_path):
+    """The rule is not vacuous: a drafting module importing the loop, inside a function, is
+    flagged; one importing the core is not."""
+    _write(
+        tmp_path,
+        {
+            "redrafter_mlx/__init__.py": "",
+            "redrafter_mlx/engine/__init__.py": "",
+            "redrafter_mlx/engine/drafting/__init__.py": "",
+            "redrafter_mlx/engine/drafting/a.py": "from ..core import tree\n"
+            "def f():\n    from ..loop import batch\n",
+        },
+    )
+    wrong = engine_upward(tmp_path / "redrafter_mlx/engine/drafting/a.py", tmp_path)
+    assert wrong and all("line 3: redrafter_mlx.engine.loop" in w for w in wrong)
 
 
 def test_no_import_circle_anywhere():
@@ -257,13 +314,17 @@ def test_the_checker_sees_a_circle_and_an_upward_import(tmp_path):
 
 def test_the_checker_sees_an_upward_import(tmp_path):
     """The rule is not vacuous: an engine module importing the CLI is flagged."""
-    assert not allowed(layer_of("redrafter_mlx.engine.decode"), layer_of("redrafter_mlx.cli"))
+    assert not allowed(
+        layer_of("redrafter_mlx.engine.decoding.decode"), layer_of("redrafter_mlx.cli")
+    )
     assert not allowed(layer_of("tuning.search"), layer_of("redrafter_mlx.cli.common"))
     assert not allowed(layer_of("weights_convert.sources"), layer_of("tuning"))
-    assert allowed(layer_of("tuning.search"), layer_of("redrafter_mlx.engine.shape"))
-    assert not allowed(layer_of("redrafter_mlx.engine.model"), layer_of("scripts.build_demo"))
+    assert allowed(layer_of("tuning.search"), layer_of("redrafter_mlx.engine.core.shape"))
     assert not allowed(
-        layer_of("redrafter_mlx.engine.generation"), layer_of("redrafter_mlx.measure")
+        layer_of("redrafter_mlx.engine.verifier.model"), layer_of("scripts.build_demo")
+    )
+    assert not allowed(
+        layer_of("redrafter_mlx.engine.loop.generation"), layer_of("redrafter_mlx.measure")
     )
     assert allowed(layer_of("tuning.measure"), layer_of("redrafter_mlx.measure.throughput"))
     assert allowed(layer_of("redrafter_mlx.cli.bench"), layer_of("redrafter_mlx.measure.profile"))

@@ -6,10 +6,10 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-import redrafter_mlx.engine.model as model_mod
-from redrafter_mlx.engine.cache import Session
-from redrafter_mlx.engine.decode import prefill_chunk
-from redrafter_mlx.engine.tree import cache_mask, pack
+import redrafter_mlx.engine.verifier.model as model_mod
+from redrafter_mlx.engine.core.tree import cache_mask, pack
+from redrafter_mlx.engine.decoding.cache import Session
+from redrafter_mlx.engine.decoding.decode import prefill_chunk
 from tests.helpers import run_decode, tiny_drafter, tiny_model
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from redrafter_mlx.engine.bundled import demo_paths
-from redrafter_mlx.engine.early_exit import EarlyExitAdapter, EarlyExitArgs, save_adapter
-from redrafter_mlx.engine.loading import LoadError, load, load_model
+from redrafter_mlx.engine.base.bundled import demo_paths
+from redrafter_mlx.engine.drafting.early_exit import EarlyExitAdapter, EarlyExitArgs, save_adapter
+from redrafter_mlx.engine.loop.loading import LoadError, load, load_model
 from tests.cli_errors import error_line, invoke
 from tests.helpers import SHAREGPT_SAMPLE, VICUNA_TOKENIZER, save_model_dir, tiny_model
 
@@ -164,8 +164,8 @@ def test_resume_with_changed_settings_is_refused(cli_app, tmp_path):
 
 
 def test_apar_split_token_ids_that_are_not_ids_or_are_one_id(tmp_path):
-    from redrafter_mlx.engine.branches import CHILD_TOKEN, FORK_TOKEN
-    from redrafter_mlx.engine.errors import ParamError
+    from redrafter_mlx.engine.base.errors import ParamError
+    from redrafter_mlx.engine.core.branches import CHILD_TOKEN, FORK_TOKEN
     from tests.test_convert_apar import apar_checkpoint
     from weights_convert import ConversionError, convert
 
@@ -209,10 +209,10 @@ def test_branch_limits_on_a_model_that_does_not_branch_are_refused(cli_app):
 
 
 def test_too_many_branches_for_memory_names_max_branches(monkeypatch):
-    from redrafter_mlx.engine import memory, run
-    from redrafter_mlx.engine.errors import ParamError
-    from redrafter_mlx.engine.sampling import SamplerConfig
-    from redrafter_mlx.engine.shape import BeamShape
+    from redrafter_mlx.engine.base.errors import ParamError
+    from redrafter_mlx.engine.core.sampling import SamplerConfig
+    from redrafter_mlx.engine.core.shape import BeamShape
+    from redrafter_mlx.engine.loop import memory, run
 
     def check(model, drafter, shape, batch, *rest, **kw):
         if batch > 1:
@@ -245,7 +245,7 @@ def test_tune_draft_length_without_a_draft_model_is_refused(cli_app):
 
 
 def test_a_prompts_line_with_an_empty_turn_is_refused(tmp_path):
-    from redrafter_mlx.engine.prompts import PromptSetError, parse_records
+    from redrafter_mlx.engine.base.prompts import PromptSetError, parse_records
 
     text = '{"turns": ["hi", "there"]}\n{"turns": ["first", "  "]}\n'
     with pytest.raises(PromptSetError, match=r"p.jsonl:2's turn 2 is empty"):

@@ -4,14 +4,14 @@ per-backend order."""
 
 import pytest
 
-from redrafter_mlx.engine import batch as batch_module
-from redrafter_mlx.engine.batch import BatchGenerator
-from redrafter_mlx.engine.cache import Session
-from redrafter_mlx.engine.platform import READ_FIRST_ENV
-from redrafter_mlx.engine.prefilling import Prefill
-from redrafter_mlx.engine.rows import Row, RowStats
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import AR, BeamShape
+from redrafter_mlx.engine.base.platform import READ_FIRST_ENV
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import AR, BeamShape
+from redrafter_mlx.engine.decoding.cache import Session
+from redrafter_mlx.engine.loop import batch as batch_module
+from redrafter_mlx.engine.loop.batch import BatchGenerator
+from redrafter_mlx.engine.loop.prefilling import Prefill
+from redrafter_mlx.engine.loop.rows import Row, RowStats
 from redrafter_mlx.serve.scheduler import Request, Scheduler
 from tests.helpers import near_bigram_model, run_decode, tiny_drafter
 

@@ -17,14 +17,14 @@ from redrafter_mlx.cli.bench_report import (
     render_table,
     summarize,
 )
-from redrafter_mlx.engine.prompts import (
+from redrafter_mlx.engine.base.prompts import (
     PromptRecord,
     load_prompts,
     load_records,
     parse_records,
     spread,
 )
-from redrafter_mlx.engine.shape import AR, BeamShape
+from redrafter_mlx.engine.core.shape import AR, BeamShape
 from redrafter_mlx.measure.throughput import Run
 
 

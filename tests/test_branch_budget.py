@@ -1,15 +1,15 @@
 """``--max-tokens`` with APAR branches bounds the answer, the rebuilt text: the answer is the
 first N tokens of the rebuilt text an unbounded run writes (greedy), branches stop once all
-they could still write lies past N, and a fork there makes no child (engine/branches.py,
+they could still write lies past N, and a fork there makes no child (engine/core/branches.py,
 "The answer's length")."""
 
 import pytest
 
-from redrafter_mlx.engine.branches import BranchRules, BranchTree
-from redrafter_mlx.engine.errors import ParamError
-from redrafter_mlx.engine.generation import generate_steps
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import AR, BeamShape
+from redrafter_mlx.engine.base.errors import ParamError
+from redrafter_mlx.engine.core.branches import BranchRules, BranchTree
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import AR, BeamShape
+from redrafter_mlx.engine.loop.generation import generate_steps
 from tests.test_branch_rows import (
     EOS,
     FORK,

@@ -3,15 +3,15 @@ each branch's row (the prompt, the text before its fork, its own text), not the 
 answer, and a request whose answer a branch's cut shortened finishes ``"context"``, as a
 plain run the cap stops does (``Row.request_finish``)."""
 
-from redrafter_mlx.engine.batch import BatchGenerator
-from redrafter_mlx.engine.batch_choice import FixedShape
-from redrafter_mlx.engine.branches import request_rows
-from redrafter_mlx.engine.cache import Session, token_limit
-from redrafter_mlx.engine.generation import generate_steps
-from redrafter_mlx.engine.prefilling import Prefill
-from redrafter_mlx.engine.rows import Row, RowStats
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import AR
+from redrafter_mlx.engine.core.branches import request_rows
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import AR
+from redrafter_mlx.engine.decoding.cache import Session, token_limit
+from redrafter_mlx.engine.loop.batch import BatchGenerator
+from redrafter_mlx.engine.loop.batch_choice import FixedShape
+from redrafter_mlx.engine.loop.generation import generate_steps
+from redrafter_mlx.engine.loop.prefilling import Prefill
+from redrafter_mlx.engine.loop.rows import Row, RowStats
 from tests.test_branch_rows import EOS, PROMPT, RULES, model_and_drafter
 
 SOME_FORKS = SamplerConfig(logit_bias=((30, 3.0),))  # forks, under the branch limit

@@ -5,11 +5,11 @@ draft model's chain in the tree equal plain decoding of their own rows."""
 import mlx.core as mx
 import pytest
 
-from redrafter_mlx.engine.batch import BatchGenerator
-from redrafter_mlx.engine.generation import generate_steps
-from redrafter_mlx.engine.platform import READ_FIRST_ENV
-from redrafter_mlx.engine.shape import AR, BeamShape
-from redrafter_mlx.engine.sources import DRAFT_MODEL
+from redrafter_mlx.engine.base.platform import READ_FIRST_ENV
+from redrafter_mlx.engine.core.shape import AR, BeamShape
+from redrafter_mlx.engine.drafting.sources import DRAFT_MODEL
+from redrafter_mlx.engine.loop.batch import BatchGenerator
+from redrafter_mlx.engine.loop.generation import generate_steps
 from tests.helpers import tiny_model
 from tests.test_branch_rows import (
     EOS,

@@ -6,15 +6,15 @@ import json
 
 import pytest
 
-from redrafter_mlx.engine.branches import CHILD_TOKEN, FORK_TOKEN, BranchRules
-from redrafter_mlx.engine.bundled import demo_paths
-from redrafter_mlx.engine.errors import ParamError
-from redrafter_mlx.engine.generation import generate_steps, stream_generate
-from redrafter_mlx.engine.loading import load_model
-from redrafter_mlx.engine.run import resolve_branches
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import BeamShape
-from redrafter_mlx.engine.tokenizer import load_tokenizer
+from redrafter_mlx.engine.base.bundled import demo_paths
+from redrafter_mlx.engine.base.errors import ParamError
+from redrafter_mlx.engine.base.tokenizer import load_tokenizer
+from redrafter_mlx.engine.core.branches import CHILD_TOKEN, FORK_TOKEN, BranchRules
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import BeamShape
+from redrafter_mlx.engine.loop.generation import generate_steps, stream_generate
+from redrafter_mlx.engine.loop.loading import load_model
+from redrafter_mlx.engine.loop.run import resolve_branches
 from tests.test_branch_rows import (
     CHILD,
     EOS,
@@ -137,8 +137,8 @@ def test_branches_on_for_a_model_without_split_tokens_says_how_to_fix(demo_apar)
 def test_adaptive_branches_choose_per_batch_size_and_keep_the_text(monkeypatch):
     """With branches the rows come and go, so an adaptive run chooses as the server does,
     per batch size (``BatchChoice``); greedy text is the pinned run's."""
-    from redrafter_mlx.engine.adaptive import Adaptive
-    from redrafter_mlx.engine.batch_choice import BatchChoice
+    from redrafter_mlx.engine.loop.adaptive import Adaptive
+    from redrafter_mlx.engine.loop.batch_choice import BatchChoice
 
     ran = []
     finished = BatchChoice.finished

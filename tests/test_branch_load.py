@@ -5,11 +5,11 @@ one, is the text it gives alone."""
 
 import pytest
 
-from redrafter_mlx.engine.batch import BatchGenerator
-from redrafter_mlx.engine.branches import BranchTree
-from redrafter_mlx.engine.platform import READ_FIRST_ENV
-from redrafter_mlx.engine.rows import Row, RowStats
-from redrafter_mlx.engine.shape import AR, BeamShape
+from redrafter_mlx.engine.base.platform import READ_FIRST_ENV
+from redrafter_mlx.engine.core.branches import BranchTree
+from redrafter_mlx.engine.core.shape import AR, BeamShape
+from redrafter_mlx.engine.loop.batch import BatchGenerator
+from redrafter_mlx.engine.loop.rows import Row, RowStats
 from redrafter_mlx.serve.scheduler import Request, Scheduler
 from tests.test_branch_rows import (
     EOS,

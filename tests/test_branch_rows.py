@@ -5,17 +5,17 @@ equals plain decoding of its own linear sequence under the same masks."""
 import mlx.core as mx
 import pytest
 
-from redrafter_mlx.engine.batch import BatchGenerator
-from redrafter_mlx.engine.batch_choice import FixedShape
-from redrafter_mlx.engine.branches import BranchRules, BranchTree, request_rows, split_rows
-from redrafter_mlx.engine.cache import Session, ensure_slots, text_history
-from redrafter_mlx.engine.decode import DecodeState
-from redrafter_mlx.engine.platform import READ_FIRST_ENV
-from redrafter_mlx.engine.prefilling import Prefill
-from redrafter_mlx.engine.rows import Row, RowStats
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import AR, BeamShape
-from redrafter_mlx.engine.step import make_batch_step
+from redrafter_mlx.engine.base.platform import READ_FIRST_ENV
+from redrafter_mlx.engine.core.branches import BranchRules, BranchTree, request_rows, split_rows
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import AR, BeamShape
+from redrafter_mlx.engine.decoding.cache import Session, ensure_slots, text_history
+from redrafter_mlx.engine.decoding.decode import DecodeState
+from redrafter_mlx.engine.decoding.step import make_batch_step
+from redrafter_mlx.engine.loop.batch import BatchGenerator
+from redrafter_mlx.engine.loop.batch_choice import FixedShape
+from redrafter_mlx.engine.loop.prefilling import Prefill
+from redrafter_mlx.engine.loop.rows import Row, RowStats
 from tests.helpers import near_bigram_model, tiny_drafter
 
 FORK, CHILD, EOS = 30, 31, 29
@@ -259,9 +259,9 @@ def test_split_tokens_are_structure_not_text_for_penalties():
     fork away); a row with branching off, in the same batch, keeps them as text."""
     import mlx.core as mx
 
-    from redrafter_mlx.engine.branches import split_rows
-    from redrafter_mlx.engine.penalties import node_text
-    from redrafter_mlx.engine.sampling import RowSampler, process_text
+    from redrafter_mlx.engine.core.branches import split_rows
+    from redrafter_mlx.engine.core.penalties import node_text
+    from redrafter_mlx.engine.core.sampling import RowSampler, process_text
 
     cfg = SamplerConfig(repetition_penalty=2.0, repetition_context_size=4)
     plain = RowSampler.from_config(cfg, 32, None, batch=2)

@@ -4,9 +4,9 @@ after a whole answer or one interrupted, and answers as from a fresh session."""
 
 import pytest
 
-from redrafter_mlx.engine.cache import Session
-from redrafter_mlx.engine.generation import generate_steps
-from redrafter_mlx.engine.shape import AR, BeamShape
+from redrafter_mlx.engine.core.shape import AR, BeamShape
+from redrafter_mlx.engine.decoding.cache import Session
+from redrafter_mlx.engine.loop.generation import generate_steps
 from tests.test_branch_rows import (  # noqa: F401  (read_order: a fixture)
     EOS,
     PROMPT,

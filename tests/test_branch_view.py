@@ -13,8 +13,8 @@ from rich.console import Console
 from redrafter_mlx.cli.branch_view import CURSOR, OPEN_STYLE, BranchView, render_branches
 from redrafter_mlx.cli.chat_ui import ChatLoop
 from redrafter_mlx.cli.common import BeamFlags, ModelPaths, load_engine, plan_from_flags
-from redrafter_mlx.engine.branches import BranchRules, BranchTree, Piece
-from redrafter_mlx.engine.sampling import SamplerConfig
+from redrafter_mlx.engine.core.branches import BranchRules, BranchTree, Piece
+from redrafter_mlx.engine.core.sampling import SamplerConfig
 from tests.test_cli_branches import apar_folder  # noqa: F401 (fixture)
 
 F, C = 6, 7  # toy fork and child ids; text tokens 1..5 decode to letters a..e
@@ -185,8 +185,8 @@ def test_show_accepted_colours_each_branchs_accepted_drafts_in_the_answer(apar_e
     drafts (here from context lookup) as a linear answer does, each mark carried from the
     branch that wrote the token; the text itself is the same."""
     from redrafter_mlx.cli.chat_ui import DRAFTED_STYLE, accepted_chunk
-    from redrafter_mlx.engine.generation import stream_generate
-    from redrafter_mlx.engine.tokenizer import StreamDecoder
+    from redrafter_mlx.engine.base.tokenizer import StreamDecoder
+    from redrafter_mlx.engine.loop.generation import stream_generate
 
     loop = chat_loop(apar_engine, terminal=True, show_accepted=True)
     responses = []

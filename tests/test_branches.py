@@ -1,4 +1,4 @@
-"""APAR branch bookkeeping (engine/branches.py): forks, limits, rebuild, streaming, masking,
+"""APAR branch bookkeeping (engine/core/branches.py): forks, limits, rebuild, streaming, masking,
 and the tree driven in multi-token steps against plain one-token decoding of every branch."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import random
 import mlx.core as mx
 import pytest
 
-from redrafter_mlx.engine.branches import (
+from redrafter_mlx.engine.base.errors import ParamError
+from redrafter_mlx.engine.core.branches import (
     CHILD_TOKEN,
     FORK_TOKEN,
     BranchRules,
@@ -20,7 +21,6 @@ from redrafter_mlx.engine.branches import (
     find_token_id,
     mask_split_tokens,
 )
-from redrafter_mlx.engine.errors import ParamError
 
 F, C = 6, 7  # fork and child ids in the toy vocabulary (0 = EOS, 1..5 = text)
 RULES = BranchRules(fork_id=F, child_id=C)

@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from redrafter_mlx.engine.loading import load_model
+from redrafter_mlx.engine.loop.loading import load_model
 from scripts.build_smollm2_draft import main, truncated_config
 from tests.helpers import VICUNA_TOKENIZER, save_model_dir, tiny_model
 from tests.test_families import our_logits

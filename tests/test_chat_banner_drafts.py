@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from redrafter_mlx.engine.bundled import demo_paths
-from redrafter_mlx.engine.early_exit import EarlyExitAdapter, EarlyExitArgs, save_adapter
-from redrafter_mlx.engine.loading import load_model
+from redrafter_mlx.engine.base.bundled import demo_paths
+from redrafter_mlx.engine.drafting.early_exit import EarlyExitAdapter, EarlyExitArgs, save_adapter
+from redrafter_mlx.engine.loop.loading import load_model
 
 DEMO, DRAFTER = demo_paths()
 

@@ -8,8 +8,8 @@ import io
 import pytest
 from rich.console import Console
 
-from redrafter_mlx.engine.bundled import demo_paths
-from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.base.bundled import demo_paths
+from redrafter_mlx.engine.core.shape import BeamShape
 from tests.cli_errors import error_line, invoke
 
 
@@ -28,7 +28,7 @@ def demo_engine():
 
 def make_loop(engine):
     from redrafter_mlx.cli.chat_ui import ChatLoop
-    from redrafter_mlx.engine.sampling import SamplerConfig
+    from redrafter_mlx.engine.core.sampling import SamplerConfig
     from tuning import ShapeChoice
 
     console = Console(file=io.StringIO(), width=300, highlight=False, soft_wrap=True)

@@ -11,7 +11,7 @@ from tests.test_chat_errors import make_loop
 @pytest.fixture(scope="module")
 def demo_engine():
     from redrafter_mlx.cli.common import ModelPaths, load_engine
-    from redrafter_mlx.engine.bundled import demo_paths
+    from redrafter_mlx.engine.base.bundled import demo_paths
 
     model, drafter = demo_paths()
     return load_engine(ModelPaths(str(model), str(drafter)), None)

@@ -250,14 +250,14 @@ def test_verbose_shows_the_traceback(app, tmp_path):
 
 
 def test_no_model_and_no_demo(app, monkeypatch):
-    import redrafter_mlx.engine.bundled as bundled
+    import redrafter_mlx.engine.base.bundled as bundled
 
     monkeypatch.setattr(bundled, "demo_paths", lambda: (Path("/nonexistent/demo"), None))
     one_red_line(invoke(app, "generate", "-p", "hi"), 1, "pass --model")  # install, not usage
 
 
 def test_demo_model_is_the_default(app, pair, monkeypatch):
-    import redrafter_mlx.engine.bundled as bundled
+    import redrafter_mlx.engine.base.bundled as bundled
 
     model, drafter, _ = pair
     monkeypatch.setattr(bundled, "demo_paths", lambda: (Path(model), Path(drafter)))
@@ -284,14 +284,14 @@ def test_parse_grid():
 
 @pytest.mark.parametrize("name", ["mt-bench", "vicuna-bench", "edit", "demo"])
 def test_bundled_prompt_sets(name):
-    from redrafter_mlx.engine.prompts import load_prompts
+    from redrafter_mlx.engine.base.prompts import load_prompts
 
     prompts = load_prompts(name, 3)
     assert len(prompts) == 3 and all(isinstance(p, str) and p for p in prompts)
 
 
 def test_prompt_file_and_bad_names(tmp_path):
-    from redrafter_mlx.engine.prompts import PromptSetError, load_prompts
+    from redrafter_mlx.engine.base.prompts import PromptSetError, load_prompts
 
     f = tmp_path / "p.jsonl"
     f.write_text('{"turns": ["first", "second"]}\n\n{"turns": ["again"]}\n')
@@ -564,7 +564,7 @@ def test_bench_turns_2_continues_with_the_models_own_answer(app, pair, monkeypat
     ]
     assert data["mlx_lm_matching_prompts"] == 4
 
-    from redrafter_mlx.engine.prompts import load_records
+    from redrafter_mlx.engine.base.prompts import load_records
 
     spread = load_records("mt-bench", 2, spread_categories=True)
     assert [r.category for r in spread] == ["writing", "roleplay"]

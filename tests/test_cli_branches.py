@@ -6,8 +6,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from redrafter_mlx.engine.branches import CHILD_TOKEN, FORK_TOKEN
-from redrafter_mlx.engine.bundled import demo_paths
+from redrafter_mlx.engine.base.bundled import demo_paths
+from redrafter_mlx.engine.core.branches import CHILD_TOKEN, FORK_TOKEN
 
 
 @pytest.fixture(scope="module")
@@ -205,14 +205,14 @@ def test_serve_checks_memory_for_the_branch_rows_longer_rows(cli_app, apar_folde
 def plan(speculative: bool = False):
     from types import SimpleNamespace
 
-    from redrafter_mlx.engine.shape import BeamShape
+    from redrafter_mlx.engine.core.shape import BeamShape
 
     shape = BeamShape(1, 4) if speculative else BeamShape.autoregressive()
     return SimpleNamespace(speculative=speculative, shape=shape, label="W1×L4", source="preset")
 
 
 def response(branches: int, **extra):
-    from redrafter_mlx.engine.generation import GenerationResponse
+    from redrafter_mlx.engine.loop.generation import GenerationResponse
 
     return GenerationResponse(
         generation_tokens=300,

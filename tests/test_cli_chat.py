@@ -11,7 +11,7 @@ from rich.console import Console
 
 from redrafter_mlx.cli.chat_ui import ChatLoop, run_chat
 from redrafter_mlx.cli.common import BeamFlags, ModelPaths, load_engine, plan_from_flags
-from redrafter_mlx.engine.sampling import SamplerConfig
+from redrafter_mlx.engine.core.sampling import SamplerConfig
 from tests.test_cli import CONTEXT, app, invoke, model_args, pair  # noqa: F401 (fixtures)
 
 MAX_TOKENS = 6
@@ -108,7 +108,7 @@ def test_turns_reuse_the_kv_cache_and_reset_clears_it(engine):
 
 def interrupt_after(n_chunks: int, lose_cache: bool = False):
     """A stream_generate double that yields ``n_chunks`` real chunks, then Ctrl-C."""
-    from redrafter_mlx.engine.generation import stream_generate
+    from redrafter_mlx.engine.loop.generation import stream_generate
 
     def stream(*args, session=None, **kwargs):
         inner = stream_generate(*args, session=session, **kwargs)
@@ -132,7 +132,7 @@ def test_ctrl_c_keeps_the_partial_answer_and_the_conversation(engine):
     cached = len(loop.session.cached[0])
     assert cached > len(loop.prompt_ids()) // 2  # the cache survived the interruption
 
-    from redrafter_mlx.engine.generation import stream_generate
+    from redrafter_mlx.engine.loop.generation import stream_generate
 
     loop.stream = stream_generate
     loop.answer("go on")
@@ -145,7 +145,7 @@ def test_ctrl_c_before_any_text_forgets_the_message(engine):
     loop.stream = interrupt_after(0, lose_cache=True)
     assert loop.answer("hi") == ""
     assert loop.messages == []
-    from redrafter_mlx.engine.generation import stream_generate
+    from redrafter_mlx.engine.loop.generation import stream_generate
 
     loop.stream = stream_generate
     loop.answer("hi")  # a fresh session replaced the lost cache
@@ -192,8 +192,8 @@ def test_commands_quit_help_and_unknown(engine):
 
 
 def test_show_accepted_colours_drafted_tokens(engine):
-    from redrafter_mlx.engine.generation import GenerationResponse
-    from redrafter_mlx.engine.tokenizer import StreamDecoder
+    from redrafter_mlx.engine.base.tokenizer import StreamDecoder
+    from redrafter_mlx.engine.loop.generation import GenerationResponse
 
     ids = engine.tokenizer.encode("Hello world, how are you", add_bos=False)
     steps = [(ids[:1], [False]), (ids[1:4], [True, True, False]), (ids[4:], [False] * len(ids[4:]))]

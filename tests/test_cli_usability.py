@@ -55,7 +55,7 @@ def test_a_full_context_is_reported_as_such():
     model = tiny_model(0, max_position_embeddings=40)
     out, _ = run_decode(model, None, [[1] * 30], max_tokens=100)
     assert len(out[0]) == 10
-    from redrafter_mlx.engine.generation import generate_steps
+    from redrafter_mlx.engine.loop.generation import generate_steps
 
     events = list(generate_steps(model, None, [[1] * 30], max_tokens=100))
     assert events[-1].finish == ["context"]
@@ -64,7 +64,7 @@ def test_a_full_context_is_reported_as_such():
 
 
 def test_generate_json_says_the_context_ended_the_answer(app, pair):
-    from redrafter_mlx.engine.tokenizer import load_tokenizer
+    from redrafter_mlx.engine.base.tokenizer import load_tokenizer
     from tests.test_cli import CONTEXT
 
     tok = load_tokenizer(VICUNA_TOKENIZER)
@@ -96,7 +96,7 @@ def test_reset_clears_the_dropped_turns_count(app, pair):
         load_engine,
         plan_from_flags,
     )
-    from redrafter_mlx.engine.sampling import SamplerConfig
+    from redrafter_mlx.engine.core.sampling import SamplerConfig
 
     model, drafter, _ = pair
     engine = load_engine(ModelPaths(model, drafter), None)
@@ -134,7 +134,7 @@ def test_a_mistyped_local_path_is_not_found_at_once(
 
 
 def test_an_unreachable_hub_fails_fast_naming_both_possibilities(app, monkeypatch, tmp_path):
-    import redrafter_mlx.engine.hub as hub
+    import redrafter_mlx.engine.base.hub as hub
 
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
@@ -217,7 +217,7 @@ def test_distill_names_flags_and_exits_2(app, pair, tmp_path):
 
 
 def test_distill_takes_a_bundled_models_name(app, pair, tmp_path):
-    from redrafter_mlx.engine.bundled import smollm2_path
+    from redrafter_mlx.engine.base.bundled import smollm2_path
     from tests.test_distill import SHAREGPT
 
     out = tmp_path / "o"

@@ -11,7 +11,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from redrafter_mlx.engine.branches import CHILD_TOKEN, FORK_TOKEN, BranchRules, branch_rules
+from redrafter_mlx.engine.core.branches import CHILD_TOKEN, FORK_TOKEN, BranchRules, branch_rules
 from weights_convert import ConversionError, convert
 
 FIXTURES = Path(__file__).parent / "fixtures" / "convert"

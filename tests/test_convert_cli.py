@@ -101,7 +101,7 @@ def test_converted_pair_runs_in_the_engine_and_redrafter_equals_greedy(tmp_path)
     import mlx.core as mx
 
     import redrafter_mlx
-    from redrafter_mlx.engine import loading
+    from redrafter_mlx.engine.loop import loading
     from weights_convert import convert
 
     out = tmp_path / "pair"

@@ -16,10 +16,10 @@ import pytest
 from mlx.utils import tree_flatten
 from typer.testing import CliRunner
 
-from redrafter_mlx.engine.early_exit import check_pair, load_adapter
-from redrafter_mlx.engine.early_exit_chain import draft_chain
-from redrafter_mlx.engine.loading import load_model
-from redrafter_mlx.engine.tree import cache_mask, chain_mask
+from redrafter_mlx.engine.core.tree import cache_mask, chain_mask
+from redrafter_mlx.engine.drafting.early_exit import check_pair, load_adapter
+from redrafter_mlx.engine.drafting.early_exit_chain import draft_chain
+from redrafter_mlx.engine.loop.loading import load_model
 from weights_convert.conversion import convert
 from weights_convert.errors import ConversionError
 

@@ -10,11 +10,11 @@ import mlx.core as mx
 import pytest
 
 import tests.test_sampling as sampling
-from redrafter_mlx.engine.decode import shape_candidates
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import BeamShape
-from redrafter_mlx.engine.tree import pack
-from redrafter_mlx.engine.two_chains import two_chain_layout
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import BeamShape
+from redrafter_mlx.engine.core.tree import pack
+from redrafter_mlx.engine.decoding.decode import shape_candidates
+from redrafter_mlx.engine.decoding.two_chains import two_chain_layout
 from tests.helpers import OracleDrafter, greedy_prefilled, near_bigram_model, tiny_model
 
 

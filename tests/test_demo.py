@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from redrafter_mlx.engine.bundled import DEMO_NOTE, demo_paths, heldout_prompts_path
+from redrafter_mlx.engine.base.bundled import DEMO_NOTE, demo_paths, heldout_prompts_path
 from scripts import build_demo as build
 
 CODE = (

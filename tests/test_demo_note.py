@@ -6,7 +6,7 @@ from __future__ import annotations
 from typer.testing import CliRunner
 
 from redrafter_mlx.cli.paths import asked_note, resolve_paths
-from redrafter_mlx.engine.bundled import DEMO_NOTE, SMOLLM2_NOTE
+from redrafter_mlx.engine.base.bundled import DEMO_NOTE, SMOLLM2_NOTE
 
 
 def test_the_note_of_a_demo_chosen_by_default_or_by_name():

@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 import redrafter_mlx
-from redrafter_mlx.engine.bundled import demo_paths
+from redrafter_mlx.engine.base.bundled import demo_paths
 from tests.helpers import run_decode
 
 pytestmark = pytest.mark.slow  # make test-fast leaves these out

@@ -9,8 +9,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from redrafter_mlx.engine.errors import ParamError
-from redrafter_mlx.engine.tree import cache_mask, chain_mask
+from redrafter_mlx.engine.base.errors import ParamError
+from redrafter_mlx.engine.core.tree import cache_mask, chain_mask
 from redrafter_mlx.train import distill as D
 from redrafter_mlx.train import training as TR
 from redrafter_mlx.train.data import DataError, Sequence, load_training_data
@@ -173,7 +173,7 @@ def _weights(path: Path) -> dict:
 def test_distill_loads_the_model_with_its_serving_blas_threads(model_dir, monkeypatch):
     """The answer and training stages run with the threads serving would pick for this model
     (every core for a weight-bound one), not the start-up default of all cores but one."""
-    from redrafter_mlx.engine import platform
+    from redrafter_mlx.engine.base import platform
 
     fitted = []
     monkeypatch.setattr(platform, "fit_blas_threads", lambda *models: fitted.append(models))
@@ -229,7 +229,7 @@ def test_checkpoint_write_is_atomic(model_dir, tmp_path, monkeypatch):
     [old] = D.list_checkpoints(out)
     before = _weights(old)
 
-    model, _ = __import__("redrafter_mlx.engine.loading", fromlist=["load_model"]).load_model(
+    model, _ = __import__("redrafter_mlx.engine.loop.loading", fromlist=["load_model"]).load_model(
         model_dir
     )
     opts = D.DistillOptions(predict_tokens=3).validate()
@@ -354,7 +354,7 @@ def test_cli_reports_bad_data_with_file_and_record(model_dir, tmp_path):
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from redrafter_mlx.engine.tokenizer import load_tokenizer
+    from redrafter_mlx.engine.base.tokenizer import load_tokenizer
 
     return load_tokenizer(TOKENIZER)
 
@@ -447,7 +447,7 @@ def test_a_folder_as_data_file_says_it_is_a_folder(tokenizer, tmp_path):
 
 
 def test_api_accepts_single_paths_and_a_projected_exit_dim(model_dir, tmp_path):
-    from redrafter_mlx.engine.loading import load_drafter
+    from redrafter_mlx.engine.loop.loading import load_drafter
 
     prompts = tmp_path / "eval.jsonl"
     prompts.write_text(json.dumps({"prompt": "Hi", "response": "unused"}) + "\n")
@@ -481,7 +481,7 @@ def test_soft_targets_train_in_self_mode_and_are_refused_elsewhere(model_dir, tm
 def test_output_rows_and_shortlist_soft_targets_read_the_models_head(quantized, tied, tmp_path):
     import mlx.nn as nn
 
-    from redrafter_mlx.engine.model import output_rows
+    from redrafter_mlx.engine.verifier.model import output_rows
     from redrafter_mlx.train.targets import TargetCache
 
     model = tiny_model(seed=3, vocab=64, hidden=64, tie_word_embeddings=tied)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from redrafter_mlx.engine.errors import ParamError
+from redrafter_mlx.engine.base.errors import ParamError
 from redrafter_mlx.train.options import DistillOptions
 
 

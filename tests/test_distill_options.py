@@ -9,7 +9,7 @@ import mlx.core as mx
 import pytest
 from typer.testing import CliRunner
 
-from redrafter_mlx.engine.loading import LoadError, load_drafter
+from redrafter_mlx.engine.loop.loading import LoadError, load_drafter
 from redrafter_mlx.train import distill as D
 from redrafter_mlx.train.checkpoints import list_checkpoints, write_drafter_files
 from tests.helpers import SHAREGPT_SAMPLE, save_drafter_dir, tiny_drafter, tiny_model

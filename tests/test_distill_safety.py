@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from redrafter_mlx.engine.loading import load_drafter
+from redrafter_mlx.engine.loop.loading import load_drafter
 from redrafter_mlx.train import distill as D
 from tests.helpers import (
     SHAREGPT_SAMPLE,
@@ -49,7 +49,7 @@ def model_dir(tmp_path_factory):
 @pytest.fixture
 def drafter_dir(model_dir, tmp_path):
     """A finished drafter folder, as ``convert`` writes ``OUT/drafter``."""
-    from redrafter_mlx.engine.loading import load_model
+    from redrafter_mlx.engine.loop.loading import load_model
 
     path = tmp_path / "drafter"
     save_drafter_dir(tiny_drafter(load_model(model_dir)[0], layers=1), path)

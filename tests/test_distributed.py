@@ -1,4 +1,4 @@
-"""Tensor parallelism (engine/distributed.py): a model split across ranks decodes exactly as
+"""Tensor parallelism (engine/base/distributed.py): a model split across ranks decodes exactly as
 the whole model does in one process.
 
 The launched tests run ``mlx.launch -n N --backend ring`` on localhost (tests/dist_worker.py
@@ -33,8 +33,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from redrafter_mlx.engine import model as model_module
-from redrafter_mlx.engine.distributed import (
+from redrafter_mlx.engine.base.distributed import (
     ShardError,
     broadcast_text,
     check_shardable,
@@ -42,10 +41,11 @@ from redrafter_mlx.engine.distributed import (
     read_sharded,
     shared_seed,
 )
-from redrafter_mlx.engine.loading import LoadError, load_drafter, load_model
-from redrafter_mlx.engine.model import Model, ModelArgs
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import BeamShape
+from redrafter_mlx.engine.loop.loading import LoadError, load_drafter, load_model
+from redrafter_mlx.engine.verifier import model as model_module
+from redrafter_mlx.engine.verifier.model import Model, ModelArgs
 from redrafter_mlx.serve.scheduler import Scheduler
 from tests.dist_worker import fresh_memory, serve_schedule
 from tests.helpers import _randomize, run_decode, save_drafter_dir, save_model_dir, tiny_drafter
@@ -124,7 +124,7 @@ def folders(tmp_path_factory):
     return out
 
 
-# Models that run as mlx-lm builds them (engine/lm_model.py), split by the family's own
+# Models that run as mlx-lm builds them (engine/verifier/lm_model.py), split by the family's own
 # ``shard``: a Llama with sliding layers, and a Qwen3.5 hybrid (Gated DeltaNet + attention).
 SLIDING = dict(
     LLAMA, num_hidden_layers=3, sliding_window=4,
@@ -323,7 +323,7 @@ def test_launched_generate_refuses_a_prompt_from_stdin(monkeypatch):
     """mlx.launch forwards stdin but never its end: ``--prompt -`` would wait forever."""
     from redrafter_mlx.cli.common import FlagError
     from redrafter_mlx.cli.generate import shared_prompt
-    from redrafter_mlx.engine import distributed
+    from redrafter_mlx.engine.base import distributed
 
     monkeypatch.setattr(distributed, "world", lambda: FakeGroup(2, 1))
     with pytest.raises(FlagError, match="stdin never ends"):
@@ -380,7 +380,7 @@ def test_bench_reports_what_a_split_step_sends(capsys):
 def test_commands_that_cannot_split_refuse_to_launch(monkeypatch):
     """A command not written for ranks says so instead of hanging in a sum."""
     from redrafter_mlx.cli.common import prepare_engine
-    from redrafter_mlx.engine import distributed
+    from redrafter_mlx.engine.base import distributed
 
     monkeypatch.setattr(distributed, "world", lambda: FakeGroup(2))
     with pytest.raises(ValueError, match="does not run under mlx.launch yet"):
@@ -508,7 +508,7 @@ def test_launched_serve_answers_over_http_and_stops_on_sigterm():
     import httpx
 
     import redrafter_mlx
-    from redrafter_mlx.engine.bundled import demo_paths
+    from redrafter_mlx.engine.base.bundled import demo_paths
 
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1")

@@ -1,8 +1,8 @@
-"""A draft model as a draft source (``engine/draft_model.py``, ``engine/sources.py``):
-greedy output equals plain decoding, alone and merged with the drafter and lookup in one
-tree, solo and batched; the target as its own draft accepts every draft; the draft model's
-own cache holds exactly the committed text's K/V after each draft's catch-up; sampling is
-exact (chi-square, with its power check in test_sampling.py)."""
+"""A draft model as a draft source (``engine/drafting/draft_model.py``,
+``engine/drafting/sources.py``): greedy output equals plain decoding, alone and merged with
+the drafter and lookup in one tree, solo and batched; the target as its own draft accepts
+every draft; the draft model's own cache holds exactly the committed text's K/V after each
+draft's catch-up; sampling is exact (chi-square, with its power check in test_sampling.py)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import mlx.core as mx
 import pytest
 
 import tests.test_sampling as sampling
-from redrafter_mlx.engine.decode import step_sources
-from redrafter_mlx.engine.draft_model import DraftModelSource, check_draft_model, prefill
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import AR, BeamShape
-from redrafter_mlx.engine.sources import DRAFT_MODEL, SOURCE_NAMES, DraftContext
-from redrafter_mlx.engine.step import uniform_step
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import AR, BeamShape
+from redrafter_mlx.engine.decoding.decode import step_sources
+from redrafter_mlx.engine.decoding.step import uniform_step
+from redrafter_mlx.engine.drafting.draft_model import DraftModelSource, check_draft_model, prefill
+from redrafter_mlx.engine.drafting.sources import DRAFT_MODEL, SOURCE_NAMES, DraftContext
 from tests.helpers import greedy_prefilled, near_bigram_model, run_decode, tiny_drafter, tiny_model
 
 PROMPTS = [[1, 5, 9, 3, 5, 9], [2, 7, 7, 4], [3, 3, 8, 1, 2, 3, 8, 1, 2]]
@@ -138,7 +138,7 @@ def test_sampling_with_a_draft_model_is_exact():
 
 def test_the_python_api_takes_a_draft_model():
     """``batch_generate`` / ``generate`` with ``draft_model=``: plain decoding's tokens."""
-    from redrafter_mlx.engine.generation import batch_generate
+    from redrafter_mlx.engine.loop.generation import batch_generate
 
     model = tiny_model(5, vocab=40, layers=2)
     got = batch_generate(model, None, None, PROMPTS, max_tokens=12, draft_model=model, adapt=False)
@@ -150,11 +150,11 @@ def test_rows_of_one_prefill_placed_into_a_running_batch_equal_plain_decoding(it
     """A prefill of two rows joins a batch already running one (each placed into a free row,
     its draft cache taken from that row of the prefill): every row equals plain decoding,
     and as its own draft every step accepts all its drafts but a cut last one."""
-    from redrafter_mlx.engine.batch import BatchGenerator
-    from redrafter_mlx.engine.batch_choice import FixedShape
-    from redrafter_mlx.engine.cache import Session
-    from redrafter_mlx.engine.prefilling import Prefill
-    from redrafter_mlx.engine.rows import Row, RowStats
+    from redrafter_mlx.engine.decoding.cache import Session
+    from redrafter_mlx.engine.loop.batch import BatchGenerator
+    from redrafter_mlx.engine.loop.batch_choice import FixedShape
+    from redrafter_mlx.engine.loop.prefilling import Prefill
+    from redrafter_mlx.engine.loop.rows import Row, RowStats
 
     model = tiny_model(5, vocab=48, layers=2)
     draft = model if itself else tiny_model(9, vocab=48, layers=1)

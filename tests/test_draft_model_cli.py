@@ -8,11 +8,11 @@ from dataclasses import replace
 
 import pytest
 
-from redrafter_mlx.engine.footprint import Dims, kv_bytes
-from redrafter_mlx.engine.loading import LoadError, load
-from redrafter_mlx.engine.memory import check_step_memory
-from redrafter_mlx.engine.shape import AR, BeamShape
-from redrafter_mlx.engine.sources import DRAFT_MODEL
+from redrafter_mlx.engine.core.footprint import Dims, kv_bytes
+from redrafter_mlx.engine.core.shape import AR, BeamShape
+from redrafter_mlx.engine.drafting.sources import DRAFT_MODEL
+from redrafter_mlx.engine.loop.loading import LoadError, load
+from redrafter_mlx.engine.loop.memory import check_step_memory
 from redrafter_mlx.serve.scheduler import Scheduler
 from tests.helpers import (
     VICUNA_TOKENIZER,
@@ -109,7 +109,7 @@ def test_a_profile_tuned_with_the_draft_model_decides_its_chain(app, dirs, home,
     shape: its chain's length, or no chain where the chain did not pay (the run leaves the
     draft model out); it wins over the profile of the model alone, and flags asking
     for a shape or lookup still win."""
-    from redrafter_mlx.engine.chip import detect_chip
+    from redrafter_mlx.engine.base.chip import detect_chip
     from tuning.profiles import Profile, ProfileKey, ProfileStore, now_iso
 
     model, draft, _ = dirs

@@ -16,23 +16,19 @@ from dataclasses import replace
 import mlx.core as mx
 import pytest
 
-import redrafter_mlx.engine.decode as decode
-from redrafter_mlx.engine.adaptive import Adaptive
-from redrafter_mlx.engine.batch import BatchGenerator
-from redrafter_mlx.engine.cache import Session
-from redrafter_mlx.engine.decode import step_sources
-from redrafter_mlx.engine.draft_model import DraftModelSource
-from redrafter_mlx.engine.draft_model import prefill as prefill_draft
-from redrafter_mlx.engine.early_exit import EarlyExitAdapter, EarlyExitSource, save_adapter
-from redrafter_mlx.engine.early_exit_chain import prefill as prefill_ee
-from redrafter_mlx.engine.footprint import Dims, commit_bytes, pack_bytes, step_memory
-from redrafter_mlx.engine.held import held_sources, slot_modules
-from redrafter_mlx.engine.loading import LoadError, draft_slot_paths, load
-from redrafter_mlx.engine.memory import check_step_memory
-from redrafter_mlx.engine.prefilling import Prefill
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import AR, BeamShape
-from redrafter_mlx.engine.sources import (
+import redrafter_mlx.engine.decoding.decode as decode
+from redrafter_mlx.engine.core.footprint import Dims, commit_bytes, pack_bytes, step_memory
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import AR, BeamShape
+from redrafter_mlx.engine.decoding.cache import Session
+from redrafter_mlx.engine.decoding.decode import step_sources
+from redrafter_mlx.engine.decoding.step import uniform_step
+from redrafter_mlx.engine.drafting.draft_model import DraftModelSource
+from redrafter_mlx.engine.drafting.draft_model import prefill as prefill_draft
+from redrafter_mlx.engine.drafting.early_exit import EarlyExitAdapter, EarlyExitSource, save_adapter
+from redrafter_mlx.engine.drafting.early_exit_chain import prefill as prefill_ee
+from redrafter_mlx.engine.drafting.held import held_sources, slot_modules
+from redrafter_mlx.engine.drafting.sources import (
     DRAFT_MODEL,
     DRAFTER,
     EARLY_EXIT,
@@ -40,9 +36,13 @@ from redrafter_mlx.engine.sources import (
     SOURCE_NAMES,
     stateful,
 )
-from redrafter_mlx.engine.sources import step_candidates as held_candidates
-from redrafter_mlx.engine.sources import step_capacity as held_capacity
-from redrafter_mlx.engine.step import uniform_step
+from redrafter_mlx.engine.drafting.sources import step_candidates as held_candidates
+from redrafter_mlx.engine.drafting.sources import step_capacity as held_capacity
+from redrafter_mlx.engine.loop.adaptive import Adaptive
+from redrafter_mlx.engine.loop.batch import BatchGenerator
+from redrafter_mlx.engine.loop.loading import LoadError, draft_slot_paths, load
+from redrafter_mlx.engine.loop.memory import check_step_memory
+from redrafter_mlx.engine.loop.prefilling import Prefill
 from redrafter_mlx.measure.profile import profile_steps, weight_bytes
 from redrafter_mlx.train import early_exit as EE
 from tests.helpers import (

@@ -16,13 +16,13 @@ import mlx.core as mx
 import pytest
 
 import redrafter_mlx as api
-from redrafter_mlx.engine.bundled import demo_paths
-from redrafter_mlx.engine.draft_model import DraftModelSource, prefill
-from redrafter_mlx.engine.early_exit import EarlyExitAdapter, EarlyExitArgs, save_adapter
-from redrafter_mlx.engine.errors import ParamError
-from redrafter_mlx.engine.loading import LoadError, load
-from redrafter_mlx.engine.shape import AR, BeamShape
-from redrafter_mlx.engine.sources import DraftContext
+from redrafter_mlx.engine.base.bundled import demo_paths
+from redrafter_mlx.engine.base.errors import ParamError
+from redrafter_mlx.engine.core.shape import AR, BeamShape
+from redrafter_mlx.engine.drafting.draft_model import DraftModelSource, prefill
+from redrafter_mlx.engine.drafting.early_exit import EarlyExitAdapter, EarlyExitArgs, save_adapter
+from redrafter_mlx.engine.drafting.sources import DraftContext
+from redrafter_mlx.engine.loop.loading import LoadError, load
 from tests.cli_errors import error_line, invoke
 from tests.helpers import run_decode, save_model_dir, tiny_model
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from redrafter_mlx.engine.loading import MAX_ADDED_TOKENS, LoadError, check_pair
+from redrafter_mlx.engine.loop.loading import MAX_ADDED_TOKENS, LoadError, check_pair
 from tests.helpers import run_decode, tiny_drafter, tiny_model
 
 

@@ -1,4 +1,4 @@
-"""The early-exit self-drafter (engine/early_exit.py): chain drafting against a brute-force
+"""The early-exit self-drafter (engine/drafting/early_exit.py): chain drafting against a brute-force
 reference that recomputes every draft from scratch, the confidence cut, cache safety, and the
 adapter folder."""
 
@@ -10,8 +10,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from redrafter_mlx.engine import model as model_module
-from redrafter_mlx.engine.early_exit import (
+from redrafter_mlx.engine.core.tree import cache_mask, chain_mask
+from redrafter_mlx.engine.drafting.early_exit import (
     EarlyExitAdapter,
     EarlyExitArgs,
     check_pair,
@@ -19,14 +19,14 @@ from redrafter_mlx.engine.early_exit import (
     load_adapter,
     save_adapter,
 )
-from redrafter_mlx.engine.early_exit_chain import (
+from redrafter_mlx.engine.drafting.early_exit_chain import (
     adapter_prefill,
     adapter_write,
     confident_prefix,
     draft_chain,
 )
-from redrafter_mlx.engine.sources import ABSENT
-from redrafter_mlx.engine.tree import cache_mask, chain_mask
+from redrafter_mlx.engine.drafting.sources import ABSENT
+from redrafter_mlx.engine.verifier import model as model_module
 
 from .helpers import _randomize, tiny_model
 

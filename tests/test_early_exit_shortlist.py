@@ -12,11 +12,17 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from redrafter_mlx.engine.early_exit import bind_head, check_pair, load_adapter, pair, save_adapter
-from redrafter_mlx.engine.early_exit_chain import draft_chain, draft_top1
-from redrafter_mlx.engine.footprint import Dims
-from redrafter_mlx.engine.model import output_rows
-from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.core.footprint import Dims
+from redrafter_mlx.engine.core.shape import BeamShape
+from redrafter_mlx.engine.drafting.early_exit import (
+    bind_head,
+    check_pair,
+    load_adapter,
+    pair,
+    save_adapter,
+)
+from redrafter_mlx.engine.drafting.early_exit_chain import draft_chain, draft_top1
+from redrafter_mlx.engine.verifier.model import output_rows
 from redrafter_mlx.train import early_exit as EE
 
 from .helpers import SHAREGPT_SAMPLE, run_decode

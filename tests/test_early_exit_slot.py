@@ -15,26 +15,26 @@ from dataclasses import replace
 import mlx.core as mx
 import pytest
 
-from redrafter_mlx.engine.adaptive import Adaptive
-from redrafter_mlx.engine.batch import BatchGenerator
-from redrafter_mlx.engine.cache import Session
-from redrafter_mlx.engine.decode import step_sources
-from redrafter_mlx.engine.early_exit import (
+from redrafter_mlx.engine.core.footprint import Dims
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import AR, BeamShape
+from redrafter_mlx.engine.decoding.cache import Session
+from redrafter_mlx.engine.decoding.decode import step_sources
+from redrafter_mlx.engine.decoding.step import uniform_step
+from redrafter_mlx.engine.drafting.early_exit import (
     EarlyExitAdapter,
     EarlyExitSource,
     load_adapter,
     save_adapter,
 )
-from redrafter_mlx.engine.early_exit_chain import prefill as prefill_ee
-from redrafter_mlx.engine.footprint import Dims
-from redrafter_mlx.engine.held import held_sources
-from redrafter_mlx.engine.loading import LoadError, load
-from redrafter_mlx.engine.memory import check_step_memory
-from redrafter_mlx.engine.prefilling import Prefill
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import AR, BeamShape
-from redrafter_mlx.engine.sources import DRAFTER, EARLY_EXIT, LOOKUP, stateful
-from redrafter_mlx.engine.step import uniform_step
+from redrafter_mlx.engine.drafting.early_exit_chain import prefill as prefill_ee
+from redrafter_mlx.engine.drafting.held import held_sources
+from redrafter_mlx.engine.drafting.sources import DRAFTER, EARLY_EXIT, LOOKUP, stateful
+from redrafter_mlx.engine.loop.adaptive import Adaptive
+from redrafter_mlx.engine.loop.batch import BatchGenerator
+from redrafter_mlx.engine.loop.loading import LoadError, load
+from redrafter_mlx.engine.loop.memory import check_step_memory
+from redrafter_mlx.engine.loop.prefilling import Prefill
 from redrafter_mlx.measure.profile import profile_steps, weight_bytes
 from redrafter_mlx.train import early_exit as EE
 from tests.helpers import (

@@ -9,25 +9,25 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from redrafter_mlx.engine.decode import step_sources
-from redrafter_mlx.engine.early_exit import (
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import AR, BeamShape
+from redrafter_mlx.engine.decoding.decode import step_sources
+from redrafter_mlx.engine.decoding.step import uniform_step
+from redrafter_mlx.engine.drafting.early_exit import (
     EarlyExitAdapter,
     EarlyExitArgs,
     EarlyExitSource,
     save_adapter,
 )
-from redrafter_mlx.engine.early_exit_chain import prefill as prefill_ee
-from redrafter_mlx.engine.loading import LoadError, load
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import AR, BeamShape
-from redrafter_mlx.engine.sources import (
+from redrafter_mlx.engine.drafting.early_exit_chain import prefill as prefill_ee
+from redrafter_mlx.engine.drafting.sources import (
     DRAFT_MODEL,
     EARLY_EXIT,
     LOOKUP,
     SOURCE_NAMES,
     DraftContext,
 )
-from redrafter_mlx.engine.step import uniform_step
+from redrafter_mlx.engine.loop.loading import LoadError, load
 from redrafter_mlx.train import early_exit as EE
 from tests.helpers import (
     VICUNA_TOKENIZER,
@@ -259,7 +259,7 @@ def test_both_caches_hold_the_committed_text_whichever_source_won(itself):
     each, the next draft's adapter refresh and the draft model's catch-up leave both caches
     equal to a fresh prefill of the committed text: with the target as its own draft
     lookup and the draft model win steps, with another model lookup and the adapter."""
-    from redrafter_mlx.engine.draft_model import prefill as prefill_draft
+    from redrafter_mlx.engine.drafting.draft_model import prefill as prefill_draft
 
     model, adapter = bigram_pair()
     draft = model if itself else near_bigram_model(5, vocab=32, layers=1)

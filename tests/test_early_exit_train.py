@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from redrafter_mlx.engine.early_exit import check_pair, is_early_exit, load_adapter
-from redrafter_mlx.engine.loading import load_model
+from redrafter_mlx.engine.drafting.early_exit import check_pair, is_early_exit, load_adapter
+from redrafter_mlx.engine.loop.loading import load_model
 from redrafter_mlx.train import early_exit as EE
 from redrafter_mlx.train.data import Sequence
 

@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from redrafter_mlx.engine.tree import default_capacity
+from redrafter_mlx.engine.core.tree import default_capacity
 from tests.helpers import (
     OracleDrafter,
     near_bigram_model,

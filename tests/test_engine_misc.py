@@ -8,13 +8,13 @@ import pytest
 from mlx.utils import tree_flatten
 
 import redrafter_mlx
-from redrafter_mlx.engine.cache import Session
-from redrafter_mlx.engine.decode import DecodeState, prefill_chunk
-from redrafter_mlx.engine.generation import generate_steps
-from redrafter_mlx.engine.loading import LoadError
-from redrafter_mlx.engine.sampling import SamplerConfig, StepMode
-from redrafter_mlx.engine.shape import BeamShape
-from redrafter_mlx.engine.step import batch_step, uniform_step
+from redrafter_mlx.engine.core.sampling import SamplerConfig, StepMode
+from redrafter_mlx.engine.core.shape import BeamShape
+from redrafter_mlx.engine.decoding.cache import Session
+from redrafter_mlx.engine.decoding.decode import DecodeState, prefill_chunk
+from redrafter_mlx.engine.decoding.step import batch_step, uniform_step
+from redrafter_mlx.engine.loop.generation import generate_steps
+from redrafter_mlx.engine.loop.loading import LoadError
 from tests.helpers import (
     VICUNA_TOKENIZER,
     run_decode,
@@ -89,7 +89,7 @@ def test_logits_match_mlx_lm(tmp_path, extra):
     T = len(tokens)
     zeros = mx.zeros((1,), dtype=mx.int32)
     idx = mx.arange(T)[None]
-    from redrafter_mlx.engine.tree import cache_mask, chain_mask
+    from redrafter_mlx.engine.core.tree import cache_mask, chain_mask
 
     hidden, _, _ = mine(
         mx.array([tokens]), idx, cache_mask(zeros, chain_mask(T), 256), keys, values, idx
@@ -196,8 +196,8 @@ def test_load_errors(tmp_path):
 
 
 def test_vicuna_chat_prompt_format():
-    from redrafter_mlx.engine.chat_format import vicuna_prompt
-    from redrafter_mlx.engine.tokenizer import load_tokenizer
+    from redrafter_mlx.engine.base.chat_format import vicuna_prompt
+    from redrafter_mlx.engine.base.tokenizer import load_tokenizer
 
     text = vicuna_prompt(
         [
@@ -225,7 +225,7 @@ def test_vicuna_chat_prompt_format():
 def test_beam_search_returns_sorted_scored_beams():
     import itertools
 
-    from redrafter_mlx.engine.drafter import beam_search
+    from redrafter_mlx.engine.drafting.drafter import beam_search
 
     model = tiny_model(8, vocab=16)
     drafter = tiny_drafter(model, 9)

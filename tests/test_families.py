@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from redrafter_mlx.engine import model as model_module
-from redrafter_mlx.engine.model import Model, ModelArgs
-from redrafter_mlx.engine.tree import cache_mask, chain_mask
+from redrafter_mlx.engine.core.tree import cache_mask, chain_mask
+from redrafter_mlx.engine.verifier import model as model_module
+from redrafter_mlx.engine.verifier.model import Model, ModelArgs
 from tests.helpers import _randomize, run_decode, tiny_drafter
 
 BASE = dict(
@@ -224,7 +224,7 @@ def _write_folder(folder: Path, config: dict, weights: dict) -> Path:
 def test_loads_from_an_mlx_lm_folder_and_converts_from_a_hf_folder(name, tmp_path):
     from mlx_lm.utils import load_model as mlx_lm_load
 
-    from redrafter_mlx.engine.loading import load_model
+    from redrafter_mlx.engine.loop.loading import load_model
     from weights_convert import convert
 
     model = family_model(name)
@@ -256,13 +256,13 @@ def _prefill_hidden(model: Model) -> mx.array:
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_every_family_config_passes_the_validator(name):
-    from redrafter_mlx.engine.config import check_model_config
+    from redrafter_mlx.engine.verifier.config import check_model_config
 
     check_model_config(CONFIGS[name], "config.json")
 
 
 def test_architectures_must_agree_with_model_type():
-    from redrafter_mlx.engine.config import ConfigError, check_model_config
+    from redrafter_mlx.engine.verifier.config import ConfigError, check_model_config
 
     config = dict(CONFIGS["qwen2"], model_type="llama")
     with pytest.raises(ConfigError, match=r"model_type 'llama' but architectures \['Qwen2"):
@@ -273,7 +273,7 @@ def test_architectures_must_agree_with_model_type():
 
 
 def test_unsupported_types_are_listed_and_qwen2_windows_refused():
-    from redrafter_mlx.engine.config import ConfigError, check_model_config
+    from redrafter_mlx.engine.verifier.config import ConfigError, check_model_config
 
     with pytest.raises(ConfigError, match="llama, mistral, qwen2, qwen3, gemma2, gemma3_text"):
         check_model_config(dict(CONFIGS["qwen2"], model_type="phi3"), "c")
@@ -416,7 +416,7 @@ def write_family_gguf(path: Path, name: str, qtype: str) -> Model:
 @pytest.mark.parametrize("name", list(GGUF_ARCH))
 def test_gguf_round_trip_gives_the_same_logits(name, qtype, tmp_path):
     pytest.importorskip("gguf")
-    from redrafter_mlx.engine.loading import load_model
+    from redrafter_mlx.engine.loop.loading import load_model
     from weights_convert import convert
 
     model = write_family_gguf(tmp_path / "m.gguf", name, qtype)
@@ -453,7 +453,7 @@ def test_rope_parameters_blocks_are_read():
 def test_quantized_folders_load_and_match_mlx_lm(name, tmp_path):
     from mlx_lm.utils import load_model as mlx_lm_load
 
-    from redrafter_mlx.engine.loading import load_model
+    from redrafter_mlx.engine.loop.loading import load_model
     from weights_convert import convert
 
     model = family_model(name)
@@ -471,8 +471,8 @@ def test_a_rope_type_of_mlx_lm_alone_runs_as_mlx_lm_builds_it(tmp_path):
     """A rope scaling our forward lacks (yarn) loads through mlx-lm, with its frequencies."""
     from mlx_lm.utils import load_model as mlx_lm_load
 
-    from redrafter_mlx.engine.lm_model import LmModel
-    from redrafter_mlx.engine.loading import load_model
+    from redrafter_mlx.engine.loop.loading import load_model
+    from redrafter_mlx.engine.verifier.lm_model import LmModel
 
     model = family_model("qwen2")
     config = dict(CONFIGS["qwen2"], rope_scaling={"rope_type": "yarn", "factor": 4.0})

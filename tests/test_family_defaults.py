@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from redrafter_mlx.engine.model import Model, ModelArgs
+from redrafter_mlx.engine.verifier.model import Model, ModelArgs
 from tests.helpers import _randomize
 from tests.test_families import our_logits
 

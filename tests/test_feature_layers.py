@@ -17,14 +17,14 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from redrafter_mlx.engine.cache import Session, bucket, grow, prefill_session
-from redrafter_mlx.engine.decode import DecodeState, first_draw
-from redrafter_mlx.engine.drafter import Drafter, DrafterArgs
-from redrafter_mlx.engine.loading import LoadError, load, load_drafter
-from redrafter_mlx.engine.sampling import RowSampler, SamplerConfig
-from redrafter_mlx.engine.shape import BeamShape
-from redrafter_mlx.engine.step import uniform_step
-from redrafter_mlx.engine.tree import cache_mask, chain_mask
+from redrafter_mlx.engine.core.sampling import RowSampler, SamplerConfig
+from redrafter_mlx.engine.core.shape import BeamShape
+from redrafter_mlx.engine.core.tree import cache_mask, chain_mask
+from redrafter_mlx.engine.decoding.cache import Session, bucket, grow, prefill_session
+from redrafter_mlx.engine.decoding.decode import DecodeState, first_draw
+from redrafter_mlx.engine.decoding.step import uniform_step
+from redrafter_mlx.engine.drafting.drafter import Drafter, DrafterArgs
+from redrafter_mlx.engine.loop.loading import LoadError, load, load_drafter
 from redrafter_mlx.train.targets import cache_key
 from redrafter_mlx.train.training import resolve_feature_layers
 from tests.helpers import (
@@ -267,7 +267,7 @@ def test_feature_layer_specs():
     for bad in ("30", "1,1", "a,b", "-1"):
         with pytest.raises(ValueError):
             resolve_feature_layers(bad, deep)
-    from redrafter_mlx.engine.errors import ParamError
+    from redrafter_mlx.engine.base.errors import ParamError
     from redrafter_mlx.train.options import DistillOptions
 
     assert DistillOptions().validate().feature_layers == "auto"  # the ablation's winner
@@ -330,7 +330,7 @@ def test_distill_with_feature_layers_makes_a_drafter_that_loads_and_decodes(tmp_
 def test_server_rows_with_a_feature_drafter_equal_plain_decoding():
     """The serving scheduler's batch rows (joining mid-generation, drafter + lookup) carry
     the wider hidden states: each row's greedy output equals plain decoding."""
-    from redrafter_mlx.engine.loading import attach
+    from redrafter_mlx.engine.loop.loading import attach
     from redrafter_mlx.serve.scheduler import Request, Scheduler
 
     model = near_bigram_model(seed=5, attn_scale=0.05, layers=3, vocab=24)

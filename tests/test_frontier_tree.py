@@ -12,18 +12,23 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from redrafter_mlx.engine.decode import DecodeState, accept_phase, shape_candidates, verify_phase
-from redrafter_mlx.engine.drafter import beam_search
-from redrafter_mlx.engine.lookup import ABSENT
-from redrafter_mlx.engine.sampling import RowSampler, SamplerConfig
-from redrafter_mlx.engine.shape import BeamShape
-from redrafter_mlx.engine.tree import default_capacity, pack
+from redrafter_mlx.engine.core.sampling import RowSampler, SamplerConfig
+from redrafter_mlx.engine.core.shape import BeamShape
+from redrafter_mlx.engine.core.tree import default_capacity, pack
+from redrafter_mlx.engine.decoding.decode import (
+    DecodeState,
+    accept_phase,
+    shape_candidates,
+    verify_phase,
+)
+from redrafter_mlx.engine.drafting.drafter import beam_search
+from redrafter_mlx.engine.drafting.lookup import ABSENT
 from tests.helpers import OracleDrafter, near_bigram_model, tiny_drafter, tiny_model
 
 
 def _state(model, prompts):
     """A decode state after prefilling ``prompts`` (rows of equal length)."""
-    from redrafter_mlx.engine.cache import Session, prefill_session
+    from redrafter_mlx.engine.decoding.cache import Session, prefill_session
 
     session = Session(model, len(prompts))
     session.reuse(prompts)

@@ -1,15 +1,15 @@
 """The Python API's defaults run what ``chat`` runs: the plan is resolved
-by the engine (``engine.plan``), and the CLI only maps its flags onto it."""
+by the engine (``engine.loop.plan``), and the CLI only maps its flags onto it."""
 
 import pytest
 
 import redrafter_mlx
 from redrafter_mlx.cli.common import BeamFlags, plan_from_flags, resolve_paths
-from redrafter_mlx.engine.bundled import demo_paths
-from redrafter_mlx.engine.plan import PlanArgs, default_plan
-from redrafter_mlx.engine.plan import resolve_plan as engine_plan
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import AR
+from redrafter_mlx.engine.base.bundled import demo_paths
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import AR
+from redrafter_mlx.engine.loop.plan import PlanArgs, default_plan
+from redrafter_mlx.engine.loop.plan import resolve_plan as engine_plan
 
 
 def test_stream_generate_with_no_shape_runs_what_chat_runs():
@@ -35,7 +35,7 @@ def test_no_drafter_means_lookup_alone_as_in_chat():
 def test_asked_arguments_win_and_bad_ones_name_their_field():
     import pytest
 
-    from redrafter_mlx.engine.errors import ParamError
+    from redrafter_mlx.engine.base.errors import ParamError
 
     drafter = str(demo_paths()[1])
     plan = engine_plan(None, drafter, args=PlanArgs(width=2, length=3, no_lookup=True))
@@ -57,9 +57,9 @@ def test_the_default_loop_reads_only_steps_already_followed_by_a_queued_one(monk
     Before: the per-step choice read step k, then queued step k+1 (the device waited).
     ``REDRAFTER_MLX_READ_FIRST=1`` (a per-backend choice, ``platform.read_first``) reads
     the newest step before choosing; both give the plain-decoding tokens."""
-    from redrafter_mlx.engine import batch as batch_module
-    from redrafter_mlx.engine.batch_choice import SoloChoice
-    from redrafter_mlx.engine.platform import READ_FIRST_ENV
+    from redrafter_mlx.engine.base.platform import READ_FIRST_ENV
+    from redrafter_mlx.engine.loop import batch as batch_module
+    from redrafter_mlx.engine.loop.batch_choice import SoloChoice
     from tests.helpers import tiny_drafter, tiny_model
 
     monkeypatch.setenv(READ_FIRST_ENV, first)

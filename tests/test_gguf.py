@@ -279,7 +279,7 @@ def test_sentencepiece_tokenizer_equals_transformers_and_sentencepiece(tmp_path)
 
 
 def test_engine_tokenizer_stops_at_end_of_turn_and_uses_the_template(files, tmp_path):
-    from redrafter_mlx.engine.tokenizer import load_tokenizer
+    from redrafter_mlx.engine.base.tokenizer import load_tokenizer
 
     tiny = files["F32"]
     convert(str(tiny.path), tmp_path / "out", progress=False)
@@ -295,7 +295,7 @@ def test_engine_tokenizer_stops_at_end_of_turn_and_uses_the_template(files, tmp_
 
 def test_engine_tokenizer_reads_chat_template_jinja(files, tmp_path):
     """Current transformers saves the template beside tokenizer_config.json, not inside it."""
-    from redrafter_mlx.engine.tokenizer import load_tokenizer
+    from redrafter_mlx.engine.base.tokenizer import load_tokenizer
 
     out = tmp_path / "out"
     convert(str(files["F32"].path), out, progress=False)

@@ -73,7 +73,7 @@ def _engine_logits(folder: Path) -> np.ndarray:
     """The engine's last-position logits for :data:`PROMPT`, the model loaded in float32."""
     import mlx.core as mx
 
-    from redrafter_mlx.engine.loading import load_model
+    from redrafter_mlx.engine.loop.loading import load_model
     from tests.helpers import greedy_prefilled
 
     model, _ = load_model(folder, dtype=mx.float32)
@@ -257,7 +257,7 @@ def test_a_gemma3_q5_0_file_converts_kept_or_dequantized(tmp_path, monkeypatch, 
     kept as MLX 5-bit, or dequantized, it gives the logits of the model it was written from."""
     import mlx.core as mx
 
-    from redrafter_mlx.engine.loading import load_model
+    from redrafter_mlx.engine.loop.loading import load_model
     from tests.test_families import _prefill_hidden, write_family_gguf
 
     if keep:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from redrafter_mlx.engine.bundled import demo_paths
-from redrafter_mlx.engine.loading import LoadError, load_drafter
+from redrafter_mlx.engine.base.bundled import demo_paths
+from redrafter_mlx.engine.loop.loading import LoadError, load_drafter
 
 FIXTURES = Path(__file__).parent / "fixtures" / "convert"
 
@@ -33,7 +33,7 @@ def invoke(app, *args: str):
 def test_convert_into_a_read_only_folder_names_it(app, tmp_path, monkeypatch):
     """A read-only file system (EROFS, even for root) is reported with the folder and a fix,
     not as a raw ``[Errno 30]``."""
-    import redrafter_mlx.engine.output_dir as output_dir
+    import redrafter_mlx.engine.base.output_dir as output_dir
 
     def read_only(prefix="", dir=None, **_):
         raise OSError(errno.EROFS, "Read-only file system", os.path.join(dir, prefix + "x"))
@@ -104,7 +104,7 @@ def test_an_unknown_model_name_lists_the_bundled_ones(app, tmp_path, monkeypatch
 
 
 def test_a_missing_path_or_repo_id_is_not_called_a_name(tmp_path):
-    from redrafter_mlx.engine.bundled import unknown_name_error
+    from redrafter_mlx.engine.base.bundled import unknown_name_error
 
     assert unknown_name_error(str(tmp_path / "nope")) is None  # a path: "not found" elsewhere
     assert unknown_name_error("owner/model") is None  # a repo id: looked up on the Hub
@@ -199,15 +199,15 @@ def _step_peak(model, drafter, shape, batch, sampler, prompt=40):
 
     import mlx.core as mx
 
-    from redrafter_mlx.engine.cache import (
+    from redrafter_mlx.engine.decoding.cache import (
         Session,
         ensure_slots,
         prefill_session,
         step_window,
         text_history,
     )
-    from redrafter_mlx.engine.decode import DecodeState
-    from redrafter_mlx.engine.step import uniform_step
+    from redrafter_mlx.engine.decoding.decode import DecodeState
+    from redrafter_mlx.engine.decoding.step import uniform_step
     from tests.helpers import step_added_peak
 
     rows = [[(7 * i + r) % model.vocab_size for i in range(prompt)] for r in range(batch)]
@@ -236,9 +236,9 @@ def _step_peak(model, drafter, shape, batch, sampler, prompt=40):
 )
 def test_the_estimate_bounds_the_measured_step(label, batch, temperature):
     """The transient estimate is at least the step's measured peak and at most 4x it."""
-    from redrafter_mlx.engine.footprint import Dims, step_memory
-    from redrafter_mlx.engine.sampling import SamplerConfig
-    from redrafter_mlx.engine.shape import BeamShape
+    from redrafter_mlx.engine.core.footprint import Dims, step_memory
+    from redrafter_mlx.engine.core.sampling import SamplerConfig
+    from redrafter_mlx.engine.core.shape import BeamShape
     from tests.helpers import tiny_drafter, tiny_model
 
     model = tiny_model(vocab=4096, hidden=64, layers=2, heads=4, kv_heads=2)
@@ -253,7 +253,7 @@ def test_the_estimate_bounds_the_measured_step(label, batch, temperature):
 
 def _smollm2_dims():
     """SmolLM2-135M's sizes in float32 with its 8,192-token shortlist drafter."""
-    from redrafter_mlx.engine.footprint import Dims
+    from redrafter_mlx.engine.core.footprint import Dims
 
     return Dims(576, 30, 9, 3, 64, 1536, 49152, 8192, 4, 600 * 2**20)
 
@@ -261,9 +261,9 @@ def _smollm2_dims():
 def test_ordinary_shapes_fit_a_small_machine():
     """The defaults, the presets and every shape the tuner tries fit in 4 GiB for a SmolLM2
     chat of 2,048 tokens."""
-    from redrafter_mlx.engine.footprint import step_memory
-    from redrafter_mlx.engine.generation import DEFAULT_SHAPE
-    from redrafter_mlx.engine.memory import decode_window
+    from redrafter_mlx.engine.core.footprint import step_memory
+    from redrafter_mlx.engine.loop.generation import DEFAULT_SHAPE
+    from redrafter_mlx.engine.loop.memory import decode_window
     from tuning.grid import build_grid, with_lookup
     from tuning.presets import get_preset, preset_names
 
@@ -276,8 +276,8 @@ def test_ordinary_shapes_fit_a_small_machine():
 
 
 def test_a_huge_shape_is_refused_with_the_figures_and_what_fits():
-    from redrafter_mlx.engine.memory import ShapeTooLarge, check_step_memory
-    from redrafter_mlx.engine.shape import BeamShape
+    from redrafter_mlx.engine.core.shape import BeamShape
+    from redrafter_mlx.engine.loop.memory import ShapeTooLarge, check_step_memory
     from tests.helpers import tiny_drafter, tiny_model
 
     model = tiny_model(vocab=4096, hidden=64, layers=2, heads=4, kv_heads=2)
@@ -298,8 +298,8 @@ def test_a_huge_shape_is_refused_with_the_figures_and_what_fits():
 
 
 def test_lookup_alone_too_large_names_the_chains():
-    from redrafter_mlx.engine.memory import ShapeTooLarge, check_step_memory
-    from redrafter_mlx.engine.shape import BeamShape
+    from redrafter_mlx.engine.core.shape import BeamShape
+    from redrafter_mlx.engine.loop.memory import ShapeTooLarge, check_step_memory
     from tests.helpers import tiny_model
 
     model = tiny_model(vocab=4096, hidden=64, layers=2, heads=4, kv_heads=2)
@@ -310,9 +310,9 @@ def test_lookup_alone_too_large_names_the_chains():
 
 def test_decode_refuses_before_compiling(monkeypatch):
     """The API's one entry (``generate_steps``, under stream_generate/generate/batch_generate)."""
-    import redrafter_mlx.engine.memory as memory
-    from redrafter_mlx.engine.memory import ShapeTooLarge
-    from redrafter_mlx.engine.shape import BeamShape
+    import redrafter_mlx.engine.loop.memory as memory
+    from redrafter_mlx.engine.core.shape import BeamShape
+    from redrafter_mlx.engine.loop.memory import ShapeTooLarge
     from tests.helpers import run_decode, tiny_drafter, tiny_model
 
     model = tiny_model(vocab=4096, hidden=64, layers=2, heads=4, kv_heads=2)

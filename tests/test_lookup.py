@@ -6,14 +6,14 @@ import random
 import mlx.core as mx
 import pytest
 
-from redrafter_mlx.engine.adaptive import Adaptive
-from redrafter_mlx.engine.cache import Session
-from redrafter_mlx.engine.generation import generate_steps
-from redrafter_mlx.engine.lookup import ABSENT, lookup_chains
-from redrafter_mlx.engine.sampling import StepMode
-from redrafter_mlx.engine.shape import AR, BeamShape
-from redrafter_mlx.engine.step import batch_step
-from redrafter_mlx.engine.tree import pack
+from redrafter_mlx.engine.core.sampling import StepMode
+from redrafter_mlx.engine.core.shape import AR, BeamShape
+from redrafter_mlx.engine.core.tree import pack
+from redrafter_mlx.engine.decoding.cache import Session
+from redrafter_mlx.engine.decoding.step import batch_step
+from redrafter_mlx.engine.drafting.lookup import ABSENT, lookup_chains
+from redrafter_mlx.engine.loop.adaptive import Adaptive
+from redrafter_mlx.engine.loop.generation import generate_steps
 from tests.helpers import OracleDrafter, near_bigram_model, run_decode, tiny_drafter, tiny_model
 from tests.test_tree import brute_force
 
@@ -251,7 +251,7 @@ def test_lookup_shadow_counts_what_the_first_chain_would_have_accepted(seed):
     vocab = rng.choice([3, 5, 9])
     text = [rng.randrange(vocab) for _ in range(rng.randint(2, 60))]
     prompt = rng.randint(1, len(text) - 1)
-    from redrafter_mlx.engine.lookup import LookupShadow
+    from redrafter_mlx.engine.drafting.lookup import LookupShadow
 
     horizon = rng.randint(1, 7)
     shadow = LookupShadow([text[:prompt]], horizon)
@@ -270,7 +270,7 @@ def test_lookup_shadow_counts_what_the_first_chain_would_have_accepted(seed):
 def test_the_shadow_resolves_a_missed_chain_at_the_miss():
     """A chain whose first draft is wrong is counted when that token is written, not when
     the text reaches the chain's length; a chain still matching waits."""
-    from redrafter_mlx.engine.lookup import LookupShadow
+    from redrafter_mlx.engine.drafting.lookup import LookupShadow
 
     shadow = LookupShadow([[1, 2, 3, 4, 5, 1]], horizon=4)  # proposes 2, 3, 4, 5
     assert shadow.chain(0) == [2, 3, 4, 5]
@@ -286,7 +286,7 @@ def test_the_shadow_resolves_a_missed_chain_at_the_miss():
 def test_the_shadow_moves_a_run_from_plain_decoding_to_lookup():
     """Step costs where plain decoding wins until the text starts repeating: the chooser,
     running AR, sees through the shadow that a chain would be accepted, and switches."""
-    from redrafter_mlx.engine.adaptive import ShapeChooser
+    from redrafter_mlx.engine.loop.adaptive import ShapeChooser
 
     lookup = BeamShape.lookup_only(1, 8)
     chooser = ShapeChooser([AR, lookup], start=AR, costs={AR: 1.0, lookup: 1.5})
@@ -337,7 +337,7 @@ def test_each_step_shape_follows_the_match_state():
     where short matches pay a little, plain decoding where nothing matches, and a drafting
     probe every ``probe`` steps in which no model drafted, so the drafter's acceptance stays
     measured."""
-    from redrafter_mlx.engine.adaptive import ShapeChooser
+    from redrafter_mlx.engine.loop.adaptive import ShapeChooser
 
     beam, k8, k16 = BeamShape(1, 4), BeamShape.lookup_only(1, 8), BeamShape.lookup_only(1, 16)
     costs = {AR: 1.0, beam: 1.5, k8: 1.6, k16: 2.2}
@@ -378,8 +378,8 @@ def test_split_model_each_step_takes_rank_0s_choice(monkeypatch):
     """Split across ranks, the per-step choice is rank 0's, sent before each step: rank 0
     asks its chooser with the rows' match states and sends the shape's index; another rank
     runs that index whatever its own chooser would say, and never asks it."""
-    from redrafter_mlx.engine import adaptive
-    from redrafter_mlx.engine.adaptive import ShapeChooser, SharedChoice
+    from redrafter_mlx.engine.loop import adaptive
+    from redrafter_mlx.engine.loop.adaptive import ShapeChooser, SharedChoice
     from tests.test_distributed import FakeGroup
 
     k8, k16 = BeamShape.lookup_only(1, 8), BeamShape.lookup_only(1, 16)
@@ -408,7 +408,7 @@ def test_split_model_each_step_takes_rank_0s_choice(monkeypatch):
 def test_risk_discounts_dear_shapes_in_the_per_step_choice():
     """With ``risk``, a shape costing c AR steps is judged at rate / (1 + risk (c - 1)): a
     long chain a little ahead on its estimate loses to the short one, one far ahead wins."""
-    from redrafter_mlx.engine.adaptive import ShapeChooser
+    from redrafter_mlx.engine.loop.adaptive import ShapeChooser
 
     k8, k16 = BeamShape.lookup_only(1, 8), BeamShape.lookup_only(1, 16)
     costs = {AR: 1.0, k8: 1.6, k16: 2.1}

@@ -8,8 +8,8 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from redrafter_mlx.engine.lookup import LookupShadow, lookup_chains
-from redrafter_mlx.engine.shape import AR, BeamShape
+from redrafter_mlx.engine.core.shape import AR, BeamShape
+from redrafter_mlx.engine.drafting.lookup import LookupShadow, lookup_chains
 from tests.helpers import run_decode
 from weights_convert.smollm2 import smollm2_path
 
@@ -41,9 +41,9 @@ def test_a_run_with_a_longer_period_repeats_its_period():
 
 @pytest.fixture(scope="module")
 def demo():
-    from redrafter_mlx.engine.bundled import demo_paths
-    from redrafter_mlx.engine.loading import load_model
-    from redrafter_mlx.engine.tokenizer import load_tokenizer
+    from redrafter_mlx.engine.base.bundled import demo_paths
+    from redrafter_mlx.engine.base.tokenizer import load_tokenizer
+    from redrafter_mlx.engine.loop.loading import load_model
 
     base, _ = demo_paths()
     return load_model(base)[0], load_tokenizer(base)
@@ -73,8 +73,8 @@ def test_smollm2_copies_a_run_of_zeros_at_five_tokens_per_step():
     path = SMOLLM2
     if not (path / "config.json").is_file():
         pytest.skip(f"SmolLM2 is not converted at {path}; run `make smollm2` (make install)")
-    from redrafter_mlx.engine.loading import load_model
-    from redrafter_mlx.engine.tokenizer import load_tokenizer
+    from redrafter_mlx.engine.base.tokenizer import load_tokenizer
+    from redrafter_mlx.engine.loop.loading import load_model
 
     model, _ = load_model(path)
     tokenizer = load_tokenizer(path)

@@ -2,7 +2,7 @@
 there (finish "context"), chat drops its oldest turns to fit, and what is generated inside
 the bound is exactly what the model generates from that text."""
 
-from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.core.shape import BeamShape
 from tests.helpers import run_decode, tiny_drafter, tiny_model
 from tests.test_cli import app, invoke, model_args, pair, run_json  # noqa: F401 (fixtures)
 
@@ -16,7 +16,7 @@ def test_a_capped_model_stops_at_the_cap_with_the_same_tokens():
     try:
         capped, _ = run_decode(model, drafter, prompt, max_tokens=60, shape=BeamShape(2, 4))
         events = []
-        from redrafter_mlx.engine.generation import generate_steps
+        from redrafter_mlx.engine.loop.generation import generate_steps
 
         for ev in generate_steps(model, drafter, prompt, max_tokens=60, shape=BeamShape(2, 4)):
             events.append(ev)

@@ -1,4 +1,4 @@
-"""The memory check counts what the loop really holds (``engine/memory.py``, issue 49): the
+"""The memory check counts what the loop really holds (``engine/loop/memory.py``, issue 49): the
 early-exit adapter's own K/V cache and a draft model's, for every row as the batch grows,
 and for a request with parallel branches the rows its branches can grow to."""
 
@@ -7,26 +7,26 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-import redrafter_mlx.engine.memory as memory
-from redrafter_mlx.engine.batch import BatchGenerator
-from redrafter_mlx.engine.batch_choice import FixedShape
-from redrafter_mlx.engine.branches import BranchRules
-from redrafter_mlx.engine.cache import (
+import redrafter_mlx.engine.loop.memory as memory
+from redrafter_mlx.engine.core.branches import BranchRules
+from redrafter_mlx.engine.core.footprint import Dims, step_memory, with_draft_model
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import AR, BeamShape
+from redrafter_mlx.engine.decoding.cache import (
     Session,
     ensure_slots,
     prefill_session,
     step_window,
     text_history,
 )
-from redrafter_mlx.engine.decode import DecodeState
-from redrafter_mlx.engine.draft_model import prefill as draft_prefill
-from redrafter_mlx.engine.early_exit import EarlyExitAdapter, EarlyExitArgs
-from redrafter_mlx.engine.early_exit_chain import prefill as early_exit_prefill
-from redrafter_mlx.engine.footprint import Dims, step_memory, with_draft_model
-from redrafter_mlx.engine.memory import ShapeTooLarge, check_step_memory, decode_window
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import AR, BeamShape
-from redrafter_mlx.engine.step import uniform_step
+from redrafter_mlx.engine.decoding.decode import DecodeState
+from redrafter_mlx.engine.decoding.step import uniform_step
+from redrafter_mlx.engine.drafting.draft_model import prefill as draft_prefill
+from redrafter_mlx.engine.drafting.early_exit import EarlyExitAdapter, EarlyExitArgs
+from redrafter_mlx.engine.drafting.early_exit_chain import prefill as early_exit_prefill
+from redrafter_mlx.engine.loop.batch import BatchGenerator
+from redrafter_mlx.engine.loop.batch_choice import FixedShape
+from redrafter_mlx.engine.loop.memory import ShapeTooLarge, check_step_memory, decode_window
 from tests.helpers import run_decode, step_added_peak, tiny_model
 
 TOKENS = 300  # prompt and answer

@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 
 import redrafter_mlx
-from redrafter_mlx.engine.bundled import demo_paths
-from redrafter_mlx.engine.errors import ParamError
-from redrafter_mlx.engine.generation import generate_steps
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import AR, BeamShape
+from redrafter_mlx.engine.base.bundled import demo_paths
+from redrafter_mlx.engine.base.errors import ParamError
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import AR, BeamShape
+from redrafter_mlx.engine.loop.generation import generate_steps
 
 PROMPT = "def fibonacci(n):"
 MAX = 40

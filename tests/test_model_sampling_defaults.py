@@ -3,7 +3,7 @@ SmolLM2 conversion writing its model card's values."""
 
 import json
 
-from redrafter_mlx.engine.sampling import model_defaults
+from redrafter_mlx.engine.core.sampling import model_defaults
 from weights_convert.smollm2 import CARD_SAMPLING, write_card_sampling
 
 

@@ -14,7 +14,7 @@ import mlx.core as mx
 import pytest
 from typer.testing import CliRunner
 
-from redrafter_mlx.engine.sampling import SamplerConfig
+from redrafter_mlx.engine.core.sampling import SamplerConfig
 from redrafter_mlx.measure import near_tie
 from tests.helpers import (
     VICUNA_TOKENIZER,
@@ -120,8 +120,8 @@ def tied_pair(tmp_path_factory):
     """(model dir, drafter dir, low, high): a tiny model whose ``low`` and ``high`` tie at the
     top after bench's first mt-bench prompt, ``low`` one of that prompt's last 20 tokens and
     ``high`` none of them."""
-    from redrafter_mlx.engine.prompts import load_records
-    from redrafter_mlx.engine.tokenizer import load_tokenizer
+    from redrafter_mlx.engine.base.prompts import load_records
+    from redrafter_mlx.engine.base.tokenizer import load_tokenizer
 
     record = load_records("mt-bench", 1)[0]
     message = {"role": "user", "content": record.turns[0]}

@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from mlx_lm.sample_utils import make_logits_processors
 
-from redrafter_mlx.engine.errors import ParamError
-from redrafter_mlx.engine.penalties import node_text, penalize
-from redrafter_mlx.engine.sampling import RowSampler, SamplerConfig, check_seed, process_text
-from redrafter_mlx.engine.shape import BeamShape
-from redrafter_mlx.engine.tree import pack
+from redrafter_mlx.engine.base.errors import ParamError
+from redrafter_mlx.engine.core.penalties import node_text, penalize
+from redrafter_mlx.engine.core.sampling import RowSampler, SamplerConfig, check_seed, process_text
+from redrafter_mlx.engine.core.shape import BeamShape
+from redrafter_mlx.engine.core.tree import pack
 from tests.helpers import run_decode, save_model_dir, tiny_drafter, tiny_model
 
 PENALTIES = dict(

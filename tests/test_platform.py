@@ -4,7 +4,7 @@ the user's own setting always wins."""
 import mlx.nn as nn
 import pytest
 
-from redrafter_mlx.engine import platform
+from redrafter_mlx.engine.base import platform
 
 OPENBLAS = platform.OPENBLAS_PATHS[0]
 
@@ -95,7 +95,7 @@ def test_answer_lanes_by_backend_and_override(blas, monkeypatch):
     [("0", "ignoring it"), ("-3", "ignoring it"), ("abc", "ignoring it"), ("99999", "using 4")],
 )
 def test_a_bad_blas_thread_count_is_said_once(monkeypatch, capsys, value, used):
-    from redrafter_mlx.engine import platform
+    from redrafter_mlx.engine.base import platform
 
     monkeypatch.setattr(platform.os, "cpu_count", lambda: 4)
     monkeypatch.setenv(platform._THREADS_WARNED_ENV, "")

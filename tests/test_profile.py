@@ -89,10 +89,10 @@ def test_launch_bound_prices_kernels_and_weights_against_ar():
 
 def test_profile_times_the_products_own_step(monkeypatch):
     """``bench --profile`` times the compiled batch step every loop runs (kept on
-    the model by ``batch.batch_step``), not a step builder of its own. Before, it compiled
+    the model by ``step.batch_step``), not a step builder of its own. Before, it compiled
     ``decode.make_step``, which no product loop ran."""
-    from redrafter_mlx.engine.sampling import StepMode
-    from redrafter_mlx.engine.shape import BeamShape
+    from redrafter_mlx.engine.core.sampling import StepMode
+    from redrafter_mlx.engine.core.shape import BeamShape
     from redrafter_mlx.measure import profile
 
     monkeypatch.setattr(profile, "_loop_ms_per_step", lambda *a: 1.0)  # the loop apart

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from redrafter_mlx.engine.early_exit import EarlyExitAdapter, EarlyExitArgs
-from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.core.shape import BeamShape
+from redrafter_mlx.engine.drafting.early_exit import EarlyExitAdapter, EarlyExitArgs
 from redrafter_mlx.measure.profile import MacCost, launch_bound, profile_steps, weight_bytes
 from tests.helpers import tiny_model
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from redrafter_mlx.engine import bundled
+from redrafter_mlx.engine.base import bundled
 from weights_convert import smollm2
 from weights_convert.gguf import KEEP_QUANTIZED_ENV
 
@@ -106,8 +106,8 @@ def test_redrafter_on_the_quantized_model_reproduces_its_greedy_tokens(
     """A drafter reading feature layers of a quantized model loads in the model's activation
     dtype (float16 as on Metal, float32 as here), pairs with it, and greedy ReDrafter (drafter
     beams, with and without lookup chains) reproduces plain decoding on the quantized model."""
-    from redrafter_mlx.engine.loading import load, load_model
-    from redrafter_mlx.engine.shape import BeamShape
+    from redrafter_mlx.engine.core.shape import BeamShape
+    from redrafter_mlx.engine.loop.loading import load, load_model
     from tests.helpers import run_decode, save_drafter_dir, tiny_drafter
 
     shaped, _ = load_model(quantized_install, mx.float32)
@@ -129,8 +129,8 @@ def test_the_real_quantized_smollm2_with_the_packaged_drafter_is_lossless(tmp_pa
     """The real GGUF (from the cached wheel, no download) converted with its quantization
     kept, as on Metal: the packaged drafter is offered, and greedy ReDrafter with it (drafter
     beams and lookup chains) reproduces the quantized model's own greedy tokens."""
-    from redrafter_mlx.engine.loading import load
-    from redrafter_mlx.engine.shape import BeamShape
+    from redrafter_mlx.engine.core.shape import BeamShape
+    from redrafter_mlx.engine.loop.loading import load
     from tests.helpers import run_decode
 
     if not GGUF_FILE.is_file() or bundled._drafter_dir(bundled.SMOLLM2_DRAFTER) is None:

@@ -1,9 +1,9 @@
 """Row and call statistics: each step counted once (``RowStats.accept_hist`` and its per-source
 split), everything else read from those counts; a call's stats are its rows' summed."""
 
-from redrafter_mlx.engine.rows import RowStats
-from redrafter_mlx.engine.shape import BeamShape
-from redrafter_mlx.engine.sources import DRAFTER, LOOKUP, SOURCE_NAMES, by_source
+from redrafter_mlx.engine.core.shape import BeamShape
+from redrafter_mlx.engine.drafting.sources import DRAFTER, LOOKUP, SOURCE_NAMES, by_source
+from redrafter_mlx.engine.loop.rows import RowStats
 from tests.helpers import near_bigram_model, run_decode
 
 

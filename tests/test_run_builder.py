@@ -1,4 +1,4 @@
-"""One run builder (``engine/run.py``) for ``generate_steps`` and the server's scheduler: the
+"""One run builder (``engine/loop/run.py``) for ``generate_steps`` and the server's scheduler: the
 same sources, policy and rows, so a server request ends as the same request run by
 ``generate_steps`` does, including why (``"context"`` when the model's context cuts it)."""
 
@@ -6,13 +6,13 @@ import asyncio
 
 import pytest
 
-from redrafter_mlx.engine.adaptive import Adaptive
-from redrafter_mlx.engine.batch_choice import BatchChoice, FixedShape, SoloChoice
-from redrafter_mlx.engine.generation import generate_steps
-from redrafter_mlx.engine.rows import RowStats
-from redrafter_mlx.engine.run import Run, make_row
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import BeamShape
+from redrafter_mlx.engine.loop.adaptive import Adaptive
+from redrafter_mlx.engine.loop.batch_choice import BatchChoice, FixedShape, SoloChoice
+from redrafter_mlx.engine.loop.generation import generate_steps
+from redrafter_mlx.engine.loop.rows import RowStats
+from redrafter_mlx.engine.loop.run import Run, make_row
 from redrafter_mlx.serve.app import _Run
 from redrafter_mlx.serve.requests import Event
 from redrafter_mlx.serve.scheduler import Request, Scheduler

@@ -11,9 +11,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from redrafter_mlx.engine.decode import prefill_chunk
-from redrafter_mlx.engine.sampling import SamplerConfig, process_logits
-from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.core.sampling import SamplerConfig, process_logits
+from redrafter_mlx.engine.core.shape import BeamShape
+from redrafter_mlx.engine.decoding.decode import prefill_chunk
 from tests.helpers import OracleDrafter, near_bigram_model, run_decode, tiny_drafter
 from tests.test_penalties import mlx_lm_processed
 

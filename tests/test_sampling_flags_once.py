@@ -13,7 +13,7 @@ import pytest
 from redrafter_mlx.cli import get_command
 from redrafter_mlx.cli.common import FlagError, describe_sampling, flag_for, sampling_fields
 from redrafter_mlx.cli.options import SamplingFlags, sampling_options
-from redrafter_mlx.engine.sampling import GENERATION_CONFIG, MODEL_DEFAULT_KEYS, SamplerConfig
+from redrafter_mlx.engine.core.sampling import GENERATION_CONFIG, MODEL_DEFAULT_KEYS, SamplerConfig
 from tests.test_cli import app, invoke, model_args, pair  # noqa: F401 (fixtures)
 
 COMMANDS = ("generate", "chat", "bench")

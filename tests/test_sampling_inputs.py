@@ -19,10 +19,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-import redrafter_mlx.engine.prefilling as prompts_module
-from redrafter_mlx.engine import tree
-from redrafter_mlx.engine.errors import ParamError
-from redrafter_mlx.engine.sampling import (
+import redrafter_mlx.engine.loop.prefilling as prompts_module
+from redrafter_mlx.engine.base.errors import ParamError
+from redrafter_mlx.engine.core import tree
+from redrafter_mlx.engine.core.sampling import (
     GREEDY_TEMPERATURE,
     SETTING_LIMIT,
     RowSampler,
@@ -32,7 +32,7 @@ from redrafter_mlx.engine.sampling import (
     process_logits,
     target_log_weights,
 )
-from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.core.shape import BeamShape
 from redrafter_mlx.serve.scheduler import Scheduler
 from tests.helpers import run_decode, tiny_drafter, tiny_model
 from tests.test_cli import app, invoke, model_args, pair, run_json  # noqa: F401 (fixtures)

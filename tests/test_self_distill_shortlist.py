@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from redrafter_mlx.engine.drafter import Drafter, DrafterArgs, beam_search
+from redrafter_mlx.engine.drafting.drafter import Drafter, DrafterArgs, beam_search
 from redrafter_mlx.train import distill as D
 from redrafter_mlx.train.data import Sequence, load_training_data
 from tests.helpers import _randomize, run_decode, tiny_model
@@ -81,7 +81,7 @@ def test_target_cache_self_mode_and_its_meta(tmp_path):
 
 
 def test_records_with_exact_token_ids_are_used_unchanged(tmp_path):
-    from redrafter_mlx.engine.tokenizer import load_tokenizer
+    from redrafter_mlx.engine.base.tokenizer import load_tokenizer
     from tests.helpers import VICUNA_TOKENIZER
 
     f = tmp_path / "gen.jsonl"
@@ -178,7 +178,7 @@ def test_greedy_redrafter_with_a_shortlist_drafter_equals_autoregressive(seed):
 
 
 def test_shortlist_drafter_directory_round_trip(tmp_path):
-    from redrafter_mlx.engine.loading import LoadError, check_pair, load_drafter
+    from redrafter_mlx.engine.loop.loading import LoadError, check_pair, load_drafter
     from tests.helpers import save_drafter_dir
 
     model = tiny_model(seed=6, vocab=64)
@@ -201,7 +201,7 @@ def test_shortlist_drafter_directory_round_trip(tmp_path):
 def test_the_packaged_smollm2_drafter_is_offered_only_for_the_gguf_weights(tmp_path):
     """The float32 install and the GGUF's own quantization kept (Metal) get the drafter;
     re-quantized weights do not (tests/test_quantized_drafter.py converts both for real)."""
-    from redrafter_mlx.engine import bundled
+    from redrafter_mlx.engine.base import bundled
     from weights_convert import smollm2
 
     assert bundled.SMOLLM2_MARKER == smollm2.MARKER
@@ -224,8 +224,8 @@ def test_the_packaged_smollm2_drafter_is_offered_only_for_the_gguf_weights(tmp_p
 
 def test_shipped_smollm2_drafter_loads_and_pairs_with_the_model_config():
     """The packaged drafter (when built) is a valid shortlist drafter for SmolLM2's shapes."""
-    from redrafter_mlx.engine import bundled
-    from redrafter_mlx.engine.loading import load_drafter
+    from redrafter_mlx.engine.base import bundled
+    from redrafter_mlx.engine.loop.loading import load_drafter
 
     if not (bundled.SMOLLM2_DRAFTER / "config.json").exists():
         pytest.skip("the SmolLM2 drafter is not built (make smollm2-drafter)")
@@ -241,8 +241,8 @@ def test_shipped_smollm2_drafter_loads_and_pairs_with_the_model_config():
 @pytest.mark.slow
 def test_shipped_drafter_on_the_real_smollm2_is_lossless():
     """Greedy ReDrafter with the packaged drafter reproduces plain decoding on SmolLM2."""
-    from redrafter_mlx.engine import bundled
-    from redrafter_mlx.engine.loading import load
+    from redrafter_mlx.engine.base import bundled
+    from redrafter_mlx.engine.loop.loading import load
 
     if not (SMOLLM2 / "config.json").exists():
         pytest.skip("SmolLM2 is not converted; run `make smollm2` (part of `make install`)")

@@ -64,7 +64,7 @@ def _work(out):
 @pytest.mark.slow  # about 15 s together (one toy run), make test-fast skips
 def test_builds_a_drafter_that_the_model_folder_serves_and_greedy_output_is_unchanged(built):
     from redrafter_mlx.cli.common import resolve_paths
-    from redrafter_mlx.engine.loading import load_drafter, load_model
+    from redrafter_mlx.engine.loop.loading import load_drafter, load_model
 
     model_dir, out, result, _ = built
     assert "drafter saved to" in result.output and "kept step" in result.output
@@ -150,7 +150,7 @@ def test_a_bad_budget_says_what_is_accepted(text):
 
 
 def test_budget_with_data_files_is_refused(tmp_path):
-    from redrafter_mlx.engine.errors import ParamError
+    from redrafter_mlx.engine.base.errors import ParamError
     from redrafter_mlx.train.distill import DistillOptions
 
     with pytest.raises(ParamError, match="--steps"):

@@ -19,9 +19,9 @@ import openai
 import pytest
 
 import redrafter_mlx
-from redrafter_mlx.engine.bundled import demo_paths
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.base.bundled import demo_paths
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import BeamShape
 from redrafter_mlx.serve.app import ServeConfig, create_app, make_server
 from redrafter_mlx.serve.scheduler import Request, Scheduler
 
@@ -326,7 +326,7 @@ def test_signal_drains_and_exits_zero(tmp_path, sig):
 def test_serve_gives_one_beam_and_one_chain_room_for_one():
     """Serve has no adaptive loop: the default beam + chain verifies one of them per row."""
     from redrafter_mlx.cli.serve import serving_plan
-    from redrafter_mlx.engine.shape import BeamShape
+    from redrafter_mlx.engine.core.shape import BeamShape
     from tuning import ShapeChoice
 
     plan = serving_plan(ShapeChoice(BeamShape(1, 4, None, 1, 8), "preset"))

@@ -1,5 +1,5 @@
-"""The server's adaptive beam shape (``engine/batch_choice.py``): each batch step's shape is chosen
-from measured step costs and the rows' lookup match states, and every row's output stays
+"""The server's adaptive beam shape (``engine/loop/batch_choice.py``): each batch step's shape
+is chosen from measured step costs and the rows' lookup match states, and every row's output stays
 what it is alone: plain decoding's for greedy rows, the asked shape's for seeded samples.
 
 Step costs are injected (``Adaptive(step_cost=...)``) so the decisions are deterministic.
@@ -7,10 +7,10 @@ Step costs are injected (``Adaptive(step_cost=...)``) so the decisions are deter
 
 import random
 
-from redrafter_mlx.engine.adaptive import Adaptive
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import AR, BeamShape
-from redrafter_mlx.engine.sources import LOOKUP
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import AR, BeamShape
+from redrafter_mlx.engine.drafting.sources import LOOKUP
+from redrafter_mlx.engine.loop.adaptive import Adaptive
 from redrafter_mlx.serve.scheduler import Request, Scheduler
 from tests.helpers import near_bigram_model, run_decode, tiny_drafter, tiny_model
 from tests.test_lookup import phased_costs, repetitive_prompts

@@ -2,8 +2,8 @@
 its events stream the rebuilt text in order, one finish event comes once every branch has,
 and its stats count every branch's tokens."""
 
-from redrafter_mlx.engine.rows import Row
-from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.core.shape import BeamShape
+from redrafter_mlx.engine.loop.rows import Row
 from redrafter_mlx.serve.app import _Run
 from redrafter_mlx.serve.scheduler import Request, Scheduler
 from tests.test_branch_rows import EOS, PROMPT, RULES, forking_sampler, model_and_drafter, run_batch

@@ -20,11 +20,11 @@ import time
 import httpx
 import pytest
 
-import redrafter_mlx.engine.prefilling as prompts_module
-from redrafter_mlx.engine import tree
-from redrafter_mlx.engine.bundled import demo_paths
-from redrafter_mlx.engine.shape import BeamShape
-from redrafter_mlx.engine.tokenizer import load_tokenizer
+import redrafter_mlx.engine.loop.prefilling as prompts_module
+from redrafter_mlx.engine.base.bundled import demo_paths
+from redrafter_mlx.engine.base.tokenizer import load_tokenizer
+from redrafter_mlx.engine.core import tree
+from redrafter_mlx.engine.core.shape import BeamShape
 from redrafter_mlx.serve.app import ServeConfig, create_app, make_server
 from redrafter_mlx.serve.scheduler import Scheduler
 from tests.helpers import tiny_drafter, tiny_model

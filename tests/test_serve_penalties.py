@@ -4,8 +4,8 @@ model's generation_config.json values for the fields a request leaves out."""
 
 import pytest
 
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import BeamShape
 from redrafter_mlx.serve.protocol import ProtocolError, check_bias_ids, parse_completion
 from redrafter_mlx.serve.scheduler import Request, Scheduler
 from tests.helpers import run_decode

@@ -16,9 +16,9 @@ import httpx
 import pytest
 
 from redrafter_mlx.cli.generate import prompt_ids as generate_prompt_ids
-from redrafter_mlx.engine.bundled import demo_paths
-from redrafter_mlx.engine.shape import BeamShape
-from redrafter_mlx.engine.tokenizer import Tokenizer, load_tokenizer
+from redrafter_mlx.engine.base.bundled import demo_paths
+from redrafter_mlx.engine.base.tokenizer import Tokenizer, load_tokenizer
+from redrafter_mlx.engine.core.shape import BeamShape
 from redrafter_mlx.serve.app import ServeConfig, _Run, create_app, make_server
 from redrafter_mlx.serve.protocol import TextStream, parse_chat, prompt_ids
 from redrafter_mlx.serve.requests import Event, Request
@@ -129,7 +129,7 @@ class _Decoded:
 
 def usage_of(steps: list[list[int]], min_tokens: int = 0) -> tuple[str, int]:
     """Text and ``completion_tokens`` of a request whose engine steps emit ``steps``."""
-    from redrafter_mlx.engine.rows import RowStats
+    from redrafter_mlx.engine.loop.rows import RowStats
 
     async def run():
         events = asyncio.Queue()

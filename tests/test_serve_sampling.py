@@ -5,8 +5,8 @@ ranges are a 400 naming the field, and what the server does not implement is ref
 import httpx
 import pytest
 
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import BeamShape
 from redrafter_mlx.serve.protocol import ProtocolError, parse_chat, parse_completion
 from redrafter_mlx.serve.scheduler import Scheduler
 from tests.helpers import run_decode, tiny_drafter, tiny_model

@@ -6,10 +6,10 @@ import random
 import pytest
 
 import redrafter_mlx
-from redrafter_mlx.engine.bundled import demo_paths
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import BeamShape
-from redrafter_mlx.engine.sources import LOOKUP
+from redrafter_mlx.engine.base.bundled import demo_paths
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import BeamShape
+from redrafter_mlx.engine.drafting.sources import LOOKUP
 from redrafter_mlx.serve.scheduler import QueueFull, Request, Scheduler
 from tests.helpers import run_decode, tiny_drafter, tiny_model
 
@@ -237,7 +237,7 @@ def test_rows_with_lookup_equal_solo_runs(pair, prompts, with_drafter):
 def test_a_request_failing_on_its_own_ends_alone(pair, prompts, monkeypatch):
     """A queued request whose seed the engine cannot key (-1, past the door's check) and one
     whose prefill raises each get an error event; the rows around them equal solo runs."""
-    import redrafter_mlx.engine.prefilling as prompts_module
+    import redrafter_mlx.engine.loop.prefilling as prompts_module
 
     model, drafter, tok = pair
     prefill = prompts_module.prefill_session
@@ -311,7 +311,7 @@ def test_a_dead_engine_loop_answers_everyone_and_refuses_new_requests(monkeypatc
     the queued one get an error event (none waits forever); new ones get ShuttingDown."""
     import threading
 
-    from redrafter_mlx.engine import tree
+    from redrafter_mlx.engine.core import tree
     from redrafter_mlx.serve.scheduler import ShuttingDown
 
     tree._chain_mask.cache_clear()  # see the note in test_serve_hostile.server

@@ -18,10 +18,10 @@ import httpx
 import pytest
 
 import redrafter_mlx
-from redrafter_mlx.engine.bundled import demo_paths
-from redrafter_mlx.engine.generation import generate_steps
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import AR, BeamShape
+from redrafter_mlx.engine.base.bundled import demo_paths
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import AR, BeamShape
+from redrafter_mlx.engine.loop.generation import generate_steps
 from redrafter_mlx.serve.app import ServeConfig, create_app, make_server
 from redrafter_mlx.serve.protocol import TextStream
 from redrafter_mlx.serve.scheduler import Scheduler

@@ -10,9 +10,9 @@ import threading
 
 import pytest
 
-from redrafter_mlx.engine.cache import Session, SessionInUse
-from redrafter_mlx.engine.generation import batch_generate, generate_steps
-from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.core.shape import BeamShape
+from redrafter_mlx.engine.decoding.cache import Session, SessionInUse
+from redrafter_mlx.engine.loop.generation import batch_generate, generate_steps
 from tests.helpers import tiny_drafter, tiny_model
 
 PROMPT = [1, 5, 9, 2, 7]

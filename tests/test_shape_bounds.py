@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from redrafter_mlx.engine.bundled import demo_paths
-from redrafter_mlx.engine.shape import BeamShape, ShapeError
+from redrafter_mlx.engine.base.bundled import demo_paths
+from redrafter_mlx.engine.core.shape import BeamShape, ShapeError
 from tests.cli_errors import error_line, invoke
 
 GIB = 2**30
@@ -21,7 +21,7 @@ def app(cli_app):
 def test_a_tree_larger_than_the_context_is_refused_before_compiling():
     """``--lookup 1000`` on a 512-token model: 7,004 tree slots, which fit in memory but
     never in the context; building that step took minutes. Refused, naming the chains."""
-    from redrafter_mlx.engine.memory import ShapeTooLarge, check_step_memory
+    from redrafter_mlx.engine.loop.memory import ShapeTooLarge, check_step_memory
     from tests.helpers import tiny_drafter, tiny_model
 
     model = tiny_model(vocab=256, hidden=32, max_position_embeddings=512)
@@ -53,7 +53,7 @@ def test_tune_refuses_a_grid_shape_larger_than_the_context_before_measuring():
     """``tune --lookup 1000`` measured nothing of those shapes and said only that some
     "failed"; now the grid is checked once the model is loaded."""
     from redrafter_mlx.cli.tune import build_measure
-    from redrafter_mlx.engine.memory import ShapeTooLarge
+    from redrafter_mlx.engine.loop.memory import ShapeTooLarge
 
     model, drafter = (str(p) for p in demo_paths())
     huge = BeamShape(1, 2, None, 1000, 8)

@@ -1,7 +1,7 @@
-"""Stateful draft sources under a changing shape (``engine/sources.py``, "Sources that sit out
-steps"): a draft model's or an early-exit adapter's cache is caught up on the committed text
+"""Stateful draft sources under a changing shape (``engine/drafting/sources.py``, "Sources that
+sit out steps"): a draft model's or an early-exit adapter's cache is caught up on the committed text
 of the steps that did not run it, so the loop may switch them off and on mid-answer (the
-adaptive chooser, ``engine/adaptive.py``), solo and batched, with rows joining while the
+adaptive chooser, ``engine/loop/adaptive.py``), solo and batched, with rows joining while the
 source is off; greedy output stays plain decoding's."""
 
 import json
@@ -10,16 +10,16 @@ import mlx.core as mx
 import pytest
 
 import redrafter_mlx.cli.tune
-from redrafter_mlx.engine import early_exit
-from redrafter_mlx.engine.adaptive import Adaptive
-from redrafter_mlx.engine.batch import BatchGenerator
-from redrafter_mlx.engine.cache import Session
-from redrafter_mlx.engine.draft_model import prefill as draft_prefill
-from redrafter_mlx.engine.prefilling import Prefill
-from redrafter_mlx.engine.rows import Row, RowStats
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import AR, BeamShape
-from redrafter_mlx.engine.sources import DRAFT_MODEL, EARLY_EXIT, catch_up_chunk
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import AR, BeamShape
+from redrafter_mlx.engine.decoding.cache import Session
+from redrafter_mlx.engine.drafting import early_exit
+from redrafter_mlx.engine.drafting.draft_model import prefill as draft_prefill
+from redrafter_mlx.engine.drafting.sources import DRAFT_MODEL, EARLY_EXIT, catch_up_chunk
+from redrafter_mlx.engine.loop.adaptive import Adaptive
+from redrafter_mlx.engine.loop.batch import BatchGenerator
+from redrafter_mlx.engine.loop.prefilling import Prefill
+from redrafter_mlx.engine.loop.rows import Row, RowStats
 from tests.fakes import FakeClock
 from tests.helpers import run_decode, state_slot, tiny_model
 from tests.test_batch_loop import Scripted
@@ -354,8 +354,8 @@ def test_a_long_catch_up_runs_in_chunks_and_rebuilds_the_whole_cache():
     """A catch-up longer than one chunk (80 missed tokens: two chunks of 64, the second
     mostly padding past the length) from an empty draft cache equals a fresh prefill; the
     positions are each row's last ``count`` from 0 in a shorter row."""
-    from redrafter_mlx.engine.draft_model import DraftModelSource
-    from redrafter_mlx.engine.sources import DraftContext, catch_up_positions
+    from redrafter_mlx.engine.drafting.draft_model import DraftModelSource
+    from redrafter_mlx.engine.drafting.sources import DraftContext, catch_up_positions
 
     lengths = mx.array([80, 30], mx.int32)
     chunks = catch_up_positions(lengths, 80)

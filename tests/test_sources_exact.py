@@ -10,7 +10,7 @@ beside the recurrent drafter. Checked by the chi-square test of
 * solo settings: one decode of 3,000 rows that all draw with one setting
   (``generation.generate_steps``, the API's path);
 * batched, different settings per row: one batch of the product's step
-  (``batch.make_batch_step``) whose rows are groups with their own settings and seeds,
+  (``step.make_batch_step``) whose rows are groups with their own settings and seeds,
   greedy rows included; each group is tested against its own distribution, the greedy rows
   equal plain decoding, and lone rows equal their own solo run with the same seed (a row's
   draws cannot depend on its neighbours).
@@ -26,23 +26,23 @@ import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 
-import redrafter_mlx.engine.decode as decode
-from redrafter_mlx.engine.cache import text_history
-from redrafter_mlx.engine.decode import DecodeState, first_draw, prefill_chunk
-from redrafter_mlx.engine.draft_model import prefill as draft_prefill
-from redrafter_mlx.engine.early_exit import EarlyExitAdapter
-from redrafter_mlx.engine.early_exit_chain import prefill as early_exit_prefill
-from redrafter_mlx.engine.model import Model
-from redrafter_mlx.engine.sampling import (
+import redrafter_mlx.engine.decoding.decode as decode
+from redrafter_mlx.engine.core.sampling import (
     RowSampler,
     SamplerConfig,
     one_row,
     row_keys_of,
     stack_rows,
 )
-from redrafter_mlx.engine.shape import AR, BeamShape
-from redrafter_mlx.engine.sources import SOURCE_NAMES
-from redrafter_mlx.engine.step import make_batch_step
+from redrafter_mlx.engine.core.shape import AR, BeamShape
+from redrafter_mlx.engine.decoding.cache import text_history
+from redrafter_mlx.engine.decoding.decode import DecodeState, first_draw, prefill_chunk
+from redrafter_mlx.engine.decoding.step import make_batch_step
+from redrafter_mlx.engine.drafting.draft_model import prefill as draft_prefill
+from redrafter_mlx.engine.drafting.early_exit import EarlyExitAdapter
+from redrafter_mlx.engine.drafting.early_exit_chain import prefill as early_exit_prefill
+from redrafter_mlx.engine.drafting.sources import SOURCE_NAMES
+from redrafter_mlx.engine.verifier.model import Model
 from redrafter_mlx.train.early_exit import new_adapter
 from tests.helpers import OracleDrafter, near_bigram_model, run_decode, tiny_args
 from tests.test_sampling import PROMPT, chi_square_pvalue, exact_joint, sample_counts
@@ -163,7 +163,7 @@ def test_recurrent_drafter_and_an_early_exit_adapter_in_the_draft_slot_sampling_
 
 def mixed_batch(model, drafter, shape, groups, steps=3, draft_model=None):
     """One batch of the product's step over groups of rows, each group (settings, rows,
-    seed) drawing as one request of that many rows (``batch.Prefill``'s keys: a lone row's
+    seed) drawing as one request of that many rows (``prefilling.Prefill``'s keys: a lone row's
     are its seed's own). Every row's prompt is PROMPT. Returns (per group, each row's
     emitted tokens; accepted drafts per source name)."""
     sizes = [n for _, n, _ in groups]

@@ -34,7 +34,7 @@ def test_generate_shows_escape_bytes_from_the_model(app, pair):
 
 
 def test_chat_shows_escape_bytes_from_the_model(engine):
-    from redrafter_mlx.engine.sampling import SamplerConfig
+    from redrafter_mlx.engine.core.sampling import SamplerConfig
 
     for show_accepted in (False, True):
         loop = make_loop(engine, max_tokens=4, show_accepted=show_accepted)

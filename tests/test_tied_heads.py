@@ -1,5 +1,5 @@
 """No checkpoint tensor is dropped silently: whether the output layer is ``lm_head.weight`` or
-the input embedding is one rule (``engine.config.ties_head``) for loading and converting.
+the input embedding is one rule (``engine.verifier.config.ties_head``) for loading and converting.
 
 Every folder here is written by mlx-lm's own model classes (``mlx_lm.models.<family>``) with
 mlx-lm's own save functions, and the model that wrote it is the reference: our loader (and a
@@ -23,7 +23,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from redrafter_mlx.engine.loading import LoadError, load_model
+from redrafter_mlx.engine.loop.loading import LoadError, load_model
 from tests.helpers import _randomize, run_decode
 from tests.test_families import BASE, CONFIGS, PROMPT, _prefill_hidden
 
@@ -232,7 +232,7 @@ def test_converting_drops_a_copy_of_the_embedding_and_says_so(tie, tmp_path):
 
 
 def test_every_family_of_the_validator_is_covered():
-    from redrafter_mlx.engine.config import SUPPORTED_MODEL_TYPES
+    from redrafter_mlx.engine.verifier.config import SUPPORTED_MODEL_TYPES
 
     assert {c["model_type"] for c in FAMILIES.values()} == set(SUPPORTED_MODEL_TYPES)
 

@@ -10,9 +10,9 @@ import mlx.core as mx
 import pytest
 
 from redrafter_mlx import DraftContext, DraftSource, Proposal, register_source
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import BeamShape
-from redrafter_mlx.engine.sources import ABSENT
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import BeamShape
+from redrafter_mlx.engine.drafting.sources import ABSENT
 from tests.helpers import near_bigram_model, run_decode, tiny_drafter
 
 
@@ -57,7 +57,7 @@ def decode(shape, prompts, draft_model=None, drafter=None, sampler=None, seed=0)
 
 
 def test_the_toy_source_is_registered_under_its_name():
-    from redrafter_mlx.engine.sources import SOURCE_NAMES
+    from redrafter_mlx.engine.drafting.sources import SOURCE_NAMES
 
     assert SOURCE_NAMES[RepeatSource.source_id] == "repeat"
     assert register_source("repeat") == RepeatSource.source_id  # once per name

@@ -8,7 +8,7 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
-from redrafter_mlx.engine.drafter import Drafter, DrafterArgs
+from redrafter_mlx.engine.drafting.drafter import Drafter, DrafterArgs
 from redrafter_mlx.train.softmax import exp_nonpositive, logsumexp, softmax
 from redrafter_mlx.train.training import drafter_loss
 

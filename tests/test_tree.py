@@ -5,7 +5,7 @@ import random
 import mlx.core as mx
 import pytest
 
-from redrafter_mlx.engine.tree import cache_mask, dedup_prefix, default_capacity, pack, unpack
+from redrafter_mlx.engine.core.tree import cache_mask, dedup_prefix, default_capacity, pack, unpack
 
 
 def brute_force(beams, capacity):

@@ -11,9 +11,9 @@ import pytest
 from typer.testing import CliRunner
 
 import redrafter_mlx.cli.tune
-from redrafter_mlx.engine.prompts import PromptSetError, load_prompts, parse_prompts
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.base.prompts import PromptSetError, load_prompts, parse_prompts
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import BeamShape
 from tests.fakes import FakeChip, FakeClock
 from tuning import resolve_beam_shape
 from tuning.grid import build_grid
@@ -268,17 +268,17 @@ def test_engine_measure_passes_shapes_and_reads_stats(monkeypatch):
 
 
 def test_no_model_and_no_demo_drafter_is_explained(app, home, monkeypatch, tmp_path):
-    import redrafter_mlx.engine.bundled
+    import redrafter_mlx.engine.base.bundled
 
     base = tmp_path / "demo_base"
     base.mkdir()
     (base / "config.json").write_text("{}")
-    monkeypatch.setattr(redrafter_mlx.engine.bundled, "demo_paths", lambda: (base, None))
+    monkeypatch.setattr(redrafter_mlx.engine.base.bundled, "demo_paths", lambda: (base, None))
     result = invoke(app, "--no-lookup")  # without --no-lookup: tuned for lookup alone
     assert result.exit_code == 1
     assert "no drafter" in result.stderr and "--model DIR --drafter DIR" in result.stderr
     monkeypatch.setattr(
-        redrafter_mlx.engine.bundled, "demo_paths", lambda: (tmp_path / "nothing", None)
+        redrafter_mlx.engine.base.bundled, "demo_paths", lambda: (tmp_path / "nothing", None)
     )
     missing = invoke(app)
     assert missing.exit_code == 1 and "make demo-model" in missing.stderr

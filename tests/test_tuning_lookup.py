@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 import redrafter_mlx.cli.tune
-from redrafter_mlx.engine.shape import AR, BeamShape
+from redrafter_mlx.engine.core.shape import AR, BeamShape
 from tests.fakes import FakeChip, FakeClock
 from tuning import ShapeChoice, resolve_beam_shape, tuned_choice
 from tuning.defaults import cap_length

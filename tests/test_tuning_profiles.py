@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.core.shape import BeamShape
 from tuning import ShapeChoice, resolve_beam_shape
 from tuning.chip import chip_from_facts
 from tuning.profiles import Profile, ProfileKey, ProfileStore, profiles_path
@@ -52,7 +52,7 @@ def test_path_honours_env(home):
 def test_one_home_folder_for_everything(tmp_path, monkeypatch):
     """$REDRAFTER_MLX_HOME, else $XDG_CACHE_HOME/redrafter-mlx, else ~/.cache/redrafter-mlx:
     the same folder for profiles, models and the build scripts' work."""
-    from redrafter_mlx.engine.bundled import home, smollm2_path
+    from redrafter_mlx.engine.base.bundled import home, smollm2_path
     from scripts.build_smollm2_drafter import default_work
 
     def every_use() -> set:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.core.shape import BeamShape
 from tests.fakes import FakeChip, FakeClock
 from tuning.grid import (
     build_grid,
@@ -246,7 +246,7 @@ def _result(shape, per_prompt_tps, calls=3):
 
 def test_decision_pairs_prompts_that_differ_in_difficulty():
     """Faster on every prompt wins even when prompts differ more than the shapes do."""
-    from redrafter_mlx.engine.shape import BeamShape
+    from redrafter_mlx.engine.core.shape import BeamShape
     from tuning.search import SearchPlan, _decide, paired_ratios
 
     ar = _result(BeamShape.autoregressive(), [100.0, 200.0, 300.0, 400.0])
@@ -257,7 +257,7 @@ def test_decision_pairs_prompts_that_differ_in_difficulty():
 
 
 def test_decision_refuses_a_shape_slower_on_some_prompts():
-    from redrafter_mlx.engine.shape import BeamShape
+    from redrafter_mlx.engine.core.shape import BeamShape
     from tuning.search import SearchPlan, _decide
 
     ar = _result(BeamShape.autoregressive(), [100.0, 200.0, 300.0, 400.0])

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from redrafter_mlx.engine.bundled import demo_paths
+from redrafter_mlx.engine.base.bundled import demo_paths
 from tests.cli_errors import invoke
 
 
@@ -21,7 +21,7 @@ def app(cli_app):
 def test_the_tokenizer_reads_bytes_that_are_not_utf8_as_replacement_characters(tmp_path):
     """SentencePiece raised RuntimeError on a lone surrogate (what Python makes of such bytes
     in argv and stdin); an HF tokenizer with a chat template failed too."""
-    from redrafter_mlx.engine.tokenizer import Tokenizer, valid_text
+    from redrafter_mlx.engine.base.tokenizer import Tokenizer, valid_text
     from tests.helpers import FIXTURES
 
     assert valid_text("hi \udcff\udcfe é") == "hi \ufffd\ufffd é"
@@ -93,7 +93,7 @@ def test_chat_runs_with_a_profile_that_is_not_utf8(app, home):
 
 
 def test_a_binary_prompt_file_is_named(tmp_path):
-    from redrafter_mlx.engine.prompts import PromptSetError, load_prompts
+    from redrafter_mlx.engine.base.prompts import PromptSetError, load_prompts
 
     binary = tmp_path / "prompts.bin"
     binary.write_bytes(b"\xbc" + random.Random(1).randbytes(299))

@@ -12,7 +12,7 @@ import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 
-from redrafter_mlx.engine.loading import LoadError, load_drafter, load_model
+from redrafter_mlx.engine.loop.loading import LoadError, load_drafter, load_model
 from tests.helpers import tiny_drafter, tiny_model
 
 CONFIG = dict(
@@ -79,7 +79,7 @@ def test_a_shard_in_a_loop_is_named_not_called_missing(tmp_path):
 
 
 def test_a_drafter_file_in_a_loop_is_named(tmp_path):
-    from redrafter_mlx.engine.drafter import Drafter
+    from redrafter_mlx.engine.drafting.drafter import Drafter
 
     drafter = tiny_drafter(tiny_model())
     folder = tmp_path / "d"

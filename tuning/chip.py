@@ -1,7 +1,7 @@
-"""Chip detection lives in the engine (``redrafter_mlx.engine.chip``): the engine's default
+"""Chip detection lives in the engine (``redrafter_mlx.engine.base.chip``): the engine's default
 plan needs the chip's preset too; this name stays for the tuner and its callers."""
 
-from redrafter_mlx.engine.chip import (
+from redrafter_mlx.engine.base.chip import (
     APPLE_TIERS,
     ChipInfo,
     apple_chip_id,

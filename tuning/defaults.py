@@ -2,7 +2,7 @@
 
 Call :func:`resolve_beam_shape` once per command; it never raises for a missing or
 corrupt profile file (that is one warning line) and never runs the engine. The plan's
-precedence and the presets are the engine's (``redrafter_mlx.engine.plan``);
+precedence and the presets are the engine's (``redrafter_mlx.engine.loop.plan``);
 ``ProfileSources`` gives it the tuned profiles.
 """
 
@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from redrafter_mlx.engine.chip import ChipInfo
-from redrafter_mlx.engine.plan import (
+from redrafter_mlx.engine.base.chip import ChipInfo
+from redrafter_mlx.engine.core.shape import AR
+from redrafter_mlx.engine.loop.plan import (
     PlanSources,
     ShapeChoice,
     cap_length,
@@ -20,7 +21,6 @@ from redrafter_mlx.engine.plan import (
     preset_choice,
     read_predict_tokens,
 )
-from redrafter_mlx.engine.shape import AR
 from tuning.profiles import Profile, ProfileKey, ProfileStore
 
 __all__ = [

@@ -1,6 +1,6 @@
 """Beam shapes and the (W, L[, C]) grid the tuner searches, with context-lookup variants.
 
-The shape itself is the engine's :class:`~redrafter_mlx.engine.shape.BeamShape` (``W`` beams
+The shape itself is the engine's :class:`~redrafter_mlx.engine.core.shape.BeamShape` (``W`` beams
 of ``L`` tokens counting the init token, optional capacity ``C``, ``K`` lookup chains of
 ``Lk`` tokens); ``BeamShape.autoregressive()`` stands for plain decoding throughout the tuner.
 With lookup, :func:`with_lookup` adds to every drafter shape ``W×L`` its variants
@@ -12,11 +12,11 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from redrafter_mlx.engine.plan import (  # noqa: F401 (the drafter's reach: the engine's)
+from redrafter_mlx.engine.core.shape import BeamShape
+from redrafter_mlx.engine.loop.plan import (  # noqa: F401 (the drafter's reach: the engine's)
     max_length_for,
     read_predict_tokens,
 )
-from redrafter_mlx.engine.shape import BeamShape
 
 
 def parse_int_set(text: str, option: str) -> list[int]:
@@ -133,9 +133,9 @@ def with_draft_model(shapes: list[BeamShape], lengths: list[int]) -> list[BeamSh
 def shape_sources(
     shape: BeamShape, early_exit: bool = False, slot: tuple[str, ...] = ("draft_model",)
 ) -> list[str]:
-    """The draft sources a shape's step runs (``engine.sources.SOURCE_NAMES``): the drafter's
-    beams (an early-exit adapter's chain when the drafter is one), lookup chains, the draft
-    slot's chains (``slot``: what it holds, a draft model's chain, an early-exit adapter's,
+    """The draft sources a shape's step runs (``engine.drafting.sources.SOURCE_NAMES``): the
+    drafter's beams (an early-exit adapter's chain when the drafter is one), lookup chains, the
+    draft slot's chains (``slot``: what it holds, a draft model's chain, an early-exit adapter's,
     or both); none for plain decoding."""
     names = []
     if shape.drafts and not shape.is_autoregressive:

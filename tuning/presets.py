@@ -1,7 +1,7 @@
-"""The beam-shape presets live in the engine (``redrafter_mlx.engine.presets``): the engine's
+"""The beam-shape presets live in the engine (``redrafter_mlx.engine.loop.presets``): the engine's
 default plan starts from them; this name stays for the tuner and its callers."""
 
-from redrafter_mlx.engine.presets import (
+from redrafter_mlx.engine.loop.presets import (
     DEFAULT_PRESET,
     PRESETS,
     Preset,

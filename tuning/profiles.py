@@ -4,7 +4,7 @@ One JSON file holds every profile::
 
     {"format": 1, "profiles": {"<key>": {"key": {...}, "shape": {...}, ...}}}
 
-It lives in the home folder (``redrafter_mlx.engine.bundled.home()``: ``$REDRAFTER_MLX_HOME``,
+It lives in the home folder (``redrafter_mlx.engine.base.bundled.home()``: ``$REDRAFTER_MLX_HOME``,
 else ``$XDG_CACHE_HOME/redrafter-mlx/``, else ``~/.cache/redrafter-mlx/``). Writes are atomic
 (temp file in the same folder, fsync, ``os.replace``) so an interrupted write leaves the
 old file intact. A file that cannot be read, is not UTF-8 or is not a profiles object is
@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from redrafter_mlx.engine.bundled import home
-from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.base.bundled import home
+from redrafter_mlx.engine.core.shape import BeamShape
 
 FORMAT = 1
 FILE_NAME = "profiles.json"
@@ -154,7 +154,7 @@ def _dtype_name(dtype: Any) -> str:
     (what the engine loads with), so ``tune`` and ``chat`` agree on the key."""
     if dtype is None:
         try:
-            from redrafter_mlx.engine.platform import default_dtype
+            from redrafter_mlx.engine.base.platform import default_dtype
 
             dtype = default_dtype()
         except Exception:

@@ -5,7 +5,7 @@ beside it.
 
 The weights convert as any Llama (the config's vocab_size already counts the two tokens).
 What this module adds: the output config's ``branches`` block, ``{"fork": "[SplitMask]",
-"child": "[SplitSop]"}``, which marks a branching model (``engine.branches.branch_rules``
+"child": "[SplitSop]"}``, which marks a branching model (``engine.core.branches.branch_rules``
 turns branching on for it by default), and a note for the Medusa heads left out.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from redrafter_mlx.engine.branches import CHILD_TOKEN, FORK_TOKEN, find_token_id
+from redrafter_mlx.engine.core.branches import CHILD_TOKEN, FORK_TOKEN, find_token_id
 from weights_convert.errors import ConversionError
 
 MEDUSA_PREFIX = "medusa"  # a medusa/ folder, medusa_lm_head.pt / .safetensors, ...

@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from redrafter_mlx.engine import output_dir
-from redrafter_mlx.engine.output_dir import staging_dir
+from redrafter_mlx.engine.base import output_dir
+from redrafter_mlx.engine.base.output_dir import staging_dir
 from weights_convert import apar, kangaroo, llama
 from weights_convert import drafter as drafter_fmt
 from weights_convert import gguf as gguf_input

@@ -592,8 +592,8 @@ def llama_config(gguf: GGUFFile, eos_ids: list[int]) -> dict:
     """A Hugging Face config.json from the metadata (shapes are checked against it later).
 
     A GGUF says nothing about tying: ``output.weight`` present or not decides, by the engine's
-    rule for a silent config (``redrafter_mlx.engine.config.ties_head``)."""
-    from redrafter_mlx.engine.config import ties_head
+    rule for a silent config (``redrafter_mlx.engine.verifier.config.ties_head``)."""
+    from redrafter_mlx.engine.verifier.config import ties_head
 
     arch = architecture(gguf)
     embed = gguf.tensors.get("token_embd.weight")

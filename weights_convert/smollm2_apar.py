@@ -28,14 +28,14 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from redrafter_mlx.engine.branches import CHILD_TOKEN, FORK_TOKEN
-from redrafter_mlx.engine.bundled import (
+from redrafter_mlx.engine.base.bundled import (
     SMOLLM2_APAR_ADAPTER,
     SMOLLM2_APAR_MARKER,
     smollm2_apar_path,
     smollm2_path,
 )
-from redrafter_mlx.engine.bundled import home as default_home
+from redrafter_mlx.engine.base.bundled import home as default_home
+from redrafter_mlx.engine.core.branches import CHILD_TOKEN, FORK_TOKEN
 from weights_convert.errors import ConversionError
 
 ADAPTER_WEIGHTS = "adapters.safetensors"

@@ -98,7 +98,7 @@ def _index_shards(root: Path, index_name: str) -> tuple[Path, ...]:
 def _check_readable(path: Path) -> None:
     """ConversionError naming ``path`` when its name is there but it cannot be opened (a
     symbolic link in a loop or to nothing, a folder, no permission); nothing when absent."""
-    from redrafter_mlx.engine.safetensors_check import unreadable
+    from redrafter_mlx.engine.base.safetensors_check import unreadable
 
     if os.path.lexists(path) and (problem := unreadable(path)):
         raise ConversionError(problem)
@@ -121,7 +121,7 @@ def find_weight_files(root: Path) -> tuple[tuple[Path, ...], Path | None]:
 
 def open_checkpoint(root: Path, what: str) -> Checkpoint:
     """Read config.json and locate the weights of a local checkpoint folder."""
-    from redrafter_mlx.engine.config import ConfigError, read_config
+    from redrafter_mlx.engine.verifier.config import ConfigError, read_config
 
     try:
         config = read_config(root, what)
@@ -205,10 +205,11 @@ def resolve_source(spec: str, what: str) -> Path:
 
     Args:
         spec: a local folder, a ``.gguf`` file (or a folder holding exactly one), or a Hugging
-            Face repo id ``owner/name`` (the engine's one rule, :mod:`redrafter_mlx.engine.hub`).
+            Face repo id ``owner/name`` (the engine's one rule,
+            :mod:`redrafter_mlx.engine.base.hub`).
         what: "model" or "drafter", for messages.
     """
-    from redrafter_mlx.engine.hub import ResolveError, resolve
+    from redrafter_mlx.engine.base.hub import ResolveError, resolve
 
     path = Path(spec).expanduser()
     if path.is_file() and path.suffix.lower() == ".gguf":

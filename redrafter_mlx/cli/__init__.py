@@ -74,7 +74,7 @@ def get_command():
 def main() -> None:
     """Entry point of the ``redrafter-mlx`` script."""
     try:
-        from redrafter_mlx.engine.platform import ensure_fast_blas
+        from redrafter_mlx.engine.base.platform import ensure_fast_blas
 
         ensure_fast_blas()
         get_command()(prog_name=PROG_NAME)

@@ -57,7 +57,7 @@ from redrafter_mlx.cli.options import (
 )
 
 if TYPE_CHECKING:
-    from redrafter_mlx.engine.sampling import SamplerConfig
+    from redrafter_mlx.engine.core.sampling import SamplerConfig
 
 
 def with_lookup(shape, chains: int, chain_length: int):
@@ -101,9 +101,9 @@ def choose_configs(
         parse_grid,
     )
     from redrafter_mlx.cli.common import check_shape
-    from redrafter_mlx.engine.generation import DEFAULT_SHAPE
-    from redrafter_mlx.engine.run import missing_sources
-    from redrafter_mlx.engine.shape import BeamShape
+    from redrafter_mlx.engine.core.shape import BeamShape
+    from redrafter_mlx.engine.loop.generation import DEFAULT_SHAPE
+    from redrafter_mlx.engine.loop.run import missing_sources
 
     if grid is not None and shapes is not None:
         raise FlagError("--grid and --configs both choose the shapes to compare; give one of them")
@@ -187,7 +187,7 @@ def make_runner(
     adapter in the draft slot: mlx-lm has none, so its plain generator runs; beside a draft
     model, mlx-lm drafts with the draft model alone)."""
     from redrafter_mlx.cli import bench_report as logic
-    from redrafter_mlx.engine.early_exit import is_early_exit
+    from redrafter_mlx.engine.drafting.early_exit import is_early_exit
 
     lm = None
     if with_mlx_lm:
@@ -342,8 +342,8 @@ def print_mismatches(mismatches: list[dict], dtype: str) -> None:
 def first_turn_answer(engine: Engine, ids: list[int], max_tokens: int) -> str:
     """The model's own answer to a first turn: greedy plain decoding, as ``--turns 2`` puts
     it in the second turn's conversation."""
-    from redrafter_mlx.engine.generation import generate
-    from redrafter_mlx.engine.shape import AR
+    from redrafter_mlx.engine.core.shape import AR
+    from redrafter_mlx.engine.loop.generation import generate
 
     return generate(
         engine.model, None, engine.tokenizer, ids, max_tokens=max_tokens, shape=AR, adapt=False
@@ -555,7 +555,7 @@ def bench(
         def choose(paths: ModelPaths) -> tuple[tuple, bool]:
             """(prompt set, its records, the configurations, their source), and whether one
             of the configurations needs the drafter."""
-            from redrafter_mlx.engine.prompts import PromptSetError, load_records
+            from redrafter_mlx.engine.base.prompts import PromptSetError, load_records
 
             prompt_set = prompts or ("demo" if paths.demo else "mt-bench")
             try:

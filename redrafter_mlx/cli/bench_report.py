@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from redrafter_mlx.cli.stats import branch_stats
-from redrafter_mlx.engine.shape import AR, BeamShape
-from redrafter_mlx.engine.sources import LOOKUP, SOURCE_NAMES
+from redrafter_mlx.engine.core.shape import AR, BeamShape
+from redrafter_mlx.engine.drafting.sources import LOOKUP, SOURCE_NAMES
 from redrafter_mlx.measure.throughput import Run, measure_generation
 
 AR_NAME = "AR"
@@ -38,7 +38,7 @@ class Config:
     """One decoding configuration: our engine at ``shape`` (AR: plain decoding), or mlx-lm."""
 
     shape: BeamShape | None  # None: mlx-lm's own generator
-    adapt: bool = False  # adaptive decoding starting from ``shape`` (engine/adaptive.py)
+    adapt: bool = False  # adaptive decoding starting from ``shape`` (engine/loop/adaptive.py)
 
     @property
     def kind(self) -> str:
@@ -97,7 +97,7 @@ def _int_list(text: str, what: str) -> list[int]:
 def parse_configs(text: str) -> list[BeamShape]:
     """``"AR,W1xL4,W1xL4+K1xL8 C12,K1xL8"`` -> the shapes (``BeamShape.parse`` labels),
     validated; BenchError naming ``--configs`` otherwise."""
-    from redrafter_mlx.engine.shape import ShapeError
+    from redrafter_mlx.engine.core.shape import ShapeError
 
     labels = [label.strip() for label in text.split(",") if label.strip()]
     if not labels:
@@ -335,13 +335,13 @@ def _throughput(runs: list[Run]) -> float:
 
 def source_share(runs: list[Run], name: str) -> float:
     """The share of accepted draft tokens that came from draft source ``name``
-    (``engine.sources.SOURCE_NAMES``; 0 when none were accepted)."""
+    (``engine.drafting.sources.SOURCE_NAMES``; 0 when none were accepted)."""
     accepted = sum(r.accepted_tokens for r in runs)
     return sum(r.source_tokens.get(name, 0) for r in runs) / accepted if accepted else 0.0
 
 
 def source_shares(runs: list[Run]) -> dict:
-    """Each draft source's share of the accepted draft tokens (``engine.sources``)."""
+    """Each draft source's share of the accepted draft tokens (``engine.drafting.sources``)."""
     names = dict.fromkeys(name for r in runs for name in r.source_tokens)
     return {name: round(source_share(runs, name), 4) for name in names}
 

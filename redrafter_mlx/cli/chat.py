@@ -64,7 +64,7 @@ def greeting(engine, plan, show_accepted: bool, sampling: str = "") -> str:
 def draft_sources(engine, plan) -> str:
     """`` + drafter D + draft model M + early-exit adapter A``: the draft models the chat
     loads beside the model (none for plain decoding)."""
-    from redrafter_mlx.engine.early_exit import is_early_exit
+    from redrafter_mlx.engine.drafting.early_exit import is_early_exit
 
     parts = []
     if plan.speculative and engine.drafter is not None:
@@ -177,7 +177,7 @@ def chat(
 def shared_reader(read):
     """``read`` (a line, None at the end of input) that, under ``mlx.launch``, runs on rank 0
     only and sends each line to the other ranks, so every rank runs the same turns."""
-    from redrafter_mlx.engine.distributed import broadcast_text, world
+    from redrafter_mlx.engine.base.distributed import broadcast_text, world
 
     group = world()
     if group is None:

@@ -111,8 +111,8 @@ class ChatLoop:
         show_accepted: bool = False,
         console: Console | None = None,
     ):
-        from redrafter_mlx.engine.cache import Session
-        from redrafter_mlx.engine.generation import stream_generate
+        from redrafter_mlx.engine.decoding.cache import Session
+        from redrafter_mlx.engine.loop.generation import stream_generate
 
         self.engine = engine
         self.plan = plan
@@ -204,7 +204,7 @@ class ChatLoop:
         shows, on a terminal, a live view of the branches growing (``cli.branch_view``) that
         gives way to the final text, printed once as a normal answer; off a terminal, only
         that text. Ctrl-C keeps the text that was final."""
-        from redrafter_mlx.engine.tokenizer import StreamDecoder
+        from redrafter_mlx.engine.base.tokenizer import StreamDecoder
 
         e = self.engine
         decoder = StreamDecoder(e.tokenizer)
@@ -253,7 +253,7 @@ class ChatLoop:
     def repair_session(self) -> None:
         """After an interruption at an unlucky moment the session may have lost its cache."""
         if self.session.keys is None:
-            from redrafter_mlx.engine.cache import Session
+            from redrafter_mlx.engine.decoding.cache import Session
 
             self.session = Session(self.engine.model)
 
@@ -287,7 +287,7 @@ class ChatLoop:
     def set_system(self, text: str) -> None:
         """Set the system prompt (the next turn re-prefills from where the prompt changes)."""
         if not text:
-            from redrafter_mlx.engine.chat_format import VICUNA_SYSTEM
+            from redrafter_mlx.engine.base.chat_format import VICUNA_SYSTEM
 
             current = self.system if self.system is not None else f"(default) {VICUNA_SYSTEM}"
             self.note(f"system prompt: {visible(current)}")

@@ -3,7 +3,7 @@
 * the typer option types (``options.py``, re-exported here);
 * flag validation (a bad value is one red line and exit code 2);
 * model resolution (``--model``, else the bundled demo model) and loading;
-* the beam shape: the flags mapped onto the engine's plan (``engine/plan.py``);
+* the beam shape: the flags mapped onto the engine's plan (``engine/loop/plan.py``);
 * ``prepare_engine``: those steps, in one order, for chat, generate, serve and bench;
 * error handling: one red ``error:`` line on stderr and exit code 1, a traceback only
   with ``--verbose``;
@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 if TYPE_CHECKING:
-    from redrafter_mlx.engine.sampling import SamplerConfig
-    from redrafter_mlx.engine.shape import BeamShape
+    from redrafter_mlx.engine.core.sampling import SamplerConfig
+    from redrafter_mlx.engine.core.shape import BeamShape
     from tuning import ShapeChoice
 
 from redrafter_mlx.cli.options import *  # noqa: F403 (the option types, for the commands)
@@ -74,7 +74,7 @@ def flag_for(param: str) -> str:
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that report a problem the user can fix (one line, exit code 1)."""
-    from redrafter_mlx.engine.loading import LoadError
+    from redrafter_mlx.engine.loop.loading import LoadError
     from tuning.measure import TuneError
     from tuning.search import SearchError
     from weights_convert.errors import ConversionError
@@ -90,7 +90,7 @@ def cli_errors(verbose: bool = False, interrupted: str = "interrupted") -> Itera
     tune, data, OS) -> 1; Ctrl-C -> 130 with ``interrupted``; anything else is a bug, still one
     line. ``--verbose`` adds the traceback. typer's own exits pass through.
     """
-    from redrafter_mlx.engine.errors import ParamError
+    from redrafter_mlx.engine.base.errors import ParamError
 
     try:
         yield
@@ -143,7 +143,7 @@ def describe_sampling(sampler: SamplerConfig, given=(), origin: str = "") -> str
     """``temp 0.2 · top-p 0.9 (generation_config.json)``: the values in force and whence
     (``given``: the fields set by flags; ``origin``: where the others came from, if not the
     engine's defaults)."""
-    from redrafter_mlx.engine.sampling import MODEL_DEFAULT_KEYS
+    from redrafter_mlx.engine.core.sampling import MODEL_DEFAULT_KEYS
 
     greedy = sampler.greedy
     parts = ["greedy"] if greedy else [f"temp {sampler.temperature:g}"]
@@ -242,7 +242,7 @@ def check_length(length: int) -> None:
 def check_shape(shape: BeamShape, flag: str | None = None) -> BeamShape:
     """Validate a speculative beam shape with the engine's rules; ``flag``: the one flag
     that gave the whole shape (``--grid``), named in the error instead of the field's."""
-    from redrafter_mlx.engine.shape import ShapeError
+    from redrafter_mlx.engine.core.shape import ShapeError
 
     if flag is None:
         check_length(shape.length)
@@ -258,9 +258,9 @@ def check_shape(shape: BeamShape, flag: str | None = None) -> BeamShape:
 
 
 def plan_from_flags(paths: ModelPaths, dtype: str | None, beam: BeamFlags) -> ShapeChoice:
-    """The plan of these flags (``engine.plan.resolve_plan``, with the tuned profiles);
+    """The plan of these flags (``engine.loop.plan.resolve_plan``, with the tuned profiles);
     a warning when --beam-length asks for more than the drafter was trained for."""
-    from redrafter_mlx.engine.plan import resolve_plan
+    from redrafter_mlx.engine.loop.plan import resolve_plan
     from tuning.defaults import ProfileSources
 
     if beam.length is not None:
@@ -281,7 +281,7 @@ def plan_from_flags(paths: ModelPaths, dtype: str | None, beam: BeamFlags) -> Sh
 
 def warn_untrained_length(shape: BeamShape, drafter: str | None) -> None:
     """Warn when --beam-length asks for more draft steps than the drafter was trained for."""
-    from redrafter_mlx.engine.plan import max_length_for, read_predict_tokens
+    from redrafter_mlx.engine.loop.plan import max_length_for, read_predict_tokens
 
     predict = read_predict_tokens(drafter)
     limit = max_length_for(predict)
@@ -312,18 +312,18 @@ def load_engine(paths: ModelPaths, dtype: str | None, with_drafter: bool = True)
     """Load the model (and the drafter when ``with_drafter``); LoadError on any problem.
 
     Under ``mlx.launch`` (several processes) each loads its shard of the model
-    (``engine/distributed.py``) and the whole drafter; only rank 0 prints.
+    (``engine/base/distributed.py``) and the whole drafter; only rank 0 prints.
     """
     from redrafter_mlx import load
-    from redrafter_mlx.engine.distributed import world
-    from redrafter_mlx.engine.platform import fit_blas_threads
+    from redrafter_mlx.engine.base.distributed import world
+    from redrafter_mlx.engine.base.platform import fit_blas_threads
 
     group = world()
     follow_rank0(group)
     for note in paths.notes:
         err_console().print(note, style="dim")
     drafter_path = paths.drafter if with_drafter else None
-    from redrafter_mlx.engine.loading import resolve_path
+    from redrafter_mlx.engine.loop.loading import resolve_path
 
     if paths.draft_model is not None:
         model, drafter, tokenizer, draft = load(
@@ -338,7 +338,7 @@ def load_engine(paths: ModelPaths, dtype: str | None, with_drafter: bool = True)
 
 
 def _plan_args():
-    from redrafter_mlx.engine.plan import PlanArgs
+    from redrafter_mlx.engine.loop.plan import PlanArgs
 
     return PlanArgs
 
@@ -350,7 +350,7 @@ class BeamFlags(_plan_args()):
 
     def lookup_chains(self) -> tuple[int, int]:
         """(chains, chain length) asked for, defaults filled in; FlagError when invalid."""
-        from redrafter_mlx.engine.errors import ParamError
+        from redrafter_mlx.engine.base.errors import ParamError
 
         if self.no_lookup and self.lookup:
             raise FlagError(f"--no-lookup contradicts --lookup {self.lookup}; give one of them")
@@ -406,7 +406,7 @@ def prepare_engine(
     ``--draft-model`` (one value or two: a draft model and an early-exit adapter's folder),
     loaded beside the model (the plan's shape gains its ``D1×L`` part).
     """
-    from redrafter_mlx.engine.distributed import world
+    from redrafter_mlx.engine.base.distributed import world
 
     group = world()
     if group is not None and not split_ok:
@@ -415,7 +415,7 @@ def prepare_engine(
             "tune do); start it as one process"
         )
     follow_rank0(group)
-    from redrafter_mlx.engine.sampling import MODEL_DEFAULT_KEYS, SamplerConfig
+    from redrafter_mlx.engine.core.sampling import MODEL_DEFAULT_KEYS, SamplerConfig
 
     typed = sampling_fields(sampling) if sampling is not None else None
     sampler = SamplerConfig.resolve(typed) if typed is not None else None
@@ -450,8 +450,8 @@ def prepare_engine(
     if sampler is not None:
         given = {k for k, v in typed.items() if v is not None and k in MODEL_DEFAULT_KEYS}
         if model_defaults:
-            from redrafter_mlx.engine.sampling import GENERATION_CONFIG
-            from redrafter_mlx.engine.sampling import model_defaults as defaults_of
+            from redrafter_mlx.engine.core.sampling import GENERATION_CONFIG
+            from redrafter_mlx.engine.core.sampling import model_defaults as defaults_of
 
             found = {k: v for k, v in defaults_of(engine.folder).items() if k not in given}
             sampler = sampler.with_defaults(found, given)
@@ -470,7 +470,7 @@ def with_draft_model(plan, has_drafter: bool, length: int | None):
     ``--beam-length`` tokens, else ``DEFAULT_MODEL_LENGTH``. A plan tuned with this draft
     model (``ShapeChoice.draft_tuned``) stands as tuned: with its chain, or without it (the
     chain did not pay there: the run leaves the draft model out)."""
-    from redrafter_mlx.engine.shape import DEFAULT_MODEL_LENGTH, BeamShape
+    from redrafter_mlx.engine.core.shape import DEFAULT_MODEL_LENGTH, BeamShape
 
     if plan.draft_tuned:
         if plan.shape.model_length:
@@ -489,8 +489,8 @@ def same_plan_everywhere(plan):
     tuning profile, but the ranks must run one compiled step); ``plan`` alone."""
     from dataclasses import replace
 
-    from redrafter_mlx.engine.distributed import broadcast_text, world
-    from redrafter_mlx.engine.shape import BeamShape
+    from redrafter_mlx.engine.base.distributed import broadcast_text, world
+    from redrafter_mlx.engine.core.shape import BeamShape
 
     group = world()
     if group is None or not hasattr(plan, "shape"):
@@ -532,7 +532,7 @@ def check_memory(
     """ShapeTooLarge (a ParamError: one line naming the flag) when a step of ``shape`` over
     ``batch`` rows needs more memory than the machine has; the prompt is unknown yet, so a
     short one."""
-    from redrafter_mlx.engine.memory import check_step_memory
+    from redrafter_mlx.engine.loop.memory import check_step_memory
 
     tokens = 64 + (max_tokens or 256)
     check_step_memory(
@@ -558,7 +558,7 @@ def branch_flags(engine: Engine, mode: str, depth: int | None, most: int | None)
     """``--branches MODE`` with ``--branch-depth`` / ``--max-branches`` for the loaded model:
     its ``BranchRules``, or None when branching is off (``run.resolve_branches``; a
     ParamError says what is missing and the fix)."""
-    from redrafter_mlx.engine.run import resolve_branches
+    from redrafter_mlx.engine.loop.run import resolve_branches
 
     limits = {k: v for k, v in (("max_depth", depth), ("max_branches", most)) if v is not None}
     rules = resolve_branches(engine.tokenizer, mode, **limits)

@@ -155,7 +155,7 @@ def distill(
             raise FlagError(
                 f"--targets must be 'distill', 'self' or 'ground-truth', got {targets!r}"
             )
-        from redrafter_mlx.engine.sampling import check_seed
+        from redrafter_mlx.engine.core.sampling import check_seed
         from redrafter_mlx.train.distill import distill as run_distill
 
         check_seed(seed)  # 0 ... 2**64 - 1, as every command

@@ -56,7 +56,7 @@ from redrafter_mlx.cli.terminal import visible
 from tuning import ShapeChoice
 
 if TYPE_CHECKING:
-    from redrafter_mlx.engine.sampling import SamplerConfig
+    from redrafter_mlx.engine.core.sampling import SamplerConfig
 
 
 def read_prompt(prompt: str | None) -> str:
@@ -77,7 +77,7 @@ def read_prompt(prompt: str | None) -> str:
 def shared_prompt(prompt: str | None) -> str:
     """``read_prompt``, refusing ``-`` under ``mlx.launch``: it forwards stdin to the ranks but
     never its end, so a read to the end would wait forever (every rank refuses alike)."""
-    from redrafter_mlx.engine.distributed import world
+    from redrafter_mlx.engine.base.distributed import world
 
     if prompt == "-" and world() is not None:
         raise FlagError(
@@ -118,7 +118,7 @@ def run_generation(
     let the loop switch beam shapes by measured tokens/s (``--no-adapt`` pins);
     ``branches``: the ``--branches`` rules (``branch_flags``; with branches on, the text is
     the rebuilt text)."""
-    from redrafter_mlx.engine.generation import stream_generate
+    from redrafter_mlx.engine.loop.generation import stream_generate
 
     out = Generation()
     console = out_console()

@@ -166,7 +166,7 @@ def sampling_options(command: Callable) -> Callable:
     return with_flags
 
 
-# --max-tokens with branches: one rule (engine/branches.py, "The answer's length")
+# --max-tokens with branches: one rule (engine/core/branches.py, "The answer's length")
 MAX_TOKENS_BRANCHES = (
     "With APAR branches it bounds the answer, not each branch: the answer is the first N "
     "tokens of the rebuilt text (a branch stops once all it could still write lies past them)."

@@ -28,11 +28,11 @@ def installed_bundled(model: str | None):
     """The bundled model ``--model`` names (``bundled.NAMES``; no ``--model``: the default
     one), checked to be installed; None when ``model`` names something else (a folder, a Hub
     id). Raises ``LoadError`` with the command that installs it."""
-    from redrafter_mlx.engine.bundled import bundled, default_model
+    from redrafter_mlx.engine.base.bundled import bundled, default_model
 
     named = default_model() if model is None else bundled(model)
     if named is not None and not named.installed:
-        from redrafter_mlx.engine.loading import LoadError
+        from redrafter_mlx.engine.loop.loading import LoadError
 
         raise LoadError(
             f"the {named.name} model is not installed ({named.base} has no config.json); "
@@ -59,7 +59,7 @@ def resolve_paths(model: str | None, drafter: str | None) -> ModelPaths:
     if drafter is None and (own / "config.json").is_file():
         note = f"using the drafter converted with the model: {own} (--drafter to choose another)"
         return ModelPaths(model, str(own), notes=(note,))
-    from redrafter_mlx.engine.bundled import bundled_drafter_for
+    from redrafter_mlx.engine.base.bundled import bundled_drafter_for
 
     packaged = bundled_drafter_for(model) if drafter is None else None
     if packaged is not None:
@@ -87,7 +87,7 @@ def resolve_draft_model(name: str | Sequence[str] | None) -> str | tuple[str, st
     names = [_resolve_one(n) for n in name]
     if len(names) <= 1:
         return names[0] if names else None
-    from redrafter_mlx.engine.loading import draft_slot_paths
+    from redrafter_mlx.engine.loop.loading import draft_slot_paths
 
     return draft_slot_paths(names)  # two of a kind or more than two: a LoadError
 
@@ -114,12 +114,12 @@ def _resolve_one(name: str | None) -> str | None:
 def _check_local(name: str) -> None:
     """A LoadError naming ``--draft-model`` when ``name`` reads as a local path (not a Hub
     id: ``hub.is_path``) and is no folder, before anything is loaded."""
-    from redrafter_mlx.engine.hub import is_path
+    from redrafter_mlx.engine.base.hub import is_path
 
     path = Path(name).expanduser()
     if not is_path(name) or path.is_dir():
         return
-    from redrafter_mlx.engine.loading import LoadError
+    from redrafter_mlx.engine.loop.loading import LoadError
 
     if path.exists():
         raise LoadError(f"--draft-model {name}: a file; pass the folder that holds config.json")
@@ -131,11 +131,11 @@ def _check_local(name: str) -> None:
 
 def _check_model_name(model: str) -> None:
     """A LoadError listing the bundled models for a ``--model`` word that names nothing."""
-    from redrafter_mlx.engine.bundled import unknown_name_error
+    from redrafter_mlx.engine.base.bundled import unknown_name_error
 
     message = unknown_name_error(model)
     if message is not None:
-        from redrafter_mlx.engine.loading import LoadError
+        from redrafter_mlx.engine.loop.loading import LoadError
 
         raise LoadError(message)
 

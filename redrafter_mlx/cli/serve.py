@@ -129,7 +129,7 @@ def model_aliases(model: str | None, paths) -> tuple[str, ...]:
     ``default`` (whatever is loaded)."""
     from pathlib import Path
 
-    from redrafter_mlx.engine.bundled import NAMES, bundled
+    from redrafter_mlx.engine.base.bundled import NAMES, bundled
 
     path = Path(paths.model).expanduser()
     names = [model] if model else []
@@ -327,7 +327,7 @@ def follow(engine, plan, max_batch: int, group, adapt: bool = False, branches=No
 def serving_defaults(folder) -> dict:
     """The model's generation_config.json values a request may leave out (every sampling
     setting they name: temperature, top_p, top_k, min_p, repetition_penalty)."""
-    from redrafter_mlx.engine.sampling import model_defaults
+    from redrafter_mlx.engine.core.sampling import model_defaults
 
     return model_defaults(folder) if folder else {}
 
@@ -347,7 +347,7 @@ def build(
     branches=None,
 ):
     """Scheduler + app, warmed up; returns ``run(host, port, grace)``. ``names``: the model's
-    id, then its aliases; ``adapt``: choose each step's shape (``engine/batch_choice.py``)."""
+    id, then its aliases; ``adapt``: choose each step's shape (``engine/loop/batch_choice.py``)."""
     import logging
 
     from redrafter_mlx.serve.app import ServeConfig, create_app, make_server

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from redrafter_mlx.engine.plan import ShapeChoice
+    from redrafter_mlx.engine.loop.plan import ShapeChoice
 
 
 FINISH_TEXT = {
@@ -26,7 +26,7 @@ def format_hist(hist: list[int], steps: str = "steps") -> str:
 
 def source_share(source_tokens: dict) -> str:
     """``accepted drafts: 12 drafter + 30 lookup + 5 draft model``: where the accepted tokens
-    came from, per draft source (``engine.sources.SOURCE_NAMES``) that had any accepted."""
+    came from, per draft source (``engine.drafting.sources.SOURCE_NAMES``) that had any accepted."""
     parts = [f"{n} {name.replace('_', ' ')}" for name, n in source_tokens.items() if n]
     return "accepted drafts: " + (" + ".join(parts) if parts else "0")
 

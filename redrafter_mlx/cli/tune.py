@@ -36,7 +36,7 @@ import typer
 from redrafter_mlx.cli.common import FlagError, ModelPaths, VerboseOpt, cli_errors, resolve_paths
 from redrafter_mlx.cli.options import DraftModelOpt
 from redrafter_mlx.cli.paths import resolve_draft_model
-from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.core.shape import BeamShape
 from tuning.grid import (
     build_grid,
     limit_lengths,
@@ -181,10 +181,10 @@ def build_measure(
     ``ShapeTooLarge`` naming the flag otherwise), so none is skipped without a word.
     ``draft_model``: the draft slot of the shapes with a ``D1×Ld`` part (a draft model, an
     early-exit adapter's folder, or (draft model, adapter): both chains)."""
-    from redrafter_mlx.engine.loading import load
-    from redrafter_mlx.engine.memory import check_step_memory
-    from redrafter_mlx.engine.platform import fit_blas_threads
-    from redrafter_mlx.engine.prompts import PromptSetError, load_prompts
+    from redrafter_mlx.engine.base.platform import fit_blas_threads
+    from redrafter_mlx.engine.base.prompts import PromptSetError, load_prompts
+    from redrafter_mlx.engine.loop.loading import load
+    from redrafter_mlx.engine.loop.memory import check_step_memory
     from tuning.measure import EngineMeasure
 
     if num_prompts < 1:
@@ -209,7 +209,7 @@ def build_measure(
 
 def world():
     """The ``mlx.launch`` group, None alone (MLX imported only when measuring)."""
-    from redrafter_mlx.engine.distributed import world
+    from redrafter_mlx.engine.base.distributed import world
 
     return world()
 
@@ -220,7 +220,7 @@ def shared_measure(measure, group):
     shape); one on another rank alone ends that rank."""
     from dataclasses import asdict
 
-    from redrafter_mlx.engine.distributed import broadcast_text
+    from redrafter_mlx.engine.base.distributed import broadcast_text
     from tuning.search import Measurement
 
     def shared(shape: BeamShape, n_tokens: int) -> Measurement:
@@ -243,7 +243,7 @@ def shared_measure(measure, group):
 
 def shared_clock(group):
     """Rank 0's ``time.perf_counter`` on every rank (the search's budget is rank 0's)."""
-    from redrafter_mlx.engine.distributed import broadcast_text
+    from redrafter_mlx.engine.base.distributed import broadcast_text
 
     return lambda: float(broadcast_text(repr(time.perf_counter()), group))
 
@@ -610,7 +610,7 @@ def tune(
         if plot:
             _check_plot_available()
         from redrafter_mlx.cli.common import follow_rank0
-        from redrafter_mlx.engine.loading import LoadError
+        from redrafter_mlx.engine.loop.loading import LoadError
         from tuning.chip import detect_chip
 
         group = world()
@@ -692,7 +692,7 @@ def slot_sources(draft_model: str | tuple[str, str] | None) -> tuple[str, ...]:
 
 def drafter_is_early_exit(drafter: str) -> bool:
     """Whether the ``--drafter`` folder is an early-exit adapter (its config.json's kind)."""
-    from redrafter_mlx.engine.early_exit import is_early_exit
+    from redrafter_mlx.engine.drafting.early_exit import is_early_exit
 
     return is_early_exit(drafter)
 
@@ -701,7 +701,7 @@ def same_shapes_everywhere(shapes: list[BeamShape], group) -> list[BeamShape]:
     """Rank 0's grid on every rank (alone: ``shapes``): the ranks measure the same shapes."""
     if group is None:
         return shapes
-    from redrafter_mlx.engine.distributed import broadcast_text
+    from redrafter_mlx.engine.base.distributed import broadcast_text
 
     labels = broadcast_text("\n".join(s.label for s in shapes), group)
     return [BeamShape.parse(label) for label in labels.split("\n") if label]

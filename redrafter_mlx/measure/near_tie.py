@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from redrafter_mlx.engine.penalties import node_text
-from redrafter_mlx.engine.sampling import RowSampler, SamplerConfig, process_text
+from redrafter_mlx.engine.core.penalties import node_text
+from redrafter_mlx.engine.core.sampling import RowSampler, SamplerConfig, process_text
 
 TIE_FACTOR = 2.0
 

@@ -3,7 +3,7 @@
 A ReDrafter step is draft -> pack -> verify -> accept -> commit (``decode.py``). Here each
 phase runs as its own compiled function on real inputs (a prefilled prompt), so its time and
 op count can be read apart; the whole step (the product's own compiled batch step,
-``batch.batch_step``, as every loop runs it) and the AR step are timed in the same rounds,
+``step.batch_step``, as every loop runs it) and the AR step are timed in the same rounds,
 interleaved, so machine noise hits all alike.
 A shape with context-lookup chains is timed as its whole step only (no phases apart).
 ``loop`` is the wall time per step of the real generation loop
@@ -34,20 +34,20 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from redrafter_mlx.engine.decode import (
+from redrafter_mlx.engine.core.sampling import RowSampler, SamplerConfig, draw
+from redrafter_mlx.engine.core.shape import AR, BeamShape
+from redrafter_mlx.engine.core.tree import PackedTree, pack
+from redrafter_mlx.engine.decoding.decode import (
     DecodeState,
     accept_phase,
     commit_phase,
     shape_candidates,
     verify_phase,
 )
-from redrafter_mlx.engine.drafter import Drafter
-from redrafter_mlx.engine.model import Model
-from redrafter_mlx.engine.sampling import RowSampler, SamplerConfig, draw
-from redrafter_mlx.engine.shape import AR, BeamShape
-from redrafter_mlx.engine.sources import sized_sources
-from redrafter_mlx.engine.step import uniform_step
-from redrafter_mlx.engine.tree import PackedTree, pack
+from redrafter_mlx.engine.decoding.step import uniform_step
+from redrafter_mlx.engine.drafting.drafter import Drafter
+from redrafter_mlx.engine.drafting.sources import sized_sources
+from redrafter_mlx.engine.verifier.model import Model
 
 PHASES = ("draft", "pack", "verify", "accept", "commit")
 # Primitives that only make a view (no kernel runs; ~1-2 us each on the CPU backend, against
@@ -112,8 +112,8 @@ def _weights(*modules):
 def _as_shape(shape, draft_model=None, drafter=None) -> BeamShape:
     """A :class:`BeamShape` with its capacity filled in, from a shape or a (W, L, C) tuple
     (the slots its step packs with the run's sources: ``sources.step_capacity``)."""
-    from redrafter_mlx.engine.held import held_sources
-    from redrafter_mlx.engine.sources import step_capacity
+    from redrafter_mlx.engine.drafting.held import held_sources
+    from redrafter_mlx.engine.drafting.sources import step_capacity
 
     if not isinstance(shape, BeamShape):
         shape = BeamShape(*shape)
@@ -143,9 +143,9 @@ def profile_steps(
     ``draft_model``: the draft slot for the shapes with its chains (``D1×L``: whole step only): a
     draft model, an early-exit adapter, both, or any draft-slot sources (``held.held_sources``).
     """
-    from redrafter_mlx.engine.cache import Session, bucket, prefill_session, text_history
-    from redrafter_mlx.engine.held import held_sources
-    from redrafter_mlx.engine.sources import stateful
+    from redrafter_mlx.engine.decoding.cache import Session, bucket, prefill_session, text_history
+    from redrafter_mlx.engine.drafting.held import held_sources
+    from redrafter_mlx.engine.drafting.sources import stateful
 
     held = held_sources(drafter, draft_model)
     shapes = [_as_shape(s, draft_model, drafter) for s in shapes]
@@ -377,7 +377,7 @@ def _loop_ms_per_step(
     model, drafter, prompt, shape: BeamShape, max_tokens, draft_model=None
 ) -> float:
     """Wall ms per step of the generation loop (first token excluded), greedy, no EOS."""
-    from redrafter_mlx.engine.generation import generate_steps
+    from redrafter_mlx.engine.loop.generation import generate_steps
 
     drafter = drafter if shape.drafts else None
     draft_model = draft_model if shape.model_length else None
@@ -441,8 +441,8 @@ class WeightBytes:
     an untied model excluded: a forward gathers only its rows), and the drafter's
     ``drafter_once`` per step (feature projection) plus ``drafter_step`` per draft step.
 
-    An early-exit adapter as the drafter (``engine/early_exit.py``) drafts with the target's
-    first layers: its chain of L tokens runs L forwards of those layers and the adapter and
+    An early-exit adapter as the drafter (``engine/drafting/early_exit.py``) drafts with the
+    target's first layers: its chain of L tokens runs L forwards of those layers and the adapter and
     L - 1 of the target's head, so ``drafter_once`` is one forward of the layers and the
     adapter and ``drafter_step`` one of the layers, the adapter and the head; a refresh of
     the committed tokens (``early_exit_chain.refresh_committed``, with another source in the tree)
@@ -494,7 +494,7 @@ def weight_bytes(
     holds (``drafter`` and the draft slot ``draft_model``: ``held.held_sources``) read, float
     weights counted as ``dtype`` (None: as loaded). Each source says what it reads
     (``Source.price``, by ``WeightPricer``)."""
-    from redrafter_mlx.engine.held import held_sources
+    from redrafter_mlx.engine.drafting.held import held_sources
 
     pricer = WeightPricer(model, dtype)
     priced = WeightBytes(pricer.total)

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from redrafter_mlx.engine.generation import stream_generate
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import BeamShape
+from redrafter_mlx.engine.loop.generation import stream_generate
 
 
 @dataclass

@@ -12,12 +12,12 @@ import time
 
 import mlx.core as mx
 
-from redrafter_mlx.engine.decode import DecodeState, prefill_chunk
-from redrafter_mlx.engine.model import Model, ModelArgs
-from redrafter_mlx.engine.platform import default_dtype
-from redrafter_mlx.engine.sampling import RowSampler, SamplerConfig, draw
-from redrafter_mlx.engine.step import uniform_step
-from redrafter_mlx.engine.tree import arange, cache_mask, chain_mask
+from redrafter_mlx.engine.base.platform import default_dtype
+from redrafter_mlx.engine.core.sampling import RowSampler, SamplerConfig, draw
+from redrafter_mlx.engine.core.tree import arange, cache_mask, chain_mask
+from redrafter_mlx.engine.decoding.decode import DecodeState, prefill_chunk
+from redrafter_mlx.engine.decoding.step import uniform_step
+from redrafter_mlx.engine.verifier.model import Model, ModelArgs
 
 
 def random_llama(hidden: int, layers: int, vocab: int = 32000, dtype=None, seed: int = 0) -> Model:
@@ -92,7 +92,7 @@ def verify_cost(
 ) -> list[dict]:
     """Per capacity C: AR step ms, verify ms, and their ratio (same model, cache, context)."""
     model = random_llama(hidden, layers, vocab)
-    from redrafter_mlx.engine.cache import bucket
+    from redrafter_mlx.engine.decoding.cache import bucket
 
     # The attention window the decode loop itself would use at this context (it rounds up
     # to whole SLOT_QUANTUM slots), not a power of two that would make every query attend to

@@ -28,8 +28,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from redrafter_mlx.engine.errors import ParamError
-from redrafter_mlx.engine.sampling import SamplerConfig
+from redrafter_mlx.engine.base.errors import ParamError
+from redrafter_mlx.engine.core.sampling import SamplerConfig
 
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; send 0 for greedy decoding
 DEFAULT_MAX_BODY_BYTES = 4 << 20  # 4 MiB: ~1M prompt tokens as JSON ids, far past any context
@@ -138,7 +138,7 @@ class Params:
 
     def sampling(self, defaults: dict | None = None) -> SamplerConfig:
         """The request's sampling settings: what it sent, else the model's ``defaults``
-        (``engine.sampling.model_defaults``), else OpenAI's."""
+        (``engine.core.sampling.model_defaults``), else OpenAI's."""
         fallback = {"temperature": DEFAULT_TEMPERATURE}
         return SamplerConfig.resolve(self.sent, defaults, fallback)
 
@@ -601,7 +601,7 @@ class TextStream:
     """
 
     def __init__(self, tokenizer, stop: list[str], min_tokens: int = 0):
-        from redrafter_mlx.engine.tokenizer import StreamDecoder
+        from redrafter_mlx.engine.base.tokenizer import StreamDecoder
 
         self.decoder = StreamDecoder(tokenizer)
         self.stop = stop

@@ -12,9 +12,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from redrafter_mlx.engine.distributed import broadcast_bytes
-from redrafter_mlx.engine.rows import RowStats
-from redrafter_mlx.engine.sampling import SamplerConfig
+from redrafter_mlx.engine.base.distributed import broadcast_bytes
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.loop.rows import RowStats
 
 
 class QueueFull(Exception):
@@ -30,7 +30,7 @@ class Event:
     """What a request receives: new tokens, then one event with ``finish`` or ``error``.
 
     finish: "stop" (EOS), "length" (max_tokens) or "context" (the model's context is full:
-    ``engine.run.make_row``); error: a message, with ``status`` the HTTP code
+    ``engine.loop.run.make_row``); error: a message, with ``status`` the HTTP code
     (500 engine failure, 503 shutdown).
     """
 

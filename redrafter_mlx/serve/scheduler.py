@@ -1,5 +1,5 @@
 """The server's engine loop: continuous batching of speculative decoding (requests in, events
-out); the batch itself is the engine's (``engine/batch.py``: rows, steps, exact stops).
+out); the batch itself is the engine's (``engine/loop/batch.py``: rows, steps, exact stops).
 
 One thread owns the model and the KV cache (``Scheduler.serve_forever``). HTTP handlers only
 ``submit`` requests into a bounded queue and receive ``Event``s through each request's
@@ -11,7 +11,7 @@ one chunk at a time, complete prompts joining with their first token, and one tu
 batch's loop (the next step queued and the previous one read, in the order the backend
 measured best: the same rule as a solo run's, ``platform.read_first``).
 
-Under ``mlx.launch`` (the model split across ranks, ``engine/distributed.py``) every rank
+Under ``mlx.launch`` (the model split across ranks, ``engine/base/distributed.py``) every rank
 runs this loop over its shard; only rank 0 has the HTTP server, the queue, the clients'
 cancellations and the clock. What those decide reaches the engine only as a few events
 (``requests.py``: admitted, with its settings and seed; freed; stop), broadcast by rank 0
@@ -37,15 +37,15 @@ import threading
 import time
 from dataclasses import replace
 
-from redrafter_mlx.engine.adaptive import Adaptive
-from redrafter_mlx.engine.batch import BatchGenerator
-from redrafter_mlx.engine.batch_choice import BatchChoice
-from redrafter_mlx.engine.branches import BranchRules, check_branching_model
-from redrafter_mlx.engine.cache import Session
-from redrafter_mlx.engine.prefilling import Prefill
-from redrafter_mlx.engine.rows import Row, RowStats
-from redrafter_mlx.engine.run import Run, make_row
-from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.core.branches import BranchRules, check_branching_model
+from redrafter_mlx.engine.core.shape import BeamShape
+from redrafter_mlx.engine.decoding.cache import Session
+from redrafter_mlx.engine.loop.adaptive import Adaptive
+from redrafter_mlx.engine.loop.batch import BatchGenerator
+from redrafter_mlx.engine.loop.batch_choice import BatchChoice
+from redrafter_mlx.engine.loop.prefilling import Prefill
+from redrafter_mlx.engine.loop.rows import Row, RowStats
+from redrafter_mlx.engine.loop.run import Run, make_row
 
 from .requests import (
     STOP,
@@ -104,7 +104,7 @@ class Scheduler:
             check_branching_model(model)
         self.branches = branches  # APAR branching rules (each request's branches are rows)
         # The slot checked, the shape resolved to its sources' parts, the arrays evaluated
-        # (the loop runs on its own thread): ``engine/run.py``, as ``generate_steps`` builds.
+        # (the loop runs on its own thread): ``engine/loop/run.py``, as ``generate_steps`` builds.
         run = Run.of(model, drafter, draft_model, shape, own_thread=True)
         self.model, self.drafter = model, run.drafter
         self.max_batch = max_batch
@@ -117,7 +117,7 @@ class Scheduler:
         # Adaptive shapes (``engine/batch_choice``); None: not adaptive.
         self.choice: BatchChoice | None = policy if isinstance(policy, BatchChoice) else None
         self.eos = frozenset(eos)
-        # The rows, their state, the steps and the loop's order (``engine/batch.py``).
+        # The rows, their state, the steps and the loop's order (``engine/loop/batch.py``).
         self.batch = run.generator(
             policy, eos, max_batch, compiled=compiled, group=group, kind=RequestBatch
         )

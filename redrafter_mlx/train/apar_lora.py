@@ -21,7 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from ..engine.branches import CHILD_TOKEN, FORK_TOKEN
+from ..engine.core.branches import CHILD_TOKEN, FORK_TOKEN
 
 SPLIT_TOKENS = (FORK_TOKEN, CHILD_TOKEN)
 ADAPTER_FILE = "adapters.safetensors"

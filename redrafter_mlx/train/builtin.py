@@ -13,7 +13,7 @@ import json
 import time
 from pathlib import Path
 
-from ..engine.model import Model
+from ..engine.verifier.model import Model
 from .checkpoints import OutputPlan, list_checkpoints
 from .options import (
     AUTO_DRAFT_VOCAB,

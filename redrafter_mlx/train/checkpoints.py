@@ -17,9 +17,9 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
-from ..engine.drafter import Drafter, DrafterArgs
-from ..engine.loading import non_finite
-from ..engine.output_dir import holds, install, refusal
+from ..engine.base.output_dir import holds, install, refusal
+from ..engine.drafting.drafter import Drafter, DrafterArgs
+from ..engine.loop.loading import non_finite
 
 KEEP_CHECKPOINTS = 2
 

@@ -73,8 +73,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from ..engine.errors import ParamError
-from ..engine.model import Model
+from ..engine.base.errors import ParamError
+from ..engine.verifier.model import Model
 from . import builtin
 from .builtin import budget_steps  # noqa: F401
 from .checkpoints import (  # noqa: F401  (re-exported: the run's API in one place)
@@ -270,9 +270,9 @@ def _tail_mean(values: list[float]) -> float | None:
 
 def load_serving(model_dir, opts: DistillOptions):
     """The frozen model as it will serve, its tokenizer, its folder and dtype."""
-    from ..engine.loading import load_model
-    from ..engine.platform import default_dtype, fit_blas_threads
-    from ..engine.tokenizer import load_tokenizer
+    from ..engine.base.platform import default_dtype, fit_blas_threads
+    from ..engine.base.tokenizer import load_tokenizer
+    from ..engine.loop.loading import load_model
 
     dtype = getattr(mx, opts.dtype) if opts.dtype else default_dtype()
     model, path = load_model(model_dir, dtype)
@@ -471,7 +471,7 @@ def final_eval(ctx: RunContext, opts: DistillOptions, progress) -> dict | None:
     """Serve the saved drafter (as ``load`` would) on held-out prompts; writes ``out/eval.json``.
 
     None when ``eval_shapes`` is empty (no evaluation)."""
-    from ..engine.loading import load_drafter
+    from ..engine.loop.loading import load_drafter
 
     shapes = eval_shapes(opts.eval_shapes, opts.predict_tokens)
     if not shapes:

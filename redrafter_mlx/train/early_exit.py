@@ -1,7 +1,7 @@
 """Train an early-exit (Kangaroo) adapter for a frozen model: ``distill --kind early-exit``.
 
-Only the adapter trains (``engine/early_exit.py``): its input is the residual stream after the
-target's first ``exit_layer`` layers, its output goes through the target's final LM head
+Only the adapter trains (``engine/drafting/early_exit.py``): its input is the residual stream
+after the target's first ``exit_layer`` layers, its output goes through the target's final LM head
 (frozen), and the loss is the soft cross-entropy against the target's own next-token
 distribution at every training position (DESIGN.md 3c). The adapter attends causally over the
 whole sequence, so a training example is a whole sequence (not a position): the exit-layer
@@ -35,11 +35,16 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 
-from ..engine.early_exit import EarlyExitAdapter, EarlyExitArgs, bind_head, check_exit_layer
-from ..engine.early_exit_chain import ETA, GAMMA, adapter_write, draft_chain
-from ..engine.errors import ParamError
-from ..engine.model import Model
-from ..engine.tree import cache_mask, chain_mask
+from ..engine.base.errors import ParamError
+from ..engine.core.tree import cache_mask, chain_mask
+from ..engine.drafting.early_exit import (
+    EarlyExitAdapter,
+    EarlyExitArgs,
+    bind_head,
+    check_exit_layer,
+)
+from ..engine.drafting.early_exit_chain import ETA, GAMMA, adapter_write, draft_chain
+from ..engine.verifier.model import Model
 from .checkpoints import (
     install_output,
     list_checkpoints,

@@ -8,8 +8,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from ..engine.drafter import Drafter
-from ..engine.model import Model
+from ..engine.drafting.drafter import Drafter
+from ..engine.verifier.model import Model
 
 DEFAULT_EVAL_SHAPES = ((1, 3), (2, 4), (4, 5))
 
@@ -37,8 +37,8 @@ def evaluate(
     The compiled step reads the drafter's weights at every call, so a drafter trained in place
     since an earlier evaluation is evaluated with its current weights.
     """
-    from ..engine.generation import generate_steps
-    from ..engine.shape import BeamShape
+    from ..engine.core.shape import BeamShape
+    from ..engine.loop.generation import generate_steps
 
     results = []
     for w, length in shapes:

@@ -10,8 +10,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..engine.errors import ParamError
-from ..engine.model import Model
+from ..engine.base.errors import ParamError
+from ..engine.verifier.model import Model
 from .data import Sequence
 from .evaluation import DEFAULT_EVAL_SHAPES
 from .targets import TargetCache

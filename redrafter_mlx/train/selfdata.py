@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..engine.platform import answer_lanes, lane_threads
+from ..engine.base.platform import answer_lanes, lane_threads
 from .data import Sequence
 from .selfgen import Answer, Job, answer_targets, answers_in_lanes, answers_with_hidden
 from .targets import TargetCache, staged

@@ -6,8 +6,8 @@ training targets are read off the answer, and the hidden state of each position 
 decoding computed anyway. Keeping it saves the separate forward over every sequence that
 ``targets="self"`` otherwise needs (the slowest stage of a large build).
 
-It runs the engine's own step (``batch.batch_step``, plain decoding, a key per row), first
-draw (``decode.first_draw``), row compaction (``batch.take_rows``) and stop rule
+It runs the engine's own step (``step.batch_step``, plain decoding, a key per row), first
+draw (``decode.first_draw``), row compaction (``rows.take_rows``) and stop rule
 (``cache.stop_at``), in a loop of its own rather than ``batch.BatchGenerator``'s: it keeps
 every step's hidden state, prefills the prefix its prompts share once (``prefill_shared``)
 in windows of ``WINDOW_QUANTUM`` slots, reads the device only every ``CHECK_EVERY`` steps
@@ -26,12 +26,12 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from ..engine.cache import Session, bucket, ensure_slots, prefill_session, stop_at
-from ..engine.decode import DecodeState, first_draw
-from ..engine.model import Model
-from ..engine.rows import take_rows
-from ..engine.sampling import RowSampler, SamplerConfig, row_keys_of, row_settings
-from ..engine.step import batch_step
+from ..engine.core.sampling import RowSampler, SamplerConfig, row_keys_of, row_settings
+from ..engine.decoding.cache import Session, bucket, ensure_slots, prefill_session, stop_at
+from ..engine.decoding.decode import DecodeState, first_draw
+from ..engine.decoding.step import batch_step
+from ..engine.loop.rows import take_rows
+from ..engine.verifier.model import Model
 
 CHECK_EVERY = 16  # steps between host reads of "have all rows ended?"
 # Attention windows in steps of 64 slots, not the engine's 256: a batch of answers attends

@@ -26,7 +26,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from ..engine.model import Model
+from ..engine.verifier.model import Model
 from .data import Sequence
 
 CACHE_VERSION = 1

@@ -18,8 +18,8 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
-from ..engine.drafter import Drafter, DrafterArgs
-from ..engine.model import Model
+from ..engine.drafting.drafter import Drafter, DrafterArgs
+from ..engine.verifier.model import Model
 from .data import Sequence
 from .softmax import logsumexp, softmax
 from .targets import TargetCache

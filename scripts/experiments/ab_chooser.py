@@ -23,8 +23,8 @@ from collections import Counter
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from redrafter_mlx.engine.adaptive import Adaptive, ShapeChooser
-from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.core.shape import BeamShape
+from redrafter_mlx.engine.loop.adaptive import Adaptive, ShapeChooser
 
 
 @dataclass
@@ -55,7 +55,7 @@ def parse_arm(text: str) -> tuple[str, dict]:
 
 def run(engine, texts: list[dict], arms: dict[str, Arm], shape: BeamShape, max_tokens: int):
     """Per (set, turn, arm): [tokens after the first, steps, seconds, Counter of shapes]."""
-    from redrafter_mlx.engine.generation import generate_steps
+    from redrafter_mlx.engine.loop.generation import generate_steps
 
     names, totals = list(arms), {}
     for i, item in enumerate(texts):

@@ -15,11 +15,11 @@ import argparse
 
 from redrafter_mlx.cli.common import load_engine
 from redrafter_mlx.cli.paths import resolve_paths
-from redrafter_mlx.engine.batch import BatchGenerator
-from redrafter_mlx.engine.plan import default_plan
-from redrafter_mlx.engine.prompts import load_records
-from redrafter_mlx.engine.sampling import SamplerConfig
-from redrafter_mlx.engine.shape import BeamShape
+from redrafter_mlx.engine.base.prompts import load_records
+from redrafter_mlx.engine.core.sampling import SamplerConfig
+from redrafter_mlx.engine.core.shape import BeamShape
+from redrafter_mlx.engine.loop.batch import BatchGenerator
+from redrafter_mlx.engine.loop.plan import default_plan
 from scripts.bench_branches import LIST_CATEGORIES as LISTS
 from scripts.bench_branches import answer
 

@@ -18,8 +18,8 @@ import argparse
 import json
 from pathlib import Path
 
-from redrafter_mlx.engine.loading import load, load_drafter
-from redrafter_mlx.engine.prompts import load_records
+from redrafter_mlx.engine.base.prompts import load_records
+from redrafter_mlx.engine.loop.loading import load, load_drafter
 from redrafter_mlx.train.evaluation import chain_score
 from redrafter_mlx.train.selfdata import SelfData
 from redrafter_mlx.train.training import shortlist_index

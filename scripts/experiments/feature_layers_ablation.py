@@ -13,8 +13,8 @@ import argparse
 import json
 from pathlib import Path
 
-from redrafter_mlx.engine.loading import attach, load, load_drafter
-from redrafter_mlx.engine.prompts import load_prompts
+from redrafter_mlx.engine.base.prompts import load_prompts
+from redrafter_mlx.engine.loop.loading import attach, load, load_drafter
 from redrafter_mlx.train.evaluation import evaluate
 
 

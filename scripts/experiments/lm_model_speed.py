@@ -1,6 +1,6 @@
-"""SmolLM2 through our own forward (``engine/model.py``) and through mlx-lm's model
-(``engine/lm_model.py``), side by side in one process: tokens/s of plain decoding and of the
-default plan (the shipped drafter and lookup, adaptive), on MT-Bench first turns.
+"""SmolLM2 through our own forward (``engine/verifier/model.py``) and through mlx-lm's model
+(``engine/verifier/lm_model.py``), side by side in one process: tokens/s of plain decoding and
+of the default plan (the shipped drafter and lookup, adaptive), on MT-Bench first turns.
 
     python -m scripts.experiments.lm_model_speed --num-prompts 8 --max-tokens 128
 
@@ -15,14 +15,14 @@ import time
 
 import mlx.core as mx
 
-from redrafter_mlx.engine import bundled
-from redrafter_mlx.engine.config import read_config
-from redrafter_mlx.engine.generation import generate_steps
-from redrafter_mlx.engine.loading import attach, load_drafter, load_lm_model, load_model
-from redrafter_mlx.engine.plan import default_plan
-from redrafter_mlx.engine.prompts import load_records
-from redrafter_mlx.engine.shape import BeamShape
-from redrafter_mlx.engine.tokenizer import load_tokenizer
+from redrafter_mlx.engine.base import bundled
+from redrafter_mlx.engine.base.prompts import load_records
+from redrafter_mlx.engine.base.tokenizer import load_tokenizer
+from redrafter_mlx.engine.core.shape import BeamShape
+from redrafter_mlx.engine.loop.generation import generate_steps
+from redrafter_mlx.engine.loop.loading import attach, load_drafter, load_lm_model, load_model
+from redrafter_mlx.engine.loop.plan import default_plan
+from redrafter_mlx.engine.verifier.config import read_config
 
 
 def run(model, drafter, prompt, shape, adapt, max_tokens):

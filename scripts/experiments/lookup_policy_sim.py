@@ -26,17 +26,17 @@ import argparse
 import json
 from pathlib import Path
 
-from redrafter_mlx.engine.adaptive import Adaptive, ShapeChooser
-from redrafter_mlx.engine.lookup import LookupShadow
-from redrafter_mlx.engine.shape import AR, BeamShape
+from redrafter_mlx.engine.core.shape import AR, BeamShape
+from redrafter_mlx.engine.drafting.lookup import LookupShadow
+from redrafter_mlx.engine.loop.adaptive import Adaptive, ShapeChooser
 
 
 def record_texts(model_path: Path, sets: list[str], count: int, max_tokens: int) -> list[dict]:
     """Greedy plain-decoding answers: per prompt turn, its ids and the answer's ids."""
     from redrafter_mlx.cli.bench import build_prompts
     from redrafter_mlx.cli.common import load_engine, resolve_paths
-    from redrafter_mlx.engine.generation import batch_generate
-    from redrafter_mlx.engine.prompts import load_records
+    from redrafter_mlx.engine.base.prompts import load_records
+    from redrafter_mlx.engine.loop.generation import batch_generate
 
     engine = load_engine(resolve_paths(str(model_path), None), "float32", with_drafter=False)
     rows = []

@@ -14,8 +14,8 @@ import json
 import random
 from pathlib import Path
 
-from redrafter_mlx.engine.bundled import smollm2_path
-from redrafter_mlx.engine.tokenizer import load_tokenizer
+from redrafter_mlx.engine.base.bundled import smollm2_path
+from redrafter_mlx.engine.base.tokenizer import load_tokenizer
 
 
 def words(n_prompts: int, per_prompt: int, seed: int) -> list[list[str]]:

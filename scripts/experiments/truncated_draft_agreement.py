@@ -38,7 +38,7 @@ def main(argv=None) -> None:
     from mlx_lm.generate import generate
     from mlx_lm.utils import load
 
-    from redrafter_mlx.engine.bundled import smollm2_path
+    from redrafter_mlx.engine.base.bundled import smollm2_path
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=str(smollm2_path()), help="target model folder")

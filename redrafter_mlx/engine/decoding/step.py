@@ -1,0 +1,187 @@
+"""The batch step: one decode step over B rows, compiled once per configuration and kept on
+the model (``batch_step``), the one every loop runs and the one ``bench --profile`` times.
+
+The step is compiled for a fixed B (one of the row buckets), and nothing about the rows is a
+compile key: per-row settings travel as arrays:
+
+    active      (B,) bool     free rows compute but never advance their cache length
+    settings    each row's sampling settings (``engine.core.sampling.RowSettings``: temperature,
+                top-p, top-k, min-p, penalties, logit bias), each row's built when it is
+                admitted (``sampling.one_row``, checked there), stacked by ``stack_rows``
+    row_keys    (B, 2) uint32 one PRNG key per row, split once per step like a solo run's
+
+A row's draws therefore equal the same request decoded alone (same key sequence, same
+per-row math); see ``engine.core.sampling.draw``. Static switches (``StepMode``) only pick
+how much sampling machinery the batch needs: argmax only, or Gumbel with the filters some
+row uses, and whether any row has a logit bias or a penalty (with the history span its
+windows need), and whether a row branches (``StepMode.split``).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..core.branches import SplitRows
+from ..core.sampling import (
+    RowSampler,
+    RowSettings,
+    SamplerConfig,
+    StepMode,
+    row_keys_of,
+    row_settings,
+)
+from ..core.shape import BeamShape
+from ..drafting.held import held_modules, held_sources, slot_items
+from .decode import (
+    DecodeState,
+    StepOutput,
+    autoregressive_step,
+    redrafter_step,
+)
+
+
+def split_row_keys(row_keys: mx.array) -> tuple[mx.array, mx.array]:
+    """Split each row's key as a solo run splits its one key: (B, 2) -> next (B, 2), draw (B, 2)."""
+    both = mx.vmap(mx.random.split)(row_keys)  # (B, 2, 2)
+    return both[:, 0], both[:, 1]
+
+
+def make_batch_step(model, drafter, shape, mode: StepMode, compiled: bool = True, draft_model=None):
+    """A step ``(state, row_keys, active, settings, window, split) -> (state, row_keys,
+    StepOutput)``; ``active`` (B,) bool, ``settings`` the batch's ``RowSettings``, ``split`` its
+    rows' branching arrays (``branches.SplitRows``; read when ``mode.split``, else None).
+
+    ``shape=None`` decodes autoregressively; a shape without drafter beams speculates from
+    lookup chains alone (they read ``state.history``). Compile keys: B, cache slots, window.
+    ``drafter`` and ``draft_model`` (the draft slot): the sources the loop holds
+    (``held.held_sources``), every stateful one's state in ``state.sources``; the step runs
+    those the shape turns on and passes the others' states through.
+    ``run.counter["traces"]`` counts tracings (each is a compile).
+    """
+    held = held_sources(drafter, draft_model)
+    for source in held:
+        source.check(model)
+
+    def step(
+        init_token,
+        hidden,
+        lengths,
+        keys,
+        values,
+        history,
+        sources,
+        row_keys,
+        active,
+        settings,
+        window,
+        split,
+    ):
+        counter["traces"] += 1
+        draw_keys = row_keys  # unused by an all-greedy batch: its keys need not advance
+        if mode.sample:
+            row_keys, draw_keys = split_row_keys(row_keys)
+        split = SplitRows(*split) if mode.split else None
+        sampler = RowSampler(RowSettings(*settings), draw_keys, mode, split)
+        state = DecodeState(init_token, hidden, lengths, keys, values, history, sources)
+        if shape is None:
+            nxt, out = autoregressive_step(model, state, sampler, window)
+        else:
+            nxt, out = redrafter_step(model, held, state, shape, sampler, window)
+        nxt = nxt._replace(lengths=mx.where(active, nxt.lengths, 0))  # free rows stay empty
+        return (*nxt, row_keys, *out)
+
+    counter = {"traces": 0}
+    # Weights are implicit inputs, read at every call: a model, drafter or draft model updated
+    # in place (e.g. by training between evaluations) is never served with stale weights.
+    modules = (model, *held_modules(held))
+    weights = [m.state for m in modules if isinstance(m, nn.Module)]
+    fn = mx.compile(step, inputs=weights) if compiled else step
+
+    def run(
+        state: DecodeState,
+        row_keys: mx.array,
+        active,
+        settings: RowSettings,
+        window: int,
+        split: SplitRows | None = None,
+    ):
+        out = fn(*state, row_keys, active, tuple(settings), window, tuple(split or ()))
+        fields = len(DecodeState._fields)
+        return DecodeState(*out[:fields]), out[fields], StepOutput(*out[fields + 1 :])
+
+    run.counter = counter  # tracings (each is a compile)
+    return run
+
+
+MAX_BATCH_STEPS = 16  # per model: shapes x sampling modes x drafters
+
+
+def batch_step(
+    model,
+    drafter,
+    shape: BeamShape | None,
+    mode: StepMode,
+    compiled: bool = True,
+    draft_model=None,
+):
+    """The compiled batch step of this configuration, kept on the model (compiled once for
+    every loop over it: each chat turn, each request batch)."""
+    cache = model.__dict__.setdefault("_batch_steps", {})
+    if shape is not None and getattr(model, "recurrent", False) and not shape.verifies_chain:
+        shape = chain_for_recurrent(model, shape)
+    layers = getattr(model, "feature_layers", ())
+    slot = tuple(id(item) for item in slot_items(draft_model))
+    key = (id(drafter), shape, mode, compiled, layers, slot)
+    if key not in cache:
+        while len(cache) >= MAX_BATCH_STEPS:  # drop the oldest (and the drafter it holds)
+            cache.pop(next(iter(cache)))
+        cache[key] = make_batch_step(model, drafter, shape, mode, compiled, draft_model)
+    return cache[key]
+
+
+def chain_for_recurrent(model, shape: BeamShape) -> BeamShape:
+    """``shape.as_chain()``, said once per model: a model with recurrent layers verifies one
+    chain a step (their state follows a chain, not a tree's branches)."""
+    chain = shape.as_chain()
+    if not model.__dict__.get("_chain_said"):
+        model.__dict__["_chain_said"] = True
+        warnings.warn(
+            f"{model.model_type} keeps recurrent state, which follows one chain a step, not "
+            f"a tree: {shape.label} runs as {chain.label} (one drafter beam, one lookup "
+            "chain, or the draft model's chain, whichever each row ranks first)",
+            stacklevel=3,
+        )
+    return chain
+
+
+def uniform_step(
+    model,
+    drafter,
+    shape: BeamShape | None,
+    sampler: SamplerConfig,
+    rows: int,
+    seed: int = 0,
+    compiled: bool = True,
+    draft_model=None,
+):
+    """The batch step (``batch_step``) of ``rows`` active rows that all draw with ``sampler``,
+    as ``run(state, window) -> (state, StepOutput)`` with the rows' keys (from ``seed``,
+    split every step) carried inside: the product's own step, for measurements and tests.
+    ``shape=None``: plain decoding; ``run.step``: the compiled step (``.counter``);
+    ``draft_model``: the draft slot for the shape's ``D1×L`` chains (``held.slot_items``; the
+    stateful sources' states in ``state.sources``)."""
+    mode, settings = row_settings([sampler] * rows, model.vocab_size)
+    draft_model = draft_model if shape and shape.model_length else None
+    step = batch_step(model, drafter if shape else None, shape, mode, compiled, draft_model)
+    active = mx.ones((rows,), dtype=mx.bool_)
+    keys = {"rows": row_keys_of(mx.random.key(seed), rows)}
+
+    def run(state: DecodeState, window: int):
+        state, keys["rows"], out = step(state, keys["rows"], active, settings, window)
+        return state, out
+
+    run.step = step
+    return run

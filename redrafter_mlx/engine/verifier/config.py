@@ -1,0 +1,216 @@
+"""Reading and checking a model's ``config.json``: one validator for loading and converting.
+
+The supported model types are listed here once, with the Hugging Face ``architectures`` class
+of each. A config that is not a JSON object, names another architecture (in ``model_type``
+or ``architectures``, or the two disagree), or lacks a size the forward needs gets a
+:class:`ConfigError` naming the file, the problem and the fix, never an internal error.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+# model_type -> the Hugging Face causal-LM classes that name it in ``architectures``.
+ARCHITECTURES = {
+    "llama": ("LlamaForCausalLM",),
+    "mistral": ("MistralForCausalLM",),
+    "qwen2": ("Qwen2ForCausalLM",),
+    "qwen3": ("Qwen3ForCausalLM",),
+    "gemma2": ("Gemma2ForCausalLM",),
+    "gemma3_text": ("Gemma3ForCausalLM",),
+}
+SUPPORTED_MODEL_TYPES = tuple(ARCHITECTURES)
+
+# What each family's keys mean when config.json leaves them out: the defaults of transformers'
+# config classes (``configuration_<family>.py``, transformers 5.24), which Hugging Face loads the
+# same checkpoint with. mlx-lm's ModelArgs differ in places (Qwen2's rope_theta 1e6, Gemma 2's
+# query_pre_attn_scalar 144, Gemma 3's sliding_window 512; Qwen3 and Gemma 2 require head_dim,
+# rope_theta, num_key_value_heads): the checkpoint's authors wrote the config for transformers,
+# so an absent key means its default. A key that is absent here and in the config takes the
+# Llama rule (``ModelArgs.__post_init__``: head_dim = hidden / heads, KV heads = heads).
+_ROPE = {"rope_theta": 10000.0, "rms_norm_eps": 1e-6}
+_GEMMA = dict(
+    _ROPE,
+    num_key_value_heads=4,
+    head_dim=256,
+    query_pre_attn_scalar=256,
+    sliding_window=4096,
+    tie_word_embeddings=True,
+)
+FAMILY_DEFAULTS = {
+    "llama": dict(_ROPE, tie_word_embeddings=False),
+    "mistral": dict(_ROPE, num_key_value_heads=8, tie_word_embeddings=False),
+    "qwen2": dict(_ROPE, num_key_value_heads=32, tie_word_embeddings=False),
+    "qwen3": dict(_ROPE, num_key_value_heads=32, head_dim=128, tie_word_embeddings=False),
+    "gemma2": dict(_GEMMA, attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
+    "gemma3_text": dict(
+        _GEMMA, rope_theta=1_000_000.0, rope_local_base_freq=10000.0, sliding_window_pattern=6
+    ),
+}
+
+
+OWN_ROPE_TYPES = ("default", "linear", "llama3")  # what ``engine.verifier.rope`` computes
+
+
+def runs_own_forward(config: dict) -> bool:
+    """Whether ``engine.verifier.model.Model`` implements every setting of ``config`` that changes
+    attention: one of its families, sliding windows only where Gemma's rule places them,
+    no attention sinks, a rope type of its own. Every other model runs as mlx-lm builds
+    it (``engine.verifier.lm_model``)."""
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return False
+    layer_types = config.get("layer_types")
+    gemma = model_type.startswith("gemma")
+    windowed = isinstance(layer_types, list) and any(k != "full_attention" for k in layer_types)
+    if windowed and not gemma:
+        return False
+    if not gemma and config.get("use_sliding_window") and config.get("sliding_window"):
+        return False
+    if any(key in config for key in ("sinks", "attention_sinks", "use_sinks")):
+        return False
+    rope = config.get("rope_scaling") or {}
+    params = config.get("rope_parameters")
+    if isinstance(params, dict) and not ({"full_attention", "sliding_attention"} & set(params)):
+        rope = params
+    if not isinstance(rope, dict):
+        return False
+    return (rope.get("type") or rope.get("rope_type") or "default") in OWN_ROPE_TYPES
+
+
+def with_family_defaults(config: dict) -> dict:
+    """``config`` with each key its ``model_type`` defines but it leaves out set to the
+    family's reference default (:data:`FAMILY_DEFAULTS`); a key present (even null) is kept."""
+    return {**FAMILY_DEFAULTS.get(config.get("model_type"), {}), **config}
+
+
+REQUIRED_INT_KEYS = (
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "vocab_size",
+)
+
+
+class ConfigError(ValueError):
+    """A config.json that cannot describe a supported model; the message says why."""
+
+
+def read_config(folder: Path, what: str = "model") -> dict:
+    """The JSON object in ``folder/config.json``."""
+    file = Path(folder) / "config.json"
+    if not file.is_file():
+        raise ConfigError(f"{folder} has no config.json; is it a {what} directory?")
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{file} is not valid JSON ({e}); re-download or re-convert it") from None
+    if not isinstance(config, dict):
+        raise ConfigError(
+            f"{file} holds a JSON {type(config).__name__}, not an object with the model's "
+            f"settings; re-download or re-convert it"
+        )
+    return config
+
+
+def check_model_config(config: dict, file: Path | str) -> None:
+    """Refuse a config that is not a supported model type with integer sizes."""
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        hint = (
+            "; for Gemma 3 (multimodal checkpoints), convert a text-only Gemma3ForCausalLM "
+            "checkpoint (model_type gemma3_text)"
+            if model_type == "gemma3"
+            else ""
+        )
+        raise ConfigError(
+            f"{file} has model_type {model_type!r}, which is not supported; supported model "
+            f"types: {', '.join(SUPPORTED_MODEL_TYPES)}{hint}"
+        )
+    _check_architectures(config, model_type, file)
+    if config.get("use_sliding_window"):
+        raise ConfigError(
+            f"{file} sets use_sliding_window for a {model_type} model, which is not supported "
+            "(only Gemma's sliding-window layers are); set it to false only if the model was "
+            "trained without it"
+        )
+    missing = [
+        k
+        for k in REQUIRED_INT_KEYS
+        if not isinstance(config.get(k), int) or isinstance(config.get(k), bool) or config[k] <= 0
+    ]
+    if missing:
+        raise ConfigError(
+            f"{file} lacks positive integer {', '.join(missing)}; re-download the config"
+        )
+
+
+def _check_architectures(config: dict, model_type: str, file: Path | str) -> None:
+    """``architectures``, when present, must name ``model_type``'s causal-LM class."""
+    names = config.get("architectures")
+    if names is None:
+        return
+    if isinstance(names, str):
+        names = [names]
+    expected = ARCHITECTURES[model_type]
+    if not isinstance(names, list) or not names or any(n not in expected for n in names):
+        raise ConfigError(
+            f"{file} has model_type {model_type!r} but architectures {names!r}; a "
+            f"{model_type} model is {' or '.join(expected)}. The config does not describe one "
+            "model: re-download it, or fix model_type or architectures to match the weights"
+        )
+
+
+# --- the output layer: tied to the input embedding, or the checkpoint's own lm_head ---------------
+
+TIE_KEY = "tie_word_embeddings"
+HEAD = "lm_head.weight"
+EMBEDDING = "model.embed_tokens.weight"
+
+
+def ties_head(config: dict, names, file: Path | str, is_copy=None) -> bool:
+    """Whether the output layer is the input embedding rather than ``lm_head.weight``: the one
+    rule for loading and converting, from the config and the checkpoint's tensor ``names``.
+
+    * no ``lm_head.weight`` in the checkpoint: tied, whatever the config says (nothing else
+      could be the head; mlx-lm's Gemma 3 reads it so, and Llama's and Qwen2's default);
+    * ``tie_word_embeddings`` set: as it says. A tied config whose checkpoint holds a head
+      keeps it only as a copy of the embedding (the caller checks with :func:`head_pairs`
+      and refuses another head with :func:`different_head`): no tensor is dropped unread;
+    * not set: the checkpoint's head is used. That is mlx-lm's Gemma 3 rule (its
+      ``sanitize`` unties by the tensor's presence) and transformers' default for Llama,
+      Mistral and Qwen; mlx-lm's Llama and Qwen2 would drop the head silently, which is
+      never done here. Only when ``is_copy()`` (a callable, asked only then) says the head
+      is an exact copy of the embedding (a PyTorch ``.bin`` of a tied model stores both) is
+      the model tied, the same logits in less memory.
+    """
+    said = config.get(TIE_KEY)
+    if said is not None and not isinstance(said, bool):
+        raise ConfigError(
+            f"{file} sets {TIE_KEY} to {said!r}, not true or false; write it as a JSON "
+            f"boolean (true: the output layer is the embedding, false: {HEAD})"
+        )
+    if HEAD not in names:
+        return True
+    if said is None:
+        return bool(is_copy is not None and is_copy())
+    return said
+
+
+def head_pairs(names) -> list[tuple[str, str]]:
+    """(``lm_head.<x>``, ``model.embed_tokens.<x>``) for each head tensor in ``names``
+    (the weight, and the scales and biases of a quantized head)."""
+    return [
+        (n, "model.embed_tokens." + n[len("lm_head.") :]) for n in names if n.startswith("lm_head.")
+    ]
+
+
+def different_head(file: Path | str) -> ConfigError:
+    """The one-line refusal of a tied config whose checkpoint holds another head."""
+    return ConfigError(
+        f"{file} sets {TIE_KEY} true, but the checkpoint's {HEAD} differs from {EMBEDDING}; "
+        f"set {TIE_KEY} to false to use {HEAD}, or remove {HEAD} to tie the output to the "
+        "embedding"
+    )

@@ -1,0 +1,255 @@
+"""mlx-lm's cache protocol over the engine's storage, for one forward of ``LmModel``.
+
+mlx-lm's layers read and write their caches through the objects they are handed; these
+answer with the engine's arrays (docs/design/any-model.md):
+
+* ``SlotCache``: an attention layer's keys and values at the call's slots in preallocated
+  (B, n_kv, S, D) storage, and the engine's mask (a tree's, a sliding window's);
+* ``StateCache``: a recurrent layer's ``ArraysCache`` entries over a flat (B, 1, F) state,
+  with mlx-lm's right-padding ``lengths`` hook;
+* ``StateCommit``: that state at each row's accepted length, computed at the commit;
+* ``ProbeCache`` / ``ProbeState``: record what a lazy load-time forward writes (shapes).
+
+Shapes: B rows, T new tokens, S cache slots, A attended slots (A <= S).
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+
+from ..core.tree import arange
+from .model import window_mask, write_slots
+
+
+class LmCall:
+    """The engine's arrays for one forward, read by the caches and taps during it.
+
+    ``keys``/``values`` are in the engine's order (``LmModel.order``): attention caches
+    first, then recurrent layers' states, each a flat (B, 1, F) float32 array in ``keys``
+    (``values`` holds a (B, 1, 1) placeholder there). ``counts`` (B,): tokens of this call
+    that count per row (a right-padded prefill, a commit's accepted path); None: all T.
+    """
+
+    def __init__(self, model, positions, mask, keys, values, write_idx, counts=None):
+        self.model = model
+        self.positions = positions  # (B, T) int32
+        self.mask = mask  # (B, 1, T, A) bool
+        self.keys, self.values = list(keys), list(values)
+        self.write_idx = write_idx  # (B, T)
+        self.counts = counts
+        self.fresh: dict[int, tuple] = {}  # attention cache -> its new (K, V), (B, T, n, D)
+        self.set_states: dict[int, dict] = {}  # recurrent cache -> {entry: new array}
+        self.windows: dict[int, mx.array] = {}  # sliding masks by window size
+        self.tables: dict[int, tuple] = {}  # rope group -> (cos, sin)
+        self.features: dict[int, mx.array] = {}  # layer -> its input
+        self.recorded: dict[int, tuple] = {}  # recurrent cache -> (layer, x, args, kwargs)
+        self.hidden: mx.array | None = None
+        self._ssm_mask = None
+
+    def window(self, size: int) -> mx.array:
+        """The mask narrowed to keys within ``size`` positions of each query."""
+        if size not in self.windows:
+            self.windows[size] = window_mask(self.mask, self.positions, self.write_idx, size)
+        return self.windows[size]
+
+    def ssm_mask(self) -> mx.array:
+        """(B, T) bool: the tokens a recurrent layer takes in (all of them unless
+        ``counts``). One object per call, so a commit can find it among a layer's
+        arguments (``StateCommit``)."""
+        if self._ssm_mask is None:
+            B, T = self.positions.shape
+            if self.counts is None:
+                self._ssm_mask = mx.ones((B, T), dtype=mx.bool_)
+            else:
+                self._ssm_mask = arange(T)[None, :] < self.counts[:, None]
+        return self._ssm_mask
+
+
+class SlotCache:
+    """One attention cache of mlx-lm's protocol over the engine's slot storage."""
+
+    def __init__(self, call: LmCall, index: int):
+        self.call = call
+        self.index = index  # the engine's
+
+    @property
+    def offset(self) -> mx.array:
+        """(B,) the position of each row's first new token (mlx-lm's batched offset)."""
+        return self.call.positions[:, 0]
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        """keys/values (B, n_kv, T, D) written at the call's slots; returns the buffers over
+        the attention window, (B, n_kv, A, D) each."""
+        call, i = self.call, self.index
+        new_k, new_v = keys.transpose(0, 2, 1, 3), values.transpose(0, 2, 1, 3)
+        call.fresh[i] = (new_k, new_v)
+        call.keys[i] = write_slots(call.keys[i], call.write_idx, new_k)
+        call.values[i] = write_slots(call.values[i], call.write_idx, new_v)
+        return self.keys_and_values()
+
+    def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
+        """The engine's (B, 1, T, A) mask; within ``window_size`` positions when given."""
+        return self.call.mask if window_size is None else self.call.window(window_size)
+
+    def keys_and_values(self):
+        """The buffers over the attention window (a layer sharing this cache reads them)."""
+        A = self.call.mask.shape[-1]
+        i = self.index
+        return self.call.keys[i][:, :, :A], self.call.values[i][:, :, :A]
+
+    @property
+    def state(self):
+        return self.keys_and_values()
+
+    def is_trimmable(self) -> bool:
+        return False
+
+    def empty(self) -> bool:
+        return False
+
+
+class StateCache:
+    """One recurrent layer's cache of mlx-lm's ``ArraysCache`` protocol (conv windows, SSM
+    and delta-rule states) over the engine's flat (B, 1, F) storage.
+
+    ``lengths`` is mlx-lm's right-padding hook: a layer takes in only each row's first
+    ``lengths`` tokens and leaves its state there, which is how a commit keeps the accepted
+    path alone (``StateCommit``).
+    """
+
+    def __init__(self, call: LmCall, index: int, layout: list, start: mx.array):
+        self.call = call
+        self.index = index  # the engine's
+        self.layout = layout  # per entry: (shape, dtype, offset, size) or None
+        self.start = start  # (B, 1, F) the state before this call
+        self.left_padding = None
+
+    @property
+    def lengths(self):
+        return self.call.counts
+
+    def __getitem__(self, j: int):
+        entry = self.layout[j]
+        if entry is None:
+            return None
+        shape, dtype, at, size = entry
+        B = self.start.shape[0]
+        return self.start[:, 0, at : at + size].reshape(B, *shape).astype(dtype)
+
+    def __setitem__(self, j: int, value: mx.array) -> None:
+        self.call.set_states.setdefault(self.index, {})[j] = value
+
+    def advance(self, N: int) -> None:
+        pass
+
+    def make_mask(self, N: int, *args, **kwargs):
+        return self.call.ssm_mask()
+
+    def empty(self) -> bool:
+        return False
+
+    def flat(self) -> mx.array:
+        """The state after the call, (B, 1, F) float32 (entries not set keep theirs)."""
+        new = self.call.set_states.get(self.index, {})
+        B = self.start.shape[0]
+        parts = []
+        for j, entry in enumerate(self.layout):
+            if entry is None:
+                continue
+            _, _, at, size = entry
+            if j in new:
+                parts.append(new[j].astype(mx.float32).reshape(B, 1, size))
+            else:
+                parts.append(self.start[:, :, at : at + size])
+        return mx.concatenate(parts, axis=-1) if len(parts) > 1 else parts[0]
+
+
+class StateCommit:
+    """A recurrent layer's state at each row's accepted length, computed at the commit: the
+    layer runs again over the verified tokens from its state before the step, taking in
+    only the first ``count`` of them (mlx-lm's ``lengths``; its outputs are never read, so
+    only the state's share of the layer is computed)."""
+
+    def __init__(self, call: LmCall, index: int, layout: list, start: mx.array):
+        self.call, self.index, self.layout, self.start = call, index, layout, start
+
+    def commit(self, count: mx.array) -> mx.array:
+        """count (B,) tokens kept per row -> the flat state (B, 1, F) after them."""
+        call = self.call
+        layer, x, args, kwargs = call.recorded[self.index]
+        again = LmCall(call.model, call.positions, call.mask, [], [], call.write_idx, count)
+        cache = StateCache(again, self.index, self.layout, self.start)
+        old_mask = call._ssm_mask  # the verify's (B, T) mask object, if a layer asked
+
+        def swap(value):
+            if isinstance(value, StateCache):
+                return cache
+            if old_mask is not None and value is old_mask:
+                return again.ssm_mask()
+            return value
+
+        args = [swap(a) for a in args]
+        kwargs = {k: swap(v) for k, v in kwargs.items()}
+        type(layer).__call__(layer, x, *args, **kwargs)
+        return cache.flat()
+
+
+class ProbeCache:
+    """Records the K/V shapes an attention cache is given (one lazy forward at load)."""
+
+    def __init__(self, shapes: dict, index: int):
+        self.shapes = shapes
+        self.index = index
+        self.offset = 0
+
+    def update_and_fetch(self, keys, values):
+        self.shapes[self.index] = (keys.shape[1], keys.shape[3], values.shape[3])
+        self.kv = keys, values
+        return keys, values
+
+    def keys_and_values(self):
+        return self.kv
+
+    def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
+        return None
+
+    def empty(self) -> bool:
+        return True
+
+
+class ProbeState:
+    """Records the arrays a recurrent layer keeps in its ``ArraysCache``."""
+
+    def __init__(self, size: int):
+        self.entries: list = [None] * size
+        self.lengths = None
+        self.left_padding = None
+
+    def __getitem__(self, j: int):
+        return self.entries[j]
+
+    def __setitem__(self, j: int, value) -> None:
+        self.entries[j] = value
+
+    def advance(self, N: int) -> None:
+        pass
+
+    def make_mask(self, N: int, *args, **kwargs):
+        return None
+
+    def empty(self) -> bool:
+        return True
+
+    def layout(self) -> list:
+        """Per entry (shape after the batch axis, dtype, offset, size) in the flat state."""
+        out, at = [], 0
+        for value in self.entries:
+            if value is None:
+                out.append(None)
+                continue
+            size = math.prod(value.shape[1:])
+            out.append((tuple(value.shape[1:]), value.dtype, at, size))
+            at += size
+        return out

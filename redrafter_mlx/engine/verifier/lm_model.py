@@ -1,0 +1,378 @@
+"""The verifier as mlx-lm builds it: any text model mlx-lm implements, trees included.
+
+:class:`LmModel` wraps the model object of ``mlx_lm.models.<family>`` and gives it the
+engine's forward, ``(tokens, positions, mask, keys, values, write_idx, fresh)``, through the
+hooks mlx-lm's own code already calls; no family's forward is copied
+(docs/design/any-model.md):
+
+* **K/V and masks.** Each attention layer gets a :class:`SlotCache`, an object of mlx-lm's
+  cache protocol (``offset``, ``update_and_fetch``, ``make_mask``, ``state``) over our
+  preallocated, slot-addressed storage: ``update_and_fetch`` writes the call's K/V at its
+  slots (``write_idx``) and returns the buffers up to the attention window, and
+  ``make_mask(N, window_size=w)`` answers with the engine's mask (a tree's ancestor mask
+  over the cache), narrowed to the layer's sliding window when it asks for one.
+* **Positions.** Every rope module of the model gets each token's own position (``len +
+  depth`` in a tree): mx.fast.rope takes one offset per batch row, so a call's tokens are
+  moved into the batch axis with offsets = their positions. On the CPU backend, where that
+  kernel is slow, each distinct rope gives one cos/sin table per forward (the same kernel
+  run once on a unit vector) and the layers rotate by it. Every ``rope_utils`` variant keeps
+  its own frequencies either way.
+* **Hidden states.** The module that holds the layers (``model.model`` for most families)
+  is tapped: its output is the hidden state the engine keeps and the drafter reads; the
+  outer model's own head turns a hidden state into logits (its tie, soft cap and scaling
+  included). A drafter's feature layers are taps on those layers' inputs.
+
+Taps change a module's class to a subclass with another ``__call__``; the parameter tree,
+weight names and every call outside the engine's forward (mlx-lm's own ``generate`` in
+``bench --mlx-lm``) are unchanged.
+
+Shapes: B batch rows, T new tokens, S cache slots, A attended slots (A <= S), H hidden.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..core.tree import arange, cache_mask, chain_mask
+from .lm_cache import LmCall, ProbeCache, ProbeState, SlotCache, StateCache, StateCommit
+from .lm_rope import is_rope, rope_group, rope_layout, rope_tap
+from .model import Verifier
+
+
+def _patched(module: nn.Module, call_fn, tag: str) -> None:
+    """Give ``module`` a ``__call__`` of ``call_fn(self, original, *args, **kwargs)``: its class
+    becomes a subclass (one per class and tag), so its parameters keep their names."""
+    base = type(module)
+    cache = _patched.classes
+    key = (base, tag)
+    if key not in cache:
+
+        def __call__(self, *args, **kwargs):
+            return call_fn(self, base.__call__, *args, **kwargs)
+
+        cache[key] = type(f"{base.__name__}", (base,), {"__call__": __call__})
+    module.__class__ = cache[key]
+
+
+_patched.classes = {}
+
+
+def _hidden_tap(self, original, *args, **kwargs):
+    """The layers' module: its output is the engine's hidden state, or, while the head is
+    read (``LmModel.logits``), the given hidden state stands in for it."""
+    owner = self._rd_owner
+    if owner.substitute is not None:
+        return owner.substitute
+    h = original(self, *args, **kwargs)
+    if owner.call is not None:
+        owner.call.hidden = h
+    elif owner.probing:
+        owner.last_hidden = h
+    return h
+
+
+def _layer_tap(self, original, x, *args, **kwargs):
+    """Every layer: record its input when a drafter reads it, and a recurrent layer's whole
+    call, which the commit runs again over the accepted tokens (``StateCommit``)."""
+    call = self._rd_owner.call
+    if call is not None:
+        if self._rd_index in call.model.feature_layers:
+            call.features[self._rd_index] = x
+        for value in (*args, *kwargs.values()):
+            if isinstance(value, StateCache):
+                call.recorded[value.index] = (self, x, args, kwargs)
+    return original(self, x, *args, **kwargs)
+
+
+class LmArgs:
+    """The sizes the engine reads of any model (``model.args``: memory estimates, layer
+    counts, the context), from its config.json (or its ``text_config``) and the probe."""
+
+    def __init__(self, config: dict, hidden: int, vocab: int, layers: int, caches: list):
+        text = {**(config.get("text_config") or {}), **config}
+        self.model_type = config.get("model_type")
+        self.hidden_size = hidden
+        self.vocab_size = vocab
+        self.num_hidden_layers = layers
+        self.max_position_embeddings = text.get("max_position_embeddings")
+        kv_heads = max((n for n, _, _ in caches), default=1)
+        self.num_key_value_heads = kv_heads
+        self.head_dim = max((max(dk, dv) for _, dk, dv in caches), default=1)
+        self.num_attention_heads = _positive(text.get("num_attention_heads"), kv_heads)
+        self.intermediate_size = _positive(text.get("intermediate_size"), 4 * hidden)
+
+
+def _positive(value, default: int) -> int:
+    return value if isinstance(value, int) and value > 0 else default
+
+
+def _layers_owner(model: nn.Module) -> nn.Module:
+    """The module below ``model`` that holds the layers list (breadth first)."""
+    queue = [child for child in model.children().values() if isinstance(child, nn.Module)]
+    while queue:
+        module = queue.pop(0)
+        if _layer_list(module) is not None:
+            return module
+        queue += [child for child in module.children().values() if isinstance(child, nn.Module)]
+    raise ValueError(f"{type(model).__module__} has no module holding its layers")
+
+
+LAYER_LISTS = ("layers", "h", "blocks")  # what families call their list of blocks
+
+
+def _layer_list(module: nn.Module) -> list | None:
+    """The module's list of blocks, if it holds one."""
+    for name in LAYER_LISTS:
+        layers = module.get(name)
+        if isinstance(layers, list) and layers and isinstance(layers[0], nn.Module):
+            return layers
+    return None
+
+
+def _embedding(owner: nn.Module) -> nn.Module:
+    """The input embedding table of the layers' module."""
+    for name in ("embed_tokens", "wte", "tok_embeddings", "word_embeddings", "embeddings"):
+        child = owner.get(name)
+        if isinstance(child, (nn.Embedding, nn.QuantizedEmbedding)):
+            return child
+    for _, child in owner.named_modules():
+        if isinstance(child, (nn.Embedding, nn.QuantizedEmbedding)):
+            return child
+    raise ValueError("the model has no input embedding table")
+
+
+# mlx-lm's caches of keys and values (full or sliding: the window comes from ``make_mask``).
+ATTENTION_CACHES = ("KVCache", "RotatingKVCache", "QuantizedKVCache", "ConcatenateKVCache")
+
+
+class LmModel(Verifier):
+    """Any mlx-lm text model as the engine's verifier.
+
+    ``lm``: the model object of ``mlx_lm.models.<family>`` (weights loaded);
+    ``config``: its config.json dict.
+    """
+
+    def __init__(self, lm: nn.Module, config: dict):
+        super().__init__()
+        self.lm = lm
+        self.config = config
+        self.model_type = config.get("model_type")
+        self.group = None
+        self.shards = 1
+        self.split_ids: tuple[int, ...] = ()
+        self.feature_layers: tuple[int, ...] = ()
+        owner = _layers_owner(lm)
+        # Plain attributes, not children: the parameter tree stays ``lm``'s alone.
+        object.__setattr__(self, "_owner", owner)
+        object.__setattr__(self, "_layers", _layer_list(owner))
+        object.__setattr__(self, "_embedding", _embedding(owner))
+        object.__setattr__(self, "_state", _Owner())
+        self._install_taps()
+        kv, states, hidden, vocab = self._probe()
+        # The engine's cache order: attention caches first (slot 0 always has slots; a
+        # model without attention gets one empty cache for it), then recurrent states.
+        order = list(kv) or [None]
+        object.__setattr__(self, "_order", order + list(states))
+        object.__setattr__(self, "_kv_shapes", [kv.get(i, (1, 1, 1)) for i in order])
+        object.__setattr__(self, "_layouts", [states[i] for i in states])
+        self._hidden_size = hidden
+        shapes = list(self._kv_shapes)
+        self.args = LmArgs(config, hidden, vocab, len(self._layers), shapes)
+
+    def check_commit(self) -> None:
+        """ValueError unless every recurrent layer stops at mlx-lm's right-padding
+        ``lengths``: the state after 3 tokens of which the first counts must equal the
+        state after that token alone (a family that ignores ``lengths`` would commit a
+        rejected draft's state, and pad a batched prefill into a row's state)."""
+        if not self.recurrent:
+            return
+        keys, values = self.make_cache(1, 8)
+        tokens = mx.array([[1, 2, 3]], dtype=mx.int32) % self.vocab_size
+        start = mx.zeros((1,), mx.int32)
+        pos = arange(3)[None]
+        mask = cache_mask(start, chain_mask(3), 8)
+        _, padded, _ = self(tokens, pos, mask, keys, values, pos, counts=mx.array([1]))
+        one = cache_mask(start, chain_mask(1), 8)
+        _, alone, _ = self(tokens[:, :1], pos[:, :1], one, keys, values, pos[:, :1])
+        n_kv = len(self._kv_shapes)
+        for a, b in zip(padded[n_kv:], alone[n_kv:]):
+            if not bool(mx.allclose(a, b, atol=1e-5, rtol=1e-4)):
+                raise ValueError(
+                    f"model_type {self.model_type!r}: its recurrent layers take in tokens "
+                    "past mlx-lm's right-padding lengths, so a step could not keep the "
+                    "accepted tokens' state alone; this family cannot be sped up yet"
+                )
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether some layer keeps a recurrent state: a verify then commits it by running
+        the layer again, which follows a chain but not a tree's branches."""
+        return bool(self._layouts)
+
+    # -- taps ---------------------------------------------------------------------------
+
+    def _install_taps(self) -> None:
+        state = self._state
+        object.__setattr__(self._owner, "_rd_owner", state)
+        _patched(self._owner, _hidden_tap, "hidden")
+        for i, layer in enumerate(self._layers):
+            object.__setattr__(layer, "_rd_owner", state)
+            object.__setattr__(layer, "_rd_index", i)
+            _patched(layer, _layer_tap, "layer")
+        groups: list[tuple[nn.Module, Any]] = []
+        for _, module in self.lm.named_modules():
+            if not is_rope(module) or hasattr(module, "_rd_owner"):
+                continue
+            object.__setattr__(module, "_rd_owner", state)
+            object.__setattr__(module, "_rd_layout", rope_layout(module))
+            object.__setattr__(module, "_rd_group", rope_group(module, groups))
+            _patched(module, rope_tap, "rope")
+
+    def _probe(self):
+        """One lazy one-token forward (nothing is evaluated): each attention cache's
+        (n_kv, key dim, value dim) and each recurrent cache's layout, by mlx-lm index,
+        the hidden size and the vocabulary. A cache kind we cannot hold: ValueError."""
+        kinds = self._make_lm_cache()
+        shapes: dict[int, tuple] = {}
+        caches: list = []
+        for i, kind in enumerate(kinds):
+            name = type(kind).__name__
+            if kind is None or name in ATTENTION_CACHES:
+                caches.append(ProbeCache(shapes, i))
+            elif isinstance(getattr(kind, "cache", None), list):  # ArraysCache, MambaCache
+                caches.append(ProbeState(len(kind.cache)))
+            else:
+                raise ValueError(
+                    f"model_type {self.model_type!r} keeps a {name} cache, which this "
+                    "version cannot hold yet"
+                )
+        tokens = mx.zeros((1, 1), dtype=mx.int32)
+        self._state.probing = True
+        try:
+            logits = self.lm(tokens, cache=caches)
+        finally:
+            self._state.probing = False
+        hidden, self._state.last_hidden = self._state.last_hidden, None
+        states = {i: c.layout() for i, c in enumerate(caches) if isinstance(c, ProbeState)}
+        kv = {i: shapes[i] for i, c in enumerate(caches) if i in shapes}
+        unused = [i for i, c in enumerate(caches) if isinstance(c, ProbeCache) and i not in kv]
+        if unused:  # a cache a layer shares rather than writes: never read from ours
+            kv.update({i: (1, 1, 1) for i in unused})
+        object.__setattr__(self, "_n_lm", len(caches))
+        return kv, states, hidden.shape[-1], logits.shape[-1]
+
+    def _make_lm_cache(self) -> list:
+        if hasattr(self.lm, "make_cache"):
+            return self.lm.make_cache()
+        return [None] * len(self._layers)
+
+    # -- the engine's interface ---------------------------------------------------------
+
+    @property
+    def hidden_size(self) -> int:
+        return self._hidden_size
+
+    @property
+    def vocab_size(self) -> int:
+        return self.args.vocab_size
+
+    @property
+    def dtype(self):
+        """The float dtype the model computes in (its embedding's, or its scales')."""
+        scales = self._embedding.get("scales")
+        return (scales if scales is not None else self._embedding.weight).dtype
+
+    def embed(self, tokens: mx.array) -> mx.array:
+        """The input embedding lookup, (...) -> (..., H), unscaled."""
+        return self._embedding(tokens)
+
+    def __call__(self, tokens, positions, mask, keys, values, write_idx, fresh=None, counts=None):
+        """One forward over T new tokens per row against the cache (``Model.__call__``).
+
+        tokens, positions, write_idx: (B, T); mask: (B, 1, T, A) bool; keys/values: per
+        cache in the engine's order (``_order``). ``counts`` (B,): the tokens per row a
+        recurrent layer takes in (a right-padded prefill); None: all T. ``fresh``: a list
+        that receives, per cache, what the commit needs: an attention cache's new (K, V),
+        (B, T, n_kv, D) each, or a recurrent layer's ``StateCommit``.
+        Returns (hidden (B, T, state_width), keys, values).
+        """
+        call = LmCall(self, positions, mask, keys, values, write_idx, counts)
+        caches: list = [None] * self._n_lm
+        n_kv = len(self._kv_shapes)
+        for e, i in enumerate(self._order):
+            if e < n_kv:
+                if i is not None:
+                    caches[i] = SlotCache(call, e)
+                continue
+            start = call.keys[e]
+            if start.shape[0] > 0:  # a row starting at position 0 starts from zero state
+                fresh_row = (positions[:, 0] == 0)[:, None, None]
+                start = mx.where(fresh_row, mx.zeros_like(start), start)
+            caches[i] = StateCache(call, e, self._layouts[e - n_kv], start)
+        state = self._state
+        state.call = call
+        try:
+            self.lm(tokens, cache=caches)  # the logits are never read: lazily dead
+        finally:
+            state.call = None
+        for e, i in enumerate(self._order[n_kv:], start=n_kv):
+            call.keys[e] = caches[i].flat()
+        if fresh is not None:
+            for e, i in enumerate(self._order):
+                if e < n_kv:
+                    fresh.append(call.fresh.get(e))
+                else:
+                    layout = self._layouts[e - n_kv]
+                    fresh.append(StateCommit(call, e, layout, caches[i].start))
+        hidden = call.hidden
+        if self.feature_layers:
+            hidden = mx.concatenate(
+                [hidden, *(call.features[i] for i in self.feature_layers)], axis=-1
+            )
+        return hidden, call.keys, call.values
+
+    def logits(self, hidden: mx.array) -> mx.array:
+        """(..., H) -> (..., V) float32 logits from the model's own head."""
+        H = self.hidden_size
+        if hidden.shape[-1] != H:
+            hidden = hidden[..., :H]
+        lead = hidden.shape[:-1]
+        flat = hidden.reshape(1, -1, H)
+        state = self._state
+        state.substitute = flat
+        try:
+            out = self.lm(mx.zeros(flat.shape[:2], dtype=mx.int32))
+        finally:
+            state.substitute = None
+        return out.reshape(*lead, -1).astype(mx.float32)
+
+    def head_logits(self, hidden: mx.array, ids) -> mx.array:
+        """(..., H) -> (..., K) float32 logits of token ``ids`` alone: the model's own head
+        (any scaling or cap a family applies), then those columns."""
+        return mx.take(self.logits(hidden), mx.array(ids, dtype=mx.int32), axis=-1)
+
+    def make_cache(self, batch: int, slots: int, dtype=None):
+        """Zeroed caches in the engine's order: (batch, n_kv, slots, D) keys and values per
+        attention cache, then a (batch, 1, F) float32 state (and a (batch, 1, 1)
+        placeholder value) per recurrent layer."""
+        dtype = dtype or self.dtype
+        keys = [mx.zeros((batch, n, slots, dk), dtype) for n, dk, _ in self._kv_shapes]
+        values = [mx.zeros((batch, n, slots, dv), dtype) for n, _, dv in self._kv_shapes]
+        for layout in self._layouts:
+            size = sum(entry[3] for entry in layout if entry is not None)
+            keys.append(mx.zeros((batch, 1, size), mx.float32))
+            values.append(mx.zeros((batch, 1, 1), mx.float32))
+        return keys, values
+
+
+class _Owner:
+    """What the taps read: the current call, a substituted hidden state, the probe."""
+
+    def __init__(self):
+        self.call: LmCall | None = None
+        self.substitute: mx.array | None = None
+        self.last_hidden = None
+        self.probing = False

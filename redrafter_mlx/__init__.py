@@ -18,19 +18,19 @@ def _version() -> str:
 __version__ = _version()
 
 _EXPORTS = {
-    "BeamShape": "engine.shape",
-    "SamplerConfig": "engine.sampling",
-    "GenerationResponse": "engine.generation",
-    "batch_generate": "engine.generation",
-    "generate": "engine.generation",
-    "stream_generate": "engine.generation",
-    "Session": "engine.cache",
-    "load": "engine.loading",
-    "LoadError": "engine.loading",
-    "DraftSource": "engine.sources",
-    "DraftContext": "engine.sources",
-    "Proposal": "engine.sources",
-    "register_source": "engine.sources",
+    "BeamShape": "engine.core.shape",
+    "SamplerConfig": "engine.core.sampling",
+    "GenerationResponse": "engine.loop.generation",
+    "batch_generate": "engine.loop.generation",
+    "generate": "engine.loop.generation",
+    "stream_generate": "engine.loop.generation",
+    "Session": "engine.decoding.cache",
+    "load": "engine.loop.loading",
+    "LoadError": "engine.loop.loading",
+    "DraftSource": "engine.drafting.sources",
+    "DraftContext": "engine.drafting.sources",
+    "Proposal": "engine.drafting.sources",
+    "register_source": "engine.drafting.sources",
 }
 
 __all__ = [*_EXPORTS, "__version__"]

@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # redrafter_mlx/
 DEMO_ROOT = PACKAGE_ROOT / "demo_model"
 SMOLLM2_NAME = "smollm2-135m-instruct"
 SMOLLM2_DRAFTER = PACKAGE_ROOT / "smollm2_drafter"

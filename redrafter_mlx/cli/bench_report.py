@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from redrafter_mlx.cli.stats import branch_stats
 from redrafter_mlx.engine.core.shape import AR, BeamShape
-from redrafter_mlx.engine.drafting.sources import LOOKUP, SOURCE_NAMES
+from redrafter_mlx.engine.drafting.sources import SOURCE_NAMES
 from redrafter_mlx.measure.throughput import Run, measure_generation
 
 AR_NAME = "AR"
@@ -387,7 +387,7 @@ def _summary_row(
         efficiency=speedup / tokens_per_step,
         mean_packed=packed if config.kind == "redrafter" else None,
         tree_size=config.tree_size,
-        lookup_share=source_share(runs, SOURCE_NAMES[LOOKUP]) if config.has_lookup else None,
+        lookup_share=source_share(runs, "lookup") if config.has_lookup else None,
         draft_model_length=config.field("model_length") or None,
         source_shares=source_shares(runs) if config.kind != "ar" else None,
         ttft_s=sum(r.ttft_s for r in runs) / len(runs),

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 from redrafter_mlx.cli.stats import branch_stats
 from redrafter_mlx.engine.core.shape import AR, BeamShape
-from redrafter_mlx.engine.drafting.sources import SOURCE_NAMES
 from redrafter_mlx.measure.throughput import Run, measure_generation
 
 AR_NAME = "AR"

@@ -90,12 +90,7 @@ def test_the_acceptance_histogram_needs_no_explanation_and_help_gives_one():
 
 def test_reset_clears_the_dropped_turns_count(app, pair):
     from redrafter_mlx.cli.chat_ui import ChatLoop
-    from redrafter_mlx.cli.common import (
-        BeamFlags,
-        ModelPaths,
-        load_engine,
-        plan_from_flags,
-    )
+    from redrafter_mlx.cli.common import BeamFlags, ModelPaths, load_engine, plan_from_flags
     from redrafter_mlx.engine.core.sampling import SamplerConfig
 
     model, drafter, _ = pair

@@ -35,12 +35,7 @@ from ..core.sampling import (
 )
 from ..core.shape import BeamShape
 from ..drafting.held import held_modules, held_sources, slot_items
-from .decode import (
-    DecodeState,
-    StepOutput,
-    autoregressive_step,
-    redrafter_step,
-)
+from .decode import DecodeState, StepOutput, autoregressive_step, redrafter_step
 
 
 def split_row_keys(row_keys: mx.array) -> tuple[mx.array, mx.array]:

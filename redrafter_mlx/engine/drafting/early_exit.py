@@ -41,13 +41,7 @@ from mlx.utils import tree_flatten
 from ..core.footprint import StepMemory, head_bytes, module_bytes, own_cache_bytes
 from ..verifier.model import Attention, Model, ModelArgs, fused_kernels, output_rows
 from .early_exit_chain import ETA, draft_chain, prefill, refresh_committed
-from .sources import (
-    DraftContext,
-    Proposal,
-    Source,
-    catch_up_positions,
-    register_source,
-)
+from .sources import DraftContext, Proposal, Source, catch_up_positions, register_source
 
 KIND = "early-exit"
 

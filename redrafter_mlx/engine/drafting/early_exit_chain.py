@@ -22,10 +22,7 @@ import mlx.core as mx
 
 from ..core.tree import arange, cache_mask, chain_mask
 from ..verifier.model import Model, fused_kernels, output_rows, window_mask
-from .sources import (
-    ABSENT,
-    padded_chunks,
-)
+from .sources import ABSENT, padded_chunks
 
 GAMMA = 6  # the paper's most drafted tokens per step
 ETA = 0.6  # the paper's confidence exit: stop after a draft whose top-1 prob is below this

@@ -32,18 +32,10 @@ from typing import NamedTuple
 import mlx.core as mx
 
 from ..base.platform import read_first
-from ..decoding.cache import (
-    SLOT_QUANTUM,
-    stop_at,
-)
-from ..decoding.decode import (
-    DecodeState,
-)
+from ..decoding.cache import SLOT_QUANTUM, stop_at
+from ..decoding.decode import DecodeState
 from ..drafting.held import held_sources
-from ..drafting.sources import (
-    PREFILL_CHUNK,
-    stateful,
-)
+from ..drafting.sources import PREFILL_CHUNK, stateful
 from .batch_choice import ShapePolicy
 from .branch_rows import BranchRows, WaitingFork
 from .prefilling import Prefill, PromptProcessing

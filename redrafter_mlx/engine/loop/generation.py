@@ -24,12 +24,7 @@ from dataclasses import dataclass, field, fields
 import mlx.core as mx
 
 from ..base.distributed import shared_seed
-from ..core.branches import (
-    BranchRules,
-    Piece,
-    check_branching_model,
-    request_rows,
-)
+from ..core.branches import BranchRules, Piece, check_branching_model, request_rows
 from ..core.sampling import SamplerConfig, check_seed
 from ..core.shape import BeamShape
 from ..decoding.cache import SLOT_QUANTUM, Session

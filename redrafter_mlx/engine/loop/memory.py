@@ -41,11 +41,7 @@ from dataclasses import replace
 
 import mlx.core as mx
 
-from ..core.footprint import (
-    Dims,
-    StepMemory,
-    step_memory,
-)
+from ..core.footprint import Dims, StepMemory, step_memory
 from ..core.shape import BeamShape, ShapeError
 from ..decoding.cache import bucket
 from ..drafting.sources import step_candidates, step_capacity

@@ -11,26 +11,10 @@ from typing import Any
 import mlx.core as mx
 
 from ..core.branches import step_split
-from ..core.sampling import (
-    RowSampler,
-    SamplerConfig,
-    one_row,
-    row_keys_of,
-    stack_rows,
-)
-from ..decoding.cache import (
-    Session,
-    ensure_slots,
-    prefill_session,
-    text_history,
-)
-from ..decoding.decode import (
-    DecodeState,
-    first_draw,
-)
-from ..drafting.sources import (
-    PREFILL_CHUNK,
-)
+from ..core.sampling import RowSampler, SamplerConfig, one_row, row_keys_of, stack_rows
+from ..decoding.cache import Session, ensure_slots, prefill_session, text_history
+from ..decoding.decode import DecodeState, first_draw
+from ..drafting.sources import PREFILL_CHUNK
 from .rows import Row, RowStep
 
 

@@ -12,19 +12,11 @@ from typing import Any, NamedTuple
 import mlx.core as mx
 
 from ..core.branches import BranchTree
-from ..core.sampling import (
-    RowSampling,
-    SamplerConfig,
-)
+from ..core.sampling import RowSampling, SamplerConfig
 from ..core.shape import BeamShape
-from ..decoding.decode import (
-    DecodeState,
-)
+from ..decoding.decode import DecodeState
 from ..drafting.lookup import LookupShadow
-from ..drafting.sources import (
-    SOURCE_NAMES,
-    map_states,
-)
+from ..drafting.sources import SOURCE_NAMES, map_states
 
 
 @dataclass

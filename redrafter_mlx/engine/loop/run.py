@@ -26,12 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..base.errors import ParamError
-from ..core.branches import (
-    BRANCH_MODES,
-    BranchRules,
-    branch_rules,
-    request_rows,
-)
+from ..core.branches import BRANCH_MODES, BranchRules, branch_rules, request_rows
 from ..core.sampling import SamplerConfig
 from ..core.shape import AR, BeamShape
 from ..decoding.cache import token_limit

@@ -10,26 +10,12 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from ..core.sampling import (
-    StepMode,
-    one_row,
-    stack_rows,
-)
+from ..core.sampling import StepMode, one_row, stack_rows
 from ..core.shape import AR, BeamShape
-from ..decoding.cache import (
-    ensure_slots,
-    step_window,
-)
-from ..decoding.decode import (
-    StepOutput,
-)
+from ..decoding.cache import ensure_slots, step_window
+from ..decoding.decode import StepOutput
 from ..decoding.step import batch_step
-from ..drafting.sources import (
-    DraftContext,
-    by_source,
-    sized_sources,
-    step_capacity,
-)
+from ..drafting.sources import DraftContext, by_source, sized_sources, step_capacity
 from .adaptive import rank0_shape
 from .rows import Row, RowStep
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import mlx.core as mx
 
@@ -144,7 +145,7 @@ def generate_steps(
     eos_token_ids: Sequence[int] = (),
     session: Session | None = None,
     adapt: Adaptive | bool = False,
-    draft_model: Model | None = None,
+    draft_model: Any = None,
     branches: BranchRules | None = None,
 ) -> Iterator[DecodeEvent]:
     """Decode B rows; yield one :class:`DecodeEvent` per step with each row's new tokens.
@@ -162,8 +163,8 @@ def generate_steps(
     ``draft_model``: a model sharing the vocabulary whose greedy chain joins the tree
     (``draft_model.py``; the shape's ``D1×L``, else ``D1×`` its drafter length), or an
     early-exit adapter (``early_exit.py``: its chain is the ``D1×L``, beside the recurrent
-    drafter's beams; an adapter in both slots is a ValueError), or both
-    (``draft_model.DraftPair``: each proposes its own ``D1×L`` chain); adaptive
+    drafter's beams; an adapter in both slots is a ValueError), any ``sources.Source``, or a
+    list of them (each proposes its own ``D1×L`` chain: ``held.held_sources``); adaptive
     runs choose among shapes with and without its chain, as with an early-exit adapter as
     the drafter (the loop catches a source's cache up on steps it sat out: ``sources.py``).
     ``branches``: the model's branching rules (``branches.branch_rules``; None: off): each
@@ -384,7 +385,7 @@ def stream_generate(
     seed: int | None = None,
     session: Session | None = None,
     adapt: Adaptive | bool = True,
-    draft_model: Model | None = None,
+    draft_model: Any = None,
     branches: str | BranchRules | None = "auto",
 ) -> Iterator[GenerationResponse]:
     """Stream one prompt's continuation. ``drafter=None`` speculates from context lookup
@@ -401,9 +402,9 @@ def stream_generate(
     (:class:`SamplerConfig`), drawn from ``seed`` (else ``sampler.seed``). ``prompt`` is a
     string (encoded with BOS) or a list of token ids. Pass a ``Session`` to reuse its KV
     cache across calls (only tokens not already cached are prefilled). ``draft_model``: a
-    draft model sharing the tokenizer, an early-exit adapter, or both in a ``DraftPair``
-    (``load(..., draft_model=...)`` loads and checks them), whose chains join the tree
-    (``generate_steps``). ``branches``: ``"auto"`` (on for an APAR model:
+    draft model sharing the tokenizer, an early-exit adapter, any ``redrafter_mlx.DraftSource``
+    or a list of them (``load(..., draft_model=...)`` loads and checks models and adapters),
+    whose chains join the tree (``generate_steps``). ``branches``: ``"auto"`` (on for an APAR model:
     its config's ``branches`` block), ``"on"``, ``"off"`` or ``BranchRules``
     (``resolve_branches``); with branching on, the text is the rebuilt text, streamed as it
     becomes final.
@@ -462,7 +463,7 @@ def batch_generate(
     seed: int | None = None,
     session: Session | None = None,
     adapt: Adaptive | bool = True,
-    draft_model: Model | None = None,
+    draft_model: Any = None,
     branches: str | BranchRules | None = "auto",
 ) -> list[list[int]]:
     """Token ids generated for each prompt, decoded together as one batch (the arguments of

@@ -110,3 +110,19 @@ def test_sampling_with_the_toy_source_is_exact():
     assert sampling.chi_square_pvalue(counts, sampling.exact_joint(model, cfg), n) > 1e-3
     wrong = sampling.exact_joint(model, SamplerConfig(temperature=0.5))
     assert sampling.chi_square_pvalue(counts, wrong, n) < 1e-3  # the test has power
+
+
+def test_the_server_holds_and_names_the_toy_source():
+    """The server's scheduler takes the toy source in the draft slot, serves plain
+    decoding's tokens with it (rows joining a running batch), and ``/health`` names it."""
+    from redrafter_mlx.serve.scheduler import Scheduler
+    from tests.test_serve_scheduler import staggered
+
+    model = near_bigram_model(11, vocab=16, hidden=32)
+    _, want, _ = decode(BeamShape.autoregressive(), PROMPTS)
+    sched = Scheduler(model, None, BeamShape.parse("D1xL4"), (), draft_model=[RepeatSource()])
+    assert sched.health()["sources"] == ["lookup", "repeat"]
+    sinks = staggered(sched, PROMPTS, [24] * len(PROMPTS))
+    assert [s.tokens for s in sinks] == want
+    accepted = [s.last.stats.to_dict()["accepted_from_repeat"] for s in sinks]
+    assert sum(accepted) > 0  # each request's stats count its source by name

@@ -171,6 +171,7 @@ class Scheduler:
             **self.stats.to_dict(),
             resizes=self.batch.resizes,
             speculative=self.speculative,
+            sources=[source.describe() for source in self.batch.held],
             adaptive=self.choice is not None,
             shape_steps=self.choice.steps_run() if self.choice else {},
             step_ms=self.choice.step_ms() if self.choice else {},

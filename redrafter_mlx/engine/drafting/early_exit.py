@@ -360,6 +360,9 @@ class EarlyExitSource(Source):
     def modules(self) -> tuple:
         return (self.adapter,)
 
+    def describe(self) -> str:
+        return f"early_exit (exit layer {self.adapter.args.exit_layer})"
+
     def once_message(self) -> str:
         return both_slots_message()
 

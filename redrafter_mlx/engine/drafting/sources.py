@@ -178,7 +178,7 @@ class Source:
         return ()
 
     def describe(self) -> str:
-        """Its name for a banner or a table."""
+        """Its name for a banner or a table (the server's ``/health`` lists them)."""
         return self.name
 
     def memory(self, model, shape, batch: int, window: int):

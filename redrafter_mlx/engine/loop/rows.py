@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from typing import Any, NamedTuple
 
 import mlx.core as mx
@@ -84,7 +85,7 @@ class RowStats:
         """A step of ``shape`` (None: plain decoding) gave this row ``count`` tokens
         (accepted drafts + the bonus), its accepted drafts ``by_source`` (one count per
         ``SOURCE_NAMES``), in ``packed`` tree slots."""
-        self.by_source = [a + b for a, b in zip(self.by_source, by_source)]
+        self.by_source = [a + b for a, b in zip_longest(self.by_source, by_source, fillvalue=0)]
         self.drafted += shape.longest - 1 if shape else 0
         self.packed += packed
         self.accept_hist += [0] * (count - len(self.accept_hist))
@@ -97,7 +98,10 @@ class RowStats:
             steps=self.steps,
             tokens_per_step=round(self.tokens_per_step, 4),
             accepted_draft_tokens=self.accepted_drafts,
-            **{f"accepted_from_{name}": n for name, n in zip(SOURCE_NAMES, self.by_source)},
+            **{
+                f"accepted_from_{name}": n
+                for name, n in zip_longest(SOURCE_NAMES, self.by_source, fillvalue=0)
+            },
             acceptance_rate=round(self.accepted_drafts / drafted, 4) if drafted else 0.0,
             generation_tps=round(self.generated / max(self.decode_s, 1e-9), 2),
             time_to_first_token=round(self.ttft_s, 4),

@@ -57,3 +57,19 @@ def test_a_calls_stats_agree_with_its_steps():
     assert stats["accepted_tokens"] == emitted - row_steps == sum(stats["source_tokens"].values())
     assert stats["tokens_per_step"] == emitted / row_steps
     assert stats["generation_tokens"] == sum(len(o) for o in out)
+
+
+def test_a_source_registered_after_a_row_began_is_counted():
+    """A row's counters are made with the names registered then; a step of a source
+    registered since counts in its own column (record and summed pad by name)."""
+    from redrafter_mlx.engine.drafting.sources import register_source
+
+    early = RowStats(4)
+    late_id = register_source("late_test_source")
+    try:
+        early.record(3, by_source(late_id, 2), 3, BeamShape.parse("D1xL4"))
+        assert early.by_source[late_id] == 2
+        assert early.to_dict()["accepted_from_late_test_source"] == 2
+        assert RowStats.summed([early, RowStats(4)]).by_source[late_id] == 2
+    finally:
+        del SOURCE_NAMES[late_id:]  # the registry is the process's: leave it as it was

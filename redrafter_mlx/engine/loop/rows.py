@@ -70,7 +70,7 @@ class RowStats:
         return RowStats(
             root.prompt_tokens,
             generated=sum(r.generated for r in stats),
-            by_source=[sum(col) for col in zip(*(r.by_source for r in stats))],
+            by_source=[sum(c) for c in zip_longest(*(r.by_source for r in stats), fillvalue=0)],
             drafted=sum(r.drafted for r in stats),
             packed=sum(r.packed for r in stats),
             accept_hist=hist,

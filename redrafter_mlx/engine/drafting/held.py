@@ -2,13 +2,13 @@
 
 A run names its draft sources in two slots: the drafter (``drafter=``, ``--drafter``: a
 recurrent drafter, or an early-exit adapter drafting the shape's W1×L) and the draft slot
-(``draft_model=``, in the loop and the API; ``--draft-model``, repeatable: any
-number of draft models, an early-exit adapter, or any ``sources.Source``, each proposing one
-chain of the shape's ``D1×L``). ``held_sources`` turns them into the loop's sources, in the
-one order every step, state and statistic follows: the drafter slot's, the context lookup
-(always held: it reads the text), then the draft slot's by ``Source.order`` (an early-exit
-adapter before a draft model; the given order on ties). Nothing else in the engine asks
-what kind a source is.
+(``draft_model=``, in the loop and the API: any number of sources, draft models, an
+early-exit adapter or any ``sources.Source``, each proposing one chain of the shape's
+``D1×L``; ``--draft-model``, given twice at most, loads a draft model and an adapter).
+``held_sources`` turns them into the loop's sources, in the one order every step, state and
+statistic follows: the drafter slot's, the context lookup (always held: it reads the text),
+then the draft slot's by ``Source.order`` (an early-exit adapter before a draft model; the
+given order on ties). Nothing else in the engine asks what kind a source is.
 """
 
 from __future__ import annotations

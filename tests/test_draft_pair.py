@@ -427,13 +427,13 @@ def test_the_step_estimate_packs_and_commits_both_chains():
     the commit's margin count the second, which ``BeamShape.beams`` does not; a chain alone
     (``D1×L4`` with one source in the slot) commits in place, a pair's two chains do not."""
     model, adapter = random_pair(3)
-    drafter, other = tiny_drafter(model, 12), tiny_model(4, vocab=48, layers=2, hidden=16)
+    other = tiny_model(4, vocab=48, layers=2, hidden=16)
     pair = (other, adapter)
     tree = BeamShape.parse("W2xL4+K1xL4+D1xL4")
     assert step_candidates(tree, pair) == tree.beams + 1 == 5
     assert step_candidates(tree, other) == step_candidates(tree, adapter) == tree.beams
     assert step_candidates(tree.runnable(True, False), pair) == 3  # no D chain: none added
-    d = Dims.of(model, drafter, adapter)
+    d = Dims.of(model)
     for shape in (tree, BeamShape.parse("D1xL4")):
         s, n = replace(shape, capacity=step_capacity(shape, pair)), step_candidates(shape, pair)
         assert pack_bytes(s, 2, n) >= pack_bytes(s, 2), shape.label

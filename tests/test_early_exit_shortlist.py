@@ -12,9 +12,10 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 
-from redrafter_mlx.engine.core.footprint import Dims
+from redrafter_mlx.engine.core.footprint import head_bytes
 from redrafter_mlx.engine.core.shape import BeamShape
 from redrafter_mlx.engine.drafting.early_exit import (
+    EarlyExitSource,
     bind_head,
     check_pair,
     load_adapter,
@@ -113,7 +114,8 @@ def test_the_folder_keeps_the_shortlist_and_bad_ids_are_refused(tmp_path):
     pair(model, loaded)
     h = mx.random.normal((2, model.hidden_size), key=mx.random.key(3))
     assert mx.array_equal(draft_top1(model, loaded, h)[0], draft_top1(model, adapter, h)[0])
-    assert Dims.of(model, None, loaded).chain_vocab == len(IDS)
+    chain = EarlyExitSource(loaded, part="chain").memory(model, BeamShape.parse("D1xL4"), 1, 64)
+    assert chain.step == head_bytes(1, 1, len(IDS))  # its draft step ranks the shortlist
     (tmp_path / "ee" / "config.json").write_text(json.dumps({**cfg, "draft_vocab": [1, 64]}))
     with pytest.raises(ValueError, match="draft_vocab holds ids outside"):
         check_pair(model, load_adapter(tmp_path / "ee"))

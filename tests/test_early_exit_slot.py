@@ -15,7 +15,7 @@ from dataclasses import replace
 import mlx.core as mx
 import pytest
 
-from redrafter_mlx.engine.core.footprint import Dims
+from redrafter_mlx.engine.core.footprint import head_bytes
 from redrafter_mlx.engine.core.sampling import SamplerConfig
 from redrafter_mlx.engine.core.shape import AR, BeamShape
 from redrafter_mlx.engine.decoding.cache import Session
@@ -338,8 +338,9 @@ def test_the_memory_check_counts_the_adapter_in_the_draft_slot(rows):
     plain_est = check_step_memory(model, None, AR, rows, TOKENS)
     assert estimate.weights - alone.weights == as_drafter.weights - plain_est.weights > 0
     assert estimate.cache > alone.cache
-    d = Dims.of(model, drafter, adapter)
-    assert d.chain_vocab == model.vocab_size and d.draft_kv == Dims.of(model, adapter).draft_kv
+    in_slot = EarlyExitSource(adapter, part="chain").memory(model, shape, rows, 64)
+    as_drafter = EarlyExitSource(adapter).memory(model, BeamShape.parse("W1xL4"), rows, 64)
+    assert in_slot.step == head_bytes(rows, 1, model.vocab_size) and in_slot == as_drafter
 
 
 def test_the_profile_prices_the_adapter_slot_as_the_early_exit_drafter():

@@ -236,9 +236,10 @@ def _step_peak(model, drafter, shape, batch, sampler, prompt=40):
 )
 def test_the_estimate_bounds_the_measured_step(label, batch, temperature):
     """The transient estimate is at least the step's measured peak and at most 4x it."""
-    from redrafter_mlx.engine.core.footprint import Dims, step_memory
     from redrafter_mlx.engine.core.sampling import SamplerConfig
     from redrafter_mlx.engine.core.shape import BeamShape
+    from redrafter_mlx.engine.drafting.held import held_sources
+    from redrafter_mlx.engine.loop.memory import run_memory
     from tests.helpers import tiny_drafter, tiny_model
 
     model = tiny_model(vocab=4096, hidden=64, layers=2, heads=4, kv_heads=2)
@@ -246,22 +247,27 @@ def test_the_estimate_bounds_the_measured_step(label, batch, temperature):
     shape = BeamShape.parse(label)
     sampler = SamplerConfig(temperature=temperature, top_p=0.9 if temperature else 1.0)
     peak, window = _step_peak(model, drafter, shape, batch, sampler)
-    estimate = step_memory(Dims.of(model, drafter), shape, batch, window, sampling=temperature > 0)
+    held = held_sources(drafter, None)
+    estimate = run_memory(model, held, shape, batch, window, sampling=temperature > 0)
     assert peak > 0.3e6  # large enough for the bound to mean something
     assert peak <= estimate.step <= 4 * peak, (peak, estimate.step)
 
 
 def _smollm2_dims():
-    """SmolLM2-135M's sizes in float32 with its 8,192-token shortlist drafter."""
+    """SmolLM2-135M's sizes in float32 (its drafter's 8,192-token shortlist head:
+    ``SMOLLM2_HEAD``)."""
     from redrafter_mlx.engine.core.footprint import Dims
 
-    return Dims(576, 30, 9, 3, 64, 1536, 49152, 8192, 4, 600 * 2**20)
+    return Dims(576, 30, 9, 3, 64, 1536, 49152, 4, 600 * 2**20)
+
+
+SMOLLM2_HEAD = 8192
 
 
 def test_ordinary_shapes_fit_a_small_machine():
     """The defaults, the presets and every shape the tuner tries fit in 4 GiB for a SmolLM2
     chat of 2,048 tokens."""
-    from redrafter_mlx.engine.core.footprint import step_memory
+    from redrafter_mlx.engine.core.footprint import head_bytes, step_memory
     from redrafter_mlx.engine.loop.generation import DEFAULT_SHAPE
     from redrafter_mlx.engine.loop.memory import decode_window
     from tuning.grid import build_grid, with_lookup
@@ -271,7 +277,8 @@ def test_ordinary_shapes_fit_a_small_machine():
     shapes = [DEFAULT_SHAPE, *(get_preset(name).shape for name in preset_names())]
     shapes += with_lookup(build_grid([1, 2, 3, 4], [2, 3, 4, 5, 6], [None]), [1, 2], [4, 8])
     for shape in shapes:
-        need = step_memory(d, shape, 1, decode_window(2048, 8192, shape))
+        draft = head_bytes(1, shape.width, SMOLLM2_HEAD) if shape.drafts else 0
+        need = step_memory(d, shape, 1, decode_window(2048, 8192, shape), draft=draft)
         assert need.total < 4 * GIB, (shape.label, need)
 
 

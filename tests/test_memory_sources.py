@@ -9,7 +9,6 @@ import pytest
 
 import redrafter_mlx.engine.loop.memory as memory
 from redrafter_mlx.engine.core.branches import BranchRules
-from redrafter_mlx.engine.core.footprint import Dims, step_memory, with_draft_model
 from redrafter_mlx.engine.core.sampling import SamplerConfig
 from redrafter_mlx.engine.core.shape import AR, BeamShape
 from redrafter_mlx.engine.decoding.cache import (
@@ -24,9 +23,15 @@ from redrafter_mlx.engine.decoding.step import uniform_step
 from redrafter_mlx.engine.drafting.draft_model import prefill as draft_prefill
 from redrafter_mlx.engine.drafting.early_exit import EarlyExitAdapter, EarlyExitArgs
 from redrafter_mlx.engine.drafting.early_exit_chain import prefill as early_exit_prefill
+from redrafter_mlx.engine.drafting.held import held_sources
 from redrafter_mlx.engine.loop.batch import BatchGenerator
 from redrafter_mlx.engine.loop.batch_choice import FixedShape
-from redrafter_mlx.engine.loop.memory import ShapeTooLarge, check_step_memory, decode_window
+from redrafter_mlx.engine.loop.memory import (
+    ShapeTooLarge,
+    check_step_memory,
+    decode_window,
+    run_memory,
+)
 from tests.helpers import run_decode, step_added_peak, tiny_model
 
 TOKENS = 300  # prompt and answer
@@ -134,8 +139,7 @@ def test_the_estimate_bounds_the_measured_step_of_each_source(label, batch):
     draft = tiny_model(5, vocab=4096, hidden=64, layers=2) if shape.model_length else None
     sampler = SamplerConfig(temperature=0.8, top_p=0.9)
     peak, window = step_peak(model, drafter, shape, batch, sampler, draft)
-    estimate = step_memory(Dims.of(model, drafter), shape, batch, window, sampling=True)
-    if draft is not None:
-        estimate = with_draft_model(estimate, Dims.of(draft), shape, batch, window, False)
+    held = held_sources(drafter, draft)
+    estimate = run_memory(model, held, shape, batch, window, sampling=True)
     assert peak > 0.3e6  # large enough for the bound to mean something
     assert peak <= estimate.step <= 4 * peak, (peak, estimate.step)

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import mlx.core as mx
-import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from .shape import BeamShape
@@ -22,17 +21,11 @@ DRAFT_TOP_K = 50  # engine/drafting/drafter.py: a beam step ranks each beam's 50
 
 @dataclass(frozen=True)
 class Dims:
-    """The sizes the estimate reads from a loaded model and drafter.
+    """The sizes the estimate reads from a loaded model (the target, or a draft model).
 
-    ``draft_vocab``: rows of the drafter's head (0: no drafter); ``act_bytes``: bytes per
-    activation (the float dtype the weights compute in); ``weight_bytes``: both modules'
-    parameters as loaded (quantized ones included); ``draft_kv``: bytes per row and cache
-    slot of the drafter's own K/V cache (an early-exit adapter's, ``early_exit.py``; 0: a
-    recurrent drafter, which keeps none). An early-exit adapter in the draft slot
-    (``chain``) counts as one as the drafter does: its weights in ``weight_bytes``, its
-    cache in ``draft_kv``, and ``chain_vocab``, the head its chain ranks each draft step
-    (``draft_bytes``; 0: no such chain).
-    """
+    ``act_bytes``: bytes per activation (the float dtype the weights compute in);
+    ``weight_bytes``: its parameters as loaded (quantized ones included). A draft source's
+    own weights, state and draft working set are its own part (``Source.memory``)."""
 
     hidden: int
     layers: int
@@ -41,23 +34,15 @@ class Dims:
     head_dim: int
     intermediate: int
     vocab: int
-    draft_vocab: int
     act_bytes: int
     weight_bytes: int
-    draft_kv: int = 0
-    chain_vocab: int = 0
 
     @classmethod
-    def of(cls, model, drafter=None, chain=None) -> Dims:
-        """The dimensions of a loaded ``Model``, an optional drafter (a ``Drafter`` or an
-        early-exit adapter) and an optional early-exit adapter in the draft slot
-        (``chain``)."""
+    def of(cls, model) -> Dims:
+        """The dimensions of a loaded model (a split one: this rank's share)."""
         args = model.args
-        parts = (model, drafter, chain)
-        weights = sum(module_bytes(m) for m in parts if isinstance(m, nn.Module))
-        head = getattr(getattr(drafter, "args", None), "head_size", args.vocab_size)
         group = getattr(model, "group", None)
-        shards = 1 if group is None else group.size()  # a split model: this rank's share
+        shards = 1 if group is None else group.size()
         return cls(
             hidden=args.hidden_size,
             layers=args.num_hidden_layers,
@@ -66,11 +51,8 @@ class Dims:
             head_dim=args.head_dim,
             intermediate=args.intermediate_size // shards,
             vocab=args.vocab_size,
-            draft_vocab=head if drafter is not None else 0,
             act_bytes=model.dtype.size,
-            weight_bytes=weights,
-            draft_kv=own_cache_bytes(drafter) + own_cache_bytes(chain),
-            chain_vocab=chain.args.head_size if chain is not None else 0,
+            weight_bytes=module_bytes(model),
         )
 
 
@@ -102,15 +84,6 @@ class StepMemory:
     @property
     def total(self) -> int:
         return self.weights + self.cache + self.step
-
-
-def draft_bytes(d: Dims, shape: BeamShape, batch: int) -> int:
-    """The draft phase's working set: one beam step's drafter logits and their ranking, or
-    one draft step of an early-exit chain in the draft slot (the same rule for its one
-    chain: ``Dims.chain_vocab``), whichever is larger (they run one after the other)."""
-    beams = head_bytes(batch, shape.width, d.draft_vocab) if shape.drafts else 0
-    chain = head_bytes(batch, 1, d.chain_vocab) if shape.model_length else 0
-    return max(beams, chain)
 
 
 def head_bytes(batch: int, width: int, vocab: int) -> int:
@@ -180,18 +153,6 @@ def draft_model_bytes(dd: Dims, shape: BeamShape, batch: int, window: int) -> in
     return max(scores + acts, logits)
 
 
-def with_draft_model(
-    est: StepMemory, dd: Dims, shape: BeamShape, batch: int, window: int, shared: bool
-) -> StepMemory:
-    """``est`` plus a draft model's weights (none when it is the target itself: ``shared``),
-    its own K/V cache over the window, and its working set (the phases run one by one)."""
-    if not shape.model_length:
-        return est
-    weights = 0 if shared else dd.weight_bytes
-    step = max(est.step, draft_model_bytes(dd, shape, batch, window))
-    return StepMemory(est.weights + weights, est.cache + kv_bytes(dd, batch, window), step)
-
-
 def step_memory(
     d: Dims,
     shape: BeamShape,
@@ -200,18 +161,20 @@ def step_memory(
     slots: int | None = None,
     sampling: bool = False,
     candidates: int | None = None,
+    draft: int = 0,
 ) -> StepMemory:
-    """The memory of one step of ``shape`` over ``batch`` rows attending to ``window`` slots
-    of a cache of ``slots`` slots (default: the window); ``candidates``: as ``pack_bytes``."""
+    """The target's memory in one step of ``shape`` over ``batch`` rows attending to
+    ``window`` slots of a cache of ``slots`` slots (default: the window); ``candidates``:
+    as ``pack_bytes``; ``draft``: the draft phase's working set (the largest of the step's
+    sources', ``Source.memory``), one of the phases that run one after the other."""
     if shape.is_autoregressive:
         shape = BeamShape(1, 1, 1)
     slots = max(slots or 0, window)
     phases = max(
-        draft_bytes(d, shape, batch),
+        draft,
         pack_bytes(shape, batch, candidates),
         verify_bytes(d, shape, batch, window, sampling),
     )
     step = phases + commit_bytes(d, shape, batch, slots, candidates)
     cache = kv_bytes(d, batch, slots) + batch * slots * INT32  # + the token history
-    cache += d.draft_kv * batch * slots  # the drafter's own (held whatever the step's shape)
     return StepMemory(d.weight_bytes, cache, step)

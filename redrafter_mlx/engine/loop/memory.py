@@ -7,19 +7,20 @@ kind that fits. It also refuses a tree with more tokens than the model's context
 prompt needs one slot at least): such a step can never be whole, and building it for a
 small model (``--lookup 1000``: 7,004 slots against 512) took minutes before failing.
 
-The estimate counts what stays resident (the weights, the K/V cache and the token history
-over ``slots`` cache slots, the drafter's own K/V cache when it keeps one (an early-exit
-adapter's, as the drafter or in the draft slot), a draft model's weights and K/V cache:
-``with_draft_model``) for every row the batch can hold (a request with parallel branches can
-grow to ``max_branches`` rows: the caller passes those), and the step's largest transient
-working set, phase by phase (``engine/decoding/decode.py``), for B rows, N candidates (W beams, K
-chains, the draft slot's chains: ``draft_model.step_candidates``) of at most Lt tokens
-packed into P = ``shape.slots`` slots, attention over A window slots, e bytes per
-activation:
+The estimate (``run_memory``; the formulas: ``core/footprint.py``) counts what stays
+resident (the weights, the K/V cache and the token history over ``slots`` cache slots, and
+each draft source's own weights and state, ``Source.memory``: an early-exit adapter's K/V
+cache, a draft model's weights and K/V cache) for every row the batch can hold (a request
+with parallel branches can grow to ``max_branches`` rows: the caller passes those), and the
+step's largest transient working set, phase by phase (``engine/decoding/decode.py``), for B
+rows, N candidates (W beams, K chains, the draft slot's chains:
+``sources.step_candidates``) of at most Lt tokens packed into P = ``shape.slots`` slots,
+attention over A window slots, e bytes per activation:
 
-* draft: the drafter's logits (B, W, Vd) float32 at each step, with the top-50 partition
-  (or, past 50 beams, the full log-softmax and a sort of all W·Vd candidates); an
-  early-exit chain in the draft slot by the same rule for its one chain (``head_bytes``);
+* draft: the largest of the step's sources' draft working sets (``Source.memory``): the
+  drafter's logits (B, W, Vd) float32 at each step, with the top-50 partition (or, past 50
+  beams, the full log-softmax and a sort of all W·Vd candidates); an early-exit chain's by
+  the same rule for its one chain (``head_bytes``); a draft model's catch-up forward;
 * pack (``engine/core/tree.py``): the prefix matches (B, N, N, Lt), the slot hits (B, P, N·Lt),
   the ancestor test (B, P, Lt, P) and the tree mask (B, P, P);
 * verify: the cache mask (B, P, A), one layer's attention scores (B, heads, P, A) in
@@ -44,6 +45,7 @@ import mlx.core as mx
 from ..core.footprint import Dims, StepMemory, step_memory
 from ..core.shape import BeamShape, ShapeError
 from ..decoding.cache import bucket
+from ..drafting.held import held_sources
 from ..drafting.sources import step_candidates, step_capacity
 
 
@@ -137,6 +139,25 @@ def decode_window(tokens: int, context: int | None, shape: BeamShape) -> int:
     return bucket(tokens + 2 * shape.longest + shape.slots)
 
 
+def run_memory(
+    model, held, shape: BeamShape, batch: int, window: int, sampling=False, dims=None
+) -> StepMemory:
+    """The memory of a step of ``shape`` with the draft sources ``held``
+    (``held.held_sources``) over ``batch`` rows attending to ``window`` slots: the target's
+    (``footprint.step_memory``, ``dims``: ``Dims.of(model)``) and each source's own part
+    (``Source.memory``: its weights and state, held whatever the shape; its draft working
+    set, the largest of them the draft phase's)."""
+    parts = [source.memory(model, shape, batch, window) for source in held]
+    draft = max([0, *(part.step for part in parts)])
+    candidates = step_candidates(shape, held)
+    d = dims or Dims.of(model)
+    est = step_memory(
+        d, shape, batch, window, sampling=sampling, candidates=candidates, draft=draft
+    )
+    weights = est.weights + sum(part.weights for part in parts)
+    return StepMemory(weights, est.cache + sum(part.cache for part in parts), est.step)
+
+
 def check_step_memory(
     model,
     drafter,
@@ -154,8 +175,6 @@ def check_step_memory(
     the user most likely raised) and the largest shape that fits. The draft sources the run
     holds (``drafter`` and the draft slot ``draft_model``: ``held.held_sources``) each add their
     own part (``Source.memory``: weights, their state, their draft working set)."""
-    from ..drafting.held import held_sources  # the sources price themselves with this module
-
     held = held_sources(drafter, draft_model)
     d = Dims.of(model)
     context = model.max_context
@@ -164,13 +183,7 @@ def check_step_memory(
         if step_capacity(s, held) != s.slots:  # further draft-slot chains: their slots too
             s = replace(s, capacity=step_capacity(s, held))
         window = decode_window(tokens, context, s)
-        candidates = step_candidates(s, held)
-        est = step_memory(d, s, batch, window, sampling=sampling, candidates=candidates)
-        for part in (source.memory(model, s, batch, window) for source in held):
-            est = StepMemory(
-                est.weights + part.weights, est.cache + part.cache, max(est.step, part.step)
-            )
-        return est
+        return run_memory(model, held, s, batch, window, sampling, d)
 
     def in_context(s: BeamShape) -> bool:  # the tree after a prompt of one token at least
         return context is None or s.is_autoregressive or s.tree_tokens < context

@@ -81,6 +81,7 @@ class BatchGenerator(PromptProcessing, Stepping, BranchRows):
         # Per stateful source: committed tokens its state may miss (``sources.py``, "Sources
         # that sit out steps"); host side, from the shapes queued, never read from the device.
         self.behind = [0] * len(self.stateful)
+        self.sized: dict = {}  # shape -> the sources a step of it runs, sized (``sized``)
         self.catch_ups = 0  # catch-ups queued (a source back after steps without it)
         self.policy = policy
         self.eos = eos

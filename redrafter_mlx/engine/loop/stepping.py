@@ -5,6 +5,7 @@ sources' catch-up, and the queue-then-read pipeline (``queue`` a step with
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -66,7 +67,7 @@ class Stepping:
         now (``catch_up``, lazy: the step's graph takes the result); then account for the
         step in every stateful source's bound (``sources.py``, "Sources that sit out
         steps")."""
-        running = sized_sources(self.held, shape) if shape is not None else []
+        running = self.sources_of(shape)
         ran = {source.state_index: source for source in running if source.stateful}
         for i, source in ran.items():
             missed = self.behind[i]
@@ -91,9 +92,20 @@ class Stepping:
             else:
                 self.behind[i] += shape.longest if shape else 1
 
+    def sources_of(self, shape: BeamShape | None) -> list:
+        """The held sources a step of ``shape`` runs, sized (``sources.sized_sources``; None:
+        plain decoding runs none), kept per shape: the host reads them every step."""
+        if shape is None:
+            return []
+        if shape not in self.sized:
+            self.sized[shape] = sized_sources(self.held, shape)
+        return self.sized[shape]
+
+    @functools.cached_property
     def most_slots(self) -> int:
         """The most slots a step of the policy's shapes writes past a row: its ``slots``, and
-        each shape's ``sources.step_capacity`` (further draft-slot chains)."""
+        each shape's ``sources.step_capacity`` (further draft-slot chains); the policy's
+        shapes are fixed, so it is worked out once."""
         most = max(step_capacity(s, self.held) for s in self.policy.shapes)
         return max(self.policy.slots, most)
 
@@ -139,7 +151,7 @@ class Stepping:
         """Queue one step for all rows; attention covers every active row's possible length."""
         self.vacated = {}  # the step writes into free rows
         longest = max(row.length for row in self.active)
-        window = step_window(longest, self.inflight, self.policy.per_step, self.most_slots())
+        window = step_window(longest, self.inflight, self.policy.per_step, self.most_slots)
         self.state = ensure_slots(self.state, window)
         shape = self.next_shape()
         self.catch_up(shape, window)

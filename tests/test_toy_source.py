@@ -126,3 +126,21 @@ def test_the_server_holds_and_names_the_toy_source():
     assert [s.tokens for s in sinks] == want
     accepted = [s.last.stats.to_dict()["accepted_from_repeat"] for s in sinks]
     assert sum(accepted) > 0  # each request's stats count its source by name
+
+
+def test_a_source_states_its_whole_life_when_its_class_is_made():
+    """A source without ``propose`` cannot be made; a stateful one without its state's life
+    (``empty_state``, ``prefill``, ``catch_up``) is refused when its class is defined."""
+
+    class NoProposal(DraftSource):
+        source_id = register_source("repeat")
+
+    with pytest.raises(TypeError, match="propose"):
+        NoProposal()
+    with pytest.raises(TypeError, match="is stateful but does not define prefill, catch_up"):
+
+        class HalfStateful(RepeatSource):
+            stateful = True
+
+            def empty_state(self, model, batch, slots):
+                return ()

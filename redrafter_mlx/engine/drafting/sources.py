@@ -63,6 +63,7 @@ greedy-identity tests check the caches directly as well.
 
 from __future__ import annotations
 
+import abc
 import copy
 from typing import Any, NamedTuple
 
@@ -148,10 +149,21 @@ class Proposal(NamedTuple):
     # only above each row's length (the verify overwrites those slots); None: untouched
 
 
-class Source:
+STATEFUL_LIFE = ("empty_state", "prefill", "catch_up")  # what a stateful source defines
+
+
+class Source(abc.ABC):
     """A draft source a loop holds (the module docstring). A subclass sets ``source_id``
     (``register_source``) and defines ``propose``; a stateful one (``stateful = True``)
-    defines ``empty_state``, ``prefill``, ``catch_up`` and ``covers`` too.
+    defines ``covers`` and its state's life too (checked when the class is made):
+
+    - ``empty_state(model, batch, slots)``: its state for ``batch`` empty rows of ``slots``
+      cache slots;
+    - ``prefill(model, session, rows)``: its state after the prompts of ``session``'s
+      ``rows`` (all in its cache: ``cache.Session``; ``session.cached[rows]`` their tokens);
+    - ``catch_up(ctx, count)``: (its state after re-running each row's last ``count``
+      committed tokens, the target's cache (keys, values) if it wrote it, else None). Lazy:
+      no host read.
 
     ``part``: the shape's part that turns it on and sizes it: ``"chain"`` (the draft slot:
     one chain of the shape's ``D1×L``, ``model_length``), ``"beams"`` (the drafter slot: the
@@ -167,6 +179,16 @@ class Source:
     length: int = 0
     other: int = 0
     state_index: int = -1  # sized: its state's index in ``DecodeState.sources``
+    covers: int = 0  # stateful, sized: committed tokens its own draft re-runs (``for_step``)
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        missing = [m for m in STATEFUL_LIFE if cls.stateful and not callable(getattr(cls, m, 0))]
+        if missing:
+            raise TypeError(
+                f"{cls.__name__} is stateful but does not define {', '.join(missing)}: a "
+                "stateful source owns its state's life (docs/design/adding-a-source.md)"
+            )
 
     @property
     def name(self) -> str:
@@ -202,10 +224,14 @@ class Source:
         return f"the {self.name} source was given twice: a run holds one; pass it once"
 
     def check(self, model) -> None:
-        """ValueError naming the fix unless it can draft for ``model`` (before anything runs)."""
+        """ValueError naming the fix unless it can draft for ``model`` (before anything runs;
+        a source with nothing to check passes)."""
+        return None
 
     def bind(self, model) -> None:
-        """Prepare for ``model`` before any step is compiled (e.g. bind a head)."""
+        """Prepare for ``model`` before any step is compiled (e.g. bind a head; a source with
+        nothing to prepare does nothing)."""
+        return None
 
     def length_in(self, shape) -> int:
         """Tokens of its candidates in a step of ``shape``, the init token included; 0: the
@@ -221,23 +247,9 @@ class Source:
         sized.length, sized.other = length, other
         return sized
 
+    @abc.abstractmethod
     def propose(self, ctx: DraftContext) -> Proposal:
-        raise NotImplementedError
-
-    # A stateful source's life (``stateful``): its state in ``DecodeState.sources``.
-    covers: int = 0  # committed tokens its own draft re-runs (sized: ``for_step``)
-
-    def empty_state(self, model, batch: int, slots: int):
-        """Its state for ``batch`` empty rows of ``slots`` cache slots."""
-
-    def prefill(self, model, session, rows: slice):
-        """Its state after the prompts of ``session``'s ``rows`` (all in its cache:
-        ``cache.Session``; ``session.cached[rows]`` their tokens)."""
-
-    def catch_up(self, ctx: DraftContext, count: int) -> tuple:
-        """(its state after re-running each row's last ``count`` committed tokens, the
-        target's cache (keys, values) if it wrote it, else None). Lazy: no host read."""
-        raise NotImplementedError
+        """Its candidates for the step (inside the compiled step: tensor ops, no host read)."""
 
 
 DraftSource = Source  # the public name (``redrafter_mlx.DraftSource``)

@@ -197,3 +197,12 @@ def state_slot(batch, source_id: int) -> int:
     """The index in ``batch.state.sources`` (and ``batch.behind``) of the stateful source
     with ``source_id`` the loop holds."""
     return [s.source_id for s in batch.stateful].index(source_id)
+
+
+def step_sources(shape, drafter=None, draft_model=None) -> list:
+    """The draft sources a step of ``shape`` runs with this drafter and draft slot, sized and
+    in held order (what the step builds: ``held.held_sources``, ``sources.sized_sources``)."""
+    from redrafter_mlx.engine.drafting.held import held_sources
+    from redrafter_mlx.engine.drafting.sources import sized_sources
+
+    return sized_sources(held_sources(drafter, draft_model), shape)

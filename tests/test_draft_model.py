@@ -12,11 +12,17 @@ import pytest
 import tests.test_sampling as sampling
 from redrafter_mlx.engine.core.sampling import SamplerConfig
 from redrafter_mlx.engine.core.shape import AR, BeamShape
-from redrafter_mlx.engine.decoding.decode import step_sources
 from redrafter_mlx.engine.decoding.step import uniform_step
 from redrafter_mlx.engine.drafting.draft_model import DraftModelSource, check_draft_model, prefill
 from redrafter_mlx.engine.drafting.sources import DRAFT_MODEL, SOURCE_NAMES, DraftContext
-from tests.helpers import greedy_prefilled, near_bigram_model, run_decode, tiny_drafter, tiny_model
+from tests.helpers import (
+    greedy_prefilled,
+    near_bigram_model,
+    run_decode,
+    step_sources,
+    tiny_drafter,
+    tiny_model,
+)
 
 PROMPTS = [[1, 5, 9, 3, 5, 9], [2, 7, 7, 4], [3, 3, 8, 1, 2, 3, 8, 1, 2]]
 

@@ -19,7 +19,6 @@ from redrafter_mlx.engine.core.footprint import head_bytes
 from redrafter_mlx.engine.core.sampling import SamplerConfig
 from redrafter_mlx.engine.core.shape import AR, BeamShape
 from redrafter_mlx.engine.decoding.cache import Session
-from redrafter_mlx.engine.decoding.decode import step_sources
 from redrafter_mlx.engine.decoding.step import uniform_step
 from redrafter_mlx.engine.drafting.early_exit import (
     EarlyExitAdapter,
@@ -46,6 +45,7 @@ from tests.helpers import (
     save_drafter_dir,
     save_model_dir,
     state_slot,
+    step_sources,
     tiny_drafter,
     tiny_model,
 )

@@ -11,7 +11,6 @@ import pytest
 
 from redrafter_mlx.engine.core.sampling import SamplerConfig
 from redrafter_mlx.engine.core.shape import AR, BeamShape
-from redrafter_mlx.engine.decoding.decode import step_sources
 from redrafter_mlx.engine.decoding.step import uniform_step
 from redrafter_mlx.engine.drafting.early_exit import (
     EarlyExitAdapter,
@@ -36,6 +35,7 @@ from tests.helpers import (
     near_bigram_model,
     run_decode,
     save_model_dir,
+    step_sources,
     tiny_model,
 )
 from tests.test_cli import app, invoke, run_json  # noqa: F401 (fixtures)

@@ -142,12 +142,6 @@ def slot_destinations(lengths, path_slots, n, capacity: int):
     return lengths[:, None] + mx.where(depth > 0, depth - 1, capacity - 1).astype(mx.int32)
 
 
-def step_sources(shape: BeamShape, drafter=None, draft_model=None) -> list:
-    """The draft sources of a step of ``shape`` with this drafter and draft slot, sized and
-    in held order (``held.held_sources``, ``sources.sized_sources``)."""
-    return sized_sources(held_sources(drafter, draft_model), shape)
-
-
 def draft_phase(sources: list, ctx: DraftContext, capacity: int, states: tuple = ()):
     """1. Draft: every source's candidates, in one tree order (``sources.merge``).
 
@@ -219,8 +213,8 @@ def pick_one(proposals: list, ids: list[int], capacity: int):
 def shape_candidates(
     model: Model, state: DecodeState, shape: BeamShape, drafter=None, draft_model=None, window=0
 ) -> Candidates:
-    """``draft_phase`` of ``shape``'s sources (``step_sources``) on ``state``, at its capacity
-    (a measuring or testing entry; the step builds the same)."""
+    """``draft_phase`` of ``shape``'s sources (``sources.sized_sources``) on ``state``, at its
+    capacity (a measuring or testing entry; the step builds the same)."""
     ctx = DraftContext(
         model, state.hidden, state.init_token, state.lengths, state.history, window,
         keys=state.keys, values=state.values,

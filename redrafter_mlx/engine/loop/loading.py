@@ -18,8 +18,11 @@ from mlx.utils import tree_flatten
 
 from ..base.platform import default_dtype
 from ..core.branches import split_token_ids
-from ..drafting.draft_model import MAX_ADDED_TOKENS
+from ..drafting import early_exit
+from ..drafting.draft_model import MAX_ADDED_TOKENS, check_draft_model
 from ..drafting.drafter import Drafter, DrafterArgs
+from ..drafting.early_exit import is_early_exit, kind_problem
+from ..drafting.held import held_sources
 from ..verifier import config as config_file
 from ..verifier.lm_model import LmModel
 from ..verifier.model import Model, ModelArgs
@@ -339,7 +342,6 @@ def folder_kind(where: Path) -> str | None:
     keys ``DRAFTER_KEYS`` without a model's ``MODEL_KEYS``), ``"early-exit"`` (config.json
     kind "early-exit": ``early_exit.is_early_exit``), else None (a model, or unreadable:
     loading it names that)."""
-    from ..drafting.early_exit import is_early_exit
 
     try:
         config = json.loads((Path(where) / "config.json").read_text())
@@ -390,7 +392,6 @@ def draft_slot_paths(draft_model) -> tuple:
     (``early_exit.is_early_exit`` tells them apart). TypeError for anything but paths;
     LoadError naming the fix otherwise (an empty path, a folder that is not found or holds
     a drafter, two of a kind, more than two)."""
-    from ..drafting.early_exit import is_early_exit
 
     single = isinstance(draft_model, (str, os.PathLike))
     given = [draft_model] if single else check_path_list(draft_model)
@@ -457,7 +458,6 @@ def load_any_drafter(model: Model, path, dtype=None):
     """The drafter in ``path`` for ``model``: a ReDrafter drafter (attached to the model), or
     an early-exit adapter (config.json kind "early-exit": ``early_exit.load_adapter``),
     checked against the model. LoadError naming the problem otherwise."""
-    from ..drafting import early_exit
 
     where = resolve_path(path, "drafter")
     check_kind(where)
@@ -472,7 +472,6 @@ def load_any_drafter(model: Model, path, dtype=None):
 def check_kind(where) -> None:
     """LoadError when ``where`` reads as an early-exit adapter whose config.json's kind is
     not "early-exit" (``early_exit.kind_problem``): never loaded as something else."""
-    from ..drafting.early_exit import kind_problem
 
     problem = kind_problem(where)
     if problem is not None:
@@ -484,8 +483,6 @@ def load_adapter_for(model: Model, where: Path, dtype=None, drafter=None):
     against ``model`` and bound to it (``early_exit.pair``), as the drafter or (``drafter``
     given: the run's drafter, which must not be one too) in the draft-model slot. LoadError
     naming the folder otherwise."""
-    from ..drafting import early_exit
-    from ..drafting.held import held_sources
 
     try:
         adapter = early_exit.load_adapter(where, dtype, target=model.args)
@@ -501,7 +498,6 @@ def load_draft_model(path, model: Model, tokenizer=None, dtype=None) -> Model:
     that must share its tokenizer: the same vocabulary size and, given ``tokenizer``, the
     same ids for the same text. LoadError before anything runs otherwise."""
     from ..base.tokenizer import load_tokenizer
-    from ..drafting.draft_model import check_draft_model
 
     draft, where = load_model(path, dtype)
     try:

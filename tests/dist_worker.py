@@ -35,7 +35,7 @@ from redrafter_mlx.engine.core.shape import AR, BeamShape
 from redrafter_mlx.engine.loop.adaptive import Adaptive
 from redrafter_mlx.engine.loop.generation import generate_steps
 from redrafter_mlx.engine.loop.loading import load_drafter, load_model
-from redrafter_mlx.engine.verifier import model as model_module
+from redrafter_mlx.engine.verifier import slots as model_module
 from redrafter_mlx.serve import scheduler as scheduler_module
 from redrafter_mlx.serve.scheduler import Request, Scheduler
 

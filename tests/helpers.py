@@ -9,14 +9,17 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from redrafter_mlx.engine.drafting.drafter import Drafter, DrafterArgs
-from redrafter_mlx.engine.verifier.model import Model, ModelArgs
+from redrafter_mlx.engine.verifier.config import rope_parameters, with_family_defaults
+from redrafter_mlx.engine.verifier.lm_model import LmModel, from_config
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 VICUNA_TOKENIZER = FIXTURES / "vicuna-tokenizer"
 SHAREGPT_SAMPLE = FIXTURES / "sharegpt_tiny.json"
 
 
-def tiny_args(seed=0, vocab=32, hidden=32, layers=2, heads=4, kv_heads=2, **kw) -> ModelArgs:
+def tiny_config(vocab=32, hidden=32, layers=2, heads=4, kv_heads=2, **kw) -> dict:
+    """The config.json of a tiny Llama (or, with ``model_type``, another of the families whose
+    absent keys take transformers' defaults, ``config.for_mlx_lm``)."""
     cfg = dict(
         model_type="llama",
         hidden_size=hidden,
@@ -30,7 +33,7 @@ def tiny_args(seed=0, vocab=32, hidden=32, layers=2, heads=4, kv_heads=2, **kw) 
         tie_word_embeddings=False,
     )
     cfg.update(kw)
-    return ModelArgs.from_config(cfg)
+    return with_family_defaults({**rope_parameters(cfg), **cfg})
 
 
 def _randomize(module: nn.Module, seed: int, scale: float) -> None:
@@ -47,15 +50,16 @@ def _randomize(module: nn.Module, seed: int, scale: float) -> None:
     mx.eval(module.parameters())
 
 
-def tiny_model(seed=0, scale=2.0, **kw) -> Model:
-    """A random Llama whose logits are peaked enough that drafts get accepted sometimes."""
-    model = Model(tiny_args(seed, **kw))
+def tiny_model(seed=0, scale=2.0, **kw) -> LmModel:
+    """A random Llama (mlx-lm's class, the verifier) whose logits are peaked enough that
+    drafts get accepted sometimes."""
+    model = from_config(tiny_config(**kw))
     _randomize(model, seed, scale)
     return model
 
 
 def tiny_drafter(
-    model: Model, seed=1, layers=2, exit_dim=None, rnn=True, scale=2.0, feature_layers=None
+    model: LmModel, seed=1, layers=2, exit_dim=None, rnn=True, scale=2.0, feature_layers=None
 ) -> Drafter:
     H = model.hidden_size
     args = DrafterArgs(
@@ -71,7 +75,7 @@ def tiny_drafter(
     return drafter
 
 
-def greedy_prefilled(model: Model, prompt: list[int], slots: int, sources=()):
+def greedy_prefilled(model: LmModel, prompt: list[int], slots: int, sources=()):
     """One row's ``DecodeState`` after prefilling ``prompt`` into a fresh cache of ``slots``
     slots, its first token greedy; ``sources``: the stateful sources' prefilled states."""
     from redrafter_mlx.engine.decoding.decode import DecodeState, prefill_chunk
@@ -104,7 +108,7 @@ def step_added_peak(step, state, window: int) -> int:
     return mx.get_peak_memory() - base
 
 
-def near_bigram_model(seed=0, attn_scale=0.02, **kw) -> Model:
+def near_bigram_model(seed=0, attn_scale=0.02, **kw) -> LmModel:
     """A random Llama whose attention output is scaled down: next token ~ f(current token).
 
     Attention still matters a little, so cache or mask bugs still change outputs sometimes,
@@ -124,7 +128,7 @@ class OracleDrafter:
     attention, plus a fixed random perturbation of size ``noise`` so some drafts are wrong.
     """
 
-    def __init__(self, model: Model, noise=0.5, seed=3):
+    def __init__(self, model: LmModel, noise=0.5, seed=3):
         self.model = model
         self.args = DrafterArgs(
             vocab_size=model.vocab_size,
@@ -146,18 +150,15 @@ class OracleDrafter:
         return self.model.logits(h) + h @ self.noise
 
 
-def save_model_dir(model: Model, path, tokenizer_dir=None) -> None:
+def save_model_dir(model: LmModel, path, tokenizer_dir=None) -> None:
     """Write an mlx-lm style model dir (config.json + model.safetensors [+ tokenizer])."""
     import json
     import shutil
-    from dataclasses import asdict
     from pathlib import Path
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    cfg = asdict(model.args)
-    cfg.update(cfg.pop("extra"))
-    (path / "config.json").write_text(json.dumps(cfg))
+    (path / "config.json").write_text(json.dumps(model.config))
     mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
     if tokenizer_dir is not None:
         for f in Path(tokenizer_dir).iterdir():

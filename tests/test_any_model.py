@@ -88,7 +88,7 @@ def engine_logits(model: LmModel) -> list[mx.array]:
 @pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_prefill_and_steps_give_mlx_lm_logits(name, fused, monkeypatch):
-    from redrafter_mlx.engine.verifier import model as model_module
+    from redrafter_mlx.engine.verifier import slots as model_module
 
     monkeypatch.setattr(model_module, "FUSED_KERNELS", fused)  # rope tables or the kernel
     model = family(name)
@@ -128,7 +128,8 @@ def test_each_tree_node_gives_its_own_sequence_logits(name):
     for i in range(len(NODES)):
         want = model.lm(mx.array([PROMPT + path_of(i)]))[0, -1]
         diff = mx.abs(logits[i] - want).max().item()
-        assert diff <= 1e-5, f"{name} node {i}: {diff}"
+        scale = max(1.0, mx.abs(want).max().item())  # float32 rounding grows with it
+        assert diff <= 1e-5 * scale, f"{name} node {i}: {diff} (logits up to {scale:.1f})"
 
 
 def _ancestors(i: int) -> set[int]:

@@ -152,7 +152,8 @@ def ours(module: str) -> bool:
 
 def test_the_layers_are_folders():
     engine = {p.stem for p in (ROOT / "redrafter_mlx" / "engine").rglob("*.py")}
-    assert {"model", "drafter", "tree", "sampling", "decode", "generation", "loading"} <= engine
+    assert {"lm_model", "drafter", "tree", "sampling", "decode", "generation", "loading"} <= engine
+    assert not engine & {"model", "rope"}, "one verifier: mlx-lm's model (lm_model.py)"
     flat = {p.name for p in (ROOT / "redrafter_mlx" / "engine").glob("*.py")}
     assert flat == {"__init__.py"}, f"engine modules outside a sub-package: {sorted(flat)}"
     assert not engine & {"measure", "profile", "throughput"}, "measuring tools live in measure/"
@@ -321,7 +322,7 @@ def test_the_checker_sees_an_upward_import(tmp_path):
     assert not allowed(layer_of("weights_convert.sources"), layer_of("tuning"))
     assert allowed(layer_of("tuning.search"), layer_of("redrafter_mlx.engine.core.shape"))
     assert not allowed(
-        layer_of("redrafter_mlx.engine.verifier.model"), layer_of("scripts.build_demo")
+        layer_of("redrafter_mlx.engine.verifier.lm_model"), layer_of("scripts.build_demo")
     )
     assert not allowed(
         layer_of("redrafter_mlx.engine.loop.generation"), layer_of("redrafter_mlx.measure")

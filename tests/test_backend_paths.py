@@ -6,7 +6,7 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-import redrafter_mlx.engine.verifier.model as model_mod
+import redrafter_mlx.engine.verifier.slots as model_mod
 from redrafter_mlx.engine.core.tree import cache_mask, pack
 from redrafter_mlx.engine.decoding.cache import Session
 from redrafter_mlx.engine.decoding.decode import prefill_chunk

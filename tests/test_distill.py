@@ -481,7 +481,6 @@ def test_soft_targets_train_in_self_mode_and_are_refused_elsewhere(model_dir, tm
 def test_output_rows_and_shortlist_soft_targets_read_the_models_head(quantized, tied, tmp_path):
     import mlx.nn as nn
 
-    from redrafter_mlx.engine.verifier.model import output_rows
     from redrafter_mlx.train.targets import TargetCache
 
     model = tiny_model(seed=3, vocab=64, hidden=64, tie_word_embeddings=tied)
@@ -492,8 +491,8 @@ def test_output_rows_and_shortlist_soft_targets_read_the_models_head(quantized, 
     if quantized:
         reference = mx.dequantize(layer.weight, layer.scales, layer.biases, 32, 8)
     ids = [0, 3, 5, 9, 17, 30]
-    np.testing.assert_array_equal(np.array(output_rows(model)), np.array(reference))
-    np.testing.assert_array_equal(np.array(output_rows(model, ids)), np.array(reference)[ids])
+    np.testing.assert_array_equal(np.array(model.head_rows()), np.array(reference))
+    np.testing.assert_array_equal(np.array(model.head_rows(ids)), np.array(reference)[ids])
     # A shortlist's soft targets are the model's distribution renormalised over its ids.
     rng = np.random.default_rng(0)
     P, T = 6, 2

@@ -29,26 +29,27 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
-from redrafter_mlx.engine.base.distributed import (
-    ShardError,
-    broadcast_text,
-    check_shardable,
-    local,
-    read_sharded,
-    shared_seed,
-)
+from redrafter_mlx.engine.base.distributed import broadcast_text, shared_seed
 from redrafter_mlx.engine.core.sampling import SamplerConfig
 from redrafter_mlx.engine.core.shape import BeamShape
 from redrafter_mlx.engine.loop.loading import LoadError, load_drafter, load_model
-from redrafter_mlx.engine.verifier import model as model_module
-from redrafter_mlx.engine.verifier.model import Model, ModelArgs
+from redrafter_mlx.engine.verifier import slots as model_module
+from redrafter_mlx.engine.verifier.lm_model import from_config
+from redrafter_mlx.engine.verifier.shard import ShardError, check_split
 from redrafter_mlx.serve.scheduler import Scheduler
 from tests.dist_worker import fresh_memory, serve_schedule
-from tests.helpers import _randomize, run_decode, save_drafter_dir, save_model_dir, tiny_drafter
+from tests.helpers import (
+    _randomize,
+    run_decode,
+    save_drafter_dir,
+    save_model_dir,
+    tiny_config,
+    tiny_drafter,
+    tiny_model,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCH = shutil.which("mlx.launch")
@@ -89,7 +90,7 @@ QUANT = dict(
 
 def write_model(path: Path, config: dict, seed: int, quantize: bool = False) -> Path:
     """A random model folder (4-bit, groups of 32, with ``quantize``)."""
-    model = Model(ModelArgs.from_config(config))
+    model = from_config(tiny_config(**config))
     _randomize(model, seed, 2.0)
     if quantize:
         nn.quantize(model, group_size=32, bits=4)
@@ -251,7 +252,7 @@ def test_split_model_decodes_like_the_whole_one(n, folders, tmp_path):
     todo = cases(folders, n)
     ranks = launch(n, todo, tmp_path)
     for name, case in todo.items():
-        tokens, nbytes, peak = single_process(case)
+        tokens, nbytes, _peak = single_process(case)
         got = [r["cases"][name] for r in ranks]
         for r, res in enumerate(got):
             want = got[0]["tokens"] if name == "unseeded" else tokens  # a seed of its own
@@ -259,52 +260,23 @@ def test_split_model_decodes_like_the_whole_one(n, folders, tmp_path):
         assert len({res["logits_sha"] for res in got}) == 1, f"{name}: logits differ by rank"
         heads = json.loads(Path(case["model"], "config.json").read_text())["num_key_value_heads"]
         assert all(res["kv_heads"] == heads // n for res in got)
-        if name in ("ar", "quant"):  # each rank holds and loads ~1/N of the layers' weights
+        if name in ("ar", "quant"):  # each rank holds ~1/N of the layers' weights
             limit = 0.6 if n == 2 else 0.45
             assert max(res["param_bytes"] for res in got) <= limit * nbytes, name
-            assert max(res["load_peak"] for res in got) <= limit * peak, name
-
-
-def test_rank_slices_tile_every_tensor(folders):
-    """The ranks' slices, read from disk, put together are the whole tensor (quantized too);
-    a by-input bias is kept by rank 0 only."""
-    for name in ("biased", "quant"):
-        files = [Path(folders[name]) / "model.safetensors"]
-        whole = mx.load(str(files[0]))
-        parts = [read_sharded(files, r, 2) for r in range(2)]
-        for key, full in whole.items():
-            a, b = (np.array(p[key]) for p in parts)
-            if key.endswith(("o_proj.bias", "down_proj.bias")):
-                assert np.array_equal(a, np.array(full)) and not b.any()
-            elif a.shape == full.shape:
-                assert np.array_equal(a, b) and np.array_equal(a, np.array(full)), key
-            else:
-                axis = 0 if a.shape[0] != full.shape[0] else a.ndim - 1
-                assert np.array_equal(np.concatenate([a, b], axis), np.array(full)), key
-
-
-def test_bfloat16_slices_keep_their_bits(tmp_path):
-    x = mx.random.normal((4, 6)).astype(mx.bfloat16)
-    mx.save_safetensors(str(tmp_path / "model.safetensors"), {"l.0.q_proj.weight": x})
-    got = read_sharded([tmp_path / "model.safetensors"], 1, 2)["l.0.q_proj.weight"]
-    assert got.dtype == mx.bfloat16 and mx.array_equal(got, x[2:])
+            # Loading no longer reads only a rank's slices: mlx's shard_linear slices tensors
+            # read whole (one at a time). Measured on this model: 437,765 bytes a rank against
+            # 317,941 for the whole model (docs/design/any-model.md, "Tensor parallelism").
 
 
 def test_heads_that_do_not_divide_name_the_counts_that_would():
-    args = ModelArgs.from_config(
-        dict(
-            LLAMA,
-            num_attention_heads=6,
-            num_key_value_heads=3,
-            hidden_size=48,
-            intermediate_size=96,
-        )
+    config = dict(
+        LLAMA, num_attention_heads=6, num_key_value_heads=3, hidden_size=48, intermediate_size=96
     )
-    check_shardable(args, 3)
+    check_split(None, config, 3)
     with pytest.raises(ShardError, match=r"across 2 processes: launch 3 processes instead"):
-        check_shardable(args, 2)
+        check_split(None, config, 2)
     with pytest.raises(ShardError, match="quantization groups of 32"):
-        check_shardable(ModelArgs.from_config(LLAMA), 2, {"group_size": 32})
+        check_split(None, dict(LLAMA, quantization={"group_size": 32, "bits": 4}), 2)
 
 
 def test_loading_refuses_an_unsplittable_model(folders):
@@ -333,8 +305,7 @@ def test_launched_generate_refuses_a_prompt_from_stdin(monkeypatch):
 
 def test_alone_nothing_is_sent():
     assert broadcast_text("hi", None) == "hi" and shared_seed(None, None) is None
-    assert local("model.layers.0.self_attn.o_proj.bias", np.ones(3), 0, 1).sum() == 3
-    assert Model(ModelArgs.from_config(LLAMA)).group is None
+    assert tiny_model().group is None
 
 
 def cli(args: list[str], n: int = 1, stdin: str = "") -> str:
@@ -370,7 +341,7 @@ def test_bench_reports_what_a_split_step_sends(capsys):
 
     from redrafter_mlx.cli.bench import print_split, split_cost
 
-    assert split_cost(SimpleNamespace(model=Model(ModelArgs.from_config(LLAMA))), []) is None
+    assert split_cost(SimpleNamespace(model=tiny_model()), []) is None
     row = dict(tokens=12, bytes=196608, floor_us=41.0, per_step_ms=9.6)
     print_split(dict(ranks=2, all_sums_per_step=160, sizes=[row]))
     out = capsys.readouterr().out

@@ -26,7 +26,7 @@ from redrafter_mlx.engine.drafting.early_exit_chain import (
     draft_chain,
 )
 from redrafter_mlx.engine.drafting.sources import ABSENT
-from redrafter_mlx.engine.verifier import model as model_module
+from redrafter_mlx.engine.verifier import slots as model_module
 
 from .helpers import _randomize, tiny_model
 

@@ -23,7 +23,6 @@ from redrafter_mlx.engine.drafting.early_exit import (
     save_adapter,
 )
 from redrafter_mlx.engine.drafting.early_exit_chain import draft_chain, draft_top1
-from redrafter_mlx.engine.verifier.model import output_rows
 from redrafter_mlx.train import early_exit as EE
 
 from .helpers import SHAREGPT_SAMPLE, run_decode
@@ -70,11 +69,11 @@ def test_a_chain_with_the_whole_vocabulary_as_shortlist_is_the_full_heads_chain(
 def test_quantized_head_rows_are_the_dequantized_rows():
     model, _ = make_pair(seed=3, vocab=64)
     ids = mx.array(IDS, mx.int32)
-    dense = np.array(output_rows(model, ids))
+    dense = np.array(model.head_rows(ids))
     nn.quantize(model, group_size=32, bits=8)
     layer = model.model.embed_tokens if model.args.tie_word_embeddings else model.lm_head
     assert hasattr(layer, "scales")
-    rows = np.array(output_rows(model, ids))
+    rows = np.array(model.head_rows(ids))
     whole = mx.dequantize(layer.weight, layer.scales, layer.biases, 32, 8)
     np.testing.assert_array_equal(rows, np.array(whole)[IDS])
     assert np.abs(rows - dense).max() < 0.05 * np.abs(dense).max()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import mlx.core as mx
 import numpy as np
@@ -15,8 +16,9 @@ import pytest
 from mlx.utils import tree_flatten
 
 from redrafter_mlx.engine.core.tree import cache_mask, chain_mask
-from redrafter_mlx.engine.verifier import model as model_module
-from redrafter_mlx.engine.verifier.model import Model, ModelArgs
+from redrafter_mlx.engine.verifier import slots as model_module
+from redrafter_mlx.engine.verifier.lm_model import LmModel, from_config
+from redrafter_mlx.engine.verifier.protocol import Verifier
 from tests.helpers import _randomize, run_decode, tiny_drafter
 
 BASE = dict(
@@ -64,11 +66,12 @@ PROMPT = [1, 17, 50, 42, 3, 29, 88, 21, 5, 64]
 STEPS = [7, 91, 33, 12, 60, 2]
 
 
-def family_model(name: str, seed: int = 0, scale: float = 2.0) -> Model:
-    """Our model for ``CONFIGS[name]`` with random weights (Gemma norms near zero: 1 + w)."""
-    model = Model(ModelArgs.from_config(CONFIGS[name]))
+def family_model(name: str, seed: int = 0, scale: float = 2.0, **changes) -> LmModel:
+    """The verifier (mlx-lm's class) for ``CONFIGS[name]`` (completed as the loader does,
+    ``config.for_mlx_lm``) with random weights (Gemma norms near zero: 1 + w)."""
+    model = from_config(filled(dict(CONFIGS[name], **changes)))
     _randomize(model, seed, scale)
-    if model.args.family.gemma_norm:
+    if gemma(model):
         model.load_weights(
             [(k, v - 1.0) for k, v in tree_flatten(model.parameters()) if "norm" in k],
             strict=False,
@@ -77,10 +80,20 @@ def family_model(name: str, seed: int = 0, scale: float = 2.0) -> Model:
     return model
 
 
+def filled(config: dict) -> dict:
+    from redrafter_mlx.engine.verifier.config import rope_parameters, with_family_defaults
+
+    return with_family_defaults({**rope_parameters(config), **config})
+
+
+def gemma(model) -> bool:
+    return model.model_type.startswith("gemma")
+
+
 def mlx_lm_model(name: str, weights: dict):
     """mlx-lm's own class for the config, holding ``weights``."""
     module = importlib.import_module(f"mlx_lm.models.{CONFIGS[name]['model_type']}")
-    ref = module.Model(module.ModelArgs.from_dict(CONFIGS[name]))
+    ref = module.Model(module.ModelArgs.from_dict(filled(CONFIGS[name])))
     if hasattr(ref, "sanitize"):
         weights = ref.sanitize(dict(weights))
     ref.load_weights(list(weights.items()), strict=True)
@@ -88,25 +101,9 @@ def mlx_lm_model(name: str, weights: dict):
     return ref
 
 
-def gemma2_windowed(ref, tokens: mx.array) -> mx.array:
-    """mlx-lm's Gemma 2 layers over a whole sequence with the sliding-window mask on its even
-    layers (mlx-lm's Gemma 2 forward ignores the window). tokens (1, N) -> logits (1, N, V)."""
-    from mlx_lm.models.base import create_causal_mask
-
-    N = tokens.shape[1]
-    h = ref.model.embed_tokens(tokens) * (ref.args.hidden_size**0.5)
-    for i, layer in enumerate(ref.model.layers):
-        h = layer(h, create_causal_mask(N, window_size=WINDOW if i % 2 == 0 else None), None)
-    out = ref.model.embed_tokens.as_linear(ref.model.norm(h))
-    cap = ref.final_logit_softcapping
-    return mx.tanh(out / cap) * cap
-
-
 def reference_logits(name: str, ref) -> list[np.ndarray]:
-    """mlx-lm's logits at the prompt's positions, then after each of ``STEPS``: (V,) each."""
-    if CONFIGS[name]["model_type"] == "gemma2":
-        full = gemma2_windowed(ref, mx.array([PROMPT + STEPS]))[0]
-        return [np.array(full[i]) for i in range(len(PROMPT) + len(STEPS))]
+    """mlx-lm's logits at the prompt's positions, then after each of ``STEPS``: (V,) each
+    (its own forward and caches)."""
     from mlx_lm.models.cache import make_prompt_cache
 
     cache = make_prompt_cache(ref)
@@ -116,7 +113,7 @@ def reference_logits(name: str, ref) -> list[np.ndarray]:
     return out
 
 
-def our_logits(model: Model, prompt=PROMPT, steps=STEPS) -> list[np.ndarray]:
+def our_logits(model: Verifier, prompt=PROMPT, steps=STEPS) -> list[np.ndarray]:
     """Our forward: the prompt in one call, then one token per call, against the cache."""
     slots = 256
     keys, values = model.make_cache(1, slots)
@@ -147,20 +144,18 @@ def test_logits_equal_mlx_lm_in_prefill_and_steps(name, fused, monkeypatch):
 
 def test_sliding_window_changes_the_logits():
     """The window is really applied: without it the later positions differ."""
-    model = family_model("gemma3_text")
-    windowed = our_logits(model)
-    model.args.sliding_window = 10_000
-    wide = our_logits(model)
+    windowed = our_logits(family_model("gemma3_text"))
+    wide = our_logits(family_model("gemma3_text", sliding_window=10_000))
     assert np.allclose(windowed[WINDOW - 1], wide[WINDOW - 1], atol=1e-5)
     assert not np.allclose(windowed[-1], wide[-1], atol=1e-3)
 
 
-def near_bigram(name: str, seed: int, attn: float = 0.01) -> Model:
+def near_bigram(name: str, seed: int, attn: float = 0.01) -> Verifier:
     """A family model whose attention output is scaled by ``attn``: the next token is nearly
     a function of the current one, so :class:`FamilyOracle` gets long runs accepted, while
     attention (and the sliding window) still changes some tokens."""
     model = family_model(name, seed)
-    for layer in model.model.layers:
+    for layer in model.layers:
         if "pre_feedforward_layernorm" in layer:  # Gemma: the attention output is normed
             norm = layer.post_attention_layernorm
             norm.weight = (1.0 + norm.weight) * attn - 1.0
@@ -174,7 +169,7 @@ class FamilyOracle:
     """A drafter double predicting the model's attention-free next token (any family), its
     hidden state perturbed by ``noise`` so that some drafts are wrong."""
 
-    def __init__(self, model: Model, noise: float = 0.3, seed: int = 3):
+    def __init__(self, model: Verifier, noise: float = 0.3, seed: int = 3):
         self.model = model
         self.args = tiny_drafter(model).args
         H = model.hidden_size
@@ -184,9 +179,9 @@ class FamilyOracle:
         return token_emb
 
     def __call__(self, hidden, state):
-        args = self.model.args
-        x = state * args.hidden_size**0.5 if args.family.scale_embed else state
-        for layer in self.model.model.layers:
+        scaled = gemma(self.model)  # Gemma scales its embeddings by sqrt(H)
+        x = state * self.model.hidden_size**0.5 if scaled else state
+        for layer in self.model.layers:
             if "pre_feedforward_layernorm" in layer:
                 x = x + layer.post_feedforward_layernorm(
                     layer.mlp(layer.pre_feedforward_layernorm(x))
@@ -242,7 +237,7 @@ def test_loads_from_an_mlx_lm_folder_and_converts_from_a_hf_folder(name, tmp_pat
             np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
 
 
-def _prefill_hidden(model: Model) -> mx.array:
+def _prefill_hidden(model: Verifier) -> mx.array:
     """Hidden states of PROMPT from an empty cache: (T, H)."""
     T = len(PROMPT)
     keys, values = model.make_cache(1, 256)
@@ -347,7 +342,7 @@ def _gguf_name(hf: str, gemma: bool) -> str:
     return f"blk.{layer}.{names['.'.join(rest[:-1])]}.{rest[-1]}"
 
 
-def write_family_gguf(path: Path, name: str, qtype: str) -> Model:
+def write_family_gguf(path: Path, name: str, qtype: str) -> Verifier:
     """A GGUF of a random ``GGUF_CONFIGS[name]`` model; returns the model it should convert to
     (2-D weights through ``qtype``'s quantization, norms as llama.cpp rounds ``w + 1``)."""
     import gguf
@@ -355,11 +350,13 @@ def write_family_gguf(path: Path, name: str, qtype: str) -> Model:
     from tests.fixtures.gguf_files import CHATML, byte_level_vocab
 
     tokens, merges, types = byte_level_vocab()
-    config = dict(GGUF_CONFIGS[name], vocab_size=len(tokens))
-    model = Model(ModelArgs.from_config(config))
+    config = filled(dict(GGUF_CONFIGS[name], vocab_size=len(tokens)))
+    model = from_config(config)
     _randomize(model, 5, 2.0)
-    args, arch = model.args, GGUF_ARCH[name]
-    gemma = args.family.gemma_norm
+    arch = GGUF_ARCH[name]
+    gemma = config["model_type"].startswith("gemma")
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    args = SimpleNamespace(**{"rope_scaling": None, **config, "head_dim": head_dim})
     Q = gguf.GGMLQuantizationType
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(args.num_hidden_layers)
@@ -427,12 +424,13 @@ def test_gguf_round_trip_gives_the_same_logits(name, qtype, tmp_path):
     want = model.logits(_prefill_hidden(model))
     got = loaded.logits(_prefill_hidden(loaded))
     np.testing.assert_allclose(np.array(got), np.array(want), atol=1e-4, rtol=1e-4)
-    assert [layer.sliding for layer in loaded.model.layers] == [
-        layer.sliding for layer in model.model.layers
-    ]
+    for key in ("sliding_window", "sliding_window_pattern"):
+        assert config.get(key) == filled(GGUF_CONFIGS[name]).get(key), key
 
 
 def test_rope_parameters_blocks_are_read():
+    from redrafter_mlx.engine.verifier.config import rope_parameters
+
     config = dict(CONFIGS["gemma3_text"])
     for key in ("rope_theta", "rope_scaling", "rope_local_base_freq"):
         config.pop(key)
@@ -440,13 +438,17 @@ def test_rope_parameters_blocks_are_read():
         "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
         "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
     }
-    args = ModelArgs.from_config(config)
-    assert args.rope_theta == 1e6 and args.rope_local_base_freq == 10000.0
-    assert args.rope_scaling == {"rope_type": "linear", "factor": 2.0}
+    args = rope_parameters(config)
+    assert args["rope_theta"] == 1e6 and args["rope_local_base_freq"] == 10000.0
+    assert args["rope_scaling"] == {"rope_type": "linear", "factor": 2.0}
     qwen = dict(CONFIGS["qwen3"], rope_parameters={"rope_type": "default", "rope_theta": 5e5})
     qwen.pop("rope_theta")
-    assert ModelArgs.from_config(qwen).rope_theta == 5e5
-    assert ModelArgs.from_config(qwen).rope_scaling is None
+    assert filled(qwen)["rope_theta"] == 5e5
+    assert "rope_scaling" not in rope_parameters(qwen)
+    # and the model built from the block rotates as the one given the keys themselves
+    a, b = family_model("gemma3_text"), from_config(filled(config))
+    b.load_weights(list(tree_flatten(a.parameters())))
+    np.testing.assert_allclose(np.stack(our_logits(b)), np.stack(our_logits(a)), atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["qwen2", "qwen3", "gemma3_text"])

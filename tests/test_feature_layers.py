@@ -44,16 +44,13 @@ PROMPTS = [[1, 5, 9, 3, 7, 2], [1, 4], [1, 8, 8, 8, 6, 2, 11, 5, 3]]
 
 def reference_residuals(model, tokens: list[int]) -> tuple[mx.array, list[mx.array]]:
     """The final normed hidden states (N, H) and the residual entering each layer (N, H),
-    by running the model's blocks one by one (a causal forward of ``tokens``, no capture)."""
-    N = len(tokens)
-    keys, values = model.make_cache(1, N)
-    idx = mx.arange(N, dtype=mx.int32)[None]
-    mask = mx.tril(mx.ones((N, N), dtype=mx.bool_))[None, None]
+    by running mlx-lm's blocks one by one (a causal forward of ``tokens``, no cache, no
+    capture)."""
     x = model.embed(mx.array(tokens, dtype=mx.int32)[None])
     inputs = []
-    for layer, k, v in zip(model.model.layers, keys, values):
+    for layer in model.layers:
         inputs.append(x[0])
-        x, _, _ = layer(x, layer.self_attn.rope.tables(idx), mask, k, v, idx)
+        x = layer(x, "causal", None)
     return model.model.norm(x)[0], inputs
 
 
@@ -172,15 +169,16 @@ def test_without_feature_layers_the_forward_and_the_drafter_add_no_op():
     idx = mx.arange(N, dtype=mx.int32)[None]
     mask = mx.tril(mx.ones((N, N), dtype=mx.bool_))[None, None]
     h, _, _ = model(tokens, idx, mask, keys, values, idx)
-    # the same forward, written out: embed -> blocks -> norm (one rope table for all layers)
-    x = model.embed(tokens)
-    tables = model.model.layers[0].self_attn.rope.tables(idx)
-    for layer, k, v in zip(model.model.layers, keys, values):
-        x, _, _ = layer(x, tables, mask, k, v, idx)
-    ref = model.model.norm(x)
-    assert h.shape[-1] == model.hidden_size
-    assert _ops(h) == _ops(ref)
-    assert _ops(model.logits(h)) == _ops(model.lm_head(ref).astype(mx.float32))
+    # capturing a layer adds ops (its concatenation); capturing none again adds none
+    model.capture_features([1])
+    wide, _, _ = model(tokens, idx, mask, keys, values, idx)
+    model.capture_features([])
+    again, _, _ = model(tokens, idx, mask, keys, values, idx)
+    assert h.shape[-1] == model.hidden_size and wide.shape[-1] == 2 * model.hidden_size
+    assert _ops(again) == _ops(h) < _ops(wide)
+    np.testing.assert_array_equal(np.array(wide[..., : model.hidden_size]), np.array(h))
+    want = model.lm_head(reference_residuals(model, [1, 2, 3, 4, 5])[0]).astype(mx.float32)
+    np.testing.assert_allclose(np.array(model.logits(h)[0]), np.array(want), atol=1e-4)
     drafter = tiny_drafter(model, 1)
     assert drafter.hidden_part(h) is h  # no slice, no projection
     assert "feature_proj" not in drafter and "feature_layers" not in drafter.args.to_config()

@@ -42,9 +42,8 @@ from redrafter_mlx.engine.drafting.draft_model import prefill as draft_prefill
 from redrafter_mlx.engine.drafting.early_exit import EarlyExitAdapter
 from redrafter_mlx.engine.drafting.early_exit_chain import prefill as early_exit_prefill
 from redrafter_mlx.engine.drafting.sources import SOURCE_NAMES
-from redrafter_mlx.engine.verifier.model import Model
 from redrafter_mlx.train.early_exit import new_adapter
-from tests.helpers import OracleDrafter, near_bigram_model, run_decode, tiny_args
+from tests.helpers import OracleDrafter, near_bigram_model, run_decode, tiny_model
 from tests.test_sampling import PROMPT, chi_square_pvalue, exact_joint, sample_counts
 
 pytestmark = pytest.mark.slow  # thousands of rows per test (make test-fast leaves them out)
@@ -74,7 +73,7 @@ def early_exit_pair(eta=None):
 def draft_model_for(model):
     """A draft model over the same vocabulary: the target without its last layer (its
     embedding, first layer, final norm and head), so it agrees with the target often."""
-    draft = Model(tiny_args(vocab=6, hidden=32, layers=1))
+    draft = tiny_model(vocab=6, hidden=32, layers=1)
     kept = [(k, v) for k, v in tree_flatten(model.parameters()) if ".layers.1." not in k]
     draft.load_weights(kept)
     mx.eval(draft.parameters())

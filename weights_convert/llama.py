@@ -54,18 +54,26 @@ def check_config(config: dict, root) -> None:
 def expected_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     """Every tensor a config implies -> its shape (out, in) / (dim,). Includes lm_head.
 
-    Asked of the engine's model definition itself (its arrays are lazy and never computed),
-    so each family's biases, q/k norms and sandwich norms are known in one place.
+    Asked of mlx-lm's own class for the family, the verifier that will load the output
+    (its arrays are lazy and never computed), with the config as the loader completes it
+    (``config.for_mlx_lm``: transformers' defaults), so each family's biases, q/k norms and
+    sandwich norms are known in one place.
     """
     from mlx.utils import tree_flatten
+    from mlx_lm.utils import _get_classes
 
-    from redrafter_mlx.engine.verifier.model import Model, ModelArgs
+    from redrafter_mlx.engine.verifier.config import rope_parameters, with_family_defaults
 
+    filled = with_family_defaults({**rope_parameters(config), **config})
+    filled["tie_word_embeddings"] = False
     try:
-        model = Model(ModelArgs.from_config({**config, "tie_word_embeddings": False}))
-    except (TypeError, ValueError) as e:
+        cls, args = _get_classes(filled)
+        model = cls(args.from_dict(filled))
+    except (TypeError, ValueError, KeyError) as e:
         raise ConversionError(f"config.json cannot describe a model we run: {e}") from None
-    return {name: tuple(p.shape) for name, p in tree_flatten(model.parameters())}
+    shapes = {name: tuple(p.shape) for name, p in tree_flatten(model.parameters())}
+    shapes.setdefault("lm_head.weight", (filled["vocab_size"], filled["hidden_size"]))
+    return shapes
 
 
 def _is_rotary_buffer(name: str) -> bool:

@@ -47,7 +47,7 @@ from redrafter_mlx.engine.decoding.decode import (
 from redrafter_mlx.engine.decoding.step import uniform_step
 from redrafter_mlx.engine.drafting.drafter import Drafter
 from redrafter_mlx.engine.drafting.sources import sized_sources
-from redrafter_mlx.engine.verifier.model import Model
+from redrafter_mlx.engine.verifier.protocol import Verifier
 
 PHASES = ("draft", "pack", "verify", "accept", "commit")
 # Primitives that only make a view (no kernel runs; ~1-2 us each on the CPU backend, against
@@ -121,7 +121,7 @@ def _as_shape(shape, draft_model=None, drafter=None) -> BeamShape:
 
 
 def profile_steps(
-    model: Model,
+    model: Verifier,
     drafter: Drafter | None,
     shapes: Sequence[BeamShape | tuple[int, int, int]],
     prompt: Sequence[int],

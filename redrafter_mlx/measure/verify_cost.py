@@ -17,25 +17,30 @@ from redrafter_mlx.engine.core.sampling import RowSampler, SamplerConfig, draw
 from redrafter_mlx.engine.core.tree import arange, cache_mask, chain_mask
 from redrafter_mlx.engine.decoding.decode import DecodeState, prefill_chunk
 from redrafter_mlx.engine.decoding.step import uniform_step
-from redrafter_mlx.engine.verifier.model import Model, ModelArgs
+from redrafter_mlx.engine.verifier.lm_model import from_config
+from redrafter_mlx.engine.verifier.protocol import Verifier
 
 
-def random_llama(hidden: int, layers: int, vocab: int = 32000, dtype=None, seed: int = 0) -> Model:
+def random_llama(
+    hidden: int, layers: int, vocab: int = 32000, dtype=None, seed: int = 0
+) -> Verifier:
     """A Llama-shaped model (head_dim 128, MLP 2.6875x like LLaMA-7B) with random weights."""
-    args = ModelArgs(
+    config = dict(
         model_type="llama",
         hidden_size=hidden,
         num_hidden_layers=layers,
         intermediate_size=int(hidden * 2.6875) // 64 * 64,
         num_attention_heads=max(1, hidden // 128),
+        rms_norm_eps=1e-6,
         vocab_size=vocab,
         max_position_embeddings=4096,
+        tie_word_embeddings=False,
     )
-    model = Model(args)
     mx.random.seed(seed)
     dtype = dtype or default_dtype()
-    model.update(_random_weights(model.parameters(), dtype))
-    mx.eval(model.parameters())
+    model = from_config(config)
+    model.lm.update(_random_weights(model.lm.parameters(), dtype))
+    mx.eval(model.lm.parameters())
     return model
 
 
@@ -69,7 +74,7 @@ def _median(xs: list[float]) -> float:
     return xs[len(xs) // 2]
 
 
-def _verify_fn(model: Model, capacity: int, window: int):
+def _verify_fn(model: Verifier, capacity: int, window: int):
     """Compiled verify forward of ``capacity`` chain-masked tokens + target draws."""
 
     def verify(tokens, lengths, keys, values):

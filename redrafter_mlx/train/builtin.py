@@ -13,7 +13,7 @@ import json
 import time
 from pathlib import Path
 
-from ..engine.verifier.model import Model
+from ..engine.verifier.protocol import Verifier
 from .checkpoints import OutputPlan, list_checkpoints
 from .options import (
     AUTO_DRAFT_VOCAB,
@@ -42,7 +42,7 @@ from .training import (
 
 
 def prepare(
-    model: Model,
+    model: Verifier,
     tokenizer,
     path: Path,
     dtype,
@@ -241,7 +241,7 @@ def answer_stage(data, held, pool, kind, amount, started, resumed, progress) -> 
 
 
 def budget_steps(
-    model: Model, cache, order: DataOrder, opts: DistillOptions, draft_vocab, seconds: float
+    model: Verifier, cache, order: DataOrder, opts: DistillOptions, draft_vocab, seconds: float
 ) -> int:
     """Optimizer steps that fit ``seconds`` of training at this machine's measured speed
     (three throwaway steps), at most MAX_EPOCHS epochs, at least one."""

@@ -74,7 +74,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from ..engine.base.errors import ParamError
-from ..engine.verifier.model import Model
+from ..engine.verifier.protocol import Verifier
 from . import builtin
 from .builtin import budget_steps  # noqa: F401
 from .checkpoints import (  # noqa: F401  (re-exported: the run's API in one place)
@@ -286,7 +286,7 @@ def load_serving(model_dir, opts: DistillOptions):
 
 
 def prepare(
-    model: Model,
+    model: Verifier,
     tokenizer,
     path: Path,
     dtype,

@@ -6,7 +6,7 @@ after the target's first ``exit_layer`` layers, its output goes through the targ
 distribution at every training position (DESIGN.md 3c). The adapter attends causally over the
 whole sequence, so a training example is a whole sequence (not a position): the exit-layer
 states and the target's final hidden states come from one forward of the frozen model per
-sequence (``Model.capture_features([exit_layer])``), kept in memory for the run.
+sequence (``Verifier.capture_features([exit_layer])``), kept in memory for the run.
 
 Data: the same as the recurrent drafter's. Data files (``--data``) are rendered and windowed
 by ``data.load_training_data``; without them the built-in data (``selfdata``: built-in and
@@ -44,7 +44,7 @@ from ..engine.drafting.early_exit import (
     check_exit_layer,
 )
 from ..engine.drafting.early_exit_chain import ETA, GAMMA, adapter_write, draft_chain
-from ..engine.verifier.model import Model
+from ..engine.verifier.protocol import Verifier
 from .checkpoints import (
     install_output,
     list_checkpoints,
@@ -78,7 +78,7 @@ class Example:
     tokens: list[int]
 
 
-def sequence_features(model: Model, seq: Sequence, exit_layer: int) -> Example:
+def sequence_features(model: Verifier, seq: Sequence, exit_layer: int) -> Example:
     """One forward of the frozen model over ``seq``: exit-layer and final normed states."""
     N = len(seq.tokens)
     H = model.hidden_size
@@ -131,7 +131,7 @@ def adapter_outputs(adapter: EarlyExitAdapter, exits: mx.array) -> mx.array:
     return adapter(exits, pos, mask, keys, values, pos)[0]
 
 
-def soft_loss(adapter, model: Model, exits, finals, valid):
+def soft_loss(adapter, model: Verifier, exits, finals, valid):
     """Soft cross-entropy of the adapter's next-token distribution against the target's, and
     top-1 agreement, both averaged over valid positions: (B, T, H), (B, T, H), (B, T) -> ()."""
     student = model.logits(adapter_outputs(adapter, exits))  # (B, T, V)
@@ -148,7 +148,7 @@ class AdapterTrainer:
     """The adapter, AdamW (warm-up + cosine) and the clipped gradient step. ``drafter`` and
     ``optimizer`` are the names ``checkpoints.save_checkpoint`` / ``load_checkpoint`` read."""
 
-    def __init__(self, adapter: EarlyExitAdapter, model: Model, opts, total_steps: int):
+    def __init__(self, adapter: EarlyExitAdapter, model: Verifier, opts, total_steps: int):
         self.drafter = adapter
         self.model = model
         self.optimizer = optim.AdamW(
@@ -174,26 +174,30 @@ class AdapterTrainer:
         return float(loss), float(agree)
 
 
-def new_adapter(model: Model, exit_layer: int, seed: int) -> EarlyExitAdapter:
+def new_adapter(model: Verifier, exit_layer: int, seed: int) -> EarlyExitAdapter:
     """A fresh adapter whose output starts as the exit state itself (``o_proj`` zero): the
     target's final norm and head read the exit layer's residual ('logit lens'); the norms
     start from the target's (its final norm; the input norm of layer ``exit_layer``)."""
     mx.random.seed(seed)
     adapter = EarlyExitAdapter(EarlyExitArgs.for_target(model.args, exit_layer))
-    target = model.model
-    family = model.args.family
+    H = model.hidden_size
     for layer in adapter.layers:
         layer.self_attn.o_proj.weight = mx.zeros_like(layer.self_attn.o_proj.weight)
-        source = target.layers[exit_layer].input_layernorm.weight
-        layer.input_layernorm.weight = (1.0 + source) if family.gemma_norm else source
-    final = target.norm.weight
-    adapter.norm.weight = ((1.0 + final) if family.gemma_norm else final).astype(mx.float32)
+        layer.input_layernorm.weight = norm_scale(model.layers[exit_layer].input_layernorm, H)
+    adapter.norm.weight = norm_scale(model.model.norm, H)
     adapter.set_dtype(mx.float32)
     mx.eval(adapter.parameters())
     return adapter
 
 
-def held_out_scores(model: Model, adapter: EarlyExitAdapter, examples: list[Example]) -> dict:
+def norm_scale(norm, size: int) -> mx.array:
+    """The per-channel scale a norm module applies, (size,) float32: its output on a vector
+    of a large constant (so its eps is lost in the RMS), whatever its weight convention
+    (``w``, or Gemma's ``1 + w``)."""
+    return norm(mx.full((1, size), 1e3, dtype=mx.float32))[0].astype(mx.float32)
+
+
+def held_out_scores(model: Verifier, adapter: EarlyExitAdapter, examples: list[Example]) -> dict:
     """Top-1 agreement with the target over held-out positions, and mean soft CE."""
     ce_sum = agree_sum = n = 0.0
     for e in examples:
@@ -205,7 +209,7 @@ def held_out_scores(model: Model, adapter: EarlyExitAdapter, examples: list[Exam
 
 
 def chain_score(
-    model: Model, adapter: EarlyExitAdapter, examples: list[Example], gamma=GAMMA, eta=ETA
+    model: Verifier, adapter: EarlyExitAdapter, examples: list[Example], gamma=GAMMA, eta=ETA
 ):
     """Greedy chains drafted at CHAIN_STARTS positions of each held-out sequence that is the
     model's own greedy output (the built-in data): mean drafts accepted (leading drafts equal

@@ -9,7 +9,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..engine.drafting.drafter import Drafter
-from ..engine.verifier.model import Model
+from ..engine.verifier.protocol import Verifier
 
 DEFAULT_EVAL_SHAPES = ((1, 3), (2, 4), (4, 5))
 
@@ -25,7 +25,7 @@ def eval_shapes(shapes, predict_tokens: int) -> list[tuple[int, int]]:
 
 
 def evaluate(
-    model: Model,
+    model: Verifier,
     drafter: Drafter,
     prompts: list[list[int]],
     shapes,
@@ -65,7 +65,7 @@ def evaluate(
     return results
 
 
-def chain_score(drafter, model: Model, val: dict, index: np.ndarray | None, length: int = 4):
+def chain_score(drafter, model: Verifier, val: dict, index: np.ndarray | None, length: int = 4):
     """Teacher-forced acceptance on held-out answers, one batched pass (no decoding).
 
     val: hidden (P, H) (or wider: ``Drafter.features``), tokens (P, T+1), valid (P, T) of

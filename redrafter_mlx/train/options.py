@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..engine.base.errors import ParamError
-from ..engine.verifier.model import Model
+from ..engine.verifier.protocol import Verifier
 from .data import Sequence
 from .evaluation import DEFAULT_EVAL_SHAPES
 from .targets import TargetCache
@@ -225,7 +225,7 @@ class NullProgress:
 
 @dataclass
 class RunContext:
-    model: Model
+    model: Verifier
     tokenizer: object
     model_dir: Path
     out: Path
@@ -290,7 +290,7 @@ def check_draft_vocab(size: int | None, vocab_size: int) -> None:
         )
 
 
-def choose_shortlist(sequences, size, model: Model, tokenizer, cache, progress):
+def choose_shortlist(sequences, size, model: Verifier, tokenizer, cache, progress):
     """The shortlist head ids (``size`` most frequent training tokens), or None."""
     if not size:
         return None

@@ -31,7 +31,7 @@ from ..engine.decoding.cache import Session, bucket, ensure_slots, prefill_sessi
 from ..engine.decoding.decode import DecodeState, first_draw
 from ..engine.decoding.step import batch_step
 from ..engine.loop.rows import take_rows
-from ..engine.verifier.model import Model
+from ..engine.verifier.protocol import Verifier
 
 CHECK_EVERY = 16  # steps between host reads of "have all rows ended?"
 # Attention windows in steps of 64 slots, not the engine's 256: a batch of answers attends
@@ -46,7 +46,7 @@ class Answer:
     """One row's greedy answer: ids (n,) with the end-of-turn id when it ended, and hidden
     (n, H): hidden[j] is the state whose greedy token is ids[j] (the last prompt token's for
     j = 0); (n, (1 + k) H) when the model captures k feature layers (the final normed state
-    first, ``Model.capture_features``)."""
+    first, ``Verifier.capture_features``)."""
 
     ids: list[int]
     finish: str  # "stop" (an end-of-turn id was emitted) or "length"
@@ -54,7 +54,7 @@ class Answer:
 
 
 def greedy_with_hidden(
-    model: Model, prompts: list[list[int]], max_tokens: int, eos_token_ids
+    model: Verifier, prompts: list[list[int]], max_tokens: int, eos_token_ids
 ) -> list[Answer]:
     """Batched greedy decoding of ``prompts`` (B rows) keeping every step's hidden state.
 
@@ -66,7 +66,7 @@ def greedy_with_hidden(
 
 
 def answers_with_hidden(
-    model: Model,
+    model: Verifier,
     prompts: list[list[int]],
     max_tokens: int,
     eos_token_ids,
@@ -97,7 +97,7 @@ class Job:
     seed: int = 0
 
 
-def answers_in_lanes(model: Model, jobs, lanes: int = 1):
+def answers_in_lanes(model: Verifier, jobs, lanes: int = 1):
     """Answer ``jobs`` (an iterable of ``Job``, drawn as lanes free up), ``lanes`` batches at
     a time; yields ``(job, answers)`` as each batch ends (not in job order when lanes > 1).
 
@@ -136,7 +136,7 @@ def _on(stream):
     return contextlib.nullcontext() if stream is None else mx.stream(stream)
 
 
-def _decode(model: Model, job: Job, stream):
+def _decode(model: Verifier, job: Job, stream):
     """A generator that builds one decode step of ``job`` on ``stream`` per ``next`` and
     yields its state for the caller to queue (``mx.async_eval``); returns the answers
     (``StopIteration.value``); see ``answers_with_hidden``."""
@@ -198,7 +198,7 @@ def _decode(model: Model, job: Job, stream):
     return out
 
 
-def prefill_shared(model: Model, prompts: list[list[int]]) -> tuple[Session, mx.array]:
+def prefill_shared(model: Verifier, prompts: list[list[int]]) -> tuple[Session, mx.array]:
     """A session holding every prompt's K/V, and the hidden state (B, H) at each prompt's
     last token. The prefix all prompts share (a chat template's system turn: 24 of SmolLM2's
     ~58 tokens) runs once and is copied to every row."""

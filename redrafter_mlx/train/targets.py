@@ -26,13 +26,13 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from ..engine.verifier.model import Model
+from ..engine.verifier.protocol import Verifier
 from .data import Sequence
 
 CACHE_VERSION = 1
 
 
-def rollout_targets(model: Model, tokens: mx.array, positions: mx.array, depth: int):
+def rollout_targets(model: Verifier, tokens: mx.array, positions: mx.array, depth: int):
     """The LLM's greedy continuations of every prefix, all branches batched per depth.
 
     tokens: (N,) the ground-truth sequence; positions: (M,) training positions t (< N);
@@ -65,7 +65,7 @@ def rollout_targets(model: Model, tokens: mx.array, positions: mx.array, depth: 
     return hidden, mx.stack(greedy, axis=1)
 
 
-def self_targets(model: Model, tokens: mx.array, positions: mx.array, depth: int):
+def self_targets(model: Verifier, tokens: mx.array, positions: mx.array, depth: int):
     """Greedy continuations read off one forward, for sequences the model generated greedily.
 
     tokens: (N,); positions: (M,) training positions t; depth: T. Returns hidden (M, H), greedy
@@ -123,7 +123,7 @@ def ground_truth_targets(seq: Sequence, positions: list[int], depth: int):
     return toks, valid
 
 
-def sequence_hidden(model: Model, tokens: mx.array, positions: mx.array) -> mx.array:
+def sequence_hidden(model: Verifier, tokens: mx.array, positions: mx.array) -> mx.array:
     """Hidden states at ``positions`` of one causal forward.
 
     tokens (N,), positions (M,) -> (M, H).
@@ -211,7 +211,7 @@ class TargetCache:
 
 
 def build_target_cache(
-    model: Model,
+    model: Verifier,
     sequences: list[Sequence],
     depth: int,
     mode: str,
@@ -276,7 +276,7 @@ def staged(path: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def sequence_targets(model: Model, seq: Sequence, positions: list[int], depth: int, mode: str):
+def sequence_targets(model: Verifier, seq: Sequence, positions: list[int], depth: int, mode: str):
     """(hidden (M, H), tokens (M, T+1), valid (M, T)) as numpy for one sequence."""
     toks = mx.array(seq.tokens, dtype=mx.int32)
     pos = mx.array(positions, dtype=mx.int32)

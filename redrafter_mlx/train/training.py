@@ -19,7 +19,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
 from ..engine.drafting.drafter import Drafter, DrafterArgs
-from ..engine.verifier.model import Model
+from ..engine.verifier.protocol import Verifier
 from .data import Sequence
 from .softmax import logsumexp, softmax
 from .targets import TargetCache
@@ -31,7 +31,7 @@ GRAD_FLUSH = 2.0**-40  # ~9e-13: g^2 x (1 - beta2) stays normal
 MOMENT_FLUSH = 2.0**-100  # ~8e-31
 
 
-def drafter_args(model: Model, opts, draft_vocab: list[int] | None = None) -> DrafterArgs:
+def drafter_args(model: Verifier, opts, draft_vocab: list[int] | None = None) -> DrafterArgs:
     """Drafter shape from the model and the options (``layers``, ``exit_dim``, ``rnn``). It
     reads the feature layers the model captures, which are what its training data holds
     (``distill`` sets them from ``--feature-layers`` before making any data; none: the
@@ -50,7 +50,7 @@ def drafter_args(model: Model, opts, draft_vocab: list[int] | None = None) -> Dr
     )
 
 
-def resolve_feature_layers(spec, model: Model) -> tuple[int, ...]:
+def resolve_feature_layers(spec, model: Verifier) -> tuple[int, ...]:
     """``--feature-layers`` -> layer indices: ``last`` (or empty/None) -> () (the final normed
     hidden state, as every drafter before); ``auto`` -> EAGLE-3's low, middle and high layer
     scaled to the depth n: the inputs of layers 2, n // 2 and n - 3 (30 layers: 2, 15, 27);
@@ -192,7 +192,7 @@ class DataOrder:
         return np.sort(self._perm[start : start + self.batch_size])
 
 
-def read_batch(cache: TargetCache, model: Model, idx: np.ndarray, head_index=None):
+def read_batch(cache: TargetCache, model: Verifier, idx: np.ndarray, head_index=None):
     """Model inputs for cached positions idx.
 
     Returns hidden (B, H, or the cache's wider rows: ``Drafter.features``) f32,
@@ -214,7 +214,7 @@ def read_batch(cache: TargetCache, model: Model, idx: np.ndarray, head_index=Non
     return hidden, emb, mx.array(targets), mx.array(valid)
 
 
-def teacher_targets(cache: TargetCache, model: Model, idx: np.ndarray, head_ids=None):
+def teacher_targets(cache: TargetCache, model: Verifier, idx: np.ndarray, head_ids=None):
     """Soft targets for cached positions idx, for caches whose rows run along each sequence.
 
     Step k's token at position t is the LLM's draw at position t+k, so its distribution is

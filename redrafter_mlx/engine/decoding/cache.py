@@ -23,7 +23,7 @@ from collections.abc import Container, Sequence
 import mlx.core as mx
 
 from ..drafting.sources import grow_states, padded_chunks
-from ..verifier.model import Model
+from ..verifier.protocol import Verifier
 from .decode import DecodeState, prefill_chunk
 
 SLOT_QUANTUM = 256
@@ -79,7 +79,7 @@ def step_window(longest: int, inflight: int, per_step: int, slots: int) -> int:
     return bucket(longest + inflight * per_step + slots)
 
 
-def token_limit(model: Model, prompt_len: int, max_tokens: int) -> tuple[int, str]:
+def token_limit(model: Verifier, prompt_len: int, max_tokens: int) -> tuple[int, str]:
     """(most tokens a row may emit, why it stops there): ``max_tokens`` (``"length"``) or
     what is left of the model's context (``"context"``)."""
     room = (model.max_context or 1 << 30) - prompt_len
@@ -118,7 +118,7 @@ class Session:
     them back); only the thread that created the session may use it (:meth:`claim`).
     """
 
-    def __init__(self, model: Model, batch: int = 1):
+    def __init__(self, model: Verifier, batch: int = 1):
         self.model = model
         self.batch = batch
         self.thread = threading.get_ident()  # MLX streams (and so these arrays) are per thread

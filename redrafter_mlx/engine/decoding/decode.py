@@ -11,7 +11,7 @@ autoregressive baseline is the same machinery with one token per step.
 State carried between steps (``DecodeState``):
     init_token (B,)   the token the LLM produced last; not yet in the cache
     hidden     (B, H) the LLM's normed hidden state at the last cached token; (B, (1+k)H)
-               with the k feature layers a drafter reads (``Model.capture_features``)
+               with the k feature layers a drafter reads (``Verifier.capture_features``)
     lengths    (B,)   committed cache length per row
     keys/values       per layer (B, n_kv, S, D)
     history    (B, S) the committed token ids, slot by slot (None: no lookup)
@@ -50,7 +50,8 @@ from ..drafting.sources import (
     sized_sources,
     step_capacity,
 )
-from ..verifier.model import Model, write_slots
+from ..verifier.protocol import Verifier
+from ..verifier.slots import write_slots
 from .two_chains import accept_two_chains, lay_two_chains
 
 
@@ -211,7 +212,7 @@ def pick_one(proposals: list, ids: list[int], capacity: int):
 
 
 def shape_candidates(
-    model: Model, state: DecodeState, shape: BeamShape, drafter=None, draft_model=None, window=0
+    model: Verifier, state: DecodeState, shape: BeamShape, drafter=None, draft_model=None, window=0
 ) -> Candidates:
     """``draft_phase`` of ``shape``'s sources (``sources.sized_sources``) on ``state``, at its
     capacity (a measuring or testing entry; the step builds the same)."""
@@ -225,7 +226,7 @@ def shape_candidates(
 
 
 def verify_phase(
-    model: Model,
+    model: Verifier,
     tree,
     lengths,
     keys,
@@ -312,7 +313,7 @@ def commit_phase(keys, values, lengths, path_slots, hidden, n, fresh, in_place: 
 
 
 def redrafter_step(
-    model: Model,
+    model: Verifier,
     held: tuple,
     state: DecodeState,
     shape: BeamShape,
@@ -392,7 +393,7 @@ def redrafter_step(
     return next_state, StepOutput(tokens, n + 1, packed, chosen.astype(mx.int32))
 
 
-def autoregressive_step(model: Model, state: DecodeState, sampler: RowSampler, window: int):
+def autoregressive_step(model: Verifier, state: DecodeState, sampler: RowSampler, window: int):
     """One plain decoding step (the baseline): commit the init token, draw the next."""
     lengths = state.lengths
     B = lengths.shape[0]
@@ -416,7 +417,9 @@ def autoregressive_step(model: Model, state: DecodeState, sampler: RowSampler, w
     return next_state, StepOutput(nxt[:, None], one, one)
 
 
-def first_draw(model: Model, hidden, sampler: RowSampler, history, lengths, last=None) -> mx.array:
+def first_draw(
+    model: Verifier, hidden, sampler: RowSampler, history, lengths, last=None
+) -> mx.array:
     """The token after the prompt: hidden (B, H) at each row's last prompt token -> (B,),
     drawn with each row's settings and key (``sampler``).
 
@@ -432,7 +435,7 @@ def first_draw(model: Model, hidden, sampler: RowSampler, history, lengths, last
     return draw(logits[:, 0], sampler)
 
 
-def prefill_chunk(model: Model, tokens, counts, lengths, keys, values, window: int):
+def prefill_chunk(model: Verifier, tokens, counts, lengths, keys, values, window: int):
     """Run T prompt tokens per row (right-padded) at ``[len, len+T)``, attending to [0, window).
 
     tokens: (B, T); counts: (B,) real tokens per row in this chunk (may be 0).

@@ -39,7 +39,9 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from ..core.footprint import StepMemory, head_bytes, module_bytes, own_cache_bytes
-from ..verifier.model import Attention, Model, ModelArgs, fused_kernels, output_rows
+from ..verifier.lm_rope import rope_at, rope_tables
+from ..verifier.protocol import Verifier
+from ..verifier.slots import attention, write_slots
 from .early_exit_chain import ETA, draft_chain, prefill, refresh_committed
 from .sources import DraftContext, Proposal, Source, catch_up_positions, register_source
 
@@ -65,9 +67,9 @@ class EarlyExitArgs:
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def for_target(cls, target: ModelArgs, exit_layer: int) -> EarlyExitArgs:
-        """An adapter for ``target`` exiting after ``exit_layer`` layers (its attention
-        shape, rope and eps copied)."""
+    def for_target(cls, target, exit_layer: int) -> EarlyExitArgs:
+        """An adapter for a model of ``target`` args (``Verifier.args``) exiting after
+        ``exit_layer`` layers (its attention shape, rope and eps copied)."""
         check_exit_layer(exit_layer, target.num_hidden_layers)
         return cls(
             exit_layer=exit_layer,
@@ -118,23 +120,6 @@ class EarlyExitArgs:
             cfg["draft_vocab"] = [int(i) for i in self.draft_vocab]
         cfg["kind"] = KIND
         return cfg
-
-    def attention_args(self) -> ModelArgs:
-        """The ``ModelArgs`` that ``model.Attention`` reads for the adapter's layers."""
-        return ModelArgs(
-            model_type="llama",
-            hidden_size=self.hidden_size,
-            num_hidden_layers=self.num_layers,
-            intermediate_size=0,
-            num_attention_heads=self.num_attention_heads,
-            vocab_size=self.vocab_size,
-            rms_norm_eps=self.rms_norm_eps,
-            num_key_value_heads=self.num_key_value_heads,
-            head_dim=self.head_dim,
-            rope_theta=self.rope_theta,
-            rope_traditional=self.rope_traditional,
-            rope_scaling=self.rope_scaling,
-        )
 
 
 POSITIVE = ("exit_layer", "hidden_size", "num_attention_heads", "num_key_value_heads")
@@ -208,17 +193,51 @@ def check_exit_layer(exit_layer: int, layers: int) -> None:
         )
 
 
+class AdapterAttention(nn.Module):
+    """Self-attention at per-token positions over the adapter's slot cache: Llama's q/k/v/o
+    projections (no biases) and the target's rope (mlx-lm's ``initialize_rope``)."""
+
+    def __init__(self, args: EarlyExitArgs):
+        super().__init__()
+        dim, hd = args.hidden_size, args.head_dim
+        self.n_heads, self.n_kv_heads = args.num_attention_heads, args.num_key_value_heads
+        self.scale = hd**-0.5
+        self.q_proj = nn.Linear(dim, self.n_heads * hd, bias=False)
+        self.k_proj = nn.Linear(dim, self.n_kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(dim, self.n_kv_heads * hd, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * hd, dim, bias=False)
+        from mlx_lm.models.rope_utils import initialize_rope
+
+        self.rope = initialize_rope(hd, args.rope_theta, args.rope_traditional, args.rope_scaling)
+
+    def __call__(self, x, positions, mask, keys, values, write_idx, tables=None):
+        """x: (B, T, H); positions, write_idx: (B, T); mask: (B, 1, T, A) bool over the first
+        A slots after this call's writes; keys/values: (B, n_kv, S, D); ``tables``:
+        ``lm_rope.rope_tables`` of ``positions`` (shared by the layers). Returns (out (B, T,
+        H), keys, values)."""
+        B, T, _ = x.shape
+        q = self.q_proj(x).reshape(B, T, self.n_heads, -1).transpose(0, 2, 1, 3)
+        k = self.k_proj(x).reshape(B, T, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        v = self.v_proj(x).reshape(B, T, self.n_kv_heads, -1)
+        q, k = rope_at(self.rope, q, positions, tables), rope_at(self.rope, k, positions, tables)
+        keys = write_slots(keys, write_idx, k.transpose(0, 2, 1, 3))
+        values = write_slots(values, write_idx, v)
+        A = mask.shape[-1]
+        out = attention(q, keys[:, :, :A], values[:, :, :A], self.scale, mask)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, T, -1)), keys, values
+
+
 class AdapterLayer(nn.Module):
     """x + attention(RMSNorm(x)): a Llama decoder layer without its MLP."""
 
-    def __init__(self, args: ModelArgs, layer: int):
+    def __init__(self, args: EarlyExitArgs):
         super().__init__()
         self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
-        self.self_attn = Attention(args, layer)
+        self.self_attn = AdapterAttention(args)
 
-    def __call__(self, x, positions, mask, keys, values, write_idx):
+    def __call__(self, x, positions, mask, keys, values, write_idx, tables=None):
         r, keys, values = self.self_attn(
-            self.input_layernorm(x), positions, mask, keys, values, write_idx
+            self.input_layernorm(x), positions, mask, keys, values, write_idx, tables
         )
         return x + r, keys, values
 
@@ -234,8 +253,7 @@ class EarlyExitAdapter(nn.Module):
     def __init__(self, args: EarlyExitArgs):
         super().__init__()
         self.args = args
-        attn = args.attention_args()
-        self.layers = [AdapterLayer(attn, i) for i in range(args.num_layers)]
+        self.layers = [AdapterLayer(args) for _ in range(args.num_layers)]
         self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.set_shortlist(args.draft_vocab)
 
@@ -251,12 +269,10 @@ class EarlyExitAdapter(nn.Module):
         """x: (B, T, H) exit-layer states; positions, write_idx: (B, T); mask: (B, 1, T, A);
         keys/values: lists (one per adapter layer) of (B, n_kv, S, D).
         Returns (normed states (B, T, H), keys, values)."""
-        rotations = positions
+        tables = rope_tables(self.layers[0].self_attn.rope, positions)  # one per call
         new_keys, new_values = [], []
         for layer, k, v in zip(self.layers, keys, values):
-            if not fused_kernels() and rotations is positions:
-                rotations = layer.self_attn.rope.tables(positions)
-            x, k, v = layer(x, rotations, mask, k, v, write_idx)
+            x, k, v = layer(x, positions, mask, k, v, write_idx, tables)
             new_keys.append(k)
             new_values.append(v)
         return self.norm(x), new_keys, new_values
@@ -277,16 +293,18 @@ class EarlyExitAdapter(nn.Module):
         )
 
 
-def check_pair(model: Model, adapter: EarlyExitAdapter) -> None:
-    """ValueError unless ``adapter`` was made for a model shaped like ``model``."""
+def check_pair(model: Verifier, adapter: EarlyExitAdapter) -> None:
+    """ValueError unless ``adapter`` was made for a model shaped like ``model`` whose first
+    layers can run alone (``Verifier.check_early_exit``)."""
     check_args(model.args, adapter.args)
     if model.shards != 1:
         raise ValueError("the early-exit drafter does not run under tensor parallelism yet")
+    model.check_early_exit(adapter.args.exit_layer)
 
 
-def check_args(t: ModelArgs, a: EarlyExitArgs) -> None:
-    """ValueError unless an adapter of config ``a`` was made for a model of ``t``'s shape
-    (checked before its weights are read: ``load_adapter``'s ``target``)."""
+def check_args(t, a: EarlyExitArgs) -> None:
+    """ValueError unless an adapter of config ``a`` was made for a model of args ``t``
+    (``Verifier.args``; checked before its weights are read: ``load_adapter``'s ``target``)."""
     layers = t.num_hidden_layers
     try:
         check_exit_layer(a.exit_layer, layers)
@@ -310,7 +328,7 @@ def check_args(t: ModelArgs, a: EarlyExitArgs) -> None:
         )
 
 
-def pair(model: Model, adapter: EarlyExitAdapter) -> EarlyExitAdapter:
+def pair(model: Verifier, adapter: EarlyExitAdapter) -> EarlyExitAdapter:
     """``check_pair``, then ``bind_head``: what every place that pairs an adapter with its
     target calls once, before a step is compiled. Returns the adapter."""
     check_pair(model, adapter)
@@ -318,13 +336,15 @@ def pair(model: Model, adapter: EarlyExitAdapter) -> EarlyExitAdapter:
     return adapter
 
 
-def bind_head(model: Model, adapter: EarlyExitAdapter) -> None:
+def bind_head(model: Verifier, adapter: EarlyExitAdapter) -> None:
     """Gather the shortlist's head rows for ``model`` once, evaluated (no-op without a
-    shortlist): a step compiled after this reads them as a constant."""
+    shortlist): a step compiled after this reads them as a constant. A model whose logits
+    are more than its head's rows binds none (``draft_top1`` reads its whole head)."""
     if adapter._draft_ids is None or (adapter._head_of and adapter._head_of() is model):
         return
-    rows = output_rows(model, adapter._draft_ids)
-    mx.eval(rows)
+    rows = model.head_rows(adapter._draft_ids)
+    if rows is not None:
+        mx.eval(rows)
     adapter._head, adapter._head_of = rows, weakref.ref(model)
 
 
@@ -417,16 +437,14 @@ class EarlyExitSource(Source):
         target's first layers and the adapter (``refresh_committed``, chunk by chunk,
         ``sources.catch_up_positions``), and the target's cache with those layers' junk
         K/V written only above each row's length. Returns (state, (keys, values))."""
-        exit_layer = self.adapter.args.exit_layer
-        shallow_k, shallow_v = list(ctx.keys[:exit_layer]), list(ctx.values[:exit_layer])
+        keys, values = list(ctx.keys), list(ctx.values)
         ak, av = ctx.own
         for pos in catch_up_positions(ctx.lengths, count):
-            shallow_k, shallow_v, ak, av = refresh_committed(
-                ctx.model, self.adapter, ctx.history, ctx.lengths, shallow_k, shallow_v,
+            keys, values, ak, av = refresh_committed(
+                ctx.model, self.adapter, ctx.history, ctx.lengths, keys, values,
                 ak, av, ctx.window, pos.shape[1], start=pos[:, 0],
             )  # fmt: skip
-        keys = shallow_k + list(ctx.keys[exit_layer:])
-        return (ak, av), (keys, shallow_v + list(ctx.values[exit_layer:]))
+        return (ak, av), (keys, values)
 
     def propose(self, ctx: DraftContext) -> Proposal:
         adapter_keys, adapter_values = ctx.own
@@ -523,7 +541,7 @@ def check_finite(weights: dict, file: Path) -> None:
         )
 
 
-def load_adapter(path: str | Path, dtype=None, target: ModelArgs | None = None) -> EarlyExitAdapter:
+def load_adapter(path: str | Path, dtype=None, target=None) -> EarlyExitAdapter:
     """The adapter saved in ``path`` (``save_adapter``'s layout); ValueError naming a missing
     or unexpected tensor, a damaged or truncated file, or a config that is not of kind
     early-exit. ``target``: the model's args, checked against the config (``check_args``)

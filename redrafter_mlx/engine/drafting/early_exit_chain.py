@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import mlx.core as mx
 
 from ..core.tree import arange, cache_mask, chain_mask
-from ..verifier.model import Model, fused_kernels, output_rows, window_mask
+from ..verifier.protocol import Verifier
 from .sources import ABSENT, padded_chunks
 
 GAMMA = 6  # the paper's most drafted tokens per step
@@ -29,62 +29,27 @@ ETA = 0.6  # the paper's confidence exit: stop after a draft whose top-1 prob is
 Adapter = Any  # an ``early_exit.EarlyExitAdapter`` (that module imports this one)
 
 
-def draft_top1(model: Model, adapter: Adapter, h: mx.array):
+def draft_top1(model: Verifier, adapter: Adapter, h: mx.array):
     """The greedy draft from adapter states h (B, H): (token (B,) int32, its probability
     (B,)). With a shortlist, over its K rows only (the probability is the shortlist's
     softmax: the confidence exit reads it); the rows bound to ``model`` (``bind_head``),
-    else gathered here (correct, slower: a step would gather them each time)."""
+    else gathered here (correct, slower: a step would gather them each time). A model whose
+    logits are more than its head's rows (``Verifier.head_rows`` is None) reads them whole."""
     ids = adapter._draft_ids
     if ids is None:
         return top1(model.logits(h))
     bound = adapter._head_of() if adapter._head_of is not None else None
-    rows = adapter._head if bound is model else output_rows(model, ids)
-    token, prob = top1(model.soft_capped((h @ rows.T).astype(mx.float32)))
+    rows = adapter._head if bound is model else model.head_rows(ids)
+    logits = model.head_logits(h, ids) if rows is None else (h @ rows.T).astype(mx.float32)
+    token, prob = top1(logits)
     return ids[token], prob
-
-
-def run_layers(model: Model, x, positions, mask, keys, values, write_idx, start: int, stop: int):
-    """The target's layers [start, stop) on residual states x (B, T, H).
-
-    positions, write_idx: (B, T); mask: (B, 1, T, A); keys/values: the lists of those
-    layers only, (B, n_kv, S, D) each. Returns (residual after layer stop-1 (B, T, H), keys,
-    values). Rope tables and sliding-window masks as in ``Model.__call__``.
-    """
-    layers = model.model.layers[start:stop]
-    rotations = {}
-    for layer in layers:
-        key = layer.self_attn.rope_key
-        if key not in rotations:
-            tables = fused_kernels()
-            rotations[key] = positions if tables else layer.self_attn.rope.tables(positions)
-    masks = {False: mask}
-    if any(layer.sliding for layer in layers):
-        masks[True] = window_mask(mask, positions, write_idx, model.args.sliding_window)
-    new_keys, new_values = [], []
-    for layer, k, v in zip(layers, keys, values):
-        rotation = rotations[layer.self_attn.rope_key]
-        x, k, v = layer(x, rotation, masks[layer.sliding], k, v, write_idx)
-        new_keys.append(k)
-        new_values.append(v)
-    return x, new_keys, new_values
-
-
-def exit_states(model: Model, tokens, positions, mask, keys, values, write_idx, exit_layer: int):
-    """Token ids (B, T) through the embedding and layers [:exit_layer]: (B, T, H) residual
-    states, and those layers' updated K/V (lists of length exit_layer)."""
-    x = model.embed(tokens)
-    if model.args.family.scale_embed:
-        x = x * mx.array(model.args.hidden_size**0.5, dtype=x.dtype)
-    return run_layers(
-        model, x, positions, mask, keys[:exit_layer], values[:exit_layer], write_idx, 0, exit_layer
-    )
 
 
 def adapter_write(adapter: Adapter, states, lengths, keys, values, window: int):
     """Write the adapter K/V of T tokens at positions/slots ``[len, len+T)``.
 
     states: (B, T, H) their exit-layer hidden states (the prompt's after prefill, read with
-    ``Model.capture_features([exit_layer])``, or an accepted path's); lengths: (B,).
+    ``Verifier.capture_features([exit_layer])``, or an accepted path's); lengths: (B,).
     Returns (adapter outputs (B, T, H), keys, values); the last output is the adapter's state
     for the token after those T.
     """
@@ -94,23 +59,22 @@ def adapter_write(adapter: Adapter, states, lengths, keys, values, window: int):
     return adapter(states, idx, mask, keys, values, idx)
 
 
-def adapter_prefill(model: Model, adapter, tokens, lengths, keys, values, ak, av, window: int):
+def adapter_prefill(model: Verifier, adapter, tokens, lengths, keys, values, ak, av, window: int):
     """The adapter K/V of a prompt chunk already run by the target at ``[len, len+T)``.
 
     tokens: (B, T) (right-padded rows: what lands past a row's real tokens is junk above
     its length, as in ``decode.prefill_chunk``); lengths: (B,) before the chunk; keys/values:
-    the target's full per-layer cache; ak/av: the adapter's. Re-runs layers [:exit_layer]
-    on the chunk (they rewrite the same K/V at the same slots) for the exit states, then
-    ``adapter_write``. Returns (keys, values, ak, av). A caller whose prefill captures the
-    exit layer (``Model.capture_features``) can call ``adapter_write`` alone instead.
+    the target's per-layer cache; ak/av: the adapter's. Re-runs layers [:exit_layer] on the
+    chunk (``Verifier.run_to``: they rewrite the same K/V at the same slots) for the exit
+    states, then ``adapter_write``. Returns (keys, values, ak, av). A caller whose prefill
+    captures the exit layer (``Verifier.capture_features``) can call ``adapter_write`` alone.
     """
-    exit_layer = adapter.args.exit_layer
     T = tokens.shape[1]
     idx = lengths[:, None] + arange(T)[None, :]
     mask = cache_mask(lengths, chain_mask(T), window)
-    x, shallow_k, shallow_v = exit_states(model, tokens, idx, mask, keys, values, idx, exit_layer)
+    x, keys, values = model.run_to(tokens, idx, mask, keys, values, idx, adapter.args.exit_layer)
     _, ak, av = adapter_write(adapter, x, lengths, ak, av, window)
-    return shallow_k + list(keys[exit_layer:]), shallow_v + list(values[exit_layer:]), ak, av
+    return keys, values, ak, av
 
 
 def top1(logits: mx.array) -> tuple[mx.array, mx.array]:
@@ -139,8 +103,6 @@ class Chain(NamedTuple):
     tokens: mx.array  # (B, G+1) int32, init first, ABSENT past the confidence cut
     present: mx.array  # (B, G+1) bool
     probs: mx.array  # (B, G) each draft's top-1 probability
-    exits: mx.array  # (B, G+1, H) exit-layer states of the init token and the drafts: the
-    # verify may start at the exit layer from these
     keys: list  # the target's cache, layers [:exit_layer] written at [len, len+G]
     values: list
     adapter_keys: list  # the adapter's cache, written at [len, len+G]
@@ -148,13 +110,13 @@ class Chain(NamedTuple):
 
 
 def refresh_committed(
-    model: Model, adapter, history, lengths, keys, values, adapter_keys, adapter_values,
+    model: Verifier, adapter, history, lengths, keys, values, adapter_keys, adapter_values,
     window: int, count: int, start: mx.array | None = None,
 ):  # fmt: skip
     """Rewrite the adapter K/V of each row's last ``count`` committed tokens.
 
-    history: (B, S) committed token ids; lengths: (B,); keys/values: the target's layers
-    [:exit_layer] only; adapter_keys/values: the adapter's. The tokens at positions
+    history: (B, S) committed token ids; lengths: (B,); keys/values: the target's cache
+    (only layers [:exit_layer] run); adapter_keys/values: the adapter's. The tokens at positions
     ``[len - count, len)`` (from 0 in a row shorter than ``count``) run through layers
     [:exit_layer], attending to the committed K/V (slots up to their own position), then the
     adapter writes their K/V at their slots. The target's own slots below ``len`` are not
@@ -177,16 +139,14 @@ def refresh_committed(
     tokens = mx.take_along_axis(history, mx.minimum(pos, history.shape[1] - 1), axis=1)
     slots = arange(window)[None, None, :]
     mask = (slots <= pos[:, :, None])[:, None]  # (B, 1, P, A): keys up to its own position
-    x, keys, values = exit_states(
-        model, tokens, pos, mask, keys, values, above, adapter.args.exit_layer
-    )
+    x, keys, values = model.run_to(tokens, pos, mask, keys, values, above, adapter.args.exit_layer)
     write = mx.where(committed, pos, above)
     _, adapter_keys, adapter_values = adapter(x, pos, mask, adapter_keys, adapter_values, write)
     return keys, values, adapter_keys, adapter_values
 
 
 def draft_chain(
-    model: Model,
+    model: Verifier,
     adapter: Adapter,
     init_token: mx.array,
     lengths: mx.array,
@@ -219,21 +179,20 @@ def draft_chain(
     slots.
     """
     exit_layer = adapter.args.exit_layer
-    shallow_k, shallow_v = list(keys[:exit_layer]), list(values[:exit_layer])
+    keys, values = list(keys), list(values)
     ak, av = list(adapter_keys), list(adapter_values)
     if refresh:
-        shallow_k, shallow_v, ak, av = refresh_committed(
-            model, adapter, history, lengths, shallow_k, shallow_v, ak, av, window, refresh
+        keys, values, ak, av = refresh_committed(
+            model, adapter, history, lengths, keys, values, ak, av, window, refresh
         )
-    tokens, probs, exits = [init_token.astype(mx.int32)], [], []
+    tokens, probs = [init_token.astype(mx.int32)], []
     one = chain_mask(1)
     for k in range(gamma + 1):
         pos = (lengths + k)[:, None]  # (B, 1)
         mask = cache_mask(lengths + k, one, window)
-        x, shallow_k, shallow_v = exit_states(
-            model, tokens[-1][:, None], pos, mask, shallow_k, shallow_v, pos, exit_layer
+        x, keys, values = model.run_to(
+            tokens[-1][:, None], pos, mask, keys, values, pos, exit_layer
         )
-        exits.append(x)
         if k == gamma:  # the last draft's K/V only: no token after it is drafted
             _, ak, av = adapter(x, pos, mask, ak, av, pos)
             break
@@ -248,23 +207,20 @@ def draft_chain(
         tokens=mx.where(present, drafted, ABSENT),
         present=present,
         probs=prob,
-        exits=mx.concatenate(exits, axis=1),
-        keys=shallow_k + list(keys[exit_layer:]),
-        values=shallow_v + list(values[exit_layer:]),
+        keys=keys,
+        values=values,
         adapter_keys=ak,
         adapter_values=av,
     )
 
 
-def prefill(model: Model, adapter: Adapter, rows: list[list[int]], slots: int):
+def prefill(model: Verifier, adapter: Adapter, rows: list[list[int]], slots: int):
     """The adapter's cache after each row's committed text ``rows`` (B lists of ids):
     (keys, values), ``slots`` slots per row (>= the longest row). Runs the target's first
     ``exit_layer`` layers on a scratch cache, then the adapter, chunk by chunk (host side,
     before the decode loop)."""
     B = len(rows)
-    exit_layer = adapter.args.exit_layer
     keys, values = model.make_cache(B, slots)
-    keys, values = keys[:exit_layer], values[:exit_layer]
     ak, av = adapter.make_cache(B, slots)
     lengths = mx.zeros((B,), mx.int32)
     for _, tokens, counts in padded_chunks(rows):

@@ -32,7 +32,7 @@ from ..decoding.cache import SLOT_QUANTUM, Session
 from ..decoding.decode import DecodeState
 from ..drafting.drafter import Drafter
 from ..drafting.sources import SOURCE_NAMES
-from ..verifier.model import Model
+from ..verifier.protocol import Verifier
 from .adaptive import Adaptive
 from .arguments import api_arguments
 from .batch import BatchGenerator
@@ -134,7 +134,7 @@ class GenerationResponse(DecodeStats):
 
 
 def generate_steps(
-    model: Model,
+    model: Verifier,
     drafter: Drafter | None,
     prompts: Sequence[Sequence[int]],
     *,

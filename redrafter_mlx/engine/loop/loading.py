@@ -25,14 +25,13 @@ from ..drafting.early_exit import is_early_exit, kind_problem
 from ..drafting.held import held_sources
 from ..verifier import config as config_file
 from ..verifier.lm_model import LmModel
-from ..verifier.model import Model, ModelArgs
+from ..verifier.protocol import Verifier
+from ..verifier.shard import check_split
 from ..verifier.weight_files import (
     LoadError,
-    check_weight_file,
     head_copies,
     load_checked,
     non_finite,
-    read_weights,
     tensor_names,
     weight_files_of,
 )
@@ -96,48 +95,16 @@ def materialize(*modules) -> None:
     mx.eval(arrays)
 
 
-def load_model(path: str | os.PathLike, dtype=None, group=None) -> tuple[Model, Path]:
-    """The verifier in ``dtype``; with an ``mx.distributed`` ``group`` of N > 1 ranks, this
-    rank's 1/N of it (``engine/base/distributed.py``), read from disk slice by slice."""
+def load_model(path: str | os.PathLike, dtype=None, group=None) -> tuple[Verifier, Path]:
+    """The verifier in ``dtype`` as mlx-lm builds it (``engine.verifier.lm_model``): its
+    family class, its ``sanitize`` and quantization rules, float weights in ``dtype`` (where
+    the family keeps some in float32, they stay). With an ``mx.distributed`` ``group`` of
+    N > 1 ranks, this rank's 1/N of it (the family's ``shard``, or ``shard.llama_like``).
+    A ``model_type`` mlx-lm does not know, or a config or weights mlx-lm refuses: LoadError
+    naming mlx-lm's version and reason."""
     path = resolve_path(path)
     config = read_config(path)
-    if not config_file.runs_own_forward(config):
-        return load_lm_model(path, config, dtype or default_dtype(), group), path
-    try:
-        config_file.check_model_config(config, path / "config.json")
-    except config_file.ConfigError as e:
-        raise LoadError(str(e)) from None
-    files = weight_files_of(path)
-    try:
-        tied = config_file.ties_head(
-            config, tensor_names(files), path / "config.json", lambda: head_copies(files)
-        )
-    except config_file.ConfigError as e:
-        raise LoadError(str(e)) from None
-    config = {**config, config_file.TIE_KEY: tied}
-    try:
-        args = ModelArgs.from_config(config)
-        if group is not None:
-            check_split(args, config, group, path)
-        model = Model(args, group)
-    except (TypeError, ValueError) as e:  # e.g. a rope_scaling type we do not implement
-        raise LoadError(f"{path}/config.json describes a model we cannot run: {e}") from None
-    weights = read_weights(path) if group is None else read_shard(path, group)
-    try:
-        weights = model.sanitize(weights, path / "config.json")
-    except config_file.ConfigError as e:  # a tied config with another head in the file
-        raise LoadError(str(e)) from None
-    _apply_weights(model, weights, config, dtype or default_dtype(), path)
-    model.split_ids = split_token_ids(path)  # an APAR model's: never drawn without branches
-    model.eval()
-    return model, path
-
-
-def load_lm_model(path: Path, config: dict, dtype, group=None) -> LmModel:
-    """The verifier as mlx-lm builds it (``engine.verifier.lm_model``): its family class, its
-    ``sanitize`` and quantization rules, float weights in ``dtype`` (where the family keeps
-    some in float32, they stay). A ``model_type`` mlx-lm does not know, or a config or
-    weights mlx-lm refuses: LoadError naming mlx-lm's version and reason."""
+    dtype = dtype or default_dtype()
     import mlx_lm
     from mlx_lm.utils import _get_classes
     from mlx_lm.utils import load_model as mlx_lm_load
@@ -153,10 +120,23 @@ def load_lm_model(path: Path, config: dict, dtype, group=None) -> LmModel:
             f"{path}: model_type {model_type!r} is not one mlx-lm {version} implements; "
             "upgrade mlx-lm (pip install -U mlx-lm) for newer families"
         ) from None
-    for file in weight_files_of(path):
-        check_weight_file(file)
     try:
-        lm, _ = mlx_lm_load(path, lazy=True, strict=True)
+        config_file.check_family(config, path / "config.json")
+    except config_file.ConfigError as e:
+        raise LoadError(str(e)) from None
+    files = weight_files_of(path)
+    try:
+        built = config_file.for_mlx_lm(
+            config, tensor_names(files), path / "config.json", lambda: head_copies(files)
+        )
+    except config_file.ConfigError as e:
+        raise LoadError(str(e)) from None
+    tied = built.get(config_file.TIE_KEY) and model_type in config_file.FAMILY_DEFAULTS
+    copies = {n for n, _ in config_file.head_pairs(tensor_names(files))} if tied else set()
+    try:
+        lm, _ = mlx_lm_load(
+            path, lazy=True, strict=True, model_config=built, get_model_classes=dropping(copies)
+        )
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise LoadError(
@@ -170,45 +150,56 @@ def load_lm_model(path: Path, config: dict, dtype, group=None) -> LmModel:
     ]
     lm.load_weights(cast, strict=False)
     if group is not None:
-        if not hasattr(lm, "shard"):
-            raise LoadError(
-                f"{path}: mlx-lm {version} does not split {model_type} models across "
-                "processes (no shard); run it in one process"
-            )
-        lm.shard(group)
+        split(lm, built, group, path)
+        for _, value in tree_flatten(lm.parameters()):  # one tensor read at a time: a rank
+            mx.eval(value)  # holds its slices, never the whole model
     materialize(lm)
     try:
-        model = LmModel(lm, config)
+        model = LmModel(lm, built)
         model.check_commit()
     except ValueError as e:
         raise LoadError(f"{path}: {e}") from None
     if group is not None:
         model.group, model.shards = group, group.size()
-    model.split_ids = split_token_ids(path)
+    model.split_ids = split_token_ids(path)  # an APAR model's: never drawn without branches
     model.eval()
-    return model
+    return model, path
 
 
-def check_split(args: ModelArgs, config: dict, group, path: Path) -> None:
-    """LoadError unless the model splits across the group's ranks (the message says how)."""
-    from ..base.distributed import ShardError, check_shardable
+def dropping(names: set):
+    """mlx-lm's ``get_model_classes`` hook: the family's classes, its model's ``sanitize``
+    first dropping the tensors ``names`` (a tied checkpoint's copies of its embedding, checked
+    equal by ``config.for_mlx_lm``: the head is the embedding, nothing is lost)."""
+    from mlx_lm.utils import _get_classes
 
-    quant = config.get("quantization") or config.get("quantization_config")
+    def classes(config: dict):
+        cls, args = _get_classes(config)
+        if not names:
+            return cls, args
+
+        def sanitize(self, weights):
+            weights = {k: v for k, v in weights.items() if k not in names}
+            return cls.sanitize(self, weights) if hasattr(cls, "sanitize") else weights
+
+        return type(cls.__name__, (cls,), {"sanitize": sanitize}), args
+
+    return classes
+
+
+def split(lm: nn.Module, config: dict, group, path: Path) -> None:
+    """This rank's 1/N of ``lm``'s heads and MLP rows (tensor parallelism): the family's own
+    ``shard``, else ``shard.llama_like`` where the layers are Llama-shaped; LoadError naming
+    the fix when the model cannot be split that many ways, or at all."""
+    from ..verifier.shard import ShardError, llama_like
+
     try:
-        check_shardable(args, group.size(), quant)
+        if hasattr(lm, "shard"):
+            check_split(lm, config, group.size())
+            lm.shard(group)
+        else:
+            llama_like(lm, config, group)
     except ShardError as e:
         raise LoadError(f"{path}: {e}") from None
-
-
-def read_shard(path: Path, group) -> dict[str, mx.array]:
-    """This rank's part of every tensor (``distributed.read_sharded``: only its slices are
-    read from disk)."""
-    from ..base.distributed import read_sharded
-
-    files = weight_files_of(path)
-    for f in files:
-        check_weight_file(f)
-    return read_sharded(files, group.rank(), group.size())
 
 
 def load_drafter(path: str | os.PathLike, dtype=None) -> Drafter:
@@ -261,7 +252,7 @@ def read_weights_drafter(path: Path) -> dict[str, mx.array]:
     return dict(load_checked(file))
 
 
-def check_pair(model: Model, drafter: Drafter) -> None:
+def check_pair(model: Verifier, drafter: Drafter) -> None:
     """The drafter must read this LLM's hidden states and embeddings and share its vocabulary:
     the same, or the first ids of the model's when the model grew by added tokens since (an
     APAR model's two split tokens): such a drafter drafts only ids it knows, and the verify
@@ -285,7 +276,7 @@ def check_pair(model: Model, drafter: Drafter) -> None:
         )
 
 
-def attach(model: Model, drafter: Drafter | None) -> None:
+def attach(model: Verifier, drafter: Drafter | None) -> None:
     """Make ``model`` capture the hidden states ``drafter`` reads (its ``feature_layers``;
     none for a drafter without the key: the forward is then unchanged)."""
     layers = (drafter.args.feature_layers or ()) if drafter is not None else ()
@@ -454,7 +445,7 @@ def _described(value) -> str:
     return f"{type(value).__name__} {value!r}" if number else type(value).__name__
 
 
-def load_any_drafter(model: Model, path, dtype=None):
+def load_any_drafter(model: Verifier, path, dtype=None):
     """The drafter in ``path`` for ``model``: a ReDrafter drafter (attached to the model), or
     an early-exit adapter (config.json kind "early-exit": ``early_exit.load_adapter``),
     checked against the model. LoadError naming the problem otherwise."""
@@ -478,7 +469,7 @@ def check_kind(where) -> None:
         raise LoadError(problem)
 
 
-def load_adapter_for(model: Model, where: Path, dtype=None, drafter=None):
+def load_adapter_for(model: Verifier, where: Path, dtype=None, drafter=None):
     """The early-exit adapter in the folder ``where`` (``early_exit.load_adapter``), checked
     against ``model`` and bound to it (``early_exit.pair``), as the drafter or (``drafter``
     given: the run's drafter, which must not be one too) in the draft-model slot. LoadError
@@ -493,7 +484,7 @@ def load_adapter_for(model: Model, where: Path, dtype=None, drafter=None):
     return adapter
 
 
-def load_draft_model(path, model: Model, tokenizer=None, dtype=None) -> Model:
+def load_draft_model(path, model: Verifier, tokenizer=None, dtype=None) -> Verifier:
     """A draft model (``engine/drafting/draft_model.py``) for ``model``: a whole model (never split)
     that must share its tokenizer: the same vocabulary size and, given ``tokenizer``, the
     same ids for the same text. LoadError before anything runs otherwise."""

@@ -31,7 +31,7 @@ from ..core.sampling import SamplerConfig
 from ..core.shape import AR, BeamShape
 from ..decoding.cache import token_limit
 from ..drafting.held import check_draft_slot, check_loaded, slot_modules
-from ..verifier.model import Model
+from ..verifier.protocol import Verifier
 from .adaptive import Adaptive
 from .batch import BatchGenerator
 from .batch_choice import BatchChoice, FixedShape, ShapePolicy, SoloChoice, learnt_batch
@@ -72,7 +72,7 @@ class Run:
         (``held.check_draft_slot``: TypeError for a path, ValueError naming the fix);
         ``shape`` against the vocabulary (``BeamShape.validate``: ``ShapeError``). A drafter
         trained on other feature layers than the model taps sets the model's
-        (``Model.capture_features``, as ``loading.attach`` does). ``own_thread``: the loop
+        (``Verifier.capture_features``, as ``loading.attach`` does). ``own_thread``: the loop
         runs on another thread than the one that loaded the modules (the server's engine
         thread): every array they hold is evaluated now (``loading.materialize``)."""
         if shape is None:
@@ -264,7 +264,7 @@ def check_drafter(drafter) -> None:
         )
 
 
-def check_prompts(model: Model, prompts: list[list[int]], max_tokens: int) -> None:
+def check_prompts(model: Verifier, prompts: list[list[int]], max_tokens: int) -> None:
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     if max_tokens < 1:

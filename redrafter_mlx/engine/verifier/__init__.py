@@ -1,2 +1,3 @@
-"""The verifier: any model mlx-lm builds (``lm_model``) and our own forward for six
-families (``model``), their configs, rope and weight files."""
+"""The verifier: any text model mlx-lm builds (``lm_model``; the type the engine names is
+``protocol.Verifier``), its cache protocol (``lm_cache``), rope tap (``lm_rope``), slot
+rules (``slots``), tensor-parallel split (``shard``), configs and weight files."""

@@ -27,8 +27,8 @@ SUPPORTED_MODEL_TYPES = tuple(ARCHITECTURES)
 # same checkpoint with. mlx-lm's ModelArgs differ in places (Qwen2's rope_theta 1e6, Gemma 2's
 # query_pre_attn_scalar 144, Gemma 3's sliding_window 512; Qwen3 and Gemma 2 require head_dim,
 # rope_theta, num_key_value_heads): the checkpoint's authors wrote the config for transformers,
-# so an absent key means its default. A key that is absent here and in the config takes the
-# Llama rule (``ModelArgs.__post_init__``: head_dim = hidden / heads, KV heads = heads).
+# so an absent key means its default (``for_mlx_lm`` fills them in before mlx-lm builds the
+# class). A key that is absent here and in the config takes mlx-lm's own rule.
 _ROPE = {"rope_theta": 10000.0, "rms_norm_eps": 1e-6}
 _GEMMA = dict(
     _ROPE,
@@ -42,7 +42,13 @@ FAMILY_DEFAULTS = {
     "llama": dict(_ROPE, tie_word_embeddings=False),
     "mistral": dict(_ROPE, num_key_value_heads=8, tie_word_embeddings=False),
     "qwen2": dict(_ROPE, num_key_value_heads=32, tie_word_embeddings=False),
-    "qwen3": dict(_ROPE, num_key_value_heads=32, head_dim=128, tie_word_embeddings=False),
+    "qwen3": dict(
+        _ROPE,
+        num_key_value_heads=32,
+        head_dim=128,
+        max_position_embeddings=32768,
+        tie_word_embeddings=False,
+    ),
     "gemma2": dict(_GEMMA, attn_logit_softcapping=50.0, final_logit_softcapping=30.0),
     "gemma3_text": dict(
         _GEMMA, rope_theta=1_000_000.0, rope_local_base_freq=10000.0, sliding_window_pattern=6
@@ -50,33 +56,58 @@ FAMILY_DEFAULTS = {
 }
 
 
-OWN_ROPE_TYPES = ("default", "linear", "llama3")  # what ``engine.verifier.rope`` computes
+def for_mlx_lm(config: dict, names, file: Path | str, is_copy=None) -> dict:
+    """The config.json mlx-lm builds the verifier's class from (``loading.load_model``).
 
-
-def runs_own_forward(config: dict) -> bool:
-    """Whether ``engine.verifier.model.Model`` implements every setting of ``config`` that changes
-    attention: one of its families, sliding windows only where Gemma's rule places them,
-    no attention sinks, a rope type of its own. Every other model runs as mlx-lm builds
-    it (``engine.verifier.lm_model``)."""
+    For the families whose checkpoints are written for transformers' classes
+    (:data:`FAMILY_DEFAULTS`): ``architectures`` and the sizes checked (ConfigError),
+    ``rope_parameters`` read into ``rope_theta`` / ``rope_scaling``, every key left out at
+    transformers' default, and the output layer's tie decided from the checkpoint's tensor
+    ``names`` (:func:`ties_head`; ``is_copy()`` says whether its head copies the embedding,
+    and a tied config with another head is refused). Any other family: unchanged.
+    """
     model_type = config.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        return False
-    layer_types = config.get("layer_types")
-    gemma = model_type.startswith("gemma")
-    windowed = isinstance(layer_types, list) and any(k != "full_attention" for k in layer_types)
-    if windowed and not gemma:
-        return False
-    if not gemma and config.get("use_sliding_window") and config.get("sliding_window"):
-        return False
-    if any(key in config for key in ("sinks", "attention_sinks", "use_sinks")):
-        return False
-    rope = config.get("rope_scaling") or {}
+    if model_type not in FAMILY_DEFAULTS:
+        return config
+    check_family(config, file)
+    tied = ties_head(config, names, file, is_copy)
+    if tied and HEAD in names and config.get(TIE_KEY) and not (is_copy is not None and is_copy()):
+        raise different_head(file)
+    filled = with_family_defaults({**rope_parameters(config), **config})
+    return {**filled, TIE_KEY: tied}
+
+
+def check_family(config: dict, file: Path | str) -> None:
+    """For the families ``for_mlx_lm`` completes: ``architectures`` agrees with
+    ``model_type`` and the sizes are positive integers (ConfigError), before any weight file
+    is read; other families: nothing (mlx-lm's class checks its own)."""
+    model_type = config.get("model_type")
+    if model_type in FAMILY_DEFAULTS:
+        _check_architectures(config, model_type, file)
+        _check_sizes(config, file)
+
+
+def rope_parameters(config: dict) -> dict:
+    """``rope_theta`` / ``rope_scaling`` / ``rope_local_base_freq`` read from the
+    ``rope_parameters`` block newer transformers write instead (per layer type for Gemma 3)."""
     params = config.get("rope_parameters")
-    if isinstance(params, dict) and not ({"full_attention", "sliding_attention"} & set(params)):
-        rope = params
-    if not isinstance(rope, dict):
-        return False
-    return (rope.get("type") or rope.get("rope_type") or "default") in OWN_ROPE_TYPES
+    if not isinstance(params, dict):
+        return {}
+    if "full_attention" in params or "sliding_attention" in params:
+        out = _rope_settings(params.get("full_attention") or {})
+        local = params.get("sliding_attention") or {}
+        if "rope_theta" in local:
+            out["rope_local_base_freq"] = local["rope_theta"]
+        return out
+    return _rope_settings(params)
+
+
+def _rope_settings(params: dict) -> dict:
+    """One ``rope_parameters`` entry -> ``rope_theta`` and, unless default, ``rope_scaling``."""
+    out = {"rope_theta": params["rope_theta"]} if "rope_theta" in params else {}
+    if params.get("rope_type", "default") != "default":
+        out["rope_scaling"] = {k: v for k, v in params.items() if k != "rope_theta"}
+    return out
 
 
 def with_family_defaults(config: dict) -> dict:
@@ -136,6 +167,11 @@ def check_model_config(config: dict, file: Path | str) -> None:
             "(only Gemma's sliding-window layers are); set it to false only if the model was "
             "trained without it"
         )
+    _check_sizes(config, file)
+
+
+def _check_sizes(config: dict, file: Path | str) -> None:
+    """The sizes every family needs are positive integers (ConfigError naming those not)."""
     missing = [
         k
         for k in REQUIRED_INT_KEYS

@@ -20,7 +20,7 @@ import math
 import mlx.core as mx
 
 from ..core.tree import arange
-from .model import window_mask, write_slots
+from .slots import window_mask, write_slots
 
 
 class LmCall:
@@ -46,6 +46,8 @@ class LmCall:
         self.features: dict[int, mx.array] = {}  # layer -> its input
         self.recorded: dict[int, tuple] = {}  # recurrent cache -> (layer, x, args, kwargs)
         self.hidden: mx.array | None = None
+        self.stop: int | None = None  # an early exit: the layer not run (``run_to``)
+        self.exit: mx.array | None = None  # the residual entering it
         self._ssm_mask = None
 
     def window(self, size: int) -> mx.array:

@@ -39,7 +39,7 @@ import mlx.nn as nn
 from ..core.tree import arange, cache_mask, chain_mask
 from .lm_cache import LmCall, ProbeCache, ProbeState, SlotCache, StateCache, StateCommit
 from .lm_rope import is_rope, rope_group, rope_layout, rope_tap
-from .model import Verifier
+from .protocol import Verifier
 
 
 def _patched(module: nn.Module, call_fn, tag: str) -> None:
@@ -74,11 +74,19 @@ def _hidden_tap(self, original, *args, **kwargs):
     return h
 
 
+class _Exited(Exception):
+    """Raised by the layer tap at an early exit (``LmModel.run_to``): no later layer runs."""
+
+
 def _layer_tap(self, original, x, *args, **kwargs):
     """Every layer: record its input when a drafter reads it, and a recurrent layer's whole
-    call, which the commit runs again over the accepted tokens (``StateCommit``)."""
+    call, which the commit runs again over the accepted tokens (``StateCommit``); at an early
+    exit (``LmModel.run_to``), keep its input and stop the forward there."""
     call = self._rd_owner.call
     if call is not None:
+        if self._rd_index == call.stop:
+            call.exit = x
+            raise _Exited
         if self._rd_index in call.model.feature_layers:
             call.features[self._rd_index] = x
         for value in (*args, *kwargs.values()):
@@ -89,10 +97,16 @@ def _layer_tap(self, original, x, *args, **kwargs):
 
 class LmArgs:
     """The sizes the engine reads of any model (``model.args``: memory estimates, layer
-    counts, the context), from its config.json (or its ``text_config``) and the probe."""
+    counts, the context), from its config.json (or its ``text_config``) and the probe; the
+    attention settings an early-exit adapter copies (eps, rope) from the config."""
 
     def __init__(self, config: dict, hidden: int, vocab: int, layers: int, caches: list):
         text = {**(config.get("text_config") or {}), **config}
+        self.rms_norm_eps = float(text.get("rms_norm_eps") or text.get("norm_eps") or 1e-6)
+        self.rope_theta = float(text.get("rope_theta") or 10000.0)
+        self.rope_traditional = bool(text.get("rope_traditional", False))
+        self.rope_scaling = text.get("rope_scaling")
+        self.tie_word_embeddings = bool(text.get("tie_word_embeddings", False))
         self.model_type = config.get("model_type")
         self.hidden_size = hidden
         self.vocab_size = vocab
@@ -144,6 +158,15 @@ def _embedding(owner: nn.Module) -> nn.Module:
     raise ValueError("the model has no input embedding table")
 
 
+def _head_layer(lm: nn.Module, embedding: nn.Module) -> nn.Module:
+    """The output layer: the model's own ``lm_head`` (or ``output``), else the tied embedding."""
+    for name in ("lm_head", "output"):
+        head = lm.get(name)
+        if isinstance(head, (nn.Linear, nn.QuantizedLinear)):
+            return head
+    return embedding
+
+
 # mlx-lm's caches of keys and values (full or sliding: the window comes from ``make_mask``).
 ATTENTION_CACHES = ("KVCache", "RotatingKVCache", "QuantizedKVCache", "ConcatenateKVCache")
 
@@ -157,18 +180,17 @@ class LmModel(Verifier):
 
     def __init__(self, lm: nn.Module, config: dict):
         super().__init__()
-        self.lm = lm
+        # ``lm`` is not a child: its children are this module's own, so the parameter tree
+        # (names, dtype casts, freezing, saving) is mlx-lm's, the checkpoint's names.
+        object.__setattr__(self, "lm", lm)
+        self._adopt_children()
+        self._resolve()
         self.config = config
         self.model_type = config.get("model_type")
         self.group = None
         self.shards = 1
         self.split_ids: tuple[int, ...] = ()
         self.feature_layers: tuple[int, ...] = ()
-        owner = _layers_owner(lm)
-        # Plain attributes, not children: the parameter tree stays ``lm``'s alone.
-        object.__setattr__(self, "_owner", owner)
-        object.__setattr__(self, "_layers", _layer_list(owner))
-        object.__setattr__(self, "_embedding", _embedding(owner))
         object.__setattr__(self, "_state", _Owner())
         self._install_taps()
         kv, states, hidden, vocab = self._probe()
@@ -181,6 +203,39 @@ class LmModel(Verifier):
         self._hidden_size = hidden
         shapes = list(self._kv_shapes)
         self.args = LmArgs(config, hidden, vocab, len(self._layers), shapes)
+        self.args.tie_word_embeddings = self._head is self._embedding
+        self._plain_head = self._reads_plain_head()
+
+    def _adopt_children(self) -> None:
+        for name, child in self.lm.items():
+            self[name] = child
+
+    def _resolve(self) -> None:
+        """Find the modules the engine reads (plain attributes, not children): the layers'
+        owner, the layers, the input embedding and the output layer."""
+        owner = _layers_owner(self.lm)
+        object.__setattr__(self, "_owner", owner)
+        object.__setattr__(self, "_layers", _layer_list(owner))
+        object.__setattr__(self, "_embedding", _embedding(owner))
+        object.__setattr__(self, "_head", _head_layer(self.lm, self._embedding))
+
+    def _of_lm(self, tree: dict) -> dict:
+        """The entries of a module or parameter tree that are mlx-lm's (not this module's
+        own settings: ``config``, ``feature_layers``, ...)."""
+        return {k: v for k, v in tree.items() if k in self.lm}
+
+    def update_modules(self, modules: dict, *args, **kwargs):
+        """Replace modules in mlx-lm's model (``nn.quantize``, LoRA), whose forward runs."""
+        self.lm.update_modules(self._of_lm(modules), *args, **kwargs)
+        self._adopt_children()
+        self._resolve()
+        return self
+
+    def update(self, parameters: dict, *args, **kwargs):
+        """Set parameters of mlx-lm's model (``load_weights`` too)."""
+        self.lm.update(self._of_lm(parameters), *args, **kwargs)
+        self._adopt_children()
+        return self
 
     def check_commit(self) -> None:
         """ValueError unless every recurrent layer stops at mlx-lm's right-padding
@@ -269,7 +324,50 @@ class LmModel(Verifier):
             return self.lm.make_cache()
         return [None] * len(self._layers)
 
+    def _reads_plain_head(self) -> bool:
+        """Whether the model's logits are its head layer's rows times the hidden state, no
+        more (no soft cap, scale or bias): checked on a probe at load, over a sample of ids,
+        so ``head_rows`` may stand in for the head (a shortlist's rows)."""
+        H, V = self.hidden_size, self.vocab_size
+        ids = sorted({int(i) for i in range(0, V, max(1, V // 64))} | {V - 1})
+        h = mx.random.normal((2, H), key=mx.random.key(7)).astype(self.dtype)
+        want = mx.take(self.logits(h), mx.array(ids, dtype=mx.int32), axis=-1)
+        got = (h @ self._rows(ids).T).astype(mx.float32)
+        scale = mx.max(mx.abs(want)) + 1e-6
+        return bool(mx.all(mx.abs(want - got) <= 1e-3 * scale + 1e-4))
+
+    def _rows(self, ids) -> mx.array:
+        """The head layer's rows at ``ids`` (None: all), (K or V, H), dequantized."""
+        layer = self._head
+        index = None if ids is None else mx.array(ids, dtype=mx.int32)
+        weight = layer.weight if index is None else layer.weight[index]
+        if "scales" not in layer:
+            return weight
+        scales = layer.scales if index is None else layer.scales[index]
+        biases = layer.get("biases")
+        if biases is not None and index is not None:
+            biases = biases[index]
+        mode = getattr(layer, "mode", "affine")
+        return mx.dequantize(weight, scales, biases, layer.group_size, layer.bits, mode)
+
+    def head_rows(self, ids=None) -> mx.array | None:
+        """The output layer's rows at token ``ids`` (a list or an array; None: every id),
+        (K or V, H), dequantized when quantized: ``hidden @ rows.T`` are those tokens'
+        logits. None when the model's logits are more than that (a soft cap, a scale):
+        then only ``head_logits`` reads them."""
+        return self._rows(ids) if self._plain_head else None
+
     # -- the engine's interface ---------------------------------------------------------
+
+    @property
+    def layers(self) -> list:
+        """The model's blocks, in order (mlx-lm's own modules)."""
+        return self._layers
+
+    @property
+    def model(self) -> nn.Module:
+        """The module that holds the layers (mlx-lm's ``model.model`` for most families)."""
+        return self._owner
 
     @property
     def hidden_size(self) -> int:
@@ -300,24 +398,9 @@ class LmModel(Verifier):
         Returns (hidden (B, T, state_width), keys, values).
         """
         call = LmCall(self, positions, mask, keys, values, write_idx, counts)
-        caches: list = [None] * self._n_lm
+        caches = self._caches(call)
+        self._run(tokens, call, caches)  # the logits are never read: lazily dead
         n_kv = len(self._kv_shapes)
-        for e, i in enumerate(self._order):
-            if e < n_kv:
-                if i is not None:
-                    caches[i] = SlotCache(call, e)
-                continue
-            start = call.keys[e]
-            if start.shape[0] > 0:  # a row starting at position 0 starts from zero state
-                fresh_row = (positions[:, 0] == 0)[:, None, None]
-                start = mx.where(fresh_row, mx.zeros_like(start), start)
-            caches[i] = StateCache(call, e, self._layouts[e - n_kv], start)
-        state = self._state
-        state.call = call
-        try:
-            self.lm(tokens, cache=caches)  # the logits are never read: lazily dead
-        finally:
-            state.call = None
         for e, i in enumerate(self._order[n_kv:], start=n_kv):
             call.keys[e] = caches[i].flat()
         if fresh is not None:
@@ -333,6 +416,57 @@ class LmModel(Verifier):
                 [hidden, *(call.features[i] for i in self.feature_layers)], axis=-1
             )
         return hidden, call.keys, call.values
+
+    def _caches(self, call: LmCall) -> list:
+        """mlx-lm's cache list for one call: a ``SlotCache`` per attention cache, a
+        ``StateCache`` per recurrent layer (a row starting at position 0 from zero state)."""
+        caches: list = [None] * self._n_lm
+        n_kv = len(self._kv_shapes)
+        for e, i in enumerate(self._order):
+            if e < n_kv:
+                if i is not None:
+                    caches[i] = SlotCache(call, e)
+                continue
+            start = call.keys[e]
+            if start.shape[0] > 0:
+                fresh_row = (call.positions[:, 0] == 0)[:, None, None]
+                start = mx.where(fresh_row, mx.zeros_like(start), start)
+            caches[i] = StateCache(call, e, self._layouts[e - n_kv], start)
+        return caches
+
+    def _run(self, tokens: mx.array, call: LmCall, caches: list) -> None:
+        """mlx-lm's forward with the taps reading ``call`` (an early exit ends it)."""
+        state = self._state
+        state.call = call
+        try:
+            self.lm(tokens, cache=caches)
+        except _Exited:
+            pass
+        finally:
+            state.call = None
+
+    def run_to(self, tokens, positions, mask, keys, values, write_idx, stop: int):
+        """The model's first ``stop`` layers only (an early exit): the residual stream entering
+        layer ``stop``, (B, T, H), with the caches those layers write (the arguments as in
+        ``__call__``; later layers never run, their caches come back as given). Attention
+        models only (``check_early_exit``)."""
+        call = LmCall(self, positions, mask, keys, values, write_idx)
+        call.stop = stop
+        self._run(tokens, call, self._caches(call))
+        if call.exit is None:
+            raise ValueError(f"model_type {self.model_type!r} never reached layer {stop}")
+        return call.exit, call.keys, call.values
+
+    def check_early_exit(self, stop: int) -> None:
+        """ValueError unless the first ``stop`` layers can run alone: 1 <= stop < layers, and
+        no recurrent layer (whose state an exit would leave behind)."""
+        if self.recurrent:
+            raise ValueError(
+                f"model_type {self.model_type!r} has recurrent layers; an early-exit adapter "
+                "runs on attention-only models"
+            )
+        if not 1 <= stop < len(self._layers):
+            raise ValueError(f"exit layer {stop} is outside [1, {len(self._layers)})")
 
     def logits(self, hidden: mx.array) -> mx.array:
         """(..., H) -> (..., V) float32 logits from the model's own head."""
@@ -350,9 +484,13 @@ class LmModel(Verifier):
         return out.reshape(*lead, -1).astype(mx.float32)
 
     def head_logits(self, hidden: mx.array, ids) -> mx.array:
-        """(..., H) -> (..., K) float32 logits of token ``ids`` alone: the model's own head
-        (any scaling or cap a family applies), then those columns."""
-        return mx.take(self.logits(hidden), mx.array(ids, dtype=mx.int32), axis=-1)
+        """(..., H) -> (..., K) float32 logits of token ``ids`` alone: those rows of a plain
+        head (``head_rows``), else the model's own head (any scaling or cap a family
+        applies), then those columns."""
+        rows = self.head_rows(ids)
+        if rows is None:
+            return mx.take(self.logits(hidden), mx.array(ids, dtype=mx.int32), axis=-1)
+        return (hidden[..., : self.hidden_size] @ rows.T).astype(mx.float32)
 
     def make_cache(self, batch: int, slots: int, dtype=None):
         """Zeroed caches in the engine's order: (batch, n_kv, slots, D) keys and values per
@@ -376,3 +514,17 @@ class _Owner:
         self.substitute: mx.array | None = None
         self.last_hidden = None
         self.probing = False
+
+
+def from_config(config: dict, dtype=None) -> LmModel:
+    """A verifier built by mlx-lm's own class for ``config`` (a config.json dict), with the
+    class's initial weights, in ``dtype`` when given (tests, benchmarks, a converter's shape
+    check; a folder loads with ``loading.load_model``)."""
+    from mlx_lm.utils import _get_classes
+
+    cls, args = _get_classes(config)
+    lm = cls(args.from_dict(config))
+    if dtype is not None:
+        lm.set_dtype(dtype)
+    mx.eval(lm.parameters())
+    return LmModel(lm, config)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from .model import fused_kernels
+from .slots import fused_kernels
 
 
 def rope_tap(self, original, x, *args, **kwargs):
@@ -26,13 +26,34 @@ def rope_tap(self, original, x, *args, **kwargs):
     if call is None:
         return original(self, x, *args, **kwargs)
     positions = call.positions
+    rope = lambda rows, offsets: original(self, rows, offsets)
     if self._rd_layout is None or fused_kernels():
-        return _rope_rows(lambda rows, off: original(self, rows, off), x, positions)
+        return _rope_rows(rope, x, positions)
     group = self._rd_group
     if group not in call.tables:
-        call.tables[group] = _rope_table(self, original, positions)
+        call.tables[group] = _rope_table(rope, self._rd_layout, positions)
     cos, sin = call.tables[group]
     return rotate(x, cos, sin, *self._rd_layout)
+
+
+def rope_at(module, x: mx.array, positions: mx.array, tables=None) -> mx.array:
+    """Any rope module (not tapped: the early-exit adapter's own) at per-token positions:
+    x (B, ..., T, D), positions (B, T). ``tables``: ``rope_tables(module, positions)``
+    computed once for several calls (the CPU path); None: computed here."""
+    layout = rope_layout(module)
+    if layout is None or fused_kernels():
+        return _rope_rows(lambda rows, offsets: module(rows, offset=offsets), x, positions)
+    cos, sin = tables if tables is not None else rope_tables(module, positions)
+    return rotate(x, cos, sin, *layout)
+
+
+def rope_tables(module, positions: mx.array):
+    """(cos, sin) of an untapped rope module at ``positions`` (B, T), or None where the fused
+    kernel runs (``rope_at`` then needs none)."""
+    layout = rope_layout(module)
+    if layout is None or fused_kernels():
+        return None
+    return _rope_table(lambda rows, offsets: module(rows, offset=offsets), layout, positions)
 
 
 def _rope_rows(rope, x: mx.array, positions: mx.array) -> mx.array:
@@ -46,10 +67,11 @@ def _rope_rows(rope, x: mx.array, positions: mx.array) -> mx.array:
     return mx.moveaxis(out, 1, -2)
 
 
-def _rope_table(module, original, positions: mx.array):
-    """(cos, sin), (B, 1, T, dims/2) each, of ``module`` at ``positions`` (B, T): the rope of a
-    unit vector (rotation is linear, so any input scale it applies is in the table)."""
-    dims, traditional = module._rd_layout
+def _rope_table(rope, layout: tuple[int, bool], positions: mx.array):
+    """(cos, sin), (B, 1, T, dims/2) each, of ``rope(rows, offsets)`` (of ``layout``: rotated
+    dims, traditional) at ``positions`` (B, T): the rope of a unit vector (rotation is
+    linear, so any input scale it applies is in the table)."""
+    dims, traditional = layout
     half = dims // 2
     if traditional:
         unit = mx.array([1.0, 0.0] * half, dtype=mx.float32)
@@ -57,7 +79,7 @@ def _rope_table(module, original, positions: mx.array):
         unit = mx.array([1.0] * half + [0.0] * half, dtype=mx.float32)
     B, T = positions.shape
     rows = mx.broadcast_to(unit, (B * T, 1, 1, dims))
-    out = original(module, rows, positions.reshape(-1)).reshape(B, 1, T, dims)
+    out = rope(rows, positions.reshape(-1)).reshape(B, 1, T, dims)
     if traditional:
         return out[..., 0::2], out[..., 1::2]
     return out[..., :half], out[..., half:]

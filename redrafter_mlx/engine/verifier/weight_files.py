@@ -12,7 +12,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from ..base.safetensors_check import CorruptFileError, check_file
-from .model import copies_embedding
+from .config import head_pairs
 
 
 class LoadError(Exception):
@@ -46,6 +46,15 @@ def head_copies(files: list[Path]) -> bool:
     ``mx.load`` is lazy)."""
     weights = {k: v for f in files for k, v in mx.load(str(f)).items()}
     return copies_embedding(weights)
+
+
+def copies_embedding(weights: dict) -> bool:
+    """Whether every ``lm_head.*`` tensor of ``weights`` equals its ``model.embed_tokens.*``
+    counterpart (reads both; ``weights`` may be lazily loaded)."""
+    return all(
+        embedding in weights and bool(mx.array_equal(weights[head], weights[embedding]))
+        for head, embedding in head_pairs(weights)
+    )
 
 
 def weight_files_of(path: Path) -> list[Path]:

@@ -29,7 +29,6 @@ from redrafter_mlx.cli.common import (
     DraftModelOpt,
     DtypeOpt,
     Engine,
-    FlagError,
     LookupLengthOpt,
     LookupOpt,
     ModelOpt,
@@ -39,14 +38,12 @@ from redrafter_mlx.cli.common import (
     SystemPromptOpt,
     VerboseOpt,
     branch_flags,
-    cli_errors,
-    err_console,
-    fail,
-    out_console,
     plan_from_flags,
     prepare_engine,
     same_plan_everywhere,
 )
+from redrafter_mlx.cli.consoles import err_console, out_console
+from redrafter_mlx.cli.errors import FlagError, cli_errors, fail
 from redrafter_mlx.cli.options import (
     MAX_TOKENS_BRANCHES,
     BranchDepthOpt,

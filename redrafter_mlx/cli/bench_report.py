@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from redrafter_mlx.cli.stats import branch_stats
+from redrafter_mlx.engine.base.errors import RedrafterError
 from redrafter_mlx.engine.core.shape import AR, BeamShape
 from redrafter_mlx.measure.throughput import Run, measure_generation
 
@@ -25,7 +26,7 @@ AR_NAME = "AR"
 MLX_LM_NAME = "mlx-lm"
 
 
-class BenchError(ValueError):
+class BenchError(RedrafterError, ValueError):
     """A bad benchmark request (prompt set, grid, configs); the message says how to fix it."""
 
 

@@ -18,7 +18,6 @@ from redrafter_mlx.cli.common import (
     DrafterOpt,
     DraftModelOpt,
     DtypeOpt,
-    FlagError,
     LookupLengthOpt,
     LookupOpt,
     MaxKvSizeOpt,
@@ -29,10 +28,10 @@ from redrafter_mlx.cli.common import (
     SystemPromptOpt,
     VerboseOpt,
     branch_flags,
-    cli_errors,
-    out_console,
     prepare_engine,
 )
+from redrafter_mlx.cli.consoles import out_console
+from redrafter_mlx.cli.errors import FlagError, cli_errors
 from redrafter_mlx.cli.options import (
     MAX_TOKENS_BRANCHES,
     BranchDepthOpt,

@@ -14,112 +14,24 @@ Only typer and the standard library are imported at module level so ``--help`` i
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import typer
 
 if TYPE_CHECKING:
     from redrafter_mlx.engine.core.sampling import SamplerConfig
     from redrafter_mlx.engine.core.shape import BeamShape
     from tuning import ShapeChoice
 
+from redrafter_mlx.cli.consoles import err_console
+from redrafter_mlx.cli.errors import FlagError, flag_for
 from redrafter_mlx.cli.options import *  # noqa: F403 (the option types, for the commands)
 from redrafter_mlx.cli.options import DTYPES, MIN_KV_SIZE, SamplingFlags
 from redrafter_mlx.cli.paths import *  # noqa: F403 (model choice, for the commands)
 from redrafter_mlx.cli.paths import ModelPaths, resolve_draft_model, resolve_paths
-
-# --------------------------------------------------------------------------- errors
-
-
-class FlagError(ValueError):
-    """A bad command-line value: reported as one line with exit code 2."""
-
-
-def err_console():
-    """A rich console on stderr (errors, stats, notes)."""
-    from rich.console import Console
-
-    return Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-def out_console():
-    """A rich console on stdout (answers and tables)."""
-    from rich.console import Console
-
-    return Console(highlight=False, soft_wrap=True)
-
-
-def fail(message: str, code: int = 1) -> typer.Exit:
-    """Print ``error: message`` in red on stderr; return the typer.Exit to raise."""
-    from rich.text import Text
-
-    err_console().print(Text(f"error: {message}", style="bold red"))
-    return typer.Exit(code=code)
-
-
-FLAG_NAMES = {"temperature": "--temp", "width": "--beam-width", "length": "--beam-length"}
-
-
-def flag_for(param: str) -> str:
-    """The command-line flag of an engine/feature parameter (``batch_size`` -> ``--batch-size``)."""
-    return FLAG_NAMES.get(param, "--" + param.replace("_", "-"))
-
-
-def user_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions that report a problem the user can fix (one line, exit code 1)."""
-    from redrafter_mlx.engine.loop.loading import LoadError
-    from tuning.measure import TuneError
-    from tuning.search import SearchError
-    from weights_convert.errors import ConversionError
-
-    return (LoadError, ConversionError, TuneError, SearchError, ValueError, OSError)
-
-
-@contextlib.contextmanager
-def cli_errors(verbose: bool = False, interrupted: str = "interrupted") -> Iterator[None]:
-    """The one error path of every command: one red ``error:`` line and an exit code.
-
-    FlagError and engine ParamError (named by its flag) -> 2; user errors (load, convert,
-    tune, data, OS) -> 1; Ctrl-C -> 130 with ``interrupted``; anything else is a bug, still one
-    line. ``--verbose`` adds the traceback. typer's own exits pass through.
-    """
-    from redrafter_mlx.engine.base.errors import ParamError
-
-    try:
-        yield
-    except (typer.Exit, typer.Abort):
-        raise
-    except FlagError as e:
-        _maybe_traceback(verbose)
-        raise fail(str(e), code=2) from None
-    except ParamError as e:
-        _maybe_traceback(verbose)
-        flag = flag_for(e.param)  # named once: a message that starts with it stands alone
-        said = e.message if e.message.startswith(flag + " ") else f"{flag}: {e.message}"
-        raise fail(said, code=2) from None
-    except KeyboardInterrupt:
-        _maybe_traceback(verbose)
-        raise fail(interrupted, code=130) from None
-    except Exception as e:
-        _maybe_traceback(verbose)
-        if isinstance(e, user_errors()):
-            raise fail(str(e)) from None
-        hint = "" if verbose else " (run with --verbose for the traceback)"
-        raise fail(f"unexpected {type(e).__name__}: {e}{hint}") from None
-
-
-def _maybe_traceback(verbose: bool) -> None:
-    """Print the current exception's traceback on stderr when --verbose is on."""
-    if verbose:
-        traceback.print_exc(file=sys.stderr)
-
 
 # --------------------------------------------------------------------------- flag validation
 

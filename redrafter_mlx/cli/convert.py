@@ -11,7 +11,9 @@ from typing import Annotated
 
 import typer
 
-from redrafter_mlx.cli.common import VerboseOpt, cli_errors, out_console
+from redrafter_mlx.cli.common import VerboseOpt
+from redrafter_mlx.cli.consoles import out_console
+from redrafter_mlx.cli.errors import cli_errors
 
 
 def _sigterm_as_interrupt(signum, frame) -> None:

@@ -24,7 +24,6 @@ from redrafter_mlx.cli.common import (
     DraftModelOpt,
     DtypeOpt,
     Engine,
-    FlagError,
     LookupLengthOpt,
     LookupOpt,
     MaxKvSizeOpt,
@@ -36,13 +35,12 @@ from redrafter_mlx.cli.common import (
     VerboseOpt,
     branch_flags,
     check_prompt_fits,
-    cli_errors,
-    err_console,
-    out_console,
     prepare_engine,
     response_stats,
     stats_line,
 )
+from redrafter_mlx.cli.consoles import err_console, out_console
+from redrafter_mlx.cli.errors import FlagError, cli_errors
 from redrafter_mlx.cli.options import (
     MAX_TOKENS_BRANCHES,
     BranchDepthOpt,

@@ -96,7 +96,7 @@ def _resolve_one(name: str | None) -> str | None:
     if name is None:
         return None
     if not name.strip():
-        from redrafter_mlx.cli.common import FlagError
+        from redrafter_mlx.cli.errors import FlagError
 
         raise FlagError(
             f"--draft-model {name!r} is an empty path (it would name the current folder): "

@@ -24,7 +24,6 @@ from redrafter_mlx.cli.common import (
     DrafterOpt,
     DraftModelOpt,
     DtypeOpt,
-    FlagError,
     LookupLengthOpt,
     LookupOpt,
     MaxKvSizeOpt,
@@ -35,10 +34,10 @@ from redrafter_mlx.cli.common import (
     VerboseOpt,
     branch_flags,
     check_memory,
-    cli_errors,
-    err_console,
     prepare_engine,
 )
+from redrafter_mlx.cli.consoles import err_console
+from redrafter_mlx.cli.errors import FlagError, cli_errors
 from redrafter_mlx.cli.options import BranchDepthOpt, BranchesOpt, MaxBranchesOpt
 from redrafter_mlx.serve.protocol import (
     DEFAULT_MAX_BODY_BYTES,

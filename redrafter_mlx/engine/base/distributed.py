@@ -27,6 +27,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from .errors import RedrafterError
 from .safetensors_check import read_header
 
 # Linear layers split by their output rows (axis 0) and by their input columns (last axis).
@@ -48,7 +49,7 @@ _DTYPES = {
 }
 
 
-class ShardError(ValueError):
+class ShardError(RedrafterError, ValueError):
     """A model that cannot be split across this many ranks; the message names what would work."""
 
 

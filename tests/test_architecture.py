@@ -280,6 +280,22 @@ def test_no_import_circle_even_inside_functions():
     assert circle is None, f"import circle: {' -> '.join(circle)}"
 
 
+@pytest.mark.parametrize(
+    "path",
+    product_files() + sorted((ROOT / "scripts").rglob("*.py")),
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_no_star_import(path):
+    """Every name a module uses is imported from the module that defines it: no
+    ``from module import *`` (a re-export that hides where a name lives)."""
+    stars = [
+        f"line {node.lineno}: from {node.module} import *"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names)
+    ]
+    assert not stars, f"{path.relative_to(ROOT)}: {stars}"
+
+
 def test_no_cycle_between_packages():
     """Package-level graph (engine, train, tuning, weights_convert, cli, ...) has no cycle."""
     graph: dict[str, set[str]] = {}

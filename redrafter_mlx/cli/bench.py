@@ -22,21 +22,7 @@ import typer
 
 from redrafter_mlx.cli.common import (
     BeamFlags,
-    BeamLengthOpt,
-    BeamWidthOpt,
-    CapacityOpt,
-    DrafterOpt,
-    DraftModelOpt,
-    DtypeOpt,
     Engine,
-    LookupLengthOpt,
-    LookupOpt,
-    ModelOpt,
-    ModelPaths,
-    NoDraftOpt,
-    NoLookupOpt,
-    SystemPromptOpt,
-    VerboseOpt,
     branch_flags,
     plan_from_flags,
     prepare_engine,
@@ -46,12 +32,26 @@ from redrafter_mlx.cli.consoles import err_console, out_console
 from redrafter_mlx.cli.errors import FlagError, cli_errors, fail
 from redrafter_mlx.cli.options import (
     MAX_TOKENS_BRANCHES,
+    BeamLengthOpt,
+    BeamWidthOpt,
     BranchDepthOpt,
     BranchesOpt,
+    CapacityOpt,
+    DrafterOpt,
+    DraftModelOpt,
+    DtypeOpt,
+    LookupLengthOpt,
+    LookupOpt,
     MaxBranchesOpt,
+    ModelOpt,
+    NoDraftOpt,
+    NoLookupOpt,
     SamplingFlags,
+    SystemPromptOpt,
+    VerboseOpt,
     sampling_options,
 )
+from redrafter_mlx.cli.paths import ModelPaths
 
 if TYPE_CHECKING:
     from redrafter_mlx.engine.core.sampling import SamplerConfig

@@ -10,34 +10,30 @@ from typing import Annotated
 
 import typer
 
-from redrafter_mlx.cli.common import (
-    BeamFlags,
+from redrafter_mlx.cli.common import BeamFlags, branch_flags, prepare_engine
+from redrafter_mlx.cli.consoles import out_console
+from redrafter_mlx.cli.errors import FlagError, cli_errors
+from redrafter_mlx.cli.options import (
+    MAX_TOKENS_BRANCHES,
     BeamLengthOpt,
     BeamWidthOpt,
+    BranchDepthOpt,
+    BranchesOpt,
     CapacityOpt,
     DrafterOpt,
     DraftModelOpt,
     DtypeOpt,
     LookupLengthOpt,
     LookupOpt,
+    MaxBranchesOpt,
     MaxKvSizeOpt,
     ModelOpt,
     NoAdaptOpt,
     NoDraftOpt,
     NoLookupOpt,
+    SamplingFlags,
     SystemPromptOpt,
     VerboseOpt,
-    branch_flags,
-    prepare_engine,
-)
-from redrafter_mlx.cli.consoles import out_console
-from redrafter_mlx.cli.errors import FlagError, cli_errors
-from redrafter_mlx.cli.options import (
-    MAX_TOKENS_BRANCHES,
-    BranchDepthOpt,
-    BranchesOpt,
-    MaxBranchesOpt,
-    SamplingFlags,
     sampling_options,
 )
 

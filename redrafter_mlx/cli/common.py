@@ -1,15 +1,14 @@
-"""Shared pieces of the chat / generate / bench commands.
+"""Shared pieces of the chat / generate / serve / bench commands.
 
-* the typer option types (``options.py``, re-exported here);
-* flag validation (a bad value is one red line and exit code 2);
-* model resolution (``--model``, else the bundled demo model) and loading;
+* flag validation (a bad value is one red line and exit code 2, ``errors.py``);
+* loading the model that ``paths.py`` resolved (``--model``, else a bundled model);
 * the beam shape: the flags mapped onto the engine's plan (``engine/loop/plan.py``);
-* ``prepare_engine``: those steps, in one order, for chat, generate, serve and bench;
-* error handling: one red ``error:`` line on stderr and exit code 1, a traceback only
-  with ``--verbose``;
-* the dim one-line stats summary printed after an answer (``stats.py``, re-exported here).
+* ``prepare_engine``: those steps, in one order, for chat, generate, serve and bench.
 
-Only typer and the standard library are imported at module level so ``--help`` is fast.
+The option types live in ``options.py``, the error path in ``errors.py``, the stats line in
+``stats.py``: commands import each from its own module. Only the standard library, the CLI's
+own light modules and the engine's plan arguments (``BeamFlags``' base) are imported at module
+level so ``--help`` is fast.
 """
 
 from __future__ import annotations
@@ -28,9 +27,7 @@ if TYPE_CHECKING:
 
 from redrafter_mlx.cli.consoles import err_console
 from redrafter_mlx.cli.errors import FlagError, flag_for
-from redrafter_mlx.cli.options import *  # noqa: F403 (the option types, for the commands)
 from redrafter_mlx.cli.options import DTYPES, MIN_KV_SIZE, SamplingFlags
-from redrafter_mlx.cli.paths import *  # noqa: F403 (model choice, for the commands)
 from redrafter_mlx.cli.paths import ModelPaths, resolve_draft_model, resolve_paths
 
 # --------------------------------------------------------------------------- flag validation
@@ -461,9 +458,6 @@ def dtype_name(model) -> str:
         if dt == getattr(mx, name):
             return name
     return str(dt)
-
-
-from redrafter_mlx.cli.stats import *  # noqa: E402, F403 (the stats line, for the commands)
 
 
 def branch_flags(engine: Engine, mode: str, depth: int | None, most: int | None):

@@ -11,9 +11,9 @@ from typing import Annotated
 
 import typer
 
-from redrafter_mlx.cli.common import VerboseOpt
 from redrafter_mlx.cli.consoles import out_console
 from redrafter_mlx.cli.errors import cli_errors
+from redrafter_mlx.cli.options import VerboseOpt
 
 
 def _sigterm_as_interrupt(signum, frame) -> None:

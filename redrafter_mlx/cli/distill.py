@@ -10,9 +10,9 @@ from pathlib import Path
 
 import typer
 
-from redrafter_mlx.cli.common import installed_bundled
 from redrafter_mlx.cli.consoles import err_console
 from redrafter_mlx.cli.errors import FlagError, cli_errors
+from redrafter_mlx.cli.paths import installed_bundled
 
 
 def distill(

@@ -17,39 +17,37 @@ import typer
 
 from redrafter_mlx.cli.common import (
     BeamFlags,
-    BeamLengthOpt,
-    BeamWidthOpt,
-    CapacityOpt,
-    DrafterOpt,
-    DraftModelOpt,
-    DtypeOpt,
     Engine,
-    LookupLengthOpt,
-    LookupOpt,
-    MaxKvSizeOpt,
-    ModelOpt,
-    NoAdaptOpt,
-    NoDraftOpt,
-    NoLookupOpt,
-    SystemPromptOpt,
-    VerboseOpt,
     branch_flags,
     check_prompt_fits,
     prepare_engine,
-    response_stats,
-    stats_line,
 )
 from redrafter_mlx.cli.consoles import err_console, out_console
 from redrafter_mlx.cli.errors import FlagError, cli_errors
 from redrafter_mlx.cli.options import (
     MAX_TOKENS_BRANCHES,
+    BeamLengthOpt,
+    BeamWidthOpt,
     BranchDepthOpt,
     BranchesOpt,
+    CapacityOpt,
+    DrafterOpt,
+    DraftModelOpt,
+    DtypeOpt,
+    LookupLengthOpt,
+    LookupOpt,
     MaxBranchesOpt,
+    MaxKvSizeOpt,
+    ModelOpt,
+    NoAdaptOpt,
+    NoDraftOpt,
+    NoLookupOpt,
     SamplingFlags,
+    SystemPromptOpt,
+    VerboseOpt,
     sampling_options,
 )
-from redrafter_mlx.cli.stats import answer_branch_stats
+from redrafter_mlx.cli.stats import answer_branch_stats, response_stats, stats_line
 from redrafter_mlx.cli.terminal import visible
 from tuning import ShapeChoice
 

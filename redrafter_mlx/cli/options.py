@@ -290,34 +290,3 @@ DtypeOpt = Annotated[
 VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show tracebacks on errors.")]
 
 DTYPES = ("float16", "bfloat16", "float32")
-
-
-__all__ = [
-    "DTYPES",
-    "MIN_KV_SIZE",
-    "BeamLengthOpt",
-    "BeamWidthOpt",
-    "CapacityOpt",
-    "DraftModelOpt",
-    "DrafterOpt",
-    "DtypeOpt",
-    "LogitBiasOpt",
-    "LookupLengthOpt",
-    "LookupOpt",
-    "MaxKvSizeOpt",
-    "MinPOpt",
-    "ModelOpt",
-    "NoAdaptOpt",
-    "NoDraftOpt",
-    "NoLookupOpt",
-    "RepetitionContextOpt",
-    "RepetitionPenaltyOpt",
-    "SamplingFlags",
-    "SeedOpt",
-    "SystemPromptOpt",
-    "TempOpt",
-    "TopKOpt",
-    "TopPOpt",
-    "VerboseOpt",
-    "sampling_options",
-]

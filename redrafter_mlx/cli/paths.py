@@ -138,6 +138,3 @@ def _check_model_name(model: str) -> None:
         from redrafter_mlx.engine.loop.loading import LoadError
 
         raise LoadError(message)
-
-
-__all__ = ["ModelPaths", "installed_bundled", "resolve_draft_model", "resolve_paths"]

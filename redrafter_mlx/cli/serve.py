@@ -16,29 +16,28 @@ from typing import Annotated
 
 import typer
 
-from redrafter_mlx.cli.common import (
-    BeamFlags,
+from redrafter_mlx.cli.common import BeamFlags, branch_flags, check_memory, prepare_engine
+from redrafter_mlx.cli.consoles import err_console
+from redrafter_mlx.cli.errors import FlagError, cli_errors
+from redrafter_mlx.cli.options import (
     BeamLengthOpt,
     BeamWidthOpt,
+    BranchDepthOpt,
+    BranchesOpt,
     CapacityOpt,
     DrafterOpt,
     DraftModelOpt,
     DtypeOpt,
     LookupLengthOpt,
     LookupOpt,
+    MaxBranchesOpt,
     MaxKvSizeOpt,
     ModelOpt,
     NoAdaptOpt,
     NoDraftOpt,
     NoLookupOpt,
     VerboseOpt,
-    branch_flags,
-    check_memory,
-    prepare_engine,
 )
-from redrafter_mlx.cli.consoles import err_console
-from redrafter_mlx.cli.errors import FlagError, cli_errors
-from redrafter_mlx.cli.options import BranchDepthOpt, BranchesOpt, MaxBranchesOpt
 from redrafter_mlx.serve.protocol import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONNECTIONS,

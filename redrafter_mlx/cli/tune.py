@@ -33,10 +33,9 @@ from typing import Annotated
 
 import typer
 
-from redrafter_mlx.cli.common import ModelPaths, VerboseOpt, resolve_paths
 from redrafter_mlx.cli.errors import FlagError, cli_errors
-from redrafter_mlx.cli.options import DraftModelOpt
-from redrafter_mlx.cli.paths import resolve_draft_model
+from redrafter_mlx.cli.options import DraftModelOpt, VerboseOpt
+from redrafter_mlx.cli.paths import ModelPaths, resolve_draft_model, resolve_paths
 from redrafter_mlx.engine.core.shape import BeamShape
 from tuning.grid import (
     build_grid,

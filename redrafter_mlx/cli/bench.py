@@ -36,6 +36,7 @@ from redrafter_mlx.cli.options import (
     BeamWidthOpt,
     BranchDepthOpt,
     BranchesOpt,
+    BranchFlags,
     CapacityOpt,
     DrafterOpt,
     DraftModelOpt,
@@ -600,7 +601,7 @@ def bench(
                 f"--turns 2: no prompt of {prompt_set} has a second turn; turn 1 only",
                 style="yellow",
             )
-        rules = branch_flags(engine, branches, branch_depth, max_branches)
+        rules = branch_flags(engine, BranchFlags(branches, branch_depth, max_branches))
         runner = make_runner(engine, max_tokens, sampling, with_mlx_lm, chosen, rules)
         with err_console().status("benchmarking") as status:
             result = logic.run_bench(

@@ -27,7 +27,13 @@ if TYPE_CHECKING:
 
 from redrafter_mlx.cli.consoles import err_console
 from redrafter_mlx.cli.errors import FlagError, flag_for
-from redrafter_mlx.cli.options import DTYPES, MIN_KV_SIZE, SamplingFlags
+from redrafter_mlx.cli.options import (
+    DTYPES,
+    MIN_KV_SIZE,
+    BranchFlags,
+    SamplingFlags,
+    ShapeFlags,
+)
 from redrafter_mlx.cli.paths import ModelPaths, resolve_draft_model, resolve_paths
 
 # --------------------------------------------------------------------------- flag validation
@@ -257,6 +263,19 @@ class BeamFlags(_plan_args()):
     ``--lookup-length`` and ``--no-lookup`` as given: the engine's ``PlanArgs``, its errors
     named by the flags."""
 
+    @classmethod
+    def of(cls, flags: ShapeFlags) -> BeamFlags:
+        """The plan arguments of a command's beam-shape flags."""
+        return cls(
+            flags.beam_width,
+            flags.beam_length,
+            flags.capacity,
+            flags.no_draft,
+            flags.lookup,
+            flags.lookup_length,
+            flags.no_lookup,
+        )
+
     def lookup_chains(self) -> tuple[int, int]:
         """(chains, chain length) asked for, defaults filled in; FlagError when invalid."""
         from redrafter_mlx.engine.base.errors import ParamError
@@ -324,15 +343,11 @@ def prepare_engine(
             "tune do); start it as one process"
         )
     follow_rank0(group)
-    from redrafter_mlx.engine.core.sampling import MODEL_DEFAULT_KEYS, SamplerConfig
+    from redrafter_mlx.engine.core.sampling import SamplerConfig
 
     typed = sampling_fields(sampling) if sampling is not None else None
     sampler = SamplerConfig.resolve(typed) if typed is not None else None
-    if max_tokens is not None:
-        check_max_tokens(max_tokens)
-    if max_kv_size is not None and max_kv_size < MIN_KV_SIZE:
-        raise FlagError(f"--max-kv-size must be >= {MIN_KV_SIZE} tokens, got {max_kv_size}")
-    check_dtype(dtype)
+    check_limits(max_tokens, max_kv_size, dtype)
     if beam.no_draft and draft_model and choose is None:
         raise FlagError(
             f"--no-draft decodes plainly, so --draft-model "
@@ -357,20 +372,38 @@ def prepare_engine(
             engine.draft_model = None
     origin, note = "", ""
     if sampler is not None:
-        given = {k for k, v in typed.items() if v is not None and k in MODEL_DEFAULT_KEYS}
-        if model_defaults:
-            from redrafter_mlx.engine.core.sampling import GENERATION_CONFIG
-            from redrafter_mlx.engine.core.sampling import model_defaults as defaults_of
-
-            found = {k: v for k, v in defaults_of(engine.folder).items() if k not in given}
-            sampler = sampler.with_defaults(found, given)
-            origin = GENERATION_CONFIG if found else ""
-        sampler.validate(engine.model.vocab_size)
-        note = describe_sampling(sampler, given, origin)
+        sampler, origin, note = settle_sampling(engine, sampler, typed, model_defaults)
     if hasattr(plan, "shape"):  # a ShapeChoice: refuse a step that cannot fit, before compiling
         sampled = sampler is None or not sampler.greedy  # serve's rows may sample
         check_memory(engine, plan.shape, max_tokens, sampled, batch)
     return Prepared(engine, plan, sampler, checked, origin, note)
+
+
+def check_limits(max_tokens: int | None, max_kv_size: int | None, dtype: str | None) -> None:
+    """FlagError naming ``--max-tokens``, ``--max-kv-size`` or ``--dtype``, the first that is
+    bad (None: not given)."""
+    if max_tokens is not None:
+        check_max_tokens(max_tokens)
+    if max_kv_size is not None and max_kv_size < MIN_KV_SIZE:
+        raise FlagError(f"--max-kv-size must be >= {MIN_KV_SIZE} tokens, got {max_kv_size}")
+    check_dtype(dtype)
+
+
+def settle_sampling(engine: Engine, sampler: SamplerConfig, typed: dict, model_defaults: bool):
+    """(the sampler, where the settings no flag gave came from, ``describe_sampling``'s note):
+    with ``model_defaults``, the model's ``generation_config.json`` fills what no flag set;
+    logit-bias ids are checked against the vocabulary."""
+    from redrafter_mlx.engine.core.sampling import GENERATION_CONFIG, MODEL_DEFAULT_KEYS
+    from redrafter_mlx.engine.core.sampling import model_defaults as defaults_of
+
+    given = {k for k, v in typed.items() if v is not None and k in MODEL_DEFAULT_KEYS}
+    origin = ""
+    if model_defaults:
+        found = {k: v for k, v in defaults_of(engine.folder).items() if k not in given}
+        sampler = sampler.with_defaults(found, given)
+        origin = GENERATION_CONFIG if found else ""
+    sampler.validate(engine.model.vocab_size)
+    return sampler, origin, describe_sampling(sampler, given, origin)
 
 
 def with_draft_model(plan, has_drafter: bool, length: int | None):
@@ -460,12 +493,13 @@ def dtype_name(model) -> str:
     return str(dt)
 
 
-def branch_flags(engine: Engine, mode: str, depth: int | None, most: int | None):
+def branch_flags(engine: Engine, flags: BranchFlags):
     """``--branches MODE`` with ``--branch-depth`` / ``--max-branches`` for the loaded model:
     its ``BranchRules``, or None when branching is off (``run.resolve_branches``; a
     ParamError says what is missing and the fix)."""
     from redrafter_mlx.engine.loop.run import resolve_branches
 
+    mode, depth, most = flags.branches, flags.branch_depth, flags.max_branches
     limits = {k: v for k, v in (("max_depth", depth), ("max_branches", most)) if v is not None}
     rules = resolve_branches(engine.tokenizer, mode, **limits)
     if rules is None and limits:  # a limit on branches that never happen: say so

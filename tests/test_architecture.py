@@ -296,6 +296,60 @@ def test_no_star_import(path):
     assert not stars, f"{path.relative_to(ROOT)}: {stars}"
 
 
+CLI_DIR = ROOT / "redrafter_mlx" / "cli"
+COMMAND_LINES = 80  # the longest a command function may be, its decorators and signature counted
+FILE_LINES = 600  # the longest a module of the package may be
+LONG_FILES = {  # modules still over FILE_LINES, and why
+    "redrafter_mlx/serve/protocol.py": "to split where the server's endpoints are being added",
+}
+
+
+def command_functions() -> dict[str, ast.FunctionDef]:
+    """Each command of the CLI (``cli.COMMANDS``) by name: the function of that name in its
+    module."""
+    tree = ast.parse((CLI_DIR / "__init__.py").read_text(encoding="utf-8"))
+    (names,) = [
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "COMMANDS"
+    ]
+    found = {}
+    for name in names:
+        module = ast.parse((CLI_DIR / f"{name}.py").read_text(encoding="utf-8"))
+        found[name] = next(n for n in module.body if getattr(n, "name", None) == name)
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(command_functions()))
+def test_a_command_reads_its_options_from_one_flag_group(name):
+    """A command function takes one parameter, a flag group (``cli/options.py``'s
+    ``flag_groups``), and is short: its work is in functions of their own."""
+    function = command_functions()[name]
+    params = function.args.args + function.args.kwonlyargs
+    annotation = ast.unparse(params[0].annotation) if len(params) == 1 else None
+    assert annotation is not None and annotation.endswith("Flags"), (
+        f"{name}() takes {[ast.unparse(p) for p in params]}: one flag group, e.g. "
+        f"{name.capitalize()}Flags"
+    )
+    decorators = [ast.unparse(d) for d in function.decorator_list]
+    assert "flag_groups" in decorators or "sampling_options" in decorators, decorators
+    start = min([d.lineno for d in function.decorator_list] + [function.lineno])
+    length = function.end_lineno - start + 1
+    assert length <= COMMAND_LINES, f"{name}() is {length} lines (at most {COMMAND_LINES})"
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "redrafter_mlx").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT))
+)
+def test_no_module_of_the_package_is_over_600_lines(path):
+    rel = str(path.relative_to(ROOT))
+    lines = len(path.read_text(encoding="utf-8").splitlines())
+    if rel in LONG_FILES:
+        assert lines > FILE_LINES, f"{rel} is {lines} lines now: drop it from LONG_FILES"
+        return
+    assert lines <= FILE_LINES, f"{rel} is {lines} lines (at most {FILE_LINES}): split it"
+
+
 def test_no_cycle_between_packages():
     """Package-level graph (engine, train, tuning, weights_convert, cli, ...) has no cycle."""
     graph: dict[str, set[str]] = {}

@@ -125,8 +125,8 @@ LogitBiasOpt = Annotated[
 class SamplingFlags:
     """The sampling flags of chat, generate and bench, as typed (None: not given, so the
     model's ``generation_config.json`` value or the engine's default holds), declared here
-    once: ``sampling_options`` makes each field an option of a command, in this order.
-    ``cli.common.sampling_fields`` turns them into ``SamplerConfig`` fields."""
+    once, a flag group (``flag_groups`` makes each field an option of a command, in this
+    order). ``cli.common.sampling_fields`` turns them into ``SamplerConfig`` fields."""
 
     temp: TempOpt = None
     top_p: TopPOpt = None

@@ -27,6 +27,7 @@ _EXPORTS = {
     "Session": "engine.decoding.cache",
     "load": "engine.loop.loading",
     "LoadError": "engine.loop.loading",
+    "RedrafterError": "engine.base.errors",
     "DraftSource": "engine.drafting.sources",
     "DraftContext": "engine.drafting.sources",
     "Proposal": "engine.drafting.sources",

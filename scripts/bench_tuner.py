@@ -33,7 +33,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from redrafter_mlx.cli.common import resolve_paths
+    from redrafter_mlx.cli.paths import resolve_paths
     from redrafter_mlx.engine.base.prompts import load_prompts
     from redrafter_mlx.engine.core.shape import BeamShape
     from redrafter_mlx.engine.loop.loading import load

@@ -83,11 +83,7 @@ def imports_of(
         if isinstance(node, ast.Import):
             found += [(node.lineno, alias.name) for alias in node.names]
             continue
-        if node.level:
-            base = package.split(".")[: len(package.split(".")) - node.level + 1]
-            target = ".".join(base + ([node.module] if node.module else []))
-        else:
-            target = node.module or ""
+        target = _resolve(package, node)
         found.append((node.lineno, target))
         if names or node.module is None or node.level:  # "from . import x": x may be a module
             found += [(node.lineno, f"{target}.{a.name}") for a in node.names]
@@ -121,6 +117,35 @@ def import_graph(files: list[Path], root: Path = ROOT) -> dict[str, set[str]]:
         name: {m for _, m in imports_of(path, root, True, True) if m in modules and m != name}
         for name, path in modules.items()
     }
+
+
+def dependency_graph(files: list[Path], root: Path = ROOT) -> dict[str, set[str]]:
+    """Module -> the modules among ``files`` it imports anywhere: at module level, inside a
+    function, under ``TYPE_CHECKING``. ``from package import submodule`` depends on the
+    submodule, not on the package's ``__init__`` (which any submodule import runs), so a
+    package whose function imports a submodule that imports its siblings is no circle."""
+    modules = {module_name(p, root): p for p in files}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found: set[str] = set()
+        for node in _import_nodes(ast.parse(path.read_text(encoding="utf-8")), False):
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+                continue
+            target = _resolve(package, node)
+            named = {f"{target}.{alias.name}" for alias in node.names}
+            found |= named & set(modules) if named <= set(modules) else {target, *named}
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
+
+
+def _resolve(package: str, node: ast.ImportFrom) -> str:
+    """The absolute module a ``from ... import`` statement names."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")[: len(package.split(".")) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
 
 
 def find_circle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -247,6 +272,85 @@ def test_no_import_circle_anywhere():
     assert circle is None, f"import circle: {' -> '.join(circle)}"
 
 
+def test_no_import_circle_even_inside_functions():
+    """No circle between modules of the product or the scripts, counting every import (one
+    inside a function or under ``TYPE_CHECKING`` too): a module that another one's function
+    imports does not import it back, so the shared piece lives below both."""
+    files = product_files() + sorted((ROOT / "scripts").rglob("*.py"))
+    circle = find_circle(dependency_graph(files))
+    assert circle is None, f"import circle: {' -> '.join(circle)}"
+
+
+@pytest.mark.parametrize(
+    "path",
+    product_files() + sorted((ROOT / "scripts").rglob("*.py")),
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
+def test_no_star_import(path):
+    """Every name a module uses is imported from the module that defines it: no
+    ``from module import *`` (a re-export that hides where a name lives)."""
+    stars = [
+        f"line {node.lineno}: from {node.module} import *"
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom) and any(a.name == "*" for a in node.names)
+    ]
+    assert not stars, f"{path.relative_to(ROOT)}: {stars}"
+
+
+CLI_DIR = ROOT / "redrafter_mlx" / "cli"
+COMMAND_LINES = 80  # the longest a command function may be, its decorators and signature counted
+FILE_LINES = 600  # the longest a module of the package may be
+LONG_FILES = {  # modules still over FILE_LINES, and why
+    "redrafter_mlx/serve/protocol.py": "to split where the server's endpoints are being added",
+}
+
+
+def command_functions() -> dict[str, ast.FunctionDef]:
+    """Each command of the CLI (``cli.COMMANDS``) by name: the function of that name in its
+    module."""
+    tree = ast.parse((CLI_DIR / "__init__.py").read_text(encoding="utf-8"))
+    (names,) = [
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "COMMANDS"
+    ]
+    found = {}
+    for name in names:
+        module = ast.parse((CLI_DIR / f"{name}.py").read_text(encoding="utf-8"))
+        found[name] = next(n for n in module.body if getattr(n, "name", None) == name)
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(command_functions()))
+def test_a_command_reads_its_options_from_one_flag_group(name):
+    """A command function takes one parameter, a flag group (``cli/options.py``'s
+    ``flag_groups``), and is short: its work is in functions of their own."""
+    function = command_functions()[name]
+    params = function.args.args + function.args.kwonlyargs
+    annotation = ast.unparse(params[0].annotation) if len(params) == 1 else None
+    assert annotation is not None and annotation.endswith("Flags"), (
+        f"{name}() takes {[ast.unparse(p) for p in params]}: one flag group, e.g. "
+        f"{name.capitalize()}Flags"
+    )
+    decorators = [ast.unparse(d) for d in function.decorator_list]
+    assert "flag_groups" in decorators or "sampling_options" in decorators, decorators
+    start = min([d.lineno for d in function.decorator_list] + [function.lineno])
+    length = function.end_lineno - start + 1
+    assert length <= COMMAND_LINES, f"{name}() is {length} lines (at most {COMMAND_LINES})"
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "redrafter_mlx").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT))
+)
+def test_no_module_of_the_package_is_over_600_lines(path):
+    rel = str(path.relative_to(ROOT))
+    lines = len(path.read_text(encoding="utf-8").splitlines())
+    if rel in LONG_FILES:
+        assert lines > FILE_LINES, f"{rel} is {lines} lines now: drop it from LONG_FILES"
+        return
+    assert lines <= FILE_LINES, f"{rel} is {lines} lines (at most {FILE_LINES}): split it"
+
+
 def test_no_cycle_between_packages():
     """Package-level graph (engine, train, tuning, weights_convert, cli, ...) has no cycle."""
     graph: dict[str, set[str]] = {}
@@ -307,10 +411,33 @@ def test_the_checker_sees_a_circle_and_an_upward_import(tmp_path):
     }
     del graph["redrafter_mlx.engine.c"]  # d <-> e meets only inside a function: no circle
     assert find_circle(graph) is None
+    deps = dependency_graph(all_files(tmp_path), tmp_path)  # every import counted: two more
+    del deps["redrafter_mlx.engine.c"]
+    assert set(find_circle(deps)) == {"redrafter_mlx.cli.common", "redrafter_mlx.engine.up"}
+    del deps["redrafter_mlx.engine.up"]
+    assert set(find_circle(deps)) == {"redrafter_mlx.engine.d", "redrafter_mlx.engine.e"}
     up = tmp_path / "redrafter_mlx" / "engine" / "up.py"
     assert upward_imports(up, tmp_path) == ["line 2: redrafter_mlx.cli.common (cli)"]
     down = tmp_path / "redrafter_mlx" / "cli" / "common.py"
     assert upward_imports(down, tmp_path) == []
+
+
+def test_a_package_importing_its_submodule_lazily_is_no_circle(tmp_path):
+    """A package's function imports a submodule that imports its siblings through the
+    package (``from pkg import sibling``): no circle; one that imports a name the package's
+    ``__init__`` defines is one."""
+    _write(
+        tmp_path,
+        {
+            "weights_convert/__init__.py": "def convert():\n    from weights_convert import run\n",
+            "weights_convert/run.py": "from weights_convert import part\n",
+            "weights_convert/part.py": "",
+            "tuning/__init__.py": "def tune():\n    from tuning import run\n",
+            "tuning/run.py": "from tuning import tune\n",
+        },
+    )
+    circle = find_circle(dependency_graph(all_files(tmp_path), tmp_path))
+    assert circle is not None and set(circle) == {"tuning", "tuning.run"}
 
 
 def test_the_checker_sees_an_upward_import(tmp_path):

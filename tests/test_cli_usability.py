@@ -82,7 +82,7 @@ def test_generate_json_says_the_context_ended_the_answer(app, pair):
 
 def test_the_acceptance_histogram_needs_no_explanation_and_help_gives_one():
     from redrafter_mlx.cli.chat_ui import HELP
-    from redrafter_mlx.cli.common import format_hist
+    from redrafter_mlx.cli.stats import format_hist
 
     assert format_hist([2, 3, 142, 2]) == "steps emitting 1/2/3/4 tokens: 2/3/142/2"
     assert "steps emitting" in HELP and "tok/step" in HELP

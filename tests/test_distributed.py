@@ -339,7 +339,8 @@ def test_bench_reports_what_a_split_step_sends(capsys):
     """``bench`` under mlx.launch adds the all_sum cost per step size; alone it adds nothing."""
     from types import SimpleNamespace
 
-    from redrafter_mlx.cli.bench import print_split, split_cost
+    from redrafter_mlx.cli.bench import split_cost
+    from redrafter_mlx.cli.bench_render import print_split
 
     assert split_cost(SimpleNamespace(model=tiny_model()), []) is None
     row = dict(tokens=12, bytes=196608, floor_us=41.0, per_step_ms=9.6)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from redrafter_mlx.engine.base.errors import RedrafterError
 from redrafter_mlx.engine.core.sampling import SamplerConfig
 from redrafter_mlx.engine.core.shape import BeamShape
 from tuning.search import Measurement
@@ -24,7 +25,7 @@ from tuning.search import Measurement
 GREEDY = SamplerConfig(temperature=0.0)
 
 
-class TuneError(Exception):
+class TuneError(RedrafterError):
     """A problem the user can fix; the message names it and the fix."""
 
 

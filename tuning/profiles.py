@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from redrafter_mlx.engine.base.bundled import home
+from redrafter_mlx.engine.base.errors import RedrafterError
 from redrafter_mlx.engine.core.shape import BeamShape
 
 FORMAT = 1
@@ -329,7 +330,7 @@ class ProfileStore:
             raise ProfileWriteError(folder, e) from None
 
 
-class ProfileWriteError(OSError):
+class ProfileWriteError(RedrafterError, OSError):
     """Tuned profiles cannot be saved in the home folder; the message names it and the fix."""
 
     def __init__(self, folder: Path, cause: OSError):

@@ -29,6 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from redrafter_mlx.engine.base.errors import RedrafterError
 from redrafter_mlx.engine.core.shape import BeamShape
 
 
@@ -232,7 +233,7 @@ class SearchResult:
         }
 
 
-class SearchError(RuntimeError):
+class SearchError(RedrafterError, RuntimeError):
     """The search cannot produce a result (the baseline itself failed)."""
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from redrafter_mlx.engine.base.errors import RedrafterError
 
-class ConversionError(Exception):
+
+class ConversionError(RedrafterError):
     """A checkpoint cannot be converted. ``str(error)`` names the problem and how to fix it."""
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from redrafter_mlx.cli.stats import branch_stats
+from redrafter_mlx.engine.base.errors import RedrafterError
 from redrafter_mlx.engine.core.shape import AR, BeamShape
 from redrafter_mlx.measure.throughput import Run, measure_generation
 
@@ -25,7 +26,7 @@ AR_NAME = "AR"
 MLX_LM_NAME = "mlx-lm"
 
 
-class BenchError(ValueError):
+class BenchError(RedrafterError, ValueError):
     """A bad benchmark request (prompt set, grid, configs); the message says how to fix it."""
 
 
@@ -556,147 +557,3 @@ def _table_cells(row: dict) -> dict:
         if row.get("near_tie")
         else {True: "[green]yes[/]", False: "[bold red]NO[/]", None: "–"}[row["matches_ar"]],
     }
-
-
-# --------------------------------------------------------------------------- verify cost
-
-
-def verify_cost_rows(hidden: int, layers: int) -> list[dict]:
-    """The verify-cost benchmark (``redrafter_mlx.measure.verify_cost.verify_cost``)."""
-    from redrafter_mlx.measure.verify_cost import verify_cost
-
-    return verify_cost(hidden=hidden, layers=layers)
-
-
-def render_verify_cost(rows: list[dict], hidden: int, layers: int):
-    """A rich table: verify time per capacity vs one autoregressive step."""
-    from rich.table import Table
-
-    table = Table(
-        title=f"verify cost vs one AR step (hidden {hidden}, {layers} layers)",
-        caption="timed in interleaved rounds; paired: median of per-round verify/AR ratios",
-    )
-    for column in ("capacity", "AR step ms", "verify ms", "verify / AR", "paired"):
-        table.add_column(column, justify="right")
-    for row in rows:
-        paired = row.get("paired_ratio")
-        table.add_row(
-            str(row["capacity"]),
-            f"{row['ar_ms']:.2f}",
-            f"{row['verify_ms']:.2f}",
-            f"{row['ratio']:.2f}×",
-            "–" if paired is None else f"{paired:.2f}×",
-        )
-    return table
-
-
-# --------------------------------------------------------------------------- step profile
-
-
-def profile_rows(engine, shapes, ids, repeats: int, cost=None) -> dict:
-    """The per-phase step profile (``redrafter_mlx.measure.profile.profile_steps``); shapes
-    with lookup chains get their whole step and loop timed, their phases left out. Each row
-    also gets the launch-bound estimate of its step at ``cost`` (a ``MacCost``; default: its
-    defaults), and ``mac`` says what the estimate assumed."""
-    from redrafter_mlx.measure.profile import MacCost, launch_bound, profile_steps, weight_bytes
-
-    cost = cost or MacCost()
-    draft = getattr(engine, "draft_model", None)
-    extra = {"draft": draft} if draft is not None else {}
-    data = profile_steps(engine.model, engine.drafter, list(shapes), ids, repeats=repeats, **extra)
-    # The draft slot's forwards read its weights (the model's own, as its own draft; an
-    # early-exit adapter's chain: the target's first layers, the adapter and the head).
-    weights = weight_bytes(engine.model, engine.drafter, cost.dtype, draft_model=draft)
-    data["rows"] = launch_bound(data["rows"], weights, cost)
-    data["mac"] = dict(
-        launch_us=cost.launch_us,
-        bandwidth_gbs=cost.bandwidth_gbs,
-        dtype=cost.dtype or engine.dtype,
-        model_bytes=weights.model,
-        drafter_bytes_per_draft_step=weights.drafter_step,
-        drafter_bytes_once=weights.drafter_once,
-    )
-    return data
-
-
-def render_profile(data: dict, title: str):
-    """Rich tables: ms per phase, graph ops (kernels = ops that compute) per phase, and (when
-    ``data`` has it) the launch-bound estimate per shape."""
-    from rich import box
-    from rich.table import Table
-
-    phases = ("draft", "pack", "verify", "accept", "commit")
-    ms = Table(
-        title=f"{title} · ms per step (medians, interleaved)",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        caption="step: one compiled step · Σ: phases compiled apart · over: step - verify · "
-        "loop: generation loop wall ms/step · host: loop - step · lookup shapes: "
-        "whole step only",
-    )
-    ops = Table(
-        title=f"{title} · graph ops per step (kernels/all)", box=box.SIMPLE_HEAD, pad_edge=False
-    )
-    for col in ("config", *phases, "Σ", "step", "over", "loop", "host"):
-        ms.add_column(col, justify="left" if col == "config" else "right", no_wrap=True)
-    for col in ("config", *phases, "step"):
-        ops.add_column(col, justify="left" if col == "config" else "right", no_wrap=True)
-    for r in data["rows"]:
-
-        def cell(key, r=r):
-            return f"{r[key]:.2f}" if key in r else "–"
-
-        def op_cell(phase, r=r):
-            k = f"{phase}_kernels"
-            return f"{r[k]}/{r[f'{phase}_ops']}" if k in r else "–"
-
-        ms.add_row(
-            r["config"],
-            *[cell(f"{p}_ms") for p in phases],
-            cell("phases_ms"),
-            cell("step_ms"),
-            cell("overhead_ms"),
-            cell("loop_ms"),
-            cell("host_ms"),
-        )
-        ops.add_row(r["config"], *[op_cell(p) for p in phases], op_cell("step"))
-    if "mac" not in data:
-        return ms, ops
-    return ms, ops, render_mac_estimate(data, title)
-
-
-def render_mac_estimate(data: dict, title: str):
-    """A rich table: each step priced where launches dominate (``measure.profile.launch_bound``),
-    beside the step measured here, both over AR's."""
-    from rich import box
-    from rich.table import Table
-
-    mac = data["mac"]
-    table = Table(
-        title=f"{title} · launch-bound estimate (an Apple GPU): {mac['launch_us']:g} µs per "
-        f"kernel, {mac['bandwidth_gbs']:g} GB/s, {mac['dtype']} weights",
-        box=box.SIMPLE_HEAD,
-        pad_edge=False,
-        caption="est = kernels × --launch-us + weight MB read per step (the model once, the "
-        "drafter once per draft step) ÷ --bandwidth-gbs; compute and cache reads left out · "
-        "est × AR: the tokens/step a shape must average to beat plain decoding there · "
-        "here × AR: the step measured on this machine",
-    )
-    for col in ("config", "kernels", "MB", "launch", "memory", "est ms", "est × AR", "here × AR"):
-        table.add_column(col, justify="left" if col == "config" else "right", no_wrap=True)
-
-    def ratio(value):
-        return "–" if value is None else f"{value:.2f}×"
-
-    for r in data["rows"]:
-        table.add_row(
-            r["config"],
-            str(r["step_kernels"]),
-            f"{r['mac_bytes'] / 1e6:.1f}",
-            f"{r['mac_launch_ms']:.2f}",
-            f"{r['mac_memory_ms']:.2f}",
-            f"{r['mac_ms']:.2f}",
-            ratio(r["mac_x_ar"]),
-            ratio(r["step_x_ar"]),
-        )
-    return table

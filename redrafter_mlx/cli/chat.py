@@ -6,40 +6,26 @@ conversation so far (see :mod:`redrafter_mlx.cli.chat_ui` for the loop and in-ch
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Annotated
 
 import typer
 
-from redrafter_mlx.cli.common import (
-    BeamFlags,
-    BeamLengthOpt,
-    BeamWidthOpt,
-    CapacityOpt,
-    DrafterOpt,
-    DraftModelOpt,
-    DtypeOpt,
-    FlagError,
-    LookupLengthOpt,
-    LookupOpt,
-    MaxKvSizeOpt,
-    ModelOpt,
-    NoAdaptOpt,
-    NoDraftOpt,
-    NoLookupOpt,
-    SystemPromptOpt,
-    VerboseOpt,
-    branch_flags,
-    cli_errors,
-    out_console,
-    prepare_engine,
-)
+from redrafter_mlx.cli.common import BeamFlags, branch_flags, prepare_engine
+from redrafter_mlx.cli.consoles import out_console
+from redrafter_mlx.cli.errors import FlagError, cli_errors
 from redrafter_mlx.cli.options import (
     MAX_TOKENS_BRANCHES,
-    BranchDepthOpt,
-    BranchesOpt,
-    MaxBranchesOpt,
+    BranchFlags,
+    DtypeOpt,
+    MaxKvSizeOpt,
+    ModelFlags,
+    NoAdaptOpt,
     SamplingFlags,
-    sampling_options,
+    ShapeFlags,
+    SystemPromptOpt,
+    VerboseOpt,
+    flag_groups,
 )
 
 
@@ -85,11 +71,11 @@ def answer_budget(context: int | None) -> int:
     return MAX_ANSWER_TOKENS if context is None else max(1, min(MAX_ANSWER_TOKENS, context // 4))
 
 
-@sampling_options
-def chat(
-    model: ModelOpt = None,
-    drafter: DrafterOpt = None,
-    draft_model: DraftModelOpt = None,
+@dataclass(frozen=True)
+class ChatFlags:
+    """``chat``'s options, in the order ``--help`` lists them."""
+
+    models: ModelFlags = field(default_factory=ModelFlags)
     max_tokens: Annotated[
         int | None,
         typer.Option(
@@ -100,21 +86,13 @@ def chat(
             f"{MAX_ANSWER_TOKENS}, so a conversation fits). {MAX_TOKENS_BRANCHES}",
             show_default=False,
         ),
-    ] = None,
-    sampling_flags: SamplingFlags = SamplingFlags(),
-    system_prompt: SystemPromptOpt = None,
-    max_kv_size: MaxKvSizeOpt = None,
-    beam_width: BeamWidthOpt = None,
-    beam_length: BeamLengthOpt = None,
-    capacity: CapacityOpt = None,
-    no_draft: NoDraftOpt = False,
-    lookup: LookupOpt = None,
-    lookup_length: LookupLengthOpt = None,
-    no_lookup: NoLookupOpt = False,
-    no_adapt: NoAdaptOpt = False,
-    branches: BranchesOpt = "auto",
-    branch_depth: BranchDepthOpt = None,
-    max_branches: MaxBranchesOpt = None,
+    ] = None
+    sampling: SamplingFlags = field(default_factory=SamplingFlags)
+    system_prompt: SystemPromptOpt = None
+    max_kv_size: MaxKvSizeOpt = None
+    shape: ShapeFlags = field(default_factory=ShapeFlags)
+    no_adapt: NoAdaptOpt = False
+    branching: BranchFlags = field(default_factory=BranchFlags)
     show_accepted: Annotated[
         bool,
         typer.Option(
@@ -122,26 +100,29 @@ def chat(
             help="Colour the tokens accepted from drafts (drafter, lookup, draft model; with "
             "branches, each branch's).",
         ),
-    ] = False,
-    dtype: DtypeOpt = None,
-    verbose: VerboseOpt = False,
-) -> None:
+    ] = False
+    dtype: DtypeOpt = None
+    verbose: VerboseOpt = False
+
+
+@flag_groups
+def chat(flags: ChatFlags) -> None:
     """Chat with a model in the terminal, sped up by ReDrafter speculative decoding."""
-    with cli_errors(verbose):
+    with cli_errors(flags.verbose):
+        models = flags.models
         ready = prepare_engine(
-            model,
-            drafter,
-            dtype,
-            BeamFlags(
-                beam_width, beam_length, capacity, no_draft, lookup, lookup_length, no_lookup
-            ),
-            sampling=sampling_flags,
-            max_tokens=max_tokens,
-            max_kv_size=max_kv_size,
+            models.model,
+            models.drafter,
+            flags.dtype,
+            BeamFlags.of(flags.shape),
+            sampling=flags.sampling,
+            max_tokens=flags.max_tokens,
+            max_kv_size=flags.max_kv_size,
             split_ok=True,
-            draft_model=draft_model,
+            draft_model=models.draft_model,
         )
-        engine, plan, sampling = ready.engine, ready.plan, ready.sampling
+        engine, plan = ready.engine, ready.plan
+        max_tokens = flags.max_tokens
         if max_tokens is None:
             max_tokens = answer_budget(engine.model.max_context)
 
@@ -154,19 +135,20 @@ def chat(
         )
 
         console = out_console()
-        console.print(greeting(engine, plan, show_accepted, ready.sampling_note))
+        console.print(greeting(engine, plan, flags.show_accepted, ready.sampling_note))
         loop = ChatLoop(
             engine,
             plan,
-            sampling,
+            ready.sampling,
             max_tokens,
-            system=system_prompt,
-            show_accepted=show_accepted,
+            system=flags.system_prompt,
+            show_accepted=flags.show_accepted,
             console=console,
         )
-        loop.adapt = not no_adapt
-        loop.branches = branch_flags(engine, branches, branch_depth, max_branches)
-        problem = None if system_prompt is None else loop.system_problem(system_prompt)
+        loop.adapt = not flags.no_adapt
+        loop.branches = branch_flags(engine, flags.branching)
+        system = flags.system_prompt
+        problem = None if system is None else loop.system_problem(system)
         if problem is not None:
             raise FlagError(f"--system-prompt: {problem}")
         settle_compiler_check()  # before the first prompt: a Ctrl-C is never lost to it

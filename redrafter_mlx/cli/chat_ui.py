@@ -192,7 +192,7 @@ class ChatLoop:
                 limit = context_limit(self.engine.model)
                 self.note(f"[dropped the oldest {dropped} turn(s) to fit {limit}]")
         if self.last is not None:
-            from redrafter_mlx.cli.common import stats_line
+            from redrafter_mlx.cli.stats import stats_line
 
             self.note(stats_line(self.last, self.plan, self.answer_tokens))
         return text
@@ -319,7 +319,7 @@ class ChatLoop:
 
     def stats_text(self) -> str:
         """Details of the last answer and the cache (the ``/stats`` command)."""
-        from redrafter_mlx.cli.common import format_hist
+        from redrafter_mlx.cli.stats import format_hist
 
         lines = [
             f"beam: {self.plan.label} ({self.plan.source})",

@@ -1,125 +1,40 @@
-"""Shared pieces of the chat / generate / bench commands.
+"""Shared pieces of the chat / generate / serve / bench commands.
 
-* the typer option types (``options.py``, re-exported here);
-* flag validation (a bad value is one red line and exit code 2);
-* model resolution (``--model``, else the bundled demo model) and loading;
+* flag validation (a bad value is one red line and exit code 2, ``errors.py``);
+* loading the model that ``paths.py`` resolved (``--model``, else a bundled model);
 * the beam shape: the flags mapped onto the engine's plan (``engine/loop/plan.py``);
-* ``prepare_engine``: those steps, in one order, for chat, generate, serve and bench;
-* error handling: one red ``error:`` line on stderr and exit code 1, a traceback only
-  with ``--verbose``;
-* the dim one-line stats summary printed after an answer (``stats.py``, re-exported here).
+* ``prepare_engine``: those steps, in one order, for chat, generate, serve and bench.
 
-Only typer and the standard library are imported at module level so ``--help`` is fast.
+The option types live in ``options.py``, the error path in ``errors.py``, the stats line in
+``stats.py``: commands import each from its own module. Only the standard library, the CLI's
+own light modules and the engine's plan arguments (``BeamFlags``' base) are imported at module
+level so ``--help`` is fast.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-import typer
 
 if TYPE_CHECKING:
     from redrafter_mlx.engine.core.sampling import SamplerConfig
     from redrafter_mlx.engine.core.shape import BeamShape
     from tuning import ShapeChoice
 
-from redrafter_mlx.cli.options import *  # noqa: F403 (the option types, for the commands)
-from redrafter_mlx.cli.options import DTYPES, MIN_KV_SIZE, SamplingFlags
-from redrafter_mlx.cli.paths import *  # noqa: F403 (model choice, for the commands)
+from redrafter_mlx.cli.consoles import err_console
+from redrafter_mlx.cli.errors import FlagError, flag_for
+from redrafter_mlx.cli.options import (
+    DTYPES,
+    MIN_KV_SIZE,
+    BranchFlags,
+    SamplingFlags,
+    ShapeFlags,
+)
 from redrafter_mlx.cli.paths import ModelPaths, resolve_draft_model, resolve_paths
-
-# --------------------------------------------------------------------------- errors
-
-
-class FlagError(ValueError):
-    """A bad command-line value: reported as one line with exit code 2."""
-
-
-def err_console():
-    """A rich console on stderr (errors, stats, notes)."""
-    from rich.console import Console
-
-    return Console(stderr=True, highlight=False, soft_wrap=True)
-
-
-def out_console():
-    """A rich console on stdout (answers and tables)."""
-    from rich.console import Console
-
-    return Console(highlight=False, soft_wrap=True)
-
-
-def fail(message: str, code: int = 1) -> typer.Exit:
-    """Print ``error: message`` in red on stderr; return the typer.Exit to raise."""
-    from rich.text import Text
-
-    err_console().print(Text(f"error: {message}", style="bold red"))
-    return typer.Exit(code=code)
-
-
-FLAG_NAMES = {"temperature": "--temp", "width": "--beam-width", "length": "--beam-length"}
-
-
-def flag_for(param: str) -> str:
-    """The command-line flag of an engine/feature parameter (``batch_size`` -> ``--batch-size``)."""
-    return FLAG_NAMES.get(param, "--" + param.replace("_", "-"))
-
-
-def user_errors() -> tuple[type[BaseException], ...]:
-    """Exceptions that report a problem the user can fix (one line, exit code 1)."""
-    from redrafter_mlx.engine.loop.loading import LoadError
-    from tuning.measure import TuneError
-    from tuning.search import SearchError
-    from weights_convert.errors import ConversionError
-
-    return (LoadError, ConversionError, TuneError, SearchError, ValueError, OSError)
-
-
-@contextlib.contextmanager
-def cli_errors(verbose: bool = False, interrupted: str = "interrupted") -> Iterator[None]:
-    """The one error path of every command: one red ``error:`` line and an exit code.
-
-    FlagError and engine ParamError (named by its flag) -> 2; user errors (load, convert,
-    tune, data, OS) -> 1; Ctrl-C -> 130 with ``interrupted``; anything else is a bug, still one
-    line. ``--verbose`` adds the traceback. typer's own exits pass through.
-    """
-    from redrafter_mlx.engine.base.errors import ParamError
-
-    try:
-        yield
-    except (typer.Exit, typer.Abort):
-        raise
-    except FlagError as e:
-        _maybe_traceback(verbose)
-        raise fail(str(e), code=2) from None
-    except ParamError as e:
-        _maybe_traceback(verbose)
-        flag = flag_for(e.param)  # named once: a message that starts with it stands alone
-        said = e.message if e.message.startswith(flag + " ") else f"{flag}: {e.message}"
-        raise fail(said, code=2) from None
-    except KeyboardInterrupt:
-        _maybe_traceback(verbose)
-        raise fail(interrupted, code=130) from None
-    except Exception as e:
-        _maybe_traceback(verbose)
-        if isinstance(e, user_errors()):
-            raise fail(str(e)) from None
-        hint = "" if verbose else " (run with --verbose for the traceback)"
-        raise fail(f"unexpected {type(e).__name__}: {e}{hint}") from None
-
-
-def _maybe_traceback(verbose: bool) -> None:
-    """Print the current exception's traceback on stderr when --verbose is on."""
-    if verbose:
-        traceback.print_exc(file=sys.stderr)
-
 
 # --------------------------------------------------------------------------- flag validation
 
@@ -348,6 +263,19 @@ class BeamFlags(_plan_args()):
     ``--lookup-length`` and ``--no-lookup`` as given: the engine's ``PlanArgs``, its errors
     named by the flags."""
 
+    @classmethod
+    def of(cls, flags: ShapeFlags) -> BeamFlags:
+        """The plan arguments of a command's beam-shape flags."""
+        return cls(
+            flags.beam_width,
+            flags.beam_length,
+            flags.capacity,
+            flags.no_draft,
+            flags.lookup,
+            flags.lookup_length,
+            flags.no_lookup,
+        )
+
     def lookup_chains(self) -> tuple[int, int]:
         """(chains, chain length) asked for, defaults filled in; FlagError when invalid."""
         from redrafter_mlx.engine.base.errors import ParamError
@@ -415,15 +343,11 @@ def prepare_engine(
             "tune do); start it as one process"
         )
     follow_rank0(group)
-    from redrafter_mlx.engine.core.sampling import MODEL_DEFAULT_KEYS, SamplerConfig
+    from redrafter_mlx.engine.core.sampling import SamplerConfig
 
     typed = sampling_fields(sampling) if sampling is not None else None
     sampler = SamplerConfig.resolve(typed) if typed is not None else None
-    if max_tokens is not None:
-        check_max_tokens(max_tokens)
-    if max_kv_size is not None and max_kv_size < MIN_KV_SIZE:
-        raise FlagError(f"--max-kv-size must be >= {MIN_KV_SIZE} tokens, got {max_kv_size}")
-    check_dtype(dtype)
+    check_limits(max_tokens, max_kv_size, dtype)
     if beam.no_draft and draft_model and choose is None:
         raise FlagError(
             f"--no-draft decodes plainly, so --draft-model "
@@ -448,20 +372,38 @@ def prepare_engine(
             engine.draft_model = None
     origin, note = "", ""
     if sampler is not None:
-        given = {k for k, v in typed.items() if v is not None and k in MODEL_DEFAULT_KEYS}
-        if model_defaults:
-            from redrafter_mlx.engine.core.sampling import GENERATION_CONFIG
-            from redrafter_mlx.engine.core.sampling import model_defaults as defaults_of
-
-            found = {k: v for k, v in defaults_of(engine.folder).items() if k not in given}
-            sampler = sampler.with_defaults(found, given)
-            origin = GENERATION_CONFIG if found else ""
-        sampler.validate(engine.model.vocab_size)
-        note = describe_sampling(sampler, given, origin)
+        sampler, origin, note = settle_sampling(engine, sampler, typed, model_defaults)
     if hasattr(plan, "shape"):  # a ShapeChoice: refuse a step that cannot fit, before compiling
         sampled = sampler is None or not sampler.greedy  # serve's rows may sample
         check_memory(engine, plan.shape, max_tokens, sampled, batch)
     return Prepared(engine, plan, sampler, checked, origin, note)
+
+
+def check_limits(max_tokens: int | None, max_kv_size: int | None, dtype: str | None) -> None:
+    """FlagError naming ``--max-tokens``, ``--max-kv-size`` or ``--dtype``, the first that is
+    bad (None: not given)."""
+    if max_tokens is not None:
+        check_max_tokens(max_tokens)
+    if max_kv_size is not None and max_kv_size < MIN_KV_SIZE:
+        raise FlagError(f"--max-kv-size must be >= {MIN_KV_SIZE} tokens, got {max_kv_size}")
+    check_dtype(dtype)
+
+
+def settle_sampling(engine: Engine, sampler: SamplerConfig, typed: dict, model_defaults: bool):
+    """(the sampler, where the settings no flag gave came from, ``describe_sampling``'s note):
+    with ``model_defaults``, the model's ``generation_config.json`` fills what no flag set;
+    logit-bias ids are checked against the vocabulary."""
+    from redrafter_mlx.engine.core.sampling import GENERATION_CONFIG, MODEL_DEFAULT_KEYS
+    from redrafter_mlx.engine.core.sampling import model_defaults as defaults_of
+
+    given = {k for k, v in typed.items() if v is not None and k in MODEL_DEFAULT_KEYS}
+    origin = ""
+    if model_defaults:
+        found = {k: v for k, v in defaults_of(engine.folder).items() if k not in given}
+        sampler = sampler.with_defaults(found, given)
+        origin = GENERATION_CONFIG if found else ""
+    sampler.validate(engine.model.vocab_size)
+    return sampler, origin, describe_sampling(sampler, given, origin)
 
 
 def with_draft_model(plan, has_drafter: bool, length: int | None):
@@ -551,15 +493,13 @@ def dtype_name(model) -> str:
     return str(dt)
 
 
-from redrafter_mlx.cli.stats import *  # noqa: E402, F403 (the stats line, for the commands)
-
-
-def branch_flags(engine: Engine, mode: str, depth: int | None, most: int | None):
+def branch_flags(engine: Engine, flags: BranchFlags):
     """``--branches MODE`` with ``--branch-depth`` / ``--max-branches`` for the loaded model:
     its ``BranchRules``, or None when branching is off (``run.resolve_branches``; a
     ParamError says what is missing and the fix)."""
     from redrafter_mlx.engine.loop.run import resolve_branches
 
+    mode, depth, most = flags.branches, flags.branch_depth, flags.max_branches
     limits = {k: v for k, v in (("max_depth", depth), ("max_branches", most)) if v is not None}
     rules = resolve_branches(engine.tokenizer, mode, **limits)
     if rules is None and limits:  # a limit on branches that never happen: say so

@@ -6,213 +6,309 @@ starts fast); this module draws its progress (rich bars with ETA) and the evalua
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
-from redrafter_mlx.cli.common import FlagError, cli_errors, err_console, installed_bundled
+from redrafter_mlx.cli.consoles import err_console
+from redrafter_mlx.cli.errors import FlagError, cli_errors
+from redrafter_mlx.cli.options import flag_groups
+from redrafter_mlx.cli.paths import installed_bundled
 
 
-def distill(
-    model: str = typer.Option(
-        ...,
-        "--model",
-        help="MLX model directory (as it will serve: same dtype/quantization), or a bundled "
-        "model's name (smollm2, demo).",
-    ),
-    data: list[Path] | None = typer.Option(
-        None,
-        "--data",
-        help="Training data: ShareGPT .json, .jsonl (conversations | prompt+response | text) "
-        "or .txt. Repeat for several files. Without it the model makes its own: built-in and "
-        "self-written prompts, its own answers (see --budget).",
-    ),
-    out: Path = typer.Option(
-        ...,
-        "--out",
-        "-o",
-        help="Output drafter directory (checkpoints, eval.json and the target cache go inside).",
-    ),
-    predict_tokens: int = typer.Option(
-        5,
-        "--predict-tokens",
-        "-T",
-        help="Draft steps T the drafter learns; serves beam length L <= T+1.",
-    ),
-    layers: int = typer.Option(2, help="Residual blocks in the drafter head."),
-    exit_dim: str = typer.Option("auto", help="Drafter width; 'auto' = 2H (no input projection)."),
-    rnn: bool = typer.Option(
-        True, "--rnn/--no-rnn", help="Recurrent state update (else a running sum of embeddings)."
-    ),
-    steps: int | None = typer.Option(None, help="Optimizer steps (default: one epoch)."),
-    epochs: float | None = typer.Option(
-        None, help="Epochs over the training positions (instead of --steps)."
-    ),
-    batch_size: int = typer.Option(128, help="Training positions per micro-batch (per process)."),
-    seq_len: int = typer.Option(512, help="Tokens per training window."),
-    lr: float = typer.Option(1e-3, help="Peak learning rate (AdamW)."),
-    weight_decay: float = typer.Option(0.01, help="AdamW weight decay."),
-    warmup: float = typer.Option(
-        0.1, help="Warm-up: a fraction of the steps (< 1) or a step count."
-    ),
-    eval_data: list[Path] | None = typer.Option(
-        None,
-        help="Held-out prompts for the tokens/step evaluation (any data format, or "
-        '{"turns": [...]} JSONL).',
-    ),
-    resume: bool = typer.Option(False, help="Continue from the newest checkpoint in --out."),
-    overwrite: bool = typer.Option(
-        False,
-        help="Replace what --out holds (a model, a drafter, other files or an earlier run); "
-        "the new drafter is built beside it and renamed into place only when complete.",
-    ),
-    targets: str | None = typer.Option(
-        None,
-        help="With --data: 'distill' (default; the LLM's own greedy continuations, rolled out), "
-        "'self' (the data "
-        "is the model's own greedy output with exact prompt_ids/response_ids: its next tokens "
-        "are the continuations, one forward per sequence) or 'ground-truth' (data labels).",
-    ),
-    draft_vocab: int | None = typer.Option(
-        None,
-        help="Shortlist vocabulary: the drafter's head (an early-exit adapter: the rows of "
-        "the model's head it drafts from) covers only the N most frequent training tokens "
-        "(e.g. 8192); drafting is cheaper, output is unchanged. Built-in data: 8192 when the "
-        "vocabulary is over 32768.",
-    ),
-    soft_targets: bool | None = typer.Option(
-        None,
-        "--soft-targets/--hard-targets",
-        help="With --targets self: train on the model's whole distribution at each target "
-        "(read from the cached hidden states), not only its greedy token. Default: on "
-        "without --data, off with it.",
-    ),
-    budget: str | None = typer.Option(
-        None,
-        help="Without --data: how long the whole run may take (30m, 2h, 1h30m; default 45m: "
-        "half answering prompts, then training, then the evaluation) or how many answer "
-        "positions to train on (200k, then one epoch; at least one batch of answers, "
-        "--gen-batch x --answer-tokens). Resumable: rerun with --resume.",
-    ),
-    gen_temp: float = typer.Option(
-        0.0, help="Without --data: the model's answers, greedy (0) or sampled at this temperature."
-    ),
-    answer_tokens: int = typer.Option(160, help="Without --data: most tokens per answer."),
-    gen_batch: int = typer.Option(32, help="Without --data: prompts answered per batch."),
-    own_prompts: int = typer.Option(
-        128,
-        help="Without --data: user turns the model writes itself (sampled), besides the "
-        "built-in prompts.",
-    ),
-    val_prompts: int = typer.Option(
-        16,
-        help="Without --data: built-in prompts held out (never trained on) to pick the best "
-        "checkpoint and for the final evaluation.",
-    ),
-    select_every: int | None = typer.Option(
-        None, help="Without --data: steps between held-out scores (default: 6 in a run)."
-    ),
-    feature_layers: str = typer.Option(
-        "auto",
-        help="What the drafter reads from the LLM: 'auto' (EAGLE-3's low, middle and high "
-        "layers: the residual streams entering layers 2, n/2 and n-3, each normalised, "
-        "concatenated and projected to H), layer indices 'i,j,k', or 'last' (the final "
-        "normed hidden state, as drafters before). The model captures them in its own "
-        "forward (no extra pass); the layers go into the drafter's config.json.",
-    ),
-    save_every: int = typer.Option(
-        500, help="Checkpoint every N steps (and at the end); 0: only at the end."
-    ),
-    seed: int = typer.Option(0, help="Seed for the drafter init and the data order."),
-    grad_accum: int = typer.Option(1, help="Micro-batches per optimizer step."),
-    cache_dir: Path | None = typer.Option(
-        None, help="Where the hidden states + targets are cached (default: OUT/cache)."
-    ),
-    eval_prompts: int = typer.Option(8, help="Prompts in the final evaluation."),
-    eval_max_tokens: int = typer.Option(64, help="Tokens generated per evaluation prompt."),
-    kind: str = typer.Option(
-        "recurrent",
-        "--kind",
-        help="What to train: 'recurrent' (the ReDrafter RNN drafter) or 'early-exit' (a "
-        "Kangaroo adapter over the model's first --exit-layer layers; it uses --data or the "
-        "built-in data, --steps/--epochs, --batch-size (positions: whole sequences of about "
-        "that many), --seq-len, --lr, --warmup, --weight-decay, --resume, --save-every, "
-        "--seed, --draft-vocab (the head rows it drafts from) and the built-in data's "
-        "options).",
-    ),
-    exit_layer: int | None = typer.Option(
-        None,
-        "--exit-layer",
-        help="With --kind early-exit: the adapter reads the residual after this many layers "
-        "(default about layers / 15, the paper's 2 of 32).",
-    ),
-    quiet: bool = typer.Option(False, "--quiet", help="No progress bar or table."),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Show tracebacks on errors."),
-) -> None:
+@dataclass(frozen=True, kw_only=True)
+class DistillFlags:
+    """``distill``'s options, in the order ``--help`` lists them (``--model`` and ``--out``
+    are required)."""
+
+    model: Annotated[
+        str,
+        typer.Option(
+            "--model",
+            help="MLX model directory (as it will serve: same dtype/quantization), or a bundled "
+            "model's name (smollm2, demo).",
+        ),
+    ]
+    data: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--data",
+            help="Training data: ShareGPT .json, .jsonl (conversations | prompt+response | text) "
+            "or .txt. Repeat for several files. Without it the model makes its own: built-in and "
+            "self-written prompts, its own answers (see --budget).",
+        ),
+    ] = None
+    out: Annotated[
+        Path,
+        typer.Option(
+            "--out",
+            "-o",
+            help="Output drafter directory (checkpoints, eval.json and the target cache go "
+            "inside).",
+        ),
+    ]
+    predict_tokens: Annotated[
+        int,
+        typer.Option(
+            "--predict-tokens",
+            "-T",
+            help="Draft steps T the drafter learns; serves beam length L <= T+1.",
+        ),
+    ] = 5
+    layers: Annotated[int, typer.Option(help="Residual blocks in the drafter head.")] = 2
+    exit_dim: Annotated[
+        str, typer.Option(help="Drafter width; 'auto' = 2H (no input projection).")
+    ] = "auto"
+    rnn: Annotated[
+        bool,
+        typer.Option(
+            "--rnn/--no-rnn", help="Recurrent state update (else a running sum of embeddings)."
+        ),
+    ] = True
+    steps: Annotated[int | None, typer.Option(help="Optimizer steps (default: one epoch).")] = None
+    epochs: Annotated[
+        float | None, typer.Option(help="Epochs over the training positions (instead of --steps).")
+    ] = None
+    batch_size: Annotated[
+        int, typer.Option(help="Training positions per micro-batch (per process).")
+    ] = 128
+    seq_len: Annotated[int, typer.Option(help="Tokens per training window.")] = 512
+    lr: Annotated[float, typer.Option(help="Peak learning rate (AdamW).")] = 1e-3
+    weight_decay: Annotated[float, typer.Option(help="AdamW weight decay.")] = 0.01
+    warmup: Annotated[
+        float, typer.Option(help="Warm-up: a fraction of the steps (< 1) or a step count.")
+    ] = 0.1
+    eval_data: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="Held-out prompts for the tokens/step evaluation (any data format, or "
+            '{"turns": [...]} JSONL).'
+        ),
+    ] = None
+    resume: Annotated[
+        bool,
+        typer.Option(help="Continue from the newest checkpoint in --out."),
+    ] = False
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            help="Replace what --out holds (a model, a drafter, other files or an earlier run); "
+            "the new drafter is built beside it and renamed into place only when complete."
+        ),
+    ] = False
+    targets: Annotated[
+        str | None,
+        typer.Option(
+            help="With --data: 'distill' (default; the LLM's own greedy continuations, rolled "
+            "out), 'self' (the data "
+            "is the model's own greedy output with exact prompt_ids/response_ids: its next tokens "
+            "are the continuations, one forward per sequence) or 'ground-truth' (data labels)."
+        ),
+    ] = None
+    draft_vocab: Annotated[
+        int | None,
+        typer.Option(
+            help="Shortlist vocabulary: the drafter's head (an early-exit adapter: the rows of "
+            "the model's head it drafts from) covers only the N most frequent training tokens "
+            "(e.g. 8192); drafting is cheaper, output is unchanged. Built-in data: 8192 when the "
+            "vocabulary is over 32768."
+        ),
+    ] = None
+    soft_targets: Annotated[
+        bool | None,
+        typer.Option(
+            "--soft-targets/--hard-targets",
+            help="With --targets self: train on the model's whole distribution at each target "
+            "(read from the cached hidden states), not only its greedy token. Default: on "
+            "without --data, off with it.",
+        ),
+    ] = None
+    budget: Annotated[
+        str | None,
+        typer.Option(
+            help="Without --data: how long the whole run may take (30m, 2h, 1h30m; default 45m: "
+            "half answering prompts, then training, then the evaluation) or how many answer "
+            "positions to train on (200k, then one epoch; at least one batch of answers, "
+            "--gen-batch x --answer-tokens). Resumable: rerun with --resume."
+        ),
+    ] = None
+    gen_temp: Annotated[
+        float,
+        typer.Option(
+            help="Without --data: the model's answers, greedy (0) or sampled at this temperature."
+        ),
+    ] = 0.0
+    answer_tokens: Annotated[
+        int,
+        typer.Option(help="Without --data: most tokens per answer."),
+    ] = 160
+    gen_batch: Annotated[int, typer.Option(help="Without --data: prompts answered per batch.")] = 32
+    own_prompts: Annotated[
+        int,
+        typer.Option(
+            help="Without --data: user turns the model writes itself (sampled), besides the "
+            "built-in prompts."
+        ),
+    ] = 128
+    val_prompts: Annotated[
+        int,
+        typer.Option(
+            help="Without --data: built-in prompts held out (never trained on) to pick the best "
+            "checkpoint and for the final evaluation."
+        ),
+    ] = 16
+    select_every: Annotated[
+        int | None,
+        typer.Option(help="Without --data: steps between held-out scores (default: 6 in a run)."),
+    ] = None
+    feature_layers: Annotated[
+        str,
+        typer.Option(
+            help="What the drafter reads from the LLM: 'auto' (EAGLE-3's low, middle and high "
+            "layers: the residual streams entering layers 2, n/2 and n-3, each normalised, "
+            "concatenated and projected to H), layer indices 'i,j,k', or 'last' (the final "
+            "normed hidden state, as drafters before). The model captures them in its own "
+            "forward (no extra pass); the layers go into the drafter's config.json."
+        ),
+    ] = "auto"
+    save_every: Annotated[
+        int, typer.Option(help="Checkpoint every N steps (and at the end); 0: only at the end.")
+    ] = 500
+    seed: Annotated[int, typer.Option(help="Seed for the drafter init and the data order.")] = 0
+    grad_accum: Annotated[int, typer.Option(help="Micro-batches per optimizer step.")] = 1
+    cache_dir: Annotated[
+        Path | None,
+        typer.Option(help="Where the hidden states + targets are cached (default: OUT/cache)."),
+    ] = None
+    eval_prompts: Annotated[int, typer.Option(help="Prompts in the final evaluation.")] = 8
+    eval_max_tokens: Annotated[
+        int, typer.Option(help="Tokens generated per evaluation prompt.")
+    ] = 64
+    kind: Annotated[
+        str,
+        typer.Option(
+            "--kind",
+            help="What to train: 'recurrent' (the ReDrafter RNN drafter) or 'early-exit' (a "
+            "Kangaroo adapter over the model's first --exit-layer layers; it uses --data or the "
+            "built-in data, --steps/--epochs, --batch-size (positions: whole sequences of about "
+            "that many), --seq-len, --lr, --warmup, --weight-decay, --resume, --save-every, "
+            "--seed, --draft-vocab (the head rows it drafts from) and the built-in data's "
+            "options).",
+        ),
+    ] = "recurrent"
+    exit_layer: Annotated[
+        int | None,
+        typer.Option(
+            "--exit-layer",
+            help="With --kind early-exit: the adapter reads the residual after this many layers "
+            "(default about layers / 15, the paper's 2 of 32).",
+        ),
+    ] = None
+    quiet: Annotated[bool, typer.Option("--quiet", help="No progress bar or table.")] = False
+    verbose: Annotated[
+        bool,
+        typer.Option("--verbose", "-v", help="Show tracebacks on errors."),
+    ] = False
+
+
+@flag_groups
+def distill(flags: DistillFlags) -> None:
     """Train a ReDrafter drafter for MODEL by distillation (the LLM stays frozen)."""
-    with cli_errors(verbose):
-        if targets is not None and targets not in ("distill", "self", "ground-truth"):
-            raise FlagError(
-                f"--targets must be 'distill', 'self' or 'ground-truth', got {targets!r}"
-            )
-        from redrafter_mlx.engine.core.sampling import check_seed
-        from redrafter_mlx.train.distill import distill as run_distill
-
-        check_seed(seed)  # 0 ... 2**64 - 1, as every command
-        named = installed_bundled(model)
-        model_dir = named.base if named is not None else Path(model)
-        if kind not in ("recurrent", "early-exit"):
-            raise FlagError(f"--kind must be 'recurrent' or 'early-exit', got {kind!r}")
-        if exit_layer is not None and kind != "early-exit":
-            raise FlagError("--exit-layer needs --kind early-exit")
-        shared = dict(  # the settings both kinds of drafter train with
-            steps=steps,
-            epochs=epochs,
-            batch_size=batch_size,
-            seq_len=seq_len,
-            lr=lr,
-            weight_decay=weight_decay,
-            warmup=warmup,
-            resume=resume,
-            overwrite=overwrite,
-            save_every=save_every,
-            seed=seed,
-            cache_dir=cache_dir,
-            quiet=quiet,
-            budget=budget,
-            gen_temp=gen_temp,
-            answer_tokens=answer_tokens,
-            gen_batch=gen_batch,
-            own_prompts=own_prompts,
-            val_prompts=val_prompts,
-        )
-        if kind == "early-exit":
+    with cli_errors(flags.verbose):
+        model_dir = checked_model(flags)
+        if flags.kind == "early-exit":
             return early_exit(
-                model_dir, data, out, exit_layer=exit_layer, draft_vocab=draft_vocab, **shared
+                model_dir,
+                flags.data,
+                flags.out,
+                exit_layer=flags.exit_layer,
+                draft_vocab=flags.draft_vocab,
+                **shared_settings(flags),
             )
+        summary = recurrent(model_dir, flags)
+    if summary["rank"] == 0:  # data-parallel replicas: rank 0 reports
+        report(summary, model_dir)
 
-        summary = run_distill(
-            model_dir,
-            data,
-            out,
-            progress=Bars(),
-            predict_tokens=predict_tokens,
-            layers=layers,
-            exit_dim=exit_dim,
-            rnn=rnn,
-            eval_data=eval_data,
-            targets=targets,
-            draft_vocab=draft_vocab,
-            soft_targets=soft_targets,
-            grad_accum=grad_accum,
-            eval_prompts=eval_prompts,
-            eval_max_tokens=eval_max_tokens,
-            select_every=select_every,
-            feature_layers=feature_layers,
-            **shared,
+
+def checked_model(flags: DistillFlags) -> Path:
+    """The model's folder (a bundled model's name resolved), once the flags that need no model
+    are checked: ``--targets``, ``--seed``, ``--kind`` and ``--exit-layer``."""
+    from redrafter_mlx.engine.core.sampling import check_seed
+
+    if flags.targets is not None and flags.targets not in ("distill", "self", "ground-truth"):
+        raise FlagError(
+            f"--targets must be 'distill', 'self' or 'ground-truth', got {flags.targets!r}"
         )
-    if summary["rank"] != 0:
-        return  # data-parallel replicas: rank 0 reports
+    check_seed(flags.seed)  # 0 ... 2**64 - 1, as every command
+    named = installed_bundled(flags.model)
+    model_dir = named.base if named is not None else Path(flags.model)
+    if flags.kind not in ("recurrent", "early-exit"):
+        raise FlagError(f"--kind must be 'recurrent' or 'early-exit', got {flags.kind!r}")
+    if flags.exit_layer is not None and flags.kind != "early-exit":
+        raise FlagError("--exit-layer needs --kind early-exit")
+    return model_dir
+
+
+SHARED = (  # the settings both kinds of drafter train with
+    "steps",
+    "epochs",
+    "batch_size",
+    "seq_len",
+    "lr",
+    "weight_decay",
+    "warmup",
+    "resume",
+    "overwrite",
+    "save_every",
+    "seed",
+    "cache_dir",
+    "quiet",
+    "budget",
+    "gen_temp",
+    "answer_tokens",
+    "gen_batch",
+    "own_prompts",
+    "val_prompts",
+)
+
+
+def shared_settings(flags: DistillFlags) -> dict:
+    """The settings both kinds of drafter train with, by name."""
+    return {name: getattr(flags, name) for name in SHARED}
+
+
+def recurrent(model_dir: Path, flags: DistillFlags) -> dict:
+    """``distill`` (``--kind recurrent``): train a ReDrafter drafter (train/distill.py); its
+    summary."""
+    from redrafter_mlx.train.distill import distill as run_distill
+
+    return run_distill(
+        model_dir,
+        flags.data,
+        flags.out,
+        progress=Bars(),
+        predict_tokens=flags.predict_tokens,
+        layers=flags.layers,
+        exit_dim=flags.exit_dim,
+        rnn=flags.rnn,
+        eval_data=flags.eval_data,
+        targets=flags.targets,
+        draft_vocab=flags.draft_vocab,
+        soft_targets=flags.soft_targets,
+        grad_accum=flags.grad_accum,
+        eval_prompts=flags.eval_prompts,
+        eval_max_tokens=flags.eval_max_tokens,
+        select_every=flags.select_every,
+        feature_layers=flags.feature_layers,
+        **shared_settings(flags),
+    )
+
+
+def report(summary: dict, model_dir: Path) -> None:
+    """Where the drafter was saved, its steps, final loss and the checkpoint kept; and that
+    chat and generate find it without ``--drafter`` when it is the model's own."""
     loss = summary["final_loss"]
     chosen = summary.get("selection") or {}
     err_console().print(

@@ -17,41 +17,27 @@ import typer
 
 from redrafter_mlx.cli.common import (
     BeamFlags,
-    BeamLengthOpt,
-    BeamWidthOpt,
-    CapacityOpt,
-    DrafterOpt,
-    DraftModelOpt,
-    DtypeOpt,
     Engine,
-    FlagError,
-    LookupLengthOpt,
-    LookupOpt,
-    MaxKvSizeOpt,
-    ModelOpt,
-    NoAdaptOpt,
-    NoDraftOpt,
-    NoLookupOpt,
-    SystemPromptOpt,
-    VerboseOpt,
     branch_flags,
     check_prompt_fits,
-    cli_errors,
-    err_console,
-    out_console,
     prepare_engine,
-    response_stats,
-    stats_line,
 )
+from redrafter_mlx.cli.consoles import err_console, out_console
+from redrafter_mlx.cli.errors import FlagError, cli_errors
 from redrafter_mlx.cli.options import (
     MAX_TOKENS_BRANCHES,
-    BranchDepthOpt,
-    BranchesOpt,
-    MaxBranchesOpt,
+    BranchFlags,
+    DtypeOpt,
+    MaxKvSizeOpt,
+    ModelFlags,
+    NoAdaptOpt,
     SamplingFlags,
-    sampling_options,
+    ShapeFlags,
+    SystemPromptOpt,
+    VerboseOpt,
+    flag_groups,
 )
-from redrafter_mlx.cli.stats import answer_branch_stats
+from redrafter_mlx.cli.stats import answer_branch_stats, response_stats, stats_line
 from redrafter_mlx.cli.terminal import visible
 from tuning import ShapeChoice
 
@@ -170,8 +156,10 @@ def result_json(
     }
 
 
-@sampling_options
-def generate(
+@dataclass(frozen=True)
+class GenerateFlags:
+    """``generate``'s options, in the order ``--help`` lists them."""
+
     prompt: Annotated[
         str | None,
         typer.Option(
@@ -180,75 +168,68 @@ def generate(
             help="The prompt text, or - to read it from stdin.",
             show_default=False,
         ),
-    ] = None,
-    model: ModelOpt = None,
-    drafter: DrafterOpt = None,
-    draft_model: DraftModelOpt = None,
+    ] = None
+    models: ModelFlags = field(default_factory=ModelFlags)
     max_tokens: Annotated[
         int,
         typer.Option(
             "--max-tokens", "-m", "-n", help=f"Most tokens in the answer. {MAX_TOKENS_BRANCHES}"
         ),
-    ] = 256,
-    sampling_flags: SamplingFlags = SamplingFlags(),
-    system_prompt: SystemPromptOpt = None,
-    max_kv_size: MaxKvSizeOpt = None,
-    beam_width: BeamWidthOpt = None,
-    beam_length: BeamLengthOpt = None,
-    capacity: CapacityOpt = None,
-    no_draft: NoDraftOpt = False,
-    lookup: LookupOpt = None,
-    lookup_length: LookupLengthOpt = None,
-    no_lookup: NoLookupOpt = False,
-    no_adapt: NoAdaptOpt = False,
-    branches: BranchesOpt = "auto",
-    branch_depth: BranchDepthOpt = None,
-    max_branches: MaxBranchesOpt = None,
-    dtype: DtypeOpt = None,
+    ] = 256
+    sampling: SamplingFlags = field(default_factory=SamplingFlags)
+    system_prompt: SystemPromptOpt = None
+    max_kv_size: MaxKvSizeOpt = None
+    shape: ShapeFlags = field(default_factory=ShapeFlags)
+    no_adapt: NoAdaptOpt = False
+    branching: BranchFlags = field(default_factory=BranchFlags)
+    dtype: DtypeOpt = None
     chat: Annotated[
         bool,
         typer.Option(
             "--chat/--raw", help="Wrap the prompt in the chat template, or feed it as is."
         ),
-    ] = True,
+    ] = True
     as_json: Annotated[
-        bool, typer.Option("--json", help="Print one JSON object to stdout.")
-    ] = False,
-    verbose: VerboseOpt = False,
-) -> None:
+        bool,
+        typer.Option("--json", help="Print one JSON object to stdout."),
+    ] = False
+    verbose: VerboseOpt = False
+
+
+@flag_groups
+def generate(flags: GenerateFlags) -> None:
     """Generate a continuation of one prompt with ReDrafter speculative decoding."""
-    with cli_errors(verbose):
+    with cli_errors(flags.verbose):
+        models = flags.models
         ready = prepare_engine(
-            model,
-            drafter,
-            dtype,
-            BeamFlags(
-                beam_width, beam_length, capacity, no_draft, lookup, lookup_length, no_lookup
-            ),
-            sampling=sampling_flags,
-            max_tokens=max_tokens,
-            max_kv_size=max_kv_size,
-            check=lambda: shared_prompt(prompt),
+            models.model,
+            models.drafter,
+            flags.dtype,
+            BeamFlags.of(flags.shape),
+            sampling=flags.sampling,
+            max_tokens=flags.max_tokens,
+            max_kv_size=flags.max_kv_size,
+            check=lambda: shared_prompt(flags.prompt),
             split_ok=True,
-            draft_model=draft_model,
+            draft_model=models.draft_model,
         )
         engine, plan, sampling = ready.engine, ready.plan, ready.sampling
-        if ready.sampling_origin and not as_json:  # values the user did not type: say so
+        if ready.sampling_origin and not flags.as_json:  # values the user did not type: say so
             err_console().print(f"sampling: {ready.sampling_note}", style="dim", markup=False)
-        ids = prompt_ids(engine.tokenizer, ready.checked, chat, system_prompt)
+        ids = prompt_ids(engine.tokenizer, ready.checked, flags.chat, flags.system_prompt)
         check_prompt_fits(engine.model, len(ids))
         result = run_generation(
             engine,
             plan,
             ids,
-            max_tokens,
+            flags.max_tokens,
             sampling,
-            echo=not as_json,
-            adapt=not no_adapt,
-            branches=branch_flags(engine, branches, branch_depth, max_branches),
+            echo=not flags.as_json,
+            adapt=not flags.no_adapt,
+            branches=branch_flags(engine, flags.branching),
         )
-        if as_json:
-            print(json.dumps(result_json(engine, plan, sampling, result, chat)))
+        if flags.as_json:
+            print(json.dumps(result_json(engine, plan, sampling, result, flags.chat)))
         else:
             err_console().print(
                 stats_line(result.final, plan, len(result.tokens)), style="dim", markup=False

@@ -1,11 +1,17 @@
 """The typer option types every command shares (``--model``, ``--drafter``, sampling and beam
 flags), so each flag is spelled and documented once, following ``mlx_lm.generate`` /
-``mlx_lm.chat``. The sampling flags are one group, ``SamplingFlags``, that
-``sampling_options`` puts in a command's signature. Only typer and the standard library are
-imported (``--help`` stays fast)."""
+``mlx_lm.chat``, and the flag groups commands read their options from.
+
+A flag group is a frozen dataclass whose fields are typer options (``Annotated[type,
+typer.Option(...)]``, the default the field's) or flag groups themselves: ``SamplingFlags``,
+``ModelFlags``, ``ShapeFlags``, ``BranchFlags`` here, one group per command beside it.
+``flag_groups`` puts a group's options in a command's signature where its parameter stands,
+and hands the command one value per group. Only typer and the standard library are imported
+(``--help`` stays fast)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import typing
@@ -119,8 +125,8 @@ LogitBiasOpt = Annotated[
 class SamplingFlags:
     """The sampling flags of chat, generate and bench, as typed (None: not given, so the
     model's ``generation_config.json`` value or the engine's default holds), declared here
-    once: ``sampling_options`` makes each field an option of a command, in this order.
-    ``cli.common.sampling_fields`` turns them into ``SamplerConfig`` fields."""
+    once, a flag group (``flag_groups`` makes each field an option of a command, in this
+    order). ``cli.common.sampling_fields`` turns them into ``SamplerConfig`` fields."""
 
     temp: TempOpt = None
     top_p: TopPOpt = None
@@ -130,40 +136,6 @@ class SamplingFlags:
     repetition_penalty: RepetitionPenaltyOpt = None
     repetition_context_size: RepetitionContextOpt = 20
     logit_bias: LogitBiasOpt = None
-
-
-def sampling_options(command: Callable) -> Callable:
-    """``command`` with ``SamplingFlags``' fields as its options, where its one parameter
-    typed ``SamplingFlags`` stands (so ``--help`` lists them there); typer sees the fields,
-    the command gets them as one ``SamplingFlags``. TypeError, at import, when the command
-    has no such parameter or one of its own already takes a field's name."""
-    signature = inspect.signature(command, eval_str=True)
-    slots = [p for p in signature.parameters.values() if p.annotation is SamplingFlags]
-    if len(slots) != 1:
-        raise TypeError(f"{command.__name__} needs one parameter typed SamplingFlags")
-    slot = slots[0]
-    types = typing.get_type_hints(SamplingFlags, include_extras=True)
-    options = [
-        inspect.Parameter(f.name, slot.kind, default=f.default, annotation=types[f.name])
-        for f in fields(SamplingFlags)
-    ]
-    taken = sorted({o.name for o in options} & set(signature.parameters))
-    if taken:
-        raise TypeError(f"{command.__name__}: {', '.join(taken)} clash with SamplingFlags")
-    params = []
-    for param in signature.parameters.values():
-        params += options if param is slot else [param]
-
-    @functools.wraps(command)
-    def with_flags(*args, **kwargs):
-        given = {o.name: kwargs.pop(o.name) for o in options if o.name in kwargs}
-        return command(*args, **kwargs, **{slot.name: SamplingFlags(**given)})
-
-    with_flags.__signature__ = signature.replace(parameters=params)
-    with_flags.__annotations__ = {p.name: p.annotation for p in params}
-    if signature.return_annotation is not signature.empty:
-        with_flags.__annotations__["return"] = signature.return_annotation
-    return with_flags
 
 
 # --max-tokens with branches: one rule (engine/core/branches.py, "The answer's length")
@@ -292,32 +264,109 @@ VerboseOpt = Annotated[bool, typer.Option("--verbose", "-v", help="Show tracebac
 DTYPES = ("float16", "bfloat16", "float32")
 
 
-__all__ = [
-    "DTYPES",
-    "MIN_KV_SIZE",
-    "BeamLengthOpt",
-    "BeamWidthOpt",
-    "CapacityOpt",
-    "DraftModelOpt",
-    "DrafterOpt",
-    "DtypeOpt",
-    "LogitBiasOpt",
-    "LookupLengthOpt",
-    "LookupOpt",
-    "MaxKvSizeOpt",
-    "MinPOpt",
-    "ModelOpt",
-    "NoAdaptOpt",
-    "NoDraftOpt",
-    "NoLookupOpt",
-    "RepetitionContextOpt",
-    "RepetitionPenaltyOpt",
-    "SamplingFlags",
-    "SeedOpt",
-    "SystemPromptOpt",
-    "TempOpt",
-    "TopKOpt",
-    "TopPOpt",
-    "VerboseOpt",
-    "sampling_options",
-]
+@dataclass(frozen=True)
+class ModelFlags:
+    """What chat, generate, serve and bench load: ``--model``, ``--drafter`` and
+    ``--draft-model``, as typed (``paths.resolve_paths`` resolves them)."""
+
+    model: ModelOpt = None
+    drafter: DrafterOpt = None
+    draft_model: DraftModelOpt = None
+
+
+@dataclass(frozen=True)
+class ShapeFlags:
+    """The beam-shape flags as typed: ``--beam-width``, ``--beam-length``, ``--capacity``,
+    ``--no-draft``, ``--lookup``, ``--lookup-length``, ``--no-lookup`` (``common.BeamFlags.of``
+    makes the engine's plan arguments of them)."""
+
+    beam_width: BeamWidthOpt = None
+    beam_length: BeamLengthOpt = None
+    capacity: CapacityOpt = None
+    no_draft: NoDraftOpt = False
+    lookup: LookupOpt = None
+    lookup_length: LookupLengthOpt = None
+    no_lookup: NoLookupOpt = False
+
+
+@dataclass(frozen=True)
+class BranchFlags:
+    """APAR's flags as typed: ``--branches``, ``--branch-depth``, ``--max-branches``
+    (``common.branch_flags`` turns them into the loaded model's branch rules)."""
+
+    branches: BranchesOpt = "auto"
+    branch_depth: BranchDepthOpt = None
+    max_branches: MaxBranchesOpt = None
+
+
+def is_group(annotation) -> bool:
+    """Whether a parameter's or a field's type is a flag group (a dataclass)."""
+    return isinstance(annotation, type) and dataclasses.is_dataclass(annotation)
+
+
+def group_options(group: type, kind=inspect.Parameter.KEYWORD_ONLY) -> list[inspect.Parameter]:
+    """The typer options of a flag group, nested groups' in place, in field order (a field
+    without a default: ``...``, typer's required option)."""
+    types = typing.get_type_hints(group, include_extras=True)
+    options = []
+    for f in fields(group):
+        if is_group(types[f.name]):
+            options += group_options(types[f.name], kind)
+            continue
+        default = f.default
+        if default is dataclasses.MISSING:
+            missing = f.default_factory is dataclasses.MISSING
+            default = ... if missing else f.default_factory()
+        options.append(inspect.Parameter(f.name, kind, default=default, annotation=types[f.name]))
+    return options
+
+
+def build_group(group: type, given: dict):
+    """The flag group of the options in ``given`` (each taken out of it; absent ones keep the
+    field's default)."""
+    types = typing.get_type_hints(group, include_extras=True)
+    values = {}
+    for f in fields(group):
+        if is_group(types[f.name]):
+            values[f.name] = build_group(types[f.name], given)
+        elif f.name in given:
+            values[f.name] = given.pop(f.name)
+    return group(**values)
+
+
+def flag_groups(command: Callable) -> Callable:
+    """``command`` with each parameter typed by a flag group replaced by the group's options,
+    where the parameter stands (so ``--help`` lists them there); typer sees the options, the
+    command gets one value per group. TypeError, at import, when an option's name is taken
+    twice (by the command's own parameter or another group's option)."""
+    signature = inspect.signature(command, eval_str=True)
+    groups = {p.name: p.annotation for p in signature.parameters.values() if is_group(p.annotation)}
+    params = []
+    for param in signature.parameters.values():
+        params += group_options(param.annotation, param.kind) if param.name in groups else [param]
+    names = [p.name for p in params]
+    for group in groups.values():
+        taken = sorted({o.name for o in group_options(group) if names.count(o.name) > 1})
+        if taken:
+            raise TypeError(f"{command.__name__}: {', '.join(taken)} clash with {group.__name__}")
+
+    @functools.wraps(command)
+    def with_flags(*args, **kwargs):
+        built = {name: build_group(group, kwargs) for name, group in groups.items()}
+        return command(*args, **kwargs, **built)
+
+    with_flags.__signature__ = signature.replace(parameters=params)
+    with_flags.__annotations__ = {p.name: p.annotation for p in params}
+    if signature.return_annotation is not signature.empty:
+        with_flags.__annotations__["return"] = signature.return_annotation
+    return with_flags
+
+
+def sampling_options(command: Callable) -> Callable:
+    """``flag_groups`` for a command with one parameter typed ``SamplingFlags`` (TypeError, at
+    import, without one): chat's, generate's and bench's sampling flags, declared once."""
+    signature = inspect.signature(command, eval_str=True)
+    slots = [p for p in signature.parameters.values() if p.annotation is SamplingFlags]
+    if len(slots) != 1:
+        raise TypeError(f"{command.__name__} needs one parameter typed SamplingFlags")
+    return flag_groups(command)

@@ -96,7 +96,7 @@ def _resolve_one(name: str | None) -> str | None:
     if name is None:
         return None
     if not name.strip():
-        from redrafter_mlx.cli.common import FlagError
+        from redrafter_mlx.cli.errors import FlagError
 
         raise FlagError(
             f"--draft-model {name!r} is an empty path (it would name the current folder): "
@@ -138,6 +138,3 @@ def _check_model_name(model: str) -> None:
         from redrafter_mlx.engine.loop.loading import LoadError
 
         raise LoadError(message)
-
-
-__all__ = ["ModelPaths", "installed_bundled", "resolve_draft_model", "resolve_paths"]

@@ -12,34 +12,24 @@ applies the events rank 0 broadcasts each iteration and so runs the same steps.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from typing import Annotated
 
 import typer
 
-from redrafter_mlx.cli.common import (
-    BeamFlags,
-    BeamLengthOpt,
-    BeamWidthOpt,
-    CapacityOpt,
-    DrafterOpt,
-    DraftModelOpt,
+from redrafter_mlx.cli.common import BeamFlags, branch_flags, check_memory, prepare_engine
+from redrafter_mlx.cli.consoles import err_console
+from redrafter_mlx.cli.errors import FlagError, cli_errors
+from redrafter_mlx.cli.options import (
+    BranchFlags,
     DtypeOpt,
-    FlagError,
-    LookupLengthOpt,
-    LookupOpt,
     MaxKvSizeOpt,
-    ModelOpt,
+    ModelFlags,
     NoAdaptOpt,
-    NoDraftOpt,
-    NoLookupOpt,
+    ShapeFlags,
     VerboseOpt,
-    branch_flags,
-    check_memory,
-    cli_errors,
-    err_console,
-    prepare_engine,
+    flag_groups,
 )
-from redrafter_mlx.cli.options import BranchDepthOpt, BranchesOpt, MaxBranchesOpt
 from redrafter_mlx.serve.protocol import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONNECTIONS,
@@ -140,45 +130,38 @@ def model_aliases(model: str | None, paths) -> tuple[str, ...]:
     return tuple(dict.fromkeys(n for n in names if n and n != model_id(paths)))
 
 
-def serve(
-    model: ModelOpt = None,
-    drafter: DrafterOpt = None,
-    draft_model: DraftModelOpt = None,
-    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
-    port: Annotated[int, typer.Option("--port", help="TCP port (0 = any free port).")] = 8080,
+@dataclass(frozen=True)
+class ServeFlags:
+    """``serve``'s options, in the order ``--help`` lists them."""
+
+    models: ModelFlags = field(default_factory=ModelFlags)
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1"
+    port: Annotated[int, typer.Option("--port", help="TCP port (0 = any free port).")] = 8080
     max_batch: Annotated[
         int, typer.Option("--max-batch", help="Most requests decoded together (batch rows).")
-    ] = 8,
+    ] = 8
     max_queue: Annotated[
         int, typer.Option("--max-queue", help="Requests waiting for a row; beyond it: 429.")
-    ] = 64,
+    ] = 64
     max_tokens_limit: Annotated[
         int,
         typer.Option("--max-tokens-limit", help="Largest max_tokens a request may ask for."),
-    ] = 4096,
-    beam_width: BeamWidthOpt = None,
-    beam_length: BeamLengthOpt = None,
-    capacity: CapacityOpt = None,
-    no_draft: NoDraftOpt = False,
-    lookup: LookupOpt = None,
-    lookup_length: LookupLengthOpt = None,
-    no_lookup: NoLookupOpt = False,
-    no_adapt: NoAdaptOpt = False,
-    branches: BranchesOpt = "auto",
-    branch_depth: BranchDepthOpt = None,
-    max_branches: MaxBranchesOpt = None,
-    dtype: DtypeOpt = None,
-    max_kv_size: MaxKvSizeOpt = None,
+    ] = 4096
+    shape: ShapeFlags = field(default_factory=ShapeFlags)
+    no_adapt: NoAdaptOpt = False
+    branching: BranchFlags = field(default_factory=BranchFlags)
+    dtype: DtypeOpt = None
+    max_kv_size: MaxKvSizeOpt = None
     shutdown_grace: Annotated[
         float,
         typer.Option(
             "--shutdown-grace", help="Seconds in-flight requests get to finish on SIGINT/SIGTERM."
         ),
-    ] = 3.0,
+    ] = 3.0
     max_body_bytes: Annotated[
         int,
         typer.Option("--max-body-bytes", help="Largest request body; beyond it: 413."),
-    ] = DEFAULT_MAX_BODY_BYTES,
+    ] = DEFAULT_MAX_BODY_BYTES
     read_timeout: Annotated[
         float,
         typer.Option(
@@ -186,85 +169,79 @@ def serve(
             help="Seconds a client has to send a whole request (headers and body); beyond: "
             "closed (headers) or 408 (body).",
         ),
-    ] = DEFAULT_READ_TIMEOUT_S,
+    ] = DEFAULT_READ_TIMEOUT_S
     max_connections: Annotated[
         int,
         typer.Option("--max-connections", help="Most open connections; beyond it: 503."),
-    ] = DEFAULT_MAX_CONNECTIONS,
+    ] = DEFAULT_MAX_CONNECTIONS
     log_level: Annotated[
         str, typer.Option("--log-level", help="critical, error, warning, info or debug.")
-    ] = "info",
-    verbose: VerboseOpt = False,
-) -> None:
+    ] = "info"
+    verbose: VerboseOpt = False
+
+
+@flag_groups
+def serve(flags: ServeFlags) -> None:
     """Serve the model over an OpenAI-compatible HTTP API with continuous batching."""
-    with cli_errors(verbose):
+    with cli_errors(flags.verbose):
         check_serve_flags(
-            port,
-            max_batch,
-            max_queue,
-            max_tokens_limit,
-            log_level,
-            shutdown_grace,
-            max_body_bytes,
-            read_timeout,
-            max_connections,
+            flags.port,
+            flags.max_batch,
+            flags.max_queue,
+            flags.max_tokens_limit,
+            flags.log_level,
+            flags.shutdown_grace,
+            flags.max_body_bytes,
+            flags.read_timeout,
+            flags.max_connections,
         )
-        check_port_free(host, port)  # before the model loads: a busy port fails in a second
+        check_port_free(flags.host, flags.port)  # before the model loads: a busy port fails fast
         ready = prepare_engine(
-            model,
-            drafter,
-            dtype,
-            BeamFlags(
-                beam_width, beam_length, capacity, no_draft, lookup, lookup_length, no_lookup
-            ),
-            max_tokens=max_tokens_limit,
-            max_kv_size=max_kv_size,
-            batch=max_batch,
+            flags.models.model,
+            flags.models.drafter,
+            flags.dtype,
+            BeamFlags.of(flags.shape),
+            max_tokens=flags.max_tokens_limit,
+            max_kv_size=flags.max_kv_size,
+            batch=flags.max_batch,
             split_ok=True,
-            draft_model=draft_model,
+            draft_model=flags.models.draft_model,
         )
-        adapt = not no_adapt and ready.plan.speculative
+        adapt = not flags.no_adapt and ready.plan.speculative
         plan = ready.plan if adapt else serving_plan(ready.plan)
-        engine, paths = ready.engine, ready.engine.paths
+        engine = ready.engine
         group = getattr(engine.model, "group", None)
-        rules = branch_flags(engine, branches, branch_depth, max_branches)  # checked here
+        rules = branch_flags(engine, flags.branching)  # checked here
         if rules is not None and hasattr(plan, "shape"):  # a branch row holds a few more
-            check_memory(engine, plan.shape, rules.row_tokens(max_tokens_limit), True, max_batch)
+            tokens = rules.row_tokens(flags.max_tokens_limit)
+            check_memory(engine, plan.shape, tokens, True, flags.max_batch)
         if group is not None and group.rank() != 0:
-            follow(engine, plan, max_batch, group, adapt, rules)
+            follow(engine, plan, flags.max_batch, group, adapt, rules)
             exit_now()
-        names = (model_id(paths), *model_aliases(model, paths))
-        server = build(
-            engine,
-            plan,
-            max_batch,
-            max_queue,
-            max_tokens_limit,
-            log_level,
-            names,
-            max_body_bytes,
-            adapt,
-            read_timeout=read_timeout,
-            max_connections=max_connections,
-            branches=rules,
-        )
-        split = f" · split across {group.size()} ranks" if group is not None else ""
-        adaptive = ", adaptive" if adapt else ""
-        adaptive += ", APAR branches" if rules else ""
-        err_console().print(
-            f"[bold]redrafter-mlx serve[/] · {model_id(paths)} ({engine.dtype}) · "
-            f"beam {plan.label} ({plan.source}{adaptive}) · {max_batch} rows{split} · "
-            f"http://{host}:{port}/v1",
-        )
-        defaults = serving_defaults(engine.folder)
-        if defaults:
-            shown = ", ".join(f"{k} {v:g}" for k, v in defaults.items())
-            err_console().print(
-                f"[dim]requests that leave them out get {shown} (the model's "
-                f"generation_config.json)[/]"
-            )
-        server(host, port, shutdown_grace)
+        server = build(engine, plan, flags, adapt, rules)
+        announce(engine, plan, flags, adapt, rules)
+        server(flags.host, flags.port, flags.shutdown_grace)
     exit_now()
+
+
+def announce(engine, plan, flags: ServeFlags, adapt: bool, rules) -> None:
+    """The start-up lines: the model, the beam and where the API listens; then the model's
+    sampling defaults that requests leaving them out get."""
+    group = getattr(engine.model, "group", None)
+    split = f" · split across {group.size()} ranks" if group is not None else ""
+    adaptive = ", adaptive" if adapt else ""
+    adaptive += ", APAR branches" if rules else ""
+    err_console().print(
+        f"[bold]redrafter-mlx serve[/] · {model_id(engine.paths)} ({engine.dtype}) · "
+        f"beam {plan.label} ({plan.source}{adaptive}) · {flags.max_batch} rows{split} · "
+        f"http://{flags.host}:{flags.port}/v1",
+    )
+    defaults = serving_defaults(engine.folder)
+    if defaults:
+        shown = ", ".join(f"{k} {v:g}" for k, v in defaults.items())
+        err_console().print(
+            f"[dim]requests that leave them out get {shown} (the model's generation_config.json)[/]"
+        )
 
 
 def exit_now() -> None:
@@ -324,6 +301,33 @@ def follow(engine, plan, max_batch: int, group, adapt: bool = False, branches=No
     sched.follow()
 
 
+def serve_config(engine, shape, flags: ServeFlags, adapt: bool):
+    """What the app needs besides the scheduler (``serve.app.ServeConfig``): the tokenizer,
+    the model's names (its id, then the aliases a request may use), the limits, the beam
+    ``/v1/models`` shows (``shape``: None for plain decoding) and the model's defaults."""
+    from redrafter_mlx.serve.app import ServeConfig
+
+    names = (model_id(engine.paths), *model_aliases(flags.models.model, engine.paths))
+    beam = {}
+    if shape is not None:
+        beam = dict(beam_width=shape.width, beam_length=shape.length, capacity=shape.slots)
+        beam.update(lookup=shape.lookup, lookup_length=shape.chain_length, adaptive=adapt)
+    model = engine.model
+    return ServeConfig(
+        engine.tokenizer,
+        names[0],
+        flags.max_tokens_limit,
+        model.max_context,
+        model.vocab_size,
+        beam,
+        names[1:],
+        flags.max_body_bytes,
+        serving_defaults(engine.folder),
+        flags.read_timeout,
+        flags.max_connections,
+    )
+
+
 def serving_defaults(folder) -> dict:
     """The model's generation_config.json values a request may leave out (every sampling
     setting they name: temperature, top_p, top_k, min_p, repetition_penalty)."""
@@ -332,27 +336,15 @@ def serving_defaults(folder) -> dict:
     return model_defaults(folder) if folder else {}
 
 
-def build(
-    engine,
-    plan,
-    max_batch: int,
-    max_queue: int,
-    limit: int,
-    log_level: str,
-    names: tuple[str, ...],
-    max_body: int,
-    adapt: bool = False,
-    read_timeout: float = DEFAULT_READ_TIMEOUT_S,
-    max_connections: int = DEFAULT_MAX_CONNECTIONS,
-    branches=None,
-):
-    """Scheduler + app, warmed up; returns ``run(host, port, grace)``. ``names``: the model's
-    id, then its aliases; ``adapt``: choose each step's shape (``engine/loop/batch_choice.py``)."""
+def build(engine, plan, flags: ServeFlags, adapt: bool = False, branches=None):
+    """Scheduler + app, warmed up; returns ``run(host, port, grace)``. ``adapt``: choose each
+    step's shape (``engine/loop/batch_choice.py``); ``branches``: the ``--branches`` rules."""
     import logging
 
-    from redrafter_mlx.serve.app import ServeConfig, create_app, make_server
+    from redrafter_mlx.serve.app import create_app, make_server
     from redrafter_mlx.serve.scheduler import Scheduler
 
+    log_level = flags.log_level
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -363,32 +355,15 @@ def build(
         engine.drafter,
         shape,
         tok.eos_token_ids,
-        max_batch,
-        max_queue,
+        flags.max_batch,
+        flags.max_queue,
         group=getattr(engine.model, "group", None),
         adapt=adapt,
         draft_model=engine.draft_model,
         branches=branches,
     )
     scheduler.start(warmup_prompt=tok.chat_prompt([{"role": "user", "content": "Hello"}]))
-    beam = {}
-    if shape is not None:
-        beam = dict(beam_width=shape.width, beam_length=shape.length, capacity=shape.slots)
-        beam.update(lookup=shape.lookup, lookup_length=shape.chain_length, adaptive=adapt)
-    model = engine.model
-    config = ServeConfig(
-        tok,
-        names[0],
-        limit,
-        model.max_context,
-        model.vocab_size,
-        beam,
-        names[1:],
-        max_body,
-        serving_defaults(engine.folder),
-        read_timeout,
-        max_connections,
-    )
+    config = serve_config(engine, shape, flags, adapt)
     app = create_app(scheduler, config)
 
     def run(host: str, port: int, grace: float) -> None:

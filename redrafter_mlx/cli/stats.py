@@ -120,16 +120,3 @@ def response_stats(response) -> dict:
     """All statistics of a final GenerationResponse as a JSON-ready dict; ``generation_tps``
     is null for an answer that ended at its first token (``generation_rate``)."""
     return {**response.stats.to_dict(), "generation_tps": generation_rate(response)}
-
-
-__all__ = [
-    "FINISH_TEXT",
-    "answer_branch_stats",
-    "branch_stats",
-    "format_hist",
-    "generation_rate",
-    "rate_text",
-    "response_stats",
-    "source_share",
-    "stats_line",
-]

@@ -97,17 +97,17 @@ def error_response(message: str, status: int, type: str, param=None, code=None) 
 ERROR_TYPES = {429: "rate_limit_error", 500: "server_error", 503: "server_error"}
 
 
-def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = True) -> Starlette:
-    """The OpenAI-compatible app over one scheduler (started and stopped with the app)."""
-    started = int(time.time())
+class _Completions:
+    """``/v1/chat/completions`` and ``/v1/completions`` over one scheduler: a request read,
+    parsed and checked, queued, then streamed (SSE) or collected into one answer."""
 
-    async def chat_completions(request: HTTPRequest) -> Response:
-        return await _complete(request, parse_chat)
+    def __init__(self, scheduler: Scheduler, config: ServeConfig):
+        self.scheduler, self.config = scheduler, config
 
-    async def completions(request: HTTPRequest) -> Response:
-        return await _complete(request, parse_completion)
-
-    async def _complete(request: HTTPRequest, parse) -> Response:
+    async def __call__(self, request: HTTPRequest, parse) -> Response:
+        """One completion request: read within the read timeout, parsed (``parse``: chat or
+        text) and checked against the model, then generated; a refusal is its HTTP answer."""
+        config, scheduler = self.config, self.scheduler
         deadline = _read_deadline(request, config.read_timeout_s)
         try:
             raw = _read_body(request, config.max_body_bytes)
@@ -129,9 +129,11 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
             return JSONResponse(e.body(), status_code=e.status)
         except ClientDisconnect:  # gone while sending its body: nobody to answer
             return Response(status_code=499)
-        return await _generate(request, params, ids)
+        return await self._generate(request, params, ids)
 
-    async def _generate(http: HTTPRequest, params, ids: list[int]) -> Response:
+    async def _generate(self, http: HTTPRequest, params, ids: list[int]) -> Response:
+        """The request queued on the scheduler, then streamed or collected."""
+        config, scheduler = self.config, self.scheduler
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
         room = (config.context or 1 << 30) - len(ids)
@@ -156,10 +158,10 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
         text = TextStream(config.tokenizer, params.stop, params.min_tokens)
         run = _Run(request, events, text, params)
         if params.stream:
-            return await _stream(http, run)
-        return await _collect(http, run)
+            return await self._stream(http, run)
+        return await self._collect(http, run)
 
-    async def _stream(http: HTTPRequest, run: _Run) -> Response:
+    async def _stream(self, http: HTTPRequest, run: _Run) -> Response:
         """SSE; the first event is awaited first so that early failures keep their status."""
         try:
             first = await _until_disconnect(http, run.events.get(), run)
@@ -170,9 +172,11 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
             return Response(status_code=499)
         if first.error is not None:
             return _failure(first.error, first.status)
-        return StreamingResponse(_sse(run, first), media_type="text/event-stream")
+        return StreamingResponse(self._sse(run, first), media_type="text/event-stream")
 
-    async def _sse(run: _Run, first: Event):
+    async def _sse(self, run: _Run, first: Event):
+        """The SSE events of a streamed answer: its chunks, the usage when asked, [DONE]."""
+        config = self.config
         reply = Reply(run.params.kind, run.request.id, config.model_id)
         try:
             yield _data(reply.chunk(None, first=True))
@@ -193,7 +197,10 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
                 log.info("%s: client disconnected after %d tokens", run.request.id, run.tokens)
             run.request.cancel()  # a no-op once finished; frees the row after a disconnect
 
-    async def _collect(http: HTTPRequest, run: _Run) -> Response:
+    async def _collect(self, http: HTTPRequest, run: _Run) -> Response:
+        """The whole answer as one JSON object."""
+        config = self.config
+
         async def gather():
             parts, finish = [], None
             async for delta, fin in run.pieces(None):
@@ -211,6 +218,19 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
         reply = Reply(run.params.kind, run.request.id, config.model_id)
         run.log()
         return JSONResponse(reply.full(text, finish, run.usage(), run.speculation(config.beam)))
+
+
+def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = True) -> Starlette:
+    """The OpenAI-compatible app over one scheduler (started and stopped with the app)."""
+    started = int(time.time())
+
+    answer = _Completions(scheduler, config)
+
+    async def chat_completions(request: HTTPRequest) -> Response:
+        return await answer(request, parse_chat)
+
+    async def completions(request: HTTPRequest) -> Response:
+        return await answer(request, parse_completion)
 
     def card(name: str) -> dict:
         return dict(id=name, object="model", created=started, owned_by="redrafter-mlx")

@@ -28,7 +28,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from redrafter_mlx.engine.base.errors import ParamError
+from redrafter_mlx.engine.base.errors import ParamError, RedrafterError
 from redrafter_mlx.engine.core.sampling import SamplerConfig
 
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; send 0 for greedy decoding
@@ -89,7 +89,7 @@ SERVER_SETTINGS = {
 }
 
 
-class ProtocolError(Exception):
+class ProtocolError(RedrafterError):
     """A request the server refuses; ``status`` and ``body()`` are the HTTP answer."""
 
     def __init__(

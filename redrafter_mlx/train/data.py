@@ -32,13 +32,15 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..engine.base.errors import RedrafterError
+
 USER_ROLES = {"human", "user"}
 ASSISTANT_ROLES = {"gpt", "assistant", "chatgpt", "bard", "bing", "model"}
 SYSTEM_ROLES = {"system"}
 TEXT_CHUNK_CHARS = 4000  # .txt files: paragraphs are grouped into chunks of about this size
 
 
-class DataError(ValueError):
+class DataError(RedrafterError, ValueError):
     """A data file that cannot be used; the message names the file, the record and the problem."""
 
 

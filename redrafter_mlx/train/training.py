@@ -18,6 +18,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
+from ..engine.base.errors import RedrafterError
 from ..engine.drafting.drafter import Drafter, DrafterArgs
 from ..engine.verifier.protocol import Verifier
 from .data import Sequence
@@ -270,7 +271,7 @@ def all_finite(params) -> mx.array:
     return mx.all(mx.stack([mx.all(mx.isfinite(v)) for v in leaves]))
 
 
-class TrainingDiverged(ValueError):
+class TrainingDiverged(RedrafterError, ValueError):
     """The loss or the weights went NaN or infinite: the run stops and nothing from that step
     on is saved. ``step``: the optimizer step (set by the training loop)."""
 

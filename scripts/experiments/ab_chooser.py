@@ -105,7 +105,8 @@ def report(totals, names: list[str]) -> None:
 
 
 def main(argv=None) -> None:
-    from redrafter_mlx.cli.common import load_engine, resolve_paths
+    from redrafter_mlx.cli.common import load_engine
+    from redrafter_mlx.cli.paths import resolve_paths
     from scripts.experiments.lookup_policy_sim import load_texts
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

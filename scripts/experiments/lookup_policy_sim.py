@@ -34,7 +34,8 @@ from redrafter_mlx.engine.loop.adaptive import Adaptive, ShapeChooser
 def record_texts(model_path: Path, sets: list[str], count: int, max_tokens: int) -> list[dict]:
     """Greedy plain-decoding answers: per prompt turn, its ids and the answer's ids."""
     from redrafter_mlx.cli.bench import build_prompts
-    from redrafter_mlx.cli.common import load_engine, resolve_paths
+    from redrafter_mlx.cli.common import load_engine
+    from redrafter_mlx.cli.paths import resolve_paths
     from redrafter_mlx.engine.base.prompts import load_records
     from redrafter_mlx.engine.loop.generation import batch_generate
 

@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from urllib.parse import urlparse
 
+from .errors import RedrafterError
+
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 REACH_TIMEOUT_S = 3.0
 
@@ -23,7 +25,7 @@ REACH_TIMEOUT_S = 3.0
 FileChooser = Callable[[list[str]], list[str]]
 
 
-class ResolveError(Exception):
+class ResolveError(RedrafterError):
     """A model/drafter location that cannot be found; the message says what to do."""
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .bundled import PACKAGE_ROOT, heldout_prompts_path
+from .errors import RedrafterError
 
 PACKAGE_DATA = PACKAGE_ROOT / "data"
 PROMPT_SETS = {
@@ -27,7 +28,7 @@ PROMPT_SETS = {
 }
 
 
-class PromptSetError(ValueError):
+class PromptSetError(RedrafterError, ValueError):
     """A prompt set that cannot be read; the message names the file and the fix."""
 
 

@@ -14,10 +14,12 @@ import os
 import struct
 from pathlib import Path
 
+from .errors import RedrafterError
+
 MAX_HEADER = 100 << 20  # safetensors' own limit
 
 
-class CorruptFileError(ValueError):
+class CorruptFileError(RedrafterError, ValueError):
     """A safetensors file that cannot be read; the message names the file and the fix."""
 
 

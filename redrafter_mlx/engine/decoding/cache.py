@@ -22,6 +22,7 @@ from collections.abc import Container, Sequence
 
 import mlx.core as mx
 
+from ..base.errors import RedrafterError
 from ..drafting.sources import grow_states, padded_chunks
 from ..verifier.protocol import Verifier
 from .decode import DecodeState, prefill_chunk
@@ -104,7 +105,7 @@ def stop_at(
     return new, None
 
 
-class SessionInUse(RuntimeError):
+class SessionInUse(RedrafterError, RuntimeError):
     """A :class:`Session` used from another thread than its own, or by a second generation
     while one holds its cache; the message says which and how to fix it. The refused call
     changes nothing: the session stays usable by its thread and its generation."""

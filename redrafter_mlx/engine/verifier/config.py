@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..base.errors import RedrafterError
+
 # model_type -> the Hugging Face causal-LM classes that name it in ``architectures``.
 ARCHITECTURES = {
     "llama": ("LlamaForCausalLM",),
@@ -125,7 +127,7 @@ REQUIRED_INT_KEYS = (
 )
 
 
-class ConfigError(ValueError):
+class ConfigError(RedrafterError, ValueError):
     """A config.json that cannot describe a supported model; the message says why."""
 
 

@@ -17,11 +17,13 @@ import math
 
 import mlx.nn as nn
 
+from ..base.errors import RedrafterError
+
 BY_OUTPUT = ("q_proj", "k_proj", "v_proj")
 MLP_BY_OUTPUT = ("gate_proj", "up_proj")
 
 
-class ShardError(ValueError):
+class ShardError(RedrafterError, ValueError):
     """A model that cannot be split across this many ranks; the message names what would work."""
 
 

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from ..base.errors import RedrafterError
 from ..base.safetensors_check import CorruptFileError, check_file
 from .config import head_pairs
 
 
-class LoadError(Exception):
+class LoadError(RedrafterError):
     """A model or drafter that cannot be loaded; the message names the problem and the fix."""
 
 

@@ -37,7 +37,6 @@ from .protocol import (
     DEFAULT_READ_TIMEOUT_S,
     ProtocolError,
     Reply,
-    TextStream,
     check_bias_ids,
     check_context,
     check_ids,
@@ -51,6 +50,7 @@ from .protocol import (
     usage,
 )
 from .scheduler import Event, QueueFull, Request, Scheduler, ShuttingDown
+from .text import TextStream
 
 log = logging.getLogger("redrafter_mlx.serve")
 

@@ -350,7 +350,8 @@ def build(
     id, then its aliases; ``adapt``: choose each step's shape (``engine/loop/batch_choice.py``)."""
     import logging
 
-    from redrafter_mlx.serve.app import ServeConfig, create_app, make_server
+    from redrafter_mlx.serve.app import ServeConfig, create_app
+    from redrafter_mlx.serve.runner import make_server
     from redrafter_mlx.serve.scheduler import Scheduler
 
     logging.basicConfig(

@@ -29,6 +29,8 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from .channels import Channels, Part, shown_specials
+from .errors import error_body
 from .protocol import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONNECTIONS,
@@ -39,7 +41,6 @@ from .protocol import (
     check_context,
     check_ids,
     check_model,
-    error_body,
     new_id,
     parse_body,
     parse_chat,
@@ -49,6 +50,7 @@ from .protocol import (
 )
 from .scheduler import Event, QueueFull, Request, Scheduler, ShuttingDown
 from .text import TextStream
+from .tools import check_support
 
 log = logging.getLogger("redrafter_mlx.serve")
 
@@ -112,6 +114,8 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
             body = parse_body(await _within(raw, deadline, config.read_timeout_s))
             params = parse(body, config.max_tokens_limit)
             check_model(params.model, config.names)
+            if params.kind == "chat":
+                check_support(params.tools, params.messages, config.tokenizer)
             ids = prompt_ids(params, config.tokenizer)
             param = "messages" if params.kind == "chat" else "prompt"
             check_context(ids, config.context, config.vocab_size, param)
@@ -151,8 +155,12 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
             return error_response(str(e), 503, "server_error")
         except ValueError as e:
             return error_response(str(e), 400, "invalid_request_error")
-        text = TextStream(config.tokenizer, params.stop, params.min_tokens)
-        run = _Run(request, events, text, params)
+        tok, keep, channels = config.tokenizer, frozenset(), Channels.plain()
+        if params.kind == "chat":
+            keep = shown_specials(tok, params.tools)
+            channels = Channels.of_answer(tok, params.tools, ids, params.stream)
+        text = TextStream(tok, params.stop, params.min_tokens, keep)
+        run = _Run(request, events, text, params, channels)
         if params.stream:
             return await _stream(http, run)
         return await _collect(http, run)
@@ -174,9 +182,9 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
         reply = Reply(run.params.kind, run.request.id, config.model_id)
         try:
             yield _data(reply.chunk(None, first=True))
-            async for delta, finish in run.pieces(first):
-                if delta:
-                    yield _data(reply.chunk(delta))
+            async for part, finish in run.parts(first):
+                if part:
+                    yield _data(reply.chunk(part))
                 if finish is not None:
                     yield _data(reply.chunk(None, finish=finish))
             if run.params.include_usage:
@@ -193,11 +201,11 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
 
     async def _collect(http: HTTPRequest, run: _Run) -> Response:
         async def gather():
-            parts, finish = [], None
-            async for delta, fin in run.pieces(None):
-                parts.append(delta)
+            whole, finish = Part(), None
+            async for part, fin in run.parts(None):
+                whole += part
                 finish = fin or finish
-            return "".join(parts), finish
+            return whole, finish
 
         try:
             result = await _until_disconnect(http, gather(), run)
@@ -205,10 +213,10 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
             return _failure(str(e), e.status)
         if result is None:
             return Response(status_code=499)
-        text, finish = result
+        part, finish = result
         reply = Reply(run.params.kind, run.request.id, config.model_id)
         run.log()
-        return JSONResponse(reply.full(text, finish, run.usage(), run.speculation(config.beam)))
+        return JSONResponse(reply.full(part, finish, run.usage(), run.speculation(config.beam)))
 
     def card(name: str) -> dict:
         return dict(id=name, object="model", created=started, owned_by="redrafter-mlx")
@@ -273,8 +281,16 @@ def wire_finish(finish: str) -> str:
 class _Run:
     """One request in flight on the HTTP side: its events, text and counters."""
 
-    def __init__(self, request: Request, events: asyncio.Queue, text: TextStream, params):
+    def __init__(
+        self,
+        request: Request,
+        events: asyncio.Queue,
+        text: TextStream,
+        params,
+        channels: Channels | None = None,
+    ):
         self.request, self.events, self.text, self.params = request, events, text, params
+        self.channels = channels or Channels.plain()
         self.tokens = 0
         self.finish: str | None = None
         self.stats = None
@@ -302,6 +318,25 @@ class _Run:
                 return
             yield delta, None
             event = await self.events.get()
+
+    async def parts(self, first: Event | None):
+        """Yield (``Part``: the new text by channel, finish reason or None) until the
+        request ends: ``pieces`` split by the answer's ``Channels``. An answer that made tool
+        calls and stopped finishes ``"tool_calls"``; one that may make only one call ends
+        (its row freed) once it has."""
+        channels = self.channels
+        async for delta, finish in self.pieces(first):
+            part = channels.add(delta)
+            if finish is None and channels.done:
+                self.request.end()
+                finish = self.finish = "stop"
+            elif finish is not None:
+                part += channels.finish()
+            if finish == "stop" and channels.called:
+                finish = self.finish = "tool_calls"
+            yield part, finish
+            if finish is not None:
+                return
 
     def usage(self) -> dict:
         """Prompt and completion tokens; with branches, every branch's tokens (the text

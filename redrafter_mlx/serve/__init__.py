@@ -5,8 +5,11 @@
   settings, the steps, exact stops); it keeps the requests, their events and the broadcast
   to other ranks;
 * ``requests``: a request, the events it receives, the events rank 0 shares with the ranks;
-* ``protocol``: OpenAI request parsing and validation, response and error bodies;
-* ``app``: the Starlette ASGI app (endpoints, SSE streaming) and the uvicorn runner.
+* ``protocol``: OpenAI request parsing and validation, response bodies; ``errors``: the
+  refusals; ``messages``: a chat's messages and prompt; ``tools``: its tool fields;
+* ``text``: an answer's text as it streams, cut at stop strings; ``channels``: that text
+  split into content, reasoning and tool calls (mlx-lm's state machine and tool parsers);
+* ``app``: the Starlette ASGI app (endpoints, SSE streaming); ``runner``: uvicorn.
 
 Dependencies point one way: cli -> serve -> engine.
 """

@@ -1,10 +1,11 @@
-"""The ASGI app (Starlette) and its runner (uvicorn).
+"""The ASGI app (Starlette); its runner (uvicorn) is ``runner.py``.
 
 Handlers never touch the model: they validate, tokenize, ``submit`` to the scheduler and read
 the request's events from an ``asyncio.Queue`` that the engine thread fills through
-``loop.call_soon_threadsafe``. A streaming response is Server-Sent Events (``data: {...}``
-then ``data: [DONE]``); a client that goes away cancels its request, which frees its row at
-the next step.
+``loop.call_soon_threadsafe``; a chat answer's text is split into content, reasoning and
+tool calls (``channels.py``) as it arrives. A streaming response is Server-Sent Events
+(``data: {...}`` then ``data: [DONE]``); a client that goes away cancels its request, which
+frees its row at the next step.
 
 Status codes: 400 bad request (OpenAI error body), 404 unknown model, 408 request not read
 within ``read_timeout_s`` (headers and body together), 413 body over ``max_body_bytes``
@@ -279,7 +280,8 @@ def wire_finish(finish: str) -> str:
 
 
 class _Run:
-    """One request in flight on the HTTP side: its events, text and counters."""
+    """One request in flight on the HTTP side: its events, text (``TextStream``), the
+    text's channels (a chat's: ``Channels.of_answer``; else all content) and counters."""
 
     def __init__(
         self,

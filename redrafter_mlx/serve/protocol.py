@@ -330,7 +330,7 @@ def _common(body: dict, kind: str, max_tokens_limit: int) -> Params:
         stop=_stop(body.get("stop")),
         stream=stream,
         include_usage=include_usage,
-        sent=_sampling(body),
+        sent=sent_sampling(body),
         stop_ids=_stop_ids(body.get("stop_token_ids")),
         ignore_eos=ignore_eos,
         min_tokens=min_tokens,
@@ -351,7 +351,7 @@ def _stop_ids(value) -> tuple[int, ...]:
     return tuple(dict.fromkeys(value))
 
 
-def _sampling(body: dict) -> dict:
+def sent_sampling(body: dict) -> dict:
     """The sampling settings sent (``SamplerConfig`` fields), each checked: its type, OpenAI's
     range, then the engine's rules; a ProtocolError names the first bad one."""
     sent = {}

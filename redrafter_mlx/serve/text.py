@@ -15,7 +15,7 @@ class TextStream:
     completed by the ``min_tokens``-th token or a later one ends the text (vLLM's rule): one
     that ends within the text of the tokens before (``floor`` characters) is text.
     ``keep``: the special tokens the text shows (a chat template's markers:
-    ``StreamDecoder``).
+    ``StreamDecoder``). ``matched``: the stop string that ended the text, once one has.
     """
 
     def __init__(
@@ -29,6 +29,7 @@ class TextStream:
         self.tokens = 0
         self.before = max(min_tokens - 1, 0)  # tokens that complete no stop string
         self.floor = 0  # characters of their text
+        self.matched: str | None = None
 
     def add(self, tokens: list[int]) -> tuple[str, bool]:
         """New text safe to send, and whether a stop string ended the text."""
@@ -52,10 +53,12 @@ class TextStream:
                 return k
         return len(tokens)
 
-    def _first_stop(self, text: str) -> int | None:
-        """Where the first stop string that ends past ``floor`` starts in ``text``, or None."""
-        hits = [text.find(s, max(self.floor - len(s) + 1, 0)) for s in self.stop]
-        return min((i for i in hits if i >= 0), default=None)
+    def _first_stop(self, text: str) -> tuple[int, str] | None:
+        """(where it starts, the string) of the first stop string in ``text`` that ends past
+        ``floor`` (of two starting there, the shorter: the one completed first), or None."""
+        hits = [(text.find(s, max(self.floor - len(s) + 1, 0)), len(s), s) for s in self.stop]
+        first = min((h for h in hits if h[0] >= 0), default=None)
+        return None if first is None else (first[0], first[2])
 
     def finish(self) -> str:
         """The rest of the text once generation ended."""
@@ -66,7 +69,7 @@ class TextStream:
         hit = self._first_stop(self.text)
         stopped = hit is not None
         if stopped:
-            self.text = self.text[:hit]
+            self.text, self.matched = self.text[: hit[0]], hit[1]
         end = len(self.text) if (final or stopped) else max(len(self.text) - self.hold, 0)
         delta = self.text[self.sent : end] if end > self.sent else ""
         self.sent = max(self.sent, end)

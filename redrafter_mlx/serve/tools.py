@@ -176,12 +176,17 @@ def check_support(tools: Tools | None, messages: list[dict], tokenizer) -> None:
             ),
             None,
         )
-    if where is None:
-        return
-    raise ProtocolError(
+    if where is not None:
+        raise no_tool_support(where, "'tools' and the tool messages")
+
+
+def no_tool_support(where: str, drop: str) -> ProtocolError:
+    """The 400 for tools sent to a model whose template has no tool support: ``where`` the
+    request first uses them, ``drop`` what to leave out (each API's own words)."""
+    return ProtocolError(
         f"'{where}': this model's chat template has no tool support (no tool-call format "
         "that mlx-lm's tool parsers know, mlx_lm.tool_parsers), so it can neither show tools "
-        "nor have its calls read back; drop 'tools' and the tool messages, or serve a model "
-        "whose template supports tools",
+        f"nor have its calls read back; drop {drop}, or serve a model whose template "
+        "supports tools",
         where,
     )

@@ -33,16 +33,25 @@ log = logging.getLogger("redrafter_mlx.serve")
 class Part:
     """New answer text by channel: ``content``, ``reasoning`` and complete ``calls``
     (OpenAI tool calls: ``{"id", "type": "function", "function": {"name", "arguments"}}``,
-    the arguments a JSON string; with ``index`` when streamed)."""
+    the arguments a JSON string; with ``index`` when streamed); ``order``: the same pieces
+    in the order the answer wrote them, ("reasoning" | "content", text) or ("call", call)
+    (an API whose answer is a list of blocks reads them so: ``anthropic_reply.Blocks``)."""
 
     content: str = ""
     reasoning: str = ""
     calls: list[dict] = field(default_factory=list)
+    order: list[tuple[str, object]] = field(default_factory=list, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.order:
+            texts = (("reasoning", self.reasoning), ("content", self.content))
+            self.order = [(k, v) for k, v in texts if v] + [("call", c) for c in self.calls]
 
     def __iadd__(self, other: Part) -> Part:
         self.content += other.content
         self.reasoning += other.reasoning
         self.calls += other.calls
+        self.order += other.order
         return self
 
     def __bool__(self) -> bool:
@@ -141,7 +150,7 @@ class Channels:
             if self.done:
                 break
             if state == "reasoning":
-                part.reasoning += text
+                part += Part(reasoning=text)
             elif state == "tool":
                 self.tool_text += text
             else:
@@ -149,7 +158,7 @@ class Channels:
                     part += self._close_call()
                     if self.done:
                         break
-                part.content += text
+                part += Part(content=text)
             self.current = state
         return part
 

@@ -99,13 +99,16 @@ class FakeChip:
 
 class ScriptedScheduler:
     """The server's scheduler, as ``create_app`` uses it, answering every request with
-    ``answer`` (token ids) in steps of ``step`` tokens, then ``finish``; ``requests``
-    holds the requests it was given (their prompts; ``cancelled``: the server ended one)."""
+    ``answer`` (token ids) in steps of ``step`` tokens, then ``finish`` (or, with ``error``,
+    an engine failure: status 500); ``requests`` holds the requests it was given (their
+    prompts; ``cancelled``: the server ended one)."""
 
     branches = None
 
-    def __init__(self, answer: list[int], step: int = 3, finish: str = "stop"):
-        self.answer, self.step, self.finish = answer, step, finish
+    def __init__(
+        self, answer: list[int], step: int = 3, finish: str = "stop", error: str | None = None
+    ):
+        self.answer, self.step, self.finish, self.error = answer, step, finish, error
         self.requests: list = []
 
     def submit(self, request) -> None:
@@ -115,7 +118,10 @@ class ScriptedScheduler:
         stats = RowStats(len(request.prompt))
         for i in range(0, len(self.answer), self.step):
             request.sink(Event(self.answer[i : i + self.step], stats))
-        request.sink(Event([], stats, finish=self.finish))
+        if self.error is not None:
+            request.sink(Event([], stats, error=self.error, status=500))
+        else:
+            request.sink(Event([], stats, finish=self.finish))
 
     def start(self, *args, **kwargs) -> None:
         pass

@@ -5,7 +5,9 @@ the request's events from an ``asyncio.Queue`` that the engine thread fills thro
 ``loop.call_soon_threadsafe``; a chat answer's text is split into content, reasoning and
 tool calls (``channels.py``) as it arrives. A streaming response is Server-Sent Events
 (``data: {...}`` then ``data: [DONE]``); a client that goes away cancels its request, which
-frees its row at the next step.
+frees its row at the next step. ``POST /v1/messages`` is the Anthropic Messages API on the
+same path (``anthropic.py`` reads the request into the chat ``Params``,
+``anthropic_reply.py`` shapes the answer, its events and its errors).
 
 Status codes: 400 bad request (OpenAI error body), 404 unknown model, 408 request not read
 within ``read_timeout_s`` (headers and body together), 413 body over ``max_body_bytes``
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -30,6 +33,8 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from . import anthropic_reply as areply
+from .anthropic import parse_request as parse_anthropic
 from .channels import Channels, Part, shown_specials
 from .errors import error_body
 from .protocol import (
@@ -91,8 +96,17 @@ class ServeConfig:
         return tuple(dict.fromkeys((self.model_id, *self.aliases)))
 
 
-def error_response(message: str, status: int, type: str, param=None, code=None) -> JSONResponse:
+def error_response(
+    message: str, status: int, type: str, param=None, code=None, anthropic=False
+) -> JSONResponse:
+    """An error in the endpoint's API's shape: OpenAI's, or (``anthropic``) Anthropic's."""
+    if anthropic:
+        return JSONResponse(areply.error_body(message, status), status_code=status)
     return JSONResponse(error_body(message, type, param, code), status_code=status)
+
+
+def _refusal_body(e: ProtocolError, anthropic: bool) -> dict:
+    return areply.error_body(e.message, e.status) if anthropic else e.body()
 
 
 ERROR_TYPES = {429: "rate_limit_error", 500: "server_error", 503: "server_error"}
@@ -108,7 +122,12 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
     async def completions(request: HTTPRequest) -> Response:
         return await _complete(request, parse_completion)
 
-    async def _complete(request: HTTPRequest, parse) -> Response:
+    async def messages(request: HTTPRequest) -> Response:
+        """The Anthropic Messages API (``anthropic.py``), on the same scheduler."""
+        parse = functools.partial(parse_anthropic, tokenizer=config.tokenizer)
+        return await _complete(request, parse, anthropic=True)
+
+    async def _complete(request: HTTPRequest, parse, anthropic: bool = False) -> Response:
         deadline = _read_deadline(request, config.read_timeout_s)
         try:
             raw = _read_body(request, config.max_body_bytes)
@@ -125,16 +144,17 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
             if scheduler.branches is not None:
                 _check_unbranched(params)
         except ProtocolError as e:
+            body = _refusal_body(e, anthropic)
             if e.status == 413:  # answered now; the connection closes by the read deadline
-                return _Refusal(e.body(), e.status, deadline)
+                return _Refusal(body, e.status, deadline)
             if e.status == 408:
-                return JSONResponse(e.body(), e.status, headers={"Connection": "close"})
-            return JSONResponse(e.body(), status_code=e.status)
+                return JSONResponse(body, e.status, headers={"Connection": "close"})
+            return JSONResponse(body, status_code=e.status)
         except ClientDisconnect:  # gone while sending its body: nobody to answer
             return Response(status_code=499)
-        return await _generate(request, params, ids)
+        return await _generate(request, params, ids, anthropic)
 
-    async def _generate(http: HTTPRequest, params, ids: list[int]) -> Response:
+    async def _generate(http: HTTPRequest, params, ids: list[int], anthropic: bool) -> Response:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
         room = (config.context or 1 << 30) - len(ids)
@@ -143,7 +163,7 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
             params.max_tokens or min(config.max_tokens_limit, room),
             sink=lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
             sampler=params.sampling(config.sampling_defaults),
-            id=new_id(params.kind),
+            id=areply.new_id() if anthropic else new_id(params.kind),
             stop_ids=params.stop_ids,
             ignore_eos=params.ignore_eos,
             min_tokens=params.min_tokens,
@@ -151,17 +171,17 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
         try:
             scheduler.submit(request)
         except QueueFull as e:
-            return error_response(str(e), 429, "rate_limit_error", code="queue_full")
+            return error_response(str(e), 429, "rate_limit_error", None, "queue_full", anthropic)
         except ShuttingDown as e:
-            return error_response(str(e), 503, "server_error")
+            return error_response(str(e), 503, "server_error", anthropic=anthropic)
         except ValueError as e:
-            return error_response(str(e), 400, "invalid_request_error")
+            return error_response(str(e), 400, "invalid_request_error", anthropic=anthropic)
         tok, keep, channels = config.tokenizer, frozenset(), Channels.plain()
         if params.kind == "chat":
             keep = shown_specials(tok, params.tools)
             channels = Channels.of_answer(tok, params.tools, ids, params.stream)
         text = TextStream(tok, params.stop, params.min_tokens, keep)
-        run = _Run(request, events, text, params, channels)
+        run = _Run(request, events, text, params, channels, anthropic)
         if params.stream:
             return await _stream(http, run)
         return await _collect(http, run)
@@ -176,8 +196,9 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
         if first is None:
             return Response(status_code=499)
         if first.error is not None:
-            return _failure(first.error, first.status)
-        return StreamingResponse(_sse(run, first), media_type="text/event-stream")
+            return _failure(first.error, first.status, run.anthropic)
+        sse = _anthropic_sse(run, first) if run.anthropic else _sse(run, first)
+        return StreamingResponse(sse, media_type="text/event-stream")
 
     async def _sse(run: _Run, first: Event):
         reply = Reply(run.params.kind, run.request.id, config.model_id)
@@ -196,9 +217,34 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
             run.finish = "error"
             yield _data(error_body(str(e), ERROR_TYPES.get(e.status, "server_error")))
         finally:
-            if run.finish is None and not run.request.cancelled.is_set():
-                log.info("%s: client disconnected after %d tokens", run.request.id, run.tokens)
-            run.request.cancel()  # a no-op once finished; frees the row after a disconnect
+            _after_stream(run)
+
+    async def _anthropic_sse(run: _Run, first: Event):
+        """The Messages API's events: ``message_start``, each block's start, deltas and
+        stop (``anthropic_reply.Blocks``), ``message_delta`` (stop reason, usage),
+        ``message_stop``; an engine failure mid-stream is an ``error`` event."""
+        request, blocks = run.request, areply.Blocks()
+        start = areply.message_start(request.id, config.model_id, len(request.prompt))
+        try:
+            yield areply.event("message_start", start)
+            yield areply.event("ping", {"type": "ping"})
+            finish = None
+            async for part, fin in run.parts(first):
+                for name, data in blocks.add(part):
+                    yield areply.event(name, data)
+                finish = fin or finish
+            for name, data in blocks.close():
+                yield areply.event(name, data)
+            spec = run.speculation(config.beam)
+            end = areply.message_delta(finish, run.text.matched, run.usage(), spec)
+            yield areply.event("message_delta", end)
+            yield areply.event("message_stop", {"type": "message_stop"})
+            run.log()
+        except EngineFailure as e:
+            run.finish = "error"
+            yield areply.event("error", areply.error_body(str(e), e.status))
+        finally:
+            _after_stream(run)
 
     async def _collect(http: HTTPRequest, run: _Run) -> Response:
         async def gather():
@@ -208,16 +254,30 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
                 finish = fin or finish
             return whole, finish
 
+        async def blocks():  # the Messages API's content blocks, in the answer's order
+            whole, finish = areply.Blocks(), None
+            async for part, fin in run.parts(None):
+                whole.add(part)
+                finish = fin or finish
+            return whole, finish
+
         try:
-            result = await _until_disconnect(http, gather(), run)
+            result = await _until_disconnect(http, blocks() if run.anthropic else gather(), run)
         except EngineFailure as e:
-            return _failure(str(e), e.status)
+            return _failure(str(e), e.status, run.anthropic)
         if result is None:
             return Response(status_code=499)
-        part, finish = result
-        reply = Reply(run.params.kind, run.request.id, config.model_id)
+        answer, finish = result
         run.log()
-        return JSONResponse(reply.full(part, finish, run.usage(), run.speculation(config.beam)))
+        usage_, spec = run.usage(), run.speculation(config.beam)
+        if run.anthropic:
+            matched = run.text.matched
+            body = areply.message(
+                run.request.id, config.model_id, answer, finish, matched, usage_, spec
+            )
+            return JSONResponse(body)
+        reply = Reply(run.params.kind, run.request.id, config.model_id)
+        return JSONResponse(reply.full(answer, finish, usage_, spec))
 
     def card(name: str) -> dict:
         return dict(id=name, object="model", created=started, owned_by="redrafter-mlx")
@@ -245,11 +305,13 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
         return JSONResponse(body, status_code=503 if stats["failure"] else 200)
 
     async def http_error(request: HTTPRequest, exc: HTTPException) -> Response:
-        return error_response(exc.detail, exc.status_code, "invalid_request_error")
+        kind, anthropic = "invalid_request_error", _is_anthropic(request)
+        return error_response(exc.detail, exc.status_code, kind, anthropic=anthropic)
 
     async def server_error(request: HTTPRequest, exc: Exception) -> Response:
         log.exception("unhandled error in a handler")
-        return error_response(f"internal error: {type(exc).__name__}", 500, "server_error")
+        message, anthropic = f"internal error: {type(exc).__name__}", _is_anthropic(request)
+        return error_response(message, 500, "server_error", anthropic=anthropic)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -262,6 +324,7 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
@@ -279,9 +342,22 @@ def wire_finish(finish: str) -> str:
     return "length" if finish == "context" else finish
 
 
+def _is_anthropic(request: HTTPRequest) -> bool:
+    """Whether the request was sent to the Messages API (its errors take its shape)."""
+    return request.url.path.rstrip("/").startswith("/v1/messages")
+
+
+def _after_stream(run: _Run) -> None:
+    """A stream's end, however it ended: a client gone mid-answer logged, its row freed."""
+    if run.finish is None and not run.request.cancelled.is_set():
+        log.info("%s: client disconnected after %d tokens", run.request.id, run.tokens)
+    run.request.cancel()  # a no-op once finished; frees the row after a disconnect
+
+
 class _Run:
     """One request in flight on the HTTP side: its events, text (``TextStream``), the
-    text's channels (a chat's: ``Channels.of_answer``; else all content) and counters."""
+    text's channels (a chat's: ``Channels.of_answer``; else all content), counters, and
+    whether it speaks the Messages API (``anthropic``)."""
 
     def __init__(
         self,
@@ -290,9 +366,11 @@ class _Run:
         text: TextStream,
         params,
         channels: Channels | None = None,
+        anthropic: bool = False,
     ):
         self.request, self.events, self.text, self.params = request, events, text, params
         self.channels = channels or Channels.plain()
+        self.anthropic = anthropic
         self.tokens = 0
         self.finish: str | None = None
         self.stats = None
@@ -491,5 +569,6 @@ def _data(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-def _failure(message: str, status: int) -> JSONResponse:
-    return error_response(message, status, ERROR_TYPES.get(status, "server_error"))
+def _failure(message: str, status: int, anthropic: bool = False) -> JSONResponse:
+    kind = ERROR_TYPES.get(status, "server_error")
+    return error_response(message, status, kind, anthropic=anthropic)

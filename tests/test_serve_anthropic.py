@@ -395,3 +395,35 @@ def test_an_engine_failure_is_an_api_error_before_and_during_the_stream(toks):
         {"type": "error", "error": {"type": "api_error", "message": "the engine failed"}},
     )
     assert "message_stop" not in [n for n, _ in events]
+
+
+def test_a_messages_request_runs_through_the_engine_as_the_chat_one_does(toks):
+    """A real (tiny random) model: the Messages API's greedy answer, streamed and not, is
+    the chat endpoint's for the same conversation, its tokens counted alike."""
+    from redrafter_mlx.engine.core.shape import BeamShape
+    from redrafter_mlx.serve.scheduler import Scheduler
+    from tests.helpers import tiny_drafter, tiny_model
+
+    tok = toks["chatml"]  # no markers: the answer is one text block
+    model = tiny_model(vocab=tok.vocab_size, hidden=32, layers=2)
+    scheduler = Scheduler(model, tiny_drafter(model), BeamShape(2, 3), (), 2, 4)
+    config = ServeConfig(tok, "tiny", 64, model.max_context, model.vocab_size, {})
+    body = dict(messages=ASK, max_tokens=8, temperature=0)
+    with TestClient(create_app(scheduler, config)) as http:
+        whole = ask(http, **body, system="Be brief.").json()
+        streamed = assemble(sse(ask(http, **body, system="Be brief.", stream=True).text))
+        messages = [{"role": "system", "content": "Be brief."}, *ASK]
+        openai = http.post("/v1/chat/completions", json={**body, "messages": messages}).json()
+    text = openai["choices"][0]["message"]["content"]
+    assert whole["content"] == ([{"type": "text", "text": text}] if text.strip() else [])
+    assert (
+        whole["usage"]
+        == streamed["usage"]
+        == {
+            "input_tokens": openai["usage"]["prompt_tokens"],
+            "output_tokens": openai["usage"]["completion_tokens"],
+        }
+    )
+    assert whole["usage"]["output_tokens"] == 8 and whole["stop_reason"] == "max_tokens"
+    assert streamed["stop_reason"] == "max_tokens"
+    assert whole["content"] == streamed["content"]

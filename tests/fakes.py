@@ -1,6 +1,7 @@
-"""A deterministic fake cost model and clock: test the tuner with no engine and no sleeping.
-
-Used by the tests (tests/test_tuning_search.py) and handy for trying the search in a REPL.
+"""Fakes: a deterministic cost model and clock, to test the tuner with no engine and no
+sleeping (tests/test_tuning_search.py; handy for trying the search in a REPL), and a
+scheduler that answers every request with known token ids, to test what the server makes of
+a model's text (tool calls, reasoning) that no tiny random model writes by itself.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import random
 from collections import Counter
 
 from redrafter_mlx.engine.core.shape import BeamShape
+from redrafter_mlx.engine.loop.rows import RowStats
 from tuning.search import Measurement
 
 
@@ -93,3 +95,42 @@ class FakeChip:
     def best(self, shapes: list[BeamShape]) -> BeamShape:
         """The truly fastest of ``shapes``."""
         return max(shapes, key=self.tokens_per_s)
+
+
+class ScriptedScheduler:
+    """The server's scheduler, as ``create_app`` uses it, answering every request with
+    ``answer`` (token ids) in steps of ``step`` tokens, then ``finish`` (or, with ``error``,
+    an engine failure: status 500); ``requests`` holds the requests it was given (their
+    prompts; ``cancelled``: the server ended one)."""
+
+    branches = None
+
+    def __init__(
+        self, answer: list[int], step: int = 3, finish: str = "stop", error: str | None = None
+    ):
+        self.answer, self.step, self.finish, self.error = answer, step, finish, error
+        self.requests: list = []
+
+    def submit(self, request) -> None:
+        from redrafter_mlx.serve.requests import Event
+
+        self.requests.append(request)
+        stats = RowStats(len(request.prompt))
+        for i in range(0, len(self.answer), self.step):
+            request.sink(Event(self.answer[i : i + self.step], stats))
+        if self.error is not None:
+            request.sink(Event([], stats, error=self.error, status=500))
+        else:
+            request.sink(Event([], stats, finish=self.finish))
+
+    def start(self, *args, **kwargs) -> None:
+        pass
+
+    def begin_drain(self, grace: float) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
+
+    def health(self) -> dict:
+        return {"failure": None, "draining": False}

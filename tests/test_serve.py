@@ -22,7 +22,8 @@ import redrafter_mlx
 from redrafter_mlx.engine.base.bundled import demo_paths
 from redrafter_mlx.engine.core.sampling import SamplerConfig
 from redrafter_mlx.engine.core.shape import BeamShape
-from redrafter_mlx.serve.app import ServeConfig, create_app, make_server
+from redrafter_mlx.serve.app import ServeConfig, create_app
+from redrafter_mlx.serve.runner import make_server
 from redrafter_mlx.serve.scheduler import Request, Scheduler
 
 W, L = 2, 4

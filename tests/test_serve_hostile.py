@@ -25,7 +25,8 @@ from redrafter_mlx.engine.base.bundled import demo_paths
 from redrafter_mlx.engine.base.tokenizer import load_tokenizer
 from redrafter_mlx.engine.core import tree
 from redrafter_mlx.engine.core.shape import BeamShape
-from redrafter_mlx.serve.app import ServeConfig, create_app, make_server
+from redrafter_mlx.serve.app import ServeConfig, create_app
+from redrafter_mlx.serve.runner import make_server
 from redrafter_mlx.serve.scheduler import Scheduler
 from tests.helpers import tiny_drafter, tiny_model
 

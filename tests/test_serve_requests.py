@@ -19,10 +19,12 @@ from redrafter_mlx.cli.generate import prompt_ids as generate_prompt_ids
 from redrafter_mlx.engine.base.bundled import demo_paths
 from redrafter_mlx.engine.base.tokenizer import Tokenizer, load_tokenizer
 from redrafter_mlx.engine.core.shape import BeamShape
-from redrafter_mlx.serve.app import ServeConfig, _Run, create_app, make_server
-from redrafter_mlx.serve.protocol import TextStream, parse_chat, prompt_ids
+from redrafter_mlx.serve.app import ServeConfig, _Run, create_app
+from redrafter_mlx.serve.protocol import parse_chat, prompt_ids
 from redrafter_mlx.serve.requests import Event, Request
+from redrafter_mlx.serve.runner import make_server
 from redrafter_mlx.serve.scheduler import Scheduler
+from redrafter_mlx.serve.text import TextStream
 from tests.helpers import tiny_drafter, tiny_model
 
 CHATML = (

@@ -5,10 +5,13 @@ ranges are a 400 naming the field, and what the server does not implement is ref
 import httpx
 import pytest
 
+from redrafter_mlx.engine.base.bundled import demo_paths
+from redrafter_mlx.engine.base.tokenizer import load_tokenizer
 from redrafter_mlx.engine.core.sampling import SamplerConfig
 from redrafter_mlx.engine.core.shape import BeamShape
 from redrafter_mlx.serve.protocol import ProtocolError, parse_chat, parse_completion
 from redrafter_mlx.serve.scheduler import Scheduler
+from redrafter_mlx.serve.tools import check_support
 from tests.helpers import run_decode, tiny_drafter, tiny_model
 from tests.test_serve_hostile import Server, error_of
 from tests.test_serve_scheduler import staggered
@@ -58,15 +61,17 @@ def test_plain_text_response_format_is_accepted():
     assert params.sampling().temperature == 1.0
 
 
-def test_an_assistant_message_with_tool_calls_says_tool_calls_are_not_supported():
+def test_tool_calls_in_the_history_to_a_model_without_tool_support_are_a_400_saying_so():
+    """The demo model (SentencePiece, Vicuna v1.1) has no template to show tool calls."""
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     messages = [
         {"role": "user", "content": "hi"},
         {"role": "assistant", "content": None, "tool_calls": [call]},
         {"role": "user", "content": "and?"},
     ]
-    with pytest.raises(ProtocolError, match="tool calls") as e:
-        parse_chat({"messages": messages}, 10)
+    params = parse_chat({"messages": messages}, 10)
+    with pytest.raises(ProtocolError, match="no tool support") as e:
+        check_support(params.tools, params.messages, load_tokenizer(demo_paths()[0]))
     assert e.value.param == "messages[1]" and "content must be" not in e.value.message
 
 

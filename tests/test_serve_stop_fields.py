@@ -22,9 +22,10 @@ from redrafter_mlx.engine.base.bundled import demo_paths
 from redrafter_mlx.engine.core.sampling import SamplerConfig
 from redrafter_mlx.engine.core.shape import AR, BeamShape
 from redrafter_mlx.engine.loop.generation import generate_steps
-from redrafter_mlx.serve.app import ServeConfig, create_app, make_server
-from redrafter_mlx.serve.protocol import TextStream
+from redrafter_mlx.serve.app import ServeConfig, create_app
+from redrafter_mlx.serve.runner import make_server
 from redrafter_mlx.serve.scheduler import Scheduler
+from redrafter_mlx.serve.text import TextStream
 
 MAX = 40
 HELD = 6  # min_tokens holds the end back this many tokens past where it came

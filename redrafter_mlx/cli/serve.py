@@ -341,7 +341,8 @@ def build(engine, plan, flags: ServeFlags, adapt: bool = False, branches=None):
     step's shape (``engine/loop/batch_choice.py``); ``branches``: the ``--branches`` rules."""
     import logging
 
-    from redrafter_mlx.serve.app import create_app, make_server
+    from redrafter_mlx.serve.app import create_app
+    from redrafter_mlx.serve.runner import make_server
     from redrafter_mlx.serve.scheduler import Scheduler
 
     log_level = flags.log_level

@@ -1,10 +1,13 @@
-"""The ASGI app (Starlette) and its runner (uvicorn).
+"""The ASGI app (Starlette); its runner (uvicorn) is ``runner.py``.
 
 Handlers never touch the model: they validate, tokenize, ``submit`` to the scheduler and read
 the request's events from an ``asyncio.Queue`` that the engine thread fills through
-``loop.call_soon_threadsafe``. A streaming response is Server-Sent Events (``data: {...}``
-then ``data: [DONE]``); a client that goes away cancels its request, which frees its row at
-the next step.
+``loop.call_soon_threadsafe``; a chat answer's text is split into content, reasoning and
+tool calls (``channels.py``) as it arrives. A streaming response is Server-Sent Events
+(``data: {...}`` then ``data: [DONE]``); a client that goes away cancels its request, which
+frees its row at the next step. ``POST /v1/messages`` is the Anthropic Messages API on the
+same path (``anthropic.py`` reads the request into the chat ``Params``,
+``anthropic_reply.py`` shapes the answer, its events and its errors).
 
 Status codes: 400 bad request (OpenAI error body), 404 unknown model, 408 request not read
 within ``read_timeout_s`` (headers and body together), 413 body over ``max_body_bytes``
@@ -17,10 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
-import signal
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -31,18 +33,20 @@ from starlette.requests import Request as HTTPRequest
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from . import anthropic_reply as areply
+from .anthropic import parse_request as parse_anthropic
+from .channels import Channels, Part, shown_specials
+from .errors import error_body
 from .protocol import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_READ_TIMEOUT_S,
     ProtocolError,
     Reply,
-    TextStream,
     check_bias_ids,
     check_context,
     check_ids,
     check_model,
-    error_body,
     new_id,
     parse_body,
     parse_chat,
@@ -51,6 +55,8 @@ from .protocol import (
     usage,
 )
 from .scheduler import Event, QueueFull, Request, Scheduler, ShuttingDown
+from .text import TextStream
+from .tools import check_support
 
 log = logging.getLogger("redrafter_mlx.serve")
 
@@ -90,30 +96,46 @@ class ServeConfig:
         return tuple(dict.fromkeys((self.model_id, *self.aliases)))
 
 
-def error_response(message: str, status: int, type: str, param=None, code=None) -> JSONResponse:
+def error_response(
+    message: str, status: int, type: str, param=None, code=None, anthropic=False
+) -> JSONResponse:
+    """An error in the endpoint's API's shape: OpenAI's, or (``anthropic``) Anthropic's."""
+    if anthropic:
+        return JSONResponse(areply.error_body(message, status), status_code=status)
     return JSONResponse(error_body(message, type, param, code), status_code=status)
+
+
+def _refusal_body(e: ProtocolError, anthropic: bool) -> dict:
+    return areply.error_body(e.message, e.status) if anthropic else e.body()
 
 
 ERROR_TYPES = {429: "rate_limit_error", 500: "server_error", 503: "server_error"}
 
 
-class _Completions:
-    """``/v1/chat/completions`` and ``/v1/completions`` over one scheduler: a request read,
-    parsed and checked, queued, then streamed (SSE) or collected into one answer."""
+def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = True) -> Starlette:
+    """The OpenAI-compatible app over one scheduler (started and stopped with the app)."""
+    started = int(time.time())
 
-    def __init__(self, scheduler: Scheduler, config: ServeConfig):
-        self.scheduler, self.config = scheduler, config
+    async def chat_completions(request: HTTPRequest) -> Response:
+        return await _complete(request, parse_chat)
 
-    async def __call__(self, request: HTTPRequest, parse) -> Response:
-        """One completion request: read within the read timeout, parsed (``parse``: chat or
-        text) and checked against the model, then generated; a refusal is its HTTP answer."""
-        config, scheduler = self.config, self.scheduler
+    async def completions(request: HTTPRequest) -> Response:
+        return await _complete(request, parse_completion)
+
+    async def messages(request: HTTPRequest) -> Response:
+        """The Anthropic Messages API (``anthropic.py``), on the same scheduler."""
+        parse = functools.partial(parse_anthropic, tokenizer=config.tokenizer)
+        return await _complete(request, parse, anthropic=True)
+
+    async def _complete(request: HTTPRequest, parse, anthropic: bool = False) -> Response:
         deadline = _read_deadline(request, config.read_timeout_s)
         try:
             raw = _read_body(request, config.max_body_bytes)
             body = parse_body(await _within(raw, deadline, config.read_timeout_s))
             params = parse(body, config.max_tokens_limit)
             check_model(params.model, config.names)
+            if params.kind == "chat":
+                check_support(params.tools, params.messages, config.tokenizer)
             ids = prompt_ids(params, config.tokenizer)
             param = "messages" if params.kind == "chat" else "prompt"
             check_context(ids, config.context, config.vocab_size, param)
@@ -122,18 +144,17 @@ class _Completions:
             if scheduler.branches is not None:
                 _check_unbranched(params)
         except ProtocolError as e:
+            body = _refusal_body(e, anthropic)
             if e.status == 413:  # answered now; the connection closes by the read deadline
-                return _Refusal(e.body(), e.status, deadline)
+                return _Refusal(body, e.status, deadline)
             if e.status == 408:
-                return JSONResponse(e.body(), e.status, headers={"Connection": "close"})
-            return JSONResponse(e.body(), status_code=e.status)
+                return JSONResponse(body, e.status, headers={"Connection": "close"})
+            return JSONResponse(body, status_code=e.status)
         except ClientDisconnect:  # gone while sending its body: nobody to answer
             return Response(status_code=499)
-        return await self._generate(request, params, ids)
+        return await _generate(request, params, ids, anthropic)
 
-    async def _generate(self, http: HTTPRequest, params, ids: list[int]) -> Response:
-        """The request queued on the scheduler, then streamed or collected."""
-        config, scheduler = self.config, self.scheduler
+    async def _generate(http: HTTPRequest, params, ids: list[int], anthropic: bool) -> Response:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
         room = (config.context or 1 << 30) - len(ids)
@@ -142,7 +163,7 @@ class _Completions:
             params.max_tokens or min(config.max_tokens_limit, room),
             sink=lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
             sampler=params.sampling(config.sampling_defaults),
-            id=new_id(params.kind),
+            id=areply.new_id() if anthropic else new_id(params.kind),
             stop_ids=params.stop_ids,
             ignore_eos=params.ignore_eos,
             min_tokens=params.min_tokens,
@@ -150,18 +171,22 @@ class _Completions:
         try:
             scheduler.submit(request)
         except QueueFull as e:
-            return error_response(str(e), 429, "rate_limit_error", code="queue_full")
+            return error_response(str(e), 429, "rate_limit_error", None, "queue_full", anthropic)
         except ShuttingDown as e:
-            return error_response(str(e), 503, "server_error")
+            return error_response(str(e), 503, "server_error", anthropic=anthropic)
         except ValueError as e:
-            return error_response(str(e), 400, "invalid_request_error")
-        text = TextStream(config.tokenizer, params.stop, params.min_tokens)
-        run = _Run(request, events, text, params)
+            return error_response(str(e), 400, "invalid_request_error", anthropic=anthropic)
+        tok, keep, channels = config.tokenizer, frozenset(), Channels.plain()
+        if params.kind == "chat":
+            keep = shown_specials(tok, params.tools)
+            channels = Channels.of_answer(tok, params.tools, ids, params.stream)
+        text = TextStream(tok, params.stop, params.min_tokens, keep)
+        run = _Run(request, events, text, params, channels, anthropic)
         if params.stream:
-            return await self._stream(http, run)
-        return await self._collect(http, run)
+            return await _stream(http, run)
+        return await _collect(http, run)
 
-    async def _stream(self, http: HTTPRequest, run: _Run) -> Response:
+    async def _stream(http: HTTPRequest, run: _Run) -> Response:
         """SSE; the first event is awaited first so that early failures keep their status."""
         try:
             first = await _until_disconnect(http, run.events.get(), run)
@@ -171,18 +196,17 @@ class _Completions:
         if first is None:
             return Response(status_code=499)
         if first.error is not None:
-            return _failure(first.error, first.status)
-        return StreamingResponse(self._sse(run, first), media_type="text/event-stream")
+            return _failure(first.error, first.status, run.anthropic)
+        sse = _anthropic_sse(run, first) if run.anthropic else _sse(run, first)
+        return StreamingResponse(sse, media_type="text/event-stream")
 
-    async def _sse(self, run: _Run, first: Event):
-        """The SSE events of a streamed answer: its chunks, the usage when asked, [DONE]."""
-        config = self.config
+    async def _sse(run: _Run, first: Event):
         reply = Reply(run.params.kind, run.request.id, config.model_id)
         try:
             yield _data(reply.chunk(None, first=True))
-            async for delta, finish in run.pieces(first):
-                if delta:
-                    yield _data(reply.chunk(delta))
+            async for part, finish in run.parts(first):
+                if part:
+                    yield _data(reply.chunk(part))
                 if finish is not None:
                     yield _data(reply.chunk(None, finish=finish))
             if run.params.include_usage:
@@ -193,44 +217,67 @@ class _Completions:
             run.finish = "error"
             yield _data(error_body(str(e), ERROR_TYPES.get(e.status, "server_error")))
         finally:
-            if run.finish is None and not run.request.cancelled.is_set():
-                log.info("%s: client disconnected after %d tokens", run.request.id, run.tokens)
-            run.request.cancel()  # a no-op once finished; frees the row after a disconnect
+            _after_stream(run)
 
-    async def _collect(self, http: HTTPRequest, run: _Run) -> Response:
-        """The whole answer as one JSON object."""
-        config = self.config
-
-        async def gather():
-            parts, finish = [], None
-            async for delta, fin in run.pieces(None):
-                parts.append(delta)
+    async def _anthropic_sse(run: _Run, first: Event):
+        """The Messages API's events: ``message_start``, each block's start, deltas and
+        stop (``anthropic_reply.Blocks``), ``message_delta`` (stop reason, usage),
+        ``message_stop``; an engine failure mid-stream is an ``error`` event."""
+        request, blocks = run.request, areply.Blocks()
+        start = areply.message_start(request.id, config.model_id, len(request.prompt))
+        try:
+            yield areply.event("message_start", start)
+            yield areply.event("ping", {"type": "ping"})
+            finish = None
+            async for part, fin in run.parts(first):
+                for name, data in blocks.add(part):
+                    yield areply.event(name, data)
                 finish = fin or finish
-            return "".join(parts), finish
+            for name, data in blocks.close():
+                yield areply.event(name, data)
+            spec = run.speculation(config.beam)
+            end = areply.message_delta(finish, run.text.matched, run.usage(), spec)
+            yield areply.event("message_delta", end)
+            yield areply.event("message_stop", {"type": "message_stop"})
+            run.log()
+        except EngineFailure as e:
+            run.finish = "error"
+            yield areply.event("error", areply.error_body(str(e), e.status))
+        finally:
+            _after_stream(run)
+
+    async def _collect(http: HTTPRequest, run: _Run) -> Response:
+        async def gather():
+            whole, finish = Part(), None
+            async for part, fin in run.parts(None):
+                whole += part
+                finish = fin or finish
+            return whole, finish
+
+        async def blocks():  # the Messages API's content blocks, in the answer's order
+            whole, finish = areply.Blocks(), None
+            async for part, fin in run.parts(None):
+                whole.add(part)
+                finish = fin or finish
+            return whole, finish
 
         try:
-            result = await _until_disconnect(http, gather(), run)
+            result = await _until_disconnect(http, blocks() if run.anthropic else gather(), run)
         except EngineFailure as e:
-            return _failure(str(e), e.status)
+            return _failure(str(e), e.status, run.anthropic)
         if result is None:
             return Response(status_code=499)
-        text, finish = result
-        reply = Reply(run.params.kind, run.request.id, config.model_id)
+        answer, finish = result
         run.log()
-        return JSONResponse(reply.full(text, finish, run.usage(), run.speculation(config.beam)))
-
-
-def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = True) -> Starlette:
-    """The OpenAI-compatible app over one scheduler (started and stopped with the app)."""
-    started = int(time.time())
-
-    answer = _Completions(scheduler, config)
-
-    async def chat_completions(request: HTTPRequest) -> Response:
-        return await answer(request, parse_chat)
-
-    async def completions(request: HTTPRequest) -> Response:
-        return await answer(request, parse_completion)
+        usage_, spec = run.usage(), run.speculation(config.beam)
+        if run.anthropic:
+            matched = run.text.matched
+            body = areply.message(
+                run.request.id, config.model_id, answer, finish, matched, usage_, spec
+            )
+            return JSONResponse(body)
+        reply = Reply(run.params.kind, run.request.id, config.model_id)
+        return JSONResponse(reply.full(answer, finish, usage_, spec))
 
     def card(name: str) -> dict:
         return dict(id=name, object="model", created=started, owned_by="redrafter-mlx")
@@ -258,11 +305,13 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
         return JSONResponse(body, status_code=503 if stats["failure"] else 200)
 
     async def http_error(request: HTTPRequest, exc: HTTPException) -> Response:
-        return error_response(exc.detail, exc.status_code, "invalid_request_error")
+        kind, anthropic = "invalid_request_error", _is_anthropic(request)
+        return error_response(exc.detail, exc.status_code, kind, anthropic=anthropic)
 
     async def server_error(request: HTTPRequest, exc: Exception) -> Response:
         log.exception("unhandled error in a handler")
-        return error_response(f"internal error: {type(exc).__name__}", 500, "server_error")
+        message, anthropic = f"internal error: {type(exc).__name__}", _is_anthropic(request)
+        return error_response(message, 500, "server_error", anthropic=anthropic)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -275,6 +324,7 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
     routes = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/messages", messages, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/models/{model_id:path}", model, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
@@ -292,11 +342,35 @@ def wire_finish(finish: str) -> str:
     return "length" if finish == "context" else finish
 
 
-class _Run:
-    """One request in flight on the HTTP side: its events, text and counters."""
+def _is_anthropic(request: HTTPRequest) -> bool:
+    """Whether the request was sent to the Messages API (its errors take its shape)."""
+    return request.url.path.rstrip("/").startswith("/v1/messages")
 
-    def __init__(self, request: Request, events: asyncio.Queue, text: TextStream, params):
+
+def _after_stream(run: _Run) -> None:
+    """A stream's end, however it ended: a client gone mid-answer logged, its row freed."""
+    if run.finish is None and not run.request.cancelled.is_set():
+        log.info("%s: client disconnected after %d tokens", run.request.id, run.tokens)
+    run.request.cancel()  # a no-op once finished; frees the row after a disconnect
+
+
+class _Run:
+    """One request in flight on the HTTP side: its events, text (``TextStream``), the
+    text's channels (a chat's: ``Channels.of_answer``; else all content), counters, and
+    whether it speaks the Messages API (``anthropic``)."""
+
+    def __init__(
+        self,
+        request: Request,
+        events: asyncio.Queue,
+        text: TextStream,
+        params,
+        channels: Channels | None = None,
+        anthropic: bool = False,
+    ):
         self.request, self.events, self.text, self.params = request, events, text, params
+        self.channels = channels or Channels.plain()
+        self.anthropic = anthropic
         self.tokens = 0
         self.finish: str | None = None
         self.stats = None
@@ -324,6 +398,25 @@ class _Run:
                 return
             yield delta, None
             event = await self.events.get()
+
+    async def parts(self, first: Event | None):
+        """Yield (``Part``: the new text by channel, finish reason or None) until the
+        request ends: ``pieces`` split by the answer's ``Channels``. An answer that made tool
+        calls and stopped finishes ``"tool_calls"``; one that may make only one call ends
+        (its row freed) once it has."""
+        channels = self.channels
+        async for delta, finish in self.pieces(first):
+            part = channels.add(delta)
+            if finish is None and channels.done:
+                self.request.end()
+                finish = self.finish = "stop"
+            elif finish is not None:
+                part += channels.finish()
+            if finish == "stop" and channels.called:
+                finish = self.finish = "tool_calls"
+            yield part, finish
+            if finish is not None:
+                return
 
     def usage(self) -> dict:
         """Prompt and completion tokens; with branches, every branch's tokens (the text
@@ -387,7 +480,7 @@ def _check_unbranched(params) -> None:
 def _read_deadline(request: HTTPRequest, seconds: float) -> float:
     """When this request must be read by (event loop time): ``seconds`` after the server began
     waiting for it (the connection opened, or the previous response ended: stamped in the
-    scope by ``_timed_http``), else (another server) ``seconds`` from now."""
+    scope by ``runner._timed_http``), else (another server) ``seconds`` from now."""
     deadline = request.scope.get(READ_DEADLINE)
     return deadline if deadline is not None else asyncio.get_running_loop().time() + seconds
 
@@ -476,104 +569,6 @@ def _data(obj: dict) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-def _failure(message: str, status: int) -> JSONResponse:
-    return error_response(message, status, ERROR_TYPES.get(status, "server_error"))
-
-
-# --------------------------------------------------------------------------- runner
-
-
-def make_server(app, scheduler: Scheduler, host: str, port: int, log_level: str, grace_s: float):
-    """A uvicorn server whose SIGINT/SIGTERM drains the scheduler and exits cleanly (code 0)."""
-    import uvicorn
-
-    class DrainingServer(uvicorn.Server):
-        def handle_exit(self, sig, frame) -> None:
-            scheduler.begin_drain(grace_s)
-            super().handle_exit(sig, frame)
-
-        @contextlib.contextmanager
-        def capture_signals(self):
-            """Like uvicorn's, minus re-raising the signal afterwards: a requested stop is a
-            clean exit, not a death by signal."""
-            if threading.current_thread() is not threading.main_thread():
-                yield
-                return
-            sigs = (signal.SIGINT, signal.SIGTERM)
-            original = {s: signal.signal(s, self.handle_exit) for s in sigs}
-            try:
-                yield
-            finally:
-                for s, handler in original.items():
-                    signal.signal(s, handler)
-
-    limits = app.state.serve_config
-    config = uvicorn.Config(
-        app,
-        host=host,
-        port=port,
-        log_level=log_level.lower(),
-        timeout_graceful_shutdown=grace_s + 2.0,
-        access_log=log_level.lower() == "debug",
-        http=_timed_http(limits.read_timeout_s),
-        limit_concurrency=limits.max_connections,
-    )
-    return DrainingServer(config)
-
-
-def _timed_http(seconds: float):
-    """uvicorn's h11 protocol, closing a connection whose next request's headers have not all
-    arrived within ``seconds`` of it opening (or of the previous response): uvicorn itself
-    waits for ever for the first request, and a trickle of bytes outlives its keep-alive
-    timeout. The same deadline bounds the body, which the app reads (``_within``): it is
-    stamped in the request's scope (``READ_DEADLINE``)."""
-    from uvicorn.protocols.http.h11_impl import H11Protocol
-
-    class TimedH11Protocol(H11Protocol):
-        _timer = None
-        _deadline = 0.0
-        _waiting = None  # the cycle before the request being waited for
-
-        def _arm(self) -> None:
-            self._disarm()
-            self._waiting = self.cycle
-            self._deadline = self.loop.time() + seconds
-            self._timer = self.loop.call_later(seconds, self._expire)
-
-        def _disarm(self) -> None:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-
-        def _check(self) -> None:
-            if self.cycle is not self._waiting:  # the headers arrived: a new cycle runs
-                if self._timer is not None:  # its body is due by the same deadline
-                    self.cycle.scope[READ_DEADLINE] = self._deadline
-                self._disarm()
-
-        def _expire(self) -> None:
-            self._timer = None
-            if self.cycle is self._waiting and not self.transport.is_closing():
-                log.info("closing a connection whose request headers took over %g s", seconds)
-                self.transport.close()
-
-        def connection_made(self, transport) -> None:
-            super().connection_made(transport)
-            self._arm()
-
-        def data_received(self, data: bytes) -> None:
-            super().data_received(data)
-            self._check()
-
-        def on_response_complete(self) -> None:
-            self._arm()  # before: a pipelined request may start a cycle right away
-            super().on_response_complete()
-            self._check()
-            if self.transport.is_closing():
-                self._disarm()
-
-        def connection_lost(self, exc) -> None:
-            self._disarm()
-            super().connection_lost(exc)
-
-    return TimedH11Protocol
+def _failure(message: str, status: int, anthropic: bool = False) -> JSONResponse:
+    kind = ERROR_TYPES.get(status, "server_error")
+    return error_response(message, status, kind, anthropic=anthropic)

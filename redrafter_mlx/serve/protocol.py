@@ -1,4 +1,4 @@
-"""The OpenAI wire format: request parsing and validation, response bodies, stop strings.
+"""The OpenAI wire format: request parsing and validation, and response bodies.
 
 Parsing never touches the engine: a request either becomes ``Params`` or raises
 ``ProtocolError`` (HTTP 400 with an OpenAI-style error body naming the bad parameter).
@@ -10,9 +10,10 @@ tokens, as mlx-lm's server), and mlx-lm's ``repetition_penalty`` and
 ``repetition_context_size``; the common extensions of vLLM and other servers,
 ``stop_token_ids``, ``ignore_eos`` and ``min_tokens`` (``EXTENSIONS``); and OpenAI's
 ``user``, ``metadata``, ``prompt_cache_key`` and ``safety_identifier``, which change no
-answer. Sampling fields a request leaves out take the model's ``generation_config.json``
-values, else OpenAI's defaults (``Params.sampling``). What it does not implement
-(``tools``, ``logprobs``, ``response_format`` ...) is refused, a server flag sent as a field
+answer; and a chat's ``tools``, ``tool_choice`` and ``parallel_tool_calls`` (``serve/tools.py``;
+its messages: ``serve/messages.py``). Sampling fields a request leaves out take the model's
+``generation_config.json`` values, else OpenAI's defaults (``Params.sampling``). What it does
+not implement (``logprobs``, ``response_format`` ...) is refused, a server flag sent as a field
 (``draft_model``, ``beam_width`` ...) is refused, and so is any other field
 (``check_fields``): none is ever ignored.
 
@@ -28,8 +29,13 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from redrafter_mlx.engine.base.errors import ParamError, RedrafterError
+from redrafter_mlx.engine.base.errors import ParamError
 from redrafter_mlx.engine.core.sampling import SamplerConfig
+
+from .channels import Part
+from .errors import ProtocolError
+from .messages import chat_ids, parse_messages
+from .tools import Tools, parse_tools
 
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; send 0 for greedy decoding
 DEFAULT_MAX_BODY_BYTES = 4 << 20  # 4 MiB: ~1M prompt tokens as JSON ids, far past any context
@@ -37,10 +43,8 @@ DEFAULT_READ_TIMEOUT_S = 30.0  # a client's time to send a request's headers, th
 DEFAULT_MAX_CONNECTIONS = 1024  # open connections (beyond: 503), slow clients included
 MAX_STOP = 4
 MAX_STOP_IDS = 256  # stop_token_ids a request may send
-ROLES = ("system", "developer", "user", "assistant")
 # Parameters that would change the output in ways this server does not implement.
 UNSUPPORTED = {
-    "tools": None,
     "functions": None,
     "logprobs": (None, False, 0),
     "top_logprobs": (None, 0),
@@ -48,8 +52,6 @@ UNSUPPORTED = {
     "suffix": (None, ""),
     "best_of": (None, 1),
     "response_format": (None, {"type": "text"}),
-    "parallel_tool_calls": None,
-    "tool_choice": (None, "none"),
     "function_call": (None, "none"),
     "store": (None, False),
     "service_tier": (None, "auto", "default"),
@@ -89,35 +91,6 @@ SERVER_SETTINGS = {
 }
 
 
-class ProtocolError(RedrafterError):
-    """A request the server refuses; ``status`` and ``body()`` are the HTTP answer."""
-
-    def __init__(
-        self,
-        message: str,
-        param: str | None = None,
-        status: int = 400,
-        type: str = "invalid_request_error",
-        code: str | None = None,
-    ):
-        super().__init__(message)
-        self.message, self.param, self.status, self.type, self.code = (
-            message,
-            param,
-            status,
-            type,
-            code,
-        )
-
-    def body(self) -> dict:
-        return error_body(self.message, self.type, self.param, self.code)
-
-
-def error_body(message: str, type: str, param: str | None = None, code: str | None = None):
-    """``{"error": {"message", "type", "param", "code"}}``."""
-    return {"error": {"message": message, "type": type, "param": param, "code": code}}
-
-
 @dataclass
 class Params:
     """A validated request. ``messages`` for chat, ``prompt`` (text or ids) for completions;
@@ -135,6 +108,7 @@ class Params:
     stop_ids: tuple[int, ...] = ()  # stop_token_ids
     ignore_eos: bool = False
     min_tokens: int = 0
+    tools: Tools | None = None  # chat: tools, tool_choice, parallel_tool_calls
 
     def sampling(self, defaults: dict | None = None) -> SamplerConfig:
         """The request's sampling settings: what it sent, else the model's ``defaults``
@@ -272,7 +246,12 @@ COMMON_FIELDS = (
     *METADATA,
     *UNSUPPORTED,
 )
-KIND_FIELDS = {"chat": ("messages",), "completion": ("prompt",)}
+KIND_FIELDS = {
+    "chat": ("messages", "tools", "tool_choice", "parallel_tool_calls"),
+    "completion": ("prompt",),
+}
+# refused with their own reason: OpenAI's deprecated forms of ``tools`` and ``tool_choice``
+LEGACY = {"functions": "tools", "function_call": "tool_choice"}
 
 
 def check_fields(body: dict, kind: str) -> None:
@@ -282,8 +261,20 @@ def check_fields(body: dict, kind: str) -> None:
     known = {*COMMON_FIELDS, *KIND_FIELDS[kind]}
     for name, value in body.items():
         allowed = UNSUPPORTED.get(name, ())
+        if name in LEGACY and (allowed is None or value not in allowed):
+            raise ProtocolError(
+                f"'{name}' is OpenAI's deprecated form of '{LEGACY[name]}', which this server "
+                f"takes: send '{LEGACY[name]}' instead",
+                name,
+            )
         if name in UNSUPPORTED and (allowed is None or value not in allowed):
             raise ProtocolError(f"'{name}' is not supported by this server", name)
+        if name in KIND_FIELDS["chat"] and name not in known:
+            raise ProtocolError(
+                f"'{name}' is a field of chat requests (POST /v1/chat/completions); "
+                "a completion takes a prompt only: drop it",
+                name,
+            )
         setting = name.replace("-", "_").casefold()
         if setting in SERVER_SETTINGS:
             raise ProtocolError(
@@ -339,7 +330,7 @@ def _common(body: dict, kind: str, max_tokens_limit: int) -> Params:
         stop=_stop(body.get("stop")),
         stream=stream,
         include_usage=include_usage,
-        sent=_sampling(body),
+        sent=sent_sampling(body),
         stop_ids=_stop_ids(body.get("stop_token_ids")),
         ignore_eos=ignore_eos,
         min_tokens=min_tokens,
@@ -360,7 +351,7 @@ def _stop_ids(value) -> tuple[int, ...]:
     return tuple(dict.fromkeys(value))
 
 
-def _sampling(body: dict) -> dict:
+def sent_sampling(body: dict) -> dict:
     """The sampling settings sent (``SamplerConfig`` fields), each checked: its type, OpenAI's
     range, then the engine's rules; a ProtocolError names the first bad one."""
     sent = {}
@@ -429,46 +420,6 @@ def _stop(value) -> list[str]:
     return stops
 
 
-def _text_content(content, i: int, role: str) -> str:
-    """A message's content: a string or a list of ``{"type": "text", "text": ...}`` parts; an
-    assistant's may be null (the OpenAI API allows it): an empty reply."""
-    if content is None and role == "assistant":
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(
-        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-        for p in content
-    ):
-        return "".join(p["text"] for p in content)
-    raise ProtocolError(
-        f"messages[{i}].content must be a string or a list of text parts", f"messages[{i}]"
-    )
-
-
-def _messages(value) -> list[dict]:
-    if not isinstance(value, list) or not value:
-        raise ProtocolError("'messages' must be a non-empty list of messages", "messages")
-    out = []
-    for i, m in enumerate(value):
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise ProtocolError(
-                f"messages[{i}] must be an object with a role in {', '.join(ROLES)}",
-                f"messages[{i}]",
-            )
-        if m.get("tool_calls") or m["role"] == "tool":
-            raise ProtocolError(
-                f"messages[{i}] holds tool calls, which this server does not support; "
-                "send text messages only",
-                f"messages[{i}]",
-            )
-        role = "system" if m["role"] == "developer" else m["role"]
-        out.append({"role": role, "content": _text_content(m.get("content"), i, role)})
-    if out[-1]["role"] != "user":
-        raise ProtocolError("the last message must come from the user", "messages")
-    return out
-
-
 def _prompt(value) -> str | list[int]:
     """A completion prompt: a string or token ids (or a list holding exactly one of those)."""
     if isinstance(value, list) and len(value) == 1 and isinstance(value[0], str | list):
@@ -488,7 +439,8 @@ def parse_chat(body, max_tokens_limit: int) -> Params:
     if not isinstance(body, dict):
         raise ProtocolError("the request body must be a JSON object")
     params = _common(body, "chat", max_tokens_limit)
-    params.messages = _messages(body.get("messages"))
+    params.messages = parse_messages(body.get("messages"))
+    params.tools = parse_tools(body)
     return params
 
 
@@ -505,11 +457,10 @@ def parse_completion(body, max_tokens_limit: int) -> Params:
 
 
 def prompt_ids(params: Params, tokenizer) -> list[int]:
-    """Token ids: chat through the tokenizer's chat format, text with BOS, ids as given."""
+    """Token ids: chat through the tokenizer's chat format (``messages.chat_ids``), text
+    with BOS, ids as given."""
     if params.kind == "chat":
-        system = [m["content"] for m in params.messages if m["role"] == "system"]
-        turns = [m for m in params.messages if m["role"] != "system"]
-        return tokenizer.chat_prompt(turns, "\n".join(system) if system else None)
+        return chat_ids(params.messages, params.tools, tokenizer)
     if isinstance(params.prompt, str):
         return tokenizer.encode(params.prompt)
     return list(params.prompt)
@@ -554,30 +505,31 @@ class Reply:
     def _head(self, obj: str) -> dict:
         return dict(id=self.id, object=obj, created=self.created, model=self.model)
 
-    def full(self, text: str, finish: str, usage_: dict, speculation: dict) -> dict:
-        """The non-streaming body."""
+    def full(self, part: Part, finish: str, usage_: dict, speculation: dict) -> dict:
+        """The non-streaming body: a chat's message (``message_of``) or a completion's text."""
         if self.kind == "chat":
-            choice = dict(
-                index=0,
-                message=dict(role="assistant", content=text),
-                finish_reason=finish,
-                logprobs=None,
-            )
+            choice = dict(index=0, message=message_of(part), finish_reason=finish, logprobs=None)
             head = self._head("chat.completion")
         else:
-            choice = dict(index=0, text=text, finish_reason=finish, logprobs=None)
+            choice = dict(index=0, text=part.content, finish_reason=finish, logprobs=None)
             head = self._head("text_completion")
         return {**head, "choices": [choice], "usage": usage_, "speculation": speculation}
 
-    def chunk(self, text: str | None, finish: str | None = None, first: bool = False) -> dict:
-        """One streamed chunk (``first`` carries the chat role)."""
+    def chunk(self, part: Part | None, finish: str | None = None, first: bool = False) -> dict:
+        """One streamed chunk (``first`` carries the chat role): a chat's delta holds what
+        ``part`` has of ``content``, ``reasoning_content`` and ``tool_calls``."""
+        part = part or Part()
         if self.kind == "chat":
             delta = {"role": "assistant", "content": ""} if first else {}
-            if text:
-                delta["content"] = text
+            if part.content:
+                delta["content"] = part.content
+            if part.reasoning:
+                delta["reasoning_content"] = part.reasoning
+            if part.calls:
+                delta["tool_calls"] = part.calls
             choice = dict(index=0, delta=delta, finish_reason=finish, logprobs=None)
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
-        choice = dict(index=0, text=text or "", finish_reason=finish, logprobs=None)
+        choice = dict(index=0, text=part.content, finish_reason=finish, logprobs=None)
         return {**self._head("text_completion"), "choices": [choice]}
 
     def usage_chunk(self, usage_: dict, speculation: dict) -> dict:
@@ -586,70 +538,14 @@ class Reply:
         return {**self._head(obj), "choices": [], "usage": usage_, "speculation": speculation}
 
 
-# --------------------------------------------------------------------------- stop strings
-
-
-class TextStream:
-    """Token ids -> text deltas, cut at the first stop string.
-
-    Text that could still become the start of a stop string is held back until it cannot.
-    ``tokens`` counts the generated tokens the text is made of: after a stop string, those up
-    to and including the one that completed it (the usage's ``completion_tokens``, the same
-    however the engine's steps split the tokens). With ``min_tokens``, only a stop string
-    completed by the ``min_tokens``-th token or a later one ends the text (vLLM's rule): one
-    that ends within the text of the tokens before (``floor`` characters) is text.
-    """
-
-    def __init__(self, tokenizer, stop: list[str], min_tokens: int = 0):
-        from redrafter_mlx.engine.base.tokenizer import StreamDecoder
-
-        self.decoder = StreamDecoder(tokenizer)
-        self.stop = stop
-        self.hold = max((len(s) for s in stop), default=1) - 1
-        self.text = ""
-        self.sent = 0
-        self.tokens = 0
-        self.before = max(min_tokens - 1, 0)  # tokens that complete no stop string
-        self.floor = 0  # characters of their text
-
-    def add(self, tokens: list[int]) -> tuple[str, bool]:
-        """New text safe to send, and whether a stop string ended the text."""
-        early = self.before - len(self.decoder.tokens)
-        if early > 0:
-            self.text += self.decoder.add(tokens[:early])
-            self.floor = len(self.text)
-        self.text += self.decoder.add(tokens[max(early, 0) :])
-        delta, stopped = self._release(final=False)
-        self.tokens = len(self.decoder.tokens)
-        if stopped:
-            self.tokens -= len(tokens) - self._stop_token(tokens)
-        return delta, stopped
-
-    def _stop_token(self, tokens: list[int]) -> int:
-        """How many of ``tokens`` (the last added) it took for a stop string to appear."""
-        done = self.decoder.tokens[: len(self.decoder.tokens) - len(tokens)]
-        for k in range(1, len(tokens)):  # once per request, over one step's tokens
-            text = self.decoder.tokenizer.decode(done + tokens[:k])
-            if self._first_stop(text) is not None:
-                return k
-        return len(tokens)
-
-    def _first_stop(self, text: str) -> int | None:
-        """Where the first stop string that ends past ``floor`` starts in ``text``, or None."""
-        hits = [text.find(s, max(self.floor - len(s) + 1, 0)) for s in self.stop]
-        return min((i for i in hits if i >= 0), default=None)
-
-    def finish(self) -> str:
-        """The rest of the text once generation ended."""
-        self.text += self.decoder.flush()
-        return self._release(final=True)[0]
-
-    def _release(self, final: bool) -> tuple[str, bool]:
-        hit = self._first_stop(self.text)
-        stopped = hit is not None
-        if stopped:
-            self.text = self.text[:hit]
-        end = len(self.text) if (final or stopped) else max(len(self.text) - self.hold, 0)
-        delta = self.text[self.sent : end] if end > self.sent else ""
-        self.sent = max(self.sent, end)
-        return delta, stopped
+def message_of(part: Part) -> dict:
+    """A chat answer's message: its ``content`` (null when it only calls tools, as OpenAI
+    answers), its ``reasoning_content`` where it reasoned, its ``tool_calls`` where it
+    made any."""
+    content = None if part.calls and not part.content else part.content
+    message = {"role": "assistant", "content": content}
+    if part.reasoning:
+        message["reasoning_content"] = part.reasoning
+    if part.calls:
+        message["tool_calls"] = part.calls
+    return message

@@ -1,12 +1,17 @@
 """Tokenizers: LLaMA SentencePiece (``tokenizer.model``) directly, anything else through
-mlx-lm's Hugging Face wrapper; chat prompts (Vicuna v1.1 or the tokenizer's own template);
-and a streaming detokenizer that never emits half a UTF-8 character.
+mlx-lm's Hugging Face wrapper; chat prompts (Vicuna v1.1 or the tokenizer's own template,
+with tools where it renders them); what the template marks in an answer (thinking, tool
+calls: ``TemplateMarkers``, as mlx-lm infers them); and a streaming detokenizer that never
+emits half a UTF-8 character.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from .chat_format import vicuna_turns
@@ -24,6 +29,30 @@ def valid_text(text: str) -> str:
     except UnicodeEncodeError:
         return _SURROGATE.sub("\ufffd", text)
     return text
+
+
+@dataclass(frozen=True)
+class TemplateMarkers:
+    """What a chat template marks in an answer, as mlx-lm's tokenizer infers it
+    (``mlx_lm.tokenizer_utils``: thinking from the vocabulary, the tool-call format from the
+    template, else the vocabulary), so that an answer splits as mlx-lm's server splits it.
+
+    think:      (start, end) text of a thinking block (``<think>``, ``</think>``), or None
+    tool:       (start, end) text around a tool call (``<tool_call>``, ``</tool_call>``; the
+                end is "" in a format without one, Mistral's ``[TOOL_CALLS]``), or None
+    parse_tool: mlx-lm's parser of one call's text (``mlx_lm.tool_parsers.<format>``):
+                ``parse_tool(text, tools) -> {"name", "arguments"} | [...]``; None: the
+                template has no tool-call format mlx-lm knows
+    ids:        the token ids of those markers, kept in decoded text where they are
+                special tokens (``Tokenizer.decode``'s ``keep``)
+    tool_ids:   the tool-call start's token ids (a prompt that opens a call ends with them)
+    """
+
+    think: tuple[str, str] | None = None
+    tool: tuple[str, str] | None = None
+    parse_tool: Callable | None = None
+    ids: frozenset[int] = frozenset()
+    tool_ids: tuple[int, ...] = ()
 
 
 class Tokenizer:
@@ -78,18 +107,57 @@ class Tokenizer:
             return ([self.bos_token_id] if add_bos else []) + ids
         return self._hf.encode(text, add_special_tokens=add_bos, split_special_tokens=not special)
 
-    def decode(self, ids) -> str:
+    def decode(self, ids, keep: frozenset[int] = frozenset()) -> str:
+        """The text of ``ids``, special tokens left out except those in ``keep`` (a
+        template's markers, ``TemplateMarkers.ids``; all of them: ``special_ids``)."""
         ids = [int(i) for i in ids]
         if self._sp is not None:
             return self._sp.decode(ids)
-        return self._hf.decode(ids, skip_special_tokens=True)
+        if not keep:
+            return self._hf.decode(ids, skip_special_tokens=True)
+        ids = [i for i in ids if i in keep or i not in self.special_ids]
+        return self._hf.decode(ids, skip_special_tokens=False)
 
-    def chat_prompt(self, messages: list[dict], system: str | None = None) -> list[int]:
+    @cached_property
+    def special_ids(self) -> frozenset[int]:
+        """The ids ``decode`` leaves out: added tokens flagged special (none for
+        SentencePiece, whose decoder drops its control pieces itself)."""
+        if self._hf is None:
+            return frozenset()
+        added = self._hf.added_tokens_decoder
+        return frozenset(i for i, token in added.items() if token.special)
+
+    @cached_property
+    def markers(self) -> TemplateMarkers:
+        """The chat template's markers (none for SentencePiece or no template)."""
+        hf = self._hf
+        if hf is None or not self.chat_template:
+            return TemplateMarkers()
+        think = (hf.think_start, hf.think_end) if hf.has_thinking else None
+        tool = (hf.tool_call_start, hf.tool_call_end) if hf.has_tool_calling else None
+        ids = (hf.think_start_tokens or ()) + (hf.think_end_tokens or ())
+        ids += (hf.tool_call_start_tokens or ()) + (hf.tool_call_end_tokens or ())
+        tool_ids = tuple(hf.tool_call_start_tokens or ())
+        return TemplateMarkers(think, tool, hf.tool_parser, frozenset(ids), tool_ids)
+
+    def thinking_open(self, prompt: list[int]) -> bool:
+        """Whether ``prompt`` ends inside a thinking block (its template opened one for the
+        answer: the answer starts as reasoning), by mlx-lm's server's rule: the last think
+        start comes after the last think end."""
+        if self.markers.think is None:
+            return False
+        return self._hf.rfind_think_start(prompt) > self._hf.rfind_think_end(prompt)
+
+    def chat_prompt(
+        self, messages: list[dict], system: str | None = None, tools: list[dict] | None = None
+    ) -> list[int]:
         """Token ids of a conversation ending with an open assistant turn.
 
-        messages: [{"role": "user"|"assistant", "content": str}, ...]. The tokenizer's chat
-        template is used when it has one; otherwise Vicuna v1.1 (docs/design/formats.md,
-        "Chat formats").
+        messages: [{"role": "user"|"assistant", "content": str}, ...]; with a template, also
+        assistant ``tool_calls`` and ``tool`` results, which it renders as it renders
+        ``tools`` (OpenAI's function specs, given to ``apply_chat_template(tools=)``). The
+        tokenizer's chat template is used when it has one; otherwise Vicuna v1.1
+        (docs/design/formats.md, "Chat formats"), which renders no tools.
         Text that was not UTF-8 reads as U+FFFD (:func:`valid_text`). The messages' text is
         plain text: a ``<|im_end|>`` or ``</s>`` typed in it never becomes the control token
         (a user cannot fake a turn boundary); only the format's own markers are.
@@ -98,7 +166,9 @@ class Tokenizer:
         system = None if system is None else valid_text(system)
         if self.chat_template and self._hf is not None:
             msgs = ([{"role": "system", "content": system}] if system else []) + messages
-            return self._template_ids(msgs)
+            return self._template_ids(msgs, tools or None)
+        if tools or any(m["role"] not in ("user", "assistant") for m in messages):
+            raise ValueError("the Vicuna format renders no tools; this tokenizer has no template")
         ids = [self.bos_token_id]
         for i, part in enumerate(vicuna_turns(messages, system)):
             if i:
@@ -107,7 +177,7 @@ class Tokenizer:
                 ids.extend(self.encode(part, add_bos=False, special=False))
         return ids
 
-    def _template_ids(self, msgs: list[dict]) -> list[int]:
+    def _template_ids(self, msgs: list[dict], tools: list[dict] | None) -> list[int]:
         """The chat template's ids, each message's text encoded as plain text.
 
         Messages without special-token text: the template's own ids (exactly as
@@ -117,12 +187,14 @@ class Tokenizer:
         specials = [t for t in self._hf.all_special_tokens if t]
         texts = [m.get("content") for m in msgs]
         if not any(isinstance(c, str) and any(t in c for t in specials) for c in texts):
-            return list(self._hf.apply_chat_template(msgs, add_generation_prompt=True))
+            return list(self._hf.apply_chat_template(msgs, tools=tools, add_generation_prompt=True))
         marked = [
             {**m, "content": _marker(i)} if isinstance(m.get("content"), str) else m
             for i, m in enumerate(msgs)
         ]
-        text = self._hf.apply_chat_template(marked, add_generation_prompt=True, tokenize=False)
+        text = self._hf.apply_chat_template(
+            marked, tools=tools, add_generation_prompt=True, tokenize=False
+        )
         ids = []
         for i, part in enumerate(_MARKER.split(text)):
             if i % 2:  # a message's text
@@ -170,17 +242,25 @@ def load_tokenizer(path) -> Tokenizer:
 
 
 class StreamDecoder:
-    """Incremental text for a growing token list, holding back incomplete characters."""
+    """Incremental text for a growing token list, holding back incomplete characters;
+    ``keep``: the special tokens its text shows (``Tokenizer.decode``)."""
 
-    def __init__(self, tokenizer: Tokenizer):
+    def __init__(self, tokenizer: Tokenizer, keep: frozenset[int] = frozenset()):
         self.tokenizer = tokenizer
+        self.keep = keep
         self.tokens: list[int] = []
         self.emitted = ""
+
+    def text_of(self, ids) -> str:
+        """``ids`` decoded as this stream decodes them."""
+        if self.keep:
+            return self.tokenizer.decode(ids, keep=self.keep)
+        return self.tokenizer.decode(ids)
 
     def add(self, tokens) -> str:
         """Append token ids; return the newly completed text."""
         self.tokens.extend(int(t) for t in tokens)
-        text = self.tokenizer.decode(self.tokens)
+        text = self.text_of(self.tokens)
         if text.endswith("\ufffd"):
             return ""
         new = text[len(self.emitted) :] if text.startswith(self.emitted) else ""
@@ -188,7 +268,7 @@ class StreamDecoder:
         return new
 
     def flush(self) -> str:
-        text = self.tokenizer.decode(self.tokens)
+        text = self.text_of(self.tokens)
         new = text[len(self.emitted) :] if text.startswith(self.emitted) else ""
         self.emitted = text
         return new

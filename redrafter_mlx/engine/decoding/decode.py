@@ -341,9 +341,9 @@ def redrafter_step(
         if cand.present is not None:
             beams = mx.where(cand.present, beams, 0)
         beams = beams[:, :, :capacity]
-    if beams.shape[1] > 1 and getattr(model, "recurrent", False):  # at trace time
+    if beams.shape[1] > 1 and getattr(model, "verifies", "tree") != "tree":  # at trace time
         raise ValueError(
-            f"{shape.label} packs a tree, which a model with recurrent layers cannot verify: "
+            f"{shape.label} packs a tree, which this model cannot verify ({model.narrowing}): "
             f"run {shape.as_chain().label} (step.batch_step does)"
         )
     if cand.two:  # 2. pack: two chains in a static layout, or the trie of every candidate

@@ -125,8 +125,8 @@ def batch_step(
     """The compiled batch step of this configuration, kept on the model (compiled once for
     every loop over it: each chat turn, each request batch)."""
     cache = model.__dict__.setdefault("_batch_steps", {})
-    if shape is not None and getattr(model, "recurrent", False) and not shape.verifies_chain:
-        shape = chain_for_recurrent(model, shape)
+    if shape is not None:
+        shape = narrowed(model, shape)
     layers = getattr(model, "feature_layers", ())
     slot = tuple(id(item) for item in slot_items(draft_model))
     key = (id(drafter), shape, mode, compiled, layers, slot)
@@ -137,19 +137,28 @@ def batch_step(
     return cache[key]
 
 
-def chain_for_recurrent(model, shape: BeamShape) -> BeamShape:
-    """``shape.as_chain()``, said once per model: a model with recurrent layers verifies one
-    chain a step (their state follows a chain, not a tree's branches)."""
-    chain = shape.as_chain()
-    if not model.__dict__.get("_chain_said"):
-        model.__dict__["_chain_said"] = True
-        warnings.warn(
-            f"{model.model_type} keeps recurrent state, which follows one chain a step, not "
-            f"a tree: {shape.label} runs as {chain.label} (one drafter beam, one lookup "
-            "chain, or the draft model's chain, whichever each row ranks first)",
-            stacklevel=3,
+def narrowed(model, shape: BeamShape) -> BeamShape | None:
+    """The nearest shape the model's steps may verify (``Verifier.verifies``, found at load):
+    ``shape`` itself on most models; ``shape.as_chain()`` where a tree cannot be verified (a
+    model's recurrent state follows one chain; a family's positions do not reach a tree);
+    plain decoding (None) where even a chain gives other logits. Said once per model, with
+    why."""
+    verifies = getattr(model, "verifies", "tree")
+    if verifies == "tree" or shape.is_autoregressive:
+        return shape
+    if verifies == "chain" and shape.verifies_chain:
+        return shape
+    out = shape.as_chain() if verifies == "chain" else None  # None: the plain decoding step
+    if not model.__dict__.get("_narrowing_said"):
+        model.__dict__["_narrowing_said"] = True
+        runs = (
+            f"{out.label} (one drafter beam, one lookup chain, or the draft model's chain, "
+            "whichever each row ranks first)"
+            if verifies == "chain"
+            else "plain decoding"
         )
-    return chain
+        warnings.warn(f"{model.narrowing}: {shape.label} runs as {runs}", stacklevel=3)
+    return out
 
 
 def uniform_step(

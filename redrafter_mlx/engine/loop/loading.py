@@ -18,7 +18,7 @@ from mlx.utils import tree_flatten
 
 from ..base.platform import default_dtype
 from ..core.branches import split_token_ids
-from ..drafting import early_exit
+from ..drafting import early_exit, kinds
 from ..drafting.draft_model import MAX_ADDED_TOKENS, check_draft_model
 from ..drafting.drafter import Drafter, DrafterArgs
 from ..drafting.early_exit import is_early_exit, kind_problem
@@ -157,6 +157,7 @@ def load_model(path: str | os.PathLike, dtype=None, group=None) -> tuple[Verifie
     try:
         model = LmModel(lm, built)
         model.check_commit()
+        model.check_steps()  # what a step may verify: a tree, a chain, or one token
     except ValueError as e:
         raise LoadError(f"{path}: {e}") from None
     if group is not None:
@@ -317,8 +318,17 @@ def load(model_path, drafter_path=None, dtype=None, group=None, draft_model=None
     if adapter_path is not None:  # an early-exit adapter in the draft slot
         adapter = load_adapter_for(model, resolve_path(adapter_path), dtype, drafter)
     if own_path is not None:
-        same = resolve_path(own_path) == path and group is None
-        own = model if same else load_draft_model(own_path, model, tokenizer, dtype)
+        where = resolve_path(own_path, "draft model")
+        same = where == path and group is None
+        if same:
+            own = model
+        elif kinds.is_source_folder(where):  # a registered third-party source's folder
+            try:
+                own = kinds.load_source(where, model, tokenizer, dtype)
+            except ValueError as e:
+                raise LoadError(str(e)) from None
+        else:
+            own = load_draft_model(own_path, model, tokenizer, dtype)
     if own is not None and adapter is not None:
         return model, drafter, tokenizer, (own, adapter)
     return model, drafter, tokenizer, own if own is not None else adapter
@@ -355,6 +365,12 @@ def check_not_a_slot_folder(where: Path, given_as: str = "the model (--model)") 
     model), holds a drafter or an early-exit adapter (``folder_kind``), naming where it goes;
     an adapter whose config.json's kind is misspelt: ``check_kind``'s message."""
     check_kind(where)
+    if given_as.startswith("the model") and kinds.is_source_folder(where):
+        raise LoadError(
+            f"{where} holds a {kinds.kind_of(where)!r} draft source (its config.json's kind), "
+            f"not a model, given as {given_as}: pass it as --draft-model (load's draft_model) "
+            "beside the model it drafts for"
+        )
     kind = folder_kind(where)
     if kind == "drafter":
         model = "--model" in given_as

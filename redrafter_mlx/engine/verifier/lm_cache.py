@@ -20,7 +20,7 @@ import math
 import mlx.core as mx
 
 from ..core.tree import arange
-from .slots import window_mask, write_slots
+from .slots import window_mask, write_heads
 
 
 class LmCall:
@@ -35,6 +35,9 @@ class LmCall:
     def __init__(self, model, positions, mask, keys, values, write_idx, counts=None):
         self.model = model
         self.positions = positions  # (B, T) int32
+        # (B,) each row's first position: mlx-lm's ``cache.offset``, one object per call, so
+        # a family that hands it to ``mx.fast.rope`` itself is found (``lm_model``'s taps)
+        self.offset = positions[:, 0]
         self.mask = mask  # (B, 1, T, A) bool
         self.keys, self.values = list(keys), list(values)
         self.write_idx = write_idx  # (B, T)
@@ -79,16 +82,16 @@ class SlotCache:
     @property
     def offset(self) -> mx.array:
         """(B,) the position of each row's first new token (mlx-lm's batched offset)."""
-        return self.call.positions[:, 0]
+        return self.call.offset
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         """keys/values (B, n_kv, T, D) written at the call's slots; returns the buffers over
         the attention window, (B, n_kv, A, D) each."""
         call, i = self.call, self.index
-        new_k, new_v = keys.transpose(0, 2, 1, 3), values.transpose(0, 2, 1, 3)
-        call.fresh[i] = (new_k, new_v)
-        call.keys[i] = write_slots(call.keys[i], call.write_idx, new_k)
-        call.values[i] = write_slots(call.values[i], call.write_idx, new_v)
+        # the commit reads them (B, T, n_kv, D); a call whose commit does not stays lazy
+        call.fresh[i] = (keys.transpose(0, 2, 1, 3), values.transpose(0, 2, 1, 3))
+        call.keys[i] = write_heads(call.keys[i], call.write_idx, keys)
+        call.values[i] = write_heads(call.values[i], call.write_idx, values)
         return self.keys_and_values()
 
     def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):

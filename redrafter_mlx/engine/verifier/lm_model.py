@@ -39,60 +39,10 @@ import mlx.nn as nn
 from ..core.tree import arange, cache_mask, chain_mask
 from .lm_cache import LmCall, ProbeCache, ProbeState, SlotCache, StateCache, StateCommit
 from .lm_rope import is_rope, rope_group, rope_layout, rope_tap
+from .lm_taps import Exited, engine_kernels, hidden_tap, layer_tap, patched, position_tap
 from .protocol import Verifier
 
-
-def _patched(module: nn.Module, call_fn, tag: str) -> None:
-    """Give ``module`` a ``__call__`` of ``call_fn(self, original, *args, **kwargs)``: its class
-    becomes a subclass (one per class and tag), so its parameters keep their names."""
-    base = type(module)
-    cache = _patched.classes
-    key = (base, tag)
-    if key not in cache:
-
-        def __call__(self, *args, **kwargs):
-            return call_fn(self, base.__call__, *args, **kwargs)
-
-        cache[key] = type(f"{base.__name__}", (base,), {"__call__": __call__})
-    module.__class__ = cache[key]
-
-
-_patched.classes = {}
-
-
-def _hidden_tap(self, original, *args, **kwargs):
-    """The layers' module: its output is the engine's hidden state, or, while the head is
-    read (``LmModel.logits``), the given hidden state stands in for it."""
-    owner = self._rd_owner
-    if owner.substitute is not None:
-        return owner.substitute
-    h = original(self, *args, **kwargs)
-    if owner.call is not None:
-        owner.call.hidden = h
-    elif owner.probing:
-        owner.last_hidden = h
-    return h
-
-
-class _Exited(Exception):
-    """Raised by the layer tap at an early exit (``LmModel.run_to``): no later layer runs."""
-
-
-def _layer_tap(self, original, x, *args, **kwargs):
-    """Every layer: record its input when a drafter reads it, and a recurrent layer's whole
-    call, which the commit runs again over the accepted tokens (``StateCommit``); at an early
-    exit (``LmModel.run_to``), keep its input and stop the forward there."""
-    call = self._rd_owner.call
-    if call is not None:
-        if self._rd_index == call.stop:
-            call.exit = x
-            raise _Exited
-        if self._rd_index in call.model.feature_layers:
-            call.features[self._rd_index] = x
-        for value in (*args, *kwargs.values()):
-            if isinstance(value, StateCache):
-                call.recorded[value.index] = (self, x, args, kwargs)
-    return original(self, x, *args, **kwargs)
+POSITION_EMBEDDINGS = ("wpe", "position_embeddings", "embed_positions")
 
 
 class LmArgs:
@@ -205,6 +155,14 @@ class LmModel(Verifier):
         self.args = LmArgs(config, hidden, vocab, len(self._layers), shapes)
         self.args.tie_word_embeddings = self._head is self._embedding
         self._plain_head = self._reads_plain_head()
+        # what a step may verify (``check_steps``): a tree, one chain (recurrent state
+        # follows one), or one token; ``narrowing`` says why when not a tree
+        self.verifies = "chain" if self.recurrent else "tree"
+        self.narrowing = (
+            f"{self.model_type} keeps recurrent state, which follows one chain a step, not a tree"
+            if self.recurrent
+            else None
+        )
 
     def _adopt_children(self) -> None:
         for name, child in self.lm.items():
@@ -218,6 +176,13 @@ class LmModel(Verifier):
         object.__setattr__(self, "_layers", _layer_list(owner))
         object.__setattr__(self, "_embedding", _embedding(owner))
         object.__setattr__(self, "_head", _head_layer(self.lm, self._embedding))
+
+    @property
+    def state(self):
+        """mlx-lm's model's own tree, what its forward reads: ``mx.compile`` swaps the
+        compiled step's weight inputs in place in it (an array a family keeps at the top,
+        talkie's ``lm_head``, is in this module's dict too, which the forward never reads)."""
+        return self.lm.state
 
     def _of_lm(self, tree: dict) -> dict:
         """The entries of a module or parameter tree that are mlx-lm's (not this module's
@@ -261,6 +226,89 @@ class LmModel(Verifier):
                     "accepted tokens' state alone; this family cannot be sped up yet"
                 )
 
+    def check_steps(self) -> None:
+        """Find at load what a step may verify (``verifies``), by what it relies on: a small
+        tree's node logits, verified in one call, against plain decoding's (one token a
+        call), then a chain's the same way. A family whose code takes positions from
+        somewhere the taps do not reach gives other logits there: it verifies chains if its
+        chains pass, else one token a step (plain decoding), and ``narrowing`` says why.
+        A forward that fails under the engine's caches: ValueError naming the family."""
+        try:
+            self._check_steps()
+        except ValueError:
+            raise
+        except Exception as e:  # a family's forward that cannot run on the engine's caches
+            reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(
+                f"model_type {self.model_type!r} does not run on the engine's slot caches "
+                f"({type(e).__name__}: {reason}); this family cannot be loaded yet"
+            ) from None
+
+    def _check_steps(self) -> None:
+        S, V = 16, self.vocab_size
+        prompt = [(7 * i + 3) % V for i in range(5)]
+        a, b, c, d = ((11 * i + 5) % V for i in range(4))
+        # the tree: a, its children b and c, then d under b
+        keys, values = self.make_cache(1, S)
+        T = len(prompt)
+        idx = arange(T)[None]
+        _, keys, values = self(
+            mx.array([prompt]), idx, cache_mask(mx.zeros((1,), mx.int32), chain_mask(T), S),
+            keys, values, idx,
+        )  # fmt: skip
+        after_a = self._stepped(keys, values, T, [a], S)  # plain decoding, one token a call
+        after_ab = self._stepped(*after_a[1:], T + 1, [b], S)
+        plain = [after_a[0], after_ab[0], self._stepped(*after_a[1:], T + 1, [c], S)[0]]
+        plain.append(self._stepped(*after_ab[1:], T + 2, [d], S)[0])
+        parents = [[0], [0, 1], [0, 2], [0, 1, 3]]
+        ancestors = mx.array([[[j in p for j in range(4)] for p in parents]])
+        tree = plain  # a recurrent model verifies chains alone: no tree to check
+        if not self.recurrent:
+            tree = self._verified(keys, values, T, [a, b, c, d], [0, 1, 1, 2], ancestors, S)
+        chain = self._verified(keys, values, T, [a, b, d], [0, 1, 2], chain_mask(3), S)
+        tol = (1e-4 if self.dtype == mx.float32 else 3e-2) * max(
+            1.0, max(float(mx.abs(p).max()) for p in plain)
+        )
+
+        def off(got, want) -> float:
+            return max(float(mx.abs(g - w).max()) for g, w in zip(got, want))
+
+        tree_off, chain_off = off(tree, plain), off(chain, [plain[i] for i in (0, 1, 3)])
+        if chain_off > tol:
+            self.verifies = "token"
+            self.narrowing = (
+                f"{self.model_type}: a chain verified in one call differs from plain decoding "
+                f"(by {chain_off:.3g} in a logit at load), so every step verifies one token"
+            )
+        elif tree_off > tol:
+            self.verifies = "chain"
+            self.narrowing = (
+                f"{self.model_type} takes token positions from its own code, which a tree's "
+                f"branches do not reach (a tree's logits differ from plain decoding by "
+                f"{tree_off:.3g} at load), so each step verifies one chain"
+            )
+
+    def _stepped(self, keys, values, length: int, path: list[int], S: int):
+        """Plain decoding's logits after ``path`` (one token a call from ``length``; caches
+        of ``S`` slots): ((V,), keys, values after it)."""
+        for j, token in enumerate(path):
+            pos = mx.array([[length + j]])
+            mask = cache_mask(mx.array([length + j]), chain_mask(1), S)
+            h, keys, values = self(mx.array([[token]]), pos, mask, keys, values, pos)
+        return self.logits(h[0, -1]), keys, values
+
+    def _verified(self, keys, values, length, tokens, depths, ancestors, S) -> list[mx.array]:
+        """Each node's logits when ``tokens`` (at ``length + depth``, slots in order, attending
+        to ``ancestors`` (1, n, n) bool) are verified in one call: (V,) each."""
+        n = len(tokens)
+        positions = mx.array([[length + d for d in depths]])
+        slots = length + arange(n)[None]
+        mask = cache_mask(mx.array([length]), ancestors, S)
+        counts = mx.array([n]) if self.recurrent else None
+        h, _, _ = self(mx.array([tokens]), positions, mask, keys, values, slots, counts=counts)
+        out = self.logits(h[0])
+        return [out[i] for i in range(n)]
+
     @property
     def recurrent(self) -> bool:
         """Whether some layer keeps a recurrent state: a verify then commits it by running
@@ -272,19 +320,24 @@ class LmModel(Verifier):
     def _install_taps(self) -> None:
         state = self._state
         object.__setattr__(self._owner, "_rd_owner", state)
-        _patched(self._owner, _hidden_tap, "hidden")
+        patched(self._owner, hidden_tap, "hidden")
         for i, layer in enumerate(self._layers):
             object.__setattr__(layer, "_rd_owner", state)
             object.__setattr__(layer, "_rd_index", i)
-            _patched(layer, _layer_tap, "layer")
-        groups: list[tuple[nn.Module, Any]] = []
+            patched(layer, layer_tap, "layer")
+        for name in POSITION_EMBEDDINGS:
+            table = self._owner.get(name)
+            if isinstance(table, nn.Embedding) and table is not self._embedding:
+                object.__setattr__(table, "_rd_owner", state)
+                patched(table, position_tap, "positions")
+        groups: list[tuple[type, Any]] = []  # (class, probe) per rope group
         for _, module in self.lm.named_modules():
             if not is_rope(module) or hasattr(module, "_rd_owner"):
                 continue
             object.__setattr__(module, "_rd_owner", state)
             object.__setattr__(module, "_rd_layout", rope_layout(module))
             object.__setattr__(module, "_rd_group", rope_group(module, groups))
-            _patched(module, rope_tap, "rope")
+            patched(module, rope_tap, "rope")
 
     def _probe(self):
         """One lazy one-token forward (nothing is evaluated): each attention cache's
@@ -439,8 +492,9 @@ class LmModel(Verifier):
         state = self._state
         state.call = call
         try:
-            self.lm(tokens, cache=caches)
-        except _Exited:
+            with engine_kernels(call):
+                self.lm(tokens, cache=caches)
+        except Exited:
             pass
         finally:
             state.call = None

@@ -5,7 +5,7 @@ and rotates each token at its own position (``len + depth`` in a tree), read fro
 current call. Every ``rope_utils`` variant keeps its frequencies and input scales:
 
 * fused kernels (Metal, CUDA): the call's T tokens move into the batch axis, one
-  ``mx.fast.rope`` offset each (``_rope_rows``);
+  ``mx.fast.rope`` offset each (``rope_rows``);
 * the CPU backend: one cos/sin table per distinct rope and forward, the module's own kernel
   run on a unit vector (rotation is linear), then elementwise rotations (``rotate``).
 
@@ -28,7 +28,7 @@ def rope_tap(self, original, x, *args, **kwargs):
     positions = call.positions
     rope = lambda rows, offsets: original(self, rows, offsets)
     if self._rd_layout is None or fused_kernels():
-        return _rope_rows(rope, x, positions)
+        return rope_rows(rope, x, positions)
     group = self._rd_group
     if group not in call.tables:
         call.tables[group] = _rope_table(rope, self._rd_layout, positions)
@@ -42,7 +42,7 @@ def rope_at(module, x: mx.array, positions: mx.array, tables=None) -> mx.array:
     computed once for several calls (the CPU path); None: computed here."""
     layout = rope_layout(module)
     if layout is None or fused_kernels():
-        return _rope_rows(lambda rows, offsets: module(rows, offset=offsets), x, positions)
+        return rope_rows(lambda rows, offsets: module(rows, offset=offsets), x, positions)
     cos, sin = tables if tables is not None else rope_tables(module, positions)
     return rotate(x, cos, sin, *layout)
 
@@ -56,7 +56,7 @@ def rope_tables(module, positions: mx.array):
     return _rope_table(lambda rows, offsets: module(rows, offset=offsets), layout, positions)
 
 
-def _rope_rows(rope, x: mx.array, positions: mx.array) -> mx.array:
+def rope_rows(rope, x: mx.array, positions: mx.array) -> mx.array:
     """``rope`` at per-token positions: x (B, ..., T, D), positions (B, T). The T tokens move
     into the batch axis, one offset each."""
     B, T, D = x.shape[0], x.shape[-2], x.shape[-1]
@@ -120,22 +120,24 @@ def is_rope(module) -> bool:
 
 def rope_group(module, groups: list) -> int:
     """The index of the rope modules that rotate exactly like ``module`` (one cos/sin table
-    per group and forward): compared on a probe of positions, once at load."""
+    per group and forward): compared on a probe of positions, once at load, before the
+    module is tapped (``groups`` holds each group's class, as it was, and probe output)."""
     layout = rope_layout(module)
+    cls = type(module)
     if layout is None:
-        groups.append((module, None))
+        groups.append((cls, None))
         return len(groups) - 1
     probe = mx.ones((4, 1, 1, layout[0]))
     offsets = mx.array([0, 1, 7, 1000], dtype=mx.int32)
     try:
-        out = type(module).__call__(module, probe, offsets)
+        out = cls.__call__(module, probe, offsets)
         mx.eval(out)
     except Exception:  # a rope that cannot rotate alone: a group of its own
-        groups.append((module, None))
+        groups.append((cls, None))
         return len(groups) - 1
     for i, (other, seen) in enumerate(groups):
-        same = seen is not None and type(other) is type(module) and seen.shape == out.shape
+        same = seen is not None and other is cls and seen.shape == out.shape
         if same and bool(mx.array_equal(seen, out)):
             return i
-    groups.append((module, out))
+    groups.append((cls, out))
     return len(groups) - 1

@@ -30,6 +30,13 @@ def write_slots(cache: mx.array, slots: mx.array, new: mx.array) -> mx.array:
     return mx.put_along_axis(cache, idx, new.transpose(0, 2, 1, 3).astype(cache.dtype), axis=2)
 
 
+def write_heads(cache: mx.array, slots: mx.array, new: mx.array) -> mx.array:
+    """``write_slots`` for ``new`` in the heads-first layout attention computes it in,
+    (B, n_kv, T, D): no transpose on the way in."""
+    idx = mx.broadcast_to(slots[:, None, :, None], new.shape)
+    return mx.put_along_axis(cache, idx, new.astype(cache.dtype), axis=2)
+
+
 def window_mask(mask: mx.array, positions: mx.array, write_idx: mx.array, window: int):
     """``mask`` narrowed to keys less than ``window`` positions before each query.
 
@@ -49,7 +56,8 @@ def window_mask(mask: mx.array, positions: mx.array, write_idx: mx.array, window
 def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array) -> mx.array:
     """Masked attention with grouped K/V heads.
 
-    q: (B, n_heads, T, D); k, v: (B, n_kv, A, D); mask: (B, 1, T, A) bool -> (B, n_heads, T, D).
+    q: (B, n_heads, T, D); k: (B, n_kv, A, D); v: (B, n_kv, A, Dv); mask: (B, 1, T, A) bool
+    -> (B, n_heads, T, Dv).
     On Metal/CUDA the fused kernel; on the CPU backend two matmuls, several times faster
     there for multi-token (tree) queries.
     """
@@ -61,4 +69,4 @@ def attention(q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.arra
     scores = (q @ k.transpose(0, 1, 3, 2)).reshape(B, n_kv, n_heads // n_kv, T, -1)
     scores = mx.where(mask[:, :, None], scores.astype(mx.float32), -mx.inf)
     probs = mx.softmax(scores, axis=-1).astype(v.dtype).reshape(B, n_kv, -1, k.shape[2])
-    return (probs @ v).reshape(B, n_heads, T, D)
+    return (probs @ v).reshape(B, n_heads, T, v.shape[-1])  # MLA: values narrower than keys

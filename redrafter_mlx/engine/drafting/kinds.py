@@ -1,0 +1,72 @@
+"""The kinds of draft source a folder can hold, one registry for the command line and Python.
+
+A folder's ``config.json`` names its kind (``"kind": "<name>"``). ``"early-exit"`` is the
+built-in adapter (``early_exit.py``); any other kind is a third-party source, found through
+the Python entry point group ``redrafter_mlx.sources``: a package declares
+
+    [project.entry-points."redrafter_mlx.sources"]
+    mykind = "mypackage.drafts:load"
+
+and ``load(folder, model, tokenizer=None, dtype=None)`` returns a ``sources.Source``. Such a
+folder passed as ``--draft-model`` (or ``load``'s ``draft_model``) joins the draft slot as
+that source, beside a draft model or an adapter (docs/design/adding-a-source.md).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .sources import Source
+
+ENTRY_POINTS = "redrafter_mlx.sources"
+BUILT_IN = ("early-exit",)  # kinds the loader knows itself (``loading.load``)
+
+
+def kind_of(folder) -> str | None:
+    """The ``kind`` a folder's config.json names (a string), else None."""
+    try:
+        config = json.loads((Path(folder) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    kind = config.get("kind") if isinstance(config, dict) else None
+    return kind if isinstance(kind, str) else None
+
+
+def registered() -> dict:
+    """Third-party kinds: name -> its entry point (loaded only when used)."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINTS)}
+
+
+def is_source_folder(folder) -> bool:
+    """Whether ``folder`` holds a registered third-party source (its config.json's kind)."""
+    kind = kind_of(folder)
+    return kind is not None and kind not in BUILT_IN and kind in registered()
+
+
+def load_source(folder, model, tokenizer=None, dtype=None) -> Source:
+    """The source in ``folder``, by its kind's registered loader; ValueError naming the
+    kind and the package when the loader fails or gives something else than a Source."""
+    kind = kind_of(folder)
+    entry = registered().get(kind)
+    if entry is None:
+        known = ", ".join(sorted(registered())) or "none installed"
+        raise ValueError(
+            f"{folder}/config.json names the draft source kind {kind!r}, which no installed "
+            f"package registers (entry point group {ENTRY_POINTS!r}; registered: {known}): "
+            "install the package that provides it"
+        )
+    where = entry.value
+    try:
+        loader = entry.load()
+        source = loader(Path(folder), model=model, tokenizer=tokenizer, dtype=dtype)
+    except ValueError as e:
+        raise ValueError(f"{folder}: the {kind!r} source ({where}) cannot load it: {e}") from None
+    if not isinstance(source, Source):
+        raise ValueError(
+            f"{folder}: the {kind!r} source's loader ({where}) returned a "
+            f"{type(source).__name__}, not a draft source (redrafter_mlx.DraftSource)"
+        )
+    return source

@@ -94,7 +94,8 @@ def test_prefill_and_steps_give_mlx_lm_logits(name, fused, monkeypatch):
     model = family(name)
     for i, (got, want) in enumerate(zip(engine_logits(model), mlx_lm_logits(model.lm))):
         diff = mx.abs(got - want).max().item()
-        assert diff <= 1e-5, f"{name} position {i}: {diff}"
+        scale = max(1.0, mx.abs(want).max().item())  # float32 rounding grows with it
+        assert diff <= 1e-5 * scale, f"{name} position {i}: {diff} (logits up to {scale:.1f})"
 
 
 # A tree after the prompt: the root (depth 0), two branches of two.

@@ -24,6 +24,7 @@ INTERNAL = {
     "redrafter_mlx.serve.requests.ShuttingDown": "the server answers 503",
     "redrafter_mlx.serve.app.EngineFailure": "the server answers 500 or 503",
     "tuning.search.BudgetExhausted": "the search stops measuring",
+    "redrafter_mlx.engine.verifier.lm_taps.Exited": "LmModel.run_to ends mlx-lm's forward there",
 }
 
 # The standard base each class kept beside RedrafterError (callers catch these).

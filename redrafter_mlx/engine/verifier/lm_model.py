@@ -22,9 +22,14 @@ hooks mlx-lm's own code already calls; no family's forward is copied
   outer model's own head turns a hidden state into logits (its tie, soft cap and scaling
   included). A drafter's feature layers are taps on those layers' inputs.
 
-Taps change a module's class to a subclass with another ``__call__``; the parameter tree,
-weight names and every call outside the engine's forward (mlx-lm's own ``generate`` in
-``bench --mlx-lm``) are unchanged.
+  A family that computes positions itself is reached too: a learned position embedding
+  is tapped, and ``mx.fast.rope`` called with the cache's offset rotates per token.
+* **What a step may verify** is checked at load (``check_steps``): a tree, a chain, or
+  one token, whatever a family's code does.
+
+Taps change a module's class to a subclass with another ``__call__`` (``lm_taps.py``); the
+parameter tree (mlx-lm's own: its children are this module's), weight names and every call
+outside the engine's forward (mlx-lm's own ``generate`` in ``bench --mlx-lm``) are unchanged.
 
 Shapes: B batch rows, T new tokens, S cache slots, A attended slots (A <= S), H hidden.
 """
@@ -39,7 +44,7 @@ import mlx.nn as nn
 from ..core.tree import arange, cache_mask, chain_mask
 from .lm_cache import LmCall, ProbeCache, ProbeState, SlotCache, StateCache, StateCommit
 from .lm_rope import is_rope, rope_group, rope_layout, rope_tap
-from .lm_taps import Exited, engine_kernels, hidden_tap, layer_tap, patched, position_tap
+from .lm_taps import Exited, fast_rope_at, hidden_tap, layer_tap, patched, position_tap
 from .protocol import Verifier
 
 POSITION_EMBEDDINGS = ("wpe", "position_embeddings", "embed_positions")
@@ -492,7 +497,7 @@ class LmModel(Verifier):
         state = self._state
         state.call = call
         try:
-            with engine_kernels(call):
+            with fast_rope_at(call):
                 self.lm(tokens, cache=caches)
         except Exited:
             pass

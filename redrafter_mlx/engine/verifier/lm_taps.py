@@ -18,7 +18,6 @@ import mlx.nn as nn
 
 from .lm_cache import LmCall, StateCache
 from .lm_rope import rope_rows
-from .slots import attention, fused_kernels
 
 
 def patched(module: nn.Module, call_fn, tag: str) -> None:
@@ -81,37 +80,6 @@ def position_tap(self, original, ids, *args, **kwargs):
     if call is not None and ids.shape == call.positions.shape:
         ids = call.positions
     return original(self, ids, *args, **kwargs)
-
-
-@contextlib.contextmanager
-def engine_kernels(call: LmCall):
-    """While ``call`` runs: ``fast_rope_at`` and, on the CPU backend, ``composed_attention``."""
-    with fast_rope_at(call), composed_attention():
-        yield
-
-
-@contextlib.contextmanager
-def composed_attention():
-    """On the CPU backend (``slots.fused_kernels`` off), mlx-lm's attention over the engine's
-    boolean mask runs as ``slots.attention``'s two matmuls, which measured faster there than
-    the fused kernel's CPU fallback; any other call (sinks, an additive or no mask, Metal and
-    CUDA) is unchanged."""
-    if fused_kernels():
-        yield
-        return
-    original = mx.fast.scaled_dot_product_attention
-
-    def sdpa(q, k, v, *args, scale, mask=None, sinks=None, **kwargs):
-        plain = sinks is None and not args and not kwargs
-        if plain and isinstance(mask, mx.array) and mask.dtype == mx.bool_ and mask.ndim == 4:
-            return attention(q, k, v, scale, mask)
-        return original(q, k, v, *args, scale=scale, mask=mask, sinks=sinks, **kwargs)
-
-    mx.fast.scaled_dot_product_attention = sdpa
-    try:
-        yield
-    finally:
-        mx.fast.scaled_dot_product_attention = original
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ from ..drafting.drafter import Drafter, DrafterArgs
 from ..drafting.early_exit import is_early_exit, kind_problem
 from ..drafting.held import held_sources
 from ..verifier import config as config_file
+from ..verifier.lm_checks import check_compiles
 from ..verifier.lm_model import LmModel
 from ..verifier.protocol import Verifier
 from ..verifier.shard import check_split
@@ -158,6 +159,7 @@ def load_model(path: str | os.PathLike, dtype=None, group=None) -> tuple[Verifie
         model = LmModel(lm, built)
         model.check_commit()
         model.check_steps()  # what a step may verify: a tree, a chain, or one token
+        check_compiles(model)  # the step is compiled: no host read in the family's forward
     except ValueError as e:
         raise LoadError(f"{path}: {e}") from None
     if group is not None:

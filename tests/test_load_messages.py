@@ -91,3 +91,17 @@ def test_a_zero_context_is_reported_as_the_config_key(tmp_path):
     line = refusal(folder(tmp_path, tiny_config(vocab=32000, max_position_embeddings=0)))
     assert "max_position_embeddings 0" in line and "config.json" in line
     assert "lookup" not in line
+
+
+def test_a_config_transformers_rejects_is_one_line_naming_the_field(tmp_path):
+    """transformers' strict validation (read as the tokenizer loads, when its config names
+    no tokenizer class) says the field in a second line: the one line keeps it."""
+    config = dict(tiny_config(vocab=32000), pad_token_id="x")
+    path = folder(tmp_path, config)
+    settings = json.loads((path / "tokenizer_config.json").read_text())
+    settings.pop("tokenizer_class")
+    settings["chat_template"] = "{{ messages[0]['content'] }}"
+    (path / "tokenizer_config.json").write_text(json.dumps(settings))
+    line = refusal(path)
+    assert f"{path}/config.json is rejected by transformers' config validation" in line
+    assert "pad_token_id" in line and "expected int" in line

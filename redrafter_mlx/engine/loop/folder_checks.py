@@ -21,10 +21,27 @@ def has_tokenizer(folder: Path) -> bool:
     return any((Path(folder) / name).is_file() for name in TOKENIZER_FILES)
 
 
+STRICT = "StrictDataclassFieldValidationError"  # transformers' (huggingface_hub's) check
+
+
+def strict_config(error: Exception, path: Path) -> str:
+    """One line for transformers' strict validation of ``path``'s config.json (read while
+    the tokenizer loads), whose message takes two: the field, and why."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    why = lines[-1] if lines else type(error).__name__
+    field = getattr(error, "field", None)
+    named = f"field {field!r}: " if isinstance(field, str) else ""
+    return (
+        f"{path}/config.json is rejected by transformers' config validation ({named}{why}); "
+        "fix that field's value to the type it names, or download the config again"
+    )
+
+
 def read_tokenizer(path: Path):
     """The model's tokenizer (``base.tokenizer.load_tokenizer``), or LoadError: none in
     ``path`` (no vocabulary file, and none loads: the files were removed or never copied),
-    or one that cannot be read."""
+    a config.json transformers' strict validation rejects (read for the tokenizer's
+    class), or one that cannot be read."""
     from ..base.tokenizer import load_tokenizer
 
     missing = (
@@ -36,6 +53,8 @@ def read_tokenizer(path: Path):
     except Exception as e:  # transformers' errors for a missing or damaged tokenizer vary
         if not has_tokenizer(path):
             raise LoadError(missing) from None
+        if type(e).__name__ == STRICT:
+            raise LoadError(strict_config(e, path)) from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise LoadError(
             f"the tokenizer in {path} cannot be read ({type(e).__name__}: {first}); fix or "

@@ -19,7 +19,8 @@ import mlx_lm
 import pytest
 from mlx.utils import tree_flatten
 
-from redrafter_mlx.engine.verifier.lm_model import ATTENTION_CACHES, LAYER_LISTS
+from redrafter_mlx.engine.verifier.lm_model import ATTENTION_CACHES
+from redrafter_mlx.engine.verifier.lm_parts import LAYER_LISTS
 from redrafter_mlx.engine.verifier.lm_rope import is_rope, rope_layout
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,7 +146,7 @@ def test_load_returns_the_model_and_its_tokenizer():
 
 def test_the_layers_live_in_a_list_under_the_outer_model():
     model = tiny_llama()
-    where = "engine/verifier/lm_model.py's _layers_owner, the hidden-state and layer taps"
+    where = "engine/verifier/lm_parts.py's layers_owner, the hidden-state and layer taps"
     inner = getattr(model, "model", None)
     assert isinstance(inner, nn.Module), relied("model.model", where, "no inner model")
     layers = getattr(inner, "layers", None)

@@ -96,6 +96,12 @@ def resolve(
     if is_path(text):
         if path.is_dir():
             return path
+        if path.exists() and path.suffix.lower() == ".gguf":
+            raise ResolveError(
+                f"{what} {text} is a GGUF file, which does not load as it is: convert it to a "
+                f"folder first, redrafter-mlx convert --model {text} --out <dir>, and pass that "
+                "folder"
+            )
         if path.exists():
             raise ResolveError(f"{what} {text} is a file; pass the folder that holds config.json")
         raise ResolveError(f"{what} directory not found: {path} (no such folder)")

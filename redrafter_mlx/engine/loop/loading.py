@@ -24,6 +24,7 @@ from ..drafting.drafter import Drafter, DrafterArgs
 from ..drafting.early_exit import is_early_exit, kind_problem
 from ..drafting.held import held_sources
 from ..verifier import config as config_file
+from ..verifier.lm_checks import check_compiles
 from ..verifier.lm_model import LmModel
 from ..verifier.protocol import Verifier
 from ..verifier.shard import check_split
@@ -35,6 +36,7 @@ from ..verifier.weight_files import (
     tensor_names,
     weight_files_of,
 )
+from .folder_checks import check_finite, has_tokenizer, read_tokenizer
 
 
 def resolve_path(path_or_repo: str | os.PathLike, what: str = "model") -> Path:
@@ -154,10 +156,12 @@ def load_model(path: str | os.PathLike, dtype=None, group=None) -> tuple[Verifie
         for _, value in tree_flatten(lm.parameters()):  # one tensor read at a time: a rank
             mx.eval(value)  # holds its slices, never the whole model
     materialize(lm)
+    check_finite(lm, files, path)  # NaN or infinity: named (tensor, file), never decoded
     try:
         model = LmModel(lm, built)
         model.check_commit()
         model.check_steps()  # what a step may verify: a tree, a chain, or one token
+        check_compiles(model)  # the step is compiled: no host read in the family's forward
     except ValueError as e:
         raise LoadError(f"{path}: {e}") from None
     if group is not None:
@@ -299,7 +303,6 @@ def load(model_path, drafter_path=None, dtype=None, group=None, draft_model=None
     one of each; then the result is (model, drafter or None, tokenizer, the draft slot: the
     draft model, the adapter, or both as a tuple, ``(draft model, adapter)``).
     """
-    from ..base.tokenizer import load_tokenizer
 
     if isinstance(dtype, str):
         dtype = getattr(mx, dtype)
@@ -310,7 +313,7 @@ def load(model_path, drafter_path=None, dtype=None, group=None, draft_model=None
     drafter = None
     if drafter_path is not None:
         drafter = load_any_drafter(model, drafter_path, dtype)
-    tokenizer = load_tokenizer(path)
+    tokenizer = read_tokenizer(path)
     if slot is None:
         return model, drafter, tokenizer
     own_path, adapter_path = slot
@@ -522,15 +525,6 @@ def load_draft_model(path, model: Verifier, tokenizer=None, dtype=None) -> Verif
             ) from None
         check_same_tokenizer(tokenizer, other, where)
     return draft
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
-
-
-def has_tokenizer(folder: Path) -> bool:
-    """Whether ``folder`` holds a tokenizer's vocabulary file (a tokenizer_config.json alone
-    does not make one)."""
-    return any((Path(folder) / name).is_file() for name in TOKENIZER_FILES)
 
 
 TOKENIZER_PROBE = "The quick brown fox, 1234 -- \u00fcn\u00efcode \u4e2d\u6587!\n  f(x)"

@@ -80,13 +80,31 @@ def for_mlx_lm(config: dict, names, file: Path | str, is_copy=None) -> dict:
 
 
 def check_family(config: dict, file: Path | str) -> None:
-    """For the families ``for_mlx_lm`` completes: ``architectures`` agrees with
-    ``model_type`` and the sizes are positive integers (ConfigError), before any weight file
-    is read; other families: nothing (mlx-lm's class checks its own)."""
+    """The context, where given, is a positive integer; for the families ``for_mlx_lm``
+    completes: ``architectures`` agrees with ``model_type`` and the sizes are positive
+    integers (ConfigError), before any weight file is read; other families' own keys are
+    their mlx-lm class's to check."""
     model_type = config.get("model_type")
+    _check_context(config, file)
     if model_type in FAMILY_DEFAULTS:
         _check_architectures(config, model_type, file)
         _check_sizes(config, file)
+
+
+def _check_context(config: dict, file: Path | str) -> None:
+    """``max_position_embeddings``, where given (or in ``text_config``), is a positive
+    integer: the context every cache and beam shape is sized by (ConfigError otherwise, so a
+    0 is not reported later as no shape fitting the context)."""
+    for block in (config, config.get("text_config")):
+        value = block.get("max_position_embeddings") if isinstance(block, dict) else None
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(
+                f"{file} has max_position_embeddings {value!r}, but the model's context is a "
+                "positive number of tokens: set it to the context length the model was "
+                "trained for (its model card says), or remove the key"
+            )
 
 
 def rope_parameters(config: dict) -> dict:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 import mlx.core as mx
+from mlx_lm.models.cache import ArraysCache
 
 from ..core.tree import arange
 from .slots import window_mask, write_heads
@@ -47,7 +48,7 @@ class LmCall:
         self.windows: dict[int, mx.array] = {}  # sliding masks by window size
         self.tables: dict[int, tuple] = {}  # rope group -> (cos, sin)
         self.features: dict[int, mx.array] = {}  # layer -> its input
-        self.recorded: dict[int, tuple] = {}  # recurrent cache -> (layer, x, args, kwargs)
+        self.recorded: dict[int, tuple] = {}  # recurrent cache -> (layer, args, kwargs)
         self.hidden: mx.array | None = None
         self.stop: int | None = None  # an early exit: the layer not run (``run_to``)
         self.exit: mx.array | None = None  # the residual entering it
@@ -115,9 +116,10 @@ class SlotCache:
         return False
 
 
-class StateCache:
+class StateCache(ArraysCache):
     """One recurrent layer's cache of mlx-lm's ``ArraysCache`` protocol (conv windows, SSM
-    and delta-rule states) over the engine's flat (B, 1, F) storage.
+    and delta-rule states) over the engine's flat (B, 1, F) storage; an ``ArraysCache``
+    (its own storage unused), as a family that writes only such a cache checks (mamba).
 
     ``lengths`` is mlx-lm's right-padding hook: a layer takes in only each row's first
     ``lengths`` tokens and leaves its state there, which is how a commit keeps the accepted
@@ -183,7 +185,7 @@ class StateCommit:
     def commit(self, count: mx.array) -> mx.array:
         """count (B,) tokens kept per row -> the flat state (B, 1, F) after them."""
         call = self.call
-        layer, x, args, kwargs = call.recorded[self.index]
+        layer, args, kwargs = call.recorded[self.index]
         again = LmCall(call.model, call.positions, call.mask, [], [], call.write_idx, count)
         cache = StateCache(again, self.index, self.layout, self.start)
         old_mask = call._ssm_mask  # the verify's (B, T) mask object, if a layer asked
@@ -197,7 +199,7 @@ class StateCommit:
 
         args = [swap(a) for a in args]
         kwargs = {k: swap(v) for k, v in kwargs.items()}
-        type(layer).__call__(layer, x, *args, **kwargs)
+        type(layer).__call__(layer, *args, **kwargs)
         return cache.flat()
 
 
@@ -224,8 +226,9 @@ class ProbeCache:
         return True
 
 
-class ProbeState:
-    """Records the arrays a recurrent layer keeps in its ``ArraysCache``."""
+class ProbeState(ArraysCache):
+    """Records the arrays a recurrent layer keeps in its ``ArraysCache`` (one itself, as a
+    family that writes only such a cache checks: mamba)."""
 
     def __init__(self, size: int):
         self.entries: list = [None] * size

@@ -43,6 +43,7 @@ import mlx.nn as nn
 
 from ..core.tree import arange, cache_mask, chain_mask
 from .lm_cache import LmCall, ProbeCache, ProbeState, SlotCache, StateCache, StateCommit
+from .lm_parts import embedding_of, head_layer, layers_owner
 from .lm_rope import is_rope, rope_group, rope_layout, rope_tap
 from .lm_taps import Exited, fast_rope_at, hidden_tap, layer_tap, patched, position_tap
 from .protocol import Verifier
@@ -76,50 +77,6 @@ class LmArgs:
 
 def _positive(value, default: int) -> int:
     return value if isinstance(value, int) and value > 0 else default
-
-
-def _layers_owner(model: nn.Module) -> nn.Module:
-    """The module below ``model`` that holds the layers list (breadth first)."""
-    queue = [child for child in model.children().values() if isinstance(child, nn.Module)]
-    while queue:
-        module = queue.pop(0)
-        if _layer_list(module) is not None:
-            return module
-        queue += [child for child in module.children().values() if isinstance(child, nn.Module)]
-    raise ValueError(f"{type(model).__module__} has no module holding its layers")
-
-
-LAYER_LISTS = ("layers", "h", "blocks")  # what families call their list of blocks
-
-
-def _layer_list(module: nn.Module) -> list | None:
-    """The module's list of blocks, if it holds one."""
-    for name in LAYER_LISTS:
-        layers = module.get(name)
-        if isinstance(layers, list) and layers and isinstance(layers[0], nn.Module):
-            return layers
-    return None
-
-
-def _embedding(owner: nn.Module) -> nn.Module:
-    """The input embedding table of the layers' module."""
-    for name in ("embed_tokens", "wte", "tok_embeddings", "word_embeddings", "embeddings"):
-        child = owner.get(name)
-        if isinstance(child, (nn.Embedding, nn.QuantizedEmbedding)):
-            return child
-    for _, child in owner.named_modules():
-        if isinstance(child, (nn.Embedding, nn.QuantizedEmbedding)):
-            return child
-    raise ValueError("the model has no input embedding table")
-
-
-def _head_layer(lm: nn.Module, embedding: nn.Module) -> nn.Module:
-    """The output layer: the model's own ``lm_head`` (or ``output``), else the tied embedding."""
-    for name in ("lm_head", "output"):
-        head = lm.get(name)
-        if isinstance(head, (nn.Linear, nn.QuantizedLinear)):
-            return head
-    return embedding
 
 
 # mlx-lm's caches of keys and values (full or sliding: the window comes from ``make_mask``).
@@ -176,11 +133,11 @@ class LmModel(Verifier):
     def _resolve(self) -> None:
         """Find the modules the engine reads (plain attributes, not children): the layers'
         owner, the layers, the input embedding and the output layer."""
-        owner = _layers_owner(self.lm)
+        owner, layers = layers_owner(self.lm)
         object.__setattr__(self, "_owner", owner)
-        object.__setattr__(self, "_layers", _layer_list(owner))
-        object.__setattr__(self, "_embedding", _embedding(owner))
-        object.__setattr__(self, "_head", _head_layer(self.lm, self._embedding))
+        object.__setattr__(self, "_layers", layers)
+        object.__setattr__(self, "_embedding", embedding_of(owner, self.lm))
+        object.__setattr__(self, "_head", head_layer(self.lm, self._embedding))
 
     @property
     def state(self):
@@ -369,6 +326,12 @@ class LmModel(Verifier):
         finally:
             self._state.probing = False
         hidden, self._state.last_hidden = self._state.last_hidden, None
+        if hidden is logits:  # gemma3n: the layers' module applies the head itself
+            raise ValueError(
+                f"model_type {self.model_type!r}: the module holding its layers returns "
+                "logits, not hidden states (it applies the head itself), so there is no "
+                "hidden state for the engine to keep; this family cannot be loaded yet"
+            )
         states = {i: c.layout() for i, c in enumerate(caches) if isinstance(c, ProbeState)}
         kv = {i: shapes[i] for i, c in enumerate(caches) if i in shapes}
         unused = [i for i, c in enumerate(caches) if isinstance(c, ProbeCache) and i not in kv]

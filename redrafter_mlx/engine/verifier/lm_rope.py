@@ -114,8 +114,10 @@ def rope_layout(module) -> tuple[int, bool] | None:
 
 
 def is_rope(module) -> bool:
+    """Whether ``module`` is a rope: named so, and holding no modules of its own (phixtral's
+    ``RoPEAttention`` is an attention layer, with projections, that holds a rope)."""
     name = type(module).__name__.lower()
-    return "rope" in name or "rotary" in name
+    return ("rope" in name or "rotary" in name) and not module.children()
 
 
 def rope_group(module, groups: list) -> int:

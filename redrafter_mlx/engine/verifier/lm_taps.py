@@ -56,12 +56,14 @@ class Exited(Exception):
     """Raised by the layer tap at an early exit (``LmModel.run_to``): no later layer runs."""
 
 
-def layer_tap(self, original, x, *args, **kwargs):
+def layer_tap(self, original, *args, **kwargs):
     """Every layer: record its input when a drafter reads it, and a recurrent layer's whole
     call, which the commit runs again over the accepted tokens (``StateCommit``); at an early
-    exit (``LmModel.run_to``), keep its input and stop the forward there."""
+    exit (``LmModel.run_to``), keep its input and stop the forward there. The input is the
+    first argument, given by position or by name (GPT-J's ``block(inputs=h, ...)``)."""
     call = self._rd_owner.call
     if call is not None:
+        x = args[0] if args else next(iter(kwargs.values()))
         if self._rd_index == call.stop:
             call.exit = x
             raise Exited
@@ -69,8 +71,8 @@ def layer_tap(self, original, x, *args, **kwargs):
             call.features[self._rd_index] = x
         for value in (*args, *kwargs.values()):
             if isinstance(value, StateCache):
-                call.recorded[value.index] = (self, x, args, kwargs)
-    return original(self, x, *args, **kwargs)
+                call.recorded[value.index] = (self, args, kwargs)
+    return original(self, *args, **kwargs)
 
 
 def position_tap(self, original, ids, *args, **kwargs):

@@ -70,11 +70,33 @@ def weight_files_of(path: Path) -> list[Path]:
     else:
         files = sorted(glob.glob(str(path / "model*.safetensors")))
     if not files:
-        raise LoadError(
-            f"{path} has no model*.safetensors. PyTorch checkpoints must be converted first: "
-            f"redrafter-mlx convert --model {path} --out <dir>"
-        )
+        raise LoadError(f"{path} has no model*.safetensors; {_weights_fix(path)}")
     return [Path(f) for f in files]
+
+
+def _weights_fix(path: Path) -> str:
+    """What to do with a folder whose weights are under other names: what was found there
+    and the command that makes it load."""
+    found = sorted(p.name for p in path.iterdir() if p.suffix in (".safetensors", ".bin"))
+    safetensors = [n for n in found if n.endswith(".safetensors")]
+    if len(safetensors) == 1:
+        return (
+            f"it holds {safetensors[0]}: give it the name the loader reads, "
+            f"mv {path / safetensors[0]} {path / 'model.safetensors'}"
+        )
+    if safetensors:
+        return f"it holds {', '.join(safetensors)}: name them model-00001-of-N.safetensors ..."
+    bins = [n for n in found if n.endswith(".bin")]
+    if bins and not any(n.startswith("pytorch_model") for n in bins):
+        return (
+            f"it holds {', '.join(bins)}, a PyTorch checkpoint under another name: name it "
+            f"pytorch_model.bin (mv {path / bins[0]} {path / 'pytorch_model.bin'}), then "
+            f"convert it: redrafter-mlx convert --model {path} --out <dir>"
+        )
+    return (
+        f"PyTorch checkpoints must be converted first: redrafter-mlx convert --model {path} "
+        "--out <dir>"
+    )
 
 
 def check_weight_file(file: Path) -> dict:

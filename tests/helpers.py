@@ -9,7 +9,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from redrafter_mlx.engine.drafting.drafter import Drafter, DrafterArgs
-from redrafter_mlx.engine.verifier.config import rope_parameters, with_family_defaults
+from redrafter_mlx.engine.verifier.config import completed
 from redrafter_mlx.engine.verifier.lm_model import LmModel, from_config
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -33,7 +33,7 @@ def tiny_config(vocab=32, hidden=32, layers=2, heads=4, kv_heads=2, **kw) -> dic
         tie_word_embeddings=False,
     )
     cfg.update(kw)
-    return with_family_defaults({**rope_parameters(cfg), **cfg})
+    return completed(cfg)
 
 
 def _randomize(module: nn.Module, seed: int, scale: float) -> None:

@@ -272,11 +272,11 @@ def test_heads_that_do_not_divide_name_the_counts_that_would():
     config = dict(
         LLAMA, num_attention_heads=6, num_key_value_heads=3, hidden_size=48, intermediate_size=96
     )
-    check_split(None, config, 3)
+    check_split(config, 3)
     with pytest.raises(ShardError, match=r"across 2 processes: launch 3 processes instead"):
-        check_split(None, config, 2)
+        check_split(config, 2)
     with pytest.raises(ShardError, match="quantization groups of 32"):
-        check_split(None, dict(LLAMA, quantization={"group_size": 32, "bits": 4}), 2)
+        check_split(dict(LLAMA, quantization={"group_size": 32, "bits": 4}), 2)
 
 
 def test_loading_refuses_an_unsplittable_model(folders):

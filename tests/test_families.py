@@ -81,9 +81,9 @@ def family_model(name: str, seed: int = 0, scale: float = 2.0, **changes) -> LmM
 
 
 def filled(config: dict) -> dict:
-    from redrafter_mlx.engine.verifier.config import rope_parameters, with_family_defaults
+    from redrafter_mlx.engine.verifier.config import completed
 
-    return with_family_defaults({**rope_parameters(config), **config})
+    return completed(config)
 
 
 def gemma(model) -> bool:

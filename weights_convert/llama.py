@@ -62,10 +62,9 @@ def expected_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     from mlx.utils import tree_flatten
     from mlx_lm.utils import _get_classes
 
-    from redrafter_mlx.engine.verifier.config import rope_parameters, with_family_defaults
+    from redrafter_mlx.engine.verifier.config import completed
 
-    filled = with_family_defaults({**rope_parameters(config), **config})
-    filled["tie_word_embeddings"] = False
+    filled = {**completed(config), "tie_word_embeddings": False}
     try:
         cls, args = _get_classes(filled)
         model = cls(args.from_dict(filled))

@@ -43,6 +43,7 @@ from ..verifier.lm_rope import rope_at, rope_tables
 from ..verifier.protocol import Verifier
 from ..verifier.slots import attention, write_slots
 from .early_exit_chain import ETA, draft_chain, prefill, refresh_committed
+from .kinds import kind_of
 from .sources import DraftContext, Proposal, Source, catch_up_positions, register_source
 
 KIND = "early-exit"
@@ -299,7 +300,7 @@ def check_pair(model: Verifier, adapter: EarlyExitAdapter) -> None:
     check_args(model.args, adapter.args)
     if model.shards != 1:
         raise ValueError("the early-exit drafter does not run under tensor parallelism yet")
-    model.check_early_exit(adapter.args.exit_layer)
+    model.check_early_exit()
 
 
 def check_args(t, a: EarlyExitArgs) -> None:
@@ -501,12 +502,8 @@ def save_adapter(path: str | Path, adapter: EarlyExitAdapter) -> None:
 
 
 def is_early_exit(path: str | Path) -> bool:
-    """Whether ``path`` holds a ``config.json`` of kind early-exit."""
-    file = Path(path) / "config.json"
-    try:
-        return json.loads(file.read_text()).get("kind") == KIND
-    except (OSError, ValueError, AttributeError):
-        return False
+    """Whether ``path`` holds a ``config.json`` of kind early-exit (``kinds.kind_of``)."""
+    return kind_of(path) == KIND
 
 
 def kind_problem(path: str | Path) -> str | None:

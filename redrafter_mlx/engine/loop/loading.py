@@ -127,14 +127,15 @@ def load_model(path: str | os.PathLike, dtype=None, group=None) -> tuple[Verifie
     except config_file.ConfigError as e:
         raise LoadError(str(e)) from None
     files = weight_files_of(path)
+    names = tensor_names(files)  # every file's header, read and checked once
     try:
         built = config_file.for_mlx_lm(
-            config, tensor_names(files), path / "config.json", lambda: head_copies(files)
+            config, names, path / "config.json", lambda: head_copies(files)
         )
     except config_file.ConfigError as e:
         raise LoadError(str(e)) from None
     tied = built.get(config_file.TIE_KEY) and model_type in config_file.FAMILY_DEFAULTS
-    copies = {n for n, _ in config_file.head_pairs(tensor_names(files))} if tied else set()
+    copies = {n for n, _ in config_file.head_pairs(names)} if tied else set()
     try:
         lm, _ = mlx_lm_load(
             path, lazy=True, strict=True, model_config=built, get_model_classes=dropping(copies)
@@ -199,7 +200,7 @@ def split(lm: nn.Module, config: dict, group, path: Path) -> None:
 
     try:
         if hasattr(lm, "shard"):
-            check_split(lm, config, group.size())
+            check_split(config, group.size())
             lm.shard(group)
         else:
             llama_like(lm, config, group)

@@ -75,8 +75,7 @@ def for_mlx_lm(config: dict, names, file: Path | str, is_copy=None) -> dict:
     tied = ties_head(config, names, file, is_copy)
     if tied and HEAD in names and config.get(TIE_KEY) and not (is_copy is not None and is_copy()):
         raise different_head(file)
-    filled = with_family_defaults({**rope_parameters(config), **config})
-    return {**filled, TIE_KEY: tied}
+    return {**completed(config), TIE_KEY: tied}
 
 
 def check_family(config: dict, file: Path | str) -> None:
@@ -128,6 +127,12 @@ def _rope_settings(params: dict) -> dict:
     if params.get("rope_type", "default") != "default":
         out["rope_scaling"] = {k: v for k, v in params.items() if k != "rope_theta"}
     return out
+
+
+def completed(config: dict) -> dict:
+    """``config`` as ``for_mlx_lm`` hands it on, tie aside: its ``rope_parameters`` read,
+    then every key its family leaves out at transformers' default."""
+    return with_family_defaults({**rope_parameters(config), **config})
 
 
 def with_family_defaults(config: dict) -> dict:

@@ -62,7 +62,7 @@ class LmArgs:
         self.rope_theta = float(text.get("rope_theta") or 10000.0)
         self.rope_traditional = bool(text.get("rope_traditional", False))
         self.rope_scaling = text.get("rope_scaling")
-        self.tie_word_embeddings = bool(text.get("tie_word_embeddings", False))
+        self.tie_word_embeddings = False  # whether the head is the embedding: LmModel sets it
         self.model_type = config.get("model_type")
         self.hidden_size = hidden
         self.vocab_size = vocab
@@ -479,16 +479,15 @@ class LmModel(Verifier):
             raise ValueError(f"model_type {self.model_type!r} never reached layer {stop}")
         return call.exit, call.keys, call.values
 
-    def check_early_exit(self, stop: int) -> None:
-        """ValueError unless the first ``stop`` layers can run alone: 1 <= stop < layers, and
-        no recurrent layer (whose state an exit would leave behind)."""
+    def check_early_exit(self) -> None:
+        """ValueError unless the model's first layers can run alone (``run_to``): no
+        recurrent layer, whose state an exit would leave behind. The exit layer's range is
+        the adapter's check (``early_exit.check_args``)."""
         if self.recurrent:
             raise ValueError(
                 f"model_type {self.model_type!r} has recurrent layers; an early-exit adapter "
                 "runs on attention-only models"
             )
-        if not 1 <= stop < len(self._layers):
-            raise ValueError(f"exit layer {stop} is outside [1, {len(self._layers)})")
 
     def logits(self, hidden: mx.array) -> mx.array:
         """(..., H) -> (..., V) float32 logits from the model's own head."""

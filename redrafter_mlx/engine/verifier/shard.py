@@ -27,7 +27,7 @@ class ShardError(RedrafterError, ValueError):
     """A model that cannot be split across this many ranks; the message names what would work."""
 
 
-def check_split(lm: nn.Module, config: dict, n: int) -> None:
+def check_split(config: dict, n: int) -> None:
     """ShardError unless ``n`` ranks can each take whole heads, MLP rows and quant groups
     (sizes from ``config``, or its ``text_config``); the message lists the counts that work."""
     text = {**(config.get("text_config") or {}), **config}
@@ -71,7 +71,7 @@ def llama_like(lm: nn.Module, config: dict, group) -> None:
             f"mlx-lm has no shard for {model_type} models and its layers are not Llama-shaped: "
             "run it in one process"
         )
-    check_split(lm, config, group.size())
+    check_split(config, group.size())
     n = group.size()
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp

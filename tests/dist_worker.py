@@ -56,10 +56,10 @@ def fresh_memory() -> int:
 def logits_hash(model, prompt: list[int]) -> str:
     """sha256 of the float32 logits of one prefill forward over ``prompt``."""
     T = len(prompt)
-    keys, values = model.make_cache(1, T)
+    cache = model.make_cache(1, T)
     pos = mx.arange(T, dtype=mx.int32)[None]
     mask = (mx.arange(T)[None, :] <= mx.arange(T)[:, None])[None, None]
-    hidden, _, _ = model(mx.array([prompt], mx.int32), pos, mask, keys, values, pos)
+    hidden, _ = model(mx.array([prompt], mx.int32), pos, mask, cache, pos)
     logits = np.array(model.logits(hidden).astype(mx.float32))
     return hashlib.sha256(logits.tobytes()).hexdigest()
 
@@ -218,7 +218,7 @@ def run_case(case: dict, group) -> dict:
         "param_bytes": param_bytes(model),
         "load_peak": load_peak,
         "logits_sha": logits_hash(model, case["prompts"][0]),
-        "kv_heads": model.make_cache(1, 1)[0][0].shape[1],
+        "kv_heads": model.make_cache(1, 1)[0].keys.shape[1],
     }
 
 

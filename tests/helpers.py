@@ -80,15 +80,13 @@ def greedy_prefilled(model: LmModel, prompt: list[int], slots: int, sources=()):
     slots, its first token greedy; ``sources``: the stateful sources' prefilled states."""
     from redrafter_mlx.engine.decoding.decode import DecodeState, prefill_chunk
 
-    keys, values = model.make_cache(1, slots)
+    cache = model.make_cache(1, slots)
     zero = mx.zeros((1,), mx.int32)
     toks = mx.array([prompt], mx.int32)
-    hidden, lengths, keys, values = prefill_chunk(
-        model, toks, zero + len(prompt), zero, keys, values, slots
-    )
+    hidden, lengths, cache = prefill_chunk(model, toks, zero + len(prompt), zero, cache, slots)
     first = mx.argmax(model.logits(hidden), axis=-1).astype(mx.int32)
     history = mx.array([prompt + [0] * (slots - len(prompt))], mx.int32)
-    return DecodeState(first, hidden, lengths, keys, values, history, tuple(sources))
+    return DecodeState(first, hidden, lengths, cache, history, tuple(sources))
 
 
 def step_added_peak(step, state, window: int) -> int:

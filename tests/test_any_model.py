@@ -71,16 +71,16 @@ def mlx_lm_logits(lm) -> list[mx.array]:
 def engine_logits(model: LmModel) -> list[mx.array]:
     """The engine's calls: the prompt at once, then one token a call, against our cache."""
     S = 64
-    keys, values = model.make_cache(1, S)
+    cache = model.make_cache(1, S)
     T = len(PROMPT)
     idx = mx.arange(T)[None]
     mask = cache_mask(mx.array([0]), chain_mask(T), S)
-    h, keys, values = model(mx.array([PROMPT]), idx, mask, keys, values, idx)
+    h, cache = model(mx.array([PROMPT]), idx, mask, cache, idx)
     out = [model.logits(h[:, -1])[0]]
     for p, t in enumerate(STEPS, start=T):
         pos = mx.array([[p]])
         mask = cache_mask(mx.array([p]), chain_mask(1), S)
-        h, keys, values = model(mx.array([[t]]), pos, mask, keys, values, pos)
+        h, cache = model(mx.array([[t]]), pos, mask, cache, pos)
         out.append(model.logits(h[:, 0])[0])
     return out
 
@@ -116,15 +116,15 @@ def path_of(i: int) -> list[int]:
 def test_each_tree_node_gives_its_own_sequence_logits(name):
     model = family(name)
     S, T = 64, len(PROMPT)
-    keys, values = model.make_cache(1, S)
+    cache = model.make_cache(1, S)
     idx = mx.arange(T)[None]
     mask = cache_mask(mx.array([0]), chain_mask(T), S)
-    _, keys, values = model(mx.array([PROMPT]), idx, mask, keys, values, idx)
+    _, cache = model(mx.array([PROMPT]), idx, mask, cache, idx)
     ancestors = [[j in _ancestors(i) for j in range(len(NODES))] for i in range(len(NODES))]
     mask = cache_mask(mx.array([T]), mx.array(ancestors)[None], S)
     positions = mx.array([[T + d for d in DEPTH]])
     slots = mx.array([[T + i for i in range(len(NODES))]])
-    hidden, _, _ = model(mx.array([NODES]), positions, mask, keys, values, slots)
+    hidden, _ = model(mx.array([NODES]), positions, mask, cache, slots)
     logits = model.logits(hidden)[0]
     for i in range(len(NODES)):
         want = model.lm(mx.array([PROMPT + path_of(i)]))[0, -1]

@@ -33,18 +33,15 @@ def verify_forward(model, rope_scaling=None):
     session = Session(model, 2)
     zeros = mx.zeros((2,), dtype=mx.int32)
     prompt = mx.array([[1, 5, 7, 9, 2], [3, 4, 0, 0, 0]])
-    _, lengths, keys, values = prefill_chunk(
-        model, prompt, mx.array([5, 2]), zeros, session.keys, session.values, 256
-    )
+    _, lengths, cache = prefill_chunk(model, prompt, mx.array([5, 2]), zeros, session.cache, 256)
     beams = mx.array([[[4, 8, 9, 3], [4, 8, 2, 6], [4, 1, 1, 1]]] * 2)
     tree = pack(beams, 9)
     mask = cache_mask(lengths, tree.mask, 256)
-    hidden, _, _ = model(
+    hidden, _ = model(
         tree.tokens,
         lengths[:, None] + tree.depth,
         mask,
-        keys,
-        values,
+        cache,
         lengths[:, None] + mx.arange(9)[None, :],
     )
     return hidden

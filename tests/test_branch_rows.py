@@ -16,6 +16,7 @@ from redrafter_mlx.engine.loop.batch import BatchGenerator
 from redrafter_mlx.engine.loop.batch_choice import FixedShape
 from redrafter_mlx.engine.loop.prefilling import Prefill
 from redrafter_mlx.engine.loop.rows import Row, RowStats
+from redrafter_mlx.engine.verifier.entries import cache_slots
 from tests.helpers import near_bigram_model, tiny_drafter
 
 FORK, CHILD, EOS = 30, 31, 29
@@ -90,8 +91,7 @@ def reference(model, drafter, shape, prompt, sampler, seed, limit, forks, rules=
     first, keys = job.first_token(model, [depth < rules.max_depth])
     out = list(first)
     history = text_history(session.cached, session.slots)
-    cache = (session.keys, session.values)
-    state = DecodeState(mx.array(first), job.hidden, session.lengths, *cache, history)
+    state = DecodeState(mx.array(first), job.hidden, session.lengths, session.cache, history)
     settings = row.sampling
     mode = settings.mode._replace(split=rules.split_ids)
     step = make_batch_step(model, drafter if shape else None, shape, mode, compiled=False)
@@ -102,7 +102,7 @@ def reference(model, drafter, shape, prompt, sampler, seed, limit, forks, rules=
         depth += forced >= 0
         split = split_rows([True], [depth < rules.max_depth], [forced])
         state = ensure_slots(state, len(prompt) + len(out) + 64)
-        window = state.keys[0].shape[2]
+        window = cache_slots(state.cache)
         state, keys, o = step(state, keys, active, settings.settings, window, split)
         out += o.tokens.tolist()[0][: o.count.item()]
     for i, t in enumerate(out):

@@ -116,7 +116,7 @@ def interrupt_after(n_chunks: int, lose_cache: bool = False):
             if i == n_chunks:
                 inner.close()
                 if lose_cache:
-                    session.keys = None  # as if Ctrl-C landed before the engine's hand-back
+                    session.cache = None  # as if Ctrl-C landed before the engine's hand-back
                 raise KeyboardInterrupt
             yield response
 

@@ -128,17 +128,15 @@ def test_converted_adapter_equals_the_public_forward_and_drafts(tmp_path):
     x = np.random.default_rng(1).standard_normal((7, H)).astype(np.float32)
     pos = mx.arange(7, dtype=mx.int32)[None]
     mask = cache_mask(mx.array([0]), chain_mask(7), 7)
-    got = adapter(mx.array(x)[None], pos, mask, *adapter.make_cache(1, 7), pos)[0][0]
+    got = adapter(mx.array(x)[None], pos, mask, adapter.make_cache(1, 7), pos)[0][0]
     want = kangaroo_forward(weights, x, cfg["rms_norm_eps"])
     np.testing.assert_allclose(np.array(got), want, rtol=1e-4, atol=1e-4)
 
     model, _ = load_model(out, mx.float32)  # the converted pair drafts in the engine
     check_pair(model, adapter)
-    keys, values = model.make_cache(1, 16)
-    ak, av = adapter.make_cache(1, 16)
-    chain = draft_chain(
-        model, adapter, mx.array([5]), mx.array([0]), keys, values, ak, av, 16, 3, 0.0
-    )
+    cache = model.make_cache(1, 16)
+    own = adapter.make_cache(1, 16)
+    chain = draft_chain(model, adapter, mx.array([5]), mx.array([0]), cache, own, 16, 3, 0.0)
     assert chain.tokens.shape == (1, 4) and int(chain.tokens[0, 0]) == 5
 
 

@@ -33,16 +33,16 @@ pytestmark = pytest.mark.slow  # make test-fast leaves these out
 def naive_rollout(model, tokens: list[int], t: int, depth: int) -> list[int]:
     """Greedy continuation of tokens[:t+1] for depth+1 tokens, one token at a time."""
     slots = t + depth + 2
-    keys, values = model.make_cache(1, slots)
+    cache = model.make_cache(1, slots)
     idx = mx.arange(t + 1)[None]
     mask = cache_mask(mx.array([0]), chain_mask(t + 1), slots)
-    h, keys, values = model(mx.array(tokens[: t + 1])[None], idx, mask, keys, values, idx)
+    h, cache = model(mx.array(tokens[: t + 1])[None], idx, mask, cache, idx)
     cur = int(mx.argmax(model.logits(h[0, -1])))
     out, length = [cur], t + 1
     for _ in range(depth):
         mask = cache_mask(mx.array([length]), chain_mask(1), slots)
         pos = mx.array([[length]])
-        h, keys, values = model(mx.array([[cur]]), pos, mask, keys, values, pos)
+        h, cache = model(mx.array([[cur]]), pos, mask, cache, pos)
         cur = int(mx.argmax(model.logits(h[0, -1])))
         out.append(cur)
         length += 1

@@ -42,6 +42,7 @@ from redrafter_mlx.engine.loop.batch import BatchGenerator
 from redrafter_mlx.engine.loop.loading import LoadError, draft_slot_paths, load
 from redrafter_mlx.engine.loop.memory import check_step_memory
 from redrafter_mlx.engine.loop.prefilling import Prefill
+from redrafter_mlx.engine.verifier.entries import cache_slots
 from redrafter_mlx.measure.profile import profile_steps, weight_bytes
 from redrafter_mlx.train import early_exit as EE
 from tests.helpers import (
@@ -317,7 +318,7 @@ def test_after_the_catch_up_both_states_equal_a_fresh_prefill():
     batch.settle()
     n = int(batch.state.lengths[0])
     text = batch.state.history[0, :n].tolist()
-    slots = batch.state.keys[0].shape[2]
+    slots = cache_slots(batch.state.cache)
     fresh = {
         EARLY_EXIT: prefill_ee(model, pair[1], [text], slots)[0][0][0],
         DRAFT_MODEL: prefill_draft(pair[0], [text], slots)[0][0][0],

@@ -53,12 +53,11 @@ def reference_next(model, adapter, seq: list[int]) -> tuple[int, float]:
     mask = cache_mask(mx.array([0]), chain_mask(T), T)
     model.capture_features([EXIT])
     try:
-        keys, values = model.make_cache(1, T)
-        hidden, _, _ = model(tokens, pos, mask, keys, values, pos)
+        cache = model.make_cache(1, T)
+        hidden, _ = model(tokens, pos, mask, cache, pos)
     finally:
         model.capture_features([])
-    ak, av = adapter.make_cache(1, T)
-    out, _, _ = adapter(hidden[..., H:], pos, mask, ak, av, pos)
+    out, _ = adapter(hidden[..., H:], pos, mask, adapter.make_cache(1, T), pos)
     logits = model.logits(out[:, -1])[0]
     probs = mx.softmax(logits)
     token = int(mx.argmax(logits))
@@ -75,17 +74,17 @@ def prefill(model, adapter, prompts: list[list[int]]):
     lengths = mx.zeros((B,), dtype=mx.int32)
     idx = mx.broadcast_to(mx.arange(T, dtype=mx.int32)[None], (B, T))
     mask = cache_mask(lengths, chain_mask(T), SLOTS)
-    keys, values = model.make_cache(B, SLOTS)
+    cache = model.make_cache(B, SLOTS)
     model.capture_features([EXIT])
     try:
-        hidden, keys, values = model(tokens, idx, mask, keys, values, idx)
+        hidden, cache = model(tokens, idx, mask, cache, idx)
     finally:
         model.capture_features([])
-    ak, av = adapter.make_cache(B, SLOTS)
-    _, ak, av = adapter_write(adapter, hidden[..., H:], lengths, ak, av, SLOTS)
+    own = adapter.make_cache(B, SLOTS)
+    _, own = adapter_write(adapter, hidden[..., H:], lengths, own, SLOTS)
     counts = mx.array([len(p) - 1 for p in prompts], dtype=mx.int32)
     init = mx.array([p[-1] for p in prompts], dtype=mx.int32)
-    return init, counts, keys, values, ak, av
+    return init, counts, cache, own
 
 
 @pytest.mark.parametrize("fused", [False, True])
@@ -93,9 +92,9 @@ def test_chain_equals_brute_force_reference(monkeypatch, fused):
     monkeypatch.setattr(model_module, "FUSED_KERNELS", fused)
     model, adapter = make_pair()
     prompts = [[3, 9, 4, 17, 2, 8], [5, 11, 30]]
-    init, lengths, keys, values, ak, av = prefill(model, adapter, prompts)
+    init, lengths, cache, own = prefill(model, adapter, prompts)
     gamma = 5
-    chain = draft_chain(model, adapter, init, lengths, keys, values, ak, av, SLOTS, gamma, 0.0)
+    chain = draft_chain(model, adapter, init, lengths, cache, own, SLOTS, gamma, 0.0)
     mx.eval(chain)
     assert chain.tokens.shape == (2, gamma + 1)
     assert chain.present.tolist() == [[True] * (gamma + 1)] * 2
@@ -111,12 +110,12 @@ def test_chain_equals_brute_force_reference(monkeypatch, fused):
 def test_confidence_cut_marks_later_drafts_absent():
     model, adapter = make_pair(seed=3)
     prompts = [[1, 2, 3, 4], [7, 7, 6, 5], [9, 20, 21]]
-    init, lengths, keys, values, ak, av = prefill(model, adapter, prompts)
+    init, lengths, cache, own = prefill(model, adapter, prompts)
     gamma = 6
-    free = draft_chain(model, adapter, init, lengths, keys, values, ak, av, SLOTS, gamma, 0.0)
+    free = draft_chain(model, adapter, init, lengths, cache, own, SLOTS, gamma, 0.0)
     probs = np.array(free.probs)
     eta = float(np.median(probs))  # some rows cut somewhere, some drafts pass
-    cut = draft_chain(model, adapter, init, lengths, keys, values, ak, av, SLOTS, gamma, eta)
+    cut = draft_chain(model, adapter, init, lengths, cache, own, SLOTS, gamma, eta)
     present = np.array(cut.present)
     tokens = np.array(cut.tokens)
     assert np.array_equal(np.array(cut.probs), probs)  # the cut changes no draft
@@ -128,7 +127,7 @@ def test_confidence_cut_marks_later_drafts_absent():
         assert present[row].tolist() == want
         assert np.array_equal(tokens[row][present[row]], np.array(free.tokens)[row][want])
         assert (tokens[row][~present[row]] == ABSENT).all()
-    strict = draft_chain(model, adapter, init, lengths, keys, values, ak, av, SLOTS, gamma, 1.5)
+    strict = draft_chain(model, adapter, init, lengths, cache, own, SLOTS, gamma, 1.5)
     assert np.array(strict.present).sum(axis=1).tolist() == [2, 2, 2]
 
 
@@ -144,23 +143,23 @@ def test_confident_prefix_rule():
 def test_target_cache_below_len_and_deep_layers_untouched():
     model, adapter = make_pair(seed=5)
     prompts = [[3, 9, 4, 17, 2, 8], [5, 11, 30]]
-    init, lengths, keys, values, ak, av = prefill(model, adapter, prompts)
-    mx.eval(keys, values, ak, av)
-    chain = draft_chain(model, adapter, init, lengths, keys, values, ak, av, SLOTS, 4, 0.6)
+    init, lengths, cache, own = prefill(model, adapter, prompts)
+    mx.eval(cache, own)
+    chain = draft_chain(model, adapter, init, lengths, cache, own, SLOTS, 4, 0.6)
     mx.eval(chain)
     for row, n in enumerate(lengths.tolist()):
-        for before, after in zip(keys + values + ak + av, _all_caches(chain)):
+        for before, after in zip(_arrays(cache + own), _arrays(chain.cache + chain.own)):
             assert np.array_equal(np.array(before[row, :, :n]), np.array(after[row, :, :n]))
     for layer in range(EXIT, LAYERS):  # the layers past the exit are not run at all
-        assert chain.keys[layer] is keys[layer]
-        assert chain.values[layer] is values[layer]
+        assert chain.cache[layer] is cache[layer]
     for layer in range(EXIT):  # the drafted tokens' K/V are at [len, len + gamma]
         for row, n in enumerate(lengths.tolist()):
-            assert np.abs(np.array(chain.keys[layer][row, :, n : n + 5])).min() > 0
+            assert np.abs(np.array(chain.cache[layer].keys[row, :, n : n + 5])).min() > 0
 
 
-def _all_caches(chain):
-    return chain.keys + chain.values + chain.adapter_keys + chain.adapter_values
+def _arrays(cache: tuple) -> list:
+    """Every array of a cache's entries, in order."""
+    return [a for entry in cache for a in entry]
 
 
 def test_adapter_cache_holds_accepted_drafts():
@@ -168,14 +167,14 @@ def test_adapter_cache_holds_accepted_drafts():
     longer prompt (so the next draft needs no catch-up)."""
     model, adapter = make_pair(seed=2)
     prompt = [4, 8, 15, 16, 23]
-    init, lengths, keys, values, ak, av = prefill(model, adapter, [prompt])
+    init, lengths, cache, own = prefill(model, adapter, [prompt])
     gamma = 3
-    chain = draft_chain(model, adapter, init, lengths, keys, values, ak, av, SLOTS, gamma, 0.0)
+    chain = draft_chain(model, adapter, init, lengths, cache, own, SLOTS, gamma, 0.0)
     longer = prompt + np.array(chain.tokens)[0, 1:].tolist() + [0]
-    _, n2, _, _, ak2, _ = prefill(model, adapter, [longer])
+    _, n2, _, own2 = prefill(model, adapter, [longer])
     n = int(n2[0])
-    for got, want in zip(chain.adapter_keys, ak2):
-        assert np.allclose(np.array(got[0, :, :n]), np.array(want[0, :, :n]), atol=1e-4)
+    for got, want in zip(chain.own, own2):
+        assert np.allclose(np.array(got.keys[0, :, :n]), np.array(want.keys[0, :, :n]), atol=1e-4)
 
 
 def test_adapter_folder_round_trip(tmp_path):
@@ -189,8 +188,8 @@ def test_adapter_folder_round_trip(tmp_path):
     x = mx.random.normal((1, 3, model.hidden_size), key=mx.random.key(0))
     pos = mx.arange(3, dtype=mx.int32)[None]
     mask = cache_mask(mx.array([0]), chain_mask(3), 3)
-    a = adapter(x, pos, mask, *adapter.make_cache(1, 3), pos)[0]
-    b = loaded(x, pos, mask, *loaded.make_cache(1, 3), pos)[0]
+    a = adapter(x, pos, mask, adapter.make_cache(1, 3), pos)[0]
+    b = loaded(x, pos, mask, loaded.make_cache(1, 3), pos)[0]
     assert mx.array_equal(a, b)
 
 
@@ -214,10 +213,10 @@ def test_bad_adapter_folders_say_what_is_wrong(tmp_path):
 def test_chain_compiles_so_it_reads_nothing_from_the_device():
     """``mx.compile`` refuses a function that evaluates an array (a host read) inside."""
     model, adapter = make_pair(seed=6)
-    init, lengths, keys, values, ak, av = prefill(model, adapter, [[3, 1, 4, 1, 5], [9, 2, 6]])
-    want = draft_chain(model, adapter, init, lengths, keys, values, ak, av, SLOTS, 4, 0.5)
+    init, lengths, cache, own = prefill(model, adapter, [[3, 1, 4, 1, 5], [9, 2, 6]])
+    want = draft_chain(model, adapter, init, lengths, cache, own, SLOTS, 4, 0.5)
     step = mx.compile(lambda *a: tuple(draft_chain(model, adapter, *a, SLOTS, 4, 0.5)))
-    got = step(init, lengths, keys, values, ak, av)
+    got = step(init, lengths, cache, own)
     assert mx.array_equal(got[0], want.tokens) and mx.array_equal(got[1], want.present)
 
 
@@ -227,17 +226,17 @@ def test_refresh_catches_up_tokens_that_another_source_committed():
     the from-scratch reference; without it the drafts' probabilities differ."""
     model, adapter = make_pair(seed=8)
     prompts = [[3, 9, 4, 17, 2, 8], [5, 11]]
-    init, lengths, keys, values, ak, av = prefill(model, adapter, prompts)
+    init, lengths, cache, own = prefill(model, adapter, prompts)
     extra = [[init.tolist()[0], 6, 7], [init.tolist()[1], 13, 1]]  # committed elsewhere
     pos = lengths[:, None] + mx.arange(3, dtype=mx.int32)[None]
     mask = cache_mask(lengths, chain_mask(3), SLOTS)
-    _, keys, values = model(mx.array(extra, dtype=mx.int32), pos, mask, keys, values, pos)
+    _, cache = model(mx.array(extra, dtype=mx.int32), pos, mask, cache, pos)
     seqs = [p[:-1] + e for p, e in zip(prompts, extra)]
     history = mx.array([s + [0] * (SLOTS - len(s)) for s in seqs], dtype=mx.int32)
     lengths = lengths + 3
     init = mx.array([21, 22], dtype=mx.int32)
-    before = [np.array(k) for k in keys]
-    args = (model, adapter, init, lengths, keys, values, ak, av, SLOTS, 3, 0.0)
+    before = [np.array(entry.keys) for entry in cache]
+    args = (model, adapter, init, lengths, cache, own, SLOTS, 3, 0.0)
     chain = draft_chain(*args, history=history, refresh=4)
     stale = draft_chain(*args)
     for row, seq in enumerate(seqs):
@@ -248,21 +247,22 @@ def test_refresh_catches_up_tokens_that_another_source_committed():
             assert float(chain.probs[row, k]) == pytest.approx(prob, rel=1e-4, abs=1e-6)
             seq.append(token)
         n = int(lengths[row])
-        for b, after in zip(before, chain.keys):
-            assert np.array_equal(b[row, :, :n], np.array(after[row, :, :n]))
+        for b, after in zip(before, chain.cache):
+            assert np.array_equal(b[row, :, :n], np.array(after.keys[row, :, :n]))
     assert not np.allclose(np.array(stale.probs), np.array(chain.probs), atol=1e-4)
 
 
 def test_adapter_prefill_equals_the_captured_exit_states():
     model, adapter = make_pair(seed=9)
     prompts = [[3, 9, 4, 17, 2, 8], [5, 11, 30]]
-    _, _, keys, _, ak, av = prefill(model, adapter, prompts)
+    _, _, cache, own = prefill(model, adapter, prompts)
     body = mx.array([p[:-1] + [0] * (6 - len(p)) for p in prompts], dtype=mx.int32)
     zero = mx.zeros((2,), dtype=mx.int32)
     idx = mx.broadcast_to(mx.arange(5, dtype=mx.int32)[None], (2, 5))
-    k2, v2 = model.make_cache(2, SLOTS)
-    _, k2, v2 = model(body, idx, cache_mask(zero, chain_mask(5), SLOTS), k2, v2, idx)
-    ak2, av2 = adapter.make_cache(2, SLOTS)
-    k3, _, ak2, av2 = adapter_prefill(model, adapter, body, zero, k2, v2, ak2, av2, SLOTS)
-    for a, b in zip(ak + av + keys, ak2 + av2 + k3):
+    mask = cache_mask(zero, chain_mask(5), SLOTS)
+    _, cache2 = model(body, idx, mask, model.make_cache(2, SLOTS), idx)
+    own2 = adapter.make_cache(2, SLOTS)
+    cache3, own2 = adapter_prefill(model, adapter, body, zero, cache2, own2, SLOTS)
+    keys = [entry.keys for entry in cache]
+    for a, b in zip(_arrays(own) + keys, _arrays(own2) + [entry.keys for entry in cache3]):
         np.testing.assert_allclose(np.array(a), np.array(b), atol=1e-5)

@@ -52,16 +52,16 @@ def test_drafts_are_the_full_heads_best_among_the_shortlist():
 def test_a_chain_with_the_whole_vocabulary_as_shortlist_is_the_full_heads_chain():
     model, adapter = make_pair(seed=2, vocab=64)
     prompts = [[3, 9, 4, 17, 2, 8], [5, 11, 30]]
-    init, lengths, keys, values, ak, av = prefill(model, adapter, prompts)
-    full = draft_chain(model, adapter, init, lengths, keys, values, ak, av, SLOTS, 5, 0.6)
+    init, lengths, cache, own = prefill(model, adapter, prompts)
+    full = draft_chain(model, adapter, init, lengths, cache, own, SLOTS, 5, 0.6)
     adapter.set_shortlist(list(range(model.vocab_size)))
     pair(model, adapter)
-    short = draft_chain(model, adapter, init, lengths, keys, values, ak, av, SLOTS, 5, 0.6)
+    short = draft_chain(model, adapter, init, lengths, cache, own, SLOTS, 5, 0.6)
     assert mx.array_equal(full.tokens, short.tokens)
     np.testing.assert_allclose(np.array(full.probs), np.array(short.probs), rtol=1e-5)
     adapter.set_shortlist(IDS)
     pair(model, adapter)
-    cut = draft_chain(model, adapter, init, lengths, keys, values, ak, av, SLOTS, 5, 0.0)
+    cut = draft_chain(model, adapter, init, lengths, cache, own, SLOTS, 5, 0.0)
     drafts = np.array(cut.tokens)[:, 1:]
     assert set(drafts.ravel()) <= set(IDS)
 

@@ -34,6 +34,7 @@ from redrafter_mlx.engine.loop.batch import BatchGenerator
 from redrafter_mlx.engine.loop.loading import LoadError, load
 from redrafter_mlx.engine.loop.memory import check_step_memory
 from redrafter_mlx.engine.loop.prefilling import Prefill
+from redrafter_mlx.engine.verifier.entries import cache_slots
 from redrafter_mlx.measure.profile import profile_steps, weight_bytes
 from redrafter_mlx.train import early_exit as EE
 from tests.helpers import (
@@ -237,7 +238,7 @@ def test_after_the_catch_up_the_adapter_cache_equals_a_fresh_prefill():
     batch.settle()
     n = int(batch.state.lengths[0])
     text = batch.state.history[0, :n].tolist()
-    slots = batch.state.keys[0].shape[2]
+    slots = cache_slots(batch.state.cache)
     fresh = prefill_ee(model, adapter, [text], slots)[0][0][0]
     assert not mx.allclose(source_cache(batch, EARLY_EXIT, 0)[:, :n], fresh[:, :n], atol=1e-4)
     assert batch.behind[state_slot(batch, EARLY_EXIT)] > WD.longest

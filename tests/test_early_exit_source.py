@@ -130,13 +130,13 @@ def states_follow_the_text(model, step, state, slots: int, steps: int, checks) -
         n = int(state.lengths[0])
         ctx = DraftContext(
             model, state.hidden, state.init_token, state.lengths, state.history, slots,
-            keys=state.keys, values=state.values,
+            cache=state.cache,
         )  # fmt: skip
         text = [state.history[0, :n].tolist()]
         for source, index, prefill in checks:
             mine = source.propose(ctx._replace(own=state.sources[index])).state
             theirs = prefill(text)
-            for a, b in zip(mine[0] + mine[1], theirs[0] + theirs[1]):
+            for a, b in zip([a for e in mine for a in e], [b for e in theirs for b in e]):
                 assert mx.allclose(a[:, :, :n], b[:, :, :n], atol=1e-4).item()
     return won
 

@@ -41,12 +41,11 @@ def test_step_is_a_pure_graph_under_compile():
     model = tiny_model(0)
     drafter = tiny_drafter(model, 1)
     session = Session(model, 2)
-    keys, values = session.keys, session.values
     zeros = mx.zeros((2,), dtype=mx.int32)
-    h, lengths, keys, values = prefill_chunk(
-        model, mx.array([[1, 2, 3], [1, 4, 0]]), mx.array([3, 2]), zeros, keys, values, 256
+    h, lengths, cache = prefill_chunk(
+        model, mx.array([[1, 2, 3], [1, 4, 0]]), mx.array([3, 2]), zeros, session.cache, 256
     )
-    state = DecodeState(mx.array([5, 6]), h, lengths, keys, values)
+    state = DecodeState(mx.array([5, 6]), h, lengths, cache)
     sampler = SamplerConfig(temperature=0.8, top_p=0.9)
     step = uniform_step(model, drafter, BeamShape(2, 3, 5), sampler, 2)
     before = step.step.counter["traces"]  # the step is kept on the model: maybe traced before
@@ -85,15 +84,13 @@ def test_logits_match_mlx_lm(tmp_path, extra):
     save_model_dir(model, tmp_path, VICUNA_TOKENIZER)
     mine, _, _ = redrafter_mlx.load(tmp_path, dtype="float32")
     tokens = [1, 5, 9, 33, 2, 17, 60, 4, 8, 8, 1, 0]
-    keys, values = mine.make_cache(1, 256)
+    cache = mine.make_cache(1, 256)
     T = len(tokens)
     zeros = mx.zeros((1,), dtype=mx.int32)
     idx = mx.arange(T)[None]
     from redrafter_mlx.engine.core.tree import cache_mask, chain_mask
 
-    hidden, _, _ = mine(
-        mx.array([tokens]), idx, cache_mask(zeros, chain_mask(T), 256), keys, values, idx
-    )
+    hidden, _ = mine(mx.array([tokens]), idx, cache_mask(zeros, chain_mask(T), 256), cache, idx)
     got = np.array(mine.logits(hidden)[0])
     want = np.array(_mlx_lm_logits(tmp_path, tokens).astype(mx.float32))
     assert np.abs(got - want).max() <= 1e-4

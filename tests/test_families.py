@@ -116,16 +116,16 @@ def reference_logits(name: str, ref) -> list[np.ndarray]:
 def our_logits(model: Verifier, prompt=PROMPT, steps=STEPS) -> list[np.ndarray]:
     """Our forward: the prompt in one call, then one token per call, against the cache."""
     slots = 256
-    keys, values = model.make_cache(1, slots)
+    cache = model.make_cache(1, slots)
     T = len(prompt)
     idx = mx.arange(T, dtype=mx.int32)[None]
     mask = cache_mask(mx.zeros((1,), mx.int32), chain_mask(T), slots)
-    h, keys, values = model(mx.array([prompt]), idx, mask, keys, values, idx)
+    h, cache = model(mx.array([prompt]), idx, mask, cache, idx)
     out = list(np.array(model.logits(h[0])))
     for p, t in enumerate(steps, start=T):
         pos = mx.array([[p]], dtype=mx.int32)
         mask = cache_mask(mx.array([p], dtype=mx.int32), chain_mask(1), slots)
-        h, keys, values = model(mx.array([[t]]), pos, mask, keys, values, pos)
+        h, cache = model(mx.array([[t]]), pos, mask, cache, pos)
         out.append(np.array(model.logits(h[0, 0])))
     return out
 
@@ -240,10 +240,10 @@ def test_loads_from_an_mlx_lm_folder_and_converts_from_a_hf_folder(name, tmp_pat
 def _prefill_hidden(model: Verifier) -> mx.array:
     """Hidden states of PROMPT from an empty cache: (T, H)."""
     T = len(PROMPT)
-    keys, values = model.make_cache(1, 256)
+    cache = model.make_cache(1, 256)
     idx = mx.arange(T, dtype=mx.int32)[None]
     mask = cache_mask(mx.zeros((1,), mx.int32), chain_mask(T), 256)
-    return model(mx.array([PROMPT]), idx, mask, keys, values, idx)[0][0]
+    return model(mx.array([PROMPT]), idx, mask, cache, idx)[0][0]
 
 
 # --- the config validator ------------------------------------------------------------------------

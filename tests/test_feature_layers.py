@@ -20,7 +20,7 @@ import pytest
 from redrafter_mlx.engine.core.sampling import RowSampler, SamplerConfig
 from redrafter_mlx.engine.core.shape import BeamShape
 from redrafter_mlx.engine.core.tree import cache_mask, chain_mask
-from redrafter_mlx.engine.decoding.cache import Session, bucket, grow, prefill_session
+from redrafter_mlx.engine.decoding.cache import Session, bucket, ensure_slots, prefill_session
 from redrafter_mlx.engine.decoding.decode import DecodeState, first_draw
 from redrafter_mlx.engine.decoding.step import uniform_step
 from redrafter_mlx.engine.drafting.drafter import Drafter, DrafterArgs
@@ -97,7 +97,7 @@ def test_the_step_keeps_the_accepted_tokens_features_of_a_plain_forward():
     sampler = SamplerConfig()
     rows = RowSampler.from_config(sampler, model.vocab_size, None, len(prompts))
     first = first_draw(model, hidden, rows, None, session.lengths)
-    state = DecodeState(first, hidden, session.lengths, session.keys, session.values)
+    state = DecodeState(first, hidden, session.lengths, session.cache)
     # drafter beams and a context lookup chain (accepted on this repetitive model's text)
     shape = BeamShape(2, 4, None, 1, 5)
     step = uniform_step(model, drafter, shape, sampler, len(prompts), compiled=False)
@@ -106,8 +106,7 @@ def test_the_step_keeps_the_accepted_tokens_features_of_a_plain_forward():
     checked = 0
     for _ in range(10):
         window = bucket(max(len(t) for t in texts) + 8)
-        if window > state.keys[0].shape[2]:
-            state = state._replace(keys=grow(state.keys, window), values=grow(state.values, window))
+        state = ensure_slots(state, window)
         history = mx.array([t + [0] * (window - len(t)) for t in texts], mx.int32)
         state = state._replace(history=history)
         prev = list(pending)
@@ -131,12 +130,12 @@ def test_the_ar_step_and_a_batch_of_rows_keep_the_same_features():
     model = tiny_model(3, layers=3, vocab=24)
     model.capture_features([1])
     prompt = [1, 3, 5, 7]
-    keys, values = model.make_cache(2, 32)
+    cache = model.make_cache(2, 32)
     lengths = mx.array([0, 0], mx.int32)
     tokens = mx.array([prompt, prompt[:2] + [0, 0]], mx.int32)
     idx = mx.arange(4, dtype=mx.int32)[None] + lengths[:, None]
     mask = cache_mask(lengths, chain_mask(4), 32)
-    h, _, _ = model(tokens, idx, mask, keys, values, idx)
+    h, _ = model(tokens, idx, mask, cache, idx)
     final, inputs = reference_residuals(model, prompt)
     H = model.hidden_size
     assert h.shape == (2, 4, 2 * H)
@@ -165,15 +164,15 @@ def test_without_feature_layers_the_forward_and_the_drafter_add_no_op():
     model = tiny_model(0, layers=2)
     N = 5
     tokens = mx.array([[1, 2, 3, 4, 5]], mx.int32)
-    keys, values = model.make_cache(1, N)
+    cache = model.make_cache(1, N)
     idx = mx.arange(N, dtype=mx.int32)[None]
     mask = mx.tril(mx.ones((N, N), dtype=mx.bool_))[None, None]
-    h, _, _ = model(tokens, idx, mask, keys, values, idx)
+    h, _ = model(tokens, idx, mask, cache, idx)
     # capturing a layer adds ops (its concatenation); capturing none again adds none
     model.capture_features([1])
-    wide, _, _ = model(tokens, idx, mask, keys, values, idx)
+    wide, _ = model(tokens, idx, mask, cache, idx)
     model.capture_features([])
-    again, _, _ = model(tokens, idx, mask, keys, values, idx)
+    again, _ = model(tokens, idx, mask, cache, idx)
     assert h.shape[-1] == model.hidden_size and wide.shape[-1] == 2 * model.hidden_size
     assert _ops(again) == _ops(h) < _ops(wide)
     np.testing.assert_array_equal(np.array(wide[..., : model.hidden_size]), np.array(h))

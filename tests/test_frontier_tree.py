@@ -23,6 +23,7 @@ from redrafter_mlx.engine.decoding.decode import (
 )
 from redrafter_mlx.engine.drafting.drafter import beam_search
 from redrafter_mlx.engine.drafting.lookup import ABSENT
+from redrafter_mlx.engine.verifier.entries import cache_slots
 from tests.helpers import OracleDrafter, near_bigram_model, tiny_drafter, tiny_model
 
 
@@ -35,7 +36,7 @@ def _state(model, prompts):
     hidden = prefill_session(session, [list(p) for p in prompts])
     session.ensure_slots(64)
     init = mx.argmax(model.logits(hidden), axis=-1).astype(mx.int32)
-    return DecodeState(init, hidden, session.lengths, session.keys, session.values)
+    return DecodeState(init, hidden, session.lengths, session.cache)
 
 
 def _nodes(beams: np.ndarray, present: np.ndarray | None) -> set[tuple]:
@@ -78,11 +79,9 @@ def test_the_tree_holds_every_node_the_search_kept(W, L):
 def _accepted(model, state, beams, present, C):
     """Drafts the greedy verifier accepts on candidates (B, N, L)."""
     tree = pack(beams, C, present)
-    window = state.keys[0].shape[2]
+    window = cache_slots(state.cache)
     greedy = RowSampler.from_config(SamplerConfig(), model.vocab_size, None, beams.shape[0])
-    _, target, _, _ = verify_phase(
-        model, tree, state.lengths, state.keys, state.values, greedy, window
-    )
+    _, target, _ = verify_phase(model, tree, state.lengths, state.cache, greedy, window)
     return np.array(accept_phase(beams, target, tree.unpacker, C)[1])
 
 

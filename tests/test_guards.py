@@ -216,9 +216,9 @@ def _step_peak(model, drafter, shape, batch, sampler, prompt=40):
     window = step_window(prompt, 1, shape.longest, shape.slots)
     history = text_history(rows, session.slots) if shape.lookup else None
     init = mx.full((batch,), 3, mx.int32)
-    state = DecodeState(init, hidden, session.lengths, session.keys, session.values, history)
+    state = DecodeState(init, hidden, session.lengths, session.cache, history)
     state = ensure_slots(state, window)
-    session.keys = session.values = None
+    session.cache = None
     step = uniform_step(model, drafter, shape, sampler, batch)
     return step_added_peak(step, state, window), window
 

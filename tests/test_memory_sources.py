@@ -46,7 +46,7 @@ def held_cache(model, drafter, shape, rows, draft_model=None) -> int:
     batch.reset()
     batch.resize(rows)
     state = ensure_slots(batch.state, decode_window(TOKENS, model.max_context, shape))
-    arrays = [*state.keys, *state.values, state.history]
+    arrays = [*(a for entry in state.cache for a in entry), state.history]
     arrays += [a for source in state.sources for part in source for a in part]
     return sum(a.nbytes for a in arrays)
 
@@ -121,10 +121,9 @@ def step_peak(model, drafter, shape, batch, sampler, draft_model=None, prompt=40
         sources += (draft_prefill(draft_model, rows, session.slots),)
     history = text_history(rows, session.slots)
     init = mx.full((batch,), 3, mx.int32)
-    keys, values = session.keys, session.values
-    state = DecodeState(init, hidden, session.lengths, keys, values, history, sources)
+    state = DecodeState(init, hidden, session.lengths, session.cache, history, sources)
     state = ensure_slots(state, window)
-    session.keys = session.values = None
+    session.cache = None
     step = uniform_step(model, drafter, shape, sampler, batch, draft_model=draft_model)
     return step_added_peak(step, state, window), window
 

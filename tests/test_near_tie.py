@@ -12,7 +12,7 @@ PREFIX = [3, 17, 5, 9, 22, 1, 30, 8, 12]
 
 def ranked(model, prefix):
     """The next token's candidates, best first, from an independent full forward."""
-    logits, _, _ = near_tie.last_logits(model, prefix, 0, *model.make_cache(1, len(prefix)))
+    logits, _ = near_tie.last_logits(model, prefix, 0, model.make_cache(1, len(prefix)))
     return [int(t) for t in mx.argsort(-logits).tolist()]
 
 
@@ -59,7 +59,7 @@ def test_noise_is_at_least_the_logits_resolution():
     model.set_dtype(mx.float16)
     order = ranked(model, PREFIX)
     verdict = near_tie.check(model, PREFIX, order[0], order[1])
-    logits, _, _ = near_tie.last_logits(model, PREFIX, 0, *model.make_cache(1, len(PREFIX)))
+    logits, _ = near_tie.last_logits(model, PREFIX, 0, model.make_cache(1, len(PREFIX)))
     biggest = max(abs(logits[order[0]].item()), abs(logits[order[1]].item()))
     assert verdict.noise >= near_tie.ulp(biggest, model) > 0
     assert near_tie.ulp(20.0, model) == 2.0**-10 * 16  # float16 at 20: 1/64

@@ -28,7 +28,7 @@ PREFIX = [3, 17, 5, 9, 22, 1, 30, 8, 12]
 
 
 def raw_logits(model, prefix):
-    logits, _, _ = near_tie.last_logits(model, prefix, 0, *model.make_cache(1, len(prefix)))
+    logits, _ = near_tie.last_logits(model, prefix, 0, model.make_cache(1, len(prefix)))
     return logits
 
 

@@ -27,9 +27,9 @@ def next_probs(model, prefixes, cfg):
     """Processed next-token distribution after PROMPT + each prefix: (N, V) numpy."""
     seqs = mx.array([PROMPT + list(p) for p in prefixes], dtype=mx.int32)
     N, T = seqs.shape
-    keys, values = model.make_cache(N, 256)
+    cache = model.make_cache(N, 256)
     zeros = mx.zeros((N,), dtype=mx.int32)
-    h, _, _, _ = prefill_chunk(model, seqs, zeros + T, zeros, keys, values, 256)
+    h, _, _ = prefill_chunk(model, seqs, zeros + T, zeros, cache, 256)
     logits = model.logits(h)
     if cfg.reads_text or cfg.logit_bias:  # mlx-lm's processors over each prefix's own text
         logits = mx.array(

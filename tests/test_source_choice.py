@@ -20,6 +20,7 @@ from redrafter_mlx.engine.loop.adaptive import Adaptive
 from redrafter_mlx.engine.loop.batch import BatchGenerator
 from redrafter_mlx.engine.loop.prefilling import Prefill
 from redrafter_mlx.engine.loop.rows import Row, RowStats
+from redrafter_mlx.engine.verifier.entries import cache_slots
 from tests.fakes import FakeClock
 from tests.helpers import run_decode, state_slot, tiny_model
 from tests.test_batch_loop import Scripted
@@ -132,7 +133,7 @@ def test_after_the_catch_up_the_cache_equals_a_fresh_prefill(kind):
     batch.settle()
     n = int(batch.state.lengths[0])
     text = batch.state.history[0, :n].tolist()
-    slots = batch.state.keys[0].shape[2]
+    slots = cache_slots(batch.state.cache)
     if kind == "draft-model":
         fresh = draft_prefill(draft, [text], slots)[0][0][0]
     else:
@@ -151,7 +152,7 @@ def test_the_behind_bound_follows_the_shapes_queued():
     batch = BatchGenerator(model, None, Scripted([D]), max_batch=1, draft_model=model)
     drive(batch, [(PROMPTS[:1], 6)])
     batch.behind[state_slot(batch, DRAFT_MODEL)] = 0
-    window = batch.state.keys[0].shape[2]
+    window = cache_slots(batch.state.cache)
     batch.catch_up(D, window)  # D1xL4 alone re-runs 1 committed token itself
     assert batch.behind[state_slot(batch, DRAFT_MODEL)] == 1 and batch.catch_ups == 0
     batch.catch_up(None, window)
@@ -369,7 +370,7 @@ def test_a_long_catch_up_runs_in_chunks_and_rebuilds_the_whole_cache():
     history = mx.array([text + [0] * (slots - 80)], mx.int32)
     empty = draft.make_cache(1, slots)
     ctx = DraftContext(model, None, mx.array([1]), mx.array([80]), history, slots, own=empty)
-    (keys, _), cache = DraftModelSource(draft, 4, 2).catch_up(ctx, 80)
+    state, cache = DraftModelSource(draft, 4, 2).catch_up(ctx, 80)
     fresh = draft_prefill(draft, [text], slots)[0]
     assert cache is None
-    assert mx.allclose(keys[0][:, :, :80], fresh[0][:, :, :80], atol=1e-4).item()
+    assert mx.allclose(state[0].keys[:, :, :80], fresh.keys[:, :, :80], atol=1e-4).item()

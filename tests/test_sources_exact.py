@@ -175,11 +175,10 @@ def mixed_batch(model, drafter, shape, groups, steps=3, draft_model=None):
         first_keys.append(row_keys_of(first, n))
         keys.append(row_keys_of(rng, n))
     keys = mx.concatenate(keys)
-    cache_k, cache_v = model.make_cache(B, slots)
     zero = mx.zeros((B,), mx.int32)
     tokens = mx.array(rows, mx.int32)
-    hidden, lengths, cache_k, cache_v = prefill_chunk(
-        model, tokens, zero + len(PROMPT), zero, cache_k, cache_v, slots
+    hidden, lengths, cache = prefill_chunk(
+        model, tokens, zero + len(PROMPT), zero, model.make_cache(B, slots), slots
     )
     history = text_history(rows, slots)
     sampler = RowSampler(settings.settings, mx.concatenate(first_keys), settings.mode)
@@ -189,7 +188,7 @@ def mixed_batch(model, drafter, shape, groups, steps=3, draft_model=None):
         sources += (early_exit_prefill(model, drafter, rows, slots),)
     if draft_model is not None:
         sources += (draft_prefill(draft_model, rows, slots),)
-    state = DecodeState(token, hidden, lengths, cache_k, cache_v, history, sources)
+    state = DecodeState(token, hidden, lengths, cache, history, sources)
     step = make_batch_step(
         model, drafter, shape, settings.mode, compiled=True, draft_model=draft_model
     )

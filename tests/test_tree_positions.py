@@ -61,16 +61,16 @@ def tree_logits_off(model: LmModel) -> float:
     """How far a two-branch tree's node logits are from plain decoding's (the check's own
     measure, without its verdict)."""
     S = 16
-    keys, values = model.make_cache(1, S)
+    cache = model.make_cache(1, S)
     from redrafter_mlx.engine.core.tree import arange, cache_mask, chain_mask
 
     idx = arange(5)[None]
     mask = cache_mask(mx.zeros((1,), mx.int32), chain_mask(5), S)
-    _, keys, values = model(mx.array([PROMPT[:5]]), idx, mask, keys, values, idx)
+    _, cache = model(mx.array([PROMPT[:5]]), idx, mask, cache, idx)
     a, b, c = 3, 9, 11
-    plain = [model._stepped(keys, values, 5, p, S)[0] for p in ([a], [a, b], [a, c])]
+    plain = [model._stepped(cache, 5, p, S)[0] for p in ([a], [a, b], [a, c])]
     ancestors = mx.array([[[True, False, False], [True, True, False], [True, False, True]]])
-    tree = model._verified(keys, values, 5, [a, b, c], [0, 1, 1], ancestors, S)
+    tree = model._verified(cache, 5, [a, b, c], [0, 1, 1], ancestors, S)
     return max(float(mx.abs(t - p).max()) for t, p in zip(tree, plain))
 
 

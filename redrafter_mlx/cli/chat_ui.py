@@ -252,7 +252,7 @@ class ChatLoop:
 
     def repair_session(self) -> None:
         """After an interruption at an unlucky moment the session may have lost its cache."""
-        if self.session.keys is None:
+        if self.session.cache is None:
             from redrafter_mlx.engine.decoding.cache import Session
 
             self.session = Session(self.engine.model)

@@ -60,17 +60,15 @@ class TieCheck:
         return dict(lead=self.lead, noise=self.noise, near_tie=self.near_tie)
 
 
-def last_logits(model, tokens: list[int], start: int, keys, values) -> tuple[mx.array, list, list]:
+def last_logits(model, tokens: list[int], start: int, cache: tuple) -> tuple[mx.array, tuple]:
     """Tokens at positions ``start..`` against a cache holding the ``start`` before them;
-    returns (last position's float32 logits (V,), keys, values)."""
+    returns (last position's float32 logits (V,), the cache)."""
     n = len(tokens)
     positions = mx.arange(start, start + n, dtype=mx.int32)[None]
     # (1, 1, n, start + n): each new token sees the cache and the new tokens up to itself.
     mask = (mx.arange(start + n)[None] <= positions[0][:, None])[None, None]
-    hidden, keys, values = model(
-        mx.array([tokens], mx.int32), positions, mask, keys, values, positions
-    )
-    return model.logits(hidden[0, -1]), keys, values
+    hidden, cache = model(mx.array([tokens], mx.int32), positions, mask, cache, positions)
+    return model.logits(hidden[0, -1]), cache
 
 
 def check(
@@ -82,9 +80,9 @@ def check(
     one over P - 1 then a one-token step (``model``: the engine's ``Model``)."""
     if len(prefix) < 2:
         raise ValueError("a near-tie check needs a prefix of at least 2 tokens")
-    whole, _, _ = last_logits(model, prefix, 0, *model.make_cache(1, len(prefix)))
-    _, keys, values = last_logits(model, prefix[:-1], 0, *model.make_cache(1, len(prefix)))
-    step, _, _ = last_logits(model, prefix[-1:], len(prefix) - 1, keys, values)
+    whole, _ = last_logits(model, prefix, 0, model.make_cache(1, len(prefix)))
+    _, cache = last_logits(model, prefix[:-1], 0, model.make_cache(1, len(prefix)))
+    step, _ = last_logits(model, prefix[-1:], len(prefix) - 1, cache)
     process = processor(prefix, sampling, step.shape[-1])
     floor = resolution(step, (token, other), prefix, sampling, model)
     step, whole = process(step), process(whole)

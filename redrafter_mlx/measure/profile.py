@@ -164,19 +164,18 @@ def profile_steps(
     # The stateful sources' states (``Source.prefill``), carried like the cache (the steps
     # without a source pass its state on).
     src = tuple(source.prefill(model, session, slice(None)) for source in stateful(held))
-    mx.eval(first, hidden, lengths, session.keys, session.values, history, src)
+    mx.eval(first, hidden, lengths, session.cache, history, src)
     # The cache is carried from call to call so that scatters update it in place, as in
     # the loop; every call sees the same lengths (and so the same context).
-    kv = {"kv": (session.keys, session.values)}
-    session.keys = session.values = None
+    kv = {"kv": session.cache}
+    session.cache = None
     sources = {"src": src}
 
     def base_state():
-        keys, values = kv.pop("kv")
-        return DecodeState(first, hidden, lengths, keys, values, history, sources["src"])
+        return DecodeState(first, hidden, lengths, kv.pop("kv"), history, sources["src"])
 
-    def keep(state_or_kv):
-        kv["kv"] = state_or_kv
+    def keep(cache):
+        kv["kv"] = cache
 
     configs: list[tuple[str, dict[str, _Timed]]] = []
 
@@ -187,7 +186,7 @@ def profile_steps(
         nxt, out = step(base_state(), window)
         if counter:
             counter.ops = graph_ops(nxt, out)
-        keep((nxt.keys, nxt.values))
+        keep(nxt.cache)
         return nxt, out
 
     configs.append(("AR", {"step": _Timed("step", ar_call)}))
@@ -273,21 +272,21 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
 
     def draft(init_token, hidden):
         """Candidates (B, N, L) and which of their tokens are present (B, N, L)."""
-        state = DecodeState(init_token, hidden, None, None, None)
+        state = DecodeState(init_token, hidden, None, None)
         cand = shape_candidates(model, state, BeamShape(W, L), drafter)
         if cand.present is None:
             return cand.beams, mx.ones(cand.beams.shape, dtype=mx.bool_)
         return cand.beams, cand.present
 
-    def verify(tokens, depth, mask, lengths, keys, values, key):
+    def verify(tokens, depth, mask, lengths, cache, key):
         tree = PackedTree(tokens, depth, None, None, mask)
         fresh = []  # the layers' new K/V, which the commit reads
         rows = RowSampler.from_config(sampler, model.vocab_size, key, tokens.shape[0])
-        out = verify_phase(model, tree, lengths, keys, values, rows, window, None, fresh)
+        out = verify_phase(model, tree, lengths, cache, rows, window, None, fresh)
         return (*out, fresh)
 
-    def commit(keys, values, lengths, path_slots, hidden, n, fresh):
-        return commit_phase(keys, values, lengths, path_slots, hidden, n, fresh, in_place=W == 1)
+    def commit(cache, lengths, path_slots, hidden, n, fresh):
+        return commit_phase(cache, lengths, path_slots, hidden, n, fresh, C, W == 1)
 
     draft_fn = mx.compile(draft, inputs=weights)
     pack_fn = mx.compile(lambda beams, present: tuple(pack(beams, C, present if W > 1 else None)))
@@ -300,12 +299,12 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
     s = base_state()
     beams, present = draft_fn(s.init_token, s.hidden)
     tree = PackedTree(*pack_fn(beams, present))
-    h, target, keys, values, fresh = verify_fn(
-        tree.tokens, tree.depth, tree.mask, s.lengths, s.keys, s.values, None
+    h, target, cache, fresh = verify_fn(
+        tree.tokens, tree.depth, tree.mask, s.lengths, s.cache, None
     )
     tokens, n, _, path_slots = accept_fn(beams, target, tree.unpacker)
-    mx.eval(beams, tree, h, target, keys, values, fresh, tokens, n, path_slots)
-    keep((keys, values))
+    mx.eval(beams, tree, h, target, cache, fresh, tokens, n, path_slots)
+    keep(cache)
     lengths, init_token, hidden, rng = s.lengths, s.init_token, s.hidden, None  # greedy
 
     def counted(counter, out):
@@ -320,24 +319,23 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
         return counted(c, pack_fn(beams, present))
 
     def t_verify(c):
-        k, v = kv.pop("kv")
-        out = counted(c, verify_fn(tree.tokens, tree.depth, tree.mask, lengths, k, v, rng))
-        keep(out[2:4])
+        cache = kv.pop("kv")
+        out = counted(c, verify_fn(tree.tokens, tree.depth, tree.mask, lengths, cache, rng))
+        keep(out[2])
         return out
 
     def t_accept(c):
         return counted(c, accept_fn(beams, target, tree.unpacker))
 
     def t_commit(c):
-        k, v = kv.pop("kv")
-        out = counted(c, commit_fn(k, v, lengths, path_slots, h, n, fresh))
-        keep(out[:2])
+        out = counted(c, commit_fn(kv.pop("kv"), lengths, path_slots, h, n, fresh))
+        keep(out[0])
         return out
 
     def t_step(c):
         nxt, out = step_fn(base_state(), window)
         counted(c, (nxt, out))
-        keep((nxt.keys, nxt.values))
+        keep(nxt.cache)
         return nxt, out
 
     thunks = dict(
@@ -365,7 +363,7 @@ def _lookup_thunks(
         nxt, out = step_fn(base_state(), window)
         if counter:
             counter.ops = graph_ops(nxt, out)
-        keep((nxt.keys, nxt.values))
+        keep(nxt.cache)
         if sources is not None:
             sources["src"] = nxt.sources
         return nxt, out

@@ -77,12 +77,12 @@ def _median(xs: list[float]) -> float:
 def _verify_fn(model: Verifier, capacity: int, window: int):
     """Compiled verify forward of ``capacity`` chain-masked tokens + target draws."""
 
-    def verify(tokens, lengths, keys, values):
+    def verify(tokens, lengths, cache):
         idx = lengths[:, None] + arange(capacity)[None, :]
         mask = cache_mask(lengths, chain_mask(capacity), window)
-        hidden, keys, values = model(tokens, idx, mask, keys, values, idx)
+        hidden, cache = model(tokens, idx, mask, cache, idx)
         greedy = RowSampler.from_config(SamplerConfig(), model.vocab_size, None, tokens.shape[0])
-        return draw(model.logits(hidden), greedy), keys, values
+        return draw(model.logits(hidden), greedy), cache
 
     return mx.compile(verify)
 
@@ -103,16 +103,15 @@ def verify_cost(
     # to whole SLOT_QUANTUM slots), not a power of two that would make every query attend to
     # up to twice the slots the loop does.
     window = bucket(context + max(capacities))
-    keys, values = model.make_cache(1, window)
     prompt = mx.random.randint(0, vocab, (1, context)).astype(mx.int32)
     zeros = mx.zeros((1,), dtype=mx.int32)
-    h, lengths, keys, values = prefill_chunk(
-        model, prompt, zeros + context, zeros, keys, values, window
+    h, lengths, cache = prefill_chunk(
+        model, prompt, zeros + context, zeros, model.make_cache(1, window), window
     )
-    mx.eval(h, lengths, keys, values)
+    mx.eval(h, lengths, cache)
     # Carry the cache from call to call (so it is updated in place, as in the decode loop)
     # but reset the length, so every call sees the same context.
-    state = {"ar": DecodeState(mx.array([1]), h, lengths, keys, values)}
+    state = {"ar": DecodeState(mx.array([1]), h, lengths, cache)}
     ar_step = uniform_step(model, None, None, SamplerConfig(), 1)  # the loop's own step
 
     def ar():
@@ -126,12 +125,11 @@ def verify_cost(
 
         def verify():
             nxt = state.pop("ar")
-            kv = (nxt.keys, nxt.values)
-            nxt = nxt._replace(keys=None, values=None)
-            out, k, v = fn(tokens, lengths, *kv)
-            del kv  # only the graph holds the cache now: the K/V writes happen in place
-            mx.eval(out, k, v)
-            state["ar"] = nxt._replace(keys=k, values=v)
+            cache = nxt.cache
+            nxt = nxt._replace(cache=None)
+            out, cache = fn(tokens, lengths, cache)  # only the graph holds the old cache now:
+            mx.eval(out, cache)  # the K/V writes happen in place
+            state["ar"] = nxt._replace(cache=cache)
 
         return verify
 

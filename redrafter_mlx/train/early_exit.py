@@ -44,6 +44,7 @@ from ..engine.drafting.early_exit import (
     check_exit_layer,
 )
 from ..engine.drafting.early_exit_chain import ETA, GAMMA, adapter_write, draft_chain
+from ..engine.verifier.entries import rows_of
 from ..engine.verifier.protocol import Verifier
 from .checkpoints import (
     install_output,
@@ -85,11 +86,11 @@ def sequence_features(model: Verifier, seq: Sequence, exit_layer: int) -> Exampl
     tokens = mx.array([seq.tokens], dtype=mx.int32)
     pos = mx.arange(N, dtype=mx.int32)[None]
     mask = cache_mask(mx.array([0], dtype=mx.int32), chain_mask(N), N)
-    keys, values = model.make_cache(1, N)
+    cache = model.make_cache(1, N)
     before = model.feature_layers
     model.capture_features([exit_layer])
     try:
-        hidden, _, _ = model(tokens, pos, mask, keys, values, pos)
+        hidden, _ = model(tokens, pos, mask, cache, pos)
     finally:
         model.capture_features(before)
     hidden = hidden[0].astype(mx.float32)
@@ -127,8 +128,7 @@ def adapter_outputs(adapter: EarlyExitAdapter, exits: mx.array) -> mx.array:
     B, T, _ = exits.shape
     pos = mx.broadcast_to(mx.arange(T, dtype=mx.int32)[None], (B, T))
     mask = cache_mask(mx.zeros((B,), dtype=mx.int32), chain_mask(T), T)
-    keys, values = adapter.make_cache(B, T, exits.dtype)
-    return adapter(exits, pos, mask, keys, values, pos)[0]
+    return adapter(exits, pos, mask, adapter.make_cache(B, T, exits.dtype), pos)[0]
 
 
 def soft_loss(adapter, model: Verifier, exits, finals, valid):
@@ -227,16 +227,16 @@ def chain_score(
         tokens = mx.array([e.tokens], dtype=mx.int32)
         pos = mx.arange(N, dtype=mx.int32)[None]
         zero = mx.zeros((1,), dtype=mx.int32)
-        keys, values = model.make_cache(1, N + gamma + 1)
-        _, keys, values = model(tokens, pos, cache_mask(zero, chain_mask(N), N), keys, values, pos)
-        ak, av = adapter.make_cache(1, N + gamma + 1)
-        _, ak, av = adapter_write(adapter, e.exits[None], zero, ak, av, N)
-        rows_of = functools.partial(_rows, B)
+        cache = model.make_cache(1, N + gamma + 1)
+        _, cache = model(tokens, pos, cache_mask(zero, chain_mask(N), N), cache, pos)
+        own = adapter.make_cache(1, N + gamma + 1)
+        _, own = adapter_write(adapter, e.exits[None], zero, own, N)
+        broadcast = functools.partial(_rows, B)
         lengths = mx.array(starts, dtype=mx.int32)
         init = mx.array([e.tokens[t] for t in starts], dtype=mx.int32)
         chain = draft_chain(
-            model, adapter, init, lengths, rows_of(keys), rows_of(values), rows_of(ak),
-            rows_of(av), N + gamma + 1, gamma, eta,
+            model, adapter, init, lengths, broadcast(cache), broadcast(own), N + gamma + 1,
+            gamma, eta,
         )  # fmt: skip
         drafts = np.array(chain.tokens)[:, 1:]
         want = np.array([e.tokens[t + 1 : t + 1 + gamma] for t in starts])
@@ -256,9 +256,9 @@ def coverage(sequences: list[Sequence], ids: list[int]) -> float:
     return sum(t in keep for t in targets) / max(len(targets), 1)
 
 
-def _rows(B: int, cache: list) -> list:
-    """Each (1, ...) cache array broadcast to B rows."""
-    return [mx.broadcast_to(c, (B, *c.shape[1:])) for c in cache]
+def _rows(B: int, cache: tuple) -> tuple:
+    """A cache of one row with each array broadcast to B rows."""
+    return rows_of(cache, lambda c: mx.broadcast_to(c, (B, *c.shape[1:])))
 
 
 def distill_early_exit(model_dir, data_files, out_dir, progress=None, **options) -> dict:

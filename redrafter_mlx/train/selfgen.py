@@ -31,6 +31,7 @@ from ..engine.decoding.cache import Session, bucket, ensure_slots, prefill_sessi
 from ..engine.decoding.decode import DecodeState, first_draw
 from ..engine.decoding.step import batch_step
 from ..engine.loop.rows import take_rows
+from ..engine.verifier.entries import rows_of
 from ..engine.verifier.protocol import Verifier
 
 CHECK_EVERY = 16  # steps between host reads of "have all rows ended?"
@@ -151,9 +152,9 @@ def _decode(model: Verifier, job: Job, stream):
         first_rows = RowSampler(settings, row_keys_of(first_key, B), mode)
         first = first_draw(model, hidden, first_rows, None, session.lengths)
         first = first.astype(mx.int32)
-        state = DecodeState(first, hidden, session.lengths, session.keys, session.values)
+        state = DecodeState(first, hidden, session.lengths, session.cache)
         row_keys, active = row_keys_of(rng, B), mx.ones((B,), dtype=mx.bool_)
-        session.keys = session.values = None  # the loop owns the cache (in-place K/V writes)
+        session.cache = None  # the loop owns the cache (in-place K/V writes)
         step = batch_step(model, None, None, mode)  # plain decoding: the engine's own step
         eos = mx.array(sorted(int(e) for e in job.eos_token_ids) or [-1], dtype=mx.int32)
     rows = np.arange(B)  # the prompt each running row answers
@@ -212,8 +213,7 @@ def prefill_shared(model: Verifier, prompts: list[list[int]]) -> tuple[Session, 
     if B > 1 and shared >= SHARED_PREFIX_MIN:
         one = Session(model, 1)
         prefill_session(one, [prompts[0][:shared]], WINDOW_QUANTUM, sync=False)
-        session.keys = [mx.repeat(k, B, axis=0) for k in one.keys]
-        session.values = [mx.repeat(v, B, axis=0) for v in one.values]
+        session.cache = rows_of(one.cache, lambda a: mx.repeat(a, B, axis=0))
         session.cached = [list(p[:shared]) for p in prompts]
     rest = session.reuse([list(p) for p in prompts])
     return session, prefill_session(session, rest, WINDOW_QUANTUM, sync=False)

@@ -44,10 +44,10 @@ def rollout_targets(model: Verifier, tokens: mx.array, positions: mx.array, dept
     per depth serves all M branches (T+1 forwards instead of M·T).
     """
     N, M = tokens.shape[0], positions.shape[0]
-    keys, values = model.make_cache(1, N + depth * M)
+    cache = model.make_cache(1, N + depth * M)
     idx = mx.arange(N)[None]
     causal = mx.tril(mx.ones((N, N), dtype=mx.bool_))[None, None]
-    h, keys, values = model(tokens[None], idx, causal, keys, values, idx)
+    h, cache = model(tokens[None], idx, causal, cache, idx)
     hidden = h[0][positions]  # (M, H)
     current = mx.argmax(model.logits(hidden), axis=-1).astype(mx.int32)  # ŷ_{t+1}
     greedy = [current]
@@ -57,9 +57,7 @@ def rollout_targets(model: Verifier, tokens: mx.array, positions: mx.array, dept
         own = (mx.arange((d + 1) * M) % M)[None, :] == branch[:, None]  # (M, (d+1)·M)
         mask = mx.concatenate([sees_prefix, own], axis=1)[None, None]  # (1, 1, M, N+(d+1)M)
         write = (N + d * M + branch)[None]
-        hb, keys, values = model(
-            current[None], (positions + 1 + d)[None], mask, keys, values, write
-        )
+        hb, cache = model(current[None], (positions + 1 + d)[None], mask, cache, write)
         current = mx.argmax(model.logits(hb[0]), axis=-1).astype(mx.int32)
         greedy.append(current)
     return hidden, mx.stack(greedy, axis=1)
@@ -80,10 +78,9 @@ def self_targets(model: Verifier, tokens: mx.array, positions: mx.array, depth: 
     is g), and targets past the end of the sequence are not valid.
     """
     N = tokens.shape[0]
-    keys, values = model.make_cache(1, N)
     idx = mx.arange(N)[None]
     causal = mx.tril(mx.ones((N, N), dtype=mx.bool_))[None, None]
-    h, _, _ = model(tokens[None], idx, causal, keys, values, idx)
+    h, _ = model(tokens[None], idx, causal, model.make_cache(1, N), idx)
     first = int(mx.min(positions).item())
     g = mx.argmax(model.logits(h[0, first:]), axis=-1).astype(mx.int32)  # g_i for i >= first
     hidden = h[0][positions]
@@ -129,10 +126,9 @@ def sequence_hidden(model: Verifier, tokens: mx.array, positions: mx.array) -> m
     tokens (N,), positions (M,) -> (M, H).
     """
     N = tokens.shape[0]
-    keys, values = model.make_cache(1, N)
     idx = mx.arange(N)[None]
     causal = mx.tril(mx.ones((N, N), dtype=mx.bool_))[None, None]
-    h, _, _ = model(tokens[None], idx, causal, keys, values, idx)
+    h, _ = model(tokens[None], idx, causal, model.make_cache(1, N), idx)
     return h[0][positions]
 
 

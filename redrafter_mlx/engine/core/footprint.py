@@ -58,12 +58,11 @@ class Dims:
 
 def own_cache_bytes(drafter) -> int:
     """Bytes per row and slot of the K/V cache a drafter keeps (``make_cache``: an early-exit
-    adapter's, per adapter layer (B, n_kv, S, D) keys and values); 0 for one that keeps
+    adapter's: its entries' arrays, per adapter layer (B, n_kv, S, D)); 0 for one that keeps
     none."""
     if not hasattr(drafter, "make_cache"):
         return 0
-    keys, values = drafter.make_cache(1, 1)
-    return sum(a.nbytes for a in (*keys, *values))
+    return sum(a.nbytes for entry in drafter.make_cache(1, 1) for a in entry)
 
 
 def module_bytes(module) -> int:

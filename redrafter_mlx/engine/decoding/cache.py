@@ -24,6 +24,7 @@ import mlx.core as mx
 
 from ..base.errors import RedrafterError
 from ..drafting.sources import grow_states, padded_chunks
+from ..verifier.entries import cache_slots, dtype_of, grown
 from ..verifier.protocol import Verifier
 from .decode import DecodeState, prefill_chunk
 
@@ -35,35 +36,24 @@ def bucket(n: int, quantum: int = SLOT_QUANTUM) -> int:
     return -(-n // quantum) * quantum
 
 
-def grow(arrays: list, slots: int, axis: int = 2) -> list:
-    """Zero-extend each array to ``slots`` along its slot ``axis`` (a rare copy): the
-    (B, n_kv, S, D) K/V caches (axis 2) or the (B, S) token history (axis 1). A recurrent
-    layer's (B, 1, F) state has no slots and is kept."""
-
-    def one(a):
-        if axis == 2 and a.ndim < 4:  # a recurrent layer's state: no slot axis
-            return a
-        pad = slots - a.shape[axis]
-        if pad <= 0:
-            return a
-        shape = list(a.shape)
-        shape[axis] = pad
-        return mx.concatenate([a, mx.zeros(shape, a.dtype)], axis=axis)
-
-    return [one(a) for a in arrays]
-
-
 def ensure_slots(state: DecodeState, needed: int) -> DecodeState:
     """``state`` with at least ``needed`` cache slots (grown, rarely, by whole quanta)."""
-    if needed > state.keys[0].shape[2]:
+    if needed > cache_slots(state.cache):
         slots = bucket(needed)
         state = state._replace(
-            keys=grow(state.keys, slots),
-            values=grow(state.values, slots),
-            history=None if state.history is None else grow([state.history], slots, 1)[0],
-            sources=grow_states(state.sources, slots, grow),
+            cache=grown(state.cache, slots),
+            history=None if state.history is None else grown_history(state.history, slots),
+            sources=grow_states(state.sources, slots),
         )
     return state
+
+
+def grown_history(history: mx.array, slots: int) -> mx.array:
+    """The (B, S) token history zero-extended to ``slots`` (a rare copy)."""
+    pad = slots - history.shape[1]
+    if pad <= 0:
+        return history
+    return mx.concatenate([history, mx.zeros((history.shape[0], pad), history.dtype)], axis=1)
 
 
 def text_history(rows: list[list[int]], slots: int) -> mx.array:
@@ -115,34 +105,32 @@ class Session:
     """KV cache for B rows plus, per row, the token ids it holds (for prefix reuse).
 
     ``cached[r]`` are exactly the tokens whose K/V occupy row r's slots [0, len(cached[r])).
-    A decode loop owns the cache while it runs (``keys``/``values`` are None until it hands
-    them back); only the thread that created the session may use it (:meth:`claim`).
+    A decode loop owns the cache while it runs (``cache`` is None until it hands it back);
+    only the thread that created the session may use it (:meth:`claim`). The cache is the
+    model's entries (``verifier.entries``).
     """
 
     def __init__(self, model: Verifier, batch: int = 1):
         self.model = model
         self.batch = batch
         self.thread = threading.get_ident()  # MLX streams (and so these arrays) are per thread
-        self.keys, self.values = model.make_cache(batch, SLOT_QUANTUM)
+        self.cache = model.make_cache(batch, SLOT_QUANTUM)
         self.lengths = mx.zeros((batch,), dtype=mx.int32)
         self.cached: list[list[int]] = [[] for _ in range(batch)]
 
     @property
     def slots(self) -> int:
-        return self.keys[0].shape[2]
+        return cache_slots(self.cache)
 
     def ensure_slots(self, needed: int) -> None:
         """Grow the cache (rarely: by whole quanta) so that ``needed`` slots exist."""
         if needed > self.slots:
-            self.keys, self.values = (
-                grow(self.keys, bucket(needed)),
-                grow(self.values, bucket(needed)),
-            )
+            self.cache = grown(self.cache, bucket(needed))
 
     @property
     def in_use(self) -> bool:
         """Whether a decode loop holds the cache (it has not handed it back yet)."""
-        return self.keys is None
+        return self.cache is None
 
     def claim(self) -> None:
         """Refuse (:class:`SessionInUse`) use from another thread or while a generation holds
@@ -207,17 +195,17 @@ def prefill_session(
     model = session.model
     B = session.batch
     known = [len(c) for c in session.cached]  # exact row lengths before each chunk
-    h_last = mx.zeros((B, model.state_width), dtype=session.keys[0].dtype)
+    h_last = mx.zeros((B, model.state_width), dtype=dtype_of(session.cache))
     for chunk, tokens, counts in padded_chunks(new_tokens):
         T = tokens.shape[1]
         window = bucket(max(known) + T, quantum)
         session.ensure_slots(window)
-        h, lengths, session.keys, session.values = prefill_chunk(
-            model, tokens, counts, session.lengths, session.keys, session.values, window
+        h, lengths, session.cache = prefill_chunk(
+            model, tokens, counts, session.lengths, session.cache, window
         )
         known = [k + len(c) for k, c in zip(known, chunk)]
         h_last = mx.where((counts > 0)[:, None], h, h_last)
         session.lengths = lengths
         if sync:  # per chunk, not per step
-            mx.eval(h_last, session.lengths, *session.keys, *session.values)
+            mx.eval(h_last, session.lengths, session.cache)
     return h_last

@@ -13,11 +13,12 @@ State carried between steps (``DecodeState``):
     hidden     (B, H) the LLM's normed hidden state at the last cached token; (B, (1+k)H)
                with the k feature layers a drafter reads (``Verifier.capture_features``)
     lengths    (B,)   committed cache length per row
-    keys/values       per layer (B, n_kv, S, D)
+    cache             the target's cache entries (``verifier.entries``: ``Slots`` per
+                      attention cache, (B, n_kv, S, D) keys and values; ``State`` per
+                      recurrent layer, (B, 1, F)), each with its own commit
     history    (B, S) the committed token ids, slot by slot (None: no lookup)
     sources           every stateful held source's state, in held order (an early-exit
-                      adapter's, a draft model's K/V cache: (keys, values), per layer
-                      (B, n_kv, S, D); ``held.held_sources``)
+                      adapter's, a draft model's cache: entries too; ``held.held_sources``)
 
 Rows draw with their own keys (``sampling.RowSampler``, split per step by the batch step,
 ``step.batch_step``): the state carries no key.
@@ -50,8 +51,8 @@ from ..drafting.sources import (
     sized_sources,
     step_capacity,
 )
+from ..verifier.entries import committed
 from ..verifier.protocol import Verifier
-from ..verifier.slots import write_slots
 from .two_chains import accept_two_chains, lay_two_chains
 
 
@@ -59,8 +60,7 @@ class DecodeState(NamedTuple):
     init_token: mx.array
     hidden: mx.array
     lengths: mx.array
-    keys: list
-    values: list
+    cache: tuple
     history: mx.array | None = None
     sources: tuple = ()
 
@@ -80,8 +80,8 @@ class Candidates(NamedTuple):
     source: mx.array  # (B or 1, N) int32, each candidate's source id (``SOURCE_NAMES``)
     states: tuple = ()  # the stateful sources' new states, in source order
     only: int | None = None  # the one source every candidate came from, if so
-    cache: tuple | None = None  # (keys, values): the target's cache a source wrote above
-    # each row's length while drafting (``Proposal.cache``), for the verify; None: untouched
+    cache: tuple | None = None  # the target's cache a source wrote above each row's
+    # length while drafting (``Proposal.cache``), for the verify; None: untouched
     two: tuple | None = None  # (L1, L2): two chains in a static layout (``two_chains``)
 
 
@@ -100,33 +100,6 @@ def accept(beams, target, unpacker, capacity):
     best = mx.argmax(run, axis=-1).astype(mx.int32)
     n = mx.take_along_axis(run, best[:, None], axis=1)[:, 0].astype(mx.int32)
     return best, n, on_beams
-
-
-def commit_path(keys, values, lengths, path_slots, n, fresh):
-    """Move the chosen path's K/V from its packed slots to consecutive slots.
-
-    path_slots: (B, P) packed slot of each path token, which goes to len + k for k <= n
-    (B,); ``fresh``: the verify's own per-layer (K, V), (B, C, n_kv, D) each. Every one of
-    the C fresh slots is scattered, at once, to its destination (``slot_destinations``):
-    one kernel per array, no gather. The path is read from ``fresh``, not from the cache it
-    was written to, so each cache is only written (in place): reading and writing it in one
-    graph made MLX copy the whole cache every step.
-    """
-    capacity = next(f[0].shape[1] for f in fresh if isinstance(f, tuple))
-    dst = slot_destinations(lengths, path_slots, n, capacity)  # (B, C)
-    new_keys, new_values = [], []
-    for k, v, f in zip(keys, values, fresh):
-        if isinstance(f, tuple):  # an attention cache; else a state (``commit_states``)
-            k, v = write_slots(k, dst, f[0]), write_slots(v, dst, f[1])
-        new_keys.append(k)
-        new_values.append(v)
-    return new_keys, new_values
-
-
-def commit_states(keys: list, fresh: list, n) -> list:
-    """``keys`` with each recurrent layer's state taken at the accepted length: n (B,)
-    drafts and the init token (``lm_model.StateCommit``; a chain's tokens are its path)."""
-    return [f.commit(n + 1) if hasattr(f, "commit") else k for k, f in zip(keys, fresh)]
 
 
 def slot_destinations(lengths, path_slots, n, capacity: int):
@@ -163,7 +136,7 @@ def draft_phase(sources: list, ctx: DraftContext, capacity: int, states: tuple =
         p = source.propose(ctx._replace(own=own))
         if p.cache is not None:  # the next source and the verify read the written cache
             cache = p.cache
-            ctx = ctx._replace(keys=cache[0], values=cache[1])
+            ctx = ctx._replace(cache=cache)
         proposals.append(p)
         ids.append(source.source_id)
         if source.stateful:
@@ -218,7 +191,7 @@ def shape_candidates(
     capacity (a measuring or testing entry; the step builds the same)."""
     ctx = DraftContext(
         model, state.hidden, state.init_token, state.lengths, state.history, window,
-        keys=state.keys, values=state.values,
+        cache=state.cache,
     )  # fmt: skip
     held = held_sources(drafter, draft_model)
     capacity = step_capacity(shape, held)
@@ -229,8 +202,7 @@ def verify_phase(
     model: Verifier,
     tree,
     lengths,
-    keys,
-    values,
+    cache: tuple,
     sampler: RowSampler,
     window: int,
     history=None,
@@ -240,18 +212,18 @@ def verify_phase(
 
     Each node draws from the target given its own path (penalties read that path too), with
     its row's settings and key (``sampler``).
-    ``fresh``: a list that receives each layer's new (K, V) for the commit.
-    Returns (hidden (B, C, H), target draws (B, C), keys, values).
+    ``fresh``: a list that receives what each cache entry's commit reads (``Verifier``).
+    Returns (hidden (B, C, H), target draws (B, C), the cache).
     """
     capacity = tree.tokens.shape[1]
     positions = lengths[:, None] + tree.depth
     write_idx = lengths[:, None] + arange(capacity)[None, :]
     mask = cache_mask(lengths, tree.mask, window)
-    hidden, keys, values = model(tree.tokens, positions, mask, keys, values, write_idx, fresh)
+    hidden, cache = model(tree.tokens, positions, mask, cache, write_idx, fresh)
     text = tree_text(sampler, history, lengths, tree.tokens, tree.depth, tree.mask)
     logits = process_text(model.logits(hidden), sampler, text, positions + 1)
     logits = split_logits(logits, tree.tokens, tree.depth == 0, sampler)
-    return hidden, draw(logits, sampler), keys, values
+    return hidden, draw(logits, sampler), cache
 
 
 def tree_text(sampler, history, lengths, tokens=None, depth=None, ancestors=None):
@@ -297,19 +269,21 @@ def accept_phase(beams, target, unpacker, capacity: int):
     return tokens, n, bonus, path_slots[:, :P], path_beam[:, :P], best
 
 
-def commit_phase(keys, values, lengths, path_slots, hidden, n, fresh, in_place: bool = False):
-    """5. Commit the accepted path (init token + n drafts) to the cache.
+def commit_phase(cache, lengths, path_slots, hidden, n, fresh, capacity: int, in_place: bool):
+    """5. Commit the accepted path (init token + n drafts) to the cache: each entry its own
+    way (``entries.committed``): an attention cache moves the path's K/V from its packed
+    slots to ``[len, len + n]`` (``slot_destinations``), a recurrent state is taken at the
+    accepted length.
 
-    ``fresh``: the verify's per-layer (K, V) (``commit_path``). ``in_place``: the path already
-    sits in consecutive slots (W = 1: slot k is token k), so no K/V moves. Returns (keys,
-    values, next hidden (B, H) at the last accepted token, next lengths (B,)).
+    ``fresh``: what the verify left each entry's commit. ``in_place``: the path already
+    sits in consecutive slots (W = 1: slot k is token k), so no K/V moves. Returns (the
+    cache, next hidden (B, H) at the last accepted token, next lengths (B,)).
     """
-    if not in_place:
-        keys, values = commit_path(keys, values, lengths, path_slots, n, fresh)
-    keys = commit_states(keys, fresh, n)
+    dst = None if in_place else slot_destinations(lengths, path_slots, n, capacity)  # (B, C)
+    cache = committed(cache, fresh, dst, n + 1)
     last_slot = mx.take_along_axis(path_slots, n[:, None], axis=1)  # (B, 1)
     next_hidden = mx.take_along_axis(hidden, last_slot[:, :, None], axis=1)[:, 0]
-    return keys, values, next_hidden, lengths + n + 1
+    return cache, next_hidden, lengths + n + 1
 
 
 def redrafter_step(
@@ -332,10 +306,10 @@ def redrafter_step(
     capacity = step_capacity(shape, held)  # each further draft-slot chain gets its room
     ctx = DraftContext(
         model, state.hidden, state.init_token, state.lengths, state.history, window,
-        keys=state.keys, values=state.values,
+        cache=state.cache,
     )  # fmt: skip
     cand = draft_phase(sized_sources(held, shape), ctx, capacity, state.sources)  # 1. draft
-    keys, values = cand.cache or (state.keys, state.values)
+    cache = cand.cache or state.cache
     beams = cand.beams
     if beams.shape[1] == 1:  # a lone chain fills its C slots
         if cand.present is not None:
@@ -351,13 +325,12 @@ def redrafter_step(
         tree = layout.tree
     else:
         tree = pack(beams, capacity, cand.present if beams.shape[1] > 1 else None)
-    fresh = []  # the verify's own K/V per layer: the commit reads the path from them
-    hidden, target, keys, values = verify_phase(
+    fresh = []  # per cache entry, what the verify left its commit (the path's K/V, ...)
+    hidden, target, cache = verify_phase(
         model,
         tree,
         state.lengths,
-        keys,
-        values,
+        cache,
         sampler,
         window,
         state.history,
@@ -372,10 +345,10 @@ def redrafter_step(
     history = state.history
     if history is not None:
         history = write_history(history, state.lengths, path)  # junk past n
-    keys, values, next_hidden, lengths = commit_phase(  # 5. commit
-        keys, values, state.lengths, path_slots, hidden, n, fresh, in_place=beams.shape[1] == 1
+    cache, next_hidden, lengths = commit_phase(  # 5. commit
+        cache, state.lengths, path_slots, hidden, n, fresh, capacity, beams.shape[1] == 1
     )
-    next_state = DecodeState(bonus, next_hidden, lengths, keys, values, history, cand.states)
+    next_state = DecodeState(bonus, next_hidden, lengths, cache, history, cand.states)
     if beams.shape[1] == 1:  # one chain fills every slot: a constant, no kernel
         packed = mx.broadcast_to(mx.array(capacity, dtype=mx.int32), (B,))
     elif cand.two:
@@ -399,9 +372,7 @@ def autoregressive_step(model: Verifier, state: DecodeState, sampler: RowSampler
     B = lengths.shape[0]
     tokens = state.init_token[:, None]
     mask = cache_mask(lengths, chain_mask(1), window)
-    hidden, keys, values = model(
-        tokens, lengths[:, None], mask, state.keys, state.values, lengths[:, None]
-    )
+    hidden, cache = model(tokens, lengths[:, None], mask, state.cache, lengths[:, None])
     logits = model.logits(hidden)  # (B, 1, V)
     text = tree_text(
         sampler, state.history, lengths, tokens, 0 * tokens, mx.ones((1, 1, 1), mx.bool_)
@@ -413,7 +384,7 @@ def autoregressive_step(model: Verifier, state: DecodeState, sampler: RowSampler
     history = state.history
     if history is not None:
         history = write_history(history, lengths, tokens)
-    next_state = DecodeState(nxt, hidden[:, 0], lengths + 1, keys, values, history, state.sources)
+    next_state = DecodeState(nxt, hidden[:, 0], lengths + 1, cache, history, state.sources)
     return next_state, StepOutput(nxt[:, None], one, one)
 
 
@@ -435,16 +406,16 @@ def first_draw(
     return draw(logits[:, 0], sampler)
 
 
-def prefill_chunk(model: Verifier, tokens, counts, lengths, keys, values, window: int):
+def prefill_chunk(model: Verifier, tokens, counts, lengths, cache: tuple, window: int):
     """Run T prompt tokens per row (right-padded) at ``[len, len+T)``, attending to [0, window).
 
     tokens: (B, T); counts: (B,) real tokens per row in this chunk (may be 0).
-    Returns (hidden at each row's last real token (B, H), lengths + counts, keys, values).
+    Returns (hidden at each row's last real token (B, H), lengths + counts, the cache).
     """
     _B, T = tokens.shape
     idx = lengths[:, None] + arange(T)[None, :]
     mask = cache_mask(lengths, chain_mask(T), window)
-    hidden, keys, values = model(tokens, idx, mask, keys, values, idx, counts=counts)
+    hidden, cache = model(tokens, idx, mask, cache, idx, counts=counts)
     last = mx.maximum(counts - 1, 0)[:, None, None]
     h_last = mx.take_along_axis(hidden, last, axis=1)[:, 0]
-    return h_last, lengths + counts, keys, values
+    return h_last, lengths + counts, cache

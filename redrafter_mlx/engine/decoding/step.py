@@ -64,8 +64,7 @@ def make_batch_step(model, drafter, shape, mode: StepMode, compiled: bool = True
         init_token,
         hidden,
         lengths,
-        keys,
-        values,
+        cache,
         history,
         sources,
         row_keys,
@@ -80,7 +79,7 @@ def make_batch_step(model, drafter, shape, mode: StepMode, compiled: bool = True
             row_keys, draw_keys = split_row_keys(row_keys)
         split = SplitRows(*split) if mode.split else None
         sampler = RowSampler(RowSettings(*settings), draw_keys, mode, split)
-        state = DecodeState(init_token, hidden, lengths, keys, values, history, sources)
+        state = DecodeState(init_token, hidden, lengths, cache, history, sources)
         if shape is None:
             nxt, out = autoregressive_step(model, state, sampler, window)
         else:

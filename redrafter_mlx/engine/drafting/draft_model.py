@@ -2,7 +2,7 @@
 proposes one greedy chain of ``Ld`` tokens per step (``BeamShape.model_length``), on the
 device, with its own K/V cache.
 
-The cache (in ``DecodeState.sources``: (keys, values), per layer (B, n_kv, S, D), slot p
+The cache (in ``DecodeState.sources``: the draft model's entries, ``Slots`` per layer, slot p
 holding the K/V of text position p like the target's) follows the committed text. A step
 may commit tokens the draft model never ran: the bonus token, its own last draft, or
 another source's accepted path. So each draft starts by re-running the last ``catchup``
@@ -36,6 +36,7 @@ import mlx.core as mx
 
 from ..core.footprint import Dims, StepMemory, draft_model_bytes, kv_bytes
 from ..core.tree import arange, cache_mask, chain_mask
+from ..verifier.entries import cache_slots, rows_of
 from .sources import (
     DraftContext,
     Proposal,
@@ -50,7 +51,7 @@ MAX_ADDED_TOKENS = 8  # ids a model may have gained past its drafter's or draft 
 
 class DraftModelSource(Source):
     """A draft model's greedy chain of ``length`` tokens (init token first): the shape's
-    ``D1×L``. Its state is its own K/V cache (keys, values), per layer (B, n_kv, S, D)."""
+    ``D1×L``. Its state is its own cache (``verifier.entries``: ``Slots`` per layer)."""
 
     source_id = register_source("draft_model")
     stateful = True
@@ -96,7 +97,7 @@ class DraftModelSource(Source):
         """The model as its own draft starts from the model's own prefill K/V (no second
         prefill); another draft model prefills the rows' prompts (``prefill``)."""
         if self.draft is model:
-            return [k[rows] for k in session.keys], [v[rows] for v in session.values]
+            return rows_of(session.cache, lambda a: a[rows])
         return prefill(self.draft, session.cached[rows], session.slots)
 
     @property
@@ -111,19 +112,19 @@ class DraftModelSource(Source):
         chunks of ``sources.catch_up_chunk(count)`` tokens; positions at or past a row's
         length compute junk written above it. Returns (state, None): the target's cache is
         not touched. Lazy: no host read (the loop queues it before a step)."""
-        keys, values = ctx.own
-        S = keys[0].shape[2]
+        cache = ctx.own
+        S = cache_slots(cache)
         history, lengths = ctx.history, ctx.lengths
         for pos in catch_up_positions(lengths, count):
             text = mx.take_along_axis(history, mx.minimum(pos, history.shape[1] - 1), axis=1)
             text = known_ids(self.draft, text)
             mask = (arange(ctx.window)[None, None, :] <= pos[:, :, None])[:, None]
             write = mx.where(pos < lengths[:, None], pos, mx.minimum(pos, S - 1))
-            _, keys, values = self.draft(text, pos, mask, keys, values, write)
-        return (keys, values), None
+            _, cache = self.draft(text, pos, mask, cache, write)
+        return cache, None
 
     def propose(self, ctx: DraftContext) -> Proposal:
-        keys, values = ctx.own
+        cache = ctx.own
         draft, lengths, window = self.draft, ctx.lengths, ctx.window
         T = self.catchup
         start = mx.maximum(lengths - (T - 1), 0)  # (B,)
@@ -133,7 +134,7 @@ class DraftModelSource(Source):
         text = mx.where(pos == lengths[:, None], ctx.init_token[:, None], text)
         text = known_ids(draft, text)
         mask = cache_mask(start, chain_mask(T), window)
-        hidden, keys, values = draft(text, pos, mask, keys, values, pos)
+        hidden, cache = draft(text, pos, mask, cache, pos)
         at = (lengths - start)[:, None, None]  # the init token's column
         logits = draft.logits(mx.take_along_axis(hidden, at, axis=1))  # (B, 1, V)
         token = mx.argmax(logits[:, 0], axis=-1).astype(mx.int32)  # (B,)
@@ -142,10 +143,10 @@ class DraftModelSource(Source):
         for k in range(1, self.length - 1):
             p = (lengths + k)[:, None]  # (B, 1)
             mask = cache_mask(lengths + k, one, window)
-            hidden, keys, values = draft(token[:, None], p, mask, keys, values, p)
+            hidden, cache = draft(token[:, None], p, mask, cache, p)
             token = mx.argmax(draft.logits(hidden)[:, 0], axis=-1).astype(mx.int32)
             chain.append(token)
-        return Proposal(mx.stack(chain, axis=1)[:, None], None, 1, (keys, values))
+        return Proposal(mx.stack(chain, axis=1)[:, None], None, 1, cache)
 
 
 def known_ids(draft, tokens: mx.array) -> mx.array:
@@ -167,19 +168,19 @@ def catchup_tokens(other_lengths) -> int:
 
 def prefill(draft, rows: list[list[int]], slots: int) -> tuple:
     """The draft model's state after each row's committed text ``rows`` (B lists of ids):
-    (keys, values), ``slots`` slots per row (>= the longest row). A row of n tokens holds
+    its cache, ``slots`` slots per row (>= the longest row). A row of n tokens holds
     their K/V at slots [0, n); the next draft re-runs its last ones anyway."""
     B = len(rows)
-    keys, values = draft.make_cache(B, slots)
+    cache = draft.make_cache(B, slots)
     lengths = mx.zeros((B,), mx.int32)
     for _, tokens, counts in padded_chunks(rows):
         T = tokens.shape[1]
         idx = lengths[:, None] + arange(T)[None, :]
         mask = cache_mask(lengths, chain_mask(T), slots)
-        _, keys, values = draft(known_ids(draft, tokens), idx, mask, keys, values, idx)
+        _, cache = draft(known_ids(draft, tokens), idx, mask, cache, idx)
         lengths = lengths + counts
-        mx.eval(keys, values)  # per chunk, before the decode loop
-    return keys, values
+        mx.eval(cache)  # per chunk, before the decode loop
+    return cache
 
 
 def check_draft_model(model, draft) -> None:

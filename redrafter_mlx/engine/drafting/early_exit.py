@@ -39,6 +39,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from ..core.footprint import StepMemory, head_bytes, module_bytes, own_cache_bytes
+from ..verifier.entries import Slots
 from ..verifier.lm_rope import rope_at, rope_tables
 from ..verifier.protocol import Verifier
 from ..verifier.slots import attention, write_slots
@@ -211,21 +212,21 @@ class AdapterAttention(nn.Module):
 
         self.rope = initialize_rope(hd, args.rope_theta, args.rope_traditional, args.rope_scaling)
 
-    def __call__(self, x, positions, mask, keys, values, write_idx, tables=None):
+    def __call__(self, x, positions, mask, entry: Slots, write_idx, tables=None):
         """x: (B, T, H); positions, write_idx: (B, T); mask: (B, 1, T, A) bool over the first
-        A slots after this call's writes; keys/values: (B, n_kv, S, D); ``tables``:
+        A slots after this call's writes; entry: its K/V, (B, n_kv, S, D) each; ``tables``:
         ``lm_rope.rope_tables`` of ``positions`` (shared by the layers). Returns (out (B, T,
-        H), keys, values)."""
+        H), the entry after the call's writes)."""
         B, T, _ = x.shape
         q = self.q_proj(x).reshape(B, T, self.n_heads, -1).transpose(0, 2, 1, 3)
         k = self.k_proj(x).reshape(B, T, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
         v = self.v_proj(x).reshape(B, T, self.n_kv_heads, -1)
         q, k = rope_at(self.rope, q, positions, tables), rope_at(self.rope, k, positions, tables)
-        keys = write_slots(keys, write_idx, k.transpose(0, 2, 1, 3))
-        values = write_slots(values, write_idx, v)
+        keys = write_slots(entry.keys, write_idx, k.transpose(0, 2, 1, 3))
+        values = write_slots(entry.values, write_idx, v)
         A = mask.shape[-1]
         out = attention(q, keys[:, :, :A], values[:, :, :A], self.scale, mask)
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, T, -1)), keys, values
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, T, -1)), Slots(keys, values)
 
 
 class AdapterLayer(nn.Module):
@@ -236,11 +237,11 @@ class AdapterLayer(nn.Module):
         self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.self_attn = AdapterAttention(args)
 
-    def __call__(self, x, positions, mask, keys, values, write_idx, tables=None):
-        r, keys, values = self.self_attn(
-            self.input_layernorm(x), positions, mask, keys, values, write_idx, tables
+    def __call__(self, x, positions, mask, entry: Slots, write_idx, tables=None):
+        r, entry = self.self_attn(
+            self.input_layernorm(x), positions, mask, entry, write_idx, tables
         )
-        return x + r, keys, values
+        return x + r, entry
 
 
 class EarlyExitAdapter(nn.Module):
@@ -266,32 +267,28 @@ class EarlyExitAdapter(nn.Module):
         self._head = None  # (K, H) rows of the bound target's head (``bind_head``)
         self._head_of = None  # a weak reference to that target
 
-    def __call__(self, x, positions, mask, keys, values, write_idx):
+    def __call__(self, x, positions, mask, cache: tuple, write_idx):
         """x: (B, T, H) exit-layer states; positions, write_idx: (B, T); mask: (B, 1, T, A);
-        keys/values: lists (one per adapter layer) of (B, n_kv, S, D).
-        Returns (normed states (B, T, H), keys, values)."""
+        cache: one ``Slots`` per adapter layer, (B, n_kv, S, D) keys and values.
+        Returns (normed states (B, T, H), the cache)."""
         tables = rope_tables(self.layers[0].self_attn.rope, positions)  # one per call
-        new_keys, new_values = [], []
-        for layer, k, v in zip(self.layers, keys, values):
-            x, k, v = layer(x, positions, mask, k, v, write_idx, tables)
-            new_keys.append(k)
-            new_values.append(v)
-        return self.norm(x), new_keys, new_values
+        new = []
+        for layer, entry in zip(self.layers, cache):
+            x, entry = layer(x, positions, mask, entry, write_idx, tables)
+            new.append(entry)
+        return self.norm(x), tuple(new)
 
     def as_source(self, part: str) -> EarlyExitSource:
         """This adapter as a draft source of the shape's ``part`` (``"beams"``: as the
         drafter, its chain the W1×L; ``"chain"``: in the draft slot, one D1×L chain)."""
         return EarlyExitSource(self, part=part)
 
-    def make_cache(self, batch: int, slots: int, dtype=None):
-        """Zeroed adapter K/V lists, each (batch, n_kv, slots, D)."""
+    def make_cache(self, batch: int, slots: int, dtype=None) -> tuple:
+        """A zeroed adapter cache: one ``Slots`` per layer, (batch, n_kv, slots, D) each."""
         dtype = dtype or self.norm.weight.dtype
         a = self.args
         shape = (batch, a.num_key_value_heads, slots, a.head_dim)
-        return (
-            [mx.zeros(shape, dtype) for _ in self.layers],
-            [mx.zeros(shape, dtype) for _ in self.layers],
-        )
+        return tuple(Slots(mx.zeros(shape, dtype), mx.zeros(shape, dtype)) for _ in self.layers)
 
 
 def check_pair(model: Verifier, adapter: EarlyExitAdapter) -> None:
@@ -354,7 +351,7 @@ class EarlyExitSource(Source):
     ``length`` tokens (init token first, ``length - 1`` drafts, ``ABSENT`` past the
     confidence cut ``eta``) per row: the shape's W1×L as the drafter (``part`` ``"beams"``),
     or one ``D1×L`` chain in the draft slot (``"chain"``). Its state (``DecodeState.sources``)
-    is the adapter's cache (keys, values), per adapter layer (B, n_kv, S, D), prefilled with
+    is the adapter's cache (``Slots`` per adapter layer, (B, n_kv, S, D)), prefilled with
     the prompt (``prefill``). ``refresh``: the most tokens another source's accepted path can
     commit (0 when the chain is the only source: its own accepted drafts are already in the
     adapter cache); each draft first rewrites the adapter K/V of that many last committed
@@ -437,36 +434,32 @@ class EarlyExitSource(Source):
         """Its state after re-running each row's last ``count`` committed tokens through the
         target's first layers and the adapter (``refresh_committed``, chunk by chunk,
         ``sources.catch_up_positions``), and the target's cache with those layers' junk
-        K/V written only above each row's length. Returns (state, (keys, values))."""
-        keys, values = list(ctx.keys), list(ctx.values)
-        ak, av = ctx.own
+        K/V written only above each row's length. Returns (state, the target's cache)."""
+        cache, own = ctx.cache, ctx.own
         for pos in catch_up_positions(ctx.lengths, count):
-            keys, values, ak, av = refresh_committed(
-                ctx.model, self.adapter, ctx.history, ctx.lengths, keys, values,
-                ak, av, ctx.window, pos.shape[1], start=pos[:, 0],
+            cache, own = refresh_committed(
+                ctx.model, self.adapter, ctx.history, ctx.lengths, cache, own,
+                ctx.window, pos.shape[1], start=pos[:, 0],
             )  # fmt: skip
-        return (ak, av), (keys, values)
+        return own, cache
 
     def propose(self, ctx: DraftContext) -> Proposal:
-        adapter_keys, adapter_values = ctx.own
         chain = draft_chain(
             ctx.model,
             self.adapter,
             ctx.init_token,
             ctx.lengths,
-            ctx.keys,
-            ctx.values,
-            adapter_keys,
-            adapter_values,
+            ctx.cache,
+            ctx.own,
             ctx.window,
             gamma=self.length - 1,
             eta=self.eta,
             history=ctx.history,
             refresh=self.refresh,
         )
-        state = (chain.adapter_keys, chain.adapter_values)
-        cache = (chain.keys, chain.values)
-        return Proposal(chain.tokens[:, None], chain.present[:, None], 1, state, cache=cache)
+        return Proposal(
+            chain.tokens[:, None], chain.present[:, None], 1, chain.own, cache=chain.cache
+        )
 
 
 def adapter_eta(adapter: EarlyExitAdapter) -> float:

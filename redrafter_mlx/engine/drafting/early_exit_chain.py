@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 import mlx.core as mx
 
 from ..core.tree import arange, cache_mask, chain_mask
+from ..verifier.entries import cache_slots
 from ..verifier.protocol import Verifier
 from .sources import ABSENT, padded_chunks
 
@@ -45,36 +46,36 @@ def draft_top1(model: Verifier, adapter: Adapter, h: mx.array):
     return ids[token], prob
 
 
-def adapter_write(adapter: Adapter, states, lengths, keys, values, window: int):
+def adapter_write(adapter: Adapter, states, lengths, own: tuple, window: int):
     """Write the adapter K/V of T tokens at positions/slots ``[len, len+T)``.
 
     states: (B, T, H) their exit-layer hidden states (the prompt's after prefill, read with
-    ``Verifier.capture_features([exit_layer])``, or an accepted path's); lengths: (B,).
-    Returns (adapter outputs (B, T, H), keys, values); the last output is the adapter's state
-    for the token after those T.
+    ``Verifier.capture_features([exit_layer])``, or an accepted path's); lengths: (B,);
+    ``own``: the adapter's cache. Returns (adapter outputs (B, T, H), its cache); the last
+    output is the adapter's state for the token after those T.
     """
     T = states.shape[1]
     idx = lengths[:, None] + arange(T)[None, :]
     mask = cache_mask(lengths, chain_mask(T), window)
-    return adapter(states, idx, mask, keys, values, idx)
+    return adapter(states, idx, mask, own, idx)
 
 
-def adapter_prefill(model: Verifier, adapter, tokens, lengths, keys, values, ak, av, window: int):
+def adapter_prefill(model: Verifier, adapter, tokens, lengths, cache, own, window: int):
     """The adapter K/V of a prompt chunk already run by the target at ``[len, len+T)``.
 
     tokens: (B, T) (right-padded rows: what lands past a row's real tokens is junk above
-    its length, as in ``decode.prefill_chunk``); lengths: (B,) before the chunk; keys/values:
-    the target's per-layer cache; ak/av: the adapter's. Re-runs layers [:exit_layer] on the
-    chunk (``Verifier.run_to``: they rewrite the same K/V at the same slots) for the exit
-    states, then ``adapter_write``. Returns (keys, values, ak, av). A caller whose prefill
+    its length, as in ``decode.prefill_chunk``); lengths: (B,) before the chunk; cache:
+    the target's; own: the adapter's. Re-runs layers [:exit_layer] on the chunk
+    (``Verifier.run_to``: they rewrite the same K/V at the same slots) for the exit states,
+    then ``adapter_write``. Returns (cache, own). A caller whose prefill
     captures the exit layer (``Verifier.capture_features``) can call ``adapter_write`` alone.
     """
     T = tokens.shape[1]
     idx = lengths[:, None] + arange(T)[None, :]
     mask = cache_mask(lengths, chain_mask(T), window)
-    x, keys, values = model.run_to(tokens, idx, mask, keys, values, idx, adapter.args.exit_layer)
-    _, ak, av = adapter_write(adapter, x, lengths, ak, av, window)
-    return keys, values, ak, av
+    x, cache = model.run_to(tokens, idx, mask, cache, idx, adapter.args.exit_layer)
+    _, own = adapter_write(adapter, x, lengths, own, window)
+    return cache, own
 
 
 def top1(logits: mx.array) -> tuple[mx.array, mx.array]:
@@ -103,27 +104,24 @@ class Chain(NamedTuple):
     tokens: mx.array  # (B, G+1) int32, init first, ABSENT past the confidence cut
     present: mx.array  # (B, G+1) bool
     probs: mx.array  # (B, G) each draft's top-1 probability
-    keys: list  # the target's cache, layers [:exit_layer] written at [len, len+G]
-    values: list
-    adapter_keys: list  # the adapter's cache, written at [len, len+G]
-    adapter_values: list
+    cache: tuple  # the target's cache, layers [:exit_layer] written at [len, len+G]
+    own: tuple  # the adapter's cache, written at [len, len+G]
 
 
 def refresh_committed(
-    model: Verifier, adapter, history, lengths, keys, values, adapter_keys, adapter_values,
-    window: int, count: int, start: mx.array | None = None,
+    model: Verifier, adapter, history, lengths, cache, own, window: int, count: int,
+    start: mx.array | None = None,
 ):  # fmt: skip
     """Rewrite the adapter K/V of each row's last ``count`` committed tokens.
 
-    history: (B, S) committed token ids; lengths: (B,); keys/values: the target's cache
-    (only layers [:exit_layer] run); adapter_keys/values: the adapter's. The tokens at positions
+    history: (B, S) committed token ids; lengths: (B,); cache: the target's (only layers
+    [:exit_layer] run); own: the adapter's. The tokens at positions
     ``[len - count, len)`` (from 0 in a row shorter than ``count``) run through layers
     [:exit_layer], attending to the committed K/V (slots up to their own position), then the
     adapter writes their K/V at their slots. The target's own slots below ``len`` are not
     written: the shallow layers' K/V of these tokens go to slots ``[len, len + count)``,
     above every row's length (junk that drafting overwrites). Positions past a short row's
-    length compute junk that lands above its length too. Returns (keys, values,
-    adapter_keys, adapter_values).
+    length compute junk that lands above its length too. Returns (cache, own).
 
     ``start`` (B,): run positions ``[start, start + count)`` instead (a catch-up chunk,
     ``EarlyExitSource.catch_up``); the slots above the length are then clamped to the cache.
@@ -133,16 +131,16 @@ def refresh_committed(
     if start is None:
         start = mx.maximum(lengths - count, 0)  # (B,)
     else:
-        above = mx.minimum(above, keys[0].shape[2] - 1)
+        above = mx.minimum(above, cache_slots(cache) - 1)
     pos = start[:, None] + j  # (B, P)
     committed = pos < lengths[:, None]
     tokens = mx.take_along_axis(history, mx.minimum(pos, history.shape[1] - 1), axis=1)
     slots = arange(window)[None, None, :]
     mask = (slots <= pos[:, :, None])[:, None]  # (B, 1, P, A): keys up to its own position
-    x, keys, values = model.run_to(tokens, pos, mask, keys, values, above, adapter.args.exit_layer)
+    x, cache = model.run_to(tokens, pos, mask, cache, above, adapter.args.exit_layer)
     write = mx.where(committed, pos, above)
-    _, adapter_keys, adapter_values = adapter(x, pos, mask, adapter_keys, adapter_values, write)
-    return keys, values, adapter_keys, adapter_values
+    _, own = adapter(x, pos, mask, own, write)
+    return cache, own
 
 
 def draft_chain(
@@ -150,10 +148,8 @@ def draft_chain(
     adapter: Adapter,
     init_token: mx.array,
     lengths: mx.array,
-    keys: list,
-    values: list,
-    adapter_keys: list,
-    adapter_values: list,
+    cache: tuple,
+    own: tuple,
     window: int,
     gamma: int = GAMMA,
     eta: float = ETA,
@@ -163,8 +159,8 @@ def draft_chain(
     """Draft a greedy chain of ``gamma`` tokens per row with the target's first layers.
 
     init_token (B,) int: the token the target produced last (not yet in the cache) at
-    position ``len``; lengths (B,): committed tokens per row; keys/values: the target's
-    per-layer cache (B, n_kv, S, D); adapter_keys/values: the adapter's. ``window`` (A) must
+    position ``len``; lengths (B,): committed tokens per row; cache: the target's entries;
+    own: the adapter's cache. ``window`` (A) must
     cover ``len + gamma + 1`` slots of every row. Token k (init = 0) runs at position and
     slot ``len + k`` through layers [:exit_layer] (their cache slots above ``len`` are the
     verify's to overwrite; slots below ``len`` are never written), then the adapter and the
@@ -179,24 +175,20 @@ def draft_chain(
     slots.
     """
     exit_layer = adapter.args.exit_layer
-    keys, values = list(keys), list(values)
-    ak, av = list(adapter_keys), list(adapter_values)
     if refresh:
-        keys, values, ak, av = refresh_committed(
-            model, adapter, history, lengths, keys, values, ak, av, window, refresh
+        cache, own = refresh_committed(
+            model, adapter, history, lengths, cache, own, window, refresh
         )
     tokens, probs = [init_token.astype(mx.int32)], []
     one = chain_mask(1)
     for k in range(gamma + 1):
         pos = (lengths + k)[:, None]  # (B, 1)
         mask = cache_mask(lengths + k, one, window)
-        x, keys, values = model.run_to(
-            tokens[-1][:, None], pos, mask, keys, values, pos, exit_layer
-        )
+        x, cache = model.run_to(tokens[-1][:, None], pos, mask, cache, pos, exit_layer)
         if k == gamma:  # the last draft's K/V only: no token after it is drafted
-            _, ak, av = adapter(x, pos, mask, ak, av, pos)
+            _, own = adapter(x, pos, mask, own, pos)
             break
-        h, ak, av = adapter(x, pos, mask, ak, av, pos)
+        h, own = adapter(x, pos, mask, own, pos)
         token, prob = draft_top1(model, adapter, h[:, 0])
         tokens.append(token)
         probs.append(prob)
@@ -207,26 +199,22 @@ def draft_chain(
         tokens=mx.where(present, drafted, ABSENT),
         present=present,
         probs=prob,
-        keys=keys,
-        values=values,
-        adapter_keys=ak,
-        adapter_values=av,
+        cache=cache,
+        own=own,
     )
 
 
 def prefill(model: Verifier, adapter: Adapter, rows: list[list[int]], slots: int):
     """The adapter's cache after each row's committed text ``rows`` (B lists of ids):
-    (keys, values), ``slots`` slots per row (>= the longest row). Runs the target's first
+    its cache, ``slots`` slots per row (>= the longest row). Runs the target's first
     ``exit_layer`` layers on a scratch cache, then the adapter, chunk by chunk (host side,
     before the decode loop)."""
     B = len(rows)
-    keys, values = model.make_cache(B, slots)
-    ak, av = adapter.make_cache(B, slots)
+    cache = model.make_cache(B, slots)
+    own = adapter.make_cache(B, slots)
     lengths = mx.zeros((B,), mx.int32)
     for _, tokens, counts in padded_chunks(rows):
-        keys, values, ak, av = adapter_prefill(
-            model, adapter, tokens, lengths, keys, values, ak, av, slots
-        )
+        cache, own = adapter_prefill(model, adapter, tokens, lengths, cache, own, slots)
         lengths = lengths + counts
-        mx.eval(keys, values, ak, av)  # per chunk, before the decode loop
-    return ak, av
+        mx.eval(cache, own)  # per chunk, before the decode loop
+    return own

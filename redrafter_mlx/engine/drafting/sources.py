@@ -25,13 +25,14 @@ stats), passed in the draft slot (``draft_model=``; ``docs/design/adding-a-sourc
 A source reads the step's ``DraftContext``: the target model, its hidden state at the last
 cached token, the init token, the committed lengths and text (``history``), the attention
 window, and ``own``, the source's state carried in ``DecodeState.sources``. A source state is
-a tuple of lists of per-row cache arrays, rows on axis 0 and cache slots on axis 2 (a K/V
-cache: (B, n_kv, S, D)), so the loop grows, re-lays and places it like the target's cache
-(``grow_states``, ``map_states``). A source whose state must follow the committed text (a
-draft model's K/V cache) re-runs, at the start of its next draft, the last committed tokens
-whatever source had them accepted: nothing is moved at the commit, and the step needs no
-per-source commit hook. ``for_step`` tells it the longest candidate of the step's other
-sources (``other``), which bounds what another source's accepted path commits.
+a cache of the verifier's entry types (``verifier.entries``: ``Slots``, (B, n_kv, S, D) keys
+and values), so the loop grows, re-lays and places it like the target's cache, each entry
+by its own methods (``grow_states``, ``map_states``). A source whose state must follow the
+committed text (a draft model's K/V cache) re-runs, at the start of its next draft, the
+last committed tokens whatever source had them accepted: nothing is moved at the commit,
+and the step needs no per-source commit hook. ``for_step`` tells it the longest candidate
+of the step's other sources (``other``), which bounds what another source's accepted path
+commits.
 
 Sources that sit out steps (the adaptive choice runs shapes with and without a stateful
 source). A stateful source's state follows the committed text only on the steps that run
@@ -70,6 +71,7 @@ from typing import Any, NamedTuple
 import mlx.core as mx
 
 from ..core.footprint import StepMemory
+from ..verifier.entries import grown, rows_of
 
 ABSENT = -1  # token id of a candidate position that holds nothing
 PREFILL_CHUNK = 512  # prompt tokens per row a prefill runs in one forward (every prefill's)
@@ -135,8 +137,8 @@ class DraftContext(NamedTuple):
     history: mx.array | None  # (B, S) committed token ids, slot by slot
     window: int  # attention covers cache slots [0, window)
     own: Any = None  # this source's state (``DecodeState.sources[i]``)
-    keys: list | None = None  # the target's cache, per layer (B, n_kv, S, D) (an early-exit
-    values: list | None = None  # source runs the target's first layers on it)
+    cache: tuple | None = None  # the target's cache entries (an early-exit source runs the
+    # target's first layers on it)
 
 
 class Proposal(NamedTuple):
@@ -145,8 +147,8 @@ class Proposal(NamedTuple):
     rank: Any = 0  # int or (B,) int: higher packs first
     state: Any = None  # the source's state after drafting
     tail: tuple | None = None  # (tokens, present) packed after every source's candidates
-    cache: tuple | None = None  # (keys, values): the target's cache after drafting, written
-    # only above each row's length (the verify overwrites those slots); None: untouched
+    cache: tuple | None = None  # the target's cache after drafting, written only above
+    # each row's length (the verify overwrites those slots); None: untouched
 
 
 STATEFUL_LIFE = ("empty_state", "prefill", "catch_up")  # what a stateful source defines
@@ -162,7 +164,7 @@ class Source(abc.ABC):
     - ``prefill(model, session, rows)``: its state after the prompts of ``session``'s
       ``rows`` (all in its cache: ``cache.Session``; ``session.cached[rows]`` their tokens);
     - ``catch_up(ctx, count)``: (its state after re-running each row's last ``count``
-      committed tokens, the target's cache (keys, values) if it wrote it, else None). Lazy:
+      committed tokens, the target's cache if it wrote it, else None). Lazy:
       no host read.
 
     ``part``: the shape's part that turns it on and sizes it: ``"chain"`` (the draft slot:
@@ -386,11 +388,11 @@ def by_source(source: int | None, accepted: int) -> tuple[int, ...]:
     return tuple(accepted if i == source else 0 for i in range(len(SOURCE_NAMES)))
 
 
-def grow_states(states: tuple, slots: int, grow) -> tuple:
-    """Every source state with ``slots`` cache slots (``grow``: ``cache.grow``)."""
-    return tuple(None if s is None else tuple(grow(part, slots) for part in s) for s in states)
+def grow_states(states: tuple, slots: int) -> tuple:
+    """Every source state (a cache of entries) with ``slots`` cache slots."""
+    return tuple(None if s is None else grown(s, slots) for s in states)
 
 
 def map_states(states: tuple, fn) -> tuple:
     """Apply ``fn`` to every per-row array of every source state (a re-lay of rows)."""
-    return tuple(None if s is None else tuple([fn(a) for a in part] for part in s) for s in states)
+    return tuple(None if s is None else rows_of(s, fn) for s in states)

@@ -36,6 +36,7 @@ from ..decoding.cache import SLOT_QUANTUM, stop_at
 from ..decoding.decode import DecodeState
 from ..drafting.held import held_sources
 from ..drafting.sources import PREFILL_CHUNK, stateful
+from ..verifier.entries import dtype_of
 from .batch_choice import ShapePolicy
 from .branch_rows import BranchRows, WaitingFork
 from .prefilling import Prefill, PromptProcessing
@@ -112,14 +113,12 @@ class BatchGenerator(PromptProcessing, Stepping, BranchRows):
     def reset(self) -> None:
         """Fresh state: every row free, an empty cache (also after a failure)."""
         B, model = self.buckets[0], self.model
-        keys, values = model.make_cache(B, SLOT_QUANTUM)
-        dtype = keys[0].dtype
+        cache = model.make_cache(B, SLOT_QUANTUM)
         self.state = DecodeState(
             mx.zeros((B,), mx.int32),
-            mx.zeros((B, model.state_width), dtype),
+            mx.zeros((B, model.state_width), dtype_of(cache)),
             mx.zeros((B,), mx.int32),
-            keys,
-            values,
+            cache,
             mx.zeros((B, SLOT_QUANTUM), mx.int32),  # the text: lookup and penalties read it
             self._empty_sources(B),
         )

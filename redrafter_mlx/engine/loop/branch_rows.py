@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from ..core.branches import Fork, SplitRows, step_split
+from ..verifier.entries import place_row
 from .rows import Row, RowStats
 from .stepping import Queued
 
@@ -150,10 +151,8 @@ class BranchRows:
         at = mx.arange(len(self.rows)) == c
         history = s.history
         if p != c:
-            source_caches = [part for state in s.sources if state is not None for part in state]
-            for cache in (s.keys, s.values, *source_caches):
-                for layer in cache:
-                    layer[c : c + 1] = layer[p : p + 1]
+            for cache in (s.cache, *(state for state in s.sources if state is not None)):
+                place_row(cache, c, cache, p)
             if history is not None:
                 history = mx.where(at[:, None], history[p : p + 1], history)
 

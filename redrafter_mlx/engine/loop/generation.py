@@ -32,6 +32,7 @@ from ..decoding.cache import SLOT_QUANTUM, Session
 from ..decoding.decode import DecodeState
 from ..drafting.drafter import Drafter
 from ..drafting.sources import SOURCE_NAMES
+from ..verifier.entries import rows_of
 from ..verifier.protocol import Verifier
 from .adaptive import Adaptive
 from .arguments import api_arguments
@@ -298,7 +299,7 @@ def _branch_event(rows: list[Row], stepped, stats: DecodeStats) -> DecodeEvent:
 def _hand_back(session: Session, state: DecodeState, prompts, out) -> None:
     """Return the cache to the session: row r holds prompt + a prefix of its raw stream."""
     lengths = state.lengths.tolist()  # once, after the loop
-    session.keys, session.values = state.keys, state.values
+    session.cache = state.cache
     held = [min(n - len(p), len(o)) for n, p, o in zip(lengths, prompts, out)]
     session.cached = [p + o[:h] for p, o, h in zip(prompts, out, held)]
     session.lengths = mx.array([len(c) for c in session.cached], dtype=mx.int32)
@@ -312,13 +313,12 @@ def _hand_back_prompts(session: Session, batch: BatchGenerator, rows: list[Row],
     starts afresh."""
     slots = [] if batch.state is None else [_held_slot(batch, root) for root in rows]
     if not slots or None in slots:
-        session.keys, session.values = batch.model.make_cache(len(prompts), SLOT_QUANTUM)
+        session.cache = batch.model.make_cache(len(prompts), SLOT_QUANTUM)
         session.reset()
         return
     idx = mx.array(slots, mx.int32)
-    session.keys = [k[idx] for k in batch.state.keys]
-    session.values = [v[idx] for v in batch.state.values]
-    mx.eval(session.keys, session.values)  # a copy of its rows: the batch's cache is freed
+    session.cache = rows_of(batch.state.cache, lambda a: a[idx])
+    mx.eval(session.cache)  # a copy of its rows: the batch's cache is freed
     session.cached = [list(p) for p in prompts]
     session.lengths = mx.array([len(p) for p in prompts], dtype=mx.int32)
 

@@ -15,6 +15,7 @@ from ..core.sampling import RowSampler, SamplerConfig, one_row, row_keys_of, sta
 from ..decoding.cache import Session, ensure_slots, prefill_session, text_history
 from ..decoding.decode import DecodeState, first_draw
 from ..drafting.sources import PREFILL_CHUNK
+from ..verifier.entries import place_row
 from .rows import Row, RowStep
 
 
@@ -158,10 +159,8 @@ class PromptProcessing:
         history = text_history(session.cached, session.slots)
         first = mx.array(first, mx.int32)
         sources = self._prefilled_sources(session, slice(None))
-        self.state = DecodeState(
-            first, hidden, session.lengths, session.keys, session.values, history, sources
-        )
-        session.keys = session.values = None  # the batch owns the cache (in-place updates)
+        self.state = DecodeState(first, hidden, session.lengths, session.cache, history, sources)
+        session.cache = None  # the batch owns the cache (in-place updates)
         self.row_keys, self.rows = keys, list(rows)
         for r, row in enumerate(self.rows):
             row.slot = r
@@ -176,21 +175,14 @@ class PromptProcessing:
         """Write row ``i`` of a prefilled session into batch row ``r`` (lazy array updates)."""
         self.state = ensure_slots(self.state, session.slots)
         at = mx.arange(len(self.rows)) == r  # (B,)
-        for cache, row_cache in (
-            (self.state.keys, session.keys),
-            (self.state.values, session.values),
-        ):
-            for layer, src in enumerate(row_cache):
-                cache[layer][r : r + 1, :, : src.shape[2]] = src[i : i + 1]
+        place_row(self.state.cache, r, session.cache, i)
         s = self.state
         history = s.history
         if history is not None:  # the row's text so far: its prompt, all in the cache
             text = text_history(session.cached[i : i + 1], history.shape[1])
             history = mx.where(at[:, None], text, history)
         for state, row_state in zip(s.sources, self._prefilled_sources(session, slice(i, i + 1))):
-            for cache, row_cache in zip(state, row_state):  # (keys, values)
-                for layer, src in enumerate(row_cache):
-                    cache[layer][r : r + 1, :, : src.shape[2]] = src
+            place_row(state, r, row_state, 0)
         self.state = s._replace(
             init_token=mx.where(at, first, s.init_token),
             hidden=mx.where(at[:, None], hidden, s.hidden),

@@ -18,6 +18,7 @@ from ..core.shape import BeamShape
 from ..decoding.decode import DecodeState
 from ..drafting.lookup import LookupShadow
 from ..drafting.sources import SOURCE_NAMES, map_states
+from ..verifier.entries import rows_of
 
 
 @dataclass
@@ -219,8 +220,7 @@ def take_rows(
         init_token=pick(s.init_token),
         hidden=pick(s.hidden),
         lengths=pick(s.lengths),
-        keys=[pick(k) for k in s.keys],
-        values=[pick(v) for v in s.values],
+        cache=rows_of(s.cache, pick),
         history=None if s.history is None else pick(s.history),
         sources=map_states(s.sources, pick),
     ), pick(row_keys)

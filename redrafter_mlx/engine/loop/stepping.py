@@ -17,6 +17,7 @@ from ..decoding.cache import ensure_slots, step_window
 from ..decoding.decode import StepOutput
 from ..decoding.step import batch_step
 from ..drafting.sources import DraftContext, by_source, sized_sources, step_capacity
+from ..verifier.entries import cache_slots
 from .adaptive import rank0_shape
 from .rows import Row, RowStep
 
@@ -76,14 +77,14 @@ class Stepping:
             s = self.state
             ctx = DraftContext(
                 self.model, s.hidden, s.init_token, s.lengths, s.history, window,
-                own=s.sources[i], keys=s.keys, values=s.values,
+                own=s.sources[i], cache=s.cache,
             )  # fmt: skip
             state, cache = source.catch_up(ctx, missed)
             sources = list(s.sources)
             sources[i] = state
             s = s._replace(sources=tuple(sources))
             if cache is not None:
-                s = s._replace(keys=cache[0], values=cache[1])
+                s = s._replace(cache=cache)
             self.state = s
             self.catch_ups += 1
         for i in range(len(self.stateful)):
@@ -156,7 +157,7 @@ class Stepping:
         shape = self.next_shape()
         self.catch_up(shape, window)
         mode, active, settings, split, grants = self._row_params()
-        key = (shape, mode, len(self.rows), window, self.state.keys[0].shape[2])
+        key = (shape, mode, len(self.rows), window, cache_slots(self.state.cache))
         started = time.perf_counter() if key in self._traced else None  # else: it compiles
         self._traced.add(key)
         step = self._step_fn(shape, mode)

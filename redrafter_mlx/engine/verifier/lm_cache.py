@@ -3,10 +3,11 @@
 mlx-lm's layers read and write their caches through the objects they are handed; these
 answer with the engine's arrays (docs/design/any-model.md):
 
-* ``SlotCache``: an attention layer's keys and values at the call's slots in preallocated
-  (B, n_kv, S, D) storage, and the engine's mask (a tree's, a sliding window's);
-* ``StateCache``: a recurrent layer's ``ArraysCache`` entries over a flat (B, 1, F) state,
-  with mlx-lm's right-padding ``lengths`` hook;
+* ``SlotCache``: an attention layer's keys and values at the call's slots in its
+  ``entries.Slots`` (preallocated (B, n_kv, S, D) storage), and the engine's mask (a tree's,
+  a sliding window's);
+* ``StateCache``: a recurrent layer's ``ArraysCache`` entries over its ``entries.State``
+  (flat, (B, 1, F)), with mlx-lm's right-padding ``lengths`` hook;
 * ``StateCommit``: that state at each row's accepted length, computed at the commit;
 * ``ProbeCache`` / ``ProbeState``: record what a lazy load-time forward writes (shapes).
 
@@ -21,26 +22,27 @@ import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache
 
 from ..core.tree import arange
+from .entries import Slots
 from .slots import window_mask, write_heads
 
 
 class LmCall:
     """The engine's arrays for one forward, read by the caches and taps during it.
 
-    ``keys``/``values`` are in the engine's order (``LmModel.order``): attention caches
-    first, then recurrent layers' states, each a flat (B, 1, F) float32 array in ``keys``
-    (``values`` holds a (B, 1, 1) placeholder there). ``counts`` (B,): tokens of this call
-    that count per row (a right-padded prefill, a commit's accepted path); None: all T.
+    ``cache``: the entries in the engine's order (``LmModel.order``): ``Slots`` per
+    attention cache, then ``State`` per recurrent layer (``entries.py``); the call replaces
+    each entry it writes. ``counts`` (B,): tokens of this call that count per row (a
+    right-padded prefill, a commit's accepted path); None: all T.
     """
 
-    def __init__(self, model, positions, mask, keys, values, write_idx, counts=None):
+    def __init__(self, model, positions, mask, cache, write_idx, counts=None):
         self.model = model
         self.positions = positions  # (B, T) int32
         # (B,) each row's first position: mlx-lm's ``cache.offset``, one object per call, so
         # a family that hands it to ``mx.fast.rope`` itself is found (``lm_model``'s taps)
         self.offset = positions[:, 0]
         self.mask = mask  # (B, 1, T, A) bool
-        self.keys, self.values = list(keys), list(values)
+        self.cache = list(cache)
         self.write_idx = write_idx  # (B, T)
         self.counts = counts
         self.fresh: dict[int, tuple] = {}  # attention cache -> its new (K, V), (B, T, n, D)
@@ -91,8 +93,11 @@ class SlotCache:
         call, i = self.call, self.index
         # the commit reads them (B, T, n_kv, D); a call whose commit does not stays lazy
         call.fresh[i] = (keys.transpose(0, 2, 1, 3), values.transpose(0, 2, 1, 3))
-        call.keys[i] = write_heads(call.keys[i], call.write_idx, keys)
-        call.values[i] = write_heads(call.values[i], call.write_idx, values)
+        old = call.cache[i]
+        call.cache[i] = Slots(
+            write_heads(old.keys, call.write_idx, keys),
+            write_heads(old.values, call.write_idx, values),
+        )
         return self.keys_and_values()
 
     def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None):
@@ -102,8 +107,8 @@ class SlotCache:
     def keys_and_values(self):
         """The buffers over the attention window (a layer sharing this cache reads them)."""
         A = self.call.mask.shape[-1]
-        i = self.index
-        return self.call.keys[i][:, :, :A], self.call.values[i][:, :, :A]
+        entry = self.call.cache[self.index]
+        return entry.keys[:, :, :A], entry.values[:, :, :A]
 
     @property
     def state(self):
@@ -186,7 +191,7 @@ class StateCommit:
         """count (B,) tokens kept per row -> the flat state (B, 1, F) after them."""
         call = self.call
         layer, args, kwargs = call.recorded[self.index]
-        again = LmCall(call.model, call.positions, call.mask, [], [], call.write_idx, count)
+        again = LmCall(call.model, call.positions, call.mask, (), call.write_idx, count)
         cache = StateCache(again, self.index, self.layout, self.start)
         old_mask = call._ssm_mask  # the verify's (B, T) mask object, if a layer asked
 

@@ -20,17 +20,17 @@ def check_compiles(model) -> None:
     """ValueError naming the family unless a two-token forward of ``model`` (an ``LmModel``)
     runs under ``mx.compile``, as the engine's step does."""
     S = 8
-    keys, values = model.make_cache(1, S)
+    cache = model.make_cache(1, S)
     tokens = mx.array([[1, 2]], dtype=mx.int32) % model.vocab_size
     pos = arange(2)[None]
     mask = cache_mask(mx.zeros((1,), mx.int32), chain_mask(2), S)
 
-    def forward(tokens, pos, mask, keys, values):  # (1, 2) -> hidden (1, 2, H)
-        hidden, _, _ = model(tokens, pos, mask, keys, values, pos)
+    def forward(tokens, pos, mask, cache):  # (1, 2) -> hidden (1, 2, H)
+        hidden, _ = model(tokens, pos, mask, cache, pos)
         return hidden
 
     try:  # every array an input, as the step's are: nothing the trace may read
-        mx.eval(mx.compile(forward)(tokens, pos, mask, keys, values))
+        mx.eval(mx.compile(forward)(tokens, pos, mask, cache))
     except ValueError as e:
         if HOST_READ not in str(e):
             raise

@@ -1,7 +1,7 @@
 """The verifier as mlx-lm builds it: any text model mlx-lm implements, trees included.
 
 :class:`LmModel` wraps the model object of ``mlx_lm.models.<family>`` and gives it the
-engine's forward, ``(tokens, positions, mask, keys, values, write_idx, fresh)``, through the
+engine's forward, ``(tokens, positions, mask, cache, write_idx, fresh)``, through the
 hooks mlx-lm's own code already calls; no family's forward is copied
 (docs/design/any-model.md):
 
@@ -42,6 +42,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..core.tree import arange, cache_mask, chain_mask
+from .entries import Slots, State
 from .lm_cache import LmCall, ProbeCache, ProbeState, SlotCache, StateCache, StateCommit
 from .lm_parts import embedding_of, head_layer, layers_owner
 from .lm_rope import is_rope, rope_group, rope_layout, rope_tap
@@ -171,17 +172,17 @@ class LmModel(Verifier):
         rejected draft's state, and pad a batched prefill into a row's state)."""
         if not self.recurrent:
             return
-        keys, values = self.make_cache(1, 8)
+        cache = self.make_cache(1, 8)
         tokens = mx.array([[1, 2, 3]], dtype=mx.int32) % self.vocab_size
         start = mx.zeros((1,), mx.int32)
         pos = arange(3)[None]
         mask = cache_mask(start, chain_mask(3), 8)
-        _, padded, _ = self(tokens, pos, mask, keys, values, pos, counts=mx.array([1]))
+        _, padded = self(tokens, pos, mask, cache, pos, counts=mx.array([1]))
         one = cache_mask(start, chain_mask(1), 8)
-        _, alone, _ = self(tokens[:, :1], pos[:, :1], one, keys, values, pos[:, :1])
+        _, alone = self(tokens[:, :1], pos[:, :1], one, cache, pos[:, :1])
         n_kv = len(self._kv_shapes)
         for a, b in zip(padded[n_kv:], alone[n_kv:]):
-            if not bool(mx.allclose(a, b, atol=1e-5, rtol=1e-4)):
+            if not bool(mx.allclose(a.flat, b.flat, atol=1e-5, rtol=1e-4)):
                 raise ValueError(
                     f"model_type {self.model_type!r}: its recurrent layers take in tokens "
                     "past mlx-lm's right-padding lengths, so a step could not keep the "
@@ -211,23 +212,22 @@ class LmModel(Verifier):
         prompt = [(7 * i + 3) % V for i in range(5)]
         a, b, c, d = ((11 * i + 5) % V for i in range(4))
         # the tree: a, its children b and c, then d under b
-        keys, values = self.make_cache(1, S)
         T = len(prompt)
         idx = arange(T)[None]
-        _, keys, values = self(
+        _, cache = self(
             mx.array([prompt]), idx, cache_mask(mx.zeros((1,), mx.int32), chain_mask(T), S),
-            keys, values, idx,
+            self.make_cache(1, S), idx,
         )  # fmt: skip
-        after_a = self._stepped(keys, values, T, [a], S)  # plain decoding, one token a call
-        after_ab = self._stepped(*after_a[1:], T + 1, [b], S)
-        plain = [after_a[0], after_ab[0], self._stepped(*after_a[1:], T + 1, [c], S)[0]]
-        plain.append(self._stepped(*after_ab[1:], T + 2, [d], S)[0])
+        after_a = self._stepped(cache, T, [a], S)  # plain decoding, one token a call
+        after_ab = self._stepped(after_a[1], T + 1, [b], S)
+        plain = [after_a[0], after_ab[0], self._stepped(after_a[1], T + 1, [c], S)[0]]
+        plain.append(self._stepped(after_ab[1], T + 2, [d], S)[0])
         parents = [[0], [0, 1], [0, 2], [0, 1, 3]]
         ancestors = mx.array([[[j in p for j in range(4)] for p in parents]])
         tree = plain  # a recurrent model verifies chains alone: no tree to check
         if not self.recurrent:
-            tree = self._verified(keys, values, T, [a, b, c, d], [0, 1, 1, 2], ancestors, S)
-        chain = self._verified(keys, values, T, [a, b, d], [0, 1, 2], chain_mask(3), S)
+            tree = self._verified(cache, T, [a, b, c, d], [0, 1, 1, 2], ancestors, S)
+        chain = self._verified(cache, T, [a, b, d], [0, 1, 2], chain_mask(3), S)
         tol = (1e-4 if self.dtype == mx.float32 else 3e-2) * max(
             1.0, max(float(mx.abs(p).max()) for p in plain)
         )
@@ -250,16 +250,16 @@ class LmModel(Verifier):
                 f"{tree_off:.3g} at load), so each step verifies one chain"
             )
 
-    def _stepped(self, keys, values, length: int, path: list[int], S: int):
-        """Plain decoding's logits after ``path`` (one token a call from ``length``; caches
-        of ``S`` slots): ((V,), keys, values after it)."""
+    def _stepped(self, cache: tuple, length: int, path: list[int], S: int):
+        """Plain decoding's logits after ``path`` (one token a call from ``length``; a cache
+        of ``S`` slots): ((V,), the cache after it)."""
         for j, token in enumerate(path):
             pos = mx.array([[length + j]])
             mask = cache_mask(mx.array([length + j]), chain_mask(1), S)
-            h, keys, values = self(mx.array([[token]]), pos, mask, keys, values, pos)
-        return self.logits(h[0, -1]), keys, values
+            h, cache = self(mx.array([[token]]), pos, mask, cache, pos)
+        return self.logits(h[0, -1]), cache
 
-    def _verified(self, keys, values, length, tokens, depths, ancestors, S) -> list[mx.array]:
+    def _verified(self, cache, length, tokens, depths, ancestors, S) -> list[mx.array]:
         """Each node's logits when ``tokens`` (at ``length + depth``, slots in order, attending
         to ``ancestors`` (1, n, n) bool) are verified in one call: (V,) each."""
         n = len(tokens)
@@ -267,7 +267,7 @@ class LmModel(Verifier):
         slots = length + arange(n)[None]
         mask = cache_mask(mx.array([length]), ancestors, S)
         counts = mx.array([n]) if self.recurrent else None
-        h, _, _ = self(mx.array([tokens]), positions, mask, keys, values, slots, counts=counts)
+        h, _ = self(mx.array([tokens]), positions, mask, cache, slots, counts=counts)
         out = self.logits(h[0])
         return [out[i] for i in range(n)]
 
@@ -408,22 +408,23 @@ class LmModel(Verifier):
         """The input embedding lookup, (...) -> (..., H), unscaled."""
         return self._embedding(tokens)
 
-    def __call__(self, tokens, positions, mask, keys, values, write_idx, fresh=None, counts=None):
-        """One forward over T new tokens per row against the cache (``Model.__call__``).
+    def __call__(self, tokens, positions, mask, cache, write_idx, fresh=None, counts=None):
+        """One forward over T new tokens per row against the cache (``Verifier``).
 
-        tokens, positions, write_idx: (B, T); mask: (B, 1, T, A) bool; keys/values: per
-        cache in the engine's order (``_order``). ``counts`` (B,): the tokens per row a
-        recurrent layer takes in (a right-padded prefill); None: all T. ``fresh``: a list
-        that receives, per cache, what the commit needs: an attention cache's new (K, V),
-        (B, T, n_kv, D) each, or a recurrent layer's ``StateCommit``.
-        Returns (hidden (B, T, state_width), keys, values).
+        tokens, positions, write_idx: (B, T); mask: (B, 1, T, A) bool; cache: the entries in
+        the engine's order (``_order``; ``entries.py``). ``counts`` (B,): the tokens per row
+        a recurrent layer takes in (a right-padded prefill); None: all T. ``fresh``: a list
+        that receives, per entry, what its commit needs (``Slots.commit``/``State.commit``):
+        an attention cache's new (K, V), (B, T, n_kv, D) each, or a recurrent layer's
+        ``StateCommit``.
+        Returns (hidden (B, T, state_width), the cache after the call).
         """
-        call = LmCall(self, positions, mask, keys, values, write_idx, counts)
+        call = LmCall(self, positions, mask, cache, write_idx, counts)
         caches = self._caches(call)
         self._run(tokens, call, caches)  # the logits are never read: lazily dead
         n_kv = len(self._kv_shapes)
         for e, i in enumerate(self._order[n_kv:], start=n_kv):
-            call.keys[e] = caches[i].flat()
+            call.cache[e] = State(caches[i].flat())
         if fresh is not None:
             for e, i in enumerate(self._order):
                 if e < n_kv:
@@ -436,7 +437,7 @@ class LmModel(Verifier):
             hidden = mx.concatenate(
                 [hidden, *(call.features[i] for i in self.feature_layers)], axis=-1
             )
-        return hidden, call.keys, call.values
+        return hidden, tuple(call.cache)
 
     def _caches(self, call: LmCall) -> list:
         """mlx-lm's cache list for one call: a ``SlotCache`` per attention cache, a
@@ -448,7 +449,7 @@ class LmModel(Verifier):
                 if i is not None:
                     caches[i] = SlotCache(call, e)
                 continue
-            start = call.keys[e]
+            start = call.cache[e].flat
             if start.shape[0] > 0:
                 fresh_row = (call.positions[:, 0] == 0)[:, None, None]
                 start = mx.where(fresh_row, mx.zeros_like(start), start)
@@ -467,17 +468,17 @@ class LmModel(Verifier):
         finally:
             state.call = None
 
-    def run_to(self, tokens, positions, mask, keys, values, write_idx, stop: int):
+    def run_to(self, tokens, positions, mask, cache, write_idx, stop: int):
         """The model's first ``stop`` layers only (an early exit): the residual stream entering
-        layer ``stop``, (B, T, H), with the caches those layers write (the arguments as in
-        ``__call__``; later layers never run, their caches come back as given). Attention
+        layer ``stop``, (B, T, H), with the cache those layers write (the arguments as in
+        ``__call__``; later layers never run, their entries come back as given). Attention
         models only (``check_early_exit``)."""
-        call = LmCall(self, positions, mask, keys, values, write_idx)
+        call = LmCall(self, positions, mask, cache, write_idx)
         call.stop = stop
         self._run(tokens, call, self._caches(call))
         if call.exit is None:
             raise ValueError(f"model_type {self.model_type!r} never reached layer {stop}")
-        return call.exit, call.keys, call.values
+        return call.exit, tuple(call.cache)
 
     def check_early_exit(self) -> None:
         """ValueError unless the model's first layers can run alone (``run_to``): no
@@ -513,18 +514,20 @@ class LmModel(Verifier):
             return mx.take(self.logits(hidden), mx.array(ids, dtype=mx.int32), axis=-1)
         return (hidden[..., : self.hidden_size] @ rows.T).astype(mx.float32)
 
-    def make_cache(self, batch: int, slots: int, dtype=None):
-        """Zeroed caches in the engine's order: (batch, n_kv, slots, D) keys and values per
-        attention cache, then a (batch, 1, F) float32 state (and a (batch, 1, 1)
-        placeholder value) per recurrent layer."""
+    def make_cache(self, batch: int, slots: int, dtype=None) -> tuple:
+        """A zeroed cache in the engine's order (``entries.py``): ``Slots`` of (batch, n_kv,
+        slots, D) keys and values per attention cache (a model without attention has one
+        of (batch, 1, slots, 1): the cache's slot count), then a (batch, 1, F) float32
+        ``State`` per recurrent layer."""
         dtype = dtype or self.dtype
-        keys = [mx.zeros((batch, n, slots, dk), dtype) for n, dk, _ in self._kv_shapes]
-        values = [mx.zeros((batch, n, slots, dv), dtype) for n, _, dv in self._kv_shapes]
+        cache = [
+            Slots(mx.zeros((batch, n, slots, dk), dtype), mx.zeros((batch, n, slots, dv), dtype))
+            for n, dk, dv in self._kv_shapes
+        ]
         for layout in self._layouts:
             size = sum(entry[3] for entry in layout if entry is not None)
-            keys.append(mx.zeros((batch, 1, size), mx.float32))
-            values.append(mx.zeros((batch, 1, 1), mx.float32))
-        return keys, values
+            cache.append(State(mx.zeros((batch, 1, size), mx.float32)))
+        return tuple(cache)
 
 
 class _Owner:

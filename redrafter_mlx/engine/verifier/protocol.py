@@ -4,9 +4,11 @@ There is one implementation, ``lm_model.LmModel`` (any text model mlx-lm builds,
 class doing the forward); the engine, the draft sources, training and the tools type their
 arguments with :class:`Verifier` and rely on nothing else:
 
-* ``__call__(tokens, positions, mask, keys, values, write_idx, fresh=None, counts=None)``:
+* ``__call__(tokens, positions, mask, cache, write_idx, fresh=None, counts=None)``:
   one forward over T new tokens per row against the slot cache, each token at its own
-  position; returns (hidden (B, T, state_width), keys, values);
+  position; returns (hidden (B, T, state_width), the cache after it): a cache is a
+  tuple of typed entries (``entries.Slots`` per attention cache, ``entries.State`` per
+  recurrent layer);
 * ``logits(hidden)``, ``head_logits(hidden, ids)``, ``head_rows(ids)``: the model's own head;
 * ``run_to(..., stop)``: the residual after its first ``stop`` layers (an early exit);
 * ``embed``, ``make_cache``, ``hidden_size``, ``vocab_size``, ``dtype``, ``args``, ``layers``;

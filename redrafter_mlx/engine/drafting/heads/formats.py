@@ -9,8 +9,14 @@ Qwen3-Next target whose text config declares ``mtp_num_hidden_layers``: its own 
 
 from __future__ import annotations
 
-from . import block, eagle3, mtp
+from .block import ARCHITECTURE as BLOCK_ARCHITECTURE
+from .block import KIND as BLOCK
+from .block import BlockConfig, BlockHead
 from .common import HeadMismatch
+from .eagle3 import KIND as EAGLE3
+from .eagle3 import ORIGINAL_ARCHITECTURE, Eagle3Config, Eagle3Head
+from .mtp import KIND as MTP
+from .mtp import SIDECAR_MODEL_TYPE, TARGET_MODEL_TYPES, MtpHead, mtp_layers, text_config
 
 
 def _architectures(config: dict) -> list:
@@ -20,39 +26,39 @@ def _architectures(config: dict) -> list:
 
 def is_eagle3(config: dict) -> bool:
     return (
-        config.get("speculators_model_type") == eagle3.KIND
-        or config.get("model_type") == eagle3.KIND
-        or eagle3.ORIGINAL_ARCHITECTURE in _architectures(config)
+        config.get("speculators_model_type") == EAGLE3
+        or config.get("model_type") == EAGLE3
+        or ORIGINAL_ARCHITECTURE in _architectures(config)
     )
 
 
 def is_block(config: dict) -> bool:
-    return block.ARCHITECTURE in _architectures(config) or "dflash_config" in config
+    return BLOCK_ARCHITECTURE in _architectures(config) or "dflash_config" in config
 
 
 def is_mtp(config: dict) -> bool:
     """An MTP sidecar, or a target checkpoint of a family whose MTP layers we read that
     declares some."""
-    if config.get("model_type") == mtp.SIDECAR_MODEL_TYPE:
+    if config.get("model_type") == SIDECAR_MODEL_TYPE:
         return True
-    text_type = mtp.text_config(config).get("model_type", "")
-    family = config.get("model_type") in mtp.TARGET_MODEL_TYPES or any(
-        text_type.startswith(t) for t in mtp.TARGET_MODEL_TYPES
+    text_type = text_config(config).get("model_type", "")
+    family = config.get("model_type") in TARGET_MODEL_TYPES or any(
+        text_type.startswith(t) for t in TARGET_MODEL_TYPES
     )
-    return family and mtp.mtp_layers(config) > 0
+    return family and mtp_layers(config) > 0
 
 
 KINDS = {
-    eagle3.KIND: (
+    EAGLE3: (
         is_eagle3,
-        lambda c, names: eagle3.Eagle3Head(
-            eagle3.Eagle3Config.from_config(c), own_embedding="embed_tokens.weight" in names
+        lambda c, names: Eagle3Head(
+            Eagle3Config.from_config(c), own_embedding="embed_tokens.weight" in names
         ),
     ),
-    block.KIND: (is_block, lambda c, names: block.BlockHead(block.BlockConfig.from_config(c))),
-    mtp.KIND: (is_mtp, lambda c, names: mtp.MtpHead(c)),
+    BLOCK: (is_block, lambda c, names: BlockHead(BlockConfig.from_config(c))),
+    MTP: (is_mtp, lambda c, names: MtpHead(c)),
 }
-CLASSES = {eagle3.KIND: eagle3.Eagle3Head, block.KIND: block.BlockHead, mtp.KIND: mtp.MtpHead}
+CLASSES = {EAGLE3: Eagle3Head, BLOCK: BlockHead, MTP: MtpHead}
 
 
 def head_kind(config: dict) -> str | None:

@@ -13,9 +13,12 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import block, eagle3, mtp
+from .block import KIND as BLOCK
 from .common import HeadMismatch, TargetDims
+from .eagle3 import KIND as EAGLE3
 from .formats import CLASSES, build, head_kind
+from .mtp import KIND as MTP
+from .mtp import mtp_key
 
 QUANT_BITS = (2, 3, 4, 5, 6, 8)
 
@@ -36,9 +39,9 @@ def read_config(folder) -> dict:
 
 def _files(folder: Path, kind: str) -> list[Path]:
     index = folder / "model.safetensors.index.json"
-    if kind == mtp.KIND and index.exists():
+    if kind == MTP and index.exists():
         weight_map = json.loads(index.read_text()).get("weight_map", {})
-        shards = sorted({f for k, f in weight_map.items() if mtp._mtp_key(k) is not None})
+        shards = sorted({f for k, f in weight_map.items() if mtp_key(k) is not None})
         if shards:
             return [folder / f for f in shards]
     return sorted(folder.glob("*.safetensors"))
@@ -118,13 +121,13 @@ def target_dims(model) -> TargetDims:
 def check_fit(head: nn.Module, dims: TargetDims) -> None:
     """Refuse a head that cannot pair with a target of ``dims``, in one line."""
     kind = head.kind
-    if kind == eagle3.KIND:
+    if kind == EAGLE3:
         c = head.config
         hidden, vocab = c.target_hidden_size, c.vocab_size
         taps = c.aux_layer_ids or ()
         past = [i for i in taps if not 0 <= i <= dims.num_layers]
         what = "hidden-state index (eagle_aux_hidden_state_layer_ids)"
-    elif kind == block.KIND:
+    elif kind == BLOCK:
         c = head.config
         hidden, vocab = c.hidden_size, c.vocab_size
         past = [i for i in c.target_layer_ids if not 0 <= i < dims.num_layers]
@@ -132,7 +135,7 @@ def check_fit(head: nn.Module, dims: TargetDims) -> None:
     else:
         hidden, vocab = head.args.hidden_size, head.args.vocab_size
         past, what = [], ""
-    name = {eagle3.KIND: "EAGLE-3", block.KIND: "DFlash", mtp.KIND: "MTP"}[kind]
+    name = {EAGLE3: "EAGLE-3", BLOCK: "DFlash", MTP: "MTP"}[kind]
     fix = "use the head published for this model"
     if hidden != dims.hidden_size:
         raise HeadMismatch(
@@ -147,7 +150,7 @@ def check_fit(head: nn.Module, dims: TargetDims) -> None:
             f"the {name} head taps {what} {past[0]}, past the model's {dims.num_layers} "
             f"layers: {fix}"
         )
-    if kind == block.KIND:
+    if kind == BLOCK:
         c = head.config
         if not 0 <= c.mask_token_id < dims.vocab_size:
             raise HeadMismatch(

@@ -112,11 +112,11 @@ class MtpHead(nn.Module):
         dropped (keys without it are not MTP tensors there, and are dropped too, unless none
         has it: a sidecar), zero-centred norms of the checkpoint shifted by 1.0, per-expert
         MoE tensors stacked as mlx-lm's ``switch_mlp``."""
-        hf = any(_mtp_key(k) is not None for k in weights)
+        hf = any(mtp_key(k) is not None for k in weights)
         out = {}
         for key, value in weights.items():
             if hf:
-                key = _mtp_key(key)
+                key = mtp_key(key)
                 if key is None:
                     continue
                 if key.endswith(_NORMS) and value.ndim == 1:
@@ -144,7 +144,7 @@ class MtpHead(nn.Module):
         return self.norm(h), new_keys, new_values
 
 
-def _mtp_key(key: str) -> str | None:
+def mtp_key(key: str) -> str | None:
     at = key.find("mtp.")
     if at < 0 or (at > 0 and key[at - 1] != "."):
         return None

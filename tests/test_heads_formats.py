@@ -33,6 +33,7 @@ from redrafter_mlx.engine.drafting.heads import (
     mtp,
 )
 from redrafter_mlx.engine.drafting.heads.loading import read_weights
+from redrafter_mlx.engine.verifier import slots
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures" / "heads"
@@ -89,8 +90,11 @@ def check_against(folder: Path) -> None:
         np.testing.assert_allclose(np.array(ours), case[name], atol=1e-5, rtol=0, err_msg=name)
 
 
+@pytest.mark.parametrize("fused", (False, True), ids=("composed", "fused"))
 @pytest.mark.parametrize("name", NAMES)
-def test_proposals_equal_the_reference_fixtures(name):
+def test_proposals_equal_the_reference_fixtures(name, fused, monkeypatch):
+    """Both attention/rope paths (fused kernels on Metal/CUDA, composed on the CPU)."""
+    monkeypatch.setattr(slots, "FUSED_KERNELS", fused)
     check_against(FIXTURES / name)
 
 
@@ -120,8 +124,10 @@ def test_rows_of_a_batch_each_propose_their_solo_drafts(name):
 @pytest.fixture(scope="module")
 def fresh(tmp_path_factory):
     """Fixtures made now from mlx-vlm (the optional reference), in a temporary folder."""
-    if importlib.util.find_spec("mlx_vlm") is None:
-        pytest.skip("mlx-vlm 0.7.10 is optional (pip install -e '.[heads-ref]'): not installed")
+    try:
+        import mlx_vlm.speculative.drafters  # noqa: F401
+    except ImportError as e:
+        pytest.skip(f"mlx-vlm 0.7.10 is optional (pip install -e '.[heads-ref]'): {e}")
     spec = importlib.util.spec_from_file_location(
         "make_head_fixtures", ROOT / "scripts" / "make_head_fixtures.py"
     )

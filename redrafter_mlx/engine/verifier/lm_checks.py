@@ -63,3 +63,40 @@ def _compiled_forward(model) -> None:
         return [hidden, *(f.commit(kept) for f in fresh or () if hasattr(f, "commit"))]
 
     mx.eval(mx.compile(forward)(tokens, pos, mask, keys, values))
+
+
+def check_parity(model) -> None:
+    """ValueError naming the family unless a prompt through the engine's slot caches (junk
+    in every slot past it, as a step leaves rejected drafts there) gives the logits of
+    mlx-lm's own forward over its own caches: a family that reads its cache's keys some way
+    the engine's mask does not reach (phi3small's block-sparse layers add the mask to the
+    scores as numbers) would decode other tokens than mlx-lm, plainly or speculating."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    S, V = 16, model.vocab_size
+    prompt = mx.array([[(7 * i + 3) % V for i in range(5)]])
+    T = prompt.shape[1]
+    keys, values = model.make_cache(1, S)
+    noise = mx.random.key(0)  # a recurrent state starts at zero anyway at position 0
+    keys, values = ([_junk(a, noise) for a in arrays] for arrays in (keys, values))
+    pos = arange(T)[None]
+    mask = cache_mask(mx.zeros((1,), mx.int32), chain_mask(T), S)
+    hidden, _, _ = model(prompt, pos, mask, keys, values, pos)
+    got = model.logits(hidden[0])
+    want = model.lm(prompt, cache=make_prompt_cache(model.lm))[0].astype(got.dtype)
+    same = got == want  # -inf where a family masks a token (equal): not a difference
+    off = float(mx.where(same, 0.0, mx.abs(got - want)).max())
+    scale = float(mx.where(same, 0.0, mx.abs(want)).max())
+    tol = (1e-4 if model.dtype == mx.float32 else 3e-2) * max(1.0, scale)
+    if not off <= tol:  # NaN too
+        raise ValueError(
+            f"model_type {model.model_type!r} gives other logits through the engine's slot "
+            f"caches than through mlx-lm's own (by {off:.3g} at load): its code reads the "
+            "cache in a way the engine's attention mask does not reach; this family cannot "
+            "be loaded yet (mlx_lm.generate runs it)"
+        )
+
+
+def _junk(buffer: mx.array, key) -> mx.array:
+    """``buffer`` filled with random values (what unused slots may hold)."""
+    return mx.random.normal(buffer.shape, key=key).astype(buffer.dtype)

@@ -543,7 +543,7 @@ def architecture(gguf: GGUFFile) -> str:
         raise ConversionError(
             f"{gguf.path.name} has architecture {arch!r}; supported GGUF architectures: "
             f"{', '.join(MODEL_TYPES)} (Llama 1/2, Vicuna, SmolLM, TinyLlama, Qwen2/2.5, "
-            "Qwen3, Gemma 2, Gemma 3); convert the original Hugging Face checkpoint instead"
+            f"Qwen3, Gemma 2, Gemma 3); {original(gguf, arch)}"
         )
     return arch
 
@@ -561,12 +561,29 @@ def check_llama(gguf: GGUFFile) -> None:
         )
         raise ConversionError(
             f"{gguf.path.name} holds tensors a {arch} model does not have: {', '.join(unknown[:5])}"
-            f"{extra}; convert the original Hugging Face checkpoint instead"
+            f"{extra}; {original(gguf, None)}"
         )
     if _meta(gguf, f"{arch}.expert_count", 0):
         raise ConversionError(
-            f"{gguf.path.name} is a mixture-of-experts model, which is not supported"
+            f"{gguf.path.name} is a mixture-of-experts model, which the GGUF converter does "
+            f"not take; {original(gguf, arch + 'moe')}"
         )
+
+
+# GGUF architectures -> mlx-lm's model_type, where the names differ (the hint's command)
+GGUF_FAMILIES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe", "gemma3": "gemma3_text"}
+
+
+def original(gguf: GGUFFile, arch: str | None) -> str:
+    """Where to go instead: the command that converts the original Hugging Face checkpoint
+    of a GGUF of ``arch`` (None: the family is not known)."""
+    from redrafter_mlx.engine.verifier.config import convert_command
+
+    model_type = GGUF_FAMILIES.get(arch, arch) if arch else None
+    return (
+        "convert the original Hugging Face checkpoint (a folder or repo id, not the GGUF): "
+        + convert_command(model_type, "<checkpoint>")
+    )
 
 
 def _float32_repr(x) -> float:
@@ -633,8 +650,7 @@ def llama_config(gguf: GGUFFile, eos_ids: list[int]) -> dict:
         config["mlp_bias"] = any(n.endswith(("ffn_up.bias", "ffn_down.bias")) for n in names)
     if arch in GEMMA_ARCHS:
         config.update(_gemma_config(gguf, arch, config, head_dim))
-    if head_dim != hidden // heads or arch in GEMMA_ARCHS:
-        config["head_dim"] = head_dim
+    config["head_dim"] = head_dim  # written even at hidden / heads: no family default applies
     return config
 
 

@@ -10,6 +10,10 @@ the Python entry point group ``redrafter_mlx.sources``: a package declares
 and ``load(folder, model, tokenizer=None, dtype=None)`` returns a ``sources.Source``. Such a
 folder passed as ``--draft-model`` (or ``load``'s ``draft_model``) joins the draft slot as
 that source, beside a draft model or an adapter (docs/design/adding-a-source.md).
+
+A draft head people download (``HEADS``: DFlash ``block``, ``eagle3``, ``mtp``) has no
+``kind`` key: its published config names it (``heads/formats.py``), and ``kind_of`` reads
+that too.
 """
 
 from __future__ import annotations
@@ -21,16 +25,24 @@ from .sources import Source
 
 ENTRY_POINTS = "redrafter_mlx.sources"
 BUILT_IN = ("early-exit",)  # kinds the loader knows itself (``loading.load``)
+HEADS = ("block", "eagle3", "mtp")  # recognised by their published config (heads/formats.py)
 
 
 def kind_of(folder) -> str | None:
-    """The ``kind`` a folder's config.json names (a string), else None."""
+    """The ``kind`` a folder's config.json names (a string), else the head kind its
+    published config describes (one of ``HEADS``), else None."""
     try:
         config = json.loads((Path(folder) / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    kind = config.get("kind") if isinstance(config, dict) else None
-    return kind if isinstance(kind, str) else None
+    if not isinstance(config, dict):
+        return None
+    kind = config.get("kind")
+    if isinstance(kind, str):
+        return kind
+    from .heads.formats import head_kind
+
+    return head_kind(config)
 
 
 def registered() -> dict:

@@ -24,9 +24,10 @@ from ..drafting.drafter import Drafter, DrafterArgs
 from ..drafting.early_exit import is_early_exit, kind_problem
 from ..drafting.held import held_sources
 from ..verifier import config as config_file
-from ..verifier.lm_checks import check_compiles
+from ..verifier.lm_checks import check_compiles, check_parity
 from ..verifier.lm_model import LmModel
 from ..verifier.protocol import Verifier
+from ..verifier.refusals import check_family as refused_by_name
 from ..verifier.shard import check_split
 from ..verifier.weight_files import (
     LoadError,
@@ -126,6 +127,10 @@ def load_model(path: str | os.PathLike, dtype=None, group=None) -> tuple[Verifie
         config_file.check_family(config, path / "config.json")
     except config_file.ConfigError as e:
         raise LoadError(str(e)) from None
+    try:
+        refused_by_name(model_type)  # before mlx-lm builds or runs it
+    except ValueError as e:
+        raise LoadError(f"{path}: {e}") from None
     files = weight_files_of(path)
     names = tensor_names(files)  # every file's header, read and checked once
     try:
@@ -160,6 +165,7 @@ def load_model(path: str | os.PathLike, dtype=None, group=None) -> tuple[Verifie
     check_finite(lm, files, path)  # NaN or infinity: named (tensor, file), never decoded
     try:
         model = LmModel(lm, built)
+        check_parity(model)  # the engine's caches give mlx-lm's own logits
         model.check_commit()
         model.check_steps()  # what a step may verify: a tree, a chain, or one token
         check_compiles(model)  # the step is compiled: no host read in the family's forward

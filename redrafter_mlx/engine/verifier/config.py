@@ -171,6 +171,33 @@ def read_config(folder: Path, what: str = "model") -> dict:
     return config
 
 
+def convert_command(model_type: str | None, source) -> str:
+    """The command that makes a folder the loader reads from the Hugging Face checkpoint of a
+    ``model_type`` model at ``source``: ours for the families our converter takes, mlx-lm's
+    (every family it implements) for the others, and with ``model_type`` unknown, both."""
+    ours = f"redrafter-mlx convert --model {source} --out <dir>"
+    theirs = f"mlx_lm convert --hf-path {source} --mlx-path <dir>"
+    if model_type in SUPPORTED_MODEL_TYPES:
+        return ours
+    if model_type is not None and not _mlx_lm_implements(model_type):
+        return (
+            "no converter here takes it: upgrade mlx-lm (pip install -U mlx-lm) for newer families"
+        )
+    if model_type is None:
+        return f"{ours} ({', '.join(SUPPORTED_MODEL_TYPES)}), else {theirs}"
+    return theirs
+
+
+def _mlx_lm_implements(model_type: str) -> bool:
+    from mlx_lm.utils import _get_classes
+
+    try:
+        _get_classes({"model_type": model_type})
+    except ValueError:
+        return False
+    return True
+
+
 def check_model_config(config: dict, file: Path | str) -> None:
     """Refuse a config that is not a supported model type with integer sizes."""
     model_type = config.get("model_type")
@@ -181,9 +208,11 @@ def check_model_config(config: dict, file: Path | str) -> None:
             if model_type == "gemma3"
             else ""
         )
+        if model_type != "gemma3":
+            hint = f"; {convert_command(model_type, Path(file).parent)}"
         raise ConfigError(
-            f"{file} has model_type {model_type!r}, which is not supported; supported model "
-            f"types: {', '.join(SUPPORTED_MODEL_TYPES)}{hint}"
+            f"{file} has model_type {model_type!r}, which our converter does not take (it "
+            f"takes {', '.join(SUPPORTED_MODEL_TYPES)}){hint}"
         )
     _check_architectures(config, model_type, file)
     if config.get("use_sliding_window"):

@@ -182,7 +182,8 @@ class StateCommit:
     """A recurrent layer's state at each row's accepted length, computed at the commit: the
     layer runs again over the verified tokens from its state before the step, taking in
     only the first ``count`` of them (mlx-lm's ``lengths``; its outputs are never read, so
-    only the state's share of the layer is computed)."""
+    only the state's share of the layer is computed). Its inputs are the verify's own, so
+    ``mx.compile`` shares what both compute, unless ``model.commit_apart``."""
 
     def __init__(self, call: LmCall, index: int, layout: list, start: mx.array):
         self.call, self.index, self.layout, self.start = call, index, layout, start
@@ -200,6 +201,8 @@ class StateCommit:
                 return cache
             if old_mask is not None and value is old_mask:
                 return again.ssm_mask()
+            if call.model.commit_apart and isinstance(value, mx.array):
+                return mx.contiguous(value)  # nothing shared with the verify (lm_checks)
             return value
 
         args = [swap(a) for a in args]

@@ -91,6 +91,9 @@ class LmModel(Verifier):
     ``config``: its config.json dict.
     """
 
+    # a recurrent commit computes apart from the verify it follows (``lm_checks``)
+    commit_apart = False
+
     def __init__(self, lm: nn.Module, config: dict):
         super().__init__()
         # ``lm`` is not a child: its children are this module's own, so the parameter tree

@@ -20,6 +20,7 @@ from ..core.branches import step_split
 from ..core.sampling import one_row, stack_rows
 from ..decoding.cache import SLOT_QUANTUM, Session, ensure_slots, text_history
 from ..decoding.decode import DecodeState
+from ..drafting.held import check_sources
 from ..drafting.sources import Source, stateful
 from .rows import Row, row_buckets, take_rows
 
@@ -30,6 +31,7 @@ class BatchState:
     module docstring). ``state`` is None until ``reset`` or a first ``join``."""
 
     def __init__(self, model, sources: tuple[Source, ...], max_batch: int):
+        check_sources(sources)
         self.model, self.sources = model, sources
         self.stateful = stateful(sources)  # those with a state in ``DecodeState.sources``
         self.max_batch = max_batch

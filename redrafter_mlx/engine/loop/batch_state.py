@@ -98,6 +98,34 @@ class BatchState:
             self._params = (mode._replace(split=ids), active, settings, split, grants)
         return self._params
 
+    def ensure_slots(self, slots: int) -> None:
+        """The cache grown to hold ``slots`` slots per row (``cache.ensure_slots``)."""
+        self.state = ensure_slots(self.state, slots)
+
+    def open_step(self) -> DecodeState:
+        """Hand the state to a step: it writes into free rows (``vacated`` cleared) and only
+        its graph holds the cache until ``close_step`` (``state`` is None meanwhile)."""
+        self.vacated = {}
+        state, self.state = self.state, None
+        return state
+
+    def close_step(self, state: DecodeState, row_keys: mx.array | None = None) -> None:
+        """The state (and the rows' keys) a step gave back (``open_step``)."""
+        self.state = state
+        if row_keys is not None:
+            self.row_keys = row_keys
+
+    def caught_up(self, i: int, own, cache: tuple | None) -> None:
+        """Stateful source ``i``'s state after its catch-up (``Source.catch_up``), and the
+        target's cache (keys, values) when it wrote it."""
+        s = self.state
+        sources = list(s.sources)
+        sources[i] = own
+        s = s._replace(sources=tuple(sources))
+        if cache is not None:
+            s = s._replace(keys=cache[0], values=cache[1])
+        self.state = s
+
     def bucket_for(self, rows: int) -> int:
         return next(b for b in self.buckets if b >= rows)
 
@@ -192,7 +220,7 @@ class BatchState:
 
     def _place(self, r: int, session: Session, i: int, hidden, first, rng) -> None:
         """Write row ``i`` of a prefilled session into batch row ``r`` (lazy array updates)."""
-        self.state = ensure_slots(self.state, session.slots)
+        self.ensure_slots(session.slots)
         at = mx.arange(len(self.rows)) == r  # (B,)
         for cache, row_cache in (
             (self.state.keys, session.keys),

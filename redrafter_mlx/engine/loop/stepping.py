@@ -15,7 +15,7 @@ import mlx.core as mx
 from ..base.platform import read_first
 from ..core.sampling import StepMode
 from ..core.shape import BeamShape
-from ..decoding.cache import ensure_slots, step_window
+from ..decoding.cache import step_window
 from ..decoding.decode import StepOutput
 from ..decoding.step import batch_step
 from ..drafting.held import sources_key
@@ -99,13 +99,7 @@ class Stepping:
                 self.model, s.hidden, s.init_token, s.lengths, s.history, window,
                 own=s.sources[i], keys=s.keys, values=s.values,
             )  # fmt: skip
-            state, cache = source.catch_up(ctx, missed)
-            sources = list(s.sources)
-            sources[i] = state
-            s = s._replace(sources=tuple(sources))
-            if cache is not None:
-                s = s._replace(keys=cache[0], values=cache[1])
-            batch.state = s
+            batch.caught_up(i, *source.catch_up(ctx, missed))
             self.catch_ups += 1
         for i in range(len(batch.stateful)):
             if i in ran:
@@ -150,10 +144,9 @@ class Stepping:
         """Queue one step for all rows (``grants``: per row, whether it may fork in it);
         attention covers every active row's possible length."""
         batch = self.batch
-        batch.vacated = {}  # the step writes into free rows
         longest = max(row.length for row in batch.active)
         window = step_window(longest, self.inflight, self.policy.per_step, self.most_slots)
-        batch.state = ensure_slots(batch.state, window)
+        batch.ensure_slots(window)
         shape = self.next_shape()
         self.catch_up(shape, window)
         mode, active, settings, split, grants = batch.row_params(grants)
@@ -161,15 +154,13 @@ class Stepping:
         started = time.perf_counter() if key in self._traced else None  # else: it compiles
         self._traced.add(key)
         step = self._step_fn(shape, mode)
-        state, batch.state = batch.state, None  # only the step's graph holds the cache
+        state, row_keys = batch.open_step(), batch.row_keys
         host = time.perf_counter()
         try:
-            state, batch.row_keys, out = step(
-                state, batch.row_keys, active, settings, window, split
-            )
-            mx.async_eval(out, state, batch.row_keys)
+            state, row_keys, out = step(state, row_keys, active, settings, window, split)
+            mx.async_eval(out, state, row_keys)
         finally:
-            batch.state = state
+            batch.close_step(state, row_keys)
         self.host_s += time.perf_counter() - host
         self.inflight += 1
         for row in batch.active:

@@ -2,7 +2,7 @@
 
 A run names its draft sources in two slots: the drafter (``drafter=``, ``--drafter``: a
 recurrent drafter, or an early-exit adapter drafting the shape's W1×L) and the draft slot
-(``draft_model=``, in the loop and the API: any number of sources, draft models, an
+(``draft_model=``, in the API: any number of sources, draft models, an
 early-exit adapter or any ``sources.Source``, each proposing one chain of the shape's
 ``D1×L``; ``--draft-model``, given twice at most, loads a draft model and an adapter).
 ``held_sources`` turns them into the loop's sources, in the one order every step, state and
@@ -96,14 +96,14 @@ def check_sources(sources) -> None:
         )
 
 
-def check_draft_slot(model, drafter, draft_model) -> None:
+def check_draft_slot(model, draft_model, sources: tuple[Source, ...]) -> None:
     """What the draft slot holds, checked against the target before anything runs: each
-    item loaded (``check_loaded``: TypeError naming how to load a path), then each held
-    source's own check (``Source.check``: ValueError naming the fix)."""
+    item loaded (``check_loaded``: TypeError naming how to load a path), then each of the
+    run's ``sources`` (``held_sources``) by its own check (``Source.check``: ValueError
+    naming the fix)."""
     if draft_model is None:
         return
-    check_loaded(draft_model)
-    for source in held_sources(drafter, draft_model):
+    for source in sources:
         source.check(model)
 
 

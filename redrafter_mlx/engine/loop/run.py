@@ -84,8 +84,9 @@ class Run:
                 "a drafter needs a beam shape: pass one (e.g. BeamShape(4, 4)), or "
                 "drafter=None for plain decoding"
             )
-        check_draft_slot(model, drafter, draft_model)  # a model, an early-exit adapter or both
-        sources = held_sources(drafter, draft_model)
+        check_slot_loaded(draft_model)  # a path: how to load it (before resolving it)
+        sources = held_sources(drafter, draft_model)  # the one resolution of the two slots
+        check_draft_slot(model, draft_model, sources)  # a model, an early-exit adapter or both
         return cls.of_sources(model, sources, shape, own_thread=own_thread)
 
     @classmethod

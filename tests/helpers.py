@@ -193,9 +193,9 @@ def run_decode(model, drafter, prompts, **kw):
 
 
 def state_slot(batch, source_id: int) -> int:
-    """The index in ``batch.state.sources`` (and ``batch.behind``) of the stateful source
-    with ``source_id`` the loop holds."""
-    return [s.source_id for s in batch.stateful].index(source_id)
+    """The index in ``batch.state.sources`` (and ``batch.batch_state.behind``) of the
+    stateful source with ``source_id`` the loop holds."""
+    return [s.source_id for s in batch.batch_state.stateful].index(source_id)
 
 
 def step_sources(shape, drafter=None, draft_model=None) -> list:

@@ -214,13 +214,13 @@ def test_too_many_branches_for_memory_names_max_branches(monkeypatch):
     from redrafter_mlx.engine.core.shape import BeamShape
     from redrafter_mlx.engine.loop import memory, run
 
-    def check(model, drafter, shape, batch, *rest, **kw):
+    def check(model, sources, shape, batch, *rest, **kw):
         if batch > 1:
             raise memory.ShapeTooLarge("lookup_length", f"needs 9 GiB for {batch} rows")
 
     monkeypatch.setattr(run, "check_step_memory", check)
     with pytest.raises(ParamError) as e:
-        run.check_branch_memory(None, None, BeamShape(1, 4), 1, 100, 64, SamplerConfig(), None)
+        run.check_branch_memory(None, (), BeamShape(1, 4), 1, 100, 64, SamplerConfig())
     assert e.value.param == "max_branches" and "lower --max-branches" in e.value.message
     assert "100 branches per answer make up to 100 rows" in e.value.message
 

@@ -8,6 +8,7 @@ from redrafter_mlx.engine.base.platform import READ_FIRST_ENV
 from redrafter_mlx.engine.core.sampling import SamplerConfig
 from redrafter_mlx.engine.core.shape import AR, BeamShape
 from redrafter_mlx.engine.decoding.cache import Session
+from redrafter_mlx.engine.drafting.held import held_sources
 from redrafter_mlx.engine.loop import batch as batch_module
 from redrafter_mlx.engine.loop.batch import BatchGenerator
 from redrafter_mlx.engine.loop.prefilling import Prefill
@@ -55,7 +56,7 @@ def test_any_policy_drives_the_batch_and_greedy_rows_stay_exact():
     drafter = tiny_drafter(model, 3)
     cycle = [AR, BeamShape(2, 3), BeamShape.lookup_only(1, 4), BeamShape(1, 3, None, 1, 4)]
     policy = Scripted(cycle)
-    batch = BatchGenerator(model, drafter, policy, eos=(), max_batch=2)
+    batch = BatchGenerator(model, held_sources(drafter), policy, eos=(), max_batch=2)
     batch.reset()
     assert policy.resets == 1
     row = Row(SamplerConfig(), 30, len(PROMPT), RowStats(len(PROMPT)))
@@ -91,7 +92,7 @@ def test_the_server_orders_its_reads_like_the_solo_loop(monkeypatch, first):
     reads, real = [], batch_module.BatchGenerator.read
 
     def read(self, step):
-        reads.append((self.inflight, len(self.active)))  # steps queued, not read; rows held
+        reads.append((self.stepping.inflight, len(self.active)))  # steps not read; rows held
         return real(self, step)
 
     monkeypatch.setattr(batch_module.BatchGenerator, "read", read)

@@ -7,6 +7,7 @@ from redrafter_mlx.engine.core.branches import request_rows
 from redrafter_mlx.engine.core.sampling import SamplerConfig
 from redrafter_mlx.engine.core.shape import AR
 from redrafter_mlx.engine.decoding.cache import Session, token_limit
+from redrafter_mlx.engine.drafting.held import held_sources
 from redrafter_mlx.engine.loop.batch import BatchGenerator
 from redrafter_mlx.engine.loop.batch_choice import FixedShape
 from redrafter_mlx.engine.loop.generation import generate_steps
@@ -28,7 +29,7 @@ def decode(max_tokens: int, cap: int | None = CAP) -> Row:
     limit, at_limit = token_limit(model, len(PROMPT), row_tokens)
     root = Row(SOME_FORKS, limit, len(PROMPT), RowStats(len(PROMPT)), at_limit=at_limit)
     root.tree = tree
-    batch = BatchGenerator(model, None, FixedShape(AR), (EOS,), 64)
+    batch = BatchGenerator(model, held_sources(), FixedShape(AR), (EOS,), 64)
     batch.reset()
     batch.insert(Prefill([PROMPT], SOME_FORKS, 0, Session(model, 1), rows=[root]))
     for _ in range(200):

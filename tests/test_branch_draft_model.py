@@ -8,7 +8,7 @@ import pytest
 from redrafter_mlx.engine.base.platform import READ_FIRST_ENV
 from redrafter_mlx.engine.core.shape import AR, BeamShape
 from redrafter_mlx.engine.drafting.sources import DRAFT_MODEL
-from redrafter_mlx.engine.loop.batch import BatchGenerator
+from redrafter_mlx.engine.loop.branch_rows import Branches
 from redrafter_mlx.engine.loop.generation import generate_steps
 from tests.helpers import tiny_model
 from tests.test_branch_rows import (
@@ -38,14 +38,14 @@ def test_a_fork_copies_the_draft_cache_and_branches_equal_plain_decoding(
     model, drafter = model_and_drafter()
     draft = model if itself else tiny_model(9, vocab=32, layers=1, hidden=16, heads=2, kv_heads=1)
     copied = []
-    fork = BatchGenerator.fork
+    fork = Branches.fork
 
     def checked(self, parent, at, read=None):
         child = fork(self, parent, at, read)
-        copied.append(draft_rows_equal(self.state, child.slot, parent.slot))
+        copied.append(draft_rows_equal(self.batch.state, child.slot, parent.slot))
         return child
 
-    monkeypatch.setattr(BatchGenerator, "fork", checked)
+    monkeypatch.setattr(Branches, "fork", checked)
     monkeypatch.setenv(READ_FIRST_ENV, first)  # both read orders of branching steps
     sampler = forking_sampler()
     shape = BeamShape.parse(label)

@@ -8,7 +8,7 @@ import pytest
 from redrafter_mlx.engine.base.platform import READ_FIRST_ENV
 from redrafter_mlx.engine.core.branches import BranchTree
 from redrafter_mlx.engine.core.shape import AR, BeamShape
-from redrafter_mlx.engine.loop.batch import BatchGenerator
+from redrafter_mlx.engine.loop.branch_rows import Branches
 from redrafter_mlx.engine.loop.rows import Row, RowStats
 from redrafter_mlx.serve.scheduler import Request, Scheduler
 from tests.test_branch_rows import (
@@ -48,15 +48,15 @@ def serve(model, drafter, requests, max_batch, limit=12) -> tuple[list[Collector
 
 
 def waits(monkeypatch) -> list[int]:
-    """Records, per ``BatchGenerator.seat``, how many children were waiting."""
+    """Records, per ``Branches.seat``, how many children were waiting."""
     seen = []
-    seat = BatchGenerator.seat
+    seat = Branches.seat
 
     def recording(self):
         seen.append(len(self.waiting))
         return seat(self)
 
-    monkeypatch.setattr(BatchGenerator, "seat", recording)
+    monkeypatch.setattr(Branches, "seat", recording)
     return seen
 
 

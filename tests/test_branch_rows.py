@@ -12,10 +12,13 @@ from redrafter_mlx.engine.core.shape import AR, BeamShape
 from redrafter_mlx.engine.decoding.cache import Session, ensure_slots, text_history
 from redrafter_mlx.engine.decoding.decode import DecodeState
 from redrafter_mlx.engine.decoding.step import make_batch_step
+from redrafter_mlx.engine.drafting.held import held_sources
 from redrafter_mlx.engine.loop.batch import BatchGenerator
 from redrafter_mlx.engine.loop.batch_choice import FixedShape
+from redrafter_mlx.engine.loop.branch_rows import Branches
 from redrafter_mlx.engine.loop.prefilling import Prefill
 from redrafter_mlx.engine.loop.rows import Row, RowStats
+from redrafter_mlx.engine.loop.stepping import Stepping
 from redrafter_mlx.engine.verifier.entries import cache_slots
 from tests.helpers import near_bigram_model, tiny_drafter
 
@@ -51,9 +54,8 @@ def run_batch(
     bounds its answer (``BranchTree.budget``, as ``generate_steps`` and the server set it),
     else each of its rows."""
     drafter = drafter if shape.drafts else None
-    batch = BatchGenerator(
-        model, drafter, FixedShape(shape), eos, max_batch, draft_model=draft_model
-    )
+    sources = held_sources(drafter, draft_model)
+    batch = BatchGenerator(model, sources, FixedShape(shape), eos, max_batch)
     batch.reset()
     roots = []
     for prompt, sampler, seed, limit, branching in requests:
@@ -94,7 +96,9 @@ def reference(model, drafter, shape, prompt, sampler, seed, limit, forks, rules=
     state = DecodeState(mx.array(first), job.hidden, session.lengths, session.cache, history)
     settings = row.sampling
     mode = settings.mode._replace(split=rules.split_ids)
-    step = make_batch_step(model, drafter if shape else None, shape, mode, compiled=False)
+    step = make_batch_step(
+        model, held_sources(drafter if shape else None), shape, mode, compiled=False
+    )
     active = mx.array([True])
 
     while out[-1] not in eos and len(out) < limit:
@@ -239,13 +243,13 @@ def test_batches_without_a_branching_row_keep_their_step(monkeypatch):
     always had (``StepMode.split`` empty); one with a branching row, the masked step."""
     model, drafter = model_and_drafter()
     seen = []
-    make = BatchGenerator._step_fn
+    make = Stepping._step_fn
 
     def recording(self, shape, mode):
         seen.append(mode.split)
         return make(self, shape, mode)
 
-    monkeypatch.setattr(BatchGenerator, "_step_fn", recording)
+    monkeypatch.setattr(Stepping, "_step_fn", recording)
     run_batch(model, drafter, AR, [(PROMPT, forking_sampler(), 0, 4, False)])
     assert seen and set(seen) == {()}
     seen.clear()
@@ -303,11 +307,11 @@ def test_steps_queue_ahead_of_a_branching_step_and_change_no_token(monkeypatch, 
     requests = [(PROMPT, sampler, 7, 12, True), (prompt, sampler, 3, 12, True)]
     monkeypatch.setenv(READ_FIRST_ENV, "0")  # a GPU's default (the CPU's reads first)
     roots, outs, batch = run_batch(model, drafter, shape, requests)
-    assert batch.ahead > 5  # steps queued with a branching step in flight
+    assert batch.branches.ahead > 5  # steps queued with a branching step in flight
     assert sum(len(r.tree.branches) for r in roots) > 4
     monkeypatch.setenv(READ_FIRST_ENV, "1")
     want_roots, want_outs, first = run_batch(model, drafter, shape, requests)
-    assert first.ahead == 0
+    assert first.branches.ahead == 0
     assert outs == want_outs
     for root, want in zip(roots, want_roots):  # branch ids are in fork order: compare as sets
         assert root.tree.linear() == want.tree.linear()
@@ -330,13 +334,13 @@ def test_near_the_limits_a_branching_step_is_read_first(monkeypatch):
     limits hold."""
     model, drafter = model_and_drafter()
     answers = []
-    decide = BatchGenerator.queue_ahead
+    decide = Branches.queue_ahead
 
-    def recording(self):
-        answers.append(decide(self))
+    def recording(self, pending):
+        answers.append(decide(self, pending))
         return answers[-1]
 
-    monkeypatch.setattr(BatchGenerator, "queue_ahead", recording)
+    monkeypatch.setattr(Branches, "queue_ahead", recording)
     monkeypatch.setenv(READ_FIRST_ENV, "0")
     sampler = forking_sampler()
     rules = BranchRules(FORK, CHILD, max_branches=4)

@@ -604,8 +604,8 @@ def test_bench_profile_times_lookup_shapes_as_a_whole_step(app, pair, monkeypatc
 
     real = profile.profile_steps
 
-    def quick(model, drafter, shapes, prompt, repeats):
-        return real(model, drafter, shapes, prompt, repeats=2, loop_tokens=6, loop_rounds=1)
+    def quick(model, sources, shapes, prompt, repeats):
+        return real(model, sources, shapes, prompt, repeats=2, loop_tokens=6, loop_rounds=1)
 
     monkeypatch.setattr(profile, "profile_steps", quick)
     args = [*model_args(pair), "--profile", "--configs", "W1xL3,W1xL3+K1xL4,K1xL4"]

@@ -15,6 +15,7 @@ from redrafter_mlx.engine.core.shape import BeamShape
 from redrafter_mlx.engine.core.tree import pack
 from redrafter_mlx.engine.decoding.decode import shape_candidates
 from redrafter_mlx.engine.decoding.two_chains import two_chain_layout
+from redrafter_mlx.engine.drafting.held import held_sources
 from tests.helpers import OracleDrafter, greedy_prefilled, near_bigram_model, tiny_model
 
 
@@ -40,7 +41,7 @@ def test_only_full_capacity_hybrids_of_one_beam_and_one_chain_take_the_static_la
     state = greedy_prefilled(model, [1, 2, 3, 1, 2], 64)
 
     def two(shape):
-        return shape_candidates(model, state, shape, drafter, window=64).two
+        return shape_candidates(model, state, shape, held_sources(drafter), window=64).two
 
     assert two(BeamShape(1, 4, None, 1, 8)) == (4, 8)
     assert two(BeamShape(1, 4, 6, 1, 8)) is None  # short capacity: ranked

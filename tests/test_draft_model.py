@@ -14,6 +14,7 @@ from redrafter_mlx.engine.core.sampling import SamplerConfig
 from redrafter_mlx.engine.core.shape import AR, BeamShape
 from redrafter_mlx.engine.decoding.step import uniform_step
 from redrafter_mlx.engine.drafting.draft_model import DraftModelSource, check_draft_model, prefill
+from redrafter_mlx.engine.drafting.held import held_sources
 from redrafter_mlx.engine.drafting.sources import DRAFT_MODEL, SOURCE_NAMES, DraftContext
 from tests.helpers import (
     greedy_prefilled,
@@ -75,7 +76,7 @@ def test_draft_cache_holds_the_committed_text_after_catch_up(label):
     slots = 64
     state = greedy_prefilled(model, prompt, slots, [prefill(draft, [prompt], slots)])
     step = uniform_step(
-        model, drafter, shape, SamplerConfig(), 1, compiled=False, draft_model=draft
+        model, held_sources(drafter, draft), shape, SamplerConfig(), 1, compiled=False
     )
     for _ in range(4):
         state, _ = step(state, slots)
@@ -165,7 +166,7 @@ def test_rows_of_one_prefill_placed_into_a_running_batch_equal_plain_decoding(it
     model = tiny_model(5, vocab=48, layers=2)
     draft = model if itself else tiny_model(9, vocab=48, layers=1)
     shape = BeamShape.parse("D1xL4" if itself else "K1xL5+D1xL4")
-    batch = BatchGenerator(model, None, FixedShape(shape), max_batch=4, draft_model=draft)
+    batch = BatchGenerator(model, held_sources(None, draft), FixedShape(shape), max_batch=4)
     batch.reset()
     first, later = PROMPTS[:1], PROMPTS[1:]
 

@@ -10,6 +10,7 @@ import pytest
 
 from redrafter_mlx.engine.core.footprint import Dims, kv_bytes
 from redrafter_mlx.engine.core.shape import AR, BeamShape
+from redrafter_mlx.engine.drafting.held import held_sources
 from redrafter_mlx.engine.drafting.sources import DRAFT_MODEL
 from redrafter_mlx.engine.loop.loading import LoadError, load
 from redrafter_mlx.engine.loop.memory import check_step_memory
@@ -88,13 +89,13 @@ def test_memory_counts_the_draft_models_weights_and_cache():
     model = tiny_model(5, vocab=48)
     draft = tiny_model(6, vocab=48, layers=3)
     shape = BeamShape.parse("D1xL4")
-    alone = check_step_memory(model, None, replace(shape, model_length=0, lookup=1,
+    alone = check_step_memory(model, held_sources(), replace(shape, model_length=0, lookup=1,
                                                    lookup_length=4), tokens=128)  # fmt: skip
-    with_draft = check_step_memory(model, None, shape, tokens=128, draft_model=draft)
+    with_draft = check_step_memory(model, held_sources(None, draft), shape, tokens=128)
     d = Dims.of(draft)
     assert with_draft.weights == alone.weights + d.weight_bytes
     assert with_draft.cache >= alone.cache + kv_bytes(d, 1, 128)
-    itself = check_step_memory(model, None, shape, tokens=128, draft_model=model)
+    itself = check_step_memory(model, held_sources(None, model), shape, tokens=128)
     assert itself.weights == alone.weights  # the model as its own draft: no second copy
 
 

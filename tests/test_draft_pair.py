@@ -263,7 +263,9 @@ def test_both_states_hold_the_committed_text_whichever_source_won(label, kind):
     slots = 128
     own = [prefill_ee(model, adapter, [REPEATING], slots), prefill_draft(draft, [REPEATING], slots)]
     state = greedy_prefilled(model, REPEATING, slots, own)
-    step = uniform_step(model, drafter, shape, SamplerConfig(), 1, compiled=False, draft_model=pair)
+    step = uniform_step(
+        model, held_sources(drafter, pair), shape, SamplerConfig(), 1, compiled=False
+    )
     sources = step_sources(shape, drafter, pair)
     ee, dm = sources[-2], sources[-1]
     assert isinstance(ee, EarlyExitSource) and isinstance(dm, DraftModelSource)
@@ -291,8 +293,11 @@ def test_the_pair_switched_off_and_on(batched):
     were caught up."""
     model, drafter, pair = a_pair(itself=True)
     policy = Scripted(CYCLE)
-    batch = BatchGenerator(model, drafter, policy, max_batch=4, draft_model=pair)
-    assert ids(batch.held) == [EARLY_EXIT, DRAFT_MODEL] and batch.stateful[1].draft is model
+    batch = BatchGenerator(model, held_sources(drafter, pair), policy, max_batch=4)
+    assert (
+        ids(batch.sources) == [EARLY_EXIT, DRAFT_MODEL]
+        and batch.batch_state.stateful[1].draft is model
+    )
     waves = [(PROMPTS[:1], 40)]
     if batched:
         waves += [(PROMPTS[1:2], 30), (PROMPTS[2:], 30)]
@@ -300,7 +305,7 @@ def test_the_pair_switched_off_and_on(batched):
     assert_rows_plain(model, got, waves)
     chained = [c for shape, counts in policy.told if shape.model_length for c in counts]
     assert chained and sum(c >= 3 for c in chained) >= len(chained) - 2 * len(rows)
-    assert batch.catch_ups >= 4  # both states, at least twice each
+    assert batch.stepping.catch_ups >= 4  # both states, at least twice each
 
 
 def test_after_the_catch_up_both_states_equal_a_fresh_prefill():
@@ -309,7 +314,7 @@ def test_after_the_catch_up_both_states_equal_a_fresh_prefill():
     states equal to a fresh prefill of the committed text; before it, both differ."""
     model, drafter, pair = a_pair(itself=False)
     cycle = [WD, AR, W, K, AR, W]
-    batch = BatchGenerator(model, drafter, Scripted(cycle), max_batch=1, draft_model=pair)
+    batch = BatchGenerator(model, held_sources(drafter, pair), Scripted(cycle), max_batch=1)
     batch.reset()
     session = Session(model, 1)
     batch.insert(Prefill(PROMPTS[:1], SamplerConfig(), 0, session, rows=rows_of(PROMPTS[:1], 200)))
@@ -325,8 +330,8 @@ def test_after_the_catch_up_both_states_equal_a_fresh_prefill():
     }
     for sid, want in fresh.items():
         assert not mx.allclose(source_cache(batch, sid, 0)[:, :n], want[:, :n], atol=1e-4)
-        assert batch.behind[state_slot(batch, sid)] > WD.longest
-    batch.catch_up(WD, slots)
+        assert batch.batch_state.behind[state_slot(batch, sid)] > WD.longest
+    batch.stepping.catch_up(WD, slots)
     for sid, want in fresh.items():
         assert mx.allclose(source_cache(batch, sid, 0)[:, :n], want[:, :n], atol=1e-4), sid
 
@@ -354,7 +359,7 @@ def test_the_server_takes_the_pair():
     model, drafter, pair = a_pair(itself=False)
     prompts = [[1, 5, 9, 3, 5, 9], [2, 7, 7, 4], [3, 3, 8, 1, 2, 3, 8, 1, 2], [4, 4]]
     sched = Scheduler(model, drafter, WD, (), max_batch=2, adapt=True, draft_model=pair)
-    assert ids(sched.batch.held) == [EARLY_EXIT, DRAFT_MODEL]
+    assert ids(sched.batch.sources) == [EARLY_EXIT, DRAFT_MODEL]
     sinks = staggered(sched, prompts, [16 + 4 * i for i in range(len(prompts))])
     for i, (prompt, sink) in enumerate(zip(prompts, sinks)):
         assert sink.tokens == plain(model, [prompt], 16 + 4 * i)[0], i
@@ -411,15 +416,17 @@ def test_the_memory_check_counts_both(rows):
     pair = (other, adapter)
     shape = BeamShape.parse("W1xL4+K1xL4+D1xL4")
     held = held_cache(model, drafter, shape, rows, pair)
-    estimate = check_step_memory(model, drafter, shape, rows, TOKENS, draft_model=pair)
+    estimate = check_step_memory(model, held_sources(drafter, pair), shape, rows, TOKENS)
     assert held <= estimate.cache <= 1.01 * held, (held, estimate.cache)
-    alone = check_step_memory(model, drafter, shape.runnable(True, False), rows, TOKENS)
-    with_adapter = check_step_memory(model, drafter, shape, rows, TOKENS, draft_model=adapter)
-    with_model = check_step_memory(model, drafter, shape, rows, TOKENS, draft_model=other)
+    alone = check_step_memory(
+        model, held_sources(drafter), shape.runnable(True, False), rows, TOKENS
+    )
+    with_adapter = check_step_memory(model, held_sources(drafter, adapter), shape, rows, TOKENS)
+    with_model = check_step_memory(model, held_sources(drafter, other), shape, rows, TOKENS)
     added = (with_adapter.weights - alone.weights) + (with_model.weights - alone.weights)
     assert estimate.weights - alone.weights == added > with_adapter.weights - alone.weights > 0
     assert estimate.cache > max(with_adapter.cache, with_model.cache)
-    itself = check_step_memory(model, drafter, shape, rows, TOKENS, draft_model=(model, adapter))
+    itself = check_step_memory(model, held_sources(drafter, (model, adapter)), shape, rows, TOKENS)
     assert itself.weights == with_adapter.weights
 
 
@@ -452,14 +459,15 @@ def test_the_profile_prices_and_prefills_both():
     model, adapter = random_pair(3)
     drafter, other = tiny_drafter(model, 12), other_draft()
     pair = (other, adapter)
-    got = weight_bytes(model, drafter, None, draft_model=pair)
-    as_adapter = weight_bytes(model, drafter, None, draft_model=adapter)
-    as_model = weight_bytes(model, drafter, None, draft_model=other)
+    got = weight_bytes(model, held_sources(drafter, pair), None)
+    as_adapter = weight_bytes(model, held_sources(drafter, adapter), None)
+    as_model = weight_bytes(model, held_sources(drafter, other), None)
     assert (got.chain_once, got.chain_step) == (as_adapter.chain_once, as_adapter.chain_step)
     assert got.draft_model == as_model.draft_model > 0
     shape = BeamShape.parse("W1xL3+D1xL4")
-    data = profile_steps(model, drafter, [shape], [1, 2, 3, 1, 2], repeats=1, loop_tokens=6,
-                         loop_rounds=1, draft_model=pair)  # fmt: skip
+    sources = held_sources(drafter, pair)
+    data = profile_steps(model, sources, [shape], [1, 2, 3, 1, 2], repeats=1, loop_tokens=6,
+                         loop_rounds=1)  # fmt: skip
     ar, row = data["rows"]
     assert row["step_kernels"] > ar["step_kernels"] > 0
     assert (row["chain_steps"], row["chain_refreshes"], row["draft_model_forwards"]) == (3, 1, 3)

@@ -110,7 +110,7 @@ def test_an_adapter_in_both_slots_is_one_clear_error():
     shape = BeamShape.parse("W1xL3+D1xL3")
     for call in (
         lambda: step_sources(shape, adapter, adapter),
-        lambda: BatchGenerator(model, adapter, Scripted([AR]), draft_model=adapter),
+        lambda: BatchGenerator(model, held_sources(adapter, adapter), Scripted([AR])),
         lambda: run_decode(model, adapter, PROMPTS[:1], max_tokens=4, shape=shape,
                            draft_model=adapter),
     ):  # fmt: skip
@@ -189,7 +189,7 @@ def test_the_adapter_cache_holds_the_committed_text_whichever_source_won():
     own = [prefill_ee(model, adapter, [REPEATING], slots)]
     state = greedy_prefilled(model, REPEATING, slots, own)
     step = uniform_step(
-        model, drafter, shape, SamplerConfig(), 1, compiled=False, draft_model=adapter
+        model, held_sources(drafter, adapter), shape, SamplerConfig(), 1, compiled=False
     )
     chain = step_sources(shape, drafter, adapter)[-1]
     assert chain.refresh == 6
@@ -212,14 +212,14 @@ def test_the_adapter_in_the_draft_slot_switched_off_and_on(batched):
     model, adapter = random_pair(3)
     drafter = tiny_drafter(model, 12)
     cycle = [WD, AR, W, D, AR, AR, AR, K, WD, *[AR] * 9, D, W, WD]
-    batch = BatchGenerator(model, drafter, Scripted(cycle), max_batch=4, draft_model=adapter)
-    assert [s.source_id for s in batch.stateful] == [EARLY_EXIT]
+    batch = BatchGenerator(model, held_sources(drafter, adapter), Scripted(cycle), max_batch=4)
+    assert [s.source_id for s in batch.batch_state.stateful] == [EARLY_EXIT]
     waves = [(PROMPTS[:1], 40)]
     if batched:
         waves += [(PROMPTS[1:2], 30), (PROMPTS[2:], 30)]
     _, got = drive(batch, waves, steps_between=4)
     assert_rows_plain(model, got, waves)
-    assert batch.catch_ups >= 2
+    assert batch.stepping.catch_ups >= 2
 
 
 def test_after_the_catch_up_the_adapter_cache_equals_a_fresh_prefill():
@@ -229,7 +229,7 @@ def test_after_the_catch_up_the_adapter_cache_equals_a_fresh_prefill():
     model, adapter = random_pair(3)
     drafter = tiny_drafter(model, 12)
     cycle = [WD, AR, W, K, AR, W]
-    batch = BatchGenerator(model, drafter, Scripted(cycle), max_batch=1, draft_model=adapter)
+    batch = BatchGenerator(model, held_sources(drafter, adapter), Scripted(cycle), max_batch=1)
     batch.reset()
     session = Session(model, 1)
     batch.insert(Prefill(PROMPTS[:1], SamplerConfig(), 0, session, rows=rows_of(PROMPTS[:1], 200)))
@@ -241,8 +241,8 @@ def test_after_the_catch_up_the_adapter_cache_equals_a_fresh_prefill():
     slots = cache_slots(batch.state.cache)
     fresh = prefill_ee(model, adapter, [text], slots)[0][0][0]
     assert not mx.allclose(source_cache(batch, EARLY_EXIT, 0)[:, :n], fresh[:, :n], atol=1e-4)
-    assert batch.behind[state_slot(batch, EARLY_EXIT)] > WD.longest
-    batch.catch_up(WD, slots)
+    assert batch.batch_state.behind[state_slot(batch, EARLY_EXIT)] > WD.longest
+    batch.stepping.catch_up(WD, slots)
     assert mx.allclose(source_cache(batch, EARLY_EXIT, 0)[:, :n], fresh[:, :n], atol=1e-4)
 
 
@@ -282,7 +282,7 @@ def test_server_rows_with_the_adapter_slot_equal_solo_plain_decoding(transparent
     shape = BeamShape.parse("W1xL3+D1xL4" if transparent else "W1xL3+K1xL5+D1xL3")
     sched = Scheduler(model, drafter, shape, (), max_batch=2, adapt=not transparent,
                       draft_model=adapter)  # fmt: skip
-    assert [s.source_id for s in sched.batch.stateful] == [EARLY_EXIT]
+    assert [s.source_id for s in sched.batch.batch_state.stateful] == [EARLY_EXIT]
     sinks = staggered(sched, prompts, [16 + 4 * i for i in range(len(prompts))])
     for i, (prompt, sink) in enumerate(zip(prompts, sinks)):
         want, _ = run_decode(model, None, [prompt], max_tokens=16 + 4 * i, shape=AR)
@@ -332,11 +332,15 @@ def test_the_memory_check_counts_the_adapter_in_the_draft_slot(rows):
     drafter = tiny_drafter(model, 12)
     shape = BeamShape.parse("W1xL4+K1xL4+D1xL4")
     held = held_cache(model, drafter, shape, rows, adapter)
-    estimate = check_step_memory(model, drafter, shape, rows, TOKENS, draft_model=adapter)
+    estimate = check_step_memory(model, held_sources(drafter, adapter), shape, rows, TOKENS)
     assert held <= estimate.cache <= 1.01 * held, (held, estimate.cache)
-    alone = check_step_memory(model, drafter, shape.runnable(True, False), rows, TOKENS)
-    as_drafter = check_step_memory(model, adapter, BeamShape.parse("W1xL4"), rows, TOKENS)
-    plain_est = check_step_memory(model, None, AR, rows, TOKENS)
+    alone = check_step_memory(
+        model, held_sources(drafter), shape.runnable(True, False), rows, TOKENS
+    )
+    as_drafter = check_step_memory(
+        model, held_sources(adapter), BeamShape.parse("W1xL4"), rows, TOKENS
+    )
+    plain_est = check_step_memory(model, held_sources(), AR, rows, TOKENS)
     assert estimate.weights - alone.weights == as_drafter.weights - plain_est.weights > 0
     assert estimate.cache > alone.cache
     in_slot = EarlyExitSource(adapter, part="chain").memory(model, shape, rows, 64)
@@ -350,16 +354,19 @@ def test_the_profile_prices_the_adapter_slot_as_the_early_exit_drafter():
     layers and the adapter, the head for each draft, and a refresh beside other sources)."""
     model, adapter = random_pair(3)
     drafter = tiny_drafter(model, 12)
-    as_drafter = weight_bytes(model, adapter, None)
-    got = weight_bytes(model, drafter, None, draft_model=adapter)
+    as_drafter = weight_bytes(model, held_sources(adapter), None)
+    got = weight_bytes(model, held_sources(drafter, adapter), None)
     assert (got.chain_once, got.chain_step) == (as_drafter.drafter_once, as_drafter.drafter_step)
-    assert replace(got, chain_once=0, chain_step=0) == weight_bytes(model, drafter, None)
+    assert replace(got, chain_once=0, chain_step=0) == weight_bytes(
+        model, held_sources(drafter), None
+    )
     # D1×L4: its first forward, three draft steps and a refresh
     expected = got.per_step(3) + 2 * got.chain_once + 3 * got.chain_step
     assert got.per_step(3, chain_steps=3, chain_refreshes=1) == expected
     shape = BeamShape.parse("W1xL3+D1xL4")
-    data = profile_steps(model, drafter, [shape], [1, 2, 3, 1, 2], repeats=1, loop_tokens=6,
-                         loop_rounds=1, draft_model=adapter)  # fmt: skip
+    sources = held_sources(drafter, adapter)
+    data = profile_steps(model, sources, [shape], [1, 2, 3, 1, 2], repeats=1, loop_tokens=6,
+                         loop_rounds=1)  # fmt: skip
     ar, row = data["rows"]
     assert row["step_kernels"] > ar["step_kernels"] > 0
     assert (row["chain_steps"], row["chain_refreshes"]) == (3, 1)

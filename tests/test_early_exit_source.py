@@ -19,6 +19,7 @@ from redrafter_mlx.engine.drafting.early_exit import (
     save_adapter,
 )
 from redrafter_mlx.engine.drafting.early_exit_chain import prefill as prefill_ee
+from redrafter_mlx.engine.drafting.held import held_sources
 from redrafter_mlx.engine.drafting.sources import (
     DRAFT_MODEL,
     EARLY_EXIT,
@@ -151,7 +152,7 @@ def test_adapter_cache_holds_the_committed_text_after_the_refresh(label):
     slots = 64
     own = [prefill_ee(model, adapter, [REPEATING], slots)]
     state = greedy_prefilled(model, REPEATING, slots, own)
-    step = uniform_step(model, adapter, shape, SamplerConfig(), 1, compiled=False)
+    step = uniform_step(model, held_sources(adapter), shape, SamplerConfig(), 1, compiled=False)
     source = step_sources(shape, adapter)[0]
     check = (source, 0, lambda text: prefill_ee(model, adapter, text, slots))
     won = states_follow_the_text(model, step, state, slots, 6, [check])
@@ -268,7 +269,7 @@ def test_both_caches_hold_the_committed_text_whichever_source_won(itself):
     own = [prefill_ee(model, adapter, [REPEATING], slots), prefill_draft(draft, [REPEATING], slots)]
     state = greedy_prefilled(model, REPEATING, slots, own)
     step = uniform_step(
-        model, adapter, shape, SamplerConfig(), 1, compiled=False, draft_model=draft
+        model, held_sources(adapter, draft), shape, SamplerConfig(), 1, compiled=False
     )
     sources = step_sources(shape, adapter, draft)
     assert [s.source_id for s in sources if s.stateful] == [EARLY_EXIT, DRAFT_MODEL]

@@ -13,6 +13,7 @@ from redrafter_mlx.engine.core.shape import BeamShape
 from redrafter_mlx.engine.decoding.cache import Session
 from redrafter_mlx.engine.decoding.decode import DecodeState, prefill_chunk
 from redrafter_mlx.engine.decoding.step import batch_step, uniform_step
+from redrafter_mlx.engine.drafting.held import held_sources
 from redrafter_mlx.engine.loop.generation import generate_steps
 from redrafter_mlx.engine.loop.loading import LoadError
 from tests.helpers import (
@@ -31,7 +32,7 @@ def test_step_compiles_and_never_retraces_per_step():
     events = generate_steps(model, drafter, [[1, 2, 3]], max_tokens=120, shape=BeamShape(3, 4))
     for _ in events:
         pass
-    step = batch_step(model, drafter, BeamShape(3, 4), StepMode())
+    step = batch_step(model, held_sources(drafter), BeamShape(3, 4), StepMode())
     # One trace per attention-window bucket (256 slots), never one per step.
     assert 1 <= step.counter["traces"] <= 2
 
@@ -47,7 +48,7 @@ def test_step_is_a_pure_graph_under_compile():
     )
     state = DecodeState(mx.array([5, 6]), h, lengths, cache)
     sampler = SamplerConfig(temperature=0.8, top_p=0.9)
-    step = uniform_step(model, drafter, BeamShape(2, 3, 5), sampler, 2)
+    step = uniform_step(model, held_sources(drafter), BeamShape(2, 3, 5), sampler, 2)
     before = step.step.counter["traces"]  # the step is kept on the model: maybe traced before
     for _ in range(3):
         state, out = step(state, 256)

@@ -24,6 +24,7 @@ from redrafter_mlx.engine.decoding.cache import Session, bucket, ensure_slots, p
 from redrafter_mlx.engine.decoding.decode import DecodeState, first_draw
 from redrafter_mlx.engine.decoding.step import uniform_step
 from redrafter_mlx.engine.drafting.drafter import Drafter, DrafterArgs
+from redrafter_mlx.engine.drafting.held import held_sources
 from redrafter_mlx.engine.loop.loading import LoadError, load, load_drafter
 from redrafter_mlx.train.targets import cache_key
 from redrafter_mlx.train.training import resolve_feature_layers
@@ -100,7 +101,7 @@ def test_the_step_keeps_the_accepted_tokens_features_of_a_plain_forward():
     state = DecodeState(first, hidden, session.lengths, session.cache)
     # drafter beams and a context lookup chain (accepted on this repetitive model's text)
     shape = BeamShape(2, 4, None, 1, 5)
-    step = uniform_step(model, drafter, shape, sampler, len(prompts), compiled=False)
+    step = uniform_step(model, held_sources(drafter), shape, sampler, len(prompts), compiled=False)
     texts = [list(p) for p in prompts]
     pending = [int(t) for t in np.array(first)]
     checked = 0
@@ -251,7 +252,7 @@ def test_a_step_refuses_a_model_capturing_other_layers():
     drafter = tiny_drafter(model, 2, feature_layers=[1])
     model.capture_features([2])
     with pytest.raises(ValueError, match="captures"):
-        uniform_step(model, drafter, BeamShape(1, 3), SamplerConfig(), 1)
+        uniform_step(model, held_sources(drafter), BeamShape(1, 3), SamplerConfig(), 1)
 
 
 def test_feature_layer_specs():

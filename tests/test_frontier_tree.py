@@ -22,6 +22,7 @@ from redrafter_mlx.engine.decoding.decode import (
     verify_phase,
 )
 from redrafter_mlx.engine.drafting.drafter import beam_search
+from redrafter_mlx.engine.drafting.held import held_sources
 from redrafter_mlx.engine.drafting.lookup import ABSENT
 from redrafter_mlx.engine.verifier.entries import cache_slots
 from tests.helpers import OracleDrafter, near_bigram_model, tiny_drafter, tiny_model
@@ -53,7 +54,7 @@ def test_the_tree_holds_every_node_the_search_kept(W, L):
     model = tiny_model(4, vocab=64)
     drafter = tiny_drafter(model, 5)
     state = _state(model, [[1, 5, 9, 2], [1, 7, 7, 3], [1, 2, 3, 4]])
-    cand = shape_candidates(model, state, BeamShape(W, L), drafter)
+    cand = shape_candidates(model, state, BeamShape(W, L), held_sources(drafter))
     # the search's own nodes, depth by depth (brute force over its frontiers)
     frontiers = []
     final, _, _ = beam_search(drafter, model.embed, state.hidden, state.init_token, W, L, frontiers)
@@ -97,7 +98,7 @@ def test_the_tree_accepts_at_least_what_the_final_beams_accept():
         model = near_bigram_model(seed, attn_scale=0.005, vocab=32)
         drafter = OracleDrafter(model, noise=1.0, seed=seed)
         state = _state(model, [[1, *rng.integers(0, 32, 6).tolist()] for _ in range(4)])
-        cand = shape_candidates(model, state, BeamShape(W, L), drafter)
+        cand = shape_candidates(model, state, BeamShape(W, L), held_sources(drafter))
         everything = _accepted(model, state, cand.beams, cand.present, C)
         final = _accepted(model, state, cand.beams[:, :W], None, C)
         assert (everything >= final).all(), seed
@@ -111,7 +112,7 @@ def test_a_smaller_capacity_keeps_the_final_beams_first():
     drafter = tiny_drafter(model, 7)
     state = _state(model, [[1, 4, 4, 8], [1, 9, 2, 2]])
     W, L, C = 4, 5, 8
-    cand = shape_candidates(model, state, BeamShape(W, L), drafter)
+    cand = shape_candidates(model, state, BeamShape(W, L), held_sources(drafter))
     tree = pack(cand.beams, C, cand.present)
     alone = pack(cand.beams[:, :W], C)
     on_final = np.array(tree.unpacker)[:, :W]

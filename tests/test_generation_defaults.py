@@ -8,6 +8,7 @@ from redrafter_mlx.cli.common import BeamFlags, plan_from_flags, resolve_paths
 from redrafter_mlx.engine.base.bundled import demo_paths
 from redrafter_mlx.engine.core.sampling import SamplerConfig
 from redrafter_mlx.engine.core.shape import AR
+from redrafter_mlx.engine.drafting.held import held_sources, sources_key
 from redrafter_mlx.engine.loop.plan import PlanArgs, default_plan
 from redrafter_mlx.engine.loop.plan import resolve_plan as engine_plan
 
@@ -21,7 +22,8 @@ def test_stream_generate_with_no_shape_runs_what_chat_runs():
     prompt = tok.encode("def is_even(n):")
     text = "".join(r.text for r in redrafter_mlx.stream_generate(model, drafter, tok, prompt))
     # adaptive over the candidates of chat's shape (the learnt settings are keyed by it)
-    assert (id(drafter), chat.shape, SamplerConfig()) in model._adaptive
+    key = sources_key(held_sources(drafter))  # the run's sources: the drafter, the lookup
+    assert (key, chat.shape, SamplerConfig()) in model._adaptive
     plain = redrafter_mlx.generate(model, None, tok, prompt, shape=AR, adapt=False)
     assert text == plain
 
@@ -66,11 +68,13 @@ def test_the_default_loop_reads_only_steps_already_followed_by_a_queued_one(monk
     model = tiny_model(0)
     drafter = tiny_drafter(model, 1)
     shape = default_plan(drafter).shape
-    assert SoloChoice(model, drafter, shape, SamplerConfig(), True).each_step  # the default
+    assert SoloChoice(
+        model, held_sources(drafter), shape, SamplerConfig(), True
+    ).each_step  # the default
     queued_then_read, real = [], batch_module.BatchGenerator.read
 
     def read(self, step):
-        queued_then_read.append(self.inflight)  # steps queued and not yet read
+        queued_then_read.append(self.stepping.inflight)  # steps queued and not yet read
         return real(self, step)
 
     monkeypatch.setattr(batch_module.BatchGenerator, "read", read)

@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from redrafter_mlx.engine.base.bundled import demo_paths
+from redrafter_mlx.engine.drafting.held import held_sources
 from redrafter_mlx.engine.loop.loading import LoadError, load_drafter
 
 FIXTURES = Path(__file__).parent / "fixtures" / "convert"
@@ -219,7 +220,7 @@ def _step_peak(model, drafter, shape, batch, sampler, prompt=40):
     state = DecodeState(init, hidden, session.lengths, session.cache, history)
     state = ensure_slots(state, window)
     session.cache = None
-    step = uniform_step(model, drafter, shape, sampler, batch)
+    step = uniform_step(model, held_sources(drafter), shape, sampler, batch)
     return step_added_peak(step, state, window), window
 
 
@@ -291,7 +292,7 @@ def test_a_huge_shape_is_refused_with_the_figures_and_what_fits():
     drafter = tiny_drafter(model)
     budget = (2 * GIB, "the test's budget")
     with pytest.raises(ShapeTooLarge) as e:
-        check_step_memory(model, drafter, BeamShape(4096, 50), available=budget)
+        check_step_memory(model, held_sources(drafter), BeamShape(4096, 50), available=budget)
     message = str(e.value)
     assert e.value.param == "width" and "\n" not in message
     assert "W4096×L50 needs about" in message and "GiB" in message
@@ -299,9 +300,11 @@ def test_a_huge_shape_is_refused_with_the_figures_and_what_fits():
     fits = message.rsplit("the largest that fits is ", 1)[1]
     best = BeamShape.parse(fits)
     assert best.length == 50 and 1 <= best.width < 4096
-    check_step_memory(model, drafter, best, available=budget)  # it does fit
+    check_step_memory(model, held_sources(drafter), best, available=budget)  # it does fit
     with pytest.raises(ShapeTooLarge):
-        check_step_memory(model, drafter, BeamShape(best.width + 1, 50), available=budget)
+        check_step_memory(
+            model, held_sources(drafter), BeamShape(best.width + 1, 50), available=budget
+        )
 
 
 def test_lookup_alone_too_large_names_the_chains():
@@ -311,7 +314,9 @@ def test_lookup_alone_too_large_names_the_chains():
 
     model = tiny_model(vocab=4096, hidden=64, layers=2, heads=4, kv_heads=2)
     with pytest.raises(ShapeTooLarge) as e:
-        check_step_memory(model, None, BeamShape.lookup_only(50000, 50), available=(GIB, "x"))
+        check_step_memory(
+            model, held_sources(), BeamShape.lookup_only(50000, 50), available=(GIB, "x")
+        )
     assert e.value.param == "lookup" and "the largest that fits is K" in str(e.value)
 
 

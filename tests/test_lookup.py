@@ -11,6 +11,7 @@ from redrafter_mlx.engine.core.shape import AR, BeamShape
 from redrafter_mlx.engine.core.tree import pack
 from redrafter_mlx.engine.decoding.cache import Session
 from redrafter_mlx.engine.decoding.step import batch_step
+from redrafter_mlx.engine.drafting.held import held_sources
 from redrafter_mlx.engine.drafting.lookup import ABSENT, lookup_chains
 from redrafter_mlx.engine.loop.adaptive import Adaptive
 from redrafter_mlx.engine.loop.generation import generate_steps
@@ -223,7 +224,7 @@ def test_lookup_step_compiles_once():
         model, None, [[1, 2, 3, 1, 2]], max_tokens=100, shape=shape, adapt=False
     ):
         pass
-    step = batch_step(model, None, shape, StepMode())
+    step = batch_step(model, held_sources(), shape, StepMode())
     assert 1 <= step.counter["traces"] <= 2  # one per attention-window bucket
 
 

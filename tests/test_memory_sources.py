@@ -40,11 +40,10 @@ TOKENS = 300  # prompt and answer
 def held_cache(model, drafter, shape, rows, draft_model=None) -> int:
     """Bytes of the caches the loop holds for ``rows`` rows at the window of ``TOKENS``
     tokens: the target's K/V, the token history and every draft source's state."""
-    batch = BatchGenerator(
-        model, drafter, FixedShape(shape), max_batch=rows, draft_model=draft_model
-    )
+    sources = held_sources(drafter, draft_model)
+    batch = BatchGenerator(model, sources, FixedShape(shape), max_batch=rows)
     batch.reset()
-    batch.resize(rows)
+    batch.batch_state.resize(rows)
     state = ensure_slots(batch.state, decode_window(TOKENS, model.max_context, shape))
     arrays = [*(a for entry in state.cache for a in entry), state.history]
     arrays += [a for source in state.sources for part in source for a in part]
@@ -72,7 +71,7 @@ def test_the_estimate_counts_every_cache_the_loop_holds(source, rows):
         draft = model if source == "self-draft" else tiny_model(4, vocab=48, layers=2, hidden=16)
         shape = BeamShape.parse("K1xL4+D1xL4")
     held = held_cache(model, drafter, shape, rows, draft)
-    estimate = check_step_memory(model, drafter, shape, rows, TOKENS, draft_model=draft)
+    estimate = check_step_memory(model, held_sources(drafter, draft), shape, rows, TOKENS)
     assert held <= estimate.cache <= 1.01 * held, (held, estimate.cache)
 
 
@@ -82,10 +81,10 @@ def test_an_early_exit_shape_that_fits_alone_is_refused_for_its_adapter_cache():
     model = tiny_model(3, vocab=48, layers=2)
     adapter = adapter_for(model, 4)  # an adapter cache twice the target's
     shape = BeamShape.parse("W1xL4")
-    without = check_step_memory(model, None, BeamShape.lookup_only(1, 4), 8, TOKENS)
+    without = check_step_memory(model, held_sources(), BeamShape.lookup_only(1, 4), 8, TOKENS)
     budget = (without.total + held_cache(model, None, AR, 8) // 2, "the test's budget")
     with pytest.raises(ShapeTooLarge, match="for 8 rows"):
-        check_step_memory(model, adapter, shape, 8, TOKENS, available=budget)
+        check_step_memory(model, held_sources(adapter), shape, 8, TOKENS, available=budget)
 
 
 def test_branches_are_counted_as_the_rows_they_can_grow_to(monkeypatch):
@@ -95,8 +94,8 @@ def test_branches_are_counted_as_the_rows_they_can_grow_to(monkeypatch):
     model = tiny_model(3, vocab=48, layers=2)
     rules = BranchRules(46, 47, max_branches=8)
     prompt, n = [1, 2, 3], 40
-    one = check_step_memory(model, None, AR, 1, len(prompt) + n)
-    eight = check_step_memory(model, None, AR, 8, len(prompt) + n)
+    one = check_step_memory(model, held_sources(), AR, 1, len(prompt) + n)
+    eight = check_step_memory(model, held_sources(), AR, 8, len(prompt) + n)
     assert eight.total > one.total
     limit = (one.total + eight.total) // 2
     monkeypatch.setattr(memory, "available_memory", lambda: (limit, "the test's budget"))
@@ -124,7 +123,7 @@ def step_peak(model, drafter, shape, batch, sampler, draft_model=None, prompt=40
     state = DecodeState(init, hidden, session.lengths, session.cache, history, sources)
     state = ensure_slots(state, window)
     session.cache = None
-    step = uniform_step(model, drafter, shape, sampler, batch, draft_model=draft_model)
+    step = uniform_step(model, held_sources(drafter, draft_model), shape, sampler, batch)
     return step_added_peak(step, state, window), window
 
 

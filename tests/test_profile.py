@@ -3,6 +3,7 @@
 import mlx.core as mx
 import pytest
 
+from redrafter_mlx.engine.drafting.held import held_sources
 from redrafter_mlx.measure.profile import (
     PHASES,
     MacCost,
@@ -28,7 +29,13 @@ def test_profile_rows_per_phase_with_ar_beside():
     model = tiny_model(0)
     drafter = tiny_drafter(model, 1)
     data = profile_steps(
-        model, drafter, [(1, 3, 3), (2, 3, 5)], [1, 2, 3], repeats=2, loop_tokens=6, loop_rounds=1
+        model,
+        held_sources(drafter),
+        [(1, 3, 3), (2, 3, 5)],
+        [1, 2, 3],
+        repeats=2,
+        loop_tokens=6,
+        loop_rounds=1,
     )
     ar, w1, w2 = data["rows"]
     assert ar["config"] == "AR" and ar["step_kernels"] > 0 and "verify_ms" not in ar
@@ -50,14 +57,16 @@ def test_weight_bytes_reads_the_output_head_once_and_skips_the_gathered_table():
     read = 2 * PER_LAYER + 32 + 64 * 32  # layers, final norm, the output head (vocab 64)
     for tied in (False, True):  # untied: lm_head read, embed_tokens only gathered
         model = tiny_model(0, vocab=64, tie_word_embeddings=tied)
-        assert weight_bytes(model, None, None).model == 4 * read  # float32 as loaded
-        assert weight_bytes(model, None, "float16").model == 2 * read
+        assert weight_bytes(model, held_sources(), None).model == 4 * read  # float32 as loaded
+        assert weight_bytes(model, held_sources(), "float16").model == 2 * read
     drafter = tiny_drafter(model, 1)  # exit_dim 2H: no input_proj
     step = 2 * (64 * 64 + 64) + 64 * 64 + (32 * 32 + 32) + 32 * 32  # blocks, head, rnn_u, rnn_w
-    got = weight_bytes(model, drafter, "bfloat16")
+    got = weight_bytes(model, held_sources(drafter), "bfloat16")
     assert (got.drafter_once, got.drafter_step) == (0, 2 * step)
     assert got.per_step(0) == got.model and got.per_step(3) == got.model + 3 * 2 * step
-    featured = weight_bytes(model, tiny_drafter(model, 1, feature_layers=[0, 1]), None)
+    featured = weight_bytes(
+        model, held_sources(tiny_drafter(model, 1, feature_layers=[0, 1])), None
+    )
     assert featured.drafter_once == 4 * (64 * 32 + 32)  # feature_proj: once per step
     assert featured.per_step(2) == featured.model + featured.drafter_once + 2 * 4 * step
     with pytest.raises(ValueError, match="--bandwidth-gbs must be > 0"):
@@ -99,7 +108,9 @@ def test_profile_times_the_products_own_step(monkeypatch):
     model = tiny_model(0)
     drafter = tiny_drafter(model, 1)
     shape = BeamShape(1, 3, 3)
-    profile.profile_steps(model, drafter, [shape], [1, 2, 3], repeats=1, loop_rounds=1)
+    profile.profile_steps(
+        model, held_sources(drafter), [shape], [1, 2, 3], repeats=1, loop_rounds=1
+    )
     steps = model.__dict__.get("_batch_steps", {})
     timed = {key[1]: run.counter["traces"] for key, run in steps.items() if key[2] == StepMode()}
     assert timed.keys() == {None, shape} and all(timed.values()), steps.keys()

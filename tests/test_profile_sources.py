@@ -8,6 +8,7 @@ import pytest
 
 from redrafter_mlx.engine.core.shape import BeamShape
 from redrafter_mlx.engine.drafting.early_exit import EarlyExitAdapter, EarlyExitArgs
+from redrafter_mlx.engine.drafting.held import held_sources
 from redrafter_mlx.measure.profile import MacCost, launch_bound, profile_steps, weight_bytes
 from tests.helpers import tiny_model
 
@@ -20,7 +21,7 @@ ADAPTER = H * H * 2 + H * 16 * 2 + H + H  # one attention layer, its norm, the f
 def test_an_early_exit_chain_reads_the_first_layers_the_adapter_and_the_head(tied):
     model = tiny_model(0, vocab=V, layers=3, tie_word_embeddings=tied)
     adapter = EarlyExitAdapter(EarlyExitArgs.for_target(model.args, 2))
-    got = weight_bytes(model, adapter, None)  # float32 as loaded
+    got = weight_bytes(model, held_sources(adapter), None)  # float32 as loaded
     once = 4 * (2 * LAYER + ADAPTER)  # a forward of layers [:2] and the adapter
     assert got.model == 4 * (3 * LAYER + H + V * H)
     assert (got.drafter_once, got.drafter_step) == (once, once + 4 * V * H)
@@ -46,8 +47,8 @@ def test_profile_runs_for_each_source(label):
     else:
         drafter = EarlyExitAdapter(EarlyExitArgs.for_target(model.args, 1))
     data = profile_steps(
-        model, drafter, [shape], [1, 2, 3, 1, 2], repeats=1, loop_tokens=6, loop_rounds=1,
-        draft_model=draft,
+        model, held_sources(drafter, draft), [shape], [1, 2, 3, 1, 2], repeats=1, loop_tokens=6,
+        loop_rounds=1,
     )  # fmt: skip
     ar, row = data["rows"]
     assert row["step_kernels"] > ar["step_kernels"] > 0 and row["loop_ms"] > 0

@@ -76,9 +76,12 @@ def test_both_clients_drop_a_drafter_their_shape_does_not_draft_with():
     model = tiny_model(0)
     drafter = tiny_drafter(model)
     lookup_only = BeamShape(0, 0, lookup=1, lookup_length=4)
-    assert Run.of(model, drafter, None, lookup_only).drafter is None
+    parts = [s.part for s in Run.of(model, drafter, None, lookup_only).sources]
+    assert parts == ["lookup"]  # the drafter's beams dropped
     sched = Scheduler(model, drafter, lookup_only)
-    assert sched.drafter is None and sched.batch.drafter is None
+    assert [s.part for s in sched.batch.sources] == ["lookup"]
+    drafting = Run.of(model, drafter, None, BeamShape(2, 4, lookup=1, lookup_length=4))
+    assert [s.part for s in drafting.sources] == ["beams", "lookup"]  # kept where it drafts
     with pytest.raises(ValueError, match="a drafter needs a beam shape"):
         Run.of(model, drafter, None, None)
 

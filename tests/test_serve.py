@@ -238,13 +238,13 @@ def test_malformed_requests_get_400(live, path, body, param):
 
 
 def test_engine_failure_is_a_500_and_the_server_keeps_serving(live, references, monkeypatch):
-    original = live.scheduler.batch.queue
+    original = live.scheduler.batch.stepping.queue
 
-    def boom():
-        monkeypatch.setattr(live.scheduler.batch, "queue", original)
+    def boom(grants):
+        monkeypatch.setattr(live.scheduler.batch.stepping, "queue", original)
         raise RuntimeError("injected engine fault")
 
-    monkeypatch.setattr(live.scheduler.batch, "queue", boom)
+    monkeypatch.setattr(live.scheduler.batch.stepping, "queue", boom)
     with pytest.raises(openai.InternalServerError, match="injected engine fault"):
         ask(live.client, *CASES[0])
     assert ask(live.client, *CASES[0])[0] == references[CASES[0]][0]

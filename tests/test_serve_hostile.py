@@ -345,15 +345,15 @@ def test_an_oversized_upload_that_stalls_is_answered_before_the_read_timeout(ser
 def test_a_batch_fault_answers_all_20_and_the_server_goes_on(server, alone, monkeypatch):
     """A fault in the batched step itself fails the requests in flight: each gets an error
     (a 500 or an error event), none hangs, and the next requests are exact again."""
-    original, hits = server.scheduler.batch.queue, []
+    original, hits = server.scheduler.batch.stepping.queue, []
 
-    def boom():
+    def boom(grants):
         if server.scheduler.active_rows >= 4 and not hits:
             hits.append(1)
             raise RuntimeError("injected step fault")
-        return original()
+        return original(grants)
 
-    monkeypatch.setattr(server.scheduler.batch, "queue", boom)
+    monkeypatch.setattr(server.scheduler.batch.stepping, "queue", boom)
 
     async def tolerant(client, url, body):
         try:
@@ -370,7 +370,7 @@ def test_a_batch_fault_answers_all_20_and_the_server_goes_on(server, alone, monk
     failed = [r for r in results if r[0] != 200]
     assert hits and failed and all("injected step fault" in r[1] for r in failed)
     assert all(r == a for r, a in zip(results, alone) if r[0] == 200)
-    monkeypatch.setattr(server.scheduler.batch, "queue", original)
+    monkeypatch.setattr(server.scheduler.batch.stepping, "queue", original)
     assert run_together(server.url, disconnect_mid_stream)[0] == alone
 
 

@@ -167,13 +167,13 @@ def test_queue_full_and_engine_failure(pair, prompts, monkeypatch):
     with pytest.raises(QueueFull):
         sched.submit(Request(prompts[2], 5, Collector()))
 
-    original = sched.batch.queue
+    original = sched.batch.stepping.queue
 
-    def boom():
-        monkeypatch.setattr(sched.batch, "queue", original)
+    def boom(grants):
+        monkeypatch.setattr(sched.batch.stepping, "queue", original)
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(sched.batch, "queue", boom)
+    monkeypatch.setattr(sched.batch.stepping, "queue", boom)
     drain(sched)
     assert failed.last.error and "injected" in failed.last.error and failed.last.status == 500
     assert queued.tokens == solo(pair, prompts[1], 25, shape)
@@ -281,13 +281,13 @@ def test_a_batch_fault_answers_every_request_once(pair, prompts, monkeypatch):
     sched.submit(Request(prompts[0], 40, running))
     sched.run_once()
     sched.submit(Request(prompts[1], 40, lambda ev: (events.append(ev), joining(ev))))
-    original = sched.batch._place
+    original = sched.batch.batch_state._place
 
     def boom(*args):
-        monkeypatch.setattr(sched.batch, "_place", original)
+        monkeypatch.setattr(sched.batch.batch_state, "_place", original)
         raise RuntimeError("injected batch fault")
 
-    monkeypatch.setattr(sched.batch, "_place", boom)
+    monkeypatch.setattr(sched.batch.batch_state, "_place", boom)
     sched.run_once()
     sched.submit(Request(prompts[2], 20, queued))
     drain(sched)
@@ -319,12 +319,12 @@ def test_a_dead_engine_loop_answers_everyone_and_refuses_new_requests(monkeypatc
     sched = Scheduler(model, None, None, (), max_batch=1)
     gate = threading.Event()
 
-    def boom():
+    def boom(grants):
         gate.wait(10)  # until both requests are in
         monkeypatch.setattr(sched, "_reset", lambda: 1 / 0)
         raise RuntimeError("injected step fault")
 
-    monkeypatch.setattr(sched.batch, "queue", boom)
+    monkeypatch.setattr(sched.batch.stepping, "queue", boom)
     sched.start()
     try:
         running, queued = Collector(), Collector()

@@ -8,6 +8,7 @@ import pytest
 
 from redrafter_mlx.engine.base.bundled import demo_paths
 from redrafter_mlx.engine.core.shape import BeamShape, ShapeError
+from redrafter_mlx.engine.drafting.held import held_sources
 from tests.cli_errors import error_line, invoke
 
 GIB = 2**30
@@ -29,16 +30,18 @@ def test_a_tree_larger_than_the_context_is_refused_before_compiling():
     plenty = (64 * GIB, "the test's budget")
     shape = BeamShape(1, 4, None, 1000, 8)
     with pytest.raises(ShapeTooLarge) as e:
-        check_step_memory(model, drafter, shape, available=plenty)
+        check_step_memory(model, held_sources(drafter), shape, available=plenty)
     message = str(e.value)
     assert e.value.param == "lookup" and "\n" not in message
     assert "7,004 tree tokens" in message and "context holds 512 tokens" in message
     best = BeamShape.parse(message.rsplit("the largest that fits is ", 1)[1])
     assert (best.width, best.length, best.chain_length) == (1, 4, 8)
     assert best.tree_tokens < 512 <= BeamShape(1, 4, None, best.lookup + 1, 8).tree_tokens
-    check_step_memory(model, drafter, best, available=plenty)  # the suggestion is accepted
+    check_step_memory(
+        model, held_sources(drafter), best, available=plenty
+    )  # the suggestion is accepted
     with pytest.raises(ShapeTooLarge, match="--|context"):  # every dimension is bounded
-        check_step_memory(model, drafter, BeamShape(200, 4), available=plenty)
+        check_step_memory(model, held_sources(drafter), BeamShape(200, 4), available=plenty)
 
 
 def test_the_cli_refuses_an_unbounded_lookup_width_at_once(app):

@@ -15,6 +15,7 @@ from redrafter_mlx.engine.core.shape import AR, BeamShape
 from redrafter_mlx.engine.decoding.cache import Session
 from redrafter_mlx.engine.drafting import early_exit
 from redrafter_mlx.engine.drafting.draft_model import prefill as draft_prefill
+from redrafter_mlx.engine.drafting.held import held_sources
 from redrafter_mlx.engine.drafting.sources import DRAFT_MODEL, EARLY_EXIT, catch_up_chunk
 from redrafter_mlx.engine.loop.adaptive import Adaptive
 from redrafter_mlx.engine.loop.batch import BatchGenerator
@@ -82,7 +83,7 @@ def test_the_target_as_its_own_draft_accepts_everything_whenever_it_is_back(batc
     decoding, rows that joined while it was off included."""
     model = tiny_model(5, vocab=48, layers=2)
     policy = Scripted(CYCLE)
-    batch = BatchGenerator(model, None, policy, max_batch=4, draft_model=model)
+    batch = BatchGenerator(model, held_sources(None, model), policy, max_batch=4)
     waves = [(PROMPTS[:1], 40)]
     if batched:
         waves += [(PROMPTS[1:2], 30), (PROMPTS[2:], 30)]
@@ -90,7 +91,7 @@ def test_the_target_as_its_own_draft_accepts_everything_whenever_it_is_back(batc
     assert_rows_plain(model, got, waves)
     full = [c for shape, counts in policy.told if shape == D for c in counts]
     assert len(full) >= 5 and sum(c == 4 for c in full) >= len(full) - len(rows)  # a cut last
-    assert batch.catch_ups >= 3
+    assert batch.stepping.catch_ups >= 3
 
 
 def test_without_the_catch_up_the_draft_falls_behind(monkeypatch):
@@ -98,8 +99,8 @@ def test_without_the_catch_up_the_draft_falls_behind(monkeypatch):
     (so the test above can fail)."""
     model = tiny_model(5, vocab=48, layers=2)
     policy = Scripted(CYCLE)
-    batch = BatchGenerator(model, None, policy, max_batch=1, draft_model=model)
-    monkeypatch.setattr(batch, "catch_up", lambda shape, window: None)
+    batch = BatchGenerator(model, held_sources(None, model), policy, max_batch=1)
+    monkeypatch.setattr(batch.stepping, "catch_up", lambda shape, window: None)
     drive(batch, [(PROMPTS[:1], 40)])
     full = [c for shape, counts in policy.told if shape == D for c in counts]
     assert sum(c < 4 for c in full) >= 2
@@ -107,7 +108,9 @@ def test_without_the_catch_up_the_draft_falls_behind(monkeypatch):
 
 def source_cache(batch, sid, row):
     """Row ``row``'s held state of source ``sid`` (keys of its first layer), (S, ...)."""
-    return batch.state.sources[[s.source_id for s in batch.stateful].index(sid)][0][0][row]
+    return batch.state.sources[[s.source_id for s in batch.batch_state.stateful].index(sid)][0][0][
+        row
+    ]
 
 
 @pytest.mark.parametrize("kind", ["draft-model", "early-exit"])
@@ -123,7 +126,7 @@ def test_after_the_catch_up_the_cache_equals_a_fresh_prefill(kind):
         model, drafter = random_pair(3)
         draft, on, sid = None, BeamShape.parse("W1xL4"), EARLY_EXIT
     cycle = [on, AR, AR, BeamShape.parse("K1xL5"), AR, AR]
-    batch = BatchGenerator(model, drafter, Scripted(cycle), max_batch=1, draft_model=draft)
+    batch = BatchGenerator(model, held_sources(drafter, draft), Scripted(cycle), max_batch=1)
     batch.reset()
     batch.insert(
         Prefill(PROMPTS[:1], SamplerConfig(), 0, Session(model, 1), rows=rows_of(PROMPTS[:1], 200))
@@ -139,8 +142,8 @@ def test_after_the_catch_up_the_cache_equals_a_fresh_prefill(kind):
     else:
         fresh = early_exit.prefill(model, drafter, [text], slots)[0][0][0]
     assert not mx.allclose(source_cache(batch, sid, 0)[:, :n], fresh[:, :n], atol=1e-4).item()
-    assert batch.behind[state_slot(batch, sid)] > 5
-    batch.catch_up(on, slots)
+    assert batch.batch_state.behind[state_slot(batch, sid)] > 5
+    batch.stepping.catch_up(on, slots)
     assert mx.allclose(source_cache(batch, sid, 0)[:, :n], fresh[:, :n], atol=1e-4).item()
 
 
@@ -149,17 +152,23 @@ def test_the_behind_bound_follows_the_shapes_queued():
     longest candidate (plain decoding: 1); a catch-up runs only above ``covers``."""
     model = tiny_model(5, vocab=48, layers=2)
     lookup = BeamShape.parse("K1xL5")
-    batch = BatchGenerator(model, None, Scripted([D]), max_batch=1, draft_model=model)
+    batch = BatchGenerator(model, held_sources(None, model), Scripted([D]), max_batch=1)
     drive(batch, [(PROMPTS[:1], 6)])
-    batch.behind[state_slot(batch, DRAFT_MODEL)] = 0
+    batch.batch_state.behind[state_slot(batch, DRAFT_MODEL)] = 0
     window = cache_slots(batch.state.cache)
-    batch.catch_up(D, window)  # D1xL4 alone re-runs 1 committed token itself
-    assert batch.behind[state_slot(batch, DRAFT_MODEL)] == 1 and batch.catch_ups == 0
-    batch.catch_up(None, window)
-    batch.catch_up(lookup, window)
-    assert batch.behind[state_slot(batch, DRAFT_MODEL)] == 1 + 1 + 5
-    batch.catch_up(D, window)
-    assert batch.catch_ups == 1 and batch.behind[state_slot(batch, DRAFT_MODEL)] == 1
+    batch.stepping.catch_up(D, window)  # D1xL4 alone re-runs 1 committed token itself
+    assert (
+        batch.batch_state.behind[state_slot(batch, DRAFT_MODEL)] == 1
+        and batch.stepping.catch_ups == 0
+    )
+    batch.stepping.catch_up(None, window)
+    batch.stepping.catch_up(lookup, window)
+    assert batch.batch_state.behind[state_slot(batch, DRAFT_MODEL)] == 1 + 1 + 5
+    batch.stepping.catch_up(D, window)
+    assert (
+        batch.stepping.catch_ups == 1
+        and batch.batch_state.behind[state_slot(batch, DRAFT_MODEL)] == 1
+    )
     assert [catch_up_chunk(n) for n in (1, 5, 8, 9, 100)] == [4, 8, 8, 16, 64]
 
 
@@ -171,13 +180,13 @@ def test_an_early_exit_source_switched_off_and_on_keeps_greedy_output(batched):
     model, adapter = random_pair(3)
     on, both = BeamShape.parse("W1xL4"), BeamShape.parse("W1xL3+K1xL6")
     cycle = [on, AR, both, AR, AR, AR, BeamShape.parse("K1xL5"), on, *[AR] * 9, on]
-    batch = BatchGenerator(model, adapter, Scripted(cycle), max_batch=4)
+    batch = BatchGenerator(model, held_sources(adapter), Scripted(cycle), max_batch=4)
     waves = [(PROMPTS[:1], 40)]
     if batched:
         waves += [(PROMPTS[1:], 30)]
     _, got = drive(batch, waves, steps_between=4)
     assert_rows_plain(model, got, waves)
-    assert batch.catch_ups >= 2
+    assert batch.stepping.catch_ups >= 2
 
 
 @pytest.mark.parametrize("batched", [False, True], ids=["solo", "rows-joining"])
@@ -191,8 +200,8 @@ def test_an_early_exit_adapter_and_a_draft_model_switched_off_and_on(batched):
     E, ED = BeamShape.parse("W1xL3"), BeamShape.parse("W1xL3+K1xL5+D1xL4")
     cycle = [ED, AR, E, D, AR, AR, AR, BeamShape.parse("K1xL5"), ED, *[AR] * 9, D, E, ED]
     policy = Scripted(cycle)
-    batch = BatchGenerator(model, adapter, policy, max_batch=4, draft_model=model)
-    assert [s.source_id for s in batch.stateful] == [EARLY_EXIT, DRAFT_MODEL]
+    batch = BatchGenerator(model, held_sources(adapter, model), policy, max_batch=4)
+    assert [s.source_id for s in batch.batch_state.stateful] == [EARLY_EXIT, DRAFT_MODEL]
     waves = [(PROMPTS[:1], 40)]
     if batched:
         waves += [(PROMPTS[1:2], 30), (PROMPTS[2:], 30)]
@@ -200,7 +209,7 @@ def test_an_early_exit_adapter_and_a_draft_model_switched_off_and_on(batched):
     assert_rows_plain(model, got, waves)
     chained = [c for shape, counts in policy.told if shape.model_length for c in counts]
     assert chained and sum(c >= 4 for c in chained) >= len(chained) - 2 * len(rows)
-    assert batch.catch_ups >= 2
+    assert batch.stepping.catch_ups >= 2
 
 
 def test_adaptive_generation_chooses_among_a_draft_models_shapes():

@@ -41,6 +41,7 @@ from redrafter_mlx.engine.decoding.step import make_batch_step
 from redrafter_mlx.engine.drafting.draft_model import prefill as draft_prefill
 from redrafter_mlx.engine.drafting.early_exit import EarlyExitAdapter
 from redrafter_mlx.engine.drafting.early_exit_chain import prefill as early_exit_prefill
+from redrafter_mlx.engine.drafting.held import held_sources
 from redrafter_mlx.engine.drafting.sources import SOURCE_NAMES
 from redrafter_mlx.train.early_exit import new_adapter
 from tests.helpers import OracleDrafter, near_bigram_model, run_decode, tiny_model
@@ -190,7 +191,7 @@ def mixed_batch(model, drafter, shape, groups, steps=3, draft_model=None):
         sources += (draft_prefill(draft_model, rows, slots),)
     state = DecodeState(token, hidden, lengths, cache, history, sources)
     step = make_batch_step(
-        model, drafter, shape, settings.mode, compiled=True, draft_model=draft_model
+        model, held_sources(drafter, draft_model), shape, settings.mode, compiled=True
     )
     active = mx.ones((B,), mx.bool_)
     out = [[t] for t in token.tolist()]

@@ -46,15 +46,16 @@ def profile_rows(engine, shapes, ids, repeats: int, cost=None) -> dict:
     with lookup chains get their whole step and loop timed, their phases left out. Each row
     also gets the launch-bound estimate of its step at ``cost`` (a ``MacCost``; default: its
     defaults), and ``mac`` says what the estimate assumed."""
+    from redrafter_mlx.engine.drafting.held import held_sources
     from redrafter_mlx.measure.profile import MacCost, launch_bound, profile_steps, weight_bytes
 
     cost = cost or MacCost()
     draft = getattr(engine, "draft_model", None)
-    extra = {"draft": draft} if draft is not None else {}
-    data = profile_steps(engine.model, engine.drafter, list(shapes), ids, repeats=repeats, **extra)
+    sources = held_sources(engine.drafter, draft)  # the boundary: resolved once
+    data = profile_steps(engine.model, sources, list(shapes), ids, repeats=repeats)
     # The draft slot's forwards read its weights (the model's own, as its own draft; an
     # early-exit adapter's chain: the target's first layers, the adapter and the head).
-    weights = weight_bytes(engine.model, engine.drafter, cost.dtype, draft_model=draft)
+    weights = weight_bytes(engine.model, sources, cost.dtype)
     data["rows"] = launch_bound(data["rows"], weights, cost)
     data["mac"] = dict(
         launch_us=cost.launch_us,

@@ -474,12 +474,12 @@ def check_memory(
     """ShapeTooLarge (a ParamError: one line naming the flag) when a step of ``shape`` over
     ``batch`` rows needs more memory than the machine has; the prompt is unknown yet, so a
     short one."""
+    from redrafter_mlx.engine.drafting.held import held_sources
     from redrafter_mlx.engine.loop.memory import check_step_memory
 
     tokens = 64 + (max_tokens or 256)
-    check_step_memory(
-        engine.model, engine.drafter, shape, batch, tokens, sampling, draft_model=engine.draft_model
-    )
+    sources = held_sources(engine.drafter, engine.draft_model)  # the boundary: once
+    check_step_memory(engine.model, sources, shape, batch, tokens, sampling)
 
 
 def dtype_name(model) -> str:

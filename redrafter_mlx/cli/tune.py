@@ -286,6 +286,7 @@ def build_measure(
     early-exit adapter's folder, or (draft model, adapter): both chains)."""
     from redrafter_mlx.engine.base.platform import fit_blas_threads
     from redrafter_mlx.engine.base.prompts import PromptSetError, load_prompts
+    from redrafter_mlx.engine.drafting.held import held_sources
     from redrafter_mlx.engine.loop.loading import load
     from redrafter_mlx.engine.loop.memory import check_step_memory
     from tuning.measure import EngineMeasure
@@ -303,7 +304,8 @@ def build_measure(
     fit_blas_threads(llm, loaded_drafter)
     for shape in shapes:
         dm = chain if shape.model_length else None
-        check_step_memory(llm, loaded_drafter if shape.drafts else None, shape, draft_model=dm)
+        sources = held_sources(loaded_drafter if shape.drafts else None, dm)  # the boundary
+        check_step_memory(llm, sources, shape)
     measure = EngineMeasure(llm, loaded_drafter, tokenizer, questions, chain)
     if group is None:
         return measure, time.perf_counter

@@ -45,7 +45,6 @@ from redrafter_mlx.engine.decoding.decode import (
     verify_phase,
 )
 from redrafter_mlx.engine.decoding.step import uniform_step
-from redrafter_mlx.engine.drafting.drafter import Drafter
 from redrafter_mlx.engine.drafting.sources import sized_sources
 from redrafter_mlx.engine.verifier.protocol import Verifier
 
@@ -109,26 +108,24 @@ def _weights(*modules):
     return [m.state for m in modules if isinstance(m, nn.Module)]
 
 
-def _as_shape(shape, draft_model=None, drafter=None) -> BeamShape:
+def _as_shape(shape, sources: tuple) -> BeamShape:
     """A :class:`BeamShape` with its capacity filled in, from a shape or a (W, L, C) tuple
-    (the slots its step packs with the run's sources: ``sources.step_capacity``)."""
-    from redrafter_mlx.engine.drafting.held import held_sources
+    (the slots its step packs with the run's ``sources``: ``sources.step_capacity``)."""
     from redrafter_mlx.engine.drafting.sources import step_capacity
 
     if not isinstance(shape, BeamShape):
         shape = BeamShape(*shape)
-    return replace(shape, capacity=step_capacity(shape, held_sources(drafter, draft_model)))
+    return replace(shape, capacity=step_capacity(shape, sources))
 
 
 def profile_steps(
     model: Verifier,
-    drafter: Drafter | None,
+    sources: tuple,
     shapes: Sequence[BeamShape | tuple[int, int, int]],
     prompt: Sequence[int],
     repeats: int = 40,
     loop_tokens: int = 96,
     loop_rounds: int = 3,
-    draft_model=None,
 ) -> dict:
     """Profile the AR step and a speculative step per shape on ``prompt`` (greedy).
 
@@ -140,15 +137,16 @@ def profile_steps(
     per-phase ms and op counts, ``step_ms``/``step_ops`` (one compiled step), ``loop_ms``
     (generation loop wall time per step), ``host_ms`` (loop - step) and
     ``overhead_ms`` (step - verify). Timings are medians over ``repeats`` interleaved rounds.
-    ``draft_model``: the draft slot for the shapes with its chains (``D1×L``: whole step only): a
-    draft model, an early-exit adapter, both, or any draft-slot sources (``held.held_sources``).
+    ``sources``: the run's draft sources, resolved once (``held.held_sources``); the draft
+    slot's run in the shapes with its chains (``D1×L``: whole step only).
     """
     from redrafter_mlx.engine.decoding.cache import Session, bucket, prefill_session, text_history
-    from redrafter_mlx.engine.drafting.held import held_sources
+    from redrafter_mlx.engine.drafting.held import check_sources
     from redrafter_mlx.engine.drafting.sources import stateful
 
-    held = held_sources(drafter, draft_model)
-    shapes = [_as_shape(s, draft_model, drafter) for s in shapes]
+    check_sources(sources)
+    held = sources
+    shapes = [_as_shape(s, held) for s in shapes]
     sampler = SamplerConfig()
     session = Session(model, 1)
     hidden = prefill_session(session, [list(prompt)])
@@ -174,13 +172,13 @@ def profile_steps(
     def base_state():
         return DecodeState(first, hidden, lengths, kv.pop("kv"), history, sources["src"])
 
-    def keep(cache):
-        kv["kv"] = cache
+    def keep(state_or_kv):
+        kv["kv"] = state_or_kv
 
     configs: list[tuple[str, dict[str, _Timed]]] = []
 
     # --- AR: one compiled step (the loop's own).
-    ar_step = uniform_step(model, None, None, sampler, 1)
+    ar_step = uniform_step(model, (), None, sampler, 1)
 
     def ar_call(counter, step=ar_step):
         nxt, out = step(base_state(), window)
@@ -198,12 +196,10 @@ def profile_steps(
         shape_of[shape.label] = shape
         stateful_runs = any(source.stateful for source in sized_sources(held, shape))
         if shape.lookup or shape.model_length or stateful_runs:  # the whole step only
-            timed = _lookup_thunks(
-                model, drafter, shape, sampler, window, base_state, keep, draft_model, sources
-            )
+            timed = _lookup_thunks(model, held, shape, sampler, window, base_state, keep, sources)
         else:
             W, L, C = shape.width, shape.length, shape.slots
-            timed = _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv)
+            timed = _shape_thunks(model, held, W, L, C, sampler, window, base_state, keep, kv)
         configs.append((shape.label, timed))
 
     # Warm-up (compiles) and op counts, then interleaved timed rounds.
@@ -224,7 +220,7 @@ def profile_steps(
             shape = shape_of.get(name, AR)
             if shape.capacity is not None and shape.capacity > shape.max_packed:
                 shape = replace(shape, capacity=None)  # further chains': the loop's own rule
-            ms = _loop_ms_per_step(model, drafter, prompt, shape, loop_tokens, draft_model)
+            ms = _loop_ms_per_step(model, held, prompt, shape, loop_tokens)
             if r:  # round 0 warms up
                 loop[name].append(ms)
 
@@ -266,14 +262,17 @@ def kernels(ops: Counter | dict) -> int:
     return sum(n for name, n in ops.items() if name not in VIEW_OPS)
 
 
-def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv):
-    """Timed thunks for each phase of one shape, plus the whole compiled step."""
-    weights = _weights(model, drafter)
+def _shape_thunks(model, held, W, L, C, sampler, window, base_state, keep, kv):
+    """Timed thunks for each phase of one shape, plus the whole compiled step (``held``: the
+    run's sources)."""
+    from redrafter_mlx.engine.drafting.held import held_modules
+
+    weights = _weights(model, *held_modules(held))
 
     def draft(init_token, hidden):
         """Candidates (B, N, L) and which of their tokens are present (B, N, L)."""
         state = DecodeState(init_token, hidden, None, None)
-        cand = shape_candidates(model, state, BeamShape(W, L), drafter)
+        cand = shape_candidates(model, state, BeamShape(W, L), held)
         if cand.present is None:
             return cand.beams, mx.ones(cand.beams.shape, dtype=mx.bool_)
         return cand.beams, cand.present
@@ -293,7 +292,7 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
     verify_fn = mx.compile(verify, inputs=weights)
     accept_fn = mx.compile(lambda b, t, u: accept_phase(b, t, u, C)[:4])
     commit_fn = mx.compile(commit)
-    step_fn = uniform_step(model, drafter, BeamShape(W, L, C), sampler, 1)
+    step_fn = uniform_step(model, held, BeamShape(W, L, C), sampler, 1)
 
     # Fixed inputs for each phase, from one real pass through the phases.
     s = base_state()
@@ -344,20 +343,11 @@ def _shape_thunks(model, drafter, W, L, C, sampler, window, base_state, keep, kv
     return {name: _Timed(name, fn) for name, fn in thunks.items()}
 
 
-def _lookup_thunks(
-    model,
-    drafter,
-    shape: BeamShape,
-    sampler,
-    window,
-    base_state,
-    keep,
-    draft_model=None,
-    sources=None,
-):
+def _lookup_thunks(model, held, shape: BeamShape, sampler, window, base_state, keep, sources=None):
     """The whole compiled step of a shape with lookup chains or a draft model's chain (its
-    phases are not split); ``sources``: where the draft model's cache is carried."""
-    step_fn = uniform_step(model, drafter, shape, sampler, 1, draft_model=draft_model)
+    phases are not split; ``held``: the run's sources); ``sources``: where the stateful
+    sources' states are carried."""
+    step_fn = uniform_step(model, held, shape, sampler, 1)
 
     def t_step(counter):
         nxt, out = step_fn(base_state(), window)
@@ -371,24 +361,15 @@ def _lookup_thunks(
     return {"step": _Timed("step", t_step)}
 
 
-def _loop_ms_per_step(
-    model, drafter, prompt, shape: BeamShape, max_tokens, draft_model=None
-) -> float:
-    """Wall ms per step of the generation loop (first token excluded), greedy, no EOS."""
-    from redrafter_mlx.engine.loop.generation import generate_steps
+def _loop_ms_per_step(model, held, prompt, shape: BeamShape, max_tokens) -> float:
+    """Wall ms per step of the generation loop (first token excluded), greedy, no EOS, over
+    the run's sources ``held`` (those ``shape`` has no part for dropped: ``Run.of_sources``)."""
+    from redrafter_mlx.engine.loop.generation import run_steps
+    from redrafter_mlx.engine.loop.run import Run
 
-    drafter = drafter if shape.drafts else None
-    draft_model = draft_model if shape.model_length else None
     steps, start = 0, None
-    events = generate_steps(
-        model,
-        drafter,
-        [list(prompt)],
-        max_tokens=max_tokens,
-        shape=shape,
-        seed=0,
-        draft_model=draft_model,
-    )
+    run = Run.of_sources(model, held, shape)
+    events = run_steps(run, [list(prompt)], max_tokens=max_tokens, seed=0)
     for ev in events:
         if start is None:
             start = time.perf_counter()
@@ -485,18 +466,16 @@ def _nbytes(array: mx.array, dtype: str | None) -> int:
     return array.size * getattr(mx, dtype).size
 
 
-def weight_bytes(
-    model: nn.Module, drafter: nn.Module | None, dtype: str | None, draft_model=None
-) -> WeightBytes:
-    """The bytes of weights a forward of ``model`` and a draft step of each source the run
-    holds (``drafter`` and the draft slot ``draft_model``: ``held.held_sources``) read, float
-    weights counted as ``dtype`` (None: as loaded). Each source says what it reads
-    (``Source.price``, by ``WeightPricer``)."""
-    from redrafter_mlx.engine.drafting.held import held_sources
+def weight_bytes(model: nn.Module, sources: tuple, dtype: str | None) -> WeightBytes:
+    """The bytes of weights a forward of ``model`` and a draft step of each of the run's
+    ``sources`` (``held.held_sources``) read, float weights counted as ``dtype`` (None: as
+    loaded). Each source says what it reads (``Source.price``, by ``WeightPricer``)."""
+    from redrafter_mlx.engine.drafting.held import check_sources
 
+    check_sources(sources)
     pricer = WeightPricer(model, dtype)
     priced = WeightBytes(pricer.total)
-    for source in held_sources(drafter, draft_model):
+    for source in sources:
         fields = source.price(pricer)
         if fields:
             priced = replace(priced, **fields)

@@ -112,7 +112,7 @@ def verify_cost(
     # Carry the cache from call to call (so it is updated in place, as in the decode loop)
     # but reset the length, so every call sees the same context.
     state = {"ar": DecodeState(mx.array([1]), h, lengths, cache)}
-    ar_step = uniform_step(model, None, None, SamplerConfig(), 1)  # the loop's own step
+    ar_step = uniform_step(model, (), None, SamplerConfig(), 1)  # the loop's own step
 
     def ar():
         nxt, out = ar_step(state.pop("ar"), window)

@@ -106,7 +106,7 @@ class Scheduler:
         # The slot checked, the shape resolved to its sources' parts, the arrays evaluated
         # (the loop runs on its own thread): ``engine/loop/run.py``, as ``generate_steps`` builds.
         run = Run.of(model, drafter, draft_model, shape, own_thread=True)
-        self.model, self.drafter = model, run.drafter
+        self.model = model
         self.max_batch = max_batch
         self.queue: queue.Queue[Request] = queue.Queue(maxsize=max(max_queue, 1))
         self.group = group  # under mlx.launch: the ranks' group; rank 0 decides the events
@@ -171,7 +171,7 @@ class Scheduler:
             **self.stats.to_dict(),
             resizes=self.batch.resizes,
             speculative=self.speculative,
-            sources=[source.describe() for source in self.batch.held],
+            sources=[source.describe() for source in self.batch.sources],
             adaptive=self.choice is not None,
             shape_steps=self.choice.steps_run() if self.choice else {},
             step_ms=self.choice.step_ms() if self.choice else {},

@@ -155,7 +155,7 @@ def _decode(model: Verifier, job: Job, stream):
         state = DecodeState(first, hidden, session.lengths, session.cache)
         row_keys, active = row_keys_of(rng, B), mx.ones((B,), dtype=mx.bool_)
         session.cache = None  # the loop owns the cache (in-place K/V writes)
-        step = batch_step(model, None, None, mode)  # plain decoding: the engine's own step
+        step = batch_step(model, (), None, mode)  # plain decoding: the engine's own step
         eos = mx.array(sorted(int(e) for e in job.eos_token_ids) or [-1], dtype=mx.int32)
     rows = np.arange(B)  # the prompt each running row answers
     pieces: list[list] = [[] for _ in range(B)]  # per prompt: (ids, hidden) runs, in order

@@ -1,5 +1,5 @@
 """Same-run A/B: a branching answer's loop queueing the next step before reading the one in
-flight (``BatchGenerator.queue_ahead``) against reading each branching step first (the loop
+flight (``Branches.queue_ahead``) against reading each branching step first (the loop
 before it), on SmolLM2-APAR's list prompts (or the other MT-Bench prompts), plain decoding
 and the pinned speculative shape, branches on, greedy. Each prompt runs both loops back to
 back in A B B A order, so drift falls on both; the tokens must be equal (far from the
@@ -18,15 +18,15 @@ from redrafter_mlx.cli.paths import resolve_paths
 from redrafter_mlx.engine.base.prompts import load_records
 from redrafter_mlx.engine.core.sampling import SamplerConfig
 from redrafter_mlx.engine.core.shape import BeamShape
-from redrafter_mlx.engine.loop.batch import BatchGenerator
+from redrafter_mlx.engine.loop.branch_rows import Branches
 from redrafter_mlx.engine.loop.plan import default_plan
 from scripts.bench_branches import LIST_CATEGORIES as LISTS
 from scripts.bench_branches import answer
 
-AHEAD = BatchGenerator.queue_ahead
+AHEAD = Branches.queue_ahead
 
 
-def read_first(self) -> bool:
+def read_first(self, pending) -> bool:
     return not self.branching
 
 
@@ -58,7 +58,7 @@ def main(argv=None) -> None:
         for prompt in prompts:
             got = {}
             for mode in ("ahead", "first", "first", "ahead"):
-                BatchGenerator.queue_ahead = AHEAD if mode == "ahead" else read_first
+                Branches.queue_ahead = AHEAD if mode == "ahead" else read_first
                 text, n, s, _, sec, _ = answer(
                     model, drafter, tok, prompt, shape, False, "on", args.max_tokens, sampler
                 )
@@ -69,7 +69,7 @@ def main(argv=None) -> None:
                 tokens, steps = tokens + n, steps + s
             if got["ahead"] != got["first"]:
                 print(f"  answers differ on {prompt[:40]!r} (a limit was reached)")
-        BatchGenerator.queue_ahead = AHEAD
+        Branches.queue_ahead = AHEAD
         rate = {m: tokens / 4 * 2 / s for m, s in seconds.items()}
         print(
             f"{label}: queue ahead {rate['ahead']:.1f} tok/s, read first {rate['first']:.1f} "

@@ -40,7 +40,6 @@ from ..core.penalties import node_text
 from ..core.sampling import RowSampler, draw, process_text
 from ..core.shape import BeamShape
 from ..core.tree import arange, cache_mask, chain_mask, pack, unpack
-from ..drafting.held import held_sources
 from ..drafting.lookup import write_history
 from ..drafting.sources import (
     ABSENT,
@@ -185,17 +184,17 @@ def pick_one(proposals: list, ids: list[int], capacity: int):
 
 
 def shape_candidates(
-    model: Verifier, state: DecodeState, shape: BeamShape, drafter=None, draft_model=None, window=0
+    model: Verifier, state: DecodeState, shape: BeamShape, sources: tuple, window=0
 ) -> Candidates:
-    """``draft_phase`` of ``shape``'s sources (``sources.sized_sources``) on ``state``, at its
-    capacity (a measuring or testing entry; the step builds the same)."""
+    """``draft_phase`` of the held ``sources`` (``held.held_sources``) a step of ``shape``
+    runs (``sources.sized_sources``) on ``state``, at its capacity (a measuring or testing
+    entry; the step builds the same)."""
     ctx = DraftContext(
         model, state.hidden, state.init_token, state.lengths, state.history, window,
         cache=state.cache,
     )  # fmt: skip
-    held = held_sources(drafter, draft_model)
-    capacity = step_capacity(shape, held)
-    return draft_phase(sized_sources(held, shape), ctx, capacity, state.sources)
+    capacity = step_capacity(shape, sources)
+    return draft_phase(sized_sources(sources, shape), ctx, capacity, state.sources)
 
 
 def verify_phase(

@@ -34,7 +34,8 @@ from ..core.sampling import (
     row_settings,
 )
 from ..core.shape import BeamShape
-from ..drafting.held import held_modules, held_sources, slot_items
+from ..drafting.held import check_sources, held_modules, sources_key
+from ..drafting.sources import Source
 from .decode import DecodeState, StepOutput, autoregressive_step, redrafter_step
 
 
@@ -44,19 +45,22 @@ def split_row_keys(row_keys: mx.array) -> tuple[mx.array, mx.array]:
     return both[:, 0], both[:, 1]
 
 
-def make_batch_step(model, drafter, shape, mode: StepMode, compiled: bool = True, draft_model=None):
+def make_batch_step(
+    model, sources: tuple[Source, ...], shape, mode: StepMode, compiled: bool = True
+):
     """A step ``(state, row_keys, active, settings, window, split) -> (state, row_keys,
     StepOutput)``; ``active`` (B,) bool, ``settings`` the batch's ``RowSettings``, ``split`` its
     rows' branching arrays (``branches.SplitRows``; read when ``mode.split``, else None).
 
     ``shape=None`` decodes autoregressively; a shape without drafter beams speculates from
     lookup chains alone (they read ``state.history``). Compile keys: B, cache slots, window.
-    ``drafter`` and ``draft_model`` (the draft slot): the sources the loop holds
-    (``held.held_sources``), every stateful one's state in ``state.sources``; the step runs
-    those the shape turns on and passes the others' states through.
+    ``sources``: the sources the loop holds (resolved once: ``held.held_sources``), every
+    stateful one's state in ``state.sources``; the step runs those the shape turns on and
+    passes the others' states through.
     ``run.counter["traces"]`` counts tracings (each is a compile).
     """
-    held = held_sources(drafter, draft_model)
+    check_sources(sources)
+    held = sources
     for source in held:
         source.check(model)
 
@@ -115,24 +119,25 @@ MAX_BATCH_STEPS = 16  # per model: shapes x sampling modes x drafters
 
 def batch_step(
     model,
-    drafter,
+    sources: tuple[Source, ...],
     shape: BeamShape | None,
     mode: StepMode,
     compiled: bool = True,
-    draft_model=None,
+    key: tuple | None = None,
 ):
     """The compiled batch step of this configuration, kept on the model (compiled once for
-    every loop over it: each chat turn, each request batch)."""
+    every loop over it: each chat turn, each request batch, whose sources resolved again
+    from the same modules have the same ``held.sources_key``; ``key``: that key, when the
+    caller keeps it)."""
     cache = model.__dict__.setdefault("_batch_steps", {})
     if shape is not None:
         shape = narrowed(model, shape)
     layers = getattr(model, "feature_layers", ())
-    slot = tuple(id(item) for item in slot_items(draft_model))
-    key = (id(drafter), shape, mode, compiled, layers, slot)
+    key = (key or sources_key(sources), shape, mode, compiled, layers)
     if key not in cache:
-        while len(cache) >= MAX_BATCH_STEPS:  # drop the oldest (and the drafter it holds)
+        while len(cache) >= MAX_BATCH_STEPS:  # drop the oldest (and the sources it holds)
             cache.pop(next(iter(cache)))
-        cache[key] = make_batch_step(model, drafter, shape, mode, compiled, draft_model)
+        cache[key] = make_batch_step(model, sources, shape, mode, compiled)
     return cache[key]
 
 
@@ -162,23 +167,25 @@ def narrowed(model, shape: BeamShape) -> BeamShape | None:
 
 def uniform_step(
     model,
-    drafter,
+    sources: tuple[Source, ...],
     shape: BeamShape | None,
     sampler: SamplerConfig,
     rows: int,
     seed: int = 0,
     compiled: bool = True,
-    draft_model=None,
 ):
     """The batch step (``batch_step``) of ``rows`` active rows that all draw with ``sampler``,
     as ``run(state, window) -> (state, StepOutput)`` with the rows' keys (from ``seed``,
     split every step) carried inside: the product's own step, for measurements and tests.
     ``shape=None``: plain decoding; ``run.step``: the compiled step (``.counter``);
-    ``draft_model``: the draft slot for the shape's ``D1×L`` chains (``held.slot_items``; the
-    stateful sources' states in ``state.sources``)."""
+    ``sources``: the run's (``held.held_sources``; the stateful ones' states in
+    ``state.sources``), the draft slot's dropped for a shape without its ``D1×L`` chain and
+    every one for plain decoding."""
     mode, settings = row_settings([sampler] * rows, model.vocab_size)
-    draft_model = draft_model if shape and shape.model_length else None
-    step = batch_step(model, drafter if shape else None, shape, mode, compiled, draft_model)
+    check_sources(sources)
+    if shape is None or not shape.model_length:
+        sources = tuple(s for s in sources if shape is not None and s.part != "chain")
+    step = batch_step(model, sources, shape, mode, compiled)
     active = mx.ones((rows,), dtype=mx.bool_)
     keys = {"rows": row_keys_of(mx.random.key(seed), rows)}
 

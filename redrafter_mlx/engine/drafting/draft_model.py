@@ -22,7 +22,7 @@ Steps that do not run the draft model (another shape chosen, ``sources.py``: "So
 sit out steps") leave its cache further behind than ``catchup`` covers: the loop then runs
 ``DraftModelSource.catch_up`` over the missed committed positions before the step.
 
-The draft slot (``draft_model=``, in the loop and the API; ``--draft-model``)
+The draft slot (``draft_model=``, in the API; ``--draft-model``)
 holds any number of draft models and other draft-slot sources (``held.held_sources``); a
 draft model is held as a ``DraftModelSource``, which owns its whole life: its empty state,
 its prefill where rows join, its catch-up, its chain and its check against the target.

@@ -383,6 +383,10 @@ class DrafterSource(Source):
     def modules(self) -> tuple:
         return (self.drafter,)
 
+    @property
+    def feature_layers(self) -> tuple | None:
+        return getattr(getattr(self.drafter, "args", None), "feature_layers", None)
+
     def check(self, model) -> None:
         args = getattr(self.drafter, "args", None)
         layers = tuple(getattr(args, "feature_layers", None) or ())

@@ -2,13 +2,18 @@
 
 A run names its draft sources in two slots: the drafter (``drafter=``, ``--drafter``: a
 recurrent drafter, or an early-exit adapter drafting the shape's W1×L) and the draft slot
-(``draft_model=``, in the loop and the API: any number of sources, draft models, an
+(``draft_model=``, in the API: any number of sources, draft models, an
 early-exit adapter or any ``sources.Source``, each proposing one chain of the shape's
 ``D1×L``; ``--draft-model``, given twice at most, loads a draft model and an adapter).
 ``held_sources`` turns them into the loop's sources, in the one order every step, state and
 statistic follows: the drafter slot's, the context lookup (always held: it reads the text),
 then the draft slot's by ``Source.order`` (an early-exit adapter before a draft model; the
 given order on ties). Nothing else in the engine asks what kind a source is.
+
+``held_sources`` is called once, where a run is set up from the two slots (the API's
+``Run.of``, the CLI's memory check and profile, the loader's pairing check); everything
+below takes the tuple (``sources: tuple[Source, ...]``): the loop, the step and its compile
+cache (keyed by ``sources_key``), the memory check and the profile.
 """
 
 from __future__ import annotations
@@ -57,14 +62,48 @@ def held_sources(drafter=None, draft_model=None) -> tuple[Source, ...]:
     return held
 
 
-def check_draft_slot(model, drafter, draft_model) -> None:
+def runnable_sources(sources: tuple[Source, ...], shape) -> tuple[Source, ...]:
+    """The ``sources`` a run of ``shape`` holds: the drafter slot's (``part`` "beams") only
+    when the shape drafts, the draft slot's (``"chain"``) only with its ``D1×L`` chain; the
+    rest (the lookup) always. ``shape`` None: plain decoding, which holds none."""
+    if shape is None:
+        return ()
+    dropped = {"beams": not shape.drafts, "chain": not shape.model_length}
+    return tuple(s for s in sources if not dropped.get(s.part, False))
+
+
+def sources_key(sources: tuple[Source, ...]) -> tuple:
+    """A hashable identity of ``sources`` for what is kept across runs (the compiled steps,
+    the learnt shape choices): per source its class and attributes, numbers and strings by
+    value, anything else (a module, an array) by identity, so that the same modules resolved
+    again (the next chat turn, the next request batch) find what the last run kept."""
+    check_sources(sources)
+
+    def value(v):
+        return v if v is None or isinstance(v, bool | int | float | str) else ("id", id(v))
+
+    return tuple(
+        (type(s), tuple(sorted((k, value(v)) for k, v in vars(s).items()))) for s in sources
+    )
+
+
+def check_sources(sources) -> None:
+    """TypeError unless ``sources`` is a tuple of ``Source`` (what ``held_sources`` gives)."""
+    if not isinstance(sources, tuple) or not all(isinstance(s, Source) for s in sources):
+        raise TypeError(
+            f"sources takes a tuple of draft sources, got {type(sources).__name__}: resolve "
+            "the drafter and draft slot once with held.held_sources(drafter, draft_model)"
+        )
+
+
+def check_draft_slot(model, draft_model, sources: tuple[Source, ...]) -> None:
     """What the draft slot holds, checked against the target before anything runs: each
-    item loaded (``check_loaded``: TypeError naming how to load a path), then each held
-    source's own check (``Source.check``: ValueError naming the fix)."""
+    item loaded (``check_loaded``: TypeError naming how to load a path), then each of the
+    run's ``sources`` (``held_sources``) by its own check (``Source.check``: ValueError
+    naming the fix)."""
     if draft_model is None:
         return
-    check_loaded(draft_model)
-    for source in held_sources(drafter, draft_model):
+    for source in sources:
         source.check(model)
 
 

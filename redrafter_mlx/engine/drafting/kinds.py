@@ -24,7 +24,7 @@ from pathlib import Path
 from .sources import Source
 
 ENTRY_POINTS = "redrafter_mlx.sources"
-BUILT_IN = ("early-exit",)  # kinds the loader knows itself (``loading.load``)
+BUILT_IN = ("early-exit",)  # ``EARLY_EXIT``  # kinds the loader knows itself (``loading.load``)
 HEADS = ("block", "eagle3", "mtp")  # recognised by their published config (heads/formats.py)
 
 
@@ -52,6 +52,32 @@ def registered() -> dict:
     return {ep.name: ep for ep in entry_points(group=ENTRY_POINTS)}
 
 
+EARLY_EXIT = "early-exit"
+
+
+def slot_kind(folder) -> str | None:
+    """What a folder given to the draft slot (``--draft-model``) holds, by its config.json's
+    kind, the one dispatch of the loader (``loading.draft_slot_paths``, ``loading.load``):
+    ``EARLY_EXIT`` (built in: an early-exit adapter), a registered third-party kind (a
+    source, ``load_source``), None: no kind (a draft model). ValueError naming the kind and
+    the fix when no installed package registers it."""
+    kind = kind_of(folder)
+    if kind is None or kind in BUILT_IN:
+        return kind
+    if kind not in registered():
+        raise ValueError(_unregistered(folder, kind))
+    return kind
+
+
+def _unregistered(folder, kind: str) -> str:
+    known = ", ".join(sorted(registered())) or "none installed"
+    return (
+        f"{folder}/config.json names the draft source kind {kind!r}, which no installed "
+        f"package registers (entry point group {ENTRY_POINTS!r}; registered: {known}): "
+        "install the package that provides it"
+    )
+
+
 def is_source_folder(folder) -> bool:
     """Whether ``folder`` holds a registered third-party source (its config.json's kind)."""
     kind = kind_of(folder)
@@ -64,12 +90,7 @@ def load_source(folder, model, tokenizer=None, dtype=None) -> Source:
     kind = kind_of(folder)
     entry = registered().get(kind)
     if entry is None:
-        known = ", ".join(sorted(registered())) or "none installed"
-        raise ValueError(
-            f"{folder}/config.json names the draft source kind {kind!r}, which no installed "
-            f"package registers (entry point group {ENTRY_POINTS!r}; registered: {known}): "
-            "install the package that provides it"
-        )
+        raise ValueError(_unregistered(folder, kind))
     where = entry.value
     try:
         loader = entry.load()

@@ -201,6 +201,12 @@ class Source(abc.ABC):
         """The modules its steps read (their weights are the compiled step's inputs)."""
         return ()
 
+    @property
+    def feature_layers(self) -> tuple | None:
+        """The target's layers whose features it reads (a drafter trained on other layers
+        than the model taps sets the model's: ``Verifier.capture_features``); None: any."""
+        return None
+
     def describe(self) -> str:
         """Its name for a banner or a table (the server's ``/health`` lists them)."""
         return self.name

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field, replace
 
 from ..base.distributed import broadcast_text
 from ..core.shape import AR, BeamShape
+from ..drafting.held import sources_key
 
 
 @dataclass
@@ -492,14 +493,15 @@ def single_beams(length: int) -> list[BeamShape]:
     return [BeamShape(1, n) for n in range(length, 1, -1)]
 
 
-MAX_LEARNT = 16  # per model: (drafter, shape, sampler) configurations remembered
+MAX_LEARNT = 16  # per model: (sources, shape, sampler) configurations remembered
 
 
-def learnt(model, drafter, shape: BeamShape, sampler) -> Adaptive:
-    """The default ``Adaptive`` of this configuration, kept on the model across calls, so a
-    new generation (a chat turn, the next prompt) starts from the measured costs and
-    acceptance instead of exploring again."""
-    return remembered(model, "_adaptive", (id(drafter), shape, sampler), Adaptive)
+def learnt(model, sources, shape: BeamShape, sampler) -> Adaptive:
+    """The default ``Adaptive`` of this configuration (``sources``: the run's, keyed by
+    ``held.sources_key``), kept on the model across calls, so a new generation (a chat
+    turn, the next prompt) starts from the measured costs and acceptance instead of
+    exploring again."""
+    return remembered(model, "_adaptive", (sources_key(sources), shape, sampler), Adaptive)
 
 
 def remembered(model, name: str, key, make):

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from ..core.shape import BeamShape
+from ..drafting.held import sources_key
 from ..drafting.lookup import LookupShadow
 from .adaptive import Adaptive, ShapeChooser, SharedChoice, learnt, remembered
 
@@ -125,9 +126,9 @@ class SoloChoice:
     A seeded sample is the caller's to pin (``generate_steps`` passes a fixed shape then).
     """
 
-    def __init__(self, model, drafter, shape: BeamShape, sampler, adapt: Adaptive | bool):
+    def __init__(self, model, sources, shape: BeamShape, sampler, adapt: Adaptive | bool):
         if adapt is True:
-            adapt = learnt(model, drafter, shape, sampler)
+            adapt = learnt(model, sources, shape, sampler)
         self.adapt, self.shape = adapt, shape
         self.shapes = adapt.candidates(shape)
         self.per_step, self.slots, self.horizon = _reach(self.shapes)
@@ -248,10 +249,10 @@ class BatchChoice:
             chooser.resume()
 
 
-def learnt_batch(model, drafter, shape: BeamShape, sampler) -> BatchChoice:
+def learnt_batch(model, sources, shape: BeamShape, sampler) -> BatchChoice:
     """The ``BatchChoice`` of this configuration kept on the model across calls (as
     ``adaptive.learnt`` keeps a solo run's), so a branching answer's choosers per batch
     size start from what the earlier answers measured instead of exploring again: an
     answer that never forks then runs as a solo answer does (docs/bench/apar.txt)."""
-    key = (id(drafter), shape, sampler)
+    key = (sources_key(sources), shape, sampler)
     return remembered(model, "_batch_choice", key, lambda: BatchChoice(shape, Adaptive()))

@@ -1,4 +1,6 @@
-"""Parallel branches (APAR, ``engine.core.branches``) as a layer around the loop's rows.
+"""Parallel branches (APAR, ``engine.core.branches``), the loop's optional part around its
+rows: ``Branches``, built (``batch.BatchGenerator.insert``) only once a row that may branch
+is admitted, so a loop with no such row never calls into it (its part is None).
 
 A row whose ``branches`` holds its request's ``BranchTree`` passes its emitted tokens
 through it (``grow_branches``); a fork makes a new row copied from the parent's (``fork``:
@@ -19,10 +21,10 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-import mlx.core as mx
-
-from ..core.branches import Fork, SplitRows, step_split
-from ..verifier.entries import place_row
+from ..base.platform import read_first
+from ..core.branches import Fork
+from .batch_state import BatchState
+from .prefilling import PromptProcessing
 from .rows import Row, RowStats
 from .stepping import Queued
 
@@ -40,10 +42,20 @@ class WaitingFork:
     end: tuple
 
 
-class BranchRows:
-    """The branching part of ``batch.BatchGenerator``: forks, waiting children, grants."""
+class Branches:
+    """The branching part over ``batch`` (the rows and their arrays) and ``prompts`` (whose
+    waiting prefills keep the rows they will take): forks, the children waiting for a row
+    (``waiting``), the per-step fork grants."""
 
-    def grow_branches(
+    def __init__(self, batch: BatchState, prompts: PromptProcessing):
+        self.batch, self.prompts = batch, prompts
+        self.waiting: list[WaitingFork] = []  # children waiting for a free row (``fork``)
+        # Branching rows: each step read first as well (the CPU's measured default), else
+        # queued ahead wherever no fork can change the next step (``queue_ahead``).
+        self.read_first = read_first()
+        self.ahead = 0  # steps queued while one with a branching row was in flight
+
+    def grow(
         self,
         row: Row,
         new: list[int],
@@ -65,25 +77,24 @@ class BranchRows:
             new, drafted, row.forced = new[1:], drafted[1:], -1
         # A row that ends here makes no child: a fork at its token limit has no room for one.
         ext = tree.extend(row.branch, new, can_fork=finish is None, drafted=drafted)
-        if ext.keep != len(new):  # fork_ok grants no fork past the limits (``_split``)
+        if ext.keep != len(new):  # fork_ok grants no fork past the limits (``step_split``)
             raise RuntimeError(f"branch {row.branch} forked past the branch limit")
         if ext.fork is not None:
             self.fork(row, ext.fork, read)
         if finish is not None:
             tree.finish(row.branch)
 
-    def end_answers(self, rows) -> list[Row]:
+    def past_budget(self, rows) -> list[Row]:
         """After a step (or a join) of ``rows``: the branches whose text would all lie past
-        their answer's end (``BranchTree.past_budget``) finish (``"length"``), their rows
-        freed; returns those rows. Once per step, after every row's tokens, so what a
-        request decodes never depends on its rows' order in the batch."""
+        their answer's end (``BranchTree.past_budget``), finished (``"length"``) in their
+        trees, for the caller to free their rows. Once per step, after every row's tokens,
+        so what a request decodes never depends on its rows' order in the batch."""
         ended = []
         for row in {id(r.tree): r for r in rows if r.tree is not None}.values():
             past = row.tree.past_budget()
             for other in row.family:
                 if other.branch in past:
                     other.finish = "length"
-                    self.leave(other)
                     row.tree.finish(other.branch)
                     ended.append(other)
         return ended
@@ -119,11 +130,11 @@ class BranchRows:
             family=parent.family,
         )
         parent.family.append(child)
-        s, i = self.state, parent.slot
-        end = (s.init_token, s.hidden, s.lengths, self.row_keys)
         if read is not None:
-            end, i = read[0].end, read[1]
-        end = tuple(a[i : i + 1] for a in end)  # this row's: (1,), (1, H), (1,), (1, 2)
+            step, i = read
+            end = tuple(a[i : i + 1] for a in step.end)  # this row's: (1,), (1, H), (1,), (1, 2)
+        else:
+            end = self.batch.end_of(parent)
         self.waiting.append(WaitingFork(child, parent, end))
         self.seat()
         return child
@@ -131,59 +142,59 @@ class BranchRows:
     @property
     def free_rows(self) -> int:
         """Rows a waiting child may take now: ``max_batch`` less the running rows and the
-        rows the waiting prefills will take (``insert``: admitted first, they keep theirs)."""
-        prefilling = sum(len(job.prompts) for job in self.prefills)
-        return self.max_batch - len(self.active) - prefilling
+        rows the waiting prefills will take (admitted first, they keep theirs)."""
+        batch = self.batch
+        return batch.max_batch - len(batch.active) - self.prompts.rows_waiting
 
     def seat(self) -> None:
         """Seat waiting children (``fork``) in free rows, oldest first."""
         while self.waiting and self.free_rows > 0:
             waiting = self.waiting.pop(0)
-            if None not in self.rows:
-                self.resize(self.bucket_for(len(self.rows) + 1))
-            self._seat(waiting, self.rows.index(None))
+            c = self.batch.free_slot()
+            self._seat(waiting, c)
 
     def _seat(self, waiting: WaitingFork, c: int) -> None:
-        """Put a waiting child in slot ``c``: the caches and text of its source's row
-        (unless ``c`` is that row's own slot, handed over: ``leave``), then the small arrays
-        of its fork (``WaitingFork.end``)."""
-        s, p = self.state, waiting.source.slot
-        at = mx.arange(len(self.rows)) == c
-        history = s.history
-        if p != c:
-            for cache in (s.cache, *(state for state in s.sources if state is not None)):
-                place_row(cache, c, cache, p)
-            if history is not None:
-                history = mx.where(at[:, None], history[p : p + 1], history)
-
-        def copied(a, row):  # (B, ...): slot c takes ``row`` (1, ...)
-            return mx.where(at.reshape((-1,) + (1,) * (a.ndim - 1)), row, a)
-
-        init_token, hidden, lengths, row_keys = waiting.end
-        self.state = s._replace(
-            init_token=copied(s.init_token, init_token),
-            hidden=copied(s.hidden, hidden),
-            lengths=copied(s.lengths, lengths),
-            history=history,
-        )
-        self.row_keys = copied(self.row_keys, row_keys)
         child = waiting.row
-        child.slot, child.joined = c, time.perf_counter()
-        self.rows[c] = child
-        self.vacated.pop(c, None)
-        self._params = None
+        self.batch.seat(child, c, waiting.source, waiting.end)
+        child.joined = time.perf_counter()
 
-    def fork_grants(self, rows: list[Row | None], in_flight: bool = True) -> list[bool]:
+    def stop_waiting(self, row: Row) -> bool:
+        """Whether ``row`` was a child waiting for a row (it stops waiting)."""
+        waiting = next((w for w in self.waiting if w.row is row), None)
+        if waiting is not None:
+            self.waiting.remove(waiting)
+        return waiting is not None
+
+    def hand_over(self, row: Row) -> bool:
+        """Whether ``row``, leaving, hands its slot to the waiting child with the longest
+        prefix among those whose prefix its cache holds (the others' lie in that one's)."""
+        heirs = [w for w in self.waiting if w.source is row]
+        if not heirs:
+            return False
+        heir = max(heirs, key=lambda w: w.row.length)
+        self.waiting.remove(heir)
+        self._seat(heir, row.slot)
+        for w in heirs:
+            w.source = heir.row
+        return True
+
+    def drop_waiting(self, family: list[Row]) -> None:
+        """The waiting children of ``family`` (a request's rows) stop waiting."""
+        self.waiting = [w for w in self.waiting if w.row.family is not family]
+
+    def fork_grants(
+        self, rows: list[Row | None], pending: Queued | None, in_flight: bool = True
+    ) -> list[bool]:
         """Which of ``rows`` may fork in the draw made now: each branching row its tree
         allows (``BranchTree.fork_allowed``), in row order, as long as its request's branch
         limit leaves room for the children (one fork per row per draw), so every fork drawn
         is made. The batch's free rows play no part: a child with no row free waits for one
         (``fork``), so a request forks where it would alone, whatever else the batch runs.
-        ``in_flight``: the step in flight, not yet read, forks wherever it was granted (the
-        branches it may make are taken); False: it forks nowhere."""
+        ``pending``: the step in flight, not yet read, which forks wherever it was granted
+        (the branches it may make are taken) unless ``in_flight`` is False."""
         taken: dict[int, int] = {}
-        if in_flight and self.pending is not None:
-            for row, granted in zip(self.pending.owners, self.pending.grants):
+        if in_flight and pending is not None:
+            for row, granted in zip(pending.owners, pending.grants):
                 if granted:
                     taken[id(row.tree)] = taken.get(id(row.tree), 0) + 1
         room: dict[int, int] = {}
@@ -199,30 +210,21 @@ class BranchRows:
             grants.append(ok)
         return grants
 
-    @property
-    def reserved(self) -> int:
-        """Free rows kept for the forks of the step in flight (its grants, at most the rows
-        free after the waiting children's: ``free_rows``), so that a new request admitted
-        meanwhile does not make them wait."""
-        if self.pending is None:
+    def reserved(self, pending: Queued | None) -> int:
+        """Free rows kept for the forks of the step in flight ``pending`` (its grants, at
+        most the rows free after the waiting children's: ``free_rows``), so that a new
+        request admitted meanwhile does not make them wait."""
+        if pending is None:
             return 0
-        return max(0, min(sum(self.pending.grants), self.free_rows - len(self.waiting)))
-
-    def _split(self, grants: list[bool]) -> tuple[tuple[int, ...], SplitRows | None]:
-        """The step's split ids and per-row branching arrays (``branches.step_split``: none
-        without a branching row, unless the model has split tokens: then its linear rows
-        must not draw them). A child's forced draw is queued once."""
-        trees = [r.tree if r is not None else None for r in self.rows]
-        forced = [r.forced if r is not None and not r.forced_queued else -1 for r in self.rows]
-        return step_split(trees, grants, forced, getattr(self.model, "split_ids", ()))
+        return max(0, min(sum(pending.grants), self.free_rows - len(self.waiting)))
 
     @property
     def branching(self) -> bool:
         """Whether a running row has branching on."""
-        return any(r.tree is not None for r in self.active)
+        return any(r.tree is not None for r in self.batch.active)
 
-    def queue_ahead(self) -> bool:
-        """Whether the next step may be queued before the one in flight is read, with
+    def queue_ahead(self, pending: Queued | None) -> bool:
+        """Whether the next step may be queued before ``pending`` (in flight) is read, with
         branching rows (each a fork in waiting): when no fork that step could make changes
         the next step's grants (limits far off: its grants are the same whether it forks
         everywhere it may or nowhere). A fork then copies the step's own end state
@@ -230,4 +232,5 @@ class BranchRows:
         first and the grants see its forks."""
         if not self.branching:
             return True
-        return self.fork_grants(self.rows) == self.fork_grants(self.rows, in_flight=False)
+        rows = self.batch.rows
+        return self.fork_grants(rows, pending) == self.fork_grants(rows, pending, False)

@@ -177,9 +177,36 @@ def generate_steps(
     afterwards (no one row holds the rebuilt text, but every branch's starts with its
     prompt), so a next turn prefills what follows them.
     """
-    prompts = [list(map(int, p)) for p in prompts]
     run = Run.of(model, drafter, draft_model, shape)  # the slot checked, the shape resolved
-    shape, drafter, draft_model = run.shape, run.drafter, run.draft_model
+    yield from run_steps(
+        run,
+        prompts,
+        max_tokens=max_tokens,
+        sampler=sampler,
+        seed=seed,
+        eos_token_ids=eos_token_ids,
+        session=session,
+        adapt=adapt,
+        branches=branches,
+    )
+
+
+def run_steps(
+    run: Run,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_tokens: int = 256,
+    sampler: SamplerConfig = SamplerConfig(),
+    seed: int | None = None,
+    eos_token_ids: Sequence[int] = (),
+    session: Session | None = None,
+    adapt: Adaptive | bool = False,
+    branches: BranchRules | None = None,
+) -> Iterator[DecodeEvent]:
+    """``generate_steps`` over a run already resolved (``Run.of``, or ``Run.of_sources`` from
+    a tuple of sources: the profile's loop), its other arguments as ``generate_steps``'s."""
+    model, shape = run.model, run.shape
+    prompts = [list(map(int, p)) for p in prompts]
     sampler = sampler.validate(model.vocab_size)
     seed = check_seed(seed) if seed is not None else sampler.seed
     check_prompts(model, prompts, max_tokens)
@@ -189,7 +216,7 @@ def generate_steps(
     longest = max(len(p) for p in prompts) + row_tokens
     B = len(prompts)
     max_batch = B * branches.max_branches if branches else B  # every branch is a row
-    check_branch_memory(model, drafter, shape, B, max_batch, longest, sampler, draft_model)
+    check_branch_memory(model, run.sources, shape, B, max_batch, longest, sampler)
     session = session or Session(model, len(prompts))
     if session.batch != len(prompts):
         raise ValueError(f"session has {session.batch} rows but {len(prompts)} prompts were given")

@@ -332,7 +332,7 @@ def load(model_path, drafter_path=None, dtype=None, group=None, draft_model=None
         same = where == path and group is None
         if same:
             own = model
-        elif kinds.is_source_folder(where):  # a registered third-party source's folder
+        elif kinds.slot_kind(where) is not None:  # a registered third-party source's folder
             try:
                 own = kinds.load_source(where, model, tokenizer, dtype)
             except ValueError as e:
@@ -405,8 +405,9 @@ def check_not_a_slot_folder(where: Path, given_as: str = "the model (--model)") 
 def draft_slot_paths(draft_model) -> tuple:
     """What the draft slot loads, as (the draft model's path or Hub id, the early-exit
     adapter's folder), either None, each as given: ``draft_model`` is one path or a
-    sequence of up to two, at most one draft model and one adapter
-    (``early_exit.is_early_exit`` tells them apart). TypeError for anything but paths;
+    sequence of up to two, at most one draft model and one adapter (the folder's kind
+    tells them apart: ``kinds.slot_kind``; a registered source's folder takes the draft
+    model's place, an unregistered kind is refused naming it). TypeError for anything but paths;
     LoadError naming the fix otherwise (an empty path, a folder that is not found or holds
     a drafter, two of a kind, more than two)."""
 
@@ -417,7 +418,7 @@ def draft_slot_paths(draft_model) -> tuple:
             f"the draft slot takes one or two paths (a draft model, an early-exit adapter's "
             f"folder, or one of each), got {len(given)}: pass --draft-model once or twice"
         )
-    models, adapters = [], []
+    models, adapters = [], []  # a registered source's folder goes where a draft model does
     for p in given:
         if not str(p).strip():
             raise LoadError(
@@ -425,8 +426,13 @@ def draft_slot_paths(draft_model) -> tuple:
                 "draft model's folder or Hub id, or an early-exit adapter's folder, or none"
             )
         where = resolve_path(p, "draft model")
-        adapter = is_early_exit(where)
-        if not adapter:
+        check_kind(where)  # a misspelt adapter's kind: that, not an unregistered kind
+        try:
+            kind = kinds.slot_kind(where)  # the one dispatch on a folder's kind
+        except ValueError as e:
+            raise LoadError(str(e)) from None
+        adapter = kind == kinds.EARLY_EXIT
+        if kind is None:
             check_not_a_slot_folder(where, "a draft model (--draft-model)")
         (adapters if adapter else models).append(str(p))
     if len(adapters) > 1:

@@ -45,7 +45,7 @@ import mlx.core as mx
 from ..core.footprint import Dims, StepMemory, step_memory
 from ..core.shape import BeamShape, ShapeError
 from ..decoding.cache import bucket
-from ..drafting.held import held_sources
+from ..drafting.held import check_sources
 from ..drafting.sources import step_candidates, step_capacity
 
 
@@ -160,22 +160,22 @@ def run_memory(
 
 def check_step_memory(
     model,
-    drafter,
+    sources: tuple,
     shape: BeamShape,
     batch: int = 1,
     tokens: int = 512,
     sampling: bool = False,
     available: tuple[int, str] | None = None,
-    draft_model=None,
 ) -> StepMemory:
     """Return the estimate for ``batch`` rows of up to ``tokens`` tokens (prompt and answer),
     or raise :class:`ShapeTooLarge` when it exceeds the memory available (``available``:
     (bytes, what), default :func:`available_memory`) or its tree cannot fit the model's
     context beside a prompt, naming the field that makes it large (``largest_part``, the flag
     the user most likely raised) and the largest shape that fits. The draft sources the run
-    holds (``drafter`` and the draft slot ``draft_model``: ``held.held_sources``) each add their
-    own part (``Source.memory``: weights, their state, their draft working set)."""
-    held = held_sources(drafter, draft_model)
+    holds (``sources``, resolved once: ``held.held_sources``) each add their own part
+    (``Source.memory``: weights, their state, their draft working set)."""
+    check_sources(sources)
+    held = sources
     d = Dims.of(model)
     context = model.max_context
 

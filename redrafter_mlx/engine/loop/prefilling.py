@@ -1,10 +1,12 @@
 """Prompt processing, the loop's first part: prompts prefilled chunk by chunk in their own
-cache (``Prefill``), then placed into free rows of the batch (``PromptProcessing.join``),
-every stateful draft source's state prefilled with them (``Source.prefill``)."""
+cache (``Prefill``), queued and given their first tokens (``PromptProcessing``), then placed
+into free rows of the batch (``BatchState.join``), every stateful draft source's state
+prefilled with them (``Source.prefill``)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,11 +14,11 @@ import mlx.core as mx
 
 from ..core.branches import step_split
 from ..core.sampling import RowSampler, SamplerConfig, one_row, row_keys_of, stack_rows
-from ..decoding.cache import Session, ensure_slots, prefill_session, text_history
-from ..decoding.decode import DecodeState, first_draw
+from ..decoding.cache import Session, prefill_session, text_history
+from ..decoding.decode import first_draw
 from ..drafting.sources import PREFILL_CHUNK
-from ..verifier.entries import place_row
-from .rows import Row, RowStep
+from .batch_state import BatchState
+from .rows import Row
 
 
 @dataclass
@@ -91,102 +93,47 @@ class Prefill:
 
 
 class PromptProcessing:
-    """Prefill and join: the part of ``batch.BatchGenerator`` that admits prompts (its
-    ``prefills`` queue, ``insert``, ``prefill_turn``) and writes their rows into the batch
-    (``join``)."""
+    """The loop's first part: the prompts waiting to join (``prefills``, in order), prefilled
+    a chunk at a time and each given its first token (``ready``); the batch places them
+    (``batch_state.BatchState.join``). Built alone over a model and the batch's state (whose
+    rows' parameters an admitted prefill invalidates: forks count the rows it will take)."""
+
+    def __init__(self, model, batch: BatchState):
+        self.model, self.batch = model, batch
+        self.prefills: list[Prefill] = []
+
+    @property
+    def rows_waiting(self) -> int:
+        """Rows the waiting prefills will take (admitted first, they keep theirs)."""
+        return sum(len(job.prompts) for job in self.prefills)
 
     def insert(self, job: Prefill) -> None:
-        """Queue prompts to join (their rows in ``job.rows``); ``next`` prefills them."""
+        """Queue prompts to join (their rows in ``job.rows``); ``ready`` prefills them."""
         self.prefills.append(job)
-        self._params = None  # the rows forks may take (``fork_grants``) count it
+        self.batch.invalidate()  # the rows forks may take (``fork_grants``) count it
 
-    def prefill_turn(self, budget: int | None, turn) -> None:
+    def ready(
+        self, budget: int | None, failed: list, grants=None
+    ) -> Iterator[tuple[Prefill, tuple[list[int], mx.array]]]:
         """Up to ``budget`` prompt tokens of the waiting prefills, in order (at least one
-        chunk; None: all of them), each joining with its first token once complete (into
-        ``turn.joined``); a prefill or first draw that raises fails that prefill alone
-        (``turn.failed``)."""
+        chunk; None: all of them), yielding each complete one with its first tokens and next
+        keys (``Prefill.first_token``; ``grants(rows)``: where its rows may fork, None:
+        nowhere) for the caller to join; it leaves the queue once the caller asks for the
+        next (a join that raises leaves it to answer). A prefill or first draw that raises
+        fails that prefill alone (into ``failed``, with the error)."""
         while self.prefills and (budget is None or budget > 0):
             job = self.prefills[0]
             try:
                 ran = job.advance()
                 first = None
                 if job.complete:
-                    first = job.first_token(self.model, self.fork_grants(job.rows))
+                    fork_ok = grants(job.rows) if grants is not None else None
+                    first = job.first_token(self.model, fork_ok)
             except Exception as e:  # this prefill's own work: the others go on
                 self.prefills.pop(0)
-                turn.failed.append((job, e))
+                failed.append((job, e))
                 continue
             budget = None if budget is None else budget - ran
             if first is not None:
-                joined = self.join(job.rows, job.session, job.hidden, *first)
+                yield job, first
                 self.prefills.pop(0)  # after the join: a failing join leaves it to answer
-                for row, (new, finish) in zip(job.rows, joined):
-                    turn.joined.append(RowStep(row, new, finish, 1, 0))
-
-    def join(
-        self, rows: list[Row], session: Session, hidden: mx.array, first: list[int], keys
-    ) -> list[tuple[list[int], str | None]]:
-        """Place prefilled ``rows`` (``session``'s rows, their hidden states (b, H) at the last
-        prompt token, first tokens drawn, next keys (b, 2): a ``Prefill``) into free rows,
-        growing the batch when none is free. An empty batch with no step in flight takes the
-        session's cache itself (no copy; the session gives it up). Returns each row's first
-        token's emitted part and why it finished (None: it goes on)."""
-        empty = all(r is None for r in self.rows) and self.pending is None
-        if empty and len(rows) in self.buckets:
-            self._adopt(rows, session, hidden, first, keys)
-        else:
-            for i, row in enumerate(rows):
-                if None not in self.rows:
-                    self.resize(self.bucket_for(len(self.rows) + 1))
-                r = self.rows.index(None)
-                self._place(r, session, i, hidden[i : i + 1], mx.array(first[i : i + 1]), keys[i])
-                row.slot = r
-                self.rows[r] = row
-                self.vacated.pop(r, None)
-        self._params = None
-        now = time.perf_counter()
-        for row, token, text in zip(rows, first, session.cached):
-            row.joined = now
-            row.shadow = self.policy.shadow([*text, token])
-        emitted = [self.emit(row, [token]) for row, token in zip(rows, first)]
-        for row, (new, finish) in zip(rows, emitted):
-            self.grow_branches(row, new, finish)
-        self.end_answers(rows)
-        return emitted
-
-    def _adopt(self, rows, session: Session, hidden, first, keys) -> None:
-        """Take a prefilled session's cache as the whole batch, row ``i`` in slot ``i``."""
-        history = text_history(session.cached, session.slots)
-        first = mx.array(first, mx.int32)
-        sources = self._prefilled_sources(session, slice(None))
-        self.state = DecodeState(first, hidden, session.lengths, session.cache, history, sources)
-        session.cache = None  # the batch owns the cache (in-place updates)
-        self.row_keys, self.rows = keys, list(rows)
-        for r, row in enumerate(self.rows):
-            row.slot = r
-        self.behind = [0] * len(self.stateful)  # every source prefilled with every row
-
-    def _prefilled_sources(self, session: Session, rows: slice) -> tuple:
-        """The stateful sources' states after ``session``'s ``rows``' prompts (all in its
-        cache: ``Source.prefill``)."""
-        return tuple(s.prefill(self.model, session, rows) for s in self.stateful)
-
-    def _place(self, r: int, session: Session, i: int, hidden, first, rng) -> None:
-        """Write row ``i`` of a prefilled session into batch row ``r`` (lazy array updates)."""
-        self.state = ensure_slots(self.state, session.slots)
-        at = mx.arange(len(self.rows)) == r  # (B,)
-        place_row(self.state.cache, r, session.cache, i)
-        s = self.state
-        history = s.history
-        if history is not None:  # the row's text so far: its prompt, all in the cache
-            text = text_history(session.cached[i : i + 1], history.shape[1])
-            history = mx.where(at[:, None], text, history)
-        for state, row_state in zip(s.sources, self._prefilled_sources(session, slice(i, i + 1))):
-            place_row(state, r, row_state, 0)
-        self.state = s._replace(
-            init_token=mx.where(at, first, s.init_token),
-            hidden=mx.where(at[:, None], hidden, s.hidden),
-            lengths=mx.where(at, session.lengths[i], s.lengths),
-            history=history,
-        )
-        self.row_keys = mx.where(at[:, None], rng[None], self.row_keys)

@@ -10,8 +10,9 @@ row: its token limit and why it stops there (``cache.token_limit``: ``"length"``
 request's ``max_tokens``, ``"context"`` where the model's context ends first), with its
 branch tree when branching is on.
 
-The draft slot's checks (``held.check_draft_slot``, ``check_loaded``,
-``slot_modules``) are called from this module alone.
+The draft slot's checks (``held.check_draft_slot``, ``check_loaded``) are called from this
+module alone, and it is the boundary where the drafter and the draft slot become the run's
+``sources`` (``held.held_sources``, once): the loop below takes only that tuple.
 
 The checks a run makes before anything runs live here too: the API's sources and pinned
 shape (``check_api_sources``, ``check_shape_sources``, ``missing_sources``), the prompts
@@ -30,7 +31,15 @@ from ..core.branches import BRANCH_MODES, BranchRules, branch_rules, request_row
 from ..core.sampling import SamplerConfig
 from ..core.shape import AR, BeamShape
 from ..decoding.cache import token_limit
-from ..drafting.held import check_draft_slot, check_loaded, slot_modules
+from ..drafting.held import (
+    check_draft_slot,
+    check_loaded,
+    check_sources,
+    held_modules,
+    held_sources,
+    runnable_sources,
+)
+from ..drafting.sources import Source
 from ..verifier.protocol import Verifier
 from .adaptive import Adaptive
 from .batch import BatchGenerator
@@ -56,44 +65,52 @@ def check_slot_loaded(draft_model) -> None:
 @dataclass(frozen=True)
 class Run:
     """The sources a run decodes with and the shape they run. ``shape``: the requested shape
-    less the parts without a source (``BeamShape.runnable``); ``drafter``: None when no part
-    of ``shape`` drafts with it; ``draft_model``: the draft slot (``held.slot_items``), None
-    when ``shape`` has no ``D1×L`` chain."""
+    less the parts without a source (``BeamShape.runnable``); ``sources``: the drafter and
+    draft slots resolved once (``held.held_sources``), less those no part of ``shape`` runs
+    (``held.runnable_sources``)."""
 
     model: Any
     shape: BeamShape
-    drafter: Any = None
-    draft_model: Any = None
+    sources: tuple[Source, ...] = ()
 
     @classmethod
     def of(cls, model, drafter, draft_model, shape: BeamShape | None, *, own_thread=False) -> Run:
         """The checked and resolved sources of a run of ``shape`` (None: plain decoding, which
         takes no drafter). The draft slot is checked against the model
-        (``held.check_draft_slot``: TypeError for a path, ValueError naming the fix);
-        ``shape`` against the vocabulary (``BeamShape.validate``: ``ShapeError``). A drafter
-        trained on other feature layers than the model taps sets the model's
-        (``Verifier.capture_features``, as ``loading.attach`` does). ``own_thread``: the loop
-        runs on another thread than the one that loaded the modules (the server's engine
-        thread): every array they hold is evaluated now (``loading.materialize``)."""
-        if shape is None:
-            if drafter is not None:
-                raise ValueError(
-                    "a drafter needs a beam shape: pass one (e.g. BeamShape(4, 4)), or "
-                    "drafter=None for plain decoding"
-                )
-            shape = AR
-        check_draft_slot(model, drafter, draft_model)  # a model, an early-exit adapter or both
-        shape = shape.validate(model.vocab_size).runnable(
-            drafter is not None, draft_model is not None
-        )
-        draft_model = draft_model if shape.model_length else None
-        drafter = drafter if shape.drafts else None
-        layers = getattr(getattr(drafter, "args", None), "feature_layers", None)
+        (``held.check_draft_slot``: TypeError for a path, ValueError naming the fix), then
+        the slots become the run's sources (``of_sources``)."""
+        if shape is None and drafter is not None:
+            raise ValueError(
+                "a drafter needs a beam shape: pass one (e.g. BeamShape(4, 4)), or "
+                "drafter=None for plain decoding"
+            )
+        check_slot_loaded(draft_model)  # a path: how to load it (before resolving it)
+        sources = held_sources(drafter, draft_model)  # the one resolution of the two slots
+        check_draft_slot(model, draft_model, sources)  # a model, an early-exit adapter or both
+        return cls.of_sources(model, sources, shape, own_thread=own_thread)
+
+    @classmethod
+    def of_sources(
+        cls, model, sources: tuple[Source, ...], shape: BeamShape | None, *, own_thread=False
+    ) -> Run:
+        """A run of ``shape`` (None: plain decoding) over ``sources`` (``held.held_sources``):
+        ``shape`` checked against the vocabulary (``BeamShape.validate``: ``ShapeError``) and
+        cut to the parts the sources run. A drafter trained on other feature layers than the
+        model taps sets the model's (``Verifier.capture_features``, as ``loading.attach``
+        does). ``own_thread``: the loop runs on another thread than the one that loaded the
+        modules (the server's engine thread): every array they hold is evaluated now
+        (``loading.materialize``)."""
+        check_sources(sources)
+        parts = {source.part for source in sources}
+        shape = (AR if shape is None else shape).validate(model.vocab_size)
+        shape = shape.runnable("beams" in parts, "chain" in parts)
+        sources = runnable_sources(sources, shape)
+        layers = next((s.feature_layers for s in sources if s.feature_layers), None)
         if layers and tuple(layers) != model.feature_layers:
             model.capture_features(layers)
         if own_thread:
-            materialize(model, drafter, *slot_modules(draft_model))  # an adapter's rope tables too
-        return cls(model, shape, drafter, draft_model)
+            materialize(model, *held_modules(sources))  # an adapter's rope tables too
+        return cls(model, shape, sources)
 
     @property
     def speculative(self) -> bool:
@@ -115,11 +132,11 @@ class Run:
         if not adapt or not self.speculative:
             return FixedShape(self.shape)
         if rows == "fixed":
-            return SoloChoice(self.model, self.drafter, self.shape, sampler, adapt)
+            return SoloChoice(self.model, self.sources, self.shape, sampler, adapt)
         if isinstance(adapt, Adaptive):
             return BatchChoice(self.shape, adapt)
         if rows == "branches":
-            return learnt_batch(self.model, self.drafter, self.shape, sampler)
+            return learnt_batch(self.model, self.sources, self.shape, sampler)
         return BatchChoice(self.shape, Adaptive())
 
     def generator(
@@ -136,17 +153,7 @@ class Run:
         """The batched loop over this run's sources (``kind``: ``BatchGenerator`` or a
         subclass, such as the server's ``RequestBatch``), its arguments as
         ``BatchGenerator``'s."""
-        return kind(
-            self.model,
-            self.drafter,
-            policy,
-            eos,
-            max_batch,
-            compiled,
-            group,
-            release,
-            draft_model=self.draft_model,
-        )
+        return kind(self.model, self.sources, policy, eos, max_batch, compiled, group, release)
 
 
 def make_row(
@@ -168,7 +175,7 @@ def make_row(
     return Row(sampler, limit, prompt_len, stats, owner, at_limit=at_limit, tree=tree)
 
 
-def check_branch_memory(model, drafter, shape, rows, max_batch, longest, sampler, draft_model):
+def check_branch_memory(model, sources, shape, rows, max_batch, longest, sampler):
     """``check_step_memory`` for ``max_batch`` rows (``rows`` prompts, each up to its branch
     limit); when the prompts alone fit, the branch limit is what does not: ``ShapeTooLarge``
     (a ``ParamError``) naming ``max_branches`` (the flag), not the shape's largest part."""
@@ -176,16 +183,12 @@ def check_branch_memory(model, drafter, shape, rows, max_batch, longest, sampler
 
     sampling = not sampler.greedy
     try:
-        check_step_memory(
-            model, drafter, shape, max_batch, longest, sampling, draft_model=draft_model
-        )
+        check_step_memory(model, sources, shape, max_batch, longest, sampling)
     except ShapeTooLarge as e:
         if max_batch == rows:
             raise
         try:
-            check_step_memory(
-                model, drafter, shape, rows, longest, sampling, draft_model=draft_model
-            )
+            check_step_memory(model, sources, shape, rows, longest, sampling)
         except ShapeTooLarge:
             raise e from None
         raise ShapeTooLarge(

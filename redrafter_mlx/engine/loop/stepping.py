@@ -1,7 +1,8 @@
-"""Generation, the loop's second part: each step's shape and row parameters, the stateful
-sources' catch-up, and the queue-then-read pipeline (``queue`` a step with
-``mx.async_eval``, ``read`` an older one that is computed), in the order
-``platform.read_first`` measured for the backend (``Stepping.step``)."""
+"""Generation, the loop's second part: each step's shape, the stateful sources' catch-up,
+queueing a step (``queue``, with ``mx.async_eval``) and reading one that is computed
+(``read``); the orchestrator (``batch.BatchGenerator.step``) chooses their order, as
+``platform.read_first`` measured for the backend. Built alone over the batch's state
+(``batch_state.BatchState``) and a shape policy."""
 
 from __future__ import annotations
 
@@ -11,15 +12,19 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from ..core.sampling import StepMode, one_row, stack_rows
-from ..core.shape import AR, BeamShape
-from ..decoding.cache import ensure_slots, step_window
+from ..base.platform import read_first
+from ..core.sampling import StepMode
+from ..core.shape import BeamShape
+from ..decoding.cache import step_window
 from ..decoding.decode import StepOutput
 from ..decoding.step import batch_step
+from ..drafting.held import sources_key
 from ..drafting.sources import DraftContext, by_source, sized_sources, step_capacity
 from ..verifier.entries import cache_slots
 from .adaptive import rank0_shape
-from .rows import Row, RowStep
+from .batch_choice import ShapePolicy
+from .batch_state import BatchState
+from .rows import Row
 
 
 @dataclass
@@ -36,62 +41,72 @@ class Queued:
     end: tuple = ()  # (init_token (B,), hidden (B, H), lengths (B,), row_keys (B, 2)) after it
 
 
-class Stepping:
-    """The stepping part of ``batch.BatchGenerator``: queue, read, catch-up."""
+@dataclass
+class Read:
+    """A computed step read on the host: per row it ran (by its index when queued), the
+    tokens (lists), counts (accepted drafts + bonus), tree slots used and accepted drafts per
+    source (``sources.by_source``); ``seconds``: since it was queued (None: it compiled)."""
 
-    def _row_params(self):
-        """(StepMode, active (B,), RowSettings, SplitRows or None, grants): rebuilt only
-        after rows join or leave (a fork joins a row), a child's forced draw is queued, or
-        the rows' fork grants change."""
-        grants = self.fork_grants(self.rows) if self.branching else [False] * len(self.rows)
-        if self._params is not None and self._params[4] != grants:
-            self._params = None
-        if self._params is None:
-            V = self.model.vocab_size
-            for row in self.active:
-                if row.sampling is None:
-                    row.sampling = one_row(row.sampler, V)
-            mode, settings = stack_rows(
-                [r.sampling if r is not None else None for r in self.rows], V
-            )
-            active = mx.array([r is not None for r in self.rows])
-            ids, split = self._split(grants)
-            self._params = (mode._replace(split=ids), active, settings, split, grants)
-        return self._params
+    step: Queued
+    tokens: list
+    counts: list[int]
+    packed: list[int]
+    by: list[tuple[int, ...]]
+    seconds: float | None
+
+
+class Stepping:
+    """The loop's stepping part over ``batch`` (the rows and their arrays) and ``policy``
+    (each step's shape): ``queue`` a step, ``read`` one, the stateful sources' ``catch_up``.
+    ``group``: the ranks of a split model (rank 0 names each step's shape)."""
+
+    def __init__(self, batch: BatchState, policy: ShapePolicy, compiled=True, group=None):
+        self.batch, self.policy = batch, policy
+        self.model, self.sources = batch.model, batch.sources
+        self.key = sources_key(batch.sources)  # the compiled steps' (``step.batch_step``)
+        self.compiled, self.group = compiled, group
+        self.leader = group is None or group.rank() == 0
+        # The loop's read order: step k is read before step k+1 is queued when the policy
+        # chooses each step from the text so far and the backend gains by it (measured).
+        self.reads_first = policy.each_step and read_first()
+        self.sized: dict = {}  # shape -> the sources a step of it runs, sized (``sized``)
+        self.catch_ups = 0  # catch-ups queued (a source back after steps without it)
+        self._traced: set = set()  # (shape, mode, rows, window, slots) of steps already run
+        self.host_s = 0.0  # time spent queueing steps (dispatch)
+        self.pending: Queued | None = None  # the step queued and not yet read
+        self.inflight = 0  # steps queued and not yet read
+
+    def reset(self) -> None:
+        self.pending, self.inflight = None, 0
 
     def _step_fn(self, shape: BeamShape | None, mode: StepMode):
-        return batch_step(self.model, self.drafter, shape, mode, self.compiled, self.draft_model)
+        return batch_step(self.model, self.sources, shape, mode, self.compiled, self.key)
 
     def catch_up(self, shape: BeamShape | None, window: int) -> None:
         """Before queueing a step of ``shape``: each stateful source it runs whose state may
         miss more committed tokens than its own draft re-runs (``covers``) re-runs them
         now (``catch_up``, lazy: the step's graph takes the result); then account for the
-        step in every stateful source's bound (``sources.py``, "Sources that sit out
-        steps")."""
+        step in every stateful source's bound (``BatchState.behind``; ``sources.py``,
+        "Sources that sit out steps")."""
+        batch = self.batch
         running = self.sources_of(shape)
         ran = {source.state_index: source for source in running if source.stateful}
         for i, source in ran.items():
-            missed = self.behind[i]
+            missed = batch.behind[i]
             if missed <= source.covers:
                 continue
-            s = self.state
+            s = batch.state
             ctx = DraftContext(
                 self.model, s.hidden, s.init_token, s.lengths, s.history, window,
                 own=s.sources[i], cache=s.cache,
             )  # fmt: skip
-            state, cache = source.catch_up(ctx, missed)
-            sources = list(s.sources)
-            sources[i] = state
-            s = s._replace(sources=tuple(sources))
-            if cache is not None:
-                s = s._replace(cache=cache)
-            self.state = s
+            batch.caught_up(i, *source.catch_up(ctx, missed))
             self.catch_ups += 1
-        for i in range(len(self.stateful)):
+        for i in range(len(batch.stateful)):
             if i in ran:
-                self.behind[i] = ran[i].covers
+                batch.behind[i] = ran[i].covers
             else:
-                self.behind[i] += shape.longest if shape else 1
+                batch.behind[i] += shape.longest if shape else 1
 
     def sources_of(self, shape: BeamShape | None) -> list:
         """The held sources a step of ``shape`` runs, sized (``sources.sized_sources``; None:
@@ -99,7 +114,7 @@ class Stepping:
         if shape is None:
             return []
         if shape not in self.sized:
-            self.sized[shape] = sized_sources(self.held, shape)
+            self.sized[shape] = sized_sources(self.sources, shape)
         return self.sized[shape]
 
     @functools.cached_property
@@ -107,7 +122,7 @@ class Stepping:
         """The most slots a step of the policy's shapes writes past a row: its ``slots``, and
         each shape's ``sources.step_capacity`` (further draft-slot chains); the policy's
         shapes are fixed, so it is worked out once."""
-        most = max(step_capacity(s, self.held) for s in self.policy.shapes)
+        most = max(step_capacity(s, self.sources) for s in self.policy.shapes)
         return max(self.policy.slots, most)
 
     def next_shape(self) -> BeamShape | None:
@@ -116,71 +131,50 @@ class Stepping:
         several shapes to choose from), rank 0's choice."""
         shape = None
         if self.leader:
-            running = [row for row in self.active if not row.finished]
+            running = [row for row in self.batch.active if not row.finished]
             seeded = any(r.sampler.seed is not None and not r.sampler.greedy for r in running)
             matches = [row.shadow.match(0) if row.shadow else 0 for row in running]
-            shape = self.policy.next(len(self.rows), matches, seeded)
+            shape = self.policy.next(len(self.batch.rows), matches, seeded)
         if self.group is not None and len(self.policy.shapes) > 1:
             shape = rank0_shape(shape, self.policy.shapes, self.group)
         elif shape is None:  # a fixed shape: every rank runs it
             shape = self.policy.shapes[0]
         return None if shape.is_autoregressive else shape
 
-    def step(self) -> list[RowStep]:
-        """One turn of the loop: queue the next step for the running rows and read the one
-        queued before it, as ``reads_first`` says (else the device never waits for the
-        host's reading and shape choice: the step is queued first; with branching rows,
-        read first as ``platform.read_first`` says, else as ``queue_ahead`` allows).
-        Returns what the read step gave each row it ran that was still going (none on the
-        first turn)."""
-        got = []
-        if self.pending is not None:
-            branching = self.branching
-            first = branching and (self.branches_read_first or not self.queue_ahead())
-            if self.reads_first or first:
-                got, self.pending = self.read(self.pending), None
-            elif branching:
-                self.ahead += 1
-        self.seat()  # rows a join left free (a waiting prefill counts until it joins)
-        nxt = self.queue() if any(not row.finished for row in self.active) else None
-        if self.pending is not None:
-            got += self.read(self.pending)
-        self.pending = nxt
-        return got
-
-    def queue(self) -> Queued:
-        """Queue one step for all rows; attention covers every active row's possible length."""
-        self.vacated = {}  # the step writes into free rows
-        longest = max(row.length for row in self.active)
+    def queue(self, grants: list[bool]) -> Queued:
+        """Queue one step for all rows (``grants``: per row, whether it may fork in it);
+        attention covers every active row's possible length."""
+        batch = self.batch
+        longest = max(row.length for row in batch.active)
         window = step_window(longest, self.inflight, self.policy.per_step, self.most_slots)
-        self.state = ensure_slots(self.state, window)
+        batch.ensure_slots(window)
         shape = self.next_shape()
         self.catch_up(shape, window)
-        mode, active, settings, split, grants = self._row_params()
-        key = (shape, mode, len(self.rows), window, cache_slots(self.state.cache))
+        mode, active, settings, split, grants = batch.row_params(grants)
+        key = (shape, mode, len(batch.rows), window, cache_slots(batch.state.cache))
         started = time.perf_counter() if key in self._traced else None  # else: it compiles
         self._traced.add(key)
         step = self._step_fn(shape, mode)
-        state, self.state = self.state, None  # only the step's graph holds the cache
+        state, row_keys = batch.open_step(), batch.row_keys
         host = time.perf_counter()
         try:
-            state, self.row_keys, out = step(state, self.row_keys, active, settings, window, split)
-            mx.async_eval(out, state, self.row_keys)
+            state, row_keys, out = step(state, row_keys, active, settings, window, split)
+            mx.async_eval(out, state, row_keys)
         finally:
-            self.state = state
+            batch.close_step(state, row_keys)
         self.host_s += time.perf_counter() - host
         self.inflight += 1
-        for row in self.active:
+        for row in batch.active:
             if row.forced >= 0 and not row.forced_queued:
-                row.forced_queued, self._params = True, None
+                row.forced_queued = True
+                batch.invalidate()
         end = ()
         if any(grants):  # what a fork copies (``fork``): small arrays, the cache is not held
-            end = (state.init_token, state.hidden, state.lengths, self.row_keys)
-        return Queued(out, tuple(self.rows), shape, started, tuple(grants), end)
+            end = (state.init_token, state.hidden, state.lengths, batch.row_keys)
+        return Queued(out, tuple(batch.rows), shape, started, tuple(grants), end)
 
-    def read(self, step: Queued) -> list[RowStep]:
-        """A computed step's tokens for the rows it ran that are still going: per row, the
-        part emitted (exact stop) and why it finished (None: it goes on)."""
+    def read(self, step: Queued) -> Read:
+        """A computed step's tokens, counts, tree slots and sources on the host."""
         out = step.out
         tokens, counts = out.tokens.tolist(), out.count.tolist()  # this step is computed
         sources = out.source.tolist() if out.source is not None else [None] * len(counts)
@@ -188,24 +182,4 @@ class Stepping:
         packed = out.packed.tolist()
         self.inflight -= 1
         seconds = None if step.started is None else time.perf_counter() - step.started
-        ran, resolved, delivered = [], [], []
-        for r, row in enumerate(step.owners):  # r: the row's index when the step was queued
-            if row is None or row.finished:
-                continue
-            ran.append(counts[r])
-            row.length += counts[r]
-            row.stats.record(counts[r], by[r], packed[r], step.shape)
-            if row.shadow is not None:  # what a lookup chain would have given this step
-                resolved += row.shadow.step(0, tokens[r][: counts[r]])
-            new, finish = self.emit(row, tokens[r][: counts[r]])
-            drafted = [i < counts[r] - 1 for i in range(len(new))]
-            self.grow_branches(row, new, finish, drafted, (step, r))
-            delivered.append(RowStep(row, new, finish, counts[r], packed[r], by[r]))
-            if row.finished and row.shadow is not None:
-                resolved += row.shadow.finish(0)
-        for row in self.end_answers([d.row for d in delivered]):
-            if row.shadow is not None:
-                resolved += row.shadow.finish(0)
-        self.policy.finished(len(step.owners), step.shape or AR, ran, seconds)
-        self.policy.lookup_seen(resolved)
-        return delivered
+        return Read(step, tokens, counts, packed, by, seconds)

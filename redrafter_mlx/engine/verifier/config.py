@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from ..base.errors import RedrafterError
+from .refusals import NEEDS
 
 # model_type -> the Hugging Face causal-LM classes that name it in ``architectures``.
 ARCHITECTURES = {
@@ -191,6 +192,8 @@ def convert_command(model_type: str | None, source) -> str:
 def _mlx_lm_implements(model_type: str) -> bool:
     from mlx_lm.utils import _get_classes
 
+    if model_type in NEEDS:  # its module would end the process without its package
+        return True
     try:
         _get_classes({"model_type": model_type})
     except ValueError:

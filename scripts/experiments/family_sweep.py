@@ -222,7 +222,9 @@ def _one_worker(names: list[str], timeout: float, command):
                 last = ([x for x in err.read().splitlines() if x.strip()] or [""])[-1]
                 yield Row(name, "CRASH", f"worker {why}: {last.strip()[:140]}", 0.0)
                 return
-            yield Row(**json.loads(line))
+            row = Row(**json.loads(line))
+            row.seconds = time.perf_counter() - start  # as the sweep waited: start-up too
+            yield row
         proc.wait()
 
 

@@ -10,7 +10,10 @@ import pytest
 
 from scripts.experiments.family_sweep import OUT, sweep
 
-FEW = ["llama", "gpt2", "lfm2", "phi3small", "gemma3n", "bailing_moe_linear", "olmo", "step3p5"]
+FEW = [
+    "llama", "gpt2", "nanochat", "cohere", "lfm2", "qwen3_next", "phi3small", "gemma3n",
+    "gpt_neox", "bailing_moe_linear", "mamba", "dbrx", "falcon_h1", "llama4", "olmo", "step3p5",
+]  # fmt: skip
 
 
 @pytest.mark.slow

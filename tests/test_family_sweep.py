@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import pytest
 
-from scripts.experiments.family_sweep import sweep
+from scripts.experiments.family_sweep import OUT, sweep
 
-FEW = ["llama", "gpt2", "lfm2", "phi3small", "gemma3n", "bailing_moe_linear"]
+FEW = [
+    "llama", "gpt2", "nanochat", "cohere", "lfm2", "qwen3_next", "phi3small", "gemma3n",
+    "gpt_neox", "bailing_moe_linear", "mamba", "dbrx", "falcon_h1", "llama4", "olmo", "step3p5",
+]  # fmt: skip
 
 
 @pytest.mark.slow
@@ -20,3 +23,6 @@ def test_a_few_families_decode_plain_decodings_tokens_or_are_refused_in_one_line
     bad = [r.line() for r in rows.values() if r.status not in ("ok", "refused")]
     assert not bad, bad
     assert rows["phi3small"].status == "refused" and rows["gpt2"].status == "ok"
+    committed = {line.split()[0]: line for line in OUT.read_text().splitlines()[1:]}
+    stale = [r.line() for r in rows.values() if committed.get(r.family) != r.line()]
+    assert not stale, f"{OUT} is not what the sweep finds now (rerun it): {stale}"

@@ -74,9 +74,11 @@ def get_command():
 def main() -> None:
     """Entry point of the ``redrafter-mlx`` script."""
     try:
+        from redrafter_mlx.cli.errors import one_line_warnings
         from redrafter_mlx.engine.base.platform import ensure_fast_blas
 
         ensure_fast_blas()
+        one_line_warnings()
         get_command()(prog_name=PROG_NAME)
     except KeyboardInterrupt:  # Ctrl-C before a command's own error handling took over
         print("error: interrupted", file=sys.stderr)

@@ -79,3 +79,19 @@ def _maybe_traceback(verbose: bool) -> None:
     """Print the current exception's traceback on stderr when --verbose is on."""
     if verbose:
         traceback.print_exc(file=sys.stderr)
+
+
+def one_line_warnings() -> None:
+    """Python warnings (a narrowed beam's note, a library's ``UserWarning``) show as one
+    ``warning:`` line on stderr, without the source path and line Python adds; transformers'
+    own log warnings ("You are using a model of type X to instantiate...") are silenced."""
+    import os
+    import warnings
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        first = (str(message).strip().splitlines() or [category.__name__])[0]
+        print(f"warning: {first}", file=file or sys.stderr)
+
+    warnings.showwarning = show

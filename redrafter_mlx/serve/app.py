@@ -63,6 +63,7 @@ log = logging.getLogger("redrafter_mlx.serve")
 DISCARD_LIMIT = 64 << 20  # the most of a refused body read (and dropped) so the 413 arrives
 LINGER_S = 1.0  # after a 413: how long a client sending nothing more is waited for
 READ_DEADLINE = "redrafter_mlx.read_deadline"  # scope key: when the request must be read by
+RELEASE = "redrafter_mlx.release"  # scope key: stop counting this connection (a 413 answered)
 
 
 class EngineFailure(Exception):
@@ -524,6 +525,8 @@ class _Refusal(JSONResponse):
         start = {"type": "http.response.start", "status": self.status_code}
         await send({**start, "headers": self.raw_headers})
         await send({"type": "http.response.body", "body": self.body, "more_body": True})
+        if (release := scope.get(RELEASE)) is not None:  # answered: no longer a client's
+            release()  # connection under --max-connections while its body is dropped
         await _discard_body(receive, self.deadline)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 

@@ -3,12 +3,13 @@ connection whose request is not read within the read timeout."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import signal
 import threading
 
-from .app import READ_DEADLINE
+from .app import READ_DEADLINE, RELEASE
 from .scheduler import Scheduler
 
 log = logging.getLogger("redrafter_mlx.serve")
@@ -80,7 +81,14 @@ def _timed_http(seconds: float):
             if self.cycle is not self._waiting:  # the headers arrived: a new cycle runs
                 if self._timer is not None:  # its body is due by the same deadline
                     self.cycle.scope[READ_DEADLINE] = self._deadline
+                self.cycle.scope[RELEASE] = self._release
                 self._disarm()
+
+        def _release(self) -> None:
+            """This connection and its request's task no longer count against uvicorn's
+            ``limit_concurrency`` (``--max-connections``): a refused one draining its body."""
+            self.connections.discard(self)
+            self.tasks.discard(asyncio.current_task())
 
         def _expire(self) -> None:
             self._timer = None

@@ -11,23 +11,34 @@ random weights, saved as a folder and loaded by ``loading.load_model``, float32)
 * ``draft``: the model as its own draft model (``D1xL4``) equals it;
 * or the load's one-line refusal (``n/a``: mlx-lm's own forward cannot run here). A row
   marked ``WRONG`` decoded a different token, one marked ``CRASH`` raised something else
-  than a refusal: neither may ever be in the table.
+  than a refusal or ended its process (a signal, ``sys.exit``), one marked ``HANG`` ran
+  past ``--timeout``: none may ever be in the table.
+
+Families run in a worker process (``--worker``), one after another; a worker that dies or
+hangs is reported in its family's row and a fresh one takes the families left.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import queue
+import signal
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 TOKENS = 8
 PROMPT = [1, 7, 3, 9, 4, 2, 8, 5, 7, 3, 9, 4, 2, 8, 5, 7]
 OUT = Path("docs/bench/family_sweep.txt")
+TIMEOUT = 300.0  # seconds a family may take (a tiny model takes a few, on a shared CPU)
+STATUSES = ("ok", "refused", "n/a", "WRONG", "CRASH", "HANG")
 
 
 @dataclass
@@ -94,7 +105,7 @@ def sweep_family(name: str, config: dict, root: Path) -> Row:
     start = time.perf_counter()
     try:
         status, detail = _run(name, config, root)
-    except Exception as e:  # the sweep records it; the test fails on it
+    except (Exception, SystemExit) as e:  # the sweep records it; the test fails on it
         first = (str(e).strip().splitlines() or [""])[0][:160]
         status, detail = "CRASH", f"{type(e).__name__}: {first}"
     return Row(name, status, detail, time.perf_counter() - start)
@@ -105,18 +116,21 @@ def _run(name: str, config: dict, root: Path) -> tuple[str, str]:
 
     from redrafter_mlx.engine.core.shape import BeamShape
     from redrafter_mlx.engine.loop.loading import LoadError, load_model
-    from redrafter_mlx.engine.verifier.refusals import BY_NAME
+    from redrafter_mlx.engine.verifier.refusals import check_family
     from tests.helpers import run_decode
 
     path = root / name
-    lm = build(config)
-    if name in BY_NAME:  # refused before any forward: mlx-lm's own may write out of bounds
-        save(lm, config, path)
+    try:
+        check_family(config["model_type"])
+    except ValueError:  # refused before mlx-lm imports or builds it: a config is enough
+        path.mkdir(parents=True)
+        (path / "config.json").write_text(json.dumps(config))
         try:
             load_model(path, mx.float32)
         except LoadError as e:
             return "refused", str(e).replace(str(path), "<folder>")
         return "CRASH", "a family refused by name loaded"
+    lm = build(config)
     try:
         want = mlx_lm_greedy(lm, [t % vocab_of(lm) for t in PROMPT], TOKENS)
     except Exception as e:  # not a family this machine runs (bitnet's Metal kernel on a CPU)
@@ -153,25 +167,85 @@ def _run(name: str, config: dict, root: Path) -> tuple[str, str]:
     return "ok", "; ".join(notes)
 
 
-def sweep(names=None) -> list[Row]:
+def worker(names: list[str]) -> None:
+    """Each family's row as a JSON line on stdout, in order (``--worker``)."""
     from tests.fixtures.mlx_lm_sweep import CONFIGS
 
-    rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name, config in CONFIGS.items():
-            if names is None or name in names:
-                rows.append(sweep_family(name, config, Path(tmp)))
-                print(rows[-1].line(), f"({rows[-1].seconds:.1f} s)", file=sys.stderr, flush=True)
+        for name in names:
+            row = sweep_family(name, CONFIGS[name], Path(tmp))
+            print(json.dumps(asdict(row)), flush=True)
+
+
+def worker_command(names: list[str]) -> list[str]:
+    return [sys.executable, "-m", "scripts.experiments.family_sweep", "--worker", ",".join(names)]
+
+
+def sweep(names=None, timeout: float = TIMEOUT, command=worker_command) -> list[Row]:
+    """A row per family of ``names`` (default: every family), in the fixture's order, each
+    computed in a worker process ``command(families)``; a worker that ends before a row or
+    gives none within ``timeout`` seconds gives its family a ``CRASH`` or ``HANG`` row."""
+    from tests.fixtures.mlx_lm_sweep import CONFIGS
+
+    left = [n for n in CONFIGS if names is None or n in names]
+    left += sorted(set(names or ()) - set(left))  # not in the fixture: a CRASH row each
+    rows = []
+    while left:
+        for row in _one_worker(list(left), timeout, command):
+            rows.append(row)
+            left.remove(row.family)
+            print(row.line(), f"({row.seconds:.1f} s)", file=sys.stderr, flush=True)
     return rows
+
+
+def _one_worker(names: list[str], timeout: float, command):
+    """Rows from one worker over ``names``, up to and including the first it fails on."""
+    with tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(
+            command(names), stdout=subprocess.PIPE, stderr=err, text=True, env=_env()
+        )
+        lines: queue.Queue = queue.Queue()
+        threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
+        for name in names:
+            start = time.perf_counter()
+            try:
+                line = lines.get(timeout=timeout)
+            except queue.Empty:
+                proc.kill()
+                proc.wait()
+                yield Row(name, "HANG", f"no row in {timeout:.0f} s", time.perf_counter() - start)
+                return
+            if line is None:  # the worker ended before this family's row
+                rc = proc.wait()
+                why = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exit {rc}"
+                err.seek(0)
+                last = ([x for x in err.read().splitlines() if x.strip()] or [""])[-1]
+                yield Row(name, "CRASH", f"worker {why}: {last.strip()[:140]}", 0.0)
+                return
+            row = Row(**json.loads(line))
+            row.seconds = time.perf_counter() - start  # as the sweep waited: start-up too
+            yield row
+        proc.wait()
+
+
+def _pump(stream, lines: queue.Queue) -> None:
+    for line in stream:
+        if line.startswith("{"):
+            lines.put(line)
+    lines.put(None)
+
+
+def _env() -> dict:
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": root if not path else f"{root}{os.pathsep}{path}"}
 
 
 def table(rows: list[Row]) -> str:
     """The committed table: a header line, then a row per family."""
     import mlx_lm
 
-    counts = {
-        s: sum(r.status == s for r in rows) for s in ("ok", "refused", "n/a", "WRONG", "CRASH")
-    }
+    counts = {s: sum(r.status == s for r in rows) for s in STATUSES}
     head = (
         f"family sweep, mlx-lm {mlx_lm.__version__}: {len(rows)} families, "
         + ", ".join(f"{n} {s}" for s, n in counts.items())
@@ -184,9 +258,13 @@ def table(rows: list[Row]) -> str:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="comma-separated families (default: all; no file written)")
+    parser.add_argument("--timeout", type=float, default=TIMEOUT, help="seconds per family")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)  # families, in this process
     args = parser.parse_args(argv)
+    if args.worker:
+        return worker(args.worker.split(","))
     names = set(args.only.split(",")) if args.only else None
-    rows = sweep(names)
+    rows = sweep(names, args.timeout)
     text = table(rows)
     print(text, end="")
     if names is None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from ..verifier.config import transformers_rejects
 from ..verifier.weight_files import LoadError, check_weight_file, non_finite
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model")
@@ -55,6 +56,8 @@ def read_tokenizer(path: Path):
             raise LoadError(missing) from None
         if type(e).__name__ == STRICT:
             raise LoadError(strict_config(e, path)) from None
+        if rejected := transformers_rejects(path, e):  # config.json, not the tokenizer
+            raise LoadError(rejected) from None
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         raise LoadError(
             f"the tokenizer in {path} cannot be read ({type(e).__name__}: {first}); fix or "

@@ -117,6 +117,10 @@ def load_model(path: str | os.PathLike, dtype=None, group=None) -> tuple[Verifie
     if not isinstance(model_type, str):
         raise LoadError(f"{path}/config.json has no model_type; re-download the config")
     try:
+        refused_by_name(model_type)  # before mlx-lm imports, builds or runs it
+    except ValueError as e:
+        raise LoadError(f"{path}: {e}") from None
+    try:
         _get_classes(config)
     except ValueError:
         raise LoadError(
@@ -127,10 +131,6 @@ def load_model(path: str | os.PathLike, dtype=None, group=None) -> tuple[Verifie
         config_file.check_family(config, path / "config.json")
     except config_file.ConfigError as e:
         raise LoadError(str(e)) from None
-    try:
-        refused_by_name(model_type)  # before mlx-lm builds or runs it
-    except ValueError as e:
-        raise LoadError(f"{path}: {e}") from None
     files = weight_files_of(path)
     names = tensor_names(files)  # every file's header, read and checked once
     try:

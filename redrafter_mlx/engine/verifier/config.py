@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from ..base.errors import RedrafterError
+from .refusals import NEEDS
 
 # model_type -> the Hugging Face causal-LM classes that name it in ``architectures``.
 ARCHITECTURES = {
@@ -191,6 +192,8 @@ def convert_command(model_type: str | None, source) -> str:
 def _mlx_lm_implements(model_type: str) -> bool:
     from mlx_lm.utils import _get_classes
 
+    if model_type in NEEDS:  # its module would end the process without its package
+        return True
     try:
         _get_classes({"model_type": model_type})
     except ValueError:
@@ -303,4 +306,33 @@ def different_head(file: Path | str) -> ConfigError:
         f"{file} sets {TIE_KEY} true, but the checkpoint's {HEAD} differs from {EMBEDDING}; "
         f"set {TIE_KEY} to false to use {HEAD}, or remove {HEAD} to tie the output to the "
         "embedding"
+    )
+
+
+def transformers_rejects(folder: Path, error: Exception) -> str | None:
+    """One line if ``error`` (the tokenizer's load failing) is transformers' config class for
+    ``folder``'s config.json failing to read it (the tokenizer's load reads it for the
+    tokenizer's class, as ``mlx_lm.load`` does), else None. exaone4 without ``layer_types``
+    and with a text ``sliding_window_pattern`` ("LLGL", which mlx-lm reads) is one such."""
+    try:
+        from transformers import AutoConfig
+
+        AutoConfig.from_pretrained(str(folder))
+    except Exception as e:  # the same failure as the tokenizer's: the config is the cause
+        if type(e) is not type(error) or str(e) != str(error):
+            return None
+    else:
+        return None
+    config = json.loads((Path(folder) / "config.json").read_text())
+    first = (str(error).strip().splitlines() or [""])[0]
+    fix = "fix that field, or download the config again"
+    if isinstance(config.get("sliding_window_pattern"), str) and "layer_types" not in config:
+        fix = (
+            "add its layer_types (a 'sliding_attention' or 'full_attention' per layer, as "
+            "published configs of the family have) to config.json"
+        )
+    return (
+        f"{folder}/config.json cannot be read by transformers' config class for model_type "
+        f"{config.get('model_type')!r} ({type(error).__name__}: {first}), which the tokenizer's "
+        f"load reads, as mlx_lm.load does; {fix}"
     )

@@ -60,7 +60,8 @@ class LmArgs:
     def __init__(self, config: dict, hidden: int, vocab: int, layers: int, caches: list):
         text = {**(config.get("text_config") or {}), **config}
         self.rms_norm_eps = float(text.get("rms_norm_eps") or text.get("norm_eps") or 1e-6)
-        self.rope_theta = float(text.get("rope_theta") or 10000.0)
+        theta = text.get("rope_theta") or 10000.0  # a list: one per layer (step3p5)
+        self.rope_theta = float(theta[0] if isinstance(theta, list) else theta)
         self.rope_traditional = bool(text.get("rope_traditional", False))
         self.rope_scaling = text.get("rope_scaling")
         self.tie_word_embeddings = False  # whether the head is the embedding: LmModel sets it

@@ -16,7 +16,7 @@ from .common import HeadMismatch
 from .eagle3 import KIND as EAGLE3
 from .eagle3 import ORIGINAL_ARCHITECTURE, Eagle3Config, Eagle3Head
 from .mtp import KIND as MTP
-from .mtp import SIDECAR_MODEL_TYPE, TARGET_MODEL_TYPES, MtpHead, mtp_layers, text_config
+from .mtp import SIDECAR_MODEL_TYPE, TARGET_MODEL_TYPES, MtpHead, mtp_layers
 
 
 def _architectures(config: dict) -> list:

@@ -44,6 +44,7 @@ from ..drafting.lookup import write_history
 from ..drafting.sources import (
     ABSENT,
     DraftContext,
+    absorbed,
     merge,
     pad,
     present_of,
@@ -347,7 +348,11 @@ def redrafter_step(
     cache, next_hidden, lengths = commit_phase(  # 5. commit
         cache, state.lengths, path_slots, hidden, n, fresh, capacity, beams.shape[1] == 1
     )
-    next_state = DecodeState(bonus, next_hidden, lengths, cache, history, cand.states)
+    states = cand.states
+    if any(source.absorbs for source in held):  # 6. the sources that take in the path
+        path_hidden = mx.take_along_axis(hidden, path_slots[:, :, None], axis=1)  # (B, P, W)
+        states = absorbed(held, states, model, path, state.hidden, path_hidden, state.lengths)
+    next_state = DecodeState(bonus, next_hidden, lengths, cache, history, states)
     if beams.shape[1] == 1:  # one chain fills every slot: a constant, no kernel
         packed = mx.broadcast_to(mx.array(capacity, dtype=mx.int32), (B,))
     elif cand.two:
@@ -365,8 +370,12 @@ def redrafter_step(
     return next_state, StepOutput(tokens, n + 1, packed, chosen.astype(mx.int32))
 
 
-def autoregressive_step(model: Verifier, state: DecodeState, sampler: RowSampler, window: int):
-    """One plain decoding step (the baseline): commit the init token, draw the next."""
+def autoregressive_step(
+    model: Verifier, state: DecodeState, sampler: RowSampler, window: int, held: tuple = ()
+):
+    """One plain decoding step (the baseline): commit the init token, draw the next.
+    ``held``: the loop's sources; those that take in every committed token (``absorbs``)
+    take in this one."""
     lengths = state.lengths
     B = lengths.shape[0]
     tokens = state.init_token[:, None]
@@ -383,7 +392,8 @@ def autoregressive_step(model: Verifier, state: DecodeState, sampler: RowSampler
     history = state.history
     if history is not None:
         history = write_history(history, lengths, tokens)
-    next_state = DecodeState(nxt, hidden[:, 0], lengths + 1, cache, history, state.sources)
+    states = absorbed(held, state.sources, model, tokens, state.hidden, None, lengths)
+    next_state = DecodeState(nxt, hidden[:, 0], lengths + 1, cache, history, states)
     return next_state, StepOutput(nxt[:, None], one, one)
 
 

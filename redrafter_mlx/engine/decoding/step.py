@@ -85,7 +85,7 @@ def make_batch_step(
         sampler = RowSampler(RowSettings(*settings), draw_keys, mode, split)
         state = DecodeState(init_token, hidden, lengths, cache, history, sources)
         if shape is None:
-            nxt, out = autoregressive_step(model, state, sampler, window)
+            nxt, out = autoregressive_step(model, state, sampler, window, held)
         else:
             nxt, out = redrafter_step(model, held, state, shape, sampler, window)
         nxt = nxt._replace(lengths=mx.where(active, nxt.lengths, 0))  # free rows stay empty

@@ -22,7 +22,9 @@ import os
 
 from .draft_model import DraftModelSource
 from .drafter import DrafterSource
+from .heads.mtp import MtpHead
 from .lookup import LookupSource
+from .mtp_source import MtpSource
 from .sources import Source
 
 
@@ -40,6 +42,8 @@ def as_source(thing, part: str) -> Source:
     the drafter slot and a draft model's chain in the draft slot."""
     if isinstance(thing, Source):
         return thing
+    if isinstance(thing, MtpHead):
+        return MtpSource(thing)
     if hasattr(thing, "as_source"):
         return thing.as_source(part)
     if part == "beams":
@@ -122,7 +126,7 @@ def _check_item(draft) -> None:
             f"redrafter_mlx.load(model_path, drafter_path, draft_model={str(draft)!r}), then "
             "pass draft_model=draft"
         )
-    if isinstance(draft, Source) or hasattr(draft, "as_source"):
+    if isinstance(draft, Source | MtpHead) or hasattr(draft, "as_source"):
         return
     if not hasattr(draft, "vocab_size") or not callable(draft):
         raise TypeError(

@@ -62,11 +62,28 @@ def slot_kind(folder) -> str | None:
     source, ``load_source``), None: no kind (a draft model). ValueError naming the kind and
     the fix when no installed package registers it."""
     kind = kind_of(folder)
+    if kind in HEADS:  # a published head; a whole checkpoint with MTP layers is a model
+        return kind if is_head_folder(folder) else None
     if kind is None or kind in BUILT_IN:
         return kind
     if kind not in registered():
         raise ValueError(_unregistered(folder, kind))
     return kind
+
+
+def is_head_folder(folder) -> bool:
+    """Whether ``folder`` holds a published draft head (``HEADS``): an EAGLE-3 or DFlash
+    head, or an MTP sidecar (``model_type: qwen3_5_mtp``). A whole checkpoint whose config
+    declares MTP layers is a model in the draft slot (a draft model), not its MTP head."""
+    kind = kind_of(folder)
+    if kind not in HEADS:
+        return False
+    if kind != "mtp":
+        return True
+    from .heads.mtp import SIDECAR_MODEL_TYPE
+
+    config = json.loads((Path(folder) / "config.json").read_text())
+    return config.get("model_type") == SIDECAR_MODEL_TYPE
 
 
 def _unregistered(folder, kind: str) -> str:

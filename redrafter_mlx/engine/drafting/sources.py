@@ -125,6 +125,7 @@ DRAFTER = register_source("drafter")
 LOOKUP = register_source("lookup")
 DRAFT_MODEL = register_source("draft_model")
 EARLY_EXIT = register_source("early_exit")
+MTP = register_source("mtp")  # heads/: a model's own MTP layers (``mtp_source.py``)
 
 
 class DraftContext(NamedTuple):
@@ -182,6 +183,7 @@ class Source(abc.ABC):
     other: int = 0
     state_index: int = -1  # sized: its state's index in ``DecodeState.sources``
     covers: int = 0  # stateful, sized: committed tokens its own draft re-runs (``for_step``)
+    absorbs: bool = False  # stateful: its state takes in every step's committed path (``absorb``)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -255,6 +257,14 @@ class Source(abc.ABC):
         sized.length, sized.other = length, other
         return sized
 
+    def absorb(self, model, own, path, before, path_hidden, lengths):
+        """A source that ``absorbs``: its state after a step's commit, from the step's own
+        arrays (path (B, P) the committed tokens, init token first; before (B, W) the hidden
+        state at the last token cached before the step; path_hidden (B, P, W) the verify's at
+        the path's nodes; lengths (B,) the cache lengths before the step), whether or not it
+        drafted in that step, so it never falls behind. Inside the compiled step."""
+        raise NotImplementedError(f"{type(self).__name__} sets absorbs but has no absorb")
+
     @abc.abstractmethod
     def propose(self, ctx: DraftContext) -> Proposal:
         """Its candidates for the step (inside the compiled step: tensor ops, no host read)."""
@@ -281,6 +291,17 @@ def sized_sources(held, shape) -> list[Source]:
 def state_index(held, i: int) -> int:
     """The index of ``held[i]``'s state in ``DecodeState.sources`` (-1: it has none)."""
     return sum(1 for s in held[:i] if s.stateful) if held[i].stateful else -1
+
+
+def absorbed(held, states: tuple, model, path, before, path_hidden, lengths) -> tuple:
+    """Every held stateful source's state after a step's commit: an ``absorbs`` one's
+    through its ``absorb`` (the arguments as there), the others' as they are."""
+    states = list(states)
+    for i, source in enumerate(held):
+        if source.absorbs:
+            j = state_index(held, i)
+            states[j] = source.absorb(model, states[j], path, before, path_hidden, lengths)
+    return tuple(states)
 
 
 def stateful(held) -> list[Source]:

@@ -23,6 +23,7 @@ from ..drafting.draft_model import MAX_ADDED_TOKENS, check_draft_model
 from ..drafting.drafter import Drafter, DrafterArgs
 from ..drafting.early_exit import is_early_exit, kind_problem
 from ..drafting.held import held_sources
+from ..drafting.mtp_source import head_source
 from ..verifier import config as config_file
 from ..verifier.lm_checks import check_compiles, check_parity
 from ..verifier.lm_model import LmModel
@@ -332,6 +333,11 @@ def load(model_path, drafter_path=None, dtype=None, group=None, draft_model=None
         same = where == path and group is None
         if same:
             own = model
+        elif kinds.slot_kind(where) in kinds.HEADS:  # a published draft head's folder
+            try:
+                own = head_source(where, model, dtype)
+            except ValueError as e:
+                raise LoadError(str(e)) from None
         elif kinds.slot_kind(where) is not None:  # a registered third-party source's folder
             try:
                 own = kinds.load_source(where, model, tokenizer, dtype)

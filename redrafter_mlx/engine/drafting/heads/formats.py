@@ -16,7 +16,7 @@ from .common import HeadMismatch
 from .eagle3 import KIND as EAGLE3
 from .eagle3 import ORIGINAL_ARCHITECTURE, Eagle3Config, Eagle3Head
 from .mtp import KIND as MTP
-from .mtp import SIDECAR_MODEL_TYPE, TARGET_MODEL_TYPES, MtpHead, mtp_layers, text_config
+from .mtp import SIDECAR_MODEL_TYPE, TARGET_MODEL_TYPES, MtpHead, mtp_layers
 
 
 def _architectures(config: dict) -> list:
@@ -41,7 +41,9 @@ def is_mtp(config: dict) -> bool:
     declares some."""
     if config.get("model_type") == SIDECAR_MODEL_TYPE:
         return True
-    text_type = text_config(config).get("model_type", "")
+    text = config.get("text_config")
+    text_type = (text if isinstance(text, dict) else config).get("model_type")
+    text_type = text_type if isinstance(text_type, str) else ""
     family = config.get("model_type") in TARGET_MODEL_TYPES or any(
         text_type.startswith(t) for t in TARGET_MODEL_TYPES
     )

@@ -1,0 +1,178 @@
+"""A model's own MTP layers as a draft source (``engine/drafting/mtp_source.py``): greedy
+output equals plain decoding, alone and with the drafter and lookup in one tree, solo and
+batched; after every step the head's state holds exactly the committed text's entries (the
+commit's ``absorb``, whichever source won); the fixture head of the published format loads
+through the draft slot; a head that does not fit is refused in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+
+from redrafter_mlx.engine.core.sampling import SamplerConfig, row_keys_of, row_settings
+from redrafter_mlx.engine.core.shape import AR, BeamShape
+from redrafter_mlx.engine.decoding.cache import Session
+from redrafter_mlx.engine.decoding.step import batch_step
+from redrafter_mlx.engine.drafting.heads import HeadMismatch, load_head
+from redrafter_mlx.engine.drafting.heads.mtp import MtpHead
+from redrafter_mlx.engine.drafting.held import held_sources
+from redrafter_mlx.engine.drafting.mtp_source import MtpSource
+from redrafter_mlx.engine.drafting.sources import MTP, SOURCE_NAMES
+from tests.helpers import greedy_prefilled, run_decode, tiny_drafter, tiny_model
+
+FIXTURE = Path(__file__).parent / "fixtures" / "heads" / "qwen3_5_mtp"
+PROMPTS = [[1, 5, 2, 3, 5, 7], [2, 7, 7, 4], [3, 3, 6, 1, 2, 3, 6, 1, 2]]
+
+
+def tiny_head(vocab: int = 8, hidden: int = 32, seed: int = 4) -> MtpHead:
+    """A random one-layer Qwen3.5 MTP head for a target of ``hidden`` and ``vocab``."""
+    config = json.loads((FIXTURE / "config.json").read_text())
+    config["text_config"].update(vocab_size=vocab, hidden_size=hidden)
+    head = MtpHead(config)
+    mx.random.seed(seed)
+    head.update(
+        {k: v for k, v in _scaled(head.parameters(), seed).items()}  # peaked enough to agree
+    )
+    mx.eval(head.parameters())
+    return head
+
+
+def _scaled(tree, seed: int):
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    key = mx.random.key(seed)
+    out = []
+    for i, (name, a) in enumerate(tree_flatten(tree)):
+        k = mx.random.fold_in(key, i) if hasattr(mx.random, "fold_in") else mx.random.key(i)
+        noise = mx.random.normal(a.shape, key=k) * 0.3
+        out.append((name, a + noise if "norm" in name else noise))
+    return tree_unflatten(out)
+
+
+def plain(model, prompts, n=24):
+    out, _ = run_decode(model, None, prompts, max_tokens=n, shape=AR)
+    return out
+
+
+@pytest.mark.parametrize("label", ["D1xL3", "D1xL5", "K1xL6+D1xL4", "W2xL3+D1xL4"])
+def test_greedy_output_equals_plain_decoding_batched_and_solo(label):
+    model = tiny_model(3, vocab=8, layers=2)
+    head = tiny_head()
+    drafter = tiny_drafter(model, 4)
+    want = plain(model, PROMPTS)
+    shape = BeamShape.parse(label)
+    got, stats = run_decode(model, drafter, PROMPTS, max_tokens=24, shape=shape, draft_model=head)
+    assert got == want
+    for r, prompt in enumerate(PROMPTS):  # each row alone: another row changes nothing
+        solo, _ = run_decode(model, drafter, [prompt], max_tokens=24, shape=shape, draft_model=head)
+        assert solo[0] == want[r]
+    assert "mtp" in SOURCE_NAMES and set(stats["source_tokens"]) == set(SOURCE_NAMES)
+
+
+def test_the_chain_is_accepted_sometimes_and_plain_steps_keep_its_state():
+    """Adaptive runs mix plain steps, lookup and the head: the output is plain decoding's and
+    the head's drafts are accepted (its state is right after steps without it)."""
+    model = tiny_model(3, vocab=8, layers=2)
+    head = tiny_head()
+    want = plain(model, PROMPTS, 40)
+    got, stats = run_decode(model, None, PROMPTS, max_tokens=40, draft_model=head)
+    assert got == want
+    assert stats["source_tokens"]["mtp"] > 0, stats
+
+
+def test_state_holds_the_committed_texts_entries_after_every_step():
+    """After each step (its path accepted from the head, lookup or nothing), the head's state
+    equals a prefill of the committed text at every committed position but the last (the
+    entry that needs the token after it, written by the next draft)."""
+    model = tiny_model(3, vocab=8, layers=2)
+    head = tiny_head()
+    source = MtpSource(head)
+    slots, prompt = 64, [1, 5, 2, 3, 5, 7, 1, 5]
+
+    def committed(model, text):  # the head's state from scratch for ``text``
+        session = Session(model, 1)
+        session.cached = [text]
+        session.ensure_slots(slots)
+        return source.prefill(model, session, slice(0, 1))
+
+    for label in ("K1xL4+D1xL4", None):  # a tree with the head and lookup; plain decoding
+        shape = BeamShape.parse(label) if label else None
+        state = greedy_prefilled(model, prompt, slots, sources=(committed(model, prompt),))
+        step = held_step(model, shape, head)
+        won = set()
+        for _ in range(8):
+            state, out = step(state, slots)
+            won.add(int(out.source[0]) if out.source is not None else -1)
+            n = int(state.lengths[0])
+            want = committed(model, state.history[0, :n].tolist())
+            for got, ref in zip(state.sources[0], want):
+                for a, b in zip(got, ref):
+                    assert mx.allclose(a[:, :, : n - 1], b[:, :, : n - 1], atol=1e-4).item()
+        if label:
+            assert MTP in won or len(won) > 1, won
+
+
+def held_step(model, shape, head):
+    """The loop's greedy one-row step of ``shape`` (None: plain decoding) holding ``head`` in
+    the draft slot whether or not the shape runs it (as the loop does)."""
+    mode, settings = row_settings([SamplerConfig()], model.vocab_size)
+    step = batch_step(model, held_sources(None, head), shape, mode)
+    keys, active = row_keys_of(mx.random.key(0), 1), mx.ones((1,), mx.bool_)
+
+    def run(state, window):
+        state, _, out = step(state, keys, active, settings, window)
+        return state, out
+
+    return run
+
+
+def test_the_published_fixture_head_loads_into_the_draft_slot_and_is_lossless():
+    head = load_head(FIXTURE, mx.float32)
+    model = tiny_model(5, vocab=128, hidden=32, layers=2)
+    want = plain(model, PROMPTS[:2], 12)
+    got, _ = run_decode(
+        model, None, PROMPTS[:2], max_tokens=12, shape=BeamShape.parse("D1xL4"), draft_model=head
+    )
+    assert got == want
+
+
+def test_a_head_for_another_model_is_refused_in_one_line():
+    model = tiny_model(5, vocab=64, hidden=32, layers=2)
+    with pytest.raises(HeadMismatch, match="vocabulary has 128 ids, the model's 64") as e:
+        run_decode(
+            model, None, PROMPTS[:1], max_tokens=4, shape=BeamShape.parse("D1xL3"),
+            draft_model=load_head(FIXTURE, mx.float32),
+        )  # fmt: skip
+    assert "\n" not in str(e.value)
+
+
+def test_an_mtp_sidecar_folder_loads_through_draft_model_and_decodes_plain_tokens(tmp_path):
+    """A sidecar in mlx-vlm's layout (``model_type: qwen3_5_mtp``) for the demo model, given
+    as ``--draft-model`` (``load``'s ``draft_model``), joins the draft slot as the MTP
+    source; the answer equals plain decoding's."""
+    from mlx.utils import tree_flatten
+
+    from redrafter_mlx.engine.base.bundled import demo_paths
+    from redrafter_mlx.engine.loop.generation import batch_generate
+    from redrafter_mlx.engine.loop.loading import load
+
+    demo = demo_paths()[0]
+    config = json.loads((FIXTURE / "config.json").read_text())["text_config"]
+    config.update(model_type="qwen3_5_mtp", hidden_size=256, vocab_size=4096)
+    folder = tmp_path / "mtp"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    head = MtpHead(config)
+    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(head.parameters())))
+    model, _, tokenizer, slot = load(demo, draft_model=str(folder), dtype="float32")
+    assert isinstance(slot, MtpSource)
+    prompts = [tokenizer.encode("The cat"), tokenizer.encode("Once upon a time")]
+    want = batch_generate(model, None, tokenizer, prompts, max_tokens=16, shape=AR)
+    got = batch_generate(
+        model, None, tokenizer, prompts, max_tokens=16, shape=BeamShape.parse("D1xL4"),
+        draft_model=slot,
+    )  # fmt: skip
+    assert got == want

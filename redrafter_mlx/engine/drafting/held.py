@@ -22,9 +22,9 @@ import os
 
 from .draft_model import DraftModelSource
 from .drafter import DrafterSource
+from .head_sources import MtpSource
 from .heads.mtp import MtpHead
 from .lookup import LookupSource
-from .mtp_source import MtpSource
 from .sources import Source
 
 

@@ -22,8 +22,8 @@ from ..drafting import early_exit, kinds
 from ..drafting.draft_model import MAX_ADDED_TOKENS, check_draft_model
 from ..drafting.drafter import Drafter, DrafterArgs
 from ..drafting.early_exit import is_early_exit, kind_problem
+from ..drafting.head_sources import head_source
 from ..drafting.held import held_sources
-from ..drafting.mtp_source import head_source
 from ..verifier import config as config_file
 from ..verifier.lm_checks import check_compiles, check_parity
 from ..verifier.lm_model import LmModel

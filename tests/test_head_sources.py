@@ -16,10 +16,10 @@ from redrafter_mlx.engine.core.sampling import SamplerConfig, row_keys_of, row_s
 from redrafter_mlx.engine.core.shape import AR, BeamShape
 from redrafter_mlx.engine.decoding.cache import Session
 from redrafter_mlx.engine.decoding.step import batch_step
+from redrafter_mlx.engine.drafting.head_sources import MtpSource
 from redrafter_mlx.engine.drafting.heads import HeadMismatch, load_head
 from redrafter_mlx.engine.drafting.heads.mtp import MtpHead
 from redrafter_mlx.engine.drafting.held import held_sources
-from redrafter_mlx.engine.drafting.mtp_source import MtpSource
 from redrafter_mlx.engine.drafting.sources import MTP, SOURCE_NAMES
 from tests.helpers import greedy_prefilled, run_decode, tiny_drafter, tiny_model
 
@@ -176,3 +176,79 @@ def test_an_mtp_sidecar_folder_loads_through_draft_model_and_decodes_plain_token
         draft_model=slot,
     )  # fmt: skip
     assert got == want
+
+
+# ---------------------------------------------------------------------------- EAGLE-3
+
+EAGLE3 = Path(__file__).parent / "fixtures" / "heads" / "eagle3"
+
+
+def eagle3_pair():
+    """The published-format fixture head (aux hidden states 2, 3, 5; draft vocabulary of 64
+    ids) and a tiny 6-layer target of its sizes, the head's source sized for it."""
+    from redrafter_mlx.engine.drafting.head_sources import as_head_source
+
+    model = tiny_model(5, vocab=128, hidden=32, layers=6)
+    head = load_head(EAGLE3, mx.float32)
+    return model, as_head_source(head, model)
+
+
+def test_eagle3_taps_the_layers_its_config_names_and_is_lossless_batched_and_solo():
+    from redrafter_mlx.engine.loop.run import Run
+
+    model, source = eagle3_pair()
+    assert source.feature_layers == (2, 3, 5)
+    want = plain(model, PROMPTS, 16)
+    for label in ("D1xL4", "K1xL5+D1xL3"):
+        shape = BeamShape.parse(label)
+        got, _ = run_decode(model, None, PROMPTS, max_tokens=16, shape=shape, draft_model=source)
+        assert got == want, label
+        assert model.feature_layers == (2, 3, 5)  # the run tapped the head's layers
+        solo, _ = run_decode(
+            model, None, PROMPTS[2:], max_tokens=16, shape=shape, draft_model=source
+        )
+        assert solo[0] == want[2]
+    assert Run.of_sources(model, held_sources(None, source), None).model is model
+
+
+def test_eagle3_state_holds_the_committed_texts_entries_after_every_step():
+    model, source = eagle3_pair()
+    model.capture_features(source.feature_layers)
+    slots, prompt = 64, [1, 5, 2, 3, 5, 7, 1, 5]
+
+    def committed(text):
+        session = Session(model, 1)
+        session.cached = [text]
+        session.ensure_slots(slots)
+        return source.prefill(model, session, slice(0, 1))
+
+    from redrafter_mlx.engine.decoding.decode import DecodeState, prefill_chunk
+
+    zero = mx.zeros((1,), mx.int32)
+    hidden, lengths, cache = prefill_chunk(
+        model, mx.array([prompt]), zero + len(prompt), zero, model.make_cache(1, slots), slots
+    )
+    first = mx.argmax(model.logits(hidden), axis=-1).astype(mx.int32)
+    history = mx.array([prompt + [0] * (slots - len(prompt))], mx.int32)
+    state = DecodeState(first, hidden, lengths, cache, history, (committed(prompt),))
+    mode, settings = row_settings([SamplerConfig()], model.vocab_size)
+    step = batch_step(model, held_sources(None, source), BeamShape.parse("K1xL4+D1xL4"), mode)
+    keys, active = row_keys_of(mx.random.key(0), 1), mx.ones((1,), mx.bool_)
+    for _ in range(6):
+        state, _, _ = step(state, keys, active, settings, slots)
+        n = int(state.lengths[0])
+        want = committed(state.history[0, :n].tolist())
+        for got, ref in zip(state.sources[0], want):
+            for a, b in zip(got, ref):
+                assert mx.allclose(a[:, :, : n - 1], b[:, :, : n - 1], atol=1e-4).item()
+
+
+def test_an_eagle3_folder_loads_through_draft_model_and_a_misfit_is_refused():
+    from redrafter_mlx.engine.drafting.head_sources import Eagle3Source, head_source
+
+    model = tiny_model(5, vocab=128, hidden=32, layers=6)
+    assert isinstance(head_source(EAGLE3, model, mx.float32), Eagle3Source)
+    shallow = tiny_model(5, vocab=128, hidden=32, layers=5)  # hidden state 5 is its output
+    with pytest.raises(HeadMismatch, match="last layer") as e:
+        head_source(EAGLE3, shallow, mx.float32)
+    assert "\n" not in str(e.value)

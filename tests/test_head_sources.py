@@ -252,3 +252,21 @@ def test_an_eagle3_folder_loads_through_draft_model_and_a_misfit_is_refused():
     with pytest.raises(HeadMismatch, match="last layer") as e:
         head_source(EAGLE3, shallow, mx.float32)
     assert "\n" not in str(e.value)
+
+
+def test_the_mtp_head_drafts_losslessly_for_a_hybrid_qwen3_5_target():
+    """Its own family's target: a tiny Qwen3.5 (Gated DeltaNet and attention layers), whose
+    steps verify chains; batched and solo, the output is plain decoding's."""
+    from redrafter_mlx.engine.verifier.lm_model import from_config
+
+    config = json.loads((FIXTURE / "config.json").read_text())
+    model = from_config(config, mx.float32)
+    assert model.recurrent
+    head = load_head(FIXTURE, mx.float32)
+    want = plain(model, PROMPTS, 12)
+    for label in ("D1xL3", "K1xL4+D1xL4"):
+        shape = BeamShape.parse(label)
+        got, _ = run_decode(model, None, PROMPTS, max_tokens=12, shape=shape, draft_model=head)
+        assert got == want, label
+        solo, _ = run_decode(model, None, PROMPTS[:1], max_tokens=12, shape=shape, draft_model=head)
+        assert solo[0] == want[0]

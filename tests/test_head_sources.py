@@ -270,3 +270,24 @@ def test_the_mtp_head_drafts_losslessly_for_a_hybrid_qwen3_5_target():
         assert got == want, label
         solo, _ = run_decode(model, None, PROMPTS[:1], max_tokens=12, shape=shape, draft_model=head)
         assert solo[0] == want[0]
+
+
+def test_self_mtp_reads_the_models_own_mtp_layers_or_says_it_has_none(tmp_path):
+    """``--draft-model self-mtp``: the MTP layers in the model's own checkpoint (the fixture
+    is a Qwen3.5 checkpoint's ``mtp.*`` tensors under their published names)."""
+    from redrafter_mlx.engine.loop.loading import LoadError, draft_slot_paths, self_mtp
+    from redrafter_mlx.engine.verifier.lm_model import from_config
+
+    assert draft_slot_paths("self-mtp") == ("self-mtp", None)
+    model = from_config(json.loads((FIXTURE / "config.json").read_text()), mx.float32)
+    source = self_mtp(model, FIXTURE, mx.float32)
+    assert isinstance(source, MtpSource)
+    want = plain(model, PROMPTS[:1], 8)
+    got, _ = run_decode(
+        model, None, PROMPTS[:1], max_tokens=8, shape=BeamShape.parse("D1xL3"), draft_model=source
+    )
+    assert got == want
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(LoadError, match="declares no MTP layers") as e:
+        self_mtp(tiny_model(0), tmp_path)
+    assert "\n" not in str(e.value)

@@ -328,7 +328,9 @@ def load(model_path, drafter_path=None, dtype=None, group=None, draft_model=None
     adapter = own = None
     if adapter_path is not None:  # an early-exit adapter in the draft slot
         adapter = load_adapter_for(model, resolve_path(adapter_path), dtype, drafter)
-    if own_path is not None:
+    if own_path == SELF_MTP:
+        own = self_mtp(model, path, dtype)
+    elif own_path is not None:
         where = resolve_path(own_path, "draft model")
         same = where == path and group is None
         if same:
@@ -348,6 +350,24 @@ def load(model_path, drafter_path=None, dtype=None, group=None, draft_model=None
     if own is not None and adapter is not None:
         return model, drafter, tokenizer, (own, adapter)
     return model, drafter, tokenizer, own if own is not None else adapter
+
+
+SELF_MTP = "self-mtp"  # --draft-model self-mtp: the model's own MTP layers
+
+
+def self_mtp(model, path: Path, dtype=None):
+    """The MTP source of the model's own MTP layers (``mtp.*`` in its checkpoint, which
+    mlx-lm's class drops); LoadError in one line when its checkpoint has none."""
+    if kinds.kind_of(path) != "mtp":
+        raise LoadError(
+            f"--draft-model self-mtp: {path} declares no MTP layers (its config.json has no "
+            "mtp_num_hidden_layers, or its family's MTP layers are not read here: Qwen3.5 and "
+            "Qwen3-Next are); pass a draft model or none"
+        )
+    try:
+        return head_source(path, model, dtype)
+    except ValueError as e:
+        raise LoadError(f"--draft-model self-mtp: {e}") from None
 
 
 DRAFTER_KEYS = ("exit_dim", "num_draft_layers")  # keys only a ReDrafter drafter's config has
@@ -431,6 +451,9 @@ def draft_slot_paths(draft_model) -> tuple:
                 "the draft model's path is empty (it would name the current folder): pass a "
                 "draft model's folder or Hub id, or an early-exit adapter's folder, or none"
             )
+        if str(p) == SELF_MTP:  # the model's own MTP layers, read from its checkpoint
+            models.append(SELF_MTP)
+            continue
         where = resolve_path(p, "draft model")
         check_kind(where)  # a misspelt adapter's kind: that, not an unregistered kind
         try:

@@ -103,6 +103,10 @@ def _resolve_one(name: str | None) -> str | None:
             "pass a draft model's folder or Hub id, or an early-exit adapter's folder, or "
             "drop --draft-model"
         )
+    from redrafter_mlx.engine.loop.loading import SELF_MTP
+
+    if name == SELF_MTP:  # the model's own MTP layers (``loading.self_mtp``)
+        return name
     named = installed_bundled(name)
     if named is not None:
         return str(named.base)

@@ -291,3 +291,20 @@ def test_self_mtp_reads_the_models_own_mtp_layers_or_says_it_has_none(tmp_path):
     with pytest.raises(LoadError, match="declares no MTP layers") as e:
         self_mtp(tiny_model(0), tmp_path)
     assert "\n" not in str(e.value)
+
+
+def test_sampling_with_an_mtp_head_is_exact():
+    """The head's chain, merged with a lookup chain in one tree: the sequence distribution
+    matches the target's own (chi-square; its power check is test_sampling's biased one)."""
+    import tests.test_sampling as sampling
+    from tests.helpers import near_bigram_model
+
+    model = near_bigram_model(7, attn_scale=0.05, vocab=6, hidden=32, scale=1.0)
+    cfg = SamplerConfig(temperature=1.0)
+    n = 3000
+    counts, stats = sampling.sample_counts(
+        model, None, cfg, n, seed=99, shape=BeamShape.parse("K1xL3+D1xL4"), adapt=False,
+        draft_model=tiny_head(vocab=6),
+    )  # fmt: skip
+    assert stats["source_tokens"]["mtp"] > 0.05 * n  # its drafts are really tested
+    assert sampling.chi_square_pvalue(counts, sampling.exact_joint(model, cfg), n) > 1e-3

@@ -308,3 +308,32 @@ def test_sampling_with_an_mtp_head_is_exact():
     )  # fmt: skip
     assert stats["source_tokens"]["mtp"] > 0.05 * n  # its drafts are really tested
     assert sampling.chi_square_pvalue(counts, sampling.exact_joint(model, cfg), n) > 1e-3
+
+
+def test_server_rows_with_an_mtp_head_equal_solo_plain_decoding():
+    """Rows join mid-way (more requests than rows: resizes, placements, the head's state
+    prefilled per joining row): each row's output equals plain decoding; the memory check
+    counts the head's weights and cache; ``/health`` would name it (``describe``)."""
+    from redrafter_mlx.engine.loop.memory import check_step_memory
+    from redrafter_mlx.serve.scheduler import Scheduler
+    from tests.test_serve_scheduler import staggered
+
+    model = tiny_model(3, vocab=8, layers=2)
+    head = tiny_head()
+    prompts = [[1, 5, 2, 3, 5, 7], [2, 7, 7, 4], [3, 3, 6, 1, 2, 3, 6, 1, 2], [4, 4]]
+    sched = Scheduler(
+        model, None, BeamShape.parse("K1xL5+D1xL4"), (), max_batch=2, draft_model=head
+    )
+    sinks = staggered(sched, prompts, [16 + 4 * i for i in range(len(prompts))])
+    accepted = 0
+    for i, (prompt, sink) in enumerate(zip(prompts, sinks)):
+        want, _ = run_decode(model, None, [prompt], max_tokens=16 + 4 * i, shape=AR)
+        assert sink.tokens == want[0], i
+        accepted += sink.last.stats.by_source[MTP]
+    assert accepted > 0
+    source = MtpSource(head)
+    assert source.describe() == "mtp (1 MTP layer)"
+    shape = BeamShape.parse("D1xL4")
+    alone = check_step_memory(model, held_sources(), BeamShape.parse("K1xL4"), tokens=128)
+    with_head = check_step_memory(model, held_sources(None, source), shape, tokens=128)
+    assert with_head.weights > alone.weights and with_head.cache > alone.cache

@@ -78,7 +78,7 @@ def on_slots(logits: mx.array, slots: mx.array, length: int) -> mx.array:
     tokens, as (B, length, V): slot k drew emitted token k; past P (a capacity below the
     beam length), the last slot again (those tokens are never emitted)."""
     P = slots.shape[1]
-    if P < length:
+    if length > P:
         slots = mx.concatenate([slots, mx.repeat(slots[:, -1:], length - P, axis=1)], axis=1)
     return mx.take_along_axis(logits, slots[:, :length, None], axis=1)
 
@@ -95,7 +95,5 @@ def rows_of(out: TokenLogprobs, counts: list[int], tops: list[int | None]) -> li
         if n is None:
             rows.append(None)
             continue
-        rows.append(
-            [(own[r][k], tuple(zip(ids[r][k][:n], top[r][k][:n]))) for k in range(count)]
-        )
+        rows.append([(own[r][k], tuple(zip(ids[r][k][:n], top[r][k][:n]))) for k in range(count)])
     return rows

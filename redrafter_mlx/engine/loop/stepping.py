@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from ..core.logprobs import logprob_bucket, rows_of
 from ..core.sampling import StepMode, one_row, stack_rows
 from ..core.shape import AR, BeamShape
 from ..decoding.cache import ensure_slots, step_window
@@ -56,7 +57,9 @@ class Stepping:
             )
             active = mx.array([r is not None for r in self.rows])
             ids, split = self._split(grants)
-            self._params = (mode._replace(split=ids), active, settings, split, grants)
+            tops = [r.logprobs for r in self.active if r.logprobs is not None]
+            mode = mode._replace(split=ids, logprobs=logprob_bucket(max(tops, default=None)))
+            self._params = (mode, active, settings, split, grants)
         return self._params
 
     def _step_fn(self, shape: BeamShape | None, mode: StepMode):
@@ -186,6 +189,10 @@ class Stepping:
         sources = out.source.tolist() if out.source is not None else [None] * len(counts)
         by = [by_source(s, c - 1) for s, c in zip(sources, counts)]
         packed = out.packed.tolist()
+        logprobs = [None] * len(counts)
+        if out.logprobs is not None:
+            tops = [None if row is None else row.logprobs for row in step.owners]
+            logprobs = rows_of(out.logprobs, counts, tops)
         self.inflight -= 1
         seconds = None if step.started is None else time.perf_counter() - step.started
         ran, resolved, delivered = [], [], []
@@ -200,7 +207,8 @@ class Stepping:
             new, finish = self.emit(row, tokens[r][: counts[r]])
             drafted = [i < counts[r] - 1 for i in range(len(new))]
             self.grow_branches(row, new, finish, drafted, (step, r))
-            delivered.append(RowStep(row, new, finish, counts[r], packed[r], by[r]))
+            own = None if logprobs[r] is None else logprobs[r][: len(new)]
+            delivered.append(RowStep(row, new, finish, counts[r], packed[r], by[r], own))
             if row.finished and row.shadow is not None:
                 resolved += row.shadow.finish(0)
         for row in self.end_answers([d.row for d in delivered]):

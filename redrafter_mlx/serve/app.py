@@ -37,6 +37,7 @@ from . import anthropic_reply as areply
 from .anthropic import parse_request as parse_anthropic
 from .channels import Channels, Part, shown_specials
 from .errors import error_body
+from .logprobs import Trail
 from .protocol import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONNECTIONS,
@@ -167,6 +168,7 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
             stop_ids=params.stop_ids,
             ignore_eos=params.ignore_eos,
             min_tokens=params.min_tokens,
+            logprobs=params.logprobs,
         )
         try:
             scheduler.submit(request)
@@ -182,6 +184,7 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
             channels = Channels.of_answer(tok, params.tools, ids, params.stream)
         text = TextStream(tok, params.stop, params.min_tokens, keep)
         run = _Run(request, events, text, params, channels, anthropic)
+        run.trail = Trail(params.kind, params.logprobs, tok)
         if params.stream:
             return await _stream(http, run)
         return await _collect(http, run)
@@ -206,9 +209,9 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
             yield _data(reply.chunk(None, first=True))
             async for part, finish in run.parts(first):
                 if part:
-                    yield _data(reply.chunk(part))
+                    yield _data(reply.chunk(part, logprobs=run.logprobs()))
                 if finish is not None:
-                    yield _data(reply.chunk(None, finish=finish))
+                    yield _data(reply.chunk(None, finish=finish, logprobs=run.logprobs()))
             if run.params.include_usage:
                 yield _data(reply.usage_chunk(run.usage(), run.speculation(config.beam)))
             yield "data: [DONE]\n\n"
@@ -277,7 +280,7 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
             )
             return JSONResponse(body)
         reply = Reply(run.params.kind, run.request.id, config.model_id)
-        return JSONResponse(reply.full(answer, finish, usage_, spec))
+        return JSONResponse(reply.full(answer, finish, usage_, spec, run.logprobs()))
 
     def card(name: str) -> dict:
         return dict(id=name, object="model", created=started, owned_by="redrafter-mlx")
@@ -374,6 +377,11 @@ class _Run:
         self.tokens = 0
         self.finish: str | None = None
         self.stats = None
+        self.trail = Trail(params.kind, None, None)  # its tokens' logprobs (``logprobs.py``)
+
+    def logprobs(self) -> dict | None:
+        """The logprobs of the tokens not yet sent (None: not asked for, or none new)."""
+        return self.trail.take(self.text.decoder.tokens)
 
     async def pieces(self, first: Event | None):
         """Yield (text delta, finish reason or None: ``wire_finish``) until the request ends.
@@ -387,6 +395,7 @@ class _Run:
                 raise EngineFailure(event.error, event.status)
             delta, stopped = self.text.add(event.tokens)
             self.tokens = self.text.tokens
+            self.trail.add(event.logprobs, self.tokens)
             if stopped:
                 self.request.end()
                 self.finish = "stop"
@@ -468,6 +477,7 @@ def _check_unbranched(params) -> None:
         ("stop_token_ids", params.stop_ids),
         ("ignore_eos", params.ignore_eos),
         ("min_tokens", params.min_tokens),
+        ("logprobs", params.logprobs is not None),
     ):
         if value:
             raise ProtocolError(

@@ -183,8 +183,8 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
             keep = shown_specials(tok, params.tools)
             channels = Channels.of_answer(tok, params.tools, ids, params.stream)
         text = TextStream(tok, params.stop, params.min_tokens, keep)
-        run = _Run(request, events, text, params, channels, anthropic)
-        run.trail = Trail(params.kind, params.logprobs, tok)
+        trail = Trail(params.kind, params.logprobs, tok)
+        run = _Run(request, events, text, params, channels, anthropic, trail)
         if params.stream:
             return await _stream(http, run)
         return await _collect(http, run)
@@ -359,8 +359,8 @@ def _after_stream(run: _Run) -> None:
 
 class _Run:
     """One request in flight on the HTTP side: its events, text (``TextStream``), the
-    text's channels (a chat's: ``Channels.of_answer``; else all content), counters, and
-    whether it speaks the Messages API (``anthropic``)."""
+    text's channels (a chat's: ``Channels.of_answer``; else all content), counters,
+    whether it speaks the Messages API (``anthropic``) and its tokens' logprobs (``trail``)."""
 
     def __init__(
         self,
@@ -370,6 +370,7 @@ class _Run:
         params,
         channels: Channels | None = None,
         anthropic: bool = False,
+        trail: Trail | None = None,
     ):
         self.request, self.events, self.text, self.params = request, events, text, params
         self.channels = channels or Channels.plain()
@@ -377,7 +378,7 @@ class _Run:
         self.tokens = 0
         self.finish: str | None = None
         self.stats = None
-        self.trail = Trail(params.kind, None, None)  # its tokens' logprobs (``logprobs.py``)
+        self.trail = trail or Trail("chat", None, None)  # its tokens' logprobs (none asked)
 
     def logprobs(self) -> dict | None:
         """The logprobs of the tokens not yet sent (None: not asked for, or none new)."""

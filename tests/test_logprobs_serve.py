@@ -129,3 +129,16 @@ def test_token_bytes_and_a_filtered_tokens_floor():
     assert [e["token"] for e in content] == [" hi", " there"]
     assert content[1]["top_logprobs"][0]["logprob"] == MIN_LOGPROB
     assert trail.take([0, 2]) is None  # nothing new
+
+
+def test_a_server_running_apar_branches_refuses_logprobs():
+    """A branching answer is rebuilt from its branches' rows: no token order to report."""
+    from redrafter_mlx.serve.app import _check_unbranched
+    from redrafter_mlx.serve.protocol import ProtocolError, parse_chat
+
+    params = parse_chat({"messages": MESSAGES, "logprobs": True}, 10)
+    assert params.logprobs == 0
+    with pytest.raises(ProtocolError, match="branches") as e:
+        _check_unbranched(params)
+    assert e.value.param == "logprobs"
+    _check_unbranched(parse_chat({"messages": MESSAGES}, 10))  # none asked: fine

@@ -37,6 +37,7 @@ from . import anthropic_reply as areply
 from .anthropic import parse_request as parse_anthropic
 from .channels import Channels, Part, shown_specials
 from .errors import error_body
+from .logprobs import Trail
 from .protocol import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONNECTIONS,
@@ -168,6 +169,7 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
             stop_ids=params.stop_ids,
             ignore_eos=params.ignore_eos,
             min_tokens=params.min_tokens,
+            logprobs=params.logprobs,
         )
         try:
             scheduler.submit(request)
@@ -182,7 +184,8 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
             keep = shown_specials(tok, params.tools)
             channels = Channels.of_answer(tok, params.tools, ids, params.stream)
         text = TextStream(tok, params.stop, params.min_tokens, keep)
-        run = _Run(request, events, text, params, channels, anthropic)
+        trail = Trail(params.kind, params.logprobs, tok)
+        run = _Run(request, events, text, params, channels, anthropic, trail)
         if params.stream:
             return await _stream(http, run)
         return await _collect(http, run)
@@ -207,9 +210,9 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
             yield _data(reply.chunk(None, first=True))
             async for part, finish in run.parts(first):
                 if part:
-                    yield _data(reply.chunk(part))
+                    yield _data(reply.chunk(part, logprobs=run.logprobs()))
                 if finish is not None:
-                    yield _data(reply.chunk(None, finish=finish))
+                    yield _data(reply.chunk(None, finish=finish, logprobs=run.logprobs()))
             if run.params.include_usage:
                 yield _data(reply.usage_chunk(run.usage(), run.speculation(config.beam)))
             yield "data: [DONE]\n\n"
@@ -278,7 +281,7 @@ def create_app(scheduler: Scheduler, config: ServeConfig, start_engine: bool = T
             )
             return JSONResponse(body)
         reply = Reply(run.params.kind, run.request.id, config.model_id)
-        return JSONResponse(reply.full(answer, finish, usage_, spec))
+        return JSONResponse(reply.full(answer, finish, usage_, spec, run.logprobs()))
 
     def card(name: str) -> dict:
         return dict(id=name, object="model", created=started, owned_by="redrafter-mlx")
@@ -357,8 +360,8 @@ def _after_stream(run: _Run) -> None:
 
 class _Run:
     """One request in flight on the HTTP side: its events, text (``TextStream``), the
-    text's channels (a chat's: ``Channels.of_answer``; else all content), counters, and
-    whether it speaks the Messages API (``anthropic``)."""
+    text's channels (a chat's: ``Channels.of_answer``; else all content), counters,
+    whether it speaks the Messages API (``anthropic``) and its tokens' logprobs (``trail``)."""
 
     def __init__(
         self,
@@ -368,6 +371,7 @@ class _Run:
         params,
         channels: Channels | None = None,
         anthropic: bool = False,
+        trail: Trail | None = None,
     ):
         self.request, self.events, self.text, self.params = request, events, text, params
         self.channels = channels or Channels.plain()
@@ -375,6 +379,11 @@ class _Run:
         self.tokens = 0
         self.finish: str | None = None
         self.stats = None
+        self.trail = trail or Trail("chat", None, None)  # its tokens' logprobs (none asked)
+
+    def logprobs(self) -> dict | None:
+        """The logprobs of the tokens not yet sent (None: not asked for, or none new)."""
+        return self.trail.take(self.text.decoder.tokens)
 
     async def pieces(self, first: Event | None):
         """Yield (text delta, finish reason or None: ``wire_finish``) until the request ends.
@@ -388,6 +397,7 @@ class _Run:
                 raise EngineFailure(event.error, event.status)
             delta, stopped = self.text.add(event.tokens)
             self.tokens = self.text.tokens
+            self.trail.add(event.logprobs, self.tokens)
             if stopped:
                 self.request.end()
                 self.finish = "stop"
@@ -469,6 +479,7 @@ def _check_unbranched(params) -> None:
         ("stop_token_ids", params.stop_ids),
         ("ignore_eos", params.ignore_eos),
         ("min_tokens", params.min_tokens),
+        ("logprobs", params.logprobs is not None),
     ):
         if value:
             raise ProtocolError(

@@ -11,9 +11,10 @@ tokens, as mlx-lm's server), and mlx-lm's ``repetition_penalty`` and
 ``stop_token_ids``, ``ignore_eos`` and ``min_tokens`` (``EXTENSIONS``); and OpenAI's
 ``user``, ``metadata``, ``prompt_cache_key`` and ``safety_identifier``, which change no
 answer; and a chat's ``tools``, ``tool_choice`` and ``parallel_tool_calls`` (``serve/tools.py``;
-its messages: ``serve/messages.py``). Sampling fields a request leaves out take the model's
+its messages: ``serve/messages.py``); ``logprobs`` and ``top_logprobs``
+(``serve/logprobs.py``). Sampling fields a request leaves out take the model's
 ``generation_config.json`` values, else OpenAI's defaults (``Params.sampling``). What it does
-not implement (``logprobs``, ``response_format`` ...) is refused, a server flag sent as a field
+not implement (``response_format``, ``echo`` ...) is refused, a server flag sent as a field
 (``draft_model``, ``beam_width`` ...) is refused, and so is any other field
 (``check_fields``): none is ever ignored.
 
@@ -34,6 +35,7 @@ from redrafter_mlx.engine.core.sampling import SamplerConfig
 
 from .channels import Part
 from .errors import ProtocolError
+from .logprobs import parse_logprobs
 from .messages import chat_ids, parse_messages
 from .tools import Tools, parse_tools
 
@@ -46,8 +48,6 @@ MAX_STOP_IDS = 256  # stop_token_ids a request may send
 # Parameters that would change the output in ways this server does not implement.
 UNSUPPORTED = {
     "functions": None,
-    "logprobs": (None, False, 0),
-    "top_logprobs": (None, 0),
     "echo": (None, False),
     "suffix": (None, ""),
     "best_of": (None, 1),
@@ -109,6 +109,7 @@ class Params:
     ignore_eos: bool = False
     min_tokens: int = 0
     tools: Tools | None = None  # chat: tools, tool_choice, parallel_tool_calls
+    logprobs: int | None = None  # the top count of its tokens' logprobs; None: none
 
     def sampling(self, defaults: dict | None = None) -> SamplerConfig:
         """The request's sampling settings: what it sent, else the model's ``defaults``
@@ -241,6 +242,8 @@ COMMON_FIELDS = (
     "stream",
     "stream_options",
     "logit_bias",
+    "logprobs",
+    "top_logprobs",
     *SENT_FIELDS,
     *EXTENSIONS,
     *METADATA,
@@ -334,6 +337,7 @@ def _common(body: dict, kind: str, max_tokens_limit: int) -> Params:
         stop_ids=_stop_ids(body.get("stop_token_ids")),
         ignore_eos=ignore_eos,
         min_tokens=min_tokens,
+        logprobs=parse_logprobs(body, kind),
     )
 
 
@@ -505,19 +509,24 @@ class Reply:
     def _head(self, obj: str) -> dict:
         return dict(id=self.id, object=obj, created=self.created, model=self.model)
 
-    def full(self, part: Part, finish: str, usage_: dict, speculation: dict) -> dict:
-        """The non-streaming body: a chat's message (``message_of``) or a completion's text."""
+    def full(self, part: Part, finish: str, usage_: dict, speculation: dict, logprobs=None) -> dict:
+        """The non-streaming body: a chat's message (``message_of``) or a completion's text;
+        ``logprobs``: its tokens' (``logprobs.Trail``), None when not asked for."""
         if self.kind == "chat":
-            choice = dict(index=0, message=message_of(part), finish_reason=finish, logprobs=None)
+            message = message_of(part)
+            choice = dict(index=0, message=message, finish_reason=finish, logprobs=logprobs)
             head = self._head("chat.completion")
         else:
-            choice = dict(index=0, text=part.content, finish_reason=finish, logprobs=None)
+            choice = dict(index=0, text=part.content, finish_reason=finish, logprobs=logprobs)
             head = self._head("text_completion")
         return {**head, "choices": [choice], "usage": usage_, "speculation": speculation}
 
-    def chunk(self, part: Part | None, finish: str | None = None, first: bool = False) -> dict:
+    def chunk(
+        self, part: Part | None, finish: str | None = None, first: bool = False, logprobs=None
+    ) -> dict:
         """One streamed chunk (``first`` carries the chat role): a chat's delta holds what
-        ``part`` has of ``content``, ``reasoning_content`` and ``tool_calls``."""
+        ``part`` has of ``content``, ``reasoning_content`` and ``tool_calls``; ``logprobs``:
+        the tokens' since the last chunk (``logprobs.Trail``)."""
         part = part or Part()
         if self.kind == "chat":
             delta = {"role": "assistant", "content": ""} if first else {}
@@ -527,9 +536,9 @@ class Reply:
                 delta["reasoning_content"] = part.reasoning
             if part.calls:
                 delta["tool_calls"] = part.calls
-            choice = dict(index=0, delta=delta, finish_reason=finish, logprobs=None)
+            choice = dict(index=0, delta=delta, finish_reason=finish, logprobs=logprobs)
             return {**self._head("chat.completion.chunk"), "choices": [choice]}
-        choice = dict(index=0, text=part.content, finish_reason=finish, logprobs=None)
+        choice = dict(index=0, text=part.content, finish_reason=finish, logprobs=logprobs)
         return {**self._head("text_completion"), "choices": [choice]}
 
     def usage_chunk(self, usage_: dict, speculation: dict) -> dict:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from redrafter_mlx.engine.base.distributed import broadcast_bytes
+from redrafter_mlx.engine.core.logprobs import MAX_TOP_LOGPROBS
 from redrafter_mlx.engine.core.sampling import SamplerConfig
 from redrafter_mlx.engine.loop.rows import RowStats
 
@@ -31,7 +32,8 @@ class Event:
 
     finish: "stop" (EOS), "length" (max_tokens) or "context" (the model's context is full:
     ``engine.loop.run.make_row``); error: a message, with ``status`` the HTTP code
-    (500 engine failure, 503 shutdown).
+    (500 engine failure, 503 shutdown); ``logprobs``: per token of ``tokens``,
+    ``(logprob, ((id, logprob), ...))`` when the request asked for them (``Request.logprobs``).
     """
 
     tokens: list[int]
@@ -39,6 +41,7 @@ class Event:
     finish: str | None = None
     error: str | None = None
     status: int = 200
+    logprobs: list | None = None
 
     @property
     def done(self) -> bool:
@@ -53,7 +56,9 @@ class Request:
     """One generation. ``sink`` is called on the engine thread with each ``Event``;
     ``sampler``: its sampling settings and seed (None: rank 0 draws one at admission).
     It ends ("stop") at the model's EOS (not with ``ignore_eos``) and at any of its
-    ``stop_ids``, neither of which ends it within its first ``min_tokens`` tokens."""
+    ``stop_ids``, neither of which ends it within its first ``min_tokens`` tokens.
+    ``logprobs``: each token's log-probability and its ``logprobs`` most likely tokens'
+    (``engine.core.logprobs``) come with its events; None: none."""
 
     prompt: list[int]
     max_tokens: int
@@ -62,6 +67,7 @@ class Request:
     stop_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     min_tokens: int = 0
+    logprobs: int | None = None
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
     cancelled: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
@@ -134,6 +140,8 @@ def check(request: Request, model) -> None:
         raise ValueError(f"max_tokens must be >= 1, got {request.max_tokens}")
     if any(not 0 <= t < V for t in request.stop_ids):
         raise ValueError(f"stop token ids must be in [0, {V})")
+    if request.logprobs is not None and not 0 <= request.logprobs <= MAX_TOP_LOGPROBS:
+        raise ValueError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {request.logprobs}")
     if not 0 <= request.min_tokens <= request.max_tokens:
         raise ValueError(
             f"min_tokens must be in [0, max_tokens = {request.max_tokens}], "
@@ -164,6 +172,7 @@ def admit_event(request: Request, seed: int, ticket: int) -> dict:
     fields = dict(prompt=request.prompt, max_tokens=request.max_tokens, id=request.id)
     fields.update(stop_ids=request.stop_ids, ignore_eos=request.ignore_eos)
     fields.update(min_tokens=request.min_tokens, sampler=request.sampler.to_dict())
+    fields.update(logprobs=request.logprobs)
     return {"op": "admit", "ticket": ticket, "seed": seed, "request": fields}
 
 

@@ -287,9 +287,9 @@ class Scheduler:
                 self._fail_one(job.owner.request, error)
             for got in turn.joined:  # once per request
                 got.row.stats.ttft_s = time.perf_counter() - got.row.owner.request.submitted
-                self._deliver(got.row, got.new, got.finish)
+                self._deliver(got.row, got.new, got.finish, got.logprobs)
             for got in turn.stepped:
-                self._deliver(got.row, got.new, got.finish)
+                self._deliver(got.row, got.new, got.finish, got.logprobs)
             queued = self.batch.pending  # the step this turn queued (each turn queues one)
             if queued is not None:
                 self.stats.record_step(sum(r is not None for r in queued.owners))
@@ -342,6 +342,7 @@ class Scheduler:
             sampler = self.row_sampler(request, held.ends)
             prompt, most = request.prompt, request.max_tokens
             row = make_row(self.model, sampler, len(prompt), most, self.branches, held)
+            row.logprobs = request.logprobs
             job = Prefill([prompt], sampler, event["seed"], session, held, [row])
             row.stats.queued_s = job.started - request.submitted
             self.batch.insert(job)
@@ -469,10 +470,11 @@ class Scheduler:
             events.append(admit_event(request, seed, ticket))
         return events
 
-    def _deliver(self, row: Row, new: list[int], finish: str | None) -> None:
-        """Send a row's emitted tokens (the batch stopped it exactly); count a finish. A
-        branch's row sends its request's rebuilt text as it becomes final
-        (``BranchTree.take_final``), finishing once every branch has (once)."""
+    def _deliver(self, row: Row, new: list[int], finish: str | None, logprobs=None) -> None:
+        """Send a row's emitted tokens (the batch stopped it exactly) and their ``logprobs``
+        (``RowStep.logprobs``); count a finish. A branch's row sends its request's rebuilt
+        text as it becomes final (``BranchTree.take_final``; no logprobs), finishing once
+        every branch has (once)."""
         self.stats.generated += len(new)
         if row.tree is not None:
             root = row.family[0]
@@ -481,12 +483,14 @@ class Scheduler:
             new, finish = row.tree.take_final(), root.request_finish
             if not new and finish is None:
                 return
-            row = root
-        self._send(row, new, finish=finish)
+            row, logprobs = root, None
+        self._send(row, new, finish=finish, logprobs=logprobs)
         if finish is not None:
             self.stats.requests_done += 1
 
-    def _send(self, row: Row, tokens: list[int], finish=None, error=None, status=500) -> None:
+    def _send(
+        self, row: Row, tokens: list[int], finish=None, error=None, status=500, logprobs=None
+    ) -> None:
         if error is not None:
             for branch in row.family:
                 branch.finished = True  # answered: no other event reaches it
@@ -494,7 +498,7 @@ class Scheduler:
         if finish is not None or error is not None:
             row.owner.answered = True
         stats = row.request_stats()
-        event = Event(tokens, stats, finish, error, status if error else 200)
+        event = Event(tokens, stats, finish, error, status if error else 200, logprobs)
         with contextlib.suppress(Exception):  # a broken sink must not stop the engine
             row.owner.request.sink(event)
 

@@ -118,6 +118,18 @@ class Tokenizer:
         ids = [i for i in ids if i in keep or i not in self.special_ids]
         return self._hf.decode(ids, skip_special_tokens=False)
 
+    def piece(self, token_id: int) -> str | None:
+        """The vocabulary's spelling of ``token_id``: a SentencePiece piece (``▁word``,
+        ``<0xE2>``), a BPE token (byte-level: ``byte_level``); None for an unknown id."""
+        if self._sp is not None:
+            return self._sp.id_to_piece(int(token_id))
+        return self._hf.convert_ids_to_tokens(int(token_id))
+
+    @cached_property
+    def byte_level(self) -> bool:
+        """Whether the tokens spell bytes in GPT-2's alphabet (byte-level BPE: ``Ġ`` a space)."""
+        return self._hf is not None and any("\u0120" in t for t in self._hf.get_vocab())
+
     @cached_property
     def special_ids(self) -> frozenset[int]:
         """The ids ``decode`` leaves out: added tokens flagged special (none for

@@ -304,8 +304,9 @@ class StepMode(NamedTuple):
     ``filters`` some sampling row uses (``FILTERS`` names), any row has a logit bias / a
     penalty, reading ``span`` history tokens; ``split``: the fork and child token ids of a
     batch holding a branching row (``branches.split_logits``), () else; ``ban``: some row
-    bans its ``end_ids`` below its ``min_length``. An all-greedy batch pays for an argmax
-    only."""
+    bans its ``end_ids`` below its ``min_length``; ``logprobs``: the top count of the emitted
+    tokens' logprobs some row asks for (``logprobs.logprob_bucket``; 0: none). An all-greedy
+    batch pays for an argmax only."""
 
     sample: bool = False
     filters: tuple[str, ...] = ()
@@ -314,6 +315,7 @@ class StepMode(NamedTuple):
     span: int = 0
     split: tuple[int, ...] = ()
     ban: bool = False
+    logprobs: int = 0
 
 
 class RowSettings(NamedTuple):

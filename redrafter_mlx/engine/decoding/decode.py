@@ -26,7 +26,9 @@ Rows draw with their own keys (``sampling.RowSampler``, split per step by the ba
 A step's output for the host (``StepOutput``): ``tokens`` (B, L) with ``count`` (B,) valid
 entries per row — the accepted draft tokens followed by the bonus token — and
 ``source`` (B,): the id of the source whose candidate was accepted (``SOURCE_NAMES``; the
-host counts ``count - 1`` accepted drafts for it, ``sources.by_source``).
+host counts ``count - 1`` accepted drafts for it, ``sources.by_source``); ``logprobs``:
+each emitted token's log-probability and the most likely tokens of its node's
+distribution (``core.logprobs``), when the step's ``StepMode.logprobs`` asks for them.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import NamedTuple
 import mlx.core as mx
 
 from ..core.branches import fork_not_drafted, split_logits
+from ..core.logprobs import TokenLogprobs, on_slots, token_logprobs
 from ..core.penalties import node_text
 from ..core.sampling import RowSampler, draw, process_text
 from ..core.shape import BeamShape
@@ -53,7 +56,7 @@ from ..drafting.sources import (
 )
 from ..verifier.entries import committed
 from ..verifier.protocol import Verifier
-from .two_chains import accept_two_chains, lay_two_chains
+from .two_chains import accept_two_chains, drawn_slots, lay_two_chains
 
 
 class DecodeState(NamedTuple):
@@ -70,6 +73,7 @@ class StepOutput(NamedTuple):
     count: mx.array  # (B,) tokens emitted this step (accepted + bonus)
     packed: mx.array  # (B,) tree slots in use this step
     source: mx.array | None = None  # (B,) int32 source id of the accepted path (SOURCE_NAMES)
+    logprobs: TokenLogprobs | None = None  # (B, L) and (B, L, n): StepMode.logprobs on
 
 
 class Candidates(NamedTuple):
@@ -215,6 +219,15 @@ def verify_phase(
     ``fresh``: a list that receives what each cache entry's commit reads (``Verifier``).
     Returns (hidden (B, C, H), target draws (B, C), the cache).
     """
+    hidden, logits, cache = verify_logits(
+        model, tree, lengths, cache, sampler, window, history, fresh
+    )
+    return hidden, draw(logits, sampler), cache
+
+
+def verify_logits(model, tree, lengths, cache, sampler, window, history=None, fresh=None):
+    """``verify_phase`` up to the draws: (hidden (B, C, H), each node's processed logits
+    (B, C, V), the cache ``fresh`` describes)."""
     capacity = tree.tokens.shape[1]
     positions = lengths[:, None] + tree.depth
     write_idx = lengths[:, None] + arange(capacity)[None, :]
@@ -223,7 +236,7 @@ def verify_phase(
     text = tree_text(sampler, history, lengths, tree.tokens, tree.depth, tree.mask)
     logits = process_text(model.logits(hidden), sampler, text, positions + 1)
     logits = split_logits(logits, tree.tokens, tree.depth == 0, sampler)
-    return hidden, draw(logits, sampler), cache
+    return hidden, logits, cache
 
 
 def tree_text(sampler, history, lengths, tokens=None, depth=None, ancestors=None):
@@ -326,16 +339,10 @@ def redrafter_step(
     else:
         tree = pack(beams, capacity, cand.present if beams.shape[1] > 1 else None)
     fresh = []  # per cache entry, what the verify left its commit (the path's K/V, ...)
-    hidden, target, cache = verify_phase(
-        model,
-        tree,
-        state.lengths,
-        cache,
-        sampler,
-        window,
-        state.history,
-        fresh,
+    hidden, logits, cache = verify_logits(  # 3. verify
+        model, tree, state.lengths, cache, sampler, window, state.history, fresh
     )
+    target = draw(logits, sampler)
     judged = fork_not_drafted(beams, sampler)  # a fork is only ever the bonus
     if cand.two:  # 4. accept
         tokens, n, bonus, path_slots, path, best = accept_two_chains(judged, target, layout)
@@ -367,7 +374,11 @@ def redrafter_step(
     else:
         chosen = mx.take_along_axis(mx.broadcast_to(source, beams.shape[:2]), best[:, None], 1)
         chosen = chosen[:, 0]
-    return next_state, StepOutput(tokens, n + 1, packed, chosen.astype(mx.int32))
+    logprobs = None
+    if sampler.mode.logprobs:  # each emitted token from the node that drew it
+        slots = drawn_slots(judged, layout, best) if cand.two else path_slots
+        logprobs = token_logprobs(on_slots(logits, slots, tokens.shape[1]), tokens, sampler)
+    return next_state, StepOutput(tokens, n + 1, packed, chosen.astype(mx.int32), logprobs)
 
 
 def autoregressive_step(
@@ -394,7 +405,8 @@ def autoregressive_step(
         history = write_history(history, lengths, tokens)
     states = absorbed(held, state.sources, model, tokens, state.hidden, None, lengths)
     next_state = DecodeState(nxt, hidden[:, 0], lengths + 1, cache, history, states)
-    return next_state, StepOutput(nxt[:, None], one, one)
+    logprobs = token_logprobs(logits, nxt[:, None], sampler) if sampler.mode.logprobs else None
+    return next_state, StepOutput(nxt[:, None], one, one, None, logprobs)
 
 
 def first_draw(
@@ -407,12 +419,21 @@ def first_draw(
     (B,) its length per row); the branching rules read ``last`` (B,), each prompt's last
     token (needed when ``sampler.mode.split``).
     """
+    return first_draw_logprobs(model, hidden, sampler, history, lengths, last)[0]
+
+
+def first_draw_logprobs(model: Verifier, hidden, sampler: RowSampler, history, lengths, last=None):
+    """``first_draw``, and its token's logprobs ((B, 1) and (B, 1, n): ``core.logprobs``)
+    when ``sampler.mode.logprobs`` asks for them (else None)."""
     logits = model.logits(hidden)[:, None]  # (B, 1, V)
     text = tree_text(sampler, history, lengths)
     logits = process_text(logits, sampler, text, lengths[:, None])  # the first output token
     if last is not None:
         logits = split_logits(logits, last[:, None], mx.array([[True]]), sampler)
-    return draw(logits[:, 0], sampler)
+    token = draw(logits[:, 0], sampler)
+    if not sampler.mode.logprobs:
+        return token, None
+    return token, token_logprobs(logits, token[:, None], sampler)
 
 
 def prefill_chunk(model: Verifier, tokens, counts, lengths, cache: tuple, window: int):

@@ -14,7 +14,8 @@ A row's draws therefore equal the same request decoded alone (same key sequence,
 per-row math); see ``engine.core.sampling.draw``. Static switches (``StepMode``) only pick
 how much sampling machinery the batch needs: argmax only, or Gumbel with the filters some
 row uses, and whether any row has a logit bias or a penalty (with the history span its
-windows need), and whether a row branches (``StepMode.split``).
+windows need), whether a row branches (``StepMode.split``) and the top count of the
+logprobs some row asks for (``StepMode.logprobs``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..core.branches import SplitRows
+from ..core.logprobs import TokenLogprobs
 from ..core.sampling import (
     RowSampler,
     RowSettings,
@@ -108,7 +110,10 @@ def make_batch_step(
     ):
         out = fn(*state, row_keys, active, tuple(settings), window, tuple(split or ()))
         fields = len(DecodeState._fields)
-        return DecodeState(*out[:fields]), out[fields], StepOutput(*out[fields + 1 :])
+        got = StepOutput(*out[fields + 1 :])
+        if got.logprobs is not None:  # a compiled step gives the tree back as a tuple
+            got = got._replace(logprobs=TokenLogprobs(*got.logprobs))
+        return DecodeState(*out[:fields]), out[fields], got
 
     run.counter = counter  # tracings (each is a compile)
     return run

@@ -96,6 +96,16 @@ def accept_two_chains(beams: mx.array, target: mx.array, layout: TwoChains):
     return out, n, bonus, path_slots, path, take_second.astype(mx.int32)
 
 
+def drawn_slots(beams: mx.array, layout: TwoChains, best: mx.array) -> mx.array:
+    """The slot whose draw each emitted position of the winning chain took (``best`` (B,)
+    from ``accept_two_chains``; ``beams`` (B, 2, n) as judged): a second-chain position
+    whose prefix is the first chain's took the first's draw. Returns (B, n) int32."""
+    first_slots, second_slots = layout.slots
+    shared = mx.cumprod((beams[:, 1] == beams[:, 0]).astype(mx.int32), axis=1) > 0  # (B, n)
+    second = mx.where(shared, first_slots, second_slots)
+    return mx.where(best[:, None] > 0, second, first_slots).astype(mx.int32)
+
+
 def _run(candidate, draws, present):
     """Accepted drafts of one candidate: the leading k = 1.. with candidate[k] == draws[k-1]
     (present): (B, n), (B, n), (B or 1, n) -> (B,) int32."""

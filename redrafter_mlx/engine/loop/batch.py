@@ -253,8 +253,10 @@ class BatchGenerator:
         try:
             for job, first in self.prompts.ready(budget, turn.failed, self.fork_grants):
                 joined = self.join(job.rows, job.session, job.hidden, *first)
-                for row, (new, finish) in zip(job.rows, joined):
-                    turn.joined.append(RowStep(row, new, finish, 1, 0))
+                logprobs = job.first_logprobs or [None] * len(job.rows)
+                for row, (new, finish), own in zip(job.rows, joined, logprobs):
+                    own = None if own is None else own[: len(new)]
+                    turn.joined.append(RowStep(row, new, finish, 1, 0, (), own))
             self.batch_state.fit()
             turn.stepped.extend(self.step())
         except Exception:
@@ -305,7 +307,8 @@ class BatchGenerator:
             if self.branches is not None:
                 drafted = [i < count - 1 for i in range(len(new))]
                 self.branches.grow(row, new, finish, drafted, (step, r))
-            delivered.append(RowStep(row, new, finish, count, packed, by))
+            own = None if got.logprobs[r] is None else got.logprobs[r][: len(new)]
+            delivered.append(RowStep(row, new, finish, count, packed, by, own))
             if row.finished and row.shadow is not None:
                 resolved += row.shadow.finish(0)
         for row in self.end_answers([d.row for d in delivered]):

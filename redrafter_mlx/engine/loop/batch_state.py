@@ -17,6 +17,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from ..core.branches import step_split
+from ..core.logprobs import logprob_bucket
 from ..core.sampling import one_row, stack_rows
 from ..decoding.cache import SLOT_QUANTUM, Session, ensure_slots, text_history
 from ..decoding.decode import DecodeState
@@ -95,7 +96,9 @@ class BatchState:
             trees = [r.tree if r is not None else None for r in self.rows]
             forced = [r.forced if r is not None and not r.forced_queued else -1 for r in self.rows]
             ids, split = step_split(trees, grants, forced, getattr(self.model, "split_ids", ()))
-            self._params = (mode._replace(split=ids), active, settings, split, grants)
+            tops = [r.logprobs for r in self.rows if r is not None and r.logprobs is not None]
+            mode = mode._replace(split=ids, logprobs=logprob_bucket(max(tops, default=None)))
+            self._params = (mode, active, settings, split, grants)
         return self._params
 
     def ensure_slots(self, slots: int) -> None:

@@ -13,9 +13,10 @@ from typing import Any
 import mlx.core as mx
 
 from ..core.branches import step_split
+from ..core.logprobs import logprob_bucket, rows_of
 from ..core.sampling import RowSampler, SamplerConfig, one_row, row_keys_of, stack_rows
 from ..decoding.cache import Session, prefill_session, text_history
-from ..decoding.decode import first_draw
+from ..decoding.decode import first_draw_logprobs
 from ..drafting.sources import PREFILL_CHUNK
 from .batch_state import BatchState
 from .rows import Row
@@ -37,6 +38,7 @@ class Prefill:
     started: float = field(default_factory=time.perf_counter)
     done: int = 0  # tokens of each row's new part prefilled so far
     hidden: mx.array | None = None  # (B, H) at each row's last prefilled token
+    first_logprobs: list | None = None  # per row, its first token's (``RowStep.logprobs``)
 
     def __post_init__(self):
         self.new = self.session.reuse(self.prompts)  # each row's tokens not cached yet
@@ -85,10 +87,15 @@ class Prefill:
         if ids:  # a branching row, or an APAR model's linear rows (no split token drawn)
             mode = mode._replace(split=ids)
             last = mx.array([p[-1] for p in prompts], mx.int32)
+        tops = [row.logprobs for row in self.rows] if self.rows else [None] * rows
+        asked = [t for t in tops if t is not None]
+        mode = mode._replace(logprobs=logprob_bucket(max(asked, default=None)))
         sampler = RowSampler(settings, row_keys_of(first_key, rows), mode, split)
         history = text_history(prompts, self.session.slots) if self.sampler.reads_text else None
         lengths = mx.array([len(p) for p in prompts], mx.int32)
-        first = first_draw(model, self.hidden, sampler, history, lengths, last)
+        first, logprobs = first_draw_logprobs(model, self.hidden, sampler, history, lengths, last)
+        if logprobs is not None:
+            self.first_logprobs = rows_of(logprobs, [1] * rows, tops)
         return first.tolist(), row_keys_of(rng, rows)
 
 

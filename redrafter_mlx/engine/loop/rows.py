@@ -142,6 +142,7 @@ class Row:
     branch: int = 0
     forced: int = -1
     forced_queued: bool = False  # its forced draw is in a queued step (later ones draw freely)
+    logprobs: int | None = None  # the top count of its tokens' logprobs (None: it wants none)
     family: list = field(default_factory=list, compare=False, repr=False)
 
     def __post_init__(self):
@@ -192,7 +193,9 @@ class Row:
 class RowStep(NamedTuple):
     """What one step gave one row: the tokens it emits (``new``, exact stop), why it finished
     (None: it goes on), and the step's own count (accepted drafts + bonus), tree slots used
-    and accepted drafts per source (``SOURCE_NAMES`` order; empty: none)."""
+    and accepted drafts per source (``SOURCE_NAMES`` order; empty: none); ``logprobs``: per
+    token of ``new``, ``(logprob, ((id, logprob), ...))`` when the row asked for them
+    (``Row.logprobs``; ``core.logprobs.rows_of``), else None."""
 
     row: Row
     new: list[int]
@@ -200,6 +203,7 @@ class RowStep(NamedTuple):
     count: int
     packed: int
     by_source: tuple[int, ...] = ()
+    logprobs: list | None = None
 
 
 def take_rows(

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from ..base.platform import read_first
+from ..core.logprobs import rows_of
 from ..core.sampling import StepMode
 from ..core.shape import BeamShape
 from ..decoding.cache import step_window
@@ -45,7 +46,8 @@ class Queued:
 class Read:
     """A computed step read on the host: per row it ran (by its index when queued), the
     tokens (lists), counts (accepted drafts + bonus), tree slots used and accepted drafts per
-    source (``sources.by_source``); ``seconds``: since it was queued (None: it compiled)."""
+    source (``sources.by_source``); ``seconds``: since it was queued (None: it compiled);
+    ``logprobs``: per row, its tokens' (logprob, top) when it asked (``Row.logprobs``)."""
 
     step: Queued
     tokens: list
@@ -53,6 +55,7 @@ class Read:
     packed: list[int]
     by: list[tuple[int, ...]]
     seconds: float | None
+    logprobs: list  # per row, its tokens' (logprob, top) (``RowStep.logprobs``) or None
 
 
 class Stepping:
@@ -180,6 +183,10 @@ class Stepping:
         sources = out.source.tolist() if out.source is not None else [None] * len(counts)
         by = [by_source(s, c - 1) for s, c in zip(sources, counts)]
         packed = out.packed.tolist()
+        logprobs = [None] * len(counts)
+        if out.logprobs is not None:
+            tops = [None if row is None else row.logprobs for row in step.owners]
+            logprobs = rows_of(out.logprobs, counts, tops)
         self.inflight -= 1
         seconds = None if step.started is None else time.perf_counter() - step.started
-        return Read(step, tokens, counts, packed, by, seconds)
+        return Read(step, tokens, counts, packed, by, seconds, logprobs)

@@ -9,9 +9,21 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
+
+from redrafter_mlx.engine.base.bundled import demo_paths
+from redrafter_mlx.engine.core.branches import CHILD_TOKEN, FORK_TOKEN
+from tests.support.cli import CONTEXT
+from tests.support.models import (
+    VICUNA_TOKENIZER,
+    save_drafter_dir,
+    save_model_dir,
+    tiny_drafter,
+    tiny_model,
+)
 
 OPTIONAL_MARK = "optional"  # skip reasons containing this word are allowed under make test
 
@@ -48,3 +60,43 @@ def pytest_sessionfinish(session, exitstatus):
         for report in bad:
             reporter.write_line(f"SKIPPED (not allowed under make test): {report.longrepr}")
         session.exitstatus = 1
+
+
+@pytest.fixture(scope="session")
+def pair(tmp_path_factory):
+    """(model dir, drafter dir, drafter-for-another-model dir) of tiny random models."""
+    root = tmp_path_factory.mktemp("cli")
+    model = tiny_model(vocab=32000, hidden=32, max_position_embeddings=CONTEXT)
+    save_model_dir(model, root / "model", VICUNA_TOKENIZER)
+    save_drafter_dir(tiny_drafter(model), root / "drafter")
+    other = tiny_model(seed=5, vocab=32000, hidden=64)
+    save_drafter_dir(tiny_drafter(other), root / "other_drafter")
+    return str(root / "model"), str(root / "drafter"), str(root / "other_drafter")
+
+
+@pytest.fixture(scope="session")
+def app(cli_app):
+    return cli_app
+
+
+@pytest.fixture(scope="module")
+def apar_folder(tmp_path_factory):
+    """The demo model marked as an APAR model, two of its ids named as the split tokens."""
+    base, _ = demo_paths()
+    folder = tmp_path_factory.mktemp("apar-cli")
+    for f in base.iterdir():
+        if f.name != "config.json":
+            (folder / f.name).symlink_to(f)
+    config = json.loads((base / "config.json").read_text())
+    config["branches"] = {"fork": FORK_TOKEN, "child": CHILD_TOKEN}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "added_tokens.json").write_text(json.dumps({FORK_TOKEN: 4094, CHILD_TOKEN: 4095}))
+    return folder
+
+
+@pytest.fixture()
+def model_dir(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "llama"}')
+    return str(model)

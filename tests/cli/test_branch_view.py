@@ -15,7 +15,6 @@ from redrafter_mlx.cli.chat_ui import ChatLoop
 from redrafter_mlx.cli.common import BeamFlags, ModelPaths, load_engine, plan_from_flags
 from redrafter_mlx.engine.core.branches import BranchRules, BranchTree, Piece
 from redrafter_mlx.engine.core.sampling import SamplerConfig
-from tests.test_cli_branches import apar_folder  # noqa: F401 (fixture)
 
 F, C = 6, 7  # toy fork and child ids; text tokens 1..5 decode to letters a..e
 TOY = BranchRules(fork_id=F, child_id=C)
@@ -166,7 +165,7 @@ def test_chat_off_a_terminal_prints_the_rebuilt_text_once(apar_engine):
 
 
 def test_ctrl_c_keeps_the_final_text_of_a_branching_answer(apar_engine):
-    from tests.test_cli_chat import interrupt_after
+    from tests.support.chat import interrupt_after
 
     whole = chat_loop(apar_engine, terminal=True).answer("hi")
     loop = chat_loop(apar_engine, terminal=True)

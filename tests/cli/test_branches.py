@@ -7,22 +7,6 @@ import pytest
 from typer.testing import CliRunner
 
 from redrafter_mlx.engine.base.bundled import demo_paths
-from redrafter_mlx.engine.core.branches import CHILD_TOKEN, FORK_TOKEN
-
-
-@pytest.fixture(scope="module")
-def apar_folder(tmp_path_factory):
-    """The demo model marked as an APAR model, two of its ids named as the split tokens."""
-    base, _ = demo_paths()
-    folder = tmp_path_factory.mktemp("apar-cli")
-    for f in base.iterdir():
-        if f.name != "config.json":
-            (folder / f.name).symlink_to(f)
-    config = json.loads((base / "config.json").read_text())
-    config["branches"] = {"fork": FORK_TOKEN, "child": CHILD_TOKEN}
-    (folder / "config.json").write_text(json.dumps(config))
-    (folder / "added_tokens.json").write_text(json.dumps({FORK_TOKEN: 4094, CHILD_TOKEN: 4095}))
-    return folder
 
 
 def generate(app, folder, *extra):

@@ -3,45 +3,11 @@
 
 from __future__ import annotations
 
-import io
 import re
 
-import pytest
-from rich.console import Console
-
-from redrafter_mlx.cli.chat_ui import ChatLoop, run_chat
-from redrafter_mlx.cli.common import BeamFlags, ModelPaths, load_engine, plan_from_flags
-from redrafter_mlx.engine.core.sampling import SamplerConfig
-from tests.test_cli import CONTEXT, app, invoke, model_args, pair  # noqa: F401 (fixtures)
-
-MAX_TOKENS = 6
-
-
-@pytest.fixture(scope="module")
-def engine(pair):
-    model, drafter, _ = pair
-    return load_engine(ModelPaths(model, drafter), None)
-
-
-def make_loop(engine, max_tokens=MAX_TOKENS, show_accepted=False, terminal=False):
-    """A ChatLoop printing into a string buffer (``loop.console.file.getvalue()``)."""
-    plan = plan_from_flags(engine.paths, None, BeamFlags(1, 3))
-    console = Console(
-        file=io.StringIO(),
-        width=200,
-        highlight=False,
-        soft_wrap=True,
-        force_terminal=terminal,
-        color_system="standard" if terminal else None,
-    )
-    return ChatLoop(
-        engine, plan, SamplerConfig(), max_tokens, show_accepted=show_accepted, console=console
-    )
-
-
-def output(loop) -> str:
-    return loop.console.file.getvalue()
-
+from redrafter_mlx.cli.chat_ui import run_chat
+from tests.support.chat import MAX_TOKENS, interrupt_after, make_loop, output
+from tests.support.cli import CONTEXT, invoke, model_args
 
 # --------------------------------------------------------------------------- the command
 
@@ -104,23 +70,6 @@ def test_turns_reuse_the_kv_cache_and_reset_clears_it(engine):
     assert loop.messages == [] and loop.session.cached == [[]]
     loop.answer("hi")
     assert loop.last.prefilled_tokens == first.prompt_tokens
-
-
-def interrupt_after(n_chunks: int, lose_cache: bool = False):
-    """A stream_generate double that yields ``n_chunks`` real chunks, then Ctrl-C."""
-    from redrafter_mlx.engine.loop.generation import stream_generate
-
-    def stream(*args, session=None, **kwargs):
-        inner = stream_generate(*args, session=session, **kwargs)
-        for i, response in enumerate(inner):
-            if i == n_chunks:
-                inner.close()
-                if lose_cache:
-                    session.keys = None  # as if Ctrl-C landed before the engine's hand-back
-                raise KeyboardInterrupt
-            yield response
-
-    return stream
 
 
 def test_ctrl_c_keeps_the_partial_answer_and_the_conversation(engine):

@@ -3,14 +3,11 @@ system prompt longer than the context at once (as ``/system`` and as ``--system-
 
 from __future__ import annotations
 
-import io
-
 import pytest
-from rich.console import Console
 
 from redrafter_mlx.engine.base.bundled import demo_paths
-from redrafter_mlx.engine.core.shape import BeamShape
-from tests.cli_errors import error_line, invoke
+from tests.support.chat import make_short_loop
+from tests.support.cli import error_line, invoke
 
 
 @pytest.fixture(scope="module")
@@ -26,19 +23,8 @@ def demo_engine():
     return load_engine(ModelPaths(str(model), str(drafter)), None)
 
 
-def make_loop(engine):
-    from redrafter_mlx.cli.chat_ui import ChatLoop
-    from redrafter_mlx.engine.core.sampling import SamplerConfig
-    from tuning import ShapeChoice
-
-    console = Console(file=io.StringIO(), width=300, highlight=False, soft_wrap=True)
-    return ChatLoop(
-        engine, ShapeChoice(BeamShape(1, 3), "test"), SamplerConfig(), 4, console=console
-    )
-
-
 def test_a_failing_turn_reports_and_the_chat_goes_on(demo_engine):
-    loop = make_loop(demo_engine)
+    loop = make_short_loop(demo_engine)
     real = loop.stream
 
     def broken(*args, **kwargs):
@@ -56,7 +42,7 @@ def test_a_failing_turn_reports_and_the_chat_goes_on(demo_engine):
 def test_a_double_slash_sends_a_line_that_begins_with_a_slash(demo_engine):
     from redrafter_mlx.cli.chat_ui import HELP, run_chat
 
-    loop = make_loop(demo_engine)
+    loop = make_short_loop(demo_engine)
     lines = iter(["//etc/hosts is a file", "/help", None])
     run_chat(loop, read=lambda _prompt: next(lines))
     assert loop.messages[0] == {"role": "user", "content": "/etc/hosts is a file"}
@@ -64,7 +50,7 @@ def test_a_double_slash_sends_a_line_that_begins_with_a_slash(demo_engine):
 
 
 def test_a_system_prompt_longer_than_the_context_is_refused_at_once(demo_engine):
-    loop = make_loop(demo_engine)
+    loop = make_short_loop(demo_engine)
     loop.command("/system " + "word " * 600)
     out = loop.console.file.getvalue()
     assert "error: /system: the system prompt takes" in out and "512" in out

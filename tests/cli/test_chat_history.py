@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from redrafter_mlx.cli.chat_ui import run_chat, settle_compiler_check
-from tests.test_cli import CONTEXT, app, pair  # noqa: F401 (fixtures)
-from tests.test_cli_chat import MAX_TOKENS, engine, interrupt_after, make_loop, output  # noqa: F401
+from tests.support.chat import MAX_TOKENS, interrupt_after, make_loop, output
+from tests.support.cli import CONTEXT
 
 LONG = "please explain " + "this " * 110  # ~113 tokens: two such turns exceed the context
 
@@ -69,7 +69,7 @@ def test_compiler_check_runs_before_the_first_prompt(app, pair, monkeypatch):
     """``chat`` settles MLX's one-time compiler check (a ``system()`` call that ignores
     SIGINT) before it reads the first line, so no Ctrl-C in the first answer is lost."""
     from redrafter_mlx.cli import chat_ui
-    from tests.test_cli import invoke, model_args
+    from tests.support.cli import invoke, model_args
 
     events = []
     monkeypatch.setattr(chat_ui, "settle_compiler_check", lambda: events.append("settled"))

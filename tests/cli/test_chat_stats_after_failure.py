@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_chat_errors import make_loop
+from tests.support.chat import make_short_loop
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +18,7 @@ def demo_engine():
 
 
 def test_stats_keep_the_last_answer_after_a_failed_turn(demo_engine):
-    loop = make_loop(demo_engine)
+    loop = make_short_loop(demo_engine)
     loop.command("/stats")
     assert "no answer yet" in loop.console.file.getvalue()
     assert loop.answer("def f(x):")

@@ -14,9 +14,9 @@ from redrafter_mlx.engine.drafting.sources import DRAFT_MODEL
 from redrafter_mlx.engine.loop.loading import LoadError, load
 from redrafter_mlx.engine.loop.memory import check_step_memory
 from redrafter_mlx.serve.scheduler import Scheduler
-from tests.helpers import VICUNA_TOKENIZER, run_decode, save_model_dir, tiny_model
-from tests.test_cli import app, invoke, run_json  # noqa: F401 (fixtures)
-from tests.test_serve_scheduler import staggered
+from tests.support.cli import invoke, run_json
+from tests.support.models import VICUNA_TOKENIZER, run_decode, save_model_dir, tiny_model
+from tests.support.serving import staggered
 
 
 @pytest.fixture(scope="module")

@@ -8,53 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from tests.helpers import (
-    VICUNA_TOKENIZER,
-    save_drafter_dir,
-    save_model_dir,
-    tiny_drafter,
-    tiny_model,
-)
-
-CONTEXT = 256  # small, so "prompt over the context" is cheap to provoke
-
-
-@pytest.fixture(scope="session")
-def pair(tmp_path_factory):
-    """(model dir, drafter dir, drafter-for-another-model dir) of tiny random models."""
-    root = tmp_path_factory.mktemp("cli")
-    model = tiny_model(vocab=32000, hidden=32, max_position_embeddings=CONTEXT)
-    save_model_dir(model, root / "model", VICUNA_TOKENIZER)
-    save_drafter_dir(tiny_drafter(model), root / "drafter")
-    other = tiny_model(seed=5, vocab=32000, hidden=64)
-    save_drafter_dir(tiny_drafter(other), root / "other_drafter")
-    return str(root / "model"), str(root / "drafter"), str(root / "other_drafter")
-
-
-@pytest.fixture(scope="session")
-def app(cli_app):
-    return cli_app
-
-
-def invoke(app, *args, input=None):
-    """Run ``redrafter-mlx ARGS`` in-process (stdout and stderr captured separately)."""
-    return CliRunner().invoke(app, [str(a) for a in args], input=input, env={"COLUMNS": "120"})
-
-
-def model_args(pair, drafter=True):
-    """``--model M [--drafter D]`` for the tiny pair."""
-    model, drafter_dir, _ = pair
-    return ["--model", model, *(["--drafter", drafter_dir] if drafter else [])]
-
-
-def run_json(app, *args, input=None) -> dict:
-    """Invoke with ``--json``; assert success; return the parsed object."""
-    result = invoke(app, *args, "--json", input=input)
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
-
+from tests.support.cli import CONTEXT, invoke, model_args, run_json
 
 # --------------------------------------------------------------------------- help
 

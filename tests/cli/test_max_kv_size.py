@@ -3,8 +3,8 @@ there (finish "context"), chat drops its oldest turns to fit, and what is genera
 the bound is exactly what the model generates from that text."""
 
 from redrafter_mlx.engine.core.shape import BeamShape
-from tests.helpers import run_decode, tiny_drafter, tiny_model
-from tests.test_cli import app, invoke, model_args, pair, run_json  # noqa: F401 (fixtures)
+from tests.support.cli import invoke, model_args, run_json
+from tests.support.models import run_decode, tiny_drafter, tiny_model
 
 
 def test_a_capped_model_stops_at_the_cap_with_the_same_tokens():

@@ -11,8 +11,7 @@ import socket
 import pytest
 from typer.testing import CliRunner
 
-from tests.test_cli import pair  # noqa: F401 (fixture)
-from tests.test_cli_chat import engine, make_loop  # noqa: F401 (fixture)
+from tests.support.chat import make_loop
 
 MISSING_MODEL = "/nonexistent/model"  # a check that runs before loading reports first
 

@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from redrafter_mlx.cli.common import parse_logit_bias
-from tests.test_cli import app, invoke, model_args, pair, run_json  # noqa: F401 (fixtures)
+from tests.support.cli import invoke, model_args, run_json
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from redrafter_mlx.cli import get_command
 from redrafter_mlx.cli.common import FlagError, describe_sampling, flag_for, sampling_fields
 from redrafter_mlx.cli.options import SamplingFlags, sampling_options
 from redrafter_mlx.engine.core.sampling import GENERATION_CONFIG, MODEL_DEFAULT_KEYS, SamplerConfig
-from tests.test_cli import app, invoke, model_args, pair  # noqa: F401 (fixtures)
+from tests.support.cli import invoke, model_args
 
 COMMANDS = ("generate", "chat", "bench")
 NAMES = [f.name for f in fields(SamplingFlags)]

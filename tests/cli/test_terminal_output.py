@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 from redrafter_mlx.cli.terminal import visible
-from tests.test_cli import app, invoke, model_args, pair  # noqa: F401 (fixtures)
-from tests.test_cli_chat import engine, make_loop, output  # noqa: F401
+from tests.support.chat import make_loop, output
+from tests.support.cli import invoke, model_args
 
 ESC_ID = 30  # "<0x1B>"
 

@@ -14,7 +14,7 @@ import redrafter_mlx.cli.tune
 from redrafter_mlx.engine.base.prompts import PromptSetError, load_prompts, parse_prompts
 from redrafter_mlx.engine.core.sampling import SamplerConfig
 from redrafter_mlx.engine.core.shape import BeamShape
-from tests.fakes import FakeChip, FakeClock
+from tests.support.fakes import FakeChip, FakeClock
 from tuning import resolve_beam_shape
 from tuning.grid import build_grid
 from tuning.measure import EngineMeasure, TuneError
@@ -289,7 +289,7 @@ def test_real_engine_end_to_end_on_a_tiny_random_model():
 
     Nothing about speed is asserted: only that every figure is real and the outcome coherent.
     """
-    from tests.helpers import tiny_drafter, tiny_model
+    from tests.support.models import tiny_drafter, tiny_model
     from tuning.search import SearchPlan
 
     model = tiny_model()

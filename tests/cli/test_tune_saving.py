@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.cli_errors import error_line, invoke
+from tests.support.cli import error_line, invoke
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,7 @@ def app(cli_app):
 def fake_tune(monkeypatch, tmp_path):
     """A model/drafter pair and a fake measurement; returns (args, measured shapes)."""
     import redrafter_mlx.cli.tune
-    from tests.fakes import FakeChip, FakeClock
+    from tests.support.fakes import FakeChip, FakeClock
 
     model, drafter = tmp_path / "model", tmp_path / "drafter"
     for folder, config in ((model, {"model_type": "llama"}), (drafter, {"predict_tokens": 4})):

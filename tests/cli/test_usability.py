@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner as ClickRunner
 
 import redrafter_mlx.cli.tune
-from tests.fakes import FakeChip, FakeClock
-from tests.helpers import VICUNA_TOKENIZER, run_decode, tiny_model
-from tests.test_cli import app, invoke, model_args, pair  # noqa: F401 (fixtures)
+from tests.support.cli import invoke, model_args
+from tests.support.fakes import FakeChip, FakeClock
+from tests.support.models import VICUNA_TOKENIZER, run_decode, tiny_model
 
 
 def error_lines(result) -> list[str]:
@@ -65,7 +65,7 @@ def test_a_full_context_is_reported_as_such():
 
 def test_generate_json_says_the_context_ended_the_answer(app, pair):
     from redrafter_mlx.engine.base.tokenizer import load_tokenizer
-    from tests.test_cli import CONTEXT
+    from tests.support.cli import CONTEXT
 
     tok = load_tokenizer(VICUNA_TOKENIZER)
     words = next(k for k in range(CONTEXT) if len(tok.encode("a" + " a" * k)) >= CONTEXT - 1)
@@ -213,7 +213,7 @@ def test_distill_names_flags_and_exits_2(app, pair, tmp_path):
 
 def test_distill_takes_a_bundled_models_name(app, pair, tmp_path):
     from redrafter_mlx.engine.base.bundled import smollm2_path
-    from tests.test_distill import SHAREGPT
+    from tests.support.train import SHAREGPT
 
     out = tmp_path / "o"
     # not installed (an empty home): one line naming the model and the command that installs it

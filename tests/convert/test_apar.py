@@ -4,51 +4,15 @@ vocabulary grew by the two split tokens, Medusa heads beside it."""
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 import pytest
 
 from redrafter_mlx.engine.core.branches import CHILD_TOKEN, FORK_TOKEN, BranchRules, branch_rules
+from tests.support.convert import GROWN, apar_checkpoint
+from tests.support.paths import CONVERT as FIXTURES
 from weights_convert import ConversionError, convert
-
-FIXTURES = Path(__file__).parent / "fixtures" / "convert"
-GROWN = ("model.embed_tokens.weight", "lm_head.weight")
-NOT_WEIGHTS = ("prompt", "logits", "logits_tied")
-
-
-def apar_checkpoint(folder: Path, added: str = "added_tokens.json") -> dict[str, np.ndarray]:
-    """The fixture Llama (vocab 128) with two rows more in its embedding and head, the split
-    tokens at ids 128 and 129 (in ``added_tokens.json`` or ``tokenizer.json``), and Medusa
-    head files beside it -> the weights written."""
-    rng = np.random.default_rng(0)
-    weights = {
-        k: v for k, v in np.load(FIXTURES / "llama_expected.npz").items() if k not in NOT_WEIGHTS
-    }
-    for name in GROWN:
-        extra = rng.standard_normal((2, weights[name].shape[1])).astype(np.float32)
-        weights[name] = np.concatenate([weights[name], extra])
-    folder.mkdir(parents=True)
-    mx.save_safetensors(
-        str(folder / "model.safetensors"), {k: mx.array(v) for k, v in weights.items()}
-    )
-    config = json.loads((FIXTURES / "llama_st_bf16" / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "vocab_size": 130}))
-    for f in (FIXTURES / "tokenizer").iterdir():
-        shutil.copyfile(f, folder / f.name)
-    if added == "added_tokens.json":
-        (folder / added).write_text(json.dumps({FORK_TOKEN: 128, CHILD_TOKEN: 129}))
-    else:
-        from tokenizers import AddedToken, Tokenizer
-
-        tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        tok.add_special_tokens([AddedToken(FORK_TOKEN), AddedToken(CHILD_TOKEN)])
-        tok.save(str(folder / "tokenizer.json"))
-    (folder / "medusa_lm_head.safetensors").write_bytes(b"not read")
-    (folder / "medusa").mkdir()
-    return weights
 
 
 @pytest.mark.parametrize("added", ["added_tokens.json", "tokenizer.json"])

@@ -11,10 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.support.paths import CONVERT as FIXTURES
+from tests.support.torch_pickles import _payloads, _torch_zip
 from weights_convert import ConversionError, convert
 from weights_convert.safetensors_io import read_safetensors
 
-FIXTURES = Path(__file__).parent / "fixtures" / "convert"
 NOT_WEIGHTS = ("prompt", "logits", "logits_tied")
 
 
@@ -393,14 +394,6 @@ def test_error_legacy_format(tmp_path):
 
 
 def test_error_malicious_bin_in_a_model_folder(tmp_path):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "_bin_tests", Path(__file__).with_name("test_convert_torch_bin.py")
-    )
-    bin_tests = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bin_tests)
-    _payloads, _torch_zip = bin_tests._payloads, bin_tests._torch_zip
     src = _copy_fixture("llama_bin", tmp_path)
     marker = tmp_path / "pwned"
     _torch_zip(src / "pytorch_model.bin", _payloads(marker)["os.system"][0], {})

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
-FIXTURES = Path(__file__).parent / "fixtures" / "convert"
+from tests.support.paths import CONVERT as FIXTURES
 
 
 @pytest.fixture(scope="module")

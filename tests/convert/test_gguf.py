@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.fixtures.gguf_files import TinyGGUF, llama_cpp_permute, write_llama_gguf
-from tests.fixtures.hf_gguf_tokenizer import hf_gguf_tokenizer
+from tests.support.gguf_files import TinyGGUF, llama_cpp_permute, write_llama_gguf
+from tests.support.hf_gguf_tokenizer import hf_gguf_tokenizer
 from weights_convert import ConversionError, convert
 
 FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -253,7 +253,7 @@ def test_sentencepiece_tokenizer_equals_transformers_and_sentencepiece(tmp_path)
     import mlx_lm
     import sentencepiece as spm
 
-    from tests.fixtures.gguf_files import sentencepiece_model
+    from tests.support.gguf_files import sentencepiece_model
 
     tiny = write_llama_gguf(
         tmp_path / "spm.gguf", "Q8_0", tokenizer_model="llama", chat_template=SPM_TEMPLATE
@@ -448,7 +448,7 @@ def test_unpermute_inverts_llama_cpp_permute():
 def test_sentencepiece_without_space_prefix_as_gemma_files_say(tmp_path):
     """Gemma's GGUF files set tokenizer.ggml.add_space_prefix false: no leading '▁' is added
     to the text, and decoding strips none."""
-    from tests.fixtures.gguf_files import sentencepiece_model, sentencepiece_vocab
+    from tests.support.gguf_files import sentencepiece_model, sentencepiece_vocab
     from weights_convert.gguf_tokenizer import _sentencepiece_backend
 
     tokens, scores, types = sentencepiece_vocab(sentencepiece_model())

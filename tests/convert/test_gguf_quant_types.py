@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.fixtures.gguf_files import WIDE, Dims, TinyGGUF, write_llama_gguf
+from tests.support.gguf_files import WIDE, Dims, TinyGGUF, write_llama_gguf
 from weights_convert import ConversionError, convert
 from weights_convert.gguf import KEEP_QUANTIZED_ENV
 
@@ -74,7 +74,7 @@ def _engine_logits(folder: Path) -> np.ndarray:
     import mlx.core as mx
 
     from redrafter_mlx.engine.loop.loading import load_model
-    from tests.helpers import greedy_prefilled
+    from tests.support.models import greedy_prefilled
 
     model, _ = load_model(folder, dtype=mx.float32)
     state = greedy_prefilled(model, PROMPT, len(PROMPT) + 1)
@@ -258,7 +258,7 @@ def test_a_gemma3_q5_0_file_converts_kept_or_dequantized(tmp_path, monkeypatch, 
     import mlx.core as mx
 
     from redrafter_mlx.engine.loop.loading import load_model
-    from tests.test_families import _prefill_hidden, write_family_gguf
+    from tests.support.families import _prefill_hidden, write_family_gguf
 
     if keep:
         monkeypatch.setenv(KEEP_QUANTIZED_ENV, "1")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -20,58 +19,10 @@ from redrafter_mlx.engine.core.tree import cache_mask, chain_mask
 from redrafter_mlx.engine.drafting.early_exit import check_pair, load_adapter
 from redrafter_mlx.engine.drafting.early_exit_chain import draft_chain
 from redrafter_mlx.engine.loop.loading import load_model
+from tests.support.convert import BASE, HEADS, KV, D, H, adapter_weights, make_adapter
+from tests.support.paths import CONVERT as FIXTURES
 from weights_convert.conversion import convert
 from weights_convert.errors import ConversionError
-
-from .test_convert_torch_bin import _int, _state_dict, _storage, _tensor, _torch_zip
-
-FIXTURES = Path(__file__).parent / "fixtures" / "convert"
-BASE = FIXTURES / "llama_bin"  # hidden 64, 2 layers, 4 heads, 2 KV heads, vocab 128
-H, HEADS, KV, D = 64, 4, 2, 16
-
-
-def write_torch_bin(path: Path, tensors: dict[str, np.ndarray]) -> None:
-    """A ``torch.save`` zip of fp32 tensors, one storage each (the format, without torch)."""
-    items, storages = {}, {}
-    for i, (name, x) in enumerate(tensors.items()):
-        x = np.ascontiguousarray(x, dtype=np.float32)
-        stride = tuple(s // 4 for s in x.strides)
-        items[name] = _tensor(_storage(str(i), x.size), _int(0), x.shape, stride)
-        storages[str(i)] = x.tobytes()
-    _torch_zip(path, _state_dict(items), storages)
-
-
-def adapter_weights(seed=0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-
-    def mat(rows, cols):
-        return (rng.standard_normal((rows, cols)) / np.sqrt(cols)).astype(np.float32)
-
-    return {
-        "layers.0.input_layernorm.weight": (1 + 0.1 * rng.standard_normal(H)).astype(np.float32),
-        "layers.0.self_attn.q_proj.weight": mat(HEADS * D, H),
-        "layers.0.self_attn.k_proj.weight": mat(KV * D, H),
-        "layers.0.self_attn.v_proj.weight": mat(KV * D, H),
-        "layers.0.self_attn.o_proj.weight": mat(H, HEADS * D),
-        "norm.weight": (1 + 0.1 * rng.standard_normal(H)).astype(np.float32),
-    }
-
-
-def make_adapter(folder: Path, weights=None, extra=True, **config) -> Path:
-    """A Kangaroo adapter folder: the base's LlamaConfig with one layer, a torch zip .bin
-    (with the rotary buffer and an unused post-attention norm, as strict=False allows)."""
-    folder.mkdir(parents=True)
-    cfg = json.loads((BASE / "config.json").read_text())
-    cfg.update(num_hidden_layers=1, **config)
-    (folder / "config.json").write_text(json.dumps(cfg))
-    tensors = dict(weights or adapter_weights())
-    if extra:
-        tensors["layers.0.self_attn.rotary_emb.inv_freq"] = 1.0 / (
-            10000 ** (np.arange(0, D, 2, dtype=np.float32) / D)
-        )
-        tensors["layers.0.post_attention_layernorm.weight"] = np.ones(H, np.float32)
-    write_torch_bin(folder / "pytorch_model.bin", tensors)
-    return folder
 
 
 def kangaroo_forward(w: dict, x: np.ndarray, eps: float) -> np.ndarray:

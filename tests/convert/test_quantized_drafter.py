@@ -51,7 +51,7 @@ def _fake_install(home: Path, gguf_file: Path, keep: bool, monkeypatch) -> Path:
 @pytest.fixture(scope="module")
 def smollm2_like_gguf(tmp_path_factory) -> Path:
     """A tiny Llama GGUF quantized as SmolLM2's file is: Q4_1 layers, tied Q8_0 embedding."""
-    from tests.fixtures.gguf_files import write_llama_gguf
+    from tests.support.gguf_files import write_llama_gguf
 
     root = tmp_path_factory.mktemp("gguf")
     return write_llama_gguf(root / "tiny.gguf", "Q4_1", embed_qtype="Q8_0", tied=True).path
@@ -108,7 +108,7 @@ def test_redrafter_on_the_quantized_model_reproduces_its_greedy_tokens(
     beams, with and without lookup chains) reproduces plain decoding on the quantized model."""
     from redrafter_mlx.engine.core.shape import BeamShape
     from redrafter_mlx.engine.loop.loading import load, load_model
-    from tests.helpers import run_decode, save_drafter_dir, tiny_drafter
+    from tests.support.models import run_decode, save_drafter_dir, tiny_drafter
 
     shaped, _ = load_model(quantized_install, mx.float32)
     save_drafter_dir(tiny_drafter(shaped, feature_layers=[0, 1]), tmp_path / "drafter")
@@ -131,7 +131,7 @@ def test_the_real_quantized_smollm2_with_the_packaged_drafter_is_lossless(tmp_pa
     beams and lookup chains) reproduces the quantized model's own greedy tokens."""
     from redrafter_mlx.engine.core.shape import BeamShape
     from redrafter_mlx.engine.loop.loading import load
-    from tests.helpers import run_decode
+    from tests.support.models import run_decode
 
     if not GGUF_FILE.is_file() or bundled._drafter_dir(bundled.SMOLLM2_DRAFTER) is None:
         pytest.skip(f"no cached SmolLM2 GGUF at {GGUF_FILE} (make smollm2) or no packaged drafter")

@@ -6,13 +6,13 @@ stop at ``<|im_end|>``, in our engine and in mlx-lm."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
+from tests.support.paths import FIXTURES
 from weights_convert.smollm2 import smollm2_path
 
-REFS = json.loads((Path(__file__).parent / "fixtures" / "smollm2_refs.json").read_text())
+REFS = json.loads((FIXTURES / "smollm2_refs.json").read_text())
 MODEL = smollm2_path()
 END_OF_TURN = 2  # <|im_end|>
 

@@ -7,7 +7,7 @@ from typer.testing import CliRunner
 
 import redrafter_mlx
 from redrafter_mlx.engine.base.bundled import demo_paths
-from tests.helpers import run_decode
+from tests.support.models import run_decode
 
 pytestmark = pytest.mark.slow  # make test-fast leaves these out
 

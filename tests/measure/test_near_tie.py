@@ -5,7 +5,7 @@ import mlx.core as mx
 import pytest
 
 from redrafter_mlx.measure import near_tie
-from tests.helpers import tiny_model
+from tests.support.models import tiny_model
 
 PREFIX = [3, 17, 5, 9, 22, 1, 30, 8, 12]
 

@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from redrafter_mlx.engine.core.sampling import SamplerConfig
 from redrafter_mlx.measure import near_tie
-from tests.helpers import (
+from tests.support.models import (
     VICUNA_TOKENIZER,
     save_drafter_dir,
     save_model_dir,

@@ -12,7 +12,7 @@ from redrafter_mlx.measure.profile import (
     launch_bound,
     profile_steps,
 )
-from tests.helpers import tiny_drafter, tiny_model
+from tests.support.models import tiny_drafter, tiny_model
 
 
 def test_graph_ops_counts_what_a_compiled_call_dispatches():

@@ -9,7 +9,7 @@ import pytest
 from redrafter_mlx.engine.core.shape import BeamShape
 from redrafter_mlx.engine.drafting.early_exit import EarlyExitAdapter, EarlyExitArgs
 from redrafter_mlx.measure.profile import MacCost, launch_bound, profile_steps, weight_bytes
-from tests.helpers import tiny_model
+from tests.support.models import tiny_model
 
 H, V, F = 32, 64, 64  # hidden, vocabulary, MLP width of tiny_model(hidden=32)
 LAYER = H * H * 2 + H * 16 * 2 + 3 * F * H + 2 * H  # q, o; k, v (2 of 4 heads); MLP; norms

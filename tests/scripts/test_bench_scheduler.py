@@ -5,7 +5,6 @@ forced by a logit bias)."""
 import re
 
 from scripts import bench_scheduler
-from tests.test_cli_branches import apar_folder  # noqa: F401 (fixture)
 
 
 def test_branches_on_and_off_at_two_concurrencies_in_one_table(apar_folder, capsys):

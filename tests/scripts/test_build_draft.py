@@ -11,8 +11,8 @@ import pytest
 
 from redrafter_mlx.engine.loop.loading import load_model
 from scripts.build_smollm2_draft import main, truncated_config
-from tests.helpers import VICUNA_TOKENIZER, save_model_dir, tiny_model
-from tests.test_families import our_logits
+from tests.support.families import our_logits
+from tests.support.models import VICUNA_TOKENIZER, save_model_dir, tiny_model
 
 PROMPT = [1, 5, 9, 2, 7, 3, 3, 8]
 

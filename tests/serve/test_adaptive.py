@@ -12,9 +12,9 @@ from redrafter_mlx.engine.core.shape import AR, BeamShape
 from redrafter_mlx.engine.drafting.sources import LOOKUP
 from redrafter_mlx.engine.loop.adaptive import Adaptive
 from redrafter_mlx.serve.scheduler import Request, Scheduler
-from tests.helpers import near_bigram_model, run_decode, tiny_drafter, tiny_model
-from tests.test_lookup import phased_costs, repetitive_prompts
-from tests.test_serve_scheduler import Collector, drain
+from tests.support.lookup import phased_costs, repetitive_prompts
+from tests.support.models import near_bigram_model, run_decode, tiny_drafter, tiny_model
+from tests.support.serving import Collector, drain
 
 
 def plain(model, prompt, n):

@@ -1,6 +1,6 @@
 """The Anthropic Messages API (``POST /v1/messages``), raw HTTP per Anthropic's documented
 schema, against the app over a scheduler that answers with known model text
-(``tests.fakes.ScriptedScheduler``): a plain answer, system prompts, stop sequences, a
+(``tests.support.fakes.ScriptedScheduler``): a plain answer, system prompts, stop sequences, a
 streamed tool call (its ``tool_use`` block and ``input_json_delta``, ``stop_reason``
 ``tool_use``), a ``tool_result`` sent back, ``tool_choice``, and Anthropic's error body.
 
@@ -18,8 +18,8 @@ from starlette.testclient import TestClient
 
 from redrafter_mlx.serve.anthropic import parse_request
 from redrafter_mlx.serve.app import ServeConfig, create_app
-from tests.fakes import ScriptedScheduler
-from tests.test_serve_tools import ANSWERS, THINK, TIME, WEATHER, mlx_lm_calls, toks  # noqa: F401
+from tests.support.fakes import ScriptedScheduler
+from tests.support.serving import ANSWERS, THINK, TIME, WEATHER, mlx_lm_calls
 
 LIMIT = 256
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -402,7 +402,7 @@ def test_a_messages_request_runs_through_the_engine_as_the_chat_one_does(toks):
     the chat endpoint's for the same conversation, its tokens counted alike."""
     from redrafter_mlx.engine.core.shape import BeamShape
     from redrafter_mlx.serve.scheduler import Scheduler
-    from tests.helpers import tiny_drafter, tiny_model
+    from tests.support.models import tiny_drafter, tiny_model
 
     tok = toks["chatml"]  # no markers: the answer is one text block
     model = tiny_model(vocab=tok.vocab_size, hidden=32, layers=2)

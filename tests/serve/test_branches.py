@@ -6,28 +6,16 @@ from redrafter_mlx.engine.core.shape import BeamShape
 from redrafter_mlx.engine.loop.rows import Row
 from redrafter_mlx.serve.app import _Run
 from redrafter_mlx.serve.scheduler import Request, Scheduler
-from tests.test_branch_rows import EOS, PROMPT, RULES, forking_sampler, model_and_drafter, run_batch
-
-
-class Collector:
-    def __init__(self):
-        self.events = []
-
-    def __call__(self, event):
-        self.events.append(event)
-
-    @property
-    def tokens(self):
-        return [t for e in self.events for t in e.tokens]
-
-
-def drain(sched):
-    for _ in range(2000):
-        busy = sched.active_rows or sched.batch.pending is not None or sched.queue.qsize()
-        if not busy and not sched.batch.prefills:
-            return
-        sched.run_once()
-    raise AssertionError("scheduler did not finish")
+from tests.support.branching import (
+    EOS,
+    PROMPT,
+    RULES,
+    Collector,
+    drain,
+    forking_sampler,
+    model_and_drafter,
+    run_batch,
+)
 
 
 def test_requests_stream_their_rebuilt_text_and_count_every_branch():

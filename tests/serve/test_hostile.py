@@ -14,26 +14,17 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import httpx
 import pytest
 
 import redrafter_mlx.engine.loop.prefilling as prompts_module
-from redrafter_mlx.engine.base.bundled import demo_paths
-from redrafter_mlx.engine.base.tokenizer import load_tokenizer
 from redrafter_mlx.engine.core import tree
-from redrafter_mlx.engine.core.shape import BeamShape
-from redrafter_mlx.serve.app import ServeConfig, create_app
-from redrafter_mlx.serve.runner import make_server
-from redrafter_mlx.serve.scheduler import Scheduler
-from tests.helpers import tiny_drafter, tiny_model
+from tests.support.serving import BODY_LIMIT, LIMIT, Server, error_of, stream
 
 N = 20
 HOSTILE = 9  # where the hostile request stands among the N
-LIMIT = 64
-BODY_LIMIT = 64 << 10  # 64 KiB for these tests
 FAULT_PROMPT = [1, 4000, 4001, 4002, 4003]  # a prefill that raises (see engine_fault)
 WORDS = [
     "alpha",
@@ -58,74 +49,6 @@ def normal_body(i: int) -> dict:
     if i % 2:
         return dict(body, kind="chat/completions", messages=[{"role": "user", "content": text}])
     return dict(body, kind="completions", prompt=text)
-
-
-class Server:
-    """The app and uvicorn on a thread, on a pre-bound free localhost port."""
-
-    def __init__(self):
-        tok = load_tokenizer(demo_paths()[0])
-        model = tiny_model(vocab=tok.vocab_size, hidden=32, layers=2)
-        shape = BeamShape(2, 3)
-        self.scheduler = Scheduler(model, tiny_drafter(model), shape, (), 8, 64)
-        self.scheduler.start(warmup_prompt=[1, 2, 3])
-        beam = dict(beam_width=2, beam_length=3, capacity=shape.slots)
-        config = ServeConfig(
-            tok, "tiny", LIMIT, model.max_context, model.vocab_size, beam, ("tiny-alias",)
-        )
-        config.max_body_bytes = BODY_LIMIT
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        app = create_app(self.scheduler, config)
-        self.server = make_server(app, self.scheduler, "127.0.0.1", 0, "critical", 1.0)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]})
-        self.thread.start()
-        deadline = time.time() + 60
-        while not self.server.started:
-            assert time.time() < deadline, "the server did not start within 60 s"
-            time.sleep(0.02)
-
-    def health(self) -> httpx.Response:
-        return httpx.get(self.url + "/health", timeout=10)
-
-    def wait_idle(self, timeout: float = 20.0) -> dict:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            health = self.health().json()
-            if not (health["active_rows"] or health["queued"] or health["prefilling"]):
-                return health
-            time.sleep(0.02)
-        raise AssertionError(f"the server did not go idle: {health}")
-
-    def close(self):
-        self.server.should_exit = True
-        self.thread.join(10)
-
-
-async def stream(client: httpx.AsyncClient, url: str, body: dict) -> tuple[int, str, str]:
-    """(status, text, finish_reason) of one streaming request read to ``[DONE]``."""
-    body = dict(body)
-    kind = body.pop("kind")
-    async with client.stream("POST", f"{url}/v1/{kind}", json=body) as r:
-        if r.status_code != 200:
-            await r.aread()
-            return r.status_code, r.text, ""
-        text, finish, done = "", "", False
-        async for line in r.aiter_lines():
-            if not line.startswith("data: "):
-                continue
-            if line == "data: [DONE]":
-                done = True
-                break
-            chunk = json.loads(line[6:])
-            assert "error" not in chunk, chunk
-            choice = chunk["choices"][0]
-            piece = choice["delta"].get("content") if kind != "completions" else choice["text"]
-            text += piece or ""
-            finish = choice["finish_reason"] or finish
-        assert done, "the stream ended without [DONE]"
-        return 200, text, finish
 
 
 def run_together(url: str, hostile) -> tuple[list, object]:
@@ -167,15 +90,6 @@ def alone(server):
 
 
 # --------------------------------------------------------------------------- hostile requests
-
-
-def error_of(r: httpx.Response, status: int, param=None, code=None) -> dict:
-    assert r.status_code == status, r.text
-    error = r.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert error["type"] == "invalid_request_error" and error["message"]
-    assert (error["param"], error["code"]) == (param, code), error
-    return error
 
 
 def chat(**fields) -> dict:

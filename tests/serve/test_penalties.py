@@ -8,8 +8,8 @@ from redrafter_mlx.engine.core.sampling import SamplerConfig
 from redrafter_mlx.engine.core.shape import BeamShape
 from redrafter_mlx.serve.protocol import ProtocolError, check_bias_ids, parse_completion
 from redrafter_mlx.serve.scheduler import Request, Scheduler
-from tests.helpers import run_decode
-from tests.test_serve_scheduler import Collector, drain, pair, prompts  # noqa: F401 (fixtures)
+from tests.support.models import run_decode
+from tests.support.serving import Collector, drain
 
 SETTINGS = [
     dict(temperature=0.0),

@@ -25,7 +25,7 @@ from redrafter_mlx.serve.requests import Event, Request
 from redrafter_mlx.serve.runner import make_server
 from redrafter_mlx.serve.scheduler import Scheduler
 from redrafter_mlx.serve.text import TextStream
-from tests.helpers import tiny_drafter, tiny_model
+from tests.support.models import tiny_drafter, tiny_model
 
 CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"

@@ -12,9 +12,8 @@ from redrafter_mlx.engine.core.shape import BeamShape
 from redrafter_mlx.serve.protocol import ProtocolError, parse_chat, parse_completion
 from redrafter_mlx.serve.scheduler import Scheduler
 from redrafter_mlx.serve.tools import check_support
-from tests.helpers import run_decode, tiny_drafter, tiny_model
-from tests.test_serve_hostile import Server, error_of
-from tests.test_serve_scheduler import staggered
+from tests.support.models import run_decode, tiny_drafter, tiny_model
+from tests.support.serving import Server, error_of, staggered
 
 
 @pytest.fixture(scope="module")

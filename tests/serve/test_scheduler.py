@@ -1,68 +1,15 @@
 """The serving scheduler without HTTP: rows joining mid-generation equal solo runs."""
 
-import json
 import random
 
 import pytest
 
-import redrafter_mlx
-from redrafter_mlx.engine.base.bundled import demo_paths
 from redrafter_mlx.engine.core.sampling import SamplerConfig
 from redrafter_mlx.engine.core.shape import BeamShape
 from redrafter_mlx.engine.drafting.sources import LOOKUP
 from redrafter_mlx.serve.scheduler import QueueFull, Request, Scheduler
-from tests.helpers import run_decode, tiny_drafter, tiny_model
-
-
-@pytest.fixture(scope="module")
-def pair():
-    base, drafter = demo_paths()
-    return redrafter_mlx.load(base, drafter)
-
-
-@pytest.fixture(scope="module")
-def prompts(pair):
-    _, _, tok = pair
-    lines = (demo_paths()[0].parent / "heldout_prompts.jsonl").read_text().splitlines()[:6]
-    return [
-        tok.chat_prompt([{"role": "user", "content": json.loads(line)["turns"][0]}])
-        for line in lines
-    ]
-
-
-class Collector:
-    """A request sink gathering tokens and the final event."""
-
-    def __init__(self):
-        self.tokens, self.last = [], None
-
-    def __call__(self, event):
-        self.tokens += event.tokens
-        self.last = event
-
-
-def drain(sched):
-    """Run the loop until nothing is queued, active or in flight."""
-    for _ in range(10_000):
-        if not (sched.active_rows or sched.batch.pending is not None or sched.queue.qsize()):
-            return
-        sched.run_once()
-    raise AssertionError("scheduler did not finish")
-
-
-def staggered(sched, prompts, max_tokens, samplers=None, turn=True) -> list:
-    """Each prompt submitted with its ``max_tokens`` (a list) and sampler (``samplers``, else
-    the scheduler's), one loop turn after each when ``turn`` (the later ones join a running
-    batch), then drained: each request's ``Collector``."""
-    sinks = []
-    for prompt, limit, sampler in zip(prompts, max_tokens, samplers or [None] * len(prompts)):
-        sinks.append(Collector())
-        own = () if sampler is None else (sampler,)  # else the Request's default
-        sched.submit(Request(prompt, limit, sinks[-1], *own))
-        if turn:
-            sched.run_once()
-    drain(sched)
-    return sinks
+from tests.support.models import run_decode, tiny_drafter, tiny_model
+from tests.support.serving import Collector, drain
 
 
 def solo(pair, prompt, max_tokens, shape, temperature=0.0, top_p=1.0, seed=None):

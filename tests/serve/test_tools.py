@@ -4,7 +4,7 @@ returned, streamed or not, as OpenAI ``tool_calls``; thinking apart in ``reasoni
 
 No tiny random model writes a tool call by itself, so the answers here are known text fed
 to the server's text layer (``TextStream`` then ``Channels``) and, end to end, by a scheduler
-that answers with it (``tests.fakes.ScriptedScheduler``) behind the ``openai`` client; the
+that answers with it (``tests.support.fakes.ScriptedScheduler``) behind the ``openai`` client; the
 calls are compared with mlx-lm's parser's on the same text. One request runs a real tiny
 model to show a tools request goes through the engine.
 """
@@ -25,62 +25,13 @@ from redrafter_mlx.serve.messages import chat_ids
 from redrafter_mlx.serve.protocol import ProtocolError, parse_chat, parse_completion
 from redrafter_mlx.serve.text import TextStream
 from redrafter_mlx.serve.tools import Tools
-from tests.chat_tokenizers import chat_tokenizer
-from tests.fakes import ScriptedScheduler
+from tests.support.chat_tokenizers import chat_tokenizer
+from tests.support.fakes import ScriptedScheduler
+from tests.support.serving import ANSWERS, QWEN3_TWO, THINK, TIME, WEATHER, mlx_lm_calls
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
-TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
-# (kind, the answer as the model writes it, the text of each call in it)
-THINK = "<think>\nLet me think.\n</think>\n\n"
-QWEN3_TWO = (
-    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
-    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", "unit": "c"}}\n'
-    "</tool_call>"
-)
-ANSWERS = {
-    "qwen3": THINK + "I will look.\n" + QWEN3_TWO,
-    "qwen3_coder": (
-        "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
-        "</function>\n</tool_call>"
-    ),
-    "mistral": 'Sure.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}'
-    '[TOOL_CALLS]get_weather[ARGS]{"city": "Rome", "unit": "c"}',
-}
 PARSERS = {"qwen3": "json_tools", "qwen3_coder": "qwen3_coder", "mistral": "mistral"}
-
-
-@pytest.fixture(scope="module")
-def toks(tmp_path_factory):
-    root = tmp_path_factory.mktemp("chat_tokenizers")
-    kinds = ("qwen3", "qwen3_coder", "mistral", "chatml")
-    return {k: chat_tokenizer(k, root / k) for k in kinds}
-
-
-def mlx_lm_calls(tok, text: str) -> list[dict]:
-    """The calls mlx-lm's parser reads from ``text``: each span between the format's markers
-    (Mistral's: everything after its first marker) parsed as mlx-lm's server parses it."""
-    start, end = tok.markers.tool
-    spans = [text.split(start, 1)[1]] if not end else []
-    if end:
-        spans = [s.split(end, 1)[0] for s in text.split(start)[1:]]
-    out = []
-    for span in spans:
-        parsed = tok.markers.parse_tool(span, [WEATHER])
-        out += parsed if isinstance(parsed, list) else [parsed]
-    return out
 
 
 def as_parsed(calls: list[dict]) -> list[dict]:
@@ -392,7 +343,7 @@ def test_reasoning_is_kept_apart_without_tools(toks):
 def test_a_tools_request_runs_through_the_engine(toks):
     """A real (tiny random) model: the tools request is the template's prompt, answered."""
     from redrafter_mlx.serve.scheduler import Scheduler
-    from tests.helpers import tiny_drafter, tiny_model
+    from tests.support.models import tiny_drafter, tiny_model
 
     tok = toks["qwen3"]
     model = tiny_model(vocab=tok.vocab_size, hidden=32, layers=2)

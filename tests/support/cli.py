@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from typer.testing import CliRunner
 
 
@@ -16,3 +18,19 @@ def error_line(result, code: int) -> str:
     line = result.stderr.strip().splitlines()[-1]
     assert line.startswith("error: "), result.stderr
     return line
+
+
+CONTEXT = 256  # small, so "prompt over the context" is cheap to provoke
+
+
+def model_args(pair, drafter=True):
+    """``--model M [--drafter D]`` for the tiny pair."""
+    model, drafter_dir, _ = pair
+    return ["--model", model, *(["--drafter", drafter_dir] if drafter else [])]
+
+
+def run_json(app, *args, input=None) -> dict:
+    """Invoke with ``--json``; assert success; return the parsed object."""
+    result = invoke(app, *args, "--json", input=input)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)

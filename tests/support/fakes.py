@@ -134,3 +134,10 @@ class ScriptedScheduler:
 
     def health(self) -> dict:
         return {"failure": None, "draining": False}
+
+
+class FakeGroup:
+    """What the loader and the CLI ask of a group before any message is sent."""
+
+    def __init__(self, size: int, rank: int = 0):
+        self.size, self.rank = lambda: size, lambda: rank

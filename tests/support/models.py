@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
@@ -11,8 +9,8 @@ from mlx.utils import tree_flatten
 from redrafter_mlx.engine.drafting.drafter import Drafter, DrafterArgs
 from redrafter_mlx.engine.verifier.config import completed
 from redrafter_mlx.engine.verifier.lm_model import LmModel, from_config
+from tests.support.paths import FIXTURES
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
 VICUNA_TOKENIZER = FIXTURES / "vicuna-tokenizer"
 SHAREGPT_SAMPLE = FIXTURES / "sharegpt_tiny.json"
 

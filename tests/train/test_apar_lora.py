@@ -24,9 +24,10 @@ from redrafter_mlx.train.apar_lora import (
     train,
     trainable_weights,
 )
+from tests.support.paths import CONVERT
 from weights_convert.smollm2_apar import build
 
-TOKENIZER = Path(__file__).parent / "fixtures" / "convert" / "tokenizer"
+TOKENIZER = CONVERT / "tokenizer"
 CONFIG = {
     "model_type": "llama",
     "hidden_size": 32,

@@ -14,18 +14,16 @@ from redrafter_mlx.engine.core.tree import cache_mask, chain_mask
 from redrafter_mlx.train import distill as D
 from redrafter_mlx.train import training as TR
 from redrafter_mlx.train.data import DataError, Sequence, load_training_data
-from tests.helpers import (
-    SHAREGPT_SAMPLE,
+from tests.support.models import (
     VICUNA_TOKENIZER,
     near_bigram_model,
     run_decode,
     save_model_dir,
     tiny_model,
 )
+from tests.support.train import SHAREGPT
 
-ROOT = Path(__file__).resolve().parent.parent
 TOKENIZER = VICUNA_TOKENIZER
-SHAREGPT = SHAREGPT_SAMPLE
 
 pytestmark = pytest.mark.slow  # make test-fast leaves these out
 

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 from redrafter_mlx.engine.loop.loading import LoadError, load_drafter
 from redrafter_mlx.train import distill as D
 from redrafter_mlx.train.checkpoints import list_checkpoints, write_drafter_files
-from tests.helpers import SHAREGPT_SAMPLE, save_drafter_dir, tiny_drafter, tiny_model
-from tests.test_distill_safety import RUN, model_dir  # noqa: F401 (fixture)
+from tests.support.models import SHAREGPT_SAMPLE, save_drafter_dir, tiny_drafter, tiny_model
+from tests.support.train import RUN
 
 
 def cli_distill(model_dir, out, *extra, steps=("--steps", "2")):

@@ -10,8 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from redrafter_mlx.train.checkpoints import checkpoint_root, resumed_state
-
-from .helpers import SHAREGPT_SAMPLE
+from tests.support.models import SHAREGPT_SAMPLE
 
 
 def fake_run(out, run: dict) -> None:

@@ -16,34 +16,14 @@ from typer.testing import CliRunner
 
 from redrafter_mlx.engine.loop.loading import load_drafter
 from redrafter_mlx.train import distill as D
-from tests.helpers import (
+from tests.support.models import (
     SHAREGPT_SAMPLE,
-    VICUNA_TOKENIZER,
-    near_bigram_model,
     save_drafter_dir,
-    save_model_dir,
     tiny_drafter,
 )
+from tests.support.train import RUN
 
 pytestmark = pytest.mark.slow  # make test-fast leaves these out
-
-RUN = dict(
-    predict_tokens=2,
-    steps=4,
-    batch_size=32,
-    seq_len=128,
-    save_every=2,
-    quiet=True,
-    eval_shapes=(),
-)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """A tiny random Llama with the Vicuna tokenizer saved as a model dir."""
-    path = tmp_path_factory.mktemp("model")
-    save_model_dir(near_bigram_model(seed=0, vocab=32000, hidden=32), path, VICUNA_TOKENIZER)
-    return path
 
 
 @pytest.fixture

@@ -15,11 +15,8 @@ from redrafter_mlx.engine.drafting.early_exit import check_pair, is_early_exit, 
 from redrafter_mlx.engine.loop.loading import load_model
 from redrafter_mlx.train import early_exit as EE
 from redrafter_mlx.train.data import Sequence
-
-from .helpers import SHAREGPT_SAMPLE, tiny_model
-
-DEMO = Path(__file__).resolve().parent.parent / "redrafter_mlx" / "demo_model" / "base"
-RUN = dict(batch_size=128, seq_len=64, lr=1e-3, quiet=True, save_every=3)
+from tests.support.early_exit import DEMO, RUN
+from tests.support.models import SHAREGPT_SAMPLE, tiny_model
 
 
 def _weights(path: Path) -> dict:

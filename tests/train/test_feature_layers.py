@@ -27,7 +27,7 @@ from redrafter_mlx.engine.drafting.drafter import Drafter, DrafterArgs
 from redrafter_mlx.engine.loop.loading import LoadError, load, load_drafter
 from redrafter_mlx.train.targets import cache_key
 from redrafter_mlx.train.training import resolve_feature_layers
-from tests.helpers import (
+from tests.support.models import (
     VICUNA_TOKENIZER,
     near_bigram_model,
     run_decode,
@@ -36,6 +36,7 @@ from tests.helpers import (
     tiny_drafter,
     tiny_model,
 )
+from tests.support.paths import ROOT
 from weights_convert.smollm2 import smollm2_path
 
 SMOL_MODEL = smollm2_path()  # read at import, as test_smollm2 (tests run with a temp HOME)
@@ -200,7 +201,7 @@ SMOL_STEPS = {(1, 4): 40 / 31, (4, 5): 41 / 26}
 @pytest.mark.slow
 @pytest.mark.skipif(not (SMOL_MODEL / "config.json").is_file(), reason="SmolLM2 is not converted")
 def test_the_shipped_multi_layer_drafter_decodes_smollm2_losslessly():
-    shipped = Path(__file__).resolve().parent.parent / "redrafter_mlx" / "smollm2_drafter"
+    shipped = ROOT / "redrafter_mlx" / "smollm2_drafter"
     model, drafter, tok = load(SMOL_MODEL, shipped, "float32")
     assert drafter.args.feature_layers == [2, 15, 27] and model.feature_layers == (2, 15, 27)
     prompt = list(tok.chat_prompt([{"role": "user", "content": SMOL_PROMPT}]))
@@ -292,7 +293,7 @@ def test_distill_with_feature_layers_makes_a_drafter_that_loads_and_decodes(tmp_
     from typer.testing import CliRunner
 
     from redrafter_mlx.cli import _register, app
-    from tests.test_selfdistill import TOY
+    from tests.support.train import TOY
 
     _register()
     model_dir = tmp_path / "model"

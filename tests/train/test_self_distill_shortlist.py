@@ -12,7 +12,7 @@ import pytest
 from redrafter_mlx.engine.drafting.drafter import Drafter, DrafterArgs, beam_search
 from redrafter_mlx.train import distill as D
 from redrafter_mlx.train.data import Sequence, load_training_data
-from tests.helpers import _randomize, run_decode, tiny_model
+from tests.support.models import _randomize, run_decode, tiny_model
 from weights_convert.smollm2 import smollm2_path
 
 SMOLLM2 = smollm2_path()  # at import: the tests' home fixture points the cache elsewhere
@@ -82,7 +82,7 @@ def test_target_cache_self_mode_and_its_meta(tmp_path):
 
 def test_records_with_exact_token_ids_are_used_unchanged(tmp_path):
     from redrafter_mlx.engine.base.tokenizer import load_tokenizer
-    from tests.helpers import VICUNA_TOKENIZER
+    from tests.support.models import VICUNA_TOKENIZER
 
     f = tmp_path / "gen.jsonl"
     rows = [
@@ -179,7 +179,7 @@ def test_greedy_redrafter_with_a_shortlist_drafter_equals_autoregressive(seed):
 
 def test_shortlist_drafter_directory_round_trip(tmp_path):
     from redrafter_mlx.engine.loop.loading import LoadError, check_pair, load_drafter
-    from tests.helpers import save_drafter_dir
+    from tests.support.models import save_drafter_dir
 
     model = tiny_model(seed=6, vocab=64)
     drafter = shortlist_drafter(model, [2, 8, 9, 30], exit_dim=16)

@@ -15,30 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from redrafter_mlx.train import selfdata
-from tests.helpers import VICUNA_TOKENIZER, near_bigram_model, run_decode, save_model_dir
-
-TOY = [
-    "--budget",
-    "1500",
-    "--own-prompts",
-    "4",
-    "--val-prompts",
-    "3",
-    "--gen-batch",
-    "16",
-    "--answer-tokens",
-    "24",
-    "--batch-size",
-    "32",
-    "--predict-tokens",
-    "3",
-    "--eval-prompts",
-    "2",
-    "--eval-max-tokens",
-    "8",
-    "--select-every",
-    "5",
-]
+from tests.support.models import VICUNA_TOKENIZER, near_bigram_model, run_decode, save_model_dir
+from tests.support.train import TOY
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +152,7 @@ def test_a_budget_too_small_to_answer_anything_says_so(built, tmp_path):
 def test_time_budget_steps_fit_the_time_and_stop_at_max_epochs(tmp_path):
     from redrafter_mlx.train import distill as D
     from redrafter_mlx.train.selfdata import SelfData
-    from tests.helpers import tiny_model
+    from tests.support.models import tiny_model
 
     class Tok:
         eos_token_ids = frozenset({7})

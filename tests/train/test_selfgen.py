@@ -8,7 +8,7 @@ import pytest
 
 from redrafter_mlx.train import distill as D
 from redrafter_mlx.train.selfgen import answer_targets, answers_with_hidden, greedy_with_hidden
-from tests.helpers import run_decode, tiny_model
+from tests.support.models import run_decode, tiny_model
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -16,7 +16,7 @@ from redrafter_mlx.train.data import load_training_data
 from redrafter_mlx.train.evaluation import chain_score
 from redrafter_mlx.train.selfdata import SelfData, write_jsonl_atomic
 from scripts.build_smollm2_drafter import command
-from tests.helpers import run_decode, tiny_drafter, tiny_model
+from tests.support.models import run_decode, tiny_drafter, tiny_model
 
 
 class ToyTokenizer:

@@ -12,7 +12,7 @@ from mlx.utils import tree_flatten
 from redrafter_mlx.train.options import DistillOptions
 from redrafter_mlx.train.softmax import logsumexp, softmax
 from redrafter_mlx.train.training import Trainer
-from tests.helpers import tiny_drafter, tiny_model
+from tests.support.models import tiny_drafter, tiny_model
 
 SMALLEST_NORMAL = 1.1754944e-38
 

@@ -7,11 +7,11 @@ import io
 import json
 
 import pytest
-from typer.testing import CliRunner
 
 import redrafter_mlx.cli.tune
 from redrafter_mlx.engine.core.shape import AR, BeamShape
-from tests.fakes import FakeChip, FakeClock
+from tests.support.fakes import FakeClock
+from tests.support.tuning import LookupChip, invoke
 from tuning import ShapeChoice, resolve_beam_shape, tuned_choice
 from tuning.defaults import cap_length
 from tuning.grid import build_grid, parse_lookup, parse_lookup_lengths, with_lookup
@@ -19,39 +19,6 @@ from tuning.profiles import Profile, ProfileKey, ProfileStore
 from tuning.search import AUTO_BUDGET_S, successive_halving
 
 K1L8 = BeamShape.lookup_only(1, 8)
-
-
-class LookupChip(FakeChip):
-    """:class:`FakeChip` whose lookup chains are accepted with probability ``lookup_accept``
-    per depth (the text repeats itself) beside the drafter's beams: a depth is reached when
-    some beam or chain long enough survives to it."""
-
-    def __init__(self, clock, *, lookup_accept=0.0, **kwargs):
-        super().__init__(clock, **kwargs)
-        self.lookup_accept = lookup_accept
-
-    def tokens_per_step(self, shape: BeamShape) -> float:
-        total = 1.0
-        beams = shape.width if shape.drafts else 0
-        for depth in range(1, shape.longest):
-            miss = (1 - self.accept**depth) ** (beams if depth < shape.length else 0)
-            chains = shape.lookup if depth < shape.chain_length else 0
-            miss *= (1 - self.lookup_accept**depth) ** chains
-            total += 1 - miss
-        return total
-
-
-def invoke(app, *args):
-    prefix = ["tune"] if len(app.registered_commands) > 1 else []
-    return CliRunner().invoke(app, [*prefix, *args], env={"COLUMNS": "200"})
-
-
-@pytest.fixture()
-def model_dir(tmp_path):
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text('{"model_type": "llama"}')
-    return str(model)
 
 
 @pytest.fixture()
@@ -334,7 +301,7 @@ def test_real_engine_measures_lookup_shapes_without_a_drafter():
     shapes and a drafter shape with chains: real figures, no failure."""
     from types import SimpleNamespace
 
-    from tests.helpers import tiny_drafter, tiny_model
+    from tests.support.models import tiny_drafter, tiny_model
     from tuning.measure import EngineMeasure
     from tuning.search import SearchPlan
 

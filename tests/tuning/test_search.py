@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from redrafter_mlx.engine.core.shape import BeamShape
-from tests.fakes import FakeChip, FakeClock
+from tests.support.fakes import FakeChip, FakeClock
 from tuning.grid import (
     build_grid,
     limit_lengths,

@@ -40,8 +40,9 @@ from redrafter_mlx.engine.verifier import slots as model_module
 from redrafter_mlx.engine.verifier.lm_model import from_config
 from redrafter_mlx.engine.verifier.shard import ShardError, check_split
 from redrafter_mlx.serve.scheduler import Scheduler
-from tests.dist_worker import fresh_memory, serve_schedule
-from tests.helpers import (
+from tests.support.dist_worker import fresh_memory, serve_schedule
+from tests.support.fakes import FakeGroup
+from tests.support.models import (
     _randomize,
     run_decode,
     save_drafter_dir,
@@ -50,8 +51,8 @@ from tests.helpers import (
     tiny_drafter,
     tiny_model,
 )
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 LAUNCH = shutil.which("mlx.launch")
 needs_launch = pytest.mark.skipif(LAUNCH is None, reason="optional: mlx.launch not installed")
 
@@ -221,7 +222,7 @@ def launch(n: int, todo: dict, tmp_path: Path) -> list[dict]:
         "ring",
         "--",
         sys.executable,
-        str(ROOT / "tests" / "dist_worker.py"),
+        str(ROOT / "tests" / "support" / "dist_worker.py"),
         str(tmp_path / "cases.json"),
         str(tmp_path),
     ]
@@ -282,13 +283,6 @@ def test_heads_that_do_not_divide_name_the_counts_that_would():
 def test_loading_refuses_an_unsplittable_model(folders):
     with pytest.raises(LoadError, match="across 5 processes: launch 2, 3 or 6"):
         load_model(folders["llama"], mx.float32, FakeGroup(5))
-
-
-class FakeGroup:
-    """What the loader and the CLI ask of a group before any message is sent."""
-
-    def __init__(self, size: int, rank: int = 0):
-        self.size, self.rank = lambda: size, lambda: rank
 
 
 def test_launched_generate_refuses_a_prompt_from_stdin(monkeypatch):
@@ -538,7 +532,7 @@ def test_a_follower_applies_rank_0s_events_until_stop(folders, monkeypatch):
     from redrafter_mlx.serve import requests as requests_module
     from redrafter_mlx.serve import scheduler as scheduler_module
     from redrafter_mlx.serve.scheduler import STOP, Request, admit_event
-    from tests.dist_worker import collect
+    from tests.support.dist_worker import collect
 
     model, _ = load_model(folders["llama"], mx.float32)
     shape = BeamShape.parse("W2xL3")

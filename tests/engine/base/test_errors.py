@@ -13,8 +13,8 @@ import typer
 
 from redrafter_mlx.cli.errors import FlagError, cli_errors, user_errors
 from redrafter_mlx.engine.base.errors import ParamError, RedrafterError
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("redrafter_mlx", "weights_convert", "tuning")
 
 # Signals one part of the package sends another, never shown to a user as they are: each is

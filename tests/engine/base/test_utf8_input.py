@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from redrafter_mlx.engine.base.bundled import demo_paths
-from tests.cli_errors import invoke
+from tests.support.cli import invoke
 
 
 @pytest.fixture(scope="module")
@@ -22,7 +22,7 @@ def test_the_tokenizer_reads_bytes_that_are_not_utf8_as_replacement_characters(t
     """SentencePiece raised RuntimeError on a lone surrogate (what Python makes of such bytes
     in argv and stdin); an HF tokenizer with a chat template failed too."""
     from redrafter_mlx.engine.base.tokenizer import Tokenizer, valid_text
-    from tests.helpers import FIXTURES
+    from tests.support.models import FIXTURES
 
     assert valid_text("hi \udcff\udcfe é") == "hi \ufffd\ufffd é"
     sp = Tokenizer(demo_paths()[0])

@@ -11,7 +11,8 @@ from redrafter_mlx.engine.core.penalties import node_text, penalize
 from redrafter_mlx.engine.core.sampling import RowSampler, SamplerConfig, check_seed, process_text
 from redrafter_mlx.engine.core.shape import BeamShape
 from redrafter_mlx.engine.core.tree import pack
-from tests.helpers import run_decode, save_model_dir, tiny_drafter, tiny_model
+from tests.support.models import run_decode, save_model_dir, tiny_drafter, tiny_model
+from tests.support.sampling import mlx_lm_processed
 
 PENALTIES = dict(
     repetition_penalty=1.7,
@@ -20,24 +21,6 @@ PENALTIES = dict(
     frequency_penalty=0.3,
     logit_bias=((3, 1.5), (5, -0.7)),
 )
-
-
-def mlx_lm_processed(logits, text, cfg: SamplerConfig):
-    """mlx-lm's processors over ``text`` (the tokens before the draw): (V,) -> (V,) numpy."""
-    processors = make_logits_processors(
-        dict(cfg.logit_bias),
-        cfg.repetition_penalty,
-        cfg.repetition_context_size,
-        cfg.presence_penalty,
-        cfg.repetition_context_size,
-        cfg.frequency_penalty,
-        cfg.repetition_context_size,
-    )
-    x = mx.array(logits)[None]
-    tokens = mx.array(text, dtype=mx.int32)
-    for p in processors:
-        x = p(tokens, x)
-    return np.array(x[0])
 
 
 def test_every_tree_node_gets_mlx_lm_penalties_over_its_own_path():

@@ -5,88 +5,15 @@ thousands of samples. The first 3 tokens are compared with the exact joint distr
 computed by enumerating prefixes, with a chi-square test (fixed seeds: deterministic).
 """
 
-import math
-
 import mlx.core as mx
-import numpy as np
 import pytest
 
 from redrafter_mlx.engine.core.sampling import SamplerConfig, process_logits
 from redrafter_mlx.engine.core.shape import BeamShape
-from redrafter_mlx.engine.decoding.decode import prefill_chunk
-from tests.helpers import OracleDrafter, near_bigram_model, run_decode, tiny_drafter
-from tests.test_penalties import mlx_lm_processed
-
-PROMPT = [1, 3, 2]
-DEPTH = 3
+from tests.support.models import OracleDrafter, near_bigram_model, tiny_drafter
+from tests.support.sampling import chi_square_pvalue, exact_joint, sample_counts
 
 pytestmark = pytest.mark.slow  # make test-fast leaves these out
-
-
-def next_probs(model, prefixes, cfg):
-    """Processed next-token distribution after PROMPT + each prefix: (N, V) numpy."""
-    seqs = mx.array([PROMPT + list(p) for p in prefixes], dtype=mx.int32)
-    N, T = seqs.shape
-    keys, values = model.make_cache(N, 256)
-    zeros = mx.zeros((N,), dtype=mx.int32)
-    h, _, _, _ = prefill_chunk(model, seqs, zeros + T, zeros, keys, values, 256)
-    logits = model.logits(h)
-    if cfg.reads_text or cfg.logit_bias:  # mlx-lm's processors over each prefix's own text
-        logits = mx.array(
-            np.stack(
-                [mlx_lm_processed(row, PROMPT + list(p), cfg) for row, p in zip(logits, prefixes)]
-            )
-        )
-    return np.array(mx.softmax(process_logits(logits, cfg), axis=-1))
-
-
-def exact_joint(model, cfg):
-    """{(t1, t2, t3): probability} for the first DEPTH generated tokens."""
-    V = model.vocab_size
-    joint = {(): 1.0}
-    for _ in range(DEPTH):
-        prefixes = list(joint)
-        probs = next_probs(model, prefixes, cfg)
-        joint = {
-            p + (t,): joint[p] * probs[i, t]
-            for i, p in enumerate(prefixes)
-            for t in range(V)
-            if probs[i, t] > 0
-        }
-    return joint
-
-
-def chi_square_pvalue(counts: dict, expected: dict, n: int) -> float:
-    """Pearson chi-square with cells of expected count < 5 pooled; Wilson–Hilferty p-value."""
-    big = [c for c in expected if expected[c] * n >= 5]
-    observed = [counts.get(c, 0) for c in big]
-    exp = [expected[c] * n for c in big]
-    rest_obs = n - sum(observed)
-    rest_exp = n - sum(exp)
-    assert all(c in expected for c in counts), "sampled a sequence of probability 0"
-    if rest_exp >= 1:
-        observed.append(rest_obs)
-        exp.append(rest_exp)
-    stat = sum((o - e) ** 2 / e for o, e in zip(observed, exp))
-    k = len(exp) - 1
-    z = ((stat / k) ** (1 / 3) - (1 - 2 / (9 * k))) / math.sqrt(2 / (9 * k))
-    return 0.5 * math.erfc(z / math.sqrt(2))
-
-
-def sample_counts(model, drafter, cfg, n, seed, **beam):
-    out, stats = run_decode(
-        model,
-        drafter,
-        [PROMPT] * n,
-        max_tokens=DEPTH,
-        seed=seed,
-        sampler=cfg,
-        **beam,
-    )
-    counts = {}
-    for row in out:
-        counts[tuple(row)] = counts.get(tuple(row), 0) + 1
-    return counts, stats
 
 
 CONFIGS = [

@@ -34,10 +34,9 @@ from redrafter_mlx.engine.core.sampling import (
 )
 from redrafter_mlx.engine.core.shape import BeamShape
 from redrafter_mlx.serve.scheduler import Scheduler
-from tests.helpers import run_decode, tiny_drafter, tiny_model
-from tests.test_cli import app, invoke, model_args, pair, run_json  # noqa: F401 (fixtures)
-from tests.test_serve_hostile import Server, stream
-from tests.test_serve_scheduler import staggered
+from tests.support.cli import invoke, model_args, run_json
+from tests.support.models import run_decode, tiny_drafter, tiny_model
+from tests.support.serving import Server, staggered, stream
 
 HUGE_K = 3_000_000_000  # > 2**31: the int32 cast raised std::bad_cast
 TINY = [1e-12, 1e-38, 1e-40, 1e-300, 5e-324]  # temperatures below GREEDY_TEMPERATURE

@@ -8,7 +8,7 @@ import pytest
 
 from redrafter_mlx.engine.base.bundled import demo_paths
 from redrafter_mlx.engine.core.shape import BeamShape, ShapeError
-from tests.cli_errors import error_line, invoke
+from tests.support.cli import error_line, invoke
 
 GIB = 2**30
 
@@ -22,7 +22,7 @@ def test_a_tree_larger_than_the_context_is_refused_before_compiling():
     """``--lookup 1000`` on a 512-token model: 7,004 tree slots, which fit in memory but
     never in the context; building that step took minutes. Refused, naming the chains."""
     from redrafter_mlx.engine.loop.memory import ShapeTooLarge, check_step_memory
-    from tests.helpers import tiny_drafter, tiny_model
+    from tests.support.models import tiny_drafter, tiny_model
 
     model = tiny_model(vocab=256, hidden=32, max_position_embeddings=512)
     drafter = tiny_drafter(model)

@@ -5,7 +5,13 @@ import random
 import pytest
 
 from redrafter_mlx.engine.core.tree import default_capacity
-from tests.helpers import OracleDrafter, near_bigram_model, run_decode, tiny_drafter, tiny_model
+from tests.support.models import (
+    OracleDrafter,
+    near_bigram_model,
+    run_decode,
+    tiny_drafter,
+    tiny_model,
+)
 
 
 def make_case(seed):

@@ -15,7 +15,7 @@ from redrafter_mlx.engine.decoding.decode import DecodeState, prefill_chunk
 from redrafter_mlx.engine.decoding.step import batch_step, uniform_step
 from redrafter_mlx.engine.loop.generation import generate_steps
 from redrafter_mlx.engine.loop.loading import LoadError
-from tests.helpers import (
+from tests.support.models import (
     VICUNA_TOKENIZER,
     run_decode,
     save_drafter_dir,

@@ -9,13 +9,13 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-import tests.test_sampling as sampling
+import tests.support.sampling as sampling
 from redrafter_mlx.engine.core.sampling import SamplerConfig
 from redrafter_mlx.engine.core.shape import BeamShape
 from redrafter_mlx.engine.core.tree import pack
 from redrafter_mlx.engine.decoding.decode import shape_candidates
 from redrafter_mlx.engine.decoding.two_chains import two_chain_layout
-from tests.helpers import OracleDrafter, greedy_prefilled, near_bigram_model, tiny_model
+from tests.support.models import OracleDrafter, greedy_prefilled, near_bigram_model, tiny_model
 
 
 def test_the_static_layout_is_the_packed_tree_of_two_distinct_chains():

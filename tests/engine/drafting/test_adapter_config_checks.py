@@ -21,7 +21,7 @@ from redrafter_mlx.engine.drafting.early_exit import (
     save_adapter,
 )
 from redrafter_mlx.engine.loop.loading import LoadError, load, load_model
-from tests.cli_errors import error_line, invoke
+from tests.support.cli import error_line, invoke
 
 DEMO = demo_paths()[0]
 

@@ -15,8 +15,8 @@ import pytest
 from redrafter_mlx.engine.base.bundled import demo_paths
 from redrafter_mlx.engine.drafting.early_exit import EarlyExitAdapter, EarlyExitArgs, save_adapter
 from redrafter_mlx.engine.loop.loading import LoadError, load, load_model
-from tests.cli_errors import error_line, invoke
-from tests.helpers import SHAREGPT_SAMPLE, VICUNA_TOKENIZER, save_model_dir, tiny_model
+from tests.support.cli import error_line, invoke
+from tests.support.models import SHAREGPT_SAMPLE, VICUNA_TOKENIZER, save_model_dir, tiny_model
 
 DEMO = demo_paths()[0]
 
@@ -166,7 +166,7 @@ def test_resume_with_changed_settings_is_refused(cli_app, tmp_path):
 def test_apar_split_token_ids_that_are_not_ids_or_are_one_id(tmp_path):
     from redrafter_mlx.engine.base.errors import ParamError
     from redrafter_mlx.engine.core.branches import CHILD_TOKEN, FORK_TOKEN
-    from tests.test_convert_apar import apar_checkpoint
+    from tests.support.convert import apar_checkpoint
     from weights_convert import ConversionError, convert
 
     src = tmp_path / "apar"
@@ -185,7 +185,7 @@ def test_apar_split_token_ids_that_are_not_ids_or_are_one_id(tmp_path):
 
 
 def test_a_kangaroo_adapter_without_its_norm_says_so(tmp_path):
-    from tests.test_convert_kangaroo import BASE, adapter_weights, make_adapter
+    from tests.support.convert import BASE, adapter_weights, make_adapter
     from weights_convert import ConversionError, convert
 
     weights = adapter_weights()

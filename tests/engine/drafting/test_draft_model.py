@@ -9,13 +9,13 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-import tests.test_sampling as sampling
+import tests.support.sampling as sampling
 from redrafter_mlx.engine.core.sampling import SamplerConfig
 from redrafter_mlx.engine.core.shape import AR, BeamShape
 from redrafter_mlx.engine.decoding.step import uniform_step
 from redrafter_mlx.engine.drafting.draft_model import DraftModelSource, check_draft_model, prefill
 from redrafter_mlx.engine.drafting.sources import DRAFT_MODEL, SOURCE_NAMES, DraftContext
-from tests.helpers import (
+from tests.support.models import (
     greedy_prefilled,
     near_bigram_model,
     run_decode,

@@ -44,7 +44,9 @@ from redrafter_mlx.engine.loop.memory import check_step_memory
 from redrafter_mlx.engine.loop.prefilling import Prefill
 from redrafter_mlx.measure.profile import profile_steps, weight_bytes
 from redrafter_mlx.train import early_exit as EE
-from tests.helpers import (
+from tests.support.cli import invoke, run_json
+from tests.support.loop import Scripted
+from tests.support.models import (
     VICUNA_TOKENIZER,
     OracleDrafter,
     greedy_prefilled,
@@ -57,20 +59,21 @@ from tests.helpers import (
     tiny_drafter,
     tiny_model,
 )
-from tests.test_batch_loop import Scripted
-from tests.test_cli import app, invoke, run_json  # noqa: F401 (fixtures)
-from tests.test_early_exit_slot import transparent_bigram
-from tests.test_early_exit_source import (
+from tests.support.sources import (
     PROMPTS,
     REPEATING,
+    TOKENS,
+    assert_rows_plain,
     bigram_pair,
+    drive,
+    held_cache,
     plain,
     random_pair,
+    rows_of,
+    source_cache,
     states_follow_the_text,
+    transparent_bigram,
 )
-from tests.test_memory_sources import TOKENS, held_cache
-from tests.test_source_choice import assert_rows_plain, drive, rows_of, source_cache
-from tests.test_tuning_lookup import model_dir  # noqa: F401 (fixture)
 
 
 def other_draft(vocab=48):
@@ -348,7 +351,7 @@ def test_adaptive_generation_with_the_pair():
 def test_the_server_takes_the_pair():
     """Rows join mid-way (more requests than rows, adaptive): each equals plain decoding."""
     from redrafter_mlx.serve.scheduler import Scheduler
-    from tests.test_serve_scheduler import staggered
+    from tests.support.serving import staggered
 
     model, drafter, pair = a_pair(itself=False)
     prompts = [[1, 5, 9, 3, 5, 9], [2, 7, 7, 4], [3, 3, 8, 1, 2, 3, 8, 1, 2], [4, 4]]
@@ -368,8 +371,8 @@ def test_four_sources_in_one_tree_sampling_is_exact(monkeypatch):
     chain in one tree (``tests/test_sources_exact.py``'s chi-square of the first 3 tokens,
     3,000 rows): exact; and the same rows are rejected when the verifier trusts the first
     candidate's first draft (the test's power against a source-shaped bias)."""
-    from tests.test_sampling import chi_square_pvalue, exact_joint, sample_counts
-    from tests.test_sources_exact import HOT, N, draft_model_for, early_exit_pair
+    from tests.support.sampling import chi_square_pvalue, exact_joint, sample_counts
+    from tests.support.sources import HOT, N, draft_model_for, early_exit_pair
 
     model, adapter = early_exit_pair()
     pair = (draft_model_for(model), adapter)
@@ -605,7 +608,7 @@ def test_cli_chat_bench_and_serve_take_the_pair(app, folders, monkeypatch):
 def test_cli_tune_keys_the_profile_by_the_pair(app, model_dir, home, tmp_path, monkeypatch):
     """``tune --draft-model M --draft-model EE``: the pair is loaded for the D1×Ld shapes,
     the profile is keyed by both folders and names both chains among its sources."""
-    from tests.test_source_choice import fake_draft_measure
+    from tests.support.sources import fake_draft_measure
     from tuning.profiles import ProfileStore
 
     ee = tmp_path / "ee"  # the measure is faked: the folder need only say its kind

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from redrafter_mlx.engine.loop.loading import MAX_ADDED_TOKENS, LoadError, check_pair
-from tests.helpers import run_decode, tiny_drafter, tiny_model
+from tests.support.models import run_decode, tiny_drafter, tiny_model
 
 
 def test_a_drafter_of_the_vocabulary_before_added_tokens_is_lossless():

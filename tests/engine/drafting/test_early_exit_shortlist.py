@@ -24,11 +24,9 @@ from redrafter_mlx.engine.drafting.early_exit import (
 )
 from redrafter_mlx.engine.drafting.early_exit_chain import draft_chain, draft_top1
 from redrafter_mlx.train import early_exit as EE
-
-from .helpers import SHAREGPT_SAMPLE, run_decode
-from .test_early_exit import SLOTS, make_pair, prefill
-from .test_early_exit_source import PROMPTS, plain, transparent_pair
-from .test_early_exit_train import DEMO, RUN
+from tests.support.early_exit import DEMO, RUN, SLOTS, make_pair, prefill
+from tests.support.models import SHAREGPT_SAMPLE, run_decode
+from tests.support.sources import PROMPTS, plain, transparent_pair
 
 IDS = [0, 3, 5, 8, 11, 17, 20, 30, 31, 40, 47, 50, 60]
 

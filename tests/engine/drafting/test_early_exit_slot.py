@@ -36,11 +36,12 @@ from redrafter_mlx.engine.loop.memory import check_step_memory
 from redrafter_mlx.engine.loop.prefilling import Prefill
 from redrafter_mlx.measure.profile import profile_steps, weight_bytes
 from redrafter_mlx.train import early_exit as EE
-from tests.helpers import (
+from tests.support.cli import invoke, run_json
+from tests.support.loop import Scripted
+from tests.support.models import (
     VICUNA_TOKENIZER,
     OracleDrafter,
     greedy_prefilled,
-    near_bigram_model,
     run_decode,
     save_drafter_dir,
     save_model_dir,
@@ -49,34 +50,22 @@ from tests.helpers import (
     tiny_drafter,
     tiny_model,
 )
-from tests.test_batch_loop import Scripted
-from tests.test_cli import app, invoke, run_json  # noqa: F401 (fixtures)
-from tests.test_early_exit_source import (
+from tests.support.sources import (
     PROMPTS,
     REPEATING,
+    TOKENS,
+    assert_rows_plain,
     bigram_pair,
+    drive,
+    held_cache,
     plain,
     random_pair,
+    rows_of,
+    source_cache,
     states_follow_the_text,
+    transparent_bigram,
     transparent_pair,
 )
-from tests.test_memory_sources import TOKENS, held_cache
-from tests.test_source_choice import assert_rows_plain, drive, rows_of, source_cache
-
-
-def transparent_bigram():
-    """A near-bigram target (attention almost off: ``OracleDrafter`` with no noise drafts
-    it well) whose layer 1 adds nothing, and a fresh adapter exiting after layer 0 with
-    eta 0: the adapter's chain drafts exactly the target's greedy tokens, and a longer
-    drafter beam wins the steps where it is right further."""
-    model = near_bigram_model(2, attn_scale=0.005, vocab=32, layers=2)
-    layer = model.model.layers[1]
-    layer.self_attn.o_proj.weight = mx.zeros_like(layer.self_attn.o_proj.weight)
-    layer.mlp.down_proj.weight = mx.zeros_like(layer.mlp.down_proj.weight)
-    adapter = EE.new_adapter(model, 1, seed=0)
-    adapter.args.extra["eta"] = 0.0
-    return model, adapter
-
 
 # --------------------------------------------------------------------------- the sources
 
@@ -269,7 +258,7 @@ def test_server_rows_with_the_adapter_slot_equal_solo_plain_decoding(transparent
     decoding; on a transparent target (shape pinned) every row's accepted drafts are the
     adapter's, whole chains; the random pair runs the adaptive choice."""
     from redrafter_mlx.serve.scheduler import Scheduler
-    from tests.test_serve_scheduler import staggered
+    from tests.support.serving import staggered
 
     if transparent:
         model, adapter = transparent_pair()
@@ -297,7 +286,7 @@ def test_the_server_loop_runs_the_adapter_slot_on_its_own_thread(tmp_path):
     scheduler materializes the draft slot's arrays too (an adapter's lazy rope tables
     raised "There is no Stream(cpu, 0) in current thread" there)."""
     from redrafter_mlx.serve.scheduler import Scheduler
-    from tests.test_serve_scheduler import staggered
+    from tests.support.serving import staggered
 
     model = tiny_model(5, vocab=48, layers=3)
     save_adapter(tmp_path / "ee", EE.new_adapter(model, 2, seed=0))

@@ -6,7 +6,6 @@ beams is a clear error; the adapter and a draft model in one tree."""
 
 from __future__ import annotations
 
-import mlx.core as mx
 import pytest
 
 from redrafter_mlx.engine.core.sampling import SamplerConfig
@@ -24,11 +23,10 @@ from redrafter_mlx.engine.drafting.sources import (
     EARLY_EXIT,
     LOOKUP,
     SOURCE_NAMES,
-    DraftContext,
 )
 from redrafter_mlx.engine.loop.loading import LoadError, load
-from redrafter_mlx.train import early_exit as EE
-from tests.helpers import (
+from tests.support.cli import invoke, run_json
+from tests.support.models import (
     VICUNA_TOKENIZER,
     _randomize,
     greedy_prefilled,
@@ -38,21 +36,15 @@ from tests.helpers import (
     step_sources,
     tiny_model,
 )
-from tests.test_cli import app, invoke, run_json  # noqa: F401 (fixtures)
-
-PROMPTS = [[1, 5, 9, 3, 5, 9, 1, 5], [2, 7, 7, 4], [3, 3, 8, 1, 2, 3, 8, 1, 2]]
-
-
-def random_pair(seed=0):
-    model = tiny_model(seed, vocab=48, layers=3)
-    adapter = EarlyExitAdapter(EarlyExitArgs.for_target(model.args, 2))
-    _randomize(adapter, seed + 7, 1.0)
-    return model, adapter
-
-
-def plain(model, prompts, n=24):
-    out, _ = run_decode(model, None, prompts, max_tokens=n, shape=AR)
-    return out
+from tests.support.sources import (
+    PROMPTS,
+    REPEATING,
+    bigram_pair,
+    plain,
+    random_pair,
+    states_follow_the_text,
+    transparent_pair,
+)
 
 
 @pytest.mark.parametrize("label", ["W1xL4", "W1xL3+K1xL6", "W1xL5+K2xL4", "W1xL3+K1xL6 C5"])
@@ -67,17 +59,6 @@ def test_greedy_output_equals_plain_decoding_batched_and_solo(label):
         assert solo[0] == want[r]
     assert set(stats["source_tokens"]) == set(SOURCE_NAMES)
     assert stats["source_tokens"]["drafter"] == 0  # the chain is the early-exit source's
-
-
-def transparent_pair():
-    """A 2-layer target whose layer 1 adds nothing (zero o_proj and down_proj) and a fresh
-    adapter exiting after layer 1 (zero o_proj, the target's final norm): the chain drafts
-    exactly the target's greedy tokens."""
-    model = tiny_model(seed=4, vocab=48, layers=2)
-    layer = model.model.layers[1]
-    layer.self_attn.o_proj.weight = mx.zeros_like(layer.self_attn.o_proj.weight)
-    layer.mlp.down_proj.weight = mx.zeros_like(layer.mlp.down_proj.weight)
-    return model, EE.new_adapter(model, 1, seed=0)
 
 
 def test_a_target_transparent_past_the_exit_accepts_every_draft():
@@ -107,40 +88,6 @@ def test_sources_of_an_early_exit_shape():
     assert isinstance(sources[0], EarlyExitSource)
 
 
-REPEATING = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]  # a prompt lookup chains find matches in
-
-
-def bigram_pair():
-    """A 3-layer near-bigram target and a random adapter exiting after its layer 2."""
-    model = near_bigram_model(3, vocab=32, layers=3)
-    adapter = EarlyExitAdapter(EarlyExitArgs.for_target(model.args, 2))
-    _randomize(adapter, 9, 1.0)
-    return model, adapter
-
-
-def states_follow_the_text(model, step, state, slots: int, steps: int, checks) -> set[int]:
-    """Run ``steps`` steps of ``step`` (one row) from ``state``; after each, for every
-    ``(source, held index, prefill)`` of ``checks`` the source's next draft leaves its state
-    (``state.sources[index]``) equal, at every committed slot, to ``prefill(text)`` of the
-    committed text. Returns the ids of the sources that won steps."""
-    won = set()
-    for _ in range(steps):
-        state, out = step(state, slots)
-        won.add(int(out.source[0]))
-        n = int(state.lengths[0])
-        ctx = DraftContext(
-            model, state.hidden, state.init_token, state.lengths, state.history, slots,
-            keys=state.keys, values=state.values,
-        )  # fmt: skip
-        text = [state.history[0, :n].tolist()]
-        for source, index, prefill in checks:
-            mine = source.propose(ctx._replace(own=state.sources[index])).state
-            theirs = prefill(text)
-            for a, b in zip(mine[0] + mine[1], theirs[0] + theirs[1]):
-                assert mx.allclose(a[:, :, :n], b[:, :, :n], atol=1e-4).item()
-    return won
-
-
 @pytest.mark.parametrize("label", ["W1xL3+K1xL6", "W1xL4"])
 def test_adapter_cache_holds_the_committed_text_after_the_refresh(label):
     """After steps whose accepted path may be another source's (a lookup chain's), the next
@@ -166,7 +113,7 @@ def test_server_rows_with_an_early_exit_drafter_equal_solo_plain_decoding(transp
     target (shape pinned) every row's drafts are all accepted; the random pair runs the
     adaptive choice (the adapter's chain switched off and on, its cache caught up)."""
     from redrafter_mlx.serve.scheduler import Scheduler
-    from tests.test_serve_scheduler import staggered
+    from tests.support.serving import staggered
 
     if transparent:
         model, adapter = transparent_pair()

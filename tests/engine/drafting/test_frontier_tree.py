@@ -23,7 +23,7 @@ from redrafter_mlx.engine.decoding.decode import (
 )
 from redrafter_mlx.engine.drafting.drafter import beam_search
 from redrafter_mlx.engine.drafting.lookup import ABSENT
-from tests.helpers import OracleDrafter, near_bigram_model, tiny_drafter, tiny_model
+from tests.support.models import OracleDrafter, near_bigram_model, tiny_drafter, tiny_model
 
 
 def _state(model, prompts):

@@ -14,8 +14,15 @@ from redrafter_mlx.engine.decoding.step import batch_step
 from redrafter_mlx.engine.drafting.lookup import ABSENT, lookup_chains
 from redrafter_mlx.engine.loop.adaptive import Adaptive
 from redrafter_mlx.engine.loop.generation import generate_steps
-from tests.helpers import OracleDrafter, near_bigram_model, run_decode, tiny_drafter, tiny_model
-from tests.test_tree import brute_force
+from tests.support.lookup import phased_costs, repetitive_prompts
+from tests.support.models import (
+    OracleDrafter,
+    near_bigram_model,
+    run_decode,
+    tiny_drafter,
+    tiny_model,
+)
+from tests.support.tree import brute_force
 
 
 def periodic(text, p, n):
@@ -127,16 +134,6 @@ LOOKUP_SHAPES = [
 ]
 
 
-def repetitive_prompts(rng, vocab, B):
-    """Prompts that repeat a phrase, so lookup finds matches (and sometimes wrong ones)."""
-    rows = []
-    for _ in range(B):
-        phrase = [rng.randrange(vocab) for _ in range(rng.randint(2, 6))]
-        noise = [rng.randrange(vocab) for _ in range(rng.randint(0, 6))]
-        rows.append([1] + phrase * rng.randint(1, 3) + noise + phrase[: rng.randint(0, 3)])
-    return rows
-
-
 @pytest.mark.parametrize("seed", range(12))
 def test_greedy_with_lookup_equals_autoregressive(seed):
     rng = random.Random(seed)
@@ -188,17 +185,6 @@ def test_lookup_across_chat_turns_reusing_the_cache():
     assert out2 == ar2
     assert stats["prefilled_tokens"] < len(turn2)
     assert stats["source_tokens"]["lookup"] > 0
-
-
-def phased_costs(shapes, period: int):
-    """Step costs under which each of ``shapes`` in turn is cheapest, for ``period`` steps."""
-    ticks = {"n": 0}
-
-    def cost(shape):
-        ticks["n"] += 1
-        return 1.0 if shapes[(ticks["n"] // period) % len(shapes)] == shape else 3.0
-
-    return cost
 
 
 def test_adaptive_switching_with_lookup_is_lossless():
@@ -380,7 +366,7 @@ def test_split_model_each_step_takes_rank_0s_choice(monkeypatch):
     runs that index whatever its own chooser would say, and never asks it."""
     from redrafter_mlx.engine.loop import adaptive
     from redrafter_mlx.engine.loop.adaptive import ShapeChooser, SharedChoice
-    from tests.test_distributed import FakeGroup
+    from tests.support.fakes import FakeGroup
 
     k8, k16 = BeamShape.lookup_only(1, 8), BeamShape.lookup_only(1, 16)
     costs = {AR: 1.0, k8: 1.6, k16: 2.2}

@@ -10,7 +10,7 @@ import pytest
 
 from redrafter_mlx.engine.core.shape import AR, BeamShape
 from redrafter_mlx.engine.drafting.lookup import LookupShadow, lookup_chains
-from tests.helpers import run_decode
+from tests.support.models import run_decode
 from weights_convert.smollm2 import smollm2_path
 
 K1xL8 = BeamShape.lookup_only(1, 8)

@@ -9,7 +9,6 @@ import json
 import mlx.core as mx
 import pytest
 
-import redrafter_mlx.cli.tune
 from redrafter_mlx.engine.core.sampling import SamplerConfig
 from redrafter_mlx.engine.core.shape import AR, BeamShape
 from redrafter_mlx.engine.decoding.cache import Session
@@ -19,12 +18,19 @@ from redrafter_mlx.engine.drafting.sources import DRAFT_MODEL, EARLY_EXIT, catch
 from redrafter_mlx.engine.loop.adaptive import Adaptive
 from redrafter_mlx.engine.loop.batch import BatchGenerator
 from redrafter_mlx.engine.loop.prefilling import Prefill
-from redrafter_mlx.engine.loop.rows import Row, RowStats
-from tests.fakes import FakeClock
-from tests.helpers import run_decode, state_slot, tiny_model
-from tests.test_batch_loop import Scripted
-from tests.test_early_exit_source import random_pair, transparent_pair
-from tests.test_tuning_lookup import LookupChip, invoke, model_dir  # noqa: F401 (fixture)
+from tests.support.loop import Scripted
+from tests.support.models import run_decode, state_slot, tiny_model
+from tests.support.sources import (
+    assert_rows_plain,
+    drive,
+    fake_draft_measure,
+    plain,
+    random_pair,
+    rows_of,
+    source_cache,
+    transparent_pair,
+)
+from tests.support.tuning import invoke
 from tuning import tuned_choice
 from tuning.profiles import ProfileStore
 
@@ -33,44 +39,6 @@ D = BeamShape.parse("D1xL4")
 # the source off for 1, then 3, then 9 steps (9 > a catch-up chunk of 8), and on beside
 # lookup and alone
 CYCLE = [D, AR, D, AR, AR, AR, BeamShape.parse("K1xL5"), D, *[AR] * 9, D, D]
-
-
-def plain(model, prompts, n):
-    out, _ = run_decode(model, None, prompts, max_tokens=n, shape=AR)
-    return out
-
-
-def rows_of(prompts, n):
-    return [Row(SamplerConfig(), n, len(p), RowStats(len(p))) for p in prompts]
-
-
-def drive(batch, waves, steps_between=3):
-    """Join each wave of (prompts, limit) after ``steps_between`` turns of the one before
-    (the later waves join mid-cycle, while the source is off or on), run to the end;
-    returns (rows, their emitted tokens)."""
-    batch.reset()
-    rows, out = [], {}
-    for w, (prompts, n) in enumerate(waves):
-        new = rows_of(prompts, n)
-        rows += new
-        out.update({id(r): [] for r in new})
-        session = Session(batch.model, len(prompts))
-        batch.insert(Prefill(prompts, SamplerConfig(), 0, session, rows=new))
-        turns = steps_between if w + 1 < len(waves) else 200
-        for _ in range(turns):
-            turn = batch.next()
-            for got in turn.joined + turn.stepped:
-                out[id(got.row)] += got.new
-            if all(r.finished for r in rows):
-                break
-    return rows, [out[id(r)] for r in rows]
-
-
-def assert_rows_plain(model, got, waves) -> None:
-    """Each row ``drive`` ran (``got``, in the order of ``waves``' prompts) equals plain
-    decoding of its own prompt to its own limit."""
-    for tokens, (prompt, n) in zip(got, [(p, n) for ps, n in waves for p in ps]):
-        assert tokens == plain(model, [prompt], n)[0]
 
 
 @pytest.mark.parametrize("batched", [False, True], ids=["solo", "rows-joining"])
@@ -102,11 +70,6 @@ def test_without_the_catch_up_the_draft_falls_behind(monkeypatch):
     drive(batch, [(PROMPTS[:1], 40)])
     full = [c for shape, counts in policy.told if shape == D for c in counts]
     assert sum(c < 4 for c in full) >= 2
-
-
-def source_cache(batch, sid, row):
-    """Row ``row``'s held state of source ``sid`` (keys of its first layer), (S, ...)."""
-    return batch.state.sources[[s.source_id for s in batch.stateful].index(sid)][0][0][row]
 
 
 @pytest.mark.parametrize("kind", ["draft-model", "early-exit"])
@@ -256,27 +219,6 @@ def test_the_chooser_offers_the_draft_models_shapes():
 # --------------------------------------------------------------------------- tune
 
 
-class DraftChip(LookupChip):
-    """A fake chip on which a draft model's chain (``D1×Ld``) is accepted with probability
-    ``draft_accept`` per depth, beside the drafter's beams and lookup chains."""
-
-    def __init__(self, clock, *, draft_accept=0.9, **kwargs):
-        super().__init__(clock, **kwargs)
-        self.draft_accept = draft_accept
-
-    def tokens_per_step(self, shape):
-        total = 1.0
-        for depth in range(1, shape.longest):
-            beams = shape.width if shape.drafts and depth < shape.length else 0
-            miss = (1 - self.accept**depth) ** beams
-            if depth < shape.chain_length:
-                miss *= (1 - self.lookup_accept**depth) ** shape.lookup
-            if depth < shape.model_length:
-                miss *= 1 - self.draft_accept**depth
-            total += 1 - miss
-        return total
-
-
 def test_the_tune_grid_holds_the_draft_models_chains():
     from redrafter_mlx.cli.tune import grid_for
 
@@ -290,21 +232,6 @@ def test_the_tune_grid_holds_the_draft_models_chains():
     assert [s.label for s in lookup_alone] == ["D1×L4", "K1×L8", "K1×L8+D1×L4"]
     one_chain, note = grid_for("1-3", "3-4", None, "d", False, None, [], [], [], early_exit=True)
     assert {s.width for s in one_chain} == {1} and "one chain" in note
-
-
-def fake_draft_measure(monkeypatch) -> list:
-    """``tune``'s measure replaced by a ``DraftChip`` on a fake clock (the draft model's chain
-    accepted well); returns the list each build appends its ``draft_model`` to."""
-    clock = FakeClock()
-    chip = DraftChip(clock, per_token=0.004, lookup_accept=0.3, draft_accept=0.9)
-    loaded = []
-
-    def build(model, drafter, *_args, draft_model=None, **_kwargs):
-        loaded.append(draft_model)
-        return chip, clock
-
-    monkeypatch.setattr(redrafter_mlx.cli.tune, "build_measure", build)
-    return loaded
 
 
 def test_tune_with_a_draft_model_lists_and_picks_its_shapes(cli_app, home, model_dir, monkeypatch):
@@ -334,7 +261,7 @@ def test_the_server_adapts_with_a_draft_model():
     """The scheduler no longer pins a draft model's shape: its batches choose among shapes
     with and without the chain (rows joining mid-way), every row equal to plain decoding."""
     from redrafter_mlx.serve.scheduler import Scheduler
-    from tests.test_serve_scheduler import staggered
+    from tests.support.serving import staggered
 
     model = tiny_model(5, vocab=48, layers=2)
     draft = tiny_model(9, vocab=48, layers=1)

@@ -17,8 +17,8 @@ import pytest
 from redrafter_mlx.engine.base.bundled import demo_paths
 from redrafter_mlx.engine.drafting import kinds
 from redrafter_mlx.engine.loop.loading import LoadError, load
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 DEMO = demo_paths()[0]
 
 PACKAGE = '''

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import mlx.core as mx
 import pytest
-from mlx.utils import tree_flatten
 
 import redrafter_mlx.engine.decoding.decode as decode
 from redrafter_mlx.engine.core.sampling import (
@@ -42,42 +41,14 @@ from redrafter_mlx.engine.drafting.draft_model import prefill as draft_prefill
 from redrafter_mlx.engine.drafting.early_exit import EarlyExitAdapter
 from redrafter_mlx.engine.drafting.early_exit_chain import prefill as early_exit_prefill
 from redrafter_mlx.engine.drafting.sources import SOURCE_NAMES
-from redrafter_mlx.train.early_exit import new_adapter
-from tests.helpers import OracleDrafter, near_bigram_model, run_decode, tiny_model
-from tests.test_sampling import PROMPT, chi_square_pvalue, exact_joint, sample_counts
+from tests.support.models import OracleDrafter, run_decode
+from tests.support.sampling import PROMPT, chi_square_pvalue, exact_joint, sample_counts
+from tests.support.sources import HOT, N, draft_model_for, early_exit_pair, target
 
 pytestmark = pytest.mark.slow  # thousands of rows per test (make test-fast leaves them out)
 
-N = 3000  # rows per chi-square sample (as tests/test_sampling.py)
-HOT = SamplerConfig(temperature=1.0)
 COOL = SamplerConfig(temperature=0.7, top_k=3)
 NUCLEUS = SamplerConfig(temperature=1.3, top_p=0.8)
-
-
-def target():
-    """A 2-layer near-bigram target over 6 tokens (the exact joint is enumerable)."""
-    return near_bigram_model(7, attn_scale=0.05, vocab=6, hidden=32, scale=1.0)
-
-
-def early_exit_pair(eta=None):
-    """The target and an adapter exiting after its first layer ('logit lens' start: the
-    target's final norm and head read the exit state), so its drafts are often right.
-    ``eta``: the confidence cut (None: the adapter's default, 0.6)."""
-    model = target()
-    adapter = new_adapter(model, 1, seed=0)
-    if eta is not None:
-        adapter.args.extra["eta"] = eta
-    return model, adapter
-
-
-def draft_model_for(model):
-    """A draft model over the same vocabulary: the target without its last layer (its
-    embedding, first layer, final norm and head), so it agrees with the target often."""
-    draft = tiny_model(vocab=6, hidden=32, layers=1)
-    kept = [(k, v) for k, v in tree_flatten(model.parameters()) if ".layers.1." not in k]
-    draft.load_weights(kept)
-    mx.eval(draft.parameters())
-    return draft
 
 
 # ----------------------------------------------------------------------------- solo settings

@@ -13,7 +13,7 @@ from redrafter_mlx import DraftContext, DraftSource, Proposal, register_source
 from redrafter_mlx.engine.core.sampling import SamplerConfig
 from redrafter_mlx.engine.core.shape import BeamShape
 from redrafter_mlx.engine.drafting.sources import ABSENT
-from tests.helpers import near_bigram_model, run_decode, tiny_drafter
+from tests.support.models import near_bigram_model, run_decode, tiny_drafter
 
 
 class RepeatSource(DraftSource):
@@ -98,7 +98,7 @@ def test_beside_the_drafter_and_a_draft_model():
 def test_sampling_with_the_toy_source_is_exact():
     """Seeded chi-square of the first two tokens after a prompt, the toy source's chain in
     every step's tree: the target's own distribution (a wrong temperature is rejected)."""
-    import tests.test_sampling as sampling
+    import tests.support.sampling as sampling
 
     model = near_bigram_model(7, attn_scale=0.05, vocab=4, hidden=32, scale=0.5)
     cfg, n = SamplerConfig(temperature=1.0), 1500
@@ -116,7 +116,7 @@ def test_the_server_holds_and_names_the_toy_source():
     """The server's scheduler takes the toy source in the draft slot, serves plain
     decoding's tokens with it (rows joining a running batch), and ``/health`` names it."""
     from redrafter_mlx.serve.scheduler import Scheduler
-    from tests.test_serve_scheduler import staggered
+    from tests.support.serving import staggered
 
     model = near_bigram_model(11, vocab=16, hidden=32)
     _, want, _ = decode(BeamShape.autoregressive(), PROMPTS)

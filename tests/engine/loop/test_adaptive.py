@@ -15,7 +15,7 @@ from redrafter_mlx.engine.core.shape import AR, BeamShape
 from redrafter_mlx.engine.drafting.drafter import DrafterArgs
 from redrafter_mlx.engine.loop.adaptive import Adaptive, ShapeChooser
 from redrafter_mlx.engine.loop.generation import generate_steps
-from tests.helpers import near_bigram_model, run_decode, tiny_drafter, tiny_model
+from tests.support.models import near_bigram_model, run_decode, tiny_drafter, tiny_model
 
 
 class NoisyOracle(nn.Module):

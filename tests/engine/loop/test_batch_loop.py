@@ -13,38 +13,10 @@ from redrafter_mlx.engine.loop.batch import BatchGenerator
 from redrafter_mlx.engine.loop.prefilling import Prefill
 from redrafter_mlx.engine.loop.rows import Row, RowStats
 from redrafter_mlx.serve.scheduler import Request, Scheduler
-from tests.helpers import near_bigram_model, run_decode, tiny_drafter
+from tests.support.loop import Scripted
+from tests.support.models import near_bigram_model, run_decode, tiny_drafter
 
 PROMPT = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
-
-
-class Scripted:
-    """A ``ShapePolicy`` of a type the batch has never seen: a fixed cycle of shapes."""
-
-    each_step = False
-
-    def __init__(self, cycle):
-        self.cycle, self.shapes = list(cycle), list(dict.fromkeys(cycle))
-        self.per_step = max(s.longest for s in self.shapes)
-        self.slots = max(s.slots for s in self.shapes)
-        self.asked, self.told, self.resets = 0, [], 0
-
-    def shadow(self, text):
-        return None
-
-    def next(self, rows, matches, seeded):
-        shape = self.cycle[self.asked % len(self.cycle)]
-        self.asked += 1
-        return shape
-
-    def finished(self, rows, shape, counts, seconds):
-        self.told.append((shape, list(counts)))
-
-    def lookup_seen(self, resolved):
-        pass
-
-    def reset(self):
-        self.resets += 1
 
 
 def test_any_policy_drives_the_batch_and_greedy_rows_stay_exact():

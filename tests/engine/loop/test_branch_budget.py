@@ -10,7 +10,7 @@ from redrafter_mlx.engine.core.branches import BranchRules, BranchTree
 from redrafter_mlx.engine.core.sampling import SamplerConfig
 from redrafter_mlx.engine.core.shape import AR, BeamShape
 from redrafter_mlx.engine.loop.generation import generate_steps
-from tests.test_branch_rows import EOS, FORK, PROMPT, RULES, model_and_drafter, run_batch
+from tests.support.branching import EOS, FORK, PROMPT, RULES, model_and_drafter, run_batch
 
 F, C = 6, 7  # toy fork and child ids, as in tests/test_branches.py
 TOY = BranchRules(fork_id=F, child_id=C)

@@ -12,7 +12,7 @@ from redrafter_mlx.engine.loop.batch_choice import FixedShape
 from redrafter_mlx.engine.loop.generation import generate_steps
 from redrafter_mlx.engine.loop.prefilling import Prefill
 from redrafter_mlx.engine.loop.rows import Row, RowStats
-from tests.test_branch_rows import EOS, PROMPT, RULES, model_and_drafter
+from tests.support.branching import EOS, PROMPT, RULES, model_and_drafter
 
 SOME_FORKS = SamplerConfig(logit_bias=((30, 3.0),))  # forks, under the branch limit
 CAP = len(PROMPT) + 20  # each row: the prompt and 20 tokens

@@ -10,8 +10,7 @@ from redrafter_mlx.engine.core.shape import AR, BeamShape
 from redrafter_mlx.engine.drafting.sources import DRAFT_MODEL
 from redrafter_mlx.engine.loop.batch import BatchGenerator
 from redrafter_mlx.engine.loop.generation import generate_steps
-from tests.helpers import tiny_model
-from tests.test_branch_rows import (
+from tests.support.branching import (
     EOS,
     PROMPT,
     RULES,
@@ -20,6 +19,7 @@ from tests.test_branch_rows import (
     model_and_drafter,
     run_batch,
 )
+from tests.support.models import tiny_model
 
 
 def draft_rows_equal(state, a: int, b: int) -> bool:

@@ -15,7 +15,7 @@ from redrafter_mlx.engine.core.shape import BeamShape
 from redrafter_mlx.engine.loop.generation import generate_steps, stream_generate
 from redrafter_mlx.engine.loop.loading import load_model
 from redrafter_mlx.engine.loop.run import resolve_branches
-from tests.test_branch_rows import (
+from tests.support.branching import (
     CHILD,
     EOS,
     FORK,

@@ -11,17 +11,18 @@ from redrafter_mlx.engine.core.shape import AR, BeamShape
 from redrafter_mlx.engine.loop.batch import BatchGenerator
 from redrafter_mlx.engine.loop.rows import Row, RowStats
 from redrafter_mlx.serve.scheduler import Request, Scheduler
-from tests.test_branch_rows import (
+from tests.support.branching import (
     EOS,
     FORK,
     PROMPT,
     RULES,
+    Collector,
     check_branches,
+    drain,
     forking_sampler,
     model_and_drafter,
     run_batch,
 )
-from tests.test_serve_branches import Collector, drain
 
 PROMPTS = [PROMPT, [9, 8, 7, 6, 5], [4, 4, 2]]
 SHAPE = BeamShape(2, 3)

@@ -7,14 +7,7 @@ import pytest
 from redrafter_mlx.engine.core.shape import AR, BeamShape
 from redrafter_mlx.engine.decoding.cache import Session
 from redrafter_mlx.engine.loop.generation import generate_steps
-from tests.test_branch_rows import (  # noqa: F401  (read_order: a fixture)
-    EOS,
-    PROMPT,
-    RULES,
-    forking_sampler,
-    model_and_drafter,
-    read_order,
-)
+from tests.support.branching import EOS, PROMPT, RULES, forking_sampler, model_and_drafter
 
 
 def answer(model, drafter, prompt, session, shape, stop_after=None):

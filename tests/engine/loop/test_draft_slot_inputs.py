@@ -23,8 +23,8 @@ from redrafter_mlx.engine.drafting.draft_model import DraftModelSource, prefill
 from redrafter_mlx.engine.drafting.early_exit import EarlyExitAdapter, EarlyExitArgs, save_adapter
 from redrafter_mlx.engine.drafting.sources import DraftContext
 from redrafter_mlx.engine.loop.loading import LoadError, load
-from tests.cli_errors import error_line, invoke
-from tests.helpers import run_decode, save_model_dir, tiny_model
+from tests.support.cli import error_line, invoke
+from tests.support.models import run_decode, save_model_dir, tiny_model
 
 DEMO, DEMO_DRAFTER = demo_paths()
 

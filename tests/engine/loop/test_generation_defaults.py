@@ -60,7 +60,7 @@ def test_the_default_loop_reads_only_steps_already_followed_by_a_queued_one(monk
     from redrafter_mlx.engine.base.platform import READ_FIRST_ENV
     from redrafter_mlx.engine.loop import batch as batch_module
     from redrafter_mlx.engine.loop.batch_choice import SoloChoice
-    from tests.helpers import tiny_drafter, tiny_model
+    from tests.support.models import tiny_drafter, tiny_model
 
     monkeypatch.setenv(READ_FIRST_ENV, first)
     model = tiny_model(0)

@@ -14,8 +14,7 @@ from typer.testing import CliRunner
 
 from redrafter_mlx.engine.base.bundled import demo_paths
 from redrafter_mlx.engine.loop.loading import LoadError, load_drafter
-
-FIXTURES = Path(__file__).parent / "fixtures" / "convert"
+from tests.support.paths import CONVERT as FIXTURES
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +119,7 @@ def test_a_missing_path_or_repo_id_is_not_called_a_name(tmp_path):
 def tune_pair(tmp_path, monkeypatch):
     """A model and drafter folder for ``tune``, measured by the fake cost model."""
     import redrafter_mlx.cli.tune
-    from tests.fakes import FakeChip, FakeClock
+    from tests.support.fakes import FakeChip, FakeClock
 
     model, drafter = tmp_path / "model", tmp_path / "drafter"
     model.mkdir()
@@ -172,7 +171,7 @@ def test_a_one_second_tune_saves_nothing_and_says_so_in_json(app, tune_pair):
 
 
 def test_evidence_needs_repeated_runs_of_the_pick_and_the_baseline():
-    from tests.fakes import FakeChip, FakeClock
+    from tests.support.fakes import FakeChip, FakeClock
     from tuning.grid import build_grid
     from tuning.search import MIN_COMPARED_RUNS, successive_halving
 
@@ -208,7 +207,7 @@ def _step_peak(model, drafter, shape, batch, sampler, prompt=40):
     )
     from redrafter_mlx.engine.decoding.decode import DecodeState
     from redrafter_mlx.engine.decoding.step import uniform_step
-    from tests.helpers import step_added_peak
+    from tests.support.models import step_added_peak
 
     rows = [[(7 * i + r) % model.vocab_size for i in range(prompt)] for r in range(batch)]
     session = Session(model, batch)
@@ -240,7 +239,7 @@ def test_the_estimate_bounds_the_measured_step(label, batch, temperature):
     from redrafter_mlx.engine.core.shape import BeamShape
     from redrafter_mlx.engine.drafting.held import held_sources
     from redrafter_mlx.engine.loop.memory import run_memory
-    from tests.helpers import tiny_drafter, tiny_model
+    from tests.support.models import tiny_drafter, tiny_model
 
     model = tiny_model(vocab=4096, hidden=64, layers=2, heads=4, kv_heads=2)
     drafter = tiny_drafter(model)
@@ -285,7 +284,7 @@ def test_ordinary_shapes_fit_a_small_machine():
 def test_a_huge_shape_is_refused_with_the_figures_and_what_fits():
     from redrafter_mlx.engine.core.shape import BeamShape
     from redrafter_mlx.engine.loop.memory import ShapeTooLarge, check_step_memory
-    from tests.helpers import tiny_drafter, tiny_model
+    from tests.support.models import tiny_drafter, tiny_model
 
     model = tiny_model(vocab=4096, hidden=64, layers=2, heads=4, kv_heads=2)
     drafter = tiny_drafter(model)
@@ -307,7 +306,7 @@ def test_a_huge_shape_is_refused_with_the_figures_and_what_fits():
 def test_lookup_alone_too_large_names_the_chains():
     from redrafter_mlx.engine.core.shape import BeamShape
     from redrafter_mlx.engine.loop.memory import ShapeTooLarge, check_step_memory
-    from tests.helpers import tiny_model
+    from tests.support.models import tiny_model
 
     model = tiny_model(vocab=4096, hidden=64, layers=2, heads=4, kv_heads=2)
     with pytest.raises(ShapeTooLarge) as e:
@@ -320,7 +319,7 @@ def test_decode_refuses_before_compiling(monkeypatch):
     import redrafter_mlx.engine.loop.memory as memory
     from redrafter_mlx.engine.core.shape import BeamShape
     from redrafter_mlx.engine.loop.memory import ShapeTooLarge
-    from tests.helpers import run_decode, tiny_drafter, tiny_model
+    from tests.support.models import run_decode, tiny_drafter, tiny_model
 
     model = tiny_model(vocab=4096, hidden=64, layers=2, heads=4, kv_heads=2)
     drafter = tiny_drafter(model)

@@ -22,7 +22,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes
 
 from redrafter_mlx.engine.loop.loading import LoadError, load
-from tests.helpers import VICUNA_TOKENIZER, _randomize, tiny_config
+from tests.support.models import VICUNA_TOKENIZER, _randomize, tiny_config
 
 
 def folder(tmp_path, config=None, tokenizer=True, weights="model.safetensors", poison=None):

@@ -24,31 +24,13 @@ from redrafter_mlx.engine.drafting.draft_model import prefill as draft_prefill
 from redrafter_mlx.engine.drafting.early_exit import EarlyExitAdapter, EarlyExitArgs
 from redrafter_mlx.engine.drafting.early_exit_chain import prefill as early_exit_prefill
 from redrafter_mlx.engine.drafting.held import held_sources
-from redrafter_mlx.engine.loop.batch import BatchGenerator
-from redrafter_mlx.engine.loop.batch_choice import FixedShape
 from redrafter_mlx.engine.loop.memory import (
     ShapeTooLarge,
     check_step_memory,
-    decode_window,
     run_memory,
 )
-from tests.helpers import run_decode, step_added_peak, tiny_model
-
-TOKENS = 300  # prompt and answer
-
-
-def held_cache(model, drafter, shape, rows, draft_model=None) -> int:
-    """Bytes of the caches the loop holds for ``rows`` rows at the window of ``TOKENS``
-    tokens: the target's K/V, the token history and every draft source's state."""
-    batch = BatchGenerator(
-        model, drafter, FixedShape(shape), max_batch=rows, draft_model=draft_model
-    )
-    batch.reset()
-    batch.resize(rows)
-    state = ensure_slots(batch.state, decode_window(TOKENS, model.max_context, shape))
-    arrays = [*state.keys, *state.values, state.history]
-    arrays += [a for source in state.sources for part in source for a in part]
-    return sum(a.nbytes for a in arrays)
+from tests.support.models import run_decode, step_added_peak, tiny_model
+from tests.support.sources import TOKENS, held_cache
 
 
 def adapter_for(model, layers=1):

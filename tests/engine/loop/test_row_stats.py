@@ -4,7 +4,7 @@ split), everything else read from those counts; a call's stats are its rows' sum
 from redrafter_mlx.engine.core.shape import BeamShape
 from redrafter_mlx.engine.drafting.sources import DRAFTER, LOOKUP, SOURCE_NAMES, by_source
 from redrafter_mlx.engine.loop.rows import RowStats
-from tests.helpers import near_bigram_model, run_decode
+from tests.support.models import near_bigram_model, run_decode
 
 
 def _row(steps: list[tuple[int, int | None]], prompt: int = 5, **times) -> RowStats:

@@ -16,7 +16,7 @@ from redrafter_mlx.engine.loop.run import Run, make_row
 from redrafter_mlx.serve.app import _Run
 from redrafter_mlx.serve.requests import Event
 from redrafter_mlx.serve.scheduler import Request, Scheduler
-from tests.helpers import tiny_drafter, tiny_model
+from tests.support.models import tiny_drafter, tiny_model
 
 CONTEXT = 40
 PROMPT = [1] * 30  # 10 tokens of room left in the context

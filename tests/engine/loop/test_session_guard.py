@@ -13,7 +13,7 @@ import pytest
 from redrafter_mlx.engine.core.shape import BeamShape
 from redrafter_mlx.engine.decoding.cache import Session, SessionInUse
 from redrafter_mlx.engine.loop.generation import batch_generate, generate_steps
-from tests.helpers import tiny_drafter, tiny_model
+from tests.support.models import tiny_drafter, tiny_model
 
 PROMPT = [1, 5, 9, 2, 7]
 AR = BeamShape.autoregressive()

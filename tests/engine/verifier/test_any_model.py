@@ -32,9 +32,9 @@ from redrafter_mlx.engine.core.tree import cache_mask, chain_mask
 from redrafter_mlx.engine.drafting.drafter import DrafterArgs
 from redrafter_mlx.engine.loop.loading import LoadError, load_model
 from redrafter_mlx.engine.verifier.lm_model import LmModel
-from tests.fixtures.mlx_lm_families import ATTENTION, IGNORES_LENGTHS, RECURRENT
-from tests.helpers import run_decode
-from tests.test_sampling import chi_square_pvalue
+from tests.support.mlx_lm_families import ATTENTION, IGNORES_LENGTHS, RECURRENT
+from tests.support.models import run_decode
+from tests.support.sampling import chi_square_pvalue
 
 FAMILIES = {**ATTENTION, **RECURRENT}
 PROMPT = [1, 7, 3, 9, 4, 2, 8, 5, 6, 3]
@@ -387,7 +387,7 @@ def test_server_rows_joining_mid_generation_give_their_solo_tokens(name):
     """The server's scheduler over a hybrid / MoE model: requests join a running batch, rows
     are reused, and each answer is the request's plain decoding alone."""
     from redrafter_mlx.serve.scheduler import Request, Scheduler
-    from tests.test_serve_scheduler import Collector, drain
+    from tests.support.serving import Collector, drain
 
     model = family(name)
     prompts = [p + [i + 1] for i, p in enumerate(PROMPTS * 2)]

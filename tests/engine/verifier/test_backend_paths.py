@@ -10,7 +10,7 @@ import redrafter_mlx.engine.verifier.slots as model_mod
 from redrafter_mlx.engine.core.tree import cache_mask, pack
 from redrafter_mlx.engine.decoding.cache import Session
 from redrafter_mlx.engine.decoding.decode import prefill_chunk
-from tests.helpers import run_decode, tiny_drafter, tiny_model
+from tests.support.models import run_decode, tiny_drafter, tiny_model
 
 
 @pytest.fixture

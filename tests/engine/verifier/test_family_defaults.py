@@ -16,8 +16,8 @@ from mlx.utils import tree_flatten
 
 from redrafter_mlx.engine.loop.loading import load_model
 from redrafter_mlx.engine.verifier.config import for_mlx_lm
-from tests.helpers import _randomize
-from tests.test_families import our_logits
+from tests.support.families import our_logits
+from tests.support.models import _randomize
 
 # Only what check_model_config requires. 32 attention heads: Qwen's default of 32 KV heads
 # (transformers) must divide them; 6 layers: Gemma 3's default pattern has a global sixth.

@@ -22,7 +22,7 @@ from mlx_lm.utils import _get_classes
 
 from redrafter_mlx.engine.core.shape import BeamShape
 from redrafter_mlx.engine.loop.loading import LoadError, load_model
-from tests.helpers import _randomize, run_decode
+from tests.support.models import _randomize, run_decode
 
 GEMMA3N_TEXT = {
     "model_type": "gemma3n",

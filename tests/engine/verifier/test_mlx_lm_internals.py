@@ -11,7 +11,6 @@ from __future__ import annotations
 import inspect
 import json
 import re
-from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -22,8 +21,8 @@ from mlx.utils import tree_flatten
 from redrafter_mlx.engine.verifier.lm_model import ATTENTION_CACHES
 from redrafter_mlx.engine.verifier.lm_parts import LAYER_LISTS
 from redrafter_mlx.engine.verifier.lm_rope import is_rope, rope_layout
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 VICUNA_TOKENIZER = ROOT / "tests" / "fixtures" / "vicuna-tokenizer"
 
 LLAMA = dict(

@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 
 from redrafter_mlx.engine.loop.loading import LoadError, load_model
-from tests.helpers import _randomize, run_decode
-from tests.test_families import BASE, CONFIGS, PROMPT, _prefill_hidden
+from tests.support.families import BASE, CONFIGS, PROMPT, _prefill_hidden
+from tests.support.models import _randomize, run_decode
 
 TIE = "tie_word_embeddings"
 FAMILIES = {

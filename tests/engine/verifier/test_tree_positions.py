@@ -23,7 +23,7 @@ from redrafter_mlx.engine.core.shape import BeamShape
 from redrafter_mlx.engine.loop.loading import materialize
 from redrafter_mlx.engine.verifier import lm_model
 from redrafter_mlx.engine.verifier.lm_model import LmModel
-from tests.helpers import _randomize, run_decode
+from tests.support.models import _randomize, run_decode
 
 TINY = dict(vocab_size=64, max_position_embeddings=256)
 CONFIGS = {

@@ -13,7 +13,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 from redrafter_mlx.engine.loop.loading import LoadError, load_drafter, load_model
-from tests.helpers import tiny_drafter, tiny_model
+from tests.support.models import tiny_drafter, tiny_model
 
 CONFIG = dict(
     model_type="llama",

@@ -34,3 +34,8 @@ def run_json(app, *args, input=None) -> dict:
     result = invoke(app, *args, "--json", input=input)
     assert result.exit_code == 0, result.output
     return json.loads(result.stdout)
+
+
+def generate_demo(app, *args):
+    """``redrafter-mlx generate`` on the demo model, a 4-token answer: the result."""
+    return invoke(app, "generate", "--model", "demo", "-p", "def f(", "-n", 4, *args)

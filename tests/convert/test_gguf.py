@@ -2,7 +2,7 @@
 same weights converted from a Hugging Face checkpoint, kept quantization, the tokenizer against
 transformers' GGUF tokenizer, end-of-turn EOS, and the errors (architecture, truncated,
 corrupt); the other tensor types (K-quants, i-quants, ...) are in test_gguf_quant_types.py.
-The GGUF files are written in tmp_path by ``tests/fixtures/gguf_files.py``."""
+The GGUF files are written in tmp_path by ``tests/support/gguf_files.py``."""
 
 from __future__ import annotations
 

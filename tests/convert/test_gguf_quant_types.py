@@ -4,7 +4,7 @@ format holds (Q5_0, Q5_1, Q4_K, Q5_K) are kept quantized with the same values, a
 Q4_K_M-like mix (Q4_K, Q6_K, Q5_0, Q8_0, F32 norms) converts to a folder that loads and gives
 the reference logits. The files are written with ``gguf.GGUFWriter``; types without a gguf
 quantizer (K-quants, i-quants) get random blocks in their layout
-(``tests/fixtures/gguf_files.py``)."""
+(``tests/support/gguf_files.py``)."""
 
 from __future__ import annotations
 

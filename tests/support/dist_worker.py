@@ -1,5 +1,5 @@
 """One rank of the tensor-parallel tests: run under ``mlx.launch -n N`` by
-tests/test_distributed.py.
+tests/engine/base/test_distributed.py.
 
 ``python tests/support/dist_worker.py CASES.json OUT_DIR``: loads each case's model split across the
 launched ranks (and its drafter whole), decodes the case, and writes

@@ -1,5 +1,5 @@
 """Fakes: a deterministic cost model and clock, to test the tuner with no engine and no
-sleeping (tests/test_tuning_search.py; handy for trying the search in a REPL), and a
+sleeping (tests/tuning/test_search.py; handy for trying the search in a REPL), and a
 scheduler that answers every request with known token ids, to test what the server makes of
 a model's text (tool calls, reasoning) that no tiny random model writes by itself.
 """

@@ -205,7 +205,7 @@ def fake_draft_measure(monkeypatch) -> list:
     return loaded
 
 
-N = 3000  # rows per chi-square sample (as tests/test_sampling.py)
+N = 3000  # rows per chi-square sample (as tests/engine/core/test_sampling.py)
 
 
 HOT = SamplerConfig(temperature=1.0)

@@ -200,7 +200,7 @@ def test_shortlist_drafter_directory_round_trip(tmp_path):
 
 def test_the_packaged_smollm2_drafter_is_offered_only_for_the_gguf_weights(tmp_path):
     """The float32 install and the GGUF's own quantization kept (Metal) get the drafter;
-    re-quantized weights do not (tests/test_quantized_drafter.py converts both for real)."""
+    re-quantized weights do not (tests/convert/test_quantized_drafter.py converts both for real)."""
     from redrafter_mlx.engine.base import bundled
     from weights_convert import smollm2
 

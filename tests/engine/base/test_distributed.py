@@ -1,7 +1,7 @@
 """Tensor parallelism (engine/base/distributed.py): a model split across ranks decodes exactly as
 the whole model does in one process.
 
-The launched tests run ``mlx.launch -n N --backend ring`` on localhost (tests/dist_worker.py
+The launched tests run ``mlx.launch -n N --backend ring`` on localhost (tests/support/dist_worker.py
 is one rank) with tiny random models written to disk: tokens equal the single-process
 engine's for plain decoding and ReDrafter at several shapes, with context lookup, lookup
 alone, batch > 1, seeded sampling, biases, Gemma 2's soft caps and sliding windows and a
@@ -211,7 +211,7 @@ def single_process(case: dict) -> tuple[list, int, int]:
 
 
 def launch(n: int, todo: dict, tmp_path: Path) -> list[dict]:
-    """Run tests/dist_worker.py on ``n`` local ranks; each rank's results."""
+    """Run tests/support/dist_worker.py on ``n`` local ranks; each rank's results."""
     (tmp_path / "cases.json").write_text(json.dumps(todo))
     env = dict(os.environ, PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1")
     cmd = [

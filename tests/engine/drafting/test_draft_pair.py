@@ -368,9 +368,9 @@ def test_the_server_takes_the_pair():
 @pytest.mark.slow
 def test_four_sources_in_one_tree_sampling_is_exact(monkeypatch):
     """The recurrent drafter's beam, a lookup chain, the adapter's chain and a draft model's
-    chain in one tree (``tests/test_sources_exact.py``'s chi-square of the first 3 tokens,
-    3,000 rows): exact; and the same rows are rejected when the verifier trusts the first
-    candidate's first draft (the test's power against a source-shaped bias)."""
+    chain in one tree (``tests/engine/drafting/test_sources_exact.py``'s chi-square of the
+    first 3 tokens, 3,000 rows): exact; and the same rows are rejected when the verifier trusts
+    the first candidate's first draft (the test's power against a source-shaped bias)."""
     from tests.support.sampling import chi_square_pvalue, exact_joint, sample_counts
     from tests.support.sources import HOT, N, draft_model_for, early_exit_pair
 

@@ -5,7 +5,7 @@ the early-exit adapter's chain (the target's first layer, an adapter and its hea
 confidence cut), alone and in one tree with lookup chains; a draft model's chain, alone
 and merged with lookup and the drafter; both in one tree; the adapter in the draft slot
 beside the recurrent drafter. Checked by the chi-square test of
-``tests/test_sampling.py`` against the exact joint distribution of the first 3 tokens:
+``tests/engine/core/test_sampling.py`` against the exact joint distribution of the first 3 tokens:
 
 * solo settings: one decode of 3,000 rows that all draw with one setting
   (``generation.generate_steps``, the API's path);

@@ -12,7 +12,7 @@ from redrafter_mlx.engine.core.shape import AR, BeamShape
 from redrafter_mlx.engine.loop.generation import generate_steps
 from tests.support.branching import EOS, FORK, PROMPT, RULES, model_and_drafter, run_batch
 
-F, C = 6, 7  # toy fork and child ids, as in tests/test_branches.py
+F, C = 6, 7  # toy fork and child ids, as in tests/engine/core/test_branches.py
 TOY = BranchRules(fork_id=F, child_id=C)
 OTHER = [9, 8, 7, 6, 5]
 SOME_FORKS = SamplerConfig(logit_bias=((FORK, 1.0),))  # forks, under the branch limit

@@ -1,7 +1,7 @@
 """Qwen2, Qwen3, Gemma 2 and Gemma 3 (text) through the one forward: logits equal mlx-lm's own
 model classes on the same weights (prefill and single-token steps, sliding windows crossed),
 greedy ReDrafter equals plain decoding, and the families load from mlx-lm and Hugging Face
-folders. GGUF round trips per family are in tests/test_gguf.py."""
+folders. GGUF round trips per family are in tests/convert/test_gguf.py."""
 
 from __future__ import annotations
 

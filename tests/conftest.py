@@ -3,6 +3,11 @@
 * ``home``: every test runs with ``REDRAFTER_MLX_HOME`` in its own temporary folder, so no
   test reads or writes the user's tuned profiles or models.
 * ``cli_app``: the ``redrafter-mlx`` typer app with every command registered.
+* ``app``: the same app, by the name the CLI tests use; ``pair``: a tiny random model, its
+  drafter and a drafter for another model, saved as folders; ``apar_folder``: the demo model
+  marked as an APAR model; ``model_dir``: a folder holding only a Llama ``config.json`` (the
+  tuner's fake chip needs no weights). A folder's ``conftest.py`` may override one by name
+  (``tests/serve``: ``pair``; ``tests/train``: ``model_dir``).
 * Under ``make test`` (``REDRAFTER_MLX_STRICT_SKIPS=1``) a skipped test fails the run unless its
   reason names an optional extra: a fresh clone must run everything, not skip silently.
 """

@@ -1,4 +1,4 @@
-"""Shared by several test modules (moved from ``tests/cli/test_chat.py``)."""
+"""Fixtures of the CLI's tests: ``engine``, the tiny pair (``pair``) loaded as a chat engine."""
 
 from __future__ import annotations
 

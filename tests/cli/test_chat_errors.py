@@ -11,11 +11,6 @@ from tests.support.cli import error_line, invoke
 
 
 @pytest.fixture(scope="module")
-def app(cli_app):
-    return cli_app
-
-
-@pytest.fixture(scope="module")
 def demo_engine():
     from redrafter_mlx.cli.common import ModelPaths, load_engine
 

@@ -21,11 +21,6 @@ from tuning.measure import EngineMeasure, TuneError
 from tuning.search import successive_halving
 
 
-@pytest.fixture(scope="session")
-def app(cli_app):
-    return cli_app
-
-
 def invoke(app, *args):
     """Run ``redrafter-mlx tune ARGS`` (typer drops the command name when it is the only one)."""
     prefix = ["tune"] if len(app.registered_commands) > 1 else []

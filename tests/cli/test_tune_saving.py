@@ -11,11 +11,6 @@ import pytest
 from tests.support.cli import error_line, invoke
 
 
-@pytest.fixture(scope="module")
-def app(cli_app):
-    return cli_app
-
-
 @pytest.fixture()
 def fake_tune(monkeypatch, tmp_path):
     """A model/drafter pair and a fake measurement; returns (args, measured shapes)."""

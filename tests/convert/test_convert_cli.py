@@ -4,15 +4,9 @@ from __future__ import annotations
 
 import json
 
-import pytest
 from typer.testing import CliRunner
 
 from tests.support.paths import CONVERT as FIXTURES
-
-
-@pytest.fixture(scope="module")
-def app(cli_app):
-    return cli_app
 
 
 def _run(app, *args: str):

@@ -1,4 +1,6 @@
-"""Shared by several test modules (moved from ``tests/serve/test_scheduler.py``)."""
+"""Fixtures of the server's tests: the demo pair loaded (``pair``, overriding the tiny saved
+pair of ``tests/conftest.py``), chat prompts from its held-out set (``prompts``), and chat
+tokenizers that render tools (``toks``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Shared by several test modules (moved from ``tests/train/test_distill_safety.py``)."""
+"""Fixtures of the training tests: ``model_dir``, a tiny random Llama with the Vicuna tokenizer
+saved as a model folder (overriding the config-only folder of ``tests/conftest.py``)."""
 
 from __future__ import annotations
 

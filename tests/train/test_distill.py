@@ -18,7 +18,6 @@ from tests.support.models import (
     VICUNA_TOKENIZER,
     near_bigram_model,
     run_decode,
-    save_model_dir,
     tiny_model,
 )
 from tests.support.train import SHAREGPT
@@ -140,14 +139,6 @@ def test_lr_schedule_warms_up_then_decays_to_zero():
 
 # ------------------------------------------------------------------------------------------
 # the full run: API, checkpoints, resume, CLI
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    """A tiny random Llama with the Vicuna tokenizer (vocab 32000) saved as a model dir."""
-    path = tmp_path_factory.mktemp("model")
-    save_model_dir(near_bigram_model(seed=0, vocab=32000, hidden=32), path, TOKENIZER)
-    return path
 
 
 RUN = dict(

@@ -13,11 +13,6 @@ from redrafter_mlx.engine.base.bundled import demo_paths
 from tests.support.cli import invoke
 
 
-@pytest.fixture(scope="module")
-def app(cli_app):
-    return cli_app
-
-
 def test_the_tokenizer_reads_bytes_that_are_not_utf8_as_replacement_characters(tmp_path):
     """SentencePiece raised RuntimeError on a lone surrogate (what Python makes of such bytes
     in argv and stdin); an HF tokenizer with a chat template failed too."""

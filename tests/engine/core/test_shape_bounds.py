@@ -13,11 +13,6 @@ from tests.support.cli import error_line, invoke
 GIB = 2**30
 
 
-@pytest.fixture(scope="module")
-def app(cli_app):
-    return cli_app
-
-
 def test_a_tree_larger_than_the_context_is_refused_before_compiling():
     """``--lookup 1000`` on a 512-token model: 7,004 tree slots, which fit in memory but
     never in the context; building that step took minutes. Refused, naming the chains."""

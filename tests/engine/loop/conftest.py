@@ -1,4 +1,4 @@
-"""Shared by several test modules (moved from ``tests/engine/loop/test_branch_rows.py``)."""
+"""Fixtures of the loop's tests: ``read_order``, both read orders of a loop with branching rows."""
 
 from __future__ import annotations
 

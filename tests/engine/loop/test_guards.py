@@ -17,11 +17,6 @@ from redrafter_mlx.engine.loop.loading import LoadError, load_drafter
 from tests.support.paths import CONVERT as FIXTURES
 
 
-@pytest.fixture(scope="module")
-def app(cli_app):
-    return cli_app
-
-
 def invoke(app, *args: str):
     return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
 

@@ -1,7 +1,8 @@
 """One rank of the tensor-parallel tests: run under ``mlx.launch -n N`` by
 tests/engine/base/test_distributed.py.
 
-``python tests/support/dist_worker.py CASES.json OUT_DIR``: loads each case's model split across the
+``python -m tests.support.dist_worker CASES.json OUT_DIR`` (as a module, so that this folder's
+``tuning.py`` does not hide the tuning package): loads each case's model split across the
 launched ranks (and its drafter whole), decodes the case, and writes
 ``OUT_DIR/rank{r}.json`` with, per case, the tokens of every row, the bytes this rank's model
 holds, MLX's peak memory while loading, and a hash of one verify forward's logits (to check

@@ -1,9 +1,9 @@
 """Tensor parallelism (engine/base/distributed.py): a model split across ranks decodes exactly as
 the whole model does in one process.
 
-The launched tests run ``mlx.launch -n N --backend ring`` on localhost (tests/support/dist_worker.py
-is one rank) with tiny random models written to disk: tokens equal the single-process
-engine's for plain decoding and ReDrafter at several shapes, with context lookup, lookup
+The launched tests run ``mlx.launch -n N --backend ring`` on localhost
+(tests/support/dist_worker.py is one rank) with tiny random models written to disk: tokens
+equal the single-process engine's for plain decoding and ReDrafter at several shapes, with context lookup, lookup
 alone, batch > 1, seeded sampling, biases, Gemma 2's soft caps and sliding windows and a
 quantized model; the logits are bitwise the same on every rank; each rank holds only its
 heads and about half the weights. Under ``-n 2`` the server's scheduler (rank 0 drives it,
@@ -211,7 +211,7 @@ def single_process(case: dict) -> tuple[list, int, int]:
 
 
 def launch(n: int, todo: dict, tmp_path: Path) -> list[dict]:
-    """Run tests/support/dist_worker.py on ``n`` local ranks; each rank's results."""
+    """Run ``python -m tests.support.dist_worker`` on ``n`` local ranks; each rank's results."""
     (tmp_path / "cases.json").write_text(json.dumps(todo))
     env = dict(os.environ, PYTHONPATH=str(ROOT), OPENBLAS_NUM_THREADS="1")
     cmd = [
@@ -222,7 +222,8 @@ def launch(n: int, todo: dict, tmp_path: Path) -> list[dict]:
         "ring",
         "--",
         sys.executable,
-        str(ROOT / "tests" / "support" / "dist_worker.py"),
+        "-m",  # as a module: run as a script, tests/support/ would come first on sys.path
+        "tests.support.dist_worker",  # and its tuning.py would hide the tuning package
         str(tmp_path / "cases.json"),
         str(tmp_path),
     ]

@@ -2,17 +2,15 @@
 the whole model does in one process.
 
 The launched tests run ``mlx.launch -n N --backend ring`` on localhost
-(tests/support/dist_worker.py is one rank) with tiny random models written to disk: tokens
-equal the single-process engine's for plain decoding and ReDrafter at several shapes, with context lookup, lookup
-alone, batch > 1, seeded sampling, biases, Gemma 2's soft caps and sliding windows and a
-quantized model; the logits are bitwise the same on every rank; each rank holds only its
-heads and about half the weights. Under ``-n 2`` the server's scheduler (rank 0 drives it,
-rank 1 follows its events) answers concurrent greedy and sampled requests, one joining
-mid-flight, with the single process's tokens; adaptive decoding makes the same switches on
-both ranks, and the tuner's search decides alike; ``redrafter-mlx serve`` answers over HTTP
-and both ranks exit 0 on SIGTERM.
-The rest runs in this process.
-"""
+(tests/support/dist_worker.py is one rank) with tiny random models written to disk: tokens equal
+the single-process engine's for plain decoding and ReDrafter at several shapes, with context
+lookup, lookup alone, batch > 1, seeded sampling, biases, Gemma 2's soft caps and sliding
+windows and a quantized model; the logits are bitwise the same on every rank; each rank holds
+only its heads and about half the weights. Under ``-n 2`` the server's scheduler (rank 0 drives
+it, rank 1 follows its events) answers concurrent greedy and sampled requests, one joining
+mid-flight, with the single process's tokens; adaptive decoding makes the same switches on both
+ranks, and the tuner's search decides alike; ``redrafter-mlx serve`` answers over HTTP and both
+ranks exit 0 on SIGTERM. The rest runs in this process."""
 
 from __future__ import annotations
 

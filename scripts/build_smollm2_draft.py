@@ -10,7 +10,7 @@ dropped. The result is a normal Llama folder (``config.json`` with ``num_hidden_
 k``, ``model.safetensors``, the tokenizer files) that our loader and mlx-lm load as is, for
 ``--draft-model`` (``bench --draft-model DIR --configs D1xL4``). Its forward equals the
 source model's first k layers followed by the final norm and the head
-(``tests/test_build_draft.py``).
+(``tests/scripts/test_build_draft.py``).
 
 The folder is written beside ``--out`` under a hidden name and renamed into place at the
 end (``engine.base.output_dir.staging_dir``): an interrupted build leaves nothing half written.

@@ -3,7 +3,7 @@
     python -m scripts.experiments.family_sweep                 # writes docs/bench/family_sweep.txt
     python -m scripts.experiments.family_sweep --only lfm2,gpt2
 
-Per family (``tests/fixtures/mlx_lm_sweep.py``'s config, mlx-lm's class with its default
+Per family (``tests/support/mlx_lm_sweep.py``'s config, mlx-lm's class with its default
 random weights, saved as a folder and loaded by ``loading.load_model``, float32):
 
 * ``plain``: greedy plain decoding equals mlx-lm's own (its forward over its own caches);
@@ -169,7 +169,7 @@ def _run(name: str, config: dict, root: Path) -> tuple[str, str]:
 
 def worker(names: list[str]) -> None:
     """Each family's row as a JSON line on stdout, in order (``--worker``)."""
-    from tests.fixtures.mlx_lm_sweep import CONFIGS
+    from tests.support.mlx_lm_sweep import CONFIGS
 
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
@@ -185,7 +185,7 @@ def sweep(names=None, timeout: float = TIMEOUT, command=worker_command) -> list[
     """A row per family of ``names`` (default: every family), in the fixture's order, each
     computed in a worker process ``command(families)``; a worker that ends before a row or
     gives none within ``timeout`` seconds gives its family a ``CRASH`` or ``HANG`` row."""
-    from tests.fixtures.mlx_lm_sweep import CONFIGS
+    from tests.support.mlx_lm_sweep import CONFIGS
 
     left = [n for n in CONFIGS if names is None or n in names]
     left += sorted(set(names or ()) - set(left))  # not in the fixture: a CRASH row each

@@ -57,7 +57,8 @@ it, so the rule is:
   join (``prefill``), so they start in sync; a forked row copies its parent's.
 
 Re-running a token already in sync rewrites the same K/V, so the bound may overshoot; it
-may never undershoot (tests/test_source_choice.py shows a missing catch-up changes drafts).
+may never undershoot (tests/engine/drafting/test_source_choice.py shows a missing catch-up
+changes drafts).
 The verifier decides what is emitted: a stale source state only costs acceptance, so the
 greedy-identity tests check the caches directly as well.
 """

@@ -32,7 +32,7 @@ attention over A window slots, e bytes per activation:
   stays in the estimate as a margin (the step may still hold a second cache briefly).
 
 Measured on tiny models, the transient part lies between 1x and 3x the step's measured peak
-(``tests/test_guards.py``); it is an upper bound by design, never a promise.
+(``tests/engine/loop/test_guards.py``); it is an upper bound by design, never a promise.
 """
 
 from __future__ import annotations

@@ -52,9 +52,20 @@ class EngineMeasure:
 
     def __post_init__(self) -> None:
         self._encoded = [encode_prompt(self.tokenizer, p) for p in self.prompts]
+        self._runs: dict = {}  # (the shape a step runs, n_tokens) -> its measurement
 
     def __call__(self, shape: BeamShape, n_tokens: int) -> Measurement:
-        """One greedy tokens/s sample per prompt, plus tokens per step and mean packed tokens."""
+        """One greedy tokens/s sample per prompt, plus tokens per step and mean packed
+        tokens. Shapes the model runs as one (a hybrid's W2-W4 all run as its one chain:
+        ``step.narrowed``) are measured once, and share that measurement."""
+        from redrafter_mlx.engine.decoding.step import narrowed
+
+        key = (narrowed(self.model, shape), n_tokens)
+        if key not in self._runs:
+            self._runs[key] = self._measured(shape, n_tokens)
+        return self._runs[key]
+
+    def _measured(self, shape: BeamShape, n_tokens: int) -> Measurement:
         from redrafter_mlx.measure.throughput import measure_generation
 
         drafter = self.drafter if shape.drafts else None

@@ -117,7 +117,7 @@ def _run(name: str, config: dict, root: Path) -> tuple[str, str]:
     from redrafter_mlx.engine.core.shape import BeamShape
     from redrafter_mlx.engine.loop.loading import LoadError, load_model
     from redrafter_mlx.engine.verifier.refusals import check_family
-    from tests.helpers import run_decode
+    from tests.support.models import run_decode
 
     path = root / name
     try:

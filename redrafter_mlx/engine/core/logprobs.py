@@ -89,6 +89,7 @@ def rows_of(out: TokenLogprobs, counts: list[int], tops: list[int | None]) -> li
     ``(logprob, ((id, logprob), ...))`` with its ``tops[r]`` most likely tokens."""
     if all(t is None for t in tops):
         return [None] * len(tops)
+    # host reads of a step already computed: the loop's read of its tokens (``Stepping.read``)
     own, ids, top = out.logprob.tolist(), out.top_ids.tolist(), out.top_logprobs.tolist()
     rows = []
     for r, (count, n) in enumerate(zip(counts, tops)):

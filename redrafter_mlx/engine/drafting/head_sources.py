@@ -23,6 +23,8 @@ the last one). Shapes: B rows, P path tokens, S slots, H hidden size, W the kept
 
 from __future__ import annotations
 
+import abc
+
 import mlx.core as mx
 
 from ..core.footprint import StepMemory, module_bytes, own_cache_bytes
@@ -94,15 +96,15 @@ class HeadSource(Source):
     def profile_counts(self) -> dict:
         return {f"{self.name}_forwards": max(self.length - 1, 0)}
 
+    @abc.abstractmethod
     def entries(self, model, tokens, kept, positions, mask, keys, values):
         """The head over new entries: tokens (B, T) the tokens after their positions, kept
         (B, T, W) the target's kept hidden states at them, positions (B, T) their slots.
         Returns (outputs (B, T, H), keys, values)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def chain(self, model, state, tokens, kept, start, depth: int):
         """The kind's ``propose`` (``heads/``): (drafts (B, depth), logits, state)."""
-        raise NotImplementedError
 
     def prefill(self, model, session, rows: slice) -> tuple:
         """The entries of each row's prompt (its last position's is junk until the first
@@ -217,21 +219,22 @@ class Eagle3Source(HeadSource):
     def describe(self) -> str:
         return f"eagle3 (layers {list(self.feature_layers)})"
 
-    def _fused(self, model, kept):
+    @staticmethod
+    def _features(model, kept):
+        """Its three tapped layers' inputs of kept hidden states (..., W) -> (..., 3H)."""
         H = model.hidden_size
-        return self.head.fuse(kept[..., H : 4 * H])
+        return kept[..., H : 4 * H]
 
     def _embed(self, model):
         return model.embed if self.head.shares_embedding else self.head.embed_tokens
 
     def entries(self, model, tokens, kept, positions, mask, keys, values):
         embeds = self._embed(model)(tokens)
-        hidden = self._fused(model, kept)
+        hidden = self.head.fuse(self._features(model, kept))
         return self.head(embeds, hidden, positions + 1, mask, keys, values, positions)
 
     def chain(self, model, state, tokens, kept, start, depth: int):
-        H = model.hidden_size
-        features = kept[..., H : 4 * H]
+        features = self._features(model, kept)
         return eagle3.propose(self.head, target_of(model), state, tokens, features, start, depth)
 
 

@@ -31,11 +31,20 @@ HEADS = ("block", "eagle3", "mtp")  # recognised by their published config (head
 def kind_of(folder) -> str | None:
     """The ``kind`` a folder's config.json names (a string), else the head kind its
     published config describes (one of ``HEADS``), else None."""
+    return _kind(_config(folder))
+
+
+def _config(folder) -> dict | None:
+    """A folder's config.json, read (None: none, unreadable, or not an object)."""
     try:
         config = json.loads((Path(folder) / "config.json").read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(config, dict):
+    return config if isinstance(config, dict) else None
+
+
+def _kind(config: dict | None) -> str | None:
+    if config is None:
         return None
     kind = config.get("kind")
     if isinstance(kind, str):
@@ -61,9 +70,10 @@ def slot_kind(folder) -> str | None:
     ``EARLY_EXIT`` (built in: an early-exit adapter), a registered third-party kind (a
     source, ``load_source``), None: no kind (a draft model). ValueError naming the kind and
     the fix when no installed package registers it."""
-    kind = kind_of(folder)
+    config = _config(folder)
+    kind = _kind(config)
     if kind in HEADS:  # a published head; a whole checkpoint with MTP layers is a model
-        return kind if is_head_folder(folder) else None
+        return kind if _is_head(config, kind) else None
     if kind is None or kind in BUILT_IN:
         return kind
     if kind not in registered():
@@ -71,19 +81,14 @@ def slot_kind(folder) -> str | None:
     return kind
 
 
-def is_head_folder(folder) -> bool:
-    """Whether ``folder`` holds a published draft head (``HEADS``): an EAGLE-3 or DFlash
-    head, or an MTP sidecar (``model_type: qwen3_5_mtp``). A whole checkpoint whose config
-    declares MTP layers is a model in the draft slot (a draft model), not its MTP head."""
-    kind = kind_of(folder)
-    if kind not in HEADS:
-        return False
-    if kind != "mtp":
-        return True
+def _is_head(config: dict, kind: str) -> bool:
+    """Whether a config of a head kind (``HEADS``) is a published draft head's: an EAGLE-3
+    or DFlash head, or an MTP sidecar (``model_type: qwen3_5_mtp``). A whole checkpoint
+    whose config declares MTP layers is a model in the draft slot (a draft model), not its
+    MTP head."""
     from .heads.mtp import SIDECAR_MODEL_TYPE
 
-    config = json.loads((Path(folder) / "config.json").read_text())
-    return config.get("model_type") == SIDECAR_MODEL_TYPE
+    return kind != "mtp" or config.get("model_type") == SIDECAR_MODEL_TYPE
 
 
 def _unregistered(folder, kind: str) -> str:

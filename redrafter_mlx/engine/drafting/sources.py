@@ -184,11 +184,15 @@ class Source(abc.ABC):
     other: int = 0
     state_index: int = -1  # sized: its state's index in ``DecodeState.sources``
     covers: int = 0  # stateful, sized: committed tokens its own draft re-runs (``for_step``)
-    absorbs: bool = False  # stateful: its state takes in every step's committed path (``absorb``)
+    # stateful: its state takes in every step's committed path at the commit, from the step's
+    # own arrays, whether or not it drafted (it defines ``absorb(model, own, path, before,
+    # path_hidden, lengths)``: ``head_sources.HeadSource.absorb``; ``absorbed`` calls it)
+    absorbs: bool = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        missing = [m for m in STATEFUL_LIFE if cls.stateful and not callable(getattr(cls, m, 0))]
+        life = (*STATEFUL_LIFE, *(("absorb",) if cls.absorbs else ()))
+        missing = [m for m in life if cls.stateful and not callable(getattr(cls, m, 0))]
         if missing:
             raise TypeError(
                 f"{cls.__name__} is stateful but does not define {', '.join(missing)}: a "
@@ -257,14 +261,6 @@ class Source(abc.ABC):
         sized = copy.copy(self)
         sized.length, sized.other = length, other
         return sized
-
-    def absorb(self, model, own, path, before, path_hidden, lengths):
-        """A source that ``absorbs``: its state after a step's commit, from the step's own
-        arrays (path (B, P) the committed tokens, init token first; before (B, W) the hidden
-        state at the last token cached before the step; path_hidden (B, P, W) the verify's at
-        the path's nodes; lengths (B,) the cache lengths before the step), whether or not it
-        drafted in that step, so it never falls behind. Inside the compiled step."""
-        raise NotImplementedError(f"{type(self).__name__} sets absorbs but has no absorb")
 
     @abc.abstractmethod
     def propose(self, ctx: DraftContext) -> Proposal:

@@ -333,20 +333,19 @@ def load(model_path, drafter_path=None, dtype=None, group=None, draft_model=None
     elif own_path is not None:
         where = resolve_path(own_path, "draft model")
         same = where == path and group is None
+        kind = None if same else kinds.slot_kind(where)  # checked by draft_slot_paths
         if same:
             own = model
-        elif kinds.slot_kind(where) in kinds.HEADS:  # a published draft head's folder
-            try:
-                own = head_source(where, model, dtype)
-            except ValueError as e:
-                raise LoadError(str(e)) from None
-        elif kinds.slot_kind(where) is not None:  # a registered third-party source's folder
-            try:
-                own = kinds.load_source(where, model, tokenizer, dtype)
-            except ValueError as e:
-                raise LoadError(str(e)) from None
-        else:
+        elif kind is None:
             own = load_draft_model(own_path, model, tokenizer, dtype)
+        else:  # a published draft head's folder, or a registered third-party source's
+            try:
+                if kind in kinds.HEADS:
+                    own = head_source(where, model, dtype)
+                else:
+                    own = kinds.load_source(where, model, tokenizer, dtype)
+            except ValueError as e:
+                raise LoadError(str(e)) from None
     if own is not None and adapter is not None:
         return model, drafter, tokenizer, (own, adapter)
     return model, drafter, tokenizer, own if own is not None else adapter

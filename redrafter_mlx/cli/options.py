@@ -51,7 +51,7 @@ DraftModelOpt = Annotated[
         "else 4) joins the drafter's beams and the lookup chains in one verified tree. "
         "--draft-model set to --model drafts with the model itself. An early-exit adapter's "
         "folder (config.json kind early-exit) works too: its chain runs beside the "
-        "recurrent drafter's beams. A published draft head's folder (EAGLE-3, an MTP "
+        "recurrent drafter's beams. A published draft head's folder (EAGLE-3, DFlash, an MTP "
         "sidecar) drafts its chain; self-mtp drafts with the model's own MTP layers "
         "(Qwen3.5, Qwen3-Next). Give it twice, a draft model and an early-exit folder, "
         "for both chains in one tree.",

@@ -1,4 +1,5 @@
-"""Draft heads people download as draft sources: one greedy chain of the shape's ``D1×L``.
+"""Draft heads people download as draft sources: one greedy chain of the shape's ``D1×L``
+(MTP and EAGLE-3: one head forward per draft; DFlash: the whole chain from one forward).
 
 A head (``heads/``) keeps an entry per text position p: the token at p + 1 paired with the
 target's features at p (an MTP head: the final normed hidden state; an EAGLE-3 head: three
@@ -30,7 +31,7 @@ import mlx.core as mx
 from ..core.footprint import StepMemory, module_bytes, own_cache_bytes
 from ..core.tree import arange, cache_mask, chain_mask
 from ..verifier.entries import Slots
-from .heads import eagle3, mtp
+from .heads import block, eagle3, mtp
 from .heads.common import HeadMismatch, Target
 from .heads.eagle3 import Eagle3Head
 from .heads.loading import check_fit, target_dims
@@ -72,8 +73,33 @@ class HeadSource(Source):
     def modules(self) -> tuple:
         return (self.head,)
 
+    title = "head"  # its name in a refusal
+
     def check(self, model) -> None:
         check_fit(self.head, target_dims(model))
+        n = len(model.layers)
+        past = [i for i in self.feature_layers or () if i >= n]
+        if past:
+            raise HeadMismatch(
+                f"the {self.title} head fuses the output of the model's last layer (hidden "
+                f"state {past[0]} of {n}), which this version does not tap: use a head that "
+                "taps earlier layers"
+            )
+
+    def bind(self, model) -> None:
+        layers = self.feature_layers
+        if layers is not None and tuple(model.feature_layers) != layers:
+            raise HeadMismatch(
+                f"the {self.title} head reads the model's layers {list(layers)}, but the run "
+                f"taps {list(model.feature_layers)} (a drafter trained on other layers): pass "
+                "the head without that drafter"
+            )
+
+    def _taps(self, model, kept):
+        """Its tapped layers' inputs of kept hidden states (..., W) -> (..., k*H): the
+        kept state is the final normed one, then the taps in ``feature_layers``' order."""
+        H = model.hidden_size
+        return kept[..., H : H * (1 + len(self.feature_layers))]
 
     def for_step(self, shape, length: int, other: int) -> HeadSource:
         if length < 2:
@@ -164,6 +190,7 @@ class MtpSource(HeadSource):
     target's final normed hidden state before it."""
 
     source_id = register_source("mtp")
+    title = "MTP"
 
     def describe(self) -> str:
         n = len(self.head.layers)
@@ -187,6 +214,7 @@ class Eagle3Source(HeadSource):
     draft vocabulary (``d2t``)."""
 
     source_id = register_source("eagle3")
+    title = "EAGLE-3"
 
     def __init__(self, head, length: int = 0, target_layers: int = 0):
         super().__init__(head, length)
@@ -197,45 +225,58 @@ class Eagle3Source(HeadSource):
         """The target's layers whose inputs it fuses: each tapped output's next layer."""
         return tuple(j + 1 for j in self.head.config.feature_layers(self.target_layers))
 
-    def check(self, model) -> None:
-        super().check(model)
-        n = len(model.layers)
-        past = [i for i in self.feature_layers if i >= n]
-        if past:
-            raise HeadMismatch(
-                f"the EAGLE-3 head fuses the output of the model's last layer (hidden state "
-                f"{past[0]} of {n}), which this version does not tap: use a head that taps "
-                "earlier layers"
-            )
-
-    def bind(self, model) -> None:
-        if tuple(model.feature_layers) != self.feature_layers:
-            raise HeadMismatch(
-                f"the EAGLE-3 head reads the model's layers {list(self.feature_layers)}, but "
-                f"the run taps {list(model.feature_layers)} (a drafter trained on other "
-                "layers): pass the head without that drafter"
-            )
-
     def describe(self) -> str:
         return f"eagle3 (layers {list(self.feature_layers)})"
-
-    @staticmethod
-    def _features(model, kept):
-        """Its three tapped layers' inputs of kept hidden states (..., W) -> (..., 3H)."""
-        H = model.hidden_size
-        return kept[..., H : 4 * H]
 
     def _embed(self, model):
         return model.embed if self.head.shares_embedding else self.head.embed_tokens
 
     def entries(self, model, tokens, kept, positions, mask, keys, values):
         embeds = self._embed(model)(tokens)
-        hidden = self.head.fuse(self._features(model, kept))
+        hidden = self.head.fuse(self._taps(model, kept))
         return self.head(embeds, hidden, positions + 1, mask, keys, values, positions)
 
     def chain(self, model, state, tokens, kept, start, depth: int):
-        features = self._features(model, kept)
+        features = self._taps(model, kept)
         return eagle3.propose(self.head, target_of(model), state, tokens, features, start, depth)
+
+
+class BlockSource(HeadSource):
+    """A DFlash block drafter (``heads/block.py``): an entry is the target's tapped layers
+    at a position, fused (the token after it plays no part); a draft is one forward over
+    ``[init token, mask x (block - 1)]`` attending to every entry, whose argmax at each
+    block position is a draft: the whole chain from one forward. The block is the head's
+    ``block_size``, or the chain's length where that is longer (lossless either way: the
+    verify decides)."""
+
+    source_id = register_source("dflash")
+    title = "DFlash"
+
+    def __init__(self, head, length: int = 0, target_layers: int = 0):
+        super().__init__(head, length)
+        self.target_layers = target_layers
+
+    @property
+    def feature_layers(self) -> tuple:
+        """The target's layers whose inputs it fuses: each tapped output's next layer."""
+        return tuple(j + 1 for j in self.head.config.feature_layers(self.target_layers))
+
+    def describe(self) -> str:
+        return f"dflash (block {self.head.config.block_size}, layers {list(self.feature_layers)})"
+
+    def profile_counts(self) -> dict:
+        return {f"{self.name}_forwards": 1 if self.length > 1 else 0}
+
+    def entries(self, model, tokens, kept, positions, mask, keys, values):
+        return self.head.context(self._taps(model, kept), positions, keys, values)
+
+    def chain(self, model, state, tokens, kept, start, depth: int):
+        size = max(self.head.config.block_size, depth + 1)
+        drafts, logits, state = block.propose(
+            self.head, target_of(model), state, self._taps(model, kept), start, tokens[:, -1],
+            size,
+        )  # fmt: skip
+        return drafts[:, :depth], logits[:, :depth], state
 
 
 def head_source(folder, model, dtype=None) -> Source:
@@ -247,20 +288,14 @@ def head_source(folder, model, dtype=None) -> Source:
     head = load_head(folder, dtype)
     check_fit(head, target_dims(model))
     source = as_head_source(head, model)
-    if source is None:
-        raise HeadMismatch(
-            f"{folder}: the DFlash head loads and matches the model, but this version drafts "
-            "with MTP and EAGLE-3 heads only: pass one of those, a draft model or none"
-        )
     source.check(model)
     return source
 
 
-def as_head_source(head, model) -> HeadSource | None:
-    """The draft source of a head loaded for ``model`` (None: a kind that does not draft
-    yet)."""
+def as_head_source(head, model) -> HeadSource:
+    """The draft source of a head loaded for ``model``."""
     if isinstance(head, MtpHead):
         return MtpSource(head)
     if isinstance(head, Eagle3Head):
         return Eagle3Source(head, target_layers=len(model.layers))
-    return None
+    return BlockSource(head, target_layers=len(model.layers))

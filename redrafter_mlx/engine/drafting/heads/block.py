@@ -120,16 +120,23 @@ class _Layer(nn.Module):
         self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=eps)
         self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=eps)
 
+    def write_context(self, ctx, ctx_pos, keys, values, table):
+        """ctx: (B, T, H) fused context -> its K/V written at slots ``ctx_pos`` (B, T),
+        rotated at them (``table``: their rope table). Returns (keys, values)."""
+        a = self.self_attn
+        m = a.n_kv_heads
+        k_ctx = a.k_norm(heads_first(a.k_proj(ctx), m))
+        v_ctx = heads_first(a.v_proj(ctx), m)
+        keys = write_heads(keys, ctx_pos, rope_at(a.rope, k_ctx, ctx_pos, table))
+        return keys, write_heads(values, ctx_pos, v_ctx)
+
     def __call__(self, x, ctx, ctx_pos, ctx_mask, block_pos, keys, values, tables):
         """x: (B, L, H) block states; ctx: (B, T, H) fused context written at slots
         ``ctx_pos`` (B, T); ctx_mask: (B, 1, 1, A) the slots the block sees (after the
         writes); block_pos: (B, L). Returns (x, keys, values)."""
         a = self.self_attn
         n, m = a.n_heads, a.n_kv_heads
-        k_ctx = a.k_norm(heads_first(a.k_proj(ctx), m))
-        v_ctx = heads_first(a.v_proj(ctx), m)
-        keys = write_heads(keys, ctx_pos, rope_at(a.rope, k_ctx, ctx_pos, tables[0]))
-        values = write_heads(values, ctx_pos, v_ctx)
+        keys, values = self.write_context(ctx, ctx_pos, keys, values, tables[0])
         h = self.input_layernorm(x)
         B, L, _ = h.shape
         q = a.q_norm(a.q_proj(h).reshape(B, L, n, -1)).transpose(0, 2, 1, 3)
@@ -173,6 +180,18 @@ class BlockHead(nn.Module):
         """Zeroed (keys, values) of the context: per layer (batch, n_kv, slots, D)."""
         c = self.config
         return empty_state(len(self.layers), batch, slots, c.num_key_value_heads, c.head_dim, dtype)
+
+    def context(self, features, ctx_pos, keys, values):
+        """The context entries alone: features (B, T, k*H) fused and their K/V written at
+        slots ``ctx_pos`` (B, T) in every layer. Returns (fused (B, T, H), keys, values)."""
+        ctx = self.hidden_norm(self.fc(features))
+        table = rope_tables(self.layers[0].self_attn.rope, ctx_pos)
+        new_keys, new_values = [], []
+        for layer, k, v in zip(self.layers, keys, values):
+            k, v = layer.write_context(ctx, ctx_pos, k, v, table)
+            new_keys.append(k)
+            new_values.append(v)
+        return ctx, new_keys, new_values
 
     def __call__(self, embeds, features, ctx_pos, lengths, keys, values):
         """embeds: (B, L, H) the block's embeddings; features: (B, T, k*H) the new context

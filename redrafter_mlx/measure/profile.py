@@ -92,6 +92,7 @@ class _Timed:
 
     def __init__(self, name: str, call: Callable[[], tuple]):
         self.name, self.call, self.times, self.ops = name, call, [], None
+        self.with_verify = False  # a commit timed with its verify (a recurrent model's)
 
     def run(self, count: bool = False) -> None:
         tic = time.perf_counter()
@@ -234,6 +235,9 @@ def profile_steps(
                 row[f"{phase}_ms"] = timed[phase].ms
                 row[f"{phase}_ops"] = _total(timed[phase].ops)
                 row[f"{phase}_kernels"] = kernels(timed[phase].ops)
+        if "commit" in timed and timed["commit"].with_verify:  # a recurrent commit: its share
+            for unit in ("ms", "ops", "kernels"):
+                row[f"commit_{unit}"] -= row[f"verify_{unit}"]
         if name != "AR":
             shape = shape_of[name]
             W, L, C = shape.width, shape.length, shape.slots
@@ -277,8 +281,8 @@ def _shape_thunks(model, held, W, L, C, sampler, window, base_state, keep, kv):
             return cand.beams, mx.ones(cand.beams.shape, dtype=mx.bool_)
         return cand.beams, cand.present
 
-    def verify(tokens, depth, mask, lengths, cache, key):
-        tree = PackedTree(tokens, depth, None, None, mask)
+    def verify(tokens, depth, mask, unpacker, lengths, cache, key):
+        tree = PackedTree(tokens, depth, None, unpacker, mask)  # the paths: recurrent layers
         fresh = []  # the layers' new K/V, which the commit reads
         rows = RowSampler.from_config(sampler, model.vocab_size, key, tokens.shape[0])
         out = verify_phase(model, tree, lengths, cache, rows, window, None, fresh)
@@ -287,11 +291,19 @@ def _shape_thunks(model, held, W, L, C, sampler, window, base_state, keep, kv):
     def commit(cache, lengths, path_slots, hidden, n, fresh):
         return commit_phase(cache, lengths, path_slots, hidden, n, fresh, C, W == 1)
 
+    def verify_commit(tokens, depth, mask, unpacker, lengths, cache, key, path_slots, n):
+        """The verify and its commit in one graph: a recurrent layer's commit re-runs the
+        layer on the verify's own inputs (``lm_cache.StateCommit``), so it cannot be
+        compiled apart; its cost is this one's over the verify's alone."""
+        h, _, cache, fresh = verify(tokens, depth, mask, unpacker, lengths, cache, key)
+        return commit_phase(cache, lengths, path_slots, h, n, fresh, C, W == 1)
+
     draft_fn = mx.compile(draft, inputs=weights)
     pack_fn = mx.compile(lambda beams, present: tuple(pack(beams, C, present if W > 1 else None)))
     verify_fn = mx.compile(verify, inputs=weights)
     accept_fn = mx.compile(lambda b, t, u: accept_phase(b, t, u, C)[:4])
-    commit_fn = mx.compile(commit)
+    recurrent = getattr(model, "recurrent", False)
+    commit_fn = mx.compile(verify_commit, inputs=weights) if recurrent else mx.compile(commit)
     step_fn = uniform_step(model, held, BeamShape(W, L, C), sampler, 1)
 
     # Fixed inputs for each phase, from one real pass through the phases.
@@ -299,7 +311,7 @@ def _shape_thunks(model, held, W, L, C, sampler, window, base_state, keep, kv):
     beams, present = draft_fn(s.init_token, s.hidden)
     tree = PackedTree(*pack_fn(beams, present))
     h, target, cache, fresh = verify_fn(
-        tree.tokens, tree.depth, tree.mask, s.lengths, s.cache, None
+        tree.tokens, tree.depth, tree.mask, tree.unpacker, s.lengths, s.cache, None
     )
     tokens, n, _, path_slots = accept_fn(beams, target, tree.unpacker)
     mx.eval(beams, tree, h, target, cache, fresh, tokens, n, path_slots)
@@ -319,7 +331,8 @@ def _shape_thunks(model, held, W, L, C, sampler, window, base_state, keep, kv):
 
     def t_verify(c):
         cache = kv.pop("kv")
-        out = counted(c, verify_fn(tree.tokens, tree.depth, tree.mask, lengths, cache, rng))
+        out = verify_fn(tree.tokens, tree.depth, tree.mask, tree.unpacker, lengths, cache, rng)
+        out = counted(c, out)
         keep(out[2])
         return out
 
@@ -327,7 +340,11 @@ def _shape_thunks(model, held, W, L, C, sampler, window, base_state, keep, kv):
         return counted(c, accept_fn(beams, target, tree.unpacker))
 
     def t_commit(c):
-        out = counted(c, commit_fn(kv.pop("kv"), lengths, path_slots, h, n, fresh))
+        if recurrent:  # timed with the verify (``verify_commit``): the row subtracts it
+            args = (tree.tokens, tree.depth, tree.mask, tree.unpacker, lengths)
+            out = counted(c, commit_fn(*args, kv.pop("kv"), rng, path_slots, n))
+        else:
+            out = counted(c, commit_fn(kv.pop("kv"), lengths, path_slots, h, n, fresh))
         keep(out[0])
         return out
 
@@ -340,7 +357,9 @@ def _shape_thunks(model, held, W, L, C, sampler, window, base_state, keep, kv):
     thunks = dict(
         draft=t_draft, pack=t_pack, verify=t_verify, accept=t_accept, commit=t_commit, step=t_step
     )
-    return {name: _Timed(name, fn) for name, fn in thunks.items()}
+    timed = {name: _Timed(name, fn) for name, fn in thunks.items()}
+    timed["commit"].with_verify = recurrent
+    return timed
 
 
 def _lookup_thunks(model, held, shape: BeamShape, sampler, window, base_state, keep, sources=None):

@@ -232,7 +232,10 @@ def verify_logits(model, tree, lengths, cache, sampler, window, history=None, fr
     positions = lengths[:, None] + tree.depth
     write_idx = lengths[:, None] + arange(capacity)[None, :]
     mask = cache_mask(lengths, tree.mask, window)
-    hidden, cache = model(tree.tokens, positions, mask, cache, write_idx, fresh)
+    # a recurrent layer runs the tree's root-to-leaf paths (``unpacker`` (B, W, L)) as rows
+    hidden, cache = model(
+        tree.tokens, positions, mask, cache, write_idx, fresh, paths=tree.unpacker
+    )
     text = tree_text(sampler, history, lengths, tree.tokens, tree.depth, tree.mask)
     logits = process_text(model.logits(hidden), sampler, text, positions + 1)
     logits = split_logits(logits, tree.tokens, tree.depth == 0, sampler)
@@ -293,7 +296,7 @@ def commit_phase(cache, lengths, path_slots, hidden, n, fresh, capacity: int, in
     cache, next hidden (B, H) at the last accepted token, next lengths (B,)).
     """
     dst = None if in_place else slot_destinations(lengths, path_slots, n, capacity)  # (B, C)
-    cache = committed(cache, fresh, dst, n + 1)
+    cache = committed(cache, fresh, dst, n + 1, path_slots)
     last_slot = mx.take_along_axis(path_slots, n[:, None], axis=1)  # (B, 1)
     next_hidden = mx.take_along_axis(hidden, last_slot[:, :, None], axis=1)[:, 0]
     return cache, next_hidden, lengths + n + 1

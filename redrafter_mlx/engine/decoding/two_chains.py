@@ -52,7 +52,7 @@ def two_chain_layout(length: int, chain_length: int):
 
 
 class TwoChains(NamedTuple):
-    tree: PackedTree  # tokens (B, C), depth (1, C), mask (1, C, C)
+    tree: PackedTree  # tokens (B, C), depth (1, C), mask (1, C, C), unpacker (B, 2, n)
     slots: tuple  # (first (1, n), second (1, n)) each position's slot
     present: mx.array  # (B, 2, n) bool
     packed: mx.array  # (B,) int32 slots holding a token
@@ -66,7 +66,10 @@ def lay_two_chains(beams: mx.array, present: mx.array, lengths: tuple[int, int])
     second = mx.where(present[:, 1, 1:L2], beams[:, 1, 1:L2], 0)
     tokens = mx.concatenate([beams[:, 0, :L1], second], axis=1)  # (B, C)
     packed = (L1 + present[:, 1].sum(axis=1) - 1).astype(mx.int32)
-    tree = PackedTree(tokens, depth, None, None, mask)
+    C = tokens.shape[1]  # each chain's slots, C past its end: the tree's two paths (B, 2, n)
+    both = mx.concatenate([first_slots, second_slots], axis=0)[None]
+    unpacker = mx.where(present[:, :2], both, C).astype(mx.int32)
+    tree = PackedTree(tokens, depth, None, unpacker, mask)
     return TwoChains(tree, (first_slots, second_slots), present, packed)
 
 

@@ -15,10 +15,11 @@ gives them back) as trees, and each answers the loop's and the commit's question
   of rows (take, resize);
 * ``place(r, src, i)``: row ``i`` of another cache's entry written into row ``r`` (a row
   joining, a fork's copy);
-* ``commit(verified, dst, count)``: after a verify, the accepted path kept. ``verified`` is
-  what the verify left for the commit (an attention cache's new K/V, (B, C, n_kv, D) each;
-  a recurrent layer's ``lm_cache.StateCommit``); ``dst`` (B, C) each verified slot's
-  destination (None: the path already sits in order); ``count`` (B,) tokens kept per row.
+* ``commit(verified, dst, count, path)``: after a verify, the accepted path kept.
+  ``verified`` is what the verify left for the commit (an attention cache's new K/V, (B, C,
+  n_kv, D) each; a recurrent layer's ``lm_cache.StateCommit``); ``dst`` (B, C) each verified
+  slot's destination (None: the path already sits in order); ``count`` (B,) tokens kept per
+  row; ``path`` (B, P) the accepted path's slots (None: the verified slots, in order).
 
 Shapes: B rows, S cache slots, C verified slots, F a recurrent state's flat size.
 """
@@ -61,7 +62,9 @@ class Slots(NamedTuple):
         self.values[r : r + 1, :, :S] = src.values[i : i + 1]
         return self
 
-    def commit(self, verified: tuple | None, dst: mx.array | None, count: mx.array) -> Slots:
+    def commit(
+        self, verified: tuple | None, dst: mx.array | None, count: mx.array, path=None
+    ) -> Slots:
         """Each of the C verified slots scattered at once to ``dst`` (``decode.
         slot_destinations``): one kernel per array, no gather. The path is read from the
         verify's own K/V (``verified``), not from this cache, so the cache is only written
@@ -90,10 +93,13 @@ class State(NamedTuple):
         self.flat[r : r + 1] = src.flat[i : i + 1]
         return self
 
-    def commit(self, verified: Any, dst: mx.array | None, count: mx.array) -> State:
-        """The state after each row's first ``count`` verified tokens (the accepted path:
-        ``verified`` is the layer's ``StateCommit``)."""
-        return State(verified.commit(count))
+    def commit(
+        self, verified: Any, dst: mx.array | None, count: mx.array, path: mx.array | None = None
+    ) -> State:
+        """The state after the first ``count`` tokens of each row's accepted path (``path``
+        (B, P) its slots; None: the verified tokens in order): ``verified`` is the layer's
+        ``StateCommit``."""
+        return State(verified.commit(count, path))
 
 
 def _extend(a: mx.array, pad: int) -> mx.array:
@@ -124,9 +130,12 @@ def place_row(cache: tuple, r: int, src: tuple, i: int) -> None:
         entry.place(r, other, i)
 
 
-def committed(cache: tuple, verified: list, dst: mx.array | None, count: mx.array) -> tuple:
-    """``cache`` after a verify's commit: each entry's own (``commit``)."""
-    return tuple(e.commit(v, dst, count) for e, v in zip(cache, verified))
+def committed(
+    cache: tuple, verified: list, dst: mx.array | None, count: mx.array, path=None
+) -> tuple:
+    """``cache`` after a verify's commit: each entry's own (``commit``); ``path`` (B, P): the
+    accepted path's slots (None: the verified slots in order)."""
+    return tuple(e.commit(v, dst, count, path) for e, v in zip(cache, verified))
 
 
 def dtype_of(cache: tuple):

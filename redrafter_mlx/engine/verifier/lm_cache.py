@@ -9,9 +9,12 @@ answer with the engine's arrays (docs/design/any-model.md):
 * ``StateCache``: a recurrent layer's ``ArraysCache`` entries over its ``entries.State``
   (flat, (B, 1, F)), with mlx-lm's right-padding ``lengths`` hook;
 * ``StateCommit``: that state at each row's accepted length, computed at the commit;
+* ``path_layer``: a recurrent layer over a tree, each root-to-leaf path a batch row of its
+  own (the attention layers keep the packed tree and its mask);
 * ``ProbeCache`` / ``ProbeState``: record what a lazy load-time forward writes (shapes).
 
-Shapes: B rows, T new tokens, S cache slots, A attended slots (A <= S).
+Shapes: B rows, T new tokens, S cache slots, A attended slots (A <= S); a tree's P paths
+of up to Lp tokens each.
 """
 
 from __future__ import annotations
@@ -32,10 +35,13 @@ class LmCall:
     ``cache``: the entries in the engine's order (``LmModel.order``): ``Slots`` per
     attention cache, then ``State`` per recurrent layer (``entries.py``); the call replaces
     each entry it writes. ``counts`` (B,): tokens of this call that count per row (a
-    right-padded prefill, a commit's accepted path); None: all T.
+    right-padded prefill, a commit's accepted path); None: all T. ``paths`` (B or 1, P, Lp):
+    a tree's root-to-leaf paths, each position's slot among the T tokens (>= T: past the
+    path's end), which the recurrent layers run as batch rows (``path_layer``); None: the T
+    tokens are one chain per row.
     """
 
-    def __init__(self, model, positions, mask, cache, write_idx, counts=None):
+    def __init__(self, model, positions, mask, cache, write_idx, counts=None, paths=None):
         self.model = model
         self.positions = positions  # (B, T) int32
         # (B,) each row's first position: mlx-lm's ``cache.offset``, one object per call, so
@@ -45,6 +51,8 @@ class LmCall:
         self.cache = list(cache)
         self.write_idx = write_idx  # (B, T)
         self.counts = counts
+        self.paths = paths
+        self._path_rows = None
         self.fresh: dict[int, tuple] = {}  # attention cache -> its new (K, V), (B, T, n, D)
         self.set_states: dict[int, dict] = {}  # recurrent cache -> {entry: new array}
         self.windows: dict[int, mx.array] = {}  # sliding masks by window size
@@ -73,6 +81,58 @@ class LmCall:
             else:
                 self._ssm_mask = arange(T)[None, :] < self.counts[:, None]
         return self._ssm_mask
+
+    def path_rows(self):
+        """The tree's paths as rows (``paths`` set): (index (B, P * Lp) each path position's
+        slot, clamped into [0, T); counts (B * P,) tokens per path; source (B, T) the flat
+        path position each slot's output is read from: its first path's)."""
+        if self._path_rows is None:
+            B, T = self.positions.shape
+            _, P, Lp = self.paths.shape
+            paths = mx.broadcast_to(self.paths, (B, P, Lp))
+            inside = paths < T  # a prefix of each path
+            counts = inside.sum(axis=-1).astype(mx.int32).reshape(B * P)
+            index = mx.minimum(paths, T - 1).reshape(B, P * Lp)
+            hits = (paths[..., None] == arange(T)) & inside[..., None]  # (B, P, Lp, T)
+            # a slot on no path (padding) reads the first row's root: any finite value
+            source = mx.argmax(hits.reshape(B, P * Lp, T), axis=1).astype(mx.int32)
+            self._path_rows = index, counts, source
+        return self._path_rows
+
+
+def path_layer(layer, original, call: LmCall, args: tuple, kwargs: dict):
+    """A recurrent layer's call over the tree of ``call`` (``call.paths``), each path a batch
+    row: every (B, T, ...) argument (its input, its padding mask) gathered into (B * P, Lp,
+    ...) along the paths, the layer run from each row's state repeated per path, taking in
+    each path's own tokens (mlx-lm's ``lengths``), and its output (B * P, Lp, D) read back to
+    the T slots, each from the first path holding it (every path through a node gives it the
+    same output: the state after its own ancestors). The layer's state after the call is
+    left as it was: the commit takes it along the accepted path (``StateCommit``)."""
+    B, T = call.positions.shape
+    _, P, Lp = call.paths.shape
+    index, counts, source = call.path_rows()
+
+    def gather(a: mx.array) -> mx.array:  # (B, T, ...) -> (B * P, Lp, ...)
+        idx = index.reshape(B, P * Lp, *([1] * (a.ndim - 2)))
+        return mx.take_along_axis(a, idx, axis=1).reshape(B * P, Lp, *a.shape[2:])
+
+    rows = LmCall(call.model, gather(call.positions), None, (), None, counts)
+    old_mask = call._ssm_mask
+
+    def swap(value):
+        if isinstance(value, StateCache):
+            start = mx.repeat(value.start, P, axis=0)  # (B * P, 1, F)
+            return StateCache(rows, value.index, value.layout, start)
+        if old_mask is not None and value is old_mask:
+            return rows.ssm_mask()
+        if isinstance(value, mx.array) and value.shape[:2] == (B, T):
+            return gather(value)
+        return value
+
+    out = original(layer, *[swap(a) for a in args], **{k: swap(v) for k, v in kwargs.items()})
+    flat = out.reshape(B, P * Lp, *out.shape[2:])
+    idx = source.reshape(B, T, *([1] * (out.ndim - 2)))
+    return mx.take_along_axis(flat, idx, axis=1)
 
 
 class SlotCache:
@@ -182,17 +242,29 @@ class StateCommit:
     """A recurrent layer's state at each row's accepted length, computed at the commit: the
     layer runs again over the verified tokens from its state before the step, taking in
     only the first ``count`` of them (mlx-lm's ``lengths``; its outputs are never read, so
-    only the state's share of the layer is computed). Its inputs are the verify's own, so
-    ``mx.compile`` shares what both compute, unless ``model.commit_apart``."""
+    only the state's share of the layer is computed). After a tree's verify (``call.paths``)
+    it runs over the accepted path's tokens alone, gathered by their slots. Its inputs are
+    the verify's own, so ``mx.compile`` shares what both compute, unless
+    ``model.commit_apart``."""
 
     def __init__(self, call: LmCall, index: int, layout: list, start: mx.array):
         self.call, self.index, self.layout, self.start = call, index, layout, start
 
-    def commit(self, count: mx.array) -> mx.array:
-        """count (B,) tokens kept per row -> the flat state (B, 1, F) after them."""
+    def commit(self, count: mx.array, path: mx.array | None = None) -> mx.array:
+        """count (B,) tokens kept per row -> the flat state (B, 1, F) after them; ``path``
+        (B, P): the accepted path's slots (read after a tree's verify; else the verified
+        tokens are the path, in order)."""
         call = self.call
         layer, args, kwargs = call.recorded[self.index]
-        again = LmCall(call.model, call.positions, call.mask, (), call.write_idx, count)
+        B, T = call.positions.shape
+        along = call.paths is not None and path is not None
+
+        def gather(a: mx.array) -> mx.array:  # (B, T, ...) -> (B, P, ...)
+            idx = path.reshape(B, path.shape[1], *([1] * (a.ndim - 2)))
+            return mx.take_along_axis(a, idx, axis=1)
+
+        positions = gather(call.positions) if along else call.positions
+        again = LmCall(call.model, positions, call.mask, (), call.write_idx, count)
         cache = StateCache(again, self.index, self.layout, self.start)
         old_mask = call._ssm_mask  # the verify's (B, T) mask object, if a layer asked
 
@@ -201,6 +273,8 @@ class StateCommit:
                 return cache
             if old_mask is not None and value is old_mask:
                 return again.ssm_mask()
+            if along and isinstance(value, mx.array) and value.shape[:2] == (B, T):
+                value = gather(value)
             if call.model.commit_apart and isinstance(value, mx.array):
                 return mx.contiguous(value)  # nothing shared with the verify (lm_checks)
             return value

@@ -28,8 +28,9 @@ SHARED_SPLIT = "_Map_base::at"  # MLX's compile on a result split twice (see abo
 
 def check_compiles(model) -> None:
     """ValueError naming the family unless a two-token forward of ``model`` (an ``LmModel``),
-    and a recurrent model's commit after it, run under ``mx.compile``, as the engine's step
-    does; a commit that compiles only apart from its verify is set to (``commit_apart``)."""
+    and a recurrent model's commit after it (a tree's too), run under ``mx.compile``, as the
+    engine's step does; a commit that compiles only apart from its verify is set to
+    (``commit_apart``)."""
     try:
         _compiled_forward(model)
     except IndexError as e:
@@ -50,7 +51,8 @@ def check_compiles(model) -> None:
 
 def _compiled_forward(model) -> None:
     """A two-token forward of ``model`` and, when recurrent, the commit of its first token,
-    compiled and run (every array an input, as the step's are: nothing the trace may read)."""
+    then a recurrent model's three-node tree and its commit along a path, compiled and run
+    (every array an input, as the step's are: nothing the trace may read)."""
     S = 8
     cache = model.make_cache(1, S)
     tokens = mx.array([[1, 2]], dtype=mx.int32) % model.vocab_size
@@ -64,6 +66,25 @@ def _compiled_forward(model) -> None:
         return hidden, committed(after, fresh, None, kept)
 
     mx.eval(mx.compile(forward)(tokens, pos, mask, cache))
+    if not model.recurrent or model.verifies != "tree":
+        return
+    # a tree too: a root and two children, the recurrent layers over its two paths as rows,
+    # the commit along the second path (root and its second child)
+    tree_mask = mx.array([[[True, False, False], [True, True, False], [True, False, True]]])
+    paths = mx.array([[[0, 1], [0, 2]]], dtype=mx.int32)
+
+    def tree(tokens, pos, mask, cache):  # (1, 3) -> hidden (1, 3, H), the committed cache
+        fresh = []
+        slots = arange(3)[None]
+        hidden, after = model(tokens, pos, mask, cache, slots, fresh=fresh, paths=paths)
+        path = mx.array([[0, 2]], dtype=mx.int32)
+        dst = mx.array([[0, 2, 1]], dtype=mx.int32)  # the second child to slot 1, else junk
+        return hidden, committed(after, fresh, dst, mx.full((1,), 2, mx.int32), path)
+
+    tokens = mx.array([[1, 2, 3]], dtype=mx.int32) % model.vocab_size
+    pos = mx.array([[0, 1, 1]], dtype=mx.int32)
+    mask = cache_mask(mx.zeros((1,), mx.int32), tree_mask, S)
+    mx.eval(mx.compile(tree)(tokens, pos, mask, cache))
 
 
 def check_parity(model) -> None:

@@ -122,14 +122,10 @@ class LmModel(Verifier):
         self.args = LmArgs(config, hidden, vocab, len(self._layers), shapes)
         self.args.tie_word_embeddings = self._head is self._embedding
         self._plain_head = self._reads_plain_head()
-        # what a step may verify (``check_steps``): a tree, one chain (recurrent state
-        # follows one), or one token; ``narrowing`` says why when not a tree
-        self.verifies = "chain" if self.recurrent else "tree"
-        self.narrowing = (
-            f"{self.model_type} keeps recurrent state, which follows one chain a step, not a tree"
-            if self.recurrent
-            else None
-        )
+        # what a step may verify (``check_steps``): a tree (a recurrent layer runs its
+        # paths as rows), one chain, or one token; ``narrowing`` says why when not a tree
+        self.verifies = "tree"
+        self.narrowing = None
 
     def _adopt_children(self) -> None:
         for name, child in self.lm.items():
@@ -228,10 +224,14 @@ class LmModel(Verifier):
         plain.append(self._stepped(after_ab[1], T + 2, [d], S)[0])
         parents = [[0], [0, 1], [0, 2], [0, 1, 3]]
         ancestors = mx.array([[[j in p for j in range(4)] for p in parents]])
-        tree = plain  # a recurrent model verifies chains alone: no tree to check
-        if not self.recurrent:
-            tree = self._verified(cache, T, [a, b, c, d], [0, 1, 1, 2], ancestors, S)
+        paths = mx.array([[[0, 1, 3], [0, 2, 4]]])  # root-to-leaf slots (4: past the end)
         chain = self._verified(cache, T, [a, b, d], [0, 1, 2], chain_mask(3), S)
+        try:
+            tree = self._verified(cache, T, [a, b, c, d], [0, 1, 1, 2], ancestors, S, paths)
+        except Exception as e:  # a recurrent layer that cannot run a tree's paths as rows
+            if not self.recurrent:
+                raise
+            tree, failed = None, f"{type(e).__name__}: {str(e).strip()[:80]}"
         tol = (1e-4 if self.dtype == mx.float32 else 3e-2) * max(
             1.0, max(float(mx.abs(p).max()) for p in plain)
         )
@@ -239,12 +239,26 @@ class LmModel(Verifier):
         def off(got, want) -> float:
             return max(float(mx.abs(g - w).max()) for g, w in zip(got, want))
 
-        tree_off, chain_off = off(tree, plain), off(chain, [plain[i] for i in (0, 1, 3)])
+        chain_off = off(chain, [plain[i] for i in (0, 1, 3)])
+        tree_off = off(tree, plain) if tree is not None else float("inf")
         if chain_off > tol:
             self.verifies = "token"
             self.narrowing = (
                 f"{self.model_type}: a chain verified in one call differs from plain decoding "
                 f"(by {chain_off:.3g} in a logit at load), so every step verifies one token"
+            )
+        elif tree is None:
+            self.verifies = "chain"
+            self.narrowing = (
+                f"{self.model_type}'s recurrent layers cannot run a tree's paths as batch "
+                f"rows ({failed} at load), so each step verifies one chain"
+            )
+        elif tree_off > tol and self.recurrent:
+            self.verifies = "chain"
+            self.narrowing = (
+                f"{self.model_type}: a tree over its recurrent layers (each path a batch row) "
+                f"differs from plain decoding by {tree_off:.3g} in a logit at load, so each "
+                "step verifies one chain"
             )
         elif tree_off > tol:
             self.verifies = "chain"
@@ -263,22 +277,23 @@ class LmModel(Verifier):
             h, cache = self(mx.array([[token]]), pos, mask, cache, pos)
         return self.logits(h[0, -1]), cache
 
-    def _verified(self, cache, length, tokens, depths, ancestors, S) -> list[mx.array]:
+    def _verified(self, cache, length, tokens, depths, ancestors, S, paths=None) -> list:
         """Each node's logits when ``tokens`` (at ``length + depth``, slots in order, attending
-        to ``ancestors`` (1, n, n) bool) are verified in one call: (V,) each."""
+        to ``ancestors`` (1, n, n) bool; a tree's ``paths`` (1, P, Lp)) are verified in one
+        call: (V,) each."""
         n = len(tokens)
         positions = mx.array([[length + d for d in depths]])
         slots = length + arange(n)[None]
         mask = cache_mask(mx.array([length]), ancestors, S)
         counts = mx.array([n]) if self.recurrent else None
-        h, _ = self(mx.array([tokens]), positions, mask, cache, slots, counts=counts)
+        h, _ = self(mx.array([tokens]), positions, mask, cache, slots, counts=counts, paths=paths)
         out = self.logits(h[0])
         return [out[i] for i in range(n)]
 
     @property
     def recurrent(self) -> bool:
         """Whether some layer keeps a recurrent state: a verify then commits it by running
-        the layer again, which follows a chain but not a tree's branches."""
+        the layer again over the accepted path, and runs a tree's paths as batch rows."""
         return bool(self._layouts)
 
     # -- taps ---------------------------------------------------------------------------
@@ -412,18 +427,26 @@ class LmModel(Verifier):
         """The input embedding lookup, (...) -> (..., H), unscaled."""
         return self._embedding(tokens)
 
-    def __call__(self, tokens, positions, mask, cache, write_idx, fresh=None, counts=None):
+    def __call__(
+        self, tokens, positions, mask, cache, write_idx, fresh=None, counts=None, paths=None
+    ):
         """One forward over T new tokens per row against the cache (``Verifier``).
 
         tokens, positions, write_idx: (B, T); mask: (B, 1, T, A) bool; cache: the entries in
         the engine's order (``_order``; ``entries.py``). ``counts`` (B,): the tokens per row
-        a recurrent layer takes in (a right-padded prefill); None: all T. ``fresh``: a list
+        a recurrent layer takes in (a right-padded prefill); None: all T. ``paths`` (B or 1,
+        P, Lp): a tree's root-to-leaf paths, each position's slot (>= T past a path's end;
+        ``tree.unpacker``), which the recurrent layers run as batch rows (each node's state
+        after its own ancestors; the attention layers read the tree's mask); ignored by a
+        model without recurrent layers, and with one path. ``fresh``: a list
         that receives, per entry, what its commit needs (``Slots.commit``/``State.commit``):
         an attention cache's new (K, V), (B, T, n_kv, D) each, or a recurrent layer's
         ``StateCommit``.
         Returns (hidden (B, T, state_width), the cache after the call).
         """
-        call = LmCall(self, positions, mask, cache, write_idx, counts)
+        if not self.recurrent or paths is None or paths.shape[1] < 2:
+            paths = None  # one path: the tokens in order, as a chain runs
+        call = LmCall(self, positions, mask, cache, write_idx, counts, paths)
         caches = self._caches(call)
         self._run(tokens, call, caches)  # the logits are never read: lazily dead
         n_kv = len(self._kv_shapes)

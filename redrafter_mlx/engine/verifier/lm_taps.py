@@ -16,7 +16,7 @@ import contextlib
 import mlx.core as mx
 import mlx.nn as nn
 
-from .lm_cache import LmCall, StateCache
+from .lm_cache import LmCall, StateCache, path_layer
 from .lm_rope import rope_rows
 
 
@@ -58,9 +58,10 @@ class Exited(Exception):
 
 def layer_tap(self, original, *args, **kwargs):
     """Every layer: record its input when a drafter reads it, and a recurrent layer's whole
-    call, which the commit runs again over the accepted tokens (``StateCommit``); at an early
-    exit (``LmModel.run_to``), keep its input and stop the forward there. The input is the
-    first argument, given by position or by name (GPT-J's ``block(inputs=h, ...)``)."""
+    call, which the commit runs again over the accepted tokens (``StateCommit``), and over a
+    tree runs as one batch row per path (``path_layer``); at an early exit
+    (``LmModel.run_to``), keep its input and stop the forward there. The input is the first
+    argument, given by position or by name (GPT-J's ``block(inputs=h, ...)``)."""
     call = self._rd_owner.call
     if call is not None:
         x = args[0] if args else next(iter(kwargs.values()))
@@ -69,9 +70,13 @@ def layer_tap(self, original, *args, **kwargs):
             raise Exited
         if self._rd_index in call.model.feature_layers:
             call.features[self._rd_index] = x
+        recurrent = False
         for value in (*args, *kwargs.values()):
             if isinstance(value, StateCache):
                 call.recorded[value.index] = (self, args, kwargs)
+                recurrent = True
+        if recurrent and call.paths is not None:
+            return path_layer(self, original, call, args, kwargs)
     return original(self, *args, **kwargs)
 
 

@@ -5,7 +5,8 @@ layers included: tiny random models of 31 families written by mlx-lm's own class
 * every node of a verified tree gives the logits of its own sequence (attention families);
 * greedy speculation (lookup chains, a drafter's beams and trees, the model as its own draft
   model, several rows batched) gives plain decoding's tokens, and rows batched give their
-  solo tokens; recurrent models run the nearest chain of a tree shape (said once);
+  solo tokens; recurrent models verify trees too (their recurrent layers run the tree's
+  paths as batch rows: ``test_recurrent_trees.py``), without a note;
 * seeded sampling is exact (chi-square, with a power check) on a hybrid and an MoE model;
 * folders load through mlx-lm (a Llama with sliding layers decodes mlx-lm's tokens); a
   family mlx-lm lacks, a config it refuses, and recurrent layers that ignore its
@@ -181,16 +182,15 @@ def test_greedy_speculation_gives_plain_decoding_tokens(name):
         assert stats["tokens_per_step"] > 3.5
 
 
-def test_a_recurrent_model_runs_a_tree_as_its_nearest_chain_and_says_so_once():
+def test_a_recurrent_model_runs_a_tree_shape_as_a_tree_without_a_note():
     model = LmModel(mlx_lm_class(RECURRENT["qwen3_5"]), RECURRENT["qwen3_5"])
-    assert model.recurrent
+    assert model.recurrent and model.verifies == "tree"
     drafter = ReplayDrafter(model, PROMPTS)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
-        for _ in range(2):
-            run_decode(model, drafter, PROMPTS[:1], max_tokens=4, shape=BeamShape.parse("W2xL3"))
-    notes = [str(w.message) for w in said if "recurrent state" in str(w.message)]
-    assert len(notes) == 1 and "W1×L3" in notes[0]
+        run_decode(model, drafter, PROMPTS[:1], max_tokens=4, shape=BeamShape.parse("W2xL3"))
+    assert not [w for w in said if "runs as" in str(w.message)]
+    # the nearest chain, what a model that fails the tree check at load runs
     assert BeamShape.parse("W4xL5+K2xL8").as_chain() == BeamShape.parse("W1xL5+K1xL8 C5")
     assert BeamShape.parse("K1xL8").verifies_chain
 

@@ -57,7 +57,7 @@ def test_a_quantized_lfm2_speculates_and_gives_plain_decodings_tokens(tmp_path, 
     plain, _ = run_decode(model, None, [PROMPT], max_tokens=16)
     assert len(set(plain[0])) > 3  # tokens that vary: a wrong state would show
     drafter = ReplayDrafter(model, [PROMPT + plain[0]])
-    for label, source in (("K1xL5", None), ("W1xL4", drafter)):
+    for label, source in (("K1xL5", None), ("W1xL4", drafter), ("W2xL4+K1xL4", drafter)):
         got, stats = run_decode(
             model, source, [PROMPT], max_tokens=16, shape=BeamShape.parse(label)
         )

@@ -24,6 +24,9 @@ hooks mlx-lm's own code already calls; no family's forward is copied
 
   A family that computes positions itself is reached too: a learned position embedding
   is tapped, and ``mx.fast.rope`` called with the cache's offset rotates per token.
+* **Recurrent layers** keep a state per row (``StateCache``); over a tree each runs the
+  tree's root-to-leaf paths as batch rows (``lm_cache.path_layer``), and the commit takes
+  the state along the accepted path (``StateCommit``).
 * **What a step may verify** is checked at load (``check_steps``): a tree, a chain, or
   one token, whatever a family's code does.
 

@@ -10,6 +10,16 @@ import mlx.nn as nn
 from redrafter_mlx.engine.drafting.drafter import DrafterArgs
 
 
+def follows(texts, vocab: int) -> list[int]:
+    """Per token id, the token that first followed it in ``texts`` (0 if none), mod ``vocab``:
+    the model's greedy continuation, when ``texts`` are its own greedy outputs."""
+    after: dict[int, int] = {}
+    for text in texts:
+        for a, b in itertools.pairwise(text):
+            after.setdefault(a, b)
+    return [after.get(t, 0) % vocab for t in range(vocab)]
+
+
 class ReplayDrafter(nn.Module):
     """A drafter that knows the model's greedy continuation: after token t it proposes the
     token that followed t in ``texts``, off by one for every ``wrong``-th id, so drafts are
@@ -18,11 +28,7 @@ class ReplayDrafter(nn.Module):
     def __init__(self, model, texts, wrong: int = 5):
         super().__init__()
         V = model.vocab_size
-        follows: dict[int, int] = {}
-        for text in texts:
-            for a, b in itertools.pairwise(text):
-                follows.setdefault(a, b)
-        table = [(follows.get(t, 0) + (t % wrong == 0)) % V for t in range(V)]
+        table = [(r + (t % wrong == 0)) % V for t, r in enumerate(follows(texts, V))]
         self.table = mx.array(table, dtype=mx.int32)
         self.emb = model.embed(mx.arange(V))
         self.eye = mx.eye(V) * 30.0

@@ -106,3 +106,19 @@ def mlx_lm_processed(logits, text, cfg: SamplerConfig):
     for p in processors:
         x = p(tokens, x)
     return np.array(x[0])
+
+
+def lm_joint(model, cfg, prompt, depth: int = 2) -> dict:
+    """{(t1, .., t_depth): probability} after ``prompt`` at ``cfg``'s temperature, from
+    mlx-lm's own forward (``model.lm``): the oracle of a model the engine verifies through
+    mlx-lm's class."""
+    out = {(): 1.0}
+    for _ in range(depth):
+        grown = {}
+        for prefix, p in out.items():
+            logits = model.lm(mx.array([list(prompt) + list(prefix)]))[0, -1] / cfg.temperature
+            for t, q in enumerate(mx.softmax(logits.astype(mx.float32)).tolist()):
+                if q > 0:
+                    grown[prefix + (t,)] = p * q
+        out = grown
+    return out

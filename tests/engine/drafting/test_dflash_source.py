@@ -13,16 +13,13 @@ import mlx.core as mx
 import pytest
 from mlx.utils import tree_flatten
 
-from redrafter_mlx.engine.core.sampling import SamplerConfig, row_keys_of, row_settings
+from redrafter_mlx.engine.core.sampling import SamplerConfig
 from redrafter_mlx.engine.core.shape import AR, BeamShape
-from redrafter_mlx.engine.decoding.cache import Session
-from redrafter_mlx.engine.decoding.decode import DecodeState, prefill_chunk
-from redrafter_mlx.engine.decoding.step import batch_step
 from redrafter_mlx.engine.drafting.head_sources import BlockSource, as_head_source, head_source
 from redrafter_mlx.engine.drafting.heads import HeadMismatch
 from redrafter_mlx.engine.drafting.heads.block import BlockConfig, BlockHead
-from redrafter_mlx.engine.drafting.held import held_sources
 from redrafter_mlx.engine.drafting.sources import SOURCE_NAMES
+from tests.support.heads import assert_state_follows_the_text
 from tests.support.models import run_decode, tiny_drafter, tiny_model
 from tests.support.paths import FIXTURES
 
@@ -91,32 +88,7 @@ def test_context_holds_the_committed_texts_entries_after_every_step():
     """After each step, whichever source's path was accepted, the head's K/V equal a
     prefill of the committed text at every committed position but the last."""
     model, source = pair()
-    model.capture_features(source.feature_layers)
-    slots, prompt = 64, [1, 5, 2, 3, 5, 7, 1, 5]
-
-    def committed(text):
-        session = Session(model, 1)
-        session.cached = [text]
-        session.ensure_slots(slots)
-        return source.prefill(model, session, slice(0, 1))
-
-    zero = mx.zeros((1,), mx.int32)
-    hidden, lengths, cache = prefill_chunk(
-        model, mx.array([prompt]), zero + len(prompt), zero, model.make_cache(1, slots), slots
-    )
-    first = mx.argmax(model.logits(hidden), axis=-1).astype(mx.int32)
-    history = mx.array([prompt + [0] * (slots - len(prompt))], mx.int32)
-    state = DecodeState(first, hidden, lengths, cache, history, (committed(prompt),))
-    mode, settings = row_settings([SamplerConfig()], model.vocab_size)
-    step = batch_step(model, held_sources(None, source), BeamShape.parse("K1xL4+D1xL4"), mode)
-    keys, active = row_keys_of(mx.random.key(0), 1), mx.ones((1,), mx.bool_)
-    for _ in range(6):
-        state, _, _ = step(state, keys, active, settings, slots)
-        n = int(state.lengths[0])
-        want = committed(state.history[0, :n].tolist())
-        for got, ref in zip(state.sources[0], want):
-            for a, b in zip(got, ref):
-                assert mx.allclose(a[:, :, : n - 1], b[:, :, : n - 1], atol=1e-4).item()
+    assert_state_follows_the_text(model, source, [1, 5, 2, 3, 5, 7, 1, 5])
 
 
 def test_a_folder_loads_through_draft_model_and_misfits_are_refused(tmp_path):

@@ -20,6 +20,7 @@ from redrafter_mlx.engine.drafting.heads import HeadMismatch, load_head
 from redrafter_mlx.engine.drafting.heads.mtp import MtpHead
 from redrafter_mlx.engine.drafting.held import held_sources
 from redrafter_mlx.engine.drafting.sources import MTP, SOURCE_NAMES
+from tests.support.heads import assert_state_follows_the_text
 from tests.support.models import greedy_prefilled, run_decode, tiny_drafter, tiny_model
 from tests.support.paths import FIXTURES
 
@@ -213,34 +214,7 @@ def test_eagle3_taps_the_layers_its_config_names_and_is_lossless_batched_and_sol
 
 def test_eagle3_state_holds_the_committed_texts_entries_after_every_step():
     model, source = eagle3_pair()
-    model.capture_features(source.feature_layers)
-    slots, prompt = 64, [1, 5, 2, 3, 5, 7, 1, 5]
-
-    def committed(text):
-        session = Session(model, 1)
-        session.cached = [text]
-        session.ensure_slots(slots)
-        return source.prefill(model, session, slice(0, 1))
-
-    from redrafter_mlx.engine.decoding.decode import DecodeState, prefill_chunk
-
-    zero = mx.zeros((1,), mx.int32)
-    hidden, lengths, cache = prefill_chunk(
-        model, mx.array([prompt]), zero + len(prompt), zero, model.make_cache(1, slots), slots
-    )
-    first = mx.argmax(model.logits(hidden), axis=-1).astype(mx.int32)
-    history = mx.array([prompt + [0] * (slots - len(prompt))], mx.int32)
-    state = DecodeState(first, hidden, lengths, cache, history, (committed(prompt),))
-    mode, settings = row_settings([SamplerConfig()], model.vocab_size)
-    step = batch_step(model, held_sources(None, source), BeamShape.parse("K1xL4+D1xL4"), mode)
-    keys, active = row_keys_of(mx.random.key(0), 1), mx.ones((1,), mx.bool_)
-    for _ in range(6):
-        state, _, _ = step(state, keys, active, settings, slots)
-        n = int(state.lengths[0])
-        want = committed(state.history[0, :n].tolist())
-        for got, ref in zip(state.sources[0], want):
-            for a, b in zip(got, ref):
-                assert mx.allclose(a[:, :, : n - 1], b[:, :, : n - 1], atol=1e-4).item()
+    assert_state_follows_the_text(model, source, [1, 5, 2, 3, 5, 7, 1, 5])
 
 
 def test_an_eagle3_folder_loads_through_draft_model_and_a_misfit_is_refused():

@@ -34,7 +34,7 @@ from redrafter_mlx.engine.verifier.lm_model import LmModel
 from tests.support.drafters import ReplayDrafter
 from tests.support.mlx_lm_families import ATTENTION, IGNORES_LENGTHS, RECURRENT
 from tests.support.models import run_decode
-from tests.support.sampling import chi_square_pvalue
+from tests.support.sampling import chi_square_pvalue, lm_joint
 
 FAMILIES = {**ATTENTION, **RECURRENT}
 PROMPT = [1, 7, 3, 9, 4, 2, 8, 5, 6, 3]
@@ -225,21 +225,6 @@ def small_vocab(name: str, **extra) -> LmModel:
     return LmModel(lm, config)
 
 
-def joint(model: LmModel, cfg: SamplerConfig, depth: int = 2) -> dict:
-    """{(t1, .., t_depth): probability} after ``SAMPLED``, from mlx-lm's own forward."""
-    out = {(): 1.0}
-    for _ in range(depth):
-        grown = {}
-        for prefix, p in out.items():
-            logits = model.lm(mx.array([SAMPLED + list(prefix)]))[0, -1] / cfg.temperature
-            probs = mx.softmax(logits.astype(mx.float32)).tolist()
-            for t, q in enumerate(probs):
-                if q > 0:
-                    grown[prefix + (t,)] = p * q
-        out = grown
-    return out
-
-
 @pytest.mark.parametrize("name", ["qwen3_5", "qwen3_moe"])
 def test_seeded_sampling_is_exact_on_a_hybrid_and_an_moe_model(name):
     model = small_vocab(name)
@@ -256,8 +241,8 @@ def test_seeded_sampling_is_exact_on_a_hybrid_and_an_moe_model(name):
     for row in out:
         counts[tuple(row)] = counts.get(tuple(row), 0) + 1
     assert stats["tokens_per_step"] > 1.1  # drafts were accepted and judged
-    assert chi_square_pvalue(counts, joint(model, hot), N) > 1e-3
-    assert chi_square_pvalue(counts, joint(model, cool), N) < 1e-3  # the test has power
+    assert chi_square_pvalue(counts, lm_joint(model, hot, SAMPLED), N) > 1e-3
+    assert chi_square_pvalue(counts, lm_joint(model, cool, SAMPLED), N) < 1e-3  # the test has power
 
 
 def plain_small(model) -> list[int]:

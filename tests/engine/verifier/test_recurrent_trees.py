@@ -15,7 +15,6 @@ granitemoehybrid, mamba2; falcon_h1 keeps a ``CacheList`` and is refused at load
 from __future__ import annotations
 
 import functools
-import itertools
 import warnings
 
 import mlx.core as mx
@@ -30,9 +29,10 @@ from redrafter_mlx.engine.core.tree import arange, cache_mask, chain_mask, pack
 from redrafter_mlx.engine.drafting.drafter import DrafterArgs
 from redrafter_mlx.engine.verifier import lm_taps
 from redrafter_mlx.engine.verifier.lm_model import LmModel
+from tests.support.drafters import follows
 from tests.support.mlx_lm_families import RECURRENT
 from tests.support.models import run_decode
-from tests.support.sampling import chi_square_pvalue
+from tests.support.sampling import chi_square_pvalue, lm_joint
 
 NAMES = ["qwen3_5", "qwen3_next", "lfm2", "granitemoehybrid", "mamba2"]
 PROMPTS = [[1, 5, 9, 2, 7, 5, 9, 2, 7, 5], [3, 4, 4, 3, 8, 3, 4, 4, 3], [2]]
@@ -63,11 +63,7 @@ class SecondGuessDrafter(nn.Module):
     def __init__(self, model, texts, wrong: int = 3):
         super().__init__()
         V = model.vocab_size
-        follows: dict[int, int] = {}
-        for text in texts:
-            for a, b in itertools.pairwise(text):
-                follows.setdefault(a, b)
-        right = [follows.get(t, 0) % V for t in range(V)]
+        right = follows(texts, V)
         best = [(r + (t % wrong == 0)) % V for t, r in enumerate(right)]
         eye = mx.eye(V)
         self.scores = 30.0 * eye[mx.array(best)] + 20.0 * eye[mx.array(right)]
@@ -179,20 +175,6 @@ N = 1000  # samples of the chi-square test
 SAMPLED = [1, 3, 2]
 
 
-def joint(model: LmModel, cfg: SamplerConfig, depth: int = 2) -> dict:
-    """{(t1, .., t_depth): probability} after ``SAMPLED``, from mlx-lm's own forward."""
-    out = {(): 1.0}
-    for _ in range(depth):
-        grown = {}
-        for prefix, p in out.items():
-            logits = model.lm(mx.array([SAMPLED + list(prefix)]))[0, -1] / cfg.temperature
-            for t, q in enumerate(mx.softmax(logits.astype(mx.float32)).tolist()):
-                if q > 0:
-                    grown[prefix + (t,)] = p * q
-        out = grown
-    return out
-
-
 def test_seeded_sampling_over_a_tree_is_exact_on_a_hybrid():
     small = dict(hidden_size=64, intermediate_size=64, num_hidden_layers=2)
     config = {**RECURRENT["qwen3_5"], "vocab_size": 12, **small, "full_attention_interval": 2}
@@ -213,8 +195,8 @@ def test_seeded_sampling_over_a_tree_is_exact_on_a_hybrid():
     for row in out:
         counts[tuple(row)] = counts.get(tuple(row), 0) + 1
     assert stats["tokens_per_step"] > 1.1  # drafts were accepted and judged
-    assert chi_square_pvalue(counts, joint(model, hot), N) > 1e-3
-    assert chi_square_pvalue(counts, joint(model, cool), N) < 1e-3  # the test has power
+    assert chi_square_pvalue(counts, lm_joint(model, hot, SAMPLED), N) > 1e-3
+    assert chi_square_pvalue(counts, lm_joint(model, cool, SAMPLED), N) < 1e-3  # the test has power
 
 
 def test_a_family_whose_layers_cannot_run_paths_keeps_chains_and_says_so_once(monkeypatch):

@@ -143,6 +143,13 @@ class ServeFlags:
     max_queue: Annotated[
         int, typer.Option("--max-queue", help="Requests waiting for a row; beyond it: 429.")
     ] = 64
+    prompt_cache_bytes: Annotated[
+        int,
+        typer.Option(
+            "--prompt-cache-bytes",
+            help="Bytes of earlier prompts' K/V kept to reuse their shared prefixes (0: off).",
+        ),
+    ] = 1 << 30
     max_tokens_limit: Annotated[
         int,
         typer.Option("--max-tokens-limit", help="Largest max_tokens a request may ask for."),
@@ -362,6 +369,8 @@ def build(engine, plan, flags: ServeFlags, adapt: bool = False, branches=None):
         adapt=adapt,
         draft_model=engine.draft_model,
         branches=branches,
+        # one rank alone (the ranks' prefills must match, and followers keep no cache)
+        prompt_cache_bytes=0 if getattr(engine.model, "group", None) else flags.prompt_cache_bytes,
     )
     scheduler.start(warmup_prompt=tok.chat_prompt([{"role": "user", "content": "Hello"}]))
     config = serve_config(engine, shape, flags, adapt)

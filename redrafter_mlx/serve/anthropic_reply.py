@@ -46,7 +46,12 @@ def stop_reason(finish: str, matched: str | None) -> tuple[str, str | None]:
 
 def usage(counts: dict) -> dict:
     """The OpenAI usage (``protocol.usage``) in Anthropic's words."""
-    return {"input_tokens": counts["prompt_tokens"], "output_tokens": counts["completion_tokens"]}
+    cached = counts.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+    return {
+        "input_tokens": counts["prompt_tokens"],
+        "output_tokens": counts["completion_tokens"],
+        "cache_read_input_tokens": cached,
+    }
 
 
 def message(

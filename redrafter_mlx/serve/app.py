@@ -433,7 +433,8 @@ class _Run:
         """Prompt and completion tokens; with branches, every branch's tokens (the text
         holds the rebuilt text, less the split tokens)."""
         branched = self.stats is not None and self.stats.branches
-        return usage(len(self.request.prompt), self.stats.generated if branched else self.tokens)
+        made = self.stats.generated if branched else self.tokens
+        return usage(len(self.request.prompt), made, self.request.cached_tokens)
 
     def speculation(self, beam: dict) -> dict:
         stats = self.stats.to_dict() if self.stats is not None else {}

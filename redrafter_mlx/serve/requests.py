@@ -71,6 +71,7 @@ class Request:
     id: str = field(default_factory=lambda: f"req-{next(_ids)}")
     cancelled: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
+    cached_tokens: int = 0  # of its prompt, taken from the prompt cache (set at admission)
     complete: bool = False  # ended by its client with its answer whole (a stop string)
 
     def cancel(self) -> None:

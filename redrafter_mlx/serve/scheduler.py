@@ -44,6 +44,7 @@ from redrafter_mlx.engine.loop.adaptive import Adaptive
 from redrafter_mlx.engine.loop.batch import BatchGenerator
 from redrafter_mlx.engine.loop.batch_choice import BatchChoice
 from redrafter_mlx.engine.loop.prefilling import Prefill
+from redrafter_mlx.engine.loop.prompt_cache import PromptCache
 from redrafter_mlx.engine.loop.rows import Row, RowStats
 from redrafter_mlx.engine.loop.run import Run, make_row
 
@@ -97,6 +98,7 @@ class Scheduler:
         adapt: Adaptive | bool = False,
         draft_model=None,
         branches: BranchRules | None = None,
+        prompt_cache_bytes: int = 0,
     ):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -108,6 +110,10 @@ class Scheduler:
         run = Run.of(model, drafter, draft_model, shape, own_thread=True)
         self.model = model
         self.max_batch = max_batch
+        recurrent = bool(getattr(model, "recurrent", False))
+        self.prompt_cache = (
+            PromptCache(prompt_cache_bytes, recurrent) if prompt_cache_bytes > 0 else None
+        )
         self.queue: queue.Queue[Request] = queue.Queue(maxsize=max(max_queue, 1))
         self.group = group  # under mlx.launch: the ranks' group; rank 0 decides the events
         self.leader = group is None or group.rank() == 0
@@ -177,6 +183,7 @@ class Scheduler:
             step_ms=self.choice.step_ms() if self.choice else {},
             draining=self._draining,
             failure=self.failure,
+            prompt_cache=self.prompt_cache.health() if self.prompt_cache else None,
         )
 
     def start(self, warmup_prompt: list[int] | None = None, wait: bool = True) -> None:
@@ -343,7 +350,9 @@ class Scheduler:
             prompt, most = request.prompt, request.max_tokens
             row = make_row(self.model, sampler, len(prompt), most, self.branches, held)
             row.logprobs = request.logprobs
-            job = Prefill([prompt], sampler, event["seed"], session, held, [row])
+            pc = self.prompt_cache
+            job = Prefill([prompt], sampler, event["seed"], session, held, [row], prompt_cache=pc)
+            request.cached_tokens = job.cached_tokens
             row.stats.queued_s = job.started - request.submitted
             self.batch.insert(job)
         return True

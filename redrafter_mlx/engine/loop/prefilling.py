@@ -39,8 +39,16 @@ class Prefill:
     done: int = 0  # tokens of each row's new part prefilled so far
     hidden: mx.array | None = None  # (B, H) at each row's last prefilled token
     first_logprobs: list | None = None  # per row, its first token's (``RowStep.logprobs``)
+    prompt_cache: Any = None  # a ``prompt_cache.PromptCache`` (one-row prefills only)
+    cached_tokens: int = 0  # of the prompt, taken from the prompt cache
 
     def __post_init__(self):
+        if self.prompt_cache is not None and len(self.prompts) == 1:
+            n, entries = self.prompt_cache.lookup(self.prompts[0])
+            if entries is not None:
+                self.session.cache = entries
+                self.session.cached = [self.prompts[0][:n]]
+                self.cached_tokens = n
         self.new = self.session.reuse(self.prompts)  # each row's tokens not cached yet
         self.kept = [len(c) for c in self.session.cached]
 
@@ -63,6 +71,8 @@ class Prefill:
         self.hidden = hidden
         self.done += PREFILL_CHUNK
         self.session.cached = [p[: k + self.done] for p, k in zip(self.prompts, self.kept)]
+        if self.complete and self.prompt_cache is not None and len(self.prompts) == 1:
+            self.prompt_cache.store(self.prompts[0], self.session.cache)
         return sum(len(c) for c in chunks)
 
     @property

@@ -54,6 +54,14 @@ class Slots(NamedTuple):
     def rows(self, fn: Callable[[mx.array], mx.array]) -> Slots:
         return Slots(fn(self.keys), fn(self.values))
 
+    def kept(self, n: int) -> Slots:
+        """A copy holding the first ``n`` slots (a prompt cache's entry)."""
+        return Slots(mx.array(self.keys[:, :, :n]), mx.array(self.values[:, :, :n]))
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.values.nbytes
+
     def place(self, r: int, src: Slots, i: int) -> Slots:
         """Row ``i`` of ``src`` (its slots, as many as it has) written into row ``r`` of
         this entry's arrays, in place (lazy updates); returns this entry."""
@@ -87,6 +95,15 @@ class State(NamedTuple):
 
     def rows(self, fn: Callable[[mx.array], mx.array]) -> State:
         return State(fn(self.flat))
+
+    def kept(self, n: int) -> State:
+        """A copy (a recurrent state is kept only at the length it was taken at: the
+        prompt cache checks that)."""
+        return State(mx.array(self.flat))
+
+    @property
+    def nbytes(self) -> int:
+        return self.flat.nbytes
 
     def place(self, r: int, src: State, i: int) -> State:
         """Row ``i`` of ``src`` written into row ``r``, in place; returns this entry."""

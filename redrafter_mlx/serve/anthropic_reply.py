@@ -47,11 +47,8 @@ def stop_reason(finish: str, matched: str | None) -> tuple[str, str | None]:
 def usage(counts: dict) -> dict:
     """The OpenAI usage (``protocol.usage``) in Anthropic's words."""
     cached = counts.get("prompt_tokens_details", {}).get("cached_tokens", 0)
-    return {
-        "input_tokens": counts["prompt_tokens"],
-        "output_tokens": counts["completion_tokens"],
-        "cache_read_input_tokens": cached,
-    }
+    own = {"input_tokens": counts["prompt_tokens"], "output_tokens": counts["completion_tokens"]}
+    return {**own, "cache_read_input_tokens": cached} if cached else own
 
 
 def message(

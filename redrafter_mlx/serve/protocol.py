@@ -490,12 +490,15 @@ def new_id(kind: str) -> str:
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
-    return dict(
+    """Token counts; ``prompt_tokens_details.cached_tokens`` when the prompt cache gave some."""
+    own = dict(
         prompt_tokens=prompt_tokens,
         completion_tokens=completion_tokens,
         total_tokens=prompt_tokens + completion_tokens,
-        prompt_tokens_details=dict(cached_tokens=cached_tokens),
     )
+    if not cached_tokens:
+        return own
+    return {**own, "prompt_tokens_details": dict(cached_tokens=cached_tokens)}
 
 
 @dataclass

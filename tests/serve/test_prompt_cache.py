@@ -78,4 +78,4 @@ def test_usage_reports_cached_tokens():
     counts = usage(1003, 12, 1000)
     assert counts["prompt_tokens_details"]["cached_tokens"] == 1000
     assert anthropic_usage(counts)["cache_read_input_tokens"] == 1000
-    assert usage(3, 1)["prompt_tokens_details"]["cached_tokens"] == 0
+    assert "prompt_tokens_details" not in usage(3, 1)  # none cached

@@ -110,10 +110,7 @@ class Scheduler:
         run = Run.of(model, drafter, draft_model, shape, own_thread=True)
         self.model = model
         self.max_batch = max_batch
-        recurrent = bool(getattr(model, "recurrent", False))
-        self.prompt_cache = (
-            PromptCache(prompt_cache_bytes, recurrent) if prompt_cache_bytes > 0 else None
-        )
+        self.prompt_cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
         self.queue: queue.Queue[Request] = queue.Queue(maxsize=max(max_queue, 1))
         self.group = group  # under mlx.launch: the ranks' group; rank 0 decides the events
         self.leader = group is None or group.rank() == 0

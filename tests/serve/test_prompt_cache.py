@@ -39,7 +39,7 @@ def test_lru_evicts_by_bytes_and_finds_the_longest_prefix():
 
 
 def test_a_recurrent_state_is_used_only_whole():
-    cache = PromptCache(1 << 20, recurrent=True)
+    cache = PromptCache(1 << 20)
     cache.store([1, 2, 3], (*entry(3), State(mx.ones((1, 1, 5)))))
     assert cache.lookup([1, 2, 4, 5])[0] == 0
     assert cache.lookup([1, 2, 3])[0] == 0  # the whole prompt: nothing left to prefill

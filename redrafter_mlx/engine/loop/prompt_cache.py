@@ -30,9 +30,8 @@ def shared(a: tuple, b: list[int]) -> int:
 class PromptCache:
     """Token prefix -> the verifier's cache entries after it (one row), LRU by bytes."""
 
-    def __init__(self, capacity: int, recurrent: bool = False):
+    def __init__(self, capacity: int):
         self.capacity = int(capacity)
-        self.recurrent = recurrent  # entries reusable only as a whole (``State``)
         self.entries: OrderedDict[tuple, tuple] = OrderedDict()
         self.bytes = 0
 
@@ -47,7 +46,7 @@ class PromptCache:
         for k in self.entries:
             n = shared(k, prompt)
             n = min(n, len(prompt) - 1)
-            if self.recurrent and n < len(k):
+            if n < len(k) and not all(entry.rewinds for entry in self.entries[k]):
                 continue
             if n > best:
                 best, key = n, k

@@ -54,6 +54,11 @@ class Slots(NamedTuple):
     def rows(self, fn: Callable[[mx.array], mx.array]) -> Slots:
         return Slots(fn(self.keys), fn(self.values))
 
+    @property
+    def rewinds(self) -> bool:
+        """Its first n slots are the entry after n tokens (a prompt cache may cut it)."""
+        return True
+
     def kept(self, n: int) -> Slots:
         """A copy holding the first ``n`` slots (a prompt cache's entry)."""
         return Slots(mx.array(self.keys[:, :, :n]), mx.array(self.values[:, :, :n]))
@@ -95,6 +100,11 @@ class State(NamedTuple):
 
     def rows(self, fn: Callable[[mx.array], mx.array]) -> State:
         return State(fn(self.flat))
+
+    @property
+    def rewinds(self) -> bool:
+        """A recurrent state is the state after all its tokens: it cannot be cut."""
+        return False
 
     def kept(self, n: int) -> State:
         """A copy (a recurrent state is kept only at the length it was taken at: the

@@ -67,7 +67,7 @@ class PromptCache:
         size = self.size(kept)
         if size > self.capacity:
             return
-        mx.eval(kept)
+        mx.eval(kept)  # once per prompt, at the end of its prefill (not in a decode step)
         self.entries[key] = kept
         self.bytes += size
         while self.bytes > self.capacity:
